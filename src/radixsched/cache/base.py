@@ -1,0 +1,108 @@
+"""The prefix-cache contract shared by the radix cache, the disabled cache and the no-reuse
+baseline. Callers (the policy, the prefill adder, the scheduler) depend only on this.
+
+Contract for callers:
+- ``match_prefix`` may split a node (a read that changes structure) and refreshes recency.
+  The returned ``indices`` are only safe to use while the caller holds a lock on
+  ``last_node`` (``inc_lock_ref``); an unlocked prefix can be evicted at any allocation.
+- ``match_len`` returns the matched length only: no split, no index array, no recency
+  update. It is the fast path for policies that only sort on lengths.
+- ``insert`` returns how much of the key was already cached; the caller owns the slots it
+  passed for that already-cached range and must free them (they are duplicates).
+- ``evict(n)`` frees at least ``min(n, evictable_size())`` tokens through the allocator, never
+  from a locked node. It may free up to one page more than asked (partial-leaf eviction);
+  in SGLang-compat mode it frees whole leaves and may overshoot by a whole leaf.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from radixsched.request import SlotArray, TokenArray
+
+Namespace = tuple[str | None, str | None] | None
+
+
+class CacheKey(NamedTuple):
+    """Token ids plus a namespace ``(extra_key, cache_salt)``; None = the default namespace."""
+
+    tokens: TokenArray
+    namespace: Namespace = None
+
+
+class MatchResult(NamedTuple):
+    indices: SlotArray  # device KV slots of the matched prefix (len == device_len)
+    device_len: int
+    last_node: Any  # opaque handle: lock it before using ``indices``
+    host_len: int = 0  # extra tokens matched in the host tier beyond the device match
+
+
+class InsertResult(NamedTuple):
+    prefix_len: int  # tokens of the key that were already cached (duplicates to free)
+    last_node: Any
+
+
+class SlotFreer(Protocol):
+    def free(self, slots: SlotArray) -> None: ...
+
+
+class BasePrefixCache(ABC):
+    page_size: int
+    disabled: bool
+
+    @property
+    @abstractmethod
+    def root(self) -> Any: ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    @abstractmethod
+    def match_prefix(self, key: CacheKey) -> MatchResult: ...
+
+    @abstractmethod
+    def match_len(self, key: CacheKey) -> int: ...
+
+    @abstractmethod
+    def insert(self, key: CacheKey, values: SlotArray, priority: int = 0) -> InsertResult: ...
+
+    @abstractmethod
+    def touch_prefix(self, key: CacheKey) -> None: ...
+
+    @abstractmethod
+    def inc_lock_ref(self, node: Any) -> int: ...
+
+    @abstractmethod
+    def dec_lock_ref(self, node: Any) -> int: ...
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int: ...
+
+    @abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @abstractmethod
+    def protected_size(self) -> int: ...
+
+    @abstractmethod
+    def total_size(self) -> int: ...
+
+    @abstractmethod
+    def dfs_weight_order(self, nodes: list[Any]) -> list[int]: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None: ...
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disabled
+
+    def all_values(self) -> SlotArray:
+        """Every KV slot the cache holds (for conservation checks)."""
+        return np.zeros(0, dtype=np.int64)
+
+
+class IntegrityError(AssertionError):
+    """Accounting is off; the message carries the numbers."""

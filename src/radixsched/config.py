@@ -1,0 +1,250 @@
+"""Frozen configuration for the scheduling layer, with SGLang's flag names.
+
+One source of truth: the CLI flags of ``simulate``, ``serve`` and ``generate`` are generated
+from these dataclasses (``add_config_args`` / ``config_from_args``), so defaults and help never
+drift from the code.
+
+Where radixsched deviates from SGLang 0.5.23 to fix a flaw listed in section 8 of the spec,
+``compat="sglang"`` restores SGLang's behaviour. Every such switch is listed in ``COMPAT_NOTES``
+and in the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, Union
+
+Compat = Literal["radixsched", "sglang"]
+
+# Where we deviate from SGLang, and what ``--compat sglang`` restores (README links here).
+COMPAT_NOTES: dict[str, str] = {
+    "prefix-match cap": "lpm/hrrn fall back to fcfs above 128 waiting requests "
+    "(radixsched: no cap unless --max-prefix-match-queue is set)",
+    "tie-breaks": "hrrn ties break by request id and routing-key non-matching requests sort "
+    "by key string (radixsched: by arrival)",
+    "in-batch dedup": "first request in list order represents a shared prefix and duplicates "
+    "may still be admitted in the same round (radixsched: the cheapest/oldest represents it "
+    "and duplicates wait one round)",
+    "retraction": "retracted/preempted requests lose their KV and seniority, and face the "
+    "queue limit again (radixsched: KV checkpointed into the cache, seniority kept, never "
+    "aborted by the queue limit)",
+    "decode reservation": "newly admitted requests reserve their full max_new_tokens while "
+    "running ones reserve remaining x new_token_ratio (radixsched: both use the latter)",
+    "chunked admission": "a request that will be chunked needs its whole prompt plus decode "
+    "budget to fit (radixsched: its first chunk plus a safe reservation)",
+    "max-prefill-tokens": "soft when chunking is on (radixsched: enforced for every request "
+    "after the first)",
+    "eviction": "whole-leaf eviction, may overshoot by a whole leaf (radixsched: partial-leaf, "
+    "at most one page over); splits reset creation time (radixsched: kept)",
+    "hrrn clock": "identical in both modes: only prefill tokens advance it",
+    "prefill delayer": "wall-clock cap releases only the queue trigger, the first-round "
+    "exemption fires once per process, the mixed branch ignores both conditions",
+    "silent fallback": "none: a cache-aware policy without a cache always logs a warning",
+}
+
+
+def _meta(help_: str, **kw: Any) -> dict[str, Any]:
+    return {"help": help_, **kw}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # ---- policy ---------------------------------------------------------------------
+    schedule_policy: str = field(
+        default="fcfs", metadata=_meta("waiting-queue policy (see --help of simulate for names)")
+    )
+    seed: int = field(default=0, metadata=_meta("seed for the random policy"))
+    enable_priority_scheduling: bool = field(
+        default=False, metadata=_meta("sort by request priority (fcfs and lof only)")
+    )
+    schedule_low_priority_values_first: bool = field(
+        default=False, metadata=_meta("smaller priority values are more important")
+    )
+    abort_on_priority_when_disabled: bool = field(
+        default=False,
+        metadata=_meta("reject requests that set a priority while priority scheduling is off"),
+    )
+    default_priority_value: int | None = field(
+        default=None, metadata=_meta("priority given to requests without one (scheduling on)")
+    )
+    priority_scheduling_preemption_threshold: int = field(
+        default=10, metadata=_meta("preempt only when the priority difference exceeds this")
+    )
+    disable_priority_preemption: bool = field(
+        default=False, metadata=_meta("never preempt running requests for priority")
+    )
+    max_prefix_match_queue: int | None = field(
+        default=None,
+        metadata=_meta("lpm/hrrn fall back to fcfs above this queue length (default: never)"),
+    )
+    in_batch_prefix_check_threshold: int = field(
+        default=32, metadata=_meta("in-batch dedup: only requests with a cache match <= this")
+    )
+    in_batch_prefix_deprioritize_threshold: int = field(
+        default=32, metadata=_meta("in-batch dedup: shared tokens that make a duplicate")
+    )
+    lpm_max_wait_s: float | None = field(
+        default=None, metadata=_meta("lpm starvation bound: serve in arrival order after this wait")
+    )
+    lpm_max_wait_tokens: int | None = field(
+        default=None,
+        metadata=_meta("lpm starvation bound in processed prefill tokens since queue entry"),
+    )
+    enable_waiting_prefix_refresh: bool = field(
+        default=True, metadata=_meta("touch queued prefixes every 32 rounds (cache-agnostic, lru)")
+    )
+    # ---- adder / budgets ------------------------------------------------------------
+    chunked_prefill_size: int | None = field(
+        default=8192, metadata=_meta("chunk budget per prefill batch; <= 0 disables chunking")
+    )
+    max_prefill_tokens: int = field(default=16384, metadata=_meta("input tokens per prefill batch"))
+    prefill_max_requests: int | None = field(
+        default=None, metadata=_meta("requests per prefill batch")
+    )
+    max_running_requests: int | None = field(
+        default=None, metadata=_meta("running-request slots (default: from KV capacity)")
+    )
+    max_queued_requests: int | None = field(
+        default=None, metadata=_meta("waiting-queue limit; arrivals beyond it are rejected")
+    )
+    schedule_conservativeness: float = field(
+        default=1.0, metadata=_meta("scales the initial new-token ratio")
+    )
+    enable_mixed_chunk: bool = field(
+        default=False, metadata=_meta("run decode tokens inside prefill batches")
+    )
+    clip_max_new_tokens: int = field(
+        default=4096, metadata=_meta("cap on a request's decode reservation (tokens)")
+    )
+    init_new_token_ratio: float = field(default=0.7, metadata=_meta("initial new-token ratio"))
+    min_new_token_ratio_factor: float = field(
+        default=0.14, metadata=_meta("min ratio = init x this")
+    )
+    new_token_ratio_decay_steps: int = field(
+        default=600, metadata=_meta("decode steps for the ratio to decay from init to min")
+    )
+    retract_decode_steps: int = field(
+        default=20, metadata=_meta("decode steps kept free for survivors after a retraction")
+    )
+    retraction_policy: str = field(
+        default="length", metadata=_meta("retraction victim order", choices=["length", "priority"])
+    )
+    # ---- cache ------------------------------------------------------------------------
+    page_size: int = field(default=1, metadata=_meta("tokens per KV page"))
+    disable_radix_cache: bool = field(default=False, metadata=_meta("no prefix reuse"))
+    radix_eviction_policy: str = field(
+        default="lru", metadata=_meta("eviction strategy (lru, lfu, fifo, filo, mru, priority)")
+    )
+    # ---- behaviour ----------------------------------------------------------------------
+    compat: Compat = field(
+        default="radixsched",
+        metadata=_meta(
+            "'sglang' reproduces SGLang 0.5.23's choices where radixsched fixes them",
+            choices=["radixsched", "sglang"],
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.schedule_conservativeness < 0:
+            raise ValueError("schedule_conservativeness must be >= 0")
+        if self.chunk_size is not None and self.chunk_size % self.page_size:
+            raise ValueError(
+                f"chunked_prefill_size ({self.chunked_prefill_size}) must be divisible by "
+                f"page_size ({self.page_size})"
+            )
+        if self.max_prefill_tokens <= 0:
+            raise ValueError("max_prefill_tokens must be > 0")
+        if self.retraction_policy == "priority" and not self.enable_priority_scheduling:
+            raise ValueError("--retraction-policy priority requires --enable-priority-scheduling")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError("max_queued_requests must be >= 0")
+
+    @property
+    def chunk_size(self) -> int | None:
+        """The chunk budget, or None when chunked prefill is disabled."""
+        c = self.chunked_prefill_size
+        return None if c is None or c <= 0 else c
+
+    @property
+    def sglang_compat(self) -> bool:
+        return self.compat == "sglang"
+
+    @property
+    def enable_priority_preemption(self) -> bool:
+        return self.enable_priority_scheduling and not self.disable_priority_preemption
+
+    @property
+    def priority_sign(self) -> int:
+        """+1 when low values are more important, -1 otherwise (SGLang's convention)."""
+        return 1 if self.schedule_low_priority_values_first else -1
+
+    def replace(self, **changes: Any) -> SchedulerConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# ---- CLI generation -----------------------------------------------------------------------
+
+C = TypeVar("C")
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _parse_optional_int(text: str) -> int | None:
+    return None if text.lower() in ("none", "") else int(text)
+
+
+def _parse_optional_float(text: str) -> float | None:
+    return None if text.lower() in ("none", "") else float(text)
+
+
+def add_config_args(
+    parser: argparse.ArgumentParser, cls: type[Any], *, skip: set[str] | None = None
+) -> None:
+    """Add one ``--flag-name`` per field of a config dataclass (defaults from the class)."""
+    hints = typing.get_type_hints(cls)
+    group = parser.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        if skip and f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        tp, optional = _unwrap_optional(hints[f.name])
+        help_ = f.metadata.get("help", "")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+        if tp is bool:
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, help=f"{help_} (default: {f.default})", **kw
+            )
+            continue
+        if typing.get_origin(tp) is Literal:
+            kw["choices"] = list(typing.get_args(tp))
+            kw["type"] = str
+        elif tp is int:
+            kw["type"] = _parse_optional_int if optional else int
+        elif tp is float:
+            kw["type"] = _parse_optional_float if optional else float
+        else:
+            kw["type"] = str
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
+        group.add_argument(flag, help=f"{help_} (default: {f.default})", **kw)
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -> C:
+    """Build ``cls`` from parsed args: only flags the user gave override the defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values.update(overrides)
+    return cls(**values)
