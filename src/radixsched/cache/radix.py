@@ -1,0 +1,643 @@
+"""Radix prefix cache: token-sequence prefixes -> KV slots, with lock counting and eviction.
+
+Semantics follow spec section 3 (SGLang 0.5.23's ``RadixCache``) with these deliberate
+deviations (spec section 8 item 20 and section 3.12):
+
+- **Partial-leaf eviction.** ``evict(n)`` evicts whole leaves while they fit; when the last leaf
+  needed is longer than the remainder, only its tail (rounded up to whole pages) is freed and the
+  leaf is shortened in place, so a call frees less than one page more than asked. SGLang frees
+  whole leaves and may overshoot by a whole leaf.
+- **Creation time survives a split.** The upper fragment of a split keeps the original node's
+  ``creation_time`` (as the production unified tree does), so FIFO/FILO see the age of the
+  tokens, not of the split. SGLang's ``RadixCache`` gives the fragment a fresh time.
+- **Logical clock.** Access and creation times are ticks of a per-cache counter (one tick per
+  match/insert/touch call), never wall clock, so eviction order is deterministic.
+
+``compat_sglang=True`` restores whole-leaf eviction and fresh creation times on split. The
+logical clock stays (it only replaces timestamps, the relative order is the same).
+
+Representation: each node stores its key as a contiguous int32 array and its value as an int64
+array, both owned by the node (copied on insert and split, so a caller mutating its KV row can
+never corrupt the tree). Children are keyed by the bytes of their first page (the first token
+when ``page_size == 1``); children of the root are keyed by ``(namespace, bytes)`` when the
+namespace is not the default one, so namespaces share no node. Token comparisons are bulk byte
+comparisons (``bytes.startswith`` on the query's bytes); the exact mismatch point is located
+with numpy only when a segment does not match whole.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Hashable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from radixsched.cache.base import (
+    BasePrefixCache,
+    CacheKey,
+    InsertResult,
+    IntegrityError,
+    MatchResult,
+    Namespace,
+    SlotFreer,
+)
+from radixsched.cache.evict import DEFAULT_EVICTION_POLICY, EvictionStrategy, get_strategy
+from radixsched.request import EMPTY_SLOTS, EMPTY_TOKENS, SlotArray, TokenArray
+
+_ROOT_PRIORITY = -(2**63)
+_TOKEN_BYTES = 4  # int32
+
+
+def longest_common_prefix(a: TokenArray, b: TokenArray) -> int:
+    """Length of the common prefix of two token arrays (bulk numpy comparison)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    neq = a[:n] != b[:n]
+    i = int(neq.argmax())
+    return i if neq[i] else n
+
+
+class TreeNode:
+    """A tree segment. ``parent is None`` for the root and for nodes no longer in the tree."""
+
+    __slots__ = (
+        "children",
+        "creation_time",
+        "hit_count",
+        "id",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "namespace",
+        "parent",
+        "priority",
+        "value",
+    )
+
+    def __init__(
+        self,
+        node_id: int,
+        key: TokenArray,
+        value: SlotArray,
+        parent: TreeNode | None,
+        namespace: Namespace,
+        now: int,
+        priority: int = 0,
+    ) -> None:
+        self.children: dict[Hashable, TreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock_ref = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = priority
+        self.id = node_id
+        self.namespace = namespace
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def __repr__(self) -> str:
+        head = self.key[:4].tolist()
+        more = "..." if len(self.key) > 4 else ""
+        return f"TreeNode(id={self.id}, key={head}{more} len={len(self.key)}, lock={self.lock_ref})"
+
+
+class _Query(NamedTuple):
+    tokens: TokenArray  # page-aligned, contiguous int32
+    namespace: Namespace
+
+
+def _normalise_namespace(ns: Namespace) -> Namespace:
+    """(None, None) and an empty cache salt mean the default namespace / no salt."""
+    if ns is None:
+        return None
+    extra, salt = ns
+    if salt == "":
+        salt = None
+    if extra is None and salt is None:
+        return None
+    return (extra, salt)
+
+
+class RadixCache(BasePrefixCache):
+    def __init__(
+        self,
+        allocator: SlotFreer | None,
+        page_size: int = 1,
+        eviction_policy: str = DEFAULT_EVICTION_POLICY,
+        disable: bool = False,
+        compat_sglang: bool = False,
+        on_evict: Callable[[CacheKey, int], None] | None = None,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.allocator = allocator
+        self.page_size = page_size
+        self.disabled = disable
+        self.compat_sglang = compat_sglang
+        self.on_evict = on_evict
+        # A disabled tree always uses LRU (spec 3.3); the name is still validated.
+        strategy = get_strategy(eviction_policy)
+        self.eviction_policy = DEFAULT_EVICTION_POLICY if disable else strategy.name
+        self.strategy: EvictionStrategy = (
+            get_strategy(self.eviction_policy) if disable else strategy
+        )
+        self._ids = itertools.count()
+        self._clock = 0
+        self._root = self._new_root()
+        self._evictable_size = 0
+        self._protected_size = 0
+        # Live nodes with lock_ref == 0 and no children (the root never).
+        self._evictable_leaves: set[TreeNode] = set()
+
+    # ---- construction ---------------------------------------------------------------------
+    def _new_root(self) -> TreeNode:
+        root = TreeNode(next(self._ids), EMPTY_TOKENS, EMPTY_SLOTS, None, None, self._clock)
+        root.priority = _ROOT_PRIORITY
+        root.lock_ref = 1  # never evicted, never unlocked
+        return root
+
+    @property
+    def root(self) -> TreeNode:
+        return self._root
+
+    def reset(self) -> None:
+        """Drop the whole tree, returning every held slot to the allocator. Refuses while any
+        node is locked (a running request still uses those slots)."""
+        if self._protected_size:
+            raise RuntimeError(
+                f"reset with {self._protected_size} locked tokens: release all requests first"
+            )
+        values = self.all_values()
+        for node in self._iter_nodes():
+            node.parent = None  # stale handles are detected as "not in the tree"
+        self._root = self._new_root()
+        self._evictable_size = 0
+        self._protected_size = 0
+        self._evictable_leaves = set()
+        if self.allocator is not None and values.size:
+            self.allocator.free(values)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _query(self, key: CacheKey) -> _Query:
+        tokens = key.tokens
+        if tokens.dtype != np.int32 or not tokens.flags.c_contiguous:
+            tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        p = self.page_size
+        n = len(tokens)
+        if n % p:
+            tokens = tokens[: n - n % p]
+        ns = key.namespace
+        return _Query(tokens, None if ns is None else _normalise_namespace(ns))
+
+    def _child_key(self, parent: TreeNode, first_page: bytes, ns: Namespace) -> Hashable:
+        if parent is self._root and ns is not None:
+            return (ns, first_page)
+        return first_page
+
+    def _mismatch(self, tokens: TokenArray, pos: int, node: TreeNode) -> int:
+        """Page-rounded match length of ``node.key`` against ``tokens[pos:]``, knowing the node
+        does not match whole. At least one page (the child was found by its first page)."""
+        m = longest_common_prefix(tokens[pos:], node.key)
+        return m - m % self.page_size
+
+    def _split(self, child: TreeNode, m: int, now: int) -> TreeNode:
+        """Split ``child`` at ``m`` (0 < m < len, page-aligned); return the new upper node.
+
+        The upper node takes the child's place in the parent's dict (same key, same position)
+        and inherits lock_ref, priority and hit_count, so sizes, lock sums and the leaf set
+        stay valid; the child keeps the tail and every handle to it stays meaningful."""
+        parent = child.parent
+        assert parent is not None
+        new = TreeNode(
+            next(self._ids),
+            child.key[:m].copy(),
+            child.value[:m].copy(),
+            parent,
+            child.namespace,
+            now,
+            child.priority,
+        )
+        new.lock_ref = child.lock_ref
+        new.hit_count = child.hit_count
+        if not self.compat_sglang:
+            new.creation_time = child.creation_time
+        first = child.key[: self.page_size].tobytes()
+        parent.children[self._child_key(parent, first, child.namespace)] = new
+        child.key = child.key[m:].copy()
+        child.value = child.value[m:].copy()
+        child.parent = new
+        new.children[child.key[: self.page_size].tobytes()] = child
+        return new
+
+    def _walk(self, q: _Query, collect: bool) -> tuple[TreeNode, int, list[SlotArray]]:
+        """The match walk shared by match_prefix and touch_prefix: refreshes access times,
+        splits at a partial match. Returns (last node, matched length, value segments)."""
+        now = self._tick()
+        root = self._root
+        root.last_access_time = now
+        tokens, ns = q
+        n = len(tokens)
+        values: list[SlotArray] = []
+        if n == 0:
+            return root, 0, values
+        pb = self.page_size * _TOKEN_BYTES
+        qb = tokens.tobytes()
+        first = qb[:pb]
+        child = root.children.get(first if ns is None else (ns, first))
+        node = root
+        pos = 0
+        while child is not None:
+            child.last_access_time = now
+            if qb.startswith(child.key, pos * _TOKEN_BYTES):  # type: ignore[arg-type]
+                node = child
+                pos += len(child.key)
+                if collect:
+                    values.append(child.value)
+                if pos == n:
+                    break
+                off = pos * _TOKEN_BYTES
+                child = node.children.get(qb[off : off + pb])
+            else:
+                m = self._mismatch(tokens, pos, child)
+                node = self._split(child, m, now)
+                pos += m
+                if collect:
+                    values.append(node.value)
+                break
+        return node, pos, values
+
+    # ---- match / touch / insert -------------------------------------------------------------
+    def match_prefix(self, key: CacheKey) -> MatchResult:
+        """Longest cached page-aligned prefix; refreshes recency and splits a partially matched
+        node so ``last_node`` ends exactly at the match. Lock ``last_node`` before using
+        ``indices``."""
+        if self.disabled or len(key.tokens) == 0:
+            return MatchResult(EMPTY_SLOTS, 0, self._root)
+        node, pos, values = self._walk(self._query(key), collect=True)
+        if not values:
+            indices = EMPTY_SLOTS
+        elif len(values) == 1:
+            indices = values[0]
+        else:
+            indices = np.concatenate(values)
+        return MatchResult(indices, pos, node)
+
+    def match_len(self, key: CacheKey) -> int:
+        """Matched length only: no split, no indices, no recency update."""
+        if self.disabled:
+            return 0
+        tokens, ns = self._query(key)
+        n = len(tokens)
+        if n == 0:
+            return 0
+        pb = self.page_size * _TOKEN_BYTES
+        qb = tokens.tobytes()
+        first = qb[:pb]
+        child = self._root.children.get(first if ns is None else (ns, first))
+        pos = 0
+        while child is not None:
+            if qb.startswith(child.key, pos * _TOKEN_BYTES):  # type: ignore[arg-type]
+                pos += len(child.key)
+                if pos == n:
+                    return pos
+                off = pos * _TOKEN_BYTES
+                child = child.children.get(qb[off : off + pb])
+            else:
+                return pos + self._mismatch(tokens, pos, child)
+        return pos
+
+    def touch_prefix(self, key: CacheKey) -> None:
+        """Refresh recency along the matched path (may split, like match_prefix)."""
+        if self.disabled or len(key.tokens) == 0:
+            return
+        self._walk(self._query(key), collect=False)
+
+    def insert(
+        self, key: CacheKey, values: SlotArray, priority: int = 0, *, inserted_len: int = 0
+    ) -> InsertResult:
+        """Insert the page-aligned key with ``values[:aligned_len]``.
+
+        Returns ``prefix_len``: tokens that were already cached. The caller keeps ownership of
+        ``values[:prefix_len]`` (duplicates: it must free them) and of anything past the aligned
+        length; the cache owns ``values[prefix_len:aligned_len]`` from now on. ``priority``
+        raises the priority of every node on the path (max, never lowered). ``inserted_len`` is
+        how far this request already inserted: a node counts a hit only for tokens past it."""
+        root = self._root
+        if self.disabled:
+            return InsertResult(0, root)
+        tokens, ns = self._query(key)
+        n = len(tokens)
+        if len(values) < n:
+            raise ValueError(f"insert: {len(values)} values for a {n}-token (aligned) key")
+        now = self._tick()
+        root.last_access_time = now
+        if priority > root.priority:
+            root.priority = priority
+        if n == 0:
+            return InsertResult(0, root)
+        pb = self.page_size * _TOKEN_BYTES
+        qb = tokens.tobytes()
+        first = qb[:pb]
+        ckey: Hashable = first if ns is None else (ns, first)
+        child = root.children.get(ckey)
+        node = root
+        pos = 0
+        while child is not None:
+            child.last_access_time = now
+            if qb.startswith(child.key, pos * _TOKEN_BYTES):  # type: ignore[arg-type]
+                node = child
+                pos += len(child.key)
+                if priority > node.priority:
+                    node.priority = priority
+                if pos > inserted_len:
+                    node.hit_count += 1
+                if pos == n:
+                    return InsertResult(pos, node)
+                off = pos * _TOKEN_BYTES
+                ckey = qb[off : off + pb]
+                child = node.children.get(ckey)
+            else:
+                m = self._mismatch(tokens, pos, child)
+                node = self._split(child, m, now)
+                pos += m
+                if priority > node.priority:
+                    node.priority = priority
+                if pos > inserted_len:
+                    node.hit_count += 1
+                if pos == n:
+                    return InsertResult(pos, node)
+                off = pos * _TOKEN_BYTES
+                # The remainder's first page differs from the split-off child's first page.
+                ckey = qb[off : off + pb]
+                break
+        leaf = TreeNode(
+            next(self._ids),
+            tokens[pos:].copy(),
+            np.array(values[pos:n], dtype=np.int64),
+            node,
+            ns,
+            now,
+            priority,
+        )
+        if n > inserted_len:
+            leaf.hit_count = 1
+        if not node.children and node.lock_ref == 0:
+            self._evictable_leaves.discard(node)
+        node.children[ckey] = leaf
+        self._evictable_size += n - pos
+        self._evictable_leaves.add(leaf)
+        return InsertResult(pos, leaf)
+
+    # ---- locks -----------------------------------------------------------------------------
+    def _check_attached(self, node: TreeNode) -> None:
+        if node.parent is None and node is not self._root:
+            raise ValueError(f"{node!r} is not in the tree (evicted, or from before a reset)")
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Lock ``node`` and its ancestors (excluding the root). Returns the change of
+        ``evictable_size()`` (<= 0)."""
+        if self.disabled:
+            return 0
+        self._check_attached(node)
+        root = self._root
+        if node is root:
+            return 0
+        if node.lock_ref == 0 and not node.children:
+            self._evictable_leaves.discard(node)
+        moved = 0
+        while node is not root:
+            if node.lock_ref == 0:
+                moved += len(node.key)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]  # attached => reaches the root
+        self._evictable_size -= moved
+        self._protected_size += moved
+        return -moved
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Release one lock taken by ``inc_lock_ref(node)``. Returns the change of
+        ``evictable_size()`` (>= 0)."""
+        if self.disabled:
+            return 0
+        self._check_attached(node)
+        root = self._root
+        if node is root:
+            return 0
+        if node.lock_ref <= 0:
+            raise IntegrityError(f"dec_lock_ref on unlocked {node!r}")
+        start = node
+        moved = 0
+        while node is not root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                moved += len(node.key)
+            node = node.parent  # type: ignore[assignment]
+        if start.lock_ref == 0 and not start.children:
+            self._evictable_leaves.add(start)
+        self._evictable_size += moved
+        self._protected_size -= moved
+        return moved
+
+    # ---- eviction ------------------------------------------------------------------------------
+    def _path_key(self, node: TreeNode) -> CacheKey:
+        parts: list[TokenArray] = []
+        cur: TreeNode | None = node
+        while cur is not None and cur is not self._root:
+            parts.append(cur.key)
+            cur = cur.parent
+        parts.reverse()
+        tokens = np.concatenate(parts) if parts else EMPTY_TOKENS
+        return CacheKey(tokens, node.namespace)
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``min(num_tokens, evictable_size())`` tokens from unlocked leaves in
+        strategy order; returns the number freed (see the module note for the overshoot)."""
+        if self.disabled or num_tokens <= 0 or not self._evictable_leaves:
+            return 0
+        prio = self.strategy.priority
+        heap = [(prio(leaf), leaf.id, leaf) for leaf in self._evictable_leaves]
+        heapq.heapify(heap)
+        root = self._root
+        p = self.page_size
+        freed: list[SlotArray] = []
+        evicted = 0
+        while evicted < num_tokens and heap:
+            leaf = heapq.heappop(heap)[2]
+            length = len(leaf.key)
+            remaining = num_tokens - evicted
+            if length > remaining and not self.compat_sglang:
+                cut = -(-remaining // p) * p
+                if cut < length:
+                    # Evict only the tail: the leaf stays, shorter, still an evictable leaf.
+                    if self.on_evict is not None:
+                        self.on_evict(self._path_key(leaf), cut)
+                    keep = length - cut
+                    freed.append(leaf.value[keep:])
+                    leaf.key = leaf.key[:keep].copy()
+                    leaf.value = leaf.value[:keep].copy()
+                    self._evictable_size -= cut
+                    evicted += cut
+                    break
+            if self.on_evict is not None:
+                self.on_evict(self._path_key(leaf), length)
+            freed.append(leaf.value)
+            parent = leaf.parent
+            assert parent is not None
+            first = leaf.key[:p].tobytes()
+            del parent.children[self._child_key(parent, first, leaf.namespace)]
+            leaf.parent = None
+            self._evictable_leaves.discard(leaf)
+            self._evictable_size -= length
+            evicted += length
+            if parent is not root and not parent.children and parent.lock_ref == 0:
+                self._evictable_leaves.add(parent)
+                heapq.heappush(heap, (prio(parent), parent.id, parent))
+        if self.allocator is not None and freed:
+            self.allocator.free(freed[0] if len(freed) == 1 else np.concatenate(freed))
+        return evicted
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    def total_size(self) -> int:
+        return self._evictable_size + self._protected_size
+
+    def num_evictable_leaves(self) -> int:
+        return len(self._evictable_leaves)
+
+    def _iter_nodes(self) -> Iterator[TreeNode]:
+        """Every non-root node, parents before children (children in dict order)."""
+        stack = list(reversed(self._root.children.values()))
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children.values()))
+
+    def num_nodes(self) -> int:
+        return sum(1 for _ in self._iter_nodes())
+
+    def all_values(self) -> SlotArray:
+        parts = [node.value for node in self._iter_nodes()]
+        return np.concatenate(parts) if parts else EMPTY_SLOTS.copy()
+
+    # ---- DFS-weight order ----------------------------------------------------------------------
+    def dfs_weight_order(self, nodes: list[TreeNode]) -> list[int]:
+        """Permutation of ``range(len(nodes))`` (spec 3.9): depth-first from the root, children
+        by descending subtree request count (ties: child creation order), a node's own
+        requests after its subtree's, in original relative order. Handles not in the tree
+        (evicted, detached, foreign) come last in original order: never dropped."""
+        root = self._root
+        own: dict[TreeNode, list[int]] = {}
+        orphans: list[int] = []
+        for i, node in enumerate(nodes):
+            cur: TreeNode | None = node
+            while cur is not root and cur is not None:
+                cur = cur.parent
+            if cur is root:
+                own.setdefault(node, []).append(i)
+            else:
+                orphans.append(i)
+        # weight = requests in the subtree, only for nodes on a path to some handle.
+        weight: dict[TreeNode, int] = {}
+        for node, idxs in own.items():
+            c = len(idxs)
+            cur = node
+            while cur is not None:
+                weight[cur] = weight.get(cur, 0) + c
+                cur = cur.parent
+        order: list[int] = []
+        # Iterative post-order: (node, expanded?)
+        stack: list[tuple[TreeNode, bool]] = [(root, False)] if root in weight else []
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.extend(own.get(node, ()))
+                continue
+            stack.append((node, True))
+            kids = [c for c in node.children.values() if c in weight]
+            kids.sort(key=lambda c: -weight[c])  # stable: ties keep creation order
+            stack.extend((c, False) for c in reversed(kids))
+        order.extend(orphans)
+        return order
+
+    # ---- integrity -----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Recompute everything by a walk and compare with the counters; raise with numbers."""
+        root = self._root
+        p = self.page_size
+        if root.lock_ref != 1 or root.parent is not None or len(root.key):
+            raise IntegrityError(f"root corrupt: lock_ref={root.lock_ref}, key len {len(root.key)}")
+        if self.disabled:
+            if root.children or self._evictable_size or self._protected_size:
+                raise IntegrityError("disabled cache holds nodes or sizes")
+            return
+        evictable = protected = 0
+        leaves: set[TreeNode] = set()
+        n_values = 0
+        for node in self._iter_nodes():
+            parent = node.parent
+            klen = len(node.key)
+            if parent is None:
+                raise IntegrityError(f"{node!r} in the tree has parent None")
+            if klen == 0 or klen % p:
+                raise IntegrityError(f"{node!r}: key length {klen} not a positive multiple of {p}")
+            if len(node.value) != klen:
+                raise IntegrityError(f"{node!r}: {len(node.value)} values for {klen} tokens")
+            if node.key.dtype != np.int32 or node.value.dtype != np.int64:
+                raise IntegrityError(f"{node!r}: dtypes {node.key.dtype}/{node.value.dtype}")
+            ck = self._child_key(parent, node.key[:p].tobytes(), node.namespace)
+            if parent.children.get(ck) is not node:
+                raise IntegrityError(f"{node!r} not under its own first-page key in its parent")
+            if parent is not root and parent.namespace != node.namespace:
+                raise IntegrityError(f"{node!r}: namespace differs from its parent's")
+            if node.lock_ref < 0:
+                raise IntegrityError(f"{node!r}: negative lock_ref {node.lock_ref}")
+            child_locks = sum(c.lock_ref for c in node.children.values())
+            if node.lock_ref < child_locks:
+                raise IntegrityError(
+                    f"{node!r}: lock_ref {node.lock_ref} < sum of children's {child_locks}"
+                )
+            if node.lock_ref == 0:
+                evictable += klen
+                if not node.children:
+                    leaves.add(node)
+            else:
+                protected += klen
+            n_values += klen
+        if evictable != self._evictable_size or protected != self._protected_size:
+            raise IntegrityError(
+                f"sizes: walk evictable {evictable} / protected {protected}, counters "
+                f"{self._evictable_size} / {self._protected_size}"
+            )
+        if leaves != self._evictable_leaves:
+            raise IntegrityError(
+                f"evictable leaves: walk {len(leaves)}, set {len(self._evictable_leaves)}, "
+                f"missing {len(leaves - self._evictable_leaves)}, "
+                f"extra {len(self._evictable_leaves - leaves)}"
+            )
+        values = self.all_values()
+        n_unique = int(np.unique(values).size)
+        if n_unique != n_values:
+            raise IntegrityError(f"{n_values - n_unique} KV slot(s) held by two tree positions")
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixCache(page_size={self.page_size}, policy={self.eviction_policy}, "
+            f"disabled={self.disabled}, compat_sglang={self.compat_sglang}, "
+            f"evictable={self._evictable_size}, protected={self._protected_size})"
+        )

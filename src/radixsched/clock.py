@@ -1,0 +1,42 @@
+"""Clocks for the scheduler loop: virtual time for the simulator, wall time for real engines."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def advance(self, dt: float) -> None:
+        """Account for a step that took ``dt`` seconds (a wall clock has already moved)."""
+
+
+class VirtualClock:
+    """Simulated time: moves only when the loop says a step took time or jumps to an event."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._t = start
+
+    def now(self) -> float:
+        return self._t
+
+    def advance(self, dt: float) -> None:
+        assert dt >= 0, dt
+        self._t += dt
+
+    def jump_to(self, t: float) -> None:
+        """Idle until ``t`` (never backwards)."""
+        self._t = max(self._t, t)
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def advance(self, dt: float) -> None:
+        return None

@@ -1,0 +1,784 @@
+"""Waiting-queue schedule policies: which waiting request the prefill adder tries first.
+
+``SchedulePolicy.calc_priority`` runs once per prefill round. It matches every waiting request
+against the prefix cache, runs the in-batch prefix dedup, sorts the queue **in place** (stable:
+ties keep the order the previous round left) and returns a ``PriorityResult``. Policies live in
+the ``POLICIES`` registry (the CLI's choices come from it):
+
+================== ============ =============================================================
+name               kind         order (lower first)
+================== ============ =============================================================
+fcfs               agnostic     arrival; with priority scheduling (priority, arrival)
+lof                agnostic     longest ``max_new_tokens`` first (priority first if enabled)
+random             agnostic     shuffle with the policy's own ``random.Random(config.seed)``
+routing-key        agnostic     keys frequent in the running batch first
+lpm                cache-aware  longest matched prefix first (optional starvation bound)
+dfs-weight         cache-aware  depth-first over the cache tree, heaviest subtree first
+hrrn               cache-aware  highest response ratio waited/uncached, aged in prefill tokens
+shortest-prefill-  cache-aware  least uncached work (prompt + output - match) first
+first
+fair               tenant       virtual token counter (VTC) across tenants, longest match
+                                first within a tenant
+================== ============ =============================================================
+
+Matching (what ``calc_priority`` writes on each ``Req``):
+
+- Every policy records ``num_matched_prefix_tokens = min(match, max_prefix_len)`` for every
+  waiting request whenever the cache can share prefixes: it is the load snapshot a data-parallel
+  router reads, and the sort key of the cache-aware policies.
+- The default matcher is the cache's read-only ``match_len`` (no node split, no recency bump, no
+  index array). The adder re-matches at admission anyway, so a ``last_node`` computed here would
+  be stale work. Only ``dfs-weight`` needs nodes; it (and every cache-aware policy under
+  ``compat="sglang"``, which reproduces SGLang's side effects) uses ``match_prefix`` and then also
+  sets ``prefix_len``, ``last_node`` and ``host_hit_len``.
+- Because ``match_len`` does not refresh recency, the waiting-prefix touch (spec 1.10: every 32
+  eligible rounds, touch ``reversed(queue[:128])`` under LRU eviction) runs whenever this
+  round's matching did not refresh recency itself. Under ``compat="sglang"`` that is exactly
+  SGLang's rule (cache-agnostic policies only).
+
+In-batch prefix dedup (cache-aware policies, spec 1.5): among requests whose cache match is at
+most ``in_batch_prefix_check_threshold`` tokens, those sharing their first
+``in_batch_prefix_deprioritize_threshold`` tokens (same namespace) form a group; one
+representative per group is scheduled normally, the others are *deprioritized* (sorted last).
+Sharing "at least T leading tokens with some earlier candidate" is equality of the T-token
+prefix, so a dict keyed on that prefix gives exactly the answer of SGLang's temporary page-1
+radix tree, without building one. radixsched picks the representative that is overdue (lpm
+starvation bound), then cheapest (least uncached work), then oldest, and the others are
+``deferred``: the scheduler must not admit them this round, so the shared prefix is computed
+once and the duplicates hit it next round. The cheapest member is the one most likely to fit,
+so a group is never blocked behind a member that cannot be admitted while a cheaper one could.
+``dfs-weight`` uses the dedup too (duplicates move to the back of the DFS order and are
+deferred): requests with tiny matches all end at the root, where DFS order gives them no
+locality. Under ``compat="sglang"`` the first candidate in list order represents its group,
+nothing is deferred, and ``dfs-weight`` ignores the set.
+
+Fair policy (virtual token counter, Sheng et al., "Fairness in Serving Large Language Models",
+OSDI 2024). Each tenant (``Req.tenant_key``) has a counter of service received:
+``FAIR_PREFILL_WEIGHT`` x prefill tokens actually computed (cache hits are free) plus
+``FAIR_DECODE_WEIGHT`` x decode tokens, charged by the scheduler through ``on_service`` after
+each step. Each round, tenants take turns in order of least counter; a tenant's turn admits its
+next request (longest cached prefix first, then arrival, for cache affinity) and raises its
+*projected* counter by that request's uncached prefill, so one round's order already
+interleaves tenants the way VTC's one-request-at-a-time selection would. A tenant that becomes
+active (has waiting or running requests) after being idle has its counter lifted to the least
+counter of the tenants that stayed active (or the last such floor when none did): idle time
+banks no credit, and a returning tenant cannot monopolise the engine. Guarantee (the paper's
+analysis, which carries over because a tenant is only chosen while its counter is the least):
+for any two tenants that stay backlogged over an interval, the difference in weighted service
+they receive in it is bounded by a constant, ``2 * (FAIR_PREFILL_WEIGHT * L_in +
+FAIR_DECODE_WEIGHT * M)`` with ``L_in`` the longest prompt and ``M`` the most tokens the running
+batch can hold, independent of the interval's length and of how much either tenant sends. Here
+counters are charged once per step rather than per admission, which adds at most one prefill
+batch (``max_prefill_tokens``) to that bound.
+
+Deviations from SGLang 0.5.23 (``config.compat == "sglang"`` restores each):
+
+- no 128-request cap for lpm/hrrn unless ``max_prefix_match_queue`` is set; above the cap the
+  fallback sorts by arrival (SGLang leaves the last cache-aware order, spec 8.23);
+- every remaining tie breaks by arrival (queue entry time, then arrival time, then list order);
+  SGLang breaks hrrn ties by rid and orders non-matching routing keys by key string; fcfs sorts
+  by queue entry time, so a retracted request whose seniority the scheduler kept regains its
+  place (SGLang: fcfs is "current list order");
+- hrrn's uncached work counts output tokens like spf (SGLang: prompt only, so a long replay can
+  reach "no work, drain immediately");
+- in-batch dedup is binding and cost-aware (above);
+- spf's chunk limit does not reserve room for deferred requests (they cannot be admitted);
+- cache-aware scoring is read-only (``match_len``) except for dfs-weight (above).
+
+Validation is identical in both modes: unknown names (including SGLang's dead ``priority``
+choice) raise ``ValueError`` listing the valid names; a cache-aware policy without prefix
+caching falls back to fcfs with a WARNING (SGLang: silently); spf without prefix caching raises
+``ValueError`` saying so; priority scheduling requires fcfs or lof.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
+from radixsched.config import SchedulerConfig
+from radixsched.request import Req
+
+logger = logging.getLogger(__name__)
+
+# SGLang's hard-coded lpm/hrrn cap (compat only; radixsched: config.max_prefix_match_queue).
+SGLANG_PREFIX_MATCH_CAP = 128
+# Waiting-prefix touch: every this many eligible rounds, over the first SPAN queued requests.
+WAITING_PREFIX_REFRESH_INTERVAL = 32
+WAITING_PREFIX_REFRESH_SPAN = 128
+# spf logs the queue head's work on calls 1, 1 + N, 1 + 2N, ...
+SPF_LOG_INTERVAL = 128
+# Fair policy weights: a decode token costs twice a prefill token (memory-bound step).
+FAIR_PREFILL_WEIGHT = 1.0
+FAIR_DECODE_WEIGHT = 2.0
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+INF = math.inf
+
+
+class MatchMode(Enum):
+    """How a round matches waiting requests against the cache."""
+
+    NONE = "none"  # the cache cannot share prefixes: every match is 0, nothing is called
+    LENGTH = "length"  # match_len: read-only, lengths only
+    NODE = "node"  # match_prefix: last_node too; refreshes recency and may split a node
+
+
+class PriorityResult(NamedTuple):
+    """What one ``calc_priority`` round decided (the queue itself is sorted in place)."""
+
+    active_policy: str  # the policy that ordered this round (after fallbacks)
+    deprioritized: frozenset[str]  # rids moved to the back by the in-batch dedup
+    deferred: frozenset[str]  # rids the scheduler must not admit this round (compat: empty)
+    prefix_matched: bool  # num_matched_prefix_tokens is an exact cache match this round
+
+
+@dataclass
+class SortContext:
+    """Everything a policy's sort function may read in one round."""
+
+    config: SchedulerConfig
+    tree_cache: BasePrefixCache
+    deprioritized: frozenset[str]
+    processed_tokens: int
+    now: float
+    running_batch: Sequence[Req] | None
+    rng: random.Random
+    fair: VirtualTokenCounter
+    is_overdue: Callable[[Req], bool]
+
+    @property
+    def compat(self) -> bool:
+        return self.config.sglang_compat
+
+
+SortFn = Callable[[list[Req], SortContext], None]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    sort: SortFn
+    help: str
+    cache_aware: bool = False  # orders on cache matches; falls back to fcfs without a cache
+    requires_cache: bool = False  # no fallback: construction fails without a cache
+    needs_last_node: bool = False  # match with match_prefix even in radixsched mode
+    capped: bool = False  # subject to the lpm/hrrn queue-length fallback
+    dedup: bool = False  # uses the in-batch dedup in radixsched mode
+    compat_dedup: bool = False  # uses it under compat="sglang"
+    supports_priority: bool = False  # allowed with --enable-priority-scheduling
+
+
+# ---- per-request quantities ---------------------------------------------------------------
+
+
+def _arrival(r: Req) -> tuple[float, float]:
+    return (r.queue_entry_time, r.arrival_time)
+
+
+def prefill_work(r: Req) -> int:
+    """Uncached tokens a (re)prefill of ``r`` computes, at least 1 (spec 1.8)."""
+    return max(1, r.fill_len - r.num_matched_prefix_tokens)
+
+
+def _hrrn_uncached(r: Req, compat: bool) -> int:
+    if compat:  # SGLang counts the prompt only (spec 1.7)
+        return max(0, r.prompt_len - r.num_matched_prefix_tokens)
+    return max(0, r.fill_len - r.num_matched_prefix_tokens)
+
+
+def _priority_term(r: Req, config: SchedulerConfig) -> tuple[int, int]:
+    """Priority sort term: explicit priorities by ``priority_sign``, then requests without one.
+
+    A missing priority takes ``default_priority_value`` when set, else it is the least
+    important (spec 1.12); ``req.priority`` itself is never modified.
+    """
+    p = r.priority if r.priority is not None else config.default_priority_value
+    if p is None:
+        return (1, 0)
+    return (0, p * config.priority_sign)
+
+
+def validate_priority(req: Req, config: SchedulerConfig) -> str | None:
+    """Why the scheduler must reject ``req`` at the door for its priority, or None if it may enter."""
+    p = req.priority
+    if p is None:
+        return None
+    if not INT64_MIN <= p <= INT64_MAX:
+        return f"priority {p} is outside the signed 64-bit range"
+    if not config.enable_priority_scheduling and config.abort_on_priority_when_disabled:
+        return (
+            "this server does not schedule by priority (--enable-priority-scheduling is off); "
+            "send the request again without a priority"
+        )
+    return None
+
+
+# ---- sort functions (one per policy) --------------------------------------------------------
+
+
+def _sort_fcfs(queue: list[Req], ctx: SortContext) -> None:
+    cfg = ctx.config
+    if cfg.enable_priority_scheduling:
+        if ctx.compat:
+            queue.sort(key=lambda r: (_priority_term(r, cfg), r.queue_entry_time))
+        else:
+            queue.sort(key=lambda r: (_priority_term(r, cfg), r.queue_entry_time, r.arrival_time))
+    elif not ctx.compat:
+        queue.sort(key=_arrival)
+    # compat without priority: "current list order", no sort (spec 1.6)
+
+
+def _sort_arrival(queue: list[Req], ctx: SortContext) -> None:
+    """The fallback of a capped policy above the cap (radixsched; compat leaves the order)."""
+    if not ctx.compat:
+        queue.sort(key=_arrival)
+
+
+def _sort_lof(queue: list[Req], ctx: SortContext) -> None:
+    cfg = ctx.config
+    if cfg.enable_priority_scheduling:
+        if ctx.compat:
+            queue.sort(key=lambda r: (_priority_term(r, cfg), -r.max_new_tokens))
+        else:
+            queue.sort(key=lambda r: (_priority_term(r, cfg), -r.max_new_tokens, *_arrival(r)))
+    elif ctx.compat:
+        queue.sort(key=lambda r: -r.max_new_tokens)
+    else:
+        queue.sort(key=lambda r: (-r.max_new_tokens, *_arrival(r)))
+
+
+def _sort_random(queue: list[Req], ctx: SortContext) -> None:
+    ctx.rng.shuffle(queue)
+
+
+def _sort_routing_key(queue: list[Req], ctx: SortContext) -> None:
+    if ctx.running_batch is None:
+        return
+    counts = Counter(r.routing_key for r in ctx.running_batch if r.routing_key)
+    if not counts:
+        return
+    if ctx.compat:
+
+        def compat_key(r: Req) -> tuple[int, int, str]:
+            k = r.routing_key
+            if k and k in counts:
+                return (0, -counts[k], k)
+            return (1, 0, k or "")
+
+        queue.sort(key=compat_key)
+        return
+
+    def key(r: Req) -> tuple[int, int, str, float, float]:
+        k = r.routing_key
+        if k and k in counts:
+            return (0, -counts[k], k, r.queue_entry_time, r.arrival_time)
+        return (1, 0, "", r.queue_entry_time, r.arrival_time)
+
+    queue.sort(key=key)
+
+
+def _sort_lpm(queue: list[Req], ctx: SortContext) -> None:
+    dep = ctx.deprioritized
+    overdue = ctx.is_overdue
+    if ctx.compat:
+
+        def compat_key(r: Req) -> tuple[float, float, float]:
+            if overdue(r):
+                return (0.0, r.queue_entry_time, r.arrival_time)
+            return (1.0, INF if r.rid in dep else -r.num_matched_prefix_tokens, 0.0)
+
+        queue.sort(key=compat_key)
+        return
+
+    def key(r: Req) -> tuple[float, float, float, float]:
+        if overdue(r):
+            return (0.0, r.queue_entry_time, r.arrival_time, 0.0)
+        return (
+            2.0 if r.rid in dep else 1.0,
+            -r.num_matched_prefix_tokens,
+            r.queue_entry_time,
+            r.arrival_time,
+        )
+
+    queue.sort(key=key)
+
+
+def _sort_hrrn(queue: list[Req], ctx: SortContext) -> None:
+    dep = ctx.deprioritized
+    now_tokens = ctx.processed_tokens
+    compat = ctx.compat
+
+    def ratio_term(r: Req) -> float:
+        if r.rid in dep:
+            return INF
+        uncached = _hrrn_uncached(r, compat)
+        if uncached <= 0:
+            return -INF  # no prefill work left: drain immediately
+        waited = max(0, now_tokens - r.queue_entry_processed_tokens)
+        return -(waited / uncached)
+
+    if compat:
+        queue.sort(key=lambda r: (ratio_term(r), r.rid))
+    else:
+        queue.sort(key=lambda r: (ratio_term(r), r.queue_entry_time, r.arrival_time))
+
+
+def _sort_spf(queue: list[Req], ctx: SortContext) -> None:
+    dep = ctx.deprioritized
+    if ctx.compat:
+        queue.sort(key=lambda r: (r.rid in dep, prefill_work(r), r.queue_entry_time))
+    else:
+        queue.sort(
+            key=lambda r: (r.rid in dep, prefill_work(r), r.queue_entry_time, r.arrival_time)
+        )
+
+
+def _sort_dfs_weight(queue: list[Req], ctx: SortContext) -> None:
+    n = len(queue)
+    if n == 0:
+        return
+    order = ctx.tree_cache.dfs_weight_order([r.last_node for r in queue])
+    seen = bytearray(n)
+    perm: list[int] = []
+    for i in order:
+        if 0 <= i < n and not seen[i]:
+            seen[i] = 1
+            perm.append(i)
+    # A node no longer reachable from the root is never emitted: keep such requests (at the
+    # end, in list order) rather than drop them from the queue.
+    if len(perm) < n:
+        perm.extend(i for i in range(n) if not seen[i])
+    reordered = [queue[i] for i in perm]
+    dep = ctx.deprioritized
+    if dep and not ctx.compat:
+        reordered.sort(key=lambda r: r.rid in dep)
+    queue[:] = reordered
+
+
+def _sort_fair(queue: list[Req], ctx: SortContext) -> None:
+    queue[:] = ctx.fair.order(queue)
+
+
+POLICIES: dict[str, PolicySpec] = {
+    spec.name: spec
+    for spec in (
+        PolicySpec(
+            "fcfs",
+            _sort_fcfs,
+            "first come, first served (by priority first with --enable-priority-scheduling)",
+            supports_priority=True,
+        ),
+        PolicySpec("lof", _sort_lof, "longest max_new_tokens first", supports_priority=True),
+        PolicySpec("random", _sort_random, "random order (seeded by --seed)"),
+        PolicySpec(
+            "routing-key", _sort_routing_key, "routing keys frequent in the running batch first"
+        ),
+        PolicySpec(
+            "lpm",
+            _sort_lpm,
+            "longest cached prefix first (starvation bound: --lpm-max-wait-s/-tokens)",
+            cache_aware=True,
+            capped=True,
+            dedup=True,
+            compat_dedup=True,
+        ),
+        PolicySpec(
+            "dfs-weight",
+            _sort_dfs_weight,
+            "depth-first over the cache tree, heaviest subtree first",
+            cache_aware=True,
+            needs_last_node=True,
+            dedup=True,
+        ),
+        PolicySpec(
+            "hrrn",
+            _sort_hrrn,
+            "highest response ratio next (waited prefill tokens / uncached tokens)",
+            cache_aware=True,
+            capped=True,
+            dedup=True,
+            compat_dedup=True,
+        ),
+        PolicySpec(
+            "shortest-prefill-first",
+            _sort_spf,
+            "least uncached prefill work first",
+            cache_aware=True,
+            requires_cache=True,
+            dedup=True,
+            compat_dedup=True,
+        ),
+        PolicySpec(
+            "fair",
+            _sort_fair,
+            "tenant fairness by virtual token counter, longest match first within a tenant",
+        ),
+    )
+}
+
+# The fallback order of a capped policy above its queue-length cap.
+_FCFS_FALLBACK = PolicySpec("fcfs", _sort_arrival, "fallback: arrival order")
+
+
+# ---- fair policy state ------------------------------------------------------------------------
+
+
+@dataclass
+class VirtualTokenCounter:
+    """Per-tenant weighted service counters (VTC); see the module docstring."""
+
+    prefill_weight: float = FAIR_PREFILL_WEIGHT
+    decode_weight: float = FAIR_DECODE_WEIGHT
+    counters: dict[str, float] = field(default_factory=dict)
+    _active: frozenset[str] = frozenset()
+    _floor: float = 0.0
+
+    def charge(self, tenant: str, prefill_tokens: int, decode_tokens: int) -> None:
+        self.counters[tenant] = (
+            self.counters.get(tenant, 0.0)
+            + self.prefill_weight * prefill_tokens
+            + self.decode_weight * decode_tokens
+        )
+
+    def observe_active(self, tenants: frozenset[str]) -> None:
+        """Lift tenants that just became active to the least counter of those that stayed."""
+        newly = tenants - self._active
+        if newly:
+            stayed = tenants & self._active
+            base = min(self.counters[t] for t in stayed) if stayed else self._floor
+            for t in newly:
+                self.counters[t] = max(self.counters.get(t, 0.0), base)
+        self._active = tenants
+        if tenants:
+            self._floor = min(self.counters[t] for t in tenants)
+
+    def order(self, queue: list[Req]) -> list[Req]:
+        """Interleave tenants by least projected counter; longest match first within one."""
+        by_tenant: dict[str, list[Req]] = {}
+        for r in queue:
+            by_tenant.setdefault(r.tenant_key, []).append(r)
+        for reqs in by_tenant.values():
+            reqs.sort(
+                key=lambda r: (-r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time)
+            )
+        heap: list[tuple[float, float, float, int, str]] = []
+        for seq, (tenant, reqs) in enumerate(by_tenant.items()):
+            head = reqs[0]
+            c = self.counters.get(tenant, 0.0)
+            heap.append((c, head.queue_entry_time, head.arrival_time, seq, tenant))
+        heapq.heapify(heap)
+        pos = dict.fromkeys(by_tenant, 0)
+        out: list[Req] = []
+        while heap:
+            c, _, _, seq, tenant = heapq.heappop(heap)
+            reqs = by_tenant[tenant]
+            i = pos[tenant]
+            r = reqs[i]
+            out.append(r)
+            i += 1
+            pos[tenant] = i
+            if i < len(reqs):
+                nxt = reqs[i]
+                c += self.prefill_weight * prefill_work(r)
+                heapq.heappush(heap, (c, nxt.queue_entry_time, nxt.arrival_time, seq, tenant))
+        return out
+
+
+# ---- the policy object ------------------------------------------------------------------------
+
+
+def _unknown_policy_message(name: str) -> str:
+    valid = ", ".join(sorted(POLICIES))
+    msg = f"unknown schedule policy {name!r}; valid policies: {valid}"
+    if name == "priority":
+        msg += " (priority is not a policy: use --enable-priority-scheduling with fcfs or lof)"
+    return msg
+
+
+class SchedulePolicy:
+    """Orders the waiting queue each round; see the module docstring for every policy."""
+
+    def __init__(self, config: SchedulerConfig, tree_cache: BasePrefixCache) -> None:
+        name = config.schedule_policy
+        spec = POLICIES.get(name)
+        if spec is None:
+            raise ValueError(_unknown_policy_message(name))
+        if config.enable_priority_scheduling and not spec.supports_priority:
+            valid = ", ".join(n for n, s in POLICIES.items() if s.supports_priority)
+            raise ValueError(
+                f"--enable-priority-scheduling requires schedule policy {valid}; got {name!r}"
+            )
+        self.cache_enabled = not tree_cache.disabled and tree_cache.supports_prefix_sharing()
+        if not self.cache_enabled:
+            if spec.requires_cache:
+                raise ValueError(
+                    f"schedule policy {name!r} requires prefix caching, but the radix cache is "
+                    "disabled"
+                )
+            if spec.cache_aware:
+                logger.warning(
+                    "schedule policy %r needs prefix caching, which is disabled; using 'fcfs'",
+                    name,
+                )
+                spec = POLICIES["fcfs"]
+        self.config = config
+        self.tree_cache = tree_cache
+        self.requested_policy_name = name
+        self.spec = spec
+        self.priority_sign = config.priority_sign
+        self.active_policy_name = spec.name
+        self.rng = random.Random(config.seed)
+        self.fair = VirtualTokenCounter()
+        self._spf_calls = 0
+        self._refresh_calls = 0
+        self._last_deferred: frozenset[str] = frozenset()
+        if config.sglang_compat:
+            cap = config.max_prefix_match_queue
+            self._cap: int | None = SGLANG_PREFIX_MATCH_CAP if cap is None else cap
+        else:
+            self._cap = config.max_prefix_match_queue
+
+    # ---- introspection ---------------------------------------------------------------------
+    @property
+    def policy_name(self) -> str:
+        """The configured policy after the no-cache fallback."""
+        return self.spec.name
+
+    @property
+    def is_cache_aware(self) -> bool:
+        return self.spec.cache_aware
+
+    @property
+    def prefix_match_cap(self) -> int | None:
+        """Queue length above which lpm/hrrn fall back to arrival order (None = never)."""
+        return self._cap
+
+    def active_spec(self, queue_len: int) -> PolicySpec:
+        """The policy that orders a queue of this length (spec 1.4: strictly greater)."""
+        if self.spec.capped and self._cap is not None and queue_len > self._cap:
+            return _FCFS_FALLBACK
+        return self.spec
+
+    # ---- the round ---------------------------------------------------------------------------
+    def calc_priority(
+        self,
+        waiting_queue: list[Req],
+        running_batch: Sequence[Req] | None = None,
+        processed_tokens: int = 0,
+        now: float = 0.0,
+    ) -> PriorityResult:
+        """Match, dedup and sort ``waiting_queue`` in place (stable); see the module docstring."""
+        spec = self.active_spec(len(waiting_queue))
+        self.active_policy_name = spec.name
+        compat = self.config.sglang_compat
+
+        mode = self._match_mode(spec)
+        device_lens = self._match_all(waiting_queue, mode)
+
+        is_overdue = self._overdue_fn(processed_tokens, now)
+        deprioritized: frozenset[str] = frozenset()
+        deferred: frozenset[str] = frozenset()
+        if (spec.compat_dedup if compat else spec.dedup) and mode is not MatchMode.NONE:
+            deprioritized = self._in_batch_dedup(waiting_queue, device_lens, is_overdue)
+            if not compat:
+                deferred = deprioritized
+
+        if spec.name == "fair":
+            tenants = {r.tenant_key for r in waiting_queue}
+            if running_batch is not None:
+                tenants.update(r.tenant_key for r in running_batch)
+            self.fair.observe_active(frozenset(tenants))
+
+        ctx = SortContext(
+            config=self.config,
+            tree_cache=self.tree_cache,
+            deprioritized=deprioritized,
+            processed_tokens=processed_tokens,
+            now=now,
+            running_batch=running_batch,
+            rng=self.rng,
+            fair=self.fair,
+            is_overdue=is_overdue,
+        )
+        spec.sort(waiting_queue, ctx)
+
+        if spec.name == "shortest-prefill-first":
+            self._spf_calls += 1
+            if self._spf_calls % SPF_LOG_INTERVAL == 1 and waiting_queue:
+                logger.debug(
+                    "shortest-prefill-first: %d waiting, head needs %d uncached tokens",
+                    len(waiting_queue),
+                    prefill_work(waiting_queue[0]),
+                )
+
+        self._touch_waiting_prefixes(waiting_queue, mode)
+        self._last_deferred = deferred
+        return PriorityResult(
+            active_policy=spec.name,
+            deprioritized=deprioritized,
+            deferred=deferred,
+            prefix_matched=mode is not MatchMode.NONE,
+        )
+
+    def on_service(self, req: Req, prefill_tokens: int, decode_tokens: int) -> None:
+        """Charge ``req``'s tenant for one step's service (fair policy; no-op otherwise)."""
+        if self.spec.name == "fair":
+            self.fair.charge(req.tenant_key, prefill_tokens, decode_tokens)
+
+    def shortest_prefill_chunk_limit(
+        self, chunked_req: Req, waiting_queue: Sequence[Req], budget: int, page_size: int
+    ) -> int | None:
+        """Cap on the in-flight chunked request's next chunk so shorter requests fit (spec 1.9).
+
+        None means no cap. In radixsched mode the walk also stops at the first request deferred
+        by this round's dedup: it cannot be admitted, so reserving room for it would be waste.
+        """
+        if self.spec.name != "shortest-prefill-first" or budget < 2 * page_size:
+            return None
+        remaining = chunked_req.fill_len - chunked_req.prefix_len
+        deferred = self._last_deferred
+        reserved = 0
+        for r in waiting_queue:
+            if r.rid in deferred:
+                break
+            work = prefill_work(r)
+            charge = -(-work // page_size) * page_size
+            if work >= remaining or reserved + charge > budget - page_size:
+                break
+            reserved += charge
+        if reserved == 0:
+            return None
+        return (budget - reserved) // page_size * page_size
+
+    # ---- steps -------------------------------------------------------------------------------
+    def _match_mode(self, spec: PolicySpec) -> MatchMode:
+        if not self.cache_enabled:
+            return MatchMode.NONE
+        if spec.needs_last_node or (spec.cache_aware and self.config.sglang_compat):
+            return MatchMode.NODE
+        return MatchMode.LENGTH
+
+    def _match_all(self, queue: list[Req], mode: MatchMode) -> list[int]:
+        """Set each request's match fields; return the uncapped device match lengths."""
+        if mode is MatchMode.NONE:
+            for r in queue:
+                r.num_matched_prefix_tokens = 0
+            return [0] * len(queue)
+        lens: list[int] = []
+        append = lens.append
+        if mode is MatchMode.LENGTH:
+            match_len = self.tree_cache.match_len
+            for r in queue:
+                fill = r.fill_ids()
+                n = match_len(CacheKey(fill, r.namespace))
+                cap = r.max_prefix_len(len(fill))
+                r.num_matched_prefix_tokens = n if n < cap else cap
+                append(n)
+            return lens
+        match_prefix = self.tree_cache.match_prefix
+        for r in queue:
+            fill = r.fill_ids()
+            res = match_prefix(CacheKey(fill, r.namespace))
+            r.prefix_len = res.device_len
+            r.last_node = res.last_node
+            r.host_hit_len = res.host_len
+            cap = r.max_prefix_len(len(fill))
+            total = res.device_len + res.host_len
+            r.num_matched_prefix_tokens = total if total < cap else cap
+            append(res.device_len)
+        return lens
+
+    def _overdue_fn(self, processed_tokens: int, now: float) -> Callable[[Req], bool]:
+        """The lpm starvation bound as a predicate (always False when unset or not lpm)."""
+        cfg = self.config
+        max_s, max_tok = cfg.lpm_max_wait_s, cfg.lpm_max_wait_tokens
+        if self.spec.name != "lpm" or (max_s is None and max_tok is None):
+            return _never
+
+        def overdue(r: Req) -> bool:
+            if max_s is not None and now - r.queue_entry_time > max_s:
+                return True
+            return (
+                max_tok is not None and processed_tokens - r.queue_entry_processed_tokens > max_tok
+            )
+
+        return overdue
+
+    def _in_batch_dedup(
+        self, queue: list[Req], device_lens: list[int], is_overdue: Callable[[Req], bool]
+    ) -> frozenset[str]:
+        """Rids of requests whose shared uncached prefix another queued request represents."""
+        cfg = self.config
+        check = cfg.in_batch_prefix_check_threshold
+        if check < 0:
+            return frozenset()
+        threshold = cfg.in_batch_prefix_deprioritize_threshold
+        compat = cfg.sglang_compat
+        candidates = [r for r, n in zip(queue, device_lens, strict=True) if n <= check]
+        if not candidates:
+            return frozenset()
+        if compat and threshold <= 0:
+            # SGLang: a match of >= 0 tokens always holds, and nothing is ever inserted.
+            return frozenset(r.rid for r in candidates)
+        if not compat:
+            # Queue position is the final tie-break (sorted is stable).
+            candidates.sort(
+                key=lambda r: (
+                    not is_overdue(r),
+                    prefill_work(r),
+                    r.queue_entry_time,
+                    r.arrival_time,
+                )
+            )
+        seen: set[tuple[Namespace, bytes]] = set()
+        dup: set[str] = set()
+        width = max(threshold, 0)
+        for r in candidates:
+            if r.fill_len < width:
+                continue  # shares fewer than `threshold` tokens with anything
+            head = r.prompt_ids[:width] if r.prompt_len >= width else r.fill_ids()[:width]
+            key = (r.namespace, head.tobytes())
+            if key in seen:
+                dup.add(r.rid)
+            else:
+                seen.add(key)
+        return frozenset(dup)
+
+    def _touch_waiting_prefixes(self, queue: list[Req], mode: MatchMode) -> None:
+        """Keep queued prefixes warm under LRU when this round's matching did not (spec 1.10)."""
+        cfg = self.config
+        if (
+            mode is not MatchMode.LENGTH
+            or not queue
+            or not cfg.enable_waiting_prefix_refresh
+            or cfg.radix_eviction_policy.lower() != "lru"
+        ):
+            return
+        refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
+        self._refresh_calls += 1
+        if not refresh:
+            return
+        touch = self.tree_cache.touch_prefix
+        # Head last: it gets the newest access time, so it is evicted last.
+        for r in reversed(queue[:WAITING_PREFIX_REFRESH_SPAN]):
+            touch(CacheKey(r.fill_ids(), r.namespace))
+
+
+def _never(r: Req) -> bool:
+    return False
+
+
+def policy_names() -> list[str]:
+    """Valid ``--schedule-policy`` values (registry order)."""
+    return list(POLICIES)

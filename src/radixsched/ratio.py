@@ -1,0 +1,28 @@
+"""The new-token ratio: how much of its remaining decode budget a running request is expected
+to use, for reserving KV memory at admission (spec 4.7)."""
+
+from __future__ import annotations
+
+from radixsched.config import SchedulerConfig
+
+
+class NewTokenRatioTracker:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.init = min(config.init_new_token_ratio * config.schedule_conservativeness, 1.0)
+        self.min = min(self.init * config.min_new_token_ratio_factor, 1.0)
+        self.decay = (self.init - self.min) / config.new_token_ratio_decay_steps
+        self.current = self.init
+        self.compat = config.sglang_compat
+
+    def decay_steps(self, n: int = 1) -> None:
+        """``n`` decode steps without retraction (closed form of n single decays)."""
+        if n > 0:
+            self.current = max(self.current - self.decay * n, self.min)
+
+    def reset(self) -> None:
+        self.current = self.init
+
+    def after_retraction(self, estimate: float) -> None:
+        # SGLang assigns the survivors' estimate, which can drop the ratio right after an OOM
+        # (spec 8.17); radixsched never lowers it on a retraction.
+        self.current = estimate if self.compat else max(self.current, estimate)

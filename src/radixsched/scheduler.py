@@ -1,0 +1,767 @@
+"""The one scheduler loop that the simulator, the offline engine and the HTTP server all run.
+
+Each ``step()`` is one forward pass:
+
+1. checkpoint the in-flight chunked request's KV into the cache (spec 4.5);
+2. try to build a prefill batch (policy order -> ``PrefillAdder``) — prefill first;
+3. otherwise decode every running request (retracting requests when KV memory runs out);
+4. run the batch on the ``ModelRunner`` and process its tokens (finish, cache, release).
+
+KV slot ownership (checked by ``check_integrity`` after every step in tests):
+
+* every slot is exactly one of: free in the allocator, held by the radix cache, or owned by a
+  request (``kv_row[cache_protected_len:]`` of a running or chunked request);
+* a request holds exactly one lock (on ``lock_node``) from admission until it finishes, is
+  retracted, preempted or aborted; when the loop is idle no lock is held.
+
+Scheduling decides order and timing only: the same requests produce the same tokens under every
+policy, with the cache on or off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from radixsched.adder import AddReqResult, PrefillAdder, PrefillGate, ceil_page, floor_page
+from radixsched.cache import CacheKey, TokenAllocator, make_cache
+from radixsched.cache.base import BasePrefixCache, IntegrityError
+from radixsched.clock import Clock, VirtualClock
+from radixsched.config import SchedulerConfig
+from radixsched.policy import SchedulePolicy, validate_priority
+from radixsched.ratio import NewTokenRatioTracker
+from radixsched.request import (
+    EMPTY_SLOTS,
+    FinishReason,
+    FinishState,
+    Req,
+    SamplingParams,
+)
+from radixsched.runner import Batch, DecodeEntry, ExtendEntry, ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class AdmitResult(NamedTuple):
+    """Outcome of ``add_request``: rejected requests are never enqueued."""
+
+    accepted: bool
+    status_code: int | None = None  # HTTP status a server maps a rejection to
+    message: str = ""
+
+
+@dataclass
+class StepOutcome:
+    mode: str  # "extend", "decode", "mixed"
+    duration_s: float
+    batch_size: int
+    num_steps: int = 1  # > 1 when decode steps were jumped over at once
+    prefill_tokens: int = 0
+    # Tokens produced this step, per request (several per request after a decode jump).
+    new_tokens: list[tuple[Req, list[int]]] = field(default_factory=list)
+    finished: list[Req] = field(default_factory=list)
+    retracted: list[Req] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerStats:
+    retractions: int = 0
+    preemptions: int = 0
+    aborted: int = 0
+    rejected: int = 0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    cached_prompt_tokens: int = 0
+    host_cached_prompt_tokens: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens_computed: int = 0
+
+
+def resolve_max_running_requests(config: SchedulerConfig, capacity: int, context_len: int) -> int:
+    """Spec 4.10: per-replica request slots."""
+    if config.max_running_requests is not None:
+        return max(1, min(config.max_running_requests, max(capacity // 2, 1)))
+    estimated = min(max(int(capacity / max(context_len, 1) * 512), 2048), 4096)
+    return max(1, min(estimated, capacity // 2))
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        runner: ModelRunner,
+        *,
+        kv_slots: int,
+        clock: Clock | None = None,
+        context_len: int = 131072,
+        host_tier: Any = None,
+        gate_factory: Callable[[Scheduler], PrefillGate | None] | None = None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.clock: Clock = clock if clock is not None else VirtualClock()
+        self.page_size = config.page_size
+        self.allocator = TokenAllocator(kv_slots, config.page_size)
+        self.host_tier = host_tier
+        on_evict = host_tier.record_evicted if host_tier is not None else None
+        self.cache: BasePrefixCache = make_cache(config, self.allocator, on_evict=on_evict)
+        self.policy = SchedulePolicy(config, self.cache)
+        self.capacity = self.allocator.total_size
+        self.context_len = context_len
+        self.max_running_requests = resolve_max_running_requests(
+            config, self.capacity, context_len
+        )
+        self.ratio = NewTokenRatioTracker(config)
+        self.eos_ids = frozenset(runner.eos_token_ids())
+        self.gate_factory = gate_factory
+
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.batch_is_full = False
+        self.processed_tokens = 0  # HRRN clock: prefill tokens only (spec 8.8)
+        self.stats = SchedulerStats()
+        self._by_rid: dict[str, Req] = {}
+        self._arrival_seq = 0
+        self._seq_of: dict[int, int] = {}
+
+    # ==== queue entry ========================================================================
+    def add_request(self, req: Req, now: float | None = None) -> AdmitResult:
+        """Validate and enqueue. Rejections happen here, at the door, never after enqueueing."""
+        cfg = self.config
+        t = self.clock.now() if now is None else now
+        if req.rid in self._by_rid:
+            return self._reject(req, 400, f"duplicate request id {req.rid!r}")
+        if req.sampling.max_new_tokens < 1:
+            return self._reject(req, 400, "max_new_tokens must be >= 1")
+        err = validate_priority(req, cfg)
+        if err is not None:
+            return self._reject(req, 503, err)
+        if cfg.enable_priority_scheduling and req.priority is None:
+            if cfg.default_priority_value is not None:
+                req.priority = cfg.default_priority_value
+        # The prompt plus one decode token must fit in KV memory and in the context window.
+        p = self.page_size
+        max_req_len = min(self.context_len - 1, self.capacity - 1)
+        if req.fill_len >= max_req_len or ceil_page(req.fill_len, p) + p + 1 > self.capacity:
+            return self._reject(
+                req,
+                400,
+                f"prompt of {req.fill_len} tokens does not fit (context {self.context_len}, "
+                f"KV capacity {self.capacity} tokens)",
+            )
+        cap = min(
+            max_req_len - req.fill_len - 1,
+            self.capacity - ceil_page(req.fill_len, p) - p - 1,
+        )
+        if req.sampling.max_new_tokens > cap:
+            req.sampling = _replace_sampling(req.sampling, max_new_tokens=max(cap, 0))
+        if cfg.max_queued_requests is not None and len(self.waiting) + 1 > cfg.max_queued_requests:
+            victim = self._queue_limit_victim(req)
+            if victim is None:
+                return self._reject(req, 503, "The request queue is full.")
+            self.waiting.remove(victim)
+            self._finish_aborted(victim, 503, "The request is aborted by a higher priority request.")
+        req.queue_entry_time = t
+        req.queue_entry_processed_tokens = self.processed_tokens
+        req.arrival_time = t
+        req.times.arrival = t
+        self._by_rid[req.rid] = req
+        self._seq_of[id(req)] = self._arrival_seq
+        self._arrival_seq += 1
+        self.waiting.append(req)
+        return AdmitResult(True)
+
+    def _reject(self, req: Req, code: int, message: str) -> AdmitResult:
+        self.stats.rejected += 1
+        req.finish = FinishState(FinishReason.ABORT, message, code)
+        return AdmitResult(False, code, message)
+
+    def _queue_limit_victim(self, incoming: Req) -> Req | None:
+        """With priority scheduling, a strictly more important arrival displaces the least
+        important (then most recently queued) waiting request (spec 4.8)."""
+        cfg = self.config
+        if not cfg.enable_priority_scheduling or not self.waiting:
+            return None
+        direction = cfg.priority_sign
+
+        def key(r: Req) -> tuple[int, float]:
+            return (direction * _prio_value(r, direction), r.queue_entry_time)
+
+        cand = max(self.waiting, key=key)
+        if direction * _prio_value(incoming, direction) < direction * _prio_value(cand, direction):
+            return cand
+        return None
+
+    def _requeue(self, req: Req) -> None:
+        """Re-entry after retraction or preemption. radixsched keeps the request's seniority
+        (queue-entry time, HRRN snapshot, place in arrival order) and never applies the queue
+        limit to work that was already running (spec 8.9-8.10); compat sglang appends it with
+        fresh stamps."""
+        if self.config.sglang_compat:
+            req.queue_entry_time = self.clock.now()
+            req.queue_entry_processed_tokens = self.processed_tokens
+            self.waiting.append(req)
+            return
+        seqs = [self._seq_of[id(r)] for r in self.waiting]
+        pos = bisect.bisect_left(seqs, self._seq_of[id(req)]) if _is_sorted(seqs) else len(seqs)
+        self.waiting.insert(pos, req)
+
+    # ==== abort ==============================================================================
+    def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
+        """Abort a waiting, chunked or running request; its slots and lock are released."""
+        req = self._by_rid.get(rid)
+        if req is None or req.finished:
+            return False
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req is self.chunked_req:
+            self.chunked_req = None
+            self._release(req, cache_kv=not self.config.sglang_compat)
+        elif req in self.running:
+            self.running.remove(req)
+            self.batch_is_full = False
+            self._release(req, cache_kv=not self.config.sglang_compat)
+        self._finish_aborted(req, status_code, message)
+        return True
+
+    def _finish_aborted(self, req: Req, code: int, message: str) -> None:
+        req.finish = FinishState(FinishReason.ABORT, message, code)
+        req.times.finish = self.clock.now()
+        self.stats.aborted += 1
+        self._forget(req)
+
+    def _forget(self, req: Req) -> None:
+        self._by_rid.pop(req.rid, None)
+        self._seq_of.pop(id(req), None)
+
+    # ==== state ==============================================================================
+    @property
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked_req is None
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def num_running(self) -> int:
+        return len(self.running) + (1 if self.chunked_req is not None else 0)
+
+    def kv_usage(self) -> float:
+        used = self.capacity - self.allocator.available_size() - self.cache.evictable_size()
+        return used / self.capacity
+
+    # ==== the step ===========================================================================
+    def step(self, horizon: float | None = None) -> StepOutcome | None:
+        """Run one forward pass (or several decode steps at once in the simulator, never past
+        ``horizon``, the time of the next external event). None when there is nothing to run."""
+        if self.chunked_req is not None and self.chunked_req.extend_end > self.chunked_req.prefix_len:
+            self._checkpoint(self.chunked_req, self.chunked_req.extend_end)
+        batch, mixed_decode = self._get_new_batch_prefill()
+        if batch is not None:
+            return self._run(batch, mixed_decode)
+        if not self.running:
+            if self.is_idle:
+                self.ratio.reset()
+            return None
+        retracted = self._make_room_for_decode()
+        if not self.running:
+            out = StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
+            return out
+        k = self._decode_jump_steps(horizon) if not retracted else 1
+        if k > 1:
+            out = self._run_decode_multi(k)
+        else:
+            out = self._run(Batch([], self._decode_entries(self.running)), [])
+        out.retracted = retracted
+        return out
+
+    # ---- prefill ------------------------------------------------------------------------------
+    def _get_new_batch_prefill(self) -> tuple[Batch | None, list[Req]]:
+        cfg = self.config
+        if cfg.enable_priority_preemption or not self.running:
+            self.batch_is_full = False
+        if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
+            return None, []
+        allocatable = self.max_running_requests - len(self.running)
+        if allocatable <= 0 and self.chunked_req is None and not cfg.enable_priority_preemption:
+            self.batch_is_full = True
+            return None, []
+
+        prio = self.policy.calc_priority(
+            self.waiting, self.running, self.processed_tokens, self.clock.now()
+        )
+        mixed = cfg.enable_mixed_chunk and cfg.chunk_size is not None and bool(self.running)
+        gate = self.gate_factory(self) if self.gate_factory is not None else None
+        adder = PrefillAdder(
+            config=cfg,
+            cache=self.cache,
+            allocator=self.allocator,
+            running=self.running,
+            new_token_ratio=self.ratio.current,
+            num_mixed_decode_tokens=len(self.running) if mixed else 0,
+            gate=gate,
+            preempt_fn=self._preempt,
+        )
+        chunked = self.chunked_req
+        if chunked is not None:
+            adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
+                chunked, self.waiting, adder.rem_chunk_tokens or 0, self.page_size
+            )
+            self.chunked_req = adder.add_chunked_req(chunked)
+
+        deferred = prio.deferred
+        for req in list(self.waiting):
+            if adder.budget_state() is AddReqResult.OTHER:
+                break
+            if req.rid in deferred:
+                continue
+            if len(adder.can_run_list) >= allocatable + (1 if chunked is not None else 0):
+                self.batch_is_full = True
+            if self.batch_is_full and (
+                not cfg.enable_priority_preemption or not adder.preempt_to_schedule(req, self.running)
+            ):
+                break
+            self._match_for_admission(req)
+            n_before = len(adder.can_run_list)
+            res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None)
+            if len(adder.can_run_list) == n_before:
+                # Not admitted: the matched slots were only borrowed for the checks.
+                req.kv_row, req.kv_len, req.cache_protected_len = EMPTY_SLOTS, 0, 0
+            if res is not AddReqResult.CONTINUE:
+                if res is AddReqResult.NO_TOKEN:
+                    self.batch_is_full = bool(adder.can_run_list) or bool(self.running)
+                break
+
+        if gate is not None and adder.gate_verdict is None and hasattr(gate, "finalize"):
+            gate.finalize(len(adder.can_run_list))
+        admitted = [a for a in adder.can_run_list if a.req is not chunked]
+        preempted = adder.preempt_list
+        if not adder.can_run_list or all(a.extend_len == 0 for a in adder.can_run_list):
+            for r in preempted:
+                self._requeue(r)
+            return None, []
+        admitted_ids = {id(a.req) for a in admitted}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
+        for r in preempted:
+            self._requeue(r)
+        if adder.new_chunked_req is not None:
+            assert self.chunked_req is None, "only one chunked request at a time"
+            self.chunked_req = adder.new_chunked_req
+
+        now = self.clock.now()
+        entries: list[ExtendEntry] = []
+        for a in adder.can_run_list:
+            if a.extend_len == 0:
+                continue
+            r = a.req
+            if r.times.first_scheduled is None:
+                r.times.first_scheduled = now
+                r.cached_tokens = r.prefix_len + r.host_hit_len
+                r.host_cached_tokens = r.host_hit_len
+                self.stats.cached_prompt_tokens += min(r.cached_tokens, r.prompt_len)
+                self.stats.host_cached_prompt_tokens += min(r.host_hit_len, r.prompt_len)
+                self.stats.prompt_tokens += r.prompt_len
+            entries.append(self._extend_entry(r, a.prefix_len, r.extend_end))
+
+        mixed_decode: list[Req] = []
+        if mixed and self.running and self._decode_fits(self.running):
+            mixed_decode = list(self.running)
+        decode_entries = self._decode_entries(mixed_decode) if mixed_decode else []
+        return Batch(entries, decode_entries), mixed_decode
+
+    def _match_for_admission(self, req: Req) -> None:
+        """Re-match the request with the ``len - 1`` cap (spec 2.6: init_next_round_input)."""
+        fill = req.fill_ids()
+        cap = req.max_prefix_len(len(fill))
+        key = CacheKey(fill[:cap], req.namespace)
+        m = self.cache.match_prefix(key)
+        req.prefix_len = m.device_len
+        req.last_node = m.last_node
+        req.kv_row = np.array(m.indices, dtype=np.int64) if m.device_len else EMPTY_SLOTS
+        req.kv_len = m.device_len
+        req.cache_protected_len = m.device_len
+        req.host_hit_len = 0
+        if self.host_tier is not None:
+            host = floor_page(self.host_tier.match_len(key), self.page_size)
+            req.host_hit_len = max(0, min(host, cap) - m.device_len)
+        req.num_matched_prefix_tokens = min(m.device_len + req.host_hit_len, cap)
+
+    def _extend_entry(self, req: Req, prefix_len: int, end: int) -> ExtendEntry:
+        """Allocate slots for positions [prefix_len, end) and describe the extend."""
+        self._ensure_row(req, end)
+        fill = req.fill_ids()
+        host_load = 0
+        if req.host_hit_len and prefix_len == req.cache_protected_len and prefix_len == req.prefix_len:
+            host_load = min(req.host_hit_len, end - prefix_len)
+            req.host_hit_len = 0
+        req.kv_len = end
+        entry = ExtendEntry(
+            req=req,
+            prefix_len=prefix_len,
+            new_token_ids=fill[prefix_len:end],
+            prefix_slots=req.kv_row[:prefix_len],
+            new_slots=req.kv_row[prefix_len:end],
+            produces_token=end == req.fill_len,
+            host_load_len=host_load,
+        )
+        return entry
+
+    def _ensure_row(self, req: Req, end: int) -> None:
+        """Grow the request's KV row to cover positions [0, end) (whole pages)."""
+        have = len(req.kv_row)
+        if end <= have:
+            return
+        need = ceil_page(end, self.page_size) - have
+        slots = self._alloc(need)
+        req.kv_row = np.concatenate([req.kv_row, slots]) if have else slots
+
+    def _alloc(self, n: int) -> np.ndarray:
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            raise IntegrityError(
+                f"KV allocation of {n} slots failed: available {self.allocator.available_size()}, "
+                f"evictable {self.cache.evictable_size()} (the admission budget was violated)"
+            )
+        return slots
+
+    # ---- decode -----------------------------------------------------------------------------
+    def _decode_need(self, reqs: list[Req], steps: int = 1) -> int:
+        """Slots to allocate so every request can decode ``steps`` more tokens."""
+        p = self.page_size
+        total = 0
+        for r in reqs:
+            # Positions with KV after the steps: (fill_len - 1) + steps.
+            total += max(ceil_page(r.fill_len - 1 + steps, p) - len(r.kv_row), 0)
+        return total
+
+    def _decode_fits(self, reqs: list[Req]) -> bool:
+        need = self._decode_need(reqs)
+        return need <= self.allocator.available_size() + self.cache.evictable_size()
+
+    def _make_room_for_decode(self) -> list[Req]:
+        """Retract running requests until the next decode step fits (spec 4.6)."""
+        if self._decode_fits(self.running):
+            return []
+        order = self._retraction_order()
+        retracted: list[Req] = []
+        first = True
+        while len(self.running) > 1 and (
+            (first and self.config.sglang_compat) or not self._decode_fits(self.running)
+        ):
+            first = False
+            victim = order.pop()
+            self.running.remove(victim)
+            self._retract(victim)
+            retracted.append(victim)
+        if not self._decode_fits(self.running):
+            last = self.running.pop()
+            self._release(last, cache_kv=False)
+            self._finish_aborted(
+                last, 500, "Out of memory even after retracting every other request"
+            )
+        survivors = self.running
+        if retracted:
+            self.stats.retractions += len(retracted)
+            n = len(survivors)
+            est = (sum(r.output_len for r in survivors) + self.config.retract_decode_steps * n) / (
+                sum(r.max_new_tokens for r in survivors) + 1
+            )
+            self.ratio.after_retraction(min(1.0, est))
+            keep = len(survivors) * self.config.retract_decode_steps
+            short = keep - self.allocator.available_size()
+            if short > 0:
+                self.cache.evict(short)
+            self.batch_is_full = False
+            for r in retracted:
+                self._requeue(r)
+            logger.debug("retracted %d requests; new_token_ratio=%.3f", len(retracted), self.ratio.current)
+        return retracted
+
+    def _retraction_order(self) -> list[Req]:
+        """Sorted so that ``pop()`` yields the next victim (spec 4.6)."""
+        sign = self.config.priority_sign
+        if self.config.retraction_policy == "priority":
+            def key(i: int) -> tuple[Any, ...]:
+                r = self.running[i]
+                return (_prio_value(r, sign) * -sign, r.output_len, -r.prompt_len)
+        else:
+            def key(i: int) -> tuple[Any, ...]:
+                r = self.running[i]
+                return (r.output_len, -r.prompt_len)
+        idx = sorted(range(len(self.running)), key=key, reverse=True)
+        return [self.running[i] for i in idx]
+
+    def _decode_entries(self, reqs: list[Req]) -> list[DecodeEntry]:
+        entries = []
+        for r in reqs:
+            pos = r.fill_len - 1
+            self._ensure_row(r, pos + 1)
+            r.kv_len = pos + 1
+            last = r.output_ids[-1] if r.output_ids else int(r.prompt_ids[-1])
+            entries.append(DecodeEntry(r, last, pos, r.kv_row[: pos + 1]))
+        return entries
+
+    def _decode_jump_steps(self, horizon: float | None) -> int:
+        """How many decode steps can run at once with nothing but lengths changing (simulator).
+
+        Jumping is exact only while no scheduling decision can change: no chunked request, no
+        prefill attempt possible (empty queue, or the batch is full and preemption is off), no
+        stop token that could end a request early, enough memory for every step."""
+        cfg = self.config
+        if not self.runner.supports_multi_step or self.chunked_req is not None:
+            return 1
+        if self.waiting and not (self.batch_is_full and not cfg.enable_priority_preemption):
+            return 1
+        for r in self.running:
+            if r.sampling.stop_token_ids or (self.eos_ids and not r.sampling.ignore_eos):
+                return 1
+        k = min(r.remaining_new_tokens for r in self.running)
+        if k <= 1:
+            return 1
+        room = self.allocator.available_size() + self.cache.evictable_size()
+        lo, hi = 1, k
+        while lo < hi:  # largest k whose allocations fit
+            mid = (lo + hi + 1) // 2
+            if self._decode_need(self.running, mid) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        k = lo
+        if horizon is not None and self.waiting == [] and k > 1:
+            seq = np.array([r.fill_len for r in self.running], dtype=np.int64)
+            durs = self.runner.decode_multi(self.running, seq, k).step_durations_s
+            ends = self.clock.now() + np.cumsum(durs)
+            hit = int(np.searchsorted(ends, horizon, side="left"))
+            k = min(k, hit + 1)
+        return max(k, 1)
+
+    def _run_decode_multi(self, k: int) -> StepOutcome:
+        reqs = list(self.running)
+        seq = np.array([r.fill_len for r in reqs], dtype=np.int64)
+        res = self.runner.decode_multi(reqs, seq, k)
+        for r in reqs:
+            self._ensure_row(r, r.fill_len - 1 + k)
+            r.kv_len = r.fill_len - 1 + k
+        t0 = self.clock.now()
+        ends = t0 + np.cumsum(res.step_durations_s)
+        total = float(ends[-1] - t0)
+        self.clock.advance(total)
+        self.ratio.decay_steps(k)
+        self.stats.decode_steps += k
+        out = StepOutcome("decode", total, len(reqs), num_steps=k)
+        times = ends.tolist()
+        for i, r in enumerate(reqs):
+            toks = res.tokens[i].tolist()
+            r.output_ids.extend(toks)
+            r.times.token_times.extend(times)
+            out.new_tokens.append((r, toks))
+            self.policy.on_service(r, 0, k)
+            self._check_finish(r)
+            if r.finished:
+                out.finished.append(r)
+        self._retire_finished(out.finished)
+        return out
+
+    # ---- running a batch ----------------------------------------------------------------------
+    def _run(self, batch: Batch, mixed_decode: list[Req]) -> StepOutcome:
+        result = self.runner.forward(batch)
+        self.clock.advance(result.duration_s)
+        now = self.clock.now()
+        out = StepOutcome(batch.mode.value, result.duration_s, batch.batch_size)
+        if batch.extend:
+            self.stats.prefill_steps += 1
+            n = batch.extend_num_tokens
+            self.processed_tokens += n
+            out.prefill_tokens = n
+            self.stats.prefill_tokens_computed += n - sum(e.host_load_len for e in batch.extend)
+        if batch.decode:
+            self.stats.decode_steps += 1
+            if not batch.extend:
+                self.ratio.decay_steps(1)
+        for e in batch.extend:
+            r = e.req
+            r.computed_prefill_tokens += e.num_new - e.host_load_len
+            self.policy.on_service(r, e.num_new - e.host_load_len, 0)
+            if not e.produces_token:
+                continue  # a middle chunk: checkpointed at the start of the next step
+            if r is self.chunked_req:
+                self.chunked_req = None
+            tok = result.next_tokens[r.rid]
+            self._append_token(r, tok, now)
+            out.new_tokens.append((r, [tok]))
+            if r.finished:
+                out.finished.append(r)
+                self._release(r, cache_kv=True)
+                self._forget(r)
+            else:
+                self._checkpoint(r, r.kv_len)
+                self.running.append(r)
+        for d in batch.decode:
+            r = d.req
+            tok = result.next_tokens[r.rid]
+            self._append_token(r, tok, now)
+            out.new_tokens.append((r, [tok]))
+            self.policy.on_service(r, 0, 1)
+            if r.finished:
+                out.finished.append(r)
+        self._retire_finished([r for r in out.finished if r in self.running])
+        return out
+
+    def _append_token(self, r: Req, tok: int, now: float) -> None:
+        r.output_ids.append(tok)
+        r.times.token_times.append(now)
+        if r.times.first_token is None:
+            r.times.first_token = now
+        self._check_finish(r)
+
+    def _check_finish(self, r: Req) -> None:
+        s = r.sampling
+        last = r.output_ids[-1] if r.output_ids else None
+        if last is not None and last in s.stop_token_ids:
+            r.finish = FinishState(FinishReason.STOP, matched_token=last)
+        elif last is not None and not s.ignore_eos and last in self.eos_ids:
+            r.finish = FinishState(FinishReason.STOP, matched_token=last)
+        elif r.output_len >= s.max_new_tokens:
+            r.finish = FinishState(FinishReason.LENGTH)
+            if r.output_len > s.max_new_tokens:  # a decode jump never overshoots
+                raise IntegrityError(f"{r.rid} produced {r.output_len} > {s.max_new_tokens} tokens")
+        if r.finished:
+            r.times.finish = self.clock.now() if not r.times.token_times else r.times.token_times[-1]
+
+    def _retire_finished(self, finished: list[Req]) -> None:
+        if not finished:
+            return
+        gone = {id(r) for r in finished}
+        self.running = [r for r in self.running if id(r) not in gone]
+        self.batch_is_full = False
+        for r in finished:
+            self._release(r, cache_kv=True)
+            self._forget(r)
+
+    # ---- KV bookkeeping ---------------------------------------------------------------------
+    def _insert_priority(self, req: Req) -> int:
+        """Node priority for the ``priority`` eviction policy: higher is kept longer. Our
+        scheduling sign is applied so that 'more important' is always kept longer, and a
+        request without a priority inserts as 0 (spec 8.20; compat: raw value or 0)."""
+        if req.priority is None:
+            return 0
+        if self.config.sglang_compat:
+            return req.priority
+        return req.priority if self.config.priority_sign < 0 else -req.priority
+
+    def _checkpoint(self, req: Req, up_to: int) -> None:
+        """Insert the request's computed KV [0, up_to) into the cache and re-point its row at the
+        cached copy; the lock moves to the new deepest node (spec 3.10)."""
+        p = self.page_size
+        aligned = floor_page(min(up_to, req.kv_len), p)
+        if self.cache.disabled or aligned <= req.cache_protected_len:
+            req.prefix_len = up_to
+            return
+        fill = req.fill_ids()
+        key = CacheKey(fill[:aligned], req.namespace)
+        res = self.cache.insert(key, req.kv_row[:aligned], self._insert_priority(req))
+        dup_end = min(res.prefix_len, aligned)
+        if dup_end > req.cache_protected_len:
+            self.allocator.free(req.kv_row[req.cache_protected_len : dup_end].copy())
+        m = self.cache.match_prefix(key)
+        assert m.device_len == aligned, (m.device_len, aligned)
+        req.kv_row[req.cache_protected_len : aligned] = m.indices[req.cache_protected_len : aligned]
+        req.cache_protected_len = aligned
+        req.cache_inserted_len = aligned
+        self.cache.inc_lock_ref(m.last_node)
+        if req.lock_node is not None:
+            self.cache.dec_lock_ref(req.lock_node)
+        req.lock_node = m.last_node
+        req.last_node = m.last_node
+        req.prefix_len = up_to
+
+    def _release(self, req: Req, *, cache_kv: bool) -> None:
+        """Give back everything the request holds: KV (optionally cached first) and its lock."""
+        if cache_kv and req.kv_len > req.cache_protected_len:
+            self._checkpoint(req, req.kv_len)
+        if len(req.kv_row) > req.cache_protected_len:
+            self.allocator.free(req.kv_row[req.cache_protected_len :].copy())
+        if req.lock_node is not None:
+            self.cache.dec_lock_ref(req.lock_node)
+        req.lock_node = None
+        req.last_node = None
+        req.kv_row = EMPTY_SLOTS
+        req.kv_len = 0
+        req.cache_protected_len = 0
+        req.cache_inserted_len = 0
+        req.prefix_len = 0
+        req.extend_end = 0
+        req.host_hit_len = 0
+
+    def _retract(self, req: Req) -> None:
+        # radixsched caches the computed KV before releasing it (spec 8.11); SGLang discards it.
+        self._release(req, cache_kv=not self.config.sglang_compat)
+        req.retraction_count += 1
+
+    def _preempt(self, victims: list[Req]) -> None:
+        for v in victims:
+            self.running.remove(v)
+            self._release(v, cache_kv=not self.config.sglang_compat)
+            v.preemption_count += 1
+            self.stats.preemptions += 1
+        keep = len(self.running) * self.config.retract_decode_steps
+        short = keep - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
+
+    # ==== invariants ===========================================================================
+    def owned_slots(self) -> np.ndarray:
+        holders = [*self.running]
+        if self.chunked_req is not None:
+            holders.append(self.chunked_req)
+        parts = [r.kv_row[r.cache_protected_len :] for r in holders if len(r.kv_row)]
+        return np.concatenate(parts) if parts else EMPTY_SLOTS
+
+    def check_integrity(self) -> None:
+        """Every KV slot is free, cached or owned by exactly one request; every lock is held by
+        a live request; raises ``IntegrityError`` with numbers."""
+        self.cache.check_integrity()
+        self.allocator.check_integrity(
+            cache_slots=self.cache.all_values(), request_slots=self.owned_slots()
+        )
+        holders = [*self.running] + ([self.chunked_req] if self.chunked_req is not None else [])
+        for r in self.waiting:
+            if r.lock_node is not None or len(r.kv_row):
+                raise IntegrityError(f"waiting request {r.rid} holds a lock or KV slots")
+        if not holders and self.cache.protected_size() != 0:
+            raise IntegrityError(
+                f"idle scheduler but {self.cache.protected_size()} tokens remain locked"
+            )
+        for r in holders:
+            r.check_invariants()
+
+
+def _prio_value(r: Req, sign: int) -> int:
+    if r.priority is not None:
+        return r.priority
+    return (2**63 - 1) if sign > 0 else -(2**63)
+
+
+def _is_sorted(xs: list[int]) -> bool:
+    return all(a <= b for a, b in zip(xs, xs[1:], strict=False))
+
+
+def _replace_sampling(s: SamplingParams, **kw: Any) -> SamplingParams:
+    return dataclasses.replace(s, **kw)
+
+
+__all__ = [
+    "AdmitResult",
+    "Scheduler",
+    "SchedulerStats",
+    "StepOutcome",
+]

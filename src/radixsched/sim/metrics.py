@@ -1,0 +1,592 @@
+"""Metrics of one simulated policy run: latency distributions, cache hit rate, throughput, fairness.
+
+Everything here is computed from finished requests (``Req``) and a ``TimeSeries`` the driver
+samples; no scheduler state is read. Empty inputs never produce NaN: a statistic over no values
+is 0.0 (``Stats.n`` says how many values it summarises), a rate with a zero denominator is
+0.0, and Jain's index over no tenants is 1.0. ``PolicyResult.to_json`` is therefore always valid
+strict JSON.
+
+Definitions (all times on the scheduler's clock, virtual seconds in the simulator):
+
+- hit rate = sum(cached prompt tokens) / sum(prompt tokens), token-weighted, over requests that
+  were scheduled at least once (a request aborted in the queue never had a chance to hit);
+- TTFT = first_token - arrival; TPOT = (finish - first_token) / (output_len - 1) for requests
+  with more than one output token; ITL = every gap between consecutive token times of one
+  request, pooled over requests; e2e = finish - arrival; queue wait = first_scheduled - arrival;
+- latency statistics cover completed (not aborted) requests that have the timestamps involved;
+- makespan = last finish - first arrival; throughputs are over the makespan and count completed
+  requests only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from radixsched.request import FinishReason, Req
+
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+JSONValue: TypeAlias = str | int | float | bool | list["JSONValue"] | dict[str, "JSONValue"] | None
+
+# Points a report chart gets per series; more would only bloat the HTML.
+REPORT_MAX_POINTS = 2000
+
+
+def _as_float(x: float | np.floating[Any]) -> float:
+    """Python float, with NaN/inf mapped to 0.0 so results stay strict JSON."""
+    v = float(x)
+    return v if math.isfinite(v) else 0.0
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Distribution statistics
+# ---------------------------------------------------------------------------------------------
+
+
+class Stats(NamedTuple):
+    """Summary of a sample. Percentiles use numpy's linear interpolation between order
+    statistics (``np.percentile`` default): p50 of [1, 2, 3, 4] is 2.5."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    n: int  # how many values are summarised (0: every field is 0.0)
+
+    @classmethod
+    def of(cls, values: npt.ArrayLike) -> Stats:
+        arr = np.asarray(values, dtype=np.float64).ravel()
+        if arr.size == 0:
+            return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+        p50, p90, p99 = np.percentile(arr, [50.0, 90.0, 99.0])
+        return cls(
+            mean=_as_float(arr.mean()),
+            p50=_as_float(p50),
+            p90=_as_float(p90),
+            p99=_as_float(p99),
+            max=_as_float(arr.max()),
+            n=int(arr.size),
+        )
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "mean": self.mean,
+            "p50": self.p50,
+            "p90": self.p90,
+            "p99": self.p99,
+            "max": self.max,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], n: int = 0) -> Stats:
+        return cls(
+            mean=float(data["mean"]),
+            p50=float(data["p50"]),
+            p90=float(data["p90"]),
+            p99=float(data["p99"]),
+            max=float(data["max"]),
+            n=n,
+        )
+
+
+def jain_index(values: npt.ArrayLike) -> float:
+    """Jain's fairness index (sum x)^2 / (n * sum x^2): 1.0 when all x are equal, 1/n when one
+    party gets everything. Over no values, or all zeros (nobody got anything: equally), 1.0."""
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    if arr.size == 0:
+        return 1.0
+    sq = float(np.dot(arr, arr))
+    if sq == 0.0:
+        return 1.0
+    return _as_float(float(arr.sum()) ** 2 / (arr.size * sq))
+
+
+# ---------------------------------------------------------------------------------------------
+# Time series
+# ---------------------------------------------------------------------------------------------
+
+
+class SeriesArrays(NamedTuple):
+    t: FloatArray
+    queue_len: FloatArray
+    running: FloatArray
+    kv_usage: FloatArray
+    cumulative_cached_tokens: FloatArray
+    cumulative_prompt_tokens: FloatArray
+
+    @property
+    def hit_rate(self) -> FloatArray:
+        """Cumulative token hit rate at each sample (0.0 before any prompt token)."""
+        den = self.cumulative_prompt_tokens
+        out = np.zeros_like(den)
+        np.divide(self.cumulative_cached_tokens, den, out=out, where=den > 0)
+        return out
+
+
+class TimeSeries:
+    """Scheduler state sampled by the driver; append-only, times non-decreasing.
+
+    Stored as parallel Python lists (append is O(1), no per-sample allocation); ``arrays()``
+    converts once for computation and plotting.
+    """
+
+    __slots__ = ("_cached", "_kv", "_prompt", "_queue", "_running", "_t")
+
+    def __init__(self) -> None:
+        self._t: list[float] = []
+        self._queue: list[float] = []
+        self._running: list[float] = []
+        self._kv: list[float] = []
+        self._cached: list[float] = []
+        self._prompt: list[float] = []
+
+    def append(
+        self,
+        t: float,
+        queue_len: int,
+        running: int,
+        kv_usage: float,
+        cumulative_cached_tokens: int,
+        cumulative_prompt_tokens: int,
+    ) -> None:
+        if self._t and t < self._t[-1]:
+            raise ValueError(f"time series must not go back in time: {t} after {self._t[-1]}")
+        self._t.append(float(t))
+        self._queue.append(float(queue_len))
+        self._running.append(float(running))
+        self._kv.append(float(kv_usage))
+        self._cached.append(float(cumulative_cached_tokens))
+        self._prompt.append(float(cumulative_prompt_tokens))
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def arrays(self) -> SeriesArrays:
+        return SeriesArrays(
+            t=np.asarray(self._t, dtype=np.float64),
+            queue_len=np.asarray(self._queue, dtype=np.float64),
+            running=np.asarray(self._running, dtype=np.float64),
+            kv_usage=np.asarray(self._kv, dtype=np.float64),
+            cumulative_cached_tokens=np.asarray(self._cached, dtype=np.float64),
+            cumulative_prompt_tokens=np.asarray(self._prompt, dtype=np.float64),
+        )
+
+    def downsampled(self, max_points: int = REPORT_MAX_POINTS) -> SeriesArrays:
+        """At most ``max_points`` real samples, first and last always kept.
+
+        The samples are cut into equal-count buckets and each bucket is represented by its
+        sample with the longest queue, so starvation spikes survive downsampling; cumulative
+        columns stay consistent because every kept point is a real sample.
+        """
+        if max_points < 2:
+            raise ValueError(f"max_points must be >= 2, got {max_points}")
+        full = self.arrays()
+        n = full.t.size
+        if n <= max_points:
+            return full
+        inner = np.arange(1, n - 1)
+        buckets = np.array_split(inner, max_points - 2)
+        picks = [int(b[np.argmax(full.queue_len[b])]) for b in buckets if b.size]
+        idx = np.array([0, *picks, n - 1], dtype=np.int64)
+        return SeriesArrays(*(col[idx] for col in full))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-request samples
+# ---------------------------------------------------------------------------------------------
+
+
+def _completed(reqs: Sequence[Req]) -> list[Req]:
+    return [
+        r
+        for r in reqs
+        if r.finish is not None
+        and r.finish.reason is not FinishReason.ABORT
+        and r.times.finish is not None
+    ]
+
+
+def ttft_samples(reqs: Sequence[Req]) -> FloatArray:
+    """TTFT of every completed request that produced a token (for CDFs)."""
+    return np.array(
+        [
+            r.times.first_token - r.times.arrival
+            for r in _completed(reqs)
+            if r.times.first_token is not None
+        ],
+        dtype=np.float64,
+    )
+
+
+def tpot_samples(reqs: Sequence[Req]) -> FloatArray:
+    return np.array(
+        [
+            (r.times.finish - r.times.first_token) / (r.output_len - 1)
+            for r in _completed(reqs)
+            if r.output_len > 1 and r.times.first_token is not None and r.times.finish is not None
+        ],
+        dtype=np.float64,
+    )
+
+
+def itl_samples(reqs: Sequence[Req]) -> FloatArray:
+    """All gaps between consecutive token times within each completed request, pooled."""
+    lists = [r.times.token_times for r in _completed(reqs) if len(r.times.token_times) > 1]
+    if not lists:
+        return np.zeros(0, dtype=np.float64)
+    lens = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    flat = np.concatenate([np.asarray(x, dtype=np.float64) for x in lists])
+    gaps = np.diff(flat)
+    # gaps[i] spans flat[i] -> flat[i+1]; it crosses into the next request exactly when
+    # i + 1 is a request start, i.e. i == cumsum(lens)[k] - 1 for every request k but the last.
+    keep = np.ones(gaps.size, dtype=bool)
+    keep[np.cumsum(lens)[:-1] - 1] = False
+    return gaps[keep]
+
+
+def e2e_samples(reqs: Sequence[Req]) -> FloatArray:
+    return np.array(
+        [r.times.finish - r.times.arrival for r in _completed(reqs) if r.times.finish is not None],
+        dtype=np.float64,
+    )
+
+
+def queue_wait_samples(reqs: Sequence[Req]) -> FloatArray:
+    return np.array(
+        [
+            r.times.first_scheduled - r.times.arrival
+            for r in _completed(reqs)
+            if r.times.first_scheduled is not None
+        ],
+        dtype=np.float64,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache and fairness
+# ---------------------------------------------------------------------------------------------
+
+
+class HitRates(NamedTuple):
+    """Token-weighted hit rates; ``total == device + host`` up to rounding."""
+
+    total: float
+    device: float
+    host: float
+    cached_tokens: int
+    prompt_tokens: int
+
+
+def hit_rates(reqs: Iterable[Req]) -> HitRates:
+    scheduled = [r for r in reqs if r.times.first_scheduled is not None]
+    cached = sum(r.cached_tokens for r in scheduled)
+    host = sum(r.host_cached_tokens for r in scheduled)
+    prompt = sum(r.prompt_len for r in scheduled)
+    return HitRates(
+        total=_ratio(cached, prompt),
+        device=_ratio(cached - host, prompt),
+        host=_ratio(host, prompt),
+        cached_tokens=cached,
+        prompt_tokens=prompt,
+    )
+
+
+def fairness_horizon(reqs: Sequence[Req]) -> float:
+    """Default time at which service shares are compared: when half the completed requests
+    had finished. The system is still loaded then, so a policy that starves a tenant shows it,
+    whereas at the end of a drained run every tenant has been fully served."""
+    finishes = [r.times.finish for r in _completed(reqs) if r.times.finish is not None]
+    return float(np.median(finishes)) if finishes else 0.0
+
+
+@dataclass(frozen=True)
+class TenantResult:
+    """One tenant's share. ``service_share`` = tokens served by the fairness horizon / tokens
+    demanded by then (prompt + output tokens of the requests that had arrived); a prompt counts
+    as served once the request's first token exists, an output token at its token time."""
+
+    tenant: str
+    num_requests: int
+    hit_rate: float
+    ttft_s: Stats
+    queue_wait_s: Stats
+    demand_tokens: int
+    served_tokens: int
+    service_share: float
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "tenant": self.tenant,
+            "num_requests": self.num_requests,
+            "hit_rate": self.hit_rate,
+            "ttft_s": self.ttft_s.to_json(),
+            "queue_wait_s": self.queue_wait_s.to_json(),
+            "demand_tokens": self.demand_tokens,
+            "served_tokens": self.served_tokens,
+            "service_share": self.service_share,
+        }
+
+
+def _service_by(reqs: Sequence[Req], horizon: float) -> tuple[int, int]:
+    """(demanded, served) tokens of ``reqs`` at time ``horizon``."""
+    demand = served = 0
+    for r in reqs:
+        if r.times.arrival > horizon:
+            continue
+        demand += r.prompt_len + r.output_len
+        if r.times.first_token is not None and r.times.first_token <= horizon:
+            served += r.prompt_len
+        # token_times is sorted; counting the prefix <= horizon is a binary search, not a loop.
+        served += int(np.searchsorted(r.times.token_times, horizon, side="right"))
+    return demand, served
+
+
+def tenant_results(
+    reqs: Sequence[Req], horizon: float | None = None
+) -> tuple[list[TenantResult], float]:
+    """Per-tenant results and Jain's index over their service shares (see ``TenantResult``)."""
+    h = fairness_horizon(reqs) if horizon is None else horizon
+    groups: dict[str, list[Req]] = {}
+    for r in reqs:
+        groups.setdefault(r.tenant_key, []).append(r)
+    out: list[TenantResult] = []
+    for tenant in sorted(groups):
+        group = groups[tenant]
+        demand, served = _service_by(group, h)
+        out.append(
+            TenantResult(
+                tenant=tenant,
+                num_requests=len(group),
+                hit_rate=hit_rates(group).total,
+                ttft_s=Stats.of(ttft_samples(group)),
+                queue_wait_s=Stats.of(queue_wait_samples(group)),
+                demand_tokens=demand,
+                served_tokens=served,
+                service_share=_ratio(served, demand),
+            )
+        )
+    return out, jain_index([t.service_share for t in out if t.demand_tokens > 0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The result of one policy
+# ---------------------------------------------------------------------------------------------
+
+
+class Throughput(NamedTuple):
+    requests_per_s: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "requests_per_s": self.requests_per_s,
+            "input_tokens_per_s": self.input_tokens_per_s,
+            "output_tokens_per_s": self.output_tokens_per_s,
+        }
+
+
+# Keys of ``PolicyResult.to_json``, in order. The first block is the stable contract; the second
+# holds additions. ``extra`` from the driver is appended after both and may not shadow them.
+REQUIRED_KEYS: tuple[str, ...] = (
+    "policy",
+    "hit_rate",
+    "optimal_hit_rate",
+    "prefill_tokens_computed",
+    "num_requests",
+    "ttft_s",
+    "tpot_s",
+    "itl_s",
+    "e2e_s",
+    "queue_wait_s",
+    "throughput",
+    "makespan_s",
+    "retractions",
+    "preemptions",
+    "wall_s",
+)
+ADDITIONAL_KEYS: tuple[str, ...] = (
+    "hit_rate_gap",
+    "device_hit_rate",
+    "host_hit_rate",
+    "cached_tokens",
+    "prompt_tokens",
+    "output_tokens",
+    "num_completed",
+    "num_aborted",
+    "requests_per_wall_s",
+    "fairness_jain",
+    "fairness_horizon_s",
+    "peak_queue_len",
+    "mean_running",
+    "peak_kv_usage",
+    "tenants",
+)
+STATS_KEYS: tuple[str, ...] = ("mean", "p50", "p90", "p99", "max")
+THROUGHPUT_KEYS: tuple[str, ...] = Throughput._fields
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    policy: str
+    hit_rate: float
+    optimal_hit_rate: float
+    prefill_tokens_computed: int
+    num_requests: int
+    ttft_s: Stats
+    tpot_s: Stats
+    itl_s: Stats
+    e2e_s: Stats
+    queue_wait_s: Stats
+    throughput: Throughput
+    makespan_s: float
+    retractions: int
+    preemptions: int
+    wall_s: float
+    device_hit_rate: float = 0.0
+    host_hit_rate: float = 0.0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    num_completed: int = 0
+    num_aborted: int = 0
+    # Jain's index over tenants' service shares; 1.0 with a single tenant (nothing to compare).
+    fairness_jain: float = 1.0
+    fairness_horizon_s: float = 0.0
+    # From the sampled time series (0 when none was given).
+    peak_queue_len: int = 0
+    mean_running: float = 0.0
+    peak_kv_usage: float = 0.0
+    # Filled only when the workload has more than one tenant.
+    tenants: tuple[TenantResult, ...] = ()
+    extra: Mapping[str, JSONValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        clash = set(self.extra) & (set(REQUIRED_KEYS) | set(ADDITIONAL_KEYS))
+        if clash:
+            raise ValueError(f"extra keys shadow result keys: {sorted(clash)}")
+
+    @property
+    def hit_rate_gap(self) -> float:
+        """How far the achieved hit rate is below the workload's optimum (>= 0 when the
+        optimum is a true upper bound)."""
+        return self.optimal_hit_rate - self.hit_rate
+
+    @property
+    def requests_per_wall_s(self) -> float:
+        """Simulator speed: requests simulated per second of real time."""
+        return _ratio(self.num_requests, self.wall_s)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {
+            "policy": self.policy,
+            "hit_rate": self.hit_rate,
+            "optimal_hit_rate": self.optimal_hit_rate,
+            "prefill_tokens_computed": self.prefill_tokens_computed,
+            "num_requests": self.num_requests,
+            "ttft_s": self.ttft_s.to_json(),
+            "tpot_s": self.tpot_s.to_json(),
+            "itl_s": self.itl_s.to_json(),
+            "e2e_s": self.e2e_s.to_json(),
+            "queue_wait_s": self.queue_wait_s.to_json(),
+            "throughput": self.throughput.to_json(),
+            "makespan_s": self.makespan_s,
+            "retractions": self.retractions,
+            "preemptions": self.preemptions,
+            "wall_s": self.wall_s,
+            "hit_rate_gap": self.hit_rate_gap,
+            "device_hit_rate": self.device_hit_rate,
+            "host_hit_rate": self.host_hit_rate,
+            "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "num_completed": self.num_completed,
+            "num_aborted": self.num_aborted,
+            "requests_per_wall_s": self.requests_per_wall_s,
+            "fairness_jain": self.fairness_jain,
+            "fairness_horizon_s": self.fairness_horizon_s,
+            "peak_queue_len": self.peak_queue_len,
+            "mean_running": self.mean_running,
+            "peak_kv_usage": self.peak_kv_usage,
+            "tenants": [t.to_json() for t in self.tenants],
+        }
+        out.update(self.extra)
+        return out
+
+
+def summarize(
+    policy: str,
+    reqs: Sequence[Req],
+    series: TimeSeries | None = None,
+    *,
+    optimal_hit_rate: float,
+    wall_s: float,
+    retractions: int,
+    preemptions: int,
+    extra: Mapping[str, JSONValue] | None = None,
+    fairness_at: float | None = None,
+) -> PolicyResult:
+    """Summarise one policy's run. ``reqs`` are the finished requests (aborted ones included:
+    they count in ``num_requests``/``num_aborted`` and, if scheduled, in the hit rate).
+
+    Latency, cache and throughput numbers come from the requests (the source of truth);
+    ``series`` only adds peak queue length, mean running batch and peak KV usage.
+    ``fairness_at`` overrides the fairness horizon (see ``fairness_horizon``).
+    """
+    sampled = series.arrays() if series is not None and len(series) else None
+    completed = _completed(reqs)
+    hits = hit_rates(reqs)
+    arrivals = [r.times.arrival for r in reqs]
+    finishes = [r.times.finish for r in completed if r.times.finish is not None]
+    makespan = max(finishes) - min(arrivals) if finishes and arrivals else 0.0
+    input_tokens = sum(r.prompt_len for r in completed)
+    output_tokens = sum(r.output_len for r in completed)
+    tenants, jain = tenant_results(reqs, fairness_at)
+    horizon = fairness_horizon(reqs) if fairness_at is None else fairness_at
+    return PolicyResult(
+        policy=policy,
+        hit_rate=hits.total,
+        optimal_hit_rate=_as_float(optimal_hit_rate),
+        prefill_tokens_computed=sum(r.computed_prefill_tokens for r in reqs),
+        num_requests=len(reqs),
+        ttft_s=Stats.of(ttft_samples(reqs)),
+        tpot_s=Stats.of(tpot_samples(reqs)),
+        itl_s=Stats.of(itl_samples(reqs)),
+        e2e_s=Stats.of(e2e_samples(reqs)),
+        queue_wait_s=Stats.of(queue_wait_samples(reqs)),
+        throughput=Throughput(
+            requests_per_s=_ratio(len(completed), makespan),
+            input_tokens_per_s=_ratio(input_tokens, makespan),
+            output_tokens_per_s=_ratio(output_tokens, makespan),
+        ),
+        makespan_s=_as_float(makespan),
+        retractions=retractions,
+        preemptions=preemptions,
+        wall_s=_as_float(wall_s),
+        device_hit_rate=hits.device,
+        host_hit_rate=hits.host,
+        cached_tokens=hits.cached_tokens,
+        prompt_tokens=hits.prompt_tokens,
+        output_tokens=output_tokens,
+        num_completed=len(completed),
+        num_aborted=sum(
+            1 for r in reqs if r.finish is not None and r.finish.reason is FinishReason.ABORT
+        ),
+        fairness_jain=jain if len(tenants) > 1 else 1.0,
+        fairness_horizon_s=_as_float(horizon),
+        peak_queue_len=int(sampled.queue_len.max()) if sampled is not None else 0,
+        mean_running=_as_float(sampled.running.mean()) if sampled is not None else 0.0,
+        peak_kv_usage=_as_float(sampled.kv_usage.max()) if sampled is not None else 0.0,
+        tenants=tuple(tenants) if len(tenants) > 1 else (),
+        extra=dict(extra or {}),
+    )

@@ -1,0 +1,83 @@
+"""A deterministic fake model runner for scheduler tests.
+
+It keeps a fake KV pool (the token id stored at each slot) and checks, on every step, that the
+slots the scheduler hands it really hold the request's context: a cached prefix that points at
+the wrong slots fails loudly. The next token is a function of the context read from the pool,
+so scheduling can never change results unless the KV bookkeeping is wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixsched.runner import Batch, ModelRunner, StepResult
+
+UNWRITTEN = -1
+
+
+class FakeRunner(ModelRunner):
+    def __init__(
+        self,
+        kv_pool_size: int,
+        *,
+        vocab: int = 1000,
+        eos: int | None = None,
+        prefill_s_per_token: float = 1e-4,
+        decode_s: float = 0.01,
+    ) -> None:
+        self.kv_pool_size = kv_pool_size
+        self.max_context_len = 1 << 20
+        self.vocab = vocab
+        self.eos = eos
+        self.pool = np.full(kv_pool_size, UNWRITTEN, dtype=np.int64)
+        self.prefill_s_per_token = prefill_s_per_token
+        self.decode_s = decode_s
+        self.steps = 0
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return () if self.eos is None else (self.eos,)
+
+    def next_token(self, context: np.ndarray) -> int:
+        tail = context[-6:].astype(np.int64)
+        h = int(np.dot(tail, np.arange(7, 7 + len(tail)))) * 31 + 17 * len(context)
+        return h % self.vocab
+
+    def forward(self, batch: Batch) -> StepResult:
+        self.steps += 1
+        out: dict[str, int] = {}
+        for e in batch.extend:
+            r = e.req
+            fill = r.fill_ids()
+            assert len(e.prefix_slots) == e.prefix_len
+            assert len(e.new_slots) == len(e.new_token_ids)
+            assert not np.isin(0, e.new_slots), "slot 0 is the padding slot"
+            got = self.pool[e.prefix_slots]
+            want = fill[: e.prefix_len]
+            assert np.array_equal(got, want), f"{r.rid}: cached prefix KV does not match its tokens"
+            assert np.array_equal(e.new_token_ids, fill[e.prefix_len : e.prefix_len + len(e.new_token_ids)])
+            self.pool[e.new_slots] = e.new_token_ids
+            if e.produces_token:
+                ctx = self.pool[np.concatenate([e.prefix_slots, e.new_slots])]
+                out[r.rid] = self.next_token(ctx)
+        for d in batch.decode:
+            r = d.req
+            assert d.position == r.fill_len - 1
+            assert len(d.slots) == d.position + 1
+            self.pool[d.slots[-1]] = d.token_id
+            ctx = self.pool[d.slots]
+            want = r.fill_ids()
+            assert np.array_equal(ctx, want), f"{r.rid}: decode context KV does not match"
+            out[r.rid] = self.next_token(ctx)
+        dur = self.prefill_s_per_token * batch.extend_num_tokens + (self.decode_s if batch.decode else 0.0)
+        return StepResult(out, dur + 0.001)
+
+
+def reference_output(prompt: list[int] | np.ndarray, n: int, runner: FakeRunner) -> list[int]:
+    """What any correct schedule must produce for ``prompt`` (greedy, no stop tokens)."""
+    ctx = list(np.asarray(prompt, dtype=np.int64))
+    out = []
+    for _ in range(n):
+        t = runner.next_token(np.asarray(ctx, dtype=np.int64))
+        out.append(t)
+        ctx.append(t)
+    return out
