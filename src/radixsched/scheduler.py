@@ -109,7 +109,7 @@ class Scheduler:
         self.page_size = config.page_size
         self.allocator = TokenAllocator(kv_slots, config.page_size)
         self.host_tier = host_tier
-        on_evict = host_tier.record_evicted if host_tier is not None else None
+        on_evict = host_tier.on_evict if host_tier is not None else None
         self.cache: BasePrefixCache = make_cache(config, self.allocator, on_evict=on_evict)
         self.policy = SchedulePolicy(config, self.cache)
         self.capacity = self.allocator.total_size
@@ -388,8 +388,8 @@ class Scheduler:
         req.cache_protected_len = m.device_len
         req.host_hit_len = 0
         if self.host_tier is not None:
-            host = floor_page(self.host_tier.match_len(key), self.page_size)
-            req.host_hit_len = max(0, min(host, cap) - m.device_len)
+            host = self.host_tier.host_len(key, m.device_len)
+            req.host_hit_len = max(0, floor_page(min(m.device_len + host, cap), self.page_size) - m.device_len)
         req.num_matched_prefix_tokens = min(m.device_len + req.host_hit_len, cap)
 
     def _extend_entry(self, req: Req, prefix_len: int, end: int) -> ExtendEntry:

@@ -9,9 +9,10 @@ smaller than the requested ``size``. Page ``k`` is the slots ``k*p .. k*p + p - 
 Every usable slot is in exactly one place: free here, held by the radix cache, or owned by a
 request; ``check_integrity`` verifies that partition.
 
-Order is deterministic: the free list is a LIFO stack of page ids (initially ``1, 2, 3, ...``
-are handed out first), so the most recently freed pages are reused first. Within one ``alloc``
-the pages come in stack order; the slots of each page are consecutive.
+Order is deterministic: the free list is a LIFO stack of page ids. Initially pages ``1, 2, 3,
+...`` are handed out in that order; afterwards the most recently freed pages are reused first,
+and a group freed by one ``free`` call comes back in its original order. The slots of each page
+are consecutive.
 """
 
 from __future__ import annotations
@@ -111,7 +112,9 @@ class TokenAllocator:
             raise ValueError("free: the same page appears twice in one call")
         self._is_free[pages] = True
         top = self._top
-        self._stack[top : top + pages.size] = pages
+        # Pushed reversed so the group's first page is on top: free(x) then alloc(len(x))
+        # hands back x in its original order.
+        self._stack[top : top + pages.size] = pages[::-1]
         self._top = top + pages.size
 
     # ---- conservation ------------------------------------------------------------------

@@ -110,14 +110,15 @@ def _value_axis(
     fmt: Callable[[float], str] = fmt_tick,
     lo: float | None = None,
     hi: float | None = None,
+    extend: bool = True,
 ) -> Axis:
     nonempty = [v for v in values if v.size]
     dlo = min(float(v.min()) for v in nonempty) if nonempty else 0.0
     dhi = max(float(v.max()) for v in nonempty) if nonempty else 1.0
     a, b = _span(dlo if lo is None else lo, dhi if hi is None else hi)
     ticks = nice_ticks(a, b)
-    # Extend to the enclosing ticks so the data never touches the frame's top edge mid-step.
-    if hi is None and len(ticks) > 1 and ticks[-1] < b:
+    # A value axis ends on a tick, so the largest value never grazes the frame between ticks.
+    if extend and hi is None and len(ticks) > 1 and ticks[-1] < b:
         b = ticks[-1] + (ticks[1] - ticks[0])
     return Axis(label, a, b, fmt=fmt)
 
@@ -488,7 +489,9 @@ def render_report(
         for n in names
         if n in series_by_policy
     }
-    t_axis = _value_axis("time (s, simulated)", [s.t for s in sampled.values()], lo=0.0)
+    t_axis = _value_axis(
+        "time (s, simulated)", [s.t for s in sampled.values()], lo=0.0, extend=False
+    )
     hit_lines = [
         Line(i, n, policy_color(i), sampled[n].t, sampled[n].hit_rate)
         for i, n in enumerate(names)

@@ -105,7 +105,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "hit_rate_gap",
-        "gap to optimal",
+        "gap",
         lambda r: r.hit_rate_gap,
         Better.LOWER,
         fmt_points,
@@ -113,7 +113,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "ttft_p50",
-        "p50 TTFT",
+        "TTFT p50",
         lambda r: r.ttft_s.p50,
         Better.LOWER,
         fmt_seconds,
@@ -121,7 +121,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "ttft_p99",
-        "p99 TTFT",
+        "TTFT p99",
         lambda r: r.ttft_s.p99,
         Better.LOWER,
         fmt_seconds,
@@ -129,7 +129,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "tpot_mean",
-        "mean TPOT",
+        "TPOT mean",
         lambda r: r.tpot_s.mean,
         Better.LOWER,
         fmt_seconds,
@@ -137,7 +137,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "queue_wait_p99",
-        "p99 queue wait",
+        "queue p99",
         lambda r: r.queue_wait_s.p99,
         Better.LOWER,
         fmt_seconds,
@@ -145,7 +145,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "queue_wait_max",
-        "max queue wait",
+        "queue max",
         lambda r: r.queue_wait_s.max,
         Better.LOWER,
         fmt_seconds,
@@ -169,7 +169,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "retractions",
-        "retractions",
+        "retract",
         lambda r: float(r.retractions),
         Better.LOWER,
         fmt_int,
@@ -187,7 +187,7 @@ COLUMNS: tuple[Column, ...] = (
 
 FAIRNESS_COLUMN = Column(
     "fairness_jain",
-    "fairness",
+    "fair",
     lambda r: r.fairness_jain,
     Better.HIGHER,
     fmt_fraction,
@@ -202,20 +202,19 @@ def columns_for(results: Sequence[PolicyResult]) -> tuple[Column, ...]:
     return COLUMNS
 
 
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-
-
 def best_rows(results: Sequence[PolicyResult], column: Column) -> frozenset[int]:
-    """Indices of the rows holding the column's best value (ties: all of them). Nothing is
-    highlighted with fewer than two rows, when all values are equal, or for ``Better.NONE``."""
+    """Indices of the rows holding the column's best value. Ties are judged on the displayed
+    text, so two cells that read the same are both best or neither; nothing is highlighted
+    with fewer than two rows, when every row reads the same, or for ``Better.NONE``."""
     if column.better is Better.NONE or len(results) < 2:
         return frozenset()
     values = [column.get(r) for r in results]
-    best = max(values) if column.better is Better.HIGHER else min(values)
-    if all(_close(v, best) for v in values):
+    texts = [column.fmt(v) for v in values]
+    if len(set(texts)) == 1:
         return frozenset()
-    return frozenset(i for i, v in enumerate(values) if _close(v, best))
+    best = max(values) if column.better is Better.HIGHER else min(values)
+    best_text = column.fmt(best)
+    return frozenset(i for i, t in enumerate(texts) if t == best_text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,10 +261,7 @@ class Recommendation:
         if len(self.pareto) == 1:
             out.append(f"Pareto set: {self.pareto[0]} (not beaten on any of the three)")
         else:
-            out.append(
-                "Pareto set (no other policy is at least as good on hit rate, p99 TTFT and "
-                f"throughput and better on one): {', '.join(self.pareto)}"
-            )
+            out.append(f"Pareto set (hit rate, p99 TTFT, throughput): {', '.join(self.pareto)}")
         return out
 
 
@@ -306,26 +302,61 @@ def recommend(results: Sequence[PolicyResult]) -> Recommendation:
 # ---------------------------------------------------------------------------------------------
 
 
+def _arrow(better: Better) -> str:
+    return {Better.HIGHER: " ↑", Better.LOWER: " ↓", Better.NONE: ""}[better]
+
+
+def column_chunks(widths: Sequence[int], first: int, available: int) -> list[list[int]]:
+    """Split column indices into consecutive groups that each fit ``available`` characters
+    beside the first (policy) column; every column is 3 characters wider than its content
+    (padding and separator). A column wider than the space on its own still gets a group."""
+    chunks: list[list[int]] = [[]]
+    used = first + 3
+    for i, w in enumerate(widths):
+        if chunks[-1] and used + w + 3 > available:
+            chunks.append([])
+            used = first + 3
+        chunks[-1].append(i)
+        used += w + 3
+    return chunks
+
+
 def render_comparison(
     results: Sequence[PolicyResult], console: Console, *, title: str | None = None
 ) -> Recommendation:
-    """Print the comparison table and the recommendation; returns the recommendation."""
+    """Print the comparison table and the recommendation; returns the recommendation.
+
+    Cells never wrap or get cut: on a terminal too narrow for all columns the table is
+    printed in several parts, each starting with the policy column."""
+    from rich import box
     from rich.table import Table
 
     cols = columns_for(results)
-    table = Table(title=title or "Policy comparison", header_style="bold", title_justify="left")
-    table.add_column("policy", no_wrap=True)
-    for c in cols:
-        arrow = {Better.HIGHER: " ↑", Better.LOWER: " ↓", Better.NONE: ""}[c.better]
-        table.add_column(c.header + arrow, justify="right", no_wrap=True)
+    texts = [[c.fmt(c.get(r)) for r in results] for c in cols]
     best = [best_rows(results, c) for c in cols]
-    for i, r in enumerate(results):
-        cells = [f"[bold {policy_color(i)}]{_rich_escape(r.policy)}[/]"]
-        for c, rows in zip(cols, best, strict=True):
-            text = c.fmt(c.get(r))
-            cells.append(f"[bold green]{text}[/]" if i in rows else text)
-        table.add_row(*cells)
-    console.print(table)
+    headers = [c.header + _arrow(c.better) for c in cols]
+    # Headers wrap at spaces, so a column needs its widest value or its longest header word.
+    widths = [
+        max([len(t) for t in col_texts] + [len(w) for w in h.split()])
+        for col_texts, h in zip(texts, headers, strict=True)
+    ]
+    first = max([len(r.policy) for r in results] + [len("policy")])
+    chunks = column_chunks(widths, first, console.width)
+    for part, chunk in enumerate(chunks):
+        name = title or "Policy comparison"
+        if len(chunks) > 1:
+            name = f"{name} ({part + 1}/{len(chunks)})"
+        table = Table(title=name, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("policy", no_wrap=True, min_width=first)
+        for k in chunk:
+            table.add_column(headers[k], justify="right", min_width=widths[k])
+        for i, r in enumerate(results):
+            cells = [f"[bold {policy_color(i)}]{_rich_escape(r.policy)}[/]"]
+            for k in chunk:
+                text = texts[k][i]
+                cells.append(f"[bold green]{text}[/]" if i in best[k] else text)
+            table.add_row(*cells)
+        console.print(table)
     rec = recommend(results)
     for line in rec.lines():
         console.print(_rich_escape(line))

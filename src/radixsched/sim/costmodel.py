@@ -1,0 +1,630 @@
+"""The simulator's GPU cost model: a roofline step-time model, an optional calibration table,
+and ``CostModelRunner``, the ``ModelRunner`` the simulator drives (no tensors, no torch).
+
+Roofline step time
+------------------
+Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active parameters,
+``b`` dtype bytes, ``tp`` tensor-parallel degree. Per extend entry with ``P`` cached tokens and
+``N`` new tokens, per decode entry with context ``c = position + 1`` (its KV plus the new one)::
+
+    FLOPs   = 2*A*T                                   T = new tokens + decode entries
+            + 4*L*H*D * ( sum_extend (N*P + N*(N+1)/2) + sum_decode c )
+    bytes   = W(T)                                    weights read once per step
+            + kv_gpu * tp * ( sum_extend (P + N) + sum_decode c )
+    compute = FLOPs / (peak * mfu * tp)
+    memory  = bytes / (hbm_bw * mbu * tp)
+    host    = kv_gpu * (tokens loaded back from the host tier) / pcie_bw
+    step    = max(compute, memory) + step_overhead_s + host
+
+- ``2*A`` FLOPs per token cover every matmul (embedding and LM head included, a ~3% overcount
+  for 8B models). Attention costs ``4*H*D`` FLOPs per layer per (query, key) pair (QK^T and
+  PV); new tokens attend causally, hence ``N*(N+1)/2`` pairs among themselves.
+- ``W(T)`` is every weight for dense models. For MoE models it is the shared weights plus the
+  experts that ``T`` tokens touch on average under uniform routing:
+  ``E * (1 - (1 - k/E)^T)`` of ``E`` experts with ``k`` per token (Mixtral: ``k=2, E=8``).
+- ``kv_gpu = 2*L*ceil(KV/tp)*D*b`` is one token's KV on one GPU; KV heads are replicated
+  when ``tp`` exceeds their count. For ``tp`` dividing the KV heads,
+  ``kv_gpu*tp = kv_bytes_per_token = 2*L*KV*D*b`` (131,072 bytes for Llama-3.1-8B in bf16).
+- Host-tier load-back overlaps nothing: its copy time is added to the step.
+- Not modelled: tensor-parallel all-reduce (``tp`` divides time exactly), activations'
+  memory traffic, sampling, CUDA-graph padding, the LM head being run only on the last
+  prefill token.
+
+Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
+---------------------------------------------------------------------------
+- ``mfu = 0.55``: achievable fraction of dense bf16 peak in large prefill batches. Large bf16
+  GEMMs reach 70-80% of peak on H100; whole-model prefill (attention kernels, norms,
+  element-wise ops) is typically reported around 50-60%.
+- ``mbu = 0.80``: achievable fraction of HBM bandwidth in decode. Streaming kernels reach
+  about 90%; whole decode steps (small GEMVs, paged attention) land around 75-85%.
+- ``step_overhead_s = 0.001``: per-step time not hidden by the GPU: kernel launches and
+  sampling with CUDA graphs, plus the scheduler's CPU work that an overlap scheduler does not
+  hide. With the defaults, a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms
+  (143 tokens/s), close to what SGLang reports for that setup.
+- ``mem_fraction_static = 0.88``: SGLang's flag: weights plus the KV pool may use this share
+  of device memory; the rest is left to activations and CUDA graphs.
+
+KV capacity: ``(memory_bytes * mem_fraction_static - W_total / tp) / kv_gpu`` tokens (for
+``tp`` dividing the KV heads this is SGLang's ``(mem*tp*f - weights) / kv_bytes_per_token``),
+or ``max_total_tokens`` when set. A model whose weights do not fit raises ``CostModelError``.
+
+Calibration (``--calibration FILE``)
+------------------------------------
+A table of measured step times: CSV with a header, a JSON list of objects (or
+``{"rows": [...]}``), or JSON Lines. Columns: ``kind`` (``prefill`` | ``decode``),
+``batch_size``, ``num_tokens`` (new tokens of a prefill batch without cached prefix; the total
+context tokens of a decode batch), ``ms``. Other columns are ignored. Lookup ``T(kind, B, n)``:
+
+- Within a measured batch size, linear in tokens. Between two measured batch sizes, linear
+  in batch size between the two rows' values.
+- Outside a row's token range, or beyond the smallest/largest batch size, the roofline
+  (batches of equal requests) is scaled by the measured/roofline ratio at the nearest measured
+  point, so the curve is continuous at the table's edge and keeps the roofline's shape.
+- A prefill step is ``T(prefill, entries, new tokens)`` plus the roofline's compute time of
+  attention over cached prefixes (the table is measured without them). A mixed step counts its
+  decode entries as one-token prefill entries and adds the roofline's memory time of their KV
+  reads. A decode step is ``T(decode, entries, context tokens)``. Host load-back is added as
+  in the roofline. If the table has no row of the kind a step needs, that step uses the roofline.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from radixsched.request import Req
+from radixsched.runner import Batch, ModelRunner, MultiDecodeResult, StepResult
+from radixsched.sim.presets import GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+StepKind = Literal["prefill", "decode"]
+
+
+class CostModelError(ValueError):
+    """The configuration cannot run (bad numbers, a model that does not fit)."""
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used; the message names the file and line."""
+
+
+def _meta(help_: str, **kw: Any) -> dict[str, Any]:
+    return {"help": help_, **kw}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Everything a step's time depends on, as exact integers. ``decode_ctx`` holds one value
+    per step so that ``num_steps`` decode steps of one batch share a single evaluation."""
+
+    num_extend: int = 0
+    extend_tokens: int = 0  # new tokens over extend entries
+    extend_attn_pairs: int = 0  # sum N*P + N*(N+1)/2: (query, key) pairs of extend attention
+    extend_prefix_pairs: int = 0  # sum N*P: the pairs against cached prefixes
+    extend_kv_tokens: int = 0  # sum P + N: KV the extends touch
+    host_load_tokens: int = 0
+    num_decode: int = 0
+    decode_ctx: IntArray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.extend_tokens + self.num_decode
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.decode_ctx)
+
+
+def shape_of(batch: Batch) -> StepShape:
+    """The ``StepShape`` of one forward pass over ``batch``."""
+    if not batch.extend and not batch.decode:
+        raise ValueError("empty batch")
+    attn = prefix_pairs = kv = host = new = 0
+    for e in batch.extend:
+        n, p = e.num_new, e.prefix_len
+        new += n
+        attn += n * p + n * (n + 1) // 2
+        prefix_pairs += n * p
+        kv += p + n
+        host += e.host_load_len
+    ctx = sum(d.position + 1 for d in batch.decode)
+    return StepShape(
+        num_extend=len(batch.extend),
+        extend_tokens=new,
+        extend_attn_pairs=attn,
+        extend_prefix_pairs=prefix_pairs,
+        extend_kv_tokens=kv,
+        host_load_tokens=host,
+        num_decode=len(batch.decode),
+        decode_ctx=np.array([ctx], dtype=np.int64),
+    )
+
+
+def decode_shape(seq_lens: IntArray, num_steps: int) -> StepShape:
+    """``num_steps`` decode steps of requests whose lengths before the first step are
+    ``seq_lens``: step ``k`` reads ``seq_len + k`` tokens of context per request."""
+    b = len(seq_lens)
+    total = int(np.asarray(seq_lens, dtype=np.int64).sum())
+    ctx = total + np.arange(num_steps, dtype=np.int64) * b
+    return StepShape(num_decode=b, decode_ctx=ctx)
+
+
+class StepCostModel(Protocol):
+    """What ``CostModelRunner`` and the simulator need from a cost model."""
+
+    @property
+    def model_spec(self) -> ModelSpec: ...
+
+    def kv_capacity_tokens(self) -> int: ...
+
+    def step_times(self, shape: StepShape) -> FloatArray: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Roofline step-time model (see the module docstring for every formula and constant).
+    Field names double as ``radixsched simulate`` flags (``config.add_config_args``)."""
+
+    gpu: str = field(default="H100", metadata=_meta("GPU preset", choices=list(GPUS)))
+    model: str = field(default="llama-3.1-8b", metadata=_meta("model preset", choices=list(MODELS)))
+    tp: int = field(default=1, metadata=_meta("tensor-parallel degree (GPUs per replica)"))
+    mfu: float = field(default=0.55, metadata=_meta("achievable fraction of peak bf16 FLOP/s"))
+    mbu: float = field(default=0.80, metadata=_meta("achievable fraction of HBM bandwidth"))
+    step_overhead_s: float = field(
+        default=0.001, metadata=_meta("fixed time added to every step (seconds)")
+    )
+    mem_fraction_static: float = field(
+        default=0.88, metadata=_meta("share of GPU memory for weights plus the KV pool")
+    )
+    max_total_tokens: int | None = field(
+        default=None, metadata=_meta("KV pool size in tokens (default: from memory)")
+    )
+
+    def __post_init__(self) -> None:
+        try:
+            spec = get_model(self.model)
+            get_gpu(self.gpu)
+        except ValueError as exc:
+            raise CostModelError(str(exc)) from None
+        if self.tp < 1 or spec.num_heads % self.tp:
+            raise CostModelError(
+                f"tp={self.tp} must be >= 1 and divide {spec.name}'s {spec.num_heads} heads"
+            )
+        for name in ("mfu", "mbu", "mem_fraction_static"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise CostModelError(f"{name} must be in (0, 1], got {value}")
+        if self.step_overhead_s < 0:
+            raise CostModelError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            raise CostModelError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
+
+    # ---- derived constants (cached: the hot path reads them every step) ----------------
+    @cached_property
+    def gpu_spec(self) -> GPUSpec:
+        return get_gpu(self.gpu)
+
+    @cached_property
+    def model_spec(self) -> ModelSpec:
+        return get_model(self.model)
+
+    @cached_property
+    def kv_bytes_per_token_per_gpu(self) -> int:
+        m = self.model_spec
+        kv_heads = -(-m.num_kv_heads // self.tp)
+        return 2 * m.num_layers * kv_heads * m.head_dim * m.dtype_bytes
+
+    @cached_property
+    def _flops_per_s(self) -> float:
+        return self.gpu_spec.peak_flops * self.mfu * self.tp
+
+    @cached_property
+    def _bytes_per_s(self) -> float:
+        return self.gpu_spec.hbm_bw * self.mbu * self.tp
+
+    @cached_property
+    def _attn_flops_per_pair(self) -> float:
+        m = self.model_spec
+        return float(4 * m.num_layers * m.num_heads * m.head_dim)
+
+    def weight_bytes_read(self, num_tokens: int) -> float:
+        """Weight bytes one step over ``num_tokens`` tokens reads (all GPUs together)."""
+        m = self.model_spec
+        if not m.is_moe:
+            return m.weight_bytes
+        touched = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** num_tokens)
+        return (m.shared_params + touched * m.expert_params) * m.dtype_bytes
+
+    def kv_capacity_tokens(self) -> int:
+        if self.max_total_tokens is not None:
+            return self.max_total_tokens
+        m, g = self.model_spec, self.gpu_spec
+        budget = g.memory_bytes * self.mem_fraction_static
+        weights = m.weight_bytes / self.tp
+        tokens = int((budget - weights) // self.kv_bytes_per_token_per_gpu)
+        if tokens < 1:
+            raise CostModelError(
+                f"{m.name} does not fit: {weights / 1e9:.1f} GB of weights per GPU at tp={self.tp} "
+                f"exceed {budget / 1e9:.1f} GB ({self.mem_fraction_static:.2f} of "
+                f"{g.memory_bytes / 1e9:.1f} GB on {g.name}); raise --tp or use a bigger GPU"
+            )
+        return tokens
+
+    # ---- step time ---------------------------------------------------------------------
+    def step_times(self, shape: StepShape) -> FloatArray:
+        """Modelled seconds of each step in ``shape`` (one per ``decode_ctx`` entry).
+
+        Every operation is element-wise over steps, so a step's time does not depend on how
+        many steps are evaluated together (``decode_multi`` relies on that equality)."""
+        tokens = shape.num_tokens
+        pairs = shape.extend_attn_pairs + shape.decode_ctx
+        kv_tokens = shape.extend_kv_tokens + shape.decode_ctx
+        linear = 2.0 * self.model_spec.active_params * tokens
+        compute = (linear + self._attn_flops_per_pair * pairs) / self._flops_per_s
+        weight_bytes = self.weight_bytes_read(tokens)
+        kv_bytes = kv_tokens * float(self.kv_bytes_per_token_per_gpu * self.tp)
+        memory = (weight_bytes + kv_bytes) / self._bytes_per_s
+        return np.maximum(compute, memory) + (self.step_overhead_s + self._host_s(shape))
+
+    def _host_s(self, shape: StepShape) -> float:
+        return shape.host_load_tokens * self.kv_bytes_per_token_per_gpu / self.gpu_spec.pcie_bw
+
+    def step_time(self, batch: Batch) -> float:
+        return float(self.step_times(shape_of(batch))[0])
+
+    def reference_times(
+        self, kind: StepKind, batch_size: int, num_tokens: FloatArray
+    ) -> FloatArray:
+        """Roofline time of a batch of ``batch_size`` equal requests: ``num_tokens`` new tokens
+        without cached prefix (prefill) or ``num_tokens`` context tokens in all (decode)."""
+        n = np.asarray(num_tokens, dtype=np.float64)
+        if kind == "prefill":
+            tokens = n
+            pairs = n * (n / batch_size + 1.0) / 2.0
+            weights = np.array([self.weight_bytes_read(int(t)) for t in np.ravel(n)])
+            weights = weights.reshape(n.shape)
+        else:
+            tokens = np.full_like(n, float(batch_size))
+            pairs = n
+            weights = np.full_like(n, self.weight_bytes_read(batch_size))
+        linear = 2.0 * self.model_spec.active_params * tokens
+        compute = (linear + self._attn_flops_per_pair * pairs) / self._flops_per_s
+        memory = (
+            weights + n * float(self.kv_bytes_per_token_per_gpu * self.tp)
+        ) / self._bytes_per_s
+        result: FloatArray = np.maximum(compute, memory) + self.step_overhead_s
+        return result
+
+    def prefix_attention_s(self, shape: StepShape) -> float:
+        """Compute time of extend attention against cached prefixes."""
+        return self._attn_flops_per_pair * shape.extend_prefix_pairs / self._flops_per_s
+
+    def decode_kv_read_s(self, shape: StepShape) -> FloatArray:
+        """Memory time of reading the decode entries' KV, per step."""
+        per_token = float(self.kv_bytes_per_token_per_gpu * self.tp)
+        result: FloatArray = shape.decode_ctx * per_token / self._bytes_per_s
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        m, g = self.model_spec, self.gpu_spec
+        return {
+            "cost_model": "roofline",
+            "gpu": g.name,
+            "model": m.name,
+            "tp": self.tp,
+            "mfu": self.mfu,
+            "mbu": self.mbu,
+            "step_overhead_s": self.step_overhead_s,
+            "mem_fraction_static": self.mem_fraction_static,
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+            "kv_capacity_tokens": self.kv_capacity_tokens(),
+        }
+
+
+# ---- calibration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Row:
+    batch_size: int
+    tokens: FloatArray  # ascending
+    seconds: FloatArray
+
+
+@dataclass(frozen=True)
+class CalibrationTable:
+    """Measured step times by kind, then by batch size (rows sorted by batch size)."""
+
+    rows: dict[str, tuple[_Row, ...]]
+    source: str
+
+    @property
+    def num_points(self) -> int:
+        return sum(len(r.tokens) for rows in self.rows.values() for r in rows)
+
+
+_COLUMNS = ("kind", "batch_size", "num_tokens", "ms")
+
+
+def _parse_int(value: Any, where: str, name: str) -> int:
+    if isinstance(value, bool):
+        raise CalibrationError(
+            f"{where}: field {name!r}: expected a positive integer, got {value!r}"
+        )
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise CalibrationError(
+            f"{where}: field {name!r}: expected a positive integer, got {value!r}"
+        ) from None
+    if not number.is_integer() or number < 1:
+        raise CalibrationError(
+            f"{where}: field {name!r}: expected a positive integer, got {value!r}"
+        )
+    return int(number)
+
+
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(location, record) pairs in file order; location is ``file:line`` or ``file: row N``."""
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CalibrationError(f"{name}: cannot read calibration file: {exc.strerror}") from None
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        missing = [c for c in _COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise CalibrationError(f"{name}:1: missing column(s) {', '.join(missing)}")
+        # ``line_num`` counts physical lines read so far, i.e. this row's 1-based line.
+        return [(f"{name}:{reader.line_num}", dict(row)) for row in reader]
+    if suffix == ".jsonl":
+        out: list[tuple[str, dict[str, Any]]] = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CalibrationError(f"{name}:{i}: invalid JSON: {exc.msg}") from None
+            if not isinstance(obj, dict):
+                raise CalibrationError(f"{name}:{i}: expected a JSON object")
+            out.append((f"{name}:{i}", obj))
+        return out
+    if suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CalibrationError(f"{name}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+        if isinstance(doc, dict) and "rows" in doc:
+            doc = doc["rows"]
+        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+            raise CalibrationError(f"{name}: expected a list of objects (or {{'rows': [...]}})")
+        return [(f"{name}: row {i}", r) for i, r in enumerate(doc, 1)]
+    raise CalibrationError(
+        f"{name}: unknown calibration format {suffix!r} (use .csv, .json, .jsonl)"
+    )
+
+
+def load_calibration(path: str | Path) -> CalibrationTable:
+    """Read and validate a calibration table (format in the module docstring)."""
+    path = Path(path)
+    points: dict[tuple[str, int], dict[int, tuple[float, str]]] = {}
+    for where, rec in _records(path):
+        for col in _COLUMNS:
+            if rec.get(col) in (None, ""):
+                raise CalibrationError(f"{where}: missing field {col!r}")
+        kind = str(rec["kind"]).strip().lower()
+        if kind not in ("prefill", "decode"):
+            raise CalibrationError(
+                f"{where}: field 'kind': expected 'prefill' or 'decode', got {rec['kind']!r}"
+            )
+        b = _parse_int(rec["batch_size"], where, "batch_size")
+        n = _parse_int(rec["num_tokens"], where, "num_tokens")
+        try:
+            ms = float(rec["ms"])
+        except (TypeError, ValueError):
+            ms = math.nan
+        if not math.isfinite(ms) or ms <= 0:
+            raise CalibrationError(
+                f"{where}: field 'ms': expected a positive number, got {rec['ms']!r}"
+            )
+        row = points.setdefault((kind, b), {})
+        if n in row:
+            raise CalibrationError(
+                f"{where}: duplicate point (kind={kind}, batch_size={b}, num_tokens={n}); "
+                f"first given at {row[n][1]}"
+            )
+        row[n] = (ms / 1e3, where)
+    if not points:
+        raise CalibrationError(f"{path}: calibration table has no rows")
+    rows: dict[str, list[_Row]] = {}
+    for (kind, b), pts in sorted(points.items()):
+        ns = sorted(pts)
+        rows.setdefault(kind, []).append(
+            _Row(
+                b,
+                np.array(ns, dtype=np.float64),
+                np.array([pts[n][0] for n in ns], dtype=np.float64),
+            )
+        )
+    return CalibrationTable({k: tuple(v) for k, v in rows.items()}, str(path))
+
+
+@dataclass(frozen=True)
+class CalibratedCostModel:
+    """Step times from a measured table, the roofline ``base`` filling the gaps (rules in
+    the module docstring). Capacity and presets come from ``base``."""
+
+    base: CostModel
+    table: CalibrationTable
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return self.base.model_spec
+
+    def kv_capacity_tokens(self) -> int:
+        return self.base.kv_capacity_tokens()
+
+    def _row_value(self, kind: StepKind, row: _Row, n: FloatArray) -> FloatArray:
+        clamped = np.clip(n, row.tokens[0], row.tokens[-1])
+        measured = np.interp(clamped, row.tokens, row.seconds)
+        ref = self.base.reference_times
+        result: FloatArray = measured * (
+            ref(kind, row.batch_size, n) / ref(kind, row.batch_size, clamped)
+        )
+        return result
+
+    def lookup(self, kind: StepKind, batch_size: int, num_tokens: FloatArray) -> FloatArray:
+        """``T(kind, batch_size, n)`` for each ``n``; the kind must have rows."""
+        rows = self.table.rows[kind]
+        n = np.asarray(num_tokens, dtype=np.float64)
+        sizes = [r.batch_size for r in rows]
+        i = bisect_left(sizes, batch_size)
+        if i < len(sizes) and sizes[i] == batch_size:
+            return self._row_value(kind, rows[i], n)
+        if i == 0 or i == len(sizes):
+            near = rows[0] if i == 0 else rows[-1]
+            ref = self.base.reference_times
+            scaled: FloatArray = self._row_value(kind, near, n) * (
+                ref(kind, batch_size, n) / ref(kind, near.batch_size, n)
+            )
+            return scaled
+        lo, hi = rows[i - 1], rows[i]
+        w = (batch_size - lo.batch_size) / (hi.batch_size - lo.batch_size)
+        mixed: FloatArray = (1.0 - w) * self._row_value(kind, lo, n) + w * self._row_value(
+            kind, hi, n
+        )
+        return mixed
+
+    def step_times(self, shape: StepShape) -> FloatArray:
+        host = self.base._host_s(shape)
+        if shape.num_extend == 0:
+            if "decode" not in self.table.rows:
+                return self.base.step_times(shape)
+            ctx = shape.decode_ctx.astype(np.float64)
+            result: FloatArray = self.lookup("decode", shape.num_decode, ctx) + host
+            return result
+        if "prefill" not in self.table.rows:
+            return self.base.step_times(shape)
+        entries = shape.num_extend + shape.num_decode
+        tokens = np.full(shape.num_steps, float(shape.extend_tokens + shape.num_decode))
+        t = self.lookup("prefill", entries, tokens) + self.base.prefix_attention_s(shape)
+        if shape.num_decode:
+            t = t + self.base.decode_kv_read_s(shape)
+        out: FloatArray = t + host
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        info = self.base.describe()
+        info["cost_model"] = "calibrated"
+        info["calibration"] = self.table.source
+        info["calibration_points"] = self.table.num_points
+        return info
+
+
+def build_cost_model(
+    config: CostModel, calibration: str | Path | None = None
+) -> CostModel | CalibratedCostModel:
+    """The roofline ``config``, or a calibrated model over it when a table file is given."""
+    if calibration is None:
+        return config
+    return CalibratedCostModel(config, load_calibration(calibration))
+
+
+# ---- the runner ------------------------------------------------------------------------
+
+
+def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """A strong 64-bit mixer (wrapping uint64 arithmetic), used for stand-in token ids."""
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    result: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
+    return result
+
+
+@lru_cache(maxsize=1 << 16)
+def _rid_hash(rid: str) -> int:
+    return int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "little")
+
+
+class CostModelRunner(ModelRunner):
+    """Modelled time, plausible tokens: a request's ``scripted_output`` where it has one,
+    else a deterministic stand-in drawn from ``hash(rid, position)`` that is never one of its
+    stop token ids. Tokens depend only on the request and position, never on batching, so
+    every schedule yields the same tokens."""
+
+    supports_multi_step = True
+
+    def __init__(self, cost: StepCostModel, vocab_size: int | None = None) -> None:
+        self.cost = cost
+        self.vocab_size = vocab_size or cost.model_spec.vocab_size
+        if self.vocab_size < 2:
+            raise ValueError("vocab_size must be >= 2")
+
+    def tokens_at(self, reqs: Sequence[Req], positions: IntArray) -> npt.NDArray[np.int32]:
+        """The token each request generates at each position (index in prompt + output):
+        ``positions`` is ``[len(reqs), steps]``; so is the result."""
+        hashes = np.array([_rid_hash(r.rid) for r in reqs], dtype=np.uint64)[:, None]
+        pos = positions.astype(np.uint64)
+        with np.errstate(over="ignore"):
+            mixed = splitmix64(hashes ^ (pos * np.uint64(0x9E3779B97F4A7C15)))
+        tokens = (mixed % np.uint64(self.vocab_size)).astype(np.int64)
+        for i, req in enumerate(reqs):
+            stops = req.sampling.stop_token_ids
+            if stops:
+                row = tokens[i]
+                hit = np.isin(row, stops)
+                while hit.any():  # at most len(stops) rounds
+                    row[hit] = (row[hit] + 1) % self.vocab_size
+                    hit = np.isin(row, stops)
+            scripted = req.scripted_output
+            if scripted is not None and len(scripted):
+                out_idx = positions[i] - req.prompt_len
+                has = (out_idx >= 0) & (out_idx < len(scripted))
+                tokens[i, has] = scripted[out_idx[has]]
+        return tokens.astype(np.int32)
+
+    def forward(self, batch: Batch) -> StepResult:
+        duration = self.cost.step_times(shape_of(batch))[0]
+        reqs = [e.req for e in batch.extend if e.produces_token]
+        positions = [e.prefix_len + e.num_new for e in batch.extend if e.produces_token]
+        reqs += [d.req for d in batch.decode]
+        positions += [d.position + 1 for d in batch.decode]
+        next_tokens: dict[str, int] = {}
+        if reqs:
+            tokens = self.tokens_at(reqs, np.array(positions, dtype=np.int64)[:, None])
+            next_tokens = {r.rid: int(t) for r, t in zip(reqs, tokens[:, 0], strict=True)}
+        return StepResult(next_tokens, float(duration))
+
+    def decode_multi(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> MultiDecodeResult:
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        if len(lens) != len(reqs) or not len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(lens)} sequence lengths")
+        durations = self.cost.step_times(decode_shape(lens, num_steps))
+        # Step k of request i generates the token at position seq_len + k.
+        positions = lens[:, None] + np.arange(num_steps, dtype=np.int64)[None, :]
+        return MultiDecodeResult(self.tokens_at(reqs, positions), durations.astype(np.float64))
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return ()

@@ -1,0 +1,329 @@
+"""The simulation driver: replay a workload through the exact scheduler on a virtual clock.
+
+One replica is the ``dp == 1`` case of the cluster loop below. Replicas advance independently
+(each has its own virtual clock, radix cache, KV pool and scheduler); the driver is a discrete
+event loop that always advances whichever replica is furthest behind, and delivers an arrival
+(routing it across replicas) as soon as no replica still has a step starting before it:
+
+* a replica steps while its clock is strictly before the next arrival; arrivals at or before a
+  replica's clock are delivered first (the same order a real server's loop sees);
+* a step is one forward pass, or several decode steps jumped over at once when nothing but
+  lengths can change before the next arrival (``Scheduler.step(horizon)``);
+* idle replicas jump to the next arrival.
+
+With ``--enable-dp-attention`` the replicas step in lockstep instead and every prefill round
+is negotiated through the prefill delayer (``cluster.delayer``).
+
+The simulator path never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from radixsched.clock import VirtualClock
+from radixsched.config import SchedulerConfig
+from radixsched.request import Req
+from radixsched.scheduler import Scheduler
+from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Simulator-side settings (the scheduler's own settings live in SchedulerConfig)."""
+
+    model: str = field(default="llama-3.1-8b", metadata={"help": "model preset"})
+    gpu: str = field(default="h200", metadata={"help": "GPU preset"})
+    tp: int = field(default=1, metadata={"help": "tensor-parallel degree"})
+    mem_fraction_static: float = field(
+        default=0.88, metadata={"help": "fraction of GPU memory for weights + KV (SGLang's flag)"}
+    )
+    max_total_tokens: int | None = field(
+        default=None, metadata={"help": "KV capacity in tokens (overrides the memory model)"}
+    )
+    calibration: str | None = field(
+        default=None, metadata={"help": "CSV/JSON of measured step times replacing the roofline"}
+    )
+    dp: int = field(default=1, metadata={"help": "data-parallel replicas"})
+    router: str | None = field(
+        default=None, metadata={"help": "router for --dp > 1 (default: cache-aware)"}
+    )
+    enable_dp_attention: bool = field(
+        default=False, metadata={"help": "replicas step in lockstep; prefills are negotiated"}
+    )
+    enable_prefill_delayer: bool = field(
+        default=True, metadata={"help": "with --enable-dp-attention: negotiate prefill rounds"}
+    )
+    prefill_delayer_max_delay_passes: int = field(
+        default=30, metadata={"help": "delayer: max consecutive delayed passes"}
+    )
+    prefill_delayer_max_delay_ms: float | None = field(
+        default=None, metadata={"help": "delayer: wall-clock cap on a delay (ms)"}
+    )
+    prefill_delayer_token_usage_low_watermark: float | None = field(
+        default=None, metadata={"help": "delayer: always allow below this KV usage"}
+    )
+    prefill_delayer_queue_min_ratio: float | None = field(
+        default=None, metadata={"help": "delayer: queue trigger ratio (opt-in)"}
+    )
+    enable_hierarchical_cache: bool = field(
+        default=False, metadata={"help": "keep evicted KV in a host-memory tier"}
+    )
+    hicache_size: float = field(default=64.0, metadata={"help": "host KV tier size in GB"})
+
+
+@dataclass
+class ReplicaSummary:
+    replica: int
+    num_requests: int
+    hit_rate: float
+    prefill_tokens_computed: int
+    retractions: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SimRun:
+    result: PolicyResult
+    series: TimeSeries
+    ttft_s: np.ndarray
+    requests: list[Req]
+    replicas: list[ReplicaSummary]
+    kv_capacity_tokens: int
+
+
+def clone_request(r: Req) -> Req:
+    """A fresh, unscheduled copy (prompt arrays are shared, never mutated)."""
+    return Req(
+        rid=r.rid,
+        prompt_ids=r.prompt_ids,
+        sampling=r.sampling,
+        priority=r.priority,
+        routing_key=r.routing_key,
+        extra_key=r.extra_key,
+        cache_salt=r.cache_salt,
+        tenant=r.tenant,
+        arrival_time=r.arrival_time,
+        scripted_output=r.scripted_output,
+    )
+
+
+class _Replica:
+    def __init__(self, idx: int, sched: Scheduler, clock: VirtualClock) -> None:
+        self.idx = idx
+        self.sched = sched
+        self.clock = clock
+        self.reqs: list[Req] = []
+
+
+def _build_replica(
+    idx: int, sched_cfg: SchedulerConfig, sim_cfg: SimConfig, cost: Any, capacity: int
+) -> _Replica:
+    from radixsched.sim.costmodel import CostModelRunner
+
+    clock = VirtualClock()
+    host = None
+    if sim_cfg.enable_hierarchical_cache:
+        from radixsched.cluster.hicache import HostKVTier, host_capacity_tokens
+
+        host = HostKVTier(
+            host_capacity_tokens(sim_cfg.hicache_size, cost.model.kv_bytes_per_token),
+            page_size=max(sched_cfg.page_size, 1),
+        )
+    runner = CostModelRunner(cost, seed=sched_cfg.seed)
+    sched = Scheduler(
+        sched_cfg,
+        runner,
+        kv_slots=capacity,
+        clock=clock,
+        context_len=cost.model.max_context_len,
+        host_tier=host,
+    )
+    return _Replica(idx, sched, clock)
+
+
+def build_cost_model(sim_cfg: SimConfig) -> Any:
+    from radixsched.sim.costmodel import load_cost_model
+
+    return load_cost_model(
+        gpu=sim_cfg.gpu,
+        model=sim_cfg.model,
+        tp=sim_cfg.tp,
+        mem_fraction_static=sim_cfg.mem_fraction_static,
+        max_total_tokens=sim_cfg.max_total_tokens,
+        calibration=sim_cfg.calibration,
+    )
+
+
+def simulate(
+    workload: Any,
+    sched_cfg: SchedulerConfig,
+    sim_cfg: SimConfig | None = None,
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+    check_integrity: bool = False,
+    optimal_hit_rate: float | None = None,
+) -> SimRun:
+    """Replay ``workload`` (a ``sim.workloads.Workload``) under one scheduler configuration."""
+    from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
+
+    sim_cfg = sim_cfg or SimConfig()
+    if sim_cfg.dp < 1:
+        raise ValueError(f"--dp must be >= 1, got {sim_cfg.dp}")
+    cost = build_cost_model(sim_cfg)
+    capacity = int(cost.kv_capacity_tokens())
+    reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+    opt = (
+        optimal_hit_rate
+        if optimal_hit_rate is not None
+        else compute_optimal(workload.requests, page_size=sched_cfg.page_size)
+    )
+    replicas = [_build_replica(i, sched_cfg, sim_cfg, cost, capacity) for i in range(sim_cfg.dp)]
+    router = None
+    if sim_cfg.dp > 1:
+        from radixsched.cluster.routers import create_router, default_router_name
+
+        router = create_router(
+            sim_cfg.router or default_router_name(sim_cfg.dp), seed=sched_cfg.seed
+        )
+    series = TimeSeries()
+    t0 = time.perf_counter()
+    if sim_cfg.enable_dp_attention and sim_cfg.dp > 1:
+        from radixsched.sim.lockstep import run_lockstep
+
+        run_lockstep(replicas, reqs, router, sim_cfg, series, on_progress, check_integrity)
+    else:
+        _run_event_loop(replicas, reqs, router, series, on_progress, check_integrity)
+    wall = time.perf_counter() - t0
+
+    stats = [rep.sched.stats for rep in replicas]
+    extra: dict[str, Any] = {
+        "kv_capacity_tokens": capacity,
+        "dp": sim_cfg.dp,
+        "rejected": sum(s.rejected for s in stats),
+    }
+    summaries = [
+        ReplicaSummary(
+            replica=rep.idx,
+            num_requests=len(rep.reqs),
+            hit_rate=(
+                rep.sched.stats.cached_prompt_tokens / rep.sched.stats.prompt_tokens
+                if rep.sched.stats.prompt_tokens
+                else 0.0
+            ),
+            prefill_tokens_computed=rep.sched.stats.prefill_tokens_computed,
+            retractions=rep.sched.stats.retractions,
+        )
+        for rep in replicas
+    ]
+    if sim_cfg.dp > 1:
+        extra["replicas"] = [s.to_json() for s in summaries]
+    result = summarize(
+        sched_cfg.schedule_policy,
+        reqs,
+        series,
+        optimal_hit_rate=opt,
+        wall_s=wall,
+        retractions=sum(s.retractions for s in stats),
+        preemptions=sum(s.preemptions for s in stats),
+        extra=extra,
+    )
+    return SimRun(result, series, ttft_samples(reqs), reqs, summaries, capacity)
+
+
+def _replica_load(rep: _Replica) -> Any:
+    from radixsched.cluster.routers import ReplicaLoad
+
+    s = rep.sched
+    waiting_uncached = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
+    running_decode = sum(r.remaining_new_tokens for r in s.running)
+    if s.chunked_req is not None:
+        waiting_uncached += s.chunked_req.fill_len - s.chunked_req.prefix_len
+    return ReplicaLoad(
+        replica_id=rep.idx,
+        waiting_uncached_tokens=waiting_uncached,
+        running_decode_tokens=running_decode,
+        num_waiting=len(s.waiting),
+        num_running=s.num_running(),
+        kv_usage=s.kv_usage(),
+    )
+
+
+def _sample(series: TimeSeries, t: float, replicas: Sequence[_Replica]) -> None:
+    series.append(
+        t,
+        sum(len(r.sched.waiting) for r in replicas),
+        sum(r.sched.num_running() for r in replicas),
+        sum(r.sched.kv_usage() for r in replicas) / len(replicas),
+        sum(r.sched.stats.cached_prompt_tokens for r in replicas),
+        sum(r.sched.stats.prompt_tokens for r in replicas),
+    )
+
+
+def _deliver(
+    req: Req, replicas: Sequence[_Replica], router: Any, t: float
+) -> _Replica:
+    if router is None:
+        rep = replicas[0]
+    else:
+        loads = [_replica_load(r) for r in replicas]
+        rep = replicas[router.route(req, loads, t)]
+    rep.reqs.append(req)
+    rep.sched.add_request(req, now=t)
+    return rep
+
+
+def _run_event_loop(
+    replicas: Sequence[_Replica],
+    reqs: Sequence[Req],
+    router: Any,
+    series: TimeSeries,
+    on_progress: Callable[[int, int], None] | None,
+    check_integrity: bool,
+) -> None:
+    n = len(reqs)
+    i = 0
+    done = 0
+    last_t = 0.0
+    while True:
+        ta = reqs[i].arrival_time if i < n else math.inf
+        busy = [r for r in replicas if not r.sched.is_idle]
+        rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
+        if rep is not None and rep.clock.now() < ta:
+            start = rep.clock.now()
+            out = rep.sched.step(None if ta == math.inf else ta)
+            if check_integrity:
+                rep.sched.check_integrity()
+            if out is None:
+                raise RuntimeError(
+                    f"replica {rep.idx} has work but could not schedule it "
+                    f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
+                )
+            finished = len(out.finished)
+            if router is not None:
+                for r in out.finished:
+                    router.on_finish(r, rep.idx)
+            last_t = max(last_t, start)
+            _sample(series, last_t, replicas)
+            if finished and on_progress is not None:
+                done += finished
+                on_progress(done, n)
+            continue
+        if i >= n:
+            break
+        for r in replicas:
+            if r.sched.is_idle:
+                r.clock.jump_to(ta)
+        _deliver(reqs[i], replicas, router, ta)
+        i += 1
+    if on_progress is not None:
+        on_progress(n, n)
