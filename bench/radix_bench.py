@@ -5,7 +5,8 @@ Workload (deterministic, numpy ``default_rng(0)``): 200 groups x 50 requests; ea
 seeded shuffled order. Per page size: insert all 10,000 sequences (values are fresh allocator
 slots, allocated before the timer starts; duplicates are freed after it stops), then
 ``match_prefix`` each, then ``match_len`` each, then ``evict(total_size() // 2)``.
-Throughput counts the page-aligned key tokens of every call.
+Throughput counts the page-aligned key tokens of every call. Each page size runs ``--repeat``
+times on a fresh cache (default 3) and the best value of each metric is reported.
 
 Run: ``.venv/bin/python bench/radix_bench.py [--json PATH] [--page-sizes 1 16]``.
 
@@ -120,14 +121,33 @@ def run(page_size: int, seqs: list[np.ndarray]) -> Row:
     )
 
 
+def best_of(runs: list[Row]) -> Row:
+    """Best value of each metric over repeated runs (the machine may be shared)."""
+    return Row(
+        page_size=runs[0].page_size,
+        insert_tokens_per_s=max(r.insert_tokens_per_s for r in runs),
+        insert_seqs_per_s=max(r.insert_seqs_per_s for r in runs),
+        match_tokens_per_s=max(r.match_tokens_per_s for r in runs),
+        match_seqs_per_s=max(r.match_seqs_per_s for r in runs),
+        match_len_tokens_per_s=max(r.match_len_tokens_per_s for r in runs),
+        match_len_seqs_per_s=max(r.match_len_seqs_per_s for r in runs),
+        evict_half_s=min(r.evict_half_s for r in runs),
+        evicted_tokens=runs[0].evicted_tokens,
+        tree_tokens=runs[0].tree_tokens,
+    )
+
+
 def main(argv: list[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     ap.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="fresh runs per page size; best of each metric"
+    )
     args = ap.parse_args(argv)
 
     seqs = make_workload()
-    rows = [run(p, seqs) for p in args.page_sizes]
+    rows = [best_of([run(p, seqs) for _ in range(max(args.repeat, 1))]) for p in args.page_sizes]
 
     table = Table(title=f"RadixCache: {GROUPS}x{PER_GROUP} seqs, {PREFIX_LEN}+{SUFFIX_LEN} tokens")
     for col in (
@@ -139,6 +159,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         "match_len Mtok/s",
         "match_len kseq/s",
         "evict half",
+        "evicted tok",
     ):
         table.add_column(col, justify="right")
     for r in rows:
@@ -150,9 +171,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
             f"{r.match_seqs_per_s / 1e3:.1f}",
             f"{r.match_len_tokens_per_s / 1e6:.1f}",
             f"{r.match_len_seqs_per_s / 1e3:.1f}",
-            f"{r.evict_half_s * 1e3:.1f} ms ({r.evicted_tokens / 1e6:.2f}M tok)",
+            f"{r.evict_half_s * 1e3:.1f} ms",
+            f"{r.evicted_tokens / 1e6:.2f}M",
         )
-    Console().print(table)
+    Console(width=max(Console().width, 130)).print(table)
 
     if args.json:
         payload = {

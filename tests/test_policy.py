@@ -60,9 +60,12 @@ def mk(
 def cache_with(*seqs: Sequence[int], extra_key: str | None = None) -> RadixCache:
     cache = RadixCache(None, page_size=1)
     ns = None if extra_key is None else (extra_key, None)
+    next_slot = 1
     for s in seqs:
         arr = np.asarray(s, dtype=np.int32)
-        cache.insert(CacheKey(arr, ns), np.arange(1, len(arr) + 1, dtype=np.int64))
+        # Unique slots per insert: the cache keeps only the not-yet-cached tail.
+        cache.insert(CacheKey(arr, ns), np.arange(next_slot, next_slot + len(arr), dtype=np.int64))
+        next_slot += len(arr)
     return cache
 
 
@@ -456,11 +459,12 @@ def _cap_queue(n: int) -> list[Req]:
 def test_compat_cap_is_128_strictly_greater(name: str) -> None:
     pol = make_policy(name, cache_with(PREFIX), compat="sglang", **NO_DEDUP)
     assert pol.prefix_match_cap == SGLANG_PREFIX_MATCH_CAP == 128
-    q = _cap_queue(128)
+    q = _cap_queue(128)[::-1]
     res = run(pol, q, processed_tokens=10_000)
     assert res.active_policy == name
-    assert rids(q)[0] == "r089"  # the longest match (89) leads
-    q = _cap_queue(129)
+    # lpm: the longest match (89) leads; hrrn: every ratio ties (1 uncached token), rid order
+    assert rids(q)[0] == ("r089" if name == "lpm" else "r000")
+    q = _cap_queue(129)[::-1]
     before = rids(q)
     res = run(pol, q, processed_tokens=10_000)
     assert res.active_policy == "fcfs"
@@ -475,7 +479,9 @@ def test_radixsched_has_no_cap_by_default(name: str) -> None:
     q = _cap_queue(300)
     res = run(pol, q, processed_tokens=10_000)
     assert res.active_policy == name
-    assert q[0].num_matched_prefix_tokens == 89
+    assert max(r.num_matched_prefix_tokens for r in q) == 89
+    if name == "lpm":
+        assert q[0].num_matched_prefix_tokens == 89
 
 
 def test_max_prefix_match_queue_radixsched_falls_back_to_arrival() -> None:
@@ -527,7 +533,11 @@ def test_hrrn_compat_ties_by_rid() -> None:
         mk("a_fresh", [2] * 10, t=2.0, processed=1000),
         mk("slow", [3] * 100, t=0.0, processed=0),
     ]
-    run(make_policy("hrrn", cache_with(PREFIX), compat="sglang", **NO_DEDUP), q, processed_tokens=1000)
+    run(
+        make_policy("hrrn", cache_with(PREFIX), compat="sglang", **NO_DEDUP),
+        q,
+        processed_tokens=1000,
+    )
     assert rids(q) == ["slow", "a_fresh", "b_fresh"]
 
 
@@ -661,9 +671,15 @@ def test_dedup_compat_first_in_list_wins_and_is_not_binding() -> None:
 
 
 def test_dedup_thresholds() -> None:
-    # deprioritize threshold 41: 40 shared tokens are no longer enough
+    # deprioritize threshold 41: the short ones (40 shared) no longer count; first_long and
+    # old_mid still share 60 tokens, and old_mid is cheaper
     res = run(
         make_policy("lpm", cache_with(PREFIX), in_batch_prefix_deprioritize_threshold=41),
+        _dedup_queue(),
+    )
+    assert res.deferred == {"first_long"}
+    res = run(
+        make_policy("lpm", cache_with(PREFIX), in_batch_prefix_deprioritize_threshold=61),
         _dedup_queue(),
     )
     assert not res.deprioritized
@@ -674,3 +690,501 @@ def test_dedup_thresholds() -> None:
     q = [mk("cached", [*PREFIX[:60], *SHARED], t=0.0), mk("c2", [*PREFIX[:60], 1], t=1.0)]
     res = run(make_policy("lpm", cache_with(PREFIX), in_batch_prefix_check_threshold=60), q)
     assert res.deferred == {"cached"}  # c2 has 1 uncached token vs 40: c2 represents
+
+
+def test_dedup_compat_zero_threshold_deprioritizes_every_candidate() -> None:
+    q = [mk("a", [1, 2], t=0.0), mk("b", [3, 4], t=1.0)]
+    pol = make_policy("lpm", compat="sglang", in_batch_prefix_deprioritize_threshold=0)
+    assert run(pol, q).deprioritized == {"a", "b"}
+    # radixsched: everything shares >= 0 tokens, so one representative per namespace
+    q = [mk("a", [1, 2], t=0.0), mk("b", [3], t=1.0), mk("c", [5], t=2.0, extra_key="k")]
+    res = run(make_policy("lpm", in_batch_prefix_deprioritize_threshold=0), q)
+    assert res.deferred == {"a"}
+
+
+def test_dedup_respects_namespaces() -> None:
+    q = [mk("a", [*SHARED, 1], t=0.0), mk("b", [*SHARED, 2], t=1.0, extra_key="lora-1")]
+    assert not run(make_policy("lpm"), q).deprioritized
+
+
+def test_dedup_overdue_request_represents_its_group() -> None:
+    q = [mk("cheap", [*SHARED, 1], t=9.0), mk("old_big", [*SHARED, *range(200)], t=0.0)]
+    pol = make_policy("lpm", lpm_max_wait_s=5.0)
+    res = run(pol, q, now=10.0)
+    assert res.deferred == {"cheap"} and rids(q) == ["old_big", "cheap"]
+    q = [mk("cheap", [*SHARED, 1], t=9.0), mk("old_big", [*SHARED, *range(200)], t=8.0)]
+    res = run(pol, q, now=10.0)
+    assert res.deferred == {"old_big"} and rids(q) == ["cheap", "old_big"]
+
+
+@pytest.mark.parametrize("name", ["hrrn", "shortest-prefill-first"])
+def test_dedup_moves_duplicates_last_for_hrrn_and_spf(name: str) -> None:
+    q = [
+        mk("dup", [*SHARED, 1, 2, 3], t=0.0, processed=0),  # would lead on its own
+        mk("rep", [*SHARED, 1], t=5.0, processed=0),
+        mk("other", list(range(7000, 7100)), t=6.0, processed=0),
+    ]
+    res = run(make_policy(name), q, processed_tokens=1000)
+    assert res.deferred == {"dup"} and rids(q)[-1] == "dup"
+    q = [q[2], q[0], q[1]]
+    res = run(make_policy(name, compat="sglang"), q, processed_tokens=1000)
+    assert res.deprioritized == {"rep"} and not res.deferred and rids(q)[-1] == "rep"
+
+
+def test_dfs_weight_dedup_radixsched_only() -> None:
+    q = [
+        mk("dup", [*SHARED, 1, 2], t=0.0),
+        mk("rep", [*SHARED, 1], t=1.0),
+        mk("x", [9] * 40, t=2.0),
+    ]
+    res = run(make_policy("dfs-weight"), q)
+    assert res.deferred == {"dup"} and rids(q) == ["rep", "x", "dup"]
+    q = [
+        mk("dup", [*SHARED, 1, 2], t=0.0),
+        mk("rep", [*SHARED, 1], t=1.0),
+        mk("x", [9] * 40, t=2.0),
+    ]
+    res = run(make_policy("dfs-weight", compat="sglang"), q)
+    assert not res.deprioritized and rids(q) == ["dup", "rep", "x"]
+
+
+def _reference_dedup(queue: list[Req], check: int, threshold: int) -> set[str]:
+    """SGLang's algorithm (spec 1.5) with a temporary page-1 radix tree."""
+    tree = RadixCache(None, page_size=1)
+    dup: set[str] = set()
+    for r in queue:
+        if r.prefix_len > check:
+            continue
+        key = CacheKey(r.fill_ids(), r.namespace)
+        if tree.match_len(key) >= threshold:
+            dup.add(r.rid)
+        else:
+            tree.insert(key, np.arange(1, r.fill_len + 1, dtype=np.int64))
+    return dup
+
+
+req_specs = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 2), min_size=1, max_size=8),  # prompt, tiny vocab
+        st.lists(st.integers(0, 2), max_size=2),  # output
+        st.sampled_from([None, "k"]),  # extra_key
+        st.integers(0, 3),  # arrival
+    ),
+    max_size=14,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=req_specs,
+    cached=st.lists(st.integers(0, 2), max_size=6),
+    check=st.integers(-1, 4),
+    threshold=st.integers(0, 4),
+)
+def test_dedup_matches_temporary_radix_tree(
+    specs: list[tuple[list[int], list[int], str | None, int]],
+    cached: list[int],
+    check: int,
+    threshold: int,
+) -> None:
+    def queue() -> list[Req]:
+        return [
+            mk(f"r{i}", p, output=o, extra_key=k, t=float(t))
+            for i, (p, o, k, t) in enumerate(specs)
+        ]
+
+    cfg = {
+        "in_batch_prefix_check_threshold": check,
+        "in_batch_prefix_deprioritize_threshold": threshold,
+    }
+    # compat: first in list order wins (identical to SGLang's temporary tree)
+    q = queue()
+    res = run(make_policy("lpm", cache_with(cached), compat="sglang", **cfg), list(q))
+    expected = set() if check < 0 else _reference_dedup(q, check, threshold)
+    assert res.deprioritized == expected and not res.deferred
+    # radixsched: the same algorithm over candidates in (work, entry, arrival, list) order
+    q = queue()
+    pol = make_policy("lpm", cache_with(cached), **cfg)
+    res = run(pol, list(q))
+    cache = cache_with(cached)
+    for r in q:
+        r.prefix_len = cache.match_len(CacheKey(r.fill_ids(), r.namespace))
+    order = sorted(q, key=lambda r: (prefill_work(r), r.queue_entry_time, r.arrival_time))
+    if threshold <= 0:  # radixsched: one representative per namespace
+        cands = [r for r in order if r.prefix_len <= check]
+        reps = {r.namespace: r.rid for r in reversed(cands)}
+        expected = {r.rid for r in cands} - set(reps.values()) if check >= 0 else set()
+    else:
+        expected = set() if check < 0 else _reference_dedup(order, check, threshold)
+    assert res.deferred == expected == res.deprioritized
+
+
+# ---- spf chunk limit ---------------------------------------------------------------------------
+
+
+def _chunked(fill: int, prefix: int) -> Req:
+    r = mk("chunked", [1] * fill)
+    r.prefix_len = prefix
+    return r
+
+
+def _works(*works: int) -> list[Req]:
+    return [mk(f"w{i}", [2] * w, t=float(i)) for i, w in enumerate(works)]
+
+
+def test_spf_chunk_limit_cases() -> None:
+    pol = make_policy("shortest-prefill-first")
+    # reserve 8 + 12 + 32 = 52 (page 4); the 100-token request would not fit in 64 - 4
+    assert pol.shortest_prefill_chunk_limit(_chunked(200, 50), _works(5, 10, 30, 100), 64, 4) == 12
+    # stop at the first request not shorter than the continuation's remainder (8)
+    assert pol.shortest_prefill_chunk_limit(_chunked(58, 50), _works(5, 10), 64, 4) == 56
+    # nothing reserved -> no cap
+    assert pol.shortest_prefill_chunk_limit(_chunked(58, 50), _works(8, 1), 64, 4) is None
+    assert pol.shortest_prefill_chunk_limit(_chunked(200, 50), [], 64, 4) is None
+    # budget below two pages -> no cap
+    assert pol.shortest_prefill_chunk_limit(_chunked(200, 50), _works(1), 7, 4) is None
+    # exactly two pages: a 1-token request charges one page and leaves one
+    assert pol.shortest_prefill_chunk_limit(_chunked(200, 50), _works(1), 8, 4) == 4
+    # a request whose charge would leave no page for the continuation is not reserved
+    assert pol.shortest_prefill_chunk_limit(_chunked(200, 50), _works(5), 8, 4) is None
+    # page 1: exact arithmetic
+    assert pol.shortest_prefill_chunk_limit(_chunked(1000, 0), _works(3, 7), 100, 1) == 90
+
+
+def test_spf_chunk_limit_only_for_spf() -> None:
+    for name in ("fcfs", "lpm", "hrrn", "dfs-weight"):
+        pol = make_policy(name)
+        assert pol.shortest_prefill_chunk_limit(_chunked(200, 50), _works(5), 64, 4) is None
+
+
+def test_spf_chunk_limit_skips_deferred_in_radixsched() -> None:
+    def queue() -> list[Req]:
+        return [mk("rep", [*SHARED, 1], t=0.0), mk("dup", [*SHARED, 2, 3], t=1.0)]
+
+    pol = make_policy("shortest-prefill-first")
+    q = queue()
+    assert run(pol, q).deferred == {"dup"}
+    assert pol.shortest_prefill_chunk_limit(_chunked(1000, 0), q, 200, 1) == 200 - 41
+    pol = make_policy("shortest-prefill-first", compat="sglang")
+    q = queue()
+    run(pol, q)
+    assert pol.shortest_prefill_chunk_limit(_chunked(1000, 0), q, 200, 1) == 200 - 41 - 42
+
+
+# ---- fair (virtual token counter) ----------------------------------------------------------
+
+
+def _admit(
+    pol: SchedulePolicy, queue: list[Req], budget: int, rnd: int, processed: int
+) -> list[Req]:
+    """One round: order, admit by a token budget (at least one request), charge prefill."""
+    res = pol.calc_priority(queue, [], processed, float(rnd))
+    admitted: list[Req] = []
+    used = 0
+    for r in queue:
+        if r.rid in res.deferred:
+            continue
+        work = prefill_work(r)
+        if admitted and used + work > budget:
+            break
+        admitted.append(r)
+        used += work
+    for r in admitted:
+        queue.remove(r)
+        pol.on_service(r, prefill_work(r), 0)
+    return admitted
+
+
+def _flood_rounds(policy: str, rounds: int = 30) -> list[int]:
+    """Tenant A floods 300 requests at t=0; B sends one request per round. Returns B's waits."""
+    pol = make_policy(policy)
+    queue = [mk(f"A{i}", [i % 50 + 1] * 100, t=0.0, tenant="A") for i in range(300)]
+    arrived: dict[str, int] = {}
+    waits: list[int] = []
+    for rnd in range(rounds):
+        b = mk(f"B{rnd}", [7000 + rnd] * 100, t=float(rnd) + 0.5, tenant="B")
+        queue.append(b)
+        arrived[b.rid] = rnd
+        for r in _admit(pol, queue, 400, rnd, 0):
+            if r.tenant == "B":
+                waits.append(rnd - arrived[r.rid])
+    return waits
+
+
+def test_fair_serves_light_tenant_despite_flood() -> None:
+    waits = _flood_rounds("fair")
+    assert len(waits) == 30 and max(waits) == 0
+    fcfs_waits = _flood_rounds("fcfs")  # the contrast: B queues behind the flood
+    assert len(fcfs_waits) == 0
+
+
+def test_fair_service_difference_stays_bounded() -> None:
+    pol = make_policy("fair")
+    big = [mk(f"A{i}", [1] * 1000, t=0.0, tenant="A") for i in range(60)]
+    small = [mk(f"B{i}", [2] * 10, t=0.0, tenant="B") for i in range(6000)]
+    queue = big + small
+    budget = 2000
+    for rnd in range(40):
+        _admit(pol, queue, budget, rnd, 0)
+        a, b = pol.fair.counters["A"], pol.fair.counters["B"]
+        assert abs(a - b) <= 2 * 1000 + budget, (rnd, a, b)
+    assert pol.fair.counters["A"] > 10_000 and pol.fair.counters["B"] > 10_000
+
+
+def test_fair_lift_returning_tenant_banks_no_credit() -> None:
+    pol = make_policy("fair")
+    queue = [mk(f"A{i}", [1] * 100, t=0.0, tenant="A") for i in range(50)]
+    for rnd in range(5):
+        _admit(pol, queue, 300, rnd, 0)
+    a = pol.fair.counters["A"]
+    assert a == 5 * 300
+    queue += [mk(f"B{i}", [2] * 100, t=10.0, tenant="B") for i in range(10)]
+    pol.calc_priority(queue, [], 0, 10.0)
+    assert pol.fair.counters["B"] == a  # lifted to A's counter, not 0
+    # the two tenants now alternate (tie on counter: A's head arrived first)
+    assert [r.tenant for r in queue[:4]] == ["A", "B", "A", "B"]
+
+
+def test_fair_running_requests_keep_a_tenant_active() -> None:
+    pol = make_policy("fair")
+    running = [mk("A_run", [1], tenant="A")]
+    pol.calc_priority([], running, 0, 0.0)  # A is active (running) with nothing waiting
+    pol.fair.charge("A", 1000, 0)
+    pol.calc_priority([mk("B0", [2], tenant="B")], running, 0, 0.0)
+    assert pol.fair.counters["B"] == 1000.0  # A stayed active (running): B lifted to it
+    pol.calc_priority([mk("B1", [2], tenant="B")], [], 0, 1.0)
+    pol.fair.charge("A", 500, 0)
+    pol.calc_priority([mk("A1", [1], tenant="A")], [], 0, 2.0)
+    # A became active again while B stayed: max(1500, B's 1000) = 1500
+    assert pol.fair.counters["A"] == 1500.0
+
+
+def test_fair_decode_weighting_and_within_tenant_affinity() -> None:
+    cache = cache_with(PREFIX)
+    pol = make_policy("fair", cache)
+    pol.on_service(mk("x", [1], tenant="A"), 10, 5)
+    assert pol.fair.counters["A"] == 10 * 1.0 + 5 * 2.0
+    q = [
+        mk("a_miss", [9] * 20, t=0.0, tenant="A"),
+        mk("a_hit", [*PREFIX[:50], 1], t=1.0, tenant="A"),
+        mk("b", [8] * 20, t=0.0, tenant="B"),
+    ]
+    pol.calc_priority(q, [], 0, 0.0)
+    # B (lifted to A's 20) ties A; A's head (a_hit, t=1) arrived after b (t=0)
+    assert rids(q) == ["b", "a_hit", "a_miss"]
+
+
+def test_on_service_is_a_noop_for_other_policies() -> None:
+    pol = make_policy("lpm")
+    pol.on_service(mk("x", [1], tenant="A"), 10, 5)
+    assert pol.fair.counters == {}
+
+
+def test_tenant_key_falls_back_to_routing_key() -> None:
+    pol = make_policy("fair")
+    pol.on_service(mk("x", [1], routing_key="rk"), 3, 0)
+    assert pol.fair.counters == {"rk": 3.0}
+
+
+# ---- waiting-prefix touch -----------------------------------------------------------------------
+
+
+class SpyCache(RadixCache):
+    def __init__(self, **kw: object) -> None:
+        super().__init__(None, page_size=1, **kw)  # type: ignore[arg-type]
+        self.touched: list[int] = []
+
+    def touch_prefix(self, key: CacheKey) -> None:
+        self.touched.append(int(key.tokens[0]))
+        super().touch_prefix(key)
+
+
+def _touch_counts(name: str, rounds: int, n: int = 200, **cfg: object) -> list[int]:
+    cache = SpyCache(eviction_policy=str(cfg.pop("radix_eviction_policy", "lru")))
+    pol = make_policy(name, cache, radix_eviction_policy=cache.eviction_policy, **cfg)
+    q = [mk(f"r{i}", [i + 1, 5], t=float(i)) for i in range(n)]
+    counts = []
+    for _ in range(rounds):
+        before = len(cache.touched)
+        pol.calc_priority(q, [], 0, 0.0)
+        counts.append(len(cache.touched) - before)
+    return counts
+
+
+def test_waiting_prefix_touch_every_32_rounds_over_128_head_last() -> None:
+    counts = _touch_counts("fcfs", 2 * WAITING_PREFIX_REFRESH_INTERVAL + 1)
+    span = WAITING_PREFIX_REFRESH_SPAN
+    assert counts[0] == span and counts[32] == span and counts[64] == span
+    assert sum(counts) == 3 * span
+    cache = SpyCache()
+    pol = make_policy("fcfs", cache)
+    q = [mk(f"r{i}", [i + 1, 5], t=float(i)) for i in range(200)]
+    pol.calc_priority(q, [], 0, 0.0)
+    assert cache.touched == list(range(128, 0, -1))  # reversed(queue[:128]): head touched last
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg", "expected"),
+    [
+        ("lpm", {}, 100),  # radixsched lpm scores with match_len: touch keeps prefixes warm
+        ("lpm", {"compat": "sglang"}, 0),  # compat: matching already touched
+        ("dfs-weight", {}, 0),  # match_prefix touches
+        ("routing-key", {"compat": "sglang"}, 100),
+        ("fcfs", {"radix_eviction_policy": "lfu"}, 0),
+        ("fcfs", {"enable_waiting_prefix_refresh": False}, 0),
+    ],
+)
+def test_waiting_prefix_touch_eligibility(name: str, cfg: dict[str, object], expected: int) -> None:
+    assert _touch_counts(name, 1, n=100, **cfg) == [expected]
+
+
+def test_compat_lpm_above_cap_touches_like_fcfs() -> None:
+    # Above 128 the active policy is fcfs (cache-agnostic): SGLang touches then.
+    assert _touch_counts("lpm", 1, n=200, compat="sglang") == [WAITING_PREFIX_REFRESH_SPAN]
+
+
+def test_no_touch_with_disabled_cache_or_empty_queue() -> None:
+    cache = SpyCache(disable=True)
+    pol = make_policy("fcfs", cache)
+    pol.calc_priority([mk("a", [1])], [], 0, 0.0)
+    assert cache.touched == []
+    cache = SpyCache()
+    pol = make_policy("fcfs", cache)
+    pol.calc_priority([], [], 0, 0.0)
+    pol.calc_priority([mk("a", [1])], [], 0, 0.0)
+    assert cache.touched == [1]  # the empty round was not an eligible round
+
+
+# ---- every policy returns a permutation --------------------------------------------------------
+
+perm_specs = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 3), min_size=1, max_size=40),  # prompt
+        st.lists(st.integers(0, 3), max_size=3),  # output
+        st.sampled_from([None, 0, 3, -2]),  # priority
+        st.sampled_from([None, "", "a", "b"]),  # routing key
+        st.sampled_from([None, "t1", "t2"]),  # tenant
+        st.integers(0, 5),  # arrival
+        st.integers(0, 50),  # entry snapshot of the processed-token counter
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=perm_specs,
+    cached=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), max_size=4),
+    name=st.sampled_from(sorted(POLICIES)),
+    compat=st.sampled_from(["radixsched", "sglang"]),
+    priority=st.booleans(),
+    disabled=st.booleans(),
+    threshold=st.integers(1, 8),
+)
+def test_every_policy_returns_a_permutation(
+    specs: list[tuple[list[int], list[int], int | None, str | None, str | None, int, int]],
+    cached: list[list[int]],
+    name: str,
+    compat: str,
+    priority: bool,
+    disabled: bool,
+    threshold: int,
+) -> None:
+    if disabled and name == "shortest-prefill-first":
+        return
+    cache = cache_with(*cached)
+    if disabled:
+        cache = RadixCache(None, disable=True)
+    pol = make_policy(
+        name,
+        cache,
+        compat=compat,
+        enable_priority_scheduling=priority and name in ("fcfs", "lof"),
+        in_batch_prefix_deprioritize_threshold=threshold,
+        lpm_max_wait_s=2.0,
+    )
+    queue = [
+        mk(f"r{i}", p, output=o, priority=pr, routing_key=rk, tenant=tn, t=float(t), processed=pt)
+        for i, (p, o, pr, rk, tn, t, pt) in enumerate(specs)
+    ]
+    running = queue[: len(queue) // 3]
+    before = sorted(rids(queue))
+    for rnd in range(2):
+        res = pol.calc_priority(queue, running, 40, float(rnd + 3))
+        assert sorted(rids(queue)) == before
+        assert res.deferred <= res.deprioritized <= set(before)
+        if compat == "sglang":
+            assert not res.deferred
+        for r in queue:
+            assert 0 <= r.num_matched_prefix_tokens <= max(r.fill_len - 1, 0)
+    cache.check_integrity()
+
+
+def _reference_key(name: str, compat: bool, dep: frozenset[str], processed: int, now: float):  # type: ignore[no-untyped-def]
+    """The spec's sort keys (1.6-1.8) written out directly, one tuple per request."""
+
+    def hrrn_term(r: Req) -> float:
+        if r.rid in dep:
+            return float("inf")
+        uncached = (r.prompt_len if compat else r.fill_len) - r.num_matched_prefix_tokens
+        if uncached <= 0:
+            return float("-inf")
+        return -(max(0, processed - r.queue_entry_processed_tokens) / uncached)
+
+    def key(r: Req) -> tuple[object, ...]:
+        if name == "lpm":
+            if now - r.queue_entry_time > 2.0:  # the bound the property test configures
+                return (0, r.queue_entry_time, r.arrival_time)
+            if compat:
+                return (1, float("inf") if r.rid in dep else -r.num_matched_prefix_tokens)
+            return (
+                1,
+                r.rid in dep,
+                -r.num_matched_prefix_tokens,
+                r.queue_entry_time,
+                r.arrival_time,
+            )
+        if name == "hrrn":
+            return (
+                (hrrn_term(r), r.rid)
+                if compat
+                else (hrrn_term(r), r.queue_entry_time, r.arrival_time)
+            )
+        work = max(1, r.fill_len - r.num_matched_prefix_tokens)
+        if compat:
+            return (r.rid in dep, work, r.queue_entry_time)
+        return (r.rid in dep, work, r.queue_entry_time, r.arrival_time)
+
+    return key
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=perm_specs,
+    cached=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), max_size=4),
+    name=st.sampled_from(["lpm", "hrrn", "shortest-prefill-first"]),
+    compat=st.sampled_from(["radixsched", "sglang"]),
+    threshold=st.integers(1, 8),
+)
+def test_cache_aware_orders_equal_the_spec_keys(
+    specs: list[tuple[list[int], list[int], int | None, str | None, str | None, int, int]],
+    cached: list[list[int]],
+    name: str,
+    compat: str,
+    threshold: int,
+) -> None:
+    pol = make_policy(
+        name,
+        cache_with(*cached),
+        compat=compat,
+        in_batch_prefix_deprioritize_threshold=threshold,
+        lpm_max_wait_s=2.0,
+    )
+    queue = [
+        mk(f"r{i}", p, output=o, t=float(t), processed=pt)
+        for i, (p, o, _pr, _rk, _tn, t, pt) in enumerate(specs)
+    ]
+    original = list(queue)
+    res = pol.calc_priority(queue, [], 40, 4.0)
+    key = _reference_key(name, compat == "sglang", res.deprioritized, 40, 4.0)
+    assert rids(queue) == rids(sorted(original, key=key)), (name, compat, specs, cached, threshold)

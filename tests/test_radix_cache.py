@@ -143,7 +143,9 @@ def test_insert_value_handling() -> None:
     row2 = alloc.alloc(5)
     assert row2 is not None
     res = cache.insert(K([7, 8]), row2)
-    assert res.prefix_len == 0 and cache.match_prefix(K([7, 8])).indices.tolist() == row2[:2].tolist()
+    assert (
+        res.prefix_len == 0 and cache.match_prefix(K([7, 8])).indices.tolist() == row2[:2].tolist()
+    )
     alloc.free(row2[2:])
     conserved(cache, alloc)
     # int64 tokens are accepted (converted).
@@ -194,9 +196,7 @@ def test_namespace_isolation() -> None:
     seen: list[tuple[list[int], Namespace, int]] = []
     cache.on_evict = lambda key, n: seen.append((key.tokens.tolist(), key.namespace, n))
     assert cache.evict(15) == 15
-    assert sorted(seen, key=repr) == sorted(
-        [([1, 2, 3], ns, 3) for ns in spaces], key=repr
-    )
+    assert sorted(seen, key=repr) == sorted([([1, 2, 3], ns, 3) for ns in spaces], key=repr)
     conserved(cache, alloc)
 
 
@@ -581,7 +581,7 @@ def test_no_reuse_cache() -> None:
     alloc = TokenAllocator(64)
     cache = NoReuseCache()
     assert isinstance(cache, BasePrefixCache)
-    assert not cache.disabled and cache.supports_prefix_sharing()
+    assert not cache.disabled and not cache.supports_prefix_sharing()
     slots = alloc.alloc(4)
     assert slots is not None
     assert cache.insert(K([1, 2, 3, 4]), slots).prefix_len == 0

@@ -44,6 +44,14 @@ COMPAT_NOTES: dict[str, str] = {
     "prefill delayer": "wall-clock cap releases only the queue trigger, the first-round "
     "exemption fires once per process, the mixed branch ignores both conditions",
     "silent fallback": "none: a cache-aware policy without a cache always logs a warning",
+    "queue order": "fcfs keeps the current list order, other ties keep the previous round's "
+    "order, and lpm/hrrn above the cap keep their last order (radixsched: fcfs and every tie "
+    "by queue entry time, then arrival)",
+    "hrrn work": "uncached work counts the prompt only, so a retracted request can look free "
+    "(radixsched: prompt + output, like shortest-prefill-first)",
+    "policy matching": "cache-aware policies score with match_prefix (splits nodes, refreshes "
+    "recency); dfs-weight ignores in-batch dedup (radixsched: read-only match_len plus the "
+    "waiting-prefix touch, except dfs-weight, which needs nodes and also defers duplicates)",
 }
 
 

@@ -5,21 +5,20 @@ against the prefix cache, runs the in-batch prefix dedup, sorts the queue **in p
 ties keep the order the previous round left) and returns a ``PriorityResult``. Policies live in
 the ``POLICIES`` registry (the CLI's choices come from it):
 
-================== ============ =============================================================
-name               kind         order (lower first)
-================== ============ =============================================================
-fcfs               agnostic     arrival; with priority scheduling (priority, arrival)
-lof                agnostic     longest ``max_new_tokens`` first (priority first if enabled)
-random             agnostic     shuffle with the policy's own ``random.Random(config.seed)``
-routing-key        agnostic     keys frequent in the running batch first
-lpm                cache-aware  longest matched prefix first (optional starvation bound)
-dfs-weight         cache-aware  depth-first over the cache tree, heaviest subtree first
-hrrn               cache-aware  highest response ratio waited/uncached, aged in prefill tokens
-shortest-prefill-  cache-aware  least uncached work (prompt + output - match) first
-first
-fair               tenant       virtual token counter (VTC) across tenants, longest match
-                                first within a tenant
-================== ============ =============================================================
+====================== =========== =========================================================
+name                   kind        order (first = tried first)
+====================== =========== =========================================================
+fcfs                   agnostic    arrival; with priority scheduling (priority, arrival)
+lof                    agnostic    longest ``max_new_tokens`` first (priority first if on)
+random                 agnostic    shuffle with the policy's own ``Random(config.seed)``
+routing-key            agnostic    routing keys frequent in the running batch first
+lpm                    cache-aware longest matched prefix first (optional starvation bound)
+dfs-weight             cache-aware depth-first over the cache tree, heaviest subtree first
+hrrn                   cache-aware highest response ratio waited/uncached, aged in tokens
+shortest-prefill-first cache-aware least uncached work (prompt + output - match) first
+fair                   tenant      virtual token counter across tenants, longest match
+                                   first within a tenant
+====================== =========== =========================================================
 
 Matching (what ``calc_priority`` writes on each ``Req``):
 
@@ -96,6 +95,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import operator
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -186,6 +186,10 @@ def _arrival(r: Req) -> tuple[float, float]:
     return (r.queue_entry_time, r.arrival_time)
 
 
+_ARRIVAL = operator.attrgetter("queue_entry_time", "arrival_time")
+_MATCHED = operator.attrgetter("num_matched_prefix_tokens")
+
+
 def prefill_work(r: Req) -> int:
     """Uncached tokens a (re)prefill of ``r`` computes, at least 1 (spec 1.8)."""
     return max(1, r.fill_len - r.num_matched_prefix_tokens)
@@ -235,14 +239,14 @@ def _sort_fcfs(queue: list[Req], ctx: SortContext) -> None:
         else:
             queue.sort(key=lambda r: (_priority_term(r, cfg), r.queue_entry_time, r.arrival_time))
     elif not ctx.compat:
-        queue.sort(key=_arrival)
+        queue.sort(key=_ARRIVAL)
     # compat without priority: "current list order", no sort (spec 1.6)
 
 
 def _sort_arrival(queue: list[Req], ctx: SortContext) -> None:
     """The fallback of a capped policy above the cap (radixsched; compat leaves the order)."""
     if not ctx.compat:
-        queue.sort(key=_arrival)
+        queue.sort(key=_ARRIVAL)
 
 
 def _sort_lof(queue: list[Req], ctx: SortContext) -> None:
@@ -289,29 +293,29 @@ def _sort_routing_key(queue: list[Req], ctx: SortContext) -> None:
 
 
 def _sort_lpm(queue: list[Req], ctx: SortContext) -> None:
-    dep = ctx.deprioritized
     overdue = ctx.is_overdue
+    late: list[Req] = []
+    if overdue is not _never:
+        # The starvation bound: overdue requests go first, in arrival order.
+        late = [r for r in queue if overdue(r)]
+        if late:
+            late_ids = {id(r) for r in late}
+            queue[:] = [r for r in queue if id(r) not in late_ids]
+            late.sort(key=_ARRIVAL)
+    dep = ctx.deprioritized
     if ctx.compat:
-
-        def compat_key(r: Req) -> tuple[float, float, float]:
-            if overdue(r):
-                return (0.0, r.queue_entry_time, r.arrival_time)
-            return (1.0, INF if r.rid in dep else -r.num_matched_prefix_tokens, 0.0)
-
-        queue.sort(key=compat_key)
-        return
-
-    def key(r: Req) -> tuple[float, float, float, float]:
-        if overdue(r):
-            return (0.0, r.queue_entry_time, r.arrival_time, 0.0)
-        return (
-            2.0 if r.rid in dep else 1.0,
-            -r.num_matched_prefix_tokens,
-            r.queue_entry_time,
-            r.arrival_time,
-        )
-
-    queue.sort(key=key)
+        if dep:
+            queue.sort(key=lambda r: INF if r.rid in dep else -r.num_matched_prefix_tokens)
+        else:
+            queue.sort(key=_MATCHED, reverse=True)  # reverse keeps ties stable
+    else:
+        # Layered stable sorts (C-level keys): (deprioritized, -matched, arrival).
+        queue.sort(key=_ARRIVAL)
+        queue.sort(key=_MATCHED, reverse=True)
+        if dep:
+            queue.sort(key=lambda r: r.rid in dep)
+    if late:
+        queue[:0] = late
 
 
 def _sort_hrrn(queue: list[Req], ctx: SortContext) -> None:
@@ -320,28 +324,33 @@ def _sort_hrrn(queue: list[Req], ctx: SortContext) -> None:
     compat = ctx.compat
 
     def ratio_term(r: Req) -> float:
-        if r.rid in dep:
+        """Minus the response ratio waited/uncached (lower sorts first)."""
+        if dep and r.rid in dep:
             return INF
         uncached = _hrrn_uncached(r, compat)
         if uncached <= 0:
             return -INF  # no prefill work left: drain immediately
-        waited = max(0, now_tokens - r.queue_entry_processed_tokens)
-        return -(waited / uncached)
+        waited = now_tokens - r.queue_entry_processed_tokens
+        return -(waited / uncached) if waited > 0 else 0.0
 
     if compat:
         queue.sort(key=lambda r: (ratio_term(r), r.rid))
     else:
-        queue.sort(key=lambda r: (ratio_term(r), r.queue_entry_time, r.arrival_time))
+        # Layered stable sorts: (ratio, arrival); deprioritized ones tie at +inf.
+        queue.sort(key=_ARRIVAL)
+        queue.sort(key=ratio_term)
 
 
 def _sort_spf(queue: list[Req], ctx: SortContext) -> None:
     dep = ctx.deprioritized
     if ctx.compat:
         queue.sort(key=lambda r: (r.rid in dep, prefill_work(r), r.queue_entry_time))
-    else:
-        queue.sort(
-            key=lambda r: (r.rid in dep, prefill_work(r), r.queue_entry_time, r.arrival_time)
-        )
+        return
+    # Layered stable sorts: (deprioritized, work, arrival).
+    queue.sort(key=_ARRIVAL)
+    queue.sort(key=prefill_work)
+    if dep:
+        queue.sort(key=lambda r: r.rid in dep)
 
 
 def _sort_dfs_weight(queue: list[Req], ctx: SortContext) -> None:
@@ -680,8 +689,10 @@ class SchedulePolicy:
         if mode is MatchMode.LENGTH:
             match_len = self.tree_cache.match_len
             for r in queue:
-                fill = r.fill_ids()
-                n = match_len(CacheKey(fill, r.namespace))
+                # Hot loop (once per waiting request per round): fill_ids()/namespace inlined.
+                fill = r.fill_ids() if r.output_ids else r.prompt_ids
+                ek, salt = r.extra_key, r.cache_salt
+                n = match_len(CacheKey(fill, None if ek is None and salt is None else (ek, salt)))
                 cap = r.max_prefix_len(len(fill))
                 r.num_matched_prefix_tokens = n if n < cap else cap
                 append(n)

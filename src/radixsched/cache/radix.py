@@ -288,7 +288,7 @@ class RadixCache(BasePrefixCache):
         if not values:
             indices = EMPTY_SLOTS
         elif len(values) == 1:
-            indices = values[0]
+            indices = values[0].copy()  # never hand out the node's own array
         else:
             indices = np.concatenate(values)
         return MatchResult(indices, pos, node)

@@ -19,9 +19,8 @@ Wiring (hierarchical cache):
 - ``host_capacity_tokens(hicache_size_gb, kv_bytes_per_token)`` turns ``--hicache-size`` into
   the capacity.
 
-Page size: hashing costs one blake2b call per page, so pages of 16 tokens or more are
-recommended even when the device cache uses ``page_size == 1``; a host match is then
-page-aligned to the tier's pages.
+Page size: any; hashing is vectorised (``pagehash``), so ``page_size == 1`` is fine, at one
+dict entry per held page. A host match is page-aligned to the tier's pages.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ class HostTierStats(NamedTuple):
 
 
 class HostKVTier:
-    def __init__(self, capacity_tokens: int, page_size: int = 64) -> None:
+    def __init__(self, capacity_tokens: int, page_size: int = 1) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if capacity_tokens < 0:

@@ -152,7 +152,8 @@ class ConsistentHashRouter(Router):
         if req.routing_key is not None:
             return _hash64(b"key\x00" + req.routing_key.encode())
         head = req.prompt_ids[: self.fallback_prefix_tokens].tobytes()
-        return _hash64(b"prefix\x00" + namespace_seed(req.namespace) + head)
+        ns = namespace_seed(req.namespace).to_bytes(8, "little")
+        return _hash64(b"prefix\x00" + ns + head)
 
     def route(self, req: Req, replicas: Sequence[ReplicaLoad], now: float) -> int:
         _check(replicas)
@@ -191,7 +192,7 @@ class CacheAwareRouter(Router):
         self,
         *,
         seed: int = 0,
-        page_size: int = 64,
+        page_size: int = 16,
         max_tokens_per_replica: int = 1 << 20,
         cache_threshold: float = 0.5,
         balance_abs_threshold: int = 32768,

@@ -122,14 +122,14 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         k_pool, v_pool = kv_layer[0], kv_layer[1]
         # Written before any read: a sequence's context is always gathered from the pool.
-        k_pool[plan.write_slots] = k
-        v_pool[plan.write_slots] = v
+        k_pool.index_copy_(0, plan.write_slots, k)
+        v_pool.index_copy_(0, plan.write_slots, v)
 
         out = torch.empty_like(q)
         for seg in plan.extends:
             qs = q[seg.q_start : seg.q_start + seg.q_len].transpose(0, 1)[None]
-            ks = k_pool[seg.kv_slots].transpose(0, 1)[None]
-            vs = v_pool[seg.kv_slots].transpose(0, 1)[None]
+            ks = k_pool.index_select(0, seg.kv_slots).transpose(0, 1)[None]
+            vs = v_pool.index_select(0, seg.kv_slots).transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, attn_mask=seg.mask, is_causal=seg.mask is None, enable_gqa=True
             )
@@ -138,8 +138,11 @@ class Attention(nn.Module):
         if dec is not None:
             b = dec.kv_slots.shape[0]
             qd = q[dec.q_start : dec.q_start + b][:, :, None, :]  # [B, H, 1, D]
-            kd = k_pool[dec.kv_slots].transpose(1, 2)  # [B, KVH, L, D]
-            vd = v_pool[dec.kv_slots].transpose(1, 2)
+            # index_select on the flattened rows: 2-D advanced indexing is far slower on CPU.
+            flat = dec.kv_slots.reshape(-1)
+            shape = (b, dec.kv_slots.shape[1], self.num_kv_heads, self.head_dim)
+            kd = k_pool.index_select(0, flat).view(shape).transpose(1, 2)  # [B, KVH, L, D]
+            vd = v_pool.index_select(0, flat).view(shape).transpose(1, 2)
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec.mask, enable_gqa=True)
             out[dec.q_start : dec.q_start + b] = o[:, :, 0, :]
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))

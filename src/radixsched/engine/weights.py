@@ -181,6 +181,13 @@ def _gguf_metadata(reader: Any) -> dict[str, Any]:
     return meta
 
 
+def _f32(value: Any) -> float:
+    """A GGUF float32 as the shortest decimal that rounds to it (1e-05, not 9.9999997e-06)."""
+    import numpy as np
+
+    return float(str(np.float32(value)))
+
+
 def gguf_config(meta: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     arch_name = str(meta["general.architecture"])
     if arch_name not in ("llama", "qwen2"):
@@ -198,7 +205,7 @@ def gguf_config(meta: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     scaling: RopeScaling | None = None
     scaling_type = get("rope.scaling.type")
     if scaling_type == "linear":
-        scaling = RopeScaling(RopeScalingKind.LINEAR, float(get("rope.scaling.factor")))
+        scaling = RopeScaling(RopeScalingKind.LINEAR, _f32(get("rope.scaling.factor")))
     elif scaling_type not in (None, "none"):
         raise ValueError(f"GGUF rope scaling {scaling_type!r} is not supported")
     qkv_bias = "blk.0.attn_q.bias" in tensor_names
@@ -215,8 +222,8 @@ def gguf_config(meta: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)),
         head_dim=int(get("attention.key_length", hidden // heads)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_f32(get("rope.freq_base", 10000.0)),
         rope_scaling=scaling,
         max_position_embeddings=int(get("context_length", 4096)),
         tie_word_embeddings="output.weight" not in tensor_names,

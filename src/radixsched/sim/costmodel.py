@@ -85,11 +85,17 @@ import numpy.typing as npt
 
 from radixsched.request import Req
 from radixsched.runner import Batch, ModelRunner, MultiDecodeResult, StepResult
-from radixsched.sim.presets import GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
+from radixsched.sim.presets import GPUSpec, ModelSpec, PresetError, get_gpu, get_model
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 StepKind = Literal["prefill", "decode"]
+
+
+DEFAULT_MFU = 0.55
+DEFAULT_MBU = 0.80
+DEFAULT_STEP_OVERHEAD_S = 0.001
+DEFAULT_MEM_FRACTION_STATIC = 0.88
 
 
 class CostModelError(ValueError):
@@ -98,10 +104,6 @@ class CostModelError(ValueError):
 
 class CalibrationError(ValueError):
     """A calibration file that cannot be used; the message names the file and line."""
-
-
-def _meta(help_: str, **kw: Any) -> dict[str, Any]:
-    return {"help": help_, **kw}
 
 
 @dataclass(frozen=True)
@@ -165,11 +167,19 @@ class StepCostModel(Protocol):
     """What ``CostModelRunner`` and the simulator need from a cost model."""
 
     @property
-    def model_spec(self) -> ModelSpec: ...
+    def gpu(self) -> GPUSpec: ...
+
+    @property
+    def model(self) -> ModelSpec: ...
+
+    @property
+    def tp(self) -> int: ...
 
     def kv_capacity_tokens(self) -> int: ...
 
     def step_times(self, shape: StepShape) -> FloatArray: ...
+
+    def step_time(self, batch: Batch) -> float: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -177,32 +187,22 @@ class StepCostModel(Protocol):
 @dataclass(frozen=True)
 class CostModel:
     """Roofline step-time model (see the module docstring for every formula and constant).
-    Field names double as ``radixsched simulate`` flags (``config.add_config_args``)."""
+    ``load_cost_model`` builds one from preset names."""
 
-    gpu: str = field(default="H100", metadata=_meta("GPU preset", choices=list(GPUS)))
-    model: str = field(default="llama-3.1-8b", metadata=_meta("model preset", choices=list(MODELS)))
-    tp: int = field(default=1, metadata=_meta("tensor-parallel degree (GPUs per replica)"))
-    mfu: float = field(default=0.55, metadata=_meta("achievable fraction of peak bf16 FLOP/s"))
-    mbu: float = field(default=0.80, metadata=_meta("achievable fraction of HBM bandwidth"))
-    step_overhead_s: float = field(
-        default=0.001, metadata=_meta("fixed time added to every step (seconds)")
-    )
-    mem_fraction_static: float = field(
-        default=0.88, metadata=_meta("share of GPU memory for weights plus the KV pool")
-    )
-    max_total_tokens: int | None = field(
-        default=None, metadata=_meta("KV pool size in tokens (default: from memory)")
-    )
+    gpu: GPUSpec
+    model: ModelSpec
+    tp: int = 1
+    mfu: float = DEFAULT_MFU
+    mbu: float = DEFAULT_MBU
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    mem_fraction_static: float = DEFAULT_MEM_FRACTION_STATIC
+    max_total_tokens: int | None = None  # KV pool size override (tokens)
 
     def __post_init__(self) -> None:
-        try:
-            spec = get_model(self.model)
-            get_gpu(self.gpu)
-        except ValueError as exc:
-            raise CostModelError(str(exc)) from None
-        if self.tp < 1 or spec.num_heads % self.tp:
+        heads = self.model.num_heads
+        if self.tp < 1 or heads % self.tp:
             raise CostModelError(
-                f"tp={self.tp} must be >= 1 and divide {spec.name}'s {spec.num_heads} heads"
+                f"tp={self.tp} must be >= 1 and divide {self.model.name}'s {heads} heads"
             )
         for name in ("mfu", "mbu", "mem_fraction_static"):
             value = getattr(self, name)
@@ -215,44 +215,41 @@ class CostModel:
 
     # ---- derived constants (cached: the hot path reads them every step) ----------------
     @cached_property
-    def gpu_spec(self) -> GPUSpec:
-        return get_gpu(self.gpu)
-
-    @cached_property
-    def model_spec(self) -> ModelSpec:
-        return get_model(self.model)
-
-    @cached_property
     def kv_bytes_per_token_per_gpu(self) -> int:
-        m = self.model_spec
+        m = self.model
         kv_heads = -(-m.num_kv_heads // self.tp)
         return 2 * m.num_layers * kv_heads * m.head_dim * m.dtype_bytes
 
     @cached_property
     def _flops_per_s(self) -> float:
-        return self.gpu_spec.peak_flops * self.mfu * self.tp
+        return self.gpu.peak_flops * self.mfu * self.tp
 
     @cached_property
     def _bytes_per_s(self) -> float:
-        return self.gpu_spec.hbm_bw * self.mbu * self.tp
+        return self.gpu.hbm_bw * self.mbu * self.tp
 
     @cached_property
     def _attn_flops_per_pair(self) -> float:
-        m = self.model_spec
+        m = self.model
         return float(4 * m.num_layers * m.num_heads * m.head_dim)
 
     def weight_bytes_read(self, num_tokens: int) -> float:
         """Weight bytes one step over ``num_tokens`` tokens reads (all GPUs together)."""
-        m = self.model_spec
+        return float(self._weight_bytes(np.array([num_tokens], dtype=np.float64))[0])
+
+    def _weight_bytes(self, num_tokens: FloatArray) -> FloatArray:
+        m = self.model
         if not m.is_moe:
-            return m.weight_bytes
-        touched = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** num_tokens)
-        return (m.shared_params + touched * m.expert_params) * m.dtype_bytes
+            return np.full_like(num_tokens, m.weight_bytes)
+        miss = 1.0 - m.experts_per_token / m.num_experts
+        touched = m.num_experts * (1.0 - np.power(miss, num_tokens))
+        result: FloatArray = (m.shared_params + touched * m.expert_params) * m.dtype_bytes
+        return result
 
     def kv_capacity_tokens(self) -> int:
         if self.max_total_tokens is not None:
             return self.max_total_tokens
-        m, g = self.model_spec, self.gpu_spec
+        m, g = self.model, self.gpu
         budget = g.memory_bytes * self.mem_fraction_static
         weights = m.weight_bytes / self.tp
         tokens = int((budget - weights) // self.kv_bytes_per_token_per_gpu)
@@ -273,7 +270,7 @@ class CostModel:
         tokens = shape.num_tokens
         pairs = shape.extend_attn_pairs + shape.decode_ctx
         kv_tokens = shape.extend_kv_tokens + shape.decode_ctx
-        linear = 2.0 * self.model_spec.active_params * tokens
+        linear = 2.0 * self.model.active_params * tokens
         compute = (linear + self._attn_flops_per_pair * pairs) / self._flops_per_s
         weight_bytes = self.weight_bytes_read(tokens)
         kv_bytes = kv_tokens * float(self.kv_bytes_per_token_per_gpu * self.tp)
@@ -281,7 +278,7 @@ class CostModel:
         return np.maximum(compute, memory) + (self.step_overhead_s + self._host_s(shape))
 
     def _host_s(self, shape: StepShape) -> float:
-        return shape.host_load_tokens * self.kv_bytes_per_token_per_gpu / self.gpu_spec.pcie_bw
+        return shape.host_load_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
 
     def step_time(self, batch: Batch) -> float:
         return float(self.step_times(shape_of(batch))[0])
@@ -295,13 +292,11 @@ class CostModel:
         if kind == "prefill":
             tokens = n
             pairs = n * (n / batch_size + 1.0) / 2.0
-            weights = np.array([self.weight_bytes_read(int(t)) for t in np.ravel(n)])
-            weights = weights.reshape(n.shape)
         else:
             tokens = np.full_like(n, float(batch_size))
             pairs = n
-            weights = np.full_like(n, self.weight_bytes_read(batch_size))
-        linear = 2.0 * self.model_spec.active_params * tokens
+        weights = self._weight_bytes(tokens)
+        linear = 2.0 * self.model.active_params * tokens
         compute = (linear + self._attn_flops_per_pair * pairs) / self._flops_per_s
         memory = (
             weights + n * float(self.kv_bytes_per_token_per_gpu * self.tp)
@@ -316,11 +311,11 @@ class CostModel:
     def decode_kv_read_s(self, shape: StepShape) -> FloatArray:
         """Memory time of reading the decode entries' KV, per step."""
         per_token = float(self.kv_bytes_per_token_per_gpu * self.tp)
-        result: FloatArray = shape.decode_ctx * per_token / self._bytes_per_s
+        result: FloatArray = shape.decode_ctx.astype(np.float64) * per_token / self._bytes_per_s
         return result
 
     def describe(self) -> dict[str, Any]:
-        m, g = self.model_spec, self.gpu_spec
+        m, g = self.model, self.gpu
         return {
             "cost_model": "roofline",
             "gpu": g.name,
@@ -475,8 +470,16 @@ class CalibratedCostModel:
     table: CalibrationTable
 
     @property
-    def model_spec(self) -> ModelSpec:
-        return self.base.model_spec
+    def gpu(self) -> GPUSpec:
+        return self.base.gpu
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.base.model
+
+    @property
+    def tp(self) -> int:
+        return self.base.tp
 
     def kv_capacity_tokens(self) -> int:
         return self.base.kv_capacity_tokens()
@@ -530,6 +533,9 @@ class CalibratedCostModel:
         out: FloatArray = t + host
         return out
 
+    def step_time(self, batch: Batch) -> float:
+        return float(self.step_times(shape_of(batch))[0])
+
     def describe(self) -> dict[str, Any]:
         info = self.base.describe()
         info["cost_model"] = "calibrated"
@@ -538,13 +544,39 @@ class CalibratedCostModel:
         return info
 
 
-def build_cost_model(
-    config: CostModel, calibration: str | Path | None = None
+def load_cost_model(
+    *,
+    gpu: str = "H100",
+    model: str = "llama-3.1-8b",
+    tp: int = 1,
+    mfu: float = DEFAULT_MFU,
+    mbu: float = DEFAULT_MBU,
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+    mem_fraction_static: float = DEFAULT_MEM_FRACTION_STATIC,
+    max_total_tokens: int | None = None,
+    calibration: str | Path | None = None,
 ) -> CostModel | CalibratedCostModel:
-    """The roofline ``config``, or a calibrated model over it when a table file is given."""
+    """The roofline model for preset names (case-insensitive), calibrated when a table file
+    is given. Raises ``CostModelError`` (unknown preset, bad numbers, a model that does not
+    fit) or ``CalibrationError`` (a bad table); both are ``ValueError``s."""
+    try:
+        gpu_spec, model_spec = get_gpu(gpu), get_model(model)
+    except PresetError as exc:
+        raise CostModelError(str(exc)) from None
+    base = CostModel(
+        gpu_spec,
+        model_spec,
+        tp=tp,
+        mfu=mfu,
+        mbu=mbu,
+        step_overhead_s=step_overhead_s,
+        mem_fraction_static=mem_fraction_static,
+        max_total_tokens=max_total_tokens,
+    )
+    base.kv_capacity_tokens()  # fail now, with the reason, if the model does not fit
     if calibration is None:
-        return config
-    return CalibratedCostModel(config, load_calibration(calibration))
+        return base
+    return CalibratedCostModel(base, load_calibration(calibration))
 
 
 # ---- the runner ------------------------------------------------------------------------
@@ -560,28 +592,32 @@ def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
 
 
 @lru_cache(maxsize=1 << 16)
-def _rid_hash(rid: str) -> int:
-    return int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=8).digest(), "little")
+def _rid_hash(rid: str, seed: int) -> int:
+    digest = hashlib.blake2b(f"{seed}/{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 class CostModelRunner(ModelRunner):
     """Modelled time, plausible tokens: a request's ``scripted_output`` where it has one,
-    else a deterministic stand-in drawn from ``hash(rid, position)`` that is never one of its
+    else a deterministic stand-in drawn from ``hash(seed, rid, position)``, never one of its
     stop token ids. Tokens depend only on the request and position, never on batching, so
     every schedule yields the same tokens."""
 
     supports_multi_step = True
 
-    def __init__(self, cost: StepCostModel, vocab_size: int | None = None) -> None:
+    def __init__(
+        self, cost: StepCostModel, *, seed: int = 0, vocab_size: int | None = None
+    ) -> None:
         self.cost = cost
-        self.vocab_size = vocab_size or cost.model_spec.vocab_size
+        self.seed = seed
+        self.vocab_size = vocab_size or cost.model.vocab_size
         if self.vocab_size < 2:
             raise ValueError("vocab_size must be >= 2")
 
     def tokens_at(self, reqs: Sequence[Req], positions: IntArray) -> npt.NDArray[np.int32]:
         """The token each request generates at each position (index in prompt + output):
         ``positions`` is ``[len(reqs), steps]``; so is the result."""
-        hashes = np.array([_rid_hash(r.rid) for r in reqs], dtype=np.uint64)[:, None]
+        hashes = np.array([_rid_hash(r.rid, self.seed) for r in reqs], dtype=np.uint64)[:, None]
         pos = positions.astype(np.uint64)
         with np.errstate(over="ignore"):
             mixed = splitmix64(hashes ^ (pos * np.uint64(0x9E3779B97F4A7C15)))

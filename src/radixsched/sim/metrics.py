@@ -21,8 +21,11 @@ Definitions (all times on the scheduler's clock, virtual seconds in the simulato
 from __future__ import annotations
 
 import math
+from array import array
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
@@ -136,19 +139,19 @@ class SeriesArrays(NamedTuple):
 class TimeSeries:
     """Scheduler state sampled by the driver; append-only, times non-decreasing.
 
-    Stored as parallel Python lists (append is O(1), no per-sample allocation); ``arrays()``
-    converts once for computation and plotting.
+    Columns are ``array('d')`` buffers: O(1) append, 8 bytes a value (a million samples take
+    48 MB, not the ~200 MB of lists of floats); ``arrays()`` copies them into numpy once.
     """
 
     __slots__ = ("_cached", "_kv", "_prompt", "_queue", "_running", "_t")
 
     def __init__(self) -> None:
-        self._t: list[float] = []
-        self._queue: list[float] = []
-        self._running: list[float] = []
-        self._kv: list[float] = []
-        self._cached: list[float] = []
-        self._prompt: list[float] = []
+        self._t = array("d")
+        self._queue = array("d")
+        self._running = array("d")
+        self._kv = array("d")
+        self._cached = array("d")
+        self._prompt = array("d")
 
     def append(
         self,
@@ -161,43 +164,54 @@ class TimeSeries:
     ) -> None:
         if self._t and t < self._t[-1]:
             raise ValueError(f"time series must not go back in time: {t} after {self._t[-1]}")
-        self._t.append(float(t))
-        self._queue.append(float(queue_len))
-        self._running.append(float(running))
-        self._kv.append(float(kv_usage))
-        self._cached.append(float(cumulative_cached_tokens))
-        self._prompt.append(float(cumulative_prompt_tokens))
+        self._t.append(t)
+        self._queue.append(queue_len)
+        self._running.append(running)
+        self._kv.append(kv_usage)
+        self._cached.append(cumulative_cached_tokens)
+        self._prompt.append(cumulative_prompt_tokens)
 
     def __len__(self) -> int:
         return len(self._t)
 
     def arrays(self) -> SeriesArrays:
+        # Copies, never views: a live view would pin the buffer and make the next append fail.
         return SeriesArrays(
-            t=np.asarray(self._t, dtype=np.float64),
-            queue_len=np.asarray(self._queue, dtype=np.float64),
-            running=np.asarray(self._running, dtype=np.float64),
-            kv_usage=np.asarray(self._kv, dtype=np.float64),
-            cumulative_cached_tokens=np.asarray(self._cached, dtype=np.float64),
-            cumulative_prompt_tokens=np.asarray(self._prompt, dtype=np.float64),
+            *(
+                np.array(col, dtype=np.float64)
+                for col in (
+                    self._t,
+                    self._queue,
+                    self._running,
+                    self._kv,
+                    self._cached,
+                    self._prompt,
+                )
+            )
         )
 
     def downsampled(self, max_points: int = REPORT_MAX_POINTS) -> SeriesArrays:
         """At most ``max_points`` real samples, first and last always kept.
 
-        The samples are cut into equal-count buckets and each bucket is represented by its
-        sample with the longest queue, so starvation spikes survive downsampling; cumulative
-        columns stay consistent because every kept point is a real sample.
+        Min-max decimation on the queue length: the samples are cut into equal-count buckets
+        and each bucket keeps its samples with the shortest and the longest queue, in time
+        order. Queue spikes (starvation) and dips survive, the envelope a chart draws is the
+        true one, and cumulative columns stay consistent because every kept point is real.
         """
-        if max_points < 2:
-            raise ValueError(f"max_points must be >= 2, got {max_points}")
+        if max_points < 4:
+            raise ValueError(f"max_points must be >= 4, got {max_points}")
         full = self.arrays()
         n = full.t.size
         if n <= max_points:
             return full
-        inner = np.arange(1, n - 1)
-        buckets = np.array_split(inner, max_points - 2)
-        picks = [int(b[np.argmax(full.queue_len[b])]) for b in buckets if b.size]
-        idx = np.array([0, *picks, n - 1], dtype=np.int64)
+        picks: list[int] = [0]
+        for b in np.array_split(np.arange(1, n - 1), (max_points - 2) // 2):
+            if b.size:
+                q = full.queue_len[b]
+                lo, hi = int(b[np.argmin(q)]), int(b[np.argmax(q)])
+                picks.extend(sorted({lo, hi}))
+        picks.append(n - 1)
+        idx = np.asarray(picks, dtype=np.int64)
         return SeriesArrays(*(col[idx] for col in full))
 
 
@@ -206,70 +220,92 @@ class TimeSeries:
 # ---------------------------------------------------------------------------------------------
 
 
-def _completed(reqs: Sequence[Req]) -> list[Req]:
+def _completed(reqs: Iterable[Req]) -> list[Req]:
+    """Requests that finished without an abort; the latency samples cover only these."""
+    abort = FinishReason.ABORT  # a local: enum member lookup is slow in a 1e5-request loop
     return [
         r
         for r in reqs
-        if r.finish is not None
-        and r.finish.reason is not FinishReason.ABORT
-        and r.times.finish is not None
+        if r.finish is not None and r.finish.reason is not abort and r.times.finish is not None
     ]
 
 
-def ttft_samples(reqs: Sequence[Req]) -> FloatArray:
-    """TTFT of every completed request that produced a token (for CDFs)."""
+# The ``_x(done)`` helpers take an already-filtered list (``_completed``), so that summarize
+# filters once; the public ``x_samples(reqs)`` wrappers filter themselves.
+
+
+def _ttft(done: Sequence[Req]) -> FloatArray:
     return np.array(
-        [
-            r.times.first_token - r.times.arrival
-            for r in _completed(reqs)
-            if r.times.first_token is not None
-        ],
+        [r.times.first_token - r.times.arrival for r in done if r.times.first_token is not None],
         dtype=np.float64,
     )
 
 
-def tpot_samples(reqs: Sequence[Req]) -> FloatArray:
+def _tpot(done: Sequence[Req]) -> FloatArray:
     return np.array(
         [
             (r.times.finish - r.times.first_token) / (r.output_len - 1)
-            for r in _completed(reqs)
+            for r in done
             if r.output_len > 1 and r.times.first_token is not None and r.times.finish is not None
         ],
         dtype=np.float64,
     )
 
 
-def itl_samples(reqs: Sequence[Req]) -> FloatArray:
-    """All gaps between consecutive token times within each completed request, pooled."""
-    lists = [r.times.token_times for r in _completed(reqs) if len(r.times.token_times) > 1]
+def _itl(done: Sequence[Req]) -> FloatArray:
+    lists = [r.times.token_times for r in done if len(r.times.token_times) > 1]
     if not lists:
         return np.zeros(0, dtype=np.float64)
     lens = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
-    flat = np.concatenate([np.asarray(x, dtype=np.float64) for x in lists])
+    ends = np.cumsum(lens)
+    flat = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(ends[-1]))
     gaps = np.diff(flat)
     # gaps[i] spans flat[i] -> flat[i+1]; it crosses into the next request exactly when
-    # i + 1 is a request start, i.e. i == cumsum(lens)[k] - 1 for every request k but the last.
+    # i + 1 is a request start, i.e. i == ends[k] - 1 for every request k but the last.
     keep = np.ones(gaps.size, dtype=bool)
-    keep[np.cumsum(lens)[:-1] - 1] = False
+    keep[ends[:-1] - 1] = False
     return gaps[keep]
 
 
-def e2e_samples(reqs: Sequence[Req]) -> FloatArray:
+def _e2e(done: Sequence[Req]) -> FloatArray:
     return np.array(
-        [r.times.finish - r.times.arrival for r in _completed(reqs) if r.times.finish is not None],
+        [r.times.finish - r.times.arrival for r in done if r.times.finish is not None],
         dtype=np.float64,
     )
 
 
-def queue_wait_samples(reqs: Sequence[Req]) -> FloatArray:
+def _queue_wait(done: Sequence[Req]) -> FloatArray:
     return np.array(
         [
             r.times.first_scheduled - r.times.arrival
-            for r in _completed(reqs)
+            for r in done
             if r.times.first_scheduled is not None
         ],
         dtype=np.float64,
     )
+
+
+def ttft_samples(reqs: Iterable[Req]) -> FloatArray:
+    """TTFT of every completed request that produced a token (for CDFs)."""
+    return _ttft(_completed(reqs))
+
+
+def tpot_samples(reqs: Iterable[Req]) -> FloatArray:
+    """TPOT of every completed request with more than one output token."""
+    return _tpot(_completed(reqs))
+
+
+def itl_samples(reqs: Iterable[Req]) -> FloatArray:
+    """All gaps between consecutive token times within each completed request, pooled."""
+    return _itl(_completed(reqs))
+
+
+def e2e_samples(reqs: Iterable[Req]) -> FloatArray:
+    return _e2e(_completed(reqs))
+
+
+def queue_wait_samples(reqs: Iterable[Req]) -> FloatArray:
+    return _queue_wait(_completed(reqs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +337,7 @@ def hit_rates(reqs: Iterable[Req]) -> HitRates:
     )
 
 
-def fairness_horizon(reqs: Sequence[Req]) -> float:
+def fairness_horizon(reqs: Iterable[Req]) -> float:
     """Default time at which service shares are compared: when half the completed requests
     had finished. The system is still loaded then, so a policy that starves a tenant shows it,
     whereas at the end of a drained run every tenant has been fully served."""
@@ -347,7 +383,7 @@ def _service_by(reqs: Sequence[Req], horizon: float) -> tuple[int, int]:
         if r.times.first_token is not None and r.times.first_token <= horizon:
             served += r.prompt_len
         # token_times is sorted; counting the prefix <= horizon is a binary search, not a loop.
-        served += int(np.searchsorted(r.times.token_times, horizon, side="right"))
+        served += bisect_right(r.times.token_times, horizon)
     return demand, served
 
 
@@ -362,14 +398,15 @@ def tenant_results(
     out: list[TenantResult] = []
     for tenant in sorted(groups):
         group = groups[tenant]
+        done = _completed(group)
         demand, served = _service_by(group, h)
         out.append(
             TenantResult(
                 tenant=tenant,
                 num_requests=len(group),
                 hit_rate=hit_rates(group).total,
-                ttft_s=Stats.of(ttft_samples(group)),
-                queue_wait_s=Stats.of(queue_wait_samples(group)),
+                ttft_s=Stats.of(_ttft(done)),
+                queue_wait_s=Stats.of(_queue_wait(done)),
                 demand_tokens=demand,
                 served_tokens=served,
                 service_share=_ratio(served, demand),
@@ -551,19 +588,21 @@ def summarize(
     makespan = max(finishes) - min(arrivals) if finishes and arrivals else 0.0
     input_tokens = sum(r.prompt_len for r in completed)
     output_tokens = sum(r.output_len for r in completed)
-    tenants, jain = tenant_results(reqs, fairness_at)
-    horizon = fairness_horizon(reqs) if fairness_at is None else fairness_at
+    horizon = fairness_horizon(completed) if fairness_at is None else fairness_at
+    # Per-tenant numbers only mean something with more than one tenant.
+    multi_tenant = len({r.tenant_key for r in reqs}) > 1
+    tenants, jain = tenant_results(reqs, horizon) if multi_tenant else ([], 1.0)
     return PolicyResult(
         policy=policy,
         hit_rate=hits.total,
         optimal_hit_rate=_as_float(optimal_hit_rate),
         prefill_tokens_computed=sum(r.computed_prefill_tokens for r in reqs),
         num_requests=len(reqs),
-        ttft_s=Stats.of(ttft_samples(reqs)),
-        tpot_s=Stats.of(tpot_samples(reqs)),
-        itl_s=Stats.of(itl_samples(reqs)),
-        e2e_s=Stats.of(e2e_samples(reqs)),
-        queue_wait_s=Stats.of(queue_wait_samples(reqs)),
+        ttft_s=Stats.of(_ttft(completed)),
+        tpot_s=Stats.of(_tpot(completed)),
+        itl_s=Stats.of(_itl(completed)),
+        e2e_s=Stats.of(_e2e(completed)),
+        queue_wait_s=Stats.of(_queue_wait(completed)),
         throughput=Throughput(
             requests_per_s=_ratio(len(completed), makespan),
             input_tokens_per_s=_ratio(input_tokens, makespan),
@@ -582,11 +621,11 @@ def summarize(
         num_aborted=sum(
             1 for r in reqs if r.finish is not None and r.finish.reason is FinishReason.ABORT
         ),
-        fairness_jain=jain if len(tenants) > 1 else 1.0,
+        fairness_jain=jain,
         fairness_horizon_s=_as_float(horizon),
         peak_queue_len=int(sampled.queue_len.max()) if sampled is not None else 0,
         mean_running=_as_float(sampled.running.mean()) if sampled is not None else 0.0,
         peak_kv_usage=_as_float(sampled.kv_usage.max()) if sampled is not None else 0.0,
-        tenants=tuple(tenants) if len(tenants) > 1 else (),
+        tenants=tuple(tenants),
         extra=dict(extra or {}),
     )

@@ -49,7 +49,7 @@ class ModelSpec:
     dtype_bytes: int  # weights and KV cache (2 = bf16)
     total_params: float  # every weight (all experts): what weight memory holds
     active_params: float  # weights one token passes through (2 of 8 experts for Mixtral)
-    max_context: int
+    max_context_len: int
     num_experts: int = 1  # 1 = dense
     experts_per_token: int = 1
 

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from radixsched.sim.metrics import REPORT_MAX_POINTS, FloatArray, PolicyResult, TimeSeries
 from radixsched.sim.table import (
+    OBJECTIVES,
     Better,
     best_rows,
     columns_for,
@@ -43,13 +44,16 @@ _ML, _MR, _MT, _MB = 62, 18, 14, 46
 # ---------------------------------------------------------------------------------------------
 
 
-def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]."""
+def nice_ticks(lo: float, hi: float, target: int = 5, *, integer: bool = False) -> list[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]; with
+    ``integer`` the step is at least 1 (counts have no fractional ticks)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo]
     raw = (hi - lo) / max(target, 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    if integer:
+        step = max(step, 1.0)
     first = math.ceil(lo / step - 1e-9) * step
     ticks: list[float] = []
     v = first
@@ -84,6 +88,7 @@ class Axis:
     hi: float
     log: bool = False
     fmt: Callable[[float], str] = fmt_tick
+    integer: bool = False  # ticks at whole numbers only
 
     def frac(self, v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         if self.log:
@@ -92,7 +97,9 @@ class Axis:
         return (v - self.lo) / (self.hi - self.lo)
 
     def ticks(self) -> list[float]:
-        return log_ticks(self.lo, self.hi) if self.log else nice_ticks(self.lo, self.hi)
+        if self.log:
+            return log_ticks(self.lo, self.hi)
+        return nice_ticks(self.lo, self.hi, integer=self.integer)
 
 
 def _span(lo: float, hi: float) -> tuple[float, float]:
@@ -111,16 +118,17 @@ def _value_axis(
     lo: float | None = None,
     hi: float | None = None,
     extend: bool = True,
+    integer: bool = False,
 ) -> Axis:
     nonempty = [v for v in values if v.size]
     dlo = min(float(v.min()) for v in nonempty) if nonempty else 0.0
     dhi = max(float(v.max()) for v in nonempty) if nonempty else 1.0
     a, b = _span(dlo if lo is None else lo, dhi if hi is None else hi)
-    ticks = nice_ticks(a, b)
+    ticks = nice_ticks(a, b, integer=integer)
     # A value axis ends on a tick, so the largest value never grazes the frame between ticks.
     if extend and hi is None and len(ticks) > 1 and ticks[-1] < b:
         b = ticks[-1] + (ticks[1] - ticks[0])
-    return Axis(label, a, b, fmt=fmt)
+    return Axis(label, a, b, fmt=fmt, integer=integer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,6 +193,12 @@ def svg_line_chart(chart_id: str, title: str, xa: Axis, ya: Axis, lines: Sequenc
             f'stroke="{escape(ln.color)}"{dash} points="{_points(ln.xs, ln.ys, xa, ya)}">'
             f"<title>{escape(ln.label)}</title></polyline>"
         )
+        if ln.dashed:  # reference lines are labelled in place rather than in the legend
+            y_end = _MT + (1.0 - float(ya.frac(ln.ys[-1:])[0])) * ph
+            out.append(
+                f'<text class="ref-label" x="{_ML + pw - 6}" y="{y_end - 6:.1f}" '
+                f'text-anchor="end">{escape(ln.label)}</text>'
+            )
         drawn += 1
     if drawn == 0:
         out.append(
@@ -237,9 +251,10 @@ h3 { font-size:13px; margin:16px 0 6px; color:var(--muted); text-transform:upper
 .card { background:var(--panel); border:1px solid var(--line); border-radius:8px; padding:10px 14px; }
 .card .k { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.04em; }
 .card .v { font-size:17px; font-weight:600; margin-top:2px; }
+.card .d { color:var(--muted); font-size:13px; }
 .scroll { overflow-x:auto; }
 table { border-collapse:collapse; width:100%; font-variant-numeric:tabular-nums; }
-th, td { padding:6px 10px; border-bottom:1px solid var(--line); white-space:nowrap; }
+th, td { padding:6px 9px; border-bottom:1px solid var(--line); white-space:nowrap; }
 th { text-align:right; font-weight:600; color:var(--muted); font-size:12px; background:var(--panel); }
 td { text-align:right; }
 th:first-child, td:first-child { text-align:left; }
@@ -250,25 +265,28 @@ td.best { color:var(--best); background:var(--best-bg); font-weight:700; }
 .legend button { font:inherit; font-size:13px; background:none; border:1px solid var(--line);
                  border-radius:14px; padding:2px 10px; cursor:pointer; color:var(--fg); }
 .legend button.off { opacity:.4; text-decoration:line-through; }
-.legend .ref { color:var(--muted); font-size:13px; padding:3px 0; }
-.grid2 { display:grid; grid-template-columns:repeat(auto-fit,minmax(520px,1fr)); gap:18px; }
+.grid2 { display:grid; grid-template-columns:repeat(auto-fit,minmax(440px,1fr)); gap:18px; }
 figure { margin:0; background:var(--bg); border:1px solid var(--line); border-radius:8px;
          padding:12px 14px 8px; }
 figcaption { font-weight:600; margin-bottom:2px; }
 figcaption span { font-weight:400; color:var(--muted); font-size:12px; margin-left:6px; }
-svg.chart { width:100%; height:auto; display:block; }
+svg.chart { width:100%; max-width:820px; height:auto; display:block; margin:0 auto; }
 svg .plot { fill:#fff; stroke:#c9d0da; }
 svg .grid { stroke:#eef1f5; }
 svg .tick { font-size:11px; fill:var(--muted); }
 svg .axis-label { font-size:12px; fill:var(--fg); }
 svg .empty { font-size:14px; fill:var(--muted); }
+svg .ref-label { font-size:11px; fill:#5b6573; }
 svg .series { stroke-width:1.8; stroke-linejoin:round; }
 svg .hidden { display:none; }
-dl.kv { display:grid; grid-template-columns:max-content 1fr; gap:3px 16px; margin:0; }
-dl.kv dt { color:var(--muted); }
+dl.kv { display:grid; grid-template-columns:minmax(0,max-content) minmax(8em,1fr); gap:3px 16px; margin:0;
+         align-items:baseline; }
+dl.kv dt { color:var(--muted); overflow-wrap:anywhere; }
 dl.kv dd { margin:0; font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;
-           font-size:13px; word-break:break-word; }
-.cfg { display:grid; grid-template-columns:repeat(auto-fit,minmax(340px,1fr)); gap:6px 28px; }
+           font-size:13px; overflow-wrap:anywhere; }
+.cfg { columns:340px; column-gap:32px; }
+.cfg section { break-inside:avoid; padding-bottom:16px; }
+.cfg h3 { margin-top:0; }
 .note { color:var(--muted); font-size:12px; margin-top:8px; }
 footer { color:var(--muted); font-size:12px; margin-top:36px; }
 """
@@ -298,14 +316,12 @@ _JS = """
 """
 
 
-def _legend(names: Sequence[tuple[int, str, str]], reference: str | None = None) -> str:
+def _legend(names: Sequence[tuple[int, str, str]]) -> str:
     items = [
         f'<button type="button" data-series="{i}" title="show/hide">'
         f'<span class="swatch" style="background:{escape(color)}"></span>{escape(name)}</button>'
         for i, name, color in names
     ]
-    if reference:
-        items.append(f'<span class="ref">- - {escape(reference)}</span>')
     return f'<div class="legend">{"".join(items)}</div>'
 
 
@@ -383,17 +399,22 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
 
 def _recommendation_cards(results: Sequence[PolicyResult]) -> str:
     rec = recommend(results)
-    if rec.best_hit_rate is None:
+    if not results:
         return '<p class="sub">No results.</p>'
-    cards = (
-        ("best hit rate", rec.best_hit_rate),
-        ("best p99 TTFT", rec.best_p99_ttft or ""),
-        ("best throughput", rec.best_throughput or ""),
-        ("Pareto set", ", ".join(rec.pareto)),
-    )
+    cards: list[tuple[str, str, str]] = []
+    for obj, pick in zip(OBJECTIVES, (rec.hit_rate, rec.p99_ttft, rec.throughput), strict=True):
+        if pick is None:
+            continue
+        if len(pick.tied_with) == len(results) - 1 and len(results) > 1:
+            who = "all tie"
+        else:
+            who = ", ".join((pick.policy, *pick.tied_with))
+        cards.append((f"best {obj.name}", who, obj.fmt(pick.value)))
+    cards.append(("Pareto set", ", ".join(rec.pareto), f"{len(rec.pareto)} of {len(results)}"))
     body = "".join(
-        f'<div class="card"><div class="k">{escape(k)}</div><div class="v">{escape(v)}</div></div>'
-        for k, v in cards
+        f'<div class="card"><div class="k">{escape(k)}</div><div class="v">{escape(v)}</div>'
+        f'<div class="d">{escape(d)}</div></div>'
+        for k, v, d in cards
     )
     return (
         f'<div class="cards" id="recommendation">{body}</div>'
@@ -402,30 +423,22 @@ def _recommendation_cards(results: Sequence[PolicyResult]) -> str:
     )
 
 
-def _kv_block(heading: str, data: Any) -> str:
-    """Nested mappings as definition lists: plain values under ``heading``, each top-level
-    mapping under its own heading with dotted keys."""
+def _kv_sections(heading: str, data: Any) -> list[str]:
+    """Configuration as definition lists, one ``<section>`` per group: plain values under
+    ``heading``, each nested mapping under its own name with dotted keys."""
     plain = to_jsonable(data)
     if not isinstance(plain, dict):
-        return f'<dl class="kv"><dt>value</dt><dd>{escape(str(plain))}</dd></dl>'
-    scalars: list[tuple[str, Any]] = []
-    sections: list[tuple[str, dict[str, Any]]] = []
-    for k, v in plain.items():
-        if isinstance(v, dict):
-            sections.append((k, v))
-        else:
-            scalars.append((k, v))
-
-    def dl(items: Sequence[tuple[str, Any]]) -> str:
+        plain = {"value": plain}
+    scalars = [(k, v) for k, v in plain.items() if not isinstance(v, dict)]
+    groups = [(heading, scalars)] if scalars else []
+    groups += [(k, _flatten(v)) for k, v in plain.items() if isinstance(v, dict)]
+    out = []
+    for name, items in groups:
         rows = "".join(
             f"<dt>{escape(str(k))}</dt><dd>{escape(_scalar_text(v))}</dd>" for k, v in items
         )
-        return f'<dl class="kv">{rows}</dl>'
-
-    parts = [f"<h3>{escape(heading)}</h3>{dl(scalars)}"] if scalars else []
-    for name, sub in sections:
-        parts.append(f"<h3>{escape(name)}</h3>{dl(list(_flatten(sub)))}")
-    return "".join(parts)
+        out.append(f'<section><h3>{escape(name)}</h3><dl class="kv">{rows}</dl></section>')
+    return out
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -442,6 +455,8 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 def _scalar_text(v: Any) -> str:
     if v is None:
         return "none"
+    if isinstance(v, float):
+        return f"{v:.6g}"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, list):
@@ -498,13 +513,11 @@ def render_report(
         if n in sampled
     ]
     optimal = sorted({r.optimal_hit_rate for r in results})
-    ref_label = None
     if len(optimal) == 1 and t_axis.hi > t_axis.lo and sampled:
-        ref_label = f"optimal hit rate {fmt_percent(optimal[0])}"
         hit_lines.append(
             Line(
                 -1,
-                ref_label,
+                f"optimal {fmt_percent(optimal[0])}",
                 "#5b6573",
                 np.array([t_axis.lo, t_axis.hi]),
                 np.array([optimal[0], optimal[0]]),
@@ -527,7 +540,7 @@ def render_report(
         "chart-queue",
         "Waiting queue length over time",
         t_axis,
-        _value_axis("waiting requests", [ln.ys for ln in queue_lines], lo=0.0),
+        _value_axis("waiting requests", [ln.ys for ln in queue_lines], lo=0.0, integer=True),
         queue_lines,
     )
     kv_lines = [
@@ -561,23 +574,18 @@ def render_report(
         _comparison_table(results),
         '<p class="note">Best value per column in green (↑ higher is better, ↓ lower is '
         "better); hover a header for its definition. Latencies are in simulated time.</p>",
-        _tenant_table(results),
         "<h2>Charts</h2>",
         '<div class="grid2">',
         _figure("TTFT distribution", "CDF over completed requests", legend, ttft_svg),
-        _figure(
-            "Cache hit rate",
-            "cumulative, token-weighted",
-            _legend(legend_items, ref_label),
-            hit_svg,
-        ),
+        _figure("Cache hit rate", "cumulative, token-weighted", legend, hit_svg),
         _figure("Waiting queue", "requests waiting to be scheduled", legend, queue_svg),
         _figure("KV cache usage", "fraction of the KV pool in use", legend, kv_svg),
         "</div>",
+        _tenant_table(results),
         "<h2>Configuration</h2>",
         '<div class="cfg">',
-        f"<section>{_kv_block('workload', workload_info)}</section>",
-        f"<section>{_kv_block('run', config)}</section>",
+        *_kv_sections("workload", workload_info),
+        *_kv_sections("run", config),
         "</div>",
         "<footer>Generated by radixsched. Self-contained: no network access or external "
         "files needed.</footer>",

@@ -269,9 +269,7 @@ def _sample(series: TimeSeries, t: float, replicas: Sequence[_Replica]) -> None:
     )
 
 
-def _deliver(
-    req: Req, replicas: Sequence[_Replica], router: Any, t: float
-) -> _Replica:
+def _deliver(req: Req, replicas: Sequence[_Replica], router: Any, t: float) -> _Replica:
     if router is None:
         rep = replicas[0]
     else:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixsched.sim.metrics import JSONValue, PolicyResult
 
@@ -227,6 +227,7 @@ class Objective:
     name: str
     get: Callable[[PolicyResult], float]
     better: Better  # HIGHER or LOWER
+    fmt: Callable[[float], str]
 
     def score(self, r: PolicyResult) -> float:
         """Larger is better, whatever the direction."""
@@ -235,29 +236,62 @@ class Objective:
 
 
 # The three axes a policy is judged on; the Pareto set is computed over exactly these.
-HIT_RATE = Objective("hit rate", lambda r: r.hit_rate, Better.HIGHER)
-P99_TTFT = Objective("p99 TTFT", lambda r: r.ttft_s.p99, Better.LOWER)
-THROUGHPUT = Objective("throughput", lambda r: r.throughput.output_tokens_per_s, Better.HIGHER)
+HIT_RATE = Objective("hit rate", lambda r: r.hit_rate, Better.HIGHER, fmt_percent)
+P99_TTFT = Objective("p99 TTFT", lambda r: r.ttft_s.p99, Better.LOWER, fmt_seconds)
+THROUGHPUT = Objective(
+    "throughput",
+    lambda r: r.throughput.output_tokens_per_s,
+    Better.HIGHER,
+    lambda x: f"{fmt_rate(x)} output tok/s",
+)
 OBJECTIVES: tuple[Objective, ...] = (HIT_RATE, P99_TTFT, THROUGHPUT)
+
+
+class Pick(NamedTuple):
+    """The best policy on one objective, its value, and the other policies that equal it."""
+
+    policy: str
+    value: float
+    tied_with: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Recommendation:
     """Best policy per objective (None without results) and the Pareto set, in input order."""
 
-    best_hit_rate: str | None
-    best_p99_ttft: str | None
-    best_throughput: str | None
+    hit_rate: Pick | None
+    p99_ttft: Pick | None
+    throughput: Pick | None
     pareto: tuple[str, ...]
+    num_policies: int = 0
+
+    @property
+    def best_hit_rate(self) -> str | None:
+        return self.hit_rate.policy if self.hit_rate else None
+
+    @property
+    def best_p99_ttft(self) -> str | None:
+        return self.p99_ttft.policy if self.p99_ttft else None
+
+    @property
+    def best_throughput(self) -> str | None:
+        return self.throughput.policy if self.throughput else None
 
     def lines(self) -> list[str]:
-        if self.best_hit_rate is None:
-            return ["No results to compare."]
-        out = [
-            f"Best hit rate: {self.best_hit_rate}",
-            f"Best p99 TTFT: {self.best_p99_ttft}",
-            f"Best throughput: {self.best_throughput}",
-        ]
+        out: list[str] = []
+        for obj, pick in zip(
+            OBJECTIVES, (self.hit_rate, self.p99_ttft, self.throughput), strict=True
+        ):
+            if pick is None:
+                return ["No results to compare."]
+            value = obj.fmt(pick.value)
+            if self.num_policies > 1 and len(pick.tied_with) == self.num_policies - 1:
+                out.append(f"Best {obj.name}: all policies tie ({value})")
+            elif pick.tied_with:
+                names = ", ".join((pick.policy, *pick.tied_with))
+                out.append(f"Best {obj.name}: {names} (tie, {value})")
+            else:
+                out.append(f"Best {obj.name}: {pick.policy} ({value})")
         if len(self.pareto) == 1:
             out.append(f"Pareto set: {self.pareto[0]} (not beaten on any of the three)")
         else:
@@ -274,11 +308,19 @@ def dominates(a: PolicyResult, b: PolicyResult) -> bool:
     )
 
 
-def _best(results: Sequence[PolicyResult], primary: Objective) -> str:
+def _pick(results: Sequence[PolicyResult], primary: Objective) -> Pick:
     # Ties on the primary objective break on the other objectives in OBJECTIVES order, then on
-    # input order (max keeps the first maximal element).
+    # input order (max keeps the first maximal element). ``tied_with`` lists every other policy
+    # equal on the primary objective (up to float noise), whatever the tie-break decided.
     others = [o for o in OBJECTIVES if o is not primary]
-    return max(results, key=lambda r: (primary.score(r), *(o.score(r) for o in others))).policy
+    best = max(results, key=lambda r: (primary.score(r), *(o.score(r) for o in others)))
+    value = primary.get(best)
+    tied = tuple(
+        r.policy
+        for r in results
+        if r is not best and math.isclose(primary.get(r), value, rel_tol=1e-9, abs_tol=1e-12)
+    )
+    return Pick(best.policy, value, tied)
 
 
 def recommend(results: Sequence[PolicyResult]) -> Recommendation:
@@ -290,10 +332,11 @@ def recommend(results: Sequence[PolicyResult]) -> Recommendation:
         if not any(dominates(q, r) for j, q in enumerate(results) if j != i)
     )
     return Recommendation(
-        best_hit_rate=_best(results, HIT_RATE),
-        best_p99_ttft=_best(results, P99_TTFT),
-        best_throughput=_best(results, THROUGHPUT),
+        hit_rate=_pick(results, HIT_RATE),
+        p99_ttft=_pick(results, P99_TTFT),
+        throughput=_pick(results, THROUGHPUT),
         pareto=pareto,
+        num_policies=len(results),
     )
 
 

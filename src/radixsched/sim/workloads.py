@@ -1,0 +1,856 @@
+"""Workloads for the simulator: trace readers and generators, selected by a spec string.
+
+Spec strings
+------------
+``name:k=v,k=v`` (generators; ``name`` alone takes every default) or ``name:PATH`` (trace
+readers; ``name:path=PATH,k=v`` also sets reader params). ``describe_workloads()`` lists every
+name and param; ``load_workload(spec, request_rate=..., num_requests=..., seed=...)`` builds one.
+Every request gets ``SamplingParams(max_new_tokens=output_len, ignore_eos=True)`` and a prompt
+as a compact int32 array (one array per request, never one Python object per token).
+
+Trace readers
+-------------
+``mooncake:PATH`` reads the Mooncake trace format (FAST'25 release): one JSON object a line
+with ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``, one id per
+512-token block. An id stands for its whole prefix, so each id becomes a fixed block of tokens
+(``hash(id, position) mod vocab``): requests whose id lists start alike share exactly those
+blocks. The last block is cut to ``input_length``; prompt positions beyond
+``len(hash_ids) * 512`` get request-unique tokens. Blocks are generated once per distinct id
+into one table (vectorised), and each prompt is gathered from it; the table is dropped after
+loading. Memory is therefore the prompts themselves, 4 bytes a token (the 3,993-request
+synthetic trace: 61M tokens, 245 MB) plus at most the table of distinct blocks while loading.
+Params: ``vocab`` (128000), ``block_size`` (512).
+
+``jsonl:PATH`` reads radixsched's own format, one JSON object a line (unknown fields are an
+error, so typos cannot pass silently):
+
+- prompt, exactly one of: ``input_ids`` (list of token ids), or ``input_length`` (tokens)
+  with optional ``prefix_group`` (string or integer id) and ``prefix_length`` (the first
+  ``prefix_length`` tokens are the group's shared prefix; required with ``prefix_group``).
+  Group prefixes are ``hash(group, position) mod vocab``, so two requests of a group share
+  ``min`` of their prefix lengths; the rest of the prompt is request-unique.
+- ``output_length``: tokens to generate (defaults to ``len(output_ids)`` when that is given).
+- ``output_ids``: scripted output tokens (the simulated model returns them in order).
+- arrival, on every line or on none: ``arrival_time`` (seconds) or ``timestamp`` (ms).
+- ``priority`` (integer), ``routing_key``, ``tenant``, ``extra_key`` (strings).
+Params: ``vocab`` (128000) for generated prompt tokens.
+
+Trace arrivals are shifted so that the earliest request arrives at t=0. Trace prompts depend
+only on the file, never on the seed.
+
+Generators (deterministic from the seed)
+----------------------------------------
+- ``shared-prefix``: ``groups`` groups of ``prompts`` requests; a request is its group's
+  ``system_len``-token system prompt plus a ``question_len``-token question; ``shuffle``
+  (default on) interleaves the groups in arrival order.
+- ``multi-turn``: ``conversations`` chats of ``turns`` turns. Turn 1 is ``first_len`` tokens;
+  turn k+1's prompt is turn k's prompt, turn k's (scripted) output and ``turn_len`` new
+  tokens. Turn k arrives ``(k-1) * think_time_s`` after its conversation starts.
+- ``tree-of-thought``: ``trees`` trees of ``depth`` levels with ``branching`` children per
+  node. The root prompt is ``root_len`` tokens; a child's prompt is its parent's prompt, the
+  parent's scripted output and ``step_len`` new tokens. Level l arrives
+  ``l * think_time_s`` after the tree starts.
+- ``few-shot``: ``questions`` MMLU-style questions over ``num_subjects`` subjects; each
+  subject has ``shots`` examples of ``shot_len`` tokens shared by all its questions, followed
+  by a ``question_len``-token question; ``shuffle`` as above.
+Every generator takes ``output_len`` and ``vocab``.
+
+Arrivals
+--------
+``request_rate=None``: trace timestamps where the workload has them, else ``default_rate``
+(None: all at t=0).
+``request_rate=inf``: all at t=0. A finite rate: Poisson arrivals (seeded, the first at t=0).
+Multi-turn conversations and thought trees are sessions: the arrival process places session
+starts (at ``request_rate`` divided by the mean requests per session, so the long-run request
+rate is ``request_rate``) and later turns/levels keep their offsets. This is an open-loop
+approximation: a turn may arrive before the previous one finished. ``num_requests`` keeps the
+first N requests in arrival order.
+
+Optimal hit rate
+----------------
+``optimal_hit_rate(reqs, page_size)``: an infinite cache in which every earlier request's
+KV (prompt plus scripted output but its last token, which is never fed back) is present. Per
+request in arrival order: the longest common prefix with any earlier request in the same
+namespace, capped at ``prompt_len - 1`` (one token is always computed), rounded down to whole
+pages; summed over requests and divided by all prompt tokens. It hashes 64-token block
+prefixes (64-bit hashes: a false match needs a collision, probability about n^2/2^64) and
+compares tokens only inside the first unmatched block. ``mooncake_block_hit_rate(path)`` is
+the Mooncake README's block-level figure instead (leading ids already seen x 512, capped at
+``input_length``, no ``-1`` cap): 65.1% on the synthetic trace.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from radixsched.request import Req, SamplingParams, TokenArray
+from radixsched.sim.costmodel import splitmix64
+
+DEFAULT_VOCAB = 128_000
+U64 = npt.NDArray[np.uint64]
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+# Salts keep token streams of different origins apart.
+_SALT_BLOCK, _SALT_PAD, _SALT_GROUP, _SALT_UNIQUE = 0x1B, 0x2C, 0x3D, 0x4E
+
+
+class WorkloadError(ValueError):
+    """Bad workload input; the message names the file, line and field (or the bad param)."""
+
+
+@dataclass
+class Workload:
+    name: str
+    params: dict[str, Any]
+    requests: list[Req]  # sorted by arrival time
+    has_timestamps: bool
+    tenants: tuple[str, ...] | None = None
+    arrivals: str = ""  # how arrival times were set, for reports
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(r.prompt_len for r in self.requests)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(r.sampling.max_new_tokens for r in self.requests)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "workload": self.name,
+            "params": dict(self.params),
+            "requests": len(self.requests),
+            "prompt_tokens": self.num_prompt_tokens,
+            "output_tokens": self.num_output_tokens,
+            "arrivals": self.arrivals,
+            "last_arrival_s": self.requests[-1].arrival_time if self.requests else 0.0,
+        }
+
+
+# ---- hashed tokens -----------------------------------------------------------------------
+
+
+def _key(*parts: int) -> int:
+    """A 64-bit key from integers (Python ints: no uint64 scalar overflow warnings)."""
+    k = 0
+    for p in parts:
+        k = ((k ^ (p & _MASK)) * _GOLDEN + 0x632BE59BD9B4E019) & _MASK
+    return k
+
+
+def _str_key(text: str) -> int:
+    return _key(*text.encode())
+
+
+def _hash_tokens(key: int, start: int, n: int, vocab: int) -> TokenArray:
+    """Tokens ``hash(key, position) mod vocab`` for positions ``start .. start+n``."""
+    pos = np.arange(start, start + n, dtype=np.uint64)
+    mixed = splitmix64(np.uint64(key) ^ (pos * np.uint64(_GOLDEN)))
+    return (mixed % np.uint64(vocab)).astype(np.int32)
+
+
+def _block_table(ids: npt.NDArray[np.int64], block: int, vocab: int) -> TokenArray:
+    """Row i: the ``block`` tokens of block id ``ids[i]`` (chunked to bound temporaries)."""
+    table = np.empty((len(ids), block), dtype=np.int32)
+    pos = np.arange(block, dtype=np.uint64) * np.uint64(_GOLDEN)
+    salt = np.uint64(_key(_SALT_BLOCK))
+    for lo in range(0, len(ids), 4096):
+        chunk = splitmix64(ids[lo : lo + 4096].astype(np.uint64) ^ salt)
+        mixed = splitmix64(chunk[:, None] ^ pos[None, :])
+        table[lo : lo + 4096] = (mixed % np.uint64(vocab)).astype(np.int32)
+    return table
+
+
+# ---- params and the registry ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any
+    help: str
+    minimum: float | None = 1  # inclusive lower bound for numbers (None: unchecked)
+
+    def parse(self, workload: str, text: str) -> Any:
+        where = f"workload {workload}: param {self.name!r}"
+        value: Any
+        if self.type is bool:
+            low = text.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise WorkloadError(f"{where}: expected a boolean (true/false), got {text!r}")
+            value = low in ("1", "true", "yes", "on")
+        elif self.type is int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise WorkloadError(f"{where}: expected an integer, got {text!r}") from None
+        elif self.type is float:
+            try:
+                value = float(text)
+            except ValueError:
+                raise WorkloadError(f"{where}: expected a number, got {text!r}") from None
+            if not math.isfinite(value):
+                raise WorkloadError(f"{where}: expected a finite number, got {text!r}")
+        else:
+            value = text
+        if self.minimum is not None and self.type in (int, float) and value < self.minimum:
+            raise WorkloadError(f"{where}: must be >= {self.minimum:g}, got {text!r}")
+        return value
+
+
+@dataclass
+class _Draft:
+    """One request before arrival times and ids are assigned."""
+
+    prompt: TokenArray
+    output_len: int
+    session: int  # requests of one session keep their offsets when arrivals are drawn
+    offset_s: float = 0.0
+    timestamp_s: float | None = None
+    scripted: TokenArray | None = None
+    priority: int | None = None
+    routing_key: str | None = None
+    tenant: str | None = None
+    extra_key: str | None = None
+
+
+Builder = Callable[[dict[str, Any], int], list[_Draft]]
+
+
+@dataclass(frozen=True)
+class WorkloadKind:
+    name: str
+    help: str
+    params: tuple[Param, ...]
+    build: Builder
+    is_trace: bool = False  # takes a file path as its argument
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+_VOCAB = Param("vocab", int, DEFAULT_VOCAB, "token ids are drawn from [0, vocab)", minimum=2)
+_PATH = Param("path", str, None, "trace file")
+
+
+# ---- trace readers ---------------------------------------------------------------------
+
+
+def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(file:line, object)`` for every non-blank line."""
+    try:
+        f = path.open(encoding="utf-8")
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
+    with f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{i}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: invalid JSON: {exc.msg}") from None
+            if not isinstance(obj, dict):
+                raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            yield where, obj
+
+
+def _bad(where: str, name: str, expected: str, value: Any) -> WorkloadError:
+    return WorkloadError(f"{where}: field {name!r}: expected {expected}, got {value!r}")
+
+
+def _pos_int(obj: dict[str, Any], name: str, where: str) -> int:
+    v = obj.get(name)
+    if v is None:
+        raise WorkloadError(f"{where}: missing field {name!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _bad(where, name, "a positive integer", v)
+    return v
+
+
+def _nonneg_number(obj: dict[str, Any], name: str, where: str) -> float:
+    v = obj[name]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise _bad(where, name, "a non-negative number", v)
+    return float(v)
+
+
+def _int_list(obj: dict[str, Any], name: str, where: str, *, nonempty: bool) -> TokenArray:
+    v = obj[name]
+    if not isinstance(v, list) or (nonempty and not v):
+        raise _bad(where, name, "a non-empty list of token ids" if nonempty else "a list", v)
+    arr = np.asarray(v) if v else np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise _bad(where, name, "a list of non-negative integers", _clip(v))
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= 2**31):
+        raise _bad(where, name, "integers in [0, 2^31)", _clip(v))
+    return arr.astype(np.int32)
+
+
+def _clip(v: list[Any]) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _opt_str(obj: dict[str, Any], name: str, where: str) -> str | None:
+    v = obj.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise _bad(where, name, "a string", v)
+    return v
+
+
+@dataclass
+class _MooncakeRecord:
+    where: str
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: npt.NDArray[np.int64]  # only the ids the prompt uses
+
+
+def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
+    out = []
+    for where, obj in _json_lines(path):
+        for name in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if name not in obj:
+                raise WorkloadError(f"{where}: missing field {name!r}")
+        ts = _nonneg_number(obj, "timestamp", where)
+        n = _pos_int(obj, "input_length", where)
+        o = _pos_int(obj, "output_length", where)
+        ids = _int_list(obj, "hash_ids", where, nonempty=False).astype(np.int64)
+        out.append(_MooncakeRecord(where, ts, n, o, ids[: -(-n // block)]))
+    if not out:
+        raise WorkloadError(f"{path}: no requests")
+    return out
+
+
+def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
+    block, vocab = p["block_size"], p["vocab"]
+    records = _mooncake_records(Path(p["path"]), block)
+    distinct = np.unique(np.concatenate([r.hash_ids for r in records]))
+    table = _block_table(distinct, block, vocab)
+    t0 = min(r.timestamp_ms for r in records)
+    drafts = []
+    for i, r in enumerate(records):
+        rows = np.searchsorted(distinct, r.hash_ids)
+        prompt = table[rows].reshape(-1)[: r.input_length]
+        if len(prompt) < r.input_length:
+            pad = _hash_tokens(_key(_SALT_PAD, i), len(prompt), r.input_length - len(prompt), vocab)
+            prompt = np.concatenate([prompt, pad])
+        drafts.append(_Draft(prompt, r.output_length, i, timestamp_s=(r.timestamp_ms - t0) / 1e3))
+    return drafts
+
+
+def mooncake_block_hit_rate(path: str | Path, block_size: int = 512) -> float:
+    """The Mooncake README's optimal reuse: per request in file order, the leading hash ids
+    already seen, times ``block_size``, capped at ``input_length``, over all prompt tokens."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in _mooncake_records(Path(path), block_size):
+        ids = r.hash_ids.tolist()
+        k = 0
+        while k < len(ids) and ids[k] in seen:
+            k += 1
+        hit += min(k * block_size, r.input_length)
+        total += r.input_length
+        seen.update(ids)
+    return hit / total
+
+
+_JSONL_FIELDS = (
+    "input_ids",
+    "input_length",
+    "prefix_group",
+    "prefix_length",
+    "output_length",
+    "output_ids",
+    "arrival_time",
+    "timestamp",
+    "priority",
+    "routing_key",
+    "tenant",
+    "extra_key",
+)
+
+
+def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Draft:
+    unknown = sorted(set(obj) - set(_JSONL_FIELDS))
+    if unknown:
+        raise WorkloadError(
+            f"{where}: unknown field {unknown[0]!r}; valid: {', '.join(_JSONL_FIELDS)}"
+        )
+    if ("input_ids" in obj) == ("input_length" in obj):
+        raise WorkloadError(f"{where}: give exactly one of 'input_ids' and 'input_length'")
+    if "input_ids" in obj:
+        for name in ("prefix_group", "prefix_length"):
+            if name in obj:
+                raise WorkloadError(
+                    f"{where}: field {name!r} needs 'input_length', not 'input_ids'"
+                )
+        prompt = _int_list(obj, "input_ids", where, nonempty=True)
+    else:
+        n = _pos_int(obj, "input_length", where)
+        group = obj.get("prefix_group")
+        if (group is None) != ("prefix_length" not in obj):
+            raise WorkloadError(f"{where}: 'prefix_group' and 'prefix_length' go together")
+        shared = 0
+        parts = []
+        if group is not None:
+            if isinstance(group, bool) or not isinstance(group, str | int):
+                raise _bad(where, "prefix_group", "a string or integer", group)
+            shared = _pos_int(obj, "prefix_length", where)
+            if shared > n:
+                raise WorkloadError(
+                    f"{where}: field 'prefix_length': must be <= input_length ({n}), got {shared}"
+                )
+            parts.append(_hash_tokens(_key(_SALT_GROUP, _str_key(str(group))), 0, shared, vocab))
+        parts.append(_hash_tokens(_key(_SALT_UNIQUE, index), shared, n - shared, vocab))
+        prompt = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    scripted = _int_list(obj, "output_ids", where, nonempty=False) if "output_ids" in obj else None
+    if "output_length" in obj or scripted is None or not len(scripted):
+        out = _pos_int(obj, "output_length", where)
+    else:
+        out = len(scripted)
+    if "arrival_time" in obj and "timestamp" in obj:
+        raise WorkloadError(f"{where}: give 'arrival_time' or 'timestamp', not both")
+    ts: float | None = None
+    if "arrival_time" in obj:
+        ts = _nonneg_number(obj, "arrival_time", where)
+    elif "timestamp" in obj:
+        ts = _nonneg_number(obj, "timestamp", where) / 1e3
+    priority = obj.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise _bad(where, "priority", "an integer", priority)
+    return _Draft(
+        prompt,
+        out,
+        index,
+        timestamp_s=ts,
+        scripted=scripted,
+        priority=priority,
+        routing_key=_opt_str(obj, "routing_key", where),
+        tenant=_opt_str(obj, "tenant", where),
+        extra_key=_opt_str(obj, "extra_key", where),
+    )
+
+
+def _build_jsonl(p: dict[str, Any], seed: int) -> list[_Draft]:
+    path = Path(p["path"])
+    drafts: list[_Draft] = []
+    first_timed: bool | None = None
+    for where, obj in _json_lines(path):
+        d = _jsonl_draft(where, obj, len(drafts), p["vocab"])
+        timed = d.timestamp_s is not None
+        if first_timed is None:
+            first_timed = timed
+        elif timed != first_timed:
+            raise WorkloadError(
+                f"{where}: arrival given on some lines only: set 'arrival_time' or 'timestamp' "
+                "on every line or on none"
+            )
+        drafts.append(d)
+    if not drafts:
+        raise WorkloadError(f"{path}: no requests")
+    if first_timed:
+        t0 = min(d.timestamp_s for d in drafts if d.timestamp_s is not None)
+        for d in drafts:
+            assert d.timestamp_s is not None
+            d.timestamp_s -= t0
+    return drafts
+
+
+# ---- generators --------------------------------------------------------------------------
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, 0x70CE])  # token stream (arrivals use another)
+
+
+def _randint(rng: np.random.Generator, n: int, vocab: int) -> TokenArray:
+    return rng.integers(0, vocab, size=n, dtype=np.int32)
+
+
+def _shuffled(drafts: list[_Draft], rng: np.random.Generator, shuffle: bool) -> list[_Draft]:
+    if not shuffle:
+        return drafts
+    order = rng.permutation(len(drafts))
+    out = [drafts[i] for i in order]
+    for i, d in enumerate(out):
+        d.session = i
+    return out
+
+
+def _build_shared_prefix(p: dict[str, Any], seed: int) -> list[_Draft]:
+    rng, vocab = _rng(seed), p["vocab"]
+    drafts: list[_Draft] = []
+    for _ in range(p["groups"]):
+        system = _randint(rng, p["system_len"], vocab)
+        for _ in range(p["prompts"]):
+            question = _randint(rng, p["question_len"], vocab)
+            drafts.append(_Draft(np.concatenate([system, question]), p["output_len"], len(drafts)))
+    return _shuffled(drafts, rng, p["shuffle"])
+
+
+def _build_multi_turn(p: dict[str, Any], seed: int) -> list[_Draft]:
+    rng, vocab, out_len = _rng(seed), p["vocab"], p["output_len"]
+    drafts: list[_Draft] = []
+    for conv in range(p["conversations"]):
+        context = _randint(rng, p["first_len"], vocab)
+        for turn in range(p["turns"]):
+            if turn:
+                # The next turn sees the whole previous exchange, then the new user message.
+                prev = drafts[-1]
+                assert prev.scripted is not None
+                context = np.concatenate(
+                    [prev.prompt, prev.scripted, _randint(rng, p["turn_len"], vocab)]
+                )
+            output = _randint(rng, out_len, vocab)
+            drafts.append(
+                _Draft(context, out_len, conv, offset_s=turn * p["think_time_s"], scripted=output)
+            )
+    return drafts
+
+
+def _build_tree_of_thought(p: dict[str, Any], seed: int) -> list[_Draft]:
+    rng, vocab, out_len = _rng(seed), p["vocab"], p["output_len"]
+    drafts: list[_Draft] = []
+    for tree in range(p["trees"]):
+        level = [_Draft(_randint(rng, p["root_len"], vocab), out_len, tree)]
+        level[0].scripted = _randint(rng, out_len, vocab)
+        for depth in range(p["depth"]):
+            drafts.extend(level)
+            if depth + 1 == p["depth"]:
+                break
+            children = []
+            for parent in level:
+                assert parent.scripted is not None
+                for _ in range(p["branching"]):
+                    step = _randint(rng, p["step_len"], vocab)
+                    prompt = np.concatenate([parent.prompt, parent.scripted, step])
+                    children.append(
+                        _Draft(
+                            prompt,
+                            out_len,
+                            tree,
+                            offset_s=(depth + 1) * p["think_time_s"],
+                            scripted=_randint(rng, out_len, vocab),
+                        )
+                    )
+            level = children
+    return drafts
+
+
+def _build_few_shot(p: dict[str, Any], seed: int) -> list[_Draft]:
+    rng, vocab = _rng(seed), p["vocab"]
+    shots = [_randint(rng, p["shots"] * p["shot_len"], vocab) for _ in range(p["num_subjects"])]
+    drafts: list[_Draft] = []
+    for q in range(p["questions"]):
+        question = _randint(rng, p["question_len"], vocab)
+        prompt = np.concatenate([shots[q % p["num_subjects"]], question])
+        drafts.append(_Draft(prompt, p["output_len"], q))
+    return _shuffled(drafts, rng, p["shuffle"])
+
+
+def _p(name: str, default: Any, help_: str, minimum: float | None = 1) -> Param:
+    return Param(name, type(default), default, help_, minimum)
+
+
+_OUT = "tokens generated per request"
+_SHUFFLE = _p("shuffle", True, "interleave requests in a seeded random arrival order", None)
+_THINK = "seconds between a session's consecutive requests"
+
+WORKLOADS: dict[str, WorkloadKind] = {
+    k.name: k
+    for k in (
+        WorkloadKind(
+            "mooncake",
+            "Mooncake JSONL trace (timestamp ms, input/output_length, 512-token hash_ids)",
+            (_PATH, _VOCAB, _p("block_size", 512, "tokens per hash id")),
+            _build_mooncake,
+            is_trace=True,
+        ),
+        WorkloadKind(
+            "jsonl",
+            "radixsched JSONL trace (format in sim/workloads.py)",
+            (_PATH, _VOCAB),
+            _build_jsonl,
+            is_trace=True,
+        ),
+        WorkloadKind(
+            "shared-prefix",
+            "groups of requests sharing a system prompt",
+            (
+                _p("groups", 64, "groups (distinct system prompts)"),
+                _p("prompts", 16, "requests per group"),
+                _p("system_len", 2048, "shared system-prompt tokens"),
+                _p("question_len", 128, "unique question tokens per request"),
+                _p("output_len", 256, _OUT),
+                _SHUFFLE,
+                _VOCAB,
+            ),
+            _build_shared_prefix,
+        ),
+        WorkloadKind(
+            "multi-turn",
+            "chats whose turns extend the previous turn's context and output",
+            (
+                _p("conversations", 64, "conversations"),
+                _p("turns", 5, "turns per conversation"),
+                _p("first_len", 512, "tokens of the first turn's prompt"),
+                _p("turn_len", 128, "new user tokens per later turn"),
+                _p("output_len", 128, _OUT),
+                _p("think_time_s", 2.0, _THINK, 0),
+                _VOCAB,
+            ),
+            _build_multi_turn,
+        ),
+        WorkloadKind(
+            "tree-of-thought",
+            "branching prompts: each child extends its parent's prompt and output",
+            (
+                _p("trees", 32, "independent trees"),
+                _p("depth", 3, "levels, the root included"),
+                _p("branching", 3, "children per node"),
+                _p("root_len", 512, "root prompt tokens"),
+                _p("step_len", 64, "new tokens per child step"),
+                _p("output_len", 128, _OUT),
+                _p("think_time_s", 1.0, "seconds between a tree's levels", 0),
+                _VOCAB,
+            ),
+            _build_tree_of_thought,
+        ),
+        WorkloadKind(
+            "few-shot",
+            "MMLU-like k-shot questions; each subject shares its examples",
+            (
+                _p("questions", 1024, "requests"),
+                _p("shots", 5, "examples per subject"),
+                _p("shot_len", 128, "tokens per example"),
+                _p("question_len", 128, "unique question tokens"),
+                _p("output_len", 1, _OUT),
+                _p("num_subjects", 57, "subjects, each with its own examples"),
+                _SHUFFLE,
+                _VOCAB,
+            ),
+            _build_few_shot,
+        ),
+    )
+}
+
+
+def describe_workloads() -> str:
+    """Every workload with its params and defaults (for ``--help``)."""
+    lines = []
+    for k in WORKLOADS.values():
+        usage = f"{k.name}:PATH" if k.is_trace else f"{k.name}[:k=v,...]"
+        lines.append(f"{usage}  {k.help}")
+        for p in k.params:
+            if p.name != "path":
+                lines.append(f"    {p.name}={p.default}  {p.help}")
+    return "\n".join(lines)
+
+
+def parse_workload_spec(spec: str) -> tuple[WorkloadKind, dict[str, Any]]:
+    """``name:k=v,...`` or ``name:PATH`` -> (kind, params with defaults filled in)."""
+    name, _, arg = spec.strip().partition(":")
+    kind = WORKLOADS.get(name)
+    if kind is None:
+        raise WorkloadError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+    items: list[str] = []
+    params: dict[str, Any] = {p.name: p.default for p in kind.params}
+    if kind.is_trace:
+        if not arg:
+            raise WorkloadError(f"workload {name} needs a file: {name}:PATH")
+        if arg.startswith("path="):
+            items = arg.split(",")
+        else:
+            params["path"] = arg
+    elif arg:
+        items = arg.split(",")
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        p = kind.param(key)
+        if not eq or p is None:
+            valid = ", ".join(q.name for q in kind.params)
+            what = f"unknown param {key!r}" if eq else f"expected k=v, got {item!r}"
+            raise WorkloadError(f"workload {name}: {what}; valid params: {valid}")
+        params[key] = p.parse(name, value)
+    if kind.is_trace and not params["path"]:
+        raise WorkloadError(f"workload {name} needs a file: {name}:PATH")
+    return kind, params
+
+
+# ---- arrivals and assembly ---------------------------------------------------------------
+
+
+def _arrival_times(
+    drafts: Sequence[_Draft], request_rate: float | None, default_rate: float | None, seed: int
+) -> tuple[npt.NDArray[np.float64], str]:
+    if request_rate is None:
+        if all(d.timestamp_s is not None for d in drafts):
+            return np.array([d.timestamp_s for d in drafts], dtype=np.float64), "trace timestamps"
+        request_rate = math.inf if default_rate is None else default_rate
+    if math.isnan(request_rate) or request_rate <= 0:
+        raise WorkloadError(f"request_rate must be > 0 (or inf), got {request_rate}")
+    sessions = np.array([d.session for d in drafts], dtype=np.int64)
+    offsets = np.array([d.offset_s for d in drafts], dtype=np.float64)
+    num_sessions = int(sessions.max()) + 1
+    if math.isinf(request_rate):
+        return offsets.copy(), "sessions at t=0" if offsets.any() else "all at t=0"
+    # Session starts at a rate that makes the long-run request rate ``request_rate``.
+    session_rate = request_rate * num_sessions / len(drafts)
+    gaps = np.random.default_rng([seed, 0xA771]).exponential(1.0 / session_rate, num_sessions)
+    starts = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    return starts[sessions] + offsets, f"poisson {request_rate:g} req/s"
+
+
+def load_workload(
+    spec: str,
+    *,
+    request_rate: float | None = None,
+    num_requests: int | None = None,
+    seed: int = 0,
+    default_rate: float | None = None,
+) -> Workload:
+    """Build the workload ``spec`` names (see the module docstring). ``default_rate`` is the
+    request rate used when ``request_rate`` is None and the workload has no timestamps
+    (None: all at t=0)."""
+    kind, params = parse_workload_spec(spec)
+    if num_requests is not None and num_requests < 1:
+        raise WorkloadError(f"num_requests must be >= 1, got {num_requests}")
+    drafts = kind.build(params, seed)
+    arrival, how = _arrival_times(drafts, request_rate, default_rate, seed)
+    order = np.argsort(arrival, kind="stable")
+    if num_requests is not None:
+        order = order[:num_requests]
+    reqs = []
+    for i in order.tolist():
+        d = drafts[i]
+        reqs.append(
+            Req(
+                rid=f"{kind.name}-{i}",
+                prompt_ids=d.prompt,
+                sampling=SamplingParams(max_new_tokens=d.output_len, ignore_eos=True),
+                priority=d.priority,
+                routing_key=d.routing_key,
+                extra_key=d.extra_key,
+                tenant=d.tenant,
+                arrival_time=float(arrival[i]),
+                scripted_output=d.scripted,
+            )
+        )
+    tenants = sorted({r.tenant for r in reqs if r.tenant is not None})
+    return Workload(
+        name=kind.name,
+        params=params,
+        requests=reqs,
+        has_timestamps=all(d.timestamp_s is not None for d in drafts),
+        tenants=tuple(tenants) if tenants else None,
+        arrivals=how,
+    )
+
+
+# ---- optimal hit rate ------------------------------------------------------------------
+
+_HIT_BLOCK = 64
+
+
+def _prefix_keys(tokens: TokenArray, salt: int) -> U64:
+    """``keys[L-1]`` identifies ``tokens[:L]`` within the namespace ``salt``, for every L."""
+    j = np.arange(len(tokens), dtype=np.uint64)
+    cells = splitmix64((j << np.uint64(32)) ^ tokens.astype(np.uint64) ^ np.uint64(salt))
+    sums = np.cumsum(cells, dtype=np.uint64)  # wraps mod 2^64
+    return splitmix64(sums ^ ((j + np.uint64(1)) * np.uint64(_GOLDEN)))
+
+
+@dataclass
+class _PrefixIndex:
+    """Every prefix of earlier sequences: keys at block boundaries (and sequence ends), and
+    the distinct continuation blocks after each boundary, by first token."""
+
+    block: int
+    keys: set[int] = field(default_factory=set)
+    children: dict[int, dict[int, list[TokenArray]]] = field(default_factory=dict)
+
+    def match(self, tokens: TokenArray, keys: U64, root: int) -> tuple[int, int]:
+        """(longest prefix of ``tokens`` shared with an indexed sequence, full blocks of it)."""
+        b = self.block
+        bounds = keys[b - 1 :: b]
+        lo, hi = 0, len(bounds)  # boundary prefixes are monotone: seen up to some m
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if int(bounds[mid - 1]) in self.keys:
+                lo = mid
+            else:
+                hi = mid - 1
+        m = lo
+        seg = tokens[m * b : (m + 1) * b]
+        if not len(seg):
+            return m * b, m
+        parent = root if m == 0 else int(bounds[m - 1])
+        best = 0
+        for cand in self.children.get(parent, {}).get(int(seg[0]), ()):
+            k = min(len(cand), len(seg))
+            diff = np.flatnonzero(cand[:k] != seg[:k])
+            best = max(best, int(diff[0]) if len(diff) else k)
+        return m * b + best, m
+
+    def add(self, tokens: TokenArray, keys: U64, root: int, start_block: int) -> None:
+        b, n = self.block, len(tokens)
+        for k in range(start_block, -(-n // b)):
+            end = min((k + 1) * b, n)
+            child = int(keys[end - 1])
+            if child in self.keys:
+                continue
+            self.keys.add(child)
+            parent = root if k == 0 else int(keys[k * b - 1])
+            by_first = self.children.setdefault(parent, {})
+            by_first.setdefault(int(tokens[k * b]), []).append(tokens[k * b : end])
+
+
+def _optimal_hits(reqs: Sequence[Req], page_size: int, block: int) -> list[int]:
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time)
+    index = _PrefixIndex(block)
+    hits = [0] * len(reqs)
+    for i in order:
+        r = reqs[i]
+        ns = r.namespace
+        salt = 0 if ns is None else _key(_str_key(repr(ns)))
+        root = _key(salt, 0x5EED)
+        keys = _prefix_keys(r.prompt_ids, salt)
+        lcp, m = index.match(r.prompt_ids, keys, root)
+        hits[i] = min(lcp, r.prompt_len - 1) // page_size * page_size
+        seq = r.prompt_ids
+        scripted = r.scripted_output
+        # Output tokens whose KV exists: all but the last generated one are fed back.
+        fed = 0 if scripted is None else min(len(scripted), r.sampling.max_new_tokens - 1)
+        if scripted is not None and fed > 0:
+            seq = np.concatenate([seq, scripted[:fed]])
+            keys = _prefix_keys(seq, salt)
+        index.add(seq, keys, root, m)
+    return hits
+
+
+def optimal_hit_rate(reqs: Sequence[Req], page_size: int = 1) -> float:
+    """Share of prompt tokens an infinite prefix cache could serve (see module docstring)."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    total = sum(r.prompt_len for r in reqs)
+    if not total:
+        return 0.0
+    return sum(_optimal_hits(reqs, page_size, _HIT_BLOCK)) / total

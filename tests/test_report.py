@@ -1,0 +1,396 @@
+"""Comparison table, recommendation/Pareto logic, CSV/JSON output and the HTML report
+(rendered in headless Chromium when it is installed: Debian package ``chromium``)."""
+
+from __future__ import annotations
+
+import csv
+import enum
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from radixsched.request import FinishReason, FinishState, Req
+from radixsched.sim.metrics import (
+    ADDITIONAL_KEYS,
+    REQUIRED_KEYS,
+    PolicyResult,
+    Stats,
+    Throughput,
+    TimeSeries,
+    summarize,
+    ttft_samples,
+)
+from radixsched.sim.report import cdf_points, log_ticks, nice_ticks, write_report
+from radixsched.sim.table import (
+    COLUMNS,
+    Better,
+    Column,
+    best_rows,
+    column_chunks,
+    dominates,
+    fmt_seconds,
+    recommend,
+    render_comparison,
+    write_csv,
+    write_json,
+)
+
+
+def result(policy: str, hit: float, p99: float, tput: float, **kw: object) -> PolicyResult:
+    s = Stats(mean=p99 / 2, p50=p99 / 2, p90=p99, p99=p99, max=p99, n=10)
+    base = PolicyResult(
+        policy=policy,
+        hit_rate=hit,
+        optimal_hit_rate=0.9,
+        prefill_tokens_computed=1000,
+        num_requests=10,
+        ttft_s=s,
+        tpot_s=s,
+        itl_s=s,
+        e2e_s=s,
+        queue_wait_s=s,
+        throughput=Throughput(tput / 100, tput * 10, tput),
+        makespan_s=10.0,
+        retractions=0,
+        preemptions=0,
+        wall_s=0.1,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+# ---- recommendation --------------------------------------------------------------------------
+
+
+def test_recommend_and_pareto() -> None:
+    a = result("a", hit=0.5, p99=1.0, tput=100.0)
+    b = result("b", hit=0.6, p99=2.0, tput=100.0)  # better hit, worse TTFT than a: both Pareto
+    c = result("c", hit=0.4, p99=3.0, tput=90.0)  # a beats it on all three
+    rec = recommend([a, b, c])
+    assert rec.best_hit_rate == "b"
+    assert rec.best_p99_ttft == "a"
+    # a and b tie on throughput; the tie breaks on hit rate (the next objective).
+    assert rec.best_throughput == "b"
+    assert rec.pareto == ("a", "b")
+    assert rec.throughput is not None and rec.throughput.tied_with == ("a",)
+    assert rec.hit_rate is not None and rec.hit_rate.value == 0.6 and rec.hit_rate.tied_with == ()
+    assert rec.lines() == [
+        "Best hit rate: b (60.0%)",
+        "Best p99 TTFT: a (1 s)",
+        "Best throughput: b, a (tie, 100 output tok/s)",
+        "Pareto set (hit rate, p99 TTFT, throughput): a, b",
+    ]
+    assert dominates(a, c) and not dominates(c, a)
+    assert not dominates(a, b) and not dominates(b, a)
+
+
+def test_pareto_single_winner_and_identical_results() -> None:
+    a = result("a", hit=0.7, p99=1.0, tput=200.0)
+    b = result("b", hit=0.6, p99=1.0, tput=200.0)  # equal on two, worse on one: dominated
+    assert recommend([a, b]).pareto == ("a",)
+    twin = result("twin", hit=0.7, p99=1.0, tput=200.0)  # identical: neither dominates
+    assert recommend([a, twin]).pareto == ("a", "twin")
+    assert recommend([a, twin]).best_hit_rate == "a"  # full tie: first in input order
+    assert "Pareto set: a" in "\n".join(recommend([a, b]).lines())
+    assert "Best hit rate: all policies tie (70.0%)" in recommend([a, twin]).lines()
+
+
+def test_recommend_empty() -> None:
+    rec = recommend([])
+    assert (rec.best_hit_rate, rec.best_p99_ttft, rec.best_throughput, rec.pareto) == (
+        None,
+        None,
+        None,
+        (),
+    )
+    assert rec.lines() == ["No results to compare."]
+
+
+# ---- table -----------------------------------------------------------------------------------
+
+
+def column(key: str) -> Column:
+    return next(c for c in COLUMNS if c.key == key)
+
+
+def test_best_rows_directions_and_ties() -> None:
+    rs = [
+        result("a", hit=0.5, p99=1.0, tput=100.0),
+        result("b", hit=0.6, p99=2.0, tput=100.0),
+        result("c", hit=0.6, p99=3.0, tput=90.0),
+    ]
+    assert best_rows(rs, column("hit_rate")) == {1, 2}  # higher is better, tie highlighted twice
+    assert best_rows(rs, column("ttft_p99")) == {0}  # lower is better
+    assert best_rows(rs, column("retractions")) == set()  # all equal: nothing to highlight
+    assert best_rows(rs, column("wall_s")) == set()  # informational column
+    assert best_rows(rs[:1], column("hit_rate")) == set()  # a single row is not a comparison
+    # Values that print the same are a tie even if the floats differ.
+    close = [
+        result("x", 0.5, 0.020001, 1.0),
+        result("y", 0.5, 0.019999, 1.0),
+        result("z", 0.5, 1.0, 1.0),
+    ]
+    assert best_rows(close, column("ttft_p99")) == {0, 1}
+    assert {c.better for c in COLUMNS} == set(Better)
+
+
+def test_render_comparison_prints_table_and_recommendation() -> None:
+    console = Console(record=True, width=220, color_system=None)
+    rs = [result("fcfs", 0.2, 3.0, 50.0), result("lpm[x]", 0.7, 1.0, 60.0)]
+    rec = render_comparison(rs, console)
+    text = console.export_text()
+    assert "lpm[x]" in text  # markup in a policy name is escaped, not interpreted
+    assert "70.0%" in text and "1 s" in text
+    assert "Best hit rate: lpm[x]" in text
+    assert rec.pareto == ("lpm[x]",)
+
+
+def test_render_comparison_splits_on_narrow_terminal() -> None:
+    console = Console(record=True, width=70, color_system=None)
+    render_comparison([result("fcfs", 0.2, 3.0, 50.0), result("lpm", 0.7, 1.0, 60.0)], console)
+    text = console.export_text()
+    assert "(1/" in text and "wall s" in text
+    assert max(len(line) for line in text.splitlines()) <= 70
+
+
+def test_column_chunks() -> None:
+    assert column_chunks([5, 5, 5], first=6, available=100) == [[0, 1, 2]]
+    # 6+3 for the policy column, each column 5+3: two fit in 26, the third starts a new part.
+    assert column_chunks([5, 5, 5], first=6, available=26) == [[0, 1], [2]]
+    assert column_chunks([50], first=6, available=20) == [[0]]
+
+
+def test_fmt_seconds_units() -> None:
+    assert [fmt_seconds(x) for x in (0.0, 2e-5, 0.0123, 1.5, 12345.0)] == [
+        "0",
+        "20 µs",
+        "12.3 ms",
+        "1.5 s",
+        "12,345 s",
+    ]
+
+
+# ---- CSV / JSON ------------------------------------------------------------------------------
+
+
+def test_write_csv_columns(tmp_path: Path) -> None:
+    rs = [result("a", 0.5, 1.0, 100.0), result("b", 0.6, 2.0, 90.0, extra={"steps": 3})]
+    path = tmp_path / "r.csv"
+    write_csv(rs, path)
+    with path.open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        header = reader.fieldnames
+    stats = ["mean", "p50", "p90", "p99", "max"]
+    expected = ["policy", "hit_rate", "optimal_hit_rate", "prefill_tokens_computed", "num_requests"]
+    for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s"):
+        expected += [f"{k}.{s}" for s in stats]
+    expected += [
+        "throughput.requests_per_s",
+        "throughput.input_tokens_per_s",
+        "throughput.output_tokens_per_s",
+        "makespan_s",
+        "retractions",
+        "preemptions",
+        "wall_s",
+    ]
+    expected += [k for k in ADDITIONAL_KEYS if k != "tenants"]
+    assert header == [*expected, "steps"]
+    assert [r["policy"] for r in rows] == ["a", "b"]
+    assert float(rows[1]["ttft_s.p99"]) == 2.0
+    assert rows[0]["steps"] == "" and rows[1]["steps"] == "3"
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    hbm_gb: float
+
+
+def test_write_json_structure(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    cfg = {"gpu": Gpu("H100", 80.0), "mode": Mode.FAST, "timeout": float("inf"), "out": tmp_path}
+    write_json(path, {"name": "wl", "sizes": (1, 2)}, cfg, [result("a", 0.5, 1.0, 100.0)])
+    doc = json.loads(path.read_text())  # strict JSON: inf became null
+    assert list(doc) == ["workload", "config", "results"]
+    assert doc["workload"] == {"name": "wl", "sizes": [1, 2]}
+    assert doc["config"] == {
+        "gpu": {"name": "H100", "hbm_gb": 80.0},
+        "mode": "fast",
+        "timeout": None,
+        "out": str(tmp_path),
+    }
+    assert list(doc["results"][0]) == [*REQUIRED_KEYS, *ADDITIONAL_KEYS]
+
+
+# ---- HTML report -----------------------------------------------------------------------------
+
+
+def test_axis_ticks() -> None:
+    assert nice_ticks(0.0, 10.0) == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert nice_ticks(0.0, 1.0) == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert nice_ticks(0.0, 1.0, integer=True) == [0.0, 1.0]
+    assert nice_ticks(0.0, 3.0, integer=True) == [0.0, 1.0, 2.0, 3.0]
+    assert log_ticks(0.01, 50.0) == pytest.approx([0.01, 0.1, 1.0, 10.0])
+    assert log_ticks(0.3, 4.0) == pytest.approx([0.5, 1.0, 2.0])
+
+
+def test_cdf_points() -> None:
+    x, y = cdf_points([3.0, 1.0, 2.0, 4.0])
+    assert x.tolist() == [1.0, 2.0, 3.0, 4.0] and y.tolist() == [0.25, 0.5, 0.75, 1.0]
+    x, y = cdf_points(np.arange(10_000.0), max_points=100)
+    assert x.size <= 100 and x[0] == 0.0 and x[-1] == 9999.0 and y[-1] == 1.0
+    assert cdf_points([])[0].size == 0
+
+
+def sim_run(policy: str, seed: int, n: int = 200) -> tuple[PolicyResult, TimeSeries, np.ndarray]:
+    """A plausible run of hand-rolled requests and a long sampled series."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(n):
+        t = i * 0.05
+        r = Req(f"{policy}-{i}", np.ones(100, dtype=np.int32), tenant=f"t{i % 2}", arrival_time=t)
+        start = t + float(rng.exponential(0.3))
+        times = list(start + 0.1 + np.cumsum(rng.uniform(0.01, 0.03, 5)))
+        r.output_ids = [1] * len(times)
+        r.times.first_scheduled, r.times.first_token = start, times[0]
+        r.times.token_times, r.times.finish = times, times[-1]
+        r.cached_tokens = int(rng.integers(0, 90))
+        r.finish = FinishState(FinishReason.LENGTH)
+        reqs.append(r)
+    ts = TimeSeries()
+    for k in range(5000):
+        ts.append(k * 0.002, int(rng.integers(0, 20)), 4, 0.5, 40 * k, 100 * k)
+    res = summarize(
+        policy, reqs, ts, optimal_hit_rate=0.8, wall_s=0.2, retractions=1, preemptions=0
+    )
+    return res, ts, ttft_samples(reqs)
+
+
+WORKLOAD = {"name": "tiny <synthetic>", "num_requests": 200, "seed": 0}
+CONFIG = {
+    "model": {"name": "llama-3-8b", "layers": 32},
+    "gpu": {"name": "H100"},
+    "scheduler": {
+        "schedule_policy": "lpm",
+        "chunked_prefill_size": 8192,
+        "max_running_requests": None,
+    },
+}
+
+
+def make_report(tmp_path: Path) -> Path:
+    runs = [
+        sim_run("fcfs", 1),
+        sim_run("lpm<script>alert(1)</script>", 2),
+        sim_run("dfs-weight", 3),
+    ]
+    results = [r for r, _, _ in runs]
+    series = {r.policy: s for r, s, _ in runs}
+    ttft = {r.policy: t for r, _, t in runs}
+    return write_report(tmp_path / "report.html", WORKLOAD, CONFIG, results, series, ttft)
+
+
+def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
+    html = make_report(tmp_path).read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    assert "<script>alert(1)</script>" not in html
+    assert "lpm&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "tiny &lt;synthetic&gt;" in html
+    # Nothing is fetched: no external scripts, styles, images or links.
+    assert not re.search(r"<(link|img|iframe)\b", html)
+    assert not re.search(r"\b(src|href)\s*=", html)
+    assert not re.search(r"url\(", html)
+    assert set(re.findall(r"https?://[^\s\"'<>]+", html)) == {"http://www.w3.org/2000/svg"}
+    assert html.count('<svg id="chart-') == 4
+    assert 'id="comparison"' in html and 'id="tenants"' in html
+    assert "chunked_prefill_size" in html and "H100" in html
+    # A 5,000-sample series is downsampled; step lines at most double the 2,000 points.
+    longest = max(len(p.split()) for p in re.findall(r'points="([^"]*)"', html))
+    assert longest <= 4000
+
+
+def test_report_with_no_data(tmp_path: Path) -> None:
+    out = write_report(tmp_path / "empty.html", {}, {}, [], {}, {})
+    html = out.read_text()
+    assert html.count("no data") == 4 and "No results." in html
+
+
+def find_chromium() -> str | None:
+    for name in ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def run_chromium(page: Path, profile: Path) -> tuple[str, str]:
+    """Load ``page`` headless with every network path closed; returns (DOM after load, log)."""
+    chromium = find_chromium()
+    assert chromium is not None
+    proc = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, proc.stderr
+
+
+def console_messages(log: str) -> list[str]:
+    return [line for line in log.splitlines() if ":CONSOLE" in line]
+
+
+needs_chromium = pytest.mark.skipif(
+    find_chromium() is None,
+    reason="headless Chromium not installed (Debian: apt-get install -y chromium)",
+)
+
+
+@needs_chromium
+def test_report_renders_in_chromium_without_errors(tmp_path: Path) -> None:
+    dom, log = run_chromium(make_report(tmp_path), tmp_path / "profile")
+    assert console_messages(log) == []
+    body = re.search(r"<body[^>]*>", dom)
+    assert body is not None
+    assert 'data-ready="1"' in body.group(0)  # the inline script ran to its end
+    assert "data-errors" not in body.group(0)  # and no error reached window.onerror
+    assert '<table id="comparison"' in dom and '<table id="tenants"' in dom
+    assert len(re.findall(r'<svg id="chart-[a-z-]+" class="chart"', dom)) == 4
+    assert dom.count("<polyline") >= 12  # 3 policies x 4 charts (plus the optimum line)
+
+
+@needs_chromium
+def test_chromium_check_catches_a_broken_page(tmp_path: Path) -> None:
+    page = tmp_path / "bad.html"
+    page.write_text("<html><body><script>undefinedFunction();</script></body></html>")
+    _, log = run_chromium(page, tmp_path / "profile")
+    assert any("undefinedFunction" in m for m in console_messages(log))
