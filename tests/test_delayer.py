@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -427,7 +428,8 @@ def test_persistent_slot_pressure_radixsched_rearms_exemption() -> None:
 
 
 def test_wall_clock_cap_releases_slot_delay_only_in_radixsched() -> None:
-    for compat, expected_release in (("radixsched", 4), ("sglang", 30)):
+    cases: list[tuple[Compat, int]] = [("radixsched", 4), ("sglang", 30)]
+    for compat, expected_release in cases:
         clock = Clock()
         d = make(compat, clock, max_delay_ms=3000)
         seq = run_passes(d, clock, 31, dt=1.0)
@@ -471,8 +473,8 @@ def test_pass_negotiates_once_and_caches() -> None:
     gather = FixedPeers(CALM)
     d = make("radixsched", Clock(), gather)
     p = d.begin_pass(token_usage=0.5, running_batch=2, waiting_queue_len=3)
-    assert p.negotiate_should_allow_prefill(True)
-    assert p.negotiate_should_allow_prefill(False)  # cached, no second collective
+    assert p.negotiate(True)
+    assert p.negotiate(False)  # cached, no second collective
     assert len(gather.sent) == 1
     assert p.finalize(0) == 3  # estimate: min(max(3, 1), max(8 - 2, 1))
     assert len(gather.sent) == 1
@@ -480,13 +482,13 @@ def test_pass_negotiates_once_and_caches() -> None:
     with pytest.raises(RuntimeError):
         p.finalize(1)
     with pytest.raises(RuntimeError):
-        p.negotiate_should_allow_prefill(True)
+        p.negotiate(True)
 
 
 def test_pass_estimate_uses_free_slots_and_actual_size_wins() -> None:
     d = make("radixsched", Clock(), FixedPeers(CALM))
     p = d.begin_pass(token_usage=0.5, running_batch=7, waiting_queue_len=0)
-    p.negotiate_should_allow_prefill(True)
+    p.negotiate(True)
     assert p.attempted_bs == 1
     assert p.finalize(5) == 5
     assert d.tracker.max_bs == 5
@@ -515,7 +517,7 @@ def test_vetoed_pass_feeds_the_estimate() -> None:
     d = make("radixsched", Clock(), FixedPeers(SLOT))
     d.skip_first = False
     p = d.begin_pass(token_usage=0.9, running_batch=6, waiting_queue_len=4)
-    assert not p.negotiate_should_allow_prefill(True)
+    assert not p.negotiate(True)
     assert p.finalize(0) == 2  # min(4, 8 - 6)
     assert d.tracker.max_bs == 2
 
@@ -561,12 +563,12 @@ def test_lockstep_ranks_agree(compat: Compat) -> None:
                     token_usage=0.8, running_batch=6 if r == 0 else 1, waiting_queue_len=2
                 )
                 prefillable = (step + r) % 3 != 0
-                allowed = p.negotiate_should_allow_prefill(True) if prefillable else False
+                allowed = p.negotiate(True) if prefillable else False
                 p.finalize(2 if allowed and prefillable else 0)
                 assert p.verdict is not None
                 return p.verdict.reason, d.state, d.skip_first
 
-            results = runner.run([lambda r=r: one(r) for r in range(world)])
+            results = runner.run([functools.partial(one, r) for r in range(world)])
             assert all(x == results[0] for x in results), (step, results)
             clock.t += 0.01
 
@@ -577,8 +579,8 @@ def test_local_all_gather_orders_by_rank_and_is_reusable() -> None:
         for k in range(3):
             out = runner.run(
                 [
-                    lambda k=k: gather.all_gather(0, info(running=k)),
-                    lambda k=k: gather.all_gather(1, info(running=10 + k)),
+                    functools.partial(gather.all_gather, 0, info(running=k)),
+                    functools.partial(gather.all_gather, 1, info(running=10 + k)),
                 ]
             )
             assert out[0] == out[1]
@@ -621,3 +623,29 @@ def test_all_gather_timeout_and_double_join() -> None:
     g2.all_gather(1, CALM)
     t.join()
     assert not errors
+
+
+def test_gate_form_arguments_and_gate_for() -> None:
+    from radixsched.adder import PrefillGate
+
+    gather = FixedPeers(CALM)
+    d = make("radixsched", Clock(), gather)
+
+    class View:
+        def __init__(self) -> None:
+            self.waiting = [object(), object(), object()]
+
+        def kv_usage(self) -> float:
+            return 0.25
+
+        def num_running(self) -> int:
+            return 4
+
+    p = d.gate_for(View())
+    gate: PrefillGate = p  # the adder's protocol
+    assert (p.token_usage, p.running_batch, p.waiting_queue_len) == (0.25, 4, 3)
+    # Explicit arguments win over the pass-start snapshot, in the estimate and the collective.
+    assert gate.negotiate(True, 7, 5)
+    assert p.attempted_bs == 1  # min(max(5, 1), max(8 - 7, 1))
+    assert gather.sent[0].running_batch == 7 and gather.sent[0].waiting_queue_len == 5
+    assert p.finalize(0) == 1

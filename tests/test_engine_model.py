@@ -189,13 +189,19 @@ def test_mixed_batch_equals_separate_runs(tiny: LoadedModel) -> None:
         rc, rd = slots.take(5), slots.take(12)
         runner.forward_logits(Batch([extend(new_req(ids_c[:5]), 0, ids_c[:5], EMPTY, rc)], []))
         runner.forward_logits(Batch([extend(new_req(ids_d[:12]), 0, ids_d[:12], EMPTY, rd)], []))
-        return {"pa": pa, "rc": np.concatenate([rc, slots.take(1)]), "rd": np.concatenate([rd, slots.take(1)])}
+        return {
+            "pa": pa,
+            "rc": np.concatenate([rc, slots.take(1)]),
+            "rd": np.concatenate([rd, slots.take(1)]),
+        }
 
     req_a, req_b, req_c, req_d = (new_req(x) for x in (ids_a, ids_b, ids_c[:5], ids_d[:12]))
 
     def entries(slots: Slots, s: dict[str, object]) -> tuple[list[ExtendEntry], list[DecodeEntry]]:
         pa, rc, rd = s["pa"], s["rc"], s["rd"]
-        assert isinstance(pa, np.ndarray) and isinstance(rc, np.ndarray) and isinstance(rd, np.ndarray)
+        assert (
+            isinstance(pa, np.ndarray) and isinstance(rc, np.ndarray) and isinstance(rd, np.ndarray)
+        )
         ext = [
             extend(req_a, 8, ids_a[8:], pa, slots.take(10)),
             extend(req_b, 0, ids_b, EMPTY, slots.take(9)),
@@ -268,7 +274,9 @@ def test_double_write_and_context_limit_raise(tiny: LoadedModel) -> None:
     a, b = new_req(prompt(4)), new_req(prompt(4, 1))
     s = slots.take(4)
     with pytest.raises(ValueError, match="twice"):
-        runner.forward(Batch([extend(a, 0, a.prompt_ids, EMPTY, s), extend(b, 0, b.prompt_ids, EMPTY, s)], []))
+        runner.forward(
+            Batch([extend(a, 0, a.prompt_ids, EMPTY, s), extend(b, 0, b.prompt_ids, EMPTY, s)], [])
+        )
     long = new_req(prompt(9))
     with pytest.raises(ValueError, match="max_context_len"):
         runner.forward(Batch([extend(long, 0, long.prompt_ids, EMPTY, slots.take(9))], []))
@@ -440,9 +448,13 @@ def test_hf_config_variants() -> None:
     }
     cfg = ModelConfig.from_hf(base)
     assert (cfg.num_kv_heads, cfg.head_dim, cfg.rope_scaling, cfg.eos_token_ids) == (4, 8, None, ())
-    cfg = ModelConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})
+    cfg = ModelConfig.from_hf(
+        {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+    )
     assert cfg.rope_theta == 5e5 and cfg.rope_scaling is None
-    cfg = ModelConfig.from_hf({**base, "rope_scaling": {"type": "linear", "factor": 2.0}, "eos_token_id": [3, 4]})
+    cfg = ModelConfig.from_hf(
+        {**base, "rope_scaling": {"type": "linear", "factor": 2.0}, "eos_token_id": [3, 4]}
+    )
     assert cfg.rope_scaling == RopeScaling(RopeScalingKind.LINEAR, 2.0)
     assert cfg.eos_token_ids == (3, 4)
     cfg = ModelConfig.from_hf({**base, "model_type": "qwen2"})
@@ -502,7 +514,9 @@ def test_chat_template_chatml_fallback_matches_jinja() -> None:
                 msgs, add_generation_prompt=gen
             )
     assert t.render(user).startswith("<|im_start|>system\nYou are terse.<|im_end|>\n")
-    assert ChatTemplate(None).render(user) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        ChatTemplate(None).render(user) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     with pytest.raises(ValueError):
         ChatTemplate("{{ messages }}").render_chatml(user)
 
@@ -532,7 +546,11 @@ def _toy_vocab(size: int) -> tuple[list[str], list[str], list[int]]:
 
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def write_toy_gguf(path: Path, loaded: LoadedModel) -> None:
@@ -557,7 +575,9 @@ def write_toy_gguf(path: Path, loaded: LoadedModel) -> None:
     w.add_token_types(types)
     w.add_bos_token_id(BYTE_BOS_ID)
     w.add_eos_token_id(BYTE_EOS_ID)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
     names = {
         "input_layernorm": "attn_norm",
         "post_attention_layernorm": "ffn_norm",
@@ -643,7 +663,13 @@ def test_directory_with_tied_head_and_bad_checkpoint(tiny: LoadedModel, tmp_path
     }
     tok = HFTokenizer.from_gguf_metadata(meta)
     tensors = dict(model.state_dict())
-    write_model_dir(tmp_path / "tied", cfg, tensors, tok, {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "add_bos_token": True})
+    write_model_dir(
+        tmp_path / "tied",
+        cfg,
+        tensors,
+        tok,
+        {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "add_bos_token": True},
+    )
     loaded = load_model(str(tmp_path / "tied"))
     assert loaded.model.lm_head is None
     assert loaded.tokenizer.encode("a") == [BYTE_BOS_ID, 97]
@@ -668,12 +694,22 @@ def _variants() -> dict[str, ModelConfig]:
     return {
         "llama": base,
         "llama3-scaling": dataclasses.replace(
-            base, rope_theta=500000.0, rope_scaling=RopeScaling(RopeScalingKind.LLAMA3, 8.0, 1.0, 4.0, 8)
+            base,
+            rope_theta=500000.0,
+            rope_scaling=RopeScaling(RopeScalingKind.LLAMA3, 8.0, 1.0, 4.0, 8),
         ),
-        "linear-scaling": dataclasses.replace(base, rope_scaling=RopeScaling(RopeScalingKind.LINEAR, 2.0)),
-        "llama-bias-tied": dataclasses.replace(base, qkv_bias=True, o_bias=True, tie_word_embeddings=True),
-        "qwen2": dataclasses.replace(base, architecture=Architecture.QWEN2, qkv_bias=True, rms_norm_eps=1e-6),
-        "mistral-window": dataclasses.replace(base, architecture=Architecture.MISTRAL, sliding_window=5),
+        "linear-scaling": dataclasses.replace(
+            base, rope_scaling=RopeScaling(RopeScalingKind.LINEAR, 2.0)
+        ),
+        "llama-bias-tied": dataclasses.replace(
+            base, qkv_bias=True, o_bias=True, tie_word_embeddings=True
+        ),
+        "qwen2": dataclasses.replace(
+            base, architecture=Architecture.QWEN2, qkv_bias=True, rms_norm_eps=1e-6
+        ),
+        "mistral-window": dataclasses.replace(
+            base, architecture=Architecture.MISTRAL, sliding_window=5
+        ),
     }
 
 
@@ -698,7 +734,9 @@ def test_logits_match_transformers(variant: str) -> None:
     # Through the pool: a 10-token prefix in one step, the rest in another.
     first = slots.take(10)
     req = new_req(ids)
-    head = runner.forward_logits(Batch([extend(req, 0, ids[:10], EMPTY, first)], []), all_tokens=True)
+    head = runner.forward_logits(
+        Batch([extend(req, 0, ids[:10], EMPTY, first)], []), all_tokens=True
+    )
     tail = runner.forward_logits(
         Batch([extend(req, 10, ids[10:], first, slots.take(14))], []), all_tokens=True
     )

@@ -84,6 +84,15 @@ def test_stats_percentiles_by_hand() -> None:
     assert Stats.of([5.0]) == Stats(5.0, 5.0, 5.0, 5.0, 5.0, 1)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=50))
+def test_stats_are_ordered(values: list[float]) -> None:
+    s = Stats.of(values)
+    assert min(values) <= s.p50 <= s.p90 <= s.p99 <= s.max == max(values)
+    assert min(values) - 1e-6 <= s.mean <= max(values) + 1e-6  # float rounding of the sum
+    assert s.n == len(values)
+
+
 def test_stats_empty_is_zero_not_nan() -> None:
     s = Stats.of([])
     assert s == Stats(0.0, 0.0, 0.0, 0.0, 0.0, 0)

@@ -581,7 +581,7 @@ def test_no_reuse_cache() -> None:
     alloc = TokenAllocator(64)
     cache = NoReuseCache()
     assert isinstance(cache, BasePrefixCache)
-    assert not cache.disabled and not cache.supports_prefix_sharing()
+    assert not cache.disabled and cache.supports_prefix_sharing()
     slots = alloc.alloc(4)
     assert slots is not None
     assert cache.insert(K([1, 2, 3, 4]), slots).prefix_len == 0

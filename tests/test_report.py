@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from radixsched.request import FinishReason, FinishState, Req
@@ -22,12 +24,13 @@ from radixsched.sim.metrics import (
     REQUIRED_KEYS,
     PolicyResult,
     Stats,
+    TenantResult,
     Throughput,
     TimeSeries,
     summarize,
     ttft_samples,
 )
-from radixsched.sim.report import cdf_points, log_ticks, nice_ticks, write_report
+from radixsched.sim.report import cdf_points, log_ticks, nice_ticks, render_report, write_report
 from radixsched.sim.table import (
     COLUMNS,
     Better,
@@ -99,6 +102,43 @@ def test_pareto_single_winner_and_identical_results() -> None:
     assert recommend([a, twin]).best_hit_rate == "a"  # full tie: first in input order
     assert "Pareto set: a" in "\n".join(recommend([a, b]).lines())
     assert "Best hit rate: all policies tie (70.0%)" in recommend([a, twin]).lines()
+
+
+def test_recommend_treats_noise_as_a_tie() -> None:
+    # Throughputs 0.04% apart are a tie (TIE_REL_TOL): b's tiny edge neither makes it the
+    # throughput pick nor keeps it in the Pareto set, since a beats it on hit rate and TTFT.
+    a = result("a", hit=0.6, p99=1.0, tput=2580.0)
+    b = result("b", hit=0.5, p99=2.0, tput=2581.0)
+    rec = recommend([a, b])
+    assert rec.pareto == ("a",)
+    assert rec.throughput is not None
+    assert (rec.throughput.policy, rec.throughput.tied_with) == ("a", ("b",))
+    assert dominates(a, b)
+    c = result("c", hit=0.5, p99=2.0, tput=2700.0)  # 4.6% faster: a real edge
+    assert recommend([a, c]).pareto == ("a", "c")
+
+
+objective_values = st.tuples(
+    st.sampled_from([0.2, 0.5, 0.8]),
+    st.sampled_from([0.5, 1.0, 2.0]),
+    st.sampled_from([50.0, 100.0, 150.0]),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(objective_values, min_size=1, max_size=6))
+def test_pareto_set_properties(values: list[tuple[float, float, float]]) -> None:
+    rs = [result(f"p{i}", *v) for i, v in enumerate(values)]
+    pareto = set(recommend(rs).pareto)
+    assert pareto  # a finite set always has an undominated member
+    for r in rs:
+        if r.policy in pareto:
+            assert not any(dominates(q, r) for q in rs)
+        else:
+            assert any(dominates(q, r) for q in rs if q.policy in pareto)
+    rec = recommend(rs)
+    assert rec.hit_rate is not None and rec.hit_rate.value == max(v[0] for v in values)
+    assert rec.p99_ttft is not None and rec.p99_ttft.value == min(v[1] for v in values)
 
 
 def test_recommend_empty() -> None:
@@ -320,6 +360,19 @@ def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
     assert longest <= 4000
 
 
+def test_report_caps_tenant_rows(tmp_path: Path) -> None:
+    share = Stats(0.1, 0.1, 0.1, 0.1, 0.1, 1)
+    tenants = tuple(
+        TenantResult(f"session-{k}", 1, 0.5, share, share, 100, 100 - k, (100 - k) / 100)
+        for k in range(40)
+    )
+    r = result("lpm", 0.5, 1.0, 10.0, tenants=tenants, fairness_jain=0.99)
+    html = render_report({}, {}, [r], {}, {})
+    assert html.count("session-") == 12
+    assert "session-39" in html and "session-0<" not in html  # least served are kept
+    assert "12 least served" in html
+
+
 def test_report_with_no_data(tmp_path: Path) -> None:
     out = write_report(tmp_path / "empty.html", {}, {}, [], {}, {})
     html = out.read_text()
@@ -394,3 +447,15 @@ def test_chromium_check_catches_a_broken_page(tmp_path: Path) -> None:
     page.write_text("<html><body><script>undefinedFunction();</script></body></html>")
     _, log = run_chromium(page, tmp_path / "profile")
     assert any("undefinedFunction" in m for m in console_messages(log))
+
+
+@needs_chromium
+def test_legend_click_hides_the_policy_in_every_chart(tmp_path: Path) -> None:
+    page = make_report(tmp_path)
+    clicked = tmp_path / "clicked.html"
+    click = "<script>document.querySelector('.legend button[data-series=\"0\"]').click();</script>"
+    clicked.write_text(page.read_text().replace("</body>", click + "</body>"))
+    dom, log = run_chromium(clicked, tmp_path / "profile")
+    assert console_messages(log) == []
+    hidden = re.findall(r'<polyline class="series hidden" data-series="(\d+)"', dom)
+    assert hidden == ["0"] * 4  # the first policy, in all four charts, and nothing else

@@ -216,3 +216,23 @@ def test_cache_aware_properties(prompts: list[list[int]], load_values: list[int]
         else:
             assert reps[choice].load == min(x.load for x in reps)
         assert all(r.record_size(k) <= 20 for k in range(3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), min_size=0, max_size=40),
+    st.lists(st.integers(0, 5), min_size=0, max_size=40),
+    st.integers(1, 5),
+)
+def test_page_hash_property(a: list[int], b: list[int], page: int) -> None:
+    """Hash i matches exactly when the first (i + 1) pages match; it is independent of the
+    page size (a hash names a prefix length, not a page count); max_pages truncates."""
+    ta, tb = np.asarray(a, dtype=np.int32), np.asarray(b, dtype=np.int32)
+    ha, hb = page_hashes(ta, page), page_hashes(tb, page)
+    assert len(ha) == len(a) // page
+    for i in range(min(len(ha), len(hb))):
+        same = a[: (i + 1) * page] == b[: (i + 1) * page]
+        assert (ha[i] == hb[i]) == same
+    per_token = page_hashes(ta, 1)
+    assert ha == per_token[page - 1 :: page][: len(ha)]
+    assert page_hashes(ta, page, max_pages=1) == ha[:1]

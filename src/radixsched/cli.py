@@ -98,7 +98,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from radixsched.sim.simulate import SimConfig, simulate
-    from radixsched.sim.table import recommend, render_comparison, write_csv, write_json
+    from radixsched.sim.table import render_comparison, write_csv, write_json
     from radixsched.sim.workloads import WorkloadError, load_workload, optimal_hit_rate
 
     console = Console()
@@ -154,8 +154,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"{runs[0].kv_capacity_tokens:,} tokens  [bold]optimal hit rate[/] {opt:.1%}"
     )
     render_comparison(results, console)
-    for line in recommend(results).lines():
-        console.print(line)
     workload_info = {
         "spec": args.workload,
         "name": workload.name,

@@ -15,9 +15,9 @@ Exact behaviour (the ablation "same scheduler, zero prefix reuse", and a test or
 
 Unlike ``RadixCache(disable=True)`` it reports ``disabled = False``: cache-aware policies are not
 downgraded to FCFS, so the comparison isolates the effect of reuse from the choice of policy.
-``supports_prefix_sharing()`` is False (as for the disabled tree): callers that insert and then
-expect the re-match to cover the inserted key (the checkpoint path) must test that, not
-``disabled``.
+``supports_prefix_sharing()`` is True for the same reason. Hence callers that insert and then
+expect the re-match to cover the inserted key (the checkpoint path) must accept a re-match of 0
+here: the request then keeps ownership of its whole row.
 """
 
 from __future__ import annotations
@@ -52,9 +52,6 @@ class NoReuseCache(BasePrefixCache):
     @property
     def root(self) -> NoReuseRoot:
         return self._root
-
-    def supports_prefix_sharing(self) -> bool:
-        return False
 
     def reset(self) -> None:
         """Nothing is held, so nothing to drop."""

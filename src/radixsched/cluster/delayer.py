@@ -6,9 +6,10 @@ Pieces:
 - ``negotiate``: the pure decision from the gathered values and the previous state. Every rank
   runs it on the same gathered tuple, so every rank reaches the same verdict and state.
 - ``PrefillDelayer``: one per rank; owns the state, the clock and the all-gather.
-- ``PrefillDelayerPass``: the per-pass executor: negotiates at most once per pass (the first
-  call; later calls reuse that verdict) and ``finalize`` negotiates with ``prefillable=False``
-  when nothing did, so every rank joins every collective exactly once per pass.
+- ``PrefillDelayerPass``: the per-pass executor (the adder's ``PrefillGate``): negotiates at
+  most once per pass (the first call; later calls reuse that verdict) and ``finalize``
+  negotiates with ``prefillable=False`` when nothing did, so every rank joins every collective
+  exactly once per pass. ``PrefillDelayer.gate_for`` builds one from a scheduler.
 - ``RecentPrefillBatchSizeTracker``: the recent peak prefill batch size (``B``).
 - ``AllGather`` / ``LocalAllGather`` / ``LockstepRunner``: the collective, in-process for N
   replicas stepping in lockstep (one thread per rank, a reusable barrier).
@@ -53,7 +54,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 Compat = Literal["radixsched", "sglang"]
 
@@ -321,6 +322,17 @@ class LockstepRunner:
         self.close()
 
 
+class SchedulerView(Protocol):
+    """What ``PrefillDelayer.gate_for`` reads from a scheduler."""
+
+    @property
+    def waiting(self) -> Sequence[Any]: ...
+
+    def kv_usage(self) -> float: ...
+
+    def num_running(self) -> int: ...
+
+
 @dataclass
 class DelayerStats:
     verdicts: Counter[DelayReason] = field(default_factory=Counter)
@@ -405,6 +417,15 @@ class PrefillDelayer:
         )
         return self.decide(self.all_gather.all_gather(self.rank, info))
 
+    def gate_for(self, sched: SchedulerView) -> PrefillDelayerPass:
+        """A pass executor from the scheduler's state at the pass start (usable as
+        ``Scheduler(gate_factory=delayer.gate_for)``)."""
+        return self.begin_pass(
+            token_usage=sched.kv_usage(),
+            running_batch=sched.num_running(),
+            waiting_queue_len=len(sched.waiting),
+        )
+
     def begin_pass(
         self, *, token_usage: float, running_batch: int, waiting_queue_len: int
     ) -> PrefillDelayerPass:
@@ -417,8 +438,10 @@ class PrefillDelayer:
 
 
 class PrefillDelayerPass:
-    """The per-pass executor. Context is fixed for the pass: token usage, running batch and
-    queue length at the pass start, and the tracker's peak prefill batch size."""
+    """The per-pass executor (``adder.PrefillGate``). Built at the pass start with the rank's
+    token usage, running batch and queue length; the tracker's peak prefill batch size is
+    read then too. The scheduler must call ``finalize`` at the end of every pass, negotiated
+    or not (it feeds the batch-size tracker)."""
 
     def __init__(
         self,
@@ -437,21 +460,26 @@ class PrefillDelayerPass:
         self.verdict: Verdict | None = None
         self.finalized = False
 
-    def negotiate_should_allow_prefill(self, local_prefillable: bool = True) -> bool:
-        """The first call negotiates; later calls in the pass return the same answer."""
+    def negotiate(
+        self,
+        local_prefillable: bool,
+        running_bs: int | None = None,
+        waiting_len: int | None = None,
+    ) -> bool:
+        """May this rank prefill? The first call of the pass runs the collective; later calls
+        return the same answer whatever their arguments. ``running_bs``/``waiting_len``
+        default to the pass-start values."""
         if self.finalized:
             raise RuntimeError("negotiation after finalize")
+        running = self.running_batch if running_bs is None else running_bs
+        waiting = self.waiting_queue_len if waiting_len is None else waiting_len
         if local_prefillable:
-            free_slots = self.delayer.max_running_requests - self.running_batch
-            estimate = min(max(self.waiting_queue_len, 1), max(free_slots, 1))
+            free_slots = self.delayer.max_running_requests - running
+            estimate = min(max(waiting, 1), max(free_slots, 1))
             self.attempted_bs = max(self.attempted_bs, estimate)
         if self.verdict is None:
             self.verdict = self.delayer.negotiate(
-                local_prefillable,
-                self.running_batch,
-                self.max_prefill_bs,
-                self.waiting_queue_len,
-                self.token_usage,
+                local_prefillable, running, self.max_prefill_bs, waiting, self.token_usage
             )
         return self.verdict.allow
 

@@ -3,7 +3,7 @@
 Wiring (hierarchical cache):
 - The device ``RadixCache`` gets ``on_evict=tier.on_evict``. Each call passes the key from the
   root to the end of the evicted segment and the segment's length; the tier stores every full
-  page of that key overlapping the segment (``page_size`` tokens per page, chained page hashes
+  page of that key overlapping the segment (``page_size`` tokens per page, prefix page hashes
   from ``pagehash``, one int per page: no per-token objects). A trailing partial page is not
   stored; a page straddling the segment's start is (its head is a copy of device-resident KV).
 - The tier is its own LRU bounded by ``capacity_tokens`` (whole pages). Within one stored
@@ -12,9 +12,10 @@ Wiring (hierarchical cache):
   length. The result counts leading tokens of ``key`` available on device or host: pages that
   lie inside the device match count as present without a host copy (the device still holds
   them), every later page must be in the tier. The scheduler then uses
-  ``host_len = max(0, host_match - device_match)``: those tokens are loaded back over PCIe
-  (the cost model charges ``kv_bytes_per_token * host_len / pcie_bw`` instead of recomputing
-  them) and ``touch(key, host_match)`` refreshes their recency. Host pages stay in the tier
+  ``host_len = max(0, host_match - device_match)`` (``host_len(key, device_len)``): those
+  tokens are loaded back over PCIe (the cost model charges
+  ``kv_bytes_per_token * host_len / pcie_bw`` instead of recomputing them); calling
+  ``touch(key, host_match)`` on a load-back refreshes their recency in the tier. Host pages stay in the tier
   after a load-back (the host copy remains valid; the device copy may be evicted again).
 - ``host_capacity_tokens(hicache_size_gb, kv_bytes_per_token)`` turns ``--hicache-size`` into
   the capacity.
@@ -57,7 +58,7 @@ class HostKVTier:
         self.page_size = page_size
         self.capacity_tokens = capacity_tokens
         self.max_pages = capacity_tokens // page_size
-        # Chained page hash -> None, least recently used first.
+        # Prefix page hash -> None, least recently used first.
         self._pages: OrderedDict[int, None] = OrderedDict()
         self._stored = 0
         self._dropped = 0
@@ -67,19 +68,24 @@ class HostKVTier:
         """The device evicted ``key.tokens[len - num_tokens:]``; keep it on the host."""
         if self.max_pages == 0 or num_tokens <= 0:
             return
-        total = len(key.tokens)
-        start = max(total - num_tokens, 0)
-        hashes = page_hashes(key.tokens, self.page_size, key.namespace)
-        first = start // self.page_size
+        start = max(len(key.tokens) - num_tokens, 0)
+        new = page_hashes(
+            key.tokens, self.page_size, key.namespace, start_page=start // self.page_size
+        )
+        if not new:
+            return
         pages = self._pages
+        # Held pages are re-queued with the segment, so the order below holds for all of them.
+        for h in [h for h in new if h in pages]:
+            del pages[h]
         # Deepest first, so the shallow pages of the segment are the most recently used.
-        for h in reversed(hashes[first:]):
-            pages[h] = None
-            pages.move_to_end(h)
-            self._stored += 1
-        while len(pages) > self.max_pages:
+        new.reverse()
+        pages.update(dict.fromkeys(new))
+        self._stored += len(new)
+        excess = len(pages) - self.max_pages
+        for _ in range(excess):
             pages.popitem(last=False)
-            self._dropped += 1
+        self._dropped += max(excess, 0)
 
     def touch(self, key: CacheKey, num_tokens: int) -> None:
         """Refresh the recency of the held pages among the first ``num_tokens`` of ``key``."""
@@ -99,11 +105,12 @@ class HostKVTier:
         """Leading tokens of ``key`` held on device (``[0, device_len)``) or in this tier, in
         whole pages of this tier (so possibly less than ``device_len``); no recency update."""
         pages = self._pages
-        n = 0
-        for i, h in enumerate(page_hashes(key.tokens, self.page_size, key.namespace)):
-            if (i + 1) * self.page_size > device_len and h not in pages:
+        first = device_len // self.page_size  # pages wholly inside the device match
+        n = first
+        for h in page_hashes(key.tokens, self.page_size, key.namespace, start_page=first):
+            if h not in pages:
                 break
-            n = i + 1
+            n += 1
         return n * self.page_size
 
     def host_len(self, key: CacheKey, device_len: int) -> int:

@@ -49,15 +49,20 @@ def namespace_seed(namespace: Namespace) -> int:
 
 
 def page_hashes(
-    tokens: TokenArray, page_size: int, namespace: Namespace = None, max_pages: int | None = None
+    tokens: TokenArray,
+    page_size: int,
+    namespace: Namespace = None,
+    max_pages: int | None = None,
+    start_page: int = 0,
 ) -> list[int]:
-    """Hashes of the page-aligned prefixes of ``tokens`` (at most ``max_pages`` of them)."""
+    """Hashes of the page-aligned prefixes of ``tokens``: pages ``start_page`` up to
+    ``max_pages`` (exclusive; default all full pages)."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     n_pages = len(tokens) // page_size
     if max_pages is not None:
         n_pages = min(n_pages, max_pages)
-    if n_pages <= 0:
+    if n_pages <= start_page:
         return []
     n = n_pages * page_size
     toks = np.asarray(tokens[:n], dtype=np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)
@@ -66,6 +71,6 @@ def page_hashes(
         sums = np.cumsum(_splitmix64(pos | toks), dtype=np.uint64)[page_size - 1 :: page_size]
         seed = np.uint64(namespace_seed(namespace))
         # Final mix: neighbouring sums are related linearly; the mix hides that from dict users.
-        out = _splitmix64(sums ^ seed)
+        out = _splitmix64(sums[start_page:] ^ seed)
     hashes: list[int] = out.tolist()
     return hashes

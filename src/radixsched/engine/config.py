@@ -143,7 +143,11 @@ class ModelConfig:
         elif arch is Architecture.QWEN2 and d.get("use_sliding_window", False):
             raise ValueError("Qwen2 use_sliding_window=true is not supported")
         eos = d.get("eos_token_id")
-        eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        eos_ids = (
+            tuple(int(e) for e in eos)
+            if isinstance(eos, list)
+            else (() if eos is None else (int(eos),))
+        )
         attention_bias = bool(d.get("attention_bias", False))
         return cls(
             architecture=arch,

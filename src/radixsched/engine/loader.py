@@ -96,7 +96,9 @@ def _template(source: Any, tokenizer: Tokenizer) -> ChatTemplate:
     if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in source}
         source = named.get("default", next(iter(named.values()), None))
-    bos = tokenizer.token_text(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None
+    bos = (
+        tokenizer.token_text(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None
+    )
     eos = tokenizer.token_text(tokenizer.eos_token_ids[0]) if tokenizer.eos_token_ids else None
     return ChatTemplate(
         None if source is None else str(source), bos_token=bos or "", eos_token=eos or ""

@@ -146,7 +146,9 @@ class TorchRunner(ModelRunner):
                     f"prefix_len {p} with {len(e.prefix_slots)} prefix slots"
                 )
             if p + n > self.max_context_len:
-                raise ValueError(f"{rid}: {p + n} tokens exceed max_context_len {self.max_context_len}")
+                raise ValueError(
+                    f"{rid}: {p + n} tokens exceed max_context_len {self.max_context_len}"
+                )
             kv_slots = np.concatenate([e.prefix_slots, e.new_slots]).astype(np.int64)
             self._check_slots(kv_slots, rid)
             ids.append(np.asarray(e.new_token_ids, dtype=np.int64))

@@ -37,7 +37,9 @@ def _set_inv_freq(model: CausalLM, factors: torch.Tensor | None) -> None:
     inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
     if factors is not None:
         if factors.shape != inv_freq.shape:
-            raise ValueError(f"rope factors shape {tuple(factors.shape)} != {tuple(inv_freq.shape)}")
+            raise ValueError(
+                f"rope factors shape {tuple(factors.shape)} != {tuple(inv_freq.shape)}"
+            )
         inv_freq = inv_freq / factors.float().cpu()
     # Kept float32 whatever the model dtype: positions up to 1e5+ need the precision.
     model.inv_freq = inv_freq.to(model.device)

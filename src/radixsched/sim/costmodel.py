@@ -32,15 +32,17 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
 
 Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
 ---------------------------------------------------------------------------
-- ``mfu = 0.55``: achievable fraction of dense bf16 peak in large prefill batches. Large bf16
-  GEMMs reach 70-80% of peak on H100; whole-model prefill (attention kernels, norms,
-  element-wise ops) is typically reported around 50-60%.
-- ``mbu = 0.80``: achievable fraction of HBM bandwidth in decode. Streaming kernels reach
-  about 90%; whole decode steps (small GEMVs, paged attention) land around 75-85%.
-- ``step_overhead_s = 0.001``: per-step time not hidden by the GPU: kernel launches and
-  sampling with CUDA graphs, plus the scheduler's CPU work that an overlap scheduler does not
-  hide. With the defaults, a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms
-  (143 tokens/s), close to what SGLang reports for that setup.
+- ``mfu = 0.55``: achievable fraction of dense bf16 peak in prefill. A rounded choice: large
+  bf16 GEMMs run at roughly 70-80% of peak on H100-class GPUs, and whole-model prefill loses
+  more to attention kernels, norms and element-wise ops.
+- ``mbu = 0.80``: achievable fraction of HBM bandwidth in decode. A rounded choice: streaming
+  copies reach about 90% of the datasheet bandwidth; decode steps (skinny GEMMs, paged
+  attention) lose more.
+- ``step_overhead_s = 0.001``: per-step time the GPU does not hide (kernel launches and
+  sampling under CUDA graphs, scheduler work an overlap scheduler leaves exposed). With the
+  defaults a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms (143 tokens/s), of
+  which the weight read at full datasheet bandwidth is 4.8 ms. Use ``--calibration`` when
+  measured numbers are at hand.
 - ``mem_fraction_static = 0.88``: SGLang's flag: weights plus the KV pool may use this share
   of device memory; the rest is left to activations and CUDA graphs.
 
@@ -235,6 +237,8 @@ class CostModel:
 
     def weight_bytes_read(self, num_tokens: int) -> float:
         """Weight bytes one step over ``num_tokens`` tokens reads (all GPUs together)."""
+        if not self.model.is_moe:
+            return self.model.weight_bytes
         return float(self._weight_bytes(np.array([num_tokens], dtype=np.float64))[0])
 
     def _weight_bytes(self, num_tokens: FloatArray) -> FloatArray:
@@ -582,12 +586,17 @@ def load_cost_model(
 # ---- the runner ------------------------------------------------------------------------
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
+
+
 def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """A strong 64-bit mixer (wrapping uint64 arithmetic), used for stand-in token ids."""
-    z = x + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    result: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
+    """A strong 64-bit mixer (wrapping uint64 arithmetic on arrays), used for hashed tokens."""
+    z = x + _GOLDEN
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    result: npt.NDArray[np.uint64] = z ^ (z >> _S31)
     return result
 
 
@@ -618,9 +627,7 @@ class CostModelRunner(ModelRunner):
         """The token each request generates at each position (index in prompt + output):
         ``positions`` is ``[len(reqs), steps]``; so is the result."""
         hashes = np.array([_rid_hash(r.rid, self.seed) for r in reqs], dtype=np.uint64)[:, None]
-        pos = positions.astype(np.uint64)
-        with np.errstate(over="ignore"):
-            mixed = splitmix64(hashes ^ (pos * np.uint64(0x9E3779B97F4A7C15)))
+        mixed = splitmix64(hashes ^ (positions.astype(np.uint64) * _GOLDEN))
         tokens = (mixed % np.uint64(self.vocab_size)).astype(np.int64)
         for i, req in enumerate(reqs):
             stops = req.sampling.stop_token_ids

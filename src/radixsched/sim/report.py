@@ -34,6 +34,9 @@ from radixsched.sim.table import (
 # Points of a CDF polyline; ranks are subsampled evenly beyond this.
 CDF_MAX_POINTS = 1000
 
+# Tenant rows per policy in the HTML table (the least served first beyond this).
+TENANT_ROWS_PER_POLICY = 12
+
 # Chart geometry in SVG user units (the SVG scales to its container).
 _W, _H = 640, 300
 _ML, _MR, _MT, _MB = 62, 18, 14, 46
@@ -372,8 +375,14 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
         )
     )
     rows = []
+    cut = False
     for i, r in enumerate(results):
-        for t in r.tenants:
+        shown = r.tenants
+        if len(shown) > TENANT_ROWS_PER_POLICY:
+            # Many tenants (say a routing key per session): the least served matter most.
+            shown = tuple(sorted(shown, key=lambda t: t.service_share)[:TENANT_ROWS_PER_POLICY])
+            cut = True
+        for t in shown:
             cells = (
                 f'<span class="swatch" style="background:{policy_color(i)}"></span>'
                 f"{escape(r.policy)}",
@@ -393,7 +402,14 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
         '<p class="note">Served / demanded: prompt and output tokens a tenant had received by '
         "the fairness horizon (when half the requests had finished) over the tokens its arrived "
         "requests asked for. The fairness column of the comparison is Jain's index over these "
-        "shares (1 = all tenants equally served).</p>"
+        "shares (1 = all tenants equally served)."
+        + (
+            f" Policies with more than {TENANT_ROWS_PER_POLICY} tenants show their "
+            f"{TENANT_ROWS_PER_POLICY} least served; the JSON output has all of them."
+            if cut
+            else ""
+        )
+        + "</p>"
     )
 
 
@@ -481,7 +497,8 @@ def render_report(
             names.append(n)
     legend_items = [(i, n, policy_color(i)) for i, n in enumerate(names)]
 
-    # TTFT CDF, on a log axis when the values span more than ~1.5 decades.
+    # TTFT CDF, on a log axis when the values span more than ~1.5 decades (a TTFT of 0, which
+    # a log axis cannot show, is pinned to its left edge by Axis.frac's clip).
     cdfs = {n: cdf_points(ttft_by_policy[n]) for n in names if n in ttft_by_policy}
     xs_all = [x for x, _ in cdfs.values() if x.size]
     pos = np.concatenate(xs_all) if xs_all else np.zeros(0)

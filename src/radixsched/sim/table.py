@@ -299,28 +299,37 @@ class Recommendation:
         return out
 
 
+# Relative difference below which two values count as equal when recommending. Simulated
+# runs of one workload differ by noise of this order (throughput is over the makespan, which
+# the last request's finish decides), and a 0.05% edge should not decide a recommendation.
+TIE_REL_TOL = 1e-3
+
+
+def _same(x: float, y: float) -> bool:
+    return math.isclose(x, y, rel_tol=TIE_REL_TOL, abs_tol=1e-12)
+
+
 def dominates(a: PolicyResult, b: PolicyResult) -> bool:
-    """``a`` is at least as good as ``b`` on every objective and strictly better on one."""
+    """``a`` is at least as good as ``b`` on every objective and better on one, where values
+    within ``TIE_REL_TOL`` of each other are equal."""
     sa = [o.score(a) for o in OBJECTIVES]
     sb = [o.score(b) for o in OBJECTIVES]
-    return all(x >= y for x, y in zip(sa, sb, strict=True)) and any(
-        x > y for x, y in zip(sa, sb, strict=True)
+    pairs = list(zip(sa, sb, strict=True))
+    return all(x >= y or _same(x, y) for x, y in pairs) and any(
+        x > y and not _same(x, y) for x, y in pairs
     )
 
 
 def _pick(results: Sequence[PolicyResult], primary: Objective) -> Pick:
-    # Ties on the primary objective break on the other objectives in OBJECTIVES order, then on
-    # input order (max keeps the first maximal element). ``tied_with`` lists every other policy
-    # equal on the primary objective (up to float noise), whatever the tie-break decided.
+    # The candidates are every policy equal to the best on the primary objective (within
+    # TIE_REL_TOL); among them the other objectives decide in OBJECTIVES order, then input
+    # order (max keeps the first maximal element). ``tied_with`` lists the other candidates.
+    top = max(primary.score(r) for r in results)
+    candidates = [r for r in results if _same(primary.score(r), top)]
     others = [o for o in OBJECTIVES if o is not primary]
-    best = max(results, key=lambda r: (primary.score(r), *(o.score(r) for o in others)))
-    value = primary.get(best)
-    tied = tuple(
-        r.policy
-        for r in results
-        if r is not best and math.isclose(primary.get(r), value, rel_tol=1e-9, abs_tol=1e-12)
-    )
-    return Pick(best.policy, value, tied)
+    best = max(candidates, key=lambda r: tuple(o.score(r) for o in others))
+    tied = tuple(r.policy for r in candidates if r is not best)
+    return Pick(best.policy, primary.get(best), tied)
 
 
 def recommend(results: Sequence[PolicyResult]) -> Recommendation:

@@ -1,0 +1,494 @@
+"""Workload readers and generators, arrivals, and the optimal hit rate."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixsched.request import Req, SamplingParams
+from radixsched.sim.workloads import (
+    WORKLOADS,
+    Workload,
+    WorkloadError,
+    _optimal_hits,
+    describe_workloads,
+    load_workload,
+    mooncake_block_hit_rate,
+    optimal_hit_rate,
+    parse_workload_spec,
+)
+
+DATA = Path(__file__).parent / "data"
+SAMPLE = DATA / "mooncake_sample.jsonl"
+FULL_TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def tokens_of(w: Workload) -> list[list[int]]:
+    return [r.prompt_ids.tolist() for r in w.requests]
+
+
+# ---- spec strings ------------------------------------------------------------------------
+
+
+def test_parse_defaults_and_params() -> None:
+    kind, params = parse_workload_spec("shared-prefix")
+    assert kind.name == "shared-prefix"
+    assert params["groups"] == 64 and params["prompts"] == 16 and params["system_len"] == 2048
+    assert params["question_len"] == 128 and params["output_len"] == 256
+    _, params = parse_workload_spec("shared-prefix:groups=3,system-len=10,shuffle=false")
+    assert params["groups"] == 3 and params["system_len"] == 10 and params["shuffle"] is False
+    _, params = parse_workload_spec("multi-turn:think_time_s=0.5")
+    assert params["think_time_s"] == 0.5
+
+
+def test_parse_trace_path_forms() -> None:
+    _, params = parse_workload_spec("mooncake:/some/where/trace.jsonl")
+    assert params["path"] == "/some/where/trace.jsonl" and params["vocab"] == 128_000
+    _, params = parse_workload_spec("mooncake:path=t.jsonl,vocab=32000")
+    assert params == {"path": "t.jsonl", "vocab": 32000, "block_size": 512}
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("sharegpt", "unknown workload 'sharegpt'; valid: mooncake, jsonl, shared-prefix"),
+        ("shared-prefix:bogus=1", "unknown param 'bogus'; valid params: groups, prompts"),
+        ("shared-prefix:groups", "expected k=v"),
+        ("shared-prefix:groups=x", "param 'groups': expected an integer, got 'x'"),
+        ("shared-prefix:groups=0", "param 'groups': must be >= 1"),
+        ("multi-turn:think_time_s=-1", "param 'think_time_s': must be >= 0"),
+        ("multi-turn:think_time_s=nan", "expected a finite number"),
+        ("few-shot:shuffle=maybe", "expected a boolean"),
+        ("mooncake", "needs a file: mooncake:PATH"),
+        ("jsonl:", "needs a file"),
+    ],
+)
+def test_bad_specs(spec: str, match: str) -> None:
+    with pytest.raises(WorkloadError, match=match):
+        parse_workload_spec(spec)
+
+
+def test_describe_lists_every_workload_and_param() -> None:
+    text = describe_workloads()
+    for kind in WORKLOADS.values():
+        assert kind.name in text
+        for p in kind.params:
+            if p.name != "path":
+                assert f"{p.name}={p.default}" in text
+
+
+# ---- generators --------------------------------------------------------------------------
+
+SMALL = {
+    "shared-prefix": "shared-prefix:groups=4,prompts=5,system_len=64,question_len=8,output_len=4",
+    "multi-turn": "multi-turn:conversations=3,turns=4,first_len=32,turn_len=8,output_len=6",
+    "tree-of-thought": "tree-of-thought:trees=2,depth=3,branching=2,root_len=16,step_len=4,output_len=5",
+    "few-shot": "few-shot:questions=30,shots=3,shot_len=10,question_len=6,num_subjects=4",
+}
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_generators_are_deterministic_per_seed(name: str) -> None:
+    a, b = load_workload(SMALL[name], seed=3), load_workload(SMALL[name], seed=3)
+    c = load_workload(SMALL[name], seed=4)
+    assert tokens_of(a) == tokens_of(b) and tokens_of(a) != tokens_of(c)
+    assert [r.rid for r in a.requests] == [r.rid for r in b.requests]
+    for r in a.requests:
+        assert r.prompt_ids.dtype == np.int32
+        assert r.sampling.ignore_eos and r.sampling.max_new_tokens >= 1
+        assert int(r.prompt_ids.min()) >= 0 and int(r.prompt_ids.max()) < 128_000
+    assert not a.has_timestamps and a.tenants is None
+
+
+def test_shared_prefix_groups_share_exactly_the_system_prompt() -> None:
+    w = load_workload(SMALL["shared-prefix"] + ",shuffle=false")
+    assert len(w.requests) == 20
+    groups = [w.requests[i : i + 5] for i in range(0, 20, 5)]
+    for g in groups:
+        for r in g:
+            assert r.prompt_len == 72 and r.max_new_tokens == 4
+            assert np.array_equal(r.prompt_ids[:64], g[0].prompt_ids[:64])
+        assert len({tuple(r.prompt_ids[64:].tolist()) for r in g}) == 5
+    assert len({tuple(g[0].prompt_ids[:64].tolist()) for g in groups}) == 4
+    # 4 groups x 4 repeats x 64 shared tokens over 20 x 72 prompt tokens.
+    assert optimal_hit_rate(w.requests) == pytest.approx(4 * 4 * 64 / (20 * 72))
+
+
+def test_shared_prefix_shuffle_interleaves_groups() -> None:
+    w = load_workload(SMALL["shared-prefix"], seed=0)
+    heads = [tuple(r.prompt_ids[:64].tolist()) for r in w.requests]
+    runs = sum(1 for a, b in itertools.pairwise(heads) if a != b)
+    assert runs > 4  # not grouped back to back
+
+
+def test_multi_turn_turns_extend_the_previous_context() -> None:
+    w = load_workload(SMALL["multi-turn"] + ",think_time_s=2")
+    assert len(w.requests) == 12
+    by_conv: dict[tuple[int, ...], list[Req]] = {}
+    for r in w.requests:
+        by_conv.setdefault(tuple(r.prompt_ids[:32].tolist()), []).append(r)
+    assert len(by_conv) == 3
+    for turns in by_conv.values():
+        turns.sort(key=lambda r: r.arrival_time)
+        assert [r.arrival_time for r in turns] == [0.0, 2.0, 4.0, 6.0]
+        for prev, nxt in itertools.pairwise(turns):
+            assert prev.scripted_output is not None and len(prev.scripted_output) == 6
+            ctx = np.concatenate([prev.prompt_ids, prev.scripted_output])
+            assert np.array_equal(nxt.prompt_ids[: len(ctx)], ctx)
+            assert nxt.prompt_len == len(ctx) + 8
+    assert w.arrivals == "sessions at t=0"
+
+
+def test_tree_of_thought_children_extend_their_parent() -> None:
+    w = load_workload(SMALL["tree-of-thought"] + ",think_time_s=1")
+    assert len(w.requests) == 2 * (1 + 2 + 4)
+    by_len: dict[int, list[Req]] = {}
+    for r in w.requests:
+        by_len.setdefault(r.prompt_len, []).append(r)
+    assert sorted(by_len) == [16, 16 + 5 + 4, 16 + 2 * (5 + 4)]
+    for child in by_len[25] + by_len[34]:
+        parents = [
+            p
+            for p in w.requests
+            if p.scripted_output is not None
+            and p.prompt_len + 5 + 4 == child.prompt_len
+            and np.array_equal(
+                child.prompt_ids[: p.prompt_len + 5],
+                np.concatenate([p.prompt_ids, p.scripted_output]),
+            )
+        ]
+        assert len(parents) == 1
+        assert child.arrival_time == parents[0].arrival_time + 1.0
+
+
+def test_few_shot_subjects_share_their_shots() -> None:
+    w = load_workload(SMALL["few-shot"])
+    assert len(w.requests) == 30
+    heads = {tuple(r.prompt_ids[:30].tolist()) for r in w.requests}
+    assert len(heads) == 4
+    assert all(r.prompt_len == 36 and r.max_new_tokens == 1 for r in w.requests)
+    assert optimal_hit_rate(w.requests) == pytest.approx((30 - 4) * 30 / (30 * 36))
+
+
+# ---- arrivals ----------------------------------------------------------------------------
+
+
+def test_inf_and_default_arrivals_are_all_zero() -> None:
+    for rate in (None, math.inf):
+        w = load_workload(SMALL["shared-prefix"], request_rate=rate)
+        assert all(r.arrival_time == 0.0 for r in w.requests)
+        assert w.arrivals == "all at t=0"
+
+
+def test_poisson_mean_rate_and_seed() -> None:
+    spec = "shared-prefix:groups=40,prompts=100,system_len=4,question_len=2,output_len=1"
+    w = load_workload(spec, request_rate=20.0, seed=7)
+    t = np.array([r.arrival_time for r in w.requests])
+    assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
+    assert (len(t) - 1) / t[-1] == pytest.approx(20.0, rel=0.06)
+    gaps = np.diff(t)
+    assert gaps.std() == pytest.approx(gaps.mean(), rel=0.1)  # exponential: std == mean
+    again = load_workload(spec, request_rate=20.0, seed=7)
+    assert [r.arrival_time for r in again.requests] == t.tolist()
+    assert w.arrivals == "poisson 20 req/s"
+    dflt = load_workload(spec, default_rate=20.0, seed=7)
+    assert [r.arrival_time for r in dflt.requests] == t.tolist()
+
+
+def test_session_rate_keeps_the_long_run_request_rate() -> None:
+    spec = "multi-turn:conversations=600,turns=4,first_len=4,turn_len=2,output_len=2,think_time_s=0"
+    w = load_workload(spec, request_rate=10.0, seed=1)
+    t = np.array([r.arrival_time for r in w.requests])
+    assert len(t) / t[-1] == pytest.approx(10.0, rel=0.1)
+
+
+def test_num_requests_takes_the_first_in_arrival_order() -> None:
+    full = load_workload(SMALL["multi-turn"] + ",think_time_s=1")
+    first = load_workload(SMALL["multi-turn"] + ",think_time_s=1", num_requests=5)
+    assert [r.rid for r in first.requests] == [r.rid for r in full.requests[:5]]
+    assert all(r.arrival_time == 0.0 for r in first.requests[:3])
+    with pytest.raises(WorkloadError, match="num_requests"):
+        load_workload("few-shot", num_requests=0)
+    with pytest.raises(WorkloadError, match="request_rate"):
+        load_workload("few-shot", request_rate=0.0)
+
+
+# ---- mooncake ----------------------------------------------------------------------------
+
+
+def test_mooncake_sample_loads_with_shared_blocks() -> None:
+    w = load_workload(f"mooncake:{SAMPLE}")
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    assert len(w.requests) == 200 and w.has_timestamps and w.arrivals == "trace timestamps"
+    for r, row in zip(w.requests, rows, strict=True):
+        assert r.prompt_len == row["input_length"] and r.max_new_tokens == row["output_length"]
+        assert r.arrival_time == pytest.approx(row["timestamp"] / 1e3)
+        assert r.prompt_ids.dtype == np.int32
+    # Requests whose hash ids start alike share exactly those blocks.
+    first_block: dict[int, np.ndarray] = {}
+    for r, row in zip(w.requests, rows, strict=True):
+        h = row["hash_ids"][0]
+        if h in first_block:
+            assert np.array_equal(first_block[h], r.prompt_ids[:512])
+        first_block[h] = r.prompt_ids[:512]
+    assert len({tuple(v[:8].tolist()) for v in first_block.values()}) == len(first_block)
+
+
+def test_mooncake_ids_define_blocks_and_short_id_lists_are_padded(tmp_path: Path) -> None:
+    p = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 5, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2]},
+            {"timestamp": 7, "input_length": 700, "output_length": 3, "hash_ids": [1, 3]},
+            {"timestamp": 9, "input_length": 1300, "output_length": 3, "hash_ids": [1, 2]},
+            {"timestamp": 9, "input_length": 1300, "output_length": 3, "hash_ids": [1, 2]},
+        ],
+    )
+    w = load_workload(f"mooncake:{p}")
+    a, b, c, d = w.requests
+    assert a.arrival_time == 0.0 and b.arrival_time == pytest.approx(0.002)
+    assert np.array_equal(a.prompt_ids[:512], b.prompt_ids[:512])
+    assert not np.array_equal(a.prompt_ids[512:700], b.prompt_ids[512:700])
+    assert np.array_equal(a.prompt_ids, c.prompt_ids[:1000])
+    # Beyond len(hash_ids) * 512 the tokens are request-unique.
+    assert c.prompt_len == 1300 and not np.array_equal(c.prompt_ids[1024:], d.prompt_ids[1024:])
+    assert mooncake_block_hit_rate(p) == pytest.approx((0 + 512 + 1024 + 1024) / 4300)
+
+
+def test_mooncake_sample_hit_rates() -> None:
+    block = mooncake_block_hit_rate(SAMPLE)
+    assert block == pytest.approx(0.061875, abs=1e-6)
+    tokens = optimal_hit_rate(load_workload(f"mooncake:{SAMPLE}").requests)
+    # Token-level (capped at prompt_len - 1) agrees with the block count on this trace.
+    assert tokens == pytest.approx(block, abs=1e-4) and tokens <= block
+
+
+@pytest.mark.skipif(not FULL_TRACE.exists(), reason=f"full Mooncake trace not at {FULL_TRACE}")
+def test_mooncake_full_trace_optimal_rate_is_65_1_percent() -> None:
+    assert mooncake_block_hit_rate(FULL_TRACE) == pytest.approx(0.651, abs=5e-4)
+
+
+# ---- jsonl -------------------------------------------------------------------------------
+
+
+def test_jsonl_all_fields(tmp_path: Path) -> None:
+    p = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"input_ids": [5, 6, 7], "output_length": 2, "arrival_time": 1.5, "priority": 3},
+            {
+                "input_length": 50,
+                "prefix_group": "sys",
+                "prefix_length": 40,
+                "output_ids": [9, 9, 8],
+                "arrival_time": 1.0,
+                "tenant": "t1",
+                "routing_key": "k",
+                "extra_key": "ns",
+            },
+            {"input_length": 60, "prefix_group": "sys", "prefix_length": 30, "output_length": 4,
+             "arrival_time": 2.0, "tenant": "t0"},
+        ],
+    )  # fmt: skip
+    w = load_workload(f"jsonl:{p}")
+    assert w.has_timestamps and w.tenants == ("t0", "t1")
+    b, a, c = w.requests
+    assert a.prompt_ids.tolist() == [5, 6, 7] and a.priority == 3 and a.arrival_time == 0.5
+    assert b.arrival_time == 0.0 and b.max_new_tokens == 3
+    assert b.scripted_output is not None and b.scripted_output.tolist() == [9, 9, 8]
+    assert (b.tenant, b.routing_key, b.extra_key) == ("t1", "k", "ns")
+    assert np.array_equal(b.prompt_ids[:30], c.prompt_ids[:30])
+    assert not np.array_equal(b.prompt_ids[30:40], c.prompt_ids[30:40])
+    assert b.prompt_len == 50 and c.prompt_len == 60
+    summary = w.summary()
+    assert summary["requests"] == 3 and summary["prompt_tokens"] == 3 + 50 + 60
+    assert summary["output_tokens"] == 2 + 3 + 4 and summary["last_arrival_s"] == 1.0
+    w2 = load_workload(f"jsonl:{p}", request_rate=math.inf)
+    assert all(r.arrival_time == 0.0 for r in w2.requests)
+
+
+def test_jsonl_timestamps_in_ms_and_untimed_files(tmp_path: Path) -> None:
+    p = write_jsonl(
+        tmp_path / "t.jsonl",
+        [{"input_length": 4, "output_length": 1, "timestamp": ms} for ms in (3000, 1000)],
+    )
+    w = load_workload(f"jsonl:{p}")
+    assert [r.arrival_time for r in w.requests] == [0.0, 2.0]
+    q = write_jsonl(tmp_path / "u.jsonl", [{"input_length": 4, "output_length": 1}] * 3)
+    w = load_workload(f"jsonl:{q}")
+    assert not w.has_timestamps and all(r.arrival_time == 0.0 for r in w.requests)
+
+
+BAD_LINES: list[tuple[dict[str, Any], str]] = [
+    ({"input_length": -3, "output_length": 1}, "field 'input_length': expected a positive integer, got -3"),
+    ({"input_length": 4}, "missing field 'output_length'"),
+    ({"input_length": 4, "output_length": 0}, "field 'output_length': expected a positive integer, got 0"),
+    ({"input_length": 4.5, "output_length": 1}, "field 'input_length'"),
+    ({"input_ids": [], "output_length": 1}, "field 'input_ids': expected a non-empty list"),
+    ({"input_ids": [1, -2], "output_length": 1}, "field 'input_ids': expected integers in"),
+    ({"input_ids": [1, "a"], "output_length": 1}, "field 'input_ids': expected a list of non-negative"),
+    ({"input_ids": [1], "input_length": 1, "output_length": 1}, "exactly one of"),
+    ({"input_length": 4, "output_length": 1, "prefix_group": "g"}, "go together"),
+    ({"input_length": 4, "output_length": 1, "prefix_group": "g", "prefix_length": 5},
+     "field 'prefix_length': must be <= input_length"),
+    ({"input_length": 4, "output_length": 1, "arrival_time": -1}, "field 'arrival_time'"),
+    ({"input_length": 4, "output_length": 1, "arrival_time": 1, "timestamp": 1}, "not both"),
+    ({"input_length": 4, "output_length": 1, "priority": "high"}, "field 'priority'"),
+    ({"input_length": 4, "output_length": 1, "tenant": 5}, "field 'tenant': expected a string"),
+    ({"input_length": 4, "output_len": 1}, "unknown field 'output_len'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "match"), BAD_LINES)
+def test_jsonl_errors_name_file_line_and_field(
+    tmp_path: Path, line: dict[str, Any], match: str
+) -> None:
+    good = {"input_length": 4, "output_length": 1}
+    p = write_jsonl(tmp_path / "trace.jsonl", [good] * 16 + [line])
+    with pytest.raises(WorkloadError) as exc:
+        load_workload(f"jsonl:{p}")
+    assert str(exc.value).startswith(f"{p}:17: ")
+    assert match in str(exc.value)
+
+
+def test_jsonl_exact_error_message(tmp_path: Path) -> None:
+    p = write_jsonl(tmp_path / "trace.jsonl", [{"input_length": 4, "output_length": 1}] * 16
+                    + [{"input_length": -3, "output_length": 1}])  # fmt: skip
+    with pytest.raises(WorkloadError) as exc:
+        load_workload(f"jsonl:{p}")
+    assert str(exc.value) == (f"{p}:17: field 'input_length': expected a positive integer, got -3")
+
+
+def test_other_bad_files(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(WorkloadError, match=r"nope\.jsonl: no such file$"):
+        load_workload(f"jsonl:{missing}")
+    with pytest.raises(WorkloadError, match="no such file"):
+        load_workload(f"mooncake:{missing}")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_length": 4, "output_length": 1}\n\n{nope\n')
+    with pytest.raises(WorkloadError, match=r"bad\.jsonl:3: invalid JSON"):
+        load_workload(f"jsonl:{bad}")
+    arr = tmp_path / "arr.jsonl"
+    arr.write_text("[1, 2]\n")
+    with pytest.raises(WorkloadError, match=r"arr\.jsonl:1: expected a JSON object"):
+        load_workload(f"jsonl:{arr}")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(WorkloadError, match="no requests"):
+        load_workload(f"jsonl:{empty}")
+    mixed = write_jsonl(
+        tmp_path / "mixed.jsonl",
+        [
+            {"input_length": 4, "output_length": 1, "arrival_time": 0},
+            {"input_length": 4, "output_length": 1},
+        ],
+    )
+    with pytest.raises(WorkloadError, match=r"mixed\.jsonl:2: arrival given on some lines only"):
+        load_workload(f"jsonl:{mixed}")
+    moon = write_jsonl(
+        tmp_path / "m.jsonl", [{"timestamp": 0, "input_length": 4, "output_length": 1}]
+    )
+    with pytest.raises(WorkloadError, match=r"m\.jsonl:1: missing field 'hash_ids'"):
+        load_workload(f"mooncake:{moon}")
+    moon2 = write_jsonl(
+        tmp_path / "m2.jsonl",
+        [{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1.5]}],
+    )
+    with pytest.raises(WorkloadError, match=r"m2\.jsonl:1: field 'hash_ids'"):
+        load_workload(f"mooncake:{moon2}")
+
+
+# ---- optimal hit rate --------------------------------------------------------------------
+
+
+def mk(rid: str, prompt: list[int], t: float = 0.0, out: list[int] | None = None, **kw: Any) -> Req:
+    n = len(out) if out else 1
+    scripted = np.array(out, dtype=np.int32) if out else None
+    return Req(rid, np.array(prompt), SamplingParams(max_new_tokens=n, ignore_eos=True),
+               arrival_time=t, scripted_output=scripted, **kw)  # fmt: skip
+
+
+def brute_force_hits(reqs: list[Req], page: int) -> list[int]:
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time)
+    hits = [0] * len(reqs)
+    done: list[tuple[Any, list[int]]] = []
+    for i in order:
+        r = reqs[i]
+        p = r.prompt_ids.tolist()
+        best = 0
+        for ns, seq in done:
+            if ns != r.namespace:
+                continue
+            k = 0
+            while k < min(len(p), len(seq)) and p[k] == seq[k]:
+                k += 1
+            best = max(best, k)
+        hits[i] = min(best, len(p) - 1) // page * page
+        seq = list(p)
+        if r.scripted_output is not None:
+            seq += r.scripted_output[: r.max_new_tokens - 1].tolist()
+        done.append((r.namespace, seq))
+    return hits
+
+
+def test_optimal_hit_rate_basics() -> None:
+    same = [mk("a", [1, 2, 3, 4]), mk("b", [1, 2, 3, 4])]
+    assert optimal_hit_rate(same) == pytest.approx(3 / 8)  # capped at prompt_len - 1
+    ns = [mk("a", [1, 2, 3, 4]), mk("b", [1, 2, 3, 4], extra_key="other")]
+    assert optimal_hit_rate(ns) == 0.0
+    later_first = [mk("a", [1, 2, 3, 4, 5], t=1.0), mk("b", [1, 2, 3], t=0.0)]
+    assert optimal_hit_rate(later_first) == pytest.approx(3 / 8)
+    # Earlier scripted output (but its last token) is cached too.
+    turns = [mk("a", [1, 2], out=[3, 4, 5]), mk("b", [1, 2, 3, 4, 5, 6], t=1.0)]
+    assert optimal_hit_rate(turns) == pytest.approx(4 / 8)
+    paged = [mk("a", list(range(10))), mk("b", list(range(10)))]
+    assert optimal_hit_rate(paged, page_size=4) == pytest.approx(8 / 20)
+    assert optimal_hit_rate([]) == 0.0
+    with pytest.raises(ValueError, match="page_size"):
+        optimal_hit_rate(same, page_size=0)
+
+
+def test_multi_turn_optimal_counts_previous_outputs() -> None:
+    w = load_workload(SMALL["multi-turn"])
+    hits = _optimal_hits(w.requests, 1, 64)
+    assert hits == brute_force_hits(w.requests, 1)
+    by_rid = dict(zip([r.rid for r in w.requests], hits, strict=True))
+    later = [r for r in w.requests if r.prompt_len > 32]
+    # The previous prompt and its output but the last token (never fed back) are cached.
+    assert all(by_rid[r.rid] == r.prompt_len - 8 - 1 for r in later)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 2), min_size=1, max_size=24),
+            st.floats(0, 3),
+            st.lists(st.integers(0, 2), max_size=4),
+            st.sampled_from([None, "x"]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from([1, 2, 3]),
+    st.sampled_from([1, 2, 4]),
+)
+def test_optimal_hits_match_brute_force(
+    specs: list[tuple[list[int], float, list[int], str | None]], page: int, block: int
+) -> None:
+    reqs = [mk(f"r{i}", p, t, o or None, extra_key=ns) for i, (p, t, o, ns) in enumerate(specs)]
+    assert _optimal_hits(reqs, page, block) == brute_force_hits(reqs, page)
