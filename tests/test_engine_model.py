@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from radixsched.engine.config import (  # noqa: E402
+from radixsched.engine.config import (
     BYTE_BOS_ID,
     BYTE_EOS_ID,
     SHAPE_PRESETS,
@@ -30,20 +30,20 @@ from radixsched.engine.config import (  # noqa: E402
     RopeScalingKind,
     random_preset_config,
 )
-from radixsched.engine.loader import LoadedModel, load_model, model_names  # noqa: E402
-from radixsched.engine.model import rope_inv_freq  # noqa: E402
-from radixsched.engine.runner import TorchRunner  # noqa: E402
-from radixsched.engine.sampling import filter_logits, mix_seed, sample_tokens  # noqa: E402
-from radixsched.engine.tokenizer import ByteTokenizer, ChatTemplate, HFTokenizer  # noqa: E402
-from radixsched.engine.weights import (  # noqa: E402
+from radixsched.engine.loader import LoadedModel, load_model, model_names
+from radixsched.engine.model import rope_inv_freq
+from radixsched.engine.runner import TorchRunner
+from radixsched.engine.sampling import filter_logits, mix_seed, sample_tokens
+from radixsched.engine.tokenizer import ByteTokenizer, ChatTemplate, HFTokenizer
+from radixsched.engine.weights import (
     build_empty_model,
     convert_gguf_to_dir,
     init_random_,
     unpermute_rope_rows,
     write_model_dir,
 )
-from radixsched.request import Req, SamplingParams  # noqa: E402
-from radixsched.runner import Batch, DecodeEntry, ExtendEntry  # noqa: E402
+from radixsched.request import Req, SamplingParams
+from radixsched.runner import Batch, DecodeEntry, ExtendEntry
 
 ATOL = 1e-5
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -83,7 +83,7 @@ def new_req(ids: Sequence[int], sampling: SamplingParams | None = None) -> Req:
 def extend(
     req: Req,
     prefix_len: int,
-    new_ids: Sequence[int],
+    new_ids: Sequence[int] | np.ndarray,
     prefix_slots: np.ndarray,
     new_slots: np.ndarray,
     produces: bool = True,
@@ -538,7 +538,7 @@ def _bytes_to_unicode() -> list[str]:
 
 def _toy_vocab(size: int) -> tuple[list[str], list[str], list[int]]:
     """Byte-level BPE vocab whose ids 0..255 are the bytes (like ByteTokenizer)."""
-    tokens = _bytes_to_unicode() + ["<|bos|>", "<|eos|>", "<|pad|>", "Ġt", "he", "Ġthe"]
+    tokens = [*_bytes_to_unicode(), "<|bos|>", "<|eos|>", "<|pad|>", "Ġt", "he", "Ġthe"]
     types = [1] * 256 + [3, 3, 3, 1, 1, 1]
     tokens += [f"<unused{i}>" for i in range(size - len(tokens))]
     types += [5] * (size - len(types))
@@ -742,3 +742,59 @@ def test_logits_match_transformers(variant: str) -> None:
     )
     got = torch.cat([head[req.rid], tail[req.rid]])
     assert max_diff(got, ref) <= 1e-4
+
+
+def _toy_hf_tokenizer(add_bos: bool) -> HFTokenizer:
+    tokens, merges, types = _toy_vocab(512)
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": BYTE_BOS_ID,
+        "tokenizer.ggml.eos_token_id": BYTE_EOS_ID,
+        "tokenizer.ggml.add_bos_token": add_bos,
+    }
+    return HFTokenizer.from_gguf_metadata(meta)
+
+
+@pytest.mark.parametrize("post_adds_bos", [True, False])
+def test_tokenizer_dir_detects_a_bos_post_processor(tmp_path: Path, post_adds_bos: bool) -> None:
+    """Llama 3 / Mistral tokenizer.json prepend BOS in a post-processor, Qwen2's does not; with
+    no add_bos_token in tokenizer_config.json the loader follows the post-processor, and BOS is
+    never doubled."""
+    from tokenizers import processors
+
+    raw = _toy_hf_tokenizer(False).backend
+    if post_adds_bos:
+        raw.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", special_tokens=[("<|bos|>", BYTE_BOS_ID)]
+        )
+    raw.save(str(tmp_path / "tokenizer.json"))
+    tok = HFTokenizer.from_dir(tmp_path, eos_token_ids=(7,))
+    assert tok.add_bos is post_adds_bos
+    assert tok.encode("a") == ([BYTE_BOS_ID, 97] if post_adds_bos else [97])
+    assert tok.encode("a", add_special_tokens=False) == [97]
+    assert tok.eos_token_ids == (7,)
+    with pytest.raises(ValueError, match="not supported"):
+        HFTokenizer.from_gguf_metadata({"tokenizer.ggml.model": "llama"})
+
+
+def test_bfloat16_runs_and_tracks_float32(tiny: LoadedModel) -> None:
+    """The accelerator dtype path (bf16 pool and weights) on CPU: same seed, logits close to
+    fp32, and prefix reuse still consistent."""
+    bf16 = load_model("tiny-random", dtype="bf16", seed=0)
+    assert bf16.model.dtype == torch.bfloat16 and bf16.model.inv_freq.dtype == torch.float32
+    ids = prompt(16, 13)
+    ref = full_prefill(TorchRunner(tiny, 64), Slots(), ids)
+    runner, slots = TorchRunner(bf16, 64), Slots()
+    assert runner.kv_pool.dtype == torch.bfloat16
+    got = full_prefill(runner, slots, ids)
+    assert max_diff(got, ref) < 0.05 * float(ref.abs().max())
+    prefix = slots.take(9)
+    runner.forward_logits(Batch([extend(new_req(ids[:9]), 0, ids[:9], EMPTY, prefix)], []))
+    req = new_req(ids)
+    tail = runner.forward_logits(
+        Batch([extend(req, 9, ids[9:], prefix, slots.take(7))], []), all_tokens=True
+    )[req.rid]
+    assert max_diff(tail, got[9:]) < 0.05 * float(ref.abs().max())

@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
-from radixsched.engine.loader import LoadedModel, load_model  # noqa: E402
-from radixsched.engine.runner import TorchRunner  # noqa: E402
-from radixsched.engine.smollm2 import find_smollm2_gguf  # noqa: E402
-from radixsched.request import Req, SamplingParams  # noqa: E402
-from radixsched.runner import Batch, DecodeEntry, ExtendEntry  # noqa: E402
+from radixsched.engine.loader import LoadedModel, load_model
+from radixsched.engine.runner import TorchRunner
+from radixsched.engine.smollm2 import find_smollm2_gguf
+from radixsched.request import Req, SamplingParams
+from radixsched.runner import Batch, DecodeEntry, ExtendEntry
 
 pytestmark = pytest.mark.slow
 

@@ -183,7 +183,7 @@ def test_fcfs_radixsched_sorts_by_queue_entry_then_arrival() -> None:
     q = [mk("c", [1], t=3.0), mk("a", [2], t=1.0), mk("b2", [3], t=2.0), mk("b1", [4], t=2.0)]
     q[3].queue_entry_time = 1.5  # kept seniority (e.g. a retracted request)
     res = run(make_policy("fcfs"), q)
-    assert res == PriorityResult("fcfs", frozenset(), frozenset(), True)
+    assert res == PriorityResult("fcfs", frozenset(), frozenset(), False)
     assert rids(q) == ["a", "b1", "b2", "c"]
 
 
@@ -372,13 +372,20 @@ def test_node_matching_sets_last_node_for_dfs_and_compat() -> None:
         assert r.host_hit_len == 0
 
 
-def test_cache_agnostic_policies_record_match_len() -> None:
+def test_cache_agnostic_policies_keep_the_entry_snapshot() -> None:
+    """Cache-agnostic policies never re-match per round (SGLang never does either): the
+    matched length the scheduler recorded at queue entry (the router's load snapshot) stays,
+    and fair (cache-aware within a tenant's turn) refreshes it."""
     cache = cache_with(PREFIX)
-    for name in ("fcfs", "lof", "random", "routing-key", "fair"):
+    for name in ("fcfs", "lof", "random", "routing-key"):
         r = mk("r", [*PREFIX[:30], 5])
+        r.num_matched_prefix_tokens = 7  # as recorded at entry
         res = run(make_policy(name, cache), [r])
-        assert r.num_matched_prefix_tokens == 30 and r.last_node is None
-        assert res.prefix_matched and res.active_policy == name
+        assert r.num_matched_prefix_tokens == 7 and r.last_node is None
+        assert not res.prefix_matched and res.active_policy == name
+    r = mk("r", [*PREFIX[:30], 5])
+    res = run(make_policy("fair", cache), [r])
+    assert r.num_matched_prefix_tokens == 30 and res.prefix_matched
 
 
 # ---- lpm --------------------------------------------------------------------------------------
@@ -492,7 +499,8 @@ def test_max_prefix_match_queue_radixsched_falls_back_to_arrival() -> None:
     q = _cap_queue(5)
     assert run(pol, q).active_policy == "fcfs"
     assert rids(q) == ["r004", "r003", "r002", "r001", "r000"]  # by arrival (t = 5 - i)
-    assert q[0].num_matched_prefix_tokens == 4  # still recorded for the load snapshot
+    # Above the cap nothing is matched: the entry-time load snapshot is left as it was.
+    assert q[0].num_matched_prefix_tokens == 0
 
 
 def test_max_prefix_match_queue_compat_overrides_128() -> None:

@@ -48,9 +48,15 @@ class AddReqResult(enum.Enum):
 
 
 class PrefillGate(Protocol):
-    """The prefill delayer's per-pass executor as the adder sees it (data-parallel issue)."""
+    """The prefill delayer's per-pass executor (``cluster.delayer.PrefillDelayerPass``).
 
-    def negotiate(self, local_prefillable: bool, running_bs: int, waiting_len: int) -> bool: ...
+    Contract: ``negotiate`` runs the cross-rank collective at most once per pass and returns
+    the cached verdict afterwards; ``finalize`` must be called at the end of every pass,
+    negotiated or not (it joins the collective for a rank that did not prefill)."""
+
+    def negotiate(self, local_prefillable: bool) -> bool: ...
+
+    def finalize(self, actual_prefill_bs: int) -> object: ...
 
 
 class FreeSpace(Protocol):
@@ -165,7 +171,7 @@ class PrefillAdder:
         if self.gate is None:
             return True
         if self.gate_verdict is None:
-            self.gate_verdict = self.gate.negotiate(True, len(self.running), 0)
+            self.gate_verdict = self.gate.negotiate(True)
         return self.gate_verdict
 
     # ---- the in-flight chunked request ---------------------------------------------------

@@ -132,6 +132,9 @@ class MatchMode(Enum):
     NONE = "none"  # the cache cannot share prefixes: every match is 0, nothing is called
     LENGTH = "length"  # match_len: read-only, lengths only
     NODE = "node"  # match_prefix: last_node too; refreshes recency and may split a node
+    # Cache-agnostic policies: no per-round matching (SGLang never runs its pre-match either).
+    # The load snapshot keeps the matched length the scheduler records at queue entry.
+    SKIP = "skip"
 
 
 class PriorityResult(NamedTuple):
@@ -637,7 +640,7 @@ class SchedulePolicy:
             active_policy=spec.name,
             deprioritized=deprioritized,
             deferred=deferred,
-            prefix_matched=mode is not MatchMode.NONE,
+            prefix_matched=mode in (MatchMode.LENGTH, MatchMode.NODE),
         )
 
     def on_service(self, req: Req, prefill_tokens: int, decode_tokens: int) -> None:
@@ -674,6 +677,8 @@ class SchedulePolicy:
     def _match_mode(self, spec: PolicySpec) -> MatchMode:
         if not self.cache_enabled:
             return MatchMode.NONE
+        if not spec.cache_aware and spec.name != "fair":  # fair keeps affinity within a turn
+            return MatchMode.SKIP
         if spec.needs_last_node or (spec.cache_aware and self.config.sglang_compat):
             return MatchMode.NODE
         return MatchMode.LENGTH
@@ -684,15 +689,37 @@ class SchedulePolicy:
             for r in queue:
                 r.num_matched_prefix_tokens = 0
             return [0] * len(queue)
+        if mode is MatchMode.SKIP:
+            return [r.num_matched_prefix_tokens for r in queue]
         lens: list[int] = []
         append = lens.append
         if mode is MatchMode.LENGTH:
-            match_len = self.tree_cache.match_len
+            cache = self.tree_cache
+            match_len = cache.match_len
+            memo_ok = cache.supports_match_memo
+            epoch_of = cache.subtree_epoch
             for r in queue:
-                # Hot loop (once per waiting request per round): fill_ids()/namespace inlined.
-                fill = r.fill_ids() if r.output_ids else r.prompt_ids
+                # Hot loop (once per waiting request per round). A request's match can only
+                # change when its top-level subtree changed: the memo skips the walk otherwise.
+                out_len = len(r.output_ids)
+                memo = r.match_memo
+                epoch = -1
+                if memo_ok:
+                    if r.subtree_key is None:
+                        r.subtree_key = cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
+                    if r.subtree_key is not None:  # None: prompt shorter than a page
+                        epoch = epoch_of(r.subtree_key)
+                    if epoch >= 0 and memo is not None and memo[0] == epoch and memo[1] == out_len:
+                        n = memo[2]
+                        cap = r.prompt_len + out_len - 1
+                        r.num_matched_prefix_tokens = n if n < cap else cap
+                        append(n)
+                        continue
+                fill = r.fill_ids() if out_len else r.prompt_ids
                 ek, salt = r.extra_key, r.cache_salt
                 n = match_len(CacheKey(fill, None if ek is None and salt is None else (ek, salt)))
+                if epoch >= 0:
+                    r.match_memo = (epoch, out_len, n)
                 cap = r.max_prefix_len(len(fill))
                 r.num_matched_prefix_tokens = n if n < cap else cap
                 append(n)
@@ -742,35 +769,53 @@ class SchedulePolicy:
         if compat and threshold <= 0:
             # SGLang: a match of >= 0 tokens always holds, and nothing is ever inserted.
             return frozenset(r.rid for r in candidates)
-        if not compat:
-            # Queue position is the final tie-break (sorted is stable).
-            candidates.sort(
-                key=lambda r: (
-                    not is_overdue(r),
-                    prefill_work(r),
-                    r.queue_entry_time,
-                    r.arrival_time,
-                )
-            )
-        seen: set[tuple[Namespace, bytes]] = set()
-        dup: set[str] = set()
         width = max(threshold, 0)
+        # Group candidates by their first `width` tokens (in their namespace): requests in one
+        # group share >= `width` leading tokens. Keys are cached per request (prompts never
+        # change; a prompt shorter than `width` is keyed on prompt + output each round).
+        groups: dict[tuple[Namespace, bytes], list[Req]] = {}
         for r in candidates:
-            if r.fill_len < width:
-                continue  # shares fewer than `threshold` tokens with anything
-            head = r.prompt_ids[:width] if r.prompt_len >= width else r.fill_ids()[:width]
-            key = (r.namespace, head.tobytes())
-            if key in seen:
-                dup.add(r.rid)
+            if r.prompt_len >= width:
+                cached = r.dedup_key
+                if cached is None or cached[0] != width:
+                    cached = (width, (r.namespace, r.prompt_ids[:width].tobytes()))
+                    r.dedup_key = cached
+                key = cached[1]
+            elif r.fill_len >= width:
+                key = (r.namespace, r.fill_ids()[:width].tobytes())
             else:
-                seen.add(key)
+                continue  # shares fewer than `threshold` tokens with anything
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [r]
+            else:
+                group.append(r)
+        dup: set[str] = set()
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            if compat:
+                rep = group[0]  # first in list order
+            else:
+                # Overdue first, then least uncached work, then oldest; queue position breaks
+                # the remaining ties (min keeps the first of equals).
+                rep = min(
+                    group,
+                    key=lambda r: (
+                        not is_overdue(r),
+                        prefill_work(r),
+                        r.queue_entry_time,
+                        r.arrival_time,
+                    ),
+                )
+            dup.update(r.rid for r in group if r is not rep)
         return frozenset(dup)
 
     def _touch_waiting_prefixes(self, queue: list[Req], mode: MatchMode) -> None:
         """Keep queued prefixes warm under LRU when this round's matching did not (spec 1.10)."""
         cfg = self.config
         if (
-            mode is not MatchMode.LENGTH
+            mode not in (MatchMode.LENGTH, MatchMode.SKIP)
             or not queue
             or not cfg.enable_waiting_prefix_refresh
             or cfg.radix_eviction_policy.lower() != "lru"

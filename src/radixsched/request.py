@@ -131,8 +131,16 @@ class Req:
     last_node: Any = None  # opaque cache handle where the device match ended
     lock_node: Any = None  # node this request holds a lock on (None = no lock)
     kv_row: SlotArray = field(default_factory=lambda: EMPTY_SLOTS)
+    # Backing store of kv_row with spare capacity (kv_row is a view of its head), so decode
+    # growth is amortised O(1) per token instead of a copy of the whole row.
+    kv_buf: SlotArray = field(default_factory=lambda: EMPTY_SLOTS)
     kv_len: int = 0  # positions [0, kv_len) of kv_row hold computed KV
 
+    # Memoised cache match: (subtree epoch, output length, matched length) and the request's
+    # top-level subtree key; valid while the cache's epoch for that subtree is unchanged.
+    match_memo: tuple[int, int, int] | None = None
+    subtree_key: Any = None
+    dedup_key: tuple[int, Any] | None = None  # (width, key) cached by the in-batch dedup
     finish: FinishState | None = None
     times: ReqTimes = field(default_factory=ReqTimes)
     # Per-request counters for metrics.

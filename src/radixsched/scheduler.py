@@ -170,6 +170,14 @@ class Scheduler:
             self._finish_aborted(victim, 503, "The request is aborted by a higher priority request.")
         req.queue_entry_time = t
         req.queue_entry_processed_tokens = self.processed_tokens
+        if self.cache.supports_prefix_sharing():
+            # The load snapshot a data-parallel router reads, recorded once at the door
+            # (cache-agnostic policies never re-match; cache-aware ones refresh it per round).
+            fill = req.fill_ids()
+            cap = req.max_prefix_len(len(fill))
+            req.num_matched_prefix_tokens = min(
+                self.cache.match_len(CacheKey(fill[:cap], req.namespace)), cap
+            )
         req.arrival_time = t
         req.times.arrival = t
         self._by_rid[req.rid] = req
@@ -283,6 +291,17 @@ class Scheduler:
 
     # ---- prefill ------------------------------------------------------------------------------
     def _get_new_batch_prefill(self) -> tuple[Batch | None, list[Req]]:
+        """One prefill attempt. With a prefill delayer, its per-pass executor is built first
+        and finalized last on every pass (the cross-rank collective must stay balanced)."""
+        gate = self.gate_factory(self) if self.gate_factory is not None else None
+        batch, mixed = self._get_new_batch_prefill_raw(gate)
+        if gate is not None:
+            gate.finalize(len(batch.extend) if batch is not None else 0)
+        return batch, mixed
+
+    def _get_new_batch_prefill_raw(
+        self, gate: PrefillGate | None
+    ) -> tuple[Batch | None, list[Req]]:
         cfg = self.config
         if cfg.enable_priority_preemption or not self.running:
             self.batch_is_full = False
@@ -297,7 +316,6 @@ class Scheduler:
             self.waiting, self.running, self.processed_tokens, self.clock.now()
         )
         mixed = cfg.enable_mixed_chunk and cfg.chunk_size is not None and bool(self.running)
-        gate = self.gate_factory(self) if self.gate_factory is not None else None
         adder = PrefillAdder(
             config=cfg,
             cache=self.cache,
@@ -338,8 +356,6 @@ class Scheduler:
                     self.batch_is_full = bool(adder.can_run_list) or bool(self.running)
                 break
 
-        if gate is not None and adder.gate_verdict is None and hasattr(gate, "finalize"):
-            gate.finalize(len(adder.can_run_list))
         admitted = [a for a in adder.can_run_list if a.req is not chunked]
         preempted = adder.preempt_list
         if not adder.can_run_list or all(a.extend_len == 0 for a in adder.can_run_list):
@@ -384,6 +400,7 @@ class Scheduler:
         req.prefix_len = m.device_len
         req.last_node = m.last_node
         req.kv_row = np.array(m.indices, dtype=np.int64) if m.device_len else EMPTY_SLOTS
+        req.kv_buf = req.kv_row
         req.kv_len = m.device_len
         req.cache_protected_len = m.device_len
         req.host_hit_len = 0
@@ -400,6 +417,9 @@ class Scheduler:
         if req.host_hit_len and prefix_len == req.cache_protected_len and prefix_len == req.prefix_len:
             host_load = min(req.host_hit_len, end - prefix_len)
             req.host_hit_len = 0
+            if self.host_tier is not None:
+                # Loaded back: refresh the host pages' recency.
+                self.host_tier.touch(CacheKey(fill[: prefix_len + host_load], req.namespace), prefix_len + host_load)
         req.kv_len = end
         entry = ExtendEntry(
             req=req,
@@ -414,12 +434,29 @@ class Scheduler:
 
     def _ensure_row(self, req: Req, end: int) -> None:
         """Grow the request's KV row to cover positions [0, end) (whole pages)."""
-        have = len(req.kv_row)
-        if end <= have:
+        self._grow_rows([req], [end])
+
+    def _grow_rows(self, reqs: list[Req], ends: list[int]) -> None:
+        """Grow several rows with one eviction and one allocation (decode hot path)."""
+        p = self.page_size
+        needs = [max(ceil_page(e, p) - len(r.kv_row), 0) for r, e in zip(reqs, ends, strict=True)]
+        total = sum(needs)
+        if total == 0:
             return
-        need = ceil_page(end, self.page_size) - have
-        slots = self._alloc(need)
-        req.kv_row = np.concatenate([req.kv_row, slots]) if have else slots
+        slots = self._alloc(total)
+        off = 0
+        for r, n in zip(reqs, needs, strict=True):
+            if n:
+                have = len(r.kv_row)
+                new_len = have + n
+                buf = r.kv_buf
+                if new_len > len(buf) or (have and not np.may_share_memory(buf, r.kv_row)):
+                    buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
+                    buf[:have] = r.kv_row
+                    r.kv_buf = buf
+                buf[have:new_len] = slots[off : off + n]
+                r.kv_row = buf[:new_len]
+                off += n
 
     def _alloc(self, n: int) -> np.ndarray:
         short = n - self.allocator.available_size()
@@ -502,9 +539,9 @@ class Scheduler:
 
     def _decode_entries(self, reqs: list[Req]) -> list[DecodeEntry]:
         entries = []
+        self._grow_rows(reqs, [r.fill_len for r in reqs])
         for r in reqs:
             pos = r.fill_len - 1
-            self._ensure_row(r, pos + 1)
             r.kv_len = pos + 1
             last = r.output_ids[-1] if r.output_ids else int(r.prompt_ids[-1])
             entries.append(DecodeEntry(r, last, pos, r.kv_row[: pos + 1]))
@@ -548,8 +585,8 @@ class Scheduler:
         reqs = list(self.running)
         seq = np.array([r.fill_len for r in reqs], dtype=np.int64)
         res = self.runner.decode_multi(reqs, seq, k)
+        self._grow_rows(reqs, [r.fill_len - 1 + k for r in reqs])
         for r in reqs:
-            self._ensure_row(r, r.fill_len - 1 + k)
             r.kv_len = r.fill_len - 1 + k
         t0 = self.clock.now()
         ends = t0 + np.cumsum(res.step_durations_s)
@@ -668,12 +705,20 @@ class Scheduler:
             return
         fill = req.fill_ids()
         key = CacheKey(fill[:aligned], req.namespace)
-        res = self.cache.insert(key, req.kv_row[:aligned], self._insert_priority(req))
+        res = self.cache.insert(
+            key,
+            req.kv_row[:aligned],
+            self._insert_priority(req),
+            inserted_len=req.cache_inserted_len,
+        )
+        m = self.cache.match_prefix(key)
+        if m.device_len < aligned:
+            # The cache did not keep it (a no-reuse baseline): the request keeps its slots.
+            req.prefix_len = up_to
+            return
         dup_end = min(res.prefix_len, aligned)
         if dup_end > req.cache_protected_len:
             self.allocator.free(req.kv_row[req.cache_protected_len : dup_end].copy())
-        m = self.cache.match_prefix(key)
-        assert m.device_len == aligned, (m.device_len, aligned)
         req.kv_row[req.cache_protected_len : aligned] = m.indices[req.cache_protected_len : aligned]
         req.cache_protected_len = aligned
         req.cache_inserted_len = aligned
@@ -695,6 +740,7 @@ class Scheduler:
         req.lock_node = None
         req.last_node = None
         req.kv_row = EMPTY_SLOTS
+        req.kv_buf = EMPTY_SLOTS
         req.kv_len = 0
         req.cache_protected_len = 0
         req.cache_inserted_len = 0

@@ -101,6 +101,17 @@ class BasePrefixCache(ABC):
     def supports_prefix_sharing(self) -> bool:
         return not self.disabled
 
+    # Match-length memoisation (policies re-score the whole queue every round). A cache that
+    # sets this to True guarantees that ``match_len(key)`` is unchanged while
+    # ``subtree_epoch(subtree_key(key))`` is unchanged.
+    supports_match_memo: bool = False
+
+    def subtree_key(self, key: CacheKey) -> Any:
+        return None
+
+    def subtree_epoch(self, subtree_key: Any) -> int:
+        return 0
+
     def all_values(self) -> SlotArray:
         """Every KV slot the cache holds (for conservation checks)."""
         return np.zeros(0, dtype=np.int64)

@@ -126,6 +126,8 @@ def _normalise_namespace(ns: Namespace) -> Namespace:
 
 
 class RadixCache(BasePrefixCache):
+    supports_match_memo = True
+
     def __init__(
         self,
         allocator: SlotFreer | None,
@@ -155,6 +157,11 @@ class RadixCache(BasePrefixCache):
         self._protected_size = 0
         # Live nodes with lock_ref == 0 and no children (the root never).
         self._evictable_leaves: set[TreeNode] = set()
+        # Change counters per top-level subtree (keyed like the root's children): bumped when
+        # a match length inside that subtree can change (a new leaf, an eviction, a reset).
+        # Callers memoise match lengths against them (see ``subtree_epoch``).
+        self._epochs: dict[Hashable, int] = {}
+        self._generation = 0
 
     # ---- construction ---------------------------------------------------------------------
     def _new_root(self) -> TreeNode:
@@ -181,6 +188,8 @@ class RadixCache(BasePrefixCache):
         self._evictable_size = 0
         self._protected_size = 0
         self._evictable_leaves = set()
+        self._epochs = {}
+        self._generation += 1
         if self.allocator is not None and values.size:
             self.allocator.free(values)
 
@@ -199,6 +208,36 @@ class RadixCache(BasePrefixCache):
             tokens = tokens[: n - n % p]
         ns = key.namespace
         return _Query(tokens, None if ns is None else _normalise_namespace(ns))
+
+    def subtree_key(self, key: CacheKey) -> Hashable | None:
+        """The root-level child key ``key`` would be matched under (None: shorter than a
+        page). Constant for a request whose prompt is at least one page long."""
+        tokens = key.tokens
+        p = self.page_size
+        if len(tokens) < p:
+            return None
+        first = np.ascontiguousarray(tokens[:p], dtype=np.int32).tobytes()
+        ns = key.namespace
+        return first if ns is None else (_normalise_namespace(ns), first)
+
+    def subtree_epoch(self, subtree_key: Hashable | None) -> int:
+        """Changes whenever a match length under that top-level subtree may have changed:
+        a memoised ``match_len`` is valid while this value is unchanged."""
+        base = self._generation << 40
+        if subtree_key is None:
+            return base
+        return base + self._epochs.get(subtree_key, 0)
+
+    def _bump(self, subtree_key: Hashable) -> None:
+        self._epochs[subtree_key] = self._epochs.get(subtree_key, 0) + 1
+
+    def _bump_node(self, node: TreeNode) -> None:
+        root = self._root
+        top = node
+        while top.parent is not None and top.parent is not root:
+            top = top.parent
+        first = top.key[: self.page_size].tobytes()
+        self._bump(self._child_key(root, first, top.namespace))
 
     def _child_key(self, parent: TreeNode, first_page: bytes, ns: Namespace) -> Hashable:
         if parent is self._root and ns is not None:
@@ -350,6 +389,7 @@ class RadixCache(BasePrefixCache):
         qb = tokens.tobytes()
         first = qb[:pb]
         ckey: Hashable = first if ns is None else (ns, first)
+        top_key = ckey
         child = root.children.get(ckey)
         node = root
         pos = 0
@@ -395,6 +435,7 @@ class RadixCache(BasePrefixCache):
         if not node.children and node.lock_ref == 0:
             self._evictable_leaves.discard(node)
         node.children[ckey] = leaf
+        self._bump(top_key)
         self._evictable_size += n - pos
         self._evictable_leaves.add(leaf)
         return InsertResult(pos, leaf)
@@ -483,6 +524,7 @@ class RadixCache(BasePrefixCache):
                     if self.on_evict is not None:
                         self.on_evict(self._path_key(leaf), cut)
                     keep = length - cut
+                    self._bump_node(leaf)
                     freed.append(leaf.value[keep:])
                     leaf.key = leaf.key[:keep].copy()
                     leaf.value = leaf.value[:keep].copy()
@@ -492,6 +534,7 @@ class RadixCache(BasePrefixCache):
             if self.on_evict is not None:
                 self.on_evict(self._path_key(leaf), length)
             freed.append(leaf.value)
+            self._bump_node(leaf)
             parent = leaf.parent
             assert parent is not None
             first = leaf.key[:p].tobytes()

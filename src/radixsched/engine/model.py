@@ -191,6 +191,8 @@ class Decoder(nn.Module):
 class CausalLM(nn.Module):
     """Decoder plus LM head. ``lm_head`` is absent when the embeddings are tied."""
 
+    inv_freq: torch.Tensor
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

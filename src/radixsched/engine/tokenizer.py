@@ -109,17 +109,23 @@ class HFTokenizer(Tokenizer):
         from tokenizers import Tokenizer as RawTokenizer
 
         tok = RawTokenizer.from_file(str(path / "tokenizer.json"))
-        # Drop a post-processor's BOS: we add it ourselves (see the class docstring).
-        tok.post_processor = None
         cfg = _read_json(path / "tokenizer_config.json")
         bos_name = _token_name(cfg.get("bos_token"))
         eos_name = _token_name(cfg.get("eos_token"))
         bos = tok.token_to_id(bos_name) if bos_name else None
+        # Does the checkpoint's post-processor prepend BOS (Llama 3, Mistral) or not (Qwen2)?
+        with_special = tok.encode("a", add_special_tokens=True).ids
+        plain = tok.encode("a", add_special_tokens=False).ids
+        post_adds_bos = len(with_special) > len(plain) and with_special[0] != plain[0]
+        if post_adds_bos and bos is None:
+            bos = with_special[0]
+        # We prepend BOS ourselves (see the class docstring), so the post-processor goes.
+        tok.post_processor = None
         eos = list(eos_token_ids)
         eos_id = tok.token_to_id(eos_name) if eos_name else None
         if eos_id is not None and eos_id not in eos:
             eos.append(eos_id)
-        add_bos = bool(cfg.get("add_bos_token", _default_add_bos(cfg)))
+        add_bos = bool(cfg.get("add_bos_token", post_adds_bos))
         return cls(tok, bos_token_id=bos, eos_token_ids=tuple(eos), add_bos=add_bos)
 
     @classmethod
@@ -202,11 +208,6 @@ def _token_name(value: Any) -> str | None:
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
         return str(value["content"])
     return None
-
-
-def _default_add_bos(cfg: Mapping[str, Any]) -> bool:
-    # Llama-family tokenizers (LlamaTokenizer*, PreTrainedTokenizerFast for Llama 3) add BOS.
-    return "Llama" in str(cfg.get("tokenizer_class", ""))
 
 
 # ---- chat templates ------------------------------------------------------------------------

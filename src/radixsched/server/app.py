@@ -1,0 +1,981 @@
+"""The FastAPI app: OpenAI-compatible completions and chat, SGLang's ``/generate``, metrics.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /generate``,
+``GET /v1/models``, ``GET /server_info`` (vocab size, context length, scheduler config),
+``GET /health``, ``GET /metrics`` (Prometheus), ``POST /flush_cache``.
+
+Errors always use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` and name
+the offending field in ``param``. Validation failures (FastAPI's 422) become 400. A full queue
+is 503 with ``Retry-After``. A priority sent to a server started with
+``--abort-on-priority-when-disabled`` (and priority scheduling off) is 400 on ``priority``:
+SGLang answers 503, but resending cannot succeed, so it is a client error, not overload.
+
+With ``api_key`` set, every endpoint except ``/health`` requires ``Authorization: Bearer KEY``
+(``/metrics`` included: it exposes load and cache statistics; point the scraper's bearer token
+at it).
+
+A client that disconnects, streaming or not, aborts its request: its KV slots and cache lock
+are released by the scheduler thread at the next step boundary.
+
+This module imports FastAPI: import it only to serve (the CLI does so lazily).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixsched.request import FinishReason, Req, SamplingParams
+from radixsched.server.detok import IncrementalDetokenizer
+from radixsched.server.loop import STOP_STRING_STATUS, EngineLoop, FinishInfo, RequestHandle
+from radixsched.server.metrics import ServerMetrics
+from radixsched.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    FlushCacheResponse,
+    GenerateRequest,
+    GenerateResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    ServerInfo,
+    stop_strings,
+)
+
+if TYPE_CHECKING:
+    from radixsched.config import SchedulerConfig
+    from radixsched.engine.loader import LoadedModel
+    from radixsched.engine.tokenizer import ChatTemplate, Tokenizer
+    from radixsched.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+RETRY_AFTER_S = 1
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 503)
+}
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the HTTP layer needs to know about the model behind the scheduler."""
+
+    name: str
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    vocab_size: int
+    context_len: int
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_response(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    if status >= 500:
+        kind = "server_error"
+    elif status == 401:
+        kind = "authentication_error"
+    else:
+        kind = "invalid_request_error"
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# ---- validation errors -> 400 -------------------------------------------------------------
+
+_TYPE_LOC_PARTS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
+
+
+def _param_of(loc: Sequence[Any]) -> str | None:
+    """``("body", "messages", 0, "content", "str")`` -> ``"messages[0].content"``; pydantic's
+    union-member and validator tags are dropped."""
+    parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+            continue
+        text = str(p)
+        if text in _TYPE_LOC_PARTS or "[" in text or "-" in text:
+            break
+        out += ("." if out else "") + text
+    return out or None
+
+
+def _validation_message(err: dict[str, Any]) -> tuple[str, str | None]:
+    kind = err.get("type", "")
+    param = _param_of(err.get("loc", ()))
+    if kind == "json_invalid":
+        ctx = err.get("ctx") or {}
+        return f"malformed JSON body: {ctx.get('error', err.get('msg', ''))}", None
+    if kind == "missing" and param is None:
+        return "a JSON request body is required", None
+    msg = str(err.get("msg", "invalid value"))
+    return (f"{param}: {msg}" if param else msg), param
+
+
+# ---- API key middleware (pure ASGI: keeps streaming and disconnect detection intact) ------
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: Any, api_key: str, exempt: Sequence[str] = ("/health",)) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.exempt = frozenset(exempt)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        auth = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                auth = value
+                break
+        if hmac.compare_digest(auth, self.expected):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps(
+            {
+                "error": {
+                    "message": "missing or invalid API key (send Authorization: Bearer KEY)",
+                    "type": "authentication_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+# ---- request preparation -----------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    req: Req
+    stop: tuple[str, ...]
+
+
+def _sampling(
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stop_token_ids: list[int] | None,
+    ignore_eos: bool,
+) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=max_new_tokens,
+        stop_token_ids=tuple(stop_token_ids or ()),
+        ignore_eos=ignore_eos,
+        temperature=temperature,
+        top_k=max(top_k, 0),
+        top_p=top_p,
+        seed=seed,
+    )
+
+
+class _Server:
+    """The handlers' shared state (one per app)."""
+
+    def __init__(self, engine: EngineLoop, model: ServedModel) -> None:
+        self.engine = engine
+        self.model = model
+        self.config: SchedulerConfig = engine.scheduler.config
+
+    # ---- validation against the model ------------------------------------------------------
+    def check_model(self, name: str) -> None:
+        if name != self.model.name:
+            raise ApiError(
+                404,
+                f"model {name!r} does not exist; this server serves {self.model.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_priority(self, priority: int | None) -> None:
+        cfg = self.config
+        if (
+            priority is not None
+            and not cfg.enable_priority_scheduling
+            and cfg.abort_on_priority_when_disabled
+        ):
+            raise ApiError(
+                400,
+                "this server does not schedule by priority; send the request without 'priority'",
+                param="priority",
+            )
+
+    def check_ids(self, ids: Sequence[int], field: str) -> None:
+        vocab = self.model.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                param=field,
+            )
+
+    def budget(
+        self, n_prompt: int, requested: int | None, default: int, prompt_field: str, max_field: str
+    ) -> int:
+        """max_new_tokens for a prompt of ``n_prompt`` tokens, or 400 naming the field."""
+        ctx = self.model.context_len
+        if n_prompt == 0:
+            raise ApiError(400, f"{prompt_field}: the prompt is empty", param=prompt_field)
+        if n_prompt >= ctx:
+            raise ApiError(
+                400,
+                f"{prompt_field}: the prompt has {n_prompt} tokens; the context length is {ctx}",
+                param=prompt_field,
+            )
+        if requested is None:
+            return max(1, min(default, ctx - n_prompt))
+        if n_prompt + requested > ctx:
+            raise ApiError(
+                400,
+                f"{max_field}: {n_prompt} prompt tokens + {requested} new tokens exceed the "
+                f"context length {ctx}",
+                param=max_field,
+            )
+        return requested
+
+    def make_req(
+        self,
+        rid: str,
+        ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        priority: int | None,
+        routing_key: str | None,
+        extra_key: str | None,
+        cache_salt: str | None,
+    ) -> Req:
+        return Req(
+            rid=rid,
+            prompt_ids=np.asarray(ids, dtype=np.int32),
+            sampling=sampling,
+            priority=priority,
+            routing_key=routing_key,
+            extra_key=extra_key,
+            cache_salt=cache_salt,
+        )
+
+    # ---- running one request -------------------------------------------------------------------
+    async def admit(self, req: Req, prompt_field: str) -> RequestHandle:
+        handle = self.engine.submit(req)
+        res = await handle.admission()
+        if not res.accepted:
+            status = res.status_code or 500
+            param = prompt_field if status == 400 else None
+            if status == 503 and "priority" in res.message:
+                param = "priority"
+            raise ApiError(status, res.message, param=param)
+        return handle
+
+    async def collect(
+        self, request: Request, handle: RequestHandle, detok: IncrementalDetokenizer
+    ) -> tuple[list[int], FinishInfo] | None:
+        """Run a non-streaming request to the end; None when the client went away first."""
+
+        async def consume() -> tuple[list[int], FinishInfo]:
+            ids: list[int] = []
+            while True:
+                delta = await handle.next_delta()
+                ids.extend(delta.token_ids)
+                detok.push(delta.token_ids)
+                if detok.stopped and delta.finish is None:
+                    self.engine.stop_request(handle.rid)
+                if delta.finish is not None:
+                    detok.finish()
+                    return ids, delta.finish
+
+        work = asyncio.ensure_future(consume())
+        gone = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                return work.result()
+            self.engine.abort(handle.rid)
+            return None
+        finally:
+            for task in (work, gone):
+                if not task.done():
+                    task.cancel()
+            if not handle.finished and not work.done():
+                self.engine.abort(handle.rid)
+
+    async def stream(
+        self, handle: RequestHandle, detok: IncrementalDetokenizer
+    ) -> AsyncIterator[tuple[list[int], str, FinishInfo | None]]:
+        """(new ids, new text, finish) per delta. Closing the generator early (the client
+        disconnected and Starlette cancelled the response) aborts the request."""
+        try:
+            while True:
+                delta = await handle.next_delta()
+                text = detok.push(delta.token_ids)
+                if detok.stopped and delta.finish is None:
+                    self.engine.stop_request(handle.rid)
+                if delta.finish is not None:
+                    text += detok.finish()
+                    yield delta.token_ids, text, delta.finish
+                    return
+                if text or delta.token_ids:
+                    yield delta.token_ids, text, None
+        finally:
+            if not handle.finished:
+                self.engine.abort(handle.rid)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
+
+
+def _openai_finish(fin: FinishInfo, detok: IncrementalDetokenizer) -> str:
+    if detok.stopped or fin.reason is FinishReason.STOP:
+        return "stop"
+    if fin.reason is FinishReason.LENGTH:
+        return "length"
+    return "stop"  # only a stop-string abort gets here (others are errors)
+
+
+def _is_error(fin: FinishInfo) -> bool:
+    return fin.reason is FinishReason.ABORT and fin.status_code != STOP_STRING_STATUS
+
+
+def _usage(fin: FinishInfo) -> dict[str, Any]:
+    return {
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+    }
+
+
+def _sglang_finish(fin: FinishInfo, detok: IncrementalDetokenizer) -> dict[str, Any]:
+    if detok.stopped:
+        return {"type": "stop", "matched": detok.matched_stop}
+    if fin.reason is FinishReason.STOP:
+        return {"type": "stop", "matched": fin.matched_token}
+    if fin.reason is FinishReason.LENGTH:
+        return {"type": "length", "length": fin.completion_tokens}
+    return {"type": "abort", "message": fin.message, "status_code": fin.status_code}
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _error_payload(fin: FinishInfo) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": fin.message or "request aborted",
+            "type": "server_error" if (fin.status_code or 500) >= 500 else "invalid_request_error",
+            "param": None,
+            "code": fin.status_code,
+        }
+    }
+
+
+def _abort_error(fin: FinishInfo) -> ApiError:
+    return ApiError(fin.status_code or 500, fin.message or "request aborted")
+
+
+# ---- the app ---------------------------------------------------------------------------------
+
+
+def create_app(
+    engine: EngineLoop,
+    model: ServedModel,
+    *,
+    api_key: str | None = None,
+    manage_engine: bool = True,
+) -> FastAPI:
+    """The app over a (not yet started) ``EngineLoop``. With ``manage_engine`` the app's
+    lifespan starts the loop and stops it on shutdown."""
+    srv = _Server(engine, model)
+    metrics = engine.metrics if engine.metrics is not None else ServerMetrics()
+    if engine.metrics is None:
+        engine.metrics = metrics
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                await asyncio.to_thread(engine.stop)
+
+    app = FastAPI(
+        title="radixsched",
+        version="0.1.0",
+        description="OpenAI-compatible and SGLang-native generation over the radixsched scheduler",
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    app.state.served_model = model
+    app.state.metrics = metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(ApiError)
+    async def _on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+
+    # ---- plain endpoints --------------------------------------------------------------------
+    @app.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+    async def health() -> JSONResponse:
+        ok = engine.alive and engine.healthy
+        return JSONResponse({"status": "ok" if ok else "unhealthy"}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models", response_model=ModelList, responses=_ERROR_RESPONSES)
+    async def models() -> ModelList:
+        card = ModelCard(
+            id=model.name,
+            created=0,
+            max_model_len=model.context_len,
+            vocab_size=model.vocab_size,
+        )
+        return ModelList(data=[card])
+
+    @app.get("/server_info", response_model=ServerInfo, responses=_ERROR_RESPONSES)
+    async def server_info() -> ServerInfo:
+        sched = engine.scheduler
+        return ServerInfo(
+            model=model.name,
+            vocab_size=model.vocab_size,
+            context_len=model.context_len,
+            kv_slots=sched.capacity,
+            max_running_requests=sched.max_running_requests,
+            scheduler=dataclasses.asdict(srv.config),
+        )
+
+    @app.get("/metrics", response_class=Response, responses=_ERROR_RESPONSES)
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/flush_cache", response_model=FlushCacheResponse, responses=_ERROR_RESPONSES)
+    async def flush_cache() -> FlushCacheResponse:
+        def flush(sched: Any) -> int | None:
+            if not sched.is_idle:
+                return None
+            n = int(sched.cache.total_size())
+            sched.cache.reset()
+            return n
+
+        try:
+            freed = await engine.acall(flush)
+        except RuntimeError as e:
+            raise ApiError(503, str(e)) from e
+        if freed is None:
+            raise ApiError(
+                400, "cache not flushed: requests are running or waiting; retry when idle"
+            )
+        return FlushCacheResponse(message="cache flushed", freed_tokens=freed)
+
+    # ---- /v1/completions ---------------------------------------------------------------------
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    )
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        srv.check_model(body.model)
+        srv.check_priority(body.priority)
+        if isinstance(body.prompt, str):
+            ids = model.tokenizer.encode(body.prompt)
+        else:
+            ids = list(body.prompt)
+            srv.check_ids(ids, "prompt")
+        max_new = srv.budget(
+            len(ids), body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, "prompt", "max_tokens"
+        )
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        req = srv.make_req(
+            rid,
+            ids,
+            _sampling(
+                max_new_tokens=max_new,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=body.seed,
+                stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos,
+            ),
+            priority=body.priority,
+            routing_key=body.routing_key,
+            extra_key=body.extra_key,
+            cache_salt=body.cache_salt,
+        )
+        detok = IncrementalDetokenizer(model.tokenizer, stop_strings(body.stop))
+        handle = await srv.admit(req, "prompt")
+        created = int(time.time())
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        if body.stream:
+
+            async def events() -> AsyncIterator[str]:
+                def chunk(text: str, finish: str | None) -> dict[str, Any]:
+                    return {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model.name,
+                        "choices": [
+                            {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                        ],
+                    }
+
+                async for _ids, text, fin in srv.stream(handle, detok):
+                    if fin is None:
+                        yield _sse(chunk(text, None))
+                        continue
+                    if _is_error(fin):
+                        yield _sse(_error_payload(fin))
+                        break
+                    yield _sse(chunk(text, _openai_finish(fin, detok)))
+                    if include_usage:
+                        final = {**chunk("", None), "choices": [], "usage": _usage(fin)}
+                        yield _sse(final)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        result = await srv.collect(request, handle, detok)
+        if result is None:
+            return error_response(499, "client disconnected")
+        _, fin = result
+        if _is_error(fin):
+            raise _abort_error(fin)
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model.name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": detok.text,
+                    "logprobs": None,
+                    "finish_reason": _openai_finish(fin, detok),
+                }
+            ],
+            "usage": _usage(fin),
+        }
+
+    # ---- /v1/chat/completions ----------------------------------------------------------------
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    )
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        srv.check_model(body.model)
+        srv.check_priority(body.priority)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            rendered = model.chat_template.render(messages, add_generation_prompt=True)
+        except Exception as e:  # a template may reject a conversation (e.g. role order)
+            raise ApiError(
+                400, f"messages: cannot apply the chat template: {e}", param="messages"
+            ) from e
+        ids = model.tokenizer.encode(rendered, add_special_tokens=False)
+        max_new = srv.budget(
+            len(ids),
+            body.requested_max_tokens,
+            model.context_len,
+            "messages",
+            body.max_tokens_field,
+        )
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        req = srv.make_req(
+            rid,
+            ids,
+            _sampling(
+                max_new_tokens=max_new,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=body.seed,
+                stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos,
+            ),
+            priority=body.priority,
+            routing_key=body.routing_key,
+            extra_key=body.extra_key,
+            cache_salt=body.cache_salt,
+        )
+        detok = IncrementalDetokenizer(model.tokenizer, stop_strings(body.stop))
+        handle = await srv.admit(req, "messages")
+        created = int(time.time())
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        if body.stream:
+
+            async def events() -> AsyncIterator[str]:
+                def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+                    return {
+                        "id": rid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model.name,
+                        "choices": [
+                            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                        ],
+                    }
+
+                yield _sse(chunk({"role": "assistant", "content": ""}, None))
+                async for _ids, text, fin in srv.stream(handle, detok):
+                    if fin is None:
+                        if text:
+                            yield _sse(chunk({"content": text}, None))
+                        continue
+                    if _is_error(fin):
+                        yield _sse(_error_payload(fin))
+                        break
+                    if text:
+                        yield _sse(chunk({"content": text}, None))
+                    yield _sse(chunk({}, _openai_finish(fin, detok)))
+                    if include_usage:
+                        final = {**chunk({}, None), "choices": [], "usage": _usage(fin)}
+                        yield _sse(final)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        result = await srv.collect(request, handle, detok)
+        if result is None:
+            return error_response(499, "client disconnected")
+        _, fin = result
+        if _is_error(fin):
+            raise _abort_error(fin)
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model.name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": detok.text},
+                    "logprobs": None,
+                    "finish_reason": _openai_finish(fin, detok),
+                }
+            ],
+            "usage": _usage(fin),
+        }
+
+    # ---- /generate -------------------------------------------------------------------------------
+    @app.post(
+        "/generate",
+        response_model=GenerateResponse,
+        responses={**_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    )
+    async def generate(body: GenerateRequest, request: Request) -> Any:
+        srv.check_priority(body.priority)
+        sp = body.sampling_params
+        if body.input_ids is not None:
+            ids = list(body.input_ids)
+            field = "input_ids"
+            srv.check_ids(ids, field)
+        else:
+            ids = model.tokenizer.encode(body.text or "")
+            field = "text"
+        max_new = srv.budget(
+            len(ids),
+            sp.max_new_tokens,
+            DEFAULT_GENERATE_MAX_NEW_TOKENS,
+            field,
+            "sampling_params.max_new_tokens",
+        )
+        rid = body.rid if body.rid is not None else uuid.uuid4().hex
+        req = srv.make_req(
+            rid,
+            ids,
+            _sampling(
+                max_new_tokens=max_new,
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                top_k=sp.top_k,
+                seed=sp.seed,
+                stop_token_ids=sp.stop_token_ids,
+                ignore_eos=sp.ignore_eos,
+            ),
+            priority=body.priority,
+            routing_key=body.routing_key,
+            extra_key=body.extra_key,
+            cache_salt=body.cache_salt,
+        )
+        detok = IncrementalDetokenizer(model.tokenizer, stop_strings(sp.stop))
+        handle = await srv.admit(req, field)
+
+        def meta(out_ids: list[int], fin: FinishInfo | None) -> dict[str, Any]:
+            return {
+                "id": rid,
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(out_ids),
+                "cached_tokens": req.cached_tokens if fin is None else fin.cached_tokens,
+                "finish_reason": None if fin is None else _sglang_finish(fin, detok),
+                "e2e_latency": 0.0 if fin is None else fin.e2e_latency_s,
+            }
+
+        if body.stream:
+
+            async def events() -> AsyncIterator[str]:
+                out_ids: list[int] = []
+                async for new_ids, _text, fin in srv.stream(handle, detok):
+                    out_ids.extend(new_ids)
+                    if fin is not None and _is_error(fin):
+                        yield _sse(_error_payload(fin))
+                        break
+                    payload = {
+                        "text": detok.text,
+                        "output_ids": out_ids,
+                        "meta_info": meta(out_ids, fin),
+                    }
+                    yield _sse(payload)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        result = await srv.collect(request, handle, detok)
+        if result is None:
+            return error_response(499, "client disconnected")
+        out_ids, fin = result
+        if _is_error(fin):
+            raise _abort_error(fin)
+        return {"text": detok.text, "output_ids": out_ids, "meta_info": meta(out_ids, fin)}
+
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return app
+
+
+# ---- building an engine -----------------------------------------------------------------------
+
+
+def build_engine(
+    model_name: str,
+    config: SchedulerConfig,
+    *,
+    kv_slots: int | None = None,
+    kv_cache_mb: float = 256.0,
+    context_len: int | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    seed: int = 0,
+    served_model_name: str | None = None,
+) -> tuple[EngineLoop, ServedModel]:
+    """Load a model (``radixsched.engine.loader.load_model`` names or paths) and put it under
+    an (unstarted) engine loop; see ``engine_for_model``."""
+    from radixsched.engine.loader import load_model
+
+    loaded = load_model(model_name, device=device, dtype=dtype, seed=seed)
+    return engine_for_model(
+        loaded,
+        config,
+        kv_slots=kv_slots,
+        kv_cache_mb=kv_cache_mb,
+        context_len=context_len,
+        seed=seed,
+        served_model_name=served_model_name,
+    )
+
+
+def engine_for_model(
+    loaded: LoadedModel,
+    config: SchedulerConfig,
+    *,
+    kv_slots: int | None = None,
+    kv_cache_mb: float = 256.0,
+    context_len: int | None = None,
+    seed: int = 0,
+    served_model_name: str | None = None,
+) -> tuple[EngineLoop, ServedModel]:
+    """A ``TorchRunner`` over a fresh KV pool under a wall-clock ``Scheduler``, in an
+    (unstarted) loop. Several engines may share one loaded model (the weights are read-only).
+
+    KV pool: ``kv_slots`` tokens, else as many as fit in ``kv_cache_mb`` (at most
+    ``MAX_DEFAULT_KV_SLOTS``)."""
+    from radixsched.engine.runner import TorchRunner
+
+    if kv_slots is None:
+        by_bytes = TorchRunner.kv_slots_for_bytes(loaded, int(kv_cache_mb * 2**20))
+        kv_slots = min(by_bytes, MAX_DEFAULT_KV_SLOTS)
+    page = config.page_size
+    # The allocator hands out slots 1 .. (kv_slots // page + 1) * page - 1 (page 0 reserved).
+    runner = TorchRunner(
+        loaded, (kv_slots // page + 1) * page - 1, seed=seed, max_context_len=context_len
+    )
+    engine = engine_for_runner(
+        runner, config, kv_slots=kv_slots, context_len=runner.max_context_len
+    )
+    served = ServedModel(
+        name=served_model_name or loaded.name,
+        tokenizer=loaded.tokenizer,
+        chat_template=loaded.chat_template,
+        vocab_size=loaded.config.vocab_size,
+        context_len=runner.max_context_len,
+    )
+    return engine, served
+
+
+MAX_DEFAULT_KV_SLOTS = 1 << 17
+
+
+def engine_for_runner(
+    runner: ModelRunner, config: SchedulerConfig, *, kv_slots: int, context_len: int
+) -> EngineLoop:
+    from radixsched.clock import WallClock
+    from radixsched.scheduler import Scheduler
+
+    sched = Scheduler(config, runner, kv_slots=kv_slots, clock=WallClock(), context_len=context_len)
+    return EngineLoop(sched, metrics=ServerMetrics())
+
+
+# ---- running it ---------------------------------------------------------------------------------
+
+
+class ServerThread:
+    """Run an app with uvicorn on a loopback port in a background thread (tests, benchmarks).
+
+    The socket is bound before the thread starts, so ``url`` is valid immediately and no other
+    process can take the port in between."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="radixsched-uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _serve(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self.sock]))
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self.sock.close()
+        if self._thread.is_alive():
+            raise RuntimeError("uvicorn did not stop")
+
+    @property
+    def stopped(self) -> bool:
+        return not self._thread.is_alive()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[ServerThread]:
+    with ServerThread(app) as st:
+        yield st
+
+
+def run_server(app: Any, host: str, port: int, *, log_level: str = "info") -> None:
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+__all__ = [
+    "ApiError",
+    "ServedModel",
+    "ServerThread",
+    "build_engine",
+    "create_app",
+    "engine_for_model",
+    "engine_for_runner",
+    "run_server",
+    "serving",
+]

@@ -1,0 +1,103 @@
+"""Incremental detokenization for streaming, with stop strings.
+
+Tokens arrive a few at a time; their text is emitted as soon as it is final:
+
+* a token can end in the middle of a UTF-8 character (byte-level vocabularies): text whose
+  decoding ends in U+FFFD is held back until the next token completes it (or the request ends);
+* text that could be the beginning of a stop string is held back until it is known not to be
+  one; when a stop string appears, the text is cut before it and nothing more is emitted.
+
+Only a sliding window of ids is decoded per token (from ``_prefix_offset``), so streaming a long
+answer costs O(tokens), not O(tokens^2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class Decoder(Protocol):
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Decoder, stop: Sequence[str] = ()) -> None:
+        self._tok = tokenizer
+        self._stop = tuple(s for s in stop if s)
+        self._ids: list[int] = []
+        # ids[_prefix_offset:_read_offset] were decoded into text already; they are decoded
+        # again as context so that the next tokens join them the way the tokenizer joins text.
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._text = ""  # final text so far (stop-string cut applied)
+        self._emitted = 0  # characters of _text handed out
+        self.matched_stop: str | None = None
+
+    @property
+    def text(self) -> str:
+        """Everything decoded so far (including text still held back)."""
+        return self._text
+
+    @property
+    def stopped(self) -> bool:
+        return self.matched_stop is not None
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add tokens; return the newly final text (possibly empty)."""
+        if self.stopped or not ids:
+            return ""
+        self._ids.extend(ids)
+        prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._tok.decode(self._ids[self._prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith(REPLACEMENT_CHAR):
+            self._append(full[len(prefix) :])
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+        return self._take(final=False)
+
+    def finish(self) -> str:
+        """The request ended: flush what was held back (an incomplete character decodes as
+        U+FFFD, like a non-streaming decode of the same ids)."""
+        if not self.stopped and self._read_offset < len(self._ids):
+            prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
+            full = self._tok.decode(self._ids[self._prefix_offset :])
+            if len(full) > len(prefix):
+                self._append(full[len(prefix) :])
+            self._prefix_offset = self._read_offset = len(self._ids)
+        return self._take(final=True)
+
+    def _append(self, delta: str) -> None:
+        start = len(self._text)
+        self._text += delta
+        if not self._stop:
+            return
+        longest = max(len(s) for s in self._stop)
+        window_start = max(0, start - longest + 1)
+        hits = [(self._text.find(s, window_start), s) for s in self._stop]
+        found = [(pos, s) for pos, s in hits if pos >= 0]
+        if found:
+            pos, s = min(found)
+            self._text = self._text[:pos]
+            self.matched_stop = s
+
+    def _take(self, *, final: bool) -> str:
+        end = len(self._text)
+        if not final and not self.stopped:
+            end -= self._held_for_stop()
+        end = max(end, self._emitted)
+        out = self._text[self._emitted : end]
+        self._emitted = end
+        return out
+
+    def _held_for_stop(self) -> int:
+        """Length of the longest suffix of the text that is a proper prefix of a stop string."""
+        best = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(self._text)), best, -1):
+                if self._text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
