@@ -54,7 +54,9 @@ class FakeRunner(ModelRunner):
             got = self.pool[e.prefix_slots]
             want = fill[: e.prefix_len]
             assert np.array_equal(got, want), f"{r.rid}: cached prefix KV does not match its tokens"
-            assert np.array_equal(e.new_token_ids, fill[e.prefix_len : e.prefix_len + len(e.new_token_ids)])
+            assert np.array_equal(
+                e.new_token_ids, fill[e.prefix_len : e.prefix_len + len(e.new_token_ids)]
+            )
             self.pool[e.new_slots] = e.new_token_ids
             if e.produces_token:
                 ctx = self.pool[np.concatenate([e.prefix_slots, e.new_slots])]
@@ -68,7 +70,9 @@ class FakeRunner(ModelRunner):
             want = r.fill_ids()
             assert np.array_equal(ctx, want), f"{r.rid}: decode context KV does not match"
             out[r.rid] = self.next_token(ctx)
-        dur = self.prefill_s_per_token * batch.extend_num_tokens + (self.decode_s if batch.decode else 0.0)
+        dur = self.prefill_s_per_token * batch.extend_num_tokens + (
+            self.decode_s if batch.decode else 0.0
+        )
         return StepResult(out, dur + 0.001)
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import FakeRunner, reference_output
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fakes import FakeRunner, reference_output
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache import RadixCache, TokenAllocator
 from radixsched.clock import VirtualClock
@@ -149,7 +149,9 @@ def test_chunked_request_continues_before_new_ones() -> None:
 # ---- admission results ----------------------------------------------------------------------
 
 
-def _adder(cache: RadixCache, alloc: TokenAllocator, running: list[Req], **cfg: object) -> PrefillAdder:
+def _adder(
+    cache: RadixCache, alloc: TokenAllocator, running: list[Req], **cfg: object
+) -> PrefillAdder:
     config = SchedulerConfig(**cfg)  # type: ignore[arg-type]
     return PrefillAdder(
         config=config, cache=cache, allocator=alloc, running=running, new_token_ratio=0.5
@@ -283,7 +285,9 @@ def test_retracted_request_keeps_seniority_in_radixsched_mode() -> None:
 
 def test_priority_preemption_frees_a_slot_for_an_important_request() -> None:
     s = make_sched(
-        max_running_requests=2, enable_priority_scheduling=True, priority_scheduling_preemption_threshold=5
+        max_running_requests=2,
+        enable_priority_scheduling=True,
+        priority_scheduling_preemption_threshold=5,
     )
     low = [req(f"low{i}", prompt(10, i), n=30, priority=0) for i in range(2)]
     for r in low:
@@ -401,7 +405,9 @@ def _workload(seed: int) -> list[Req]:
     out = []
     for i in range(16):
         p = np.concatenate([systems[i % 3], rng.integers(0, 1000, int(rng.integers(1, 30)))])
-        out.append(req(f"r{i}", p, n=int(rng.integers(1, 25)), routing_key=f"k{i % 2}", tenant=f"t{i % 2}"))
+        out.append(
+            req(f"r{i}", p, n=int(rng.integers(1, 25)), routing_key=f"k{i % 2}", tenant=f"t{i % 2}")
+        )
     return out
 
 
@@ -448,7 +454,7 @@ def test_random_arrivals_keep_invariants_and_finish(
     cfg = SchedulerConfig(
         schedule_policy=policy,
         page_size=page,
-        chunked_prefill_size=chunk if chunk < 0 else chunk,
+        chunked_prefill_size=chunk,
         compat=compat,  # type: ignore[arg-type]
         enable_mixed_chunk=mixed and chunk > 0,
     )
@@ -461,7 +467,7 @@ def test_random_arrivals_keep_invariants_and_finish(
         # Deliver up to two arrivals between steps.
         for _ in range(2):
             if pending:
-                i, (grp, extra, n, wait) = pending.pop(0)
+                i, (grp, extra, n, _unused) = pending.pop(0)
                 r = req(f"r{i}", np.concatenate([systems[grp], prompt(extra, 100 + i)]), n=n)
                 if s.add_request(r).accepted:
                     reqs.append(r)

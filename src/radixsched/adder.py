@@ -212,13 +212,17 @@ class PrefillAdder:
     def add_one_req(self, req: Req, *, has_chunked_req: bool) -> AddReqResult:
         """Admit ``req`` (already re-matched by the scheduler: prefix_len, last_node set)."""
         cfg = self.config
-        if cfg.prefill_max_requests is not None and len(self.can_run_list) >= cfg.prefill_max_requests:
+        if (
+            cfg.prefill_max_requests is not None
+            and len(self.can_run_list) >= cfg.prefill_max_requests
+        ):
             return AddReqResult.OTHER
         if req.sampling.ignore_eos and self.cache.disabled:
             return self._add_one_req_ignore_eos(req)
 
         reservation = self.admission_reservation(req)
         cand = req.fill_len - req.prefix_len
+        max_new_check: float
         if self.compat:
             max_new_check = min(req.remaining_new_tokens, cfg.clip_max_new_tokens)
         else:

@@ -142,7 +142,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 progress.update(task, completed=done)
 
             try:
-                run = simulate(workload, cfg, sim_cfg, on_progress=on_progress, optimal_hit_rate=opt)
+                run = simulate(
+                    workload, cfg, sim_cfg, on_progress=on_progress, optimal_hit_rate=opt
+                )
             except ValueError as e:
                 raise CliError(f"{name}: {e}") from e
             runs.append(run)
@@ -199,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    sim = sub.add_parser("simulate", help="replay a workload through the scheduler and compare policies")
+    sim = sub.add_parser(
+        "simulate", help="replay a workload through the scheduler and compare policies"
+    )
     _add_simulate_args(sim)
     sim.set_defaults(func=cmd_simulate)
     _add_optional_commands(sub)

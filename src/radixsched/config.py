@@ -233,7 +233,10 @@ def add_config_args(
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
         if tp is bool:
             group.add_argument(
-                flag, action=argparse.BooleanOptionalAction, help=f"{help_} (default: {f.default})", **kw
+                flag,
+                action=argparse.BooleanOptionalAction,
+                help=f"{help_} (default: {f.default})",
+                **kw,
             )
             continue
         if typing.get_origin(tp) is Literal:

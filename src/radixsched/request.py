@@ -50,7 +50,13 @@ class FinishReason(enum.Enum):
 
     @property
     def openai_name(self) -> str:
-        return "length" if self is FinishReason.LENGTH else "stop" if self is FinishReason.STOP else "abort"
+        return (
+            "length"
+            if self is FinishReason.LENGTH
+            else "stop"
+            if self is FinishReason.STOP
+            else "abort"
+        )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,9 +115,7 @@ class Scheduler:
         self.policy = SchedulePolicy(config, self.cache)
         self.capacity = self.allocator.total_size
         self.context_len = context_len
-        self.max_running_requests = resolve_max_running_requests(
-            config, self.capacity, context_len
-        )
+        self.max_running_requests = resolve_max_running_requests(config, self.capacity, context_len)
         self.ratio = NewTokenRatioTracker(config)
         self.eos_ids = frozenset(runner.eos_token_ids())
         self.gate_factory = gate_factory
@@ -143,9 +142,12 @@ class Scheduler:
         err = validate_priority(req, cfg)
         if err is not None:
             return self._reject(req, 503, err)
-        if cfg.enable_priority_scheduling and req.priority is None:
-            if cfg.default_priority_value is not None:
-                req.priority = cfg.default_priority_value
+        if (
+            cfg.enable_priority_scheduling
+            and req.priority is None
+            and cfg.default_priority_value is not None
+        ):
+            req.priority = cfg.default_priority_value
         # The prompt plus one decode token must fit in KV memory and in the context window.
         p = self.page_size
         max_req_len = min(self.context_len - 1, self.capacity - 1)
@@ -167,7 +169,9 @@ class Scheduler:
             if victim is None:
                 return self._reject(req, 503, "The request queue is full.")
             self.waiting.remove(victim)
-            self._finish_aborted(victim, 503, "The request is aborted by a higher priority request.")
+            self._finish_aborted(
+                victim, 503, "The request is aborted by a higher priority request."
+            )
         req.queue_entry_time = t
         req.queue_entry_processed_tokens = self.processed_tokens
         if self.cache.supports_prefix_sharing():
@@ -268,7 +272,10 @@ class Scheduler:
     def step(self, horizon: float | None = None) -> StepOutcome | None:
         """Run one forward pass (or several decode steps at once in the simulator, never past
         ``horizon``, the time of the next external event). None when there is nothing to run."""
-        if self.chunked_req is not None and self.chunked_req.extend_end > self.chunked_req.prefix_len:
+        if (
+            self.chunked_req is not None
+            and self.chunked_req.extend_end > self.chunked_req.prefix_len
+        ):
             self._checkpoint(self.chunked_req, self.chunked_req.extend_end)
         batch, mixed_decode = self._get_new_batch_prefill()
         if batch is not None:
@@ -342,7 +349,8 @@ class Scheduler:
             if len(adder.can_run_list) >= allocatable + (1 if chunked is not None else 0):
                 self.batch_is_full = True
             if self.batch_is_full and (
-                not cfg.enable_priority_preemption or not adder.preempt_to_schedule(req, self.running)
+                not cfg.enable_priority_preemption
+                or not adder.preempt_to_schedule(req, self.running)
             ):
                 break
             self._match_for_admission(req)
@@ -406,7 +414,9 @@ class Scheduler:
         req.host_hit_len = 0
         if self.host_tier is not None:
             host = self.host_tier.host_len(key, m.device_len)
-            req.host_hit_len = max(0, floor_page(min(m.device_len + host, cap), self.page_size) - m.device_len)
+            req.host_hit_len = max(
+                0, floor_page(min(m.device_len + host, cap), self.page_size) - m.device_len
+            )
         req.num_matched_prefix_tokens = min(m.device_len + req.host_hit_len, cap)
 
     def _extend_entry(self, req: Req, prefix_len: int, end: int) -> ExtendEntry:
@@ -414,12 +424,18 @@ class Scheduler:
         self._ensure_row(req, end)
         fill = req.fill_ids()
         host_load = 0
-        if req.host_hit_len and prefix_len == req.cache_protected_len and prefix_len == req.prefix_len:
+        if (
+            req.host_hit_len
+            and prefix_len == req.cache_protected_len
+            and prefix_len == req.prefix_len
+        ):
             host_load = min(req.host_hit_len, end - prefix_len)
             req.host_hit_len = 0
             if self.host_tier is not None:
                 # Loaded back: refresh the host pages' recency.
-                self.host_tier.touch(CacheKey(fill[: prefix_len + host_load], req.namespace), prefix_len + host_load)
+                self.host_tier.touch(
+                    CacheKey(fill[: prefix_len + host_load], req.namespace), prefix_len + host_load
+                )
         req.kv_len = end
         entry = ExtendEntry(
             req=req,
@@ -520,20 +536,25 @@ class Scheduler:
             self.batch_is_full = False
             for r in retracted:
                 self._requeue(r)
-            logger.debug("retracted %d requests; new_token_ratio=%.3f", len(retracted), self.ratio.current)
+            logger.debug(
+                "retracted %d requests; new_token_ratio=%.3f", len(retracted), self.ratio.current
+            )
         return retracted
 
     def _retraction_order(self) -> list[Req]:
         """Sorted so that ``pop()`` yields the next victim (spec 4.6)."""
         sign = self.config.priority_sign
         if self.config.retraction_policy == "priority":
+
             def key(i: int) -> tuple[Any, ...]:
                 r = self.running[i]
                 return (_prio_value(r, sign) * -sign, r.output_len, -r.prompt_len)
         else:
+
             def key(i: int) -> tuple[Any, ...]:
                 r = self.running[i]
                 return (r.output_len, -r.prompt_len)
+
         idx = sorted(range(len(self.running)), key=key, reverse=True)
         return [self.running[i] for i in idx]
 
@@ -663,16 +684,18 @@ class Scheduler:
     def _check_finish(self, r: Req) -> None:
         s = r.sampling
         last = r.output_ids[-1] if r.output_ids else None
-        if last is not None and last in s.stop_token_ids:
-            r.finish = FinishState(FinishReason.STOP, matched_token=last)
-        elif last is not None and not s.ignore_eos and last in self.eos_ids:
+        if (last is not None and last in s.stop_token_ids) or (
+            last is not None and not s.ignore_eos and last in self.eos_ids
+        ):
             r.finish = FinishState(FinishReason.STOP, matched_token=last)
         elif r.output_len >= s.max_new_tokens:
             r.finish = FinishState(FinishReason.LENGTH)
             if r.output_len > s.max_new_tokens:  # a decode jump never overshoots
                 raise IntegrityError(f"{r.rid} produced {r.output_len} > {s.max_new_tokens} tokens")
         if r.finished:
-            r.times.finish = self.clock.now() if not r.times.token_times else r.times.token_times[-1]
+            r.times.finish = (
+                self.clock.now() if not r.times.token_times else r.times.token_times[-1]
+            )
 
     def _retire_finished(self, finished: list[Req]) -> None:
         if not finished:
@@ -798,7 +821,7 @@ def _prio_value(r: Req, sign: int) -> int:
 
 
 def _is_sorted(xs: list[int]) -> bool:
-    return all(a <= b for a, b in zip(xs, xs[1:], strict=False))
+    return all(a <= b for a, b in itertools.pairwise(xs))
 
 
 def _replace_sampling(s: SamplingParams, **kw: Any) -> SamplingParams:

@@ -318,9 +318,9 @@ def _run_event_loop(
             continue
         if i >= n:
             break
-        for r in replicas:
-            if r.sched.is_idle:
-                r.clock.jump_to(ta)
+        for idle in replicas:
+            if idle.sched.is_idle:
+                idle.clock.jump_to(ta)
         _deliver(reqs[i], replicas, router, ta)
         i += 1
     if on_progress is not None:
