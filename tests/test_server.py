@@ -600,6 +600,7 @@ def fuzz_operation(op: Any, base_url: str, failures: list[str]) -> None:
         phases=[Phase.explicit, Phase.generate],
         suppress_health_check=list(HealthCheck),
         database=None,
+        derandomize=True,  # the same examples on every CI run
     )
     def run(case: Any) -> None:
         body = case.body
@@ -609,7 +610,6 @@ def fuzz_operation(op: Any, base_url: str, failures: list[str]) -> None:
             if seen[0] % 2:
                 repair(body)
         response = case.call(base_url=base_url, timeout=30)
-        print("STATUS", op.path, response.status_code)
         if response.status_code >= 500:
             failures.append(
                 f"{op.method.upper()} {op.path} -> {response.status_code}: "
@@ -684,3 +684,12 @@ def test_detokenizer_stop_strings() -> None:
     assert d.push(list(b"az")) == "a"
     assert d.finish() == "z"
     assert stop_strings("") == () and stop_strings(["a", ""]) == ("a",) and stop_strings(None) == ()
+
+
+def test_extreme_sampling_values_do_not_break_a_batch(client: httpx.Client) -> None:
+    """Found by schemathesis: a denormal top_p (0 in float32) or a tiny temperature made the
+    sampler produce NaN and fail the whole step."""
+    for sp in ({"top_p": 5e-324}, {"temperature": 1e-300}, {"temperature": 1e-6, "top_p": 1e-300}):
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3, **sp}}
+        r = client.post("/generate", json=body)
+        assert r.status_code == 200, (sp, r.text)

@@ -110,8 +110,19 @@ class PrefillAdder:
         )
         self.total_offset: float = float(num_mixed_decode_tokens)
         self.current_offset: float = float(num_mixed_decode_tokens)
+        # Decode reservations of the running batch (hot: once per round over every running
+        # request, so inlined; equal to summing running_reservation()).
+        clip = config.clip_max_new_tokens
+        full = 0
+        discounted = 0
         for r in running:
-            self.total_offset += self.running_reservation(r)
+            rem = r.sampling.max_new_tokens - len(r.output_ids)
+            if rem > 0:
+                if r.sampling.ignore_eos:
+                    full += rem if rem < clip else clip
+                else:
+                    discounted += rem if rem < clip else clip
+        self.total_offset += full + discounted * new_token_ratio
 
         self.can_run_list: list[Admission] = []
         self.new_chunked_req: Req | None = None

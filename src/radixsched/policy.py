@@ -697,7 +697,8 @@ class SchedulePolicy:
             cache = self.tree_cache
             match_len = cache.match_len
             memo_ok = cache.supports_match_memo
-            epoch_of = cache.subtree_epoch
+            table, base = cache.epoch_table()
+            table_get = table.get
             for r in queue:
                 # Hot loop (once per waiting request per round). A request's match can only
                 # change when its top-level subtree changed: the memo skips the walk otherwise.
@@ -705,22 +706,23 @@ class SchedulePolicy:
                 memo = r.match_memo
                 epoch = -1
                 if memo_ok:
-                    if r.subtree_key is None:
-                        r.subtree_key = cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
-                    if r.subtree_key is not None:  # None: prompt shorter than a page
-                        epoch = epoch_of(r.subtree_key)
-                    if epoch >= 0 and memo is not None and memo[0] == epoch and memo[1] == out_len:
-                        n = memo[2]
-                        cap = r.prompt_len + out_len - 1
-                        r.num_matched_prefix_tokens = n if n < cap else cap
-                        append(n)
-                        continue
+                    sk = r.subtree_key
+                    if sk is None:
+                        sk = r.subtree_key = cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
+                    if sk is not None:  # None: prompt shorter than a page
+                        epoch = base + table_get(sk, 0)
+                        if memo is not None and memo[0] == epoch and memo[1] == out_len:
+                            n = memo[2]
+                            cap = len(r.prompt_ids) + out_len - 1
+                            r.num_matched_prefix_tokens = n if n < cap else cap
+                            append(n)
+                            continue
                 fill = r.fill_ids() if out_len else r.prompt_ids
                 ek, salt = r.extra_key, r.cache_salt
                 n = match_len(CacheKey(fill, None if ek is None and salt is None else (ek, salt)))
                 if epoch >= 0:
                     r.match_memo = (epoch, out_len, n)
-                cap = r.max_prefix_len(len(fill))
+                cap = len(fill) - 1
                 r.num_matched_prefix_tokens = n if n < cap else cap
                 append(n)
             return lens
@@ -775,7 +777,7 @@ class SchedulePolicy:
         # change; a prompt shorter than `width` is keyed on prompt + output each round).
         groups: dict[tuple[Namespace, bytes], list[Req]] = {}
         for r in candidates:
-            if r.prompt_len >= width:
+            if len(r.prompt_ids) >= width:
                 cached = r.dedup_key
                 if cached is None or cached[0] != width:
                     cached = (width, (r.namespace, r.prompt_ids[:width].tobytes()))
@@ -796,9 +798,22 @@ class SchedulePolicy:
                 continue
             if compat:
                 rep = group[0]  # first in list order
+            elif is_overdue is _never:
+                # Least uncached work (prefill_work, inlined: hot), then oldest; queue position
+                # breaks the remaining ties (min keeps the first of equals).
+                rep = min(
+                    group,
+                    key=lambda r: (
+                        max(
+                            1,
+                            len(r.prompt_ids) + len(r.output_ids) - r.num_matched_prefix_tokens,
+                        ),
+                        r.queue_entry_time,
+                        r.arrival_time,
+                    ),
+                )
             else:
-                # Overdue first, then least uncached work, then oldest; queue position breaks
-                # the remaining ties (min keeps the first of equals).
+                # Overdue first, then as above.
                 rep = min(
                     group,
                     key=lambda r: (

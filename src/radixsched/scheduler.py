@@ -35,7 +35,7 @@ from radixsched.cache import CacheKey, TokenAllocator, make_cache
 from radixsched.cache.base import BasePrefixCache, IntegrityError
 from radixsched.clock import Clock, VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.policy import SchedulePolicy, validate_priority
+from radixsched.policy import PriorityResult, SchedulePolicy, validate_priority
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import (
     EMPTY_SLOTS,
@@ -82,6 +82,9 @@ class SchedulerStats:
     host_cached_prompt_tokens: int = 0
     prompt_tokens: int = 0
     prefill_tokens_computed: int = 0
+
+
+_NO_PRIORITY = PriorityResult("skipped", frozenset(), frozenset(), False)
 
 
 def resolve_max_running_requests(config: SchedulerConfig, capacity: int, context_len: int) -> int:
@@ -319,9 +322,6 @@ class Scheduler:
             self.batch_is_full = True
             return None, []
 
-        prio = self.policy.calc_priority(
-            self.waiting, self.running, self.processed_tokens, self.clock.now()
-        )
         mixed = cfg.enable_mixed_chunk and cfg.chunk_size is not None and bool(self.running)
         adder = PrefillAdder(
             config=cfg,
@@ -334,11 +334,25 @@ class Scheduler:
             preempt_fn=self._preempt,
         )
         chunked = self.chunked_req
+        prio: PriorityResult | None = None
         if chunked is not None:
+            if cfg.sglang_compat or cfg.schedule_policy == "shortest-prefill-first":
+                # SPF caps the continuation from the sorted queue (spec 1.9); compat keeps
+                # SGLang's order of operations exactly.
+                prio = self._calc_priority()
             adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
                 chunked, self.waiting, adder.rem_chunk_tokens or 0, self.page_size
             )
             self.chunked_req = adder.add_chunked_req(chunked)
+        if prio is None:
+            if chunked is not None and adder.budget_state() is AddReqResult.OTHER:
+                # The continuation spent the round's budget: no waiting request can be
+                # admitted, so ordering the queue would be wasted work. Every radixsched order
+                # is a function of the requests' current keys (ties by arrival), so skipping a
+                # sort never changes a later round's order.
+                prio = _NO_PRIORITY
+            else:
+                prio = self._calc_priority()
 
         deferred = prio.deferred
         for req in list(self.waiting):
@@ -398,6 +412,11 @@ class Scheduler:
             mixed_decode = list(self.running)
         decode_entries = self._decode_entries(mixed_decode) if mixed_decode else []
         return Batch(entries, decode_entries), mixed_decode
+
+    def _calc_priority(self) -> PriorityResult:
+        return self.policy.calc_priority(
+            self.waiting, self.running, self.processed_tokens, self.clock.now()
+        )
 
     def _match_for_admission(self, req: Req) -> None:
         """Re-match the request with the ``len - 1`` cap (spec 2.6: init_next_round_input)."""

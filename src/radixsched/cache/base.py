@@ -112,6 +112,9 @@ class BasePrefixCache(ABC):
     def subtree_epoch(self, subtree_key: Any) -> int:
         return 0
 
+    def epoch_table(self) -> tuple[dict[Any, int], int]:
+        return {}, 0
+
     def all_values(self) -> SlotArray:
         """Every KV slot the cache holds (for conservation checks)."""
         return np.zeros(0, dtype=np.int64)

@@ -228,6 +228,11 @@ class RadixCache(BasePrefixCache):
             return base
         return base + self._epochs.get(subtree_key, 0)
 
+    def epoch_table(self) -> tuple[dict[Hashable, int], int]:
+        """(per-subtree counters, generation base): ``subtree_epoch(k) == base + table.get(k,
+        0)``, for callers that look up many keys in a hot loop. Read-only."""
+        return self._epochs, self._generation << 40
+
     def _bump(self, subtree_key: Hashable) -> None:
         self._epochs[subtree_key] = self._epochs.get(subtree_key, 0) + 1
 

@@ -79,6 +79,8 @@ Send = Callable[[Message], Awaitable[None]]
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 RETRY_AFTER_S = 1
+MIN_TEMPERATURE = 1e-5
+MIN_TOP_P = 1e-6
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 503)
@@ -218,13 +220,16 @@ def _sampling(
     stop_token_ids: list[int] | None,
     ignore_eos: bool,
 ) -> SamplingParams:
+    # Like SGLang: a temperature below 1e-5 means greedy (dividing logits by it overflows), and
+    # top_p is floored where float32 still represents it (a denormal top_p rounds to 0 there,
+    # which would drop every token).
     return SamplingParams(
         max_new_tokens=max_new_tokens,
         stop_token_ids=tuple(stop_token_ids or ()),
         ignore_eos=ignore_eos,
-        temperature=temperature,
+        temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
         top_k=max(top_k, 0),
-        top_p=top_p,
+        top_p=max(top_p, MIN_TOP_P),
         seed=seed,
     )
 

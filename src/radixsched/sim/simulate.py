@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from radixsched.config import SchedulerConfig
 from radixsched.request import Req
 from radixsched.scheduler import Scheduler
 from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
+
+if TYPE_CHECKING:
+    from radixsched.sim.lockstep import LockstepStats
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class SimRun:
     requests: list[Req]
     replicas: list[ReplicaSummary]
     kv_capacity_tokens: int
+    # Pass accounting of a lockstep (--enable-dp-attention) run; None otherwise.
+    lockstep: LockstepStats | None = None
 
 
 def clone_request(r: Req) -> Req:
@@ -197,10 +202,13 @@ def simulate(
         )
     series = TimeSeries()
     t0 = time.perf_counter()
+    lockstep: LockstepStats | None = None
     if sim_cfg.enable_dp_attention and sim_cfg.dp > 1:
         from radixsched.sim.lockstep import run_lockstep
 
-        run_lockstep(replicas, reqs, router, sim_cfg, series, on_progress, check_integrity)
+        lockstep = run_lockstep(
+            replicas, reqs, router, sim_cfg, series, on_progress, check_integrity
+        )
     else:
         _run_event_loop(replicas, reqs, router, series, on_progress, check_integrity)
     wall = time.perf_counter() - t0
@@ -227,6 +235,8 @@ def simulate(
     ]
     if sim_cfg.dp > 1:
         extra["replicas"] = [s.to_json() for s in summaries]
+    if lockstep is not None:
+        extra["lockstep"] = lockstep.to_json()
     result = summarize(
         sched_cfg.schedule_policy,
         reqs,
@@ -237,7 +247,7 @@ def simulate(
         preemptions=sum(s.preemptions for s in stats),
         extra=extra,
     )
-    return SimRun(result, series, ttft_samples(reqs), reqs, summaries, capacity)
+    return SimRun(result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep)
 
 
 def _replica_load(rep: _Replica) -> Any:

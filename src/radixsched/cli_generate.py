@@ -1,0 +1,271 @@
+"""The ``generate`` subcommand: offline generation through the same scheduler loop the simulator
+and the server run (``engine_api.Engine`` over a ``TorchRunner``).
+
+All prompts are submitted at once, so prompts sharing a prefix (a chat template's system
+prompt, say) are served from the radix cache once the first of them has been prefilled. torch
+is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import IO, Any
+
+from radixsched.cli import CliError
+from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+from radixsched.request import FinishReason, Req, SamplingParams
+
+MODEL_HELP = "tiny-random, <shape>-random, smollm2-135m, a model directory or a .gguf file"
+
+
+def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``generate`` on a subparsers object (``radixsched generate``)."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "generate",
+        help="generate completions offline with a real model under the scheduler",
+        description="Generate completions for one or more prompts with a real model, through "
+        "the radixsched scheduler (prefix cache included). Scheduler flags carry SGLang's names.",
+    )
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument(
+        "--prompt",
+        action="append",
+        required=True,
+        help="prompt text; repeat for several prompts (all are submitted at once)",
+    )
+    p.add_argument(
+        "--chat", action="store_true", help="wrap each prompt as a user turn of the chat template"
+    )
+    p.add_argument("--system", default=None, help="system message for --chat")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="(default: 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="(default: 1.0, off)")
+    p.add_argument("--top-k", type=int, default=0, help="(default: 0, off)")
+    p.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of sampling, of random-preset weights and of the random policy (default: 0)",
+    )
+    p.add_argument(
+        "--kv-slots",
+        type=int,
+        default=None,
+        help="KV pool size in tokens (default: every prompt plus its max-new-tokens)",
+    )
+    p.add_argument(
+        "--context-len", type=int, default=None, help="context length (default: the model's)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--verbose",
+        dest="show_stats",
+        action="store_true",
+        help="also print token counts (prompt, cached, completion) and timings",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write completions, counts and timings as JSON to PATH (no PATH: stdout, "
+        "instead of the text output)",
+    )
+    add_config_args(p, SchedulerConfig, skip={"seed"})
+    p.set_defaults(func=cmd_generate)
+    return p
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    index: int
+    prompt: str
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    error: str | None
+    ttft_s: float | None
+    e2e_s: float | None
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    if args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    try:
+        return SamplingParams(
+            max_new_tokens=args.max_new_tokens,
+            ignore_eos=args.ignore_eos,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from e
+
+
+def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    try:
+        return config_from_args(SchedulerConfig, args, seed=args.seed)
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from e
+
+
+def _encode(loaded: Any, prompt: str, *, chat: bool, system: str | None) -> list[int]:
+    if not chat:
+        ids: list[int] = loaded.tokenizer.encode(prompt)
+        return ids
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    messages.append({"role": "user", "content": prompt})
+    rendered = loaded.chat_template.render(messages, add_generation_prompt=True)
+    # The template writes its own BOS (if the model uses one).
+    ids = loaded.tokenizer.encode(rendered, add_special_tokens=False)
+    return ids
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    config = _scheduler_config(args)
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    if args.kv_slots is not None and args.kv_slots < config.page_size:
+        raise CliError(f"--kv-slots must be >= the page size ({config.page_size})")
+
+    import torch
+
+    from radixsched.engine.loader import load_model
+    from radixsched.engine.runner import TorchRunner
+    from radixsched.engine_api import Engine
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CliError("--device cuda: no CUDA device is available")
+    t0 = time.perf_counter()
+    try:
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    load_s = time.perf_counter() - t0
+
+    prompts: list[str] = args.prompt
+    encoded = [_encode(loaded, p, chat=args.chat, system=args.system) for p in prompts]
+    empty = [i for i, ids in enumerate(encoded) if not ids]
+    if empty:
+        raise CliError(f"prompt {empty[0]} encodes to no tokens")
+    page = config.page_size
+    kv_slots = args.kv_slots
+    if kv_slots is None:
+        # Room for every request at once (a page of slack each for page rounding): no retraction.
+        kv_slots = sum(len(ids) + sampling.max_new_tokens + page for ids in encoded)
+    # The allocator hands out slots 1 .. (kv_slots // page + 1) * page - 1 (page 0 reserved).
+    runner = TorchRunner(
+        loaded,
+        (kv_slots // page + 1) * page - 1,
+        seed=args.seed,
+        max_context_len=args.context_len,
+    )
+    engine = Engine(runner, config, kv_slots=kv_slots, context_len=runner.max_context_len)
+    reqs = [Req(f"prompt-{i}", ids, sampling) for i, ids in enumerate(encoded)]
+    t1 = time.perf_counter()
+    outputs = engine.generate(reqs)
+    wall_s = time.perf_counter() - t1
+
+    completions: list[Completion] = []
+    for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
+        error: str | None = None
+        if not out.admit.accepted:
+            error = out.admit.message or "rejected"
+        elif out.finish is not None and out.finish.reason is FinishReason.ABORT:
+            error = out.finish.message or "aborted"
+        completions.append(
+            Completion(
+                index=i,
+                prompt=prompt,
+                text=loaded.tokenizer.decode(out.output_ids),
+                prompt_tokens=out.prompt_tokens,
+                cached_tokens=out.cached_tokens,
+                completion_tokens=len(out.output_ids),
+                finish_reason=None if out.finish is None else out.finish.reason.value,
+                error=error,
+                ttft_s=out.ttft_s,
+                e2e_s=out.e2e_s,
+            )
+        )
+    stats = engine.scheduler.stats
+    summary: dict[str, Any] = {
+        "model": loaded.name,
+        "device": str(runner.device),
+        "dtype": str(loaded.model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "kv_slots": kv_slots,
+        "load_s": load_s,
+        "wall_s": wall_s,
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_prompt_tokens": stats.cached_prompt_tokens,
+        "prefill_tokens_computed": stats.prefill_tokens_computed,
+        "completion_tokens": sum(c.completion_tokens for c in completions),
+        "prefill_steps": stats.prefill_steps,
+        "decode_steps": stats.decode_steps,
+        "retractions": stats.retractions,
+    }
+    if args.json_path is not None:
+        doc = {
+            "summary": summary,
+            "scheduler": dataclasses.asdict(config),
+            "completions": [dataclasses.asdict(c) for c in completions],
+        }
+        if args.json_path == "-":
+            json.dump(doc, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            with open(args.json_path, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2)
+    if args.json_path != "-":
+        _print_text(completions, summary, sys.stdout, show_stats=args.show_stats)
+    for c in completions:
+        if c.error is not None:
+            print(f"radixsched: error: prompt {c.index}: {c.error}", file=sys.stderr)
+    return 1 if any(c.error is not None for c in completions) else 0
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f} ms"
+
+
+def _print_text(
+    completions: Sequence[Completion], summary: dict[str, Any], out: IO[str], *, show_stats: bool
+) -> None:
+    many = len(completions) > 1
+    for c in completions:
+        if many:
+            print(f"=== prompt {c.index}: {c.prompt}", file=out)
+        print(c.text, file=out)
+        if show_stats:
+            print(
+                f"--- prompt {c.prompt_tokens} tokens (cached {c.cached_tokens}), completion "
+                f"{c.completion_tokens} tokens ({c.finish_reason}), ttft {_ms(c.ttft_s)}, "
+                f"e2e {_ms(c.e2e_s)}",
+                file=out,
+            )
+    if show_stats:
+        s = summary
+        tok_s = s["completion_tokens"] / s["wall_s"] if s["wall_s"] > 0 else 0.0
+        print(
+            f"--- {s['model']} on {s['device']} ({s['dtype']}, {s['threads']} threads): load "
+            f"{s['load_s']:.2f} s, generate {s['wall_s']:.2f} s ({tok_s:,.1f} completion tok/s); "
+            f"prefill computed {s['prefill_tokens_computed']} of {s['prompt_tokens']} prompt "
+            f"tokens, cached {s['cached_prompt_tokens']}; {s['retractions']} retractions",
+            file=out,
+        )
