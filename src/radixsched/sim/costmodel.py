@@ -137,7 +137,9 @@ def shape_of(batch: Batch) -> StepShape:
         raise ValueError("empty batch")
     attn = prefix_pairs = kv = host = new = 0
     for e in batch.extend:
-        n, p = e.num_new, e.prefix_len
+        # Tokens loaded back from the host tier are copied, not computed: they count as prefix.
+        h = e.host_load_len
+        n, p = e.num_new - h, e.prefix_len + h
         new += n
         attn += n * p + n * (n + 1) // 2
         prefix_pairs += n * p
