@@ -355,7 +355,8 @@ class Scheduler:
                 prio = self._calc_priority()
 
         deferred = prio.deferred
-        for req in list(self.waiting):
+        admitted_pos: list[int] = []
+        for pos, req in enumerate(list(self.waiting)):
             if adder.budget_state() is AddReqResult.OTHER:
                 break
             if req.rid in deferred:
@@ -373,19 +374,20 @@ class Scheduler:
             if len(adder.can_run_list) == n_before:
                 # Not admitted: the matched slots were only borrowed for the checks.
                 req.kv_row, req.kv_len, req.cache_protected_len = EMPTY_SLOTS, 0, 0
+            else:
+                admitted_pos.append(pos)
             if res is not AddReqResult.CONTINUE:
                 if res is AddReqResult.NO_TOKEN:
                     self.batch_is_full = bool(adder.can_run_list) or bool(self.running)
                 break
 
-        admitted = [a for a in adder.can_run_list if a.req is not chunked]
         preempted = adder.preempt_list
         if not adder.can_run_list or all(a.extend_len == 0 for a in adder.can_run_list):
             for r in preempted:
                 self._requeue(r)
             return None, []
-        admitted_ids = {id(a.req) for a in admitted}
-        self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
+        for pos in reversed(admitted_pos):  # the loop did not reorder self.waiting
+            del self.waiting[pos]
         for r in preempted:
             self._requeue(r)
         if adder.new_chunked_req is not None:
@@ -508,12 +510,23 @@ class Scheduler:
     # ---- decode -----------------------------------------------------------------------------
     def _decode_need(self, reqs: list[Req], steps: int = 1) -> int:
         """Slots to allocate so every request can decode ``steps`` more tokens."""
+        return self._decode_need_fn(reqs)(steps)
+
+    def _decode_need_fn(self, reqs: list[Req]) -> Callable[[int], int]:
+        """``steps -> slots needed`` for the batch, vectorised (the jump search calls it
+        repeatedly). After ``k`` steps a request has KV for positions ``[0, fill_len - 1 + k)``."""
         p = self.page_size
-        total = 0
-        for r in reqs:
-            # Positions with KV after the steps: (fill_len - 1) + steps.
-            total += max(ceil_page(r.fill_len - 1 + steps, p) - len(r.kv_row), 0)
-        return total
+        n = len(reqs)
+        last = np.fromiter((len(r.prompt_ids) + len(r.output_ids) - 1 for r in reqs), np.int64, n)
+        have = np.fromiter((len(r.kv_row) for r in reqs), np.int64, n)
+
+        def need(steps: int) -> int:
+            ends = last + steps
+            if p > 1:
+                ends = -(-ends // p) * p
+            return int(np.maximum(ends - have, 0).sum())
+
+        return need
 
     def _decode_fits(self, reqs: list[Req]) -> bool:
         need = self._decode_need(reqs)
@@ -605,10 +618,11 @@ class Scheduler:
         if k <= 1:
             return 1
         room = self.allocator.available_size() + self.cache.evictable_size()
+        need = self._decode_need_fn(self.running)
         lo, hi = 1, k
         while lo < hi:  # largest k whose allocations fit
             mid = (lo + hi + 1) // 2
-            if self._decode_need(self.running, mid) <= room:
+            if need(mid) <= room:
                 lo = mid
             else:
                 hi = mid - 1
