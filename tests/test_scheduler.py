@@ -482,3 +482,25 @@ def test_random_arrivals_keep_invariants_and_finish(
         if r.finish.reason is FinishReason.LENGTH:
             assert r.output_ids == reference_output(r.prompt_ids, r.max_new_tokens, runner)
     assert s.cache.protected_size() == 0
+
+
+@pytest.mark.parametrize("compat", ["radixsched", "sglang"])
+def test_request_sharing_an_in_flight_chunked_prefix_waits_for_it(compat: str) -> None:
+    """B shares A's 170-token prompt head. While A's prefix is being computed chunk by chunk,
+    radixsched keeps B waiting so B reuses it from the cache; SGLang admits B next to A's
+    continuation and computes the shared tokens twice."""
+    s = make_sched(chunked_prefill_size=64, compat=compat, schedule_policy="lpm")
+    head = prompt(170)
+    # A's chunks: [0, 64), [64, 128), [128, 174): the last leaves 18 tokens of budget for B.
+    a = req("a", np.concatenate([head, prompt(4, 1)]), n=2)
+    b = req("b", np.concatenate([head, prompt(10, 2)]), n=2)
+    s.add_request(a)
+    s.step()  # A's first chunk
+    s.add_request(b)
+    run_all(s)
+    for r in (a, b):
+        assert r.output_ids == reference_output(r.prompt_ids, 2, s.runner)  # type: ignore[arg-type]
+    if compat == "radixsched":
+        assert b.cached_tokens == 170 and b.computed_prefill_tokens == 10
+    else:
+        assert b.cached_tokens == 128 and b.computed_prefill_tokens == 52

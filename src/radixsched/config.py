@@ -43,6 +43,9 @@ COMPAT_NOTES: dict[str, str] = {
     "hrrn clock": "identical in both modes: only prefill tokens advance it",
     "prefill delayer": "wall-clock cap releases only the queue trigger, the first-round "
     "exemption fires once per process, the mixed branch ignores both conditions",
+    "in-flight prefixes": "a request whose prompt shares an uncached prefix with a request being "
+    "prefilled in the same batch (a chunked prefix being filled in) is admitted and computes it "
+    "twice (radixsched: it waits one round and reuses it from the cache)",
     "silent fallback": "none: a cache-aware policy without a cache always logs a warning",
     "queue order": "fcfs keeps the current list order, other ties keep the previous round's "
     "order, and lpm/hrrn above the cap keep their last order (radixsched: fcfs and every tie "

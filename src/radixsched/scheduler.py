@@ -30,9 +30,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from radixsched.adder import AddReqResult, PrefillAdder, PrefillGate, ceil_page, floor_page
+from radixsched.adder import (
+    AddReqResult,
+    Admission,
+    PrefillAdder,
+    PrefillGate,
+    ceil_page,
+    floor_page,
+)
 from radixsched.cache import CacheKey, TokenAllocator, make_cache
 from radixsched.cache.base import BasePrefixCache, IntegrityError
+from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.policy import PriorityResult, SchedulePolicy, validate_priority
@@ -355,11 +363,18 @@ class Scheduler:
                 prio = self._calc_priority()
 
         deferred = prio.deferred
+        guard_in_flight = not cfg.sglang_compat and self.cache.supports_prefix_sharing()
         admitted_pos: list[int] = []
         for pos, req in enumerate(list(self.waiting)):
             if adder.budget_state() is AddReqResult.OTHER:
                 break
             if req.rid in deferred:
+                continue
+            if (
+                guard_in_flight
+                and adder.can_run_list
+                and self._recomputes_in_flight(req, adder.can_run_list)
+            ):
                 continue
             if len(adder.can_run_list) >= allocatable + (1 if chunked is not None else 0):
                 self.batch_is_full = True
@@ -414,6 +429,31 @@ class Scheduler:
             mixed_decode = list(self.running)
         decode_entries = self._decode_entries(mixed_decode) if mixed_decode else []
         return Batch(entries, decode_entries), mixed_decode
+
+    def _recomputes_in_flight(self, req: Req, batch: list[Admission]) -> bool:
+        """Would admitting ``req`` now recompute prompt tokens that a request of this very
+        batch is computing (a chunked prefix being filled in, or an uncached prefix shared with
+        a request admitted a moment ago)? Then it waits one round and reuses them from the
+        cache instead. SGLang admits it and computes the shared tokens twice: its in-batch
+        dedup only looks at requests with almost no cached match, and a chunked request's
+        partially checkpointed prefix makes lpm favour exactly those duplicates."""
+        fill = req.fill_ids()
+        cap = req.max_prefix_len(len(fill))
+        ns = req.namespace
+        cached = self.cache.match_len(CacheKey(fill[:cap], ns))
+        threshold = max(self.config.in_batch_prefix_deprioritize_threshold, 1)
+        for a in batch:
+            other = a.req
+            if other.namespace != ns:
+                continue
+            start = max(cached, a.prefix_len)
+            end = min(cap, a.prefix_len + a.extend_len)
+            if end - start < threshold:
+                continue
+            shared = longest_common_prefix(fill[:end], other.fill_ids()[:end])
+            if shared - start >= threshold:
+                return True
+        return False
 
     def _calc_priority(self) -> PriorityResult:
         return self.policy.calc_priority(
