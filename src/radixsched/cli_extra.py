@@ -7,9 +7,11 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
+    from radixsched.cli_generate import add_generate_parser
+    from radixsched.cli_serve import add_bench_parser, add_serve_parser
     from radixsched.sim.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
-    from radixsched.cli_generate import add_generate_parser
-
     add_generate_parser(sub)
+    add_serve_parser(sub)
+    add_bench_parser(sub)

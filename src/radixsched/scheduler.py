@@ -254,6 +254,22 @@ class Scheduler:
         self._finish_aborted(req, status_code, message)
         return True
 
+    def discard(self, req: Req, status_code: int, message: str) -> None:
+        """Abort ``req`` wherever it is — including a request taken off the queue for a batch
+        whose forward failed — dropping (never caching) its KV, whose last positions may never
+        have been written. Releases its slots and its lock."""
+        if req.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        if self.chunked_req is req:
+            self.chunked_req = None
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.batch_is_full = False
+        self._release(req, cache_kv=False)
+        self._finish_aborted(req, status_code, message)
+
     def _finish_aborted(self, req: Req, code: int, message: str) -> None:
         req.finish = FinishState(FinishReason.ABORT, message, code)
         req.times.finish = self.clock.now()

@@ -34,9 +34,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -59,6 +60,7 @@ from radixsched.server.protocol import (
     HealthResponse,
     ModelCard,
     ModelList,
+    SchedulingFields,
     ServerInfo,
     stop_strings,
 )
@@ -210,27 +212,27 @@ class _Prepared:
     stop: tuple[str, ...]
 
 
-def _sampling(
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
-    stop_token_ids: list[int] | None,
-    ignore_eos: bool,
-) -> SamplingParams:
+class _SamplingSource(Protocol):
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop_token_ids: list[int] | None
+    ignore_eos: bool
+
+
+def _sampling(src: _SamplingSource, max_new_tokens: int) -> SamplingParams:
     # Like SGLang: a temperature below 1e-5 means greedy (dividing logits by it overflows), and
     # top_p is floored where float32 still represents it (a denormal top_p rounds to 0 there,
     # which would drop every token).
     return SamplingParams(
         max_new_tokens=max_new_tokens,
-        stop_token_ids=tuple(stop_token_ids or ()),
-        ignore_eos=ignore_eos,
-        temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
-        top_k=max(top_k, 0),
-        top_p=max(top_p, MIN_TOP_P),
-        seed=seed,
+        stop_token_ids=tuple(src.stop_token_ids or ()),
+        ignore_eos=src.ignore_eos,
+        temperature=src.temperature if src.temperature >= MIN_TEMPERATURE else 0.0,
+        top_k=max(src.top_k, 0),
+        top_p=max(src.top_p, MIN_TOP_P),
+        seed=src.seed,
     )
 
 
@@ -300,24 +302,16 @@ class _Server:
         return requested
 
     def make_req(
-        self,
-        rid: str,
-        ids: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        priority: int | None,
-        routing_key: str | None,
-        extra_key: str | None,
-        cache_salt: str | None,
+        self, rid: str, ids: Sequence[int], sampling: SamplingParams, fields: SchedulingFields
     ) -> Req:
         return Req(
             rid=rid,
             prompt_ids=np.asarray(ids, dtype=np.int32),
             sampling=sampling,
-            priority=priority,
-            routing_key=routing_key,
-            extra_key=extra_key,
-            cache_salt=cache_salt,
+            priority=fields.priority,
+            routing_key=fields.routing_key,
+            extra_key=fields.extra_key,
+            cache_salt=fields.cache_salt,
         )
 
     # ---- running one request -------------------------------------------------------------------
@@ -327,8 +321,8 @@ class _Server:
         if not res.accepted:
             status = res.status_code or 500
             param = prompt_field if status == 400 else None
-            if status == 503 and "priority" in res.message:
-                param = "priority"
+            if res.message.startswith("duplicate request id"):
+                param = "rid"
             raise ApiError(status, res.message, param=param)
         return handle
 
@@ -564,23 +558,7 @@ def create_app(
             len(ids), body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, "prompt", "max_tokens"
         )
         rid = f"cmpl-{uuid.uuid4().hex}"
-        req = srv.make_req(
-            rid,
-            ids,
-            _sampling(
-                max_new_tokens=max_new,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                seed=body.seed,
-                stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos,
-            ),
-            priority=body.priority,
-            routing_key=body.routing_key,
-            extra_key=body.extra_key,
-            cache_salt=body.cache_salt,
-        )
+        req = srv.make_req(rid, ids, _sampling(body, max_new), body)
         detok = IncrementalDetokenizer(model.tokenizer, stop_strings(body.stop))
         handle = await srv.admit(req, "prompt")
         created = int(time.time())
@@ -661,23 +639,7 @@ def create_app(
             body.max_tokens_field,
         )
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        req = srv.make_req(
-            rid,
-            ids,
-            _sampling(
-                max_new_tokens=max_new,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                seed=body.seed,
-                stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos,
-            ),
-            priority=body.priority,
-            routing_key=body.routing_key,
-            extra_key=body.extra_key,
-            cache_salt=body.cache_salt,
-        )
+        req = srv.make_req(rid, ids, _sampling(body, max_new), body)
         detok = IncrementalDetokenizer(model.tokenizer, stop_strings(body.stop))
         handle = await srv.admit(req, "messages")
         created = int(time.time())
@@ -761,23 +723,7 @@ def create_app(
             "sampling_params.max_new_tokens",
         )
         rid = body.rid if body.rid is not None else uuid.uuid4().hex
-        req = srv.make_req(
-            rid,
-            ids,
-            _sampling(
-                max_new_tokens=max_new,
-                temperature=sp.temperature,
-                top_p=sp.top_p,
-                top_k=sp.top_k,
-                seed=sp.seed,
-                stop_token_ids=sp.stop_token_ids,
-                ignore_eos=sp.ignore_eos,
-            ),
-            priority=body.priority,
-            routing_key=body.routing_key,
-            extra_key=body.extra_key,
-            cache_salt=body.cache_salt,
-        )
+        req = srv.make_req(rid, ids, _sampling(sp, max_new), body)
         detok = IncrementalDetokenizer(model.tokenizer, stop_strings(sp.stop))
         handle = await srv.admit(req, field)
 
@@ -915,8 +861,7 @@ class ServerThread:
     process can take the port in between."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
-        import uvicorn
-
+        self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -924,7 +869,7 @@ class ServerThread:
         config = uvicorn.Config(
             app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
         )
-        self.server = uvicorn.Server(config)
+        self.server = GracefulServer(config)
         self._thread = threading.Thread(target=self._serve, name="radixsched-uvicorn", daemon=True)
 
     @property
@@ -968,13 +913,28 @@ def serving(app: Any) -> Iterator[ServerThread]:
 
 
 def run_server(app: Any, host: str, port: int, *, log_level: str = "info") -> None:
-    import uvicorn
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+        GracefulServer(config).run()
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn, but on shutdown the engine loop is stopped first: requests still in flight are
+    answered with 503 (instead of uvicorn waiting for generations that may take minutes),
+    then connections drain and the app's lifespan shutdown runs."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        engine = getattr(getattr(self.config.app, "state", None), "engine", None)
+        if isinstance(engine, EngineLoop):
+            await asyncio.to_thread(engine.stop)
+        await super().shutdown(sockets)
 
 
 __all__ = [
     "ApiError",
+    "GracefulServer",
     "ServedModel",
     "ServerThread",
     "build_engine",

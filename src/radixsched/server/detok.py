@@ -32,6 +32,9 @@ class IncrementalDetokenizer:
         # again as context so that the next tokens join them the way the tokenizer joins text.
         self._prefix_offset = 0
         self._read_offset = 0
+        # Characters past the decoded prefix already taken from the current window (text
+        # before an incomplete trailing character).
+        self._window_emitted = 0
         self._text = ""  # final text so far (stop-string cut applied)
         self._emitted = 0  # characters of _text handed out
         self.matched_stop: str | None = None
@@ -52,10 +55,20 @@ class IncrementalDetokenizer:
         self._ids.extend(ids)
         prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._tok.decode(self._ids[self._prefix_offset :])
-        if len(full) > len(prefix) and not full.endswith(REPLACEMENT_CHAR):
-            self._append(full[len(prefix) :])
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self._ids)
+        done = len(prefix) + self._window_emitted
+        if not full.endswith(REPLACEMENT_CHAR):
+            if len(full) > done:
+                self._append(full[done:])
+            if len(full) > len(prefix):
+                self._prefix_offset = self._read_offset
+                self._read_offset = len(self._ids)
+                self._window_emitted = 0
+        else:
+            # An incomplete character at the end: what comes before it is final already.
+            stable = full.rstrip(REPLACEMENT_CHAR)
+            if len(stable) > done:
+                self._append(stable[done:])
+                self._window_emitted = len(stable) - len(prefix)
         return self._take(final=False)
 
     def finish(self) -> str:
@@ -64,9 +77,11 @@ class IncrementalDetokenizer:
         if not self.stopped and self._read_offset < len(self._ids):
             prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
             full = self._tok.decode(self._ids[self._prefix_offset :])
-            if len(full) > len(prefix):
-                self._append(full[len(prefix) :])
+            done = len(prefix) + self._window_emitted
+            if len(full) > done:
+                self._append(full[done:])
             self._prefix_offset = self._read_offset = len(self._ids)
+            self._window_emitted = 0
         return self._take(final=True)
 
     def _append(self, delta: str) -> None:

@@ -175,6 +175,8 @@ class EngineLoop:
         self._inbox: deque[_Command] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        # Set (under _cond) once the thread took its last commands: later ones are refused.
+        self._closed = False
         self._thread: threading.Thread | None = None
         # Only the scheduler thread touches _handles.
         self._handles: dict[str, RequestHandle] = {}
@@ -190,9 +192,11 @@ class EngineLoop:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Abort everything in flight (503), then join the thread."""
+        """Abort everything in flight (503), then join the thread. Idempotent."""
         with self._cond:
             self._stopping = True
+            if self._thread is None or not self._thread.is_alive():
+                self._closed = True
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -207,10 +211,8 @@ class EngineLoop:
     def submit(self, req: Req) -> RequestHandle:
         """Queue ``req``; call from a coroutine (the handle feeds that event loop)."""
         handle = RequestHandle(req, asyncio.get_running_loop())
-        if not self.alive:
+        if not self._push(_Add(handle)):
             handle._post(AdmitResult(False, 503, "the server is shutting down"))
-            return handle
-        self._push(_Add(handle))
         return handle
 
     def abort(
@@ -225,19 +227,21 @@ class EngineLoop:
     def call(self, fn: Callable[[Scheduler], T]) -> concurrent.futures.Future[T]:
         """Run ``fn(scheduler)`` on the scheduler thread between steps."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if not self.alive:
+        if not self._push(_Call(fn, future)):  # type: ignore[arg-type]
             future.set_exception(RuntimeError("the engine loop is not running"))
-            return future
-        self._push(_Call(fn, future))  # type: ignore[arg-type]
         return future
 
     async def acall(self, fn: Callable[[Scheduler], T]) -> T:
         return await asyncio.wrap_future(self.call(fn))
 
-    def _push(self, cmd: _Command) -> None:
+    def _push(self, cmd: _Command) -> bool:
+        """Queue a command; False once the loop has stopped taking commands."""
         with self._cond:
+            if self._closed or self._thread is None:
+                return False
             self._inbox.append(cmd)
             self._cond.notify()
+            return True
 
     # ==== the thread ===============================================================================
     def _run(self) -> None:
@@ -250,6 +254,7 @@ class EngineLoop:
                 cmds = list(self._inbox)
                 self._inbox.clear()
                 stopping = self._stopping
+                self._closed = stopping
             for cmd in cmds:
                 self._handle_command(cmd)
             if stopping:
@@ -394,29 +399,12 @@ class EngineLoop:
             else:
                 discard_request(sched, req, status, message)
         self._deliver_aborted()
-        # A Call still queued would never run: fail it instead of leaving its caller hanging.
-        with self._cond:
-            pending = [c for c in self._inbox if isinstance(c, _Call)]
-        for c in pending:
-            c.future.set_exception(RuntimeError("the engine loop stopped"))
 
 
 def discard_request(sched: Scheduler, req: Req, status: int, message: str) -> None:
-    """Abort a request that may sit in a half-built batch, dropping (never caching) its KV.
-
-    ``Scheduler.abort`` caches a running request's KV, which is wrong after a failed forward
-    (the last positions were never written) and does not cover a request taken off the queue
-    for a batch that never ran; this releases its slots and lock wherever it is.
-    """
-    if req in sched.running:
-        sched.running.remove(req)
-    if sched.chunked_req is req:
-        sched.chunked_req = None
-    if req in sched.waiting:
-        sched.waiting.remove(req)
-    sched.batch_is_full = False
-    sched._release(req, cache_kv=False)
-    sched._finish_aborted(req, status, message)
+    """Abort a request that may sit in a half-built batch, dropping (never caching) its KV
+    (``Scheduler.discard``)."""
+    sched.discard(req, status, message)
 
 
 def finish_label(fin: FinishState) -> str:

@@ -57,7 +57,16 @@ class StreamOptions(_Model):
     include_usage: StrictBool = False
 
 
-class _SamplingFields(_Model):
+class SchedulingFields(_Model):
+    """Scheduling fields every generation endpoint accepts (SGLang's names)."""
+
+    priority: Priority | None = None
+    routing_key: ShortKey | None = None
+    extra_key: ShortKey | None = None
+    cache_salt: ShortKey | None = None
+
+
+class _SamplingFields(SchedulingFields):
     """Sampling options shared by the two OpenAI endpoints (names as OpenAI/SGLang spell them)."""
 
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
@@ -71,11 +80,6 @@ class _SamplingFields(_Model):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Scheduling fields (SGLang extensions).
-    priority: Priority | None = None
-    routing_key: ShortKey | None = None
-    extra_key: ShortKey | None = None
-    cache_salt: ShortKey | None = None
 
 
 # ---- /v1/completions --------------------------------------------------------------------------
@@ -186,7 +190,7 @@ class GenerateSamplingParams(_Model):
     ignore_eos: StrictBool = False
 
 
-class GenerateRequest(_Model):
+class GenerateRequest(SchedulingFields):
     text: str | None = None
     input_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     sampling_params: GenerateSamplingParams = Field(
@@ -194,10 +198,6 @@ class GenerateRequest(_Model):
     )
     stream: StrictBool = False
     rid: Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)] | None = None
-    priority: Priority | None = None
-    routing_key: ShortKey | None = None
-    extra_key: ShortKey | None = None
-    cache_salt: ShortKey | None = None
 
     @model_validator(mode="after")
     def _exactly_one_prompt(self) -> GenerateRequest:

@@ -1,0 +1,162 @@
+"""The load client against a live 'tiny-random' server on 127.0.0.1: it reports the simulator's
+metrics (same JSON keys and document shape as ``simulate --json``), reads the server's cache
+hit rate from /metrics, fits requests to the server's vocabulary and context, and records
+failures instead of crashing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+
+from radixsched import cli_serve
+from radixsched.config import SchedulerConfig
+from radixsched.engine.loader import LoadedModel, load_model
+from radixsched.request import Req, SamplingParams
+from radixsched.server.app import ServerThread, create_app, engine_for_model
+from radixsched.server.bench import (
+    BenchConfig,
+    ServerLimits,
+    fit_request,
+    run_bench,
+)
+from radixsched.sim.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS, STATS_KEYS
+
+WORKLOAD = "shared-prefix:groups=4,prompts=6,system_len=120,question_len=16,output_len=8"
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model("tiny-random")
+
+
+def serve(loaded: LoadedModel, config: SchedulerConfig | None = None, **kw: object) -> ServerThread:
+    engine, served = engine_for_model(
+        loaded, config or SchedulerConfig(), kv_slots=8192, context_len=512
+    )
+    return ServerThread(create_app(engine, served, **kw)).start()  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def server(loaded: LoadedModel) -> Iterator[ServerThread]:
+    st = serve(loaded)
+    yield st
+    st.stop()
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixsched")
+    sub = p.add_subparsers(dest="command", required=True)
+    cli_serve.add_bench_parser(sub)
+    cli_serve.add_serve_parser(sub)
+    return p
+
+
+def test_bench_reports_simulator_metrics_and_server_hit_rate(server: ServerThread) -> None:
+    cfg = BenchConfig(url=server.url, workload=WORKLOAD, max_concurrency=8)
+    res = asyncio.run(run_bench(cfg))
+    r = res.result
+    assert res.num_failed == 0 and not res.errors
+    assert r.num_requests == r.num_completed == 24
+    assert r.output_tokens == 24 * 8
+    assert r.ttft_s.n == 24 and r.e2e_s.n == 24
+    assert r.itl_s.n == 24 * 7
+    assert 0 < r.ttft_s.p50 <= r.e2e_s.p50
+    assert r.throughput.output_tokens_per_s > 0
+    assert r.policy == "fcfs"
+    # 4 system prompts shared by 6 requests each: most prompt tokens come from the cache.
+    assert r.prompt_tokens == 24 * 136
+    assert 0.5 < r.hit_rate <= r.optimal_hit_rate + 1e-9
+    # The server's counters and the per-request meta_info agree when nothing else runs.
+    assert r.extra["hit_rate_source"] == "server /metrics"
+    assert r.extra["client_hit_rate"] == pytest.approx(r.hit_rate)
+    doc = res.to_document()
+    assert set(doc) == {"workload", "config", "results"}
+    out = doc["results"][0]
+    for key in (*REQUIRED_KEYS, *ADDITIONAL_KEYS):
+        assert key in out, key
+    for key in ("ttft_s", "itl_s", "e2e_s", "tpot_s"):
+        assert list(out[key]) == list(STATS_KEYS)
+    assert doc["config"]["server"]["vocab_size"] == 512
+    assert "api_key" not in doc["config"]["bench"]
+    assert "ttft_s" in res.render()
+
+
+def test_bench_cli_writes_json(server: ServerThread, tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    args = bench_parser().parse_args(
+        ["bench", "--url", server.url, "--workload", WORKLOAD, "--num-requests", "10",
+         "--request-rate", "200", "--max-concurrency", "4", "--json", str(path), "--quiet"]
+    )  # fmt: skip
+    assert args.func(args) == 0
+    doc = json.loads(path.read_text())
+    res = doc["results"][0]
+    assert res["num_requests"] == 10 and res["num_completed"] == 10
+    assert res["source"] == "bench" and res["num_failed"] == 0
+    assert doc["workload"]["request_rate"] == 200.0
+    assert doc["workload"]["arrivals"].startswith("poisson")
+
+
+def test_bench_cli_usage_errors(server: ServerThread) -> None:
+    p = bench_parser()
+    for extra in (["--request-rate", "0"], ["--request-rate", "fast"], ["--max-concurrency", "0"],
+                  ["--workload", "nope"]):  # fmt: skip
+        args = p.parse_args(["bench", "--url", server.url, *extra])
+        assert args.func(args) == 2, extra
+
+
+def test_bench_records_rejections_as_failures(loaded: LoadedModel) -> None:
+    cfg = SchedulerConfig(max_running_requests=1, max_queued_requests=1)
+    st = serve(loaded, cfg)
+    try:
+        res = asyncio.run(run_bench(BenchConfig(url=st.url, workload=WORKLOAD)))
+    finally:
+        st.stop()
+    assert res.num_failed > 0
+    assert res.result.num_aborted == res.num_failed
+    assert res.result.num_completed == 24 - res.num_failed
+    assert any("HTTP 503" in e for e in res.errors)
+
+
+def test_bench_needs_the_api_key(loaded: LoadedModel) -> None:
+    st = serve(loaded, api_key="k")
+    try:
+        args = bench_parser().parse_args(["bench", "--url", st.url, "--workload", WORKLOAD])
+        assert args.func(args) == 2  # cannot read the server's limits
+        args = bench_parser().parse_args(
+            ["bench", "--url", st.url, "--workload", WORKLOAD, "--num-requests", "3",
+             "--api-key", "k", "--quiet"]
+        )  # fmt: skip
+        assert args.func(args) == 0
+    finally:
+        st.stop()
+
+
+def test_fit_request_caps_ids_and_lengths() -> None:
+    limits = ServerLimits(model="m", vocab_size=100, context_len=64, policy=None, info={})
+    prompt = np.arange(95, 95 + 80, dtype=np.int32)
+    r = Req("a", prompt, SamplingParams(max_new_tokens=50), routing_key="k", arrival_time=1.5)
+    fitted = fit_request(r, limits)
+    assert fitted.sampling.max_new_tokens == 32  # half the context
+    assert fitted.prompt_len == 64 - 32 - 1
+    assert fitted.prompt_ids.tolist() == [i % 100 for i in range(95, 95 + 31)]
+    assert fitted.sampling.ignore_eos and fitted.routing_key == "k" and fitted.arrival_time == 1.5
+    # Requests sharing a prefix still share it after the map.
+    other = fit_request(
+        Req("b", np.arange(95, 105, dtype=np.int32), SamplingParams(max_new_tokens=4)), limits
+    )
+    assert other.prompt_ids.tolist() == fitted.prompt_ids[:10].tolist()
+
+
+def test_rate_parsing() -> None:
+    assert math.isinf(cli_serve._parse_rate("inf"))
+    assert cli_serve._parse_rate("2.5") == 2.5
