@@ -32,8 +32,15 @@ def request_seed(params: SamplingParams, rid: str, runner_seed: int) -> int:
     return mix_seed(runner_seed, zlib.crc32(rid.encode("utf-8")))
 
 
+# Below this temperature sampling is greedy: dividing logits by a near-zero temperature
+# overflows float32 to inf and the softmax to NaN.
+MIN_TEMPERATURE = 1e-5
+# top_p below this keeps only the most likely token anyway; a denormal top_p would round to 0.
+MIN_TOP_P = 1e-6
+
+
 def is_greedy(params: SamplingParams) -> bool:
-    return params.temperature == 0.0 or params.top_k == 1
+    return params.temperature < MIN_TEMPERATURE or params.top_k == 1
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -47,7 +54,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_probs, order = torch.sort(probs, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         # Keep the smallest prefix reaching top_p; the most likely token is always kept.
-        drop_sorted = mass_before >= params.top_p
+        drop_sorted = mass_before >= max(params.top_p, MIN_TOP_P)
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum()
