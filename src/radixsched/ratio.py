@@ -15,9 +15,14 @@ class NewTokenRatioTracker:
         self.compat = config.sglang_compat
 
     def decay_steps(self, n: int = 1) -> None:
-        """``n`` decode steps without retraction (closed form of n single decays)."""
-        if n > 0:
-            self.current = max(self.current - self.decay * n, self.min)
+        """``n`` decode steps without retraction. Applied one step at a time, so that a
+        simulator jumping over ``n`` steps rounds exactly as ``n`` single steps do."""
+        cur, dec, lo = self.current, self.decay, self.min
+        for _ in range(n):
+            if cur <= lo:
+                break
+            cur = max(cur - dec, lo)
+        self.current = cur
 
     def reset(self) -> None:
         self.current = self.init

@@ -316,7 +316,8 @@ class Scheduler:
             out = StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
             return out
         k = self._decode_jump_steps(horizon) if not retracted else 1
-        if k > 1:
+        if self.runner.supports_multi_step:
+            # The simulator's vectorised path, also for a single step (same times, tokens).
             out = self._run_decode_multi(k)
         else:
             out = self._run(Batch([], self._decode_entries(self.running)), [])
@@ -686,7 +687,7 @@ class Scheduler:
         if horizon is not None and self.waiting == [] and k > 1:
             seq = np.array([r.fill_len for r in self.running], dtype=np.int64)
             durs = self.runner.decode_multi(self.running, seq, k).step_durations_s
-            ends = self.clock.now() + np.cumsum(durs)
+            ends = _step_ends(self.clock.now(), durs)
             hit = int(np.searchsorted(ends, horizon, side="left"))
             k = min(k, hit + 1)
         return max(k, 1)
@@ -699,9 +700,12 @@ class Scheduler:
         for r in reqs:
             r.kv_len = r.fill_len - 1 + k
         t0 = self.clock.now()
-        ends = t0 + np.cumsum(res.step_durations_s)
+        ends = _step_ends(t0, res.step_durations_s)
         total = float(ends[-1] - t0)
-        self.clock.advance(total)
+        if isinstance(self.clock, VirtualClock):
+            self.clock.jump_to(float(ends[-1]))  # exactly where k single steps would end
+        else:
+            self.clock.advance(total)
         self.ratio.decay_steps(k)
         self.stats.decode_steps += k
         out = StepOutcome("decode", total, len(reqs), num_steps=k)
@@ -901,6 +905,12 @@ class Scheduler:
             )
         for r in holders:
             r.check_invariants()
+
+
+def _step_ends(t0: float, durations: np.ndarray) -> np.ndarray:
+    """End time of each of several consecutive steps, accumulated left to right exactly as a
+    clock advanced step by step would (``t0 + (d1 + d2)`` can differ from ``(t0 + d1) + d2``)."""
+    return np.cumsum(np.concatenate([[t0], durations]))[1:]
 
 
 def _prio_value(r: Req, sign: int) -> int:
