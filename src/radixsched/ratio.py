@@ -19,8 +19,8 @@ class NewTokenRatioTracker:
         simulator jumping over ``n`` steps rounds exactly as ``n`` single steps do."""
         cur, dec, lo = self.current, self.decay, self.min
         for _ in range(n):
-            if cur <= lo:
-                break
+            if cur <= lo and dec >= 0:
+                break  # at the floor: further steps change nothing
             cur = max(cur - dec, lo)
         self.current = cur
 
