@@ -242,14 +242,24 @@ def _sort_fcfs(queue: list[Req], ctx: SortContext) -> None:
         else:
             queue.sort(key=lambda r: (_priority_term(r, cfg), r.queue_entry_time, r.arrival_time))
     elif not ctx.compat:
-        queue.sort(key=_ARRIVAL)
+        _sort_by_arrival(queue)
     # compat without priority: "current list order", no sort (spec 1.6)
+
+
+def _sort_by_arrival(queue: list[Req]) -> None:
+    """Sort by (queue entry, arrival). The scheduler appends in entry order and re-inserts
+    retracted requests at their place, so the queue is nearly always sorted already: check
+    that first (C-level passes over plain floats, no key tuples)."""
+    entry = [r.queue_entry_time for r in queue]
+    if all(map(operator.lt, entry, entry[1:])):
+        return  # strictly increasing: no ties for arrival to break
+    queue.sort(key=_ARRIVAL)
 
 
 def _sort_arrival(queue: list[Req], ctx: SortContext) -> None:
     """The fallback of a capped policy above the cap (radixsched; compat leaves the order)."""
     if not ctx.compat:
-        queue.sort(key=_ARRIVAL)
+        _sort_by_arrival(queue)
 
 
 def _sort_lof(queue: list[Req], ctx: SortContext) -> None:
@@ -601,7 +611,7 @@ class SchedulePolicy:
         is_overdue = self._overdue_fn(processed_tokens, now)
         deprioritized: frozenset[str] = frozenset()
         deferred: frozenset[str] = frozenset()
-        if (spec.compat_dedup if compat else spec.dedup) and mode is not MatchMode.NONE:
+        if (spec.compat_dedup if compat else spec.dedup) and mode in (MatchMode.LENGTH, MatchMode.NODE):
             deprioritized = self._in_batch_dedup(waiting_queue, device_lens, is_overdue)
             if not compat:
                 deferred = deprioritized
@@ -690,7 +700,7 @@ class SchedulePolicy:
                 r.num_matched_prefix_tokens = 0
             return [0] * len(queue)
         if mode is MatchMode.SKIP:
-            return [r.num_matched_prefix_tokens for r in queue]
+            return []  # cache-agnostic policies never de-duplicate
         lens: list[int] = []
         append = lens.append
         if mode is MatchMode.LENGTH:
