@@ -105,6 +105,7 @@ from typing import NamedTuple
 
 from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
 from radixsched.config import SchedulerConfig
+from radixsched.queue_index import DedupIndex, MatchIndex
 from radixsched.request import Req
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,14 @@ def _arrival(r: Req) -> tuple[float, float]:
 
 _ARRIVAL = operator.attrgetter("queue_entry_time", "arrival_time")
 _MATCHED = operator.attrgetter("num_matched_prefix_tokens")
+
+
+def dedup_rep_key(r: Req) -> tuple[int, float, float, str]:
+    """Which request of an in-batch dedup group represents it (radixsched): least uncached
+    work, then oldest, then request id (a total order, so the choice never depends on where
+    the requests stand in the queue)."""
+    work = len(r.prompt_ids) + len(r.output_ids) - r.num_matched_prefix_tokens
+    return (work if work > 1 else 1, r.queue_entry_time, r.arrival_time, r.rid)
 
 
 def prefill_work(r: Req) -> int:
@@ -565,6 +574,22 @@ class SchedulePolicy:
         self._spf_calls = 0
         self._refresh_calls = 0
         self._last_deferred: frozenset[str] = frozenset()
+        # radixsched: matches and dedup groups are maintained incrementally across rounds
+        # (queue_index.py); compat re-matches everything every round, as SGLang does.
+        incremental = (
+            not config.sglang_compat and self.cache_enabled and tree_cache.supports_match_memo
+        )
+        self._match_index = MatchIndex(tree_cache) if incremental else None
+        bounded = config.lpm_max_wait_s is not None or config.lpm_max_wait_tokens is not None
+        self._dedup_index = (
+            DedupIndex(
+                config.in_batch_prefix_check_threshold,
+                max(config.in_batch_prefix_deprioritize_threshold, 0),
+                dedup_rep_key,
+            )
+            if incremental and config.in_batch_prefix_check_threshold >= 0 and not bounded
+            else None
+        )
         if config.sglang_compat:
             cap = config.max_prefix_match_queue
             self._cap: int | None = SGLANG_PREFIX_MATCH_CAP if cap is None else cap
@@ -606,15 +631,28 @@ class SchedulePolicy:
         compat = self.config.sglang_compat
 
         mode = self._match_mode(spec)
-        device_lens = self._match_all(waiting_queue, mode)
-
         is_overdue = self._overdue_fn(processed_tokens, now)
+        dedup_on = (spec.compat_dedup if compat else spec.dedup) and mode in (
+            MatchMode.LENGTH,
+            MatchMode.NODE,
+        )
         deprioritized: frozenset[str] = frozenset()
         deferred: frozenset[str] = frozenset()
-        if (spec.compat_dedup if compat else spec.dedup) and mode in (MatchMode.LENGTH, MatchMode.NODE):
-            deprioritized = self._in_batch_dedup(waiting_queue, device_lens, is_overdue)
-            if not compat:
-                deferred = deprioritized
+        if mode is MatchMode.LENGTH and self._match_index is not None:
+            # Incremental: only requests whose match may have changed are touched.
+            changed, gone = self._match_index.refresh(waiting_queue)
+            if dedup_on and self._dedup_index is not None and is_overdue is _never:
+                deprioritized = self._dedup_index.update(changed, gone)
+            elif dedup_on:
+                lens = [r.match_memo[2] if r.match_memo else 0 for r in waiting_queue]
+                deprioritized = self._in_batch_dedup(waiting_queue, lens, is_overdue)
+            deferred = deprioritized
+        else:
+            device_lens = self._match_all(waiting_queue, mode)
+            if dedup_on:
+                deprioritized = self._in_batch_dedup(waiting_queue, device_lens, is_overdue)
+                if not compat:
+                    deferred = deprioritized
 
         if spec.name == "fair":
             tenants = {r.tenant_key for r in waiting_queue}
@@ -811,28 +849,10 @@ class SchedulePolicy:
             elif is_overdue is _never:
                 # Least uncached work (prefill_work, inlined: hot), then oldest; queue position
                 # breaks the remaining ties (min keeps the first of equals).
-                rep = min(
-                    group,
-                    key=lambda r: (
-                        max(
-                            1,
-                            len(r.prompt_ids) + len(r.output_ids) - r.num_matched_prefix_tokens,
-                        ),
-                        r.queue_entry_time,
-                        r.arrival_time,
-                    ),
-                )
+                rep = min(group, key=dedup_rep_key)
             else:
                 # Overdue first, then as above.
-                rep = min(
-                    group,
-                    key=lambda r: (
-                        not is_overdue(r),
-                        prefill_work(r),
-                        r.queue_entry_time,
-                        r.arrival_time,
-                    ),
-                )
+                rep = min(group, key=lambda r: (not is_overdue(r), *dedup_rep_key(r)))
             dup.update(r.rid for r in group if r is not rep)
         return frozenset(dup)
 

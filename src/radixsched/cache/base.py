@@ -115,6 +115,13 @@ class BasePrefixCache(ABC):
     def epoch_table(self) -> tuple[dict[Any, int], int]:
         return {}, 0
 
+    def change_cursor(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def changes_since(self, cursor: tuple[int, int]) -> tuple[list[Any] | None, tuple[int, int]]:
+        """Subtrees changed since ``cursor``; the base cache cannot tell (None: everything)."""
+        return None, cursor
+
     def all_values(self) -> SlotArray:
         """Every KV slot the cache holds (for conservation checks)."""
         return np.zeros(0, dtype=np.int64)

@@ -162,6 +162,10 @@ class RadixCache(BasePrefixCache):
         # Callers memoise match lengths against them (see ``subtree_epoch``).
         self._epochs: dict[Hashable, int] = {}
         self._generation = 0
+        # The same bumps as a log, for callers that track many requests incrementally
+        # (``changes_since``); trimmed when long, which makes old cursors ask for a full redo.
+        self._change_log: list[Hashable] = []
+        self._log_base = 0
 
     # ---- construction ---------------------------------------------------------------------
     def _new_root(self) -> TreeNode:
@@ -190,6 +194,8 @@ class RadixCache(BasePrefixCache):
         self._evictable_leaves = set()
         self._epochs = {}
         self._generation += 1
+        self._log_base += len(self._change_log)
+        self._change_log = []
         if self.allocator is not None and values.size:
             self.allocator.free(values)
 
@@ -233,8 +239,31 @@ class RadixCache(BasePrefixCache):
         0)``, for callers that look up many keys in a hot loop. Read-only."""
         return self._epochs, self._generation << 40
 
+    def change_cursor(self) -> tuple[int, int]:
+        """A position in the change log (see ``changes_since``)."""
+        return (self._generation, self._log_base + len(self._change_log))
+
+    def changes_since(
+        self, cursor: tuple[int, int]
+    ) -> tuple[list[Hashable] | None, tuple[int, int]]:
+        """Top-level subtrees whose match lengths may have changed since ``cursor`` (with
+        repeats), and the new cursor; None when the log no longer reaches back that far (or
+        the tree was reset): the caller must treat everything as changed."""
+        gen, pos = cursor
+        now = self.change_cursor()
+        if gen != self._generation or pos < self._log_base:
+            return None, now
+        return self._change_log[pos - self._log_base :], now
+
+    _CHANGE_LOG_LIMIT = 1 << 16
+
     def _bump(self, subtree_key: Hashable) -> None:
         self._epochs[subtree_key] = self._epochs.get(subtree_key, 0) + 1
+        log = self._change_log
+        if len(log) >= self._CHANGE_LOG_LIMIT:
+            self._log_base += len(log)
+            log.clear()
+        log.append(subtree_key)
 
     def _bump_node(self, node: TreeNode) -> None:
         root = self._root

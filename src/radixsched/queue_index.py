@@ -1,0 +1,162 @@
+"""Incremental per-round state for the cache-aware policies (radixsched mode).
+
+SGLang re-matches every waiting request against the radix tree on every prefill round, and
+rebuilds its in-batch dedup from scratch. Under load the queue holds hundreds or thousands of
+requests and most of that work repeats last round's answer. Here a round only touches:
+
+* requests new to the queue (or re-queued: the scheduler clears ``Req.match_memo`` then);
+* requests in a top-level cache subtree that changed since the last round (the radix cache
+  logs every bump of a subtree: a new leaf, an eviction, a reset);
+* requests that left the queue.
+
+``MatchIndex.refresh`` returns exactly those, with ``num_matched_prefix_tokens`` and the
+uncapped device match (``match_memo[2]``) up to date for every queued request. ``DedupIndex``
+keeps the in-batch dedup groups (requests sharing their first ``width`` tokens among those with
+a match of at most ``check`` tokens) and their representatives, re-deciding only the groups
+those requests belong to.
+
+Equivalence with the full recomputation is a tested property (tests/test_queue_index.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
+from radixsched.request import Req
+
+
+class MatchIndex:
+    def __init__(self, cache: BasePrefixCache) -> None:
+        self.cache = cache
+        self.cursor = cache.change_cursor()
+        self.tracked: dict[str, Req] = {}
+        self.by_subtree: dict[Hashable, set[str]] = {}
+        # Requests whose prompt is shorter than a page have no stable subtree: redone each round.
+        self.unkeyed: set[str] = set()
+
+    def _forget(self, rid: str) -> None:
+        r = self.tracked.pop(rid)
+        if rid in self.unkeyed:
+            self.unkeyed.discard(rid)
+        else:
+            bucket = self.by_subtree.get(r.subtree_key)
+            if bucket is not None:
+                bucket.discard(rid)
+                if not bucket:
+                    del self.by_subtree[r.subtree_key]
+
+    def _match(self, r: Req) -> None:
+        cache = self.cache
+        fill = r.fill_ids()
+        n = cache.match_len(CacheKey(fill, r.namespace))
+        cap = len(fill) - 1
+        r.num_matched_prefix_tokens = n if n < cap else cap
+        r.match_memo = (-1, len(r.output_ids), n)
+
+    def refresh(self, queue: Sequence[Req]) -> tuple[list[Req], list[str]]:
+        """Bring every queued request's match up to date; return (requests whose match may
+        have changed, including new ones; rids that left the queue)."""
+        cur = {r.rid: r for r in queue}
+        tracked = self.tracked
+        gone = [rid for rid in tracked.keys() - cur.keys()]
+        for rid in gone:
+            self._forget(rid)
+        changes, self.cursor = self.cache.changes_since(self.cursor)
+        todo: dict[str, Req] = {}
+        if changes is None:
+            todo = dict(cur)
+        else:
+            for key in set(changes):
+                for rid in self.by_subtree.get(key, ()):
+                    todo[rid] = cur[rid]
+            for rid in self.unkeyed:
+                todo[rid] = cur[rid]
+        for r in queue:
+            if r.match_memo is None or tracked.get(r.rid) is not r:
+                todo[r.rid] = r
+        page = self.cache.page_size
+        for rid, r in todo.items():
+            old = tracked.get(rid)
+            if old is not None and old is not r:
+                self._forget(rid)  # a new request reusing a finished one's id
+            if rid not in tracked:
+                tracked[rid] = r
+                if r.subtree_key is None and len(r.prompt_ids) >= page:
+                    r.subtree_key = self.cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
+                if r.subtree_key is None:
+                    self.unkeyed.add(rid)
+                else:
+                    self.by_subtree.setdefault(r.subtree_key, set()).add(rid)
+            self._match(r)
+        return list(todo.values()), gone
+
+
+class DedupIndex:
+    """Groups and representatives of the radixsched in-batch dedup (see ``policy``)."""
+
+    def __init__(self, check: int, width: int, rep_key: Callable[[Req], Any]) -> None:
+        self.check = check
+        self.width = width
+        self.rep_key = rep_key
+        self.groups: dict[tuple[Namespace, bytes], dict[str, Req]] = {}
+        self.group_of: dict[str, tuple[Namespace, bytes]] = {}
+        self.deferred_by_group: dict[tuple[Namespace, bytes], set[str]] = {}
+        self.deferred: set[str] = set()
+
+    def _key(self, r: Req) -> tuple[Namespace, bytes] | None:
+        width = self.width
+        if len(r.prompt_ids) >= width:
+            cached = r.dedup_key
+            if cached is None or cached[0] != width:
+                cached = (width, (r.namespace, r.prompt_ids[:width].tobytes()))
+                r.dedup_key = cached
+            key: tuple[Namespace, bytes] = cached[1]
+            return key
+        if r.fill_len >= width:
+            return (r.namespace, r.fill_ids()[:width].tobytes())
+        return None
+
+    def _leave(self, rid: str, touched: set[tuple[Namespace, bytes]]) -> None:
+        g = self.group_of.pop(rid, None)
+        if g is not None:
+            members = self.groups[g]
+            del members[rid]
+            touched.add(g)
+
+    def update(self, changed: Sequence[Req], gone: Sequence[str]) -> frozenset[str]:
+        """Apply this round's changes; return the deferred (= deprioritized) rids."""
+        touched: set[tuple[Namespace, bytes]] = set()
+        for rid in gone:
+            self._leave(rid, touched)
+        for r in changed:
+            self._leave(r.rid, touched)
+            memo = r.match_memo
+            assert memo is not None
+            if memo[2] > self.check:
+                continue
+            g = self._key(r)
+            if g is None:
+                continue
+            self.groups.setdefault(g, {})[r.rid] = r
+            self.group_of[r.rid] = g
+            touched.add(g)
+        for g in touched:
+            old = self.deferred_by_group.pop(g, None)
+            if old:
+                self.deferred -= old
+            members = self.groups.get(g)
+            if not members:
+                self.groups.pop(g, None)
+                continue
+            if len(members) < 2:
+                continue
+            # min keeps the first of equals: members are in insertion order, which is the
+            # order they joined the queue's tracked state, not queue position; so the key
+            # must be total (it ends with queue entry time, arrival time, and the rid).
+            rep = min(members.values(), key=self.rep_key)
+            dup = {rid for rid in members if rid != rep.rid}
+            self.deferred_by_group[g] = dup
+            self.deferred |= dup
+        return frozenset(self.deferred)
