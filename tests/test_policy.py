@@ -810,14 +810,14 @@ def test_dedup_matches_temporary_radix_tree(
     res = run(make_policy("lpm", cache_with(cached), compat="sglang", **cfg), list(q))
     expected = set() if check < 0 else _reference_dedup(q, check, threshold)
     assert res.deprioritized == expected and not res.deferred
-    # radixsched: the same algorithm over candidates in (work, entry, arrival, list) order
+    # radixsched: the same algorithm over candidates in (work, entry, arrival, rid) order
     q = queue()
     pol = make_policy("lpm", cache_with(cached), **cfg)
     res = run(pol, list(q))
     cache = cache_with(cached)
     for r in q:
         r.prefix_len = cache.match_len(CacheKey(r.fill_ids(), r.namespace))
-    order = sorted(q, key=lambda r: (prefill_work(r), r.queue_entry_time, r.arrival_time))
+    order = sorted(q, key=lambda r: (prefill_work(r), r.queue_entry_time, r.arrival_time, r.rid))
     if threshold <= 0:  # radixsched: one representative per namespace
         cands = [r for r in order if r.prefix_len <= check]
         reps = {r.namespace: r.rid for r in reversed(cands)}

@@ -80,7 +80,8 @@ def test_incremental_equals_full_recompute(policy: str, page: int, seed: int) ->
             b = next(r for r in q_full if r.rid == a.rid)
             for r in (a, b):
                 r.output_ids.extend(extra)
-                r.match_memo = None
+            inc.forget(a)
+            full.forget(b)
         res_i = inc.calc_priority(q_inc, [], processed_tokens=step * 10, now=float(step))
         res_f = full.calc_priority(q_full, [], processed_tokens=step * 10, now=float(step))
         assert _state(q_inc) == _state(q_full), f"step {step}"

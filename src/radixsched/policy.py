@@ -691,6 +691,13 @@ class SchedulePolicy:
             prefix_matched=mode in (MatchMode.LENGTH, MatchMode.NODE),
         )
 
+    def forget(self, req: Req) -> None:
+        """``req`` re-enters the queue with new output (retraction, preemption): its cached
+        match is stale."""
+        req.match_memo = None
+        if self._match_index is not None:
+            self._match_index.forget(req)
+
     def on_service(self, req: Req, prefill_tokens: int, decode_tokens: int) -> None:
         """Charge ``req``'s tenant for one step's service (fair policy; no-op otherwise)."""
         if self.spec.name == "fair":

@@ -4,7 +4,8 @@ SGLang re-matches every waiting request against the radix tree on every prefill 
 rebuilds its in-batch dedup from scratch. Under load the queue holds hundreds or thousands of
 requests and most of that work repeats last round's answer. Here a round only touches:
 
-* requests new to the queue (or re-queued: the scheduler clears ``Req.match_memo`` then);
+* requests new to the queue (or re-queued with new output: the scheduler calls
+  ``SchedulePolicy.forget`` then);
 * requests in a top-level cache subtree that changed since the last round (the radix cache
   logs every bump of a subtree: a new leaf, an eviction, a reset);
 * requests that left the queue.
@@ -31,66 +32,71 @@ class MatchIndex:
     def __init__(self, cache: BasePrefixCache) -> None:
         self.cache = cache
         self.cursor = cache.change_cursor()
-        self.tracked: dict[str, Req] = {}
-        self.by_subtree: dict[Hashable, set[str]] = {}
+        # Keyed by object identity: the dict keeps every tracked request alive, so an id can
+        # never be reused by another request while it is tracked.
+        self.tracked: dict[int, Req] = {}
+        self.by_subtree: dict[Hashable, set[int]] = {}
         # Requests whose prompt is shorter than a page have no stable subtree: redone each round.
-        self.unkeyed: set[str] = set()
+        self.unkeyed: set[int] = set()
 
-    def _forget(self, rid: str) -> None:
-        r = self.tracked.pop(rid)
-        if rid in self.unkeyed:
-            self.unkeyed.discard(rid)
-        else:
-            bucket = self.by_subtree.get(r.subtree_key)
-            if bucket is not None:
-                bucket.discard(rid)
-                if not bucket:
-                    del self.by_subtree[r.subtree_key]
+    def forget(self, r: Req) -> None:
+        """``r`` changed while out of sight (re-queued with new output): treat it as new."""
+        if id(r) in self.tracked:
+            self._drop(id(r))
+
+    def _drop(self, key: int) -> None:
+        r = self.tracked.pop(key)
+        if key in self.unkeyed:
+            self.unkeyed.discard(key)
+            return
+        bucket = self.by_subtree.get(r.subtree_key)
+        if bucket is not None:
+            bucket.discard(key)
+            if not bucket:
+                del self.by_subtree[r.subtree_key]
 
     def _match(self, r: Req) -> None:
-        cache = self.cache
         fill = r.fill_ids()
-        n = cache.match_len(CacheKey(fill, r.namespace))
+        n = self.cache.match_len(CacheKey(fill, r.namespace))
         cap = len(fill) - 1
         r.num_matched_prefix_tokens = n if n < cap else cap
         r.match_memo = (-1, len(r.output_ids), n)
 
-    def refresh(self, queue: Sequence[Req]) -> tuple[list[Req], list[str]]:
+    def refresh(self, queue: Sequence[Req]) -> tuple[list[Req], list[Req]]:
         """Bring every queued request's match up to date; return (requests whose match may
-        have changed, including new ones; rids that left the queue)."""
-        cur = {r.rid: r for r in queue}
+        have changed, new ones included; requests that left the queue)."""
+        cur = {id(r): r for r in queue}
         tracked = self.tracked
-        gone = [rid for rid in tracked.keys() - cur.keys()]
-        for rid in gone:
-            self._forget(rid)
+        gone = [tracked[k] for k in tracked.keys() - cur.keys()]
+        for r in gone:
+            self._drop(id(r))
         changes, self.cursor = self.cache.changes_since(self.cursor)
-        todo: dict[str, Req] = {}
+        todo: set[int]
         if changes is None:
-            todo = dict(cur)
+            todo = set(cur)
         else:
+            todo = cur.keys() - tracked.keys()
+            by_subtree = self.by_subtree
             for key in set(changes):
-                for rid in self.by_subtree.get(key, ()):
-                    todo[rid] = cur[rid]
-            for rid in self.unkeyed:
-                todo[rid] = cur[rid]
-        for r in queue:
-            if r.match_memo is None or tracked.get(r.rid) is not r:
-                todo[r.rid] = r
+                bucket = by_subtree.get(key)
+                if bucket:
+                    todo |= bucket
+            todo |= self.unkeyed
         page = self.cache.page_size
-        for rid, r in todo.items():
-            old = tracked.get(rid)
-            if old is not None and old is not r:
-                self._forget(rid)  # a new request reusing a finished one's id
-            if rid not in tracked:
-                tracked[rid] = r
+        changed = []
+        for k in todo:
+            r = cur[k]
+            if k not in tracked:
+                tracked[k] = r
                 if r.subtree_key is None and len(r.prompt_ids) >= page:
                     r.subtree_key = self.cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
                 if r.subtree_key is None:
-                    self.unkeyed.add(rid)
+                    self.unkeyed.add(k)
                 else:
-                    self.by_subtree.setdefault(r.subtree_key, set()).add(rid)
+                    self.by_subtree.setdefault(r.subtree_key, set()).add(k)
             self._match(r)
-        return list(todo.values()), gone
+            changed.append(r)
+        return changed, gone
 
 
 class DedupIndex:
@@ -125,11 +131,11 @@ class DedupIndex:
             del members[rid]
             touched.add(g)
 
-    def update(self, changed: Sequence[Req], gone: Sequence[str]) -> frozenset[str]:
+    def update(self, changed: Sequence[Req], gone: Sequence[Req]) -> frozenset[str]:
         """Apply this round's changes; return the deferred (= deprioritized) rids."""
         touched: set[tuple[Namespace, bytes]] = set()
-        for rid in gone:
-            self._leave(rid, touched)
+        for r in gone:
+            self._leave(r.rid, touched)
         for r in changed:
             self._leave(r.rid, touched)
             memo = r.match_memo

@@ -227,7 +227,7 @@ class Scheduler:
         (queue-entry time, HRRN snapshot, place in arrival order) and never applies the queue
         limit to work that was already running (spec 8.9-8.10); compat sglang appends it with
         fresh stamps."""
-        req.match_memo = None  # its output changed: the policy must re-match it
+        self.policy.forget(req)  # its output changed: the policy must re-match it
         if self.config.sglang_compat:
             req.queue_entry_time = self.clock.now()
             req.queue_entry_processed_tokens = self.processed_tokens
