@@ -259,9 +259,9 @@ def _sort_by_arrival(queue: list[Req]) -> None:
     """Sort by (queue entry, arrival). The scheduler appends in entry order and re-inserts
     retracted requests at their place, so the queue is nearly always sorted already: check
     that first (C-level passes over plain floats, no key tuples)."""
-    entry = [r.queue_entry_time for r in queue]
-    if all(map(operator.lt, entry, entry[1:])):
-        return  # strictly increasing: no ties for arrival to break
+    keys = list(map(_ARRIVAL, queue))
+    if all(map(operator.le, keys, keys[1:])):
+        return  # already in order (a stable sort would change nothing)
     queue.sort(key=_ARRIVAL)
 
 
