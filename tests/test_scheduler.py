@@ -504,3 +504,25 @@ def test_request_sharing_an_in_flight_chunked_prefix_waits_for_it(compat: str) -
         assert b.cached_tokens == 170 and b.computed_prefill_tokens == 10
     else:
         assert b.cached_tokens == 128 and b.computed_prefill_tokens == 52
+
+
+@pytest.mark.parametrize("cache_on", [True, False])
+@pytest.mark.parametrize("compat", ["radixsched", "sglang"])
+def test_a_chunked_prefill_is_retracted_before_any_running_request_is_aborted(
+    cache_on: bool, compat: str
+) -> None:
+    """Every request fits the pool alone, so none may be aborted: when decode runs out of
+    memory while a chunked prefill holds KV, the chunked request is retracted first."""
+    s = make_sched(
+        kv=160,
+        chunked_prefill_size=32,
+        disable_radix_cache=not cache_on,
+        compat=compat,
+    )
+    rs = [req(f"r{i}", prompt(60, i), n=35) for i in range(8)]
+    for r in rs:
+        s.add_request(r)
+    run_all(s)
+    assert s.stats.aborted == 0
+    for r in rs:
+        assert r.output_ids == reference_output(r.prompt_ids, 35, s.runner)  # type: ignore[arg-type]

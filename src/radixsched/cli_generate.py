@@ -14,11 +14,14 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from radixsched.cli import CliError
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
-from radixsched.request import FinishReason, Req, SamplingParams
+from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
+
+if TYPE_CHECKING:
+    from radixsched.engine.loader import LoadedModel
 
 MODEL_HELP = "tiny-random, <shape>-random, smollm2-135m, a model directory or a .gguf file"
 
@@ -116,22 +119,31 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
 
 
 def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    from radixsched.policy import POLICIES
+
     try:
-        return config_from_args(SchedulerConfig, args, seed=args.seed)
+        config = config_from_args(SchedulerConfig, args, seed=args.seed)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
+    # Checked before the model loads; the scheduler checks the rest of the combination.
+    if config.schedule_policy not in POLICIES:
+        raise CliError(
+            f"unknown schedule policy {config.schedule_policy!r}; valid: {', '.join(POLICIES)}"
+        )
+    return config
 
 
-def _encode(loaded: Any, prompt: str, *, chat: bool, system: str | None) -> list[int]:
+def _encode(loaded: LoadedModel, prompt: str, *, chat: bool, system: str | None) -> list[int]:
     if not chat:
-        ids: list[int] = loaded.tokenizer.encode(prompt)
-        return ids
+        return loaded.tokenizer.encode(prompt)
     messages = [] if system is None else [{"role": "system", "content": system}]
     messages.append({"role": "user", "content": prompt})
-    rendered = loaded.chat_template.render(messages, add_generation_prompt=True)
+    try:
+        rendered = loaded.chat_template.render(messages, add_generation_prompt=True)
+    except ValueError as e:
+        raise CliError(f"--chat: {e}") from e
     # The template writes its own BOS (if the model uses one).
-    ids = loaded.tokenizer.encode(rendered, add_special_tokens=False)
-    return ids
+    return loaded.tokenizer.encode(rendered, add_special_tokens=False)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -176,8 +188,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_context_len=args.context_len,
     )
-    engine = Engine(runner, config, kv_slots=kv_slots, context_len=runner.max_context_len)
-    reqs = [Req(f"prompt-{i}", ids, sampling) for i, ids in enumerate(encoded)]
+    try:
+        engine = Engine(runner, config, kv_slots=kv_slots, context_len=runner.max_context_len)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    reqs = [Req(f"prompt-{i}", as_tokens(ids), sampling) for i, ids in enumerate(encoded)]
     t1 = time.perf_counter()
     outputs = engine.generate(reqs)
     wall_s = time.perf_counter() - t1

@@ -594,9 +594,19 @@ class Scheduler:
         """Retract running requests until the next decode step fits (spec 4.6)."""
         if self._decode_fits(self.running):
             return []
-        order = self._retraction_order()
         retracted: list[Req] = []
         first = True
+        if self.chunked_req is not None:
+            # A request half-way through a chunked prefill holds KV the running batch needs
+            # and has no output yet: it is the first victim (as it would be in SGLang's order
+            # had it been in the running batch; SGLang never considers it and aborts a running
+            # request instead).
+            victim = self.chunked_req
+            self.chunked_req = None
+            self._retract(victim)
+            retracted.append(victim)
+            first = False
+        order = self._retraction_order()
         while len(self.running) > 1 and (
             (first and self.config.sglang_compat) or not self._decode_fits(self.running)
         ):
