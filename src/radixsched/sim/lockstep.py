@@ -178,45 +178,76 @@ def run_lockstep(
     check_integrity: bool,
 ) -> LockstepStats:
     """Replay ``reqs`` (sorted by arrival) through ``replicas`` in lockstep passes."""
-    from radixsched.sim.simulate import _deliver, _sample
-
-    dp = len(replicas)
-    if [rep.idx for rep in replicas] != list(range(dp)):
-        raise ValueError("replica ids must be 0..dp-1 in order (they are the ranks)")
-    for rep in replicas:
-        rep.sched.runner.supports_multi_step = False
-    recorders: list[_GateRecorder] = []
-    gather: LocalAllGather | None = None
-    if sim_cfg.enable_prefill_delayer:
-        gather = LocalAllGather(dp)
-        cfg = delayer_config(sim_cfg, replicas[0].sched.config)
-        for rep in replicas:
-            delayer = PrefillDelayer(
-                cfg,
-                max_running_requests=rep.sched.max_running_requests,
-                clock=rep.clock.now,
-                all_gather=gather,
-                rank=rep.idx,
-            )
-            rec = _GateRecorder(delayer)
-            rep.sched.gate_factory = rec
-            recorders.append(rec)
-    stats = LockstepStats(dp=dp)
-    n = len(reqs)
-    i = 0
-    done = 0
-    now = 0.0
-    streak_start: float | None = None
-    streak = 0
-    empty_run = 0
-    # Consecutive passes without a batch: bounded by the delayer's pass cap (plus the
-    # releasing pass); more means a rank has work it can never schedule.
-    max_empty_run = (sim_cfg.prefill_delayer_max_delay_passes + 1) if recorders else 1
-    pool = LockstepRunner(gather) if gather is not None else None
+    loop = _Lockstep(replicas, router, sim_cfg, check_integrity)
     try:
+        loop.run(reqs, series, on_progress)
+    finally:
+        loop.close()
+    return loop.stats
+
+
+class _Lockstep:
+    def __init__(
+        self,
+        replicas: Sequence[_Replica],
+        router: Any,
+        sim_cfg: SimConfig,
+        check_integrity: bool,
+    ) -> None:
+        dp = len(replicas)
+        if [rep.idx for rep in replicas] != list(range(dp)):
+            raise ValueError("replica ids must be 0..dp-1 in order (they are the ranks)")
+        self.replicas = replicas
+        self.router = router
+        self.check_integrity = check_integrity
+        for rep in replicas:
+            # One global pass is one step of every rank: no decode jumps.
+            rep.sched.runner.supports_multi_step = False
+        self.recorders: list[_GateRecorder] = []
+        self.pool: LockstepRunner | None = None
+        if sim_cfg.enable_prefill_delayer:
+            gather = LocalAllGather(dp)
+            cfg = delayer_config(sim_cfg, replicas[0].sched.config)
+            for rep in replicas:
+                delayer = PrefillDelayer(
+                    cfg,
+                    max_running_requests=rep.sched.max_running_requests,
+                    clock=rep.clock.now,
+                    all_gather=gather,
+                    rank=rep.idx,
+                )
+                rec = _GateRecorder(delayer)
+                rep.sched.gate_factory = rec
+                self.recorders.append(rec)
+            self.pool = LockstepRunner(gather)
+        # Consecutive passes without any batch: one (a decode pass that only retracted) plus
+        # the delayer's pass cap; more means a rank holds work it can never schedule.
+        self.max_empty_run = 1 + (sim_cfg.prefill_delayer_max_delay_passes if self.recorders else 0)
+        self.stats = LockstepStats(dp=dp)
+        self._streak = 0
+        self._streak_start = 0.0
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def run(
+        self,
+        reqs: Sequence[Req],
+        series: TimeSeries,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> None:
+        from radixsched.sim.simulate import _deliver, _sample
+
+        replicas = self.replicas
+        n = len(reqs)
+        i = 0
+        done = 0
+        now = 0.0
+        empty_run = 0
         while True:
             while i < n and reqs[i].arrival_time <= now:
-                _deliver(reqs[i], replicas, router, reqs[i].arrival_time)
+                _deliver(reqs[i], replicas, self.router, reqs[i].arrival_time)
                 i += 1
             if all(rep.sched.is_idle for rep in replicas):
                 if i >= n:
@@ -225,77 +256,90 @@ def run_lockstep(
                 for rep in replicas:
                     rep.clock.jump_to(now)
                 continue
-            had_work = [not rep.sched.is_idle for rep in replicas]
-            outs: list[StepOutcome | None]
-            if pool is not None:
-                outs = pool.run([partial(rep.sched.step, now) for rep in replicas])
-            else:
-                outs = [rep.sched.step(now) if w else None for rep, w in zip(replicas, had_work)]
-            verdict: Verdict | None = None
-            if recorders:
-                verdicts = [rec.take_verdict() for rec in recorders]
-                verdict = verdicts[0]
-                if check_integrity and any(
-                    (v.allow, v.reason, v.status) != (verdict.allow, verdict.reason, verdict.status)
-                    for v in verdicts
-                ):
-                    raise RuntimeError(f"ranks disagree on the prefill verdict: {verdicts}")
-            ends = [rep.clock.now() for rep in replicas]
-            end = max(ends)
-            ran = [o is not None and o.batch_size > 0 for o in outs]
-            for rep, out, w, r_end in zip(replicas, outs, had_work, ends, strict=True):
-                if out is None and w and not rep.sched.is_idle and (verdict is None or verdict.allow):
-                    raise RuntimeError(
-                        f"replica {rep.idx} has work but could not schedule it "
-                        f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
-                    )
-                if out is not None:
-                    _restamp(out, r_end, end)
-                rep.clock.jump_to(end)
-                if check_integrity:
-                    rep.sched.check_integrity()
-            _account(stats, outs, had_work, ran, now, end, verdict)
-            if verdict is not None:
-                if not verdict.allow:
-                    if streak == 0:
-                        streak_start = now
-                    streak += 1
-                elif streak:
-                    stats.delay_streaks.append(streak)
-                    stats.delay_streak_s.append(now - (streak_start or now))
-                    streak, streak_start = 0, None
-            empty_run = 0 if any(ran) else empty_run + 1
-            if empty_run > max_empty_run:
+            outs, end = self._pass(now)
+            empty_run = (
+                0 if any(o is not None and o.batch_size > 0 for o in outs) else empty_run + 1
+            )
+            if empty_run > self.max_empty_run:
                 raise RuntimeError(f"{empty_run} consecutive passes without a batch")
             finished = 0
             for rep, out in zip(replicas, outs, strict=True):
                 if out is None:
                     continue
                 finished += len(out.finished)
-                if router is not None:
+                if self.router is not None:
                     for r in out.finished:
-                        router.on_finish(r, rep.idx)
+                        self.router.on_finish(r, rep.idx)
             now = end
             _sample(series, now, replicas)
             if finished and on_progress is not None:
                 done += finished
                 on_progress(done, n)
-    finally:
-        if pool is not None:
-            pool.close()
-    if streak:
-        stats.delay_streaks.append(streak)
-        stats.delay_streak_s.append(now - (streak_start or now))
-    if on_progress is not None:
-        on_progress(n, n)
-    return stats
+        if self._streak:
+            self.stats.delay_streaks.append(self._streak)
+            self.stats.delay_streak_s.append(now - self._streak_start)
+        if on_progress is not None:
+            on_progress(n, n)
+
+    def _pass(self, now: float) -> tuple[list[StepOutcome | None], float]:
+        """One global pass from ``now``: every rank steps (idle ranks too when the delayer
+        negotiates); returns the outcomes and the pass end."""
+        replicas = self.replicas
+        had_work = [not rep.sched.is_idle for rep in replicas]
+        outs: list[StepOutcome | None]
+        if self.pool is not None:
+            outs = self.pool.run([partial(rep.sched.step, now) for rep in replicas])
+        else:
+            outs = [
+                rep.sched.step(now) if w else None
+                for rep, w in zip(replicas, had_work, strict=True)
+            ]
+        verdict = self._verdict()
+        ends = [rep.clock.now() for rep in replicas]
+        end = max(ends)
+        for rep, out, w, r_end in zip(replicas, outs, had_work, ends, strict=True):
+            vetoed = verdict is not None and not verdict.allow
+            if out is None and w and not rep.sched.is_idle and not vetoed:
+                raise RuntimeError(
+                    f"replica {rep.idx} has work but could not schedule it "
+                    f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
+                )
+            if out is not None:
+                rep.busy_s += out.duration_s
+                _restamp(out, r_end, end)
+            rep.clock.jump_to(end)
+            if self.check_integrity:
+                rep.sched.check_integrity()
+        _account(self.stats, outs, had_work, now, end, verdict)
+        if verdict is not None:
+            if not verdict.allow:
+                if self._streak == 0:
+                    self._streak_start = now
+                self._streak += 1
+            elif self._streak:
+                self.stats.delay_streaks.append(self._streak)
+                self.stats.delay_streak_s.append(now - self._streak_start)
+                self._streak = 0
+        return outs, end
+
+    def _verdict(self) -> Verdict | None:
+        """The pass's negotiated verdict (every rank must have reached the same one)."""
+        if not self.recorders:
+            return None
+        verdicts = [rec.take_verdict() for rec in self.recorders]
+        first = verdicts[0]
+        if self.check_integrity and any(
+            (v.allow, v.reason, v.status) != (first.allow, first.reason, first.status)
+            for v in verdicts
+        ):
+            raise RuntimeError(f"ranks disagree on the prefill verdict: {verdicts}")
+        return first
 
 
 def _account(
     stats: LockstepStats,
     outs: Sequence[StepOutcome | None],
     had_work: Sequence[bool],
-    ran: Sequence[bool],
     start: float,
     end: float,
     verdict: Verdict | None,
@@ -311,7 +355,7 @@ def _account(
         stats.verdicts[verdict.reason.value] += 1
         if not verdict.allow:
             stats.delayed_passes += 1
-    if not any(ran) and any(had_work):
+    if any(had_work) and not any(o is not None and o.batch_size > 0 for o in outs):
         stats.empty_passes += 1
     prefilling = [_is_prefill(o) for o in outs]
     any_prefill = any(prefilling)

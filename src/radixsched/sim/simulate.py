@@ -11,8 +11,8 @@ event loop that always advances whichever replica is furthest behind, and delive
   lengths can change before the next arrival (``Scheduler.step(horizon)``);
 * idle replicas jump to the next arrival.
 
-With ``--enable-dp-attention`` the replicas step in lockstep instead and every prefill round
-is negotiated through the prefill delayer (``cluster.delayer``).
+With ``--enable-dp-attention`` the replicas step in lockstep instead (``sim.lockstep``) and
+every prefill round is negotiated through the prefill delayer (``cluster.delayer``).
 
 The simulator path never imports torch.
 """
@@ -80,15 +80,28 @@ class SimConfig:
         default=False, metadata={"help": "keep evicted KV in a host-memory tier"}
     )
     hicache_size: float = field(default=64.0, metadata={"help": "host KV tier size in GB"})
+    hicache_page_size: int = field(
+        default=64,
+        metadata={
+            "help": "host KV tier page in tokens (rounded up to a multiple of --page-size); "
+            "host hits are whole host pages"
+        },
+    )
 
 
 @dataclass
 class ReplicaSummary:
+    """One replica's share of a run. Hit rates are token-weighted over the prompts the
+    replica scheduled (``hit_rate = device + host``)."""
+
     replica: int
     num_requests: int
     hit_rate: float
     prefill_tokens_computed: int
     retractions: int
+    prompt_tokens: int = 0
+    host_hit_rate: float = 0.0
+    busy_s: float = 0.0  # virtual time spent running batches (its own, not the pass's)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,6 +117,8 @@ class SimRun:
     kv_capacity_tokens: int
     # Pass accounting of a lockstep (--enable-dp-attention) run; None otherwise.
     lockstep: LockstepStats | None = None
+    # Request id -> the replica the router sent it to (every admitted or rejected request).
+    replica_of: dict[str, int] = field(default_factory=dict)
 
 
 def clone_request(r: Req) -> Req:
@@ -128,6 +143,11 @@ class _Replica:
         self.sched = sched
         self.clock = clock
         self.reqs: list[Req] = []
+        self.busy_s = 0.0  # sum of its steps' durations
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
 
 
 def _build_replica(
@@ -140,9 +160,13 @@ def _build_replica(
     if sim_cfg.enable_hierarchical_cache:
         from radixsched.cluster.hicache import HostKVTier, host_capacity_tokens
 
+        if sim_cfg.hicache_page_size < 1:
+            raise ValueError(f"--hicache-page-size must be >= 1, got {sim_cfg.hicache_page_size}")
+        p = max(sched_cfg.page_size, 1)
         host = HostKVTier(
             host_capacity_tokens(sim_cfg.hicache_size, cost.model.kv_bytes_per_token),
-            page_size=max(sched_cfg.page_size, 1),
+            # Whole device pages, so a host hit never ends inside a device page.
+            page_size=-(-sim_cfg.hicache_page_size // p) * p,
         )
     runner = CostModelRunner(cost, seed=sched_cfg.seed)
     sched = Scheduler(
@@ -223,13 +247,14 @@ def simulate(
         ReplicaSummary(
             replica=rep.idx,
             num_requests=len(rep.reqs),
-            hit_rate=(
-                rep.sched.stats.cached_prompt_tokens / rep.sched.stats.prompt_tokens
-                if rep.sched.stats.prompt_tokens
-                else 0.0
-            ),
+            hit_rate=_ratio(rep.sched.stats.cached_prompt_tokens, rep.sched.stats.prompt_tokens),
             prefill_tokens_computed=rep.sched.stats.prefill_tokens_computed,
             retractions=rep.sched.stats.retractions,
+            prompt_tokens=rep.sched.stats.prompt_tokens,
+            host_hit_rate=_ratio(
+                rep.sched.stats.host_cached_prompt_tokens, rep.sched.stats.prompt_tokens
+            ),
+            busy_s=rep.busy_s,
         )
         for rep in replicas
     ]
@@ -247,7 +272,10 @@ def simulate(
         preemptions=sum(s.preemptions for s in stats),
         extra=extra,
     )
-    return SimRun(result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep)
+    replica_of = {r.rid: rep.idx for rep in replicas for r in rep.reqs}
+    return SimRun(
+        result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep, replica_of
+    )
 
 
 def _replica_load(rep: _Replica) -> Any:
@@ -316,6 +344,7 @@ def _run_event_loop(
                     f"replica {rep.idx} has work but could not schedule it "
                     f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
                 )
+            rep.busy_s += out.duration_s
             finished = len(out.finished)
             if router is not None:
                 for r in out.finished:
