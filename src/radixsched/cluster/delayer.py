@@ -39,8 +39,10 @@ prefill batch and waiting-queue length over the gathered ranks, ``mrr`` the rank
 - the exemption re-arms whenever a pass is allowed (status all or mixed) while a delay streak
   was open, i.e. after the prefill that ends each streak; the next pass whose conditions hold
   is exempt again, and only the following ones delay;
-- "mixed" uses the same rule as "all" (watermark, then conditions, exemption and caps): a
-  rank with work is delayed only while the slot or queue condition holds;
+- "mixed" delays (bounded by both caps, no exemption) only while a rank that cannot prefill
+  has a running batch that the others' prefill would stall; when those ranks are idle, the
+  "all" rule applies (watermark, then conditions, exemption and caps), so nobody waits for
+  nothing;
 - ``finalize`` reports the rank's real running batch and queue length (they feed ``R`` and
   ``Q``, which "mixed" now consults).
 """
@@ -178,6 +180,16 @@ def negotiate(
         return delay_or_cap(skip_first)
 
     any_expired = any(i.timeout_expired for i in infos)
+    if status is PrefillStatus.MIXED and any(
+        not i.prefillable and i.running_batch > 0 for i in infos
+    ):
+        # A rank with nothing to prefill would stall its decode batch while the others
+        # prefill: wait for them to line up (bounded by both caps, no exemption). When the
+        # non-prefilling ranks are idle, nobody gains from waiting: the "all" rule applies.
+        if any_expired:
+            return allow(DelayReason.WAIT_TIMEOUT, skip_first)
+        return delay_or_cap(skip_first)
+
     r = max(i.running_batch for i in infos)
     b = max(i.max_prefill_bs for i in infos)
     q = max(i.waiting_queue_len for i in infos)
