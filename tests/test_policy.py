@@ -1036,7 +1036,8 @@ def test_waiting_prefix_touch_every_32_rounds_over_128_head_last() -> None:
     [
         ("lpm", {}, 100),  # radixsched lpm scores with match_len: touch keeps prefixes warm
         ("lpm", {"compat": "sglang"}, 0),  # compat: matching already touched
-        ("dfs-weight", {}, 0),  # match_prefix touches
+        ("dfs-weight", {}, 100),  # radixsched re-matches only changed subtrees: touch
+        ("dfs-weight", {"compat": "sglang"}, 0),  # compat: match_prefix touched every request
         ("routing-key", {"compat": "sglang"}, 100),
         ("fcfs", {"radix_eviction_policy": "lfu"}, 0),
         ("fcfs", {"enable_waiting_prefix_refresh": False}, 0),

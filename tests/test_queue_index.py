@@ -26,7 +26,7 @@ def _state(q: list[Req]) -> list[tuple[str, int]]:
     return [(r.rid, r.num_matched_prefix_tokens) for r in q]
 
 
-@pytest.mark.parametrize("policy", ["lpm", "hrrn", "shortest-prefill-first", "fair"])
+@pytest.mark.parametrize("policy", ["lpm", "hrrn", "shortest-prefill-first", "fair", "dfs-weight"])
 @pytest.mark.parametrize("page", [1, 4])
 @pytest.mark.parametrize("seed", range(6))
 def test_incremental_equals_full_recompute(policy: str, page: int, seed: int) -> None:
@@ -85,5 +85,7 @@ def test_incremental_equals_full_recompute(policy: str, page: int, seed: int) ->
         res_i = inc.calc_priority(q_inc, [], processed_tokens=step * 10, now=float(step))
         res_f = full.calc_priority(q_full, [], processed_tokens=step * 10, now=float(step))
         assert _state(q_inc) == _state(q_full), f"step {step}"
+        if policy == "dfs-weight":
+            assert [r.last_node for r in q_inc] == [r.last_node for r in q_full]
         assert res_i.deferred == res_f.deferred, f"step {step}"
         assert res_i.deprioritized == res_f.deprioritized

@@ -579,7 +579,9 @@ class SchedulePolicy:
         incremental = (
             not config.sglang_compat and self.cache_enabled and tree_cache.supports_match_memo
         )
-        self._match_index = MatchIndex(tree_cache) if incremental else None
+        self._match_index = (
+            MatchIndex(tree_cache, need_node=spec.needs_last_node) if incremental else None
+        )
         bounded = config.lpm_max_wait_s is not None or config.lpm_max_wait_tokens is not None
         self._dedup_index = (
             DedupIndex(
@@ -638,7 +640,7 @@ class SchedulePolicy:
         )
         deprioritized: frozenset[str] = frozenset()
         deferred: frozenset[str] = frozenset()
-        if mode is MatchMode.LENGTH and self._match_index is not None:
+        if mode in (MatchMode.LENGTH, MatchMode.NODE) and self._match_index is not None:
             # Incremental: only requests whose match may have changed are touched.
             changed, gone = self._match_index.refresh(waiting_queue)
             if dedup_on and self._dedup_index is not None and is_overdue is _never:
@@ -866,8 +868,9 @@ class SchedulePolicy:
     def _touch_waiting_prefixes(self, queue: list[Req], mode: MatchMode) -> None:
         """Keep queued prefixes warm under LRU when this round's matching did not (spec 1.10)."""
         cfg = self.config
+        incremental_node = mode is MatchMode.NODE and self._match_index is not None
         if (
-            mode not in (MatchMode.LENGTH, MatchMode.SKIP)
+            (mode not in (MatchMode.LENGTH, MatchMode.SKIP) and not incremental_node)
             or not queue
             or not cfg.enable_waiting_prefix_refresh
             or cfg.radix_eviction_policy.lower() != "lru"

@@ -29,8 +29,12 @@ from radixsched.request import Req
 
 
 class MatchIndex:
-    def __init__(self, cache: BasePrefixCache) -> None:
+    def __init__(self, cache: BasePrefixCache, need_node: bool = False) -> None:
         self.cache = cache
+        # dfs-weight orders on the node each match ends at. A memoised node stays right while
+        # its subtree is unchanged: a split keeps the matched node as the lower part, which
+        # still ends where the match ends; inserts and evictions bump the subtree.
+        self.need_node = need_node
         self.cursor = cache.change_cursor()
         # Keyed by object identity: the dict keeps every tracked request alive, so an id can
         # never be reused by another request while it is tracked.
@@ -57,7 +61,14 @@ class MatchIndex:
 
     def _match(self, r: Req) -> None:
         fill = r.fill_ids()
-        n = self.cache.match_len(CacheKey(fill, r.namespace))
+        if self.need_node:
+            res = self.cache.match_prefix(CacheKey(fill, r.namespace))
+            n = res.device_len
+            r.prefix_len = n
+            r.last_node = res.last_node
+            r.host_hit_len = res.host_len
+        else:
+            n = self.cache.match_len(CacheKey(fill, r.namespace))
         cap = len(fill) - 1
         r.num_matched_prefix_tokens = n if n < cap else cap
         r.match_memo = (-1, len(r.output_ids), n)
