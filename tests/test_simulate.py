@@ -224,16 +224,6 @@ def test_decode_jumps_are_bit_identical_to_stepping(name: str, policy: str) -> N
     assert json.dumps(ja) == json.dumps(jb)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: peak_kv_usage, mean_running and peak_queue_len are statistics of the "
-    "driver's time series, which gets one sample per Scheduler.step() call: a jump of k decode "
-    "steps is one sample (mean_running is a per-sample, not time-weighted, mean; the KV peak "
-    "just before a jump's finishes is never sampled; arrivals a batch-full jump skips over are "
-    "queued after the jump's sample). Fix: time-weight the mean and take peaks from "
-    "per-step values the scheduler reports (e.g. StepOutcome carrying the KV usage before "
-    "retiring finished requests, and a sample on every arrival).",
-)
 def test_decode_jumps_keep_sampled_metrics() -> None:
     mismatched = [
         (p.name, p.policy, key)

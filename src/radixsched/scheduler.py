@@ -90,6 +90,16 @@ class SchedulerStats:
     host_cached_prompt_tokens: int = 0
     prompt_tokens: int = 0
     prefill_tokens_computed: int = 0
+    # Statistics independent of how often a driver samples (identical whether decode steps
+    # are jumped over or stepped): peaks over every step, a time-weighted running batch.
+    peak_waiting: int = 0
+    peak_kv_usage: float = 0.0
+    busy_s: float = 0.0
+    running_x_s: float = 0.0  # integral of the batch size over busy time
+
+    @property
+    def mean_running(self) -> float:
+        return self.running_x_s / self.busy_s if self.busy_s > 0 else 0.0
 
 
 _NO_PRIORITY = PriorityResult("skipped", frozenset(), frozenset(), False)
@@ -300,6 +310,8 @@ class Scheduler:
     def step(self, horizon: float | None = None) -> StepOutcome | None:
         """Run one forward pass (or several decode steps at once in the simulator, never past
         ``horizon``, the time of the next external event). None when there is nothing to run."""
+        if len(self.waiting) > self.stats.peak_waiting:
+            self.stats.peak_waiting = len(self.waiting)
         if (
             self.chunked_req is not None
             and self.chunked_req.extend_end > self.chunked_req.prefix_len
@@ -719,6 +731,7 @@ class Scheduler:
             self.clock.advance(total)
         self.ratio.decay_steps(k)
         self.stats.decode_steps += k
+        self._account(len(reqs), res.step_durations_s.tolist())
         out = StepOutcome("decode", total, len(reqs), num_steps=k)
         times = ends.tolist()
         for i, r in enumerate(reqs):
@@ -734,8 +747,19 @@ class Scheduler:
         return out
 
     # ---- running a batch ----------------------------------------------------------------------
+    def _account(self, batch_size: int, durations: list[float]) -> None:
+        """Per-step statistics (after the forward, before finished requests leave)."""
+        st = self.stats
+        for d in durations:  # one step at a time, so a jump rounds like single steps
+            st.busy_s += d
+            st.running_x_s += batch_size * d
+        usage = self.kv_usage()
+        if usage > st.peak_kv_usage:
+            st.peak_kv_usage = usage
+
     def _run(self, batch: Batch, mixed_decode: list[Req]) -> StepOutcome:
         result = self.runner.forward(batch)
+        self._account(batch.batch_size, [result.duration_s])
         self.clock.advance(result.duration_s)
         now = self.clock.now()
         out = StepOutcome(batch.mode.value, result.duration_s, batch.batch_size)

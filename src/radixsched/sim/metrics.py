@@ -500,7 +500,9 @@ class PolicyResult:
     # Jain's index over tenants' service shares; 1.0 with a single tenant (nothing to compare).
     fairness_jain: float = 1.0
     fairness_horizon_s: float = 0.0
-    # From the sampled time series (0 when none was given).
+    # From the sampled time series (0 when none was given). The single-replica simulator
+    # replaces them with exact per-step values from the scheduler: the peak waiting queue,
+    # the running batch averaged over busy time (time-weighted), and the peak KV usage.
     peak_queue_len: int = 0
     mean_running: float = 0.0
     peak_kv_usage: float = 0.0

@@ -272,6 +272,16 @@ def simulate(
         preemptions=sum(s.preemptions for s in stats),
         extra=extra,
     )
+    if len(replicas) == 1:
+        # Exact per-step statistics from the scheduler rather than the sampled series (the
+        # driver samples once per step() call, and a decode jump is one call).
+        st = replicas[0].sched.stats
+        result = dataclasses.replace(
+            result,
+            peak_queue_len=st.peak_waiting,
+            mean_running=st.mean_running,
+            peak_kv_usage=st.peak_kv_usage,
+        )
     replica_of = {r.rid: rep.idx for rep in replicas for r in rep.reqs}
     return SimRun(
         result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep, replica_of
