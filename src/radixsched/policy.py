@@ -700,6 +700,11 @@ class SchedulePolicy:
         if self._match_index is not None:
             self._match_index.forget(req)
 
+    @property
+    def tracks_service(self) -> bool:
+        """Whether ``on_service`` does anything (callers skip it in hot loops otherwise)."""
+        return self.spec.name == "fair"
+
     def on_service(self, req: Req, prefill_tokens: int, decode_tokens: int) -> None:
         """Charge ``req``'s tenant for one step's service (fair policy; no-op otherwise)."""
         if self.spec.name == "fair":

@@ -734,15 +734,25 @@ class Scheduler:
         self._account(len(reqs), res.step_durations_s.tolist())
         out = StepOutcome("decode", total, len(reqs), num_steps=k)
         times = ends.tolist()
-        for i, r in enumerate(reqs):
-            toks = res.tokens[i].tolist()
+        charge = self.policy.tracks_service
+        eos = self.eos_ids
+        for r, toks in zip(reqs, res.tokens.tolist(), strict=True):
             r.output_ids.extend(toks)
             r.times.token_times.extend(times)
             out.new_tokens.append((r, toks))
-            self.policy.on_service(r, 0, k)
-            self._check_finish(r)
-            if r.finished:
-                out.finished.append(r)
+            if charge:
+                self.policy.on_service(r, 0, k)
+            s = r.sampling
+            # Hot loop: only a request that can have finished is checked (a jump never
+            # spans a stop token; see _decode_jump_steps).
+            if (
+                s.stop_token_ids
+                or (eos and not s.ignore_eos)
+                or len(r.output_ids) >= s.max_new_tokens
+            ):
+                self._check_finish(r)
+                if r.finished:
+                    out.finished.append(r)
         self._retire_finished(out.finished)
         return out
 
