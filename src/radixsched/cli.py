@@ -165,6 +165,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "params": workload.params,
         "num_requests": len(workload.requests),
         "request_rate": args.request_rate,
+        "arrivals": workload.arrivals,
         "optimal_hit_rate": opt,
     }
     config_info = {
