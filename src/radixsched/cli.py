@@ -14,18 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from radixsched.cli_common import DEFAULT_RATE, DEFAULT_WORKLOAD, MAIN_POLICIES, CliError
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
-
-# The built-in run: a burst of 2,048 requests in 256 prompt groups (4,096-token system prompts)
-# arriving at 64/s, more than one H200 serving Llama-3.1-8B keeps up with, and more distinct
-# prefix than its KV cache holds: the regime where the waiting-queue policy decides the hit rate.
-DEFAULT_WORKLOAD = "shared-prefix:groups=256,prompts=8,system_len=4096"
-DEFAULT_RATE = "64"
-MAIN_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
 
 
 def _policy_names() -> list[str]:

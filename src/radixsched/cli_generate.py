@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from radixsched.cli import CliError
+from radixsched.cli_common import CliError
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 

@@ -52,7 +52,8 @@ from radixsched.scheduler import Scheduler, StepOutcome
 from radixsched.sim.metrics import TimeSeries
 
 if TYPE_CHECKING:
-    from radixsched.sim.simulate import SimConfig, _Replica
+    from radixsched.sim.replicas import Replica
+    from radixsched.sim.simconfig import SimConfig
 
 
 def delayer_config(sim_cfg: SimConfig, sched_cfg: SchedulerConfig) -> DelayerConfig:
@@ -169,7 +170,7 @@ def _is_prefill(out: StepOutcome | None) -> bool:
 
 
 def run_lockstep(
-    replicas: Sequence[_Replica],
+    replicas: Sequence[Replica],
     reqs: Sequence[Req],
     router: Any,
     sim_cfg: SimConfig,
@@ -189,7 +190,7 @@ def run_lockstep(
 class _Lockstep:
     def __init__(
         self,
-        replicas: Sequence[_Replica],
+        replicas: Sequence[Replica],
         router: Any,
         sim_cfg: SimConfig,
         check_integrity: bool,
@@ -237,7 +238,7 @@ class _Lockstep:
         series: TimeSeries,
         on_progress: Callable[[int, int], None] | None,
     ) -> None:
-        from radixsched.sim.simulate import _deliver, _sample
+        from radixsched.sim.replicas import deliver, sample_series
 
         replicas = self.replicas
         n = len(reqs)
@@ -247,7 +248,7 @@ class _Lockstep:
         empty_run = 0
         while True:
             while i < n and reqs[i].arrival_time <= now:
-                _deliver(reqs[i], replicas, self.router, reqs[i].arrival_time)
+                deliver(reqs[i], replicas, self.router, reqs[i].arrival_time)
                 i += 1
             if all(rep.sched.is_idle for rep in replicas):
                 if i >= n:
@@ -271,7 +272,7 @@ class _Lockstep:
                     for r in out.finished:
                         self.router.on_finish(r, rep.idx)
             now = end
-            _sample(series, now, replicas)
+            sample_series(series, now, replicas)
             if finished and on_progress is not None:
                 done += finished
                 on_progress(done, n)

@@ -33,60 +33,15 @@ from radixsched.config import SchedulerConfig
 from radixsched.request import Req
 from radixsched.scheduler import Scheduler
 from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
+from radixsched.sim.replicas import Replica, deliver, sample_series
+from radixsched.sim.simconfig import SimConfig
 
 if TYPE_CHECKING:
     from radixsched.sim.lockstep import LockstepStats
 
 
-@dataclass(frozen=True)
-class SimConfig:
-    """Simulator-side settings (the scheduler's own settings live in SchedulerConfig)."""
-
-    model: str = field(default="llama-3.1-8b", metadata={"help": "model preset"})
-    gpu: str = field(default="h200", metadata={"help": "GPU preset"})
-    tp: int = field(default=1, metadata={"help": "tensor-parallel degree"})
-    mem_fraction_static: float = field(
-        default=0.88, metadata={"help": "fraction of GPU memory for weights + KV (SGLang's flag)"}
-    )
-    max_total_tokens: int | None = field(
-        default=None, metadata={"help": "KV capacity in tokens (overrides the memory model)"}
-    )
-    calibration: str | None = field(
-        default=None, metadata={"help": "CSV/JSON of measured step times replacing the roofline"}
-    )
-    dp: int = field(default=1, metadata={"help": "data-parallel replicas"})
-    router: str | None = field(
-        default=None, metadata={"help": "router for --dp > 1 (default: cache-aware)"}
-    )
-    enable_dp_attention: bool = field(
-        default=False, metadata={"help": "replicas step in lockstep; prefills are negotiated"}
-    )
-    enable_prefill_delayer: bool = field(
-        default=True, metadata={"help": "with --enable-dp-attention: negotiate prefill rounds"}
-    )
-    prefill_delayer_max_delay_passes: int = field(
-        default=30, metadata={"help": "delayer: max consecutive delayed passes"}
-    )
-    prefill_delayer_max_delay_ms: float | None = field(
-        default=None, metadata={"help": "delayer: wall-clock cap on a delay (ms)"}
-    )
-    prefill_delayer_token_usage_low_watermark: float | None = field(
-        default=None, metadata={"help": "delayer: always allow below this KV usage"}
-    )
-    prefill_delayer_queue_min_ratio: float | None = field(
-        default=None, metadata={"help": "delayer: queue trigger ratio (opt-in)"}
-    )
-    enable_hierarchical_cache: bool = field(
-        default=False, metadata={"help": "keep evicted KV in a host-memory tier"}
-    )
-    hicache_size: float = field(default=64.0, metadata={"help": "host KV tier size in GB"})
-    hicache_page_size: int = field(
-        default=64,
-        metadata={
-            "help": "host KV tier page in tokens (rounded up to a multiple of --page-size); "
-            "host hits are whole host pages"
-        },
-    )
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
 
 
 @dataclass
@@ -137,22 +92,9 @@ def clone_request(r: Req) -> Req:
     )
 
 
-class _Replica:
-    def __init__(self, idx: int, sched: Scheduler, clock: VirtualClock) -> None:
-        self.idx = idx
-        self.sched = sched
-        self.clock = clock
-        self.reqs: list[Req] = []
-        self.busy_s = 0.0  # sum of its steps' durations
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den else 0.0
-
-
 def _build_replica(
     idx: int, sched_cfg: SchedulerConfig, sim_cfg: SimConfig, cost: Any, capacity: int
-) -> _Replica:
+) -> Replica:
     from radixsched.sim.costmodel import CostModelRunner
 
     clock = VirtualClock()
@@ -177,7 +119,7 @@ def _build_replica(
         context_len=cost.model.max_context_len,
         host_tier=host,
     )
-    return _Replica(idx, sched, clock)
+    return Replica(idx, sched, clock)
 
 
 def build_cost_model(sim_cfg: SimConfig) -> Any:
@@ -288,48 +230,8 @@ def simulate(
     )
 
 
-def _replica_load(rep: _Replica) -> Any:
-    from radixsched.cluster.routers import ReplicaLoad
-
-    s = rep.sched
-    waiting_uncached = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
-    running_decode = sum(r.remaining_new_tokens for r in s.running)
-    if s.chunked_req is not None:
-        waiting_uncached += s.chunked_req.fill_len - s.chunked_req.prefix_len
-    return ReplicaLoad(
-        replica_id=rep.idx,
-        waiting_uncached_tokens=waiting_uncached,
-        running_decode_tokens=running_decode,
-        num_waiting=len(s.waiting),
-        num_running=s.num_running(),
-        kv_usage=s.kv_usage(),
-    )
-
-
-def _sample(series: TimeSeries, t: float, replicas: Sequence[_Replica]) -> None:
-    series.append(
-        t,
-        sum(len(r.sched.waiting) for r in replicas),
-        sum(r.sched.num_running() for r in replicas),
-        sum(r.sched.kv_usage() for r in replicas) / len(replicas),
-        sum(r.sched.stats.cached_prompt_tokens for r in replicas),
-        sum(r.sched.stats.prompt_tokens for r in replicas),
-    )
-
-
-def _deliver(req: Req, replicas: Sequence[_Replica], router: Any, t: float) -> _Replica:
-    if router is None:
-        rep = replicas[0]
-    else:
-        loads = [_replica_load(r) for r in replicas]
-        rep = replicas[router.route(req, loads, t)]
-    rep.reqs.append(req)
-    rep.sched.add_request(req, now=t)
-    return rep
-
-
 def _run_event_loop(
-    replicas: Sequence[_Replica],
+    replicas: Sequence[Replica],
     reqs: Sequence[Req],
     router: Any,
     series: TimeSeries,
@@ -360,7 +262,7 @@ def _run_event_loop(
                 for r in out.finished:
                     router.on_finish(r, rep.idx)
             last_t = max(last_t, start)
-            _sample(series, last_t, replicas)
+            sample_series(series, last_t, replicas)
             if finished and on_progress is not None:
                 done += finished
                 on_progress(done, n)
@@ -370,7 +272,7 @@ def _run_event_loop(
         for idle in replicas:
             if idle.sched.is_idle:
                 idle.clock.jump_to(ta)
-        _deliver(reqs[i], replicas, router, ta)
+        deliver(reqs[i], replicas, router, ta)
         i += 1
     if on_progress is not None:
         on_progress(n, n)

@@ -233,7 +233,7 @@ def validate_points(points: Sequence[Settings]) -> None:
 
 def simulate_point(settings: Settings) -> Metrics:
     """The default run function: one simulation, its ``PolicyResult`` flattened."""
-    from radixsched.cli import DEFAULT_WORKLOAD
+    from radixsched.cli_common import DEFAULT_WORKLOAD
     from radixsched.sim.simulate import SimConfig, simulate
     from radixsched.sim.table import flatten_result
     from radixsched.sim.workloads import load_workload

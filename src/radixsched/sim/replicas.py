@@ -1,0 +1,62 @@
+"""Replicas as the simulation drivers see them (the event loop in ``simulate`` and the
+lockstep loop in ``lockstep``): a scheduler with its own virtual clock, routing an arrival to
+one, and sampling the cluster's time series."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radixsched.clock import VirtualClock
+from radixsched.request import Req
+from radixsched.scheduler import Scheduler
+from radixsched.sim.metrics import TimeSeries
+
+
+class Replica:
+    def __init__(self, idx: int, sched: Scheduler, clock: VirtualClock) -> None:
+        self.idx = idx
+        self.sched = sched
+        self.clock = clock
+        self.reqs: list[Req] = []
+        self.busy_s = 0.0  # sum of its steps' durations
+
+
+def replica_load(rep: Replica) -> Any:
+    from radixsched.cluster.routers import ReplicaLoad
+
+    s = rep.sched
+    waiting_uncached = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
+    running_decode = sum(r.remaining_new_tokens for r in s.running)
+    if s.chunked_req is not None:
+        waiting_uncached += s.chunked_req.fill_len - s.chunked_req.prefix_len
+    return ReplicaLoad(
+        replica_id=rep.idx,
+        waiting_uncached_tokens=waiting_uncached,
+        running_decode_tokens=running_decode,
+        num_waiting=len(s.waiting),
+        num_running=s.num_running(),
+        kv_usage=s.kv_usage(),
+    )
+
+
+def sample_series(series: TimeSeries, t: float, replicas: Sequence[Replica]) -> None:
+    series.append(
+        t,
+        sum(len(r.sched.waiting) for r in replicas),
+        sum(r.sched.num_running() for r in replicas),
+        sum(r.sched.kv_usage() for r in replicas) / len(replicas),
+        sum(r.sched.stats.cached_prompt_tokens for r in replicas),
+        sum(r.sched.stats.prompt_tokens for r in replicas),
+    )
+
+
+def deliver(req: Req, replicas: Sequence[Replica], router: Any, t: float) -> Replica:
+    if router is None:
+        rep = replicas[0]
+    else:
+        loads = [replica_load(r) for r in replicas]
+        rep = replicas[router.route(req, loads, t)]
+    rep.reqs.append(req)
+    rep.sched.add_request(req, now=t)
+    return rep
