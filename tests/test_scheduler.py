@@ -526,3 +526,18 @@ def test_a_chunked_prefill_is_retracted_before_any_running_request_is_aborted(
     assert s.stats.aborted == 0
     for r in rs:
         assert r.output_ids == reference_output(r.prompt_ids, 35, s.runner)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("extra", [0, 1, 2, 3])
+def test_prompts_at_the_edge_of_capacity_generate_or_are_rejected(extra: int) -> None:
+    """A prompt right at the limit either gets room for at least one token or is rejected at
+    the door; never admitted with a zero budget."""
+    s = make_sched(kv=64)
+    r = req("a", prompt(58 + extra), n=50)
+    res = s.add_request(r)
+    if res.accepted:
+        assert r.max_new_tokens >= 1
+        run_all(s)
+        assert r.finish is not None and r.finish.reason is FinishReason.LENGTH
+    else:
+        assert res.status_code == 400

@@ -183,8 +183,15 @@ class Scheduler:
             max_req_len - req.fill_len - 1,
             self.capacity - ceil_page(req.fill_len, p) - p - 1,
         )
+        if cap < 1:
+            return self._reject(
+                req,
+                400,
+                f"prompt of {req.fill_len} tokens leaves no room to generate a token "
+                f"(context {self.context_len}, KV capacity {self.capacity} tokens)",
+            )
         if req.sampling.max_new_tokens > cap:
-            req.sampling = _replace_sampling(req.sampling, max_new_tokens=max(cap, 0))
+            req.sampling = _replace_sampling(req.sampling, max_new_tokens=cap)
         if cfg.max_queued_requests is not None and len(self.waiting) + 1 > cfg.max_queued_requests:
             victim = self._queue_limit_victim(req)
             if victim is None:
