@@ -107,7 +107,9 @@ class ModelRunner(ABC):
         """Run ``num_steps`` decode steps of ``reqs`` whose current lengths (prompt + output,
         before the first of these steps) are ``seq_lens``. Only needed when
         ``supports_multi_step``; KV contents are not materialised."""
-        raise NotImplementedError(f"{type(self).__name__} runs one decode step at a time")
+        raise RuntimeError(
+            f"{type(self).__name__} runs one decode step at a time (supports_multi_step is False)"
+        )
 
     def eos_token_ids(self) -> tuple[int, ...]:
         """Token ids that end generation unless ``ignore_eos``."""
