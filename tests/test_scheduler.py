@@ -541,3 +541,21 @@ def test_prompts_at_the_edge_of_capacity_generate_or_are_rejected(extra: int) ->
         assert r.finish is not None and r.finish.reason is FinishReason.LENGTH
     else:
         assert res.status_code == 400
+
+
+def test_fcfs_order_hint_changes_nothing() -> None:
+    """radixsched fcfs skips its sort while the scheduler knows the queue is in entry order;
+    the schedule must be identical to sorting every round."""
+
+    def run(hint: bool) -> list[tuple[str, list[int], float | None]]:
+        s = make_sched(kv=220, chunked_prefill_size=32)
+        s._fcfs_keeps_order = hint
+        rs = [req(f"r{i}", prompt(20 + 3 * i, i), n=30) for i in range(10)]
+        for i, r in enumerate(rs):
+            s.add_request(r, now=float(i // 3))
+            s.step()
+        run_all(s)
+        assert s.stats.retractions > 0
+        return [(r.rid, r.output_ids, r.times.first_token) for r in rs]
+
+    assert run(True) == run(False)

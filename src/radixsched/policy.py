@@ -160,6 +160,8 @@ class SortContext:
     rng: random.Random
     fair: VirtualTokenCounter
     is_overdue: Callable[[Req], bool]
+    # The caller guarantees the queue is already in (queue entry, arrival) order.
+    entry_ordered: bool = False
 
     @property
     def compat(self) -> bool:
@@ -250,7 +252,7 @@ def _sort_fcfs(queue: list[Req], ctx: SortContext) -> None:
             queue.sort(key=lambda r: (_priority_term(r, cfg), r.queue_entry_time))
         else:
             queue.sort(key=lambda r: (_priority_term(r, cfg), r.queue_entry_time, r.arrival_time))
-    elif not ctx.compat:
+    elif not ctx.compat and not ctx.entry_ordered:
         _sort_by_arrival(queue)
     # compat without priority: "current list order", no sort (spec 1.6)
 
@@ -626,8 +628,12 @@ class SchedulePolicy:
         running_batch: Sequence[Req] | None = None,
         processed_tokens: int = 0,
         now: float = 0.0,
+        *,
+        entry_ordered: bool = False,
     ) -> PriorityResult:
-        """Match, dedup and sort ``waiting_queue`` in place (stable); see the module docstring."""
+        """Match, dedup and sort ``waiting_queue`` in place (stable); see the module docstring.
+        ``entry_ordered``: the caller guarantees the queue is in (queue entry, arrival) order,
+        so fcfs has nothing to sort."""
         spec = self.active_spec(len(waiting_queue))
         self.active_policy_name = spec.name
         compat = self.config.sglang_compat
@@ -672,6 +678,7 @@ class SchedulePolicy:
             rng=self.rng,
             fair=self.fair,
             is_overdue=is_overdue,
+            entry_ordered=entry_ordered,
         )
         spec.sort(waiting_queue, ctx)
 

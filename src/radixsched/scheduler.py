@@ -148,6 +148,16 @@ class Scheduler:
         self.processed_tokens = 0  # HRRN clock: prefill tokens only (spec 8.8)
         self.stats = SchedulerStats()
         self._by_rid: dict[str, Req] = {}
+        # Whether ``waiting`` is in (queue entry, arrival) order: true while every arrival
+        # enters no earlier than the one before it (re-queued requests go back to their
+        # place). Only radixsched fcfs relies on it: every other policy reorders the list.
+        self._entry_ordered = True
+        self._last_entry: tuple[float, float] = (float("-inf"), float("-inf"))
+        self._fcfs_keeps_order = (
+            config.schedule_policy == "fcfs"
+            and not config.enable_priority_scheduling
+            and not config.sglang_compat
+        )
         self._arrival_seq = 0
         self._seq_of: dict[int, int] = {}
 
@@ -215,6 +225,12 @@ class Scheduler:
         self._by_rid[req.rid] = req
         self._seq_of[id(req)] = self._arrival_seq
         self._arrival_seq += 1
+        entry = (req.queue_entry_time, req.arrival_time)
+        if not self.waiting:
+            self._entry_ordered = True
+        elif entry < self._last_entry:
+            self._entry_ordered = False
+        self._last_entry = entry
         self.waiting.append(req)
         return AdmitResult(True)
 
@@ -251,8 +267,11 @@ class Scheduler:
             self.waiting.append(req)
             return
         seqs = [self._seq_of[id(r)] for r in self.waiting]
-        pos = bisect.bisect_left(seqs, self._seq_of[id(req)]) if _is_sorted(seqs) else len(seqs)
-        self.waiting.insert(pos, req)
+        if _is_sorted(seqs):
+            self.waiting.insert(bisect.bisect_left(seqs, self._seq_of[id(req)]), req)
+        else:
+            self.waiting.append(req)
+            self._entry_ordered = False
 
     # ==== abort ==============================================================================
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
@@ -494,7 +513,11 @@ class Scheduler:
 
     def _calc_priority(self) -> PriorityResult:
         return self.policy.calc_priority(
-            self.waiting, self.running, self.processed_tokens, self.clock.now()
+            self.waiting,
+            self.running,
+            self.processed_tokens,
+            self.clock.now(),
+            entry_ordered=self._entry_ordered and self._fcfs_keeps_order,
         )
 
     def _match_for_admission(self, req: Req) -> None:
@@ -553,7 +576,12 @@ class Scheduler:
     def _grow_rows(self, reqs: list[Req], ends: list[int]) -> None:
         """Grow several rows with one eviction and one allocation (decode hot path)."""
         p = self.page_size
-        needs = [max(ceil_page(e, p) - len(r.kv_row), 0) for r, e in zip(reqs, ends, strict=True)]
+        if p == 1:
+            needs = [max(e - len(r.kv_row), 0) for r, e in zip(reqs, ends, strict=True)]
+        else:
+            needs = [
+                max(-(-e // p) * p - len(r.kv_row), 0) for r, e in zip(reqs, ends, strict=True)
+            ]
         total = sum(needs)
         if total == 0:
             return
@@ -561,12 +589,15 @@ class Scheduler:
         off = 0
         for r, n in zip(reqs, needs, strict=True):
             if n:
-                have = len(r.kv_row)
+                row = r.kv_row
+                have = len(row)
                 new_len = have + n
                 buf = r.kv_buf
-                if new_len > len(buf) or (have and not np.may_share_memory(buf, r.kv_row)):
+                # kv_row must be the head of kv_buf (a view, or the buffer itself) to grow in
+                # place; otherwise (a fresh row from a cache match) it is copied once.
+                if new_len > len(buf) or (have and row.base is not buf and row is not buf):
                     buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
-                    buf[:have] = r.kv_row
+                    buf[:have] = row
                     r.kv_buf = buf
                 buf[have:new_len] = slots[off : off + n]
                 r.kv_row = buf[:new_len]
