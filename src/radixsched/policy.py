@@ -502,9 +502,11 @@ class VirtualTokenCounter:
         for r in queue:
             by_tenant.setdefault(r.tenant_key, []).append(r)
         for reqs in by_tenant.values():
-            reqs.sort(
-                key=lambda r: (-r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time)
-            )
+            # Layered stable sorts (C-level keys): longest match first, then arrival.
+            reqs.sort(key=_ARRIVAL)
+            reqs.sort(key=_MATCHED, reverse=True)
+        if len(by_tenant) == 1:
+            return next(iter(by_tenant.values()))  # one tenant: nothing to interleave
         heap: list[tuple[float, float, float, int, str]] = []
         for seq, (tenant, reqs) in enumerate(by_tenant.items()):
             head = reqs[0]
