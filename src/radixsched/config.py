@@ -42,7 +42,8 @@ COMPAT_NOTES: dict[str, str] = {
     "at most one page over); splits reset creation time (radixsched: kept)",
     "hrrn clock": "identical in both modes: only prefill tokens advance it",
     "prefill delayer": "wall-clock cap releases only the queue trigger, the first-round "
-    "exemption fires once per process, the mixed branch ignores both conditions",
+    "exemption fires once per process, a mixed pass always delays (radixsched: any delay is "
+    "capped, the exemption re-arms, a mixed pass waits only while another rank would stall)",
     "in-flight prefixes": "a request whose prompt shares an uncached prefix with a request being "
     "prefilled in the same batch (a chunked prefix being filled in) is admitted and computes it "
     "twice (radixsched: it waits one round and reuses it from the cache)",
