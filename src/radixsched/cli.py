@@ -14,7 +14,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from radixsched.cli_common import DEFAULT_RATE, DEFAULT_WORKLOAD, MAIN_POLICIES, CliError
+from radixsched.cli_common import (
+    DEFAULT_RATE,
+    DEFAULT_WORKLOAD,
+    MAIN_POLICIES,
+    CliError,
+    scheduler_choices,
+)
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 
 
@@ -67,8 +73,16 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", dest="csv_path", default=None, help="write results as CSV")
     p.add_argument("--report", dest="report_path", default=None, help="write an HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_config_args(p, SchedulerConfig)
-    add_config_args(p, SimConfig)
+    add_config_args(p, SchedulerConfig, choices=scheduler_choices())
+    add_config_args(p, SimConfig, choices=_sim_choices())
+
+
+def _sim_choices() -> dict[str, list[str]]:
+    from radixsched.cluster.routers import ROUTERS
+    from radixsched.sim.presets import MODELS
+
+    # GPU names are matched case-insensitively (h200 = H200); an unknown one lists the valid.
+    return {"model": list(MODELS), "router": list(ROUTERS)}
 
 
 def _selected_policies(args: argparse.Namespace) -> list[str]:

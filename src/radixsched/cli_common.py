@@ -12,3 +12,14 @@ MAIN_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "shortest
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+def scheduler_choices() -> dict[str, list[str]]:
+    """Valid values of the scheduler flags, from the registries (so --help never goes stale)."""
+    from radixsched.cache.evict import EVICTION_STRATEGIES
+    from radixsched.policy import POLICIES
+
+    return {
+        "schedule_policy": list(POLICIES),
+        "radix_eviction_policy": list(EVICTION_STRATEGIES),
+    }

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from radixsched.cli_common import CliError
+from radixsched.cli_common import CliError, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 
@@ -84,7 +84,7 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
         help="write completions, counts and timings as JSON to PATH (no PATH: stdout, "
         "instead of the text output)",
     )
-    add_config_args(p, SchedulerConfig, skip={"seed"})
+    add_config_args(p, SchedulerConfig, skip={"seed"}, choices=scheduler_choices())
     p.set_defaults(func=cmd_generate)
     return p
 

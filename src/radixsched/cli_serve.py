@@ -8,6 +8,7 @@ import math
 import sys
 from typing import Any
 
+from radixsched.cli_common import scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 
 DEFAULT_BENCH_WORKLOAD = (
@@ -58,7 +59,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
-    add_config_args(p, SchedulerConfig)
+    add_config_args(p, SchedulerConfig, choices=scheduler_choices())
     p.set_defaults(func=cmd_serve)
     return p
 

@@ -223,9 +223,14 @@ def _parse_optional_float(text: str) -> float | None:
 
 
 def add_config_args(
-    parser: argparse.ArgumentParser, cls: type[Any], *, skip: set[str] | None = None
+    parser: argparse.ArgumentParser,
+    cls: type[Any],
+    *,
+    skip: set[str] | None = None,
+    choices: dict[str, list[str]] | None = None,
 ) -> None:
-    """Add one ``--flag-name`` per field of a config dataclass (defaults from the class)."""
+    """Add one ``--flag-name`` per field of a config dataclass (defaults from the class).
+    ``choices`` maps field names to their valid values (from the registries)."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__)
     for f in dataclasses.fields(cls):
@@ -254,6 +259,8 @@ def add_config_args(
             kw["type"] = str
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
+        if choices and f.name in choices:
+            kw["choices"] = choices[f.name]
         group.add_argument(flag, help=f"{help_} (default: {f.default})", **kw)
 
 
