@@ -23,6 +23,9 @@ class EvictableNode(Protocol):
 
 class EvictionStrategy(ABC):
     name: ClassVar[str]
+    # A node's priority never decreases while it lives (access times, hit counts and node
+    # priorities only grow): the cache may then keep one lazily updated heap across evictions.
+    monotone: ClassVar[bool] = True
 
     @abstractmethod
     def priority(self, node: EvictableNode) -> Any:
@@ -45,6 +48,7 @@ class MRUStrategy(EvictionStrategy):
     """Most recently used first."""
 
     name = "mru"
+    monotone = False  # -last_access_time decreases on every access
 
     def priority(self, node: EvictableNode) -> int:
         return -node.last_access_time

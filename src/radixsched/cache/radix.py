@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Hashable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -157,6 +157,12 @@ class RadixCache(BasePrefixCache):
         self._protected_size = 0
         # Live nodes with lock_ref == 0 and no children (the root never).
         self._evictable_leaves: set[TreeNode] = set()
+        # For monotone strategies, one heap of (priority, id, leaf) kept across evictions:
+        # entries go stale (the leaf was locked, grew a child, was evicted, or its priority
+        # rose) and are skipped or re-pushed when popped. Every evictable leaf always has an
+        # entry whose priority is <= its current one, so the first valid pop is the minimum.
+        self._heap: list[tuple[Any, int, TreeNode]] = []
+        self._heap_persistent = self.strategy.monotone
         # Change counters per top-level subtree (keyed like the root's children): bumped when
         # a match length inside that subtree can change (a new leaf, an eviction, a reset).
         # Callers memoise match lengths against them (see ``subtree_epoch``).
@@ -192,6 +198,7 @@ class RadixCache(BasePrefixCache):
         self._evictable_size = 0
         self._protected_size = 0
         self._evictable_leaves = set()
+        self._heap = []
         self._epochs = {}
         self._generation += 1
         self._log_base += len(self._change_log)
@@ -272,6 +279,11 @@ class RadixCache(BasePrefixCache):
             top = top.parent
         first = top.key[: self.page_size].tobytes()
         self._bump(self._child_key(root, first, top.namespace))
+
+    def _mark_evictable(self, node: TreeNode) -> None:
+        self._evictable_leaves.add(node)
+        if self._heap_persistent:
+            heapq.heappush(self._heap, (self.strategy.priority(node), node.id, node))
 
     def _child_key(self, parent: TreeNode, first_page: bytes, ns: Namespace) -> Hashable:
         if parent is self._root and ns is not None:
@@ -471,7 +483,7 @@ class RadixCache(BasePrefixCache):
         node.children[ckey] = leaf
         self._bump(top_key)
         self._evictable_size += n - pos
-        self._evictable_leaves.add(leaf)
+        self._mark_evictable(leaf)
         return InsertResult(pos, leaf)
 
     # ---- locks -----------------------------------------------------------------------------
@@ -519,7 +531,7 @@ class RadixCache(BasePrefixCache):
                 moved += len(node.key)
             node = node.parent  # type: ignore[assignment]
         if start.lock_ref == 0 and not start.children:
-            self._evictable_leaves.add(start)
+            self._mark_evictable(start)
         self._evictable_size += moved
         self._protected_size -= moved
         return moved
@@ -541,14 +553,23 @@ class RadixCache(BasePrefixCache):
         if self.disabled or num_tokens <= 0 or not self._evictable_leaves:
             return 0
         prio = self.strategy.priority
-        heap = [(prio(leaf), leaf.id, leaf) for leaf in self._evictable_leaves]
-        heapq.heapify(heap)
+        leaves = self._evictable_leaves
+        if not self._heap_persistent or len(self._heap) > 4 * len(leaves) + 64:
+            self._heap = [(prio(leaf), leaf.id, leaf) for leaf in leaves]
+            heapq.heapify(self._heap)
+        heap = self._heap
         root = self._root
         p = self.page_size
         freed: list[SlotArray] = []
         evicted = 0
         while evicted < num_tokens and heap:
-            leaf = heapq.heappop(heap)[2]
+            stored, _, leaf = heapq.heappop(heap)
+            if leaf not in leaves:
+                continue  # stale: locked, grew a child or already evicted
+            current = prio(leaf)
+            if current != stored:
+                heapq.heappush(heap, (current, leaf.id, leaf))
+                continue
             length = len(leaf.key)
             remaining = num_tokens - evicted
             if length > remaining and not self.compat_sglang:
@@ -564,6 +585,7 @@ class RadixCache(BasePrefixCache):
                     leaf.value = leaf.value[:keep].copy()
                     self._evictable_size -= cut
                     evicted += cut
+                    heapq.heappush(heap, (current, leaf.id, leaf))
                     break
             if self.on_evict is not None:
                 self.on_evict(self._path_key(leaf), length)
@@ -574,12 +596,14 @@ class RadixCache(BasePrefixCache):
             first = leaf.key[:p].tobytes()
             del parent.children[self._child_key(parent, first, leaf.namespace)]
             leaf.parent = None
-            self._evictable_leaves.discard(leaf)
+            leaves.discard(leaf)
             self._evictable_size -= length
             evicted += length
             if parent is not root and not parent.children and parent.lock_ref == 0:
-                self._evictable_leaves.add(parent)
+                leaves.add(parent)
                 heapq.heappush(heap, (prio(parent), parent.id, parent))
+        if not self._heap_persistent:
+            self._heap = []  # rebuilt on every call: hold no nodes in between
         if self.allocator is not None and freed:
             self.allocator.free(freed[0] if len(freed) == 1 else np.concatenate(freed))
         return evicted
