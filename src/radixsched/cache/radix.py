@@ -441,32 +441,25 @@ class RadixCache(BasePrefixCache):
         pos = 0
         while child is not None:
             child.last_access_time = now
-            if qb.startswith(child.key, pos * _TOKEN_BYTES):  # type: ignore[arg-type]
-                node = child
-                pos += len(child.key)
-                if priority > node.priority:
-                    node.priority = priority
-                if pos > inserted_len:
-                    node.hit_count += 1
-                if pos == n:
-                    return InsertResult(pos, node)
-                off = pos * _TOKEN_BYTES
-                ckey = qb[off : off + pb]
-                child = node.children.get(ckey)
-            else:
+            split = not qb.startswith(child.key, pos * _TOKEN_BYTES)  # type: ignore[arg-type]
+            if split:
                 m = self._mismatch(tokens, pos, child)
                 node = self._split(child, m, now)
                 pos += m
-                if priority > node.priority:
-                    node.priority = priority
-                if pos > inserted_len:
-                    node.hit_count += 1
-                if pos == n:
-                    return InsertResult(pos, node)
-                off = pos * _TOKEN_BYTES
-                # The remainder's first page differs from the split-off child's first page.
-                ckey = qb[off : off + pb]
-                break
+            else:
+                node = child
+                pos += len(child.key)
+            if priority > node.priority:
+                node.priority = priority
+            if pos > inserted_len:
+                node.hit_count += 1
+            if pos == n:
+                return InsertResult(pos, node)
+            off = pos * _TOKEN_BYTES
+            ckey = qb[off : off + pb]
+            if split:
+                break  # the remainder's first page differs from the split-off child's
+            child = node.children.get(ckey)
         leaf = TreeNode(
             next(self._ids),
             tokens[pos:].copy(),
