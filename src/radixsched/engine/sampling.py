@@ -51,12 +51,14 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
+        sorted_probs, _ = torch.sort(probs, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         # Keep the smallest prefix reaching top_p; the most likely token is always kept.
-        drop_sorted = mass_before >= max(params.top_p, MIN_TOP_P)
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        # The cut is a probability, so tokens tied with the last kept one are kept too (a
+        # sort would otherwise break such ties arbitrarily).
+        kept = mass_before < max(params.top_p, MIN_TOP_P)
+        cutoff = sorted_probs[kept].min()
+        probs = probs.masked_fill(probs < cutoff, 0.0)
         probs = probs / probs.sum()
     return probs
 
