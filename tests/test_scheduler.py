@@ -559,3 +559,17 @@ def test_fcfs_order_hint_changes_nothing() -> None:
         return [(r.rid, r.output_ids, r.times.first_token) for r in rs]
 
     assert run(True) == run(False)
+
+
+def test_chunk_continuation_never_outgrows_memory_even_in_compat() -> None:
+    """Found by the property test: SGLang's continuation ignores memory and its allocation can
+    fail; both modes cap the continuation at the memory that is there."""
+    test_random_arrivals_keep_invariants_and_finish.hypothesis.inner_test(  # type: ignore[attr-defined]
+        policy="shortest-prefill-first",
+        kv=205,
+        page=1,
+        chunk=32,
+        compat="sglang",
+        mixed=False,
+        arrivals=[(0, 40, 1, 0), (2, 25, 2, 0), (2, 38, 2, 0), (0, 7, 2, 0)],
+    )

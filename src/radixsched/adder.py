@@ -18,8 +18,9 @@ Deviations from SGLang 0.5.23 (``compat="sglang"`` restores each):
   instead of its full ``min(max_new_tokens, clip)``;
 * chunked admission (spec 8.14): a request that will be chunked needs its first chunk, one page
   and its decode reservation to fit, not its whole prompt; continuation chunks are capped by the
-  memory that is actually there (``cur_rem_tokens``) instead of ignoring memory (spec 8.21), and
-  a continuation that cannot get a single page stalls the round with NO_TOKEN;
+  memory that is actually there (``cur_rem_tokens``) instead of ignoring memory (spec 8.21;
+  also under compat, where SGLang's behaviour is an allocation failure), and a continuation
+  that cannot get a single page stalls the round with NO_TOKEN;
 * ``max_prefill_tokens`` is enforced for every request after the first (spec 8.15): with chunking
   on, the chunk budget of a later request is ``min(rem_chunk_tokens, rem_input_tokens)``;
 * the ignore-eos completion simulation inserts a new entry at its sorted place (spec 8.16).
@@ -192,9 +193,10 @@ class PrefillAdder:
         rem = min(self.rem_chunk_tokens, math.floor(self.rem_total_tokens))
         if rem <= 0:
             rem = self.rem_chunk_tokens  # a continuation always makes progress (spec 2.5)
-        if not self.compat:
-            # Never plan more than can be allocated now (spec 8.21); page-aligned.
-            rem = min(rem, floor_page(math.floor(self.cur_rem_tokens), self.page_size))
+        # Never plan more than can be allocated now (spec 8.21), in both modes: SGLang's
+        # continuation ignores memory and can fail its allocation; reproducing that would
+        # crash the loop.
+        rem = min(rem, floor_page(math.floor(self.cur_rem_tokens), self.page_size))
         if self.gate is not None:
             self._negotiate()  # the collective must happen; the verdict is ignored mid-chunk
         if self.chunked_req_limit is not None:

@@ -40,6 +40,8 @@ COMPAT_NOTES: dict[str, str] = {
     "after the first)",
     "eviction": "whole-leaf eviction, may overshoot by a whole leaf (radixsched: partial-leaf, "
     "at most one page over); splits reset creation time (radixsched: kept)",
+    "not reproduced": "a chunk continuation that ignores memory and fails its allocation: "
+    "both modes cap it at the memory that exists",
     "hrrn clock": "identical in both modes: only prefill tokens advance it",
     "prefill delayer": "wall-clock cap releases only the queue trigger, the first-round "
     "exemption fires once per process, a mixed pass always delays (radixsched: any delay is "
