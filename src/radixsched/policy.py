@@ -702,6 +702,12 @@ class SchedulePolicy:
             prefix_matched=mode in (MatchMode.LENGTH, MatchMode.NODE),
         )
 
+    def on_enqueue(self, req: Req) -> None:
+        """The scheduler appended or re-inserted ``req`` into its waiting queue."""
+
+    def on_dequeue(self, req: Req) -> None:
+        """``req`` left the scheduler's waiting queue (admitted, aborted or displaced)."""
+
     def forget(self, req: Req) -> None:
         """``req`` re-enters the queue with new output (retraction, preemption): its cached
         match is stale."""

@@ -207,6 +207,7 @@ class Scheduler:
             if victim is None:
                 return self._reject(req, 503, "The request queue is full.")
             self.waiting.remove(victim)
+            self.policy.on_dequeue(victim)
             self._finish_aborted(
                 victim, 503, "The request is aborted by a higher priority request."
             )
@@ -232,6 +233,7 @@ class Scheduler:
             self._entry_ordered = False
         self._last_entry = entry
         self.waiting.append(req)
+        self.policy.on_enqueue(req)
         return AdmitResult(True)
 
     def _reject(self, req: Req, code: int, message: str) -> AdmitResult:
@@ -265,13 +267,14 @@ class Scheduler:
             req.queue_entry_time = self.clock.now()
             req.queue_entry_processed_tokens = self.processed_tokens
             self.waiting.append(req)
-            return
-        seqs = [self._seq_of[id(r)] for r in self.waiting]
-        if _is_sorted(seqs):
-            self.waiting.insert(bisect.bisect_left(seqs, self._seq_of[id(req)]), req)
         else:
-            self.waiting.append(req)
-            self._entry_ordered = False
+            seqs = [self._seq_of[id(r)] for r in self.waiting]
+            if _is_sorted(seqs):
+                self.waiting.insert(bisect.bisect_left(seqs, self._seq_of[id(req)]), req)
+            else:
+                self.waiting.append(req)
+                self._entry_ordered = False
+        self.policy.on_enqueue(req)
 
     # ==== abort ==============================================================================
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
@@ -281,6 +284,7 @@ class Scheduler:
             return False
         if req in self.waiting:
             self.waiting.remove(req)
+            self.policy.on_dequeue(req)
         elif req is self.chunked_req:
             self.chunked_req = None
             self._release(req, cache_kv=not self.config.sglang_compat)
@@ -303,6 +307,7 @@ class Scheduler:
             self.chunked_req = None
         if req in self.waiting:
             self.waiting.remove(req)
+            self.policy.on_dequeue(req)
         self.batch_is_full = False
         self._release(req, cache_kv=False)
         self._finish_aborted(req, status_code, message)
@@ -458,6 +463,7 @@ class Scheduler:
                 self._requeue(r)
             return None, []
         for pos in reversed(admitted_pos):  # the loop did not reorder self.waiting
+            self.policy.on_dequeue(self.waiting[pos])
             del self.waiting[pos]
         for r in preempted:
             self._requeue(r)
