@@ -80,6 +80,22 @@ class Admission:
     chunked: bool
 
 
+def running_decode_tokens(running: Sequence[Req], clip: int) -> tuple[int, int]:
+    """(ignore_eos, other) sums over ``running`` of the clipped decode tokens each request may
+    still generate: the adder reserves the first in full and discounts the second by the
+    new-token ratio."""
+    full = 0
+    discounted = 0
+    for r in running:
+        rem = r.sampling.max_new_tokens - len(r.output_ids)
+        if rem > 0:
+            if r.sampling.ignore_eos:
+                full += rem if rem < clip else clip
+            else:
+                discounted += rem if rem < clip else clip
+    return full, discounted
+
+
 class PrefillAdder:
     def __init__(
         self,
@@ -92,6 +108,7 @@ class PrefillAdder:
         num_mixed_decode_tokens: int = 0,
         gate: PrefillGate | None = None,
         preempt_fn: Callable[[list[Req]], None] | None = None,
+        running_tokens: tuple[int, int] | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -111,18 +128,12 @@ class PrefillAdder:
         )
         self.total_offset: float = float(num_mixed_decode_tokens)
         self.current_offset: float = float(num_mixed_decode_tokens)
-        # Decode reservations of the running batch (hot: once per round over every running
-        # request, so inlined; equal to summing running_reservation()).
-        clip = config.clip_max_new_tokens
-        full = 0
-        discounted = 0
-        for r in running:
-            rem = r.sampling.max_new_tokens - len(r.output_ids)
-            if rem > 0:
-                if r.sampling.ignore_eos:
-                    full += rem if rem < clip else clip
-                else:
-                    discounted += rem if rem < clip else clip
+        # Decode reservations of the running batch (equal to summing running_reservation()).
+        full, discounted = (
+            running_tokens
+            if running_tokens is not None
+            else running_decode_tokens(running, config.clip_max_new_tokens)
+        )
         self.total_offset += full + discounted * new_token_ratio
 
         self.can_run_list: list[Admission] = []

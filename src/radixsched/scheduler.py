@@ -37,6 +37,7 @@ from radixsched.adder import (
     PrefillGate,
     ceil_page,
     floor_page,
+    running_decode_tokens,
 )
 from radixsched.cache import CacheKey, TokenAllocator, make_cache
 from radixsched.cache.base import BasePrefixCache, IntegrityError
@@ -72,10 +73,21 @@ class StepOutcome:
     batch_size: int
     num_steps: int = 1  # > 1 when decode steps were jumped over at once
     prefill_tokens: int = 0
-    # Tokens produced this step, per request (several per request after a decode jump).
-    new_tokens: list[tuple[Req, list[int]]] = field(default_factory=list)
     finished: list[Req] = field(default_factory=list)
     retracted: list[Req] = field(default_factory=list)
+    _tokens: list[tuple[Req, list[int]]] = field(default_factory=list, repr=False)
+    # A decode step's tokens as (requests, token lists), paired up only when read.
+    _batch_tokens: tuple[list[Req], list[list[int]]] | None = field(default=None, repr=False)
+
+    @property
+    def new_tokens(self) -> list[tuple[Req, list[int]]]:
+        """Tokens produced this step, per request (several per request after a decode
+        jump), in batch order."""
+        if self._batch_tokens is not None:
+            reqs, toks = self._batch_tokens
+            self._batch_tokens = None
+            self._tokens.extend(zip(reqs, toks, strict=True))
+        return self._tokens
 
 
 @dataclass
@@ -160,6 +172,9 @@ class Scheduler:
         )
         self._arrival_seq = 0
         self._seq_of: dict[int, int] = {}
+        self._decode_tokens_memo: tuple[int, int] | None = None
+        self._cols: _DecodeCols | None = None
+        self._shares_prefixes = self.cache.supports_prefix_sharing()
 
     # ==== queue entry ========================================================================
     def add_request(self, req: Req, now: float | None = None) -> AdmitResult:
@@ -257,24 +272,35 @@ class Scheduler:
             return cand
         return None
 
-    def _requeue(self, req: Req) -> None:
-        """Re-entry after retraction or preemption. radixsched keeps the request's seniority
+    def _requeue_all(self, reqs: list[Req]) -> None:
+        """Re-entry after retraction or preemption. radixsched keeps each request's seniority
         (queue-entry time, HRRN snapshot, place in arrival order) and never applies the queue
-        limit to work that was already running (spec 8.9-8.10); compat sglang appends it with
-        fresh stamps."""
-        self.policy.forget(req)  # its output changed: the policy must re-match it
+        limit to work that was already running (spec 8.9-8.10); compat sglang appends them,
+        in order, with fresh stamps."""
+        if not reqs:
+            return
+        for req in reqs:
+            self.policy.forget(req)  # its output changed: the policy must re-match it
         if self.config.sglang_compat:
-            req.queue_entry_time = self.clock.now()
-            req.queue_entry_processed_tokens = self.processed_tokens
-            self.waiting.append(req)
-        else:
-            seqs = [self._seq_of[id(r)] for r in self.waiting]
-            if _is_sorted(seqs):
-                self.waiting.insert(bisect.bisect_left(seqs, self._seq_of[id(req)]), req)
-            else:
+            for req in reqs:
+                req.queue_entry_time = self.clock.now()
+                req.queue_entry_processed_tokens = self.processed_tokens
                 self.waiting.append(req)
-                self._entry_ordered = False
-        self.policy.on_enqueue(req)
+                self.policy.on_enqueue(req)
+            return
+        seq_of = self._seq_of
+        seqs = [seq_of[id(r)] for r in self.waiting]
+        if _is_sorted(seqs):
+            for req in reqs:  # each goes back to its place in arrival order
+                seq = seq_of[id(req)]
+                pos = bisect.bisect_left(seqs, seq)
+                seqs.insert(pos, seq)
+                self.waiting.insert(pos, req)
+        else:
+            self.waiting.extend(reqs)
+            self._entry_ordered = False
+        for req in reqs:
+            self.policy.on_enqueue(req)
 
     # ==== abort ==============================================================================
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
@@ -290,6 +316,7 @@ class Scheduler:
             self._release(req, cache_kv=not self.config.sglang_compat)
         elif req in self.running:
             self.running.remove(req)
+            self._running_changed()
             self.batch_is_full = False
             self._release(req, cache_kv=not self.config.sglang_compat)
         self._finish_aborted(req, status_code, message)
@@ -303,6 +330,7 @@ class Scheduler:
             return
         if req in self.running:
             self.running.remove(req)
+            self._running_changed()
         if self.chunked_req is req:
             self.chunked_req = None
         if req in self.waiting:
@@ -333,6 +361,35 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running) + (1 if self.chunked_req is not None else 0)
 
+    def _running_decode_tokens(self) -> tuple[int, int]:
+        """``running_decode_tokens`` of the running batch, memoised until the batch or a
+        running request's output changes (``_running_changed``)."""
+        memo = self._decode_tokens_memo
+        if memo is None:
+            clip = self.config.clip_max_new_tokens
+            cols = self._cols
+            memo = (
+                cols.decode_tokens(clip)
+                if cols is not None
+                else running_decode_tokens(self.running, clip)
+            )
+            self._decode_tokens_memo = memo
+        return memo
+
+    def _running_cols(self) -> _DecodeCols:
+        """The running batch as columns (kept across decode steps while nothing else changes
+        the batch or its requests' lengths)."""
+        cols = self._cols
+        if cols is None:
+            cols = _DecodeCols.of(self.running, bool(self.eos_ids))
+            self._cols = cols
+        return cols
+
+    def _running_changed(self) -> None:
+        """Call after the running batch or any running request's output or KV row changed."""
+        self._decode_tokens_memo = None
+        self._cols = None
+
     def kv_usage(self) -> float:
         used = self.capacity - self.allocator.available_size() - self.cache.evictable_size()
         return used / self.capacity
@@ -355,14 +412,17 @@ class Scheduler:
             if self.is_idle:
                 self.ratio.reset()
             return None
-        retracted = self._make_room_for_decode()
-        if not self.running:
-            out = StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
-            return out
-        k = self._decode_jump_steps(horizon) if not retracted else 1
+        cols = self._running_cols()
+        retracted: list[Req] = []
+        if not self._cols_fit(cols, 1):
+            retracted = self._make_room_for_decode(cols)
+            if not self.running:
+                return StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
+            cols = self._running_cols()
+        k = self._decode_jump_steps(horizon, cols) if not retracted else 1
         if self.runner.supports_multi_step:
             # The simulator's vectorised path, also for a single step (same times, tokens).
-            out = self._run_decode_multi(k)
+            out = self._run_decode_multi(k, cols)
         else:
             out = self._run(Batch([], self._decode_entries(self.running)), [])
         out.retracted = retracted
@@ -401,6 +461,7 @@ class Scheduler:
             num_mixed_decode_tokens=len(self.running) if mixed else 0,
             gate=gate,
             preempt_fn=self._preempt,
+            running_tokens=self._running_decode_tokens(),
         )
         chunked = self.chunked_req
         prio: PriorityResult | None = None
@@ -459,14 +520,12 @@ class Scheduler:
 
         preempted = adder.preempt_list
         if not adder.can_run_list or all(a.extend_len == 0 for a in adder.can_run_list):
-            for r in preempted:
-                self._requeue(r)
+            self._requeue_all(preempted)
             return None, []
         for pos in reversed(admitted_pos):  # the loop did not reorder self.waiting
             self.policy.on_dequeue(self.waiting[pos])
             del self.waiting[pos]
-        for r in preempted:
-            self._requeue(r)
+        self._requeue_all(preempted)
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None, "only one chunked request at a time"
             self.chunked_req = adder.new_chunked_req
@@ -534,7 +593,8 @@ class Scheduler:
         m = self.cache.match_prefix(key)
         req.prefix_len = m.device_len
         req.last_node = m.last_node
-        req.kv_row = np.array(m.indices, dtype=np.int64) if m.device_len else EMPTY_SLOTS
+        # match_prefix hands out a fresh array (never a node's own): the row may own it.
+        req.kv_row = m.indices if m.device_len else EMPTY_SLOTS
         req.kv_buf = req.kv_row
         req.kv_len = m.device_len
         req.cache_protected_len = m.device_len
@@ -622,33 +682,36 @@ class Scheduler:
         return slots
 
     # ---- decode -----------------------------------------------------------------------------
-    def _decode_need(self, reqs: list[Req], steps: int = 1) -> int:
-        """Slots to allocate so every request can decode ``steps`` more tokens."""
-        return self._decode_need_fn(reqs)(steps)
-
-    def _decode_need_fn(self, reqs: list[Req]) -> Callable[[int], int]:
-        """``steps -> slots needed`` for the batch, vectorised (the jump search calls it
-        repeatedly). After ``k`` steps a request has KV for positions ``[0, fill_len - 1 + k)``."""
+    def _cols_need(self, cols: _DecodeCols, steps: int) -> int:
+        """Slots to allocate so every request of ``cols`` can decode ``steps`` more tokens:
+        after ``k`` steps a request has KV for positions ``[0, fill_len - 1 + k)``."""
         p = self.page_size
-        n = len(reqs)
-        last = np.fromiter((len(r.prompt_ids) + len(r.output_ids) - 1 for r in reqs), np.int64, n)
-        have = np.fromiter((len(r.kv_row) for r in reqs), np.int64, n)
+        ends = cols.fill + (steps - 1)
+        if p > 1:
+            ends = -(-ends // p) * p
+        return int(np.maximum(ends - cols.have, 0).sum())
 
-        def need(steps: int) -> int:
-            ends = last + steps
-            if p > 1:
-                ends = -(-ends // p) * p
-            return int(np.maximum(ends - have, 0).sum())
-
-        return need
-
-    def _decode_fits(self, reqs: list[Req]) -> bool:
-        need = self._decode_need(reqs)
+    def _cols_fit(self, cols: _DecodeCols, steps: int) -> bool:
+        need = self._cols_need(cols, steps)
         return need <= self.allocator.available_size() + self.cache.evictable_size()
 
-    def _make_room_for_decode(self) -> list[Req]:
-        """Retract running requests until the next decode step fits (spec 4.6)."""
-        if self._decode_fits(self.running):
+    def _decode_fits(self, reqs: list[Req]) -> bool:
+        return self._cols_fit(_DecodeCols.of(reqs, bool(self.eos_ids)), 1)
+
+    def _make_room_for_decode(self, cols: _DecodeCols) -> list[Req]:
+        """Retract running requests until the next decode step fits (spec 4.6). ``cols``
+        describes the running batch."""
+        p = self.page_size
+        ends = cols.fill if p == 1 else -(-cols.fill // p) * p
+        need_of = dict(
+            zip(map(id, cols.reqs), np.maximum(ends - cols.have, 0).tolist(), strict=True)
+        )
+        need = sum(need_of.values())
+
+        def fits() -> bool:
+            return need <= self.allocator.available_size() + self.cache.evictable_size()
+
+        if fits():
             return []
         retracted: list[Req] = []
         first = True
@@ -663,16 +726,17 @@ class Scheduler:
             retracted.append(victim)
             first = False
         order = self._retraction_order()
-        while len(self.running) > 1 and (
-            (first and self.config.sglang_compat) or not self._decode_fits(self.running)
-        ):
+        while len(self.running) > 1 and ((first and self.config.sglang_compat) or not fits()):
             first = False
             victim = order.pop()
             self.running.remove(victim)
+            self._running_changed()
+            need -= need_of[id(victim)]
             self._retract(victim)
             retracted.append(victim)
-        if not self._decode_fits(self.running):
+        if not fits():
             last = self.running.pop()
+            self._running_changed()
             self._release(last, cache_kv=False)
             self._finish_aborted(
                 last, 500, "Out of memory even after retracting every other request"
@@ -690,8 +754,7 @@ class Scheduler:
             if short > 0:
                 self.cache.evict(short)
             self.batch_is_full = False
-            for r in retracted:
-                self._requeue(r)
+            self._requeue_all(retracted)
             logger.debug(
                 "retracted %d requests; new_token_ratio=%.3f", len(retracted), self.ratio.current
             )
@@ -715,6 +778,7 @@ class Scheduler:
         return [self.running[i] for i in idx]
 
     def _decode_entries(self, reqs: list[Req]) -> list[DecodeEntry]:
+        self._running_changed()  # rows grow now, tokens arrive in _run
         entries = []
         self._grow_rows(reqs, [r.fill_len for r in reqs])
         for r in reqs:
@@ -724,7 +788,7 @@ class Scheduler:
             entries.append(DecodeEntry(r, last, pos, r.kv_row[: pos + 1]))
         return entries
 
-    def _decode_jump_steps(self, horizon: float | None) -> int:
+    def _decode_jump_steps(self, horizon: float | None, cols: _DecodeCols) -> int:
         """How many decode steps can run at once with nothing but lengths changing (simulator).
 
         Jumping is exact only while no scheduling decision can change: no chunked request, no
@@ -735,69 +799,98 @@ class Scheduler:
             return 1
         if self.waiting and not (self.batch_is_full and not cfg.enable_priority_preemption):
             return 1
-        for r in self.running:
-            if r.sampling.stop_token_ids or (self.eos_ids and not r.sampling.ignore_eos):
-                return 1
-        k = min(r.remaining_new_tokens for r in self.running)
+        if cols.can_stop:
+            return 1
+        k = int((cols.max_new - cols.out_len).min())
         if k <= 1:
             return 1
         room = self.allocator.available_size() + self.cache.evictable_size()
-        need = self._decode_need_fn(self.running)
         lo, hi = 1, k
         while lo < hi:  # largest k whose allocations fit
             mid = (lo + hi + 1) // 2
-            if need(mid) <= room:
+            if self._cols_need(cols, mid) <= room:
                 lo = mid
             else:
                 hi = mid - 1
         k = lo
         if horizon is not None and self.waiting == [] and k > 1:
-            seq = np.array([r.fill_len for r in self.running], dtype=np.int64)
-            durs = self.runner.decode_multi(self.running, seq, k).step_durations_s
+            durs = self.runner.decode_multi(cols.reqs, cols.fill, k).step_durations_s
             ends = _step_ends(self.clock.now(), durs)
             hit = int(np.searchsorted(ends, horizon, side="left"))
             k = min(k, hit + 1)
         return max(k, 1)
 
-    def _run_decode_multi(self, k: int) -> StepOutcome:
-        reqs = list(self.running)
-        seq = np.array([r.fill_len for r in reqs], dtype=np.int64)
-        res = self.runner.decode_multi(reqs, seq, k)
-        self._grow_rows(reqs, [r.fill_len - 1 + k for r in reqs])
-        for r in reqs:
-            r.kv_len = r.fill_len - 1 + k
+    def _run_decode_multi(self, k: int, cols: _DecodeCols) -> StepOutcome:
+        reqs = cols.reqs
+        self._running_changed()
+        res = self.runner.decode_multi(reqs, cols.fill, k)
+        # After k steps a request holds KV for positions [0, fill_len - 1 + k).
+        p = self.page_size
+        ends = cols.fill + (k - 1)
+        paged = ends if p == 1 else -(-ends // p) * p
+        needs = np.maximum(paged - cols.have, 0)
+        total = int(needs.sum())
+        slots = self._alloc(total).tolist() if total else []
         t0 = self.clock.now()
-        ends = _step_ends(t0, res.step_durations_s)
-        total = float(ends[-1] - t0)
+        step_ends = _step_ends(t0, res.step_durations_s)
+        total_s = float(step_ends[-1] - t0)
         if isinstance(self.clock, VirtualClock):
-            self.clock.jump_to(float(ends[-1]))  # exactly where k single steps would end
+            self.clock.jump_to(float(step_ends[-1]))  # exactly where k single steps would end
         else:
-            self.clock.advance(total)
+            self.clock.advance(total_s)
         self.ratio.decay_steps(k)
         self.stats.decode_steps += k
         self._account(len(reqs), res.step_durations_s.tolist())
-        out = StepOutcome("decode", total, len(reqs), num_steps=k)
-        times = ends.tolist()
-        charge = self.policy.tracks_service
-        eos = self.eos_ids
-        for r, toks in zip(reqs, res.tokens.tolist(), strict=True):
+        out = StepOutcome("decode", total_s, len(reqs), num_steps=k)
+        times = step_ends.tolist()
+        tok_lists = res.tokens.tolist()
+        out._batch_tokens = (reqs, tok_lists)
+        off = 0
+        # One pass over the batch: KV rows grow (kv_row is always the head of kv_buf, see
+        # _grow_rows), tokens and their times are recorded.
+        for r, toks, n, have, end in zip(
+            reqs, tok_lists, needs.tolist(), cols.have.tolist(), ends.tolist(), strict=True
+        ):
+            if n:
+                new_len = have + n
+                buf = r.kv_buf
+                if new_len > len(buf):
+                    buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
+                    buf[:have] = r.kv_row
+                    r.kv_buf = buf
+                if n == 1:
+                    buf[have] = slots[off]
+                else:
+                    buf[have:new_len] = slots[off : off + n]
+                off += n
+                r.kv_row = buf[:new_len]
+            r.kv_len = end
             r.output_ids.extend(toks)
             r.times.token_times.extend(times)
-            out.new_tokens.append((r, toks))
-            if charge:
+        if self.policy.tracks_service:
+            for r in reqs:
                 self.policy.on_service(r, 0, k)
-            s = r.sampling
-            # Hot loop: only a request that can have finished is checked (a jump never
-            # spans a stop token; see _decode_jump_steps).
-            if (
-                s.stop_token_ids
-                or (eos and not s.ignore_eos)
-                or len(r.output_ids) >= s.max_new_tokens
-            ):
-                self._check_finish(r)
-                if r.finished:
-                    out.finished.append(r)
-        self._retire_finished(out.finished)
+        # Only a request that can have finished is checked (a jump never spans a stop token).
+        out_len = cols.out_len + k
+        if cols.can_stop:
+            maybe: list[int] = list(range(len(reqs)))
+        else:
+            maybe = np.flatnonzero(out_len >= cols.max_new).tolist()
+        finished = out.finished
+        for i in maybe:
+            r = reqs[i]
+            self._check_finish(r)
+            if r.finished:
+                finished.append(r)
+        # The columns after the step stay right for the next one (finished rows dropped).
+        after = cols._replace(
+            fill=cols.fill + k, have=np.maximum(paged, cols.have), out_len=out_len
+        )
+        if finished:
+            self._retire_finished(finished)
+            gone = {id(r) for r in finished}
+            after = after.take([id(r) not in gone for r in reqs])
+        self._cols = after
         return out
 
     # ---- running a batch ----------------------------------------------------------------------
@@ -827,6 +920,7 @@ class Scheduler:
             self.stats.decode_steps += 1
             if not batch.extend:
                 self.ratio.decay_steps(1)
+        joined: list[Req] = []
         for e in batch.extend:
             r = e.req
             r.computed_prefill_tokens += e.num_new - e.host_load_len
@@ -845,6 +939,7 @@ class Scheduler:
             else:
                 self._checkpoint(r, r.kv_len)
                 self.running.append(r)
+                joined.append(r)
         for d in batch.decode:
             r = d.req
             tok = result.next_tokens[r.rid]
@@ -854,6 +949,12 @@ class Scheduler:
             if r.finished:
                 out.finished.append(r)
         self._retire_finished([r for r in out.finished if r in self.running])
+        if out.new_tokens:  # a middle chunk alone leaves the running batch as it was
+            cols = self._cols
+            self._running_changed()
+            if cols is not None and not batch.decode:
+                # Only appends: extend the columns rather than rebuild them.
+                self._cols = cols.extended(joined, bool(self.eos_ids))
         return out
 
     def _append_token(self, r: Req, tok: int, now: float) -> None:
@@ -884,6 +985,7 @@ class Scheduler:
             return
         gone = {id(r) for r in finished}
         self.running = [r for r in self.running if id(r) not in gone]
+        self._running_changed()
         self.batch_is_full = False
         for r in finished:
             self._release(r, cache_kv=True)
@@ -916,22 +1018,30 @@ class Scheduler:
             self._insert_priority(req),
             inserted_len=req.cache_inserted_len,
         )
-        m = self.cache.match_prefix(key)
-        if m.device_len < aligned:
-            # The cache did not keep it (a no-reuse baseline): the request keeps its slots.
-            req.prefix_len = up_to
-            return
-        dup_end = min(res.prefix_len, aligned)
-        if dup_end > req.cache_protected_len:
-            self.allocator.free(req.kv_row[req.cache_protected_len : dup_end].copy())
-        req.kv_row[req.cache_protected_len : aligned] = m.indices[req.cache_protected_len : aligned]
+        if res.prefix_len == req.cache_protected_len and self._shares_prefixes:
+            # Nothing past the request's locked prefix was cached before: the new nodes hold
+            # copies of the request's own slots and ``last_node`` ends at ``aligned``, so the
+            # row is already right (a re-match would only repeat the insert's walk).
+            node = res.last_node
+        else:
+            m = self.cache.match_prefix(key)
+            if m.device_len < aligned:
+                # The cache did not keep it (a no-reuse baseline): the request keeps its slots.
+                req.prefix_len = up_to
+                return
+            dup_end = min(res.prefix_len, aligned)
+            if dup_end > req.cache_protected_len:
+                self.allocator.free(req.kv_row[req.cache_protected_len : dup_end].copy())
+            lo = req.cache_protected_len
+            req.kv_row[lo:aligned] = m.indices[lo:aligned]
+            node = m.last_node
         req.cache_protected_len = aligned
         req.cache_inserted_len = aligned
-        self.cache.inc_lock_ref(m.last_node)
+        self.cache.inc_lock_ref(node)
         if req.lock_node is not None:
             self.cache.dec_lock_ref(req.lock_node)
-        req.lock_node = m.last_node
-        req.last_node = m.last_node
+        req.lock_node = node
+        req.last_node = node
         req.prefix_len = up_to
 
     def _release(self, req: Req, *, cache_kv: bool) -> None:
@@ -961,6 +1071,7 @@ class Scheduler:
     def _preempt(self, victims: list[Req]) -> None:
         for v in victims:
             self.running.remove(v)
+            self._running_changed()
             self._release(v, cache_kv=not self.config.sglang_compat)
             v.preemption_count += 1
             self.stats.preemptions += 1
@@ -994,6 +1105,90 @@ class Scheduler:
             )
         for r in holders:
             r.check_invariants()
+        memo = self._decode_tokens_memo
+        fresh = running_decode_tokens(self.running, self.config.clip_max_new_tokens)
+        if memo is not None and memo != fresh:
+            raise IntegrityError(f"stale running decode-token memo {memo}, actual {fresh}")
+        if self._cols is not None and not self._cols.same_as(
+            _DecodeCols.of(self.running, bool(self.eos_ids))
+        ):
+            raise IntegrityError("stale running-batch columns")
+
+
+class _DecodeCols(NamedTuple):
+    """The running batch's lengths as columns, gathered in one pass per decode step."""
+
+    reqs: list[Req]
+    fill: np.ndarray  # prompt + output length (the next token's KV goes at fill - 1)
+    have: np.ndarray  # len(kv_row): slots already allocated
+    out_len: np.ndarray
+    max_new: np.ndarray
+    ignore_eos: np.ndarray  # bool
+    stops: np.ndarray  # bool: the request may stop before max_new_tokens (stop ids or EOS)
+
+    @property
+    def can_stop(self) -> bool:
+        return bool(self.stops.any())
+
+    @staticmethod
+    def of(reqs: list[Req], has_eos: bool) -> _DecodeCols:
+        rows = [
+            (
+                len(r.prompt_ids) + len(r.output_ids),
+                len(r.kv_row),
+                len(r.output_ids),
+                r.sampling.max_new_tokens,
+                r.sampling.ignore_eos,
+                bool(r.sampling.stop_token_ids) or (has_eos and not r.sampling.ignore_eos),
+            )
+            for r in reqs
+        ]
+        a = np.array(rows, dtype=np.int64).reshape(len(rows), 6)
+        return _DecodeCols(
+            list(reqs), a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4] != 0, a[:, 5] != 0
+        )
+
+    def take(self, keep: list[bool]) -> _DecodeCols:
+        """The rows where ``keep`` is true, in order."""
+        mask = np.array(keep, dtype=np.bool_)
+        return _DecodeCols(
+            [r for r, k in zip(self.reqs, keep, strict=True) if k],
+            self.fill[mask],
+            self.have[mask],
+            self.out_len[mask],
+            self.max_new[mask],
+            self.ignore_eos[mask],
+            self.stops[mask],
+        )
+
+    def extended(self, reqs: list[Req], has_eos: bool) -> _DecodeCols:
+        """These rows followed by ``reqs``'s."""
+        more = _DecodeCols.of(reqs, has_eos)
+        return _DecodeCols(
+            self.reqs + more.reqs,
+            np.concatenate([self.fill, more.fill]),
+            np.concatenate([self.have, more.have]),
+            np.concatenate([self.out_len, more.out_len]),
+            np.concatenate([self.max_new, more.max_new]),
+            np.concatenate([self.ignore_eos, more.ignore_eos]),
+            np.concatenate([self.stops, more.stops]),
+        )
+
+    def decode_tokens(self, clip: int) -> tuple[int, int]:
+        """``adder.running_decode_tokens`` of these requests, vectorised."""
+        rem = np.minimum(np.maximum(self.max_new - self.out_len, 0), clip)
+        full = int(rem[self.ignore_eos].sum())
+        return full, int(rem.sum()) - full
+
+    def same_as(self, other: _DecodeCols) -> bool:
+        return (
+            len(self.reqs) == len(other.reqs)
+            and all(a is b for a, b in zip(self.reqs, other.reqs, strict=True))
+            and all(
+                np.array_equal(getattr(self, f), getattr(other, f))
+                for f in ("fill", "have", "out_len", "max_new", "ignore_eos", "stops")
+            )
+        )
 
 
 def _step_ends(t0: float, durations: np.ndarray) -> np.ndarray:

@@ -628,10 +628,17 @@ class CostModelRunner(ModelRunner):
     def tokens_at(self, reqs: Sequence[Req], positions: IntArray) -> npt.NDArray[np.int32]:
         """The token each request generates at each position (index in prompt + output):
         ``positions`` is ``[len(reqs), steps]``; so is the result."""
-        hashes = np.array([_rid_hash(r.rid, self.seed) for r in reqs], dtype=np.uint64)[:, None]
-        mixed = splitmix64(hashes ^ (positions.astype(np.uint64) * _GOLDEN))
+        seed = self.seed
+        hashes = np.fromiter((_rid_hash(r.rid, seed) for r in reqs), np.uint64, len(reqs))
+        mixed = splitmix64(hashes[:, None] ^ (positions.astype(np.uint64) * _GOLDEN))
         tokens = (mixed % np.uint64(self.vocab_size)).astype(np.int64)
-        for i, req in enumerate(reqs):
+        special = [
+            i
+            for i, r in enumerate(reqs)
+            if r.sampling.stop_token_ids or r.scripted_output is not None
+        ]
+        for i in special:
+            req = reqs[i]
             stops = req.sampling.stop_token_ids
             if stops:
                 row = tokens[i]
