@@ -114,3 +114,132 @@ def test_reset_and_repr() -> None:
         TokenAllocator(-1)
     empty = TokenAllocator(3, page_size=4)
     assert empty.total_size == 0 and empty.alloc(4) is None
+
+
+class _RefAllocator:
+    """The documented semantics in plain Python: a LIFO list of page ids (top at the end), a
+    freed group pushed so its first page comes back first."""
+
+    def __init__(self, size: int, p: int) -> None:
+        self.p = p
+        self.n = size // p
+        self.stack = list(range(self.n, 0, -1))
+        self.free = set(self.stack)
+
+    def alloc(self, num_tokens: int) -> list[int] | None:
+        k = num_tokens // self.p
+        if k > len(self.stack):
+            return None
+        pages = [self.stack.pop() for _ in range(k)]
+        self.free -= set(pages)
+        return [pg * self.p + j for pg in pages for j in range(self.p)]
+
+    def release(self, slots: list[int]) -> bool:
+        """Free like TokenAllocator.free; False (nothing changed) where it must raise."""
+        p = self.p
+        if len(slots) % p:
+            return False
+        groups = [slots[i : i + p] for i in range(0, len(slots), p)]
+        if any(g != list(range(g[0], g[0] + p)) or g[0] % p for g in groups):
+            return False
+        pages = [g[0] // p for g in groups]
+        if any(not 1 <= pg <= self.n or pg in self.free for pg in pages):
+            return False
+        if len(set(pages)) != len(pages):
+            return False
+        self.stack.extend(reversed(pages))
+        self.free |= set(pages)
+        return True
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_ops_match_reference(p: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size = int(rng.choice([8, 40, 200])) * p
+    a = TokenAllocator(size, p)
+    ref = _RefAllocator(size, p)
+    held: list[np.ndarray] = []
+    for _ in range(300):
+        r = rng.random()
+        if r < 0.4:
+            n = int(rng.integers(0, 12)) * p
+            got = a.alloc(n)
+            want = ref.alloc(n)
+            assert (None if got is None else got.tolist()) == want
+            if got is not None and got.size:
+                held.append(got)
+        elif r < 0.7 and held:
+            x = held.pop(int(rng.integers(len(held))))
+            if rng.random() < 0.5 and x.size > p:  # free a random subset of whole pages
+                pages = x.reshape(-1, p)
+                keep = rng.random(len(pages)) < 0.5
+                held.append(pages[keep].reshape(-1))
+                x = rng.permutation(pages[~keep]).reshape(-1)
+            assert ref.release(x.tolist())
+            a.free(x)
+        else:
+            # Misuse: whatever the reference rejects must raise and change nothing.
+            pool = [*held, a.free_slots()]
+            base = pool[int(rng.integers(len(pool)))]
+            kind = int(rng.integers(5))
+            if kind == 0:
+                bad = np.concatenate([base, base[:p]])
+            elif kind == 1:
+                bad = np.concatenate([base, a.free_slots()[:p]])
+            elif kind == 2:
+                bad = base[1 : 1 + p] if base.size > p else base[::-1]
+            elif kind == 3:
+                start = int(rng.choice([-(2**40), -p, 0, a.pool_size, 2**40]))
+                bad = np.arange(start, start + p, dtype=np.int64)
+            else:
+                bad = np.concatenate([base, base[::-1]])
+            expect_ok = ref.release(bad.tolist())
+            if expect_ok:
+                a.free(bad)
+                held = [h[~np.isin(h, bad)] for h in held]
+                held = [h for h in held if h.size]
+            else:
+                before = (a.available_size(), a.free_slots().tolist())
+                with pytest.raises(ValueError):
+                    a.free(bad)
+                assert (a.available_size(), a.free_slots().tolist()) == before
+        assert a.available_size() == len(ref.stack) * p
+        a.check_integrity(request_slots=held)
+
+
+def test_free_edge_inputs() -> None:
+    a = TokenAllocator(8)
+    x = a.alloc(3)
+    assert x is not None and x.tolist() == [1, 2, 3]
+    # More pages than are allocated, all of them allocated: necessarily a repeat.
+    with pytest.raises(ValueError, match="twice in one call"):
+        a.free(np.array([1, 2, 3, 1, 2, 3, 1, 2, 3], dtype=np.int64))
+    for bad in (-1, -(2**40), 9, 2**40):
+        with pytest.raises(ValueError, match=r"padding|out of range"):
+            a.free(np.array([bad], dtype=np.int64))
+    with pytest.raises(ValueError, match="whole number of pages"):
+        a.free(np.array([[1, 2]], dtype=np.int64))
+    a.check_integrity(request_slots=x)
+    # Other dtypes, lists and strided views are accepted; the argument is neither kept nor
+    # modified.
+    arg = np.array([3, 0, 1], dtype=np.int32)[::2]
+    a.free(arg)
+    assert arg.tolist() == [3, 1]
+    a.free([2])
+    y = a.alloc(3)
+    assert y is not None and y.tolist() == [2, 3, 1]
+
+
+def test_paged_free_order_and_alignment() -> None:
+    a = TokenAllocator(32, page_size=4)
+    x = a.alloc(16)
+    assert x is not None
+    a.free(np.concatenate([x[8:12], x[0:4]]))  # pages 3 and 1, in that order
+    y = a.alloc(8)
+    assert y is not None and y.tolist() == [*x[8:12], *x[0:4]]
+    with pytest.raises(ValueError, match="page-aligned"):
+        a.free(np.array([5, 6, 7, 8], dtype=np.int64))  # consecutive but not aligned
+    with pytest.raises(ValueError, match="page-aligned"):
+        a.free(np.array([4, 5, 6, 6], dtype=np.int64))
+    a.check_integrity(request_slots=[x[4:8], x[12:16], y])

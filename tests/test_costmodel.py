@@ -253,6 +253,34 @@ def test_decode_multi_equality_property(lens: list[int], steps: int, model: str)
         assert single == multi[k]
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 50_000),
+    st.integers(0, 10**10),
+    st.integers(0, 500_000),
+    st.integers(0, 20_000),
+    st.integers(0, 512),
+    st.integers(0, 10**8),
+    st.sampled_from(["llama-3.1-8b", "qwen2.5-72b"]),
+)
+def test_one_step_fast_path_equals_the_vectorised_formula(
+    tokens: int, pairs: int, kv: int, host: int, num_decode: int, ctx: int, model: str
+) -> None:
+    """A single step is evaluated on Python floats; it must round exactly like the arrays."""
+    c = cm("H200", model, tp=4)
+    shape = StepShape(
+        num_extend=1,
+        extend_tokens=tokens,
+        extend_attn_pairs=pairs,
+        extend_kv_tokens=kv,
+        host_load_tokens=host,
+        num_decode=num_decode,
+        decode_ctx=np.array([ctx], dtype=np.int64),
+    )
+    two = StepShape(**{**shape.__dict__, "decode_ctx": np.array([ctx, ctx], dtype=np.int64)})
+    assert c.step_times(shape)[0] == c.step_times(two)[0] == c.step_times(two)[1]
+
+
 def test_runner_tokens_scripted_then_stand_in() -> None:
     runner = CostModelRunner(cm())
     r = mkreq("s", 10, 8)

@@ -395,8 +395,11 @@ def test_filter_logits_properties(
     support = probs > 0
     assert abs(float(probs.sum()) - 1.0) < 1e-5
     assert bool(support[int(logits.argmax())])  # the most likely token always survives
-    if top_k:
-        assert int(support.sum()) <= max(top_k, int((logits == logits.max()).sum()))
+    if 0 < top_k < len(values):
+        # At most k tokens, plus those tied with the k-th largest (temperature-scaled) logit.
+        scaled = logits.float() / temperature
+        kth = torch.topk(scaled, top_k).values[-1]
+        assert int(support.sum()) <= int((scaled >= kth).sum())
     # Every kept token is at least as likely as every dropped one.
     if bool((~support).any()):
         assert float(logits[support].min()) >= float(logits[~support].max())

@@ -616,3 +616,23 @@ def test_make_cache_factory() -> None:
     assert isinstance(compat, RadixCache) and compat.compat_sglang
     with pytest.raises(ValueError):
         RadixCache(None, page_size=0)
+
+
+def test_stored_node_keys_are_checked() -> None:
+    cache, alloc = make()
+    put(cache, alloc, [1, 2, 3])
+    put(cache, alloc, [1, 2, 4])
+    leaf = cache.match_prefix(K([1, 2, 3])).last_node
+    assert leaf.subtree_key == leaf.parent.child_key
+    cache.check_integrity()
+    good = leaf.subtree_key
+    leaf.subtree_key = b"other"
+    with pytest.raises(IntegrityError, match="subtree_key"):
+        cache.check_integrity()
+    leaf.subtree_key = good
+    good = leaf.child_key
+    leaf.child_key = b"other"
+    with pytest.raises(IntegrityError, match="child_key"):
+        cache.check_integrity()
+    leaf.child_key = good
+    conserved(cache, alloc)

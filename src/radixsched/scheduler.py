@@ -1031,7 +1031,7 @@ class Scheduler:
                 return
             dup_end = min(res.prefix_len, aligned)
             if dup_end > req.cache_protected_len:
-                self.allocator.free(req.kv_row[req.cache_protected_len : dup_end].copy())
+                self.allocator.free(req.kv_row[req.cache_protected_len : dup_end])
             lo = req.cache_protected_len
             req.kv_row[lo:aligned] = m.indices[lo:aligned]
             node = m.last_node
@@ -1049,7 +1049,7 @@ class Scheduler:
         if cache_kv and req.kv_len > req.cache_protected_len:
             self._checkpoint(req, req.kv_len)
         if len(req.kv_row) > req.cache_protected_len:
-            self.allocator.free(req.kv_row[req.cache_protected_len :].copy())
+            self.allocator.free(req.kv_row[req.cache_protected_len :])
         if req.lock_node is not None:
             self.cache.dec_lock_ref(req.lock_node)
         req.lock_node = None

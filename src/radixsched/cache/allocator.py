@@ -13,11 +13,22 @@ Order is deterministic: the free list is a LIFO stack of page ids. Initially pag
 ...`` are handed out in that order; afterwards the most recently freed pages are reused first,
 and a group freed by one ``free`` call comes back in its original order. The slots of each page
 are consecutive.
+
+Representation (chosen so that ``alloc`` and ``free`` are a handful of numpy calls each): the
+stack grows downwards, ``_stack[_lo:]`` are the free pages with the top at ``_stack[_lo]``, so
+both a pop and a push are forward copies of a contiguous block. ``_pos[k]`` is ``i + 1`` when
+page ``k`` is free and sits at ``_stack[i]``, 0 when it is allocated, and -1 for the reserved
+page 0 and for the sentinel entry ``_pos[num_pages + 1]``. ``free`` validates with one clipped
+gather of ``_pos`` (clipping maps every out-of-range page onto a -1 entry, so a nonzero value
+is a double free, the reserved page or out of range), writes the new stack positions, and
+detects a page given twice in one call by reading them back (the later write wins, so an
+earlier occurrence reads a different position).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +37,7 @@ from radixsched.cache.base import IntegrityError
 from radixsched.request import EMPTY_SLOTS, SlotArray
 
 PageArray = npt.NDArray[np.int64]
+PosArray = npt.NDArray[np.signedinteger[Any]]  # int32, or int64 for a huge pool
 
 
 class TokenAllocator:
@@ -39,83 +51,105 @@ class TokenAllocator:
         self.total_size = self.num_pages * page_size
         self.pool_size = (self.num_pages + 1) * page_size  # slots incl. the reserved page 0
         self._page_offsets = np.arange(page_size, dtype=np.int64)
+        # Positions are 1 .. num_pages: int32 halves the memory the validation gathers touch.
+        pos_dtype = np.int32 if self.num_pages < 2**31 - 1 else np.int64
+        # _stamps[i] == i + 1: the _pos value of a page at _stack[i] (read-only, sliced).
+        self._stamps: PosArray = np.arange(1, self.num_pages + 1, dtype=pos_dtype)
+        self._stamps.flags.writeable = False
         self.reset()
 
     def reset(self) -> None:
         """Everything free again (the cache and requests must drop their slots too)."""
         n = self.num_pages
-        # Stack of free page ids; the top is the end. Pages 1, 2, ... are handed out first.
-        self._stack: PageArray = np.arange(n, 0, -1, dtype=np.int64)
-        self._top = n
-        # _is_free[k] mirrors "page k is on the stack"; page 0 is never free.
-        self._is_free = np.zeros(n + 1, dtype=np.bool_)
-        self._is_free[1:] = True
-        # Scratch for duplicate detection in free(): O(n), no sort.
-        self._mark = np.zeros(n + 1, dtype=np.int64)
+        # Free pages are _stack[_lo:], top first; pages 1, 2, ... are handed out first.
+        self._stack: PageArray = np.arange(1, n + 1, dtype=np.int64)
+        self._lo = 0
+        # Invariant: _pos[_stack[i]] == i + 1 for i >= _lo; _pos[k] == 0 for allocated pages;
+        # _pos[0] == _pos[n + 1] == -1 (page 0 and the out-of-range sentinel: never freeable).
+        self._pos: PosArray = np.empty(n + 2, dtype=self._stamps.dtype)
+        self._pos[0] = self._pos[n + 1] = -1
+        self._pos[1 : n + 1] = self._stamps
 
     # ---- queries ------------------------------------------------------------------------
     def available_size(self) -> int:
         """Free slots (a multiple of page_size)."""
-        return self._top * self.page_size
+        return (self.num_pages - self._lo) * self.page_size
 
     def free_slots(self) -> SlotArray:
         """Every free slot (for conservation checks; allocates)."""
-        return self._pages_to_slots(self._stack[: self._top])
+        return self._pages_to_slots(self._stack[self._lo :][::-1])
 
     # ---- alloc / free -------------------------------------------------------------------
     def alloc(self, num_tokens: int) -> SlotArray | None:
         """Slots of ``num_tokens / page_size`` whole pages, or None when not enough are free
-        (never a partial allocation)."""
+        (never a partial allocation). The returned array is new (the caller owns it)."""
         p = self.page_size
         if num_tokens < 0 or num_tokens % p:
             raise ValueError(
                 f"alloc({num_tokens}): must be a non-negative multiple of page_size ({p})"
             )
         k = num_tokens // p
-        if k > self._top:
+        lo = self._lo
+        if k > self.num_pages - lo:
             return None
         if k == 0:
             return EMPTY_SLOTS.copy()
-        top = self._top
-        pages = self._stack[top - k : top][::-1]
-        self._is_free[pages] = False
-        self._top = top - k
-        return self._pages_to_slots(pages)
+        self._lo = lo + k
+        if p == 1:
+            slots = self._stack[lo : lo + k].copy()
+            self._pos[slots] = 0
+            return slots
+        pages = self._stack[lo : lo + k]
+        self._pos[pages] = 0
+        return (pages[:, None] * p + self._page_offsets).reshape(-1)
 
     def free(self, slots: SlotArray) -> None:
         """Return whole pages. ``slots`` must be a concatenation of whole pages, each page's
         slots consecutive and in order. Raises ValueError on a malformed group, a reserved or
-        out-of-range page, or a double free (nothing is freed then)."""
+        out-of-range page, or a double free (nothing is freed then). ``slots`` is only read,
+        never kept: the caller may reuse or mutate it afterwards."""
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size == 0:
             return
         p = self.page_size
         if slots.ndim != 1 or slots.size % p:
             raise ValueError(f"free: {slots.size} slots is not a whole number of pages (p={p})")
-        starts = slots[::p]
-        pages = starts // p
-        if p > 1 and not (
-            (starts % p == 0).all()
-            and np.array_equal(slots.reshape(-1, p), starts[:, None] + self._page_offsets)
-        ):
-            raise ValueError(f"free: slots are not page-aligned groups of {p}")
+        if p == 1:
+            pages = slots
+        else:
+            groups = slots.reshape(-1, p)
+            pages = groups[:, 0] // p
+            # Row g must be exactly page g's slots: this also rejects an unaligned first slot.
+            if np.count_nonzero(groups != (pages * p)[:, None] + self._page_offsets):
+                raise ValueError(f"free: slots are not page-aligned groups of {p}")
+        k = pages.size
+        pos = self._pos
+        # Clipping sends pages < 0 to _pos[0] and pages > num_pages to _pos[num_pages + 1]
+        # (both -1): any nonzero entry is out of range, the reserved page or a free page.
+        if np.count_nonzero(pos.take(pages, mode="clip")):
+            self._reject(pages)
+        lo = self._lo - k
+        if lo < 0:  # more pages than are allocated, all of them allocated: a repeat
+            raise ValueError("free: the same page appears twice in one call")
+        stamps = self._stamps[lo : lo + k]
+        pos[pages] = stamps
+        # A page given twice kept only its later position: the earlier occurrence differs.
+        if k > 1 and np.count_nonzero(pos.take(pages, mode="clip") != stamps):
+            pos[pages] = 0  # every page was allocated (checked above): undo exactly
+            raise ValueError("free: the same page appears twice in one call")
+        self._stack[lo : lo + k] = pages
+        self._lo = lo
+
+    def _reject(self, pages: PageArray) -> NoReturn:
+        """Raise the ValueError for a ``free`` of ``pages`` that failed a fast check, with the
+        message of the first failing check in order: range, then double free."""
         lo, hi = int(pages.min()), int(pages.max())
         if lo < 1 or hi > self.num_pages:
             what = "the padding page (slot 0)" if lo < 1 else f"page {hi} (out of range)"
             raise ValueError(f"free: refusing to free {what}")
-        if self._is_free[pages].any():
-            bad = pages[self._is_free[pages]]
-            raise ValueError(f"free: double free of {bad.size} page(s), first page {int(bad[0])}")
-        order = np.arange(pages.size, dtype=np.int64)
-        self._mark[pages] = order
-        if not np.array_equal(self._mark[pages], order):
-            raise ValueError("free: the same page appears twice in one call")
-        self._is_free[pages] = True
-        top = self._top
-        # Pushed reversed so the group's first page is on top: free(x) then alloc(len(x))
-        # hands back x in its original order.
-        self._stack[top : top + pages.size] = pages[::-1]
-        self._top = top + pages.size
+        is_free = self._pos[pages] > 0
+        bad = pages[is_free]
+        raise ValueError(f"free: double free of {bad.size} page(s), first page {int(bad[0])}")
 
     # ---- conservation ------------------------------------------------------------------
     def check_integrity(
@@ -133,11 +167,17 @@ class TokenAllocator:
             req = EMPTY_SLOTS
         cache = np.asarray(cache_slots, dtype=np.int64)
         free = self.free_slots()
-        stack_pages = self._stack[: self._top]
-        if np.count_nonzero(self._is_free) != self._top or not self._is_free[stack_pages].all():
+        lo = self._lo
+        n_stack = self.num_pages - lo
+        n_marked = int(np.count_nonzero(self._pos[1:-1] > 0))
+        if (
+            n_marked != n_stack
+            or self._pos[0] != -1
+            or self._pos[-1] != -1
+            or not np.array_equal(self._pos[self._stack[lo:]], self._stamps[lo:])
+        ):
             raise IntegrityError(
-                f"allocator free-list corrupt: {self._top} pages on the stack, "
-                f"{int(np.count_nonzero(self._is_free))} marked free"
+                f"allocator free-list corrupt: {n_stack} pages on the stack, {n_marked} marked free"
             )
         everything = np.concatenate([free, cache, req])
         n_free, n_cache, n_req = free.size, cache.size, req.size

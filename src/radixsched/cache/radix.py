@@ -18,11 +18,16 @@ logical clock stays (it only replaces timestamps, the relative order is the same
 
 Representation: each node stores its key as a contiguous int32 array and its value as an int64
 array, both owned by the node (copied on insert and split, so a caller mutating its KV row can
-never corrupt the tree). Children are keyed by the bytes of their first page (the first token
-when ``page_size == 1``); children of the root are keyed by ``(namespace, bytes)`` when the
-namespace is not the default one, so namespaces share no node. Token comparisons are bulk byte
-comparisons (``bytes.startswith`` on the query's bytes); the exact mismatch point is located
-with numpy only when a segment does not match whole.
+never corrupt the tree; a partial-leaf eviction keeps prefix views of the node's own arrays).
+Children are keyed by the bytes of their first page (the first token when ``page_size == 1``);
+children of the root are keyed by ``(namespace, bytes)`` when the namespace is not the default
+one, so namespaces share no node. Each node also remembers its own key in its parent's dict
+(``child_key``) and the root-level key of its top-level subtree (``subtree_key``, the epoch
+key), so eviction needs neither a byte conversion nor a walk up. Token comparisons are bulk
+byte comparisons (``bytes.startswith`` on the bytes of the query's span under the node plus
+its next page, converted node by node, so a miss or a short match never converts the whole
+query); the exact mismatch point is located with numpy only when a segment does not match
+whole.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class TreeNode:
     """A tree segment. ``parent is None`` for the root and for nodes no longer in the tree."""
 
     __slots__ = (
+        "child_key",
         "children",
         "creation_time",
         "hit_count",
@@ -74,6 +80,7 @@ class TreeNode:
         "namespace",
         "parent",
         "priority",
+        "subtree_key",
         "value",
     )
 
@@ -86,6 +93,8 @@ class TreeNode:
         namespace: Namespace,
         now: int,
         priority: int = 0,
+        child_key: Hashable = None,
+        subtree_key: Hashable = None,
     ) -> None:
         self.children: dict[Hashable, TreeNode] = {}
         self.parent = parent
@@ -98,6 +107,11 @@ class TreeNode:
         self.priority = priority
         self.id = node_id
         self.namespace = namespace
+        # Invariants while in the tree (both None for the root): ``parent.children[child_key]
+        # is self``; ``subtree_key`` is the child_key of the top-level ancestor (self included),
+        # which a split keeps (the upper part takes the same dict slot), so it never changes.
+        self.child_key = child_key
+        self.subtree_key = subtree_key
 
     def __len__(self) -> int:
         return len(self.key)
@@ -207,10 +221,6 @@ class RadixCache(BasePrefixCache):
             self.allocator.free(values)
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
     def _query(self, key: CacheKey) -> _Query:
         tokens = key.tokens
         if tokens.dtype != np.int32 or not tokens.flags.c_contiguous:
@@ -273,12 +283,7 @@ class RadixCache(BasePrefixCache):
         log.append(subtree_key)
 
     def _bump_node(self, node: TreeNode) -> None:
-        root = self._root
-        top = node
-        while top.parent is not None and top.parent is not root:
-            top = top.parent
-        first = top.key[: self.page_size].tobytes()
-        self._bump(self._child_key(root, first, top.namespace))
+        self._bump(node.subtree_key)
 
     def _mark_evictable(self, node: TreeNode) -> None:
         self._evictable_leaves.add(node)
@@ -312,23 +317,26 @@ class RadixCache(BasePrefixCache):
             child.namespace,
             now,
             child.priority,
+            child.child_key,
+            child.subtree_key,
         )
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
         if not self.compat_sglang:
             new.creation_time = child.creation_time
-        first = child.key[: self.page_size].tobytes()
-        parent.children[self._child_key(parent, first, child.namespace)] = new
+        parent.children[child.child_key] = new
         child.key = child.key[m:].copy()
         child.value = child.value[m:].copy()
         child.parent = new
-        new.children[child.key[: self.page_size].tobytes()] = child
+        child.child_key = child.key[: self.page_size].tobytes()
+        new.children[child.child_key] = child
         return new
 
     def _walk(self, q: _Query, collect: bool) -> tuple[TreeNode, int, list[SlotArray]]:
         """The match walk shared by match_prefix and touch_prefix: refreshes access times,
         splits at a partial match. Returns (last node, matched length, value segments)."""
-        now = self._tick()
+        self._clock += 1
+        now = self._clock
         root = self._root
         root.last_access_time = now
         tokens, ns = q
@@ -336,23 +344,25 @@ class RadixCache(BasePrefixCache):
         values: list[SlotArray] = []
         if n == 0:
             return root, 0, values
-        pb = self.page_size * _TOKEN_BYTES
-        qb = tokens.tobytes()
-        first = qb[:pb]
+        p = self.page_size
+        first = tokens[:p].tobytes()
         child = root.children.get(first if ns is None else (ns, first))
         node = root
         pos = 0
         while child is not None:
             child.last_access_time = now
-            if qb.startswith(child.key, pos * _TOKEN_BYTES):  # type: ignore[arg-type]
+            klen = len(child.key)
+            # The query's span under this node plus its next page (absent at the query's end:
+            # both n and pos + klen are page multiples, so a full next page exists or none).
+            seg = tokens[pos : pos + klen + p].tobytes()
+            if seg.startswith(child.key):  # type: ignore[arg-type]
                 node = child
-                pos += len(child.key)
+                pos += klen
                 if collect:
                     values.append(child.value)
                 if pos == n:
                     break
-                off = pos * _TOKEN_BYTES
-                child = node.children.get(qb[off : off + pb])
+                child = node.children.get(seg[klen * _TOKEN_BYTES :])
             else:
                 m = self._mismatch(tokens, pos, child)
                 node = self._split(child, m, now)
@@ -386,18 +396,18 @@ class RadixCache(BasePrefixCache):
         n = len(tokens)
         if n == 0:
             return 0
-        pb = self.page_size * _TOKEN_BYTES
-        qb = tokens.tobytes()
-        first = qb[:pb]
+        p = self.page_size
+        first = tokens[:p].tobytes()
         child = self._root.children.get(first if ns is None else (ns, first))
         pos = 0
         while child is not None:
-            if qb.startswith(child.key, pos * _TOKEN_BYTES):  # type: ignore[arg-type]
-                pos += len(child.key)
+            klen = len(child.key)
+            seg = tokens[pos : pos + klen + p].tobytes()  # span + next page, as in _walk
+            if seg.startswith(child.key):  # type: ignore[arg-type]
+                pos += klen
                 if pos == n:
                     return pos
-                off = pos * _TOKEN_BYTES
-                child = child.children.get(qb[off : off + pb])
+                child = child.children.get(seg[klen * _TOKEN_BYTES :])
             else:
                 return pos + self._mismatch(tokens, pos, child)
         return pos
@@ -418,22 +428,33 @@ class RadixCache(BasePrefixCache):
         length; the cache owns ``values[prefix_len:aligned_len]`` from now on. ``priority``
         raises the priority of every node on the path (max, never lowered). ``inserted_len`` is
         how far this request already inserted: a node counts a hit only for tokens past it."""
-        root = self._root
         if self.disabled:
-            return InsertResult(0, root)
-        tokens, ns = self._query(key)
+            return InsertResult(0, self._root)
+        return self._insert(self._query(key), values, priority, inserted_len)
+
+    def _insert(
+        self,
+        q: _Query,
+        values: SlotArray,
+        priority: int,
+        inserted_len: int,
+    ) -> InsertResult:
+        """The insert walk (``insert`` after its argument checks)."""
+        root = self._root
+        tokens, ns = q
         n = len(tokens)
         if len(values) < n:
             raise ValueError(f"insert: {len(values)} values for a {n}-token (aligned) key")
-        now = self._tick()
+        self._clock += 1
+        now = self._clock
         root.last_access_time = now
         if priority > root.priority:
             root.priority = priority
         if n == 0:
             return InsertResult(0, root)
-        pb = self.page_size * _TOKEN_BYTES
-        qb = tokens.tobytes()
-        first = qb[:pb]
+        p = self.page_size
+        pb = p * _TOKEN_BYTES
+        first = tokens[:p].tobytes()
         ckey: Hashable = first if ns is None else (ns, first)
         top_key = ckey
         child = root.children.get(ckey)
@@ -441,22 +462,25 @@ class RadixCache(BasePrefixCache):
         pos = 0
         while child is not None:
             child.last_access_time = now
-            split = not qb.startswith(child.key, pos * _TOKEN_BYTES)  # type: ignore[arg-type]
+            klen = len(child.key)
+            seg = tokens[pos : pos + klen + p].tobytes()  # span + next page, as in _walk
+            split = not seg.startswith(child.key)  # type: ignore[arg-type]
             if split:
                 m = self._mismatch(tokens, pos, child)
                 node = self._split(child, m, now)
-                pos += m
             else:
+                m = klen
                 node = child
-                pos += len(child.key)
+            pos += m
             if priority > node.priority:
                 node.priority = priority
             if pos > inserted_len:
                 node.hit_count += 1
             if pos == n:
                 return InsertResult(pos, node)
-            off = pos * _TOKEN_BYTES
-            ckey = qb[off : off + pb]
+            # The next page lies inside seg: m + p <= klen after a split (both page multiples).
+            off = m * _TOKEN_BYTES
+            ckey = seg[off : off + pb]
             if split:
                 break  # the remainder's first page differs from the split-off child's
             child = node.children.get(ckey)
@@ -468,6 +492,8 @@ class RadixCache(BasePrefixCache):
             ns,
             now,
             priority,
+            ckey,
+            top_key,
         )
         if n > inserted_len:
             leaf.hit_count = 1
@@ -551,50 +577,56 @@ class RadixCache(BasePrefixCache):
             self._heap = [(prio(leaf), leaf.id, leaf) for leaf in leaves]
             heapq.heapify(self._heap)
         heap = self._heap
+        heappop = heapq.heappop
+        heappush = heapq.heappush
+        bump = self._bump
+        on_evict = self.on_evict
+        partial = not self.compat_sglang
         root = self._root
         p = self.page_size
         freed: list[SlotArray] = []
         evicted = 0
         while evicted < num_tokens and heap:
-            stored, _, leaf = heapq.heappop(heap)
+            stored, _, leaf = heappop(heap)
             if leaf not in leaves:
                 continue  # stale: locked, grew a child or already evicted
             current = prio(leaf)
             if current != stored:
-                heapq.heappush(heap, (current, leaf.id, leaf))
+                heappush(heap, (current, leaf.id, leaf))
                 continue
             length = len(leaf.key)
             remaining = num_tokens - evicted
-            if length > remaining and not self.compat_sglang:
+            if length > remaining and partial:
                 cut = -(-remaining // p) * p
                 if cut < length:
                     # Evict only the tail: the leaf stays, shorter, still an evictable leaf.
-                    if self.on_evict is not None:
-                        self.on_evict(self._path_key(leaf), cut)
+                    if on_evict is not None:
+                        on_evict(self._path_key(leaf), cut)
                     keep = length - cut
-                    self._bump_node(leaf)
+                    bump(leaf.subtree_key)
                     freed.append(leaf.value[keep:])
-                    leaf.key = leaf.key[:keep].copy()
-                    leaf.value = leaf.value[:keep].copy()
+                    # Prefix views of the node's own arrays (no copy): nothing else refers to
+                    # them, and the freed tail is only read by the allocator.
+                    leaf.key = leaf.key[:keep]
+                    leaf.value = leaf.value[:keep]
                     self._evictable_size -= cut
                     evicted += cut
-                    heapq.heappush(heap, (current, leaf.id, leaf))
+                    heappush(heap, (current, leaf.id, leaf))
                     break
-            if self.on_evict is not None:
-                self.on_evict(self._path_key(leaf), length)
+            if on_evict is not None:
+                on_evict(self._path_key(leaf), length)
             freed.append(leaf.value)
-            self._bump_node(leaf)
+            bump(leaf.subtree_key)
             parent = leaf.parent
             assert parent is not None
-            first = leaf.key[:p].tobytes()
-            del parent.children[self._child_key(parent, first, leaf.namespace)]
+            del parent.children[leaf.child_key]
             leaf.parent = None
-            leaves.discard(leaf)
+            leaves.remove(leaf)
             self._evictable_size -= length
             evicted += length
             if parent is not root and not parent.children and parent.lock_ref == 0:
                 leaves.add(parent)
-                heapq.heappush(heap, (prio(parent), parent.id, parent))
+                heappush(heap, (prio(parent), parent.id, parent))
         if not self._heap_persistent:
             self._heap = []  # rebuilt on every call: hold no nodes in between
         if self.allocator is not None and freed:
@@ -697,6 +729,11 @@ class RadixCache(BasePrefixCache):
             ck = self._child_key(parent, node.key[:p].tobytes(), node.namespace)
             if parent.children.get(ck) is not node:
                 raise IntegrityError(f"{node!r} not under its own first-page key in its parent")
+            if node.child_key != ck:
+                raise IntegrityError(f"{node!r}: stored child_key differs from its first page")
+            top = ck if parent is root else parent.subtree_key
+            if node.subtree_key != top:
+                raise IntegrityError(f"{node!r}: stored subtree_key differs from its top's key")
             if parent is not root and parent.namespace != node.namespace:
                 raise IntegrityError(f"{node!r}: namespace differs from its parent's")
             if node.lock_ref < 0:

@@ -47,6 +47,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities ``[vocab]`` after temperature, top-k and top-p (float32; sums to 1)."""
     scaled = logits.float() / params.temperature
     if 0 < params.top_k < scaled.shape[-1]:
+        # Tokens tied with the k-th largest logit are all kept (no arbitrary tie-break).
         kth = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)

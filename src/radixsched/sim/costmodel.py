@@ -274,6 +274,18 @@ class CostModel:
         Every operation is element-wise over steps, so a step's time does not depend on how
         many steps are evaluated together (``decode_multi`` relies on that equality)."""
         tokens = shape.num_tokens
+        if len(shape.decode_ctx) == 1 and not self.model.is_moe:
+            # One step (every forward): the same operations on Python floats, which round
+            # exactly like float64 arrays, without the array overhead.
+            ctx = int(shape.decode_ctx[0])
+            linear = 2.0 * self.model.active_params * tokens
+            compute = (
+                linear + self._attn_flops_per_pair * (shape.extend_attn_pairs + ctx)
+            ) / self._flops_per_s
+            kv = (shape.extend_kv_tokens + ctx) * float(self.kv_bytes_per_token_per_gpu * self.tp)
+            memory = (self.weight_bytes_read(tokens) + kv) / self._bytes_per_s
+            one = max(compute, memory) + (self.step_overhead_s + self._host_s(shape))
+            return np.array([one], dtype=np.float64)
         pairs = shape.extend_attn_pairs + shape.decode_ctx
         kv_tokens = shape.extend_kv_tokens + shape.decode_ctx
         linear = 2.0 * self.model.active_params * tokens
