@@ -111,6 +111,13 @@ class ModelRunner(ABC):
             f"{type(self).__name__} runs one decode step at a time (supports_multi_step is False)"
         )
 
+    def decode_durations(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> npt.NDArray[np.float64]:
+        """The step times ``decode_multi`` would report, without running it (the scheduler
+        asks how far a jump may go before committing to it)."""
+        return self.decode_multi(reqs, seq_lens, num_steps).step_durations_s
+
     def eos_token_ids(self) -> tuple[int, ...]:
         """Token ids that end generation unless ``ignore_eos``."""
         return ()

@@ -814,7 +814,7 @@ class Scheduler:
                 hi = mid - 1
         k = lo
         if horizon is not None and self.waiting == [] and k > 1:
-            durs = self.runner.decode_multi(cols.reqs, cols.fill, k).step_durations_s
+            durs = self.runner.decode_durations(cols.reqs, cols.fill, k)
             ends = _step_ends(self.clock.now(), durs)
             hit = int(np.searchsorted(ends, horizon, side="left"))
             k = min(k, hit + 1)

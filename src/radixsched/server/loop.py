@@ -149,6 +149,11 @@ class BatchRecorder(ModelRunner):
     ) -> MultiDecodeResult:
         return self.inner.decode_multi(reqs, seq_lens, num_steps)
 
+    def decode_durations(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> npt.NDArray[np.float64]:
+        return self.inner.decode_durations(reqs, seq_lens, num_steps)
+
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.inner.eos_token_ids()
 

@@ -278,13 +278,13 @@ class CostModel:
             # One step (every forward): the same operations on Python floats, which round
             # exactly like float64 arrays, without the array overhead.
             ctx = int(shape.decode_ctx[0])
-            linear = 2.0 * self.model.active_params * tokens
-            compute = (
-                linear + self._attn_flops_per_pair * (shape.extend_attn_pairs + ctx)
+            lin = 2.0 * self.model.active_params * tokens
+            flops_s = (
+                lin + self._attn_flops_per_pair * (shape.extend_attn_pairs + ctx)
             ) / self._flops_per_s
             kv = (shape.extend_kv_tokens + ctx) * float(self.kv_bytes_per_token_per_gpu * self.tp)
-            memory = (self.weight_bytes_read(tokens) + kv) / self._bytes_per_s
-            one = max(compute, memory) + (self.step_overhead_s + self._host_s(shape))
+            bytes_s = (self.weight_bytes_read(tokens) + kv) / self._bytes_per_s
+            one = max(flops_s, bytes_s) + (self.step_overhead_s + self._host_s(shape))
             return np.array([one], dtype=np.float64)
         pairs = shape.extend_attn_pairs + shape.decode_ctx
         kv_tokens = shape.extend_kv_tokens + shape.decode_ctx
@@ -685,10 +685,16 @@ class CostModelRunner(ModelRunner):
         lens = np.asarray(seq_lens, dtype=np.int64)
         if len(lens) != len(reqs) or not len(reqs):
             raise ValueError(f"{len(reqs)} requests but {len(lens)} sequence lengths")
-        durations = self.cost.step_times(decode_shape(lens, num_steps))
+        durations = self.decode_durations(reqs, lens, num_steps)
         # Step k of request i generates the token at position seq_len + k.
         positions = lens[:, None] + np.arange(num_steps, dtype=np.int64)[None, :]
-        return MultiDecodeResult(self.tokens_at(reqs, positions), durations.astype(np.float64))
+        return MultiDecodeResult(self.tokens_at(reqs, positions), durations)
+
+    def decode_durations(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> npt.NDArray[np.float64]:
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        return self.cost.step_times(decode_shape(lens, num_steps)).astype(np.float64)
 
     def eos_token_ids(self) -> tuple[int, ...]:
         return ()
