@@ -877,19 +877,25 @@ class Scheduler:
         else:
             maybe = np.flatnonzero(out_len >= cols.max_new).tolist()
         finished = out.finished
+        gone: list[int] = []  # positions in reqs (== self.running) of finished requests
         for i in maybe:
             r = reqs[i]
             self._check_finish(r)
             if r.finished:
                 finished.append(r)
+                gone.append(i)
         # The columns after the step stay right for the next one (finished rows dropped).
         after = cols._replace(
             fill=cols.fill + k, have=np.maximum(paged, cols.have), out_len=out_len
         )
-        if finished:
-            self._retire_finished(finished)
-            gone = {id(r) for r in finished}
-            after = after.take([id(r) not in gone for r in reqs])
+        if gone:
+            survivors = list(reqs)
+            for i in reversed(gone):
+                del survivors[i]
+            self._retire(finished, survivors)
+            keep = np.ones(len(reqs), dtype=np.bool_)
+            keep[gone] = False
+            after = after.take(keep, list(survivors))  # never alias self.running
         self._cols = after
         return out
 
@@ -984,7 +990,11 @@ class Scheduler:
         if not finished:
             return
         gone = {id(r) for r in finished}
-        self.running = [r for r in self.running if id(r) not in gone]
+        self._retire(finished, [r for r in self.running if id(r) not in gone])
+
+    def _retire(self, finished: list[Req], survivors: list[Req]) -> None:
+        """``finished`` leave the running batch, which becomes ``survivors`` (in order)."""
+        self.running = survivors
         self._running_changed()
         self.batch_is_full = False
         for r in finished:
@@ -1148,11 +1158,10 @@ class _DecodeCols(NamedTuple):
             list(reqs), a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4] != 0, a[:, 5] != 0
         )
 
-    def take(self, keep: list[bool]) -> _DecodeCols:
-        """The rows where ``keep`` is true, in order."""
-        mask = np.array(keep, dtype=np.bool_)
+    def take(self, mask: np.ndarray, reqs: list[Req]) -> _DecodeCols:
+        """The rows where ``mask`` is true, in order; ``reqs`` are those rows' requests."""
         return _DecodeCols(
-            [r for r, k in zip(self.reqs, keep, strict=True) if k],
+            reqs,
             self.fill[mask],
             self.have[mask],
             self.out_len[mask],
