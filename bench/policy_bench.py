@@ -5,8 +5,10 @@ x 50 requests, each a 2,000-token group prefix plus a 200-token unique suffix ov
 128,000-token vocabulary. Waiting requests are drawn from the same generator: a random group's
 prefix plus a fresh 200-token suffix, so each matches 2,000 tokens (and the in-batch dedup check
 never fires, as in a warm cache). For each policy and queue length, one warm-up call, then
-repeated calls on the same queue (the scheduler keeps the sorted order between rounds); the
-median is reported.
+repeated calls on the same queue; the median is reported. Three regimes: cold (every request's
+memoised match dropped: the whole queue is re-matched, as SGLang does every round), warm (the
+same queue again: nothing changed since the last round) and churn (a scheduler round: the head
+was admitted and one request arrived since, both reported through the policy's hooks).
 
 Run: ``.venv/bin/python bench/policy_bench.py [--json PATH] [--compat sglang] [--queues 64 2048]``.
 ``--compat sglang`` scores with ``match_prefix`` like SGLang (the cap is lifted here to measure
@@ -46,6 +48,7 @@ class Row(NamedTuple):
     queue: int
     ms_per_call: float  # cold: the whole queue re-matched, comparable to SGLang's per round
     warm_ms_per_call: float  # steady state: matches memoised per unchanged cache subtree
+    churn_ms_per_call: float  # steady state with one admission and one arrival per round
 
 
 def build(seed: int = 0) -> tuple[RadixCache, np.ndarray, np.random.Generator]:
@@ -71,11 +74,19 @@ def waiting(n: int, prefixes: np.ndarray, rng: np.random.Generator) -> list[Req]
 
 
 def time_policy(
-    name: str, cache: RadixCache, queue: list[Req], compat: str, budget_s: float, cold: bool
+    name: str,
+    cache: RadixCache,
+    queue: list[Req],
+    compat: str,
+    budget_s: float,
+    mode: str,
+    arrivals: list[Req] | None = None,
 ) -> float:
-    """Median ms per call. ``cold``: every request's memoised match is dropped before each call,
-    so each call re-matches the whole queue against the tree (what SGLang does every round);
-    warm: the steady state between rounds in which most cache subtrees did not change."""
+    """Median ms per call. ``mode`` "cold": every request's memoised match is dropped before
+    each call, so each call re-matches the whole queue against the tree (what SGLang does every
+    round); "warm": the steady state between rounds in which most cache subtrees did not
+    change; "churn": warm, plus the queue's head leaves and one of ``arrivals`` joins before
+    each call, through the hooks the scheduler calls."""
     config = SchedulerConfig(
         schedule_policy=name,
         compat=compat,  # type: ignore[arg-type]
@@ -83,13 +94,21 @@ def time_policy(
     )
     policy = SchedulePolicy(config, cache)
     q = list(queue)
+    for r in q:
+        policy.on_enqueue(r)
     policy.calc_priority(q, [], 0, 0.0)  # warm-up (dfs-weight's first matches split nodes)
+    pending = list(arrivals or [])
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < 5 or (time.perf_counter() - start < budget_s and len(samples) < 200):
-        if cold:
+        if mode == "cold":
             for r in q:
                 policy.forget(r)  # drop its memoised match: re-matched this call
+        elif mode == "churn" and pending:
+            policy.on_dequeue(q[0])
+            del q[0]
+            q.append(pending.pop())
+            policy.on_enqueue(q[-1])
         t0 = time.perf_counter()
         policy.calc_priority(q, [], 10_000, 1.0)
         samples.append(time.perf_counter() - t0)
@@ -113,6 +132,7 @@ def main() -> None:
         f"{time.perf_counter() - t0:.1f} s"
     )
     queues = {n: waiting(n, prefixes, rng) for n in args.queues}
+    arrivals = waiting(200, prefixes, rng)
     rows: list[Row] = []
     gc.collect()
     gc.disable()
@@ -123,16 +143,20 @@ def main() -> None:
                     Row(
                         name,
                         n,
-                        time_policy(name, cache, queue, args.compat, args.budget_s, True),
-                        time_policy(name, cache, queue, args.compat, args.budget_s, False),
+                        *(
+                            time_policy(
+                                name, cache, queue, args.compat, args.budget_s, mode, arrivals
+                            )
+                            for mode in ("cold", "warm", "churn")
+                        ),
                     )
                 )
     finally:
         gc.enable()
 
     table = Table(
-        title=f"calc_priority, median ms per call, cold (re-match all) / warm (memo) "
-        f"(compat={args.compat})"
+        title=f"calc_priority, median ms per call, cold (re-match all) / warm (memo) / churn "
+        f"(one admission, one arrival) (compat={args.compat})"
     )
     table.add_column("policy")
     for n in args.queues:
@@ -141,10 +165,11 @@ def main() -> None:
     for name in args.policies:
         cold = {r.queue: r.ms_per_call for r in rows if r.policy == name}
         warm = {r.queue: r.warm_ms_per_call for r in rows if r.policy == name}
+        churn = {r.queue: r.churn_ms_per_call for r in rows if r.policy == name}
         big = max(args.queues)
         table.add_row(
             name,
-            *(f"{cold[n]:.2f} / {warm[n]:.2f}" for n in args.queues),
+            *(f"{cold[n]:.2f} / {warm[n]:.2f} / {churn[n]:.2f}" for n in args.queues),
             f"{cold[big] * 1e3 / big:.2f}",
         )
     console.print(table)

@@ -10,7 +10,7 @@ name                   kind        order (first = tried first)
 ====================== =========== =========================================================
 fcfs                   agnostic    arrival; with priority scheduling (priority, arrival)
 lof                    agnostic    longest ``max_new_tokens`` first (priority first if on)
-random                 agnostic    shuffle with the policy's own ``Random(config.seed)``
+random                 agnostic    shuffle seeded by ``config.seed`` (radixsched: numpy stream)
 routing-key            agnostic    routing keys frequent in the running batch first
 lpm                    cache-aware longest matched prefix first (optional starvation bound)
 dfs-weight             cache-aware depth-first over the cache tree, heaviest subtree first
@@ -19,6 +19,16 @@ shortest-prefill-first cache-aware least uncached work (prompt + output - match)
 fair                   tenant      virtual token counter across tenants, longest match
                                    first within a tenant
 ====================== =========== =========================================================
+
+Incremental orders (radixsched; ``queue_order.py``): every radixsched order is a stable sort of
+the waiting list by a per-request key, so the order is kept across rounds and each round only
+re-places the requests whose key changed: new arrivals, requests re-matched because their cache
+subtree changed, requests whose dedup status flipped. The scheduler reports arrivals and
+departures through ``on_enqueue`` / ``on_dequeue`` (and ``forget``); a round checks (identity
+compares) that the list it is handed is exactly what those hooks described and otherwise
+recomputes everything from the list as it stands, so callers without hooks get the same answer.
+hrrn re-sorts every round (its ratio moves with the clock) in numpy; fair interleaves tenants
+every round; compat mode, plain fcfs and lpm's starvation bound sort the whole list as before.
 
 Matching (what ``calc_priority`` writes on each ``Req``):
 
@@ -103,9 +113,26 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
+import numpy as np
+
 from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
+from radixsched.cache.radix import RadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.queue_index import DedupIndex, MatchIndex
+from radixsched.queue_order import (
+    AdmissionWatch,
+    DfsWeightEngine,
+    FairEngine,
+    HrrnEngine,
+    Key,
+    KeyedEngine,
+    KeyFn,
+    OrderEngine,
+    QueueLog,
+    RoundInputs,
+    RoutingKeyEngine,
+    reorder,
+)
 from radixsched.request import Req
 
 logger = logging.getLogger(__name__)
@@ -158,6 +185,7 @@ class SortContext:
     now: float
     running_batch: Sequence[Req] | None
     rng: random.Random
+    np_rng: np.random.Generator
     fair: VirtualTokenCounter
     is_overdue: Callable[[Req], bool]
     # The caller guarantees the queue is already in (queue entry, arrival) order.
@@ -194,6 +222,7 @@ def _arrival(r: Req) -> tuple[float, float]:
 
 _ARRIVAL = operator.attrgetter("queue_entry_time", "arrival_time")
 _MATCHED = operator.attrgetter("num_matched_prefix_tokens")
+_LAST_NODE = operator.attrgetter("last_node")
 
 
 def dedup_rep_key(r: Req) -> tuple[int, float, float, str]:
@@ -287,7 +316,13 @@ def _sort_lof(queue: list[Req], ctx: SortContext) -> None:
 
 
 def _sort_random(queue: list[Req], ctx: SortContext) -> None:
-    ctx.rng.shuffle(queue)
+    """compat: SGLang's ``random.shuffle``. radixsched: a numpy permutation from its own
+    generator seeded by ``config.seed`` (as deterministic, a different stream, and ~10x
+    cheaper for a long queue)."""
+    if ctx.compat:
+        ctx.rng.shuffle(queue)
+    elif len(queue) > 1:
+        queue[:] = reorder(queue, ctx.np_rng.permutation(len(queue)).tolist())
 
 
 def _sort_routing_key(queue: list[Req], ctx: SortContext) -> None:
@@ -505,6 +540,12 @@ class VirtualTokenCounter:
             # Layered stable sorts (C-level keys): longest match first, then arrival.
             reqs.sort(key=_ARRIVAL)
             reqs.sort(key=_MATCHED, reverse=True)
+        return self.merge(by_tenant)
+
+    def merge(self, by_tenant: dict[str, list[Req]]) -> list[Req]:
+        """Interleave per-tenant lists (each already in its within-tenant order). The dict's
+        order (tenants by first appearance in the queue) breaks the remaining ties. With one
+        tenant, its own list is returned."""
         if len(by_tenant) == 1:
             return next(iter(by_tenant.values()))  # one tenant: nothing to interleave
         heap: list[tuple[float, float, float, int, str]] = []
@@ -528,6 +569,37 @@ class VirtualTokenCounter:
                 c += self.prefill_weight * prefill_work(r)
                 heapq.heappush(heap, (c, nxt.queue_entry_time, nxt.arrival_time, seq, tenant))
         return out
+
+
+# ---- incremental-order keys (radixsched; see queue_order.py) --------------------------------
+
+
+def _lpm_key(r: Req, rnd: RoundInputs) -> Key:
+    return (
+        r.rid in rnd.deprioritized,
+        -r.num_matched_prefix_tokens,
+        r.queue_entry_time,
+        r.arrival_time,
+    )
+
+
+def _spf_key(r: Req, rnd: RoundInputs) -> Key:
+    return (r.rid in rnd.deprioritized, prefill_work(r), r.queue_entry_time, r.arrival_time)
+
+
+def _lof_key(config: SchedulerConfig) -> KeyFn:
+    if config.enable_priority_scheduling:
+        return lambda r, _: (
+            *_priority_term(r, config),
+            -r.max_new_tokens,
+            r.queue_entry_time,
+            r.arrival_time,
+        )
+    return lambda r, _: (-r.max_new_tokens, r.queue_entry_time, r.arrival_time)
+
+
+def _fcfs_priority_key(config: SchedulerConfig) -> KeyFn:
+    return lambda r, _: (*_priority_term(r, config), r.queue_entry_time, r.arrival_time)
 
 
 # ---- the policy object ------------------------------------------------------------------------
@@ -574,6 +646,7 @@ class SchedulePolicy:
         self.priority_sign = config.priority_sign
         self.active_policy_name = spec.name
         self.rng = random.Random(config.seed)
+        self.np_rng = np.random.default_rng(config.seed)
         self.fair = VirtualTokenCounter()
         self._spf_calls = 0
         self._refresh_calls = 0
@@ -601,6 +674,65 @@ class SchedulePolicy:
             self._cap: int | None = SGLANG_PREFIX_MATCH_CAP if cap is None else cap
         else:
             self._cap = config.max_prefix_match_queue
+        # radixsched: the order itself is kept across rounds too, fed by the scheduler's hooks
+        # (on_enqueue / on_dequeue / forget); a round costs O(changed requests).
+        self._spec_mode = self._match_mode(spec)  # static: config, cache and spec decide it
+        self._spec_matches = self._spec_mode in (MatchMode.LENGTH, MatchMode.NODE)
+        self._log = QueueLog()
+        self._engine = self._make_engine(bounded)
+        self._watch: AdmissionWatch | None = None
+        if self._engine is not None and self._match_index is not None:
+            if self.spec.needs_last_node:
+                self._watch = AdmissionWatch(_LAST_NODE, tree_cache.page_size)
+            elif tree_cache.page_size > 1:
+                # On page-1 caches the admission's capped matched length equals the policy's
+                # (both are min(match, fill_len - 1)): nothing to watch.
+                self._watch = AdmissionWatch(_MATCHED, tree_cache.page_size)
+        # Whether an engine round touches waiting prefixes (its match mode is fixed).
+        self._engine_touches = (
+            self._spec_mode is not MatchMode.NONE
+            and config.enable_waiting_prefix_refresh
+            and config.radix_eviction_policy.lower() == "lru"
+        )
+
+    def _make_engine(self, bounded: bool) -> OrderEngine | None:
+        """The policy's incremental order, or None where every round sorts the whole list
+        (compat mode, plain fcfs, random, the lpm starvation bound, caches without memo)."""
+        cfg = self.config
+        if cfg.sglang_compat:
+            return None
+        name = self.spec.name
+        if name == "lof":
+            return KeyedEngine(_lof_key(cfg))
+        if name == "fcfs":
+            return KeyedEngine(_fcfs_priority_key(cfg)) if cfg.enable_priority_scheduling else None
+        if name == "routing-key":
+            return RoutingKeyEngine()
+        if self._match_index is None:
+            return None
+        if name == "dfs-weight":
+            if not isinstance(self.tree_cache, RadixCache) or not self._dedup_ready():
+                return None
+            return DfsWeightEngine(self.tree_cache)
+        # With a host tier the admission match adds host hits to the matched length of every
+        # request it tries, so any waiting request's sort input may change behind the policy's
+        # back: those configurations sort the whole list each round, as before.
+        if getattr(self.tree_cache, "on_evict", None) is not None:
+            return None
+        if name == "fair":
+            return FairEngine(self.fair.merge)
+        if not self._dedup_ready():
+            return None
+        if name == "lpm":
+            return None if bounded else KeyedEngine(_lpm_key)
+        if name == "shortest-prefill-first":
+            return KeyedEngine(_spf_key)
+        if name == "hrrn":
+            return HrrnEngine()
+        return None
+
+    def _dedup_ready(self) -> bool:
+        return self._dedup_index is not None or self.config.in_batch_prefix_check_threshold < 0
 
     # ---- introspection ---------------------------------------------------------------------
     @property
@@ -638,6 +770,12 @@ class SchedulePolicy:
         so fcfs has nothing to sort."""
         spec = self.active_spec(len(waiting_queue))
         self.active_policy_name = spec.name
+        if self._engine is not None:
+            if spec is self.spec and self._engine_ready():
+                return self._engine_round(
+                    self._engine, waiting_queue, running_batch, processed_tokens
+                )
+            self._log.desync()  # e.g. the capped fallback orders this round
         compat = self.config.sglang_compat
 
         mode = self._match_mode(spec)
@@ -678,6 +816,7 @@ class SchedulePolicy:
             now=now,
             running_batch=running_batch,
             rng=self.rng,
+            np_rng=self.np_rng,
             fair=self.fair,
             is_overdue=is_overdue,
             entry_ordered=entry_ordered,
@@ -685,13 +824,7 @@ class SchedulePolicy:
         spec.sort(waiting_queue, ctx)
 
         if spec.name == "shortest-prefill-first":
-            self._spf_calls += 1
-            if self._spf_calls % SPF_LOG_INTERVAL == 1 and waiting_queue:
-                logger.debug(
-                    "shortest-prefill-first: %d waiting, head needs %d uncached tokens",
-                    len(waiting_queue),
-                    prefill_work(waiting_queue[0]),
-                )
+            self._log_spf(waiting_queue)
 
         self._touch_waiting_prefixes(waiting_queue, mode)
         self._last_deferred = deferred
@@ -702,11 +835,142 @@ class SchedulePolicy:
             prefix_matched=mode in (MatchMode.LENGTH, MatchMode.NODE),
         )
 
+    def _engine_ready(self) -> bool:
+        """The indexes the engine's rounds rely on are in place (callers may swap them out)."""
+        if not self._spec_matches:
+            return True
+        if self._match_index is None:
+            return False
+        return not self.spec.dedup or self._dedup_ready()
+
+    def _engine_round(
+        self,
+        engine: OrderEngine,
+        queue: list[Req],
+        running_batch: Sequence[Req] | None,
+        processed_tokens: int,
+    ) -> PriorityResult:
+        """One radixsched round through the policy's incremental order. When ``queue`` is
+        exactly what the hooks described, only the requests that changed are re-matched,
+        re-grouped and re-placed; otherwise everything is recomputed from ``queue`` as it
+        stands. Either way the result is the full sort's."""
+        spec = self.spec
+        log = self._log
+        synced = log.matches(queue, engine.members())
+        mode = self._spec_mode
+        matching = self._spec_matches
+        arrivals = log.added if synced else []  # settle() starts new lists
+        changed: list[Req] = []
+        gone: list[Req] = []
+        if synced:
+            dirty = [r for r in log.dirty if engine.holds(r)] if log.dirty else []
+            if matching:
+                assert self._match_index is not None
+                changed = self._match_index.apply(
+                    arrivals + dirty if dirty else arrivals, log.removed
+                )
+                gone = log.removed
+            else:
+                changed = dirty
+        elif matching:
+            assert self._match_index is not None
+            changed, gone = self._match_index.refresh(queue)
+        if mode is MatchMode.NONE:
+            self._match_all(queue, mode)
+        deprioritized: frozenset[str] = frozenset()
+        flipped: list[Req] = []
+        if spec.dedup and matching and self._dedup_index is not None:
+            deprioritized = self._dedup_index.update(changed, gone)
+            flipped = self._dedup_index.flipped
+        if spec.name == "fair":
+            self._observe_tenants(engine, queue, arrivals, running_batch, synced)
+        rnd = RoundInputs(deprioritized, processed_tokens, running_batch)
+        watch = self._watch
+        if synced:
+            rekeyed = self._rekeyed(engine, changed, flipped, arrivals)
+            engine.advance(rekeyed, arrivals, rnd, queue)
+            if watch is not None:
+                for r in rekeyed:
+                    watch.note(r)
+                for r in arrivals:
+                    watch.note(r)
+        else:
+            engine.rebuild(queue, rnd)
+            if watch is not None:
+                watch.note_all(queue)
+        if engine.keeps_sync:
+            log.settle()
+        else:
+            log.desync()
+        if spec.name == "shortest-prefill-first":
+            self._log_spf(queue)
+        if self._engine_touches and queue:  # _touch_waiting_prefixes's test, precomputed
+            self._touch_round(queue)
+        self._last_deferred = deprioritized
+        return PriorityResult(
+            active_policy=spec.name,
+            deprioritized=deprioritized,
+            deferred=deprioritized,
+            prefix_matched=matching,
+        )
+
+    def _rekeyed(
+        self, engine: OrderEngine, changed: list[Req], flipped: list[Req], arrivals: list[Req]
+    ) -> list[Req]:
+        """Members to re-key this round, each once: re-matched, dedup status flipped, or a
+        watched field rewritten behind the policy's back. Arrivals are placed, not re-keyed."""
+        stale = self._watch.stale() if self._watch is not None else []
+        if not (stale or changed or flipped):
+            return []
+        moved = {id(r): r for r in stale}
+        moved.update((id(r), r) for r in changed)
+        moved.update((id(r), r) for r in flipped if engine.holds(r))
+        for r in arrivals:
+            moved.pop(id(r), None)
+        return list(moved.values())
+
+    def _observe_tenants(
+        self,
+        engine: OrderEngine,
+        queue: list[Req],
+        arrivals: list[Req],
+        running_batch: Sequence[Req] | None,
+        synced: bool,
+    ) -> None:
+        if synced and isinstance(engine, FairEngine):
+            tenants = engine.tenants(arrivals)
+        else:
+            tenants = {r.tenant_key for r in queue}
+        if running_batch is not None:
+            tenants.update(r.tenant_key for r in running_batch)
+        self.fair.observe_active(frozenset(tenants))
+
+    def _log_spf(self, queue: list[Req]) -> None:
+        self._spf_calls += 1
+        if self._spf_calls % SPF_LOG_INTERVAL == 1 and queue:
+            logger.debug(
+                "shortest-prefill-first: %d waiting, head needs %d uncached tokens",
+                len(queue),
+                prefill_work(queue[0]),
+            )
+
     def on_enqueue(self, req: Req) -> None:
         """The scheduler appended or re-inserted ``req`` into its waiting queue."""
+        if self._log.synced:
+            self._log.added.append(req)
 
     def on_dequeue(self, req: Req) -> None:
         """``req`` left the scheduler's waiting queue (admitted, aborted or displaced)."""
+        log = self._log
+        if not log.synced:
+            return
+        assert self._engine is not None  # only an engine round settles the log
+        if self._engine.remove(req):
+            log.removed.append(req)
+            if self._watch is not None:
+                self._watch.drop(req)
+        elif not log.drop_added(req):
+            log.desync()  # not a request the hooks put there: recompute next round
 
     def forget(self, req: Req) -> None:
         """``req`` re-enters the queue with new output (retraction, preemption): its cached
@@ -714,6 +978,9 @@ class SchedulePolicy:
         req.match_memo = None
         if self._match_index is not None:
             self._match_index.forget(req)
+        log = self._log
+        if log.synced and self._engine is not None and self._engine.holds(req):
+            log.dirty.append(req)
 
     @property
     def tracks_service(self) -> bool:
@@ -896,6 +1163,10 @@ class SchedulePolicy:
             or cfg.radix_eviction_policy.lower() != "lru"
         ):
             return
+        self._touch_round(queue)
+
+    def _touch_round(self, queue: list[Req]) -> None:
+        """One eligible round of the waiting-prefix touch: every INTERVAL-th touches the head."""
         refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._refresh_calls += 1
         if not refresh:

@@ -42,11 +42,15 @@ class MatchIndex:
         self.by_subtree: dict[Hashable, set[int]] = {}
         # Requests whose prompt is shorter than a page have no stable subtree: redone each round.
         self.unkeyed: set[int] = set()
+        # Tracked requests ``forget`` dropped since the last refresh: one no longer queued at
+        # the refresh left the queue, and the dedup groups must hear of it like of any other.
+        self.forgotten: dict[int, Req] = {}
 
     def forget(self, r: Req) -> None:
         """``r`` changed while out of sight (re-queued with new output): treat it as new."""
         if id(r) in self.tracked:
             self._drop(id(r))
+            self.forgotten[id(r)] = r
 
     def _drop(self, key: int) -> None:
         r = self.tracked.pop(key)
@@ -75,39 +79,59 @@ class MatchIndex:
 
     def refresh(self, queue: Sequence[Req]) -> tuple[list[Req], list[Req]]:
         """Bring every queued request's match up to date; return (requests whose match may
-        have changed, new ones included; requests that left the queue)."""
+        have changed, new ones included; requests that left the queue). O(len(queue)): the
+        queue is compared with the tracked set."""
         cur = {id(r): r for r in queue}
         tracked = self.tracked
         gone = [tracked[k] for k in tracked.keys() - cur.keys()]
         for r in gone:
             self._drop(id(r))
+        gone.extend(r for k, r in self.forgotten.items() if k not in cur)
+        self.forgotten = {}
+        return self._rematch([cur[k] for k in cur.keys() - tracked.keys()]), gone
+
+    def apply(self, added: Sequence[Req], removed: Sequence[Req]) -> list[Req]:
+        """``refresh`` fed by the scheduler's hooks instead of a comparison: ``added`` are
+        queued requests not tracked (new, or forgotten), ``removed`` left the queue, every
+        other queued request is tracked. Returns the requests whose match may have changed."""
+        for r in removed:
+            if id(r) in self.tracked:
+                self._drop(id(r))
+        self.forgotten = {}  # those that left are in ``removed``
+        return self._rematch(added)
+
+    def _rematch(self, new: Sequence[Req]) -> list[Req]:
+        """Track ``new`` and re-match it, plus every tracked request whose subtree changed."""
+        tracked = self.tracked
         changes, self.cursor = self.cache.changes_since(self.cursor)
-        todo: set[int]
+        todo: dict[int, Req]
         if changes is None:
-            todo = set(cur)
+            todo = dict(tracked)
         else:
-            todo = cur.keys() - tracked.keys()
+            todo = {}
             by_subtree = self.by_subtree
             for key in set(changes):
                 bucket = by_subtree.get(key)
                 if bucket:
-                    todo |= bucket
-            todo |= self.unkeyed
+                    todo.update((k, tracked[k]) for k in bucket)
+            if self.unkeyed:
+                todo.update((k, tracked[k]) for k in self.unkeyed)
+            if not todo and not new:
+                return []
         page = self.cache.page_size
-        changed = []
-        for k in todo:
-            r = cur[k]
-            if k not in tracked:
-                tracked[k] = r
-                if r.subtree_key is None and len(r.prompt_ids) >= page:
-                    r.subtree_key = self.cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
-                if r.subtree_key is None:
-                    self.unkeyed.add(k)
-                else:
-                    self.by_subtree.setdefault(r.subtree_key, set()).add(k)
+        for r in new:
+            k = id(r)
+            todo[k] = r
+            tracked[k] = r
+            if r.subtree_key is None and len(r.prompt_ids) >= page:
+                r.subtree_key = self.cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
+            if r.subtree_key is None:
+                self.unkeyed.add(k)
+            else:
+                self.by_subtree.setdefault(r.subtree_key, set()).add(k)
+        for r in todo.values():
             self._match(r)
-            changed.append(r)
-        return changed, gone
+        return list(todo.values())
 
 
 class DedupIndex:
@@ -121,6 +145,8 @@ class DedupIndex:
         self.group_of: dict[str, tuple[Namespace, bytes]] = {}
         self.deferred_by_group: dict[tuple[Namespace, bytes], set[str]] = {}
         self.deferred: set[str] = set()
+        self._frozen: frozenset[str] = frozenset()  # == deferred, rebuilt only when it changes
+        self.flipped: list[Req] = []
 
     def _key(self, r: Req) -> tuple[Namespace, bytes] | None:
         width = self.width
@@ -143,37 +169,53 @@ class DedupIndex:
             touched.add(g)
 
     def update(self, changed: Sequence[Req], gone: Sequence[Req]) -> frozenset[str]:
-        """Apply this round's changes; return the deferred (= deprioritized) rids."""
+        """Apply this round's changes; return the deferred (= deprioritized) rids. Afterwards
+        ``flipped`` lists the queued requests whose deferred status changed (not those that
+        left every group: they are in ``changed``)."""
+        if not changed and not gone:
+            self.flipped = []
+            return self._frozen
         touched: set[tuple[Namespace, bytes]] = set()
+        group_of, groups, check = self.group_of, self.groups, self.check
         for r in gone:
             self._leave(r.rid, touched)
         for r in changed:
-            self._leave(r.rid, touched)
+            rid = r.rid
+            if rid in group_of:
+                self._leave(rid, touched)
             memo = r.match_memo
             assert memo is not None
-            if memo[2] > self.check:
+            if memo[2] > check:
                 continue
             g = self._key(r)
             if g is None:
                 continue
-            self.groups.setdefault(g, {})[r.rid] = r
-            self.group_of[r.rid] = g
+            groups.setdefault(g, {})[rid] = r
+            group_of[rid] = g
             touched.add(g)
+        flips: set[str] = set()
+        empty: set[str] = set()
+        by_group = self.deferred_by_group
         for g in touched:
-            old = self.deferred_by_group.pop(g, None)
-            if old:
-                self.deferred -= old
+            old = by_group.pop(g, empty)
             members = self.groups.get(g)
+            dup = empty
             if not members:
                 self.groups.pop(g, None)
-                continue
-            if len(members) < 2:
-                continue
-            # min keeps the first of equals: members are in insertion order, which is the
-            # order they joined the queue's tracked state, not queue position; so the key
-            # must be total (it ends with queue entry time, arrival time, and the rid).
-            rep = min(members.values(), key=self.rep_key)
-            dup = {rid for rid in members if rid != rep.rid}
-            self.deferred_by_group[g] = dup
-            self.deferred |= dup
-        return frozenset(self.deferred)
+            elif len(members) >= 2:
+                # min keeps the first of equals: members are in insertion order, which is the
+                # order they joined the queue's tracked state, not queue position; so the key
+                # must be total (it ends with queue entry time, arrival time, and the rid).
+                rep_rid = min(members.values(), key=self.rep_key).rid
+                dup = {rid for rid in members if rid != rep_rid}
+                by_group[g] = dup
+            if old != dup:  # invariant: deferred is the union of by_group's sets
+                self.deferred -= old
+                self.deferred |= dup
+                flips |= old ^ dup
+        self.flipped = [
+            self.groups[self.group_of[rid]][rid] for rid in flips if rid in self.group_of
+        ]
+        if flips:
+            self._frozen = frozenset(self.deferred)
+        return self._frozen
