@@ -328,8 +328,21 @@ class _Server:
 
     async def collect(
         self, request: Request, handle: RequestHandle, detok: IncrementalDetokenizer
+    ) -> tuple[list[int], FinishInfo]:
+        """Run a non-streaming request to the end: its output ids and how it finished. Raises
+        ``ApiError`` 499 when the client went away first (the request is aborted) and the
+        request's own error when it was aborted."""
+        result = await self._collect(request, handle, detok)
+        if result is None:
+            raise ApiError(499, "client disconnected")
+        if _is_error(result[1]):
+            raise _abort_error(result[1])
+        return result
+
+    async def _collect(
+        self, request: Request, handle: RequestHandle, detok: IncrementalDetokenizer
     ) -> tuple[list[int], FinishInfo] | None:
-        """Run a non-streaming request to the end; None when the client went away first."""
+        """``collect`` without the error mapping; None when the client went away first."""
 
         async def consume() -> tuple[list[int], FinishInfo]:
             ids: list[int] = []
@@ -592,12 +605,7 @@ def create_app(
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        result = await srv.collect(request, handle, detok)
-        if result is None:
-            return error_response(499, "client disconnected")
-        _, fin = result
-        if _is_error(fin):
-            raise _abort_error(fin)
+        _, fin = await srv.collect(request, handle, detok)
         return {
             "id": rid,
             "object": "text_completion",
@@ -677,12 +685,7 @@ def create_app(
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        result = await srv.collect(request, handle, detok)
-        if result is None:
-            return error_response(499, "client disconnected")
-        _, fin = result
-        if _is_error(fin):
-            raise _abort_error(fin)
+        _, fin = await srv.collect(request, handle, detok)
         return {
             "id": rid,
             "object": "chat.completion",
@@ -756,12 +759,7 @@ def create_app(
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        result = await srv.collect(request, handle, detok)
-        if result is None:
-            return error_response(499, "client disconnected")
-        out_ids, fin = result
-        if _is_error(fin):
-            raise _abort_error(fin)
+        out_ids, fin = await srv.collect(request, handle, detok)
         return {"text": detok.text, "output_ids": out_ids, "meta_info": meta(out_ids, fin)}
 
     if api_key:
