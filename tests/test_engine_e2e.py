@@ -18,7 +18,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,8 @@ from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 from radixsched.runner import Batch, StepResult
 from radixsched.scheduler import SchedulerStats, StepOutcome
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 GROUPS = 3
 QUESTIONS = 3
 SYSTEM_LEN = 72  # longer than the largest chunk size, so every chunk size really splits
@@ -59,15 +61,6 @@ POLICY_NAMES = tuple(POLICIES)
 # the scheduler as of this writing the first size retracts under every policy, cache on and off,
 # and none of them aborts; the others keep the test meaningful if admission heuristics shift.
 RETRACT_KV = {(1, 32, False): (220, 200, 240), (4, 16, True): (180, 280, 160)}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls on a shared box: more threads cost more than they gain.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -45,17 +45,10 @@ from radixsched.engine.weights import (
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 ATOL = 1e-5
 EMPTY = np.zeros(0, dtype=np.int64)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls: OpenMP spin-up costs more than it gains, and a loaded CI box makes it worse.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

