@@ -548,11 +548,16 @@ def render_report(
         Axis("cumulative hit rate", 0.0, 1.0, fmt=lambda v: f"{100 * v:.0f}%"),
         hit_lines,
     )
-    queue_lines = [
-        Line(i, n, policy_color(i), *_step(sampled[n].t, sampled[n].queue_len))
-        for i, n in enumerate(names)
-        if n in sampled
-    ]
+
+    def step_lines(field: str) -> list[Line]:
+        """One staircase line per sampled policy of the series ``field``."""
+        return [
+            Line(i, n, policy_color(i), *_step(sampled[n].t, getattr(sampled[n], field)))
+            for i, n in enumerate(names)
+            if n in sampled
+        ]
+
+    queue_lines = step_lines("queue_len")
     queue_svg = svg_line_chart(
         "chart-queue",
         "Waiting queue length over time",
@@ -560,11 +565,7 @@ def render_report(
         _value_axis("waiting requests", [ln.ys for ln in queue_lines], lo=0.0, integer=True),
         queue_lines,
     )
-    kv_lines = [
-        Line(i, n, policy_color(i), *_step(sampled[n].t, sampled[n].kv_usage))
-        for i, n in enumerate(names)
-        if n in sampled
-    ]
+    kv_lines = step_lines("kv_usage")
     kv_svg = svg_line_chart(
         "chart-kv",
         "KV cache usage over time",
