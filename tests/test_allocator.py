@@ -178,6 +178,16 @@ def test_random_ops_match_reference(p: int, seed: int) -> None:
                 x = rng.permutation(pages[~keep]).reshape(-1)
             assert ref.release(x.tolist())
             a.free(x)
+        elif r < 0.8 and held:
+            # recycle == free then alloc: same slots back, same free list afterwards.
+            x = held.pop(int(rng.integers(len(held))))
+            n = int(rng.integers(0, 2 * x.size // p + 3)) * p
+            assert ref.release(x.tolist())
+            want = ref.alloc(n)
+            got = a.recycle(x, n)
+            assert (None if got is None else got.tolist()) == want
+            if got is not None and got.size:
+                held.append(got)
         else:
             # Misuse: whatever the reference rejects must raise and change nothing.
             pool = [*held, a.free_slots()]
@@ -243,3 +253,21 @@ def test_paged_free_order_and_alignment() -> None:
     with pytest.raises(ValueError, match="page-aligned"):
         a.free(np.array([4, 5, 6, 6], dtype=np.int64))
     a.check_integrity(request_slots=[x[4:8], x[12:16], y])
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_unchecked_free_same_state_and_integrity_still_catches_misuse(p: int) -> None:
+    a, b = TokenAllocator(64, p), TokenAllocator(64, p)
+    xa, xb = a.alloc(8 * p), b.alloc(8 * p)
+    assert xa is not None and xb is not None
+    a.free(xa[2 * p :])
+    b.free(xb[2 * p :], checked=False)
+    assert np.array_equal(a.free_slots(), b.free_slots())
+    b.check_integrity(request_slots=[xb[: 2 * p]])
+    ya, yb = a.alloc(4 * p), b.alloc(4 * p)
+    assert ya is not None and yb is not None and np.array_equal(ya, yb)
+    # An unchecked double free is not refused, but the conservation check detects it.
+    b.free(xb[:p], checked=False)
+    b.free(xb[:p], checked=False)
+    with pytest.raises(IntegrityError):
+        b.check_integrity(request_slots=[xb[p : 2 * p], yb])

@@ -95,7 +95,7 @@ def test_wired_to_radix_cache_eviction() -> None:
         def __init__(self) -> None:
             self.freed = 0
 
-        def free(self, slots: np.ndarray) -> None:
+        def free(self, slots: np.ndarray, *, checked: bool = True) -> None:
             self.freed += len(slots)
 
     tier = HostKVTier(capacity_tokens=1000, page_size=4)

@@ -458,6 +458,82 @@ def test_priority_strategy_keeps_high_priority_prefix() -> None:
     conserved(cache, alloc)
 
 
+@pytest.mark.parametrize("p", [1, 4])
+@pytest.mark.parametrize("compat", [False, True])
+def test_evict_reclaim_then_recycle_equals_evict_then_alloc(p: int, compat: bool) -> None:
+    rng = np.random.default_rng(p)
+    pairs = [make(page_size=p, compat=compat, size=64 * p) for _ in range(2)]
+    reclaims = 0
+    for _ in range(40):
+        seq = rng.integers(0, 3, size=int(rng.integers(1, 12)) * p).tolist()
+        for cache, alloc in pairs:
+            cache.evict(len(seq) - alloc.available_size())  # room to insert (same on both)
+            put(cache, alloc, seq)
+        n = int(rng.integers(1, 10)) * p
+        (a, aa), (b, ba) = pairs
+        short = n - aa.available_size()
+        if short > 0:
+            freed = a.evict(short)
+            reclaimed = b.evict_reclaim(short)
+            assert len(reclaimed) == freed
+            assert b.total_size() == a.total_size()
+            assert np.array_equal(b.all_values(), a.all_values())
+            x, y = aa.alloc(n), ba.recycle(reclaimed, n)
+            reclaims += 1
+        else:
+            x, y = aa.alloc(n), ba.alloc(n)
+        assert (None if x is None else x.tolist()) == (None if y is None else y.tolist())
+        assert aa.free_slots().tolist() == ba.free_slots().tolist()
+        for cache, alloc in pairs:
+            if x is not None:
+                alloc.free(x if alloc is aa else y)
+            conserved(cache, alloc)
+    assert reclaims > 5
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_insert_from_a_locked_start_equals_a_full_insert(p: int) -> None:
+    """Growing requests checkpoint longer and longer keys: inserting from the locked node
+    (start=(node, depth)) leaves every node exactly as a walk from the root does."""
+    rng = np.random.default_rng(10 + p)
+    full, fa = make(page_size=p, size=4096 * p)
+    hint, ha = make(page_size=p, size=4096 * p)
+    locks: list[list[tuple[object, int]]] = [[], []]  # per cache: (lock node, depth)
+    seqs: list[list[int]] = []
+    for step in range(120):
+        if not seqs or rng.random() < 0.3:
+            seqs.append(rng.integers(0, 3, size=int(rng.integers(1, 4)) * p).tolist())
+            for lk in locks:
+                lk.append((None, 0))
+        i = int(rng.integers(len(seqs)))
+        seqs[i] += rng.integers(0, 3, size=int(rng.integers(0, 3)) * p).tolist()
+        key = K(seqs[i])
+        for c, (cache, alloc) in enumerate(((full, fa), (hint, ha))):
+            node, depth = locks[c][i]
+            slots = alloc.alloc(len(seqs[i]))
+            assert slots is not None
+            start = None if c == 0 or node is None else (node, depth)
+            res = cache.insert(key, slots, priority=step % 3, inserted_len=depth, start=start)
+            alloc.free(slots[: res.prefix_len])
+            cache.inc_lock_ref(res.last_node)
+            if node is not None:
+                cache.dec_lock_ref(node)
+            locks[c][i] = (res.last_node, len(seqs[i]))
+        conserved(full, fa)
+        conserved(hint, ha)
+
+        def snapshot(cache: RadixCache) -> list[tuple[object, ...]]:
+            return [
+                (n.key.tobytes(), n.last_access_time, n.priority, n.hit_count, n.lock_ref)
+                for n in cache._iter_nodes()
+            ]
+
+        assert snapshot(full) == snapshot(hint)
+    node, depth = locks[1][0]
+    with pytest.raises(IntegrityError, match="depth"):
+        hint.insert(K([*seqs[0], 1] * 2), np.zeros(2 * len(seqs[0]) + 2), start=(node, depth + p))
+
+
 def test_evict_without_allocator() -> None:
     cache = RadixCache(None)
     cache.insert(K([1, 2, 3]), np.array([1, 2, 3], dtype=np.int64))

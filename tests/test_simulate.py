@@ -41,9 +41,8 @@ from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.sim.costmodel import CostModelRunner
 from radixsched.sim.simulate import SimConfig, SimRun, simulate
 from radixsched.sim.workloads import Workload, load_workload, optimal_hit_rate
+from simcases import JUMP_WORKLOADS, SAMPLE
 
-DATA = Path(__file__).parent / "data"
-SAMPLE = DATA / "mooncake_sample.jsonl"
 FULL_TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
 
 # Result keys that measure the simulator itself, not the simulated system.
@@ -154,23 +153,6 @@ def _manual_workload(reqs: list[Req]) -> Workload:
 
 # ---- decode jumps vs stepping -------------------------------------------------------------------
 
-# (spec, request rate, first N requests, KV capacity in tokens). The Mooncake sample's long
-# prompts in a 60k-token pool force retractions, so jumps must stop exactly before them.
-JUMP_WORKLOADS: dict[str, tuple[str, float | None, int | None, int | None]] = {
-    "shared-prefix": (
-        "shared-prefix:groups=4,prompts=4,system_len=512,question_len=64,output_len=64",
-        20.0,
-        None,
-        None,
-    ),
-    "multi-turn": (
-        "multi-turn:conversations=4,turns=3,first_len=256,turn_len=64,output_len=32",
-        4.0,
-        None,
-        None,
-    ),
-    "mooncake": (f"mooncake:{SAMPLE}", None, 60, 60_000),
-}
 JUMP_POLICIES = ("fcfs", "random", "lpm", "dfs-weight", "shortest-prefill-first")
 
 

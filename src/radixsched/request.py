@@ -153,6 +153,11 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     host_cached_tokens: int = 0  # of which loaded from the host tier
     computed_prefill_tokens: int = 0  # tokens actually prefilled (recomputation included)
+    # fill_ids() of the last call: (the output list it was built from, its length, the array).
+    # Output tokens are append-only, so equal list identity and length mean equal contents.
+    _fill_memo: tuple[list[int], int, TokenArray] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.prompt_ids = as_tokens(self.prompt_ids)
@@ -205,10 +210,17 @@ class Req:
         return self.tenant or self.routing_key or ""
 
     def fill_ids(self) -> TokenArray:
-        """Prompt + output as one array (allocates when output is non-empty)."""
-        if not self.output_ids:
+        """Prompt + output as one array (built once per output length; read-only use)."""
+        out = self.output_ids
+        if not out:
             return self.prompt_ids
-        return np.concatenate([self.prompt_ids, np.asarray(self.output_ids, dtype=np.int32)])
+        memo = self._fill_memo
+        if memo is not None and memo[0] is out and memo[1] == len(out):
+            return memo[2]
+        fill = np.concatenate([self.prompt_ids, np.asarray(out, dtype=np.int32)])
+        fill.flags.writeable = False  # shared by every caller until the output grows
+        self._fill_memo = (out, len(out), fill)
+        return fill
 
     def max_prefix_len(self, length: int | None = None) -> int:
         """Cap on a usable match: at least one token is always computed (spec section 0)."""

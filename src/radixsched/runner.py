@@ -14,6 +14,10 @@ Contract for implementers:
 - The runner never allocates or frees KV slots and never touches the scheduler's state.
 - ``decode_multi`` is optional (``supports_multi_step``): the simulator uses it to jump over
   decode steps in which nothing but lengths change; a real runner leaves it unsupported.
+  A multi-step runner's tokens depend only on the request and the position, never on how
+  steps were grouped, and ``tokens_at`` returns them again on demand: the scheduler may then
+  defer writing decode tokens into requests until someone reads them
+  (``Scheduler(defer_decode_state=True)``).
 """
 
 from __future__ import annotations
@@ -117,6 +121,12 @@ class ModelRunner(ABC):
         """The step times ``decode_multi`` would report, without running it (the scheduler
         asks how far a jump may go before committing to it)."""
         return self.decode_multi(reqs, seq_lens, num_steps).step_durations_s
+
+    def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:
+        """The tokens ``decode_multi`` generates for each request at each position (index in
+        prompt + output): ``positions`` is ``[len(reqs), steps]``, and so is the result. Only
+        needed when ``supports_multi_step``."""
+        raise RuntimeError(f"{type(self).__name__} cannot replay decode tokens")
 
     def eos_token_ids(self) -> tuple[int, ...]:
         """Token ids that end generation unless ``ignore_eos``."""

@@ -24,6 +24,7 @@ import bisect
 import dataclasses
 import itertools
 import logging
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -76,15 +77,17 @@ class StepOutcome:
     finished: list[Req] = field(default_factory=list)
     retracted: list[Req] = field(default_factory=list)
     _tokens: list[tuple[Req, list[int]]] = field(default_factory=list, repr=False)
-    # A decode step's tokens as (requests, token lists), paired up only when read.
-    _batch_tokens: tuple[list[Req], list[list[int]]] | None = field(default=None, repr=False)
+    # A decode step's tokens as (requests, token lists), built and paired up only when read.
+    _batch_tokens: Callable[[], tuple[list[Req], list[list[int]]]] | None = field(
+        default=None, repr=False
+    )
 
     @property
     def new_tokens(self) -> list[tuple[Req, list[int]]]:
         """Tokens produced this step, per request (several per request after a decode
         jump), in batch order."""
         if self._batch_tokens is not None:
-            reqs, toks = self._batch_tokens
+            reqs, toks = self._batch_tokens()
             self._batch_tokens = None
             self._tokens.extend(zip(reqs, toks, strict=True))
         return self._tokens
@@ -136,6 +139,7 @@ class Scheduler:
         context_len: int = 131072,
         host_tier: Any = None,
         gate_factory: Callable[[Scheduler], PrefillGate | None] | None = None,
+        defer_decode_state: bool = False,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -175,6 +179,22 @@ class Scheduler:
         self._decode_tokens_memo: tuple[int, int] | None = None
         self._cols: _DecodeCols | None = None
         self._shares_prefixes = self.cache.supports_prefix_sharing()
+        # Deferred decode state (simulator): a decode jump advances only the running batch's
+        # columns (``_cols``) and reserves KV; each request's tokens, token times, KV slots and
+        # kv_len are written when it leaves the batch or someone reads it (``sync_running``).
+        # Invariant: ``_unsettled`` implies ``_cols`` describes the running batch, and a running
+        # request is behind its columns by exactly ``cols.fill - fill_len`` decode steps, the
+        # last entries of ``_decode_log`` (every running request takes part in every decode
+        # step). Off where something reads running requests mid-flight: priority preemption
+        # and the ignore-eos admission of a disabled cache (the adder), mixed chunks.
+        self._defer = (
+            defer_decode_state
+            and not config.enable_priority_preemption
+            and not config.enable_mixed_chunk
+            and not self.cache.disabled
+        )
+        self._decode_log: list[float] = []  # end time of every deferred decode step
+        self._unsettled = False
 
     # ==== queue entry ========================================================================
     def add_request(self, req: Req, now: float | None = None) -> AdmitResult:
@@ -289,7 +309,7 @@ class Scheduler:
                 self.policy.on_enqueue(req)
             return
         seq_of = self._seq_of
-        seqs = [seq_of[id(r)] for r in self.waiting]
+        seqs = list(map(seq_of.__getitem__, map(id, self.waiting)))
         if _is_sorted(seqs):
             for req in reqs:  # each goes back to its place in arrival order
                 seq = seq_of[id(req)]
@@ -386,9 +406,52 @@ class Scheduler:
         return cols
 
     def _running_changed(self) -> None:
-        """Call after the running batch or any running request's output or KV row changed."""
+        """Call after the running batch or any running request's output or KV row changed
+        (deferred decode state is written into the requests first: the columns hold it)."""
+        if self._unsettled:
+            self._settle_all()
         self._decode_tokens_memo = None
         self._cols = None
+
+    # ---- deferred decode state ----------------------------------------------------------------
+    def sync_running(self) -> None:
+        """Bring every running request's ``Req`` fields (output tokens, token times, KV row,
+        kv_len) up to date; a no-op unless ``defer_decode_state`` left some behind."""
+        if self._unsettled:
+            self._settle_all()
+
+    def remaining_decode_tokens(self) -> int:
+        """Tokens the running batch may still generate (sum of ``remaining_new_tokens``),
+        without syncing deferred state."""
+        cols = self._cols
+        if cols is not None:
+            return int(np.maximum(cols.max_new - cols.out_len, 0).sum())
+        return sum(r.remaining_new_tokens for r in self.running)
+
+    def _settle_all(self) -> None:
+        cols = self._cols
+        assert cols is not None, "deferred decode state without running-batch columns"
+        for i in range(len(cols.reqs)):
+            self._settle(cols, i)
+        self._unsettled = False
+
+    def _settle(self, cols: _DecodeCols, i: int) -> None:
+        """Write request ``i``'s deferred decode steps into its ``Req``: tokens (asked of the
+        runner again), token times (the last entries of the decode log), its reserved KV
+        slots and ``kv_len``."""
+        r = cols.reqs[i]
+        fill = int(cols.fill[i])
+        done = len(r.prompt_ids) + len(r.output_ids)
+        k = fill - done
+        if k > 0:
+            positions = np.arange(done, fill, dtype=np.int64)[None, :]
+            r.output_ids.extend(self.runner.tokens_at([r], positions)[0].tolist())
+            log = self._decode_log
+            r.times.token_times.extend(log[len(log) - k :])
+            r.kv_len = fill - 1
+        owed = int(cols.have[i]) - len(r.kv_row)
+        if owed > 0:
+            self._append_slots(r, self.allocator.claim(owed))
 
     def kv_usage(self) -> float:
         used = self.capacity - self.allocator.available_size() - self.cache.evictable_size()
@@ -655,31 +718,51 @@ class Scheduler:
         off = 0
         for r, n in zip(reqs, needs, strict=True):
             if n:
-                row = r.kv_row
-                have = len(row)
-                new_len = have + n
-                buf = r.kv_buf
-                # kv_row must be the head of kv_buf (a view, or the buffer itself) to grow in
-                # place; otherwise (a fresh row from a cache match) it is copied once.
-                if new_len > len(buf) or (have and row.base is not buf and row is not buf):
-                    buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
-                    buf[:have] = row
-                    r.kv_buf = buf
-                buf[have:new_len] = slots[off : off + n]
-                r.kv_row = buf[:new_len]
+                self._append_slots(r, slots[off : off + n])
                 off += n
+
+    @staticmethod
+    def _append_slots(r: Req, slots: np.ndarray) -> None:
+        row = r.kv_row
+        have = len(row)
+        new_len = have + len(slots)
+        buf = r.kv_buf
+        # kv_row must be the head of kv_buf (a view, or the buffer itself) to grow in place;
+        # otherwise (a fresh row from a cache match) it is copied once.
+        if new_len > len(buf) or (have and row.base is not buf and row is not buf):
+            buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
+            buf[:have] = row
+            r.kv_buf = buf
+        buf[have:new_len] = slots
+        r.kv_row = buf[:new_len]
+
+    def _make_free(self, n: int) -> None:
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
 
     def _alloc(self, n: int) -> np.ndarray:
         short = n - self.allocator.available_size()
         if short > 0:
-            self.cache.evict(short)
-        slots = self.allocator.alloc(n)
+            # Evicted slots go straight into this allocation (same slots, same free list
+            # afterwards as freeing them and allocating).
+            slots = self.allocator.recycle(self.cache.evict_reclaim(short), n)
+        else:
+            slots = self.allocator.alloc(n)
         if slots is None:
-            raise IntegrityError(
-                f"KV allocation of {n} slots failed: available {self.allocator.available_size()}, "
-                f"evictable {self.cache.evictable_size()} (the admission budget was violated)"
-            )
+            raise self._alloc_failed(n)
         return slots
+
+    def _reserve(self, n: int) -> None:
+        self._make_free(n)
+        if not self.allocator.reserve(n):
+            raise self._alloc_failed(n)
+
+    def _alloc_failed(self, n: int) -> IntegrityError:
+        return IntegrityError(
+            f"KV allocation of {n} slots failed: available {self.allocator.available_size()}, "
+            f"evictable {self.cache.evictable_size()} (the admission budget was violated)"
+        )
 
     # ---- decode -----------------------------------------------------------------------------
     def _cols_need(self, cols: _DecodeCols, steps: int) -> int:
@@ -700,13 +783,11 @@ class Scheduler:
 
     def _make_room_for_decode(self, cols: _DecodeCols) -> list[Req]:
         """Retract running requests until the next decode step fits (spec 4.6). ``cols``
-        describes the running batch."""
+        describes the running batch; only the victims' deferred decode state is settled."""
         p = self.page_size
         ends = cols.fill if p == 1 else -(-cols.fill // p) * p
-        need_of = dict(
-            zip(map(id, cols.reqs), np.maximum(ends - cols.have, 0).tolist(), strict=True)
-        )
-        need = sum(need_of.values())
+        need_of = np.maximum(ends - cols.have, 0).tolist()
+        need = sum(need_of)
 
         def fits() -> bool:
             return need <= self.allocator.available_size() + self.cache.evictable_size()
@@ -725,32 +806,42 @@ class Scheduler:
             self._retract(victim)
             retracted.append(victim)
             first = False
-        order = self._retraction_order()
-        while len(self.running) > 1 and ((first and self.config.sglang_compat) or not fits()):
+        order = self._retraction_order(cols)
+        keep = np.ones(len(cols.reqs), dtype=np.bool_)
+        left = len(cols.reqs)
+        while left > 1 and ((first and self.config.sglang_compat) or not fits()):
             first = False
-            victim = order.pop()
-            self.running.remove(victim)
-            self._running_changed()
-            need -= need_of[id(victim)]
+            i = order.pop()
+            keep[i] = False
+            left -= 1
+            need -= need_of[i]
+            victim = cols.reqs[i]
+            if self._unsettled:
+                self._settle(cols, i)
             self._retract(victim)
             retracted.append(victim)
+        if left < len(cols.reqs):
+            survivors = [r for r, kept in zip(cols.reqs, keep.tolist(), strict=True) if kept]
+            self.running = survivors
+            self._decode_tokens_memo = None
+            self._cols = cols.take(keep, list(survivors))
         if not fits():
-            last = self.running.pop()
             self._running_changed()
+            last = self.running.pop()
             self._release(last, cache_kv=False)
             self._finish_aborted(
                 last, 500, "Out of memory even after retracting every other request"
             )
-        survivors = self.running
         if retracted:
             self.stats.retractions += len(retracted)
-            n = len(survivors)
-            est = (sum(r.output_len for r in survivors) + self.config.retract_decode_steps * n) / (
-                sum(r.max_new_tokens for r in survivors) + 1
+            rest = self._running_cols()
+            n = len(rest.reqs)
+            est = (int(rest.out_len.sum()) + self.config.retract_decode_steps * n) / (
+                int(rest.max_new.sum()) + 1
             )
             self.ratio.after_retraction(min(1.0, est))
-            keep = len(survivors) * self.config.retract_decode_steps
-            short = keep - self.allocator.available_size()
+            keep_free = n * self.config.retract_decode_steps
+            short = keep_free - self.allocator.available_size()
             if short > 0:
                 self.cache.evict(short)
             self.batch_is_full = False
@@ -760,22 +851,23 @@ class Scheduler:
             )
         return retracted
 
-    def _retraction_order(self) -> list[Req]:
-        """Sorted so that ``pop()`` yields the next victim (spec 4.6)."""
+    def _retraction_order(self, cols: _DecodeCols) -> list[int]:
+        """Positions in the running batch, sorted so that ``pop()`` yields the next victim
+        (spec 4.6). Lengths come from the columns (deferred decode state included)."""
         sign = self.config.priority_sign
+        reqs = cols.reqs
+        out = cols.out_len.tolist()
         if self.config.retraction_policy == "priority":
 
             def key(i: int) -> tuple[Any, ...]:
-                r = self.running[i]
-                return (_prio_value(r, sign) * -sign, r.output_len, -r.prompt_len)
+                r = reqs[i]
+                return (_prio_value(r, sign) * -sign, out[i], -len(r.prompt_ids))
         else:
 
             def key(i: int) -> tuple[Any, ...]:
-                r = self.running[i]
-                return (r.output_len, -r.prompt_len)
+                return (out[i], -len(reqs[i].prompt_ids))
 
-        idx = sorted(range(len(self.running)), key=key, reverse=True)
-        return [self.running[i] for i in idx]
+        return sorted(range(len(reqs)), key=key, reverse=True)
 
     def _decode_entries(self, reqs: list[Req]) -> list[DecodeEntry]:
         self._running_changed()  # rows grow now, tokens arrive in _run
@@ -822,17 +914,33 @@ class Scheduler:
 
     def _run_decode_multi(self, k: int, cols: _DecodeCols) -> StepOutcome:
         reqs = cols.reqs
-        self._running_changed()
-        res = self.runner.decode_multi(reqs, cols.fill, k)
+        self._decode_tokens_memo = None
+        # Deferral needs tokens that cannot end a request early (checked every step).
+        defer = self._defer and not cols.can_stop
+        if not defer:
+            self.sync_running()
+        fill0 = cols.fill
+        tok_lists: list[list[int]] = []
+        if defer:
+            durations = self.runner.decode_durations(reqs, fill0, k)
+        else:
+            res = self.runner.decode_multi(reqs, fill0, k)
+            durations = res.step_durations_s
+            tok_lists = res.tokens.tolist()
         # After k steps a request holds KV for positions [0, fill_len - 1 + k).
         p = self.page_size
-        ends = cols.fill + (k - 1)
+        ends = fill0 + (k - 1)
         paged = ends if p == 1 else -(-ends // p) * p
         needs = np.maximum(paged - cols.have, 0)
         total = int(needs.sum())
-        slots = self._alloc(total).tolist() if total else []
+        slots: list[int] = []
+        if defer:
+            if total:
+                self._reserve(total)
+        elif total:
+            slots = self._alloc(total).tolist()
         t0 = self.clock.now()
-        step_ends = _step_ends(t0, res.step_durations_s)
+        step_ends = _step_ends(t0, durations)
         total_s = float(step_ends[-1] - t0)
         if isinstance(self.clock, VirtualClock):
             self.clock.jump_to(float(step_ends[-1]))  # exactly where k single steps would end
@@ -840,38 +948,51 @@ class Scheduler:
             self.clock.advance(total_s)
         self.ratio.decay_steps(k)
         self.stats.decode_steps += k
-        self._account(len(reqs), res.step_durations_s.tolist())
+        self._account(len(reqs), durations.tolist())
         out = StepOutcome("decode", total_s, len(reqs), num_steps=k)
         times = step_ends.tolist()
-        tok_lists = res.tokens.tolist()
-        out._batch_tokens = (reqs, tok_lists)
-        off = 0
-        # One pass over the batch: KV rows grow (kv_row is always the head of kv_buf, see
-        # _grow_rows), tokens and their times are recorded.
-        for r, toks, n, have, end in zip(
-            reqs, tok_lists, needs.tolist(), cols.have.tolist(), ends.tolist(), strict=True
-        ):
-            if n:
-                new_len = have + n
-                buf = r.kv_buf
-                if new_len > len(buf):
-                    buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
-                    buf[:have] = r.kv_row
-                    r.kv_buf = buf
-                if n == 1:
-                    buf[have] = slots[off]
-                else:
-                    buf[have:new_len] = slots[off : off + n]
-                off += n
-                r.kv_row = buf[:new_len]
-            r.kv_len = end
-            r.output_ids.extend(toks)
-            r.times.token_times.extend(times)
+        if defer:
+            self._decode_log.extend(times)
+            self._unsettled = True
+            runner = self.runner
+
+            def tokens() -> tuple[list[Req], list[list[int]]]:
+                positions = fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]
+                return reqs, runner.tokens_at(reqs, positions).tolist()
+
+            out._batch_tokens = tokens
+        else:
+            out._batch_tokens = lambda: (reqs, tok_lists)
+            off = 0
+            # One pass over the batch: KV rows grow (kv_row is always the head of kv_buf, see
+            # _append_slots), tokens and their times are recorded.
+            for r, toks, n, have, end in zip(
+                reqs, tok_lists, needs.tolist(), cols.have.tolist(), ends.tolist(), strict=True
+            ):
+                if n:
+                    new_len = have + n
+                    buf = r.kv_buf
+                    if new_len > len(buf):
+                        buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
+                        buf[:have] = r.kv_row
+                        r.kv_buf = buf
+                    if n == 1:
+                        buf[have] = slots[off]
+                    else:
+                        buf[have:new_len] = slots[off : off + n]
+                    off += n
+                    r.kv_row = buf[:new_len]
+                r.kv_len = end
+                r.output_ids.extend(toks)
+                r.times.token_times.extend(times)
         if self.policy.tracks_service:
             for r in reqs:
                 self.policy.on_service(r, 0, k)
-        # Only a request that can have finished is checked (a jump never spans a stop token).
+        # The columns after the step stay right for the next one (finished rows dropped).
         out_len = cols.out_len + k
+        after = cols._replace(fill=fill0 + k, have=np.maximum(paged, cols.have), out_len=out_len)
+        self._cols = after
+        # Only a request that can have finished is checked (a jump never spans a stop token).
         if cols.can_stop:
             maybe: list[int] = list(range(len(reqs)))
         else:
@@ -880,23 +1001,20 @@ class Scheduler:
         gone: list[int] = []  # positions in reqs (== self.running) of finished requests
         for i in maybe:
             r = reqs[i]
+            if defer:
+                self._settle(after, i)
             self._check_finish(r)
             if r.finished:
                 finished.append(r)
                 gone.append(i)
-        # The columns after the step stay right for the next one (finished rows dropped).
-        after = cols._replace(
-            fill=cols.fill + k, have=np.maximum(paged, cols.have), out_len=out_len
-        )
         if gone:
             survivors = list(reqs)
             for i in reversed(gone):
                 del survivors[i]
-            self._retire(finished, survivors)
             keep = np.ones(len(reqs), dtype=np.bool_)
             keep[gone] = False
-            after = after.take(keep, list(survivors))  # never alias self.running
-        self._cols = after
+            # The finished requests are settled: the survivors' columns carry the rest.
+            self._retire(finished, survivors, after.take(keep, list(survivors)))
         return out
 
     # ---- running a batch ----------------------------------------------------------------------
@@ -957,10 +1075,13 @@ class Scheduler:
         self._retire_finished([r for r in out.finished if r in self.running])
         if out.new_tokens:  # a middle chunk alone leaves the running batch as it was
             cols = self._cols
-            self._running_changed()
             if cols is not None and not batch.decode:
-                # Only appends: extend the columns rather than rebuild them.
+                # Only appends: extend the columns rather than rebuild them (they may hold
+                # deferred decode state of the requests already running).
+                self._decode_tokens_memo = None
                 self._cols = cols.extended(joined, bool(self.eos_ids))
+            else:
+                self._running_changed()
         return out
 
     def _append_token(self, r: Req, tok: int, now: float) -> None:
@@ -992,10 +1113,17 @@ class Scheduler:
         gone = {id(r) for r in finished}
         self._retire(finished, [r for r in self.running if id(r) not in gone])
 
-    def _retire(self, finished: list[Req], survivors: list[Req]) -> None:
-        """``finished`` leave the running batch, which becomes ``survivors`` (in order)."""
+    def _retire(
+        self, finished: list[Req], survivors: list[Req], cols: _DecodeCols | None = None
+    ) -> None:
+        """``finished`` leave the running batch, which becomes ``survivors`` (in order);
+        ``cols``, when given, are the survivors' columns (the finished must be settled)."""
+        if cols is None:
+            self._running_changed()
+        else:
+            self._decode_tokens_memo = None
+            self._cols = cols
         self.running = survivors
-        self._running_changed()
         self.batch_is_full = False
         for r in finished:
             self._release(r, cache_kv=True)
@@ -1022,11 +1150,14 @@ class Scheduler:
             return
         fill = req.fill_ids()
         key = CacheKey(fill[:aligned], req.namespace)
+        lock = req.lock_node
         res = self.cache.insert(
             key,
             req.kv_row[:aligned],
             self._insert_priority(req),
             inserted_len=req.cache_inserted_len,
+            # The locked prefix is the path to the lock node: compare only what follows.
+            start=None if lock is None else (lock, req.cache_protected_len),
         )
         if res.prefix_len == req.cache_protected_len and self._shares_prefixes:
             # Nothing past the request's locked prefix was cached before: the new nodes hold
@@ -1066,6 +1197,7 @@ class Scheduler:
         req.last_node = None
         req.kv_row = EMPTY_SLOTS
         req.kv_buf = EMPTY_SLOTS
+        req._fill_memo = None  # a finished request's copy of its tokens need not live on
         req.kv_len = 0
         req.cache_protected_len = 0
         req.cache_inserted_len = 0
@@ -1092,6 +1224,8 @@ class Scheduler:
 
     # ==== invariants ===========================================================================
     def owned_slots(self) -> np.ndarray:
+        """Slots held by requests (deferred decode slots are still reserved, unchosen: the
+        allocator counts them among its free slots until they are claimed)."""
         holders = [*self.running]
         if self.chunked_req is not None:
             holders.append(self.chunked_req)
@@ -1115,14 +1249,46 @@ class Scheduler:
             )
         for r in holders:
             r.check_invariants()
+        cols = self._cols
+        fresh_cols = _DecodeCols.of(self.running, bool(self.eos_ids))
+        if self._unsettled:
+            if cols is None:
+                raise IntegrityError("deferred decode state without running-batch columns")
+            self._check_deferred(cols, fresh_cols)
+        elif self.allocator.reserved_size():
+            raise IntegrityError(f"{self.allocator.reserved_size()} KV slots reserved, none owed")
         memo = self._decode_tokens_memo
-        fresh = running_decode_tokens(self.running, self.config.clip_max_new_tokens)
+        clip = self.config.clip_max_new_tokens
+        fresh = (cols if self._unsettled and cols is not None else fresh_cols).decode_tokens(clip)
         if memo is not None and memo != fresh:
             raise IntegrityError(f"stale running decode-token memo {memo}, actual {fresh}")
-        if self._cols is not None and not self._cols.same_as(
-            _DecodeCols.of(self.running, bool(self.eos_ids))
-        ):
+        if cols is not None and not self._unsettled and not cols.same_as(fresh_cols):
             raise IntegrityError("stale running-batch columns")
+
+    def _check_deferred(self, cols: _DecodeCols, settled: _DecodeCols) -> None:
+        """The columns are ahead of the requests by whole decode steps of the log, and the
+        slots they are owed are exactly the allocator's reservation."""
+        if len(cols.reqs) != len(settled.reqs) or any(
+            a is not b for a, b in zip(cols.reqs, settled.reqs, strict=True)
+        ):
+            raise IntegrityError("deferred columns do not list the running batch")
+        behind = cols.fill - settled.fill
+        owed = cols.have - settled.have
+        if (
+            (behind < 0).any()
+            or int(behind.max(initial=0)) > len(self._decode_log)
+            or not np.array_equal(cols.out_len - settled.out_len, behind)
+            or (owed < 0).any()
+            or int(owed.sum()) != self.allocator.reserved_size()
+            or any(
+                not np.array_equal(getattr(cols, f), getattr(settled, f))
+                for f in ("max_new", "ignore_eos", "stops")
+            )
+        ):
+            raise IntegrityError(
+                f"deferred decode state inconsistent: {int(behind.sum())} tokens and "
+                f"{int(owed.sum())} slots owed, {self.allocator.reserved_size()} reserved"
+            )
 
 
 class _DecodeCols(NamedTuple):
@@ -1213,7 +1379,7 @@ def _prio_value(r: Req, sign: int) -> int:
 
 
 def _is_sorted(xs: list[int]) -> bool:
-    return all(a <= b for a, b in itertools.pairwise(xs))
+    return all(map(operator.le, xs, itertools.islice(xs, 1, None)))
 
 
 def _replace_sampling(s: SamplingParams, **kw: Any) -> SamplingParams:

@@ -69,11 +69,16 @@ class TokenAllocator:
         self._pos: PosArray = np.empty(n + 2, dtype=self._stamps.dtype)
         self._pos[0] = self._pos[n + 1] = -1
         self._pos[1 : n + 1] = self._stamps
+        self._reserved = 0  # pages set aside by reserve(), still on the stack until claim()
 
     # ---- queries ------------------------------------------------------------------------
     def available_size(self) -> int:
-        """Free slots (a multiple of page_size)."""
-        return (self.num_pages - self._lo) * self.page_size
+        """Free slots not set aside by ``reserve`` (a multiple of page_size)."""
+        return (self.num_pages - self._lo - self._reserved) * self.page_size
+
+    def reserved_size(self) -> int:
+        """Slots reserved and not yet claimed."""
+        return self._reserved * self.page_size
 
     def free_slots(self) -> SlotArray:
         """Every free slot (for conservation checks; allocates)."""
@@ -90,7 +95,7 @@ class TokenAllocator:
             )
         k = num_tokens // p
         lo = self._lo
-        if k > self.num_pages - lo:
+        if k > self.num_pages - lo - self._reserved:
             return None
         if k == 0:
             return EMPTY_SLOTS.copy()
@@ -103,11 +108,70 @@ class TokenAllocator:
         self._pos[pages] = 0
         return (pages[:, None] * p + self._page_offsets).reshape(-1)
 
-    def free(self, slots: SlotArray) -> None:
+    def recycle(self, freed: SlotArray, num_tokens: int) -> SlotArray | None:
+        """``free(freed, checked=False)`` then ``alloc(num_tokens)`` in one step, with the same
+        result and the same state afterwards: the allocation takes ``freed``'s pages first (the
+        top of the stack after that free), and those never pass through the free list. For
+        slots just reclaimed from the cache (``evict_reclaim``)."""
+        p = self.page_size
+        if num_tokens < 0 or num_tokens % p:
+            raise ValueError(
+                f"alloc({num_tokens}): must be a non-negative multiple of page_size ({p})"
+            )
+        freed = np.asarray(freed, dtype=np.int64)
+        if freed.size % p:
+            raise ValueError(f"free: {freed.size} slots is not a whole number of pages (p={p})")
+        g = freed.size // p
+        k = num_tokens // p
+        if k < g:
+            self.free(freed[k * p :], checked=False)
+            return freed[: k * p].copy()
+        if k == g:
+            return freed.copy()
+        if k - g > self.num_pages - self._lo - self._reserved:
+            self.free(freed, checked=False)  # as a free followed by a failed alloc
+            return None
+        more = self.alloc((k - g) * p)
+        assert more is not None
+        return np.concatenate([freed, more]) if g else more
+
+    def reserve(self, num_tokens: int) -> bool:
+        """Set aside ``num_tokens`` (whole pages) for a later ``claim``: they stop counting as
+        available, but no slot is chosen until they are claimed. False, and nothing reserved,
+        when not enough are available. Which slots a claim returns depends on the stack at
+        claim time (slots are interchangeable; only their number matters to callers)."""
+        p = self.page_size
+        if num_tokens < 0 or num_tokens % p:
+            raise ValueError(
+                f"reserve({num_tokens}): must be a non-negative multiple of page_size ({p})"
+            )
+        k = num_tokens // p
+        if k > self.num_pages - self._lo - self._reserved:
+            return False
+        self._reserved += k
+        return True
+
+    def claim(self, num_tokens: int) -> SlotArray:
+        """Allocate ``num_tokens`` of the reserved slots (never fails within the reservation)."""
+        p = self.page_size
+        k = num_tokens // p
+        if num_tokens < 0 or num_tokens % p or k > self._reserved:
+            raise ValueError(f"claim({num_tokens}): {self._reserved * p} reserved, page_size {p}")
+        self._reserved -= k
+        slots = self.alloc(num_tokens)
+        assert slots is not None  # reserved pages stay on the stack
+        return slots
+
+    def free(self, slots: SlotArray, *, checked: bool = True) -> None:
         """Return whole pages. ``slots`` must be a concatenation of whole pages, each page's
         slots consecutive and in order. Raises ValueError on a malformed group, a reserved or
         out-of-range page, or a double free (nothing is freed then). ``slots`` is only read,
-        never kept: the caller may reuse or mutate it afterwards."""
+        never kept: the caller may reuse or mutate it afterwards.
+
+        ``checked=False`` skips the range and double-free checks (about half the cost of a
+        large free): for slots the caller's own bookkeeping proves allocated, such as a radix
+        node's value on eviction. A violation then corrupts the free list silently until the
+        next ``check_integrity``, which still detects it (tests run it after every step)."""
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size == 0:
             return
@@ -120,13 +184,13 @@ class TokenAllocator:
             groups = slots.reshape(-1, p)
             pages = groups[:, 0] // p
             # Row g must be exactly page g's slots: this also rejects an unaligned first slot.
-            if np.count_nonzero(groups != (pages * p)[:, None] + self._page_offsets):
+            if checked and np.count_nonzero(groups != (pages * p)[:, None] + self._page_offsets):
                 raise ValueError(f"free: slots are not page-aligned groups of {p}")
         k = pages.size
         pos = self._pos
         # Clipping sends pages < 0 to _pos[0] and pages > num_pages to _pos[num_pages + 1]
         # (both -1): any nonzero entry is out of range, the reserved page or a free page.
-        if np.count_nonzero(pos.take(pages, mode="clip")):
+        if checked and np.count_nonzero(pos.take(pages, mode="clip")):
             self._reject(pages)
         lo = self._lo - k
         if lo < 0:  # more pages than are allocated, all of them allocated: a repeat
@@ -134,7 +198,7 @@ class TokenAllocator:
         stamps = self._stamps[lo : lo + k]
         pos[pages] = stamps
         # A page given twice kept only its later position: the earlier occurrence differs.
-        if k > 1 and np.count_nonzero(pos.take(pages, mode="clip") != stamps):
+        if checked and k > 1 and np.count_nonzero(pos.take(pages, mode="clip") != stamps):
             pos[pages] = 0  # every page was allocated (checked above): undo exactly
             raise ValueError("free: the same page appears twice in one call")
         self._stack[lo : lo + k] = pages

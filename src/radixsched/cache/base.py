@@ -46,7 +46,7 @@ class InsertResult(NamedTuple):
 
 
 class SlotFreer(Protocol):
-    def free(self, slots: SlotArray) -> None: ...
+    def free(self, slots: SlotArray, *, checked: bool = True) -> None: ...
 
 
 class BasePrefixCache(ABC):
@@ -68,7 +68,13 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def insert(
-        self, key: CacheKey, values: SlotArray, priority: int = 0, *, inserted_len: int = 0
+        self,
+        key: CacheKey,
+        values: SlotArray,
+        priority: int = 0,
+        *,
+        inserted_len: int = 0,
+        start: Any = None,
     ) -> InsertResult: ...
 
     @abstractmethod
@@ -82,6 +88,14 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def evict(self, num_tokens: int) -> int: ...
+
+    def evict_reclaim(self, num_tokens: int) -> SlotArray:
+        """``evict(num_tokens)``, but the freed slots are handed to the caller (who then owns
+        them, as allocated slots) instead of going back to the allocator: a caller that
+        evicts to allocate at once skips a round trip through the free list. A cache that
+        cannot do this frees them as usual and returns no slots."""
+        self.evict(num_tokens)
+        return np.zeros(0, dtype=np.int64)
 
     @abstractmethod
     def evictable_size(self) -> int: ...

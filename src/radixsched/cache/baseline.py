@@ -22,6 +22,8 @@ here: the request then keeps ownership of its whole row.
 
 from __future__ import annotations
 
+from typing import Any
+
 from radixsched.cache.base import (
     BasePrefixCache,
     CacheKey,
@@ -63,7 +65,13 @@ class NoReuseCache(BasePrefixCache):
         return 0
 
     def insert(
-        self, key: CacheKey, values: SlotArray, priority: int = 0, *, inserted_len: int = 0
+        self,
+        key: CacheKey,
+        values: SlotArray,
+        priority: int = 0,
+        *,
+        inserted_len: int = 0,
+        start: Any = None,
     ) -> InsertResult:
         return InsertResult(0, self._root)
 

@@ -419,7 +419,13 @@ class RadixCache(BasePrefixCache):
         self._walk(self._query(key), collect=False)
 
     def insert(
-        self, key: CacheKey, values: SlotArray, priority: int = 0, *, inserted_len: int = 0
+        self,
+        key: CacheKey,
+        values: SlotArray,
+        priority: int = 0,
+        *,
+        inserted_len: int = 0,
+        start: Any = None,
     ) -> InsertResult:
         """Insert the page-aligned key with ``values[:aligned_len]``.
 
@@ -427,10 +433,16 @@ class RadixCache(BasePrefixCache):
         ``values[:prefix_len]`` (duplicates: it must free them) and of anything past the aligned
         length; the cache owns ``values[prefix_len:aligned_len]`` from now on. ``priority``
         raises the priority of every node on the path (max, never lowered). ``inserted_len`` is
-        how far this request already inserted: a node counts a hit only for tokens past it."""
+        how far this request already inserted: a node counts a hit only for tokens past it.
+
+        ``start=(node, depth)``: a node the caller holds a lock on, whose path from the root
+        spells the key's first ``depth`` tokens (a request's ``lock_node`` and its
+        ``cache_protected_len``). The walk then compares tokens from there on only; the nodes
+        above get exactly the updates a full walk gives them. The depth is checked against the
+        path (IntegrityError), the tokens are not."""
         if self.disabled:
             return InsertResult(0, self._root)
-        return self._insert(self._query(key), values, priority, inserted_len)
+        return self._insert(self._query(key), values, priority, inserted_len, start)
 
     def _insert(
         self,
@@ -438,6 +450,7 @@ class RadixCache(BasePrefixCache):
         values: SlotArray,
         priority: int,
         inserted_len: int,
+        start: tuple[TreeNode, int] | None = None,
     ) -> InsertResult:
         """The insert walk (``insert`` after its argument checks)."""
         root = self._root
@@ -454,12 +467,20 @@ class RadixCache(BasePrefixCache):
             return InsertResult(0, root)
         p = self.page_size
         pb = p * _TOKEN_BYTES
-        first = tokens[:p].tobytes()
-        ckey: Hashable = first if ns is None else (ns, first)
-        top_key = ckey
-        child = root.children.get(ckey)
-        node = root
-        pos = 0
+        if start is not None and start[0] is not root and start[1] <= n:
+            node, pos = start
+            self._touch_path_up(node, pos, now, priority, inserted_len)
+            if pos == n:
+                return InsertResult(pos, node)
+            top_key = node.subtree_key
+            ckey: Hashable = tokens[pos : pos + p].tobytes()
+        else:
+            first = tokens[:p].tobytes()
+            ckey = first if ns is None else (ns, first)
+            top_key = ckey
+            node = root
+            pos = 0
+        child = node.children.get(ckey)
         while child is not None:
             child.last_access_time = now
             klen = len(child.key)
@@ -504,6 +525,26 @@ class RadixCache(BasePrefixCache):
         self._evictable_size += n - pos
         self._mark_evictable(leaf)
         return InsertResult(pos, leaf)
+
+    def _touch_path_up(
+        self, node: TreeNode, depth: int, now: int, priority: int, inserted_len: int
+    ) -> None:
+        """What the insert walk does to each node from the root down to ``node`` (which ends
+        at ``depth``), done from ``node`` up: recency, priority, hit counts."""
+        if node.parent is None:
+            raise IntegrityError(f"insert start {node!r} is not in the tree")
+        root = self._root
+        pos = depth
+        while node is not root:
+            node.last_access_time = now
+            if priority > node.priority:
+                node.priority = priority
+            if pos > inserted_len:
+                node.hit_count += 1
+            pos -= len(node.key)
+            node = node.parent  # attached: reaches the root
+        if pos != 0:
+            raise IntegrityError(f"insert start at depth {depth} ends at {depth - pos} tokens")
 
     # ---- locks -----------------------------------------------------------------------------
     def _check_attached(self, node: TreeNode) -> None:
@@ -569,8 +610,20 @@ class RadixCache(BasePrefixCache):
     def evict(self, num_tokens: int) -> int:
         """Free at least ``min(num_tokens, evictable_size())`` tokens from unlocked leaves in
         strategy order; returns the number freed (see the module note for the overshoot)."""
+        freed = self._evict(num_tokens)
+        if self.allocator is not None and len(freed):
+            # Node values are allocated slots by the tree's invariant (check_integrity).
+            self.allocator.free(freed, checked=False)
+        return len(freed)
+
+    def evict_reclaim(self, num_tokens: int) -> SlotArray:
+        return self._evict(num_tokens)
+
+    def _evict(self, num_tokens: int) -> SlotArray:
+        """The eviction of ``evict``; returns the evicted nodes' slots (in eviction order)
+        without freeing them."""
         if self.disabled or num_tokens <= 0 or not self._evictable_leaves:
-            return 0
+            return EMPTY_SLOTS
         prio = self.strategy.priority
         leaves = self._evictable_leaves
         if not self._heap_persistent or len(self._heap) > 4 * len(leaves) + 64:
@@ -629,9 +682,11 @@ class RadixCache(BasePrefixCache):
                 heappush(heap, (prio(parent), parent.id, parent))
         if not self._heap_persistent:
             self._heap = []  # rebuilt on every call: hold no nodes in between
-        if self.allocator is not None and freed:
-            self.allocator.free(freed[0] if len(freed) == 1 else np.concatenate(freed))
-        return evicted
+        if not freed:
+            return EMPTY_SLOTS
+        out = freed[0] if len(freed) == 1 else np.concatenate(freed)
+        assert len(out) == evicted
+        return out
 
     # ---- sizes ---------------------------------------------------------------------------------
     def evictable_size(self) -> int:

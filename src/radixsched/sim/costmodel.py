@@ -76,7 +76,7 @@ import hashlib
 import json
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -86,7 +86,7 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.request import Req
-from radixsched.runner import Batch, ModelRunner, MultiDecodeResult, StepResult
+from radixsched.runner import Batch, ExtendEntry, ModelRunner, MultiDecodeResult, StepResult
 from radixsched.sim.presets import GPUSpec, ModelSpec, PresetError, get_gpu, get_model
 
 FloatArray = npt.NDArray[np.float64]
@@ -98,6 +98,10 @@ DEFAULT_MFU = 0.55
 DEFAULT_MBU = 0.80
 DEFAULT_STEP_OVERHEAD_S = 0.001
 DEFAULT_MEM_FRACTION_STATIC = 0.88
+
+# Up to this many decode steps, a dense model's step times are a Python loop (cheaper than
+# the arrays' fixed cost); more steps are evaluated on arrays. Both give the same floats.
+_DECODE_LOOP_MAX_STEPS = 16
 
 
 class CostModelError(ValueError):
@@ -131,12 +135,11 @@ class StepShape:
         return len(self.decode_ctx)
 
 
-def shape_of(batch: Batch) -> StepShape:
-    """The ``StepShape`` of one forward pass over ``batch``."""
-    if not batch.extend and not batch.decode:
-        raise ValueError("empty batch")
+def _extend_sums(extend: Sequence[ExtendEntry]) -> tuple[int, int, int, int, int]:
+    """``StepShape``'s extend fields of ``extend``: new tokens, attention pairs, prefix pairs,
+    KV tokens, host-loaded tokens (``shape_of`` and ``CostModelRunner.forward`` share it)."""
     attn = prefix_pairs = kv = host = new = 0
-    for e in batch.extend:
+    for e in extend:
         # Tokens loaded back from the host tier are copied, not computed: they count as prefix.
         h = e.host_load_len
         n, p = e.num_new - h, e.prefix_len + h
@@ -145,6 +148,14 @@ def shape_of(batch: Batch) -> StepShape:
         prefix_pairs += n * p
         kv += p + n
         host += e.host_load_len
+    return new, attn, prefix_pairs, kv, host
+
+
+def shape_of(batch: Batch) -> StepShape:
+    """The ``StepShape`` of one forward pass over ``batch``."""
+    if not batch.extend and not batch.decode:
+        raise ValueError("empty batch")
+    new, attn, prefix_pairs, kv, host = _extend_sums(batch.extend)
     ctx = sum(d.position + 1 for d in batch.decode)
     return StepShape(
         num_extend=len(batch.extend),
@@ -274,17 +285,16 @@ class CostModel:
         Every operation is element-wise over steps, so a step's time does not depend on how
         many steps are evaluated together (``decode_multi`` relies on that equality)."""
         tokens = shape.num_tokens
-        if len(shape.decode_ctx) == 1 and not self.model.is_moe:
+        if len(shape.decode_ctx) == 1 and self._dense:
             # One step (every forward): the same operations on Python floats, which round
             # exactly like float64 arrays, without the array overhead.
             ctx = int(shape.decode_ctx[0])
-            lin = 2.0 * self.model.active_params * tokens
-            flops_s = (
-                lin + self._attn_flops_per_pair * (shape.extend_attn_pairs + ctx)
-            ) / self._flops_per_s
-            kv = (shape.extend_kv_tokens + ctx) * float(self.kv_bytes_per_token_per_gpu * self.tp)
-            bytes_s = (self.weight_bytes_read(tokens) + kv) / self._bytes_per_s
-            one = max(flops_s, bytes_s) + (self.step_overhead_s + self._host_s(shape))
+            one = self._dense_step_s(
+                tokens,
+                shape.extend_attn_pairs + ctx,
+                shape.extend_kv_tokens + ctx,
+                shape.host_load_tokens,
+            )
             return np.array([one], dtype=np.float64)
         pairs = shape.extend_attn_pairs + shape.decode_ctx
         kv_tokens = shape.extend_kv_tokens + shape.decode_ctx
@@ -294,6 +304,67 @@ class CostModel:
         kv_bytes = kv_tokens * float(self.kv_bytes_per_token_per_gpu * self.tp)
         memory = (weight_bytes + kv_bytes) / self._bytes_per_s
         return np.maximum(compute, memory) + (self.step_overhead_s + self._host_s(shape))
+
+    @cached_property
+    def _dense(self) -> bool:
+        return not self.model.is_moe
+
+    @cached_property
+    def _dense_weight_bytes(self) -> float:
+        return self.model.weight_bytes
+
+    @cached_property
+    def _linear_flops_per_token(self) -> float:
+        return 2.0 * self.model.active_params
+
+    @cached_property
+    def _kv_bytes_all_gpus(self) -> float:
+        return float(self.kv_bytes_per_token_per_gpu * self.tp)
+
+    def _dense_step_s(self, tokens: int, pairs: int, kv_tokens: int, host_tokens: int) -> float:
+        """One step of a dense model on Python floats: ``tokens`` new tokens plus decode
+        entries, ``pairs`` attention pairs and ``kv_tokens`` KV tokens (decode context
+        included), ``host_tokens`` loaded back from the host tier. The operations, in their
+        order, of ``step_times`` on arrays, so the result is the same float."""
+        compute = (
+            self._linear_flops_per_token * tokens + self._attn_flops_per_pair * pairs
+        ) / self._flops_per_s
+        memory = (
+            self._dense_weight_bytes + kv_tokens * self._kv_bytes_all_gpus
+        ) / self._bytes_per_s
+        host = host_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
+        return max(compute, memory) + (self.step_overhead_s + host)
+
+    @cached_property
+    def _finite_rates(self) -> bool:
+        """Every constant of ``_dense_step_s`` finite and both rates positive: no division by
+        zero (an error on Python floats, ``inf`` on arrays) and no NaN (which ``max`` and
+        ``np.maximum`` treat differently), so a loop of ``_dense_step_s`` over several steps
+        gives the array path's floats."""
+        consts = (
+            self._flops_per_s,
+            self._bytes_per_s,
+            self._attn_flops_per_pair,
+            self._linear_flops_per_token,
+            self._dense_weight_bytes,
+            self._kv_bytes_all_gpus,
+        )
+        positive = self._flops_per_s > 0 and self._bytes_per_s > 0
+        return positive and all(math.isfinite(c) for c in consts)
+
+    def _decode_times(self, num_decode: int, total_ctx: int, num_steps: int) -> FloatArray:
+        """``step_times(decode_shape(seq_lens, num_steps))`` for ``num_decode`` requests whose
+        lengths sum to ``total_ctx``: for a dense model one step is ``step_times``' own
+        scalar branch, a few steps a loop of it when ``_finite_rates`` (the same floats,
+        without the arrays' fixed cost)."""
+        step, b = self._dense_step_s, num_decode
+        if self._dense and num_steps == 1:
+            return np.array([step(b, total_ctx, total_ctx, 0)], dtype=np.float64)
+        if self._dense and self._finite_rates and num_steps <= _DECODE_LOOP_MAX_STEPS:
+            ctxs = [total_ctx + k * b for k in range(num_steps)]
+            return np.array([step(b, c, c, 0) for c in ctxs], dtype=np.float64)
+        ctx = total_ctx + np.arange(num_steps, dtype=np.int64) * b
+        return self.step_times(StepShape(num_decode=b, decode_ctx=ctx))
 
     def _host_s(self, shape: StepShape) -> float:
         return shape.host_load_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
@@ -600,9 +671,21 @@ def load_cost_model(
 # ---- the runner ------------------------------------------------------------------------
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN_INT = 0x9E3779B97F4A7C15
+_MIX1_INT, _MIX2_INT = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_MASK64 = (1 << 64) - 1
+_GOLDEN = np.uint64(_GOLDEN_INT)
+_MIX1, _MIX2 = np.uint64(_MIX1_INT), np.uint64(_MIX2_INT)
 _S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
+# The same constants as 0-d arrays: a ufunc takes them faster than numpy scalars.
+_GOLDEN_0D, _MIX1_0D, _MIX2_0D = (np.array(c, dtype=np.uint64) for c in (_GOLDEN, _MIX1, _MIX2))
+_S27_0D, _S30_0D, _S31_0D = (np.array(c, dtype=np.uint64) for c in (_S27, _S30, _S31))
+# Vocabularies up to this size hold every token in an int32 without wrapping.
+_INT32_VOCAB = 1 << 31
+# Up to this many tokens of plain requests, ``tokens_at`` mixes on Python ints (cheaper than
+# the arrays' fixed cost of about 7 us).
+_SCALAR_MAX_TOKENS = 12
+_RID_MEMO_SIZE = 1 << 16
 
 
 def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -614,17 +697,73 @@ def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return result
 
 
+def _splitmix64_inplace(z: npt.NDArray[np.uint64]) -> None:
+    """``z[...] = splitmix64(z)`` for a uint64 array, with one temporary instead of seven."""
+    np.add(z, _GOLDEN_0D, out=z)
+    t = np.right_shift(z, _S30_0D)
+    np.bitwise_xor(z, t, out=z)
+    np.multiply(z, _MIX1_0D, out=z)
+    np.right_shift(z, _S27_0D, out=t)
+    np.bitwise_xor(z, t, out=z)
+    np.multiply(z, _MIX2_0D, out=z)
+    np.right_shift(z, _S31_0D, out=t)
+    np.bitwise_xor(z, t, out=z)
+
+
+def _splitmix64_int(x: int) -> int:
+    """``splitmix64`` of one value in ``[0, 2**64)`` on Python ints, masked to 64 bits after
+    every operation that can carry past them: the same value as the uint64 array path."""
+    z = (x + _GOLDEN_INT) & _MASK64
+    z = ((z ^ (z >> 30)) * _MIX1_INT) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2_INT) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _stand_in(rid_hash: int, position: int, vocab_size: int) -> int:
+    """The stand-in token at ``position`` of a request without stop ids or script, on Python
+    ints (``tokens_at`` on arrays: ``(p * golden) mod 2**64`` is what
+    ``astype(uint64) * golden`` wraps to, also for a negative ``p``)."""
+    return _splitmix64_int(rid_hash ^ ((position * _GOLDEN_INT) & _MASK64)) % vocab_size
+
+
+def _stand_ins(rid_hash: int, positions: Iterable[int], vocab_size: int) -> list[int]:
+    """``[_stand_in(rid_hash, p, vocab_size) for p in positions]``, one call fewer a token."""
+    return [
+        _splitmix64_int(rid_hash ^ ((p * _GOLDEN_INT) & _MASK64)) % vocab_size for p in positions
+    ]
+
+
 @lru_cache(maxsize=1 << 16)
 def _rid_hash(rid: str, seed: int) -> int:
     digest = hashlib.blake2b(f"{seed}/{rid}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 
+class _RidHashes(dict[str, int]):
+    """``rid -> _rid_hash(rid, seed)`` for one seed, filled on first use and emptied when it
+    reaches ``_RID_MEMO_SIZE`` entries (a plain dict lookup is the cheapest per-request read)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.seed = seed
+
+    def __missing__(self, rid: str) -> int:
+        if len(self) >= _RID_MEMO_SIZE:
+            self.clear()
+        h = self[rid] = _rid_hash(rid, self.seed)
+        return h
+
+
 class CostModelRunner(ModelRunner):
     """Modelled time, plausible tokens: a request's ``scripted_output`` where it has one,
     else a deterministic stand-in drawn from ``hash(seed, rid, position)``, never one of its
     stop token ids. Tokens depend only on the request and position, never on batching, so
-    every schedule yields the same tokens."""
+    every schedule yields the same tokens.
+
+    Of a request only the hash of its ``rid`` is remembered (by ``rid`` and ``seed``); stop
+    ids and scripts are read on every call. With a dense roofline ``CostModel``, step times
+    are computed on Python floats, and a few tokens of requests without stop ids or script on
+    Python ints: the same values as the array paths, bit for bit."""
 
     supports_multi_step = True
 
@@ -636,14 +775,55 @@ class CostModelRunner(ModelRunner):
         self.vocab_size = vocab_size or cost.model.vocab_size
         if self.vocab_size < 2:
             raise ValueError("vocab_size must be >= 2")
+        self._rid_hashes = _RidHashes(seed)
+
+    def _hashes(self) -> _RidHashes:
+        memo = self._rid_hashes
+        if memo.seed != self.seed:  # ``seed`` was reassigned
+            memo = self._rid_hashes = _RidHashes(self.seed)
+        return memo
+
+    def _dense_roofline(self) -> CostModel | None:
+        """The cost model when it is exactly a dense ``CostModel`` (its scalar paths apply)."""
+        cost = self.cost
+        if type(cost) is CostModel and cost._dense:
+            return cost
+        return None
 
     def tokens_at(self, reqs: Sequence[Req], positions: IntArray) -> npt.NDArray[np.int32]:
         """The token each request generates at each position (index in prompt + output):
         ``positions`` is ``[len(reqs), steps]``; so is the result."""
-        seed = self.seed
-        hashes = np.fromiter((_rid_hash(r.rid, seed) for r in reqs), np.uint64, len(reqs))
-        mixed = splitmix64(hashes[:, None] ^ (positions.astype(np.uint64) * _GOLDEN))
-        tokens = (mixed % np.uint64(self.vocab_size)).astype(np.int64)
+        n, vocab = len(reqs), int(self.vocab_size)
+        # One pass: the rids of requests whose tokens are pure hashes (no stop ids, no script).
+        rids = [r.rid for r in reqs if not r.sampling.stop_token_ids and r.scripted_output is None]
+        plain = len(rids) == n and vocab <= _INT32_VOCAB
+        rows = positions.ndim == 2 and len(positions) == n  # no broadcasting
+        if plain and rows and positions.size <= _SCALAR_MAX_TOKENS and positions.dtype == np.int64:
+            hashes = self._hashes()
+            out = [
+                _stand_ins(hashes[rid], ps, vocab)
+                for rid, ps in zip(rids, positions.tolist(), strict=True)
+            ]
+            return np.array(out, dtype=np.int32).reshape(positions.shape)
+        if len(rids) != n:
+            rids = [r.rid for r in reqs]
+        hashes = self._hashes()
+        if rows:  # in place on the positions' copy: [n, steps] already
+            mixed = positions.astype(np.uint64)
+            np.multiply(mixed, _GOLDEN_0D, out=mixed)
+            if n == 1:  # a 0-d operand broadcasts faster than a [1, 1] one
+                column = np.array(hashes[rids[0]], dtype=np.uint64)
+            else:
+                column = np.fromiter(map(hashes.__getitem__, rids), np.uint64, n)[:, None]
+            np.bitwise_xor(mixed, column, out=mixed)
+        else:
+            column = np.fromiter(map(hashes.__getitem__, rids), np.uint64, n)[:, None]
+            mixed = column ^ (positions.astype(np.uint64) * _GOLDEN)
+        _splitmix64_inplace(mixed)
+        np.remainder(mixed, np.array(vocab, dtype=np.uint64), out=mixed)
+        if plain:
+            return mixed.astype(np.int32)  # every token is below 2**31: as via int64
+        tokens = mixed.astype(np.int64)
         special = [
             i
             for i, r in enumerate(reqs)
@@ -656,7 +836,7 @@ class CostModelRunner(ModelRunner):
                 row = tokens[i]
                 hit = np.isin(row, stops)
                 while hit.any():  # at most len(stops) rounds
-                    row[hit] = (row[hit] + 1) % self.vocab_size
+                    row[hit] = (row[hit] + 1) % vocab
                     hit = np.isin(row, stops)
             scripted = req.scripted_output
             if scripted is not None and len(scripted):
@@ -666,16 +846,37 @@ class CostModelRunner(ModelRunner):
         return tokens.astype(np.int32)
 
     def forward(self, batch: Batch) -> StepResult:
-        duration = self.cost.step_times(shape_of(batch))[0]
-        reqs = [e.req for e in batch.extend if e.produces_token]
-        positions = [e.prefix_len + e.num_new for e in batch.extend if e.produces_token]
-        reqs += [d.req for d in batch.decode]
-        positions += [d.position + 1 for d in batch.decode]
+        extend, decode = batch.extend, batch.decode
+        cost = self._dense_roofline()
+        if cost is None:
+            duration = float(self.cost.step_times(shape_of(batch))[0])
+        else:  # shape_of and step_times' one-step branch, without the StepShape
+            if not extend and not decode:
+                raise ValueError("empty batch")
+            new, attn, _, kv, host = _extend_sums(extend)
+            ctx = sum([d.position + 1 for d in decode]) if decode else 0
+            duration = cost._dense_step_s(new + len(decode), attn + ctx, kv + ctx, host)
+        producing = [e for e in extend if e.produces_token]
+        reqs = [e.req for e in producing]
+        positions = [e.prefix_len + e.num_new for e in producing]
+        if decode:
+            reqs += [d.req for d in decode]
+            positions += [d.position + 1 for d in decode]
         next_tokens: dict[str, int] = {}
-        if reqs:
-            tokens = self.tokens_at(reqs, np.array(positions, dtype=np.int64)[:, None])
-            next_tokens = {r.rid: int(t) for r, t in zip(reqs, tokens[:, 0], strict=True)}
-        return StepResult(next_tokens, float(duration))
+        if not reqs:
+            return StepResult(next_tokens, duration)
+        vocab = int(self.vocab_size)
+        if vocab <= _INT32_VOCAB:  # tokens_at's scalar path, one request at a time
+            hashes = self._hashes()
+            for r, pos in zip(reqs, positions, strict=True):
+                if r.sampling.stop_token_ids or r.scripted_output is not None:
+                    break
+                next_tokens[r.rid] = _stand_in(hashes[r.rid], int(pos), vocab)
+            else:
+                return StepResult(next_tokens, duration)
+        tokens = self.tokens_at(reqs, np.array(positions, dtype=np.int64)[:, None])
+        next_tokens = {r.rid: int(t) for r, t in zip(reqs, tokens[:, 0], strict=True)}
+        return StepResult(next_tokens, duration)
 
     def decode_multi(
         self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
@@ -694,6 +895,9 @@ class CostModelRunner(ModelRunner):
         self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
     ) -> npt.NDArray[np.float64]:
         lens = np.asarray(seq_lens, dtype=np.int64)
+        cost = self._dense_roofline()
+        if cost is not None:  # decode_shape's total context, then the steps on Python floats
+            return cost._decode_times(len(lens), int(np.add.reduce(lens, axis=None)), num_steps)
         return self.cost.step_times(decode_shape(lens, num_steps)).astype(np.float64)
 
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ def replica_load(rep: Replica) -> Any:
 
     s = rep.sched
     waiting_uncached = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
-    running_decode = sum(r.remaining_new_tokens for r in s.running)
+    running_decode = s.remaining_decode_tokens()
     if s.chunked_req is not None:
         waiting_uncached += s.chunked_req.fill_len - s.chunked_req.prefix_len
     return ReplicaLoad(
@@ -41,6 +41,17 @@ def replica_load(rep: Replica) -> Any:
 
 
 def sample_series(series: TimeSeries, t: float, replicas: Sequence[Replica]) -> None:
+    if len(replicas) == 1:
+        s = replicas[0].sched
+        series.append(
+            t,
+            len(s.waiting),
+            s.num_running(),
+            s.kv_usage(),
+            s.stats.cached_prompt_tokens,
+            s.stats.prompt_tokens,
+        )
+        return
     series.append(
         t,
         sum(len(r.sched.waiting) for r in replicas),

@@ -93,7 +93,13 @@ def clone_request(r: Req) -> Req:
 
 
 def _build_replica(
-    idx: int, sched_cfg: SchedulerConfig, sim_cfg: SimConfig, cost: Any, capacity: int
+    idx: int,
+    sched_cfg: SchedulerConfig,
+    sim_cfg: SimConfig,
+    cost: Any,
+    capacity: int,
+    *,
+    defer_decode_state: bool = True,
 ) -> Replica:
     from radixsched.sim.costmodel import CostModelRunner
 
@@ -118,6 +124,7 @@ def _build_replica(
         clock=clock,
         context_len=cost.model.max_context_len,
         host_tier=host,
+        defer_decode_state=defer_decode_state,
     )
     return Replica(idx, sched, clock)
 
@@ -143,8 +150,12 @@ def simulate(
     on_progress: Callable[[int, int], None] | None = None,
     check_integrity: bool = False,
     optimal_hit_rate: float | None = None,
+    defer_decode_state: bool = True,
 ) -> SimRun:
-    """Replay ``workload`` (a ``sim.workloads.Workload``) under one scheduler configuration."""
+    """Replay ``workload`` (a ``sim.workloads.Workload``) under one scheduler configuration.
+
+    ``defer_decode_state`` (see ``Scheduler``) changes no result, only speed: running
+    requests' tokens, token times and KV slots are written when they finish."""
     from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
 
     sim_cfg = sim_cfg or SimConfig()
@@ -158,7 +169,10 @@ def simulate(
         if optimal_hit_rate is not None
         else compute_optimal(workload.requests, page_size=sched_cfg.page_size)
     )
-    replicas = [_build_replica(i, sched_cfg, sim_cfg, cost, capacity) for i in range(sim_cfg.dp)]
+    replicas = [
+        _build_replica(i, sched_cfg, sim_cfg, cost, capacity, defer_decode_state=defer_decode_state)
+        for i in range(sim_cfg.dp)
+    ]
     router = None
     if sim_cfg.dp > 1:
         from radixsched.cluster.routers import create_router, default_router_name
@@ -177,6 +191,8 @@ def simulate(
         )
     else:
         _run_event_loop(replicas, reqs, router, series, on_progress, check_integrity)
+    for rep in replicas:
+        rep.sched.sync_running()  # requests a run left unfinished are read below
     wall = time.perf_counter() - t0
 
     stats = [rep.sched.stats for rep in replicas]
@@ -242,10 +258,15 @@ def _run_event_loop(
     i = 0
     done = 0
     last_t = 0.0
+    single = replicas[0] if len(replicas) == 1 else None
     while True:
         ta = reqs[i].arrival_time if i < n else math.inf
-        busy = [r for r in replicas if not r.sched.is_idle]
-        rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
+        rep: Replica | None
+        if single is not None:
+            rep = None if single.sched.is_idle else single
+        else:
+            busy = [r for r in replicas if not r.sched.is_idle]
+            rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
         if rep is not None and rep.clock.now() < ta:
             start = rep.clock.now()
             out = rep.sched.step(None if ta == math.inf else ta)
