@@ -550,7 +550,9 @@ class Scheduler:
         deferred = prio.deferred
         guard_in_flight = not cfg.sglang_compat and self.cache.supports_prefix_sharing()
         admitted_pos: list[int] = []
-        for pos, req in enumerate(list(self.waiting)):
+        # The loop never edits self.waiting (admitted requests leave it after the loop, and
+        # preemption victims are re-queued after it too), so it walks the list itself.
+        for pos, req in enumerate(self.waiting):
             if adder.budget_state() is AddReqResult.OTHER:
                 break
             if req.rid in deferred:
@@ -700,7 +702,10 @@ class Scheduler:
 
     def _ensure_row(self, req: Req, end: int) -> None:
         """Grow the request's KV row to cover positions [0, end) (whole pages)."""
-        self._grow_rows([req], [end])
+        p = self.page_size
+        need = (end if p == 1 else -(-end // p) * p) - len(req.kv_row)
+        if need > 0:
+            self._append_slots(req, self._alloc(need))
 
     def _grow_rows(self, reqs: list[Req], ends: list[int]) -> None:
         """Grow several rows with one eviction and one allocation (decode hot path)."""
@@ -1034,12 +1039,17 @@ class Scheduler:
         self.clock.advance(result.duration_s)
         now = self.clock.now()
         out = StepOutcome(batch.mode.value, result.duration_s, batch.batch_size)
+        tracks_service = self.policy.tracks_service
         if batch.extend:
             self.stats.prefill_steps += 1
-            n = batch.extend_num_tokens
+            n = computed = 0
+            for e in batch.extend:
+                new = len(e.new_token_ids)
+                n += new
+                computed += new - e.host_load_len
             self.processed_tokens += n
             out.prefill_tokens = n
-            self.stats.prefill_tokens_computed += n - sum(e.host_load_len for e in batch.extend)
+            self.stats.prefill_tokens_computed += computed
         if batch.decode:
             self.stats.decode_steps += 1
             if not batch.extend:
@@ -1047,8 +1057,10 @@ class Scheduler:
         joined: list[Req] = []
         for e in batch.extend:
             r = e.req
-            r.computed_prefill_tokens += e.num_new - e.host_load_len
-            self.policy.on_service(r, e.num_new - e.host_load_len, 0)
+            computed = len(e.new_token_ids) - e.host_load_len
+            r.computed_prefill_tokens += computed
+            if tracks_service:
+                self.policy.on_service(r, computed, 0)
             if not e.produces_token:
                 continue  # a middle chunk: checkpointed at the start of the next step
             if r is self.chunked_req:
@@ -1069,7 +1081,8 @@ class Scheduler:
             tok = result.next_tokens[r.rid]
             self._append_token(r, tok, now)
             out.new_tokens.append((r, [tok]))
-            self.policy.on_service(r, 0, 1)
+            if tracks_service:
+                self.policy.on_service(r, 0, 1)
             if r.finished:
                 out.finished.append(r)
         self._retire_finished([r for r in out.finished if r in self.running])
