@@ -23,6 +23,7 @@ from radixsched.policy import (
     WAITING_PREFIX_REFRESH_SPAN,
     PriorityResult,
     SchedulePolicy,
+    VirtualTokenCounter,
     policy_names,
     prefill_work,
     validate_priority,
@@ -1292,3 +1293,28 @@ def test_incremental_orders_leave_simulations_bit_identical(
     assert len(rounds) > 50  # the incremental orders really ran
     monkeypatch.setattr(SchedulePolicy, "_make_engine", lambda self, bounded: None)
     assert run() == with_engines
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tenants=st.lists(st.sampled_from(["a", "b", "", "c"]), min_size=0, max_size=30),
+    steps=st.integers(1, 500),
+    weights=st.tuples(
+        st.floats(0.01, 10.0, allow_nan=False), st.floats(0.001, 10.0, allow_nan=False)
+    ),
+    start=st.floats(0.0, 1e9, allow_nan=False),
+)
+def test_fair_charge_decode_equals_one_charge_per_request(
+    tenants: list[str], steps: int, weights: tuple[float, float], start: float
+) -> None:
+    reqs = [
+        Req(f"r{i}", np.arange(1, 4, dtype=np.int32), tenant=t or None)
+        for i, t in enumerate(tenants)
+    ]
+    one = VirtualTokenCounter(*weights, counters={"a": start})
+    grouped = VirtualTokenCounter(*weights, counters={"a": start})
+    for r in reqs:
+        one.charge(r.tenant_key, 0, steps)
+    grouped.charge_decode(reqs, steps)
+    assert grouped.counters == one.counters
+    assert all(grouped.counters[t] == one.counters[t] for t in one.counters)

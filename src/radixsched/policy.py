@@ -519,6 +519,18 @@ class VirtualTokenCounter:
             + self.decode_weight * decode_tokens
         )
 
+    def charge_decode(self, reqs: Sequence[Req], decode_tokens: int) -> None:
+        """``charge(r.tenant_key, 0, decode_tokens)`` for every request of ``reqs``: the same
+        float additions, in the same order per tenant (tenants are independent), grouped."""
+        pre = self.prefill_weight * 0
+        dec = self.decode_weight * decode_tokens
+        counters = self.counters
+        for tenant, n in Counter(r.tenant_key for r in reqs).items():
+            c = counters.get(tenant, 0.0)
+            for _ in range(n):
+                c = c + pre + dec  # charge's expression, term for term
+            counters[tenant] = c
+
     def observe_active(self, tenants: frozenset[str]) -> None:
         """Lift tenants that just became active to the least counter of those that stayed."""
         newly = tenants - self._active
@@ -991,6 +1003,11 @@ class SchedulePolicy:
         """Charge ``req``'s tenant for one step's service (fair policy; no-op otherwise)."""
         if self.spec.name == "fair":
             self.fair.charge(req.tenant_key, prefill_tokens, decode_tokens)
+
+    def on_decode_service(self, reqs: Sequence[Req], decode_tokens: int) -> None:
+        """``on_service(r, 0, decode_tokens)`` for every request of a decode batch."""
+        if self.spec.name == "fair":
+            self.fair.charge_decode(reqs, decode_tokens)
 
     def shortest_prefill_chunk_limit(
         self, chunked_req: Req, waiting_queue: Sequence[Req], budget: int, page_size: int

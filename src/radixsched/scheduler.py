@@ -991,8 +991,7 @@ class Scheduler:
                 r.output_ids.extend(toks)
                 r.times.token_times.extend(times)
         if self.policy.tracks_service:
-            for r in reqs:
-                self.policy.on_service(r, 0, k)
+            self.policy.on_decode_service(reqs, k)
         # The columns after the step stay right for the next one (finished rows dropped).
         out_len = cols.out_len + k
         after = cols._replace(fill=fill0 + k, have=np.maximum(paged, cols.have), out_len=out_len)
@@ -1161,8 +1160,10 @@ class Scheduler:
         if self.cache.disabled or aligned <= req.cache_protected_len:
             req.prefix_len = up_to
             return
-        fill = req.fill_ids()
-        key = CacheKey(fill[:aligned], req.namespace)
+        prompt = req.prompt_ids
+        # A prompt-only prefix needs no prompt + output copy (the first decode checkpoint).
+        tokens = prompt[:aligned] if aligned <= len(prompt) else req.fill_ids()[:aligned]
+        key = CacheKey(tokens, req.namespace)
         lock = req.lock_node
         res = self.cache.insert(
             key,
