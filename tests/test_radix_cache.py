@@ -67,6 +67,15 @@ def test_longest_common_prefix() -> None:
     assert longest_common_prefix(a, np.array([7], dtype=np.int32)) == 0
     assert longest_common_prefix(a, a[:0]) == 0
     assert longest_common_prefix(a, a.copy()) == 4
+    # Long arrays: a difference in the head, right after it, far beyond it, or none.
+    rng = np.random.default_rng(0)
+    long = rng.integers(0, 5, size=2000).astype(np.int32)
+    for at in [0, 1, 255, 256, 257, 1999]:
+        other = long.copy()
+        other[at] += 1
+        assert longest_common_prefix(long, other) == at
+        assert longest_common_prefix(other[:at], long) == at
+    assert longest_common_prefix(long, long[:1500].copy()) == 1500
 
 
 # ---- match / insert / split ------------------------------------------------------------------

@@ -72,7 +72,7 @@ def floor_page(n: int, page_size: int) -> int:
     return (n // page_size) * page_size
 
 
-@dataclass
+@dataclass(slots=True)
 class Admission:
     req: Req
     prefix_len: int

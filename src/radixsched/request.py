@@ -89,7 +89,7 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ReqTimes:
     """Timestamps on the scheduler's clock (virtual seconds in the simulator)."""
 
@@ -101,7 +101,7 @@ class ReqTimes:
     token_times: list[float] = field(default_factory=list)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Req:
     """One generation request. Identity is the object (``eq=False``); ``rid`` names it."""
 

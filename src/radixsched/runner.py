@@ -39,7 +39,7 @@ class ForwardMode(enum.Enum):
     MIXED = "mixed"  # extend entries plus one decode token per running request
 
 
-@dataclass
+@dataclass(slots=True)
 class ExtendEntry:
     req: Req
     prefix_len: int  # tokens whose KV already exists (cache hit or earlier chunks)
@@ -54,7 +54,7 @@ class ExtendEntry:
         return len(self.new_token_ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class DecodeEntry:
     req: Req
     token_id: int  # input token (the last generated one)
@@ -62,7 +62,7 @@ class DecodeEntry:
     slots: SlotArray  # KV slots of positions [0, position]; slots[-1] is the new one
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     extend: list[ExtendEntry]
     decode: list[DecodeEntry]
@@ -82,7 +82,7 @@ class Batch:
         return len(self.extend) + len(self.decode)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     # Next token per producing entry, keyed by request id.
     next_tokens: dict[str, int]

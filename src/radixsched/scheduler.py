@@ -747,6 +747,8 @@ class Scheduler:
             self.cache.evict(short)
 
     def _alloc(self, n: int) -> np.ndarray:
+        """``n`` slots, evicting what is missing. The result is only read (it may be a view of
+        slots the cache just gave up)."""
         short = n - self.allocator.available_size()
         if short > 0:
             # Evicted slots go straight into this allocation (same slots, same free list

@@ -112,7 +112,8 @@ class TokenAllocator:
         """``free(freed, checked=False)`` then ``alloc(num_tokens)`` in one step, with the same
         result and the same state afterwards: the allocation takes ``freed``'s pages first (the
         top of the stack after that free), and those never pass through the free list. For
-        slots just reclaimed from the cache (``evict_reclaim``)."""
+        slots just reclaimed from the cache (``evict_reclaim``), which the caller owns: the
+        result may be a view of ``freed``."""
         p = self.page_size
         if num_tokens < 0 or num_tokens % p:
             raise ValueError(
@@ -125,9 +126,9 @@ class TokenAllocator:
         k = num_tokens // p
         if k < g:
             self.free(freed[k * p :], checked=False)
-            return freed[: k * p].copy()
+            return freed[: k * p]
         if k == g:
-            return freed.copy()
+            return freed
         if k - g > self.num_pages - self._lo - self._reserved:
             self.free(freed, checked=False)  # as a free followed by a failed alloc
             return None

@@ -60,9 +60,17 @@ def longest_common_prefix(a: TokenArray, b: TokenArray) -> int:
     n = min(len(a), len(b))
     if n == 0:
         return 0
-    neq = a[:n] != b[:n]
+    # Most pairs differ early: compare a short head before the rest.
+    head = min(n, 256)
+    neq = a[:head] != b[:head]
     i = int(neq.argmax())
-    return i if neq[i] else n
+    if neq[i]:
+        return i
+    if head == n:
+        return n
+    neq = a[head:n] != b[head:n]
+    i = int(neq.argmax())
+    return head + i if neq[i] else n
 
 
 class TreeNode:
