@@ -302,8 +302,8 @@ class HrrnOrder:
         ratio[pos] = -(waited[pos] / uncached[pos])
         ratio[uncached <= 0] = -np.inf  # no prefill work left: drain immediately
         ratio[self.dep[slots]] = np.inf
-        perm = np.lexsort((self.arrival[slots], self.entry[slots], ratio)).tolist()
-        self.reqs = reorder(pre, perm)
+        perm = np.lexsort((self.arrival[slots], self.entry[slots], ratio))
+        self.reqs = reorder(pre, perm.tolist())
         self.slots = slots[perm]
         return self.reqs
 
