@@ -543,6 +543,31 @@ def test_insert_from_a_locked_start_equals_a_full_insert(p: int) -> None:
         hint.insert(K([*seqs[0], 1] * 2), np.zeros(2 * len(seqs[0]) + 2), start=(node, depth + p))
 
 
+@pytest.mark.parametrize("p", [1, 4])
+def test_touch_prefixes_equals_touch_prefix_in_order(p: int) -> None:
+    rng = np.random.default_rng(p)
+    caches = [make(page_size=p, size=8192) for _ in range(2)]
+    seqs = [rng.integers(0, 4, size=int(rng.integers(1, 40))).tolist() for _ in range(30)]
+    for cache, alloc in caches:
+        for seq in seqs[:15]:
+            put(cache, alloc, seq, ns=("x", None) if len(seq) % 3 == 0 else None)
+    keys = [
+        CacheKey(np.asarray(seq, dtype=np.int64 if i % 4 == 0 else np.int32), ns)
+        for i, seq in enumerate([*seqs, [], [1], [0, 1, 2]])
+        for ns in (None, ("x", None), ("x", ""))
+    ]
+    (a, _), (b, _) = caches
+    for key in keys:
+        a.touch_prefix(key)
+    b.touch_prefixes(keys)
+
+    def snapshot(cache: RadixCache) -> list[tuple[object, ...]]:
+        return [(n.key.tobytes(), n.last_access_time) for n in cache._iter_nodes()]
+
+    assert snapshot(a) == snapshot(b)
+    assert a._clock == b._clock and a.root.last_access_time == b.root.last_access_time
+
+
 def test_evict_without_allocator() -> None:
     cache = RadixCache(None)
     cache.insert(K([1, 2, 3]), np.array([1, 2, 3], dtype=np.int64))

@@ -1188,10 +1188,11 @@ class SchedulePolicy:
         self._refresh_calls += 1
         if not refresh:
             return
-        touch = self.tree_cache.touch_prefix
         # Head last: it gets the newest access time, so it is evicted last.
-        for r in reversed(queue[:WAITING_PREFIX_REFRESH_SPAN]):
-            touch(CacheKey(r.fill_ids(), r.namespace))
+        self.tree_cache.touch_prefixes(
+            CacheKey(r.fill_ids(), r.namespace)
+            for r in reversed(queue[:WAITING_PREFIX_REFRESH_SPAN])
+        )
 
 
 def _never(r: Req) -> bool:

@@ -17,6 +17,7 @@ Contract for callers:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -79,6 +80,11 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def touch_prefix(self, key: CacheKey) -> None: ...
+
+    def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
+        """``touch_prefix`` of each key, in order."""
+        for key in keys:
+            self.touch_prefix(key)
 
     @abstractmethod
     def inc_lock_ref(self, node: Any) -> int: ...

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -425,6 +425,30 @@ class RadixCache(BasePrefixCache):
         if self.disabled or len(key.tokens) == 0:
             return
         self._walk(self._query(key), collect=False)
+
+    def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
+        """``touch_prefix`` of each key, in order. A key whose first page is not cached only
+        ticks the clock (all its walk would do), without preparing the query."""
+        if self.disabled:
+            return
+        root = self._root
+        children = root.children
+        p = self.page_size
+        for key in keys:
+            tokens = key.tokens
+            if len(tokens) >= p:
+                head = tokens[:p]
+                if head.dtype != np.int32:
+                    head = head.astype(np.int32)
+                first = head.tobytes()
+                ns = key.namespace
+                if (first if ns is None else (_normalise_namespace(ns), first)) in children:
+                    self._walk(self._query(key), collect=False)
+                    continue
+            elif not len(tokens):
+                continue
+            self._clock += 1
+            root.last_access_time = self._clock
 
     def insert(
         self,
