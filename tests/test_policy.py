@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1011,6 +1011,11 @@ class SpyCache(RadixCache):
     def touch_prefix(self, key: CacheKey) -> None:
         self.touched.append(int(key.tokens[0]))
         super().touch_prefix(key)
+
+    def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
+        keys = list(keys)
+        self.touched.extend(int(k.tokens[0]) for k in keys)
+        super().touch_prefixes(keys)
 
 
 def _touch_counts(name: str, rounds: int, n: int = 200, **cfg: object) -> list[int]:
