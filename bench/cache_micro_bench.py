@@ -178,6 +178,37 @@ def bench_walks(page_size: int, calls: int) -> dict[str, float]:
     return out
 
 
+def bench_evict_alloc(page_size: int, n: int, leaf_len: int, calls: int) -> tuple[float, float]:
+    """(evict then alloc, evict_reclaim then recycle) us per ``n``-slot allocation on a full
+    pool: the scheduler's ``_alloc`` when the free list is empty (the second skips the round
+    trip of the evicted slots through the free list)."""
+    out = []
+    for reclaim in (False, True):
+        cache = full_cache(page_size, leaf_len, prefix_len=4096, fanout=4)
+        a = cache.allocator
+        assert isinstance(a, TokenAllocator)
+        need = -(-n // page_size) * page_size
+        total = 0.0
+        gc.collect()
+        gc.disable()
+        try:
+            perf = time.perf_counter
+            for _ in range(calls):
+                t0 = perf()
+                if reclaim:
+                    got = a.recycle(cache.evict_reclaim(need), need)
+                else:
+                    cache.evict(need)
+                    got = a.alloc(need)
+                total += perf() - t0
+                assert got is not None
+        finally:
+            gc.enable()
+        cache.check_integrity()
+        out.append(total / calls * 1e6)
+    return out[0], out[1]
+
+
 def bench_checkpoint(cache: RadixCache, prompts: list[np.ndarray], calls: int) -> float:
     """Insert ``cached 8,192-token prefix + fresh 8,192 tokens``. Every cached
     prompt is locked, so the untimed ``evict(8192)`` after each call removes exactly the new
@@ -243,6 +274,13 @@ def main(argv: list[str] | None = None) -> None:
             t = min(bench_evict(p, n, leaf_len, calls) for _ in range(reps))
             label = f"page {p:>2}, evict({n}), {leaf_len}-tok leaves"
             print(f"{label:<34}{t:>10.2f}")
+
+    print(f"\n{'evict to allocate (full pool)':<34}{'+alloc us':>10}{'recycle us':>11}")
+    for p in (1, 16):
+        runs = [bench_evict_alloc(p, 8192, 3000, 60) for _ in range(reps)]
+        plain = min(r[0] for r in runs)
+        fused = min(r[1] for r in runs)
+        print(f"{f'page {p:>2}, 8192 slots':<34}{plain:>10.2f}{fused:>11.2f}")
 
 
 if __name__ == "__main__":
