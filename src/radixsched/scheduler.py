@@ -552,8 +552,13 @@ class Scheduler:
         admitted_pos: list[int] = []
         # The loop never edits self.waiting (admitted requests leave it after the loop, and
         # preemption victims are re-queued after it too), so it walks the list itself.
+        preemption = cfg.enable_priority_preemption
         for pos, req in enumerate(self.waiting):
             if adder.budget_state() is AddReqResult.OTHER:
+                break
+            if self.batch_is_full and not preemption:
+                # Full already: the first request not skipped below would end the loop, and
+                # the skip checks change nothing, so end it now.
                 break
             if req.rid in deferred:
                 continue
@@ -566,8 +571,7 @@ class Scheduler:
             if len(adder.can_run_list) >= allocatable + (1 if chunked is not None else 0):
                 self.batch_is_full = True
             if self.batch_is_full and (
-                not cfg.enable_priority_preemption
-                or not adder.preempt_to_schedule(req, self.running)
+                not preemption or not adder.preempt_to_schedule(req, self.running)
             ):
                 break
             self._match_for_admission(req)
