@@ -1323,3 +1323,42 @@ def test_fair_charge_decode_equals_one_charge_per_request(
     grouped.charge_decode(reqs, steps)
     assert grouped.counters == one.counters
     assert all(grouped.counters[t] == one.counters[t] for t in one.counters)
+
+
+@pytest.mark.parametrize(
+    ("name", "skippable"),
+    [
+        ("fcfs", True),
+        ("lpm", True),
+        ("hrrn", True),
+        ("lof", True),
+        ("routing-key", True),
+        ("shortest-prefill-first", True),
+        ("random", False),
+        ("fair", False),
+        ("dfs-weight", False),
+    ],
+)
+def test_skip_round_keeps_the_refresh_cadence(name: str, skippable: bool) -> None:
+    """Rounds skipped while the batch is full: the waiting-prefix refresh still happens on the
+    same rounds, over the same requests, as when every round is computed."""
+
+    def touched_per_round(skip_every: int) -> tuple[list[list[int]], int]:
+        cache = SpyCache()
+        pol = make_policy(name, cache)
+        q = [mk(f"r{i}", [i + 1, 5], t=float(i)) for i in range(200)]
+        rounds, skipped = [], 0
+        for k in range(3 * WAITING_PREFIX_REFRESH_INTERVAL + 5):
+            before = len(cache.touched)
+            if skip_every and k % skip_every and pol.skip_round(q):
+                skipped += 1
+            else:
+                pol.calc_priority(q, [], 0, 0.0)
+            rounds.append(cache.touched[before:])
+        return rounds, skipped
+
+    reference, _ = touched_per_round(0)
+    for every in (2, 3, 7):
+        rounds, skipped = touched_per_round(every)
+        assert rounds == reference
+        assert (skipped > 0) == skippable

@@ -493,3 +493,33 @@ def test_no_out_of_memory_abort_when_each_request_fits_alone() -> None:
     )
     assert [r.output_len for r in run.requests] == [8, 8]
     assert run.result.num_aborted == 0
+
+
+# ---- rounds skipped while the batch is full -------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "hrrn", "routing-key", "lof"])
+def test_skipped_full_batch_rounds_change_nothing(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SchedulePolicy.skip_round`` (a round while the batch is full) must leave the whole
+    run bit for bit as computing every round does."""
+    from radixsched.policy import SchedulePolicy
+
+    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
+    w = _workload(spec, rate, n)
+    calls: list[bool] = []
+    orig = SchedulePolicy.skip_round
+
+    def counting(self: SchedulePolicy, queue: list[Req]) -> bool:
+        out = orig(self, queue)
+        calls.append(out)
+        return out
+
+    monkeypatch.setattr(SchedulePolicy, "skip_round", counting)
+    skipping = _run(w, policy, max_total_tokens=cap, check_integrity=True)
+    assert any(calls), "the case must skip some rounds"
+    monkeypatch.setattr(SchedulePolicy, "skip_round", lambda self, queue: False)
+    computing = _run(w, policy, max_total_tokens=cap, check_integrity=True)
+    assert _traces(skipping) == _traces(computing)
+    assert json.dumps(_result_json(skipping)) == json.dumps(_result_json(computing))

@@ -847,6 +847,34 @@ class SchedulePolicy:
             prefix_matched=mode in (MatchMode.LENGTH, MatchMode.NODE),
         )
 
+    def skip_round(self, waiting_queue: list[Req]) -> bool:
+        """Account for a round whose order nobody reads (the batch is already full, so nothing
+        can be admitted) without computing it, where that leaves every later round exactly as
+        computing it would: radixsched orders are functions of the requests' current keys
+        (ties by arrival); length matching is read-only (not so node matching, which refreshes
+        recency); no random draw, no fair-share observation; and this round's waiting-prefix
+        refresh is not due (the refresh counter advances as the round would have advanced
+        it). Returns False, having done nothing, otherwise: the caller runs ``calc_priority``."""
+        if self.config.sglang_compat:
+            return False
+        spec = self.active_spec(len(waiting_queue))
+        if spec.name in ("random", "fair") or self._match_mode(spec) not in (
+            MatchMode.LENGTH,
+            MatchMode.SKIP,
+        ):
+            return False
+        cfg = self.config
+        if (
+            waiting_queue
+            and cfg.enable_waiting_prefix_refresh
+            and cfg.radix_eviction_policy.lower() == "lru"
+        ):
+            if self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0:
+                return False
+            self._refresh_calls += 1
+        self.active_policy_name = spec.name
+        return True
+
     def _engine_ready(self) -> bool:
         """The indexes the engine's rounds rely on are in place (callers may swap them out)."""
         if not self._spec_matches:

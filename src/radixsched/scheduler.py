@@ -544,6 +544,12 @@ class Scheduler:
                 # is a function of the requests' current keys (ties by arrival), so skipping a
                 # sort never changes a later round's order.
                 prio = _NO_PRIORITY
+            elif (
+                self.batch_is_full
+                and not cfg.enable_priority_preemption
+                and self.policy.skip_round(self.waiting)
+            ):
+                prio = _NO_PRIORITY  # full: the loop below ends at once (see skip_round)
             else:
                 prio = self._calc_priority()
 
