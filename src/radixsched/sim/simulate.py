@@ -254,19 +254,17 @@ def _run_event_loop(
     on_progress: Callable[[int, int], None] | None,
     check_integrity: bool,
 ) -> None:
+    if len(replicas) == 1 and router is None:
+        _run_one_replica(replicas[0], reqs, series, on_progress, check_integrity)
+        return
     n = len(reqs)
     i = 0
     done = 0
     last_t = 0.0
-    single = replicas[0] if len(replicas) == 1 else None
     while True:
         ta = reqs[i].arrival_time if i < n else math.inf
-        rep: Replica | None
-        if single is not None:
-            rep = None if single.sched.is_idle else single
-        else:
-            busy = [r for r in replicas if not r.sched.is_idle]
-            rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
+        busy = [r for r in replicas if not r.sched.is_idle]
+        rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
         if rep is not None and rep.clock.now() < ta:
             start = rep.clock.now()
             out = rep.sched.step(None if ta == math.inf else ta)
@@ -295,5 +293,43 @@ def _run_event_loop(
                 idle.clock.jump_to(ta)
         deliver(reqs[i], replicas, router, ta)
         i += 1
+    if on_progress is not None:
+        on_progress(n, n)
+
+
+def _run_one_replica(
+    rep: Replica,
+    reqs: Sequence[Req],
+    series: TimeSeries,
+    on_progress: Callable[[int, int], None] | None,
+    check_integrity: bool,
+) -> None:
+    """``_run_event_loop`` for one replica without a router (the common case, kept lean: it
+    runs once per scheduler step). Steps until the next arrival, then delivers it."""
+    sched, clock = rep.sched, rep.clock
+    n = len(reqs)
+    done = 0
+    for i in range(n + 1):
+        ta = reqs[i].arrival_time if i < n else math.inf
+        horizon = None if i == n else ta
+        while not sched.is_idle and clock.now() < ta:
+            start = clock.now()
+            out = sched.step(horizon)
+            if check_integrity:
+                sched.check_integrity()
+            if out is None:
+                raise RuntimeError(
+                    f"replica {rep.idx} has work but could not schedule it "
+                    f"(waiting={len(sched.waiting)}, running={len(sched.running)})"
+                )
+            rep.busy_s += out.duration_s
+            sample_series(series, start, (rep,))
+            if out.finished and on_progress is not None:
+                done += len(out.finished)
+                on_progress(done, n)
+        if i < n:
+            if sched.is_idle:
+                clock.jump_to(ta)
+            deliver(reqs[i], (rep,), None, ta)
     if on_progress is not None:
         on_progress(n, n)
