@@ -154,6 +154,10 @@ INT64_MAX = 2**63 - 1
 INF = math.inf
 
 
+# ``Req.tenant_key`` as a C-level getter (mapped over whole queues and batches).
+_TENANT_KEY: Callable[[Req], str] = operator.attrgetter("tenant_key")
+
+
 class MatchMode(Enum):
     """How a round matches waiting requests against the cache."""
 
@@ -525,7 +529,7 @@ class VirtualTokenCounter:
         pre = self.prefill_weight * 0
         dec = self.decode_weight * decode_tokens
         counters = self.counters
-        for tenant, n in Counter(r.tenant_key for r in reqs).items():
+        for tenant, n in Counter(map(_TENANT_KEY, reqs)).items():
             c = counters.get(tenant, 0.0)
             for _ in range(n):
                 c = c + pre + dec  # charge's expression, term for term
@@ -815,9 +819,9 @@ class SchedulePolicy:
                     deferred = deprioritized
 
         if spec.name == "fair":
-            tenants = {r.tenant_key for r in waiting_queue}
+            tenants = set(map(_TENANT_KEY, waiting_queue))
             if running_batch is not None:
-                tenants.update(r.tenant_key for r in running_batch)
+                tenants.update(map(_TENANT_KEY, running_batch))
             self.fair.observe_active(frozenset(tenants))
 
         ctx = SortContext(
@@ -980,9 +984,9 @@ class SchedulePolicy:
         if synced and isinstance(engine, FairEngine):
             tenants = engine.tenants(arrivals)
         else:
-            tenants = {r.tenant_key for r in queue}
+            tenants = set(map(_TENANT_KEY, queue))
         if running_batch is not None:
-            tenants.update(r.tenant_key for r in running_batch)
+            tenants.update(map(_TENANT_KEY, running_batch))
         self.fair.observe_active(frozenset(tenants))
 
     def _log_spf(self, queue: list[Req]) -> None:
