@@ -568,6 +568,51 @@ def test_touch_prefixes_equals_touch_prefix_in_order(p: int) -> None:
     assert a._clock == b._clock and a.root.last_access_time == b.root.last_access_time
 
 
+@pytest.mark.parametrize("p", [1, 4])
+def test_move_lock_equals_inc_then_dec(p: int) -> None:
+    """Moving a request's lock down its path (and anywhere else) leaves every count as locking
+    the new node and then releasing the old one does."""
+    rng = np.random.default_rng(20 + p)
+    pairs = [make(page_size=p, size=8192 * p) for _ in range(2)]
+    seqs: list[list[int]] = []
+    locks: list[list[object]] = [[], []]
+    for step in range(150):
+        if not seqs or rng.random() < 0.25:
+            seqs.append(rng.integers(0, 3, size=int(rng.integers(1, 4)) * p).tolist())
+            for lk in locks:
+                lk.append(None)
+        i = int(rng.integers(len(seqs)))
+        if rng.random() < 0.7:
+            seqs[i] += rng.integers(0, 3, size=int(rng.integers(1, 3)) * p).tolist()
+        else:  # jump elsewhere (the new node is not below the old one)
+            seqs[i] = rng.integers(0, 3, size=int(rng.integers(1, 6)) * p).tolist()
+        for c, (cache, alloc) in enumerate(pairs):
+            put(cache, alloc, seqs[i])
+            new = cache.match_prefix(K(seqs[i])).last_node
+            old = locks[c][i]
+            if c == 0:
+                cache.inc_lock_ref(new)
+                if old is not None:
+                    cache.dec_lock_ref(old)
+            else:
+                cache.move_lock(old, new)
+            locks[c][i] = new
+        if step % 10 == 9:  # evict what is unlocked, alike on both
+            amount = int(rng.integers(1, 20)) * p
+            for cache, _ in pairs:
+                cache.evict(amount)
+        (a, aa), (b, ba) = pairs
+        conserved(a, aa)
+        conserved(b, ba)
+        assert (a.evictable_size(), a.protected_size()) == (b.evictable_size(), b.protected_size())
+        assert [(n.key.tobytes(), n.lock_ref) for n in a._iter_nodes()] == [
+            (n.key.tobytes(), n.lock_ref) for n in b._iter_nodes()
+        ]
+        assert sorted(n.id for n in a._evictable_leaves) == sorted(
+            n.id for n in b._evictable_leaves
+        )
+
+
 def test_evict_without_allocator() -> None:
     cache = RadixCache(None)
     cache.insert(K([1, 2, 3]), np.array([1, 2, 3], dtype=np.int64))

@@ -1204,9 +1204,7 @@ class Scheduler:
             node = m.last_node
         req.cache_protected_len = aligned
         req.cache_inserted_len = aligned
-        self.cache.inc_lock_ref(node)
-        if req.lock_node is not None:
-            self.cache.dec_lock_ref(req.lock_node)
+        self.cache.move_lock(req.lock_node, node)
         req.lock_node = node
         req.last_node = node
         req.prefix_len = up_to

@@ -92,6 +92,12 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def dec_lock_ref(self, node: Any) -> int: ...
 
+    def move_lock(self, old: Any, new: Any) -> None:
+        """``inc_lock_ref(new)``, then ``dec_lock_ref(old)`` unless ``old`` is None."""
+        self.inc_lock_ref(new)
+        if old is not None:
+            self.dec_lock_ref(old)
+
     @abstractmethod
     def evict(self, num_tokens: int) -> int: ...
 

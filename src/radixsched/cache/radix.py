@@ -604,6 +604,39 @@ class RadixCache(BasePrefixCache):
         self._protected_size += moved
         return -moved
 
+    def move_lock(self, old: TreeNode | None, new: TreeNode) -> None:
+        """``inc_lock_ref(new)`` then ``dec_lock_ref(old)`` (when ``old`` is not None), with the
+        same result. When ``new`` lies below ``old`` (a request's lock moving down to the end
+        of its latest checkpoint) only the nodes in between change, and the path above ``old``
+        is not walked twice."""
+        if old is None or old is new or self.disabled:
+            self.inc_lock_ref(new)
+            if old is not None:
+                self.dec_lock_ref(old)
+            return
+        self._check_attached(new)
+        root = self._root
+        between: list[TreeNode] = []
+        node = new
+        while node is not old:
+            if node is root:  # not below old: lock the new path, then release the old one
+                self.inc_lock_ref(new)
+                self.dec_lock_ref(old)
+                return
+            between.append(node)
+            node = node.parent  # type: ignore[assignment]  # attached => reaches the root
+        if old.lock_ref <= 0:
+            raise IntegrityError(f"dec_lock_ref on unlocked {old!r}")
+        if new.lock_ref == 0 and not new.children:
+            self._evictable_leaves.discard(new)
+        moved = 0
+        for node in between:
+            if node.lock_ref == 0:
+                moved += len(node.key)
+            node.lock_ref += 1
+        self._evictable_size -= moved
+        self._protected_size += moved
+
     def dec_lock_ref(self, node: TreeNode) -> int:
         """Release one lock taken by ``inc_lock_ref(node)``. Returns the change of
         ``evictable_size()`` (>= 0)."""
