@@ -613,6 +613,26 @@ def test_move_lock_equals_inc_then_dec(p: int) -> None:
         )
 
 
+@pytest.mark.parametrize("p", [1, 4])
+def test_match_node_is_match_prefix_without_indices(p: int) -> None:
+    rng = np.random.default_rng(30 + p)
+    (a, aa), (b, ba) = (make(page_size=p, size=8192) for _ in range(2))
+    for _ in range(25):
+        seq = rng.integers(0, 3, size=int(rng.integers(1, 12)) * p).tolist()
+        put(a, aa, seq)
+        put(b, ba, seq)
+    for _ in range(60):  # queries that hit, miss and split nodes
+        key = K(rng.integers(0, 3, size=int(rng.integers(0, 14)) * p + int(rng.integers(p))))
+        full, lean = a.match_prefix(key), b.match_node(key)
+        assert lean.device_len == full.device_len and len(lean.indices) == 0
+        assert lean.last_node.key.tobytes() == full.last_node.key.tobytes()
+    assert [(n.key.tobytes(), n.last_access_time) for n in a._iter_nodes()] == [
+        (n.key.tobytes(), n.last_access_time) for n in b._iter_nodes()
+    ]
+    conserved(a, aa)
+    conserved(b, ba)
+
+
 def test_evict_without_allocator() -> None:
     cache = RadixCache(None)
     cache.insert(K([1, 2, 3]), np.array([1, 2, 3], dtype=np.int64))

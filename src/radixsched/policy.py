@@ -1119,10 +1119,10 @@ class SchedulePolicy:
                 r.num_matched_prefix_tokens = n if n < cap else cap
                 append(n)
             return lens
-        match_prefix = self.tree_cache.match_prefix
+        match_node = self.tree_cache.match_node
         for r in queue:
             fill = r.fill_ids()
-            res = match_prefix(CacheKey(fill, r.namespace))
+            res = match_node(CacheKey(fill, r.namespace))
             r.prefix_len = res.device_len
             r.last_node = res.last_node
             r.host_hit_len = res.host_len

@@ -66,7 +66,7 @@ class MatchIndex:
     def _match(self, r: Req) -> None:
         fill = r.fill_ids()
         if self.need_node:
-            res = self.cache.match_prefix(CacheKey(fill, r.namespace))
+            res = self.cache.match_node(CacheKey(fill, r.namespace))
             n = res.device_len
             r.prefix_len = n
             r.last_node = res.last_node

@@ -67,6 +67,11 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def match_len(self, key: CacheKey) -> int: ...
 
+    def match_node(self, key: CacheKey) -> MatchResult:
+        """``match_prefix`` (the same recency refresh and splits) for callers that need the
+        matched length and ``last_node`` only: ``indices`` may be left empty."""
+        return self.match_prefix(key)
+
     @abstractmethod
     def insert(
         self,

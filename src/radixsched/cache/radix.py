@@ -396,6 +396,13 @@ class RadixCache(BasePrefixCache):
             indices = np.concatenate(values)
         return MatchResult(indices, pos, node)
 
+    def match_node(self, key: CacheKey) -> MatchResult:
+        """``match_prefix`` without gathering the matched slots (``indices`` is empty)."""
+        if self.disabled or len(key.tokens) == 0:
+            return MatchResult(EMPTY_SLOTS, 0, self._root)
+        node, pos, _ = self._walk(self._query(key), collect=False)
+        return MatchResult(EMPTY_SLOTS, pos, node)
+
     def match_len(self, key: CacheKey) -> int:
         """Matched length only: no split, no indices, no recency update."""
         if self.disabled:
