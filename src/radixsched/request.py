@@ -156,7 +156,7 @@ class Req:
     # fill_ids() of the last call: (the output list it was built from, its length, the array).
     # Output tokens are append-only, so equal list identity and length mean equal contents.
     _fill_memo: tuple[list[int], int, TokenArray] | None = field(
-        default=None, repr=False, compare=False
+        default=None, init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
