@@ -12,7 +12,11 @@ KV slot ownership (checked by ``check_integrity`` after every step in tests):
 * every slot is exactly one of: free in the allocator, held by the radix cache, or owned by a
   request (``kv_row[cache_protected_len:]`` of a running or chunked request);
 * a request holds exactly one lock (on ``lock_node``) from admission until it finishes, is
-  retracted, preempted or aborted; when the loop is idle no lock is held.
+  retracted, preempted or aborted; when the loop is idle no lock is held;
+* with deferred decode state (``defer_decode_state``, the simulator) a decode jump reserves the
+  running requests' new slots without choosing them: the allocator keeps them on its free list,
+  set aside, and the reservation equals what the running batch's columns say it is owed until
+  each request is settled (it finishes, is retracted or aborted, or ``sync_running``).
 
 Scheduling decides order and timing only: the same requests produce the same tokens under every
 policy, with the cache on or off.
