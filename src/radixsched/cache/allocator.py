@@ -14,6 +14,11 @@ Order is deterministic: the free list is a LIFO stack of page ids. Initially pag
 and a group freed by one ``free`` call comes back in its original order. The slots of each page
 are consecutive.
 
+``reserve(n)`` sets pages aside without choosing them (they stay on the stack, no longer
+available to ``alloc``) and ``claim(n)`` allocates from the reservation later; ``recycle(freed,
+n)`` is ``free(freed)`` followed by ``alloc(n)`` with the same result and state, for slots the
+cache has just evicted for this very allocation.
+
 Representation (chosen so that ``alloc`` and ``free`` are a handful of numpy calls each): the
 stack grows downwards, ``_stack[_lo:]`` are the free pages with the top at ``_stack[_lo]``, so
 both a pop and a push are forward copies of a contiguous block. ``_pos[k]`` is ``i + 1`` when
