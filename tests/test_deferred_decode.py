@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixsched.cache import IntegrityError, TokenAllocator
 from radixsched.config import SchedulerConfig
@@ -196,3 +198,33 @@ def test_allocator_reserve_and_claim() -> None:
     with pytest.raises(ValueError):
         a.reserve(3)  # not whole pages
     a.check_integrity(request_slots=[x, y])  # the reserved pages are still on the stack
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 5000), st.integers(-3, 2)), min_size=1, max_size=40),
+    limit=st.integers(1, 500),
+    extra=st.integers(0, 20_000),
+    page=st.sampled_from([1, 4]),
+)
+def test_max_steps_that_fit_matches_a_search(
+    rows: list[tuple[int, int]], limit: int, extra: int, page: int
+) -> None:
+    """The closed form for page-1 rows equals the binary search over the need it replaces."""
+    from radixsched.scheduler import _DecodeCols
+
+    s = _scheduler(False)
+    s.page_size = page
+    fill = np.array([f for f, _ in rows], dtype=np.int64)
+    have = np.maximum(fill - 1 - np.array([d for _, d in rows], dtype=np.int64), 0)
+    zeros = np.zeros(len(rows), dtype=np.int64)
+    cols = _DecodeCols([], fill, have, zeros, zeros, zeros != 0, zeros != 0)
+    room = s._cols_need(cols, 1) + extra  # callers have checked that one step fits
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if s._cols_need(cols, mid) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    assert s._max_steps_that_fit(cols, limit, room) == lo

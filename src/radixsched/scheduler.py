@@ -795,6 +795,25 @@ class Scheduler:
             ends = -(-ends // p) * p
         return int(np.maximum(ends - cols.have, 0).sum())
 
+    def _max_steps_that_fit(self, cols: _DecodeCols, limit: int, room: int) -> int:
+        """The largest ``k <= limit`` with ``_cols_need(cols, k) <= room`` (1 when none does:
+        callers have checked one step fits). On page-1 pools whose rows end where their next
+        token goes (the usual case) the need is ``sum(fill - 1 - have) + n * k``, solved
+        directly; otherwise a binary search over the need."""
+        if self.page_size == 1:
+            short = cols.fill - 1 - cols.have
+            if len(short) and int(short.min()) >= 0:
+                fit = (room - int(short.sum())) // len(short)
+                return max(1, min(limit, fit))
+        lo, hi = 1, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._cols_need(cols, mid) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def _cols_fit(self, cols: _DecodeCols, steps: int) -> bool:
         need = self._cols_need(cols, steps)
         return need <= self.allocator.available_size() + self.cache.evictable_size()
@@ -918,14 +937,7 @@ class Scheduler:
         if k <= 1:
             return 1
         room = self.allocator.available_size() + self.cache.evictable_size()
-        lo, hi = 1, k
-        while lo < hi:  # largest k whose allocations fit
-            mid = (lo + hi + 1) // 2
-            if self._cols_need(cols, mid) <= room:
-                lo = mid
-            else:
-                hi = mid - 1
-        k = lo
+        k = self._max_steps_that_fit(cols, k, room)
         if horizon is not None and self.waiting == [] and k > 1:
             durs = self.runner.decode_durations(cols.reqs, cols.fill, k)
             ends = _step_ends(self.clock.now(), durs)
