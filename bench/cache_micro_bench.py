@@ -126,7 +126,11 @@ def full_cache(page_size: int, leaf_len: int, prefix_len: int, fanout: int) -> R
     return cache
 
 
-def bench_evict(page_size: int, n: int, leaf_len: int, calls: int) -> float:
+def _time_evictions(page_size: int, n: int, leaf_len: int, calls: int, mode: str) -> float:
+    """us per call on a full pool of ``mode``: "evict" (``evict(n)`` alone, the refilling
+    ``alloc`` untimed), "evict+alloc" (both timed) or "reclaim+recycle" (``evict_reclaim`` then
+    ``recycle``: the scheduler's ``_alloc`` when the free list is empty, the evicted slots
+    skipping the round trip through the free list)."""
     cache = full_cache(page_size, leaf_len, prefix_len=4096, fanout=4)
     a = cache.allocator
     assert isinstance(a, TokenAllocator)
@@ -138,14 +142,24 @@ def bench_evict(page_size: int, n: int, leaf_len: int, calls: int) -> float:
         perf = time.perf_counter
         for _ in range(calls):
             t0 = perf()
-            cache.evict(need)
-            total += perf() - t0
-            got = a.alloc(need)
+            if mode == "reclaim+recycle":
+                got = a.recycle(cache.evict_reclaim(need), need)
+            else:
+                cache.evict(need)
+                if mode == "evict":
+                    total += perf() - t0
+                got = a.alloc(need)
+            if mode != "evict":
+                total += perf() - t0
             assert got is not None
     finally:
         gc.enable()
     cache.check_integrity()
     return total / calls * 1e6
+
+
+def bench_evict(page_size: int, n: int, leaf_len: int, calls: int) -> float:
+    return _time_evictions(page_size, n, leaf_len, calls, "evict")
 
 
 def walk_cache(page_size: int) -> tuple[RadixCache, list[np.ndarray]]:
@@ -179,34 +193,11 @@ def bench_walks(page_size: int, calls: int) -> dict[str, float]:
 
 
 def bench_evict_alloc(page_size: int, n: int, leaf_len: int, calls: int) -> tuple[float, float]:
-    """(evict then alloc, evict_reclaim then recycle) us per ``n``-slot allocation on a full
-    pool: the scheduler's ``_alloc`` when the free list is empty (the second skips the round
-    trip of the evicted slots through the free list)."""
-    out = []
-    for reclaim in (False, True):
-        cache = full_cache(page_size, leaf_len, prefix_len=4096, fanout=4)
-        a = cache.allocator
-        assert isinstance(a, TokenAllocator)
-        need = -(-n // page_size) * page_size
-        total = 0.0
-        gc.collect()
-        gc.disable()
-        try:
-            perf = time.perf_counter
-            for _ in range(calls):
-                t0 = perf()
-                if reclaim:
-                    got = a.recycle(cache.evict_reclaim(need), need)
-                else:
-                    cache.evict(need)
-                    got = a.alloc(need)
-                total += perf() - t0
-                assert got is not None
-        finally:
-            gc.enable()
-        cache.check_integrity()
-        out.append(total / calls * 1e6)
-    return out[0], out[1]
+    """(evict then alloc, evict_reclaim then recycle) us per ``n``-slot allocation."""
+    return (
+        _time_evictions(page_size, n, leaf_len, calls, "evict+alloc"),
+        _time_evictions(page_size, n, leaf_len, calls, "reclaim+recycle"),
+    )
 
 
 def bench_checkpoint(cache: RadixCache, prompts: list[np.ndarray], calls: int) -> float:
