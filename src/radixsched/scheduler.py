@@ -755,11 +755,6 @@ class Scheduler:
         buf[have:new_len] = slots
         r.kv_row = buf[:new_len]
 
-    def _make_free(self, n: int) -> None:
-        short = n - self.allocator.available_size()
-        if short > 0:
-            self.cache.evict(short)
-
     def _alloc(self, n: int) -> np.ndarray:
         """``n`` slots, evicting what is missing. The result is only read (it may be a view of
         slots the cache just gave up)."""
@@ -775,7 +770,9 @@ class Scheduler:
         return slots
 
     def _reserve(self, n: int) -> None:
-        self._make_free(n)
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
         if not self.allocator.reserve(n):
             raise self._alloc_failed(n)
 

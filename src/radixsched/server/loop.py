@@ -154,6 +154,9 @@ class BatchRecorder(ModelRunner):
     ) -> npt.NDArray[np.float64]:
         return self.inner.decode_durations(reqs, seq_lens, num_steps)
 
+    def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:
+        return self.inner.tokens_at(reqs, positions)
+
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.inner.eos_token_ids()
 
