@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from radixsched.policy import (
     SGLANG_PREFIX_MATCH_CAP,
     WAITING_PREFIX_REFRESH_INTERVAL,
     WAITING_PREFIX_REFRESH_SPAN,
+    LazyShuffle,
     PriorityResult,
     SchedulePolicy,
     VirtualTokenCounter,
@@ -308,6 +311,71 @@ def test_random_is_seeded_and_uses_its_own_rng() -> None:
     assert rids(q1) == rids(q2)
     assert rids(q1) != rids(q3)
     assert sorted(rids(q1)) == sorted(rids(base))
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(0, 40), seed=st.integers(0, 2**32), reads=st.lists(st.integers(0, 45)))
+def test_lazy_shuffle_draws_the_prefix_of_the_full_shuffle(
+    n: int, seed: int, reads: list[int]
+) -> None:
+    """Reading positions in any increasing pattern gives the same first positions as the full
+    shuffle from the same generator state, and the list stays a permutation."""
+    items = list(range(n))
+    full = list(items)
+    LazyShuffle(random.Random(seed)).draw(full, n)
+    lazy = list(items)
+    shuffle = LazyShuffle(random.Random(seed))
+    end = 0
+    for r in sorted(reads):
+        shuffle.draw(lazy, r)
+        end = max(end, min(r, n))
+        assert shuffle.done == end
+    assert lazy[:end] == full[:end]
+    assert sorted(lazy) == items
+
+
+def test_lazy_shuffle_is_uniform() -> None:
+    """Every ordered pair (first, second) of a 4-list is equally likely (a chi-square bound
+    far above what a correct shuffle reaches and far below a biased one's)."""
+    rng = random.Random(3)
+    counts: Counter[tuple[int, int]] = Counter()
+    trials = 24_000
+    for _ in range(trials):
+        q = [0, 1, 2, 3]
+        LazyShuffle(rng).draw(q, 2)
+        counts[(q[0], q[1])] += 1
+    assert len(counts) == 12
+    expected = trials / 12
+    chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
+    assert chi2 < 40.0  # 11 degrees of freedom: p < 1e-4 beyond 36
+
+
+def test_random_lazy_round_orders_only_what_is_read() -> None:
+    """calc_priority(lazy=True) leaves the queue alone and hands back the draw; drawing the
+    whole queue gives exactly the eager round's order. A round that refreshes the waiting
+    prefixes draws the head it touches first."""
+    base = [mk(f"r{i}", [i + 1], t=float(i)) for i in range(30)]
+    eager, lazy = list(base), list(base)
+    quiet = {"enable_waiting_prefix_refresh": False}
+    make_policy("random", seed=5, **quiet).calc_priority(eager, [], 0, 0.0)
+    res = make_policy("random", seed=5, **quiet).calc_priority(lazy, [], 0, 0.0, lazy=True)
+    assert res.lazy is not None and res.lazy.done == 0
+    assert rids(lazy) == rids(base)
+    res.lazy.draw(lazy, len(lazy))
+    assert rids(lazy) == rids(eager)
+    refreshed = list(base)
+    res = make_policy("random", seed=5).calc_priority(refreshed, [], 0, 0.0, lazy=True)
+    assert res.lazy is not None and res.lazy.done == len(base)  # refresh round: head drawn
+    assert rids(refreshed) == rids(eager)
+    # compat keeps SGLang's eager shuffle even when the caller could read lazily
+    compat = list(base)
+    assert (
+        make_policy("random", seed=5, compat="sglang")
+        .calc_priority(compat, [], 0, 0.0, lazy=True)
+        .lazy
+        is None
+    )
+    assert rids(compat) != rids(base)
 
 
 def _routing_queue() -> list[Req]:
@@ -1334,14 +1402,15 @@ def test_fair_charge_decode_equals_one_charge_per_request(
         ("lof", True),
         ("routing-key", True),
         ("shortest-prefill-first", True),
-        ("random", False),
+        ("random", True),
         ("fair", False),
         ("dfs-weight", False),
     ],
 )
 def test_skip_round_keeps_the_refresh_cadence(name: str, skippable: bool) -> None:
     """Rounds skipped while the batch is full: the waiting-prefix refresh still happens on the
-    same rounds, over the same requests, as when every round is computed."""
+    same rounds, over the same requests, as when every round is computed (the scheduler's
+    lazy rounds: random draws only what is read, here the refreshed head)."""
 
     def touched_per_round(skip_every: int) -> tuple[list[list[int]], int]:
         cache = SpyCache()
@@ -1353,7 +1422,7 @@ def test_skip_round_keeps_the_refresh_cadence(name: str, skippable: bool) -> Non
             if skip_every and k % skip_every and pol.skip_round(q):
                 skipped += 1
             else:
-                pol.calc_priority(q, [], 0, 0.0)
+                pol.calc_priority(q, [], 0, 0.0, lazy=True)
             rounds.append(cache.touched[before:])
         return rounds, skipped
 

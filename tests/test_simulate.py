@@ -498,7 +498,7 @@ def test_no_out_of_memory_abort_when_each_request_fits_alone() -> None:
 # ---- rounds skipped while the batch is full -------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "lpm", "hrrn", "routing-key", "lof"])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "hrrn", "routing-key", "lof", "random"])
 def test_skipped_full_batch_rounds_change_nothing(
     policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,7 +10,7 @@ name                   kind        order (first = tried first)
 ====================== =========== =========================================================
 fcfs                   agnostic    arrival; with priority scheduling (priority, arrival)
 lof                    agnostic    longest ``max_new_tokens`` first (priority first if on)
-random                 agnostic    shuffle seeded by ``config.seed`` (radixsched: numpy stream)
+random                 agnostic    shuffle seeded by ``config.seed`` (radixsched: drawn lazily)
 routing-key            agnostic    routing keys frequent in the running batch first
 lpm                    cache-aware longest matched prefix first (optional starvation bound)
 dfs-weight             cache-aware depth-first over the cache tree, heaviest subtree first
@@ -113,8 +113,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
-import numpy as np
-
 from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
 from radixsched.cache.radix import RadixCache
 from radixsched.config import SchedulerConfig
@@ -131,7 +129,6 @@ from radixsched.queue_order import (
     QueueLog,
     RoundInputs,
     RoutingKeyEngine,
-    reorder,
 )
 from radixsched.request import Req
 
@@ -169,13 +166,49 @@ class MatchMode(Enum):
     SKIP = "skip"
 
 
+class LazyShuffle:
+    """A uniformly random order of a list, drawn one position at a time (radixsched random).
+
+    Front-to-back Fisher-Yates: position ``i`` takes a uniform pick among positions ``[i, n)``.
+    Whatever order the list starts in, its first ``k`` positions are then a uniform random
+    ``k``-sequence of its requests, so a round that reads ``k`` requests costs ``k`` draws, not
+    ``n``, and a round that reads none draws nothing. Drawing every position is a full shuffle
+    with the same first ``k`` positions for the same generator state.
+    Invariant: ``queue[:done]`` is final for this round."""
+
+    __slots__ = ("done", "rng")
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.done = 0
+
+    def draw(self, queue: list[Req], end: int) -> None:
+        """Make positions ``[0, end)`` final (``end`` is clipped to the list)."""
+        i = self.done
+        if i >= end:
+            return
+        n = len(queue)
+        stop = min(end, n - 1)  # the last position has one candidate: no draw
+        pick = self.rng.randrange
+        while i < stop:
+            j = i + pick(n - i)
+            if j != i:
+                queue[i], queue[j] = queue[j], queue[i]
+            i += 1
+        self.done = max(i, min(end, n))
+
+
 class PriorityResult(NamedTuple):
-    """What one ``calc_priority`` round decided (the queue itself is sorted in place)."""
+    """What one ``calc_priority`` round decided (the queue itself is sorted in place, except
+    under ``lazy``)."""
 
     active_policy: str  # the policy that ordered this round (after fallbacks)
     deprioritized: frozenset[str]  # rids moved to the back by the in-batch dedup
     deferred: frozenset[str]  # rids the scheduler must not admit this round (compat: empty)
     prefix_matched: bool  # num_matched_prefix_tokens is an exact cache match this round
+    # ``calc_priority(lazy=True)`` on radixsched random: the queue is ordered only as far as
+    # ``lazy.done``; a caller reading position i first calls ``lazy.draw(queue, i + 1)``.
+    lazy: LazyShuffle | None = None
 
 
 @dataclass
@@ -189,7 +222,6 @@ class SortContext:
     now: float
     running_batch: Sequence[Req] | None
     rng: random.Random
-    np_rng: np.random.Generator
     fair: VirtualTokenCounter
     is_overdue: Callable[[Req], bool]
     # The caller guarantees the queue is already in (queue entry, arrival) order.
@@ -320,13 +352,13 @@ def _sort_lof(queue: list[Req], ctx: SortContext) -> None:
 
 
 def _sort_random(queue: list[Req], ctx: SortContext) -> None:
-    """compat: SGLang's ``random.shuffle``. radixsched: a numpy permutation from its own
-    generator seeded by ``config.seed`` (as deterministic, a different stream, and ~10x
-    cheaper for a long queue)."""
+    """compat: SGLang's ``random.shuffle`` (back to front). radixsched: ``LazyShuffle`` drawn
+    to the end, from the policy's own generator seeded by ``config.seed``; the scheduler draws
+    only the positions it reads (``calc_priority(lazy=True)``), the same first positions."""
     if ctx.compat:
         ctx.rng.shuffle(queue)
-    elif len(queue) > 1:
-        queue[:] = reorder(queue, ctx.np_rng.permutation(len(queue)).tolist())
+    else:
+        LazyShuffle(ctx.rng).draw(queue, len(queue))
 
 
 def _sort_routing_key(queue: list[Req], ctx: SortContext) -> None:
@@ -662,7 +694,6 @@ class SchedulePolicy:
         self.priority_sign = config.priority_sign
         self.active_policy_name = spec.name
         self.rng = random.Random(config.seed)
-        self.np_rng = np.random.default_rng(config.seed)
         self.fair = VirtualTokenCounter()
         self._spf_calls = 0
         self._refresh_calls = 0
@@ -780,10 +811,12 @@ class SchedulePolicy:
         now: float = 0.0,
         *,
         entry_ordered: bool = False,
+        lazy: bool = False,
     ) -> PriorityResult:
         """Match, dedup and sort ``waiting_queue`` in place (stable); see the module docstring.
         ``entry_ordered``: the caller guarantees the queue is in (queue entry, arrival) order,
-        so fcfs has nothing to sort."""
+        so fcfs has nothing to sort. ``lazy``: the caller reads the queue front to back and
+        honours ``PriorityResult.lazy``, so radixsched random draws only what is read."""
         spec = self.active_spec(len(waiting_queue))
         self.active_policy_name = spec.name
         if self._engine is not None:
@@ -832,23 +865,27 @@ class SchedulePolicy:
             now=now,
             running_batch=running_batch,
             rng=self.rng,
-            np_rng=self.np_rng,
             fair=self.fair,
             is_overdue=is_overdue,
             entry_ordered=entry_ordered,
         )
-        spec.sort(waiting_queue, ctx)
+        shuffle: LazyShuffle | None = None
+        if lazy and spec.name == "random" and not compat:
+            shuffle = LazyShuffle(self.rng)
+        else:
+            spec.sort(waiting_queue, ctx)
 
         if spec.name == "shortest-prefill-first":
             self._log_spf(waiting_queue)
 
-        self._touch_waiting_prefixes(waiting_queue, mode)
+        self._touch_waiting_prefixes(waiting_queue, mode, shuffle)
         self._last_deferred = deferred
         return PriorityResult(
             active_policy=spec.name,
             deprioritized=deprioritized,
             deferred=deferred,
             prefix_matched=mode in (MatchMode.LENGTH, MatchMode.NODE),
+            lazy=shuffle,
         )
 
     def skip_round(self, waiting_queue: list[Req]) -> bool:
@@ -856,13 +893,15 @@ class SchedulePolicy:
         can be admitted) without computing it, where that leaves every later round exactly as
         computing it would: radixsched orders are functions of the requests' current keys
         (ties by arrival); length matching is read-only (not so node matching, which refreshes
-        recency); no random draw, no fair-share observation; and this round's waiting-prefix
-        refresh is not due (the refresh counter advances as the round would have advanced
-        it). Returns False, having done nothing, otherwise: the caller runs ``calc_priority``."""
+        recency); no fair-share observation; random only under the lazy draw (a round that
+        reads no request draws nothing: the caller must use ``calc_priority(lazy=True)``); and
+        this round's waiting-prefix refresh is not due (the refresh counter advances as the
+        round would have advanced it). Returns False, having done nothing, otherwise: the
+        caller runs ``calc_priority``."""
         if self.config.sglang_compat:
             return False
         spec = self.active_spec(len(waiting_queue))
-        if spec.name in ("random", "fair") or self._match_mode(spec) not in (
+        if spec.name == "fair" or self._match_mode(spec) not in (
             MatchMode.LENGTH,
             MatchMode.SKIP,
         ):
@@ -1201,8 +1240,11 @@ class SchedulePolicy:
             dup.update(r.rid for r in group if r is not rep)
         return frozenset(dup)
 
-    def _touch_waiting_prefixes(self, queue: list[Req], mode: MatchMode) -> None:
-        """Keep queued prefixes warm under LRU when this round's matching did not (spec 1.10)."""
+    def _touch_waiting_prefixes(
+        self, queue: list[Req], mode: MatchMode, shuffle: LazyShuffle | None = None
+    ) -> None:
+        """Keep queued prefixes warm under LRU when this round's matching did not (spec 1.10).
+        The head touched is this round's order: a lazy shuffle draws it first."""
         cfg = self.config
         incremental_node = mode is MatchMode.NODE and self._match_index is not None
         if (
@@ -1212,14 +1254,16 @@ class SchedulePolicy:
             or cfg.radix_eviction_policy.lower() != "lru"
         ):
             return
-        self._touch_round(queue)
+        self._touch_round(queue, shuffle)
 
-    def _touch_round(self, queue: list[Req]) -> None:
+    def _touch_round(self, queue: list[Req], shuffle: LazyShuffle | None = None) -> None:
         """One eligible round of the waiting-prefix touch: every INTERVAL-th touches the head."""
         refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._refresh_calls += 1
         if not refresh:
             return
+        if shuffle is not None:
+            shuffle.draw(queue, WAITING_PREFIX_REFRESH_SPAN)
         # Head last: it gets the newest access time, so it is evicted last.
         self.tree_cache.touch_prefixes(
             CacheKey(r.fill_ids(), r.namespace)

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import logging
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -313,18 +311,31 @@ class Scheduler:
                 self.policy.on_enqueue(req)
             return
         seq_of = self._seq_of
-        seqs = list(map(seq_of.__getitem__, map(id, self.waiting)))
-        if _is_sorted(seqs):
+        if self._in_arrival_order():
+            arrival_seq = self._arrival_seq_of
             for req in reqs:  # each goes back to its place in arrival order
-                seq = seq_of[id(req)]
-                pos = bisect.bisect_left(seqs, seq)
-                seqs.insert(pos, seq)
+                pos = bisect.bisect_left(self.waiting, seq_of[id(req)], key=arrival_seq)
                 self.waiting.insert(pos, req)
         else:
             self.waiting.extend(reqs)
             self._entry_ordered = False
         for req in reqs:
             self.policy.on_enqueue(req)
+
+    def _arrival_seq_of(self, req: Req) -> int:
+        return self._seq_of[id(req)]
+
+    def _in_arrival_order(self) -> bool:
+        """Whether ``waiting`` is in arrival order. Stops at the first inversion: a list a
+        policy reordered shows one within its first few requests."""
+        seq_of = self._seq_of
+        prev = -1
+        for r in self.waiting:
+            seq = seq_of[id(r)]
+            if seq < prev:
+                return False
+            prev = seq
+        return True
 
     # ==== abort ==============================================================================
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
@@ -558,10 +569,12 @@ class Scheduler:
                 prio = self._calc_priority()
 
         deferred = prio.deferred
+        shuffle = prio.lazy
         guard_in_flight = not cfg.sglang_compat and self.cache.supports_prefix_sharing()
         admitted_pos: list[int] = []
         # The loop never edits self.waiting (admitted requests leave it after the loop, and
-        # preemption victims are re-queued after it too), so it walks the list itself.
+        # preemption victims are re-queued after it too), so it walks the list itself; a lazy
+        # shuffle only swaps positions at or past the one being read.
         preemption = cfg.enable_priority_preemption
         for pos, req in enumerate(self.waiting):
             if adder.budget_state() is AddReqResult.OTHER:
@@ -570,6 +583,9 @@ class Scheduler:
                 # Full already: the first request not skipped below would end the loop, and
                 # the skip checks change nothing, so end it now.
                 break
+            if shuffle is not None:  # random: draw the request this position holds
+                shuffle.draw(self.waiting, pos + 1)
+                req = self.waiting[pos]
             if req.rid in deferred:
                 continue
             if (
@@ -662,6 +678,7 @@ class Scheduler:
             self.processed_tokens,
             self.clock.now(),
             entry_ordered=self._entry_ordered and self._fcfs_keeps_order,
+            lazy=True,
         )
 
     def _match_for_admission(self, req: Req) -> None:
@@ -1413,10 +1430,6 @@ def _prio_value(r: Req, sign: int) -> int:
     if r.priority is not None:
         return r.priority
     return (2**63 - 1) if sign > 0 else -(2**63)
-
-
-def _is_sorted(xs: list[int]) -> bool:
-    return all(map(operator.le, xs, itertools.islice(xs, 1, None)))
 
 
 def _replace_sampling(s: SamplingParams, **kw: Any) -> SamplingParams:
