@@ -158,6 +158,9 @@ class Req:
     _fill_memo: tuple[list[int], int, TokenArray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # The fair policy's tenant: ``tenant``, else ``routing_key``, else "". Fixed at
+    # construction (a plain slot: fair rounds read it for every queued and running request).
+    tenant_key: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.prompt_ids = as_tokens(self.prompt_ids)
@@ -166,6 +169,7 @@ class Req:
         if len(self.prompt_ids) == 0:
             raise ValueError(f"request {self.rid}: empty prompt")
         self.times.arrival = self.arrival_time
+        self.tenant_key = self.tenant or self.routing_key or ""
         self.queue_entry_time = self.arrival_time
 
     # ---- derived lengths ------------------------------------------------------------
@@ -204,10 +208,6 @@ class Req:
         if self.extra_key is None and self.cache_salt is None:
             return None
         return (self.extra_key, self.cache_salt)
-
-    @property
-    def tenant_key(self) -> str:
-        return self.tenant or self.routing_key or ""
 
     def fill_ids(self) -> TokenArray:
         """Prompt + output as one array (built once per output length; read-only use)."""
