@@ -23,7 +23,6 @@ from radixsched.policy import (
     SGLANG_PREFIX_MATCH_CAP,
     WAITING_PREFIX_REFRESH_INTERVAL,
     WAITING_PREFIX_REFRESH_SPAN,
-    LazyShuffle,
     PriorityResult,
     SchedulePolicy,
     VirtualTokenCounter,
@@ -31,6 +30,7 @@ from radixsched.policy import (
     prefill_work,
     validate_priority,
 )
+from radixsched.queue_order import HrrnRound, LazyShuffle
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads import load_workload
@@ -322,12 +322,12 @@ def test_lazy_shuffle_draws_the_prefix_of_the_full_shuffle(
     shuffle from the same generator state, and the list stays a permutation."""
     items = list(range(n))
     full = list(items)
-    LazyShuffle(random.Random(seed)).draw(full, n)
+    LazyShuffle(random.Random(seed), full).draw(n)
     lazy = list(items)
-    shuffle = LazyShuffle(random.Random(seed))
+    shuffle = LazyShuffle(random.Random(seed), lazy)
     end = 0
     for r in sorted(reads):
-        shuffle.draw(lazy, r)
+        shuffle.draw(r)
         end = max(end, min(r, n))
         assert shuffle.done == end
     assert lazy[:end] == full[:end]
@@ -342,7 +342,7 @@ def test_lazy_shuffle_is_uniform() -> None:
     trials = 24_000
     for _ in range(trials):
         q = [0, 1, 2, 3]
-        LazyShuffle(rng).draw(q, 2)
+        LazyShuffle(rng, q).draw(2)
         counts[(q[0], q[1])] += 1
     assert len(counts) == 12
     expected = trials / 12
@@ -359,13 +359,14 @@ def test_random_lazy_round_orders_only_what_is_read() -> None:
     quiet = {"enable_waiting_prefix_refresh": False}
     make_policy("random", seed=5, **quiet).calc_priority(eager, [], 0, 0.0)
     res = make_policy("random", seed=5, **quiet).calc_priority(lazy, [], 0, 0.0, lazy=True)
-    assert res.lazy is not None and res.lazy.done == 0
+    assert isinstance(res.lazy, LazyShuffle) and res.lazy.done == 0
     assert rids(lazy) == rids(base)
-    res.lazy.draw(lazy, len(lazy))
+    assert rids(res.lazy.head(len(lazy))) == rids(eager)
     assert rids(lazy) == rids(eager)
     refreshed = list(base)
     res = make_policy("random", seed=5).calc_priority(refreshed, [], 0, 0.0, lazy=True)
-    assert res.lazy is not None and res.lazy.done == len(base)  # refresh round: head drawn
+    assert isinstance(res.lazy, LazyShuffle)
+    assert res.lazy.done == len(base)  # a refresh round: the head it touches is drawn
     assert rids(refreshed) == rids(eager)
     # compat keeps SGLang's eager shuffle even when the caller could read lazily
     compat = list(base)
@@ -607,6 +608,43 @@ def test_hrrn_radixsched_ratio_then_arrival() -> None:
     ]
     run(make_policy("hrrn", cache_with(PREFIX), **NO_DEDUP), q, processed_tokens=1000)
     assert rids(q) == ["hit", "fast", "slow", "a_fresh", "b_fresh"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from([-3.0, -2.5, -1.0, 0.0, float("inf"), float("-inf")]),
+            st.integers(0, 2),
+            st.integers(0, 2),
+        ),
+        max_size=60,
+    ),
+    reads=st.integers(0, 70),
+    data=st.data(),
+)
+def test_hrrn_round_hands_out_the_total_order(
+    rows: list[tuple[float, int, int]], reads: int, data: st.DataObject
+) -> None:
+    """``HrrnRound`` (the lazy hrrn round): reading positions one by one, past its first
+    selections and through heavy ties, gives the sort by (ratio, entry, arrival, rid); ``head``
+    agrees, and every position is handed out once."""
+    rid_order = data.draw(st.permutations(range(len(rows))))
+    reqs = [mk(f"q{rid_order[i]:02d}", [1], t=0.0) for i in range(len(rows))]
+    ratio = np.array([r[0] for r in rows], dtype=np.float64)
+    entry = np.array([r[1] for r in rows], dtype=np.float64)
+    arrival = np.array([r[2] for r in rows], dtype=np.float64)
+    want = sorted(range(len(rows)), key=lambda i: (*rows[i], reqs[i].rid))
+    rnd = HrrnRound(reqs, ratio, entry, arrival)
+    got = []
+    for i in range(min(reads, len(rows) + 1)):
+        pos = rnd.position(i)
+        if pos is None:
+            assert i == len(rows)
+            break
+        got.append(pos)
+    assert got == want[: len(got)]
+    assert [r.rid for r in rnd.head(len(rows))] == [reqs[i].rid for i in want]
 
 
 def test_hrrn_compat_ties_by_rid() -> None:
@@ -1236,7 +1274,7 @@ def _reference_key(name: str, compat: bool, dep: frozenset[str], processed: int,
             return (
                 (hrrn_term(r), r.rid)
                 if compat
-                else (hrrn_term(r), r.queue_entry_time, r.arrival_time)
+                else (hrrn_term(r), r.queue_entry_time, r.arrival_time, r.rid)
             )
         work = max(1, r.fill_len - r.num_matched_prefix_tokens)
         if compat:
@@ -1253,6 +1291,7 @@ def _reference_key(name: str, compat: bool, dep: frozenset[str], processed: int,
     name=st.sampled_from(["lpm", "hrrn", "shortest-prefill-first"]),
     compat=st.sampled_from(["radixsched", "sglang"]),
     threshold=st.integers(1, 8),
+    lazy=st.booleans(),
 )
 def test_cache_aware_orders_equal_the_spec_keys(
     specs: list[tuple[list[int], list[int], int | None, str | None, str | None, int, int]],
@@ -1260,7 +1299,9 @@ def test_cache_aware_orders_equal_the_spec_keys(
     name: str,
     compat: str,
     threshold: int,
+    lazy: bool,
 ) -> None:
+    """The order each policy leaves (or, lazily, hands out) is the spec's sort key's."""
     pol = make_policy(
         name,
         cache_with(*cached),
@@ -1273,9 +1314,10 @@ def test_cache_aware_orders_equal_the_spec_keys(
         for i, (p, o, _pr, _rk, _tn, t, pt) in enumerate(specs)
     ]
     original = list(queue)
-    res = pol.calc_priority(queue, [], 40, 4.0)
+    res = pol.calc_priority(queue, [], 40, 4.0, lazy=lazy)
     key = _reference_key(name, compat == "sglang", res.deprioritized, 40, 4.0)
-    assert rids(queue) == rids(sorted(original, key=key)), (name, compat, specs, cached, threshold)
+    got = queue if res.lazy is None else res.lazy.head(len(queue))
+    assert rids(got) == rids(sorted(original, key=key)), (name, compat, specs, cached, threshold)
 
 
 # ---- incremental orders (radixsched) ------------------------------------------------------------

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from radixsched.config import SchedulerConfig
-from radixsched.policy import POLICIES
+from radixsched.policy import POLICIES, PriorityResult
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.sim.costmodel import CostModelRunner
 from radixsched.sim.simulate import SimConfig, SimRun, simulate
@@ -493,6 +493,40 @@ def test_no_out_of_memory_abort_when_each_request_fits_alone() -> None:
     )
     assert [r.output_len for r in run.requests] == [8, 8]
     assert run.result.num_aborted == 0
+
+
+# ---- lazy rounds ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["hrrn"])
+def test_lazy_rounds_equal_sorted_rounds(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admission loop reading hrrn's order lazily (``calc_priority(lazy=True)``) runs bit
+    for bit as sorting the whole queue every round does."""
+    from radixsched.scheduler import Scheduler
+
+    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
+    w = _workload(spec, rate, n)
+    lazy_rounds: list[bool] = []
+    orig = Scheduler._calc_priority
+
+    def spying(self: Scheduler) -> PriorityResult:
+        res = orig(self)
+        lazy_rounds.append(res.lazy is not None)
+        return res
+
+    monkeypatch.setattr(Scheduler, "_calc_priority", spying)
+    lazy = _run(w, policy, max_total_tokens=cap, check_integrity=True)
+    assert any(lazy_rounds), "the case must have lazy rounds"
+
+    def eager(self: Scheduler) -> PriorityResult:
+        return self.policy.calc_priority(
+            self.waiting, self.running, self.processed_tokens, self.clock.now()
+        )
+
+    monkeypatch.setattr(Scheduler, "_calc_priority", eager)
+    sorted_ = _run(w, policy, max_total_tokens=cap, check_integrity=True)
+    assert _traces(lazy) == _traces(sorted_)
+    assert json.dumps(_result_json(lazy)) == json.dumps(_result_json(sorted_))
 
 
 # ---- rounds skipped while the batch is full -------------------------------------------------

@@ -25,7 +25,10 @@ COMPAT_NOTES: dict[str, str] = {
     "prefix-match cap": "lpm/hrrn fall back to fcfs above 128 waiting requests "
     "(radixsched: no cap unless --max-prefix-match-queue is set)",
     "tie-breaks": "hrrn ties break by request id and routing-key non-matching requests sort "
-    "by key string (radixsched: by arrival)",
+    "by key string (radixsched: by arrival; hrrn then by request id)",
+    "random": "random.shuffle of the whole queue every round (radixsched: a front-to-back "
+    "Fisher-Yates drawn only as far as admission reads: the same distribution, and a round "
+    "that admits nothing draws nothing)",
     "in-batch dedup": "first request in list order represents a shared prefix and duplicates "
     "may still be admitted in the same round (radixsched: the cheapest/oldest represents it "
     "and duplicates wait one round)",

@@ -27,8 +27,14 @@ subtree changed, requests whose dedup status flipped. The scheduler reports arri
 departures through ``on_enqueue`` / ``on_dequeue`` (and ``forget``); a round checks (identity
 compares) that the list it is handed is exactly what those hooks described and otherwise
 recomputes everything from the list as it stands, so callers without hooks get the same answer.
-hrrn re-sorts every round (its ratio moves with the clock) in numpy; fair interleaves tenants
+hrrn re-orders every round (its ratio moves with the clock) in numpy; fair interleaves tenants
 every round; compat mode, plain fcfs and lpm's starvation bound sort the whole list as before.
+
+Lazy rounds (radixsched): the scheduler reads the queue front to back and stops after a few
+requests, so random and hrrn hand their order out as it is read (``calc_priority(lazy=True)``,
+``PriorityResult.lazy``, ``queue_order.LazyOrder``): random draws one position at a time (a
+front-to-back Fisher-Yates), hrrn selects its head with a partition and sorts only that. The
+order read is exactly the eager one; the list itself is left as it stands.
 
 Matching (what ``calc_priority`` writes on each ``Req``):
 
@@ -84,8 +90,9 @@ Deviations from SGLang 0.5.23 (``config.compat == "sglang"`` restores each):
 
 - no 128-request cap for lpm/hrrn unless ``max_prefix_match_queue`` is set; above the cap the
   fallback sorts by arrival (SGLang leaves the last cache-aware order, spec 8.23);
-- every remaining tie breaks by arrival (queue entry time, then arrival time, then list order);
-  SGLang breaks hrrn ties by rid and orders non-matching routing keys by key string; fcfs sorts
+- every remaining tie breaks by arrival (queue entry time, then arrival time, then list order;
+  hrrn: then rid, a total order its lazy rounds rely on); SGLang breaks hrrn ties by rid alone
+  and orders non-matching routing keys by key string; fcfs sorts
   by queue entry time, so a retracted request whose seniority the scheduler kept regains its
   place (SGLang: fcfs is "current list order");
 - hrrn's uncached work counts output tokens like spf (SGLang: prompt only, so a long replay can
@@ -125,6 +132,8 @@ from radixsched.queue_order import (
     Key,
     KeyedEngine,
     KeyFn,
+    LazyOrder,
+    LazyShuffle,
     OrderEngine,
     QueueLog,
     RoundInputs,
@@ -166,38 +175,6 @@ class MatchMode(Enum):
     SKIP = "skip"
 
 
-class LazyShuffle:
-    """A uniformly random order of a list, drawn one position at a time (radixsched random).
-
-    Front-to-back Fisher-Yates: position ``i`` takes a uniform pick among positions ``[i, n)``.
-    Whatever order the list starts in, its first ``k`` positions are then a uniform random
-    ``k``-sequence of its requests, so a round that reads ``k`` requests costs ``k`` draws, not
-    ``n``, and a round that reads none draws nothing. Drawing every position is a full shuffle
-    with the same first ``k`` positions for the same generator state.
-    Invariant: ``queue[:done]`` is final for this round."""
-
-    __slots__ = ("done", "rng")
-
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self.done = 0
-
-    def draw(self, queue: list[Req], end: int) -> None:
-        """Make positions ``[0, end)`` final (``end`` is clipped to the list)."""
-        i = self.done
-        if i >= end:
-            return
-        n = len(queue)
-        stop = min(end, n - 1)  # the last position has one candidate: no draw
-        pick = self.rng.randrange
-        while i < stop:
-            j = i + pick(n - i)
-            if j != i:
-                queue[i], queue[j] = queue[j], queue[i]
-            i += 1
-        self.done = max(i, min(end, n))
-
-
 class PriorityResult(NamedTuple):
     """What one ``calc_priority`` round decided (the queue itself is sorted in place, except
     under ``lazy``)."""
@@ -206,9 +183,9 @@ class PriorityResult(NamedTuple):
     deprioritized: frozenset[str]  # rids moved to the back by the in-batch dedup
     deferred: frozenset[str]  # rids the scheduler must not admit this round (compat: empty)
     prefix_matched: bool  # num_matched_prefix_tokens is an exact cache match this round
-    # ``calc_priority(lazy=True)`` on radixsched random: the queue is ordered only as far as
-    # ``lazy.done``; a caller reading position i first calls ``lazy.draw(queue, i + 1)``.
-    lazy: LazyShuffle | None = None
+    # ``calc_priority(lazy=True)`` on radixsched random and hrrn: the queue is not sorted;
+    # the caller reads the round's order through it (queue_order.LazyOrder).
+    lazy: LazyOrder | None = None
 
 
 @dataclass
@@ -358,7 +335,7 @@ def _sort_random(queue: list[Req], ctx: SortContext) -> None:
     if ctx.compat:
         ctx.rng.shuffle(queue)
     else:
-        LazyShuffle(ctx.rng).draw(queue, len(queue))
+        LazyShuffle(ctx.rng, queue).draw(len(queue))
 
 
 def _sort_routing_key(queue: list[Req], ctx: SortContext) -> None:
@@ -431,9 +408,8 @@ def _sort_hrrn(queue: list[Req], ctx: SortContext) -> None:
     if compat:
         queue.sort(key=lambda r: (ratio_term(r), r.rid))
     else:
-        # Layered stable sorts: (ratio, arrival); deprioritized ones tie at +inf.
-        queue.sort(key=_ARRIVAL)
-        queue.sort(key=ratio_term)
+        # A total order: (ratio, queue entry, arrival, rid); deprioritized ones tie at +inf.
+        queue.sort(key=lambda r: (ratio_term(r), r.queue_entry_time, r.arrival_time, r.rid))
 
 
 def _sort_spf(queue: list[Req], ctx: SortContext) -> None:
@@ -735,6 +711,11 @@ class SchedulePolicy:
                 # On page-1 caches the admission's capped matched length equals the policy's
                 # (both are min(match, fill_len - 1)): nothing to watch.
                 self._watch = AdmissionWatch(_MATCHED, tree_cache.page_size)
+        # Whether the order breaks ties by the waiting list's own order, so that where a
+        # re-queued request goes changes later rounds. radixsched hrrn (ties by request id) and
+        # random (uniform whatever the list) are total orders of their own: the scheduler
+        # appends re-queued requests there, which keeps the incremental order in sync.
+        self.uses_list_order = config.sglang_compat or spec.name not in ("hrrn", "random")
         # Whether an engine round touches waiting prefixes (its match mode is fixed).
         self._engine_touches = (
             self._spec_mode is not MatchMode.NONE
@@ -815,14 +796,15 @@ class SchedulePolicy:
     ) -> PriorityResult:
         """Match, dedup and sort ``waiting_queue`` in place (stable); see the module docstring.
         ``entry_ordered``: the caller guarantees the queue is in (queue entry, arrival) order,
-        so fcfs has nothing to sort. ``lazy``: the caller reads the queue front to back and
-        honours ``PriorityResult.lazy``, so radixsched random draws only what is read."""
+        so fcfs has nothing to sort. ``lazy``: the caller reads the queue front to back through
+        ``PriorityResult.lazy`` when it is set, so radixsched random and hrrn order only what
+        is read."""
         spec = self.active_spec(len(waiting_queue))
         self.active_policy_name = spec.name
         if self._engine is not None:
             if spec is self.spec and self._engine_ready():
                 return self._engine_round(
-                    self._engine, waiting_queue, running_batch, processed_tokens
+                    self._engine, waiting_queue, running_batch, processed_tokens, lazy
                 )
             self._log.desync()  # e.g. the capped fallback orders this round
         compat = self.config.sglang_compat
@@ -869,9 +851,9 @@ class SchedulePolicy:
             is_overdue=is_overdue,
             entry_ordered=entry_ordered,
         )
-        shuffle: LazyShuffle | None = None
+        shuffle: LazyOrder | None = None
         if lazy and spec.name == "random" and not compat:
-            shuffle = LazyShuffle(self.rng)
+            shuffle = LazyShuffle(self.rng, waiting_queue)
         else:
             spec.sort(waiting_queue, ctx)
 
@@ -932,6 +914,7 @@ class SchedulePolicy:
         queue: list[Req],
         running_batch: Sequence[Req] | None,
         processed_tokens: int,
+        lazy: bool = False,
     ) -> PriorityResult:
         """One radixsched round through the policy's incremental order. When ``queue`` is
         exactly what the hooks described, only the requests that changed are re-matched,
@@ -981,6 +964,7 @@ class SchedulePolicy:
             engine.rebuild(queue, rnd)
             if watch is not None:
                 watch.note_all(queue)
+        order = engine.conclude(queue, lazy)
         if engine.keeps_sync:
             log.settle()
         else:
@@ -988,13 +972,14 @@ class SchedulePolicy:
         if spec.name == "shortest-prefill-first":
             self._log_spf(queue)
         if self._engine_touches and queue:  # _touch_waiting_prefixes's test, precomputed
-            self._touch_round(queue)
+            self._touch_round(queue, order)
         self._last_deferred = deprioritized
         return PriorityResult(
             active_policy=spec.name,
             deprioritized=deprioritized,
             deferred=deprioritized,
             prefix_matched=matching,
+            lazy=order,
         )
 
     def _rekeyed(
@@ -1241,10 +1226,10 @@ class SchedulePolicy:
         return frozenset(dup)
 
     def _touch_waiting_prefixes(
-        self, queue: list[Req], mode: MatchMode, shuffle: LazyShuffle | None = None
+        self, queue: list[Req], mode: MatchMode, lazy: LazyOrder | None = None
     ) -> None:
         """Keep queued prefixes warm under LRU when this round's matching did not (spec 1.10).
-        The head touched is this round's order: a lazy shuffle draws it first."""
+        The head touched is this round's order (a lazy round orders it first)."""
         cfg = self.config
         incremental_node = mode is MatchMode.NODE and self._match_index is not None
         if (
@@ -1254,21 +1239,18 @@ class SchedulePolicy:
             or cfg.radix_eviction_policy.lower() != "lru"
         ):
             return
-        self._touch_round(queue, shuffle)
+        self._touch_round(queue, lazy)
 
-    def _touch_round(self, queue: list[Req], shuffle: LazyShuffle | None = None) -> None:
+    def _touch_round(self, queue: list[Req], lazy: LazyOrder | None = None) -> None:
         """One eligible round of the waiting-prefix touch: every INTERVAL-th touches the head."""
         refresh = self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._refresh_calls += 1
         if not refresh:
             return
-        if shuffle is not None:
-            shuffle.draw(queue, WAITING_PREFIX_REFRESH_SPAN)
+        span = WAITING_PREFIX_REFRESH_SPAN
+        head = queue[:span] if lazy is None else lazy.head(span)
         # Head last: it gets the newest access time, so it is evicted last.
-        self.tree_cache.touch_prefixes(
-            CacheKey(r.fill_ids(), r.namespace)
-            for r in reversed(queue[:WAITING_PREFIX_REFRESH_SPAN])
-        )
+        self.tree_cache.touch_prefixes(CacheKey(r.fill_ids(), r.namespace) for r in reversed(head))
 
 
 def _never(r: Req) -> bool:

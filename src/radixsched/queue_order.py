@@ -4,9 +4,11 @@ Every radixsched order is a stable sort of the waiting list by a per-request key
 with equal keys keep their order in the list being sorted, which is the previous round's
 result with the requests that left removed and arrivals appended. ``StableOrder`` keeps that
 result between rounds and, each round, moves only the requests whose key changed, giving
-exactly the list a full stable sort would give. ``HrrnOrder`` does the same for hrrn, whose
-key depends on the processed-token clock for every request: it re-sorts every round, but in
-numpy over columns maintained per request.
+exactly the list a full stable sort would give. ``HrrnOrder`` serves hrrn, whose key depends
+on the processed-token clock for every request: every round recomputes the ratios in numpy over
+columns maintained per request, and its order is a total one (ties by request id) handed out
+lazily (``HrrnRound``): the admission loop reads a handful of requests, so only the head is
+selected and sorted. ``LazyShuffle`` does the same for random.
 
 ``QueueLog`` records what the scheduler's hooks (``SchedulePolicy.on_enqueue`` /
 ``on_dequeue`` / ``forget``) said since the last round, and tells whether the list handed to
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+import random
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -205,13 +208,152 @@ class StableOrder:
             self._insert(r, new, self.hi, mirror)
 
 
-class HrrnOrder:
-    """Waiting requests in radixsched hrrn order: (response ratio, queue entry, arrival), stable.
+class LazyOrder(ABC):
+    """A round's order handed out as the admission loop reads it (``calc_priority(lazy=True)``):
+    a round that reads ``k`` requests pays for ``k``, not for ordering the whole queue, and a
+    round that reads none pays nothing. The order is exactly the one the eager round would
+    leave in the list; only the requests nobody reads stay where they were."""
 
-    The ratio waited/uncached moves with the processed-token clock for every request, so every
-    round re-sorts; the sort runs in numpy over per-request columns (slots) that change only for
-    the requests whose match, dedup status or membership changed. Invariants: ``reqs`` is the
-    last round's order minus the requests that left, and ``slots[i]`` is ``reqs[i]``'s slot.
+    @abstractmethod
+    def position(self, i: int) -> int | None:
+        """Where (an index into the queue list as it stands) the round's ``i``-th request is;
+        None past the end. The caller reads ``i = 0, 1, 2, ...`` in turn and does not edit the
+        list until it is done."""
+
+    @abstractmethod
+    def head(self, k: int) -> list[Req]:
+        """The round's first ``k`` requests, in order."""
+
+
+class LazyShuffle(LazyOrder):
+    """A uniformly random order of a list, drawn one position at a time (radixsched random).
+
+    Front-to-back Fisher-Yates, in place: position ``i`` takes a uniform pick among positions
+    ``[i, n)``. Whatever order the list starts in, its first ``k`` positions are then a uniform
+    random ``k``-sequence of its requests, so a round that reads ``k`` requests costs ``k``
+    draws, and drawing every position is a full shuffle with the same first ``k`` positions for
+    the same generator state. Invariant: ``queue[:done]`` is final for this round."""
+
+    __slots__ = ("done", "queue", "rng")
+
+    def __init__(self, rng: random.Random, queue: list[Any]) -> None:
+        self.rng = rng
+        self.queue = queue
+        self.done = 0
+
+    def draw(self, end: int) -> None:
+        """Make positions ``[0, end)`` final (``end`` is clipped to the list)."""
+        i = self.done
+        if i >= end:
+            return
+        queue = self.queue
+        n = len(queue)
+        stop = min(end, n - 1)  # the last position has one candidate: no draw
+        pick = self.rng.randrange
+        while i < stop:
+            j = i + pick(n - i)
+            if j != i:
+                queue[i], queue[j] = queue[j], queue[i]
+            i += 1
+        self.done = max(i, min(end, n))
+
+    def position(self, i: int) -> int | None:
+        if i >= len(self.queue):
+            return None
+        self.draw(i + 1)
+        return i
+
+    def head(self, k: int) -> list[Req]:
+        self.draw(k)
+        return self.queue[:k]
+
+
+class HrrnRound(LazyOrder):
+    """One hrrn round's order over ``reqs`` (the queue list as it stands): ascending
+    ``(ratio, queue entry, arrival, rid)``, a total order, where ``ratio`` is minus the response
+    ratio (+inf for deprioritized requests, -inf for those with no prefill work left). The head
+    is selected with ``argpartition`` (every request tied with the last one selected is
+    included, so the selection is a prefix of the total order) and sorted; a reader that gets
+    past it doubles it. Columns are aligned with ``reqs``."""
+
+    __slots__ = ("arrival", "entry", "picked", "ratio", "reqs")
+
+    FIRST = 16  # the first selection: most rounds admit a handful of requests
+
+    def __init__(
+        self,
+        reqs: list[Req],
+        ratio: npt.NDArray[np.float64],
+        entry: npt.NDArray[np.float64],
+        arrival: npt.NDArray[np.float64],
+    ) -> None:
+        self.reqs = reqs
+        self.ratio = ratio
+        self.entry = entry
+        self.arrival = arrival
+        self.picked: list[int] = []
+
+    def _select(self, need: int) -> None:
+        n = len(self.reqs)
+        k = min(n, max(need, 2 * len(self.picked), self.FIRST))
+        if k >= n:
+            cand = np.arange(n)
+        else:
+            ratio = self.ratio
+            bound = ratio[np.argpartition(ratio, k - 1)[k - 1]]
+            cand = np.flatnonzero(ratio <= bound)
+        self.picked = self._sorted(cand)
+
+    def _sorted(self, cand: npt.NDArray[np.int64]) -> list[int]:
+        r, e, a = self.ratio[cand], self.entry[cand], self.arrival[cand]
+        perm = np.lexsort((a, e, r))
+        out: list[int] = cand[perm].tolist()
+        if len(out) < 2:
+            return out
+        r, e, a = r[perm], e[perm], a[perm]
+        tied = (r[1:] == r[:-1]) & (e[1:] == e[:-1]) & (a[1:] == a[:-1])
+        if tied.any():  # equal (ratio, entry, arrival): by request id
+            reqs = self.reqs
+            flags = tied.tolist()
+            i = 0
+            while i < len(flags):
+                if not flags[i]:
+                    i += 1
+                    continue
+                j = i
+                while j < len(flags) and flags[j]:
+                    j += 1
+                out[i : j + 1] = sorted(out[i : j + 1], key=lambda x: reqs[x].rid)
+                i = j
+        return out
+
+    def position(self, i: int) -> int | None:
+        if i >= len(self.picked):
+            if i >= len(self.reqs):
+                return None
+            self._select(i + 1)
+        return self.picked[i]
+
+    def head(self, k: int) -> list[Req]:
+        k = min(k, len(self.reqs))
+        if k > len(self.picked):
+            self._select(k)
+        reqs = self.reqs
+        return [reqs[j] for j in self.picked[:k]]
+
+    def full(self) -> list[int]:
+        """Every position, in the round's order."""
+        self.head(len(self.reqs))
+        return self.picked
+
+
+class HrrnOrder:
+    """Waiting requests for radixsched hrrn: per-request columns (slots) that change only for
+    the requests whose match, dedup status or membership changed, from which each round
+    computes the ratio of every request in numpy and hands out its order lazily
+    (``HrrnRound``). Invariants: ``reqs`` is the queue list as the last round left it (its own
+    order when the round was lazy, the full order otherwise) minus the requests that left, and
+    ``slots[i]`` is ``reqs[i]``'s slot.
     """
 
     def __init__(self) -> None:
@@ -275,24 +417,24 @@ class HrrnOrder:
         self.slot_of.clear()
         self._free.clear()
 
-    def order(
+    def begin(
         self,
         changed: Sequence[Req],
         arrivals: Sequence[Req],
         deprioritized: frozenset[str],
         processed_tokens: int,
-    ) -> list[Req]:
-        """Re-key ``changed`` members, append ``arrivals`` and sort; return the new order."""
+    ) -> HrrnRound:
+        """Re-key ``changed`` members and append ``arrivals`` (the list keeps its order: members
+        then arrivals, as the scheduler's queue stands); the round's order, drawn lazily."""
         for r in changed:
             self._set(r, deprioritized)
         if arrivals:
-            pre = self.reqs + list(arrivals)
             new = np.fromiter(
                 (self._set(r, deprioritized) for r in arrivals), dtype=np.int64, count=len(arrivals)
             )
-            slots = np.concatenate([self.slots, new])
-        else:
-            pre, slots = self.reqs, self.slots
+            self.reqs.extend(arrivals)
+            self.slots = np.concatenate([self.slots, new])
+        slots = self.slots
         waited = processed_tokens - self.q[slots]
         uncached = self.u[slots]
         ratio = np.zeros(len(slots), dtype=np.float64)
@@ -302,9 +444,13 @@ class HrrnOrder:
         ratio[pos] = -(waited[pos] / uncached[pos])
         ratio[uncached <= 0] = -np.inf  # no prefill work left: drain immediately
         ratio[self.dep[slots]] = np.inf
-        perm = np.lexsort((self.arrival[slots], self.entry[slots], ratio))
-        self.reqs = reorder(pre, perm.tolist())
-        self.slots = slots[perm]
+        return HrrnRound(self.reqs, ratio, self.entry[slots], self.arrival[slots])
+
+    def apply(self, rnd: HrrnRound) -> list[Req]:
+        """Sort the list by the round's whole order; return it."""
+        perm = rnd.full()
+        self.reqs = reorder(self.reqs, perm)
+        self.slots = self.slots[np.asarray(perm, dtype=np.int64)]
         return self.reqs
 
 
@@ -392,6 +538,11 @@ class OrderEngine(ABC):
     ) -> None:
         """Re-key ``changed`` members and place ``arrivals``; ``queue`` is ``members()`` followed
         by ``arrivals`` and is reordered in place."""
+
+    def conclude(self, queue: list[Req], lazy: bool) -> LazyOrder | None:
+        """After ``rebuild``/``advance``: an engine that orders lazily hands its round over
+        (``lazy``) or sorts ``queue`` now; the others have sorted it already."""
+        return None
 
 
 class OrderBacked(OrderEngine):
@@ -527,21 +678,31 @@ class RoutingKeyEngine(OrderBacked):
 
 
 class HrrnEngine(OrderBacked):
-    """hrrn: re-sorted every round (the ratio moves with the clock), in numpy."""
+    """hrrn: re-ordered every round (the ratio moves with the clock), in numpy, and lazily:
+    ``rebuild``/``advance`` leave the list as it stands and ``conclude`` hands out the round."""
 
     order: HrrnOrder
 
     def __init__(self) -> None:
         self.order = HrrnOrder()
+        self.round: HrrnRound | None = None
 
     def rebuild(self, queue: list[Req], rnd: RoundInputs) -> None:
         self.order.reset()
-        queue[:] = self.order.order([], queue, rnd.deprioritized, rnd.processed_tokens)
+        self.round = self.order.begin([], queue, rnd.deprioritized, rnd.processed_tokens)
 
     def advance(
         self, changed: list[Req], arrivals: list[Req], rnd: RoundInputs, queue: list[Req]
     ) -> None:
-        queue[:] = self.order.order(changed, arrivals, rnd.deprioritized, rnd.processed_tokens)
+        self.round = self.order.begin(changed, arrivals, rnd.deprioritized, rnd.processed_tokens)
+
+    def conclude(self, queue: list[Req], lazy: bool) -> LazyOrder | None:
+        rnd, self.round = self.round, None
+        assert rnd is not None, "conclude() follows rebuild() or advance()"
+        if lazy:
+            return rnd
+        queue[:] = self.order.apply(rnd)
+        return None
 
 
 class DfsWeightEngine(OrderBacked):

@@ -311,7 +311,7 @@ class Scheduler:
                 self.policy.on_enqueue(req)
             return
         seq_of = self._seq_of
-        if self._in_arrival_order():
+        if self.policy.uses_list_order and self._in_arrival_order():
             arrival_seq = self._arrival_seq_of
             for req in reqs:  # each goes back to its place in arrival order
                 pos = bisect.bisect_left(self.waiting, seq_of[id(req)], key=arrival_seq)
@@ -569,23 +569,29 @@ class Scheduler:
                 prio = self._calc_priority()
 
         deferred = prio.deferred
-        shuffle = prio.lazy
+        lazy = prio.lazy
         guard_in_flight = not cfg.sglang_compat and self.cache.supports_prefix_sharing()
         admitted_pos: list[int] = []
         # The loop never edits self.waiting (admitted requests leave it after the loop, and
-        # preemption victims are re-queued after it too), so it walks the list itself; a lazy
-        # shuffle only swaps positions at or past the one being read.
+        # preemption victims are re-queued after it too), so it walks the list itself, or the
+        # round's lazy order over it (which reads the next request only when asked: the checks
+        # that end the loop come first).
         preemption = cfg.enable_priority_preemption
-        for pos, req in enumerate(self.waiting):
+        waiting = self.waiting
+        for i, req in enumerate(waiting):
             if adder.budget_state() is AddReqResult.OTHER:
                 break
             if self.batch_is_full and not preemption:
                 # Full already: the first request not skipped below would end the loop, and
                 # the skip checks change nothing, so end it now.
                 break
-            if shuffle is not None:  # random: draw the request this position holds
-                shuffle.draw(self.waiting, pos + 1)
-                req = self.waiting[pos]
+            pos = i
+            if lazy is not None:
+                at = lazy.position(i)
+                if at is None:
+                    break
+                pos = at
+                req = waiting[pos]
             if req.rid in deferred:
                 continue
             if (
@@ -617,6 +623,8 @@ class Scheduler:
         if not adder.can_run_list or all(a.extend_len == 0 for a in adder.can_run_list):
             self._requeue_all(preempted)
             return None, []
+        if lazy is not None:
+            admitted_pos.sort()
         for pos in reversed(admitted_pos):  # the loop did not reorder self.waiting
             self.policy.on_dequeue(self.waiting[pos])
             del self.waiting[pos]
