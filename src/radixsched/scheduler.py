@@ -664,18 +664,25 @@ class Scheduler:
         fill = req.fill_ids()
         cap = req.max_prefix_len(len(fill))
         ns = req.namespace
-        cached = self.cache.match_len(CacheKey(fill[:cap], ns))
+        cached = -1  # the request's cached prefix, matched only when a member needs it
         threshold = max(self.config.in_batch_prefix_deprioritize_threshold, 1)
         for a in batch:
             other = a.req
             if other.namespace != ns:
                 continue
-            start = max(cached, a.prefix_len)
+            # The tokens ``a`` computes that ``req`` would recompute: [start, end) with
+            # start = max(cached, a.prefix_len). Both tests below hold for start =
+            # a.prefix_len whenever they hold at all, so the match waits until they do.
             end = min(cap, a.prefix_len + a.extend_len)
-            if end - start < threshold:
+            if end - a.prefix_len < threshold:
                 continue
             shared = longest_common_prefix(fill[:end], other.fill_ids()[:end])
-            if shared - start >= threshold:
+            if shared - a.prefix_len < threshold:
+                continue
+            if cached < 0:
+                cached = self.cache.match_len(CacheKey(fill[:cap], ns))
+            start = max(cached, a.prefix_len)
+            if end - start >= threshold and shared - start >= threshold:
                 return True
         return False
 
