@@ -348,74 +348,80 @@ class HrrnRound(LazyOrder):
 
 
 class HrrnOrder:
-    """Waiting requests for radixsched hrrn: per-request columns (slots) that change only for
-    the requests whose match, dedup status or membership changed, from which each round
-    computes the ratio of every request in numpy and hands out its order lazily
-    (``HrrnRound``). Invariants: ``reqs`` is the queue list as the last round left it (its own
-    order when the round was lazy, the full order otherwise) minus the requests that left, and
-    ``slots[i]`` is ``reqs[i]``'s slot.
+    """Waiting requests for radixsched hrrn: per-request columns aligned with ``reqs``, which
+    change only for the requests whose match, dedup status or membership changed; each round
+    computes every request's ratio from them in a few whole-column numpy operations and hands
+    out its order lazily (``HrrnRound``).
+
+    Invariants: ``reqs`` is the queue list as the last round left it (its own order when the
+    round was lazy, the full order otherwise) minus the requests that left, plus the arrivals
+    of the round in progress; ``cols[:, i]`` and ``fixed[i]`` describe ``reqs[i]`` for
+    ``i < len(reqs)``: the processed-token clock at queue entry, the uncached work where it is
+    positive (else 1, unused), the ratio that overrides the computed one (+inf deprioritized,
+    -inf no prefill work left) with ``fixed`` saying whether one does, queue entry time and
+    arrival time.
     """
+
+    _Q, _WORK, _OVERRIDE, _ENTRY, _ARRIVAL = range(5)
 
     def __init__(self) -> None:
         self.reqs: list[Req] = []
-        self.slots: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self.slot_of: dict[int, int] = {}
-        self._free: list[int] = []
-        cap = 64
-        self.q = np.zeros(cap, dtype=np.int64)  # queue_entry_processed_tokens
-        self.u = np.zeros(cap, dtype=np.int64)  # fill_len - num_matched_prefix_tokens
-        self.dep = np.zeros(cap, dtype=bool)
-        self.entry = np.zeros(cap, dtype=np.float64)
-        self.arrival = np.zeros(cap, dtype=np.float64)
+        self.members: set[int] = set()
+        self.cols = np.zeros((5, 64), dtype=np.float64)
+        self.fixed = np.zeros(64, dtype=bool)
 
     def __contains__(self, r: Req) -> bool:
-        return id(r) in self.slot_of
+        return id(r) in self.members
 
-    def _grow(self) -> None:
-        cap = len(self.q)
-        self._free.extend(range(2 * cap - 1, cap - 1, -1))
-        self.q = np.concatenate([self.q, np.zeros(cap, dtype=np.int64)])
-        self.u = np.concatenate([self.u, np.zeros(cap, dtype=np.int64)])
-        self.dep = np.concatenate([self.dep, np.zeros(cap, dtype=bool)])
-        self.entry = np.concatenate([self.entry, np.zeros(cap, dtype=np.float64)])
-        self.arrival = np.concatenate([self.arrival, np.zeros(cap, dtype=np.float64)])
+    def _keys(self, r: Req, deprioritized: frozenset[str], i: int) -> None:
+        """Write the columns that move with ``r``'s match and dedup status at position ``i``."""
+        work = len(r.prompt_ids) + len(r.output_ids) - r.num_matched_prefix_tokens
+        cols = self.cols
+        cols[self._WORK, i] = work if work > 0 else 1
+        if r.rid in deprioritized:
+            cols[self._OVERRIDE, i] = np.inf
+            self.fixed[i] = True
+        elif work <= 0:
+            cols[self._OVERRIDE, i] = -np.inf
+            self.fixed[i] = True
+        else:
+            self.fixed[i] = False
 
-    def _slot(self, r: Req) -> int:
-        s = self.slot_of.get(id(r))
-        if s is None:
-            if not self._free:
-                if not self.slot_of:
-                    self._free.extend(range(len(self.q) - 1, -1, -1))
-                else:
-                    self._grow()
-            s = self._free.pop()
-            self.slot_of[id(r)] = s
-            self.q[s] = r.queue_entry_processed_tokens
-            self.entry[s] = r.queue_entry_time
-            self.arrival[s] = r.arrival_time
-        return s
-
-    def _set(self, r: Req, deprioritized: frozenset[str]) -> int:
-        s = self._slot(r)
-        self.u[s] = len(r.prompt_ids) + len(r.output_ids) - r.num_matched_prefix_tokens
-        self.dep[s] = r.rid in deprioritized
-        return s
+    def _append(self, arrivals: Sequence[Req], deprioritized: frozenset[str]) -> None:
+        n = len(self.reqs)
+        need = n + len(arrivals)
+        cap = self.cols.shape[1]
+        if need > cap:
+            cap = max(2 * cap, need)
+            cols = np.zeros((5, cap), dtype=np.float64)
+            cols[:, :n] = self.cols[:, :n]
+            fixed = np.zeros(cap, dtype=bool)
+            fixed[:n] = self.fixed[:n]
+            self.cols, self.fixed = cols, fixed
+        cols = self.cols
+        for i, r in enumerate(arrivals, n):
+            self.members.add(id(r))
+            cols[self._Q, i] = r.queue_entry_processed_tokens
+            cols[self._ENTRY, i] = r.queue_entry_time
+            cols[self._ARRIVAL, i] = r.arrival_time
+            self._keys(r, deprioritized, i)
+        self.reqs.extend(arrivals)
 
     def remove(self, r: Req) -> bool:
-        s = self.slot_of.pop(id(r), None)
-        if s is None:
+        if id(r) not in self.members:
             return False
+        self.members.discard(id(r))
         i = self.reqs.index(r)  # identity compares (Req has no __eq__)
+        n = len(self.reqs)
         del self.reqs[i]
-        self.slots = np.delete(self.slots, i)
-        self._free.append(s)
+        if i < n - 1:
+            self.cols[:, i : n - 1] = self.cols[:, i + 1 : n]
+            self.fixed[i : n - 1] = self.fixed[i + 1 : n]
         return True
 
     def reset(self) -> None:
         self.reqs = []
-        self.slots = np.zeros(0, dtype=np.int64)
-        self.slot_of.clear()
-        self._free.clear()
+        self.members.clear()
 
     def begin(
         self,
@@ -425,32 +431,35 @@ class HrrnOrder:
         processed_tokens: int,
     ) -> HrrnRound:
         """Re-key ``changed`` members and append ``arrivals`` (the list keeps its order: members
-        then arrivals, as the scheduler's queue stands); the round's order, drawn lazily."""
-        for r in changed:
-            self._set(r, deprioritized)
+        then arrivals, as the scheduler's queue stands); the round's order, drawn lazily. The
+        round reads the columns as they are now: it is used up before the list changes."""
+        if changed:
+            index = {id(r): i for i, r in enumerate(self.reqs)} if len(changed) > 8 else None
+            for r in changed:
+                i = index[id(r)] if index is not None else self.reqs.index(r)
+                self._keys(r, deprioritized, i)
         if arrivals:
-            new = np.fromiter(
-                (self._set(r, deprioritized) for r in arrivals), dtype=np.int64, count=len(arrivals)
-            )
-            self.reqs.extend(arrivals)
-            self.slots = np.concatenate([self.slots, new])
-        slots = self.slots
-        waited = processed_tokens - self.q[slots]
-        uncached = self.u[slots]
-        ratio = np.zeros(len(slots), dtype=np.float64)
-        pos = (waited > 0) & (uncached > 0)
-        # float64 division of exactly representable integers (< 2**53 tokens): the same
-        # correctly rounded quotient as Python's int / int in the full sort.
-        ratio[pos] = -(waited[pos] / uncached[pos])
-        ratio[uncached <= 0] = -np.inf  # no prefill work left: drain immediately
-        ratio[self.dep[slots]] = np.inf
-        return HrrnRound(self.reqs, ratio, self.entry[slots], self.arrival[slots])
+            self._append(arrivals, deprioritized)
+        n = len(self.reqs)
+        cols = self.cols[:, :n]
+        # -(max(waited, 0) / work): float64 division of exactly representable integers
+        # (< 2**53 tokens), the same correctly rounded quotient as Python's int / int in the
+        # full sort; a request that has not waited scores 0 (as -0.0, which compares equal).
+        ratio = processed_tokens - cols[self._Q]
+        np.maximum(ratio, 0.0, out=ratio)
+        np.divide(ratio, cols[self._WORK], out=ratio)
+        np.negative(ratio, out=ratio)
+        np.copyto(ratio, cols[self._OVERRIDE], where=self.fixed[:n])
+        return HrrnRound(self.reqs, ratio, cols[self._ENTRY], cols[self._ARRIVAL])
 
     def apply(self, rnd: HrrnRound) -> list[Req]:
         """Sort the list by the round's whole order; return it."""
         perm = rnd.full()
+        n = len(perm)
         self.reqs = reorder(self.reqs, perm)
-        self.slots = self.slots[np.asarray(perm, dtype=np.int64)]
+        idx = np.asarray(perm, dtype=np.int64)
+        self.cols[:, :n] = self.cols[:, idx]
+        self.fixed[:n] = self.fixed[idx]
         return self.reqs
 
 
