@@ -875,11 +875,13 @@ class Scheduler:
             self._retract(victim)
             retracted.append(victim)
             first = False
-        order = self._retraction_order(cols)
+        order: list[int] | None = None  # sorted when a running request must go
         keep = np.ones(len(cols.reqs), dtype=np.bool_)
         left = len(cols.reqs)
         while left > 1 and ((first and self.config.sglang_compat) or not fits()):
             first = False
+            if order is None:
+                order = self._retraction_order(cols)
             i = order.pop()
             keep[i] = False
             left -= 1
