@@ -18,8 +18,13 @@ average are printed with the numbers: on a shared machine wall time is only an u
 Each policy runs ``--repeat`` times (default 3), each in a fresh process; the table reports the
 fastest run (like ``timeit``: noise on a shared machine only ever adds time) and the slowest.
 
+Each worker tunes glibc's heap first, as ``radixsched simulate`` does (``radixsched.sim.heap``:
+mid-sized array blocks stay in the heap instead of being unmapped and faulted in again);
+``--default-heap`` measures without it.
+
 Run: ``.venv/bin/python bench/simulate_bench.py [--trace PATH] [--policies P,P|all]
-[--repeat N] [--json PATH] [--profile P,P]``. Without the full trace at the default path
+[--repeat N] [--json PATH] [--profile P,P] [--default-heap]``. Without the full trace at the
+default path
 the 200-request sample in ``tests/data`` is used (with a note). ``--profile`` re-runs the named
 policies under cProfile (in their own processes, after the timed runs; profiled wall times are
 inflated and not reported as speed) and prints their top functions by own time and by
@@ -81,11 +86,14 @@ def _rss_mb() -> float:
 # ---- worker: one policy in this process ----------------------------------------------------
 
 
-def _worker(policy: str, trace: Path, optimal: float, out: Path, profile: bool) -> None:
+def _worker(policy: str, trace: Path, optimal: float, out: Path, profile: bool, heap: bool) -> None:
     from radixsched.config import SchedulerConfig
+    from radixsched.sim.heap import tune_heap
     from radixsched.sim.simulate import SimConfig, simulate
     from radixsched.sim.workloads import load_workload
 
+    if heap:
+        tune_heap()  # as `radixsched simulate` does
     t0 = time.perf_counter()
     workload = load_workload(f"mooncake:{trace}")
     load_s = time.perf_counter() - t0
@@ -136,7 +144,13 @@ def _print_profile(profiler: cProfile.Profile, policy: str) -> None:
 
 
 def _run_worker(
-    policy: str, trace: Path, optimal: float, *, profile: bool, timeout_s: float
+    policy: str,
+    trace: Path,
+    optimal: float,
+    *,
+    profile: bool,
+    timeout_s: float,
+    default_heap: bool = False,
 ) -> tuple[Row | None, str]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "row.json"
@@ -154,6 +168,8 @@ def _run_worker(
         ]
         if profile:
             cmd.append("--profile-worker")
+        if default_heap:
+            cmd.append("--default-heap")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -241,11 +257,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimal", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--profile-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--default-heap",
+        action="store_true",
+        help="leave glibc's allocator as it is (radixsched simulate tunes it: sim/heap.py)",
+    )
     args = p.parse_args(argv)
 
     if args.worker is not None:
         assert args.trace is not None and args.out is not None and args.optimal is not None
-        _worker(args.worker, args.trace, args.optimal, args.out, args.profile_worker)
+        _worker(
+            args.worker,
+            args.trace,
+            args.optimal,
+            args.out,
+            args.profile_worker,
+            heap=not args.default_heap,
+        )
         return 0
 
     # Wide enough for the table on a narrow terminal or a pipe (rich wraps, never truncates).
@@ -287,7 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     for policy in policies:
         runs: list[Row] = []
         for _ in range(max(args.repeat, 1)):
-            row, text = _run_worker(policy, trace, optimal, profile=False, timeout_s=args.timeout)
+            row, text = _run_worker(
+                policy,
+                trace,
+                optimal,
+                profile=False,
+                timeout_s=args.timeout,
+                default_heap=args.default_heap,
+            )
             if row is None:
                 console.print(f"[red]{policy} failed:[/]")
                 console.print(text, markup=False, highlight=False)
@@ -315,7 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     for policy in profiled:
-        row, text = _run_worker(policy, trace, optimal, profile=True, timeout_s=args.timeout)
+        row, text = _run_worker(
+            policy,
+            trace,
+            optimal,
+            profile=True,
+            timeout_s=args.timeout,
+            default_heap=args.default_heap,
+        )
         if row is None:
             console.print(f"[red]profiling {policy} failed:[/]")
         console.print(text, markup=False, highlight=False)

@@ -104,10 +104,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from radixsched.sim.heap import tune_heap
     from radixsched.sim.simulate import SimConfig, simulate
     from radixsched.sim.table import render_comparison, write_csv, write_json
     from radixsched.sim.workloads import WorkloadError, load_workload, optimal_hit_rate
 
+    tune_heap()  # a simulation's array churn (radixsched.sim.heap)
     console = Console()
     policies = _selected_policies(args)
     rate = _parse_rate(args.request_rate)
