@@ -15,6 +15,7 @@ from radixsched.cache import CacheKey, RadixCache, TokenAllocator
 from radixsched.config import SchedulerConfig
 from radixsched.policy import SchedulePolicy
 from radixsched.request import Req, SamplingParams
+from radixsched.scheduler import match_at_door
 
 
 def _clone(r: Req) -> Req:
@@ -53,22 +54,32 @@ def test_incremental_equals_full_recompute(policy: str, page: int, seed: int) ->
         tail = nrng.integers(0, 50, rng.randrange(0, 20)).astype(np.int32)
         return np.concatenate([head[:cut], tail])
 
+    def cache_tokens(p: np.ndarray) -> None:
+        aligned = len(p) - len(p) % page
+        slots = alloc.alloc(aligned) if aligned else None
+        if slots is not None:
+            res = cache.insert(CacheKey(p[:aligned]), slots)
+            if res.prefix_len:
+                alloc.free(slots[: res.prefix_len])
+
     for step in range(60):
         op = rng.random()
         if op < 0.3:
             p = prompt()
             r = Req(f"r{n}", p, SamplingParams(max_new_tokens=8), arrival_time=float(step))
             n += 1
+            twin = _clone(r)
+            if rng.random() < 0.7:
+                # The scheduler's match at the door seeds the first round's memo...
+                match_at_door(cache, r)
+                match_at_door(cache, twin)
+                if rng.random() < 0.5:
+                    # ...which the same subtree changing before the round must invalidate.
+                    cache_tokens(np.concatenate([p, nrng.integers(0, 50, 8).astype(np.int32)]))
             q_inc.append(r)
-            q_full.append(_clone(r))
+            q_full.append(twin)
         elif op < 0.5:
-            p = prompt()
-            aligned = len(p) - len(p) % page
-            slots = alloc.alloc(aligned) if aligned else None
-            if slots is not None:
-                res = cache.insert(CacheKey(p[:aligned]), slots)
-                if res.prefix_len:
-                    alloc.free(slots[: res.prefix_len])
+            cache_tokens(prompt())
         elif op < 0.6:
             cache.evict(rng.randrange(1, 60))
         elif op < 0.7 and q_inc:

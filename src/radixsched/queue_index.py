@@ -119,18 +119,36 @@ class MatchIndex:
             if not todo and not new:
                 return []
         page = self.cache.page_size
+        cache = self.cache
+        reuse = not self.need_node and cache.supports_match_memo
+        fresh: list[Req] = []  # new requests whose memo (the scheduler's match at the door) holds
         for r in new:
             k = id(r)
-            todo[k] = r
             tracked[k] = r
             if r.subtree_key is None and len(r.prompt_ids) >= page:
-                r.subtree_key = self.cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
+                r.subtree_key = cache.subtree_key(CacheKey(r.prompt_ids, r.namespace))
             if r.subtree_key is None:
                 self.unkeyed.add(k)
             else:
                 self.by_subtree.setdefault(r.subtree_key, set()).add(k)
+            memo = r.match_memo
+            if (
+                reuse
+                and k not in todo
+                and memo is not None
+                and r.subtree_key is not None
+                and memo[1] == len(r.output_ids)
+                and memo[0] == cache.subtree_epoch(r.subtree_key)
+            ):
+                cap = len(r.prompt_ids) + memo[1] - 1
+                r.num_matched_prefix_tokens = memo[2] if memo[2] < cap else cap
+                fresh.append(r)
+            else:
+                todo[k] = r
         for r in todo.values():
             self._match(r)
+        if fresh:
+            return [*todo.values(), *fresh]
         return list(todo.values())
 
 

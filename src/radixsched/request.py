@@ -222,6 +222,23 @@ class Req:
         self._fill_memo = (out, len(out), fill)
         return fill
 
+    def extend_output(self, tokens: TokenArray) -> None:
+        """Append generated tokens given as an array. The prompt + output array is built from
+        it too (from the memo when that is current): a bulk copy instead of converting the
+        whole output list back to an array on the next ``fill_ids``."""
+        out = self.output_ids
+        memo = self._fill_memo
+        if out and memo is not None and memo[0] is out and memo[1] == len(out):
+            head = memo[2]
+        elif out:
+            head = np.concatenate([self.prompt_ids, np.asarray(out, dtype=np.int32)])
+        else:
+            head = self.prompt_ids
+        fill = np.concatenate([head, tokens.astype(np.int32, copy=False)])
+        fill.flags.writeable = False
+        out.extend(tokens.tolist())
+        self._fill_memo = (out, len(out), fill)
+
     def max_prefix_len(self, length: int | None = None) -> int:
         """Cap on a usable match: at least one token is always computed (spec section 0)."""
         n = self.fill_len if length is None else length

@@ -253,11 +253,7 @@ class Scheduler:
         if self.cache.supports_prefix_sharing():
             # The load snapshot a data-parallel router reads, recorded once at the door
             # (cache-agnostic policies never re-match; cache-aware ones refresh it per round).
-            fill = req.fill_ids()
-            cap = req.max_prefix_len(len(fill))
-            req.num_matched_prefix_tokens = min(
-                self.cache.match_len(CacheKey(fill[:cap], req.namespace)), cap
-            )
+            match_at_door(self.cache, req)
         req.arrival_time = t
         req.times.arrival = t
         self._by_rid[req.rid] = req
@@ -460,7 +456,7 @@ class Scheduler:
         k = fill - done
         if k > 0:
             positions = np.arange(done, fill, dtype=np.int64)[None, :]
-            r.output_ids.extend(self.runner.tokens_at([r], positions)[0].tolist())
+            r.extend_output(self.runner.tokens_at([r], positions)[0])
             log = self._decode_log
             r.times.token_times.extend(log[len(log) - k :])
             r.kv_len = fill - 1
@@ -1447,6 +1443,25 @@ def _prio_value(r: Req, sign: int) -> int:
     if r.priority is not None:
         return r.priority
     return (2**63 - 1) if sign > 0 else -(2**63)
+
+
+def match_at_door(cache: BasePrefixCache, req: Req) -> None:
+    """``num_matched_prefix_tokens`` as the capped match (``max_prefix_len``) of the fill,
+    the load snapshot a router reads. The walk is the uncapped one (the capped match is
+    ``min(n, floor_page(cap))``: the walk of a truncated key stops where the full walk does,
+    or at the truncation), so it is also a valid ``match_memo`` for the policy's first round
+    while the request's cache subtree is unchanged (``subtree_epoch``)."""
+    fill = req.fill_ids()
+    ns = req.namespace
+    page = cache.page_size
+    cap = req.max_prefix_len(len(fill))
+    n = cache.match_len(CacheKey(fill, ns))
+    req.num_matched_prefix_tokens = min(n, floor_page(cap, page))
+    if cache.supports_match_memo:
+        if req.subtree_key is None and len(req.prompt_ids) >= page:
+            req.subtree_key = cache.subtree_key(CacheKey(req.prompt_ids, ns))
+        if req.subtree_key is not None:
+            req.match_memo = (cache.subtree_epoch(req.subtree_key), len(req.output_ids), n)
 
 
 def _replace_sampling(s: SamplingParams, **kw: Any) -> SamplingParams:
