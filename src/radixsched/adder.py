@@ -97,6 +97,30 @@ def running_decode_tokens(running: Sequence[Req], clip: int) -> tuple[int, int]:
 
 
 class PrefillAdder:
+    __slots__ = (
+        "_ignore_eos_states",
+        "allocator",
+        "cache",
+        "can_run_list",
+        "chunked_req_limit",
+        "compat",
+        "config",
+        "current_offset",
+        "gate",
+        "gate_verdict",
+        "log_hit_tokens",
+        "log_input_tokens",
+        "new_chunked_req",
+        "new_token_ratio",
+        "page_size",
+        "preempt_fn",
+        "preempt_list",
+        "rem_chunk_tokens",
+        "rem_input_tokens",
+        "running",
+        "total_offset",
+    )
+
     def __init__(
         self,
         *,
@@ -171,7 +195,9 @@ class PrefillAdder:
         return self.rem_total_tokens > 0 and self.cur_rem_tokens > 0
 
     def budget_state(self) -> AddReqResult:
-        if not self.has_capacity():
+        # has_capacity() with the free + evictable count read once (called every loop turn)
+        room = self.allocator.available_size() + self.cache.evictable_size()
+        if not (room - self.total_offset > 0 and room - self.current_offset > 0):
             return AddReqResult.NO_TOKEN
         if self.rem_input_tokens <= 0:
             return AddReqResult.OTHER
@@ -201,13 +227,14 @@ class PrefillAdder:
     def add_chunked_req(self, req: Req) -> Req | None:
         """Continue the chunked request; returns it while still chunked, None when done."""
         assert self.rem_chunk_tokens is not None, "a chunked request needs chunking enabled"
-        rem = min(self.rem_chunk_tokens, math.floor(self.rem_total_tokens))
+        room = self.allocator.available_size() + self.cache.evictable_size()
+        rem = min(self.rem_chunk_tokens, math.floor(room - self.total_offset))
         if rem <= 0:
             rem = self.rem_chunk_tokens  # a continuation always makes progress (spec 2.5)
         # Never plan more than can be allocated now (spec 8.21), in both modes: SGLang's
         # continuation ignores memory and can fail its allocation; reproducing that would
         # crash the loop.
-        rem = min(rem, floor_page(math.floor(self.cur_rem_tokens), self.page_size))
+        rem = min(rem, floor_page(math.floor(room - self.current_offset), self.page_size))
         if self.gate is not None:
             self._negotiate()  # the collective must happen; the verdict is ignored mid-chunk
         if self.chunked_req_limit is not None:

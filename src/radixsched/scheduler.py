@@ -69,7 +69,7 @@ class AdmitResult(NamedTuple):
     message: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutcome:
     mode: str  # "extend", "decode", "mixed"
     duration_s: float
