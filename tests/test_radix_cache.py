@@ -811,3 +811,31 @@ def test_stored_node_keys_are_checked() -> None:
         cache.check_integrity()
     leaf.child_key = good
     conserved(cache, alloc)
+
+
+def test_prefix_slots_gathers_what_match_prefix_returns_even_after_a_split() -> None:
+    """``match_node`` now, ``prefix_slots`` later (the scheduler's admission): the same slots as
+    ``match_prefix``, also when another walk split a node of the path in between."""
+    alloc = TokenAllocator(1_000, 1)
+    cache = RadixCache(alloc, page_size=1)
+    a = np.arange(1, 41, dtype=np.int32)
+    cache.insert(CacheKey(a), alloc.alloc(40))
+    b = np.concatenate([a[:30], np.arange(100, 110, dtype=np.int32)])
+    cache.insert(
+        CacheKey(b), np.concatenate([cache.match_prefix(CacheKey(b)).indices, alloc.alloc(10)])
+    )
+    m = cache.match_node(CacheKey(a[:35]))  # splits the a-branch at 35
+    assert m.device_len == 35 and len(m.indices) == 0
+    cache.inc_lock_ref(m.last_node)
+    cache.match_node(CacheKey(a[:12]))  # another walk splits the path again, above the node
+    got = cache.prefix_slots(m.last_node, 35)
+    assert np.array_equal(got, cache.match_prefix(CacheKey(a[:35])).indices)
+    got[0] = -1  # a new array: the tree's values are untouched
+    assert cache.match_prefix(CacheKey(a[:35])).indices[0] != -1
+    with pytest.raises(IntegrityError):
+        cache.prefix_slots(m.last_node, 34)
+    cache.dec_lock_ref(m.last_node)
+    cache.check_integrity()
+    assert len(cache.prefix_slots(cache.root, 0)) == 0
+    baseline = NoReuseCache()
+    assert len(baseline.prefix_slots(baseline.root, 0)) == 0

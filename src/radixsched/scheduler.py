@@ -606,9 +606,10 @@ class Scheduler:
             n_before = len(adder.can_run_list)
             res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None)
             if len(adder.can_run_list) == n_before:
-                # Not admitted: the matched slots were only borrowed for the checks.
-                req.kv_row, req.kv_len, req.cache_protected_len = EMPTY_SLOTS, 0, 0
+                # Not admitted: the match was only borrowed for the checks.
+                req.kv_len, req.cache_protected_len = 0, 0
             else:
+                self._take_prefix_slots(req)
                 admitted_pos.append(pos)
             if res is not AddReqResult.CONTINUE:
                 if res is AddReqResult.NO_TOKEN:
@@ -697,12 +698,12 @@ class Scheduler:
         fill = req.fill_ids()
         cap = req.max_prefix_len(len(fill))
         key = CacheKey(fill[:cap], req.namespace)
-        m = self.cache.match_prefix(key)
+        # The slots of the match are gathered only if the request is admitted (a refused try
+        # needs the length and the node): ``_take_prefix_slots``.
+        m = self.cache.match_node(key)
         req.prefix_len = m.device_len
         req.last_node = m.last_node
-        # match_prefix hands out a fresh array (never a node's own): the row may own it.
-        req.kv_row = m.indices if m.device_len else EMPTY_SLOTS
-        req.kv_buf = req.kv_row
+        req.kv_row = req.kv_buf = EMPTY_SLOTS
         req.kv_len = m.device_len
         req.cache_protected_len = m.device_len
         req.host_hit_len = 0
@@ -712,6 +713,12 @@ class Scheduler:
                 0, floor_page(min(m.device_len + host, cap), self.page_size) - m.device_len
             )
         req.num_matched_prefix_tokens = min(m.device_len + req.host_hit_len, cap)
+
+    def _take_prefix_slots(self, req: Req) -> None:
+        """An admitted request's row: the slots of its matched prefix (a new array the row
+        owns), read from the locked path its admission match ended on."""
+        if req.prefix_len and not len(req.kv_row):
+            req.kv_row = req.kv_buf = self.cache.prefix_slots(req.last_node, req.prefix_len)
 
     def _extend_entry(self, req: Req, prefix_len: int, end: int) -> ExtendEntry:
         """Allocate slots for positions [prefix_len, end) and describe the extend."""

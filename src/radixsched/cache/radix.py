@@ -403,6 +403,25 @@ class RadixCache(BasePrefixCache):
         node, pos, _ = self._walk(self._query(key), collect=False)
         return MatchResult(EMPTY_SLOTS, pos, node)
 
+    def prefix_slots(self, node: TreeNode, length: int) -> SlotArray:
+        # The path's node values, root first: what _walk collected (a split since only cuts
+        # a value in two, and the caller's lock keeps the path from eviction).
+        root = self._root
+        parts: list[SlotArray] = []
+        while node is not root:
+            parts.append(node.value)
+            node = node.parent  # type: ignore[assignment]
+        if not parts:
+            return EMPTY_SLOTS.copy()
+        if len(parts) == 1:
+            out = parts[0].copy()
+        else:
+            parts.reverse()
+            out = np.concatenate(parts)
+        if len(out) != length:
+            raise IntegrityError(f"prefix of {length} tokens but its path holds {len(out)}")
+        return out
+
     def match_len(self, key: CacheKey) -> int:
         """Matched length only: no split, no indices, no recency update."""
         if self.disabled:
