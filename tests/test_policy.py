@@ -1445,7 +1445,7 @@ def test_fair_charge_decode_equals_one_charge_per_request(
         ("routing-key", True),
         ("shortest-prefill-first", True),
         ("random", True),
-        ("fair", False),
+        ("fair", True),
         ("dfs-weight", False),
     ],
 )
@@ -1473,3 +1473,30 @@ def test_skip_round_keeps_the_refresh_cadence(name: str, skippable: bool) -> Non
         rounds, skipped = touched_per_round(every)
         assert rounds == reference
         assert (skipped > 0) == skippable
+
+
+@pytest.mark.parametrize("hooked", [True, False])
+def test_fair_skipped_round_still_observes_tenants(hooked: bool) -> None:
+    """A fair round skipped while the batch is full makes the tenant observation the full
+    round makes: a tenant that shows up (or comes back) then is lifted to the least active
+    counter then, not at some later round with other counters."""
+
+    def rounds(skip: bool) -> dict[str, float]:
+        pol = make_policy("fair", cache_with())
+        if not hooked:
+            pol._engine = None  # the full recomputation every round
+        a1, b1 = mk("a1", [1, 2], t=0.0, tenant="a"), mk("b1", [3, 4], t=1.0, tenant="b")
+        q = [a1]
+        pol.on_enqueue(a1)
+        pol.calc_priority(q, [], 0, 0.0)
+        pol.fair.charge("a", 500, 0)  # a was served
+        running = [b1]  # b appears in the running batch; the queue still holds a1 only
+        if skip:
+            assert pol.skip_round(q, running)
+        else:
+            pol.calc_priority(q, running, 0, 0.0)
+        pol.fair.charge("a", 300, 0)
+        pol.calc_priority(q, [], 0, 0.0)  # b left: inactive again
+        return dict(pol.fair.counters)
+
+    assert rounds(skip=True) == rounds(skip=False)

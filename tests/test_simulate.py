@@ -21,6 +21,7 @@ defect is fixed, so the marker gets removed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -532,28 +533,34 @@ def test_lazy_rounds_equal_sorted_rounds(policy: str, monkeypatch: pytest.Monkey
 # ---- rounds skipped while the batch is full -------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "lpm", "hrrn", "routing-key", "lof", "random"])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "hrrn", "routing-key", "lof", "random", "fair"])
 def test_skipped_full_batch_rounds_change_nothing(
     policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``SchedulePolicy.skip_round`` (a round while the batch is full) must leave the whole
-    run bit for bit as computing every round does."""
+    run bit for bit as computing every round does (fair: with three tenants, whose
+    observation the skipped rounds still make)."""
     from radixsched.policy import SchedulePolicy
 
     spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
     w = _workload(spec, rate, n)
+    if policy == "fair":
+        w = dataclasses.replace(
+            w,
+            requests=[dataclasses.replace(r, tenant=f"t{i % 3}") for i, r in enumerate(w.requests)],
+        )
     calls: list[bool] = []
     orig = SchedulePolicy.skip_round
 
-    def counting(self: SchedulePolicy, queue: list[Req]) -> bool:
-        out = orig(self, queue)
+    def counting(self: SchedulePolicy, queue: list[Req], running: list[Req] | None = None) -> bool:
+        out = orig(self, queue, running)
         calls.append(out)
         return out
 
     monkeypatch.setattr(SchedulePolicy, "skip_round", counting)
     skipping = _run(w, policy, max_total_tokens=cap, check_integrity=True)
     assert any(calls), "the case must skip some rounds"
-    monkeypatch.setattr(SchedulePolicy, "skip_round", lambda self, queue: False)
+    monkeypatch.setattr(SchedulePolicy, "skip_round", lambda self, queue, running=None: False)
     computing = _run(w, policy, max_total_tokens=cap, check_integrity=True)
     assert _traces(skipping) == _traces(computing)
     assert json.dumps(_result_json(skipping)) == json.dumps(_result_json(computing))

@@ -834,10 +834,7 @@ class SchedulePolicy:
                     deferred = deprioritized
 
         if spec.name == "fair":
-            tenants = set(map(_TENANT_KEY, waiting_queue))
-            if running_batch is not None:
-                tenants.update(map(_TENANT_KEY, running_batch))
-            self.fair.observe_active(frozenset(tenants))
+            self._observe_round_tenants(waiting_queue, running_batch)
 
         ctx = SortContext(
             config=self.config,
@@ -870,20 +867,23 @@ class SchedulePolicy:
             lazy=shuffle,
         )
 
-    def skip_round(self, waiting_queue: list[Req]) -> bool:
+    def skip_round(
+        self, waiting_queue: list[Req], running_batch: Sequence[Req] | None = None
+    ) -> bool:
         """Account for a round whose order nobody reads (the batch is already full, so nothing
         can be admitted) without computing it, where that leaves every later round exactly as
         computing it would: radixsched orders are functions of the requests' current keys
         (ties by arrival); length matching is read-only (not so node matching, which refreshes
-        recency); no fair-share observation; random only under the lazy draw (a round that
-        reads no request draws nothing: the caller must use ``calc_priority(lazy=True)``); and
-        this round's waiting-prefix refresh is not due (the refresh counter advances as the
-        round would have advanced it). Returns False, having done nothing, otherwise: the
-        caller runs ``calc_priority``."""
+        recency); random only under the lazy draw (a round that reads no request draws
+        nothing: the caller must use ``calc_priority(lazy=True)``); fair makes the round's
+        tenant observation (``running_batch`` is the running batch, as for ``calc_priority``),
+        the one part of its round with a lasting effect; and this round's waiting-prefix
+        refresh is not due (the refresh counter advances as the round would have advanced it).
+        Returns False, having done nothing, otherwise: the caller runs ``calc_priority``."""
         if self.config.sglang_compat:
             return False
         spec = self.active_spec(len(waiting_queue))
-        if spec.name == "fair" or self._match_mode(spec) not in (
+        if self._match_mode(spec) not in (
             MatchMode.LENGTH,
             MatchMode.SKIP,
         ):
@@ -897,8 +897,24 @@ class SchedulePolicy:
             if self._refresh_calls % WAITING_PREFIX_REFRESH_INTERVAL == 0:
                 return False
             self._refresh_calls += 1
+        if spec.name == "fair":
+            self._observe_round_tenants(waiting_queue, running_batch)
         self.active_policy_name = spec.name
         return True
+
+    def _observe_round_tenants(self, queue: list[Req], running_batch: Sequence[Req] | None) -> None:
+        """The tenant observation a fair round makes (of the queue as it stands, whatever the
+        hooks say), without the rest of the round."""
+        engine = self._engine
+        if engine is not None and self.spec.name == "fair" and self._engine_ready():
+            log = self._log
+            synced = log.matches(queue, engine.members())
+            self._observe_tenants(engine, queue, log.added if synced else [], running_batch, synced)
+            return
+        tenants = set(map(_TENANT_KEY, queue))
+        if running_batch is not None:
+            tenants.update(map(_TENANT_KEY, running_batch))
+        self.fair.observe_active(frozenset(tenants))
 
     def _engine_ready(self) -> bool:
         """The indexes the engine's rounds rely on are in place (callers may swap them out)."""

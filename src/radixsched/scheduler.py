@@ -558,7 +558,7 @@ class Scheduler:
             elif (
                 self.batch_is_full
                 and not cfg.enable_priority_preemption
-                and self.policy.skip_round(self.waiting)
+                and self.policy.skip_round(self.waiting, self.running)
             ):
                 prio = _NO_PRIORITY  # full: the loop below ends at once (see skip_round)
             else:
