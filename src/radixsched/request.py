@@ -228,13 +228,14 @@ class Req:
         whole output list back to an array on the next ``fill_ids``."""
         out = self.output_ids
         memo = self._fill_memo
+        tail = tokens.astype(np.int32, copy=False)
         if out and memo is not None and memo[0] is out and memo[1] == len(out):
-            head = memo[2]
+            parts = [memo[2], tail]
         elif out:
-            head = np.concatenate([self.prompt_ids, np.asarray(out, dtype=np.int32)])
+            parts = [self.prompt_ids, np.asarray(out, dtype=np.int32), tail]
         else:
-            head = self.prompt_ids
-        fill = np.concatenate([head, tokens.astype(np.int32, copy=False)])
+            parts = [self.prompt_ids, tail]
+        fill = np.concatenate(parts)
         fill.flags.writeable = False
         out.extend(tokens.tolist())
         self._fill_memo = (out, len(out), fill)

@@ -784,7 +784,10 @@ class Scheduler:
         # kv_row must be the head of kv_buf (a view, or the buffer itself) to grow in place;
         # otherwise (a fresh row from a cache match) it is copied once.
         if new_len > len(buf) or (have and row.base is not buf and row is not buf):
-            buf = np.empty(max(2 * new_len, 64), dtype=np.int64)
+            # Room for every position the request can reach (prompt + all output, a page's
+            # worth to spare): one allocation for all its chunks and decode steps.
+            most = len(r.prompt_ids) + r.sampling.max_new_tokens + 64
+            buf = np.empty(most if new_len <= most else 2 * new_len, dtype=np.int64)
             buf[:have] = row
             r.kv_buf = buf
         buf[have:new_len] = slots
