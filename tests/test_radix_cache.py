@@ -503,11 +503,13 @@ def test_evict_reclaim_then_recycle_equals_evict_then_alloc(p: int, compat: bool
 @pytest.mark.parametrize("p", [1, 4])
 def test_insert_from_a_locked_start_equals_a_full_insert(p: int) -> None:
     """Growing requests checkpoint longer and longer keys: inserting from the locked node
-    (start=(node, depth)) leaves every node exactly as a walk from the root does."""
+    (start=(node, depth)), also given only the key past it (from_start=True), leaves every
+    node exactly as a walk from the root does."""
     rng = np.random.default_rng(10 + p)
     full, fa = make(page_size=p, size=4096 * p)
     hint, ha = make(page_size=p, size=4096 * p)
-    locks: list[list[tuple[object, int]]] = [[], []]  # per cache: (lock node, depth)
+    tail, ta = make(page_size=p, size=4096 * p)
+    locks: list[list[tuple[object, int]]] = [[], [], []]  # per cache: (lock node, depth)
     seqs: list[list[int]] = []
     for step in range(120):
         if not seqs or rng.random() < 0.3:
@@ -517,19 +519,33 @@ def test_insert_from_a_locked_start_equals_a_full_insert(p: int) -> None:
         i = int(rng.integers(len(seqs)))
         seqs[i] += rng.integers(0, 3, size=int(rng.integers(0, 3)) * p).tolist()
         key = K(seqs[i])
-        for c, (cache, alloc) in enumerate(((full, fa), (hint, ha))):
+        for c, (cache, alloc) in enumerate(((full, fa), (hint, ha), (tail, ta))):
             node, depth = locks[c][i]
-            slots = alloc.alloc(len(seqs[i]))
-            assert slots is not None
-            start = None if c == 0 or node is None else (node, depth)
-            res = cache.insert(key, slots, priority=step % 3, inserted_len=depth, start=start)
-            alloc.free(slots[: res.prefix_len])
+            if c == 2 and node is not None:
+                slots = alloc.alloc(len(seqs[i]) - depth)
+                assert slots is not None
+                res = cache.insert(
+                    K(seqs[i][depth:]),
+                    slots,
+                    priority=step % 3,
+                    inserted_len=depth,
+                    start=(node, depth),
+                    from_start=True,
+                )
+                alloc.free(slots[: res.prefix_len - depth])
+            else:
+                slots = alloc.alloc(len(seqs[i]))
+                assert slots is not None
+                start = None if c == 0 or node is None else (node, depth)
+                res = cache.insert(key, slots, priority=step % 3, inserted_len=depth, start=start)
+                alloc.free(slots[: res.prefix_len])
             cache.inc_lock_ref(res.last_node)
             if node is not None:
                 cache.dec_lock_ref(node)
             locks[c][i] = (res.last_node, len(seqs[i]))
         conserved(full, fa)
         conserved(hint, ha)
+        conserved(tail, ta)
 
         def snapshot(cache: RadixCache) -> list[tuple[object, ...]]:
             return [
@@ -537,7 +553,9 @@ def test_insert_from_a_locked_start_equals_a_full_insert(p: int) -> None:
                 for n in cache._iter_nodes()
             ]
 
-        assert snapshot(full) == snapshot(hint)
+        assert snapshot(full) == snapshot(hint) == snapshot(tail)
+    with pytest.raises(ValueError, match="start node"):
+        tail.insert(K(seqs[0]), np.zeros(len(seqs[0])), from_start=True)
     node, depth = locks[1][0]
     with pytest.raises(IntegrityError, match="depth"):
         hint.insert(K([*seqs[0], 1] * 2), np.zeros(2 * len(seqs[0]) + 2), start=(node, depth + p))

@@ -222,23 +222,19 @@ class Req:
         self._fill_memo = (out, len(out), fill)
         return fill
 
-    def extend_output(self, tokens: TokenArray) -> None:
-        """Append generated tokens given as an array. The prompt + output array is built from
-        it too (from the memo when that is current): a bulk copy instead of converting the
-        whole output list back to an array on the next ``fill_ids``."""
+    def fill_slice(self, lo: int, hi: int) -> TokenArray:
+        """``fill_ids()[lo:hi]`` without building the whole prompt + output array (a view of
+        the prompt, or of the memo when it is current; else only the slice is built)."""
+        prompt = self.prompt_ids
+        n = len(prompt)
+        if hi <= n:
+            return prompt[lo:hi]
         out = self.output_ids
         memo = self._fill_memo
-        tail = tokens.astype(np.int32, copy=False)
-        if out and memo is not None and memo[0] is out and memo[1] == len(out):
-            parts = [memo[2], tail]
-        elif out:
-            parts = [self.prompt_ids, np.asarray(out, dtype=np.int32), tail]
-        else:
-            parts = [self.prompt_ids, tail]
-        fill = np.concatenate(parts)
-        fill.flags.writeable = False
-        out.extend(tokens.tolist())
-        self._fill_memo = (out, len(out), fill)
+        if memo is not None and memo[0] is out and memo[1] == len(out):
+            return memo[2][lo:hi]
+        tail = np.asarray(out[max(lo - n, 0) : hi - n], dtype=np.int32)
+        return np.concatenate([prompt[lo:], tail]) if lo < n else tail
 
     def max_prefix_len(self, length: int | None = None) -> int:
         """Cap on a usable match: at least one token is always computed (spec section 0)."""

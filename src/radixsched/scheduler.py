@@ -456,7 +456,7 @@ class Scheduler:
         k = fill - done
         if k > 0:
             positions = np.arange(done, fill, dtype=np.int64)[None, :]
-            r.extend_output(self.runner.tokens_at([r], positions)[0])
+            r.output_ids.extend(self.runner.tokens_at([r], positions)[0].tolist())
             log = self._decode_log
             r.times.token_times.extend(log[len(log) - k :])
             r.kv_len = fill - 1
@@ -1225,25 +1225,33 @@ class Scheduler:
         if self.cache.disabled or aligned <= req.cache_protected_len:
             req.prefix_len = up_to
             return
-        prompt = req.prompt_ids
-        # A prompt-only prefix needs no prompt + output copy (the first decode checkpoint).
-        tokens = prompt[:aligned] if aligned <= len(prompt) else req.fill_ids()[:aligned]
-        key = CacheKey(tokens, req.namespace)
         lock = req.lock_node
-        res = self.cache.insert(
-            key,
-            req.kv_row[:aligned],
-            self._insert_priority(req),
-            inserted_len=req.cache_inserted_len,
-            # The locked prefix is the path to the lock node: compare only what follows.
-            start=None if lock is None else (lock, req.cache_protected_len),
-        )
+        lo = req.cache_protected_len
+        if lock is not None and lock is not self.cache.root:
+            # The locked prefix is the path to the lock node: the insert compares, and is
+            # given, only what follows it.
+            res = self.cache.insert(
+                CacheKey(req.fill_slice(lo, aligned), req.namespace),
+                req.kv_row[lo:aligned],
+                self._insert_priority(req),
+                inserted_len=req.cache_inserted_len,
+                start=(lock, lo),
+                from_start=True,
+            )
+        else:
+            res = self.cache.insert(
+                CacheKey(req.fill_slice(0, aligned), req.namespace),
+                req.kv_row[:aligned],
+                self._insert_priority(req),
+                inserted_len=req.cache_inserted_len,
+            )
         if res.prefix_len == req.cache_protected_len and self._shares_prefixes:
             # Nothing past the request's locked prefix was cached before: the new nodes hold
             # copies of the request's own slots and ``last_node`` ends at ``aligned``, so the
             # row is already right (a re-match would only repeat the insert's walk).
             node = res.last_node
         else:
+            key = CacheKey(req.fill_slice(0, aligned), req.namespace)
             m = self.cache.match_prefix(key)
             if m.device_len < aligned:
                 # The cache did not keep it (a no-reuse baseline): the request keeps its slots.

@@ -89,6 +89,7 @@ class BasePrefixCache(ABC):
         *,
         inserted_len: int = 0,
         start: Any = None,
+        from_start: bool = False,
     ) -> InsertResult: ...
 
     @abstractmethod

@@ -72,6 +72,7 @@ class NoReuseCache(BasePrefixCache):
         *,
         inserted_len: int = 0,
         start: Any = None,
+        from_start: bool = False,
     ) -> InsertResult:
         return InsertResult(0, self._root)
 

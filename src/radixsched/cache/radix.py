@@ -484,6 +484,7 @@ class RadixCache(BasePrefixCache):
         *,
         inserted_len: int = 0,
         start: Any = None,
+        from_start: bool = False,
     ) -> InsertResult:
         """Insert the page-aligned key with ``values[:aligned_len]``.
 
@@ -497,9 +498,15 @@ class RadixCache(BasePrefixCache):
         spells the key's first ``depth`` tokens (a request's ``lock_node`` and its
         ``cache_protected_len``). The walk then compares tokens from there on only; the nodes
         above get exactly the updates a full walk gives them. The depth is checked against the
-        path (IntegrityError), the tokens are not."""
+        path (IntegrityError), the tokens are not. ``from_start``: ``key`` and ``values`` hold
+        only the positions from that depth on (the caller need not assemble the prefix the
+        start node spells); lengths in the result still count from the root."""
         if self.disabled:
             return InsertResult(0, self._root)
+        if from_start:
+            if start is None or start[0] is self._root:
+                raise ValueError("insert(from_start=True) needs a start node below the root")
+            return self._insert(self._query(key), values, priority, inserted_len, start, start[1])
         return self._insert(self._query(key), values, priority, inserted_len, start)
 
     def _insert(
@@ -509,13 +516,16 @@ class RadixCache(BasePrefixCache):
         priority: int,
         inserted_len: int,
         start: tuple[TreeNode, int] | None = None,
+        base: int = 0,
     ) -> InsertResult:
-        """The insert walk (``insert`` after its argument checks)."""
+        """The insert walk (``insert`` after its argument checks). ``q.tokens`` and ``values``
+        hold the key's positions from ``base`` on (``base`` > 0 only with ``start`` at that
+        depth); ``pos`` counts from the root, ``pos - base`` indexes them."""
         root = self._root
         tokens, ns = q
-        n = len(tokens)
-        if len(values) < n:
-            raise ValueError(f"insert: {len(values)} values for a {n}-token (aligned) key")
+        n = base + len(tokens)
+        if len(values) < n - base:
+            raise ValueError(f"insert: {len(values)} values for a {n - base}-token (aligned) key")
         self._clock += 1
         now = self._clock
         root.last_access_time = now
@@ -527,11 +537,15 @@ class RadixCache(BasePrefixCache):
         pb = p * _TOKEN_BYTES
         if start is not None and start[0] is not root and start[1] <= n:
             node, pos = start
+            if pos < base:
+                raise ValueError(f"insert: the key starts at {base}, past the start depth {pos}")
             self._touch_path_up(node, pos, now, priority, inserted_len)
             if pos == n:
                 return InsertResult(pos, node)
             top_key = node.subtree_key
-            ckey: Hashable = tokens[pos : pos + p].tobytes()
+            ckey: Hashable = tokens[pos - base : pos - base + p].tobytes()
+        elif base:
+            raise ValueError(f"insert: a key starting at {base} needs a start node at that depth")
         else:
             first = tokens[:p].tobytes()
             ckey = first if ns is None else (ns, first)
@@ -542,10 +556,11 @@ class RadixCache(BasePrefixCache):
         while child is not None:
             child.last_access_time = now
             klen = len(child.key)
-            seg = tokens[pos : pos + klen + p].tobytes()  # span + next page, as in _walk
+            rel = pos - base
+            seg = tokens[rel : rel + klen + p].tobytes()  # span + next page, as in _walk
             split = not seg.startswith(child.key)  # type: ignore[arg-type]
             if split:
-                m = self._mismatch(tokens, pos, child)
+                m = self._mismatch(tokens, rel, child)
                 node = self._split(child, m, now)
             else:
                 m = klen
@@ -565,8 +580,8 @@ class RadixCache(BasePrefixCache):
             child = node.children.get(ckey)
         leaf = TreeNode(
             next(self._ids),
-            tokens[pos:].copy(),
-            np.array(values[pos:n], dtype=np.int64),
+            tokens[pos - base :].copy(),
+            np.array(values[pos - base : n - base], dtype=np.int64),
             node,
             ns,
             now,
