@@ -119,6 +119,7 @@ _OPS = (
     "admission_match",
     "unhooked",
     "service",
+    "skip",
     "round",
     "round",
 )
@@ -288,6 +289,10 @@ class _Driver:
             prefill, decode = rng.randrange(0, 50), rng.randrange(0, 5)
             self.inc.on_service(r, prefill, decode)
             self.ref.on_service(self.twins[r.rid], prefill, decode)
+        elif op == "skip":  # a round skipped while the batch is full (its order is not read)
+            running = rng.sample(self.out, min(len(self.out), rng.randrange(0, 4)))
+            self.inc.skip_round(self.q, running)
+            self.ref.skip_round(self.rq, [self.twins[r.rid] for r in running])
         elif op == "round":
             self.round(rng)
 
