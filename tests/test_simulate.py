@@ -530,6 +530,43 @@ def test_lazy_rounds_equal_sorted_rounds(policy: str, monkeypatch: pytest.Monkey
     assert json.dumps(_result_json(lazy)) == json.dumps(_result_json(sorted_))
 
 
+# ---- middle chunks run back to back ------------------------------------------------------------
+
+
+def _three_tenants(w: Workload) -> Workload:
+    """``w`` with its requests spread over three tenants (round-robin)."""
+    reqs = [dataclasses.replace(r, tenant=f"t{i % 3}") for i, r in enumerate(w.requests)]
+    return dataclasses.replace(w, requests=reqs)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "random", "lpm", "fair", "hrrn"])
+def test_fused_middle_chunks_change_nothing(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Middle chunks run within one step (``Scheduler._run_middle_chunks``) leave the run bit
+    for bit as one step per chunk does; only the number of steps (series samples) differs."""
+    from radixsched.scheduler import Scheduler
+
+    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
+    w = _workload(spec, rate, n)
+    if policy == "fair":
+        w = _three_tenants(w)
+    fused_chunks: list[int] = []
+    orig = Scheduler._run_middle_chunks
+
+    def counting(self: Scheduler, out: Any, horizon: float) -> None:
+        before = out.num_steps
+        orig(self, out, horizon)
+        fused_chunks.append(out.num_steps - before)
+
+    monkeypatch.setattr(Scheduler, "_run_middle_chunks", counting)
+    fused = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=1024)
+    assert sum(fused_chunks) > 0, "the case must fuse some chunks"
+    monkeypatch.setattr(Scheduler, "_run_middle_chunks", lambda self, out, horizon: None)
+    single = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=1024)
+    assert _traces(fused) == _traces(single)
+    assert json.dumps(_result_json(fused)) == json.dumps(_result_json(single))
+    assert fused.result.prefill_tokens_computed == single.result.prefill_tokens_computed
+
+
 # ---- rounds skipped while the batch is full -------------------------------------------------
 
 
@@ -545,10 +582,7 @@ def test_skipped_full_batch_rounds_change_nothing(
     spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
     w = _workload(spec, rate, n)
     if policy == "fair":
-        w = dataclasses.replace(
-            w,
-            requests=[dataclasses.replace(r, tenant=f"t{i % 3}") for i, r in enumerate(w.requests)],
-        )
+        w = _three_tenants(w)
     calls: list[bool] = []
     orig = SchedulePolicy.skip_round
 

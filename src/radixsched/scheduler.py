@@ -158,6 +158,19 @@ class Scheduler:
         self.ratio = NewTokenRatioTracker(config)
         self.eos_ids = frozenset(runner.eos_token_ids())
         self.gate_factory = gate_factory
+        # Middle chunks run back to back within one simulator step (_run_middle_chunks) where
+        # no round in between can do anything else: no prefill delayer, no mixed chunks, no
+        # priority preemption; not SGLang's order of operations, nor spf (both order the queue
+        # while a chunk continues).
+        self._fuses_chunks = (
+            runner.supports_multi_step
+            and gate_factory is None
+            and config.chunk_size is not None
+            and not config.enable_mixed_chunk
+            and not config.enable_priority_preemption
+            and not config.sglang_compat
+            and config.schedule_policy != "shortest-prefill-first"
+        )
 
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -481,7 +494,18 @@ class Scheduler:
             self._checkpoint(self.chunked_req, self.chunked_req.extend_end)
         batch, mixed_decode = self._get_new_batch_prefill()
         if batch is not None:
-            return self._run(batch, mixed_decode)
+            out = self._run(batch, mixed_decode)
+            if (
+                horizon is not None
+                and self._fuses_chunks
+                and self.chunked_req is not None
+                and not out.finished
+                and not mixed_decode
+                and len(batch.extend) == 1
+                and batch.extend[0].req is self.chunked_req
+            ):
+                self._run_middle_chunks(out, horizon)
+            return out
         if not self.running:
             if self.is_idle:
                 self.ratio.reset()
@@ -501,6 +525,56 @@ class Scheduler:
             out = self._run(Batch([], self._decode_entries(self.running)), [])
         out.retracted = retracted
         return out
+
+    def _run_middle_chunks(self, out: StepOutcome, horizon: float) -> None:
+        """Run the chunked request's next chunks inside this step while each is a middle
+        chunk that fills the round's budget and starts before ``horizon`` (simulator). Such a
+        step is fixed by state alone: the continuation leaves no budget, so the round orders
+        no queue and admits nothing, and nothing but the clock changes in between. Each chunk
+        is planned, allocated, checkpointed and accounted exactly as its own ``step`` would
+        do it; ``out`` sums them (``num_steps``). A chunk that would not be a middle one is
+        left to the next step, its plan undone."""
+        cfg = self.config
+        clock = self.clock
+        while clock.now() < horizon:
+            req = self.chunked_req
+            if req is None:
+                return
+            if req.extend_end > req.prefix_len:  # the next step's opening checkpoint
+                self._checkpoint(req, req.extend_end)
+            if not self.running:
+                self.batch_is_full = False
+            adder = PrefillAdder(
+                config=cfg,
+                cache=self.cache,
+                allocator=self.allocator,
+                running=self.running,
+                new_token_ratio=self.ratio.current,
+                running_tokens=self._running_decode_tokens(),
+            )
+            if (
+                adder.add_chunked_req(req) is None
+                or not adder.can_run_list
+                or adder.budget_state() is not AddReqResult.OTHER
+            ):
+                req.extend_end = req.prefix_len  # not a middle chunk: the next step plans it
+                return
+            entry = self._extend_entry(req, req.prefix_len, req.extend_end)
+            result = self.runner.forward(Batch([entry], []))
+            d = result.duration_s
+            self._account(1, [d])
+            clock.advance(d)
+            n = len(entry.new_token_ids)
+            computed = n - entry.host_load_len
+            self.stats.prefill_steps += 1
+            self.processed_tokens += n
+            self.stats.prefill_tokens_computed += computed
+            req.computed_prefill_tokens += computed
+            if self.policy.tracks_service:
+                self.policy.on_service(req, computed, 0)
+            out.duration_s += d
+            out.num_steps += 1
+            out.prefill_tokens += n
 
     # ---- prefill ------------------------------------------------------------------------------
     def _get_new_batch_prefill(self) -> tuple[Batch | None, list[Req]]:
