@@ -533,10 +533,15 @@ def test_lazy_rounds_equal_sorted_rounds(policy: str, monkeypatch: pytest.Monkey
 # ---- middle chunks run back to back ------------------------------------------------------------
 
 
-def _three_tenants(w: Workload) -> Workload:
-    """``w`` with its requests spread over three tenants (round-robin)."""
-    reqs = [dataclasses.replace(r, tenant=f"t{i % 3}") for i, r in enumerate(w.requests)]
-    return dataclasses.replace(w, requests=reqs)
+def _mooncake_case(policy: str) -> tuple[Workload, int | None]:
+    """The Mooncake sample case and its KV capacity; for fair, its first 24 requests spread
+    over three tenants (round-robin: tenants that come and go keep fair's order busy)."""
+    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
+    w = _workload(spec, rate, 24 if policy == "fair" else n)
+    if policy == "fair":
+        reqs = [dataclasses.replace(r, tenant=f"t{i % 3}") for i, r in enumerate(w.requests)]
+        w = dataclasses.replace(w, requests=reqs)
+    return w, cap
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "random", "lpm", "fair", "hrrn"])
@@ -545,10 +550,7 @@ def test_fused_middle_chunks_change_nothing(policy: str, monkeypatch: pytest.Mon
     for bit as one step per chunk does; only the number of steps (series samples) differs."""
     from radixsched.scheduler import Scheduler
 
-    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
-    w = _workload(spec, rate, n)
-    if policy == "fair":
-        w = _three_tenants(w)
+    w, cap = _mooncake_case(policy)
     fused_chunks: list[int] = []
     orig = Scheduler._run_middle_chunks
 
@@ -558,10 +560,10 @@ def test_fused_middle_chunks_change_nothing(policy: str, monkeypatch: pytest.Mon
         fused_chunks.append(out.num_steps - before)
 
     monkeypatch.setattr(Scheduler, "_run_middle_chunks", counting)
-    fused = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=1024)
+    fused = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=2048)
     assert sum(fused_chunks) > 0, "the case must fuse some chunks"
     monkeypatch.setattr(Scheduler, "_run_middle_chunks", lambda self, out, horizon: None)
-    single = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=1024)
+    single = _run(w, policy, max_total_tokens=cap, chunked_prefill_size=2048)
     assert _traces(fused) == _traces(single)
     assert json.dumps(_result_json(fused)) == json.dumps(_result_json(single))
     assert fused.result.prefill_tokens_computed == single.result.prefill_tokens_computed
@@ -579,10 +581,7 @@ def test_skipped_full_batch_rounds_change_nothing(
     observation the skipped rounds still make)."""
     from radixsched.policy import SchedulePolicy
 
-    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
-    w = _workload(spec, rate, n)
-    if policy == "fair":
-        w = _three_tenants(w)
+    w, cap = _mooncake_case(policy)
     calls: list[bool] = []
     orig = SchedulePolicy.skip_round
 
