@@ -534,7 +534,6 @@ class Scheduler:
         is planned, allocated, checkpointed and accounted exactly as its own ``step`` would
         do it; ``out`` sums them (``num_steps``). A chunk that would not be a middle one is
         left to the next step, its plan undone."""
-        cfg = self.config
         clock = self.clock
         while clock.now() < horizon:
             req = self.chunked_req
@@ -544,14 +543,7 @@ class Scheduler:
                 self._checkpoint(req, req.extend_end)
             if not self.running:
                 self.batch_is_full = False
-            adder = PrefillAdder(
-                config=cfg,
-                cache=self.cache,
-                allocator=self.allocator,
-                running=self.running,
-                new_token_ratio=self.ratio.current,
-                running_tokens=self._running_decode_tokens(),
-            )
+            adder = self._new_adder()
             if (
                 adder.add_chunked_req(req) is None
                 or not adder.can_run_list
@@ -575,6 +567,22 @@ class Scheduler:
             out.duration_s += d
             out.num_steps += 1
             out.prefill_tokens += n
+
+    def _new_adder(
+        self, mixed_decode_tokens: int = 0, gate: PrefillGate | None = None
+    ) -> PrefillAdder:
+        """This round's prefill budget over the running batch as it stands."""
+        return PrefillAdder(
+            config=self.config,
+            cache=self.cache,
+            allocator=self.allocator,
+            running=self.running,
+            new_token_ratio=self.ratio.current,
+            num_mixed_decode_tokens=mixed_decode_tokens,
+            gate=gate,
+            preempt_fn=self._preempt,
+            running_tokens=self._running_decode_tokens(),
+        )
 
     # ---- prefill ------------------------------------------------------------------------------
     def _get_new_batch_prefill(self) -> tuple[Batch | None, list[Req]]:
@@ -600,17 +608,7 @@ class Scheduler:
             return None, []
 
         mixed = cfg.enable_mixed_chunk and cfg.chunk_size is not None and bool(self.running)
-        adder = PrefillAdder(
-            config=cfg,
-            cache=self.cache,
-            allocator=self.allocator,
-            running=self.running,
-            new_token_ratio=self.ratio.current,
-            num_mixed_decode_tokens=len(self.running) if mixed else 0,
-            gate=gate,
-            preempt_fn=self._preempt,
-            running_tokens=self._running_decode_tokens(),
-        )
+        adder = self._new_adder(len(self.running) if mixed else 0, gate)
         chunked = self.chunked_req
         prio: PriorityResult | None = None
         if chunked is not None:

@@ -72,13 +72,11 @@ class BasePrefixCache(ABC):
         matched length and ``last_node`` only: ``indices`` may be left empty."""
         return self.match_prefix(key)
 
+    @abstractmethod
     def prefix_slots(self, node: Any, length: int) -> SlotArray:
         """The ``indices`` ``match_prefix`` gives for a match of ``length`` tokens ending at
         ``node`` (a new array), gathered later: the caller matched with ``match_node`` and
-        has held a lock on ``node`` since. A cache that never matches anything has none."""
-        if length == 0:
-            return np.zeros(0, dtype=np.int64)
-        raise NotImplementedError(f"{type(self).__name__} cannot gather a prefix's slots")
+        has held a lock on ``node`` since."""
 
     @abstractmethod
     def insert(

@@ -64,6 +64,10 @@ class NoReuseCache(BasePrefixCache):
     def match_len(self, key: CacheKey) -> int:
         return 0
 
+    def prefix_slots(self, node: object, length: int) -> SlotArray:
+        self._check_handle(node)  # every match ends at the root with no tokens
+        return EMPTY_SLOTS.copy()
+
     def insert(
         self,
         key: CacheKey,
