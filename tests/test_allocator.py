@@ -164,7 +164,14 @@ def test_random_ops_match_reference(p: int, seed: int) -> None:
         r = rng.random()
         if r < 0.4:
             n = int(rng.integers(0, 12)) * p
-            got = a.alloc(n)
+            if rng.random() < 0.5:
+                got = a.alloc(n)
+            else:  # alloc_into: the same slots, written into the caller's view only
+                buf = np.full(n + 2, -1, dtype=np.int64)
+                got = buf[1:-1] if a.alloc_into(buf[1:-1]) else None
+                assert buf[0] == buf[-1] == -1
+                if got is None:
+                    assert (buf == -1).all()
             want = ref.alloc(n)
             assert (None if got is None else got.tolist()) == want
             if got is not None and got.size:
@@ -184,7 +191,16 @@ def test_random_ops_match_reference(p: int, seed: int) -> None:
             n = int(rng.integers(0, 2 * x.size // p + 3)) * p
             assert ref.release(x.tolist())
             want = ref.alloc(n)
-            got = a.recycle(x, n)
+            if rng.random() < 0.5:
+                got = a.recycle(x, n)
+            else:
+                # recycle_into: x as segments of whole pages (the cache's eviction order),
+                # written into a view of a larger buffer.
+                cuts = sorted(rng.choice(x.size // p + 1, size=2).tolist())
+                segs = [x[: cuts[0] * p], x[cuts[0] * p : cuts[1] * p], x[cuts[1] * p :]]
+                buf = np.full(n + 2, -1, dtype=np.int64)
+                got = buf[1:-1] if a.recycle_into(segs, buf[1:-1]) else None
+                assert buf[0] == buf[-1] == -1
             assert (None if got is None else got.tolist()) == want
             if got is not None and got.size:
                 held.append(got)

@@ -483,11 +483,17 @@ def test_evict_reclaim_then_recycle_equals_evict_then_alloc(p: int, compat: bool
         short = n - aa.available_size()
         if short > 0:
             freed = a.evict(short)
-            reclaimed = b.evict_reclaim(short)
-            assert len(reclaimed) == freed
+            reclaimed = b.evict_reclaim(short)  # segments, in eviction order
+            assert sum(len(seg) for seg in reclaimed) == freed
+            assert all(len(seg) % p == 0 for seg in reclaimed)
             assert b.total_size() == a.total_size()
             assert np.array_equal(b.all_values(), a.all_values())
-            x, y = aa.alloc(n), ba.recycle(reclaimed, n)
+            x = aa.alloc(n)
+            if reclaims % 2:
+                y = ba.recycle(reclaimed, n)
+            else:
+                out = np.full(n, -1, dtype=np.int64)
+                y = out if ba.recycle_into(reclaimed, out) else None
             reclaims += 1
         else:
             x, y = aa.alloc(n), ba.alloc(n)
@@ -857,3 +863,26 @@ def test_prefix_slots_gathers_what_match_prefix_returns_even_after_a_split() -> 
     assert len(cache.prefix_slots(cache.root, 0)) == 0
     baseline = NoReuseCache()
     assert len(baseline.prefix_slots(baseline.root, 0)) == 0
+
+
+def test_insert_adopt_keeps_views_default_copies() -> None:
+    """``adopt=True`` lets new nodes keep views of the caller's key and values (the scheduler
+    never rewrites a row's computed positions); the default copies both."""
+    cache, alloc = make(size=64)
+    toks = np.arange(10, dtype=np.int32)
+    vals = alloc.alloc(10)
+    assert vals is not None
+    leaf = cache.insert(CacheKey(toks), vals, adopt=True).last_node
+    assert np.shares_memory(leaf.key, toks) and np.shares_memory(leaf.value, vals)
+    toks2 = np.arange(20, 30, dtype=np.int32)
+    vals2 = alloc.alloc(10)
+    assert vals2 is not None
+    leaf2 = cache.insert(CacheKey(toks2), vals2).last_node
+    assert not np.shares_memory(leaf2.key, toks2)
+    assert not np.shares_memory(leaf2.value, vals2)
+    # A view that needs a dtype change is copied even when adopted.
+    vals3 = alloc.alloc(5)
+    assert vals3 is not None
+    leaf3 = cache.insert(K([40, 41, 42, 43, 44]), vals3.astype(np.int32), adopt=True).last_node
+    assert leaf3.value.dtype == np.int64
+    conserved(cache, alloc)

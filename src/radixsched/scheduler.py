@@ -95,6 +95,25 @@ class StepOutcome:
         return self._tokens
 
 
+class ChunkPlan(NamedTuple):
+    """A round opened by continuing the chunked request (``Scheduler._plan_continuation``)."""
+
+    adder: PrefillAdder
+    still_chunked: Req | None  # add_chunked_req's answer: None when this is the last chunk
+    req: Req
+
+    @property
+    def is_middle(self) -> bool:
+        """A middle chunk that fills the round's budget: the round then orders no queue,
+        admits nothing and runs no decode, so the step is fixed by state alone."""
+        adder = self.adder
+        return (
+            self.still_chunked is not None
+            and bool(adder.can_run_list)
+            and adder.budget_state() is AddReqResult.OTHER
+        )
+
+
 @dataclass
 class SchedulerStats:
     retractions: int = 0
@@ -158,8 +177,9 @@ class Scheduler:
         self.ratio = NewTokenRatioTracker(config)
         self.eos_ids = frozenset(runner.eos_token_ids())
         self.gate_factory = gate_factory
-        # Middle chunks run back to back within one simulator step (_run_middle_chunks) where
-        # no round in between can do anything else: no prefill delayer, no mixed chunks, no
+        # A middle chunk takes the simulator's fast path (_middle_chunk), and the next ones run
+        # back to back within the same step up to the horizon (_run_middle_chunks), where no
+        # round in between can do anything else: no prefill delayer, no mixed chunks, no
         # priority preemption; not SGLang's order of operations, nor spf (both order the queue
         # while a chunk continues).
         self._fuses_chunks = (
@@ -487,25 +507,23 @@ class Scheduler:
         ``horizon``, the time of the next external event). None when there is nothing to run."""
         if len(self.waiting) > self.stats.peak_waiting:
             self.stats.peak_waiting = len(self.waiting)
-        if (
-            self.chunked_req is not None
-            and self.chunked_req.extend_end > self.chunked_req.prefix_len
-        ):
-            self._checkpoint(self.chunked_req, self.chunked_req.extend_end)
-        batch, mixed_decode = self._get_new_batch_prefill()
+        if self._fuses_chunks and self.chunked_req is not None:
+            plan = self._plan_continuation()
+            if plan.is_middle:
+                # The simulator's fast path: the step is this chunk alone (see ChunkPlan).
+                out = StepOutcome("extend", 0.0, 1, num_steps=0)
+                self._run_chunk(plan, out)
+                if horizon is not None:
+                    self._run_middle_chunks(out, horizon)
+                return out
+            batch, mixed_decode = self._get_new_batch_prefill_raw(None, plan)
+        else:
+            chunked = self.chunked_req
+            if chunked is not None and chunked.extend_end > chunked.prefix_len:
+                self._checkpoint(chunked, chunked.extend_end)
+            batch, mixed_decode = self._get_new_batch_prefill()
         if batch is not None:
-            out = self._run(batch, mixed_decode)
-            if (
-                horizon is not None
-                and self._fuses_chunks
-                and self.chunked_req is not None
-                and not out.finished
-                and not mixed_decode
-                and len(batch.extend) == 1
-                and batch.extend[0].req is self.chunked_req
-            ):
-                self._run_middle_chunks(out, horizon)
-            return out
+            return self._run(batch, mixed_decode)
         if not self.running:
             if self.is_idle:
                 self.ratio.reset()
@@ -526,47 +544,53 @@ class Scheduler:
         out.retracted = retracted
         return out
 
+    def _plan_continuation(self) -> ChunkPlan:
+        """The opening of a step that continues the chunked request, as ``step`` and
+        ``_get_new_batch_prefill_raw`` do it: the previous chunk's checkpoint, then the
+        round's budget with the continuation planned in it."""
+        req = self.chunked_req
+        assert req is not None
+        if req.extend_end > req.prefix_len:
+            self._checkpoint(req, req.extend_end)
+        if self.config.enable_priority_preemption or not self.running:
+            self.batch_is_full = False
+        adder = self._new_adder()
+        still_chunked = adder.add_chunked_req(req)
+        return ChunkPlan(adder, still_chunked, req)
+
     def _run_middle_chunks(self, out: StepOutcome, horizon: float) -> None:
-        """Run the chunked request's next chunks inside this step while each is a middle
-        chunk that fills the round's budget and starts before ``horizon`` (simulator). Such a
-        step is fixed by state alone: the continuation leaves no budget, so the round orders
-        no queue and admits nothing, and nothing but the clock changes in between. Each chunk
-        is planned, allocated, checkpointed and accounted exactly as its own ``step`` would
-        do it; ``out`` sums them (``num_steps``). A chunk that would not be a middle one is
-        left to the next step, its plan undone."""
+        """Run the chunked request's next middle chunks inside this step while each starts
+        before ``horizon`` (simulator): nothing but the clock changes in between (see
+        ``ChunkPlan``). ``out`` sums them (``num_steps``). A chunk that would not be a middle
+        one is left to the next step, its plan undone."""
         clock = self.clock
-        while clock.now() < horizon:
-            req = self.chunked_req
-            if req is None:
+        while clock.now() < horizon and self.chunked_req is not None:
+            plan = self._plan_continuation()
+            if not plan.is_middle:
+                plan.req.extend_end = plan.req.prefix_len  # the next step plans it again
                 return
-            if req.extend_end > req.prefix_len:  # the next step's opening checkpoint
-                self._checkpoint(req, req.extend_end)
-            if not self.running:
-                self.batch_is_full = False
-            adder = self._new_adder()
-            if (
-                adder.add_chunked_req(req) is None
-                or not adder.can_run_list
-                or adder.budget_state() is not AddReqResult.OTHER
-            ):
-                req.extend_end = req.prefix_len  # not a middle chunk: the next step plans it
-                return
-            entry = self._extend_entry(req, req.prefix_len, req.extend_end)
-            result = self.runner.forward(Batch([entry], []))
-            d = result.duration_s
-            self._account(1, [d])
-            clock.advance(d)
-            n = len(entry.new_token_ids)
-            computed = n - entry.host_load_len
-            self.stats.prefill_steps += 1
-            self.processed_tokens += n
-            self.stats.prefill_tokens_computed += computed
-            req.computed_prefill_tokens += computed
-            if self.policy.tracks_service:
-                self.policy.on_service(req, computed, 0)
-            out.duration_s += d
-            out.num_steps += 1
-            out.prefill_tokens += n
+            self._run_chunk(plan, out)
+
+    def _run_chunk(self, plan: ChunkPlan, out: StepOutcome) -> None:
+        """Run a middle chunk exactly as a step whose batch is that chunk alone; add it to
+        ``out``."""
+        req = plan.req
+        entry = self._extend_entry(req, req.prefix_len, req.extend_end)
+        result = self.runner.forward(Batch([entry], []))
+        d = result.duration_s
+        self._account(1, [d])
+        self.clock.advance(d)
+        n = len(entry.new_token_ids)
+        computed = n - entry.host_load_len
+        self.stats.prefill_steps += 1
+        self.processed_tokens += n
+        self.stats.prefill_tokens_computed += computed
+        req.computed_prefill_tokens += computed
+        if self.policy.tracks_service:
+            self.policy.on_service(req, computed, 0)
+        out.duration_s += d
+        out.num_steps += 1
+        out.prefill_tokens += n
 
     def _new_adder(
         self, mixed_decode_tokens: int = 0, gate: PrefillGate | None = None
@@ -595,8 +619,10 @@ class Scheduler:
         return batch, mixed
 
     def _get_new_batch_prefill_raw(
-        self, gate: PrefillGate | None
+        self, gate: PrefillGate | None, plan: ChunkPlan | None = None
     ) -> tuple[Batch | None, list[Req]]:
+        """One prefill round. ``plan``: the round's opening (checkpoint, budget, continuation)
+        already made by ``_plan_continuation`` (simulator; no gate, no mixed chunk)."""
         cfg = self.config
         if cfg.enable_priority_preemption or not self.running:
             self.batch_is_full = False
@@ -608,10 +634,14 @@ class Scheduler:
             return None, []
 
         mixed = cfg.enable_mixed_chunk and cfg.chunk_size is not None and bool(self.running)
-        adder = self._new_adder(len(self.running) if mixed else 0, gate)
         chunked = self.chunked_req
         prio: PriorityResult | None = None
-        if chunked is not None:
+        if plan is not None:
+            adder = plan.adder
+            self.chunked_req = plan.still_chunked
+        else:
+            adder = self._new_adder(len(self.running) if mixed else 0, gate)
+        if chunked is not None and plan is None:
             if cfg.sglang_compat or cfg.schedule_policy == "shortest-prefill-first":
                 # SPF caps the continuation from the sorted queue (spec 1.9); compat keeps
                 # SGLang's order of operations exactly.
@@ -822,11 +852,15 @@ class Scheduler:
         return entry
 
     def _ensure_row(self, req: Req, end: int) -> None:
-        """Grow the request's KV row to cover positions [0, end) (whole pages)."""
+        """Grow the request's KV row to cover positions [0, end) (whole pages), allocating
+        straight into its buffer."""
         p = self.page_size
-        need = (end if p == 1 else -(-end // p) * p) - len(req.kv_row)
-        if need > 0:
-            self._append_slots(req, self._alloc(need))
+        have = len(req.kv_row)
+        new_len = end if p == 1 else -(-end // p) * p
+        if new_len > have:
+            buf = self._row_buffer(req, new_len)
+            self._alloc_into(buf[have:new_len])
+            req.kv_row = buf[:new_len]
 
     def _grow_rows(self, reqs: list[Req], ends: list[int]) -> None:
         """Grow several rows with one eviction and one allocation (decode hot path)."""
@@ -848,10 +882,11 @@ class Scheduler:
                 off += n
 
     @staticmethod
-    def _append_slots(r: Req, slots: np.ndarray) -> None:
+    def _row_buffer(r: Req, new_len: int) -> np.ndarray:
+        """The request's row buffer, with room for ``new_len`` positions and the current row
+        at its head (``kv_row`` is left as it is)."""
         row = r.kv_row
         have = len(row)
-        new_len = have + len(slots)
         buf = r.kv_buf
         # kv_row must be the head of kv_buf (a view, or the buffer itself) to grow in place;
         # otherwise (a fresh row from a cache match) it is copied once.
@@ -862,22 +897,34 @@ class Scheduler:
             buf = np.empty(most if new_len <= most else 2 * new_len, dtype=np.int64)
             buf[:have] = row
             r.kv_buf = buf
+        return buf
+
+    @classmethod
+    def _append_slots(cls, r: Req, slots: np.ndarray) -> None:
+        have = len(r.kv_row)
+        new_len = have + len(slots)
+        buf = cls._row_buffer(r, new_len)
         buf[have:new_len] = slots
         r.kv_row = buf[:new_len]
 
     def _alloc(self, n: int) -> np.ndarray:
-        """``n`` slots, evicting what is missing. The result is only read (it may be a view of
-        slots the cache just gave up)."""
+        """``n`` new slots, evicting what is missing."""
+        out = np.empty(n, dtype=np.int64)
+        self._alloc_into(out)
+        return out
+
+    def _alloc_into(self, out: np.ndarray) -> None:
+        """Fill ``out`` with ``len(out)`` newly allocated slots, evicting what is missing."""
+        n = len(out)
         short = n - self.allocator.available_size()
         if short > 0:
             # Evicted slots go straight into this allocation (same slots, same free list
             # afterwards as freeing them and allocating).
-            slots = self.allocator.recycle(self.cache.evict_reclaim(short), n)
+            ok = self.allocator.recycle_into(self.cache.evict_reclaim(short), out)
         else:
-            slots = self.allocator.alloc(n)
-        if slots is None:
+            ok = self.allocator.alloc_into(out)
+        if not ok:
             raise self._alloc_failed(n)
-        return slots
 
     def _reserve(self, n: int) -> None:
         short = n - self.allocator.available_size()
@@ -1309,6 +1356,7 @@ class Scheduler:
                 inserted_len=req.cache_inserted_len,
                 start=(lock, lo),
                 from_start=True,
+                adopt=True,
             )
         else:
             res = self.cache.insert(
@@ -1316,6 +1364,7 @@ class Scheduler:
                 req.kv_row[:aligned],
                 self._insert_priority(req),
                 inserted_len=req.cache_inserted_len,
+                adopt=True,
             )
         if res.prefix_len == req.cache_protected_len and self._shares_prefixes:
             # Nothing past the request's locked prefix was cached before: the new nodes hold
@@ -1330,10 +1379,12 @@ class Scheduler:
                 req.prefix_len = up_to
                 return
             dup_end = min(res.prefix_len, aligned)
-            if dup_end > req.cache_protected_len:
-                self.allocator.free(req.kv_row[req.cache_protected_len : dup_end])
             lo = req.cache_protected_len
-            req.kv_row[lo:aligned] = m.indices[lo:aligned]
+            if dup_end > lo:
+                self.allocator.free(req.kv_row[lo:dup_end])
+                # Re-point the duplicates at the cached copy. Past dup_end the new nodes
+                # hold the row's own slots (adopted: that part of the row is never written).
+                req.kv_row[lo:dup_end] = m.indices[lo:dup_end]
             node = m.last_node
         req.cache_protected_len = aligned
         req.cache_inserted_len = aligned

@@ -113,33 +113,78 @@ class TokenAllocator:
         self._pos[pages] = 0
         return (pages[:, None] * p + self._page_offsets).reshape(-1)
 
-    def recycle(self, freed: SlotArray, num_tokens: int) -> SlotArray | None:
+    def alloc_into(self, out: SlotArray) -> bool:
+        """``alloc(len(out))`` written into ``out`` (an int64 view the caller owns) instead of a
+        new array; False, with nothing allocated and ``out`` untouched, when not enough are
+        free."""
+        p = self.page_size
+        n = len(out)
+        if n % p:
+            raise ValueError(f"alloc({n}): must be a non-negative multiple of page_size ({p})")
+        k = n // p
+        lo = self._lo
+        if k > self.num_pages - lo - self._reserved:
+            return False
+        if k == 0:
+            return True
+        self._lo = lo + k
+        pages = self._stack[lo : lo + k]
+        self._pos[pages] = 0
+        if p == 1:
+            out[:] = pages
+        else:
+            out[:] = (pages[:, None] * p + self._page_offsets).reshape(-1)
+        return True
+
+    def recycle_into(self, freed: Sequence[SlotArray], out: SlotArray) -> bool:
+        """``recycle(concatenation of freed, len(out))`` written into ``out`` (an int64 view
+        the caller owns), without building the concatenation: the same slots in ``out`` and
+        the same state afterwards. ``freed``: segments of whole pages, just reclaimed from the
+        cache. False (``freed`` all freed, as a free followed by a failed alloc) when not
+        enough are free."""
+        p = self.page_size
+        n = len(out)
+        if n % p:
+            raise ValueError(f"alloc({n}): must be a non-negative multiple of page_size ({p})")
+        g = 0
+        for seg in freed:
+            if len(seg) % p:
+                raise ValueError(f"free: {len(seg)} slots is not a whole number of pages (p={p})")
+            g += len(seg)
+        if n > g and (n - g) // p > self.num_pages - self._lo - self._reserved:
+            if g:
+                self.free(np.concatenate(freed) if len(freed) > 1 else freed[0], checked=False)
+            return False
+        pos = 0
+        for i, seg in enumerate(freed):
+            take = min(len(seg), n - pos)
+            out[pos : pos + take] = seg[:take]
+            pos += take
+            if take < len(seg):
+                # The excess, freed as one group: what freeing everything and allocating
+                # ``n`` leaves on the stack.
+                rest = [seg[take:], *freed[i + 1 :]]
+                self.free(np.concatenate(rest) if len(rest) > 1 else rest[0], checked=False)
+                return True
+        if pos < n:
+            ok = self.alloc_into(out[pos:])
+            assert ok
+        return True
+
+    def recycle(self, freed: SlotArray | Sequence[SlotArray], num_tokens: int) -> SlotArray | None:
         """``free(freed, checked=False)`` then ``alloc(num_tokens)`` in one step, with the same
         result and the same state afterwards: the allocation takes ``freed``'s pages first (the
         top of the stack after that free), and those never pass through the free list. For
-        slots just reclaimed from the cache (``evict_reclaim``), which the caller owns: the
-        result may be a view of ``freed``."""
+        slots just reclaimed from the cache (``evict_reclaim``: an array or its segments),
+        which the caller owns. None when not enough are free."""
         p = self.page_size
         if num_tokens < 0 or num_tokens % p:
             raise ValueError(
                 f"alloc({num_tokens}): must be a non-negative multiple of page_size ({p})"
             )
-        freed = np.asarray(freed, dtype=np.int64)
-        if freed.size % p:
-            raise ValueError(f"free: {freed.size} slots is not a whole number of pages (p={p})")
-        g = freed.size // p
-        k = num_tokens // p
-        if k < g:
-            self.free(freed[k * p :], checked=False)
-            return freed[: k * p]
-        if k == g:
-            return freed
-        if k - g > self.num_pages - self._lo - self._reserved:
-            self.free(freed, checked=False)  # as a free followed by a failed alloc
-            return None
-        more = self.alloc((k - g) * p)
-        assert more is not None
-        return np.concatenate([freed, more]) if g else more
+        parts = [freed] if isinstance(freed, np.ndarray) else list(freed)
+        out = np.empty(num_tokens, dtype=np.int64)
+        return out if self.recycle_into(parts, out) else None
 
     def reserve(self, num_tokens: int) -> bool:
         """Set aside ``num_tokens`` (whole pages) for a later ``claim``: they stop counting as

@@ -88,6 +88,7 @@ class BasePrefixCache(ABC):
         inserted_len: int = 0,
         start: Any = None,
         from_start: bool = False,
+        adopt: bool = False,
     ) -> InsertResult: ...
 
     @abstractmethod
@@ -113,13 +114,15 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def evict(self, num_tokens: int) -> int: ...
 
-    def evict_reclaim(self, num_tokens: int) -> SlotArray:
+    def evict_reclaim(self, num_tokens: int) -> list[SlotArray]:
         """``evict(num_tokens)``, but the freed slots are handed to the caller (who then owns
         them, as allocated slots) instead of going back to the allocator: a caller that
-        evicts to allocate at once skips a round trip through the free list. A cache that
-        cannot do this frees them as usual and returns no slots."""
+        evicts to allocate at once skips a round trip through the free list. The slots come
+        as segments (whole pages each) in eviction order: their concatenation is what
+        ``evict`` would free. A cache that cannot do this frees them as usual and returns no
+        segments."""
         self.evict(num_tokens)
-        return np.zeros(0, dtype=np.int64)
+        return []
 
     @abstractmethod
     def evictable_size(self) -> int: ...

@@ -77,6 +77,7 @@ class NoReuseCache(BasePrefixCache):
         inserted_len: int = 0,
         start: Any = None,
         from_start: bool = False,
+        adopt: bool = False,
     ) -> InsertResult:
         return InsertResult(0, self._root)
 

@@ -485,6 +485,7 @@ class RadixCache(BasePrefixCache):
         inserted_len: int = 0,
         start: Any = None,
         from_start: bool = False,
+        adopt: bool = False,
     ) -> InsertResult:
         """Insert the page-aligned key with ``values[:aligned_len]``.
 
@@ -500,14 +501,21 @@ class RadixCache(BasePrefixCache):
         above get exactly the updates a full walk gives them. The depth is checked against the
         path (IntegrityError), the tokens are not. ``from_start``: ``key`` and ``values`` hold
         only the positions from that depth on (the caller need not assemble the prefix the
-        start node spells); lengths in the result still count from the root."""
+        start node spells); lengths in the result still count from the root.
+
+        ``adopt``: new nodes may keep views of ``key.tokens`` and ``values`` instead of copies.
+        The caller promises never to write those positions of either array again (a request's
+        prompt and its KV row's computed positions: slots are appended past them, never
+        rewritten)."""
         if self.disabled:
             return InsertResult(0, self._root)
         if from_start:
             if start is None or start[0] is self._root:
                 raise ValueError("insert(from_start=True) needs a start node below the root")
-            return self._insert(self._query(key), values, priority, inserted_len, start, start[1])
-        return self._insert(self._query(key), values, priority, inserted_len, start)
+            return self._insert(
+                self._query(key), values, priority, inserted_len, start, start[1], adopt
+            )
+        return self._insert(self._query(key), values, priority, inserted_len, start, 0, adopt)
 
     def _insert(
         self,
@@ -517,6 +525,7 @@ class RadixCache(BasePrefixCache):
         inserted_len: int,
         start: tuple[TreeNode, int] | None = None,
         base: int = 0,
+        adopt: bool = False,
     ) -> InsertResult:
         """The insert walk (``insert`` after its argument checks). ``q.tokens`` and ``values``
         hold the key's positions from ``base`` on (``base`` > 0 only with ``start`` at that
@@ -578,10 +587,15 @@ class RadixCache(BasePrefixCache):
             if split:
                 break  # the remainder's first page differs from the split-off child's
             child = node.children.get(ckey)
+        leaf_key = tokens[pos - base :]
+        leaf_value = values[pos - base : n - base]
+        if not adopt or leaf_value.dtype != np.int64:
+            leaf_key = leaf_key.copy()
+            leaf_value = np.array(leaf_value, dtype=np.int64)
         leaf = TreeNode(
             next(self._ids),
-            tokens[pos - base :].copy(),
-            np.array(values[pos - base : n - base], dtype=np.int64),
+            leaf_key,
+            leaf_value,
             node,
             ns,
             now,
@@ -717,19 +731,22 @@ class RadixCache(BasePrefixCache):
         """Free at least ``min(num_tokens, evictable_size())`` tokens from unlocked leaves in
         strategy order; returns the number freed (see the module note for the overshoot)."""
         freed = self._evict(num_tokens)
-        if self.allocator is not None and len(freed):
+        if not freed:
+            return 0
+        out = freed[0] if len(freed) == 1 else np.concatenate(freed)
+        if self.allocator is not None:
             # Node values are allocated slots by the tree's invariant (check_integrity).
-            self.allocator.free(freed, checked=False)
-        return len(freed)
+            self.allocator.free(out, checked=False)
+        return len(out)
 
-    def evict_reclaim(self, num_tokens: int) -> SlotArray:
+    def evict_reclaim(self, num_tokens: int) -> list[SlotArray]:
         return self._evict(num_tokens)
 
-    def _evict(self, num_tokens: int) -> SlotArray:
-        """The eviction of ``evict``; returns the evicted nodes' slots (in eviction order)
-        without freeing them."""
+    def _evict(self, num_tokens: int) -> list[SlotArray]:
+        """The eviction of ``evict``; returns the evicted nodes' slots (segments, in eviction
+        order) without freeing them."""
         if self.disabled or num_tokens <= 0 or not self._evictable_leaves:
-            return EMPTY_SLOTS
+            return []
         prio = self.strategy.priority
         leaves = self._evictable_leaves
         if not self._heap_persistent or len(self._heap) > 4 * len(leaves) + 64:
@@ -788,11 +805,7 @@ class RadixCache(BasePrefixCache):
                 heappush(heap, (prio(parent), parent.id, parent))
         if not self._heap_persistent:
             self._heap = []  # rebuilt on every call: hold no nodes in between
-        if not freed:
-            return EMPTY_SLOTS
-        out = freed[0] if len(freed) == 1 else np.concatenate(freed)
-        assert len(out) == evicted
-        return out
+        return freed
 
     # ---- sizes ---------------------------------------------------------------------------------
     def evictable_size(self) -> int:
