@@ -546,24 +546,27 @@ def _mooncake_case(policy: str) -> tuple[Workload, int | None]:
 
 @pytest.mark.parametrize("policy", ["fcfs", "random", "lpm", "fair", "hrrn"])
 def test_fused_middle_chunks_change_nothing(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Middle chunks run within one step (``Scheduler._run_middle_chunks``) leave the run bit
-    for bit as one step per chunk does; only the number of steps (series samples) differs."""
-    from radixsched.scheduler import Scheduler
+    """Middle chunks on the fast path (``ChunkPlan.is_middle``: the step is the chunk alone,
+    and the next ones run within the same step up to the horizon) leave the run bit for bit as
+    the full step per chunk does; only the number of steps (series samples) differs."""
+    from radixsched.scheduler import ChunkPlan, Scheduler
 
     w, cap = _mooncake_case(policy)
-    fused_chunks: list[int] = []
-    orig = Scheduler._run_middle_chunks
+    fast: list[int] = []
+    orig = Scheduler._run_chunk
 
-    def counting(self: Scheduler, out: Any, horizon: float) -> None:
-        before = out.num_steps
-        orig(self, out, horizon)
-        fused_chunks.append(out.num_steps - before)
+    def counting(self: Scheduler, plan: ChunkPlan, out: Any) -> None:
+        fast.append(1)
+        orig(self, plan, out)
 
-    monkeypatch.setattr(Scheduler, "_run_middle_chunks", counting)
+    monkeypatch.setattr(Scheduler, "_run_chunk", counting)
     fused = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=2048)
-    assert sum(fused_chunks) > 0, "the case must fuse some chunks"
-    monkeypatch.setattr(Scheduler, "_run_middle_chunks", lambda self, out, horizon: None)
-    single = _run(w, policy, max_total_tokens=cap, chunked_prefill_size=2048)
+    assert len(fast) > 0, "the case must have middle chunks"
+    monkeypatch.setattr(ChunkPlan, "is_middle", property(lambda self: False))
+    fast.clear()
+    single = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=2048)
+    assert not fast
+    assert [r.to_json() for r in fused.replicas] == [r.to_json() for r in single.replicas]
     assert _traces(fused) == _traces(single)
     assert json.dumps(_result_json(fused)) == json.dumps(_result_json(single))
     assert fused.result.prefill_tokens_computed == single.result.prefill_tokens_computed

@@ -1266,7 +1266,7 @@ class SchedulePolicy:
         span = WAITING_PREFIX_REFRESH_SPAN
         head = queue[:span] if lazy is None else lazy.head(span)
         # Head last: it gets the newest access time, so it is evicted last.
-        self.tree_cache.touch_prefixes(CacheKey(r.fill_ids(), r.namespace) for r in reversed(head))
+        self.tree_cache.touch_request_prefixes(reversed(head))
 
 
 def _never(r: Req) -> bool:

@@ -46,6 +46,19 @@ class InsertResult(NamedTuple):
     last_node: Any
 
 
+class PrefixHolder(Protocol):
+    """A request as the cache sees it when refreshing its prefix (``Req`` is one)."""
+
+    @property
+    def namespace(self) -> Namespace: ...
+
+    @property
+    def subtree_key(self) -> Any:
+        """The cache's ``subtree_key`` of the request's prompt, or None when not known."""
+
+    def fill_ids(self) -> TokenArray: ...
+
+
 class SlotFreer(Protocol):
     def free(self, slots: SlotArray, *, checked: bool = True) -> None: ...
 
@@ -98,6 +111,10 @@ class BasePrefixCache(ABC):
         """``touch_prefix`` of each key, in order."""
         for key in keys:
             self.touch_prefix(key)
+
+    def touch_request_prefixes(self, reqs: Iterable[PrefixHolder]) -> None:
+        """``touch_prefixes`` of the requests' fills (prompt + output), in order."""
+        self.touch_prefixes(CacheKey(r.fill_ids(), r.namespace) for r in reqs)
 
     @abstractmethod
     def inc_lock_ref(self, node: Any) -> int: ...

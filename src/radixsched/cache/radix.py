@@ -46,6 +46,7 @@ from radixsched.cache.base import (
     IntegrityError,
     MatchResult,
     Namespace,
+    PrefixHolder,
     SlotFreer,
 )
 from radixsched.cache.evict import DEFAULT_EVICTION_POLICY, EvictionStrategy, get_strategy
@@ -474,6 +475,29 @@ class RadixCache(BasePrefixCache):
             elif not len(tokens):
                 continue
             self._clock += 1
+            root.last_access_time = self._clock
+
+    def touch_request_prefixes(self, reqs: Iterable[PrefixHolder]) -> None:
+        """``touch_prefixes`` of the requests' fills, in order. A request whose known
+        ``subtree_key`` is not a cached top-level subtree only ticks the clock (all its walk
+        would do), without building its key: most of a long queue, under cache pressure."""
+        if self.disabled:
+            return
+        root = self._root
+        children = root.children
+        ticks = 0  # clock ticks not yet applied (only the total matters between walks)
+        for r in reqs:
+            sk = r.subtree_key
+            if sk is not None and sk not in children:
+                ticks += 1
+                continue
+            if ticks:
+                self._clock += ticks
+                root.last_access_time = self._clock
+                ticks = 0
+            self.touch_prefixes((CacheKey(r.fill_ids(), r.namespace),))
+        if ticks:
+            self._clock += ticks
             root.last_access_time = self._clock
 
     def insert(

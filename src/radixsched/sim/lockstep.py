@@ -306,7 +306,6 @@ class _Lockstep:
                     f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
                 )
             if out is not None:
-                rep.busy_s += out.duration_s
                 _restamp(out, r_end, end)
             rep.clock.jump_to(end)
             if self.check_integrity:

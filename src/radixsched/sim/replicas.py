@@ -19,7 +19,12 @@ class Replica:
         self.sched = sched
         self.clock = clock
         self.reqs: list[Req] = []
-        self.busy_s = 0.0  # sum of its steps' durations
+
+    @property
+    def busy_s(self) -> float:
+        """Virtual time spent running batches: the scheduler's per-step sum, the same however
+        its steps were grouped (decode jumps, middle chunks run within one step)."""
+        return self.sched.stats.busy_s
 
 
 def replica_load(rep: Replica) -> Any:

@@ -275,7 +275,6 @@ def _run_event_loop(
                     f"replica {rep.idx} has work but could not schedule it "
                     f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
                 )
-            rep.busy_s += out.duration_s
             finished = len(out.finished)
             if router is not None:
                 for r in out.finished:
@@ -322,7 +321,6 @@ def _run_one_replica(
                     f"replica {rep.idx} has work but could not schedule it "
                     f"(waiting={len(sched.waiting)}, running={len(sched.running)})"
                 )
-            rep.busy_s += out.duration_s
             sample_series(series, start, (rep,))
             if out.finished and on_progress is not None:
                 done += len(out.finished)
