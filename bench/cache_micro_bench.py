@@ -129,8 +129,9 @@ def full_cache(page_size: int, leaf_len: int, prefix_len: int, fanout: int) -> R
 def _time_evictions(page_size: int, n: int, leaf_len: int, calls: int, mode: str) -> float:
     """us per call on a full pool of ``mode``: "evict" (``evict(n)`` alone, the refilling
     ``alloc`` untimed), "evict+alloc" (both timed) or "reclaim+recycle" (``evict_reclaim`` then
-    ``recycle``: the scheduler's ``_alloc`` when the free list is empty, the evicted slots
-    skipping the round trip through the free list)."""
+    ``recycle_into`` a row buffer: the scheduler's ``_alloc_into`` when the free list is empty,
+    the evicted slots skipping the round trip through the free list and written straight into
+    the request's row)."""
     cache = full_cache(page_size, leaf_len, prefix_len=4096, fanout=4)
     a = cache.allocator
     assert isinstance(a, TokenAllocator)
@@ -143,7 +144,8 @@ def _time_evictions(page_size: int, n: int, leaf_len: int, calls: int, mode: str
         for _ in range(calls):
             t0 = perf()
             if mode == "reclaim+recycle":
-                got = a.recycle(cache.evict_reclaim(need), need)
+                row = np.empty(need, dtype=np.int64)
+                got = row if a.recycle_into(cache.evict_reclaim(need), row) else None
             else:
                 cache.evict(need)
                 if mode == "evict":
@@ -193,7 +195,7 @@ def bench_walks(page_size: int, calls: int) -> dict[str, float]:
 
 
 def bench_evict_alloc(page_size: int, n: int, leaf_len: int, calls: int) -> tuple[float, float]:
-    """(evict then alloc, evict_reclaim then recycle) us per ``n``-slot allocation."""
+    """(evict then alloc, evict_reclaim then recycle_into) us per ``n``-slot allocation."""
     return (
         _time_evictions(page_size, n, leaf_len, calls, "evict+alloc"),
         _time_evictions(page_size, n, leaf_len, calls, "reclaim+recycle"),
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
             label = f"page {p:>2}, evict({n}), {leaf_len}-tok leaves"
             print(f"{label:<34}{t:>10.2f}")
 
-    print(f"\n{'evict to allocate (full pool)':<34}{'+alloc us':>10}{'recycle us':>11}")
+    print(f"\n{'evict to allocate (full pool)':<34}{'+alloc us':>10}{'reclaim us':>11}")
     for p in (1, 16):
         runs = [bench_evict_alloc(p, 8192, 3000, 60) for _ in range(reps)]
         plain = min(r[0] for r in runs)

@@ -929,3 +929,28 @@ def test_insert_adopt_keeps_views_default_copies() -> None:
     leaf3 = cache.insert(K([40, 41, 42, 43, 44]), vals3.astype(np.int32), adopt=True).last_node
     assert leaf3.value.dtype == np.int64
     conserved(cache, alloc)
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_prefix_slots_equal_match_indices(p: int) -> None:
+    """``prefix_slots`` after ``match_node`` gathers what ``match_prefix`` returns, as a new
+    array or into the caller's ``out``; a wrong length is an IntegrityError."""
+    rng = np.random.default_rng(40 + p)
+    cache, alloc = make(page_size=p, size=8192)
+    seqs = [rng.integers(0, 3, size=int(rng.integers(1, 30)) * p).tolist() for _ in range(25)]
+    for seq in seqs[:15]:
+        put(cache, alloc, seq)
+    for seq in seqs:
+        key = K(seq)
+        m = cache.match_node(key)
+        want = cache.match_prefix(key).indices
+        got = cache.prefix_slots(m.last_node, m.device_len)
+        buf = np.full(m.device_len + 3, -1, dtype=np.int64)
+        into = cache.prefix_slots(m.last_node, m.device_len, out=buf[: m.device_len])
+        assert got.tolist() == want.tolist() == into.tolist()
+        assert (buf[m.device_len :] == -1).all()
+        if m.device_len:
+            assert np.shares_memory(into, buf)
+            with pytest.raises(IntegrityError, match="path holds"):
+                cache.prefix_slots(m.last_node, m.device_len - p)
+    conserved(cache, alloc)

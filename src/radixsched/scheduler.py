@@ -819,8 +819,12 @@ class Scheduler:
     def _take_prefix_slots(self, req: Req) -> None:
         """An admitted request's row: the slots of its matched prefix (a new array the row
         owns), read from the locked path its admission match ended on."""
-        if req.prefix_len and not len(req.kv_row):
-            req.kv_row = req.kv_buf = self.cache.prefix_slots(req.last_node, req.prefix_len)
+        n = req.prefix_len
+        if n and not len(req.kv_row):
+            # Written straight into the row's buffer, sized for the whole request.
+            buf = np.empty(max(_row_capacity(req), n), dtype=np.int64)
+            req.kv_row = self.cache.prefix_slots(req.last_node, n, out=buf[:n])
+            req.kv_buf = buf
 
     def _extend_entry(self, req: Req, prefix_len: int, end: int) -> ExtendEntry:
         """Allocate slots for positions [prefix_len, end) and describe the extend."""
@@ -891,9 +895,7 @@ class Scheduler:
         # kv_row must be the head of kv_buf (a view, or the buffer itself) to grow in place;
         # otherwise (a fresh row from a cache match) it is copied once.
         if new_len > len(buf) or (have and row.base is not buf and row is not buf):
-            # Room for every position the request can reach (prompt + all output, a page's
-            # worth to spare): one allocation for all its chunks and decode steps.
-            most = len(r.prompt_ids) + r.sampling.max_new_tokens + 64
+            most = _row_capacity(r)
             buf = np.empty(most if new_len <= most else 2 * new_len, dtype=np.int64)
             buf[:have] = row
             r.kv_buf = buf
@@ -1572,6 +1574,13 @@ class _DecodeCols(NamedTuple):
                 for f in ("fill", "have", "out_len", "max_new", "ignore_eos", "stops")
             )
         )
+
+
+def _row_capacity(r: Req) -> int:
+    """Positions a request's KV row buffer is sized for: every position it can reach (prompt
+    + all output, a page's worth to spare), so all its chunks and decode steps fit in one
+    allocation."""
+    return len(r.prompt_ids) + r.sampling.max_new_tokens + 64
 
 
 def _step_ends(t0: float, durations: np.ndarray) -> np.ndarray:

@@ -86,10 +86,11 @@ class BasePrefixCache(ABC):
         return self.match_prefix(key)
 
     @abstractmethod
-    def prefix_slots(self, node: Any, length: int) -> SlotArray:
+    def prefix_slots(self, node: Any, length: int, out: SlotArray | None = None) -> SlotArray:
         """The ``indices`` ``match_prefix`` gives for a match of ``length`` tokens ending at
-        ``node`` (a new array), gathered later: the caller matched with ``match_node`` and
-        has held a lock on ``node`` since."""
+        ``node`` (a new array, or written into ``out``, an int64 array of ``length`` the
+        caller owns, and returned), gathered later: the caller matched with ``match_node``
+        and has held a lock on ``node`` since."""
 
     @abstractmethod
     def insert(

@@ -64,9 +64,11 @@ class NoReuseCache(BasePrefixCache):
     def match_len(self, key: CacheKey) -> int:
         return 0
 
-    def prefix_slots(self, node: object, length: int) -> SlotArray:
+    def prefix_slots(self, node: object, length: int, out: SlotArray | None = None) -> SlotArray:
         self._check_handle(node)  # every match ends at the root with no tokens
-        return EMPTY_SLOTS.copy()
+        if length:
+            raise IntegrityError(f"prefix of {length} tokens but NoReuseCache matches none")
+        return EMPTY_SLOTS.copy() if out is None else out
 
     def insert(
         self,

@@ -404,23 +404,29 @@ class RadixCache(BasePrefixCache):
         node, pos, _ = self._walk(self._query(key), collect=False)
         return MatchResult(EMPTY_SLOTS, pos, node)
 
-    def prefix_slots(self, node: TreeNode, length: int) -> SlotArray:
+    def prefix_slots(self, node: TreeNode, length: int, out: SlotArray | None = None) -> SlotArray:
         # The path's node values, root first: what _walk collected (a split since only cuts
         # a value in two, and the caller's lock keeps the path from eviction).
         root = self._root
         parts: list[SlotArray] = []
+        held = 0
         while node is not root:
             parts.append(node.value)
+            held += len(node.value)
             node = node.parent  # type: ignore[assignment]
-        if not parts:
-            return EMPTY_SLOTS.copy()
-        if len(parts) == 1:
-            out = parts[0].copy()
-        else:
+        if held != length or (out is not None and len(out) != length):
+            raise IntegrityError(f"prefix of {length} tokens but its path holds {held}")
+        if out is None:
+            if not parts:
+                return EMPTY_SLOTS.copy()
+            if len(parts) == 1:
+                return parts[0].copy()
             parts.reverse()
-            out = np.concatenate(parts)
-        if len(out) != length:
-            raise IntegrityError(f"prefix of {length} tokens but its path holds {len(out)}")
+            return np.concatenate(parts)
+        end = length
+        for value in parts:  # deepest first: fill from the end
+            out[end - len(value) : end] = value
+            end -= len(value)
         return out
 
     def match_len(self, key: CacheKey) -> int:
