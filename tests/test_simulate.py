@@ -564,7 +564,7 @@ def test_fused_middle_chunks_change_nothing(policy: str, monkeypatch: pytest.Mon
     assert len(fast) > 0, "the case must have middle chunks"
     monkeypatch.setattr(ChunkPlan, "is_middle", property(lambda self: False))
     fast.clear()
-    single = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=2048)
+    single = _run(w, policy, max_total_tokens=cap, chunked_prefill_size=2048)
     assert not fast
     assert [r.to_json() for r in fused.replicas] == [r.to_json() for r in single.replicas]
     assert _traces(fused) == _traces(single)
@@ -597,6 +597,6 @@ def test_skipped_full_batch_rounds_change_nothing(
     skipping = _run(w, policy, max_total_tokens=cap, check_integrity=True)
     assert any(calls), "the case must skip some rounds"
     monkeypatch.setattr(SchedulePolicy, "skip_round", lambda self, queue, running=None: False)
-    computing = _run(w, policy, max_total_tokens=cap, check_integrity=True)
+    computing = _run(w, policy, max_total_tokens=cap)
     assert _traces(skipping) == _traces(computing)
     assert json.dumps(_result_json(skipping)) == json.dumps(_result_json(computing))
