@@ -177,7 +177,7 @@ class Scheduler:
         self.ratio = NewTokenRatioTracker(config)
         self.eos_ids = frozenset(runner.eos_token_ids())
         self.gate_factory = gate_factory
-        # A middle chunk takes the simulator's fast path (_middle_chunk), and the next ones run
+        # A middle chunk takes the simulator's fast path (ChunkPlan.is_middle), and the next run
         # back to back within the same step up to the horizon (_run_middle_chunks), where no
         # round in between can do anything else: no prefill delayer, no mixed chunks, no
         # priority preemption; not SGLang's order of operations, nor spf (both order the queue
