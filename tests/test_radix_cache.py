@@ -953,4 +953,6 @@ def test_prefix_slots_equal_match_indices(p: int) -> None:
             assert np.shares_memory(into, buf)
             with pytest.raises(IntegrityError, match="path holds"):
                 cache.prefix_slots(m.last_node, m.device_len - p)
+            with pytest.raises(ValueError, match="out holds"):
+                cache.prefix_slots(m.last_node, m.device_len, out=buf[: m.device_len + 1])
     conserved(cache, alloc)

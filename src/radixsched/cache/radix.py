@@ -414,8 +414,10 @@ class RadixCache(BasePrefixCache):
             parts.append(node.value)
             held += len(node.value)
             node = node.parent  # type: ignore[assignment]
-        if held != length or (out is not None and len(out) != length):
+        if held != length:
             raise IntegrityError(f"prefix of {length} tokens but its path holds {held}")
+        if out is not None and len(out) != length:
+            raise ValueError(f"prefix_slots: out holds {len(out)} slots for {length} tokens")
         if out is None:
             if not parts:
                 return EMPTY_SLOTS.copy()
