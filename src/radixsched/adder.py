@@ -106,6 +106,7 @@ class PrefillAdder:
         "compat",
         "config",
         "current_offset",
+        "exclusive_chunking",
         "gate",
         "gate_verdict",
         "log_hit_tokens",
@@ -133,6 +134,7 @@ class PrefillAdder:
         gate: PrefillGate | None = None,
         preempt_fn: Callable[[list[Req]], None] | None = None,
         running_tokens: tuple[int, int] | None = None,
+        exclusive_chunking: bool = False,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -144,6 +146,8 @@ class PrefillAdder:
         self.gate = gate
         self.gate_verdict: bool | None = None
         self.preempt_fn = preempt_fn
+        # No request starts chunking while a chunked one continues (spf's chunk limit, spec 1.9).
+        self.exclusive_chunking = exclusive_chunking
 
         self.rem_input_tokens = config.max_prefill_tokens - num_mixed_decode_tokens
         chunk = config.chunk_size
@@ -320,7 +324,7 @@ class PrefillAdder:
             return extend_len, False
         if not will_chunk:
             return extend_len, False
-        if has_chunked_req and self.config.schedule_policy == "shortest-prefill-first":
+        if has_chunked_req and self.exclusive_chunking:
             return AddReqResult.OTHER
         if self.new_chunked_req is not None:
             return AddReqResult.OTHER  # one chunked request at a time

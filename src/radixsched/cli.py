@@ -25,7 +25,7 @@ from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 
 
 def _policy_names() -> list[str]:
-    from radixsched.policy import POLICIES
+    from radixsched.policies import POLICIES
 
     return list(POLICIES)
 

@@ -17,7 +17,7 @@ class CliError(Exception):
 def scheduler_choices() -> dict[str, list[str]]:
     """Valid values of the scheduler flags, from the registries (so --help never goes stale)."""
     from radixsched.cache.evict import EVICTION_STRATEGIES
-    from radixsched.policy import POLICIES
+    from radixsched.policies import POLICIES
 
     return {
         "schedule_policy": list(POLICIES),

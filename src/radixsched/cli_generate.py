@@ -119,7 +119,7 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
 
 
 def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-    from radixsched.policy import POLICIES
+    from radixsched.policies import POLICIES
 
     try:
         config = config_from_args(SchedulerConfig, args, seed=args.seed)

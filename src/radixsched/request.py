@@ -141,23 +141,15 @@ class Req:
     # growth is amortised O(1) per token instead of a copy of the whole row.
     kv_buf: SlotArray = field(default_factory=lambda: EMPTY_SLOTS)
     kv_len: int = 0  # positions [0, kv_len) of kv_row hold computed KV
+    # Accelerator state (``radixsched.fast``); the reference core never reads or writes it.
+    fast: Any = field(default=None, repr=False, compare=False)
 
-    # Memoised cache match: (subtree epoch, output length, matched length) and the request's
-    # top-level subtree key; valid while the cache's epoch for that subtree is unchanged.
-    match_memo: tuple[int, int, int] | None = None
-    subtree_key: Any = None
-    dedup_key: tuple[int, Any] | None = None  # (width, key) cached by the in-batch dedup
     finish: FinishState | None = None
     times: ReqTimes = field(default_factory=ReqTimes)
     # Per-request counters for metrics.
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     host_cached_tokens: int = 0  # of which loaded from the host tier
     computed_prefill_tokens: int = 0  # tokens actually prefilled (recomputation included)
-    # fill_ids() of the last call: (the output list it was built from, its length, the array).
-    # Output tokens are append-only, so equal list identity and length mean equal contents.
-    _fill_memo: tuple[list[int], int, TokenArray] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
     # The fair policy's tenant: ``tenant``, else ``routing_key``, else "". Fixed at
     # construction (a plain slot: fair rounds read it for every queued and running request).
     tenant_key: str = field(default="", init=False, repr=False, compare=False)
@@ -210,30 +202,18 @@ class Req:
         return (self.extra_key, self.cache_salt)
 
     def fill_ids(self) -> TokenArray:
-        """Prompt + output as one array (built once per output length; read-only use)."""
-        out = self.output_ids
-        if not out:
+        """Prompt + output as one array (the prompt itself while there is no output)."""
+        if not self.output_ids:
             return self.prompt_ids
-        memo = self._fill_memo
-        if memo is not None and memo[0] is out and memo[1] == len(out):
-            return memo[2]
-        fill = np.concatenate([self.prompt_ids, np.asarray(out, dtype=np.int32)])
-        fill.flags.writeable = False  # shared by every caller until the output grows
-        self._fill_memo = (out, len(out), fill)
-        return fill
+        return np.concatenate([self.prompt_ids, np.asarray(self.output_ids, dtype=np.int32)])
 
     def fill_slice(self, lo: int, hi: int) -> TokenArray:
-        """``fill_ids()[lo:hi]`` without building the whole prompt + output array (a view of
-        the prompt, or of the memo when it is current; else only the slice is built)."""
+        """``fill_ids()[lo:hi]``, building only the slice (a view while it lies in the prompt)."""
         prompt = self.prompt_ids
         n = len(prompt)
         if hi <= n:
             return prompt[lo:hi]
-        out = self.output_ids
-        memo = self._fill_memo
-        if memo is not None and memo[0] is out and memo[1] == len(out):
-            return memo[2][lo:hi]
-        tail = np.asarray(out[max(lo - n, 0) : hi - n], dtype=np.int32)
+        tail = np.asarray(self.output_ids[max(lo - n, 0) : hi - n], dtype=np.int32)
         return np.concatenate([prompt[lo:], tail]) if lo < n else tail
 
     def max_prefix_len(self, length: int | None = None) -> int:

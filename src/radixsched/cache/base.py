@@ -17,7 +17,7 @@ Contract for callers:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -39,6 +39,12 @@ class MatchResult(NamedTuple):
     device_len: int
     last_node: Any  # opaque handle: lock it before using ``indices``
     host_len: int = 0  # extra tokens matched in the host tier beyond the device match
+
+
+class MatchEnd(NamedTuple):
+    length: int  # matched tokens (page-aligned)
+    node: Any  # the node holding the last matched token (the root for no match)
+    offset: int  # tokens of ``node`` matched (its whole length unless the match ends inside)
 
 
 class InsertResult(NamedTuple):
@@ -151,8 +157,16 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def total_size(self) -> int: ...
 
+    def match_end(self, key: CacheKey) -> MatchEnd:
+        """Where the match of ``key`` ends, read-only (no split, no recency update)."""
+        return MatchEnd(0, self.root, 0)
+
     @abstractmethod
     def dfs_weight_order(self, nodes: list[Any]) -> list[int]: ...
+
+    def dfs_weight_order_at(self, ends: Sequence[tuple[Any, int]]) -> list[int]:
+        """The DFS-weight order of matches ending ``offset`` tokens into ``node``."""
+        return self.dfs_weight_order([node for node, _ in ends])
 
     @abstractmethod
     def check_integrity(self) -> None: ...

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +44,7 @@ from radixsched.cache.base import (
     CacheKey,
     InsertResult,
     IntegrityError,
+    MatchEnd,
     MatchResult,
     Namespace,
     PrefixHolder,
@@ -454,6 +455,32 @@ class RadixCache(BasePrefixCache):
             else:
                 return pos + self._mismatch(tokens, pos, child)
         return pos
+
+    def match_end(self, key: CacheKey) -> MatchEnd:
+        """Where the match ends, read-only like ``match_len``: the node holding the match's last
+        token (the root for no match) and how many of that node's tokens matched."""
+        root = self._root
+        if self.disabled:
+            return MatchEnd(0, root, 0)
+        tokens, ns = self._query(key)
+        n = len(tokens)
+        if n == 0:
+            return MatchEnd(0, root, 0)
+        p = self.page_size
+        first = tokens[:p].tobytes()
+        child = root.children.get(first if ns is None else (ns, first))
+        node, pos = root, 0
+        while child is not None:
+            klen = len(child.key)
+            seg = tokens[pos : pos + klen + p].tobytes()
+            if not seg.startswith(child.key):  # type: ignore[arg-type]
+                m = self._mismatch(tokens, pos, child)
+                return MatchEnd(pos + m, child, m)
+            node, pos = child, pos + klen
+            if pos == n:
+                break
+            child = node.children.get(seg[klen * _TOKEN_BYTES :])
+        return MatchEnd(pos, node, len(node.key))
 
     def touch_prefix(self, key: CacheKey) -> None:
         """Refresh recency along the matched path (may split, like match_prefix)."""
@@ -869,36 +896,45 @@ class RadixCache(BasePrefixCache):
 
     # ---- DFS-weight order ----------------------------------------------------------------------
     def dfs_weight_order(self, nodes: list[TreeNode]) -> list[int]:
-        """Permutation of ``range(len(nodes))`` (spec 3.9): depth-first from the root, children
-        by descending subtree request count (ties: child creation order), a node's own
-        requests after its subtree's, in original relative order. Handles not in the tree
-        (evicted, detached, foreign) come last in original order: never dropped."""
+        """``dfs_weight_order_at`` of matches that end where each node ends."""
+        return self.dfs_weight_order_at([(n, len(n.key)) for n in nodes])
+
+    def dfs_weight_order_at(self, ends: Sequence[tuple[TreeNode, int]]) -> list[int]:
+        """Permutation of ``range(len(ends))`` (spec 3.9) for matches ending ``offset`` tokens
+        into ``node``: depth-first from the root, children by descending request count (ties:
+        child creation order); after a node's subtree, the matches ending at its end, then those
+        ending inside it, deepest first, each group in original order. That is the order the
+        tree would give had every match split its node where it ends (a split is a chain with
+        one child per split point), without splitting. Handles not in the tree come last."""
         root = self._root
-        own: dict[TreeNode, list[int]] = {}
+        at_end: dict[TreeNode, list[int]] = {}
+        inside: dict[TreeNode, dict[int, list[int]]] = {}
         orphans: list[int] = []
-        for i, node in enumerate(nodes):
+        for i, (node, offset) in enumerate(ends):
             cur: TreeNode | None = node
             while cur is not root and cur is not None:
                 cur = cur.parent
-            if cur is root:
-                own.setdefault(node, []).append(i)
-            else:
+            if cur is not root:
                 orphans.append(i)
-        # weight = requests in the subtree, only for nodes on a path to some handle.
+            elif offset >= len(node.key):
+                at_end.setdefault(node, []).append(i)
+            else:
+                inside.setdefault(node, {}).setdefault(offset, []).append(i)
         weight: dict[TreeNode, int] = {}
-        for node, idxs in own.items():
-            c = len(idxs)
+        for node in {*at_end, *inside}:
+            c = len(at_end.get(node, ())) + sum(map(len, inside.get(node, {}).values()))
             cur = node
             while cur is not None:
                 weight[cur] = weight.get(cur, 0) + c
                 cur = cur.parent
         order: list[int] = []
-        # Iterative post-order: (node, expanded?)
         stack: list[tuple[TreeNode, bool]] = [(root, False)] if root in weight else []
-        while stack:
+        while stack:  # iterative post-order: (node, expanded?)
             node, expanded = stack.pop()
             if expanded:
-                order.extend(own.get(node, ()))
+                order.extend(at_end.get(node, ()))
+                for offset in sorted(inside.get(node, {}), reverse=True):
+                    order.extend(inside[node][offset])
                 continue
             stack.append((node, True))
             kids = [c for c in node.children.values() if c in weight]

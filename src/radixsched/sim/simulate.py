@@ -99,7 +99,7 @@ def _build_replica(
     cost: Any,
     capacity: int,
     *,
-    defer_decode_state: bool = True,
+    accelerate: bool = True,
 ) -> Replica:
     from radixsched.sim.costmodel import CostModelRunner
 
@@ -124,7 +124,6 @@ def _build_replica(
         clock=clock,
         context_len=cost.model.max_context_len,
         host_tier=host,
-        defer_decode_state=defer_decode_state,
     )
     return Replica(idx, sched, clock)
 
@@ -150,12 +149,12 @@ def simulate(
     on_progress: Callable[[int, int], None] | None = None,
     check_integrity: bool = False,
     optimal_hit_rate: float | None = None,
-    defer_decode_state: bool = True,
+    accelerate: bool = True,
 ) -> SimRun:
     """Replay ``workload`` (a ``sim.workloads.Workload``) under one scheduler configuration.
 
-    ``defer_decode_state`` (see ``Scheduler``) changes no result, only speed: running
-    requests' tokens, token times and KV slots are written when they finish."""
+    ``accelerate``: run the scheduler with its accelerators (``radixsched.fast``); they change
+    no result, only speed. Off, every round runs the reference core's full work."""
     from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
 
     sim_cfg = sim_cfg or SimConfig()
@@ -170,7 +169,7 @@ def simulate(
         else compute_optimal(workload.requests, page_size=sched_cfg.page_size)
     )
     replicas = [
-        _build_replica(i, sched_cfg, sim_cfg, cost, capacity, defer_decode_state=defer_decode_state)
+        _build_replica(i, sched_cfg, sim_cfg, cost, capacity, accelerate=accelerate)
         for i in range(sim_cfg.dp)
     ]
     router = None

@@ -1,0 +1,72 @@
+"""The running batch: requests that have been prefilled and decode one token per step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from radixsched.kv import ceil_page
+from radixsched.request import Req
+
+
+def prio_value(r: Req, sign: int) -> int:
+    """A request's priority, None as the least important extreme (spec 1.12)."""
+    if r.priority is not None:
+        return r.priority
+    return (2**63 - 1) if sign > 0 else -(2**63)
+
+
+def running_decode_tokens(reqs: list[Req], clip: int) -> tuple[int, int]:
+    """(ignore_eos, other) sums of the clipped decode tokens each request may still generate:
+    the adder reserves the first in full and discounts the second by the new-token ratio."""
+    full = discounted = 0
+    for r in reqs:
+        rem = min(r.sampling.max_new_tokens - len(r.output_ids), clip)
+        if rem > 0:
+            if r.sampling.ignore_eos:
+                full += rem
+            else:
+                discounted += rem
+    return full, discounted
+
+
+class RunningBatch:
+    """The running requests, in the order they joined (decode batch order)."""
+
+    def __init__(self) -> None:
+        self.reqs: list[Req] = []
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def __iter__(self) -> Iterator[Req]:
+        return iter(self.reqs)
+
+    def __bool__(self) -> bool:
+        return bool(self.reqs)
+
+    def extend(self, reqs: list[Req]) -> None:
+        self.reqs.extend(reqs)
+
+    def remove(self, reqs: list[Req]) -> None:
+        gone = {id(r) for r in reqs}
+        self.reqs = [r for r in self.reqs if id(r) not in gone]
+
+    def decode_tokens(self, clip: int) -> tuple[int, int]:
+        return running_decode_tokens(self.reqs, clip)
+
+    def step_need(self, page: int) -> list[int]:
+        """Slots each request must allocate before its next decode step (its row must cover
+        ``[0, fill_len)``, in whole pages)."""
+        return [max(ceil_page(r.fill_len, page) - len(r.kv_row), 0) for r in self.reqs]
+
+    def retraction_order(self, by_priority: bool, sign: int) -> list[Req]:
+        """Running requests sorted so that ``pop()`` yields the next retraction victim (spec
+        4.6): the fewest output tokens, then the longest prompt (least important first under
+        ``--retraction-policy priority``)."""
+
+        def key(r: Req) -> tuple[Any, ...]:
+            base = (len(r.output_ids), -len(r.prompt_ids))
+            return (prio_value(r, sign) * -sign, *base) if by_priority else base
+
+        return sorted(self.reqs, key=key, reverse=True)
