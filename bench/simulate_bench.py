@@ -227,7 +227,7 @@ def _table(rows: list[Row], full: bool) -> Table:
 
 
 def _policies(text: str | None) -> list[str]:
-    from radixsched.policy import POLICIES
+    from radixsched.policies import POLICIES
 
     if text is None:
         return list(DEFAULT_POLICIES)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from radixsched.cli import main
-from radixsched.policy import POLICIES
+from radixsched.policies import POLICIES
 
 SMALL = "shared-prefix:groups=4,prompts=4,system_len=256,question_len=32,output_len=16"
 

@@ -36,7 +36,7 @@ from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.engine.runner import TorchRunner
 from radixsched.engine.smollm2 import find_smollm2_gguf
 from radixsched.engine_api import Engine
-from radixsched.policy import POLICIES
+from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 from radixsched.runner import Batch, StepResult
 from radixsched.scheduler import SchedulerStats, StepOutcome

@@ -594,47 +594,6 @@ def test_touch_prefixes_equals_touch_prefix_in_order(p: int) -> None:
     assert a._clock == b._clock and a.root.last_access_time == b.root.last_access_time
 
 
-@dataclass
-class _Holder:
-    tokens: np.ndarray
-    namespace: Namespace
-    subtree_key: Any
-
-    def fill_ids(self) -> np.ndarray:
-        return self.tokens
-
-
-@pytest.mark.parametrize("p", [1, 4])
-def test_touch_request_prefixes_equals_touch_prefixes(p: int) -> None:
-    """The request fast path (an uncached top-level subtree only ticks the clock) leaves every
-    access time and the clock as touching each request's key does; holders without a known
-    subtree key take the full path."""
-    rng = np.random.default_rng(30 + p)
-    caches = [make(page_size=p, size=8192) for _ in range(2)]
-    seqs = [rng.integers(0, 6, size=int(rng.integers(1, 40))).tolist() for _ in range(40)]
-    for cache, alloc in caches:
-        for seq in seqs[:12]:
-            put(cache, alloc, seq, ns=("x", None) if len(seq) % 3 == 0 else None)
-    (a, _), (b, _) = caches
-    holders = []
-    for i, seq in enumerate(seqs):
-        for ns in (None, ("x", None)):
-            key = CacheKey(np.asarray(seq, dtype=np.int32), ns)
-            sk = b.subtree_key(key) if i % 5 else None  # every fifth: not known
-            holders.append(_Holder(key.tokens, ns, sk))
-    a.touch_prefixes(CacheKey(h.tokens, h.namespace) for h in holders)
-    b.touch_request_prefixes(holders)
-
-    def snapshot(cache: RadixCache) -> list[tuple[object, ...]]:
-        return [(n.key.tobytes(), n.last_access_time) for n in cache._iter_nodes()]
-
-    assert snapshot(a) == snapshot(b)
-    assert a._clock == b._clock and a.root.last_access_time == b.root.last_access_time
-    # Both paths were taken: some holders walked, some only ticked.
-    cached = [h.subtree_key in b.root.children for h in holders if h.subtree_key is not None]
-    assert any(cached) and not all(cached)
-
-
 @pytest.mark.parametrize("p", [1, 4])
 def test_move_lock_equals_inc_then_dec(p: int) -> None:
     """Moving a request's lock down its path (and anywhere else) leaves every count as locking

@@ -15,7 +15,7 @@ from radixsched.cache import RadixCache, TokenAllocator
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.engine_api import Engine
-from radixsched.policy import POLICIES
+from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.scheduler import Scheduler
 

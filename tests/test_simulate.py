@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 from radixsched.config import SchedulerConfig
-from radixsched.policy import POLICIES, PriorityResult
+from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.sim.costmodel import CostModelRunner
 from radixsched.sim.simulate import SimConfig, SimRun, simulate
@@ -494,109 +494,3 @@ def test_no_out_of_memory_abort_when_each_request_fits_alone() -> None:
     )
     assert [r.output_len for r in run.requests] == [8, 8]
     assert run.result.num_aborted == 0
-
-
-# ---- lazy rounds ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("policy", ["hrrn"])
-def test_lazy_rounds_equal_sorted_rounds(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The admission loop reading hrrn's order lazily (``calc_priority(lazy=True)``) runs bit
-    for bit as sorting the whole queue every round does."""
-    from radixsched.scheduler import Scheduler
-
-    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
-    w = _workload(spec, rate, n)
-    lazy_rounds: list[bool] = []
-    orig = Scheduler._calc_priority
-
-    def spying(self: Scheduler) -> PriorityResult:
-        res = orig(self)
-        lazy_rounds.append(res.lazy is not None)
-        return res
-
-    monkeypatch.setattr(Scheduler, "_calc_priority", spying)
-    lazy = _run(w, policy, max_total_tokens=cap, check_integrity=True)
-    assert any(lazy_rounds), "the case must have lazy rounds"
-
-    def eager(self: Scheduler) -> PriorityResult:
-        return self.policy.calc_priority(
-            self.waiting, self.running, self.processed_tokens, self.clock.now()
-        )
-
-    monkeypatch.setattr(Scheduler, "_calc_priority", eager)
-    sorted_ = _run(w, policy, max_total_tokens=cap, check_integrity=True)
-    assert _traces(lazy) == _traces(sorted_)
-    assert json.dumps(_result_json(lazy)) == json.dumps(_result_json(sorted_))
-
-
-# ---- middle chunks run back to back ------------------------------------------------------------
-
-
-def _mooncake_case(policy: str) -> tuple[Workload, int | None]:
-    """The Mooncake sample case and its KV capacity; for fair, its first 24 requests spread
-    over three tenants (round-robin: tenants that come and go keep fair's order busy)."""
-    spec, rate, n, cap = JUMP_WORKLOADS["mooncake"]
-    w = _workload(spec, rate, 24 if policy == "fair" else n)
-    if policy == "fair":
-        reqs = [dataclasses.replace(r, tenant=f"t{i % 3}") for i, r in enumerate(w.requests)]
-        w = dataclasses.replace(w, requests=reqs)
-    return w, cap
-
-
-@pytest.mark.parametrize("policy", ["fcfs", "random", "lpm", "fair", "hrrn"])
-def test_fused_middle_chunks_change_nothing(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Middle chunks on the fast path (``ChunkPlan.is_middle``: the step is the chunk alone,
-    and the next ones run within the same step up to the horizon) leave the run bit for bit as
-    the full step per chunk does; only the number of steps (series samples) differs."""
-    from radixsched.scheduler import ChunkPlan, Scheduler
-
-    w, cap = _mooncake_case(policy)
-    fast: list[int] = []
-    orig = Scheduler._run_chunk
-
-    def counting(self: Scheduler, plan: ChunkPlan, out: Any) -> None:
-        fast.append(1)
-        orig(self, plan, out)
-
-    monkeypatch.setattr(Scheduler, "_run_chunk", counting)
-    fused = _run(w, policy, max_total_tokens=cap, check_integrity=True, chunked_prefill_size=2048)
-    assert len(fast) > 0, "the case must have middle chunks"
-    monkeypatch.setattr(ChunkPlan, "is_middle", property(lambda self: False))
-    fast.clear()
-    single = _run(w, policy, max_total_tokens=cap, chunked_prefill_size=2048)
-    assert not fast
-    assert [r.to_json() for r in fused.replicas] == [r.to_json() for r in single.replicas]
-    assert _traces(fused) == _traces(single)
-    assert json.dumps(_result_json(fused)) == json.dumps(_result_json(single))
-    assert fused.result.prefill_tokens_computed == single.result.prefill_tokens_computed
-
-
-# ---- rounds skipped while the batch is full -------------------------------------------------
-
-
-@pytest.mark.parametrize("policy", ["fcfs", "lpm", "hrrn", "routing-key", "lof", "random", "fair"])
-def test_skipped_full_batch_rounds_change_nothing(
-    policy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``SchedulePolicy.skip_round`` (a round while the batch is full) must leave the whole
-    run bit for bit as computing every round does (fair: with three tenants, whose
-    observation the skipped rounds still make)."""
-    from radixsched.policy import SchedulePolicy
-
-    w, cap = _mooncake_case(policy)
-    calls: list[bool] = []
-    orig = SchedulePolicy.skip_round
-
-    def counting(self: SchedulePolicy, queue: list[Req], running: list[Req] | None = None) -> bool:
-        out = orig(self, queue, running)
-        calls.append(out)
-        return out
-
-    monkeypatch.setattr(SchedulePolicy, "skip_round", counting)
-    skipping = _run(w, policy, max_total_tokens=cap, check_integrity=True)
-    assert any(calls), "the case must skip some rounds"
-    monkeypatch.setattr(SchedulePolicy, "skip_round", lambda self, queue, running=None: False)
-    computing = _run(w, policy, max_total_tokens=cap)
-    assert _traces(skipping) == _traces(computing)
-    assert json.dumps(_result_json(skipping)) == json.dumps(_result_json(computing))

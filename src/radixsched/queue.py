@@ -135,8 +135,14 @@ class WaitingQueue:
 
     # ---- membership --------------------------------------------------------------------------
     def add(self, req: Req) -> None:
+        """``req`` joins at the back. Its ``num_matched_prefix_tokens`` is the capped match at
+        the door, the load snapshot a router reads until a round or an admission attempt
+        refreshes it."""
         self._seq_of[id(req)] = self._next_seq
         self._next_seq += 1
+        if self.matches:
+            n = self.cache.match_len(CacheKey(req.fill_ids(), req.namespace))
+            req.num_matched_prefix_tokens = door_match(req, n, self.cache.page_size)
         self.reqs.append(req)
 
     def remove(self, req: Req) -> None:
@@ -278,6 +284,11 @@ class WaitingQueue:
         if due:
             head = order.head(REFRESH_SPAN)
             self.cache.touch_prefixes(CacheKey(r.fill_ids(), r.namespace) for r in reversed(head))
+
+
+def door_match(req: Req, n: int, page: int) -> int:
+    """The door's capped match: ``n`` cut to the whole pages of ``fill_len - 1``."""
+    return min(n, req.max_prefix_len() // page * page)
 
 
 def _rep_key(r: Req, rnd: Round) -> tuple[Any, ...]:

@@ -55,6 +55,10 @@ class RunningBatch:
     def decode_tokens(self, clip: int) -> tuple[int, int]:
         return running_decode_tokens(self.reqs, clip)
 
+    def progress(self) -> tuple[int, int]:
+        """(output tokens so far, max_new_tokens) summed over the batch."""
+        return sum(len(r.output_ids) for r in self.reqs), sum(r.max_new_tokens for r in self.reqs)
+
     def step_need(self, page: int) -> list[int]:
         """Slots each request must allocate before its next decode step (its row must cover
         ``[0, fill_len)``, in whole pages)."""
@@ -64,9 +68,14 @@ class RunningBatch:
         """Running requests sorted so that ``pop()`` yields the next retraction victim (spec
         4.6): the fewest output tokens, then the longest prompt (least important first under
         ``--retraction-policy priority``)."""
+        return retraction_order(self.reqs, [len(r.output_ids) for r in self.reqs], by_priority, sign)
 
-        def key(r: Req) -> tuple[Any, ...]:
-            base = (len(r.output_ids), -len(r.prompt_ids))
-            return (prio_value(r, sign) * -sign, *base) if by_priority else base
 
-        return sorted(self.reqs, key=key, reverse=True)
+def retraction_order(reqs: list[Req], out_lens: list[int], by_priority: bool, sign: int) -> list[Req]:
+    """``reqs`` (with these output lengths) in retraction order: ``pop()`` is the next victim."""
+
+    def key(i: int) -> tuple[Any, ...]:
+        base = (out_lens[i], -len(reqs[i].prompt_ids))
+        return (prio_value(reqs[i], sign) * -sign, *base) if by_priority else base
+
+    return [reqs[i] for i in sorted(range(len(reqs)), key=key, reverse=True)]

@@ -33,7 +33,7 @@ from radixsched.cache.base import BasePrefixCache, IntegrityError
 from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.kv import KVManager, ceil_page, floor_page
+from radixsched.kv import KVManager, ceil_page
 from radixsched.policies import validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker
@@ -178,8 +178,6 @@ class Scheduler:
             self._finish_aborted(victim, 503, "The request is aborted by a higher priority request.")
         req.queue_entry_time = req.arrival_time = req.times.arrival = t
         req.queue_entry_processed_tokens = self.processed_tokens
-        if self.cache.supports_prefix_sharing():
-            match_at_door(self.cache, req)  # the load snapshot a data-parallel router reads
         self._by_rid[req.rid] = req
         self.queue.add(req)
         return AdmitResult(True)
@@ -328,8 +326,14 @@ class Scheduler:
         mixed = cfg.enable_mixed_chunk and cfg.chunk_size is not None and bool(self.running)
         adder = self.new_adder(len(self.running) if mixed else 0, gate)
         had_chunked = self.chunked_req is not None
-        order = self._plan_round(adder)
-        admitted = [] if order is None else self._admit(adder, order, allocatable + had_chunked)
+        return self.fill_round(adder, self._plan_round(adder), mixed, had_chunked)
+
+    def fill_round(
+        self, adder: PrefillAdder, order: RoundOrder | None, mixed: bool, had_chunked: bool
+    ) -> Batch | None:
+        """Admit from the round's order (None: no request can be admitted) into the batch."""
+        slots = self.max_running_requests - len(self.running) + had_chunked
+        admitted = [] if order is None else self._admit(adder, order, slots)
         return self._prefill_batch(adder, admitted, mixed)
 
     def new_adder(self, mixed_decode_tokens: int = 0, gate: PrefillGate | None = None) -> PrefillAdder:
@@ -366,7 +370,8 @@ class Scheduler:
                 return None
         return order if order is not None else self.order_round()
 
-    def order_round(self) -> RoundOrder:
+    def order_round(self) -> RoundOrder | None:
+        """The round's order (None: no request can be admitted, nothing to order)."""
         return self.queue.begin_round(self.running, self.processed_tokens, self.clock.now())
 
     def _admit(self, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
@@ -523,11 +528,11 @@ class Scheduler:
         return retracted
 
     def _after_retraction(self, retracted: list[Req]) -> None:
-        cfg, rest = self.config, self.running
+        cfg = self.config
         self.stats.retractions += len(retracted)
-        n = len(rest)
-        out = sum(len(r.output_ids) for r in rest)
-        est = (out + cfg.retract_decode_steps * n) / (sum(r.max_new_tokens for r in rest) + 1)
+        n = len(self.running)
+        out, most = self.batch.progress()
+        est = (out + cfg.retract_decode_steps * n) / (most + 1)
         self.ratio.after_retraction(min(1.0, est))
         self._keep_free(n * cfg.retract_decode_steps)
         self.batch_is_full = False
@@ -664,14 +669,6 @@ class Scheduler:
             )
         for r in holders:
             r.check_invariants()
-
-
-def match_at_door(cache: BasePrefixCache, req: Req) -> None:
-    """``num_matched_prefix_tokens`` at arrival: the capped match of the fill, the load
-    snapshot a router reads until a round or an admission attempt refreshes it."""
-    fill = req.fill_ids()
-    n = cache.match_len(CacheKey(fill, req.namespace))
-    req.num_matched_prefix_tokens = min(n, floor_page(req.max_prefix_len(len(fill)), cache.page_size))
 
 
 __all__ = ["AdmitResult", "Scheduler", "SchedulerStats", "StepOutcome"]

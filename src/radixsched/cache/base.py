@@ -52,17 +52,22 @@ class InsertResult(NamedTuple):
     last_node: Any
 
 
-class PrefixHolder(Protocol):
-    """A request as the cache sees it when refreshing its prefix (``Req`` is one)."""
+class CacheListener(Protocol):
+    """Told of every change to a radix tree that can change where a match ends (the
+    incremental matcher of ``radixsched.fast`` listens)."""
 
-    @property
-    def namespace(self) -> Namespace: ...
+    def on_child(self, parent: Any, child_key: Any) -> None:
+        """A new node now hangs under ``parent`` at ``child_key``."""
 
-    @property
-    def subtree_key(self) -> Any:
-        """The cache's ``subtree_key`` of the request's prompt, or None when not known."""
+    def on_split(self, upper: Any, lower: Any) -> None:
+        """``lower``'s first ``len(upper.key)`` tokens became ``upper``, which took its place
+        under its parent (same child key); ``lower`` hangs under ``upper`` now."""
 
-    def fill_ids(self) -> TokenArray: ...
+    def on_evict(self, leaf: Any, keep: int) -> None:
+        """``leaf`` lost its tokens past ``keep`` (``keep == 0``: removed from the tree)."""
+
+    def on_reset(self) -> None:
+        """The tree was emptied."""
 
 
 class SlotFreer(Protocol):
@@ -119,10 +124,6 @@ class BasePrefixCache(ABC):
         for key in keys:
             self.touch_prefix(key)
 
-    def touch_request_prefixes(self, reqs: Iterable[PrefixHolder]) -> None:
-        """``touch_prefixes`` of the requests' fills (prompt + output), in order."""
-        self.touch_prefixes(CacheKey(r.fill_ids(), r.namespace) for r in reqs)
-
     @abstractmethod
     def inc_lock_ref(self, node: Any) -> int: ...
 
@@ -173,27 +174,6 @@ class BasePrefixCache(ABC):
 
     def supports_prefix_sharing(self) -> bool:
         return not self.disabled
-
-    # Match-length memoisation (policies re-score the whole queue every round). A cache that
-    # sets this to True guarantees that ``match_len(key)`` is unchanged while
-    # ``subtree_epoch(subtree_key(key))`` is unchanged.
-    supports_match_memo: bool = False
-
-    def subtree_key(self, key: CacheKey) -> Any:
-        return None
-
-    def subtree_epoch(self, subtree_key: Any) -> int:
-        return 0
-
-    def epoch_table(self) -> tuple[dict[Any, int], int]:
-        return {}, 0
-
-    def change_cursor(self) -> tuple[int, int]:
-        return (0, 0)
-
-    def changes_since(self, cursor: tuple[int, int]) -> tuple[list[Any] | None, tuple[int, int]]:
-        """Subtrees changed since ``cursor``; the base cache cannot tell (None: everything)."""
-        return None, cursor
 
     def all_values(self) -> SlotArray:
         """Every KV slot the cache holds (for conservation checks)."""

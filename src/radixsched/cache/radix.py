@@ -22,8 +22,9 @@ never corrupt the tree; a partial-leaf eviction keeps prefix views of the node's
 Children are keyed by the bytes of their first page (the first token when ``page_size == 1``);
 children of the root are keyed by ``(namespace, bytes)`` when the namespace is not the default
 one, so namespaces share no node. Each node also remembers its own key in its parent's dict
-(``child_key``) and the root-level key of its top-level subtree (``subtree_key``, the epoch
-key), so eviction needs neither a byte conversion nor a walk up. Token comparisons are bulk
+(``child_key``) and the root-level key of its top-level subtree (``subtree_key``), so
+eviction needs neither a byte conversion nor a walk up. A ``listener`` (``CacheListener``) is
+told of every new node, split and eviction: what can move where a match ends. Token comparisons are bulk
 byte comparisons (``bytes.startswith`` on the bytes of the query's span under the node plus
 its next page, converted node by node, so a miss or a short match never converts the whole
 query); the exact mismatch point is located with numpy only when a segment does not match
@@ -45,9 +46,9 @@ from radixsched.cache.base import (
     InsertResult,
     IntegrityError,
     MatchEnd,
+    CacheListener,
     MatchResult,
     Namespace,
-    PrefixHolder,
     SlotFreer,
 )
 from radixsched.cache.evict import DEFAULT_EVICTION_POLICY, EvictionStrategy, get_strategy
@@ -150,8 +151,6 @@ def _normalise_namespace(ns: Namespace) -> Namespace:
 
 
 class RadixCache(BasePrefixCache):
-    supports_match_memo = True
-
     def __init__(
         self,
         allocator: SlotFreer | None,
@@ -187,15 +186,8 @@ class RadixCache(BasePrefixCache):
         # entry whose priority is <= its current one, so the first valid pop is the minimum.
         self._heap: list[tuple[Any, int, TreeNode]] = []
         self._heap_persistent = self.strategy.monotone
-        # Change counters per top-level subtree (keyed like the root's children): bumped when
-        # a match length inside that subtree can change (a new leaf, an eviction, a reset).
-        # Callers memoise match lengths against them (see ``subtree_epoch``).
-        self._epochs: dict[Hashable, int] = {}
-        self._generation = 0
-        # The same bumps as a log, for callers that track many requests incrementally
-        # (``changes_since``); trimmed when long, which makes old cursors ask for a full redo.
-        self._change_log: list[Hashable] = []
-        self._log_base = 0
+        # Told of every change that can change a match (see ``CacheListener``).
+        self.listener: CacheListener | None = None
 
     # ---- construction ---------------------------------------------------------------------
     def _new_root(self) -> TreeNode:
@@ -223,12 +215,10 @@ class RadixCache(BasePrefixCache):
         self._protected_size = 0
         self._evictable_leaves = set()
         self._heap = []
-        self._epochs = {}
-        self._generation += 1
-        self._log_base += len(self._change_log)
-        self._change_log = []
         if self.allocator is not None and values.size:
             self.allocator.free(values)
+        if self.listener is not None:
+            self.listener.on_reset()
 
     # ---- helpers -----------------------------------------------------------------------------
     def _query(self, key: CacheKey) -> _Query:
@@ -252,48 +242,6 @@ class RadixCache(BasePrefixCache):
         first = np.ascontiguousarray(tokens[:p], dtype=np.int32).tobytes()
         ns = key.namespace
         return first if ns is None else (_normalise_namespace(ns), first)
-
-    def subtree_epoch(self, subtree_key: Hashable | None) -> int:
-        """Changes whenever a match length under that top-level subtree may have changed:
-        a memoised ``match_len`` is valid while this value is unchanged."""
-        base = self._generation << 40
-        if subtree_key is None:
-            return base
-        return base + self._epochs.get(subtree_key, 0)
-
-    def epoch_table(self) -> tuple[dict[Hashable, int], int]:
-        """(per-subtree counters, generation base): ``subtree_epoch(k) == base + table.get(k,
-        0)``, for callers that look up many keys in a hot loop. Read-only."""
-        return self._epochs, self._generation << 40
-
-    def change_cursor(self) -> tuple[int, int]:
-        """A position in the change log (see ``changes_since``)."""
-        return (self._generation, self._log_base + len(self._change_log))
-
-    def changes_since(
-        self, cursor: tuple[int, int]
-    ) -> tuple[list[Hashable] | None, tuple[int, int]]:
-        """Top-level subtrees whose match lengths may have changed since ``cursor`` (with
-        repeats), and the new cursor; None when the log no longer reaches back that far (or
-        the tree was reset): the caller must treat everything as changed."""
-        gen, pos = cursor
-        now = self.change_cursor()
-        if gen != self._generation or pos < self._log_base:
-            return None, now
-        return self._change_log[pos - self._log_base :], now
-
-    _CHANGE_LOG_LIMIT = 1 << 16
-
-    def _bump(self, subtree_key: Hashable) -> None:
-        self._epochs[subtree_key] = self._epochs.get(subtree_key, 0) + 1
-        log = self._change_log
-        if len(log) >= self._CHANGE_LOG_LIMIT:
-            self._log_base += len(log)
-            log.clear()
-        log.append(subtree_key)
-
-    def _bump_node(self, node: TreeNode) -> None:
-        self._bump(node.subtree_key)
 
     def _mark_evictable(self, node: TreeNode) -> None:
         self._evictable_leaves.add(node)
@@ -340,6 +288,8 @@ class RadixCache(BasePrefixCache):
         child.parent = new
         child.child_key = child.key[: self.page_size].tobytes()
         new.children[child.child_key] = child
+        if self.listener is not None:
+            self.listener.on_split(new, child)
         return new
 
     def _walk(self, q: _Query, collect: bool) -> tuple[TreeNode, int, list[SlotArray]]:
@@ -512,29 +462,6 @@ class RadixCache(BasePrefixCache):
             self._clock += 1
             root.last_access_time = self._clock
 
-    def touch_request_prefixes(self, reqs: Iterable[PrefixHolder]) -> None:
-        """``touch_prefixes`` of the requests' fills, in order. A request whose known
-        ``subtree_key`` is not a cached top-level subtree only ticks the clock (all its walk
-        would do), without building its key: most of a long queue, under cache pressure."""
-        if self.disabled:
-            return
-        root = self._root
-        children = root.children
-        ticks = 0  # clock ticks not yet applied (only the total matters between walks)
-        for r in reqs:
-            sk = r.subtree_key
-            if sk is not None and sk not in children:
-                ticks += 1
-                continue
-            if ticks:
-                self._clock += ticks
-                root.last_access_time = self._clock
-                ticks = 0
-            self.touch_prefixes((CacheKey(r.fill_ids(), r.namespace),))
-        if ticks:
-            self._clock += ticks
-            root.last_access_time = self._clock
-
     def insert(
         self,
         key: CacheKey,
@@ -667,7 +594,8 @@ class RadixCache(BasePrefixCache):
         if not node.children and node.lock_ref == 0:
             self._evictable_leaves.discard(node)
         node.children[ckey] = leaf
-        self._bump(top_key)
+        if self.listener is not None:
+            self.listener.on_child(node, ckey)
         self._evictable_size += n - pos
         self._mark_evictable(leaf)
         return InsertResult(pos, leaf)
@@ -814,7 +742,7 @@ class RadixCache(BasePrefixCache):
         heap = self._heap
         heappop = heapq.heappop
         heappush = heapq.heappush
-        bump = self._bump
+        listener = self.listener
         on_evict = self.on_evict
         partial = not self.compat_sglang
         root = self._root
@@ -838,7 +766,8 @@ class RadixCache(BasePrefixCache):
                     if on_evict is not None:
                         on_evict(self._path_key(leaf), cut)
                     keep = length - cut
-                    bump(leaf.subtree_key)
+                    if listener is not None:
+                        listener.on_evict(leaf, keep)
                     freed.append(leaf.value[keep:])
                     # Prefix views of the node's own arrays (no copy): nothing else refers to
                     # them, and the freed tail is only read by the allocator.
@@ -851,7 +780,8 @@ class RadixCache(BasePrefixCache):
             if on_evict is not None:
                 on_evict(self._path_key(leaf), length)
             freed.append(leaf.value)
-            bump(leaf.subtree_key)
+            if listener is not None:
+                listener.on_evict(leaf, 0)
             parent = leaf.parent
             assert parent is not None
             del parent.children[leaf.child_key]
@@ -897,7 +827,7 @@ class RadixCache(BasePrefixCache):
     # ---- DFS-weight order ----------------------------------------------------------------------
     def dfs_weight_order(self, nodes: list[TreeNode]) -> list[int]:
         """``dfs_weight_order_at`` of matches that end where each node ends."""
-        return self.dfs_weight_order_at([(n, len(n.key)) for n in nodes])
+        return self.dfs_weight_order_at([(n, len(n.key) if n is not None else 0) for n in nodes])
 
     def dfs_weight_order_at(self, ends: Sequence[tuple[TreeNode, int]]) -> list[int]:
         """Permutation of ``range(len(ends))`` (spec 3.9) for matches ending ``offset`` tokens
@@ -914,7 +844,7 @@ class RadixCache(BasePrefixCache):
             cur: TreeNode | None = node
             while cur is not root and cur is not None:
                 cur = cur.parent
-            if cur is not root:
+            if cur is not root or node is None:
                 orphans.append(i)
             elif offset >= len(node.key):
                 at_end.setdefault(node, []).append(i)

@@ -31,7 +31,7 @@ import numpy as np
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req
-from radixsched.scheduler import Scheduler
+from radixsched.fast import build_scheduler
 from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
 from radixsched.sim.replicas import Replica, deliver, sample_series
 from radixsched.sim.simconfig import SimConfig
@@ -117,9 +117,10 @@ def _build_replica(
             page_size=-(-sim_cfg.hicache_page_size // p) * p,
         )
     runner = CostModelRunner(cost, seed=sched_cfg.seed)
-    sched = Scheduler(
+    sched = build_scheduler(
         sched_cfg,
         runner,
+        accelerate=accelerate,
         kv_slots=capacity,
         clock=clock,
         context_len=cost.model.max_context_len,

@@ -1,0 +1,604 @@
+"""Kept orders: a policy's order maintained across rounds, so that a round costs what changed.
+
+Every radixsched key policy is a stable sort of the waiting list by a per-request key. Requests
+with equal keys keep their order in the list being sorted, which is the previous round's
+result, minus the requests that left, plus the arrivals at the back. ``StableOrder`` keeps that
+result between rounds and moves only the requests whose key changed, giving exactly the list a
+full stable sort gives. ``KeyedEngine`` serves any key policy whose key reads only the request
+and its match and dedup status (a user's policy included); the other engines serve the
+policies whose order depends on more: hrrn (the clock, in numpy, handed out lazily), routing-key
+(the running batch), dfs-weight (the cache tree) and fair (tenant counters).
+
+Every engine leaves the scheduler's list exactly as the reference round would (hrrn: the list
+as it stands, its order being total), which tests/test_equivalence.py checks bit for bit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from radixsched.cache.radix import RadixCache
+from radixsched.policies import Key, Policy, Round, priority_term
+from radixsched.request import Req
+
+_FIRST = operator.itemgetter(0)
+# Re-keying more than this many requests, and more than a quarter of the list, in one round:
+# one stable sort of the list is cheaper.
+_REBUILD_MIN = 32
+_REBUILD_SHARE = 4
+
+
+def _many(moving: int, total: int) -> bool:
+    return moving > _REBUILD_MIN and _REBUILD_SHARE * moving > total
+
+
+def reorder(items: Sequence[Any], perm: Sequence[int]) -> list[Any]:
+    """``[items[i] for i in perm]`` at C speed."""
+    if len(perm) == 0:
+        return []
+    if len(perm) == 1:
+        return [items[perm[0]]]
+    return list(operator.itemgetter(*perm)(items))
+
+
+class StableOrder:
+    """Requests in the order a stable sort by a key leaves them, maintained across rounds.
+
+    Stored keys are ``(*key, t)`` with a unique tie number ``t``. Invariants: ``reqs`` is sorted
+    by ``keys``, ``key_of`` maps ``id(req)`` to ``(key, stored key)``, and every stored ``t``
+    lies strictly between ``lo`` and ``hi``. Why the tie numbers reproduce stability: among
+    requests that end up with equal keys, a stable sort keeps their order in the list being
+    sorted (this order, with arrivals appended). A request whose key grew stood before every
+    request that already had its new key, so it gets a ``t`` below all others; one whose key
+    shrank stood after them, so it gets one above all; arrivals come last, in append order.
+    Several movers are numbered in their old order, so they keep their order among themselves.
+    """
+
+    def __init__(self) -> None:
+        self.reqs: list[Req] = []
+        self.keys: list[Key] = []
+        self.key_of: dict[int, tuple[Key, Key]] = {}
+        self.lo = 0
+        self.hi = 0
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def __contains__(self, r: Req) -> bool:
+        return id(r) in self.key_of
+
+    def stored(self, r: Req) -> Key:
+        """``r``'s place in the order (its key and tie number)."""
+        return self.key_of[id(r)][1]
+
+    def remove(self, r: Req, mirror: list[Req] | None = None) -> bool:
+        entry = self.key_of.pop(id(r), None)
+        if entry is None:
+            return False
+        i = bisect.bisect_left(self.keys, entry[1])
+        del self.keys[i], self.reqs[i]
+        if mirror is not None:
+            del mirror[i]
+        return True
+
+    def _insert(self, r: Req, key: Key, t: int, mirror: list[Req] | None) -> None:
+        k = (*key, t)
+        i = bisect.bisect_right(self.keys, k)
+        self.keys.insert(i, k)
+        self.reqs.insert(i, r)
+        if mirror is not None:
+            mirror.insert(i, r)
+        self.key_of[id(r)] = (key, k)
+
+    def reset(self, pre: Sequence[Req], keys: Sequence[Key]) -> None:
+        """Stable-sort ``pre`` (the list as it stands) by ``keys`` (``keys[i]`` is ``pre[i]``'s)."""
+        perm = sorted(range(len(pre)), key=keys.__getitem__)
+        self.reqs = reorder(pre, perm)
+        self.keys = [(*keys[i], t) for t, i in enumerate(perm)]
+        self.key_of = {id(pre[i]): (keys[i], k) for i, k in zip(perm, self.keys, strict=True)}
+        self.lo, self.hi = -1, len(self.reqs)
+
+    def update(
+        self,
+        changed: Sequence[tuple[Req, Key]],
+        arrivals: Sequence[tuple[Req, Key]],
+        mirror: list[Req] | None = None,
+    ) -> None:
+        """Re-key members (each at most once) and insert arrivals (in append order).
+        ``mirror``: a list equal to ``reqs`` followed by the arrivals (the scheduler's queue);
+        it receives the same edits, so it ends equal to ``reqs`` without being rewritten."""
+        if mirror is not None and arrivals:
+            del mirror[len(self.reqs) :]
+        grew: list[tuple[Key, Req, Key]] = []
+        shrank: list[tuple[Key, Req, Key]] = []
+        for r, new in changed:
+            key, old = self.key_of[id(r)]
+            if key == new:
+                continue
+            self.remove(r, mirror)
+            (grew if key < new else shrank).append((old, r, new))
+        grew.sort(key=_FIRST, reverse=True)  # the last of them in the old order numbered first
+        for _, r, new in grew:
+            self.lo -= 1
+            self._insert(r, new, self.lo, mirror)
+        shrank.sort(key=_FIRST)
+        for _, r, new in shrank:
+            self.hi += 1
+            self._insert(r, new, self.hi, mirror)
+        for r, new in arrivals:
+            self.hi += 1
+            self._insert(r, new, self.hi, mirror)
+
+
+class Engine(ABC):
+    """One policy's order kept across rounds. ``members()`` is the list as the last round left
+    it, minus the requests that left since; while in sync the scheduler's list is that plus the
+    arrivals. ``rebuild`` and ``advance`` order the list as the reference round does (or hand
+    out that order lazily) and return the positions to read; ``keeps_sync`` False: the next
+    round starts again from the list as it then stands."""
+
+    keeps_sync = True
+
+    @abstractmethod
+    def members(self) -> list[Req]: ...
+
+    @abstractmethod
+    def remove(self, r: Req) -> None: ...
+
+    @abstractmethod
+    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]: ...
+
+    @abstractmethod
+    def advance(
+        self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
+    ) -> Iterator[int]:
+        """Re-key ``changed`` members and place ``arrivals``; ``queue`` is ``members()``
+        followed by ``arrivals``."""
+
+
+class StableEngine(Engine):
+    order: StableOrder
+
+    def members(self) -> list[Req]:
+        return self.order.reqs
+
+    def remove(self, r: Req) -> None:
+        self.order.remove(r)
+
+
+def key_fn(pol: Policy, rnd: Round) -> Callable[[Req], Key]:
+    """The full sort key of a key policy (priority first under priority scheduling)."""
+    key, cfg = pol.key, rnd.config
+    assert key is not None
+    if cfg.enable_priority_scheduling:
+        return lambda r: (*priority_term(r, cfg), *key(r, rnd))
+    return lambda r: key(r, rnd)
+
+
+class KeyedEngine(StableEngine):
+    """A key policy whose key reads the request, its match and its dedup status."""
+
+    def __init__(self, pol: Policy) -> None:
+        self.pol = pol
+        self.order = StableOrder()
+
+    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
+        key = key_fn(self.pol, rnd)
+        self.order.reset(queue, [key(r) for r in queue])
+        queue[:] = self.order.reqs
+        return iter(range(len(queue)))
+
+    def advance(
+        self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
+    ) -> Iterator[int]:
+        if _many(len(changed) + len(arrivals), len(queue)):
+            return self.rebuild(queue, rnd)
+        key = key_fn(self.pol, rnd)
+        self.order.update([(r, key(r)) for r in changed], [(r, key(r)) for r in arrivals], queue)
+        return iter(range(len(queue)))
+
+
+class RoutingKeyEngine(StableEngine):
+    """routing-key: only the members of routing keys whose running count changed are re-keyed.
+    A round without running keys leaves the list as it is and drops the sync."""
+
+    def __init__(self, pol: Policy) -> None:
+        self.order = StableOrder()
+        self.counts: Counter[str] = Counter()  # the counts the stored keys were computed with
+        self.by_key: dict[str, dict[int, Req]] = {}
+
+    def _key(self, r: Req) -> Key:
+        k = r.routing_key
+        if k and k in self.counts:
+            return (0, -self.counts[k], k, r.queue_entry_time, r.arrival_time)
+        return (1, 0, "", r.queue_entry_time, r.arrival_time)
+
+    def remove(self, r: Req) -> None:
+        if self.order.remove(r) and r.routing_key:
+            group = self.by_key[r.routing_key]
+            del group[id(r)]
+            if not group:
+                del self.by_key[r.routing_key]
+
+    def _place(self, reqs: Sequence[Req]) -> None:
+        for r in reqs:
+            if r.routing_key:
+                self.by_key.setdefault(r.routing_key, {})[id(r)] = r
+
+    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
+        counts = rnd.running_keys()
+        self.by_key = {}
+        self.keeps_sync = bool(counts)
+        if not counts:  # nothing to sort by: the list stays as it is
+            self.order.reset([], [])
+            return iter(range(len(queue)))
+        self.counts = counts
+        self.order.reset(queue, [self._key(r) for r in queue])
+        self._place(self.order.reqs)
+        queue[:] = self.order.reqs
+        return iter(range(len(queue)))
+
+    def advance(
+        self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
+    ) -> Iterator[int]:
+        counts = rnd.running_keys()
+        if not counts:
+            return self.rebuild(queue, rnd)
+        rekey = {id(r): r for r in changed}
+        for k in self.counts.keys() | counts.keys():
+            if self.counts.get(k) != counts.get(k):
+                rekey.update(self.by_key.get(k, {}))
+        self.counts = counts
+        if _many(len(rekey) + len(arrivals), len(queue)):
+            return self.rebuild(queue, rnd)
+        self.order.update(
+            [(r, self._key(r)) for r in rekey.values()], [(r, self._key(r)) for r in arrivals], queue
+        )
+        self._place(arrivals)
+        return iter(range(len(queue)))
+
+
+class HrrnRound:
+    """One hrrn round's order over ``reqs`` (the list as it stands): ascending ``(ratio, entry,
+    arrival, rid)``, a total order. The head is selected with ``argpartition`` (every request
+    tied with the last one selected included, so the selection is a prefix of the order) and
+    sorted; a reader that gets past it doubles it. Columns are aligned with ``reqs``."""
+
+    FIRST = 16  # the first selection: most rounds admit a handful of requests
+
+    def __init__(self, reqs: list[Req], ratio: npt.NDArray[np.float64],
+                 entry: npt.NDArray[np.float64], arrival: npt.NDArray[np.float64]) -> None:
+        self.reqs = reqs
+        self.ratio, self.entry, self.arrival = ratio, entry, arrival
+        self.picked: list[int] = []
+
+    def _select(self, need: int) -> None:
+        n = len(self.reqs)
+        k = min(n, max(need, 2 * len(self.picked), self.FIRST))
+        if k >= n:
+            cand = np.arange(n)
+        else:
+            bound = self.ratio[np.argpartition(self.ratio, k - 1)[k - 1]]
+            cand = np.flatnonzero(self.ratio <= bound)
+        r, e, a = self.ratio[cand], self.entry[cand], self.arrival[cand]
+        perm = np.lexsort((a, e, r))
+        out: list[int] = cand[perm].tolist()
+        r, e, a = r[perm], e[perm], a[perm]
+        tied = ((r[1:] == r[:-1]) & (e[1:] == e[:-1]) & (a[1:] == a[:-1])).tolist()
+        i = 0
+        while i < len(tied):  # equal (ratio, entry, arrival): by request id
+            if not tied[i]:
+                i += 1
+                continue
+            j = i
+            while j < len(tied) and tied[j]:
+                j += 1
+            out[i : j + 1] = sorted(out[i : j + 1], key=lambda x: self.reqs[x].rid)
+            i = j
+        self.picked = out
+
+    def __iter__(self) -> Iterator[int]:
+        i = 0
+        while i < len(self.reqs):
+            if i >= len(self.picked):
+                self._select(i + 1)
+            yield self.picked[i]
+            i += 1
+
+
+class HrrnEngine(Engine):
+    """hrrn: per-request columns aligned with the list, changed only for the requests whose
+    match, dedup status or membership changed; each round computes every ratio in a few
+    whole-column operations and hands its order out lazily (the list is left as it stands)."""
+
+    _Q, _WORK, _OVERRIDE, _ENTRY, _ARRIVAL = range(5)
+
+    def __init__(self, pol: Policy) -> None:
+        self.reqs: list[Req] = []
+        self.held: set[int] = set()
+        self.cols = np.zeros((5, 64), dtype=np.float64)
+        self.fixed = np.zeros(64, dtype=bool)
+
+    def members(self) -> list[Req]:
+        return self.reqs
+
+    def _keys(self, r: Req, deferred: frozenset[str], i: int) -> None:
+        work = r.fill_len - r.num_matched_prefix_tokens
+        self.cols[self._WORK, i] = work if work > 0 else 1
+        if r.rid in deferred:
+            self.cols[self._OVERRIDE, i] = np.inf
+        elif work <= 0:
+            self.cols[self._OVERRIDE, i] = -np.inf
+        self.fixed[i] = r.rid in deferred or work <= 0
+
+    def _append(self, arrivals: Sequence[Req], deferred: frozenset[str]) -> None:
+        n = len(self.reqs)
+        need = n + len(arrivals)
+        if need > self.cols.shape[1]:
+            cap = max(2 * self.cols.shape[1], need)
+            cols = np.zeros((5, cap))
+            cols[:, :n] = self.cols[:, :n]
+            fixed = np.zeros(cap, dtype=bool)
+            fixed[:n] = self.fixed[:n]
+            self.cols, self.fixed = cols, fixed
+        for i, r in enumerate(arrivals, n):
+            self.held.add(id(r))
+            self.cols[self._Q, i] = r.queue_entry_processed_tokens
+            self.cols[self._ENTRY, i] = r.queue_entry_time
+            self.cols[self._ARRIVAL, i] = r.arrival_time
+            self._keys(r, deferred, i)
+        self.reqs.extend(arrivals)
+
+    def remove(self, r: Req) -> None:
+        if id(r) not in self.held:
+            return
+        self.held.discard(id(r))
+        i = self.reqs.index(r)  # identity compares at C speed (Req has no __eq__)
+        n = len(self.reqs)
+        del self.reqs[i]
+        self.cols[:, i : n - 1] = self.cols[:, i + 1 : n]
+        self.fixed[i : n - 1] = self.fixed[i + 1 : n]
+
+    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
+        self.reqs, self.held = [], set()
+        return self.advance([], list(queue), rnd, queue)
+
+    def advance(
+        self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
+    ) -> Iterator[int]:
+        index = {id(r): i for i, r in enumerate(self.reqs)} if len(changed) > 8 else None
+        for r in changed:
+            i = index[id(r)] if index is not None else self.reqs.index(r)
+            self._keys(r, rnd.deferred, i)
+        self._append(arrivals, rnd.deferred)
+        n = len(self.reqs)
+        cols = self.cols[:, :n]
+        # -(max(waited, 0) / work): the correctly rounded quotient of exact integers, as the
+        # reference's int / int; a request that has not waited scores -0.0 == 0.0.
+        ratio = rnd.processed_tokens - cols[self._Q]
+        np.maximum(ratio, 0.0, out=ratio)
+        np.divide(ratio, cols[self._WORK], out=ratio)
+        np.negative(ratio, out=ratio)
+        np.copyto(ratio, cols[self._OVERRIDE], where=self.fixed[:n])
+        return iter(HrrnRound(self.reqs, ratio, cols[self._ENTRY], cols[self._ARRIVAL]))
+
+
+class DfsWeightEngine(StableEngine):
+    """dfs-weight: the DFS visits the root's children (top-level subtrees) by descending
+    request count, ties in the root's child order, then the requests that match nothing, in
+    list order; the dedup moves the deferred ones, stably, to the back. So the order is a
+    stable sort by ``(deferred, 0, -count(T), child position of T, position in T's own DFS
+    order)`` for a request in subtree T and ``(deferred, 1)`` otherwise. A subtree's own order
+    is recomputed only when a member joined, left or moved, or the subtree moved among the
+    root's children. ``end(r)`` is where the request's match ends (the matcher's memo)."""
+
+    def __init__(self, pol: Policy, cache: RadixCache, end: Callable[[Req], tuple[Any, int]]) -> None:
+        self.cache = cache
+        self.end = end
+        self.order = StableOrder()
+        self.top_of: dict[int, Hashable | None] = {}
+        self.groups: dict[Hashable, dict[int, Req]] = {}
+        self.segpos: dict[int, int] = {}
+        self.place: dict[Hashable, tuple[int, int]] = {}
+        self.children: list[Hashable] = []
+        self.touched: set[Hashable] = set()
+
+    def _top(self, r: Req) -> Hashable | None:
+        node = self.end(r)[0]
+        return None if node is self.cache.root else node.subtree_key
+
+    def _key(self, r: Req, rnd: Round) -> Key:
+        dep = r.rid in rnd.deferred
+        top = self.top_of[id(r)]
+        if top is None:
+            return (dep, 1)
+        count, pos = self.place[top]
+        return (dep, 0, -count, pos, self.segpos[id(r)])
+
+    def _join(self, r: Req, top: Hashable | None) -> None:
+        self.top_of[id(r)] = top
+        if top is not None:
+            self.groups.setdefault(top, {})[id(r)] = r
+
+    def _leave(self, r: Req) -> None:
+        top = self.top_of.pop(id(r))
+        self.segpos.pop(id(r), None)
+        if top is None:
+            return
+        group = self.groups[top]
+        del group[id(r)]
+        if group:
+            self.touched.add(top)
+        else:
+            del self.groups[top]
+            self.place.pop(top, None)
+            self.touched.discard(top)
+
+    def _moved_subtrees(self) -> set[Hashable]:
+        """Refresh the root's child keys; return the subtrees (with members) that moved."""
+        keys = list(self.cache.root.children)
+        if keys == self.children:
+            return set()
+        self.children = keys
+        return {t for t, (_, pos) in self.place.items() if keys.index(t) != pos}
+
+    def _segment(self, top: Hashable, reqs: list[Req]) -> None:
+        perm = self.cache.dfs_weight_order_at([self.end(r) for r in reqs])
+        for j, i in enumerate(perm):
+            self.segpos[id(reqs[i])] = j
+        self.place[top] = (len(reqs), self.children.index(top))
+
+    def remove(self, r: Req) -> None:
+        if self.order.remove(r):
+            self._leave(r)
+
+    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
+        self.top_of, self.groups, self.segpos, self.place = {}, {}, {}, {}
+        self.touched, self.children = set(), []
+        self._moved_subtrees()
+        for r in queue:
+            self._join(r, self._top(r))
+        seen: dict[Hashable, int] = {}
+        for i in self.cache.dfs_weight_order_at([self.end(r) for r in queue]):
+            k = id(queue[i])
+            top = self.top_of[k]
+            if top is not None:
+                self.segpos[k] = seen.get(top, 0)
+                seen[top] = self.segpos[k] + 1
+        for top, group in self.groups.items():
+            self.place[top] = (len(group), self.children.index(top))
+        self.order.reset(queue, [self._key(r, rnd) for r in queue])
+        queue[:] = self.order.reqs
+        return iter(range(len(queue)))
+
+    def advance(
+        self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
+    ) -> Iterator[int]:
+        if _many(len(changed) + len(arrivals), len(queue)):
+            return self.rebuild(queue, rnd)
+        touched, self.touched = self.touched, set()
+        for r in changed:
+            old, new = self.top_of[id(r)], self._top(r)
+            if new != old:
+                self._leave(r)
+                self._join(r, new)
+            touched.update(t for t in (old, new) if t is not None)
+        fresh: dict[Hashable, list[Req]] = {}
+        for r in arrivals:
+            top = self._top(r)
+            self._join(r, top)
+            if top is not None:
+                fresh.setdefault(top, []).append(r)
+        touched |= fresh.keys() | self._moved_subtrees()
+        rekey = {id(r): r for r in changed}
+        for top in touched:
+            group = self.groups.get(top)
+            if group is None:
+                continue
+            new_ids = {id(r) for r in fresh.get(top, [])}
+            olds = sorted((r for k, r in group.items() if k not in new_ids), key=self.order.stored)
+            self._segment(top, olds + fresh.get(top, []))
+            rekey.update((id(r), r) for r in olds)
+        self.touched.clear()
+        self.order.update(
+            [(r, self._key(r, rnd)) for r in rekey.values()],
+            [(r, self._key(r, rnd)) for r in arrivals],
+            queue,
+        )
+        return iter(range(len(queue)))
+
+
+class FairEngine(Engine):
+    """fair: each tenant's own order (longest match, then arrival) is a ``StableOrder``;
+    tenants are interleaved by ``VirtualTokenCounter.merge``. With one tenant the merged order
+    is that tenant's order itself."""
+
+    def __init__(self, pol: Policy) -> None:
+        self.by_tenant: dict[str, StableOrder] = {}
+        self.tenant_of: dict[int, str] = {}
+        self.out: list[Req] = []
+
+    @staticmethod
+    def _key(r: Req) -> Key:
+        return (-r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time)
+
+    def members(self) -> list[Req]:
+        return self.out
+
+    def remove(self, r: Req) -> None:
+        tenant = self.tenant_of.pop(id(r), None)
+        if tenant is None:
+            return
+        order = self.by_tenant[tenant]
+        if self.out is not order.reqs:
+            del self.out[self.out.index(r)]
+        order.remove(r)
+        if not len(order):
+            del self.by_tenant[tenant]
+
+    def _observe(self, queue: list[Req], rnd: Round) -> None:
+        assert rnd.fair is not None
+        tenants = set(self.by_tenant) | {r.tenant_key for r in rnd.running}
+        tenants.update(r.tenant_key for r in queue[len(self.out) :])
+        rnd.fair.observe_active(frozenset(tenants))
+
+    def _merge(self, tenant_order: Sequence[str], queue: list[Req], rnd: Round) -> Iterator[int]:
+        assert rnd.fair is not None
+        self.out = rnd.fair.merge({t: self.by_tenant[t].reqs for t in tenant_order}) if tenant_order else []
+        queue[:] = self.out
+        return iter(range(len(queue)))
+
+    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
+        assert rnd.fair is not None
+        tenants = {r.tenant_key for r in queue} | {r.tenant_key for r in rnd.running}
+        rnd.fair.observe_active(frozenset(tenants))
+        return self.rebuild_observed(queue, rnd)
+
+    def advance(
+        self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
+    ) -> Iterator[int]:
+        self._observe(queue, rnd)
+        if _many(len(changed) + len(arrivals), len(queue)):
+            return self.rebuild_observed(queue, rnd)
+        # Tenants by first appearance in the list as it stands (a tenant's first member heads
+        # its own order: the merge keeps each tenant's order).
+        firsts = sorted((self.out.index(o.reqs[0]), t) for t, o in self.by_tenant.items())
+        tenant_order = [t for _, t in firsts]
+        per: dict[str, tuple[list[tuple[Req, Key]], list[tuple[Req, Key]]]] = {}
+        for r in changed:
+            per.setdefault(self.tenant_of[id(r)], ([], []))[0].append((r, self._key(r)))
+        for r in arrivals:
+            if r.tenant_key not in self.by_tenant:
+                self.by_tenant[r.tenant_key] = StableOrder()
+                tenant_order.append(r.tenant_key)
+            self.tenant_of[id(r)] = r.tenant_key
+            per.setdefault(r.tenant_key, ([], []))[1].append((r, self._key(r)))
+        if len(tenant_order) == 1:  # one tenant: the queue is its order plus the arrivals
+            order = self.by_tenant[tenant_order[0]]
+            rekey, new = per.get(tenant_order[0], ([], []))
+            order.update(rekey, new, queue)
+            self.out = order.reqs
+            return iter(range(len(queue)))
+        for tenant, (rekey, new) in per.items():
+            self.by_tenant[tenant].update(rekey, new)
+        return self._merge(tenant_order, queue, rnd)
+
+    def rebuild_observed(self, queue: list[Req], rnd: Round) -> Iterator[int]:
+        """``rebuild`` after this round's tenant observation was made."""
+        groups: dict[str, list[Req]] = {}
+        for r in queue:
+            groups.setdefault(r.tenant_key, []).append(r)
+        self.by_tenant, self.tenant_of = {}, {}
+        for tenant, reqs in groups.items():
+            order = self.by_tenant[tenant] = StableOrder()
+            order.reset(reqs, [self._key(r) for r in reqs])
+            self.tenant_of.update((id(r), tenant) for r in reqs)
+        return self._merge(list(groups), queue, rnd)

@@ -1,0 +1,255 @@
+"""``FastWaitingQueue``: the reference ``WaitingQueue`` with its round's work made incremental.
+
+Same list, same order, same fields on every request as the reference round leaves them (the
+equivalence suite checks it bit for bit); a round costs what changed since the last one:
+
+- matching: ``IncrementalMatcher`` re-matches a request only when the cache changed at its
+  match's edge; the matched lengths of requests an admission attempt rewrote are restored;
+- the dedup: ``DedupIndex`` re-decides only the groups whose members changed;
+- the order: the policy's ``Engine`` (``orders.py``) re-places only the requests whose key
+  inputs changed (matched length, dedup status), plus the arrivals; fcfs skips its sort while
+  the list is known to be in entry order.
+
+Where an accelerator does not apply (``--compat sglang``, lpm's starvation bound, a clock-
+reading policy without an engine, a capped policy's fcfs rounds) the reference round runs,
+on matches the matcher keeps current. Membership changes come through the queue's own
+methods, so the engines see every arrival and departure; a round checks (identity compares)
+that the list is what they describe and rebuilds when it is not.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from radixsched.cache.radix import RadixCache
+from radixsched.config import SchedulerConfig
+from radixsched.fast.dedup import DedupIndex
+from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.orders import (
+    DfsWeightEngine,
+    Engine,
+    FairEngine,
+    HrrnEngine,
+    KeyedEngine,
+    RoutingKeyEngine,
+)
+from radixsched.policies import FCFS, Policy, Reads, Round
+from radixsched.queue import REFRESH_INTERVAL, RoundOrder, WaitingQueue, door_match
+from radixsched.request import Req
+
+# Engines of the policies whose order reads more than the request, its match and its dedup
+# status (any other key policy is kept by ``KeyedEngine``).
+ENGINES: dict[str, Any] = {
+    "routing-key": RoutingKeyEngine,
+    "hrrn": HrrnEngine,
+    "dfs-weight": DfsWeightEngine,
+    "fair": FairEngine,
+}
+_KEYED_READS = Reads.MATCH | Reads.DEDUP
+_ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
+
+
+class FastWaitingQueue(WaitingQueue):
+    def __init__(self, config: SchedulerConfig, cache: Any) -> None:
+        super().__init__(config, cache)
+        self.fast = not config.sglang_compat and isinstance(cache, RadixCache) and self.matches
+        self.matcher = IncrementalMatcher(cache) if self.fast else None
+        reads = self.policy.reads_for(config)
+        bounded = Reads.CLOCK in reads and Reads.CLOCK not in self.policy.reads
+        check, width = config.in_batch_prefix_check_threshold, config.in_batch_prefix_deprioritize_threshold
+        self.dedup_index = (
+            DedupIndex(check, max(width, 0), self._device)
+            if self.fast and check >= 0 and not bounded and Reads.DEDUP in reads
+            else None
+        )
+        self.engine = self._make_engine(reads) if self.fast and not bounded else None
+        self.synced = False  # the engine's members + ``added`` are the list
+        self.matched = False  # every waiting request's matched length is current but ``moved``,
+        # ``tried`` and ``added``; and the dedup index holds every waiting request
+        self.added: list[Req] = []  # arrivals since the last engine round, in append order
+        self.moved: dict[int, Req] = {}  # re-matched since the last engine round
+        self.gone: list[Req] = []  # left since the last dedup update
+        self.tried: dict[int, Req] = {}  # matched lengths an admission attempt rewrote
+        self.entry_ordered = True  # the list is in (queue entry, arrival) order
+        self._last_entry = (float("-inf"), float("-inf"))
+
+    def _make_engine(self, reads: Reads) -> Engine | None:
+        pol = self.policy
+        factory = ENGINES.get(pol.name)
+        if factory is DfsWeightEngine:
+            return DfsWeightEngine(pol, self.cache, self._end)
+        if factory is not None:
+            return factory(pol)  # type: ignore[no-any-return]
+        if pol.key is not None and reads & ~_KEYED_READS == Reads.NONE and not self._plain_fcfs():
+            return KeyedEngine(pol)
+        return None
+
+    def _plain_fcfs(self) -> bool:
+        return self.policy.name == FCFS and not self.config.enable_priority_scheduling
+
+    def _device(self, r: Req) -> int:
+        assert self.matcher is not None
+        return self.matcher.memo[id(r)].n
+
+    def _end(self, r: Req) -> tuple[Any, int]:
+        assert self.matcher is not None
+        m = self.matcher.memo[id(r)]
+        return (m.node, len(m.node.key) if m.full else m.offset)
+
+    # ---- membership --------------------------------------------------------------------------
+    def add(self, req: Req) -> None:
+        if self.matcher is None:
+            super().add(req)
+        else:
+            self._seq_of[id(req)] = self._next_seq
+            self._next_seq += 1
+            m = self.matcher.track(req)
+            req.num_matched_prefix_tokens = door_match(req, m.n, self.cache.page_size)
+            self.reqs.append(req)
+        entry = _ENTRY(req)
+        self.entry_ordered = len(self.reqs) == 1 or (self.entry_ordered and entry >= self._last_entry)
+        self._last_entry = entry
+        self.added.append(req)
+
+    def remove(self, req: Req) -> None:
+        super().remove(req)
+        self._left(req)
+
+    def take(self, positions: Sequence[int]) -> list[Req]:
+        taken = super().take(positions)
+        for r in taken:
+            self._left(r)
+        return taken
+
+    def _left(self, r: Req) -> None:
+        if self.matcher is not None:
+            self.matcher.untrack(r)
+        self.moved.pop(id(r), None)
+        self.tried.pop(id(r), None)
+        if self.dedup_index is not None:
+            self.gone.append(r)
+        for i, a in enumerate(self.added):
+            if a is r:
+                del self.added[i]
+                return
+        if self.engine is not None:
+            self.engine.remove(r)
+
+    def requeue(self, reqs: Sequence[Req], now: float, processed_tokens: int) -> None:
+        for r in reqs:  # their output changed: matched afresh
+            if self.matcher is not None:
+                self.matcher.track(r)
+        n = len(self.reqs)
+        super().requeue(reqs, now, processed_tokens)
+        if self.reqs[n:] == list(reqs):  # appended: arrivals for the engines
+            self.added.extend(reqs)
+            self.entry_ordered = False
+        else:  # re-inserted at their places in arrival order
+            self.added.extend(reqs)
+            self.synced = False
+
+    def note_tried(self, req: Req) -> None:
+        """An admission attempt that failed rewrote ``req``'s matched length."""
+        self.tried[id(req)] = req
+
+    # ---- a round -----------------------------------------------------------------------------
+    def begin_round(self, running: Sequence[Req], processed_tokens: int, now: float) -> RoundOrder:
+        base = self.active_policy()
+        if not self.fast or base is not self.policy:
+            self.synced = self.matched = False
+            return super().begin_round(running, processed_tokens, now)
+        reads = base.reads_for(self.config)
+        rnd = Round(self.config, processed_tokens=processed_tokens, now=now, running=running)
+        changed = self._sync_matches() if Reads.MATCH in reads else []
+        flipped: list[Req] = []
+        if Reads.DEDUP in reads:
+            rnd.deferred, flipped = self._dedup(changed, rnd)
+        self.matched = Reads.MATCH in reads
+        if Reads.TREE in reads:
+            ends = [self._end(r) for r in self.reqs]
+            rnd.tree_order = lambda: self.cache.dfs_weight_order_at(ends)
+        self.deferred = rnd.deferred
+        order = RoundOrder(self.reqs, self._order(base, reads, rnd, flipped))
+        self.refresh(order)
+        return order
+
+    def skip_round(self, running: Sequence[Req]) -> bool:
+        """A round nobody reads (the batch is full): do only what the reference round would
+        leave behind (matched lengths, fair's tenant observation, the refresh counter) and
+        return True; False, having done nothing, when the refresh is due (run the round)."""
+        if not self.fast or self.active_policy() is not self.policy:
+            return False
+        if self.refresh_on and self.reqs:
+            if self._refresh_rounds % REFRESH_INTERVAL == 0:
+                return False
+            self._refresh_rounds += 1
+        if Reads.MATCH in self.policy.reads:
+            self._sync_matches()
+            if not self.matched and self.dedup_index is not None:
+                self._dedup([], Round(self.config))  # the index must hold every request again
+            self.matched = True
+        if Reads.TENANTS in self.policy.reads:
+            tenants = {r.tenant_key for r in self.reqs} | {r.tenant_key for r in running}
+            self.fair.observe_active(frozenset(tenants))
+        return True
+
+    def _sync_matches(self) -> list[Req]:
+        """Bring every waiting request's matched length to the reference's value; return the
+        requests whose key inputs may have changed (arrivals are placed, not re-keyed)."""
+        if self.matcher is None:
+            return []
+        for r in self.matcher.refresh():
+            self.moved[id(r)] = r
+        memo = self.matcher.memo
+        todo = [*self.moved.values(), *self.tried.values(), *self.added] if self.matched else self.reqs
+        for r in todo:
+            r.num_matched_prefix_tokens = min(memo[id(r)].n, r.fill_len - 1)
+        self.tried.clear()
+        return list(self.moved.values())
+
+    def _dedup(self, changed: list[Req], rnd: Round) -> tuple[frozenset[str], list[Req]]:
+        index = self.dedup_index
+        if index is None:  # the starvation bound picks representatives by the clock
+            device = [self._device(r) for r in self.reqs]
+            return super().dedup(device, rnd), []
+        if not self.matched:
+            index.reset()
+            deferred = index.update(self.reqs, [])
+        else:
+            deferred = index.update([*changed, *self.added], self.gone)
+        self.gone = []
+        return deferred, index.flipped
+
+    def _order(self, pol: Policy, reads: Reads, rnd: Round, flipped: list[Req]) -> Iterator[int]:
+        rnd.rng, rnd.fair = self.rng, self.fair
+        engine = self.engine
+        if engine is None:
+            positions = self._reference_order(pol, rnd)
+        elif self.synced and self._in_sync(engine):
+            changed = {id(r): r for r in flipped}
+            changed.update(self.moved)
+            for r in self.added:
+                changed.pop(id(r), None)
+            positions = engine.advance(list(changed.values()), self.added, rnd, self.reqs)
+        else:
+            positions = engine.rebuild(self.reqs, rnd)
+        self.synced = engine is not None and engine.keeps_sync
+        self.added, self.moved = [], {}
+        return positions
+
+    def _in_sync(self, engine: Engine) -> bool:
+        members, n = engine.members(), len(engine.members())
+        if len(self.reqs) != n + len(self.added):
+            return False
+        return self.reqs[:n] == members and self.reqs[n:] == self.added
+
+    def _reference_order(self, pol: Policy, rnd: Round) -> Iterator[int]:
+        if self._plain_fcfs():
+            if not self.entry_ordered:
+                keys = list(map(_ENTRY, self.reqs))
+                if not all(a <= b for a, b in zip(keys, keys[1:], strict=False)):
+                    self.reqs.sort(key=_ENTRY)
+            return iter(range(len(self.reqs)))
+        return self.order(pol, rnd)

@@ -1,0 +1,401 @@
+"""``FastScheduler``: the reference ``Scheduler`` with accelerators, for the simulator.
+
+Chosen when the scheduler is built (``radixsched.fast.build_scheduler``), never rewired. Each
+override gives exactly the reference's schedule (tests/test_equivalence.py, bit for bit):
+
+- the waiting queue is a ``FastWaitingQueue`` (incremental matching, dedup and kept orders);
+- a round that nobody can read (the batch is full) does only the bookkeeping the reference
+  round leaves behind;
+- decode runs on the running batch's columns (``DecodeCols``) and jumps over the steps in which
+  nothing but lengths can change (no admission possible, no stop token, enough memory, before
+  the next external event), with one vectorised cost-model call; the requests' tokens, token
+  times and KV slots are written when they leave the batch or are read (deferred state);
+- a middle chunk of a chunked prefill that fills the round's budget runs as the step alone,
+  and the next ones back to back up to the next event, where no round between could do
+  anything else; decided per step, from the runner and the gates actually present.
+
+Deferred state invariant: while ``unsettled``, the batch's columns are ahead of its requests by
+whole decode steps, the last entries of ``decode_log``, and the slots they are owed are exactly
+the allocator's reservation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from radixsched.adder import AddReqResult, PrefillAdder
+from radixsched.cache.base import IntegrityError
+from radixsched.clock import VirtualClock
+from radixsched.fast.decode import DecodeCols, FastRunningBatch
+from radixsched.fast.queue import FastWaitingQueue
+from radixsched.queue import RoundOrder
+from radixsched.request import Req
+from radixsched.runner import Batch
+from radixsched.scheduler import Scheduler, StepOutcome
+
+
+class ChunkPlan(NamedTuple):
+    """A step opened by continuing the chunked request."""
+
+    adder: PrefillAdder
+    still_chunked: Req | None  # None when this is the last chunk
+    req: Req
+
+    @property
+    def is_middle(self) -> bool:
+        """A middle chunk that fills the round's budget: the round then orders no queue,
+        admits nothing and runs no decode, so the step is the chunk alone."""
+        return (
+            self.still_chunked is not None
+            and bool(self.adder.can_run_list)
+            and self.adder.budget_state() is AddReqResult.OTHER
+        )
+
+
+class FastScheduler(Scheduler):
+    queue: FastWaitingQueue
+    batch: FastRunningBatch
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        cfg = self.config
+        # Deferral needs nothing to read running requests mid-flight: priority preemption and
+        # mixed chunks do, and so does the ignore-eos admission of a disabled cache.
+        self.defers = not (
+            cfg.enable_priority_preemption or cfg.enable_mixed_chunk or self.cache.disabled
+        )
+        self.decode_log: list[float] = []  # end time of every deferred decode step
+        self.unsettled = False
+
+    def _make_queue(self) -> FastWaitingQueue:
+        return FastWaitingQueue(self.config, self.cache)
+
+    def _make_running(self) -> FastRunningBatch:
+        return FastRunningBatch(self)
+
+    # ---- deferred decode state ------------------------------------------------------------------
+    def settle(self, cols: DecodeCols, i: int) -> None:
+        """Write row ``i``'s deferred decode steps into its request: tokens (asked of the
+        runner again: they depend only on request and position), token times (the last
+        entries of the decode log), its reserved slots and ``kv_len``."""
+        r = cols.reqs[i]
+        fill, done = int(cols.fill[i]), r.fill_len
+        k = fill - done
+        if k > 0:
+            positions = np.arange(done, fill, dtype=np.int64)[None, :]
+            r.output_ids.extend(self.runner.tokens_at([r], positions)[0].tolist())
+            r.times.token_times.extend(self.decode_log[len(self.decode_log) - k :])
+            r.kv_len = fill - 1
+        owed = int(cols.have[i]) - len(r.kv_row)
+        if owed > 0:
+            _append(r, self.allocator.claim(owed))
+
+    def sync_running(self) -> None:
+        if self.unsettled:
+            cols = self.batch.columns()
+            for i in range(len(cols.reqs)):
+                self.settle(cols, i)
+            self.unsettled = False
+
+    def _running_changed(self) -> None:
+        """Someone is about to read or write running requests directly."""
+        self.sync_running()
+        self.batch.cols = None
+
+    def remaining_decode_tokens(self) -> int:
+        if not self.running:
+            return 0
+        cols = self.batch.columns()
+        return int(np.maximum(cols.max_new - cols.out_len, 0).sum())
+
+    def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
+        self._running_changed()
+        return super().abort(rid, message, status_code)
+
+    def discard(self, req: Req, status_code: int, message: str) -> None:
+        self._running_changed()
+        super().discard(req, status_code, message)
+
+    # ---- prefill --------------------------------------------------------------------------------
+    def order_round(self) -> RoundOrder | None:
+        """The reference round, or nothing when nobody can read it (the batch is full and
+        nothing is preempted; spf's chunk limit reads the order before the continuation)."""
+        if (
+            self.batch_is_full
+            and not self.config.enable_priority_preemption
+            and not (self.policy.chunk_limit is not None and self.chunked_req is not None)
+            and self.queue.skip_round(self.running)
+        ):
+            return None
+        return super().order_round()
+
+    def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
+        ok, res = super()._try_admit(adder, req)
+        if not ok:
+            self.queue.note_tried(req)  # its matched length is the admission's now
+        return ok, res
+
+    def run(self, batch: Batch) -> StepOutcome:
+        if batch.decode:  # a mixed batch grew the running requests' rows
+            self._running_changed()
+        return super().run(batch)
+
+    # ---- middle chunks --------------------------------------------------------------------------
+    def _fuses_chunks(self) -> bool:
+        cfg = self.config
+        return (
+            self.chunked_req is not None
+            and self.gate_factory is None
+            and self.runner.supports_multi_step
+            and not cfg.enable_mixed_chunk
+            and not cfg.enable_priority_preemption
+            and not cfg.sglang_compat
+            and self.policy.chunk_limit is None
+        )
+
+    def step(self, horizon: float | None = None) -> StepOutcome | None:
+        if not self._fuses_chunks():
+            return super().step(horizon)
+        self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
+        plan = self._plan_continuation()
+        if plan.is_middle:
+            out = StepOutcome("extend", 0.0, 1, num_steps=0)
+            self._run_chunk(plan, out)
+            while horizon is not None and self.clock.now() < horizon and self.chunked_req:
+                plan = self._plan_continuation()
+                if not plan.is_middle:
+                    plan.req.extend_end = plan.req.prefix_len  # the next step plans it again
+                    break
+                self._run_chunk(plan, out)
+            return out
+        self.chunked_req = plan.still_chunked
+        adder = plan.adder
+        order = None if adder.budget_state() is AddReqResult.OTHER else self.order_round()
+        batch = self.fill_round(adder, order, False, True)
+        return self.run(batch) if batch is not None else self.decode_round(horizon)
+
+    def _plan_continuation(self) -> ChunkPlan:
+        """What ``prefill_round`` does up to the continuation (no gate: fusion needs none)."""
+        req = self.chunked_req
+        assert req is not None
+        if req.extend_end > req.prefix_len:
+            self.kv.checkpoint(req, req.extend_end)
+        if not self.running:
+            self.batch_is_full = False
+        adder = self.new_adder()
+        return ChunkPlan(adder, adder.add_chunked_req(req), req)
+
+    def _run_chunk(self, plan: ChunkPlan, out: StepOutcome) -> None:
+        """A middle chunk exactly as a step whose batch is that chunk alone, added to ``out``."""
+        req = plan.req
+        batch = Batch([self.kv.extend_entry(req, req.prefix_len, req.extend_end)], [])
+        result = self.runner.forward(batch)
+        d = result.duration_s
+        self.account(1, [d])
+        self.clock.advance(d)
+        self._count_tokens(batch, out)
+        out.duration_s += d
+        out.num_steps += 1
+
+    # ---- decode ---------------------------------------------------------------------------------
+    def decode_round(self, horizon: float | None = None) -> StepOutcome | None:
+        if not self.runner.supports_multi_step:  # one step at a time, on the requests
+            self._running_changed()
+            return super().decode_round(horizon)
+        if not self.running:
+            if self.is_idle:
+                self.ratio.reset()
+            return None
+        retracted = self._make_room_for_decode()
+        if not self.running:
+            return StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
+        cols = self.batch.columns()
+        k = 1 if retracted else self._jump_steps(horizon, cols)
+        out = self._decode_multi(k, cols)
+        out.retracted = retracted
+        return out
+
+    def _room(self) -> int:
+        return self.allocator.available_size() + self.cache.evictable_size()
+
+    def _jump_steps(self, horizon: float | None, cols: DecodeCols) -> int:
+        """How many decode steps can run at once with nothing but lengths changing: no chunked
+        request, no prefill possible (an empty queue, or a full batch without preemption), no
+        stop token that could end a request early, enough memory for every step."""
+        if self.chunked_req is not None or cols.can_stop:
+            return 1
+        if self.waiting and not (self.batch_is_full and not self.config.enable_priority_preemption):
+            return 1
+        k = int((cols.max_new - cols.out_len).min())
+        if k <= 1:
+            return 1
+        k = self._max_steps_that_fit(cols, k, self._room())
+        if horizon is not None and not self.waiting and k > 1:
+            durs = self.runner.decode_durations(cols.reqs, cols.fill, k)
+            hit = int(np.searchsorted(_step_ends(self.clock.now(), durs), horizon, side="left"))
+            k = min(k, hit + 1)
+        return max(k, 1)
+
+    def _max_steps_that_fit(self, cols: DecodeCols, limit: int, room: int) -> int:
+        """The largest ``k <= limit`` whose KV fits in ``room`` (1 when none does: one step
+        fits, the caller checked). On page-1 pools whose rows end where their next token goes
+        the need is ``sum(fill - 1 - have) + n * k``, solved directly; else a binary search."""
+        if self.page_size == 1:
+            short = cols.fill - 1 - cols.have
+            if len(short) and int(short.min()) >= 0:
+                return max(1, min(limit, (room - int(short.sum())) // len(short)))
+        lo, hi = 1, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if int(cols.need(mid, self.page_size).sum()) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _decode_multi(self, k: int, cols: DecodeCols) -> StepOutcome:
+        """``k`` decode steps of the running batch, as ``k`` reference decode rounds."""
+        reqs = cols.reqs
+        defer = self.defers and not cols.can_stop  # tokens cannot end a request early
+        if not defer:
+            self.sync_running()
+        if defer:
+            durations = self.runner.decode_durations(reqs, cols.fill, k)
+            toks: list[list[int]] = []
+        else:
+            res = self.runner.decode_multi(reqs, cols.fill, k)
+            durations, toks = res.step_durations_s, res.tokens.tolist()
+        needs = cols.need(k, self.page_size)
+        total = int(needs.sum())
+        slots = None
+        if defer and total and not self._reserve(total):
+            raise self._alloc_failed(total)
+        if not defer and total:
+            slots = self.kv.alloc(total)
+        t0 = self.clock.now()
+        ends = _step_ends(t0, durations)
+        self._advance_to(float(ends[-1]), float(ends[-1] - t0))
+        self.ratio.decay_steps(k)
+        self.stats.decode_steps += k
+        self.account(len(reqs), durations.tolist())
+        out = StepOutcome("decode", float(ends[-1] - t0), len(reqs), num_steps=k)
+        times = ends.tolist()
+        if defer:
+            self.decode_log.extend(times)
+            self.unsettled = True
+            runner, fill0 = self.runner, cols.fill
+            out._batch_tokens = lambda: (
+                reqs,
+                runner.tokens_at(reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]).tolist(),
+            )
+        else:
+            self._write_steps(cols, toks, times, needs, slots, k)
+            out._batch_tokens = lambda: (reqs, toks)
+        if self.policy.charges_service:
+            self._charge_decode(reqs, k)
+        after = cols._replace(fill=cols.fill + k, have=cols.have + needs, out_len=cols.out_len + k)
+        self.batch.cols = after
+        self._retire_finished(after, out)
+        return out
+
+    def _advance_to(self, end: float, total: float) -> None:
+        if isinstance(self.clock, VirtualClock):
+            self.clock.jump_to(end)  # exactly where k single steps would end
+        else:
+            self.clock.advance(total)
+
+    def _reserve(self, n: int) -> bool:
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
+        return self.allocator.reserve(n)
+
+    def _alloc_failed(self, n: int) -> IntegrityError:
+        return IntegrityError(
+            f"KV allocation of {n} slots failed: available {self.allocator.available_size()}, "
+            f"evictable {self.cache.evictable_size()} (the admission budget was violated)"
+        )
+
+    def _write_steps(
+        self, cols: DecodeCols, toks: list[list[int]], times: list[float],
+        needs: np.ndarray, slots: np.ndarray | None, k: int,
+    ) -> None:
+        """Eager decode state: every request's tokens, times, slots and ``kv_len`` now."""
+        off = 0
+        for r, tk, n, end in zip(cols.reqs, toks, needs.tolist(), (cols.fill + k - 1).tolist(), strict=True):
+            if n:
+                assert slots is not None
+                _append(r, slots[off : off + n])
+                off += n
+            r.kv_len = end
+            r.output_ids.extend(tk)
+            r.times.token_times.extend(times)
+
+    def _charge_decode(self, reqs: list[Req], k: int) -> None:
+        """Each request's tenant charged for ``k`` decode tokens, as ``k`` single steps would:
+        counters are integral, so the sums are exact either way."""
+        fair = self.queue.fair
+        for r in reqs:
+            fair.charge(r.tenant_key, 0, k)
+
+    def _retire_finished(self, after: DecodeCols, out: StepOutcome) -> None:
+        """Only a request that can have finished is checked (a jump never spans a stop)."""
+        if after.can_stop:
+            maybe = list(range(len(after.reqs)))
+        else:
+            maybe = np.flatnonzero(after.out_len >= after.max_new).tolist()
+        for i in maybe:
+            r = after.reqs[i]
+            if self.unsettled:
+                self.settle(after, i)
+            self.check_finish(r)
+            if r.finished:
+                out.finished.append(r)
+        self._retire(out.finished)
+
+    # ---- invariants -------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """The reference checks, then: the columns describe the batch, and deferred state is
+        whole decode steps of the log with its slots exactly the allocator's reservation."""
+        super().check_integrity()
+        cols = self.batch.cols
+        fresh = DecodeCols.of(self.running, bool(self.eos_ids))
+        if not self.unsettled:
+            if self.allocator.reserved_size():
+                raise IntegrityError(f"{self.allocator.reserved_size()} KV slots reserved, none owed")
+            if cols is not None and not cols.same_as(fresh):
+                raise IntegrityError("stale running-batch columns")
+            return
+        if cols is None or len(cols.reqs) != len(fresh.reqs):
+            raise IntegrityError("deferred columns do not list the running batch")
+        behind, owed = cols.fill - fresh.fill, cols.have - fresh.have
+        if (
+            any(a is not b for a, b in zip(cols.reqs, fresh.reqs, strict=True))
+            or (behind < 0).any()
+            or int(behind.max(initial=0)) > len(self.decode_log)
+            or not np.array_equal(cols.out_len - fresh.out_len, behind)
+            or (owed < 0).any()
+            or int(owed.sum()) != self.allocator.reserved_size()
+        ):
+            raise IntegrityError(
+                f"deferred decode state inconsistent: {int(behind.sum())} tokens and "
+                f"{int(owed.sum())} slots owed, {self.allocator.reserved_size()} reserved"
+            )
+
+
+def _append(r: Req, slots: np.ndarray) -> None:
+    have, n = len(r.kv_row), len(slots)
+    if len(r.kv_buf) < have + n:
+        buf = np.empty(max(2 * (have + n), 64), dtype=np.int64)
+        buf[:have] = r.kv_row
+        r.kv_buf = buf
+    r.kv_buf[have : have + n] = slots
+    r.kv_row = r.kv_buf[: have + n]
+
+
+def _step_ends(t0: float, durations: np.ndarray) -> np.ndarray:
+    """End time of each of several consecutive steps, accumulated left to right exactly as a
+    clock advanced step by step would (``t0 + (d1 + d2)`` can differ from ``(t0 + d1) + d2``)."""
+    return np.cumsum(np.concatenate([[t0], durations]))[1:]
