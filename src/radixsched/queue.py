@@ -117,7 +117,11 @@ class WaitingQueue:
         self.reqs: list[Req] = []
         self.rng = random.Random(config.seed)
         self.fair = VirtualTokenCounter()
-        self.deferred: frozenset[str] = frozenset()  # the last round's
+        # The last round's in-batch dedup: the requests it sorted last (``deprioritized``), and
+        # those admission must skip this round (``deferred``: the same in radixsched mode,
+        # none under SGLang's rules).
+        self.deprioritized: frozenset[str] = frozenset()
+        self.deferred: frozenset[str] = frozenset()
         self._seq_of: dict[int, int] = {}  # id(req) -> arrival sequence number
         self._next_seq = 0
         self._refresh_rounds = 0
@@ -206,6 +210,7 @@ class WaitingQueue:
             device = self.match_all(rnd, node_matching, Reads.TREE in reads)
         if Reads.DEDUP & reads and device:
             rnd.deferred = self.dedup(device, rnd)
+        self.deprioritized = rnd.deferred
         self.deferred = rnd.deferred if not self.config.sglang_compat else frozenset()
         order = RoundOrder(self.reqs, self.order(pol, rnd))
         if not node_matching:  # SGLang's matching refreshed recency already

@@ -170,7 +170,7 @@ class FastWaitingQueue(WaitingQueue):
         if Reads.TREE in reads:
             ends = [self._end(r) for r in self.reqs]
             rnd.tree_order = lambda: self.cache.dfs_weight_order_at(ends)
-        self.deferred = rnd.deferred
+        self.deprioritized = self.deferred = rnd.deferred
         order = RoundOrder(self.reqs, self._order(base, reads, rnd, flipped))
         self.refresh(order)
         return order
