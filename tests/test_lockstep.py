@@ -11,14 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from radixsched.clock import VirtualClock
 from radixsched.cluster.delayer import DelayReason, PrefillDelayer
 from radixsched.config import SchedulerConfig
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.scheduler import Scheduler
 from radixsched.sim.lockstep import (
+    LockstepGates,
     LockstepStats,
     _GateRecorder,
     delayer_config,
+    lockstep_gates,
     max_request_delay,
     run_lockstep,
 )
@@ -250,32 +253,50 @@ def test_delayer_config_follows_sim_and_scheduler_settings() -> None:
     assert delayer_config(SimConfig(), SchedulerConfig()).compat == "radixsched"
 
 
-def _replicas(n: int) -> list[Any]:
-    sim = SimConfig(dp=n, max_total_tokens=4000)
+def _replicas(n: int, *, lockstep: bool = True) -> tuple[list[Any], LockstepGates]:
+    sim = SimConfig(dp=n, max_total_tokens=4000, enable_dp_attention=True)
     cost = build_cost_model(sim)
-    return [_build_replica(i, SchedulerConfig(), sim, cost, 4000) for i in range(n)]
+    clocks = [VirtualClock() for _ in range(n)]
+    gates = lockstep_gates(sim, SchedulerConfig(), clocks, 8)
+    reps = [
+        _build_replica(
+            i, SchedulerConfig(), sim, cost, 4000, clock=clocks[i],
+            gate_factory=gates.recorders[i], single_step=lockstep,
+        )
+        for i in range(n)
+    ]
+    return reps, gates
 
 
 def test_replica_ids_must_be_the_ranks() -> None:
-    reps = _replicas(2)
+    reps, gates = _replicas(2)
     reps.reverse()
     with pytest.raises(ValueError, match=r"0\.\.dp-1"):
-        run_lockstep(reps, [], None, SimConfig(dp=2), TimeSeries(), None, False)
+        run_lockstep(reps, gates, [], None, SimConfig(dp=2), TimeSeries(), None, False)
+    gates.pool.close()  # type: ignore[union-attr]
 
 
-def test_lockstep_disables_decode_jumps_and_installs_gates() -> None:
-    reps = _replicas(2)
+def test_lockstep_ranks_are_built_single_step_with_their_gates() -> None:
+    reps, gates = _replicas(2)
     stats = run_lockstep(
-        reps, [], None, SimConfig(dp=2, enable_dp_attention=True), TimeSeries(), None, False
+        reps, gates, [], None, SimConfig(dp=2, enable_dp_attention=True), TimeSeries(), None,
+        False,
     )
     assert stats.passes == 0 and stats.utilisation == 0.0 and stats.mean_prefill_ranks == 0.0
     for rep in reps:
         assert rep.sched.runner.supports_multi_step is False
         assert isinstance(rep.sched.gate_factory, _GateRecorder)
+    with pytest.raises(ValueError, match="one pass at a time"):
+        reps, gates = _replicas(2, lockstep=False)
+        try:
+            run_lockstep(reps, gates, [], None, SimConfig(dp=2), TimeSeries(), None, False)
+        finally:
+            gates.pool.close()  # type: ignore[union-attr]
 
 
 def test_gate_recorder_requires_a_finalized_negotiation() -> None:
-    reps = _replicas(1)
+    reps, gates = _replicas(1)
+    gates.pool.close()  # type: ignore[union-attr]
     sched: Scheduler = reps[0].sched
     rec = _GateRecorder(
         PrefillDelayer(

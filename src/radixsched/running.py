@@ -50,7 +50,7 @@ class RunningBatch:
 
     def remove(self, reqs: list[Req]) -> None:
         gone = {id(r) for r in reqs}
-        self.reqs = [r for r in self.reqs if id(r) not in gone]
+        self.reqs[:] = [r for r in self.reqs if id(r) not in gone]  # in place: the adder holds it
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
         return running_decode_tokens(self.reqs, clip)

@@ -127,10 +127,7 @@ class Scheduler:
         self.host_tier = host_tier
         on_evict = host_tier.on_evict if host_tier is not None else None
         self.cache: BasePrefixCache = make_cache(config, self.allocator, on_evict=on_evict)
-        self.kv = KVManager(
-            self.cache, self.allocator, host_tier=host_tier,
-            priority_sign=config.priority_sign, compat=config.sglang_compat,
-        )
+        self.kv = self._make_kv(host_tier)
         self.queue = self._make_queue()
         self.policy = self.queue.policy
         self.batch = self._make_running()
@@ -145,6 +142,13 @@ class Scheduler:
         self.processed_tokens = 0  # HRRN clock: prefill tokens only (spec 8.8)
         self.stats = SchedulerStats()
         self._by_rid: dict[str, Req] = {}
+
+    def _make_kv(self, host_tier: Any) -> KVManager:
+        cfg = self.config
+        return KVManager(
+            self.cache, self.allocator, host_tier=host_tier,
+            priority_sign=cfg.priority_sign, compat=cfg.sglang_compat,
+        )
 
     def _make_queue(self) -> WaitingQueue:
         return WaitingQueue(self.config, self.cache)
@@ -635,10 +639,13 @@ class Scheduler:
         """Finished requests leave the running batch, caching their KV."""
         if finished:
             self.batch.remove(finished)
-            self.batch_is_full = False
-            for r in finished:
-                self.kv.release(r, cache_kv=True)
-                self._forget(r)
+            self._release_finished(finished)
+
+    def _release_finished(self, finished: list[Req]) -> None:
+        self.batch_is_full = False
+        for r in finished:
+            self.kv.release(r, cache_kv=True)
+            self._forget(r)
 
     def account(self, batch_size: int, durations: list[float]) -> None:
         """Per-pass statistics, after the forward and before finished requests leave."""

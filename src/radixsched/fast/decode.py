@@ -115,6 +115,15 @@ class FastRunningBatch(RunningBatch):
         if self.cols is not None:
             self.cols = self.cols.take(keep, list(self.reqs))
 
+    def remove_at(self, positions: list[int]) -> None:
+        """Remove the (settled) requests at ``positions`` (ascending)."""
+        keep = np.ones(len(self.reqs), dtype=np.bool_)
+        keep[positions] = False
+        for i in reversed(positions):
+            del self.reqs[i]
+        if self.cols is not None:
+            self.cols = self.cols.take(keep, list(self.reqs))
+
     def decode_tokens(self, clip: int) -> tuple[int, int]:
         return self.columns().decode_tokens(clip) if self.reqs else (0, 0)
 

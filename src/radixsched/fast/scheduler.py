@@ -29,6 +29,7 @@ from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.fast.decode import DecodeCols, FastRunningBatch
+from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.queue import RoundOrder
 from radixsched.request import Req
@@ -68,6 +69,13 @@ class FastScheduler(Scheduler):
         )
         self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
+
+    def _make_kv(self, host_tier: Any) -> FastKVManager:
+        cfg = self.config
+        return FastKVManager(
+            self.cache, self.allocator, host_tier=host_tier,
+            priority_sign=cfg.priority_sign, compat=cfg.sglang_compat,
+        )
 
     def _make_queue(self) -> FastWaitingQueue:
         return FastWaitingQueue(self.config, self.cache)
@@ -346,6 +354,7 @@ class FastScheduler(Scheduler):
             maybe = list(range(len(after.reqs)))
         else:
             maybe = np.flatnonzero(after.out_len >= after.max_new).tolist()
+        gone = []
         for i in maybe:
             r = after.reqs[i]
             if self.unsettled:
@@ -353,7 +362,10 @@ class FastScheduler(Scheduler):
             self.check_finish(r)
             if r.finished:
                 out.finished.append(r)
-        self._retire(out.finished)
+                gone.append(i)
+        if gone:
+            self.batch.remove_at(gone)  # settled above: the survivors keep their state
+            self._release_finished(out.finished)
 
     # ---- invariants -------------------------------------------------------------------------------
     def check_integrity(self) -> None:

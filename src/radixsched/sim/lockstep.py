@@ -17,8 +17,9 @@ The loop (``run_lockstep``), one iteration per global pass:
 3. the pass lasts as long as the slowest rank's step: every clock moves to that end, and the
    tokens of the pass are stamped with it (they leave the collective forward together).
 
-Decode jumps are disabled (each rank's runner reports ``supports_multi_step = False``): one
-global pass is one step of every rank. A pass in which no rank runs a batch (every rank with
+Each rank is built for lockstep (``lockstep_gates``, ``SingleStepRunner``): its scheduler gets
+its gate at construction and its runner never runs several decode steps at once, so one global
+pass is one step of every rank. A pass in which no rank runs a batch (every rank with
 work was delayed) takes no virtual time; the delayer's pass cap bounds how many such passes
 can follow each other.
 
@@ -169,8 +170,55 @@ def _is_prefill(out: StepOutcome | None) -> bool:
     return out is not None and out.prefill_tokens > 0
 
 
+class SingleStepRunner:
+    """A runner as a lockstep rank sees it: one global pass is one step of every rank, so it
+    never runs several decode steps at once (everything else is the wrapped runner's)."""
+
+    supports_multi_step = False
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def forward(self, batch: Any) -> Any:
+        return self._runner.forward(batch)
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self._runner.eos_token_ids())
+
+
+class LockstepGates(NamedTuple):
+    """Each rank's prefill-delayer gate factory (None without the delayer) and the pool
+    the ranks step on (the delayer's collective happens deep inside the prefill adder)."""
+
+    recorders: list[_GateRecorder | None]
+    pool: LockstepRunner | None
+
+
+def lockstep_gates(
+    sim_cfg: SimConfig, sched_cfg: SchedulerConfig, clocks: Sequence[Any], max_running: int
+) -> LockstepGates:
+    """The gates the ranks' schedulers are built with (before they exist)."""
+    dp = len(clocks)
+    if not sim_cfg.enable_prefill_delayer:
+        return LockstepGates([None] * dp, None)
+    gather = LocalAllGather(dp)
+    cfg = delayer_config(sim_cfg, sched_cfg)
+    recorders: list[_GateRecorder | None] = [
+        _GateRecorder(
+            PrefillDelayer(cfg, max_running_requests=max_running, clock=clocks[rank].now,
+                           all_gather=gather, rank=rank)
+        )
+        for rank in range(dp)
+    ]
+    return LockstepGates(recorders, LockstepRunner(gather))
+
+
 def run_lockstep(
     replicas: Sequence[Replica],
+    gates: LockstepGates,
     reqs: Sequence[Req],
     router: Any,
     sim_cfg: SimConfig,
@@ -178,8 +226,9 @@ def run_lockstep(
     on_progress: Callable[[int, int], None] | None,
     check_integrity: bool,
 ) -> LockstepStats:
-    """Replay ``reqs`` (sorted by arrival) through ``replicas`` in lockstep passes."""
-    loop = _Lockstep(replicas, router, sim_cfg, check_integrity)
+    """Replay ``reqs`` (sorted by arrival) through ``replicas`` (built with ``gates`` and
+    single-step runners) in lockstep passes."""
+    loop = _Lockstep(replicas, gates, router, sim_cfg, check_integrity)
     try:
         loop.run(reqs, series, on_progress)
     finally:
@@ -191,6 +240,7 @@ class _Lockstep:
     def __init__(
         self,
         replicas: Sequence[Replica],
+        gates: LockstepGates,
         router: Any,
         sim_cfg: SimConfig,
         check_integrity: bool,
@@ -198,29 +248,13 @@ class _Lockstep:
         dp = len(replicas)
         if [rep.idx for rep in replicas] != list(range(dp)):
             raise ValueError("replica ids must be 0..dp-1 in order (they are the ranks)")
+        if any(rep.sched.runner.supports_multi_step for rep in replicas):
+            raise ValueError("lockstep ranks step one pass at a time (SingleStepRunner)")
         self.replicas = replicas
         self.router = router
         self.check_integrity = check_integrity
-        for rep in replicas:
-            # One global pass is one step of every rank: no decode jumps.
-            rep.sched.runner.supports_multi_step = False
-        self.recorders: list[_GateRecorder] = []
-        self.pool: LockstepRunner | None = None
-        if sim_cfg.enable_prefill_delayer:
-            gather = LocalAllGather(dp)
-            cfg = delayer_config(sim_cfg, replicas[0].sched.config)
-            for rep in replicas:
-                delayer = PrefillDelayer(
-                    cfg,
-                    max_running_requests=rep.sched.max_running_requests,
-                    clock=rep.clock.now,
-                    all_gather=gather,
-                    rank=rep.idx,
-                )
-                rec = _GateRecorder(delayer)
-                rep.sched.gate_factory = rec
-                self.recorders.append(rec)
-            self.pool = LockstepRunner(gather)
+        self.recorders = [rec for rec in gates.recorders if rec is not None]
+        self.pool = gates.pool
         # Consecutive passes without any batch: one (a decode pass that only retracted) plus
         # the delayer's pass cap; more means a rank holds work it can never schedule.
         self.max_empty_run = 1 + (sim_cfg.prefill_delayer_max_delay_passes if self.recorders else 0)

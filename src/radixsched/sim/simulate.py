@@ -100,10 +100,13 @@ def _build_replica(
     capacity: int,
     *,
     accelerate: bool = True,
+    clock: VirtualClock | None = None,
+    gate_factory: Any = None,
+    single_step: bool = False,
 ) -> Replica:
     from radixsched.sim.costmodel import CostModelRunner
 
-    clock = VirtualClock()
+    clock = clock if clock is not None else VirtualClock()
     host = None
     if sim_cfg.enable_hierarchical_cache:
         from radixsched.cluster.hicache import HostKVTier, host_capacity_tokens
@@ -116,7 +119,11 @@ def _build_replica(
             # Whole device pages, so a host hit never ends inside a device page.
             page_size=-(-sim_cfg.hicache_page_size // p) * p,
         )
-    runner = CostModelRunner(cost, seed=sched_cfg.seed)
+    runner: Any = CostModelRunner(cost, seed=sched_cfg.seed)
+    if single_step:
+        from radixsched.sim.lockstep import SingleStepRunner
+
+        runner = SingleStepRunner(runner)
     sched = build_scheduler(
         sched_cfg,
         runner,
@@ -125,6 +132,7 @@ def _build_replica(
         clock=clock,
         context_len=cost.model.max_context_len,
         host_tier=host,
+        gate_factory=gate_factory,
     )
     return Replica(idx, sched, clock)
 
@@ -169,8 +177,20 @@ def simulate(
         if optimal_hit_rate is not None
         else compute_optimal(workload.requests, page_size=sched_cfg.page_size)
     )
+    lockstep = sim_cfg.enable_dp_attention and sim_cfg.dp > 1
+    clocks = [VirtualClock() for _ in range(sim_cfg.dp)]
+    gates = None
+    if lockstep:
+        from radixsched.scheduler import resolve_max_running_requests
+        from radixsched.sim.lockstep import lockstep_gates
+
+        slots = resolve_max_running_requests(sched_cfg, capacity, cost.model.max_context_len)
+        gates = lockstep_gates(sim_cfg, sched_cfg, clocks, slots)
     replicas = [
-        _build_replica(i, sched_cfg, sim_cfg, cost, capacity, accelerate=accelerate)
+        _build_replica(
+            i, sched_cfg, sim_cfg, cost, capacity, accelerate=accelerate, clock=clocks[i],
+            gate_factory=None if gates is None else gates.recorders[i], single_step=lockstep,
+        )
         for i in range(sim_cfg.dp)
     ]
     router = None
@@ -182,12 +202,12 @@ def simulate(
         )
     series = TimeSeries()
     t0 = time.perf_counter()
-    lockstep: LockstepStats | None = None
-    if sim_cfg.enable_dp_attention and sim_cfg.dp > 1:
+    lockstep_stats: LockstepStats | None = None
+    if gates is not None:
         from radixsched.sim.lockstep import run_lockstep
 
-        lockstep = run_lockstep(
-            replicas, reqs, router, sim_cfg, series, on_progress, check_integrity
+        lockstep_stats = run_lockstep(
+            replicas, gates, reqs, router, sim_cfg, series, on_progress, check_integrity
         )
     else:
         _run_event_loop(replicas, reqs, router, series, on_progress, check_integrity)
@@ -218,8 +238,8 @@ def simulate(
     ]
     if sim_cfg.dp > 1:
         extra["replicas"] = [s.to_json() for s in summaries]
-    if lockstep is not None:
-        extra["lockstep"] = lockstep.to_json()
+    if lockstep_stats is not None:
+        extra["lockstep"] = lockstep_stats.to_json()
     result = summarize(
         sched_cfg.schedule_policy,
         reqs,
@@ -242,7 +262,7 @@ def simulate(
         )
     replica_of = {r.rid: rep.idx for rep in replicas for r in rep.reqs}
     return SimRun(
-        result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep, replica_of
+        result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep_stats, replica_of
     )
 
 
