@@ -26,12 +26,12 @@ import time
 from typing import NamedTuple
 
 import numpy as np
+from radixsched.policy import SchedulePolicy
 from rich.console import Console
 from rich.table import Table
 
 from radixsched.cache import CacheKey, RadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.policy import SchedulePolicy
 from radixsched.request import Req
 
 GROUPS = 200

@@ -101,8 +101,11 @@ keys = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=0, max
 @given(
     initial=keys,
     rounds=st.lists(
-        st.tuples(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3))), keys,
-                  st.lists(st.integers(0, 60), max_size=3)),
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3))),
+            keys,
+            st.lists(st.integers(0, 60), max_size=3),
+        ),
         max_size=6,
     ),
 )
@@ -134,8 +137,11 @@ def test_stable_order_equals_a_full_stable_sort(
         for r, k in zip(new, arrivals, strict=True):
             key_of[id(r)] = k
         mirror = [*listed, *new]
-        order.update([(r, key_of[id(r)]) for r in changed.values()],
-                     [(r, key_of[id(r)]) for r in new], mirror)
+        order.update(
+            [(r, key_of[id(r)]) for r in changed.values()],
+            [(r, key_of[id(r)]) for r in new],
+            mirror,
+        )
         listed = sorted([*listed, *new], key=lambda r: key_of[id(r)])
         assert [r.rid for r in order.reqs] == [r.rid for r in listed]
         assert [r.rid for r in mirror] == [r.rid for r in listed]
@@ -152,8 +158,11 @@ def test_stable_order_equals_a_full_stable_sort(
 def test_dedup_index_equals_the_reference_dedup(
     prompts: list[list[int]], device: list[int], steps: list[Any], check: int, width: int
 ) -> None:
-    cfg = SchedulerConfig(schedule_policy="lpm", in_batch_prefix_check_threshold=check,
-                          in_batch_prefix_deprioritize_threshold=width)
+    cfg = SchedulerConfig(
+        schedule_policy="lpm",
+        in_batch_prefix_check_threshold=check,
+        in_batch_prefix_deprioritize_threshold=width,
+    )
     ref = WaitingQueue(cfg, RadixCache(None))
     reqs = [_req(i, p) for i, p in enumerate(prompts)]
     dev = {id(r): device[i % len(device)] if device else 0 for i, r in enumerate(reqs)}
@@ -184,7 +193,7 @@ def test_match_end_agrees_with_match_len_and_match_node(page: int) -> None:
     alloc = TokenAllocator(1 << 16, page)
     cache = RadixCache(alloc, page_size=page)
     base = rng.integers(0, 5, 96).astype(np.int32)
-    for i in range(30):
+    for _ in range(30):
         seq = np.concatenate([base[: rng.integers(0, 96)], rng.integers(0, 5, 40).astype(np.int32)])
         seq = seq[: len(seq) // page * page]
         slots = alloc.alloc(len(seq))
@@ -198,3 +207,42 @@ def test_match_end_agrees_with_match_len_and_match_node(page: int) -> None:
         assert 0 <= end.offset <= len(end.node.key)
         node = cache.match_node(CacheKey(q))  # splits at the end: the same point, named
         assert node.device_len == end.length
+
+
+@pytest.mark.parametrize("page", [1, 2])
+def test_matcher_follows_a_split_at_the_match_end_without_a_walk(page: int) -> None:
+    """A request whose match ends inside a node is re-pointed when that node splits there, so
+    the branch that then grows at the split point reaches it."""
+    cache = RadixCache(None, page_size=page)
+    seq = [1, 2, 3, 4, 5, 6, 7, 8]
+    cache.insert(CacheKey(np.asarray(seq, dtype=np.int32)), np.arange(1, 9))
+    matcher = IncrementalMatcher(cache)
+    r = _req(0, [1, 2, 3, 4, 9, 9, 9, 9])
+    matcher.track(r)
+    assert matcher.memo[id(r)].n == 4 and not matcher.memo[id(r)].full
+    cache.insert(CacheKey(np.asarray([1, 2, 3, 4, 7, 7], dtype=np.int32)), np.arange(10, 16))
+    assert not matcher.dirty  # the new branch is 7, not r's next page: no re-match
+    m = matcher.memo[id(r)]
+    assert m.full and m.n == 4 and m.node is cache.match_end(CacheKey(r.prompt_ids)).node
+    cache.insert(CacheKey(np.asarray([1, 2, 3, 4, 9, 9], dtype=np.int32)), np.arange(20, 26))
+    assert matcher.refresh() == [r]
+    assert matcher.memo[id(r)].n == 6
+
+
+def test_matcher_rematches_what_an_eviction_cuts() -> None:
+    alloc = TokenAllocator(64)
+    cache = RadixCache(alloc)
+    slots = alloc.alloc(8)
+    assert slots is not None
+    cache.insert(CacheKey(np.arange(1, 9, dtype=np.int32)), slots)
+    matcher = IncrementalMatcher(cache)
+    inside, whole, short = (
+        _req(0, [1, 2, 3, 4, 5, 6, 0]),
+        _req(1, [*range(1, 9), 0]),
+        _req(2, [1, 2, 0]),
+    )
+    for r in (inside, whole, short):
+        matcher.track(r)
+    cache.evict(5)  # the leaf keeps its first 3 tokens
+    assert set(matcher.refresh()) == {inside, whole}
+    assert [matcher.memo[id(r)].n for r in (inside, whole, short)] == [3, 3, 2]

@@ -260,8 +260,14 @@ def _replicas(n: int, *, lockstep: bool = True) -> tuple[list[Any], LockstepGate
     gates = lockstep_gates(sim, SchedulerConfig(), clocks, 8)
     reps = [
         _build_replica(
-            i, SchedulerConfig(), sim, cost, 4000, clock=clocks[i],
-            gate_factory=gates.recorders[i], single_step=lockstep,
+            i,
+            SchedulerConfig(),
+            sim,
+            cost,
+            4000,
+            clock=clocks[i],
+            gate_factory=gates.recorders[i],
+            single_step=lockstep,
         )
         for i in range(n)
     ]
@@ -279,7 +285,13 @@ def test_replica_ids_must_be_the_ranks() -> None:
 def test_lockstep_ranks_are_built_single_step_with_their_gates() -> None:
     reps, gates = _replicas(2)
     stats = run_lockstep(
-        reps, gates, [], None, SimConfig(dp=2, enable_dp_attention=True), TimeSeries(), None,
+        reps,
+        gates,
+        [],
+        None,
+        SimConfig(dp=2, enable_dp_attention=True),
+        TimeSeries(),
+        None,
         False,
     )
     assert stats.passes == 0 and stats.utilisation == 0.0 and stats.mean_prefill_ranks == 0.0

@@ -1477,67 +1477,6 @@ def test_no_touch_with_disabled_cache_or_empty_queue(kind: type[WaitingQueue]) -
     assert cache.touched == [1]  # the empty round was not an eligible round
 
 
-@pytest.mark.parametrize("compat", ["radixsched", "sglang"])
-@pytest.mark.parametrize("name", sorted(POLICIES))
-def test_skip_round_keeps_the_refresh_cadence(name: str, compat: str) -> None:
-    """Rounds the fast queue skips while the batch is full: the waiting-prefix refresh still
-    happens on the same rounds, over the same requests, as when the reference computes every
-    round (random draws only what is read, here the refreshed head). radixsched skips such
-    rounds for every policy; compat never does (its node matching changes the cache)."""
-
-    def touched_per_round(kind: type[WaitingQueue], skip_every: int) -> tuple[list[Any], int]:
-        cache = SpyCache()
-        reqs = [mk(f"r{i}", [i + 1, 5], t=float(i)) for i in range(200)]
-        queue = make_queue(kind, name, cache, reqs, compat=compat)
-        rounds, skipped = [], 0
-        for k in range(3 * REFRESH_INTERVAL + 5):
-            before = len(cache.touched)
-            if skip_every and k % skip_every:
-                assert isinstance(queue, FastWaitingQueue)
-                if queue.skip_round([]):
-                    skipped += 1
-                    rounds.append(cache.touched[before:])
-                    continue
-            queue.begin_round([], 0, 0.0)
-            rounds.append(cache.touched[before:])
-        return rounds, skipped
-
-    reference, _ = touched_per_round(WaitingQueue, 0)
-    # compat: node matching refreshes recency itself, except a capped policy's fcfs rounds
-    pol = POLICIES[name]
-    untouched = compat == "sglang" and pol.cache_aware and not pol.capped  # 200 > cap 128
-    assert sum(map(len, reference)) == (0 if untouched else 4 * REFRESH_SPAN)
-
-    assert touched_per_round(FastWaitingQueue, 0)[0] == reference
-    for every in (2, 3, 7):
-        rounds, skipped = touched_per_round(FastWaitingQueue, every)
-        assert rounds == reference
-        assert (skipped > 0) == (compat == "radixsched")
-
-
-@pytest.mark.parametrize("full_round", list(KINDS.values()))
-def test_fair_skipped_round_still_observes_tenants(full_round: type[WaitingQueue]) -> None:
-    """A fair round the fast queue skips while the batch is full makes the tenant observation
-    the full round makes: a tenant that shows up (or comes back) then is lifted to the least
-    active counter then, not at some later round with other counters."""
-
-    def rounds(kind: type[WaitingQueue], skip: bool) -> dict[str, float]:
-        a1, b1 = mk("a1", [1, 2], t=0.0, tenant="a"), mk("b1", [3, 4], t=1.0, tenant="b")
-        queue = make_queue(kind, "fair", cache_with(), [a1])
-        round_order(queue)
-        queue.fair.charge("a", 500, 0)  # a was served
-        running = [b1]  # b appears in the running batch; the queue still holds a1 only
-        if skip:
-            assert isinstance(queue, FastWaitingQueue) and queue.skip_round(running)
-        else:
-            round_order(queue, running)
-        queue.fair.charge("a", 300, 0)
-        round_order(queue)  # b left: inactive again
-        return dict(queue.fair.counters)
-
-    assert rounds(FastWaitingQueue, skip=True) == rounds(full_round, skip=False)
-
-
 # ---- every policy, both queues, side by side ------------------------------------------------
 
 
@@ -1645,12 +1584,8 @@ class Twin:
         if skip:
             self.ref.queue.begin_round(self.ref.running, self.processed, self.now)
             fast = self.fast.queue
-            assert isinstance(fast, FastWaitingQueue)
-            if fast.skip_round(self.fast.running):
-                self.loose = True
-            else:
-                fast.begin_round(self.fast.running, self.processed, self.now)
-                self.loose = hands_out_lazily(fast)
+            fast.begin_round(self.fast.running, self.processed, self.now)
+            self.loose = hands_out_lazily(fast)
             self.check(full=False)
             return
         works = []
@@ -1745,12 +1680,8 @@ class Twin:
 
 
 def _skip_or_round(queue: WaitingQueue) -> None:
-    """A round while the batch is full: the fast queue skips it, the reference computes it
-    (and nobody reads its order)."""
-    if isinstance(queue, FastWaitingQueue):
-        assert queue.skip_round([])
-    else:
-        queue.begin_round([], 0, 0.0)
+    """A round while the batch is full: both queues compute it (nobody reads its order)."""
+    queue.begin_round([], 0, 0.0)
 
 
 @pytest.mark.parametrize("name", ["lpm", "shortest-prefill-first", "fair"])

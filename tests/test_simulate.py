@@ -21,7 +21,6 @@ defect is fixed, so the marker gets removed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os

@@ -91,7 +91,9 @@ class KVManager:
 
     def grow(self, reqs: list[Req], ends: list[int]) -> None:
         """Grow each row to cover positions ``[0, end)`` (whole pages), in one allocation."""
-        needs = [max(ceil_page(e, self.page) - len(r.kv_row), 0) for r, e in zip(reqs, ends)]
+        needs = [
+            max(ceil_page(e, self.page) - len(r.kv_row), 0) for r, e in zip(reqs, ends, strict=True)
+        ]
         slots = self.alloc(sum(needs))
         off = 0
         for r, n in zip(reqs, needs, strict=True):
@@ -151,7 +153,9 @@ class KVManager:
             return
         key = CacheKey(req.fill_slice(0, aligned), req.namespace)
         res = self.cache.insert(
-            key, req.kv_row[:aligned], self._insert_priority(req),
+            key,
+            req.kv_row[:aligned],
+            self._insert_priority(req),
             inserted_len=req.cache_inserted_len,
         )
         m = self.cache.match_prefix(key)

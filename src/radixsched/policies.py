@@ -152,6 +152,9 @@ class Policy:
     # The in-flight chunk is capped so shorter waiting requests fit (spf, spec 1.9); the round
     # is ordered before the continuation is planned, and no second request starts chunking.
     chunk_limit: ChunkLimitFn | None = None
+    # ``--lpm-max-wait-s`` / ``--lpm-max-wait-tokens`` apply: overdue requests go first, and
+    # the dedup picks overdue representatives first (the bound reads the clock).
+    starvation_bound: bool = False
     # The order does not depend on the list's order (a total order, or uniform): re-queued
     # requests simply go to the back.
     list_order_free: bool = False
@@ -166,15 +169,19 @@ class Policy:
     def variant(self, config: SchedulerConfig) -> Policy:
         return self.sglang if config.sglang_compat and self.sglang is not None else self
 
+    def bounded(self, config: SchedulerConfig) -> bool:
+        """Whether the starvation bound is on for this policy."""
+        limits = (config.lpm_max_wait_s, config.lpm_max_wait_tokens)
+        return self.starvation_bound and limits != (None, None)
+
     def reads_for(self, config: SchedulerConfig) -> Reads:
         reads = self.variant(config).reads
-        if self.name == LPM and (config.lpm_max_wait_s, config.lpm_max_wait_tokens) != (None,) * 2:
-            reads |= Reads.CLOCK
-        return reads
+        return reads | Reads.CLOCK if self.bounded(config) else reads
 
 
 POLICIES: dict[str, Policy] = {}
-FCFS, LPM = "fcfs", "lpm"
+FCFS = "fcfs"  # what capped policies above the cap, and cache-aware ones without a cache, use
+LPM = "lpm"
 
 
 def register(policy: Policy) -> Policy:
@@ -262,8 +269,11 @@ def validate_priority(priority: int | None, config: SchedulerConfig) -> str | No
 # ---- the policies --------------------------------------------------------------------------------
 
 
-@policy(FCFS, "first come, first served (priority first with --enable-priority-scheduling)",
-        supports_priority=True)
+@policy(
+    FCFS,
+    "first come, first served (priority first with --enable-priority-scheduling)",
+    supports_priority=True,
+)
 def fcfs(r: RequestView, rnd: Round) -> Key:
     return (r.queue_entry_time, r.arrival_time)
 
@@ -284,8 +294,13 @@ def lof_sglang(r: RequestView, rnd: Round) -> Key:
     return (-r.max_new_tokens,)
 
 
-@policy("random", "random order (seeded by --seed)", reads=Reads.RANDOM, kind="order",
-        list_order_free=True)
+@policy(
+    "random",
+    "random order (seeded by --seed)",
+    reads=Reads.RANDOM,
+    kind="order",
+    list_order_free=True,
+)
 def random_order(queue: list[Any], rnd: Round) -> Iterator[int]:
     """Front-to-back Fisher-Yates in place: position i takes a uniform pick of [i, n). The
     first k positions read are a uniform k-sequence, drawn with k - 1 draws at most."""
@@ -306,8 +321,12 @@ def random_sglang(queue: list[Any], rnd: Round) -> Iterator[int]:
     return iter(range(len(queue)))
 
 
-@policy("routing-key", "routing keys frequent in the running batch first",
-        reads=Reads.RUNNING_KEYS, kind="order")
+@policy(
+    "routing-key",
+    "routing keys frequent in the running batch first",
+    reads=Reads.RUNNING_KEYS,
+    kind="order",
+)
 def routing_key(queue: list[Any], rnd: Round) -> Iterator[int]:
     counts = rnd.running_keys()
     if counts:  # without a running key the list keeps its order
@@ -335,8 +354,14 @@ def routing_key_sglang(queue: list[Any], rnd: Round) -> Iterator[int]:
     return iter(range(len(queue)))
 
 
-@policy(LPM, "longest cached prefix first (starvation bound: --lpm-max-wait-s/-tokens)",
-        reads=Reads.MATCH | Reads.DEDUP, cache_aware=True, capped=True)
+@policy(
+    LPM,
+    "longest cached prefix first (starvation bound: --lpm-max-wait-s/-tokens)",
+    reads=Reads.MATCH | Reads.DEDUP,
+    cache_aware=True,
+    capped=True,
+    starvation_bound=True,
+)
 def lpm(r: RequestView, rnd: Round) -> Key:
     if rnd.overdue(r):  # the starvation bound: overdue requests first, by arrival
         return (0, r.queue_entry_time, r.arrival_time)
@@ -351,6 +376,30 @@ def lpm_sglang(r: RequestView, rnd: Round) -> Key:
     return (1, INF if r.rid in rnd.deferred else -r.num_matched_prefix_tokens)
 
 
+@policy(
+    "dfs-weight",
+    "depth-first over the cache tree, heaviest subtree first",
+    reads=Reads.MATCH | Reads.DEDUP | Reads.TREE,
+    kind="order",
+    cache_aware=True,
+)
+def dfs_weight(queue: list[Any], rnd: Round) -> Iterator[int]:
+    assert rnd.tree_order is not None
+    order = rnd.tree_order()
+    dep = rnd.deferred
+    if dep:  # duplicates of the dedup go last (stably): their prefix is computed once
+        order.sort(key=lambda i: queue[i].rid in dep)
+    queue[:] = [queue[i] for i in order]
+    return iter(range(len(queue)))
+
+
+@sglang_variant(Reads.MATCH | Reads.TREE, kind="order")
+def dfs_weight_sglang(queue: list[Any], rnd: Round) -> Iterator[int]:
+    assert rnd.tree_order is not None
+    queue[:] = [queue[i] for i in rnd.tree_order()]
+    return iter(range(len(queue)))
+
+
 def _hrrn_ratio(r: RequestView, rnd: Round, uncached: int) -> float:
     """Minus the response ratio waited / uncached (lower sorts first)."""
     if r.rid in rnd.deferred:
@@ -361,9 +410,14 @@ def _hrrn_ratio(r: RequestView, rnd: Round, uncached: int) -> float:
     return -(waited / uncached) if waited > 0 else 0.0
 
 
-@policy("hrrn", "highest response ratio next (waited prefill tokens / uncached tokens)",
-        reads=Reads.MATCH | Reads.DEDUP | Reads.CLOCK, cache_aware=True, capped=True,
-        list_order_free=True)
+@policy(
+    "hrrn",
+    "highest response ratio next (waited prefill tokens / uncached tokens)",
+    reads=Reads.MATCH | Reads.DEDUP | Reads.CLOCK,
+    cache_aware=True,
+    capped=True,
+    list_order_free=True,
+)
 def hrrn(r: RequestView, rnd: Round) -> Key:
     ratio = _hrrn_ratio(r, rnd, r.fill_len - r.num_matched_prefix_tokens)
     return (ratio, r.queue_entry_time, r.arrival_time, r.rid)
@@ -396,9 +450,14 @@ def spf_chunk_limit(
     return None if reserved == 0 else (budget - reserved) // page * page
 
 
-@policy("shortest-prefill-first", "least uncached prefill work first",
-        reads=Reads.MATCH | Reads.DEDUP, cache_aware=True, requires_cache=True,
-        chunk_limit=spf_chunk_limit)
+@policy(
+    "shortest-prefill-first",
+    "least uncached prefill work first",
+    reads=Reads.MATCH | Reads.DEDUP,
+    cache_aware=True,
+    requires_cache=True,
+    chunk_limit=spf_chunk_limit,
+)
 def shortest_prefill_first(r: RequestView, rnd: Round) -> Key:
     return (r.rid in rnd.deferred, prefill_work(r), r.queue_entry_time, r.arrival_time)
 
@@ -408,27 +467,12 @@ def spf_sglang(r: RequestView, rnd: Round) -> Key:
     return (r.rid in rnd.deferred, prefill_work(r), r.queue_entry_time)
 
 
-@policy("dfs-weight", "depth-first over the cache tree, heaviest subtree first",
-        reads=Reads.MATCH | Reads.DEDUP | Reads.TREE, kind="order", cache_aware=True)
-def dfs_weight(queue: list[Any], rnd: Round) -> Iterator[int]:
-    assert rnd.tree_order is not None
-    order = rnd.tree_order()
-    dep = rnd.deferred
-    if dep:  # duplicates of the dedup go last (stably): their prefix is computed once
-        order.sort(key=lambda i: queue[i].rid in dep)
-    queue[:] = [queue[i] for i in order]
-    return iter(range(len(queue)))
-
-
-@sglang_variant(Reads.MATCH | Reads.TREE, kind="order")
-def dfs_weight_sglang(queue: list[Any], rnd: Round) -> Iterator[int]:
-    assert rnd.tree_order is not None
-    queue[:] = [queue[i] for i in rnd.tree_order()]
-    return iter(range(len(queue)))
-
-
-@policy("fair", "tenant fairness by virtual token counter, longest match first within a tenant",
-        reads=Reads.MATCH | Reads.TENANTS, kind="order")
+@policy(
+    "fair",
+    "tenant fairness by virtual token counter, longest match first within a tenant",
+    reads=Reads.MATCH | Reads.TENANTS,
+    kind="order",
+)
 def fair(queue: list[Any], rnd: Round) -> Iterator[int]:
     assert rnd.fair is not None
     tenants = {r.tenant_key for r in queue} | {r.tenant_key for r in rnd.running}

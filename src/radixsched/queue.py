@@ -25,6 +25,7 @@ the others are only sorted last.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -186,7 +187,7 @@ class WaitingQueue:
 
     def _in_arrival_order(self) -> bool:
         seqs = [self._seq_of[id(r)] for r in self.reqs]
-        return all(a <= b for a, b in zip(seqs, seqs[1:], strict=False))
+        return all(a <= b for a, b in itertools.pairwise(seqs))
 
     # ---- a round -----------------------------------------------------------------------------
     def active_policy(self) -> Policy:
@@ -195,9 +196,7 @@ class WaitingQueue:
             return get_policy(FCFS)
         return self.policy
 
-    def begin_round(
-        self, running: Sequence[Req], processed_tokens: int, now: float
-    ) -> RoundOrder:
+    def begin_round(self, running: Sequence[Req], processed_tokens: int, now: float) -> RoundOrder:
         """Match, dedup and order the queue for one prefill round (see the module docstring)."""
         base = self.active_policy()
         pol = base.variant(self.config)
@@ -209,7 +208,7 @@ class WaitingQueue:
         if Reads.MATCH & reads and self.matches:
             device = self.match_all(rnd, node_matching, Reads.TREE in reads)
         if Reads.DEDUP & reads and device:
-            rnd.deferred = self.dedup(device, rnd)
+            rnd.deferred = self.dedup(device, rnd, bounded=base.bounded(self.config))
         self.deprioritized = rnd.deferred
         self.deferred = rnd.deferred if not self.config.sglang_compat else frozenset()
         order = RoundOrder(self.reqs, self.order(pol, rnd))
@@ -243,8 +242,9 @@ class WaitingQueue:
             rnd.tree_order = lambda: cache.dfs_weight_order_at(ends)
         return device
 
-    def dedup(self, device: list[int], rnd: Round) -> frozenset[str]:
-        """The in-batch dedup's deferred (compat: deprioritized) request ids."""
+    def dedup(self, device: list[int], rnd: Round, *, bounded: bool = False) -> frozenset[str]:
+        """The in-batch dedup's deferred (compat: deprioritized) request ids. ``bounded``:
+        lpm's starvation bound is on, and overdue requests represent their groups first."""
         cfg = self.config
         check = cfg.in_batch_prefix_check_threshold
         threshold = cfg.in_batch_prefix_deprioritize_threshold
@@ -261,7 +261,7 @@ class WaitingQueue:
         dup: set[str] = set()
         for group in groups.values():
             if len(group) > 1:
-                rep = group[0] if cfg.sglang_compat else min(group, key=lambda r: _rep_key(r, rnd))
+                rep = group[0] if cfg.sglang_compat else min(group, key=_rep_key(rnd, bounded))
                 dup.update(r.rid for r in group if r is not rep)
         return frozenset(dup)
 
@@ -296,5 +296,7 @@ def door_match(req: Req, n: int, page: int) -> int:
     return min(n, req.max_prefix_len() // page * page)
 
 
-def _rep_key(r: Req, rnd: Round) -> tuple[Any, ...]:
-    return (not rnd.overdue(r), *dedup_rep_key(r))
+def _rep_key(rnd: Round, bounded: bool) -> Any:
+    if not bounded:
+        return dedup_rep_key
+    return lambda r: (not rnd.overdue(r), *dedup_rep_key(r))

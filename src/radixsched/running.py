@@ -68,10 +68,14 @@ class RunningBatch:
         """Running requests sorted so that ``pop()`` yields the next retraction victim (spec
         4.6): the fewest output tokens, then the longest prompt (least important first under
         ``--retraction-policy priority``)."""
-        return retraction_order(self.reqs, [len(r.output_ids) for r in self.reqs], by_priority, sign)
+        return retraction_order(
+            self.reqs, [len(r.output_ids) for r in self.reqs], by_priority, sign
+        )
 
 
-def retraction_order(reqs: list[Req], out_lens: list[int], by_priority: bool, sign: int) -> list[Req]:
+def retraction_order(
+    reqs: list[Req], out_lens: list[int], by_priority: bool, sign: int
+) -> list[Req]:
     """``reqs`` (with these output lengths) in retraction order: ``pop()`` is the next victim."""
 
     def key(i: int) -> tuple[Any, ...]:

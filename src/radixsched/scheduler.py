@@ -146,8 +146,11 @@ class Scheduler:
     def _make_kv(self, host_tier: Any) -> KVManager:
         cfg = self.config
         return KVManager(
-            self.cache, self.allocator, host_tier=host_tier,
-            priority_sign=cfg.priority_sign, compat=cfg.sglang_compat,
+            self.cache,
+            self.allocator,
+            host_tier=host_tier,
+            priority_sign=cfg.priority_sign,
+            compat=cfg.sglang_compat,
         )
 
     def _make_queue(self) -> WaitingQueue:
@@ -179,7 +182,9 @@ class Scheduler:
             if victim is None:
                 return self._reject(req, 503, "The request queue is full.")
             self.queue.remove(victim)
-            self._finish_aborted(victim, 503, "The request is aborted by a higher priority request.")
+            self._finish_aborted(
+                victim, 503, "The request is aborted by a higher priority request."
+            )
         req.queue_entry_time = req.arrival_time = req.times.arrival = t
         req.queue_entry_processed_tokens = self.processed_tokens
         self._by_rid[req.rid] = req
@@ -340,7 +345,9 @@ class Scheduler:
         admitted = [] if order is None else self._admit(adder, order, slots)
         return self._prefill_batch(adder, admitted, mixed)
 
-    def new_adder(self, mixed_decode_tokens: int = 0, gate: PrefillGate | None = None) -> PrefillAdder:
+    def new_adder(
+        self, mixed_decode_tokens: int = 0, gate: PrefillGate | None = None
+    ) -> PrefillAdder:
         """This round's prefill budget over the running batch as it stands."""
         return PrefillAdder(
             config=self.config,
@@ -366,7 +373,10 @@ class Scheduler:
                 order = self.order_round()
             if limit is not None:
                 adder.chunked_req_limit = limit(
-                    chunked, self.waiting, adder.rem_chunk_tokens or 0, self.page_size,
+                    chunked,
+                    self.waiting,
+                    adder.rem_chunk_tokens or 0,
+                    self.page_size,
                     self.queue.deferred,
                 )
             self.chunked_req = adder.add_chunked_req(chunked)
@@ -451,9 +461,7 @@ class Scheduler:
                 return True
         return False
 
-    def _prefill_batch(
-        self, adder: PrefillAdder, admitted: list[int], mixed: bool
-    ) -> Batch | None:
+    def _prefill_batch(self, adder: PrefillAdder, admitted: list[int], mixed: bool) -> Batch | None:
         """The round's batch: admitted requests leave the queue, preempted ones re-enter it."""
         if all(a.extend_len == 0 for a in adder.can_run_list):  # nothing to run (or empty)
             self._requeue(adder.preempt_list)
@@ -526,7 +534,9 @@ class Scheduler:
             last = self.running[-1]
             self.batch.remove([last])
             self.kv.release(last, cache_kv=False)
-            self._finish_aborted(last, 500, "Out of memory even after retracting every other request")
+            self._finish_aborted(
+                last, 500, "Out of memory even after retracting every other request"
+            )
         if retracted:
             self._after_retraction(retracted)
         return retracted
@@ -625,7 +635,9 @@ class Scheduler:
 
     def check_finish(self, r: Req) -> None:
         s, last = r.sampling, r.output_ids[-1] if r.output_ids else None
-        if last is not None and (last in s.stop_token_ids or (not s.ignore_eos and last in self.eos_ids)):
+        if last is not None and (
+            last in s.stop_token_ids or (not s.ignore_eos and last in self.eos_ids)
+        ):
             r.finish = FinishState(FinishReason.STOP, matched_token=last)
         elif r.output_len >= s.max_new_tokens:
             r.finish = FinishState(FinishReason.LENGTH)

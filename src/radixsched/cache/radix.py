@@ -43,10 +43,10 @@ import numpy as np
 from radixsched.cache.base import (
     BasePrefixCache,
     CacheKey,
+    CacheListener,
     InsertResult,
     IntegrityError,
     MatchEnd,
-    CacheListener,
     MatchResult,
     Namespace,
     SlotFreer,

@@ -47,7 +47,9 @@ class DecodeCols(NamedTuple):
             for r in reqs
         ]
         a = np.array(rows, dtype=np.int64).reshape(len(rows), 6)
-        return DecodeCols(list(reqs), a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4] != 0, a[:, 5] != 0)
+        return DecodeCols(
+            list(reqs), a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4] != 0, a[:, 5] != 0
+        )
 
     def take(self, mask: np.ndarray, reqs: list[Req]) -> DecodeCols:
         """The rows where ``mask`` is true, in order; ``reqs`` are those rows' requests."""
@@ -57,7 +59,8 @@ class DecodeCols(NamedTuple):
         """These rows followed by ``reqs``'s."""
         more = DecodeCols.of(reqs, has_eos)
         return DecodeCols(
-            self.reqs + more.reqs, *(np.concatenate([a, b]) for a, b in zip(self[1:], more[1:]))
+            self.reqs + more.reqs,
+            *(np.concatenate([a, b]) for a, b in zip(self[1:], more[1:], strict=True)),
         )
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
@@ -78,7 +81,7 @@ class DecodeCols(NamedTuple):
         return (
             len(self.reqs) == len(other.reqs)
             and all(a is b for a, b in zip(self.reqs, other.reqs, strict=True))
-            and all(np.array_equal(a, b) for a, b in zip(self[1:], other[1:]))
+            and all(np.array_equal(a, b) for a, b in zip(self[1:], other[1:], strict=True))
         )
 
 

@@ -73,4 +73,3 @@ class DedupIndex:
             self.deferred = frozenset().union(*self.dup_of.values())
             self.flipped = [self.groups[self.group_of[k]][k] for k in flips if k in self.group_of]
         return self.deferred
-

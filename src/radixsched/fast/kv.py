@@ -63,13 +63,21 @@ class FastKVManager(KVManager):
         prio = self._insert_priority(req)
         if lock is not None and lock is not self.cache.root:
             res = self.cache.insert(
-                CacheKey(req.fill_slice(lo, aligned), ns), req.kv_row[lo:aligned], prio,
-                inserted_len=req.cache_inserted_len, start=(lock, lo), from_start=True, adopt=True,
+                CacheKey(req.fill_slice(lo, aligned), ns),
+                req.kv_row[lo:aligned],
+                prio,
+                inserted_len=req.cache_inserted_len,
+                start=(lock, lo),
+                from_start=True,
+                adopt=True,
             )
         else:
             res = self.cache.insert(
-                CacheKey(req.fill_slice(0, aligned), ns), req.kv_row[:aligned], prio,
-                inserted_len=req.cache_inserted_len, adopt=True,
+                CacheKey(req.fill_slice(0, aligned), ns),
+                req.kv_row[:aligned],
+                prio,
+                inserted_len=req.cache_inserted_len,
+                adopt=True,
             )
         if res.prefix_len == lo and self.cache.supports_prefix_sharing():
             node = res.last_node  # the new nodes hold the row's own slots: nothing to re-point

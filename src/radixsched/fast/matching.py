@@ -93,12 +93,13 @@ class IncrementalMatcher:
         return m
 
     def _register(self, r: Req, m: Memo) -> None:
-        node = m.node
+        node: TreeNode = m.node
         if m.full:
             key = self._next_key(r, m.n, node)
             if key is None:  # the whole (aligned) fill matched: only an eviction can move it
                 key = _END
-        else:
+        else:  # inside a node: the edge is that node's place under its parent
+            assert node.parent is not None
             node, key = node.parent, node.child_key
         m.edge = (node, key)
         self.edges.setdefault(node, {}).setdefault(key, {})[id(r)] = r
@@ -157,14 +158,11 @@ class IncrementalMatcher:
             self._register(r, m)
 
     def on_evict(self, leaf: Any, keep: int) -> None:
-        by_key = self.edges.get(leaf)
-        if by_key:  # whole matches of the leaf
-            for regs in by_key.values():
-                self.dirty.update(regs)
-        parent = self.edges.get(leaf.parent)
-        regs = parent.get(leaf.child_key) if parent else None
-        if regs:  # matches inside the leaf, past what it keeps
-            self.dirty.update((k, r) for k, r in regs.items() if self.memo[k].offset >= keep)
+        for at_end in self.edges.get(leaf, {}).values():  # whole matches of the leaf
+            self.dirty.update(at_end)
+        inside = self.edges.get(leaf.parent, {}).get(leaf.child_key)
+        if inside:  # matches inside the leaf, past what it keeps
+            self.dirty.update((k, r) for k, r in inside.items() if self.memo[k].offset >= keep)
 
     def on_reset(self) -> None:
         self.dirty.update(self.reqs)

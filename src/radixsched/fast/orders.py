@@ -260,7 +260,9 @@ class RoutingKeyEngine(StableEngine):
         if _many(len(rekey) + len(arrivals), len(queue)):
             return self.rebuild(queue, rnd)
         self.order.update(
-            [(r, self._key(r)) for r in rekey.values()], [(r, self._key(r)) for r in arrivals], queue
+            [(r, self._key(r)) for r in rekey.values()],
+            [(r, self._key(r)) for r in arrivals],
+            queue,
         )
         self._place(arrivals)
         return iter(range(len(queue)))
@@ -274,8 +276,13 @@ class HrrnRound:
 
     FIRST = 16  # the first selection: most rounds admit a handful of requests
 
-    def __init__(self, reqs: list[Req], ratio: npt.NDArray[np.float64],
-                 entry: npt.NDArray[np.float64], arrival: npt.NDArray[np.float64]) -> None:
+    def __init__(
+        self,
+        reqs: list[Req],
+        ratio: npt.NDArray[np.float64],
+        entry: npt.NDArray[np.float64],
+        arrival: npt.NDArray[np.float64],
+    ) -> None:
         self.reqs = reqs
         self.ratio, self.entry, self.arrival = ratio, entry, arrival
         self.picked: list[int] = []
@@ -317,11 +324,14 @@ class HrrnRound:
 class HrrnEngine(Engine):
     """hrrn: per-request columns aligned with the list, changed only for the requests whose
     match, dedup status or membership changed; each round computes every ratio in a few
-    whole-column operations and hands its order out lazily (the list is left as it stands)."""
+    whole-column operations and hands its order out lazily. ``lazy``: the list is left as it
+    stands (the order is total, and nothing else reads the list's order); else it is sorted
+    as the reference sorts it."""
 
     _Q, _WORK, _OVERRIDE, _ENTRY, _ARRIVAL = range(5)
 
-    def __init__(self, pol: Policy) -> None:
+    def __init__(self, pol: Policy, *, lazy: bool = True) -> None:
+        self.lazy = lazy
         self.reqs: list[Req] = []
         self.held: set[int] = set()
         self.cols = np.zeros((5, 64), dtype=np.float64)
@@ -388,7 +398,16 @@ class HrrnEngine(Engine):
         np.divide(ratio, cols[self._WORK], out=ratio)
         np.negative(ratio, out=ratio)
         np.copyto(ratio, cols[self._OVERRIDE], where=self.fixed[:n])
-        return iter(HrrnRound(self.reqs, ratio, cols[self._ENTRY], cols[self._ARRIVAL]))
+        rnd_order = HrrnRound(self.reqs, ratio, cols[self._ENTRY], cols[self._ARRIVAL])
+        if self.lazy:
+            return iter(rnd_order)
+        perm = list(rnd_order)
+        self.reqs = reorder(self.reqs, perm)
+        idx = np.asarray(perm, dtype=np.int64)
+        self.cols[:, :n] = self.cols[:, idx]
+        self.fixed[:n] = self.fixed[idx]
+        queue[:] = self.reqs
+        return iter(range(n))
 
 
 class DfsWeightEngine(StableEngine):
@@ -400,7 +419,9 @@ class DfsWeightEngine(StableEngine):
     is recomputed only when a member joined, left or moved, or the subtree moved among the
     root's children. ``end(r)`` is where the request's match ends (the matcher's memo)."""
 
-    def __init__(self, pol: Policy, cache: RadixCache, end: Callable[[Req], tuple[Any, int]]) -> None:
+    def __init__(
+        self, pol: Policy, cache: RadixCache, end: Callable[[Req], tuple[Any, int]]
+    ) -> None:
         self.cache = cache
         self.end = end
         self.order = StableOrder()
@@ -552,7 +573,11 @@ class FairEngine(Engine):
 
     def _merge(self, tenant_order: Sequence[str], queue: list[Req], rnd: Round) -> Iterator[int]:
         assert rnd.fair is not None
-        self.out = rnd.fair.merge({t: self.by_tenant[t].reqs for t in tenant_order}) if tenant_order else []
+        self.out = (
+            rnd.fair.merge({t: self.by_tenant[t].reqs for t in tenant_order})
+            if tenant_order
+            else []
+        )
         queue[:] = self.out
         return iter(range(len(queue)))
 

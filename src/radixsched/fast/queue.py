@@ -19,6 +19,7 @@ that the list is what they describe and rebuilds when it is not.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from radixsched.fast.orders import (
     RoutingKeyEngine,
 )
 from radixsched.policies import FCFS, Policy, Reads, Round
-from radixsched.queue import REFRESH_INTERVAL, RoundOrder, WaitingQueue, door_match
+from radixsched.queue import RoundOrder, WaitingQueue, door_match
 from radixsched.request import Req
 
 # Engines of the policies whose order reads more than the request, its match and its dedup
@@ -57,8 +58,11 @@ class FastWaitingQueue(WaitingQueue):
         self.fast = not config.sglang_compat and isinstance(cache, RadixCache) and self.matches
         self.matcher = IncrementalMatcher(cache) if self.fast else None
         reads = self.policy.reads_for(config)
-        bounded = Reads.CLOCK in reads and Reads.CLOCK not in self.policy.reads
-        check, width = config.in_batch_prefix_check_threshold, config.in_batch_prefix_deprioritize_threshold
+        bounded = self.policy.bounded(config)
+        check, width = (
+            config.in_batch_prefix_check_threshold,
+            config.in_batch_prefix_deprioritize_threshold,
+        )
         self.dedup_index = (
             DedupIndex(check, max(width, 0), self._device)
             if self.fast and check >= 0 and not bounded and Reads.DEDUP in reads
@@ -79,9 +83,13 @@ class FastWaitingQueue(WaitingQueue):
         pol = self.policy
         factory = ENGINES.get(pol.name)
         if factory is DfsWeightEngine:
+            assert isinstance(self.cache, RadixCache)
             return DfsWeightEngine(pol, self.cache, self._end)
+        if factory is HrrnEngine:  # lazy unless a capped fallback round may read the list
+            return HrrnEngine(pol, lazy=self.cap is None)
         if factory is not None:
-            return factory(pol)  # type: ignore[no-any-return]
+            engine: Engine = factory(pol)
+            return engine
         if pol.key is not None and reads & ~_KEYED_READS == Reads.NONE and not self._plain_fcfs():
             return KeyedEngine(pol)
         return None
@@ -109,7 +117,9 @@ class FastWaitingQueue(WaitingQueue):
             req.num_matched_prefix_tokens = door_match(req, m.n, self.cache.page_size)
             self.reqs.append(req)
         entry = _ENTRY(req)
-        self.entry_ordered = len(self.reqs) == 1 or (self.entry_ordered and entry >= self._last_entry)
+        self.entry_ordered = len(self.reqs) == 1 or (
+            self.entry_ordered and entry >= self._last_entry
+        )
         self._last_entry = entry
         self.added.append(req)
 
@@ -143,11 +153,9 @@ class FastWaitingQueue(WaitingQueue):
                 self.matcher.track(r)
         n = len(self.reqs)
         super().requeue(reqs, now, processed_tokens)
-        if self.reqs[n:] == list(reqs):  # appended: arrivals for the engines
-            self.added.extend(reqs)
-            self.entry_ordered = False
-        else:  # re-inserted at their places in arrival order
-            self.added.extend(reqs)
+        self.added.extend(reqs)
+        self.entry_ordered = False  # their entry times need not follow arrival order
+        if self.reqs[n:] != list(reqs):  # re-inserted at their places in arrival order
             self.synced = False
 
     def note_tried(self, req: Req) -> None:
@@ -175,26 +183,6 @@ class FastWaitingQueue(WaitingQueue):
         self.refresh(order)
         return order
 
-    def skip_round(self, running: Sequence[Req]) -> bool:
-        """A round nobody reads (the batch is full): do only what the reference round would
-        leave behind (matched lengths, fair's tenant observation, the refresh counter) and
-        return True; False, having done nothing, when the refresh is due (run the round)."""
-        if not self.fast or self.active_policy() is not self.policy:
-            return False
-        if self.refresh_on and self.reqs:
-            if self._refresh_rounds % REFRESH_INTERVAL == 0:
-                return False
-            self._refresh_rounds += 1
-        if Reads.MATCH in self.policy.reads:
-            self._sync_matches()
-            if not self.matched and self.dedup_index is not None:
-                self._dedup([], Round(self.config))  # the index must hold every request again
-            self.matched = True
-        if Reads.TENANTS in self.policy.reads:
-            tenants = {r.tenant_key for r in self.reqs} | {r.tenant_key for r in running}
-            self.fair.observe_active(frozenset(tenants))
-        return True
-
     def _sync_matches(self) -> list[Req]:
         """Bring every waiting request's matched length to the reference's value; return the
         requests whose key inputs may have changed (arrivals are placed, not re-keyed)."""
@@ -203,7 +191,9 @@ class FastWaitingQueue(WaitingQueue):
         for r in self.matcher.refresh():
             self.moved[id(r)] = r
         memo = self.matcher.memo
-        todo = [*self.moved.values(), *self.tried.values(), *self.added] if self.matched else self.reqs
+        todo = (
+            [*self.moved.values(), *self.tried.values(), *self.added] if self.matched else self.reqs
+        )
         for r in todo:
             r.num_matched_prefix_tokens = min(memo[id(r)].n, r.fill_len - 1)
         self.tried.clear()
@@ -213,7 +203,7 @@ class FastWaitingQueue(WaitingQueue):
         index = self.dedup_index
         if index is None:  # the starvation bound picks representatives by the clock
             device = [self._device(r) for r in self.reqs]
-            return super().dedup(device, rnd), []
+            return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
         if not self.matched:
             index.reset()
             deferred = index.update(self.reqs, [])
@@ -249,7 +239,7 @@ class FastWaitingQueue(WaitingQueue):
         if self._plain_fcfs():
             if not self.entry_ordered:
                 keys = list(map(_ENTRY, self.reqs))
-                if not all(a <= b for a, b in zip(keys, keys[1:], strict=False)):
+                if not all(a <= b for a, b in itertools.pairwise(keys)):
                     self.reqs.sort(key=_ENTRY)
             return iter(range(len(self.reqs)))
         return self.order(pol, rnd)

@@ -4,8 +4,6 @@ Chosen when the scheduler is built (``radixsched.fast.build_scheduler``), never 
 override gives exactly the reference's schedule (tests/test_equivalence.py, bit for bit):
 
 - the waiting queue is a ``FastWaitingQueue`` (incremental matching, dedup and kept orders);
-- a round that nobody can read (the batch is full) does only the bookkeeping the reference
-  round leaves behind;
 - decode runs on the running batch's columns (``DecodeCols``) and jumps over the steps in which
   nothing but lengths can change (no admission possible, no stop token, enough memory, before
   the next external event), with one vectorised cost-model call; the requests' tokens, token
@@ -31,7 +29,6 @@ from radixsched.clock import VirtualClock
 from radixsched.fast.decode import DecodeCols, FastRunningBatch
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
-from radixsched.queue import RoundOrder
 from radixsched.request import Req
 from radixsched.runner import Batch
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -73,8 +70,11 @@ class FastScheduler(Scheduler):
     def _make_kv(self, host_tier: Any) -> FastKVManager:
         cfg = self.config
         return FastKVManager(
-            self.cache, self.allocator, host_tier=host_tier,
-            priority_sign=cfg.priority_sign, compat=cfg.sglang_compat,
+            self.cache,
+            self.allocator,
+            host_tier=host_tier,
+            priority_sign=cfg.priority_sign,
+            compat=cfg.sglang_compat,
         )
 
     def _make_queue(self) -> FastWaitingQueue:
@@ -127,18 +127,6 @@ class FastScheduler(Scheduler):
         super().discard(req, status_code, message)
 
     # ---- prefill --------------------------------------------------------------------------------
-    def order_round(self) -> RoundOrder | None:
-        """The reference round, or nothing when nobody can read it (the batch is full and
-        nothing is preempted; spf's chunk limit reads the order before the continuation)."""
-        if (
-            self.batch_is_full
-            and not self.config.enable_priority_preemption
-            and not (self.policy.chunk_limit is not None and self.chunked_req is not None)
-            and self.queue.skip_round(self.running)
-        ):
-            return None
-        return super().order_round()
-
     def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
         ok, res = super()._try_admit(adder, req)
         if not ok:
@@ -296,7 +284,9 @@ class FastScheduler(Scheduler):
             runner, fill0 = self.runner, cols.fill
             out._batch_tokens = lambda: (
                 reqs,
-                runner.tokens_at(reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]).tolist(),
+                runner.tokens_at(
+                    reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]
+                ).tolist(),
             )
         else:
             self._write_steps(cols, toks, times, needs, slots, k)
@@ -327,12 +317,19 @@ class FastScheduler(Scheduler):
         )
 
     def _write_steps(
-        self, cols: DecodeCols, toks: list[list[int]], times: list[float],
-        needs: np.ndarray, slots: np.ndarray | None, k: int,
+        self,
+        cols: DecodeCols,
+        toks: list[list[int]],
+        times: list[float],
+        needs: np.ndarray,
+        slots: np.ndarray | None,
+        k: int,
     ) -> None:
         """Eager decode state: every request's tokens, times, slots and ``kv_len`` now."""
         off = 0
-        for r, tk, n, end in zip(cols.reqs, toks, needs.tolist(), (cols.fill + k - 1).tolist(), strict=True):
+        for r, tk, n, end in zip(
+            cols.reqs, toks, needs.tolist(), (cols.fill + k - 1).tolist(), strict=True
+        ):
             if n:
                 assert slots is not None
                 _append(r, slots[off : off + n])
@@ -376,7 +373,9 @@ class FastScheduler(Scheduler):
         fresh = DecodeCols.of(self.running, bool(self.eos_ids))
         if not self.unsettled:
             if self.allocator.reserved_size():
-                raise IntegrityError(f"{self.allocator.reserved_size()} KV slots reserved, none owed")
+                raise IntegrityError(
+                    f"{self.allocator.reserved_size()} KV slots reserved, none owed"
+                )
             if cols is not None and not cols.same_as(fresh):
                 raise IntegrityError("stale running-batch columns")
             return

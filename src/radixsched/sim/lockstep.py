@@ -208,8 +208,13 @@ def lockstep_gates(
     cfg = delayer_config(sim_cfg, sched_cfg)
     recorders: list[_GateRecorder | None] = [
         _GateRecorder(
-            PrefillDelayer(cfg, max_running_requests=max_running, clock=clocks[rank].now,
-                           all_gather=gather, rank=rank)
+            PrefillDelayer(
+                cfg,
+                max_running_requests=max_running,
+                clock=clocks[rank].now,
+                all_gather=gather,
+                rank=rank,
+            )
         )
         for rank in range(dp)
     ]

@@ -30,8 +30,8 @@ import numpy as np
 
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.request import Req
 from radixsched.fast import build_scheduler
+from radixsched.request import Req
 from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
 from radixsched.sim.replicas import Replica, deliver, sample_series
 from radixsched.sim.simconfig import SimConfig
@@ -188,8 +188,15 @@ def simulate(
         gates = lockstep_gates(sim_cfg, sched_cfg, clocks, slots)
     replicas = [
         _build_replica(
-            i, sched_cfg, sim_cfg, cost, capacity, accelerate=accelerate, clock=clocks[i],
-            gate_factory=None if gates is None else gates.recorders[i], single_step=lockstep,
+            i,
+            sched_cfg,
+            sim_cfg,
+            cost,
+            capacity,
+            accelerate=accelerate,
+            clock=clocks[i],
+            gate_factory=None if gates is None else gates.recorders[i],
+            single_step=lockstep,
         )
         for i in range(sim_cfg.dp)
     ]
