@@ -601,7 +601,7 @@ def test_clean_shutdown_with_requests_in_flight(loaded: LoadedModel) -> None:
         {"text": "never", "sampling_params": {"max_new_tokens": CTX - 20, "ignore_eos": True}}
     )
     s.sendall(
-        f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
     )
     while engine.call(lambda sc: sc.num_running()).result() == 0:
