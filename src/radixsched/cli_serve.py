@@ -17,6 +17,7 @@ from radixsched.server.guard import (
     BODY_BYTES_PER_CONTEXT_TOKEN,
     DEFAULT_MAX_COMPLETION_TOKENS,
     MIN_BODY_LIMIT,
+    WILDCARD_BINDS,
     AccessPolicy,
     RequestLimits,
 )
@@ -212,6 +213,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"API key {'required' if api_key else 'off'})",
         file=sys.stderr,
     )
+    if access.bind_host.strip("[]") in WILDCARD_BINDS and not access.allowed_hosts:
+        print(
+            "note: requests must name this machine (its host name or one of its addresses) in "
+            "their Host header; add the DNS names clients use with --allowed-hosts",
+            file=sys.stderr,
+        )
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0
 

@@ -62,6 +62,7 @@ from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.server.detok import IncrementalDetokenizer
 from radixsched.server.guard import (
     ARRIVAL_SCOPE_KEY,
+    RETRY_AFTER_S,
     AccessPolicy,
     ApiKeyMiddleware,
     BodyLimitMiddleware,
@@ -161,7 +162,7 @@ def error_response(
 ) -> Response:
     extra = dict(headers or {})
     if status == 503:
-        extra.setdefault("Retry-After", "1")
+        extra.setdefault("Retry-After", str(RETRY_AFTER_S))
     return Response(
         error_body(status, message, param=param, code=code),
         status_code=status,
