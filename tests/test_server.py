@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -601,7 +602,7 @@ def test_clean_shutdown_with_requests_in_flight(loaded: LoadedModel) -> None:
         {"text": "never", "sampling_params": {"max_new_tokens": CTX - 20, "ignore_eos": True}}
     )
     s.sendall(
-        f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
     )
     while engine.call(lambda sc: sc.num_running()).result() == 0:
@@ -622,21 +623,35 @@ def test_clean_shutdown_with_requests_in_flight(loaded: LoadedModel) -> None:
 
 
 def test_schemathesis_finds_no_server_errors(server: ServerThread) -> None:
+    """A bounded, seeded run over the server's own OpenAPI schema, a few hundred examples (valid
+    and invalid) in all: no 5xx, and every error body is OpenAI's error shape in JSON."""
     schemathesis = pytest.importorskip("schemathesis")
 
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     ops = [r.ok() for r in schema.get_all_operations()]
-    assert {op.path for op in ops} >= {"/v1/completions", "/v1/chat/completions", "/generate"}
+    assert {op.path for op in ops} >= {"/v1/completions", "/v1/chat/completions", "/generate",
+                                       "/model_info", "/reset_prefix_cache"}  # fmt: skip
     failures: list[str] = []
+    cases = [0]
     for op in ops:
-        if op.path != "/flush_cache":  # a flush never 5xxs (tested above) but races the rest
-            fuzz_operation(op, server.url, failures)
+        # A flush never 5xxs (tested elsewhere) but races the other operations' requests.
+        if op.path not in ("/flush_cache", "/reset_prefix_cache"):
+            fuzz_operation(op, server.url, failures, cases, FUZZ_EXAMPLES.get(op.path, 30))
     assert not failures, failures
+    assert cases[0] >= 300, cases
     wait_idle(server)
 
 
-def fuzz_operation(op: Any, base_url: str, failures: list[str]) -> None:
-    """30 schema-driven examples (valid and invalid) against one operation; no 5xx allowed."""
+# Examples per operation (an operation without parameters has just one); chat's nested schema
+# makes its examples the slowest to generate.
+FUZZ_EXAMPLES = {"/v1/completions": 110, "/generate": 110, "/v1/chat/completions": 50}
+
+
+def fuzz_operation(
+    op: Any, base_url: str, failures: list[str], cases: list[int], examples: int
+) -> None:
+    """``examples`` schema-driven examples (valid and invalid) against one operation; no 5xx
+    allowed, every 4xx body in OpenAI's error shape."""
     from hypothesis import HealthCheck, Phase, given, settings
     from schemathesis.checks import not_a_server_error
 
@@ -644,7 +659,7 @@ def fuzz_operation(op: Any, base_url: str, failures: list[str]) -> None:
 
     @given(case=op.as_strategy())
     @settings(
-        max_examples=30,
+        max_examples=examples,
         deadline=None,
         phases=[Phase.explicit, Phase.generate],
         suppress_health_check=list(HealthCheck),
@@ -654,19 +669,40 @@ def fuzz_operation(op: Any, base_url: str, failures: list[str]) -> None:
     def run(case: Any) -> None:
         body = case.body
         seen[0] += 1
+        cases[0] += 1
         if isinstance(body, dict):
             cap_budgets(body, chat=op.path.startswith("/v1/chat"), native=op.path == "/generate")
             if seen[0] % 2:
                 repair(body)
         response = case.call(base_url=base_url, timeout=30)
+        where = f"{op.method.upper()} {op.path} -> {response.status_code}"
         if response.status_code >= 500:
-            failures.append(
-                f"{op.method.upper()} {op.path} -> {response.status_code}: "
-                f"{response.text[:300]} for {body!r}"
-            )
+            failures.append(f"{where}: {response.text[:300]} for {body!r}")
+        elif response.status_code >= 400:
+            problem = openai_error_problem(response)
+            if problem:
+                failures.append(f"{where}: {problem}: {response.text[:300]} for {body!r}")
         case.validate_response(response, checks=[not_a_server_error])
 
     run()
+
+
+def openai_error_problem(response: Any) -> str | None:
+    """Why a response is not an OpenAI-shaped JSON error (None when it is)."""
+    ctype = response.headers.get("content-type") or ""
+    if isinstance(ctype, list):  # schemathesis keeps every value of a header
+        ctype = ctype[0] if ctype else ""
+    if not ctype.startswith("application/json"):
+        return "not JSON"
+    try:
+        err = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return "no error object"
+    if not isinstance(err, dict) or set(err) != {"message", "type", "param", "code"}:
+        return "error object of the wrong shape"
+    if not isinstance(err["message"], str) or not err["message"]:
+        return "no message"
+    return None
 
 
 def repair(body: dict[str, Any]) -> None:
@@ -682,18 +718,24 @@ def repair(body: dict[str, Any]) -> None:
         del body["text"]
 
 
+def _over(value: Any, cap: int) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > cap
+
+
 def cap_budgets(body: dict[str, Any], *, chat: bool, native: bool) -> None:
-    """Keep generation short: at most 8 new tokens whatever the fuzzer picked."""
+    """Keep generation short: at most 8 new tokens whatever the fuzzer picked (a whole-number
+    float is a budget too)."""
     for key in ("max_tokens", "max_completion_tokens"):
-        if isinstance(body.get(key), int) and body[key] > 8:
+        if _over(body.get(key), 8):
             body[key] = 8
-    if chat and "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = 8
-    sp = body.get("sampling_params")
-    if native and isinstance(sp, dict):
-        budget = sp.setdefault("max_new_tokens", 8)  # /generate defaults to 128
-        if isinstance(budget, int) and budget > 8:
-            sp["max_new_tokens"] = 8
+    if chat and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = 8  # chat's default is up to 2048 tokens
+    if native:
+        sp = body.setdefault("sampling_params", {})
+        if isinstance(sp, dict):
+            budget = sp.setdefault("max_new_tokens", 8)  # /generate defaults to 128
+            if _over(budget, 8):
+                sp["max_new_tokens"] = 8
 
 
 # ---- detokenizer --------------------------------------------------------------------------------
@@ -781,8 +823,10 @@ def test_serve_cli_runs_and_stops_on_sigint() -> None:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-c", SERVE_MAIN, "serve", "--model", MODEL, "--port", str(port),
            "--kv-slots", "1024", "--context-len", "256", "--schedule-policy", "lpm",
-           "--api-key", "k", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "--max-completion-tokens", "5", "--log-level", "warning"]  # fmt: skip
+    # The key from the environment: not on the command line, where ps shows it.
+    env = {**os.environ, "RADIXSCHED_API_KEY": "k"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -796,8 +840,10 @@ def test_serve_cli_runs_and_stops_on_sigint() -> None:
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.1)
         auth = {"Authorization": "Bearer k"}
+        assert httpx.get(url + "/server_info").status_code == 401
         info = httpx.get(url + "/server_info", headers=auth).json()
         assert info["context_len"] == 256 and info["kv_slots"] == 1024
+        assert info["max_completion_tokens"] == 5
         assert info["scheduler"]["schedule_policy"] == "lpm"
         r = httpx.post(
             url + "/generate",

@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from radixsched.cli_common import scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+from radixsched.server.guard import (
+    BODY_BYTES_PER_CONTEXT_TOKEN,
+    DEFAULT_MAX_COMPLETION_TOKENS,
+    MIN_BODY_LIMIT,
+    WILDCARD_BINDS,
+    AccessPolicy,
+    RequestLimits,
+)
+
+API_KEY_ENV = "RADIXSCHED_API_KEY"
 
 DEFAULT_BENCH_WORKLOAD = (
     "shared-prefix:groups=8,prompts=8,system_len=256,question_len=32,output_len=32"
@@ -42,7 +55,48 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health. A key given "
+        "here is visible to every user of the machine (ps, /proc/PID/cmdline): prefer "
+        f"--api-key-file or ${API_KEY_ENV}. An empty key is refused.",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="read the API key from this file (surrounding whitespace stripped)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="H[,H...]",
+        help="Host header values accepted besides the bound address (loopback names when "
+        "bound to loopback; the machine's names and addresses when bound to 0.0.0.0): names, "
+        "'.example.com' for a domain and its subdomains, '*' for any. Others get 400 "
+        "(protects against DNS rebinding)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default="",
+        metavar="O[,O...]",
+        help="browser origins (scheme://host[:port], or '*') allowed to send POST requests "
+        "besides those of accepted hosts; other cross-site requests get 403",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"request body limit, 413 above it (default: {BODY_BYTES_PER_CONTEXT_TOKEN} bytes "
+        f"per context token, at least {MIN_BODY_LIMIT >> 20} MiB)",
+    )
+    p.add_argument(
+        "--max-completion-tokens",
+        type=int,
+        default=DEFAULT_MAX_COMPLETION_TOKENS,
+        metavar="N",
+        help="tokens a chat completion may generate when the request sets no max_tokens / "
+        "max_completion_tokens (OpenAI's default is the rest of the context: 0 restores it; "
+        f"default: {DEFAULT_MAX_COMPLETION_TOKENS}). Explicit limits are honoured as sent",
     )
     p.add_argument(
         "--kv-slots", type=int, default=None, help="KV pool size in tokens (default: --kv-cache-mb)"
@@ -64,7 +118,66 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def resolve_api_key(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """The key from --api-key, --api-key-file or $RADIXSCHED_API_KEY (in that order; the two
+    flags exclude each other); None when none is given. An empty key is an error: it would
+    silently turn authentication off (``--api-key "$KEY"`` with KEY unset)."""
+    if args.api_key is not None and args.api_key_file is not None:
+        raise _UsageError("give --api-key or --api-key-file, not both")
+    if args.api_key is not None:
+        if not args.api_key.strip():
+            raise _UsageError('--api-key is empty (an unset variable in --api-key "$KEY"?)')
+        return str(args.api_key)
+    if args.api_key_file is not None:
+        try:
+            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _UsageError(f"cannot read --api-key-file {args.api_key_file}: {e}") from e
+        if not key:
+            raise _UsageError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    if API_KEY_ENV in environ:
+        key = environ[API_KEY_ENV]
+        if not key.strip():
+            raise _UsageError(f"${API_KEY_ENV} is set but empty")
+        return key
+    return None
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def limits_from_args(args: argparse.Namespace) -> RequestLimits:
+    if args.max_request_bytes is not None and args.max_request_bytes < 1:
+        raise _UsageError("--max-request-bytes must be >= 1")
+    if args.max_completion_tokens < 0:
+        raise _UsageError("--max-completion-tokens must be >= 0")
+    return RequestLimits(
+        max_request_bytes=args.max_request_bytes,
+        max_completion_tokens=args.max_completion_tokens or None,
+    )
+
+
+def access_from_args(args: argparse.Namespace) -> AccessPolicy:
+    return AccessPolicy(
+        bind_host=args.host,
+        allowed_hosts=_split(args.allowed_hosts),
+        allowed_origins=_split(args.allowed_origins),
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        api_key = resolve_api_key(args)
+        limits = limits_from_args(args)
+        access = access_from_args(args)
+    except _UsageError as e:
+        print(f"radixsched: error: {e}", file=sys.stderr)
+        return 2
+
     from radixsched.server.app import build_engine, create_app, run_server
 
     try:
@@ -90,14 +203,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"radixsched: error: {e}", file=sys.stderr)
         return 2
-    app = create_app(engine, served, api_key=args.api_key)
+    app = create_app(engine, served, api_key=api_key, limits=limits, access=access)
     sched = engine.scheduler
     print(
         f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
         f"KV {sched.capacity} tokens, max running {sched.max_running_requests}, "
-        f"policy {config.schedule_policy})",
+        f"policy {config.schedule_policy}, body limit "
+        f"{limits.body_limit(served.context_len)} bytes, "
+        f"API key {'required' if api_key else 'off'})",
         file=sys.stderr,
     )
+    if access.bind_host.strip("[]") in WILDCARD_BINDS and not access.allowed_hosts:
+        print(
+            "note: requests must name this machine (its host name or one of its addresses) in "
+            "their Host header; add the DNS names clients use with --allowed-hosts",
+            file=sys.stderr,
+        )
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0
 

@@ -17,6 +17,17 @@ from typing import Any
 from radixsched.engine.config import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_PAD_ID
 
 
+class TextEncodingError(ValueError):
+    """Text that cannot be tokenized: it is not valid Unicode (a lone UTF-16 surrogate, which
+    a Python str can hold and JSON can spell as ``"\\ud800"``)."""
+
+
+def _surrogate_error(text: str, e: UnicodeEncodeError) -> TextEncodingError:
+    return TextEncodingError(
+        f"text is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at index {e.start}"
+    )
+
+
 class Tokenizer(ABC):
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
@@ -26,7 +37,8 @@ class Tokenizer(ABC):
     @abstractmethod
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model expects one
-        (pass False for text rendered by a chat template, which writes its own BOS)."""
+        (pass False for text rendered by a chat template, which writes its own BOS). Raises
+        ``TextEncodingError`` for text that is not valid Unicode."""
 
     @abstractmethod
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
@@ -46,7 +58,10 @@ class ByteTokenizer(Tokenizer):
         self.add_bos = add_bos
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids = list(text.encode("utf-8"))
+        try:
+            ids = list(text.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise _surrogate_error(text, e) from None
         return [BYTE_BOS_ID, *ids] if add_special_tokens and self.add_bos else ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -82,7 +97,14 @@ class HFTokenizer(Tokenizer):
         return self._tok
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise _surrogate_error(text, e) from None
+        # ``encode_batch`` releases the GIL while it works (``encode`` holds it): a long text
+        # tokenized in a worker thread does not stop the event loop or the scheduler thread.
+        ids: list[int] = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             return [self.bos_token_id, *ids]
         return ids

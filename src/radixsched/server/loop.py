@@ -16,6 +16,10 @@ Guarantees:
   half written; other requests carry on. If the KV bookkeeping is broken afterwards the engine is marked
   unhealthy and every later request is refused with 503;
 * when the thread goes idle it checks KV conservation and that no lock is left.
+
+A request's clock starts at its arrival as the HTTP layer stamped it (``submit(req, arrival)``,
+on the scheduler's clock): TTFT and e2e latency include HTTP handling, tokenization and the wait
+for the step that was running when it came in.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from radixsched.clock import Clock
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.runner import Batch, ModelRunner, MultiDecodeResult, StepResult
 from radixsched.scheduler import AdmitResult, Scheduler, StepOutcome
@@ -57,6 +62,7 @@ class FinishInfo:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    host_cached_tokens: int  # of cached_tokens, those loaded from the host tier
     e2e_latency_s: float
 
 
@@ -72,9 +78,12 @@ class RequestHandle:
     """The asyncio side of one request. Consume ``admission()`` once, then ``next_delta()``
     until a delta has ``finish`` set."""
 
-    def __init__(self, req: Req, aloop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, req: Req, aloop: asyncio.AbstractEventLoop, arrival: float | None = None
+    ) -> None:
         self.req = req
         self.rid = req.rid
+        self.arrival = arrival  # on the scheduler's clock; None: when the thread takes it
         self._aloop = aloop
         self._queue: asyncio.Queue[AdmitResult | TokenDelta] = asyncio.Queue()
         self.finished = False  # set on the asyncio side once the final delta was consumed
@@ -173,8 +182,11 @@ class EngineLoop:
         metrics: ServerMetrics | None = None,
         check_integrity_when_idle: bool = True,
         idle_wait_s: float = 0.5,
+        clock: Clock | None = None,
     ) -> None:
         self.scheduler = scheduler
+        # The scheduler's clock (thread-safe to read: a wall clock is a function of time).
+        self.clock: Clock = clock if clock is not None else scheduler.clock
         self._recorder = BatchRecorder(scheduler.runner)
         scheduler.runner = self._recorder
         self.metrics = metrics
@@ -216,9 +228,15 @@ class EngineLoop:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     # ==== thread-safe API ===========================================================================
-    def submit(self, req: Req) -> RequestHandle:
-        """Queue ``req``; call from a coroutine (the handle feeds that event loop)."""
-        handle = RequestHandle(req, asyncio.get_running_loop())
+    def now(self) -> float:
+        """The scheduler's clock, for stamping arrivals."""
+        return self.clock.now()
+
+    def submit(self, req: Req, arrival: float | None = None) -> RequestHandle:
+        """Queue ``req``, which arrived at ``arrival`` (``now()`` when it came in; None: when
+        the scheduler thread takes it); call from a coroutine (the handle feeds that event
+        loop)."""
+        handle = RequestHandle(req, asyncio.get_running_loop(), arrival)
         if not self._push(_Add(handle)):
             handle._post(AdmitResult(False, 503, "the server is shutting down"))
         return handle
@@ -300,7 +318,7 @@ class EngineLoop:
         else:
             aborted_before = self.scheduler.stats.aborted
             try:
-                result = self.scheduler.add_request(req)
+                result = self.scheduler.add_request(req, now=handle.arrival)
             except Exception as e:
                 logger.exception("add_request failed for %s", req.rid)
                 result = AdmitResult(False, 500, f"internal error while admitting: {e}")
@@ -433,6 +451,7 @@ def finish_info(req: Req, fin: FinishState) -> FinishInfo:
         prompt_tokens=req.prompt_len,
         completion_tokens=req.output_len,
         cached_tokens=req.cached_tokens,
+        host_cached_tokens=req.host_cached_tokens,
         e2e_latency_s=max(end - t.arrival, 0.0),
     )
 
