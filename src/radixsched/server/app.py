@@ -72,7 +72,13 @@ from radixsched.server.guard import (
     RequestLimits,
     error_body,
 )
-from radixsched.server.loop import STOP_STRING_STATUS, EngineLoop, FinishInfo, RequestHandle
+from radixsched.server.loop import (
+    STOP_STRING_STATUS,
+    BatchRecorder,
+    EngineLoop,
+    FinishInfo,
+    RequestHandle,
+)
 from radixsched.server.metrics import ServerMetrics
 from radixsched.server.protocol import (
     ChatCompletionRequest,
@@ -1108,7 +1114,8 @@ def engine_for_runner(
     from radixsched.scheduler import Scheduler
 
     clock = WallClock()
-    sched = Scheduler(config, runner, kv_slots=kv_slots, clock=clock, context_len=context_len)
+    recorder = BatchRecorder(runner)  # the scheduler is built on it: nothing is rewired later
+    sched = Scheduler(config, recorder, kv_slots=kv_slots, clock=clock, context_len=context_len)
     return EngineLoop(sched, metrics=ServerMetrics(), clock=clock)
 
 

@@ -187,8 +187,9 @@ class EngineLoop:
         self.scheduler = scheduler
         # The scheduler's clock (thread-safe to read: a wall clock is a function of time).
         self.clock: Clock = clock if clock is not None else scheduler.clock
-        self._recorder = BatchRecorder(scheduler.runner)
-        scheduler.runner = self._recorder
+        if not isinstance(scheduler.runner, BatchRecorder):
+            raise TypeError("the scheduler must be built on a BatchRecorder (engine_for_runner)")
+        self._recorder = scheduler.runner
         self.metrics = metrics
         self.check_integrity_when_idle = check_integrity_when_idle
         self.idle_wait_s = idle_wait_s
