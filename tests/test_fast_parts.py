@@ -246,3 +246,26 @@ def test_matcher_rematches_what_an_eviction_cuts() -> None:
     cache.evict(5)  # the leaf keeps its first 3 tokens
     assert set(matcher.refresh()) == {inside, whole}
     assert [matcher.memo[id(r)].n for r in (inside, whole, short)] == [3, 3, 2]
+
+
+@pytest.mark.parametrize("page", [1, 2])
+def test_touch_at_a_match_end_equals_touch_prefix(page: int) -> None:
+    """The fast queue's refresh and admission touch where the memo says a match ends: the
+    same clock, access times, splits and returned node as walking the key."""
+    rng = np.random.default_rng(7 + page)
+    caches = [RadixCache(None, page_size=page) for _ in range(2)]
+    for i in range(40):
+        seq = rng.integers(0, 3, int(rng.integers(1, 30)) // page * page + page).astype(np.int32)
+        for c in caches:
+            c.insert(CacheKey(seq), np.arange(1000 * i, 1000 * i + len(seq)))
+    a, b = caches
+    for _ in range(60):
+        q = CacheKey(rng.integers(0, 3, int(rng.integers(1, 30))).astype(np.int32))
+        want = a.match_node(q)
+        end = b.match_end(q)
+        got = b.touch_at(end.node, end.offset)
+        assert got.id == want.last_node.id and end.length == want.device_len
+        assert a._clock == b._clock
+        assert [(n.id, n.last_access_time, len(n.key)) for n in a._iter_nodes()] == [
+            (n.id, n.last_access_time, len(n.key)) for n in b._iter_nodes()
+        ]

@@ -1406,6 +1406,10 @@ class SpyCache(RadixCache):
             self.touched.append(int(key.tokens[0]))
         super().touch_prefix(key)
 
+    def touch_at(self, node: Any, offset: int) -> Any:  # the fast queue's touch (no key)
+        self.touched.append(-1)
+        return super().touch_at(node, offset)
+
     def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
         keys = list(keys)
         self.touched.extend(int(k.tokens[0]) for k in keys)

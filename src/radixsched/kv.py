@@ -49,19 +49,27 @@ class KVManager:
         """Match the request's fill capped at ``len - 1`` (spec 2.6: at least one token is
         computed) and host-tier hits; the prefix is borrowed until ``take_prefix`` or
         ``drop_match``."""
-        fill = req.fill_ids()
-        cap = req.max_prefix_len(len(fill))
-        key = CacheKey(fill[:cap], req.namespace)
+        key = self.admission_key(req)
         m = self.cache.match_node(key)
-        req.prefix_len = req.kv_len = req.cache_protected_len = m.device_len
-        req.last_node = m.last_node
+        self.borrow(req, key, m.device_len, m.last_node)
+
+    @staticmethod
+    def admission_key(req: Req) -> CacheKey:
+        fill = req.fill_ids()
+        return CacheKey(fill[: req.max_prefix_len(len(fill))], req.namespace)
+
+    def borrow(self, req: Req, key: CacheKey, device_len: int, last_node: object) -> None:
+        """The admission's match of ``key`` is ``device_len`` tokens ending at ``last_node``."""
+        cap = len(key.tokens)
+        req.prefix_len = req.kv_len = req.cache_protected_len = device_len
+        req.last_node = last_node
         req.kv_row = req.kv_buf = EMPTY_SLOTS
         req.host_hit_len = 0
         if self.host_tier is not None:
-            host = self.host_tier.host_len(key, m.device_len)  # type: ignore[attr-defined]
-            end = floor_page(min(m.device_len + host, cap), self.page)
-            req.host_hit_len = max(0, end - m.device_len)
-        req.num_matched_prefix_tokens = min(m.device_len + req.host_hit_len, cap)
+            host = self.host_tier.host_len(key, device_len)  # type: ignore[attr-defined]
+            end = floor_page(min(device_len + host, cap), self.page)
+            req.host_hit_len = max(0, end - device_len)
+        req.num_matched_prefix_tokens = min(device_len + req.host_hit_len, cap)
 
     def drop_match(self, req: Req) -> None:
         """The request was not admitted: it holds nothing."""

@@ -423,7 +423,7 @@ class Scheduler:
 
     def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
         """(whether ``req`` was admitted, the adder's verdict on the round)."""
-        self.kv.match_for_admission(req)
+        self.match_for_admission(req)
         n = len(adder.can_run_list)
         res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None)
         if len(adder.can_run_list) == n:
@@ -431,6 +431,9 @@ class Scheduler:
             return False, res
         self.kv.take_prefix(req)
         return True, res
+
+    def match_for_admission(self, req: Req) -> None:
+        self.kv.match_for_admission(req)
 
     def _recomputes_in_flight(self, req: Req, adder: PrefillAdder) -> bool:
         """Would admitting ``req`` now recompute prompt tokens that a request of this batch

@@ -406,20 +406,22 @@ class RadixCache(BasePrefixCache):
                 return pos + self._mismatch(tokens, pos, child)
         return pos
 
-    def match_end(self, key: CacheKey) -> MatchEnd:
+    def match_end(self, key: CacheKey, start: tuple[TreeNode, int] | None = None) -> MatchEnd:
         """Where the match ends, read-only like ``match_len``: the node holding the match's last
-        token (the root for no match) and how many of that node's tokens matched."""
+        token (the root for no match) and how many of that node's tokens matched.
+        ``start=(node, depth)``: a node in the tree whose path spells ``key``'s first ``depth``
+        tokens (the caller knows it does); the walk compares from there on only."""
         root = self._root
         if self.disabled:
             return MatchEnd(0, root, 0)
         tokens, ns = self._query(key)
         n = len(tokens)
-        if n == 0:
-            return MatchEnd(0, root, 0)
+        node, pos = start if start is not None else (root, 0)
+        if pos >= n:
+            return MatchEnd(pos, node, len(node.key)) if n else MatchEnd(0, root, 0)
         p = self.page_size
-        first = tokens[:p].tobytes()
-        child = root.children.get(first if ns is None else (ns, first))
-        node, pos = root, 0
+        first = tokens[pos : pos + p].tobytes()
+        child = node.children.get(first if ns is None or node is not root else (ns, first))
         while child is not None:
             klen = len(child.key)
             seg = tokens[pos : pos + klen + p].tobytes()
@@ -431,6 +433,23 @@ class RadixCache(BasePrefixCache):
                 break
             child = node.children.get(seg[klen * _TOKEN_BYTES :])
         return MatchEnd(pos, node, len(node.key))
+
+    def touch_at(self, node: TreeNode, offset: int) -> TreeNode:
+        """What ``match_node`` (and ``touch_prefix``) of a key does when its match ends
+        ``offset`` tokens into ``node`` (``match_end``'s answer, still current): a clock tick,
+        the path's recency, and a split where the match ends inside a node. Returns the node
+        that ends where the match ends (``match_node``'s ``last_node``)."""
+        self._clock += 1
+        now = self._clock
+        root = self._root
+        root.last_access_time = now
+        cur = node
+        while cur is not root:
+            cur.last_access_time = now
+            cur = cur.parent  # type: ignore[assignment]  # attached: reaches the root
+        if offset < len(node.key):
+            return self._split(node, offset, now)
+        return node
 
     def touch_prefix(self, key: CacheKey) -> None:
         """Refresh recency along the matched path (may split, like match_prefix)."""

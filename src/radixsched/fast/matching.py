@@ -54,6 +54,9 @@ class IncrementalMatcher:
         # edge node -> child key -> {id(req): req} registered there
         self.edges: dict[TreeNode, dict[Hashable, dict[int, Req]]] = {}
         self.dirty: dict[int, Req] = {}
+        # Where a dirty request's re-match may start: a node on its path that the change left
+        # in place, its depth, and its key length then (a shortened node is not trusted).
+        self.hint: dict[int, tuple[TreeNode, int, int]] = {}
         cache.listener = self
 
     # ---- membership -------------------------------------------------------------------------
@@ -67,6 +70,7 @@ class IncrementalMatcher:
         m = self.memo.pop(id(r), None)
         self.reqs.pop(id(r), None)
         self.dirty.pop(id(r), None)
+        self.hint.pop(id(r), None)
         if m is not None:
             self._unregister(r, m)
 
@@ -74,16 +78,22 @@ class IncrementalMatcher:
         """Re-match the dirty requests; return those whose match (length or end) moved."""
         moved = []
         dirty, self.dirty = self.dirty, {}
+        hints, self.hint = self.hint, {}
         for k, r in dirty.items():
             old = self.memo[k]
-            new = self._match(r)
+            new = self._match(r, hints.get(k))
             if (old.n, old.node, old.offset, old.full) != (new.n, new.node, new.offset, new.full):
                 moved.append(r)
         return moved
 
     # ---- matching ---------------------------------------------------------------------------
-    def _match(self, r: Req) -> Memo:
-        end = self.cache.match_end(CacheKey(r.fill_ids(), r.namespace))
+    def _match(self, r: Req, hint: tuple[TreeNode, int, int] | None = None) -> Memo:
+        start = None
+        if hint is not None:
+            node, depth, klen = hint
+            if node is self.cache.root or (node.parent is not None and len(node.key) == klen):
+                start = (node, depth)
+        end = self.cache.match_end(CacheKey(r.fill_ids(), r.namespace), start)
         m = Memo(end.length, end.node, end.offset, end.offset >= len(end.node.key))
         old = self.memo.get(id(r))
         if old is not None:
@@ -132,10 +142,17 @@ class IncrementalMatcher:
         return page
 
     # ---- cache events (CacheListener) ---------------------------------------------------------
+    def _dirty(self, k: int, r: Req, node: TreeNode, depth: int) -> None:
+        """``r`` must be re-matched; ``node`` (at ``depth``) is on its path and stays."""
+        self.dirty[k] = r
+        old = self.hint.get(k)
+        if old is None or depth < old[1]:
+            self.hint[k] = (node, depth, len(node.key))
+
     def on_child(self, parent: Any, child_key: Any) -> None:
         regs = self.edges.get(parent, {}).get(child_key)
-        if regs:
-            self.dirty.update(regs)
+        for k, r in (regs or {}).items():
+            self._dirty(k, r, parent, _edge_depth(self.memo[k]))
 
     def on_split(self, upper: Any, lower: Any) -> None:
         """Requests that stopped inside ``lower`` keep their length; re-point them (no walk)."""
@@ -158,14 +175,25 @@ class IncrementalMatcher:
             self._register(r, m)
 
     def on_evict(self, leaf: Any, keep: int) -> None:
-        for at_end in self.edges.get(leaf, {}).values():  # whole matches of the leaf
-            self.dirty.update(at_end)
-        inside = self.edges.get(leaf.parent, {}).get(leaf.child_key)
-        if inside:  # matches inside the leaf, past what it keeps
-            self.dirty.update((k, r) for k, r in inside.items() if self.memo[k].offset >= keep)
+        parent, size = leaf.parent, len(leaf.key)
+        for at_leaf in self.edges.get(leaf, {}).values():  # matches through the whole leaf
+            for k, r in at_leaf.items():
+                self._dirty(k, r, parent, _edge_depth(self.memo[k]) - size)
+        inside = self.edges.get(parent, {}).get(leaf.child_key)
+        for k, r in (inside or {}).items():  # matches inside the leaf, past what it keeps
+            m = self.memo[k]
+            if m.full or m.offset >= keep:
+                self._dirty(k, r, parent, _edge_depth(m))
 
     def on_reset(self) -> None:
         self.dirty.update(self.reqs)
+        self.hint.clear()
 
 
 _END = object()  # the edge key of a match that covers the whole aligned fill
+
+
+def _edge_depth(m: Memo) -> int:
+    """The depth at which ``m``'s edge node ends (the node itself, or the parent of the node
+    the match stops inside)."""
+    return m.n if m.full else m.n - m.offset

@@ -19,7 +19,6 @@ that the list is what they describe and rebuilds when it is not.
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -37,7 +36,7 @@ from radixsched.fast.orders import (
     RoutingKeyEngine,
 )
 from radixsched.policies import FCFS, Policy, Reads, Round
-from radixsched.queue import RoundOrder, WaitingQueue, door_match
+from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
 from radixsched.request import Req
 
 # Engines of the policies whose order reads more than the request, its match and its dedup
@@ -56,7 +55,9 @@ class FastWaitingQueue(WaitingQueue):
     def __init__(self, config: SchedulerConfig, cache: Any) -> None:
         super().__init__(config, cache)
         self.fast = not config.sglang_compat and isinstance(cache, RadixCache) and self.matches
-        self.matcher = IncrementalMatcher(cache) if self.fast else None
+        # Only a policy that reads matches needs them kept (the door's is one walk).
+        wants = Reads.MATCH in self.policy.reads
+        self.matcher = IncrementalMatcher(cache) if self.fast and wants else None
         reads = self.policy.reads_for(config)
         bounded = self.policy.bounded(config)
         check, width = (
@@ -158,6 +159,43 @@ class FastWaitingQueue(WaitingQueue):
         if self.reqs[n:] != list(reqs):  # re-inserted at their places in arrival order
             self.synced = False
 
+    def admission_end(self, req: Req) -> tuple[Any, int, int] | None:
+        """Where the admission's match (the fill capped at ``fill_len - 1``, whole pages) ends:
+        (node, offset into it, length), from ``req``'s memo; None when it is not current."""
+        if self.matcher is None or id(req) in self.matcher.dirty:
+            return None
+        m = self.matcher.memo.get(id(req))
+        if m is None:
+            return None
+        node, offset = m.node, (len(m.node.key) if m.full else m.offset)
+        cap = req.max_prefix_len() // self.cache.page_size * self.cache.page_size
+        extra = m.n - cap  # the whole fill is cached: step back to the cap
+        while extra > 0:
+            if offset > extra:
+                offset, extra = offset - extra, 0
+            else:
+                extra -= offset
+                assert node.parent is not None
+                node = node.parent
+                offset = len(node.key)
+        return node, offset, min(m.n, cap)
+
+    def refresh(self, order: RoundOrder) -> None:
+        """The reference's refresh, touching each request where its memo says its match ends
+        (the walk's side effects, without the walk)."""
+        matcher = self.matcher
+        if matcher is None or not self.matched or matcher.dirty:
+            super().refresh(order)
+            return
+        if not (self.refresh_on and self.matches and self.reqs):
+            return
+        due = self._refresh_rounds % REFRESH_INTERVAL == 0
+        self._refresh_rounds += 1
+        if due:
+            for r in reversed(order.head(REFRESH_SPAN)):
+                m = matcher.memo[id(r)]
+                matcher.cache.touch_at(m.node, len(m.node.key) if m.full else m.offset)
+
     def note_tried(self, req: Req) -> None:
         """An admission attempt that failed rewrote ``req``'s matched length."""
         self.tried[id(req)] = req
@@ -238,8 +276,10 @@ class FastWaitingQueue(WaitingQueue):
     def _reference_order(self, pol: Policy, rnd: Round) -> Iterator[int]:
         if self._plain_fcfs():
             if not self.entry_ordered:
-                keys = list(map(_ENTRY, self.reqs))
-                if not all(a <= b for a, b in itertools.pairwise(keys)):
+                keys = list(map(_ENTRY, self.reqs))  # C-level passes, no key tuples built
+                if not all(map(operator.le, keys, keys[1:])):
                     self.reqs.sort(key=_ENTRY)
+                self.entry_ordered = True
+                self._last_entry = _ENTRY(self.reqs[-1]) if self.reqs else self._last_entry
             return iter(range(len(self.reqs)))
         return self.order(pol, rnd)

@@ -127,6 +127,18 @@ class FastScheduler(Scheduler):
         super().discard(req, status_code, message)
 
     # ---- prefill --------------------------------------------------------------------------------
+    def match_for_admission(self, req: Req) -> None:
+        """The reference's admission match, from the matcher's memo when it is current (the
+        walk's side effects, without the walk)."""
+        end = self.queue.admission_end(req)
+        if end is None:
+            super().match_for_admission(req)
+            return
+        node, offset, length = end
+        assert self.queue.matcher is not None
+        last = self.queue.matcher.cache.touch_at(node, offset)
+        self.kv.borrow(req, self.kv.admission_key(req), length, last)
+
     def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
         ok, res = super()._try_admit(adder, req)
         if not ok:
