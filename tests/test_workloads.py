@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.request import Req, SamplingParams
+from radixsched.sim.optimal import optimal_hits
 from radixsched.sim.workloads import (
     WORKLOADS,
     Workload,
     WorkloadError,
-    _optimal_hits,
     describe_workloads,
     load_workload,
     mooncake_block_hit_rate,
@@ -464,7 +464,7 @@ def test_optimal_hit_rate_basics() -> None:
 
 def test_multi_turn_optimal_counts_previous_outputs() -> None:
     w = load_workload(SMALL["multi-turn"])
-    hits = _optimal_hits(w.requests, 1, 64)
+    hits = optimal_hits(w.requests, 1)
     assert hits == brute_force_hits(w.requests, 1)
     by_rid = dict(zip([r.rid for r in w.requests], hits, strict=True))
     later = [r for r in w.requests if r.prompt_len > 32]
@@ -485,10 +485,9 @@ def test_multi_turn_optimal_counts_previous_outputs() -> None:
         max_size=12,
     ),
     st.sampled_from([1, 2, 3]),
-    st.sampled_from([1, 2, 4]),
 )
 def test_optimal_hits_match_brute_force(
-    specs: list[tuple[list[int], float, list[int], str | None]], page: int, block: int
+    specs: list[tuple[list[int], float, list[int], str | None]], page: int
 ) -> None:
     reqs = [mk(f"r{i}", p, t, o or None, extra_key=ns) for i, (p, t, o, ns) in enumerate(specs)]
-    assert _optimal_hits(reqs, page, block) == brute_force_hits(reqs, page)
+    assert optimal_hits(reqs, page) == brute_force_hits(reqs, page)

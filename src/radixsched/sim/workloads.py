@@ -72,9 +72,8 @@ Optimal hit rate
 KV (prompt plus scripted output but its last token, which is never fed back) is present. Per
 request in arrival order: the longest common prefix with any earlier request in the same
 namespace, capped at ``prompt_len - 1`` (one token is always computed), rounded down to whole
-pages; summed over requests and divided by all prompt tokens. It hashes 64-token block
-prefixes (64-bit hashes: a false match needs a collision, probability about n^2/2^64) and
-compares tokens only inside the first unmatched block. ``mooncake_block_hit_rate(path)`` is
+pages; summed over requests and divided by all prompt tokens. Exact: the sequences go into a
+radix tree of their own (``sim.optimal``). ``mooncake_block_hit_rate(path)`` is
 the Mooncake README's block-level figure instead (leading ids already seen x 512, capped at
 ``input_length``, no ``-1`` cap): 65.1% on the synthetic trace.
 """
@@ -84,7 +83,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -767,90 +766,9 @@ def load_workload(
 
 # ---- optimal hit rate ------------------------------------------------------------------
 
-_HIT_BLOCK = 64
-
-
-def _prefix_keys(tokens: TokenArray, salt: int) -> U64:
-    """``keys[L-1]`` identifies ``tokens[:L]`` within the namespace ``salt``, for every L."""
-    j = np.arange(len(tokens), dtype=np.uint64)
-    cells = splitmix64((j << np.uint64(32)) ^ tokens.astype(np.uint64) ^ np.uint64(salt))
-    sums = np.cumsum(cells, dtype=np.uint64)  # wraps mod 2^64
-    return splitmix64(sums ^ ((j + np.uint64(1)) * np.uint64(_GOLDEN)))
-
-
-@dataclass
-class _PrefixIndex:
-    """Every prefix of earlier sequences: keys at block boundaries (and sequence ends), and
-    the distinct continuation blocks after each boundary, by first token."""
-
-    block: int
-    keys: set[int] = field(default_factory=set)
-    children: dict[int, dict[int, list[TokenArray]]] = field(default_factory=dict)
-
-    def match(self, tokens: TokenArray, keys: U64, root: int) -> tuple[int, int]:
-        """(longest prefix of ``tokens`` shared with an indexed sequence, full blocks of it)."""
-        b = self.block
-        bounds = keys[b - 1 :: b]
-        lo, hi = 0, len(bounds)  # boundary prefixes are monotone: seen up to some m
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if int(bounds[mid - 1]) in self.keys:
-                lo = mid
-            else:
-                hi = mid - 1
-        m = lo
-        seg = tokens[m * b : (m + 1) * b]
-        if not len(seg):
-            return m * b, m
-        parent = root if m == 0 else int(bounds[m - 1])
-        best = 0
-        for cand in self.children.get(parent, {}).get(int(seg[0]), ()):
-            k = min(len(cand), len(seg))
-            diff = np.flatnonzero(cand[:k] != seg[:k])
-            best = max(best, int(diff[0]) if len(diff) else k)
-        return m * b + best, m
-
-    def add(self, tokens: TokenArray, keys: U64, root: int, start_block: int) -> None:
-        b, n = self.block, len(tokens)
-        for k in range(start_block, -(-n // b)):
-            end = min((k + 1) * b, n)
-            child = int(keys[end - 1])
-            if child in self.keys:
-                continue
-            self.keys.add(child)
-            parent = root if k == 0 else int(keys[k * b - 1])
-            by_first = self.children.setdefault(parent, {})
-            by_first.setdefault(int(tokens[k * b]), []).append(tokens[k * b : end])
-
-
-def _optimal_hits(reqs: Sequence[Req], page_size: int, block: int) -> list[int]:
-    order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time)
-    index = _PrefixIndex(block)
-    hits = [0] * len(reqs)
-    for i in order:
-        r = reqs[i]
-        ns = r.namespace
-        salt = 0 if ns is None else _key(_str_key(repr(ns)))
-        root = _key(salt, 0x5EED)
-        keys = _prefix_keys(r.prompt_ids, salt)
-        lcp, m = index.match(r.prompt_ids, keys, root)
-        hits[i] = min(lcp, r.prompt_len - 1) // page_size * page_size
-        seq = r.prompt_ids
-        scripted = r.scripted_output
-        # Output tokens whose KV exists: all but the last generated one are fed back.
-        fed = 0 if scripted is None else min(len(scripted), r.sampling.max_new_tokens - 1)
-        if scripted is not None and fed > 0:
-            seq = np.concatenate([seq, scripted[:fed]])
-            keys = _prefix_keys(seq, salt)
-        index.add(seq, keys, root, m)
-    return hits
-
 
 def optimal_hit_rate(reqs: Sequence[Req], page_size: int = 1) -> float:
-    """Share of prompt tokens an infinite prefix cache could serve (see module docstring)."""
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    total = sum(r.prompt_len for r in reqs)
-    if not total:
-        return 0.0
-    return sum(_optimal_hits(reqs, page_size, _HIT_BLOCK)) / total
+    """Share of prompt tokens an infinite prefix cache could serve (``sim.optimal``)."""
+    from radixsched.sim.optimal import optimal_hit_rate as optimal
+
+    return optimal(reqs, page_size)
