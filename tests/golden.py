@@ -102,7 +102,7 @@ def _random_trace(n: int, seed: int, *, tenants: int = 3, priorities: bool = Fal
     out = _tmp() / f"random_{n}_{seed}_{tenants}_{int(priorities)}.jsonl"
     t = 0.0
     with out.open("w") as f:
-        for i in range(n):
+        for _ in range(n):
             t += float(rng.exponential(0.05))
             length = int(rng.integers(16, 1600))
             rec: dict[str, Any] = {
@@ -217,77 +217,215 @@ def _switches() -> Iterator[Case]:
     rnd = "random"
     for compat in ("radixsched", "sglang"):
         c = {"compat": compat}
-        yield Case(f"unchunked/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                   "chunked_prefill_size": -1}, small)
-        yield Case(f"mixed/fcfs/{compat}", rnd, {**c, "schedule_policy": "fcfs",
-                   "enable_mixed_chunk": True, "chunked_prefill_size": 512}, small)
-        yield Case(f"mixed/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                   "enable_mixed_chunk": True, "chunked_prefill_size": 512}, small)
-        yield Case(f"no-cache/fcfs/{compat}", rnd, {**c, "schedule_policy": "fcfs",
-                   "disable_radix_cache": True, "chunked_prefill_size": 512}, small)
-        yield Case(f"no-cache/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                   "disable_radix_cache": True}, small)
-        yield Case(f"prefill-max-requests/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                   "prefill_max_requests": 2, "chunked_prefill_size": 512}, small)
-        yield Case(f"max-prefill-tokens/hrrn/{compat}", rnd, {**c, "schedule_policy": "hrrn",
-                   "max_prefill_tokens": 700, "chunked_prefill_size": 512}, small)
-        yield Case(f"queue-limit/fcfs/{compat}", rnd, {**c, "schedule_policy": "fcfs",
-                   "max_queued_requests": 6}, small)
-        yield Case(f"max-running/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                   "max_running_requests": 3}, small)
-        yield Case(f"cap/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                   "max_prefix_match_queue": 4, "chunked_prefill_size": 512}, small)
-        yield Case(f"conservative/dfs-weight/{compat}", rnd, {**c,
-                   "schedule_policy": "dfs-weight", "schedule_conservativeness": 0.3}, small)
-        yield Case(f"dedup-off/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                   "in_batch_prefix_check_threshold": -1}, small)
-        yield Case(f"dedup-wide/spf/{compat}", rnd, {**c,
-                   "schedule_policy": "shortest-prefill-first",
-                   "in_batch_prefix_check_threshold": 4096,
-                   "in_batch_prefix_deprioritize_threshold": 8}, small)
-        yield Case(f"no-refresh/fcfs/{compat}", rnd, {**c, "schedule_policy": "fcfs",
-                   "enable_waiting_prefix_refresh": False}, small)
+        yield Case(
+            f"unchunked/lpm/{compat}",
+            rnd,
+            {**c, "schedule_policy": "lpm", "chunked_prefill_size": -1},
+            small,
+        )
+        yield Case(
+            f"mixed/fcfs/{compat}",
+            rnd,
+            {
+                **c,
+                "schedule_policy": "fcfs",
+                "enable_mixed_chunk": True,
+                "chunked_prefill_size": 512,
+            },
+            small,
+        )
+        yield Case(
+            f"mixed/lpm/{compat}",
+            rnd,
+            {
+                **c,
+                "schedule_policy": "lpm",
+                "enable_mixed_chunk": True,
+                "chunked_prefill_size": 512,
+            },
+            small,
+        )
+        yield Case(
+            f"no-cache/fcfs/{compat}",
+            rnd,
+            {
+                **c,
+                "schedule_policy": "fcfs",
+                "disable_radix_cache": True,
+                "chunked_prefill_size": 512,
+            },
+            small,
+        )
+        yield Case(
+            f"no-cache/lpm/{compat}",
+            rnd,
+            {**c, "schedule_policy": "lpm", "disable_radix_cache": True},
+            small,
+        )
+        yield Case(
+            f"prefill-max-requests/lpm/{compat}",
+            rnd,
+            {**c, "schedule_policy": "lpm", "prefill_max_requests": 2, "chunked_prefill_size": 512},
+            small,
+        )
+        yield Case(
+            f"max-prefill-tokens/hrrn/{compat}",
+            rnd,
+            {
+                **c,
+                "schedule_policy": "hrrn",
+                "max_prefill_tokens": 700,
+                "chunked_prefill_size": 512,
+            },
+            small,
+        )
+        yield Case(
+            f"queue-limit/fcfs/{compat}",
+            rnd,
+            {**c, "schedule_policy": "fcfs", "max_queued_requests": 6},
+            small,
+        )
+        yield Case(
+            f"max-running/lpm/{compat}",
+            rnd,
+            {**c, "schedule_policy": "lpm", "max_running_requests": 3},
+            small,
+        )
+        yield Case(
+            f"cap/lpm/{compat}",
+            rnd,
+            {
+                **c,
+                "schedule_policy": "lpm",
+                "max_prefix_match_queue": 4,
+                "chunked_prefill_size": 512,
+            },
+            small,
+        )
+        yield Case(
+            f"conservative/dfs-weight/{compat}",
+            rnd,
+            {**c, "schedule_policy": "dfs-weight", "schedule_conservativeness": 0.3},
+            small,
+        )
+        yield Case(
+            f"dedup-off/lpm/{compat}",
+            rnd,
+            {**c, "schedule_policy": "lpm", "in_batch_prefix_check_threshold": -1},
+            small,
+        )
+        yield Case(
+            f"dedup-wide/spf/{compat}",
+            rnd,
+            {
+                **c,
+                "schedule_policy": "shortest-prefill-first",
+                "in_batch_prefix_check_threshold": 4096,
+                "in_batch_prefix_deprioritize_threshold": 8,
+            },
+            small,
+        )
+        yield Case(
+            f"no-refresh/fcfs/{compat}",
+            rnd,
+            {**c, "schedule_policy": "fcfs", "enable_waiting_prefix_refresh": False},
+            small,
+        )
         for ev in ("lfu", "fifo", "filo", "mru", "priority"):
-            yield Case(f"evict-{ev}/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                       "radix_eviction_policy": ev, "chunked_prefill_size": 512}, small)
+            yield Case(
+                f"evict-{ev}/lpm/{compat}",
+                rnd,
+                {
+                    **c,
+                    "schedule_policy": "lpm",
+                    "radix_eviction_policy": ev,
+                    "chunked_prefill_size": 512,
+                },
+                small,
+            )
         for policy in ("fcfs", "lof"):
             for low in (False, True):
                 yield Case(
                     f"priority/{policy}/low{int(low)}/{compat}",
                     "priority",
-                    {**c, "schedule_policy": policy, "enable_priority_scheduling": True,
-                     "schedule_low_priority_values_first": low,
-                     "priority_scheduling_preemption_threshold": 5,
-                     "chunked_prefill_size": 512},
+                    {
+                        **c,
+                        "schedule_policy": policy,
+                        "enable_priority_scheduling": True,
+                        "schedule_low_priority_values_first": low,
+                        "priority_scheduling_preemption_threshold": 5,
+                        "chunked_prefill_size": 512,
+                    },
                     small,
                 )
-        yield Case(f"priority-retract/fcfs/{compat}", "priority", {**c,
-                   "schedule_policy": "fcfs", "enable_priority_scheduling": True,
-                   "retraction_policy": "priority", "disable_priority_preemption": True},
-                   {"max_total_tokens": 8_000})
-        yield Case(f"priority-queue-limit/fcfs/{compat}", "priority", {**c,
-                   "schedule_policy": "fcfs", "enable_priority_scheduling": True,
-                   "max_queued_requests": 5, "default_priority_value": 3}, small)
+        yield Case(
+            f"priority-retract/fcfs/{compat}",
+            "priority",
+            {
+                **c,
+                "schedule_policy": "fcfs",
+                "enable_priority_scheduling": True,
+                "retraction_policy": "priority",
+                "disable_priority_preemption": True,
+            },
+            {"max_total_tokens": 8_000},
+        )
+        yield Case(
+            f"priority-queue-limit/fcfs/{compat}",
+            "priority",
+            {
+                **c,
+                "schedule_policy": "fcfs",
+                "enable_priority_scheduling": True,
+                "max_queued_requests": 5,
+                "default_priority_value": 3,
+            },
+            small,
+        )
         for bound in ({"lpm_max_wait_s": 0.3}, {"lpm_max_wait_tokens": 3000}):
             key = next(iter(bound))
-            yield Case(f"starvation-{key}/lpm/{compat}", rnd, {**c, "schedule_policy": "lpm",
-                       **bound}, small)
-        yield Case(f"hicache/lpm/{compat}", "distinct", {**c, "schedule_policy": "lpm"},
-                   {"max_total_tokens": 60_000, "enable_hierarchical_cache": True,
-                    "hicache_size": 0.05})
+            yield Case(
+                f"starvation-{key}/lpm/{compat}",
+                rnd,
+                {**c, "schedule_policy": "lpm", **bound},
+                small,
+            )
+        yield Case(
+            f"hicache/lpm/{compat}",
+            "distinct",
+            {**c, "schedule_policy": "lpm"},
+            {"max_total_tokens": 60_000, "enable_hierarchical_cache": True, "hicache_size": 0.05},
+        )
         for router in ("round-robin", "cache-aware"):
-            yield Case(f"dp2-{router}/lpm/{compat}", "shared-block",
-                       {**c, "schedule_policy": "lpm", "chunked_prefill_size": 2048},
-                       {"max_total_tokens": 50_000, "dp": 2, "router": router})
+            yield Case(
+                f"dp2-{router}/lpm/{compat}",
+                "shared-block",
+                {**c, "schedule_policy": "lpm", "chunked_prefill_size": 2048},
+                {"max_total_tokens": 50_000, "dp": 2, "router": router},
+            )
         for policy in ("fcfs", "lpm"):
-            yield Case(f"lockstep/{policy}/{compat}", "shared-prefix",
-                       {**c, "schedule_policy": policy},
-                       {"max_total_tokens": 6_000, "dp": 2, "enable_dp_attention": True,
-                        "router": "round-robin"})
-        yield Case(f"lockstep-nodelay/lpm/{compat}", "random",
-                   {**c, "schedule_policy": "lpm", "chunked_prefill_size": 512},
-                   {"max_total_tokens": 12_000, "dp": 2, "enable_dp_attention": True,
-                    "enable_prefill_delayer": False})
+            yield Case(
+                f"lockstep/{policy}/{compat}",
+                "shared-prefix",
+                {**c, "schedule_policy": policy},
+                {
+                    "max_total_tokens": 6_000,
+                    "dp": 2,
+                    "enable_dp_attention": True,
+                    "router": "round-robin",
+                },
+            )
+        yield Case(
+            f"lockstep-nodelay/lpm/{compat}",
+            "random",
+            {**c, "schedule_policy": "lpm", "chunked_prefill_size": 512},
+            {
+                "max_total_tokens": 12_000,
+                "dp": 2,
+                "enable_dp_attention": True,
+                "enable_prefill_delayer": False,
+            },
+        )
 
 
 def cases() -> list[Case]:
@@ -331,9 +469,7 @@ def observe(run: Any) -> dict[str, Any]:
     res = run.result.to_json()
     return {
         "trace": trace_digest(run.requests),
-        "replicas": [
-            {k: getattr(s, k) for k in REPLICA_FIELDS} for s in run.replicas
-        ],
+        "replicas": [{k: getattr(s, k) for k in REPLICA_FIELDS} for s in run.replicas],
         "result": {k: res[k] for k in RESULT_FIELDS if k in res},
         "lockstep": None if run.lockstep is None else run.lockstep.to_json(),
         "finished": sum(r.finish is not None for r in run.requests),
