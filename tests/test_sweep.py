@@ -312,3 +312,16 @@ def test_without_a_rate_a_sweep_sends_generated_requests_at_once() -> None:
     row = simulate_point({**TINY, "request_rate": None, "slo_ttft_ms": 1e6})
     assert row["load.arrival_span_s"] == 0.0
     assert row["slo.attainment"] == 1.0
+
+
+def test_an_unusable_out_folder_fails_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_yaml(
+        tmp_path / "ok.yaml", "base: {workload: '" + TINY["workload"] + "'}\nvary: {dp: [1]}\n"
+    )
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    assert main([str(cfg), "--out", str(blocker / "out")]) == 2
+    captured = capsys.readouterr()
+    assert "is not a writable folder" in captured.err and "run 1/" not in captured.out

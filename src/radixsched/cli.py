@@ -360,7 +360,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             def on_progress(done: int, total: int, task: Any = task) -> None:
                 progress.update(task, completed=done)
 
-            run = simulate(workload, cfg, sim_cfg, on_progress=on_progress, optimal_hit_rate=opt)
+            try:
+                run = simulate(
+                    workload, cfg, sim_cfg, on_progress=on_progress, optimal_hit_rate=opt
+                )
+            except ValueError as e:  # a combination only the run itself rejects
+                raise CliError(f"{name}: {e}") from e
             if slo.active:
                 run = _with_slo(run, slo)
             runs.append(run)

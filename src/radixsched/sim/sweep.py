@@ -52,7 +52,6 @@ from radixsched.sim.runconfig import (
     RunConfigError,
     RunSettings,
     check,
-    check_output_path,
     load_yaml,
     resolve,
     suggest,
@@ -752,10 +751,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except SweepError as e:
         return _error(str(e))
     out_dir = Path(args.out or f"sweep-{config.name}")
-    if not out_dir.is_dir():
-        err = check_output_path("--out", str(out_dir))
-        if err:
-            return _error(err)
+    existing = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return _error(f"--out {out_dir}: {existing} is not a writable folder")
     executor: SweepExecutor
     if args.ray is not None:
         executor = RayExecutor(args.ray)
