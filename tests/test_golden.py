@@ -25,7 +25,7 @@ def test_golden_case(name: str) -> None:
     got = golden.run_case(CASES[name])
     assert "error" not in want, f"recorded as a crash: {want['error']}"
     assert got["finished"] == want["finished"]
-    assert golden.comparable(got) == golden.comparable(want)
+    assert golden.same_as_recorded(got, want)
     assert got["replicas"] == want["replicas"]
     assert got["lockstep"] == want["lockstep"]
     assert got["trace"] == want["trace"], "per-request tokens or times differ"

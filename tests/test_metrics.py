@@ -14,16 +14,23 @@ from hypothesis import strategies as st
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.sim.metrics import (
     ADDITIONAL_KEYS,
+    REQUEST_COLUMNS,
     REQUIRED_KEYS,
     STATS_KEYS,
     THROUGHPUT_KEYS,
+    SloTargets,
     Stats,
     TimeSeries,
+    failure_reasons,
+    failure_summary,
     fairness_horizon,
     hit_rates,
     itl_samples,
     jain_index,
+    load_check,
     queue_wait_samples,
+    request_rows,
+    slo_result,
     summarize,
     tenant_results,
     tpot_samples,
@@ -81,21 +88,25 @@ def test_stats_percentiles_by_hand() -> None:
     # Linear interpolation on sorted [1,2,3,4]: rank q*(n-1) -> p50 at 1.5, p90 at 2.7, p99 at 2.97.
     assert (s.mean, s.p50, s.max, s.n) == (2.5, 2.5, 4.0, 4)
     assert s.p90 == pytest.approx(3.7) and s.p99 == pytest.approx(3.97)
-    assert Stats.of([5.0]) == Stats(5.0, 5.0, 5.0, 5.0, 5.0, 1)
+    assert s.p95 == pytest.approx(3.85)  # rank 0.95 * 3 = 2.85: 3 + 0.85
+    # Population standard deviation: deviations -1.5, -0.5, 0.5, 1.5 -> sqrt(5/4).
+    assert s.std == pytest.approx(math.sqrt(1.25))
+    assert Stats.of([5.0]) == Stats(5.0, 0.0, 5.0, 5.0, 5.0, 5.0, 5.0, 1)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=50))
 def test_stats_are_ordered(values: list[float]) -> None:
     s = Stats.of(values)
-    assert min(values) <= s.p50 <= s.p90 <= s.p99 <= s.max == max(values)
+    assert min(values) <= s.p50 <= s.p90 <= s.p95 <= s.p99 <= s.max == max(values)
+    assert s.std == pytest.approx(float(np.std(values)), abs=1e-6)
     assert min(values) - 1e-6 <= s.mean <= max(values) + 1e-6  # float rounding of the sum
     assert s.n == len(values)
 
 
 def test_stats_empty_is_zero_not_nan() -> None:
     s = Stats.of([])
-    assert s == Stats(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    assert s == Stats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
     assert tuple(s.to_json()) == STATS_KEYS
 
 
@@ -310,7 +321,7 @@ def test_json_key_set_is_exact() -> None:
         "retractions", "preemptions", "wall_s",
     }  # fmt: skip
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s"):
-        assert set(data[key]) == {"mean", "p50", "p90", "p99", "max"}  # type: ignore[arg-type]
+        assert set(data[key]) == {"mean", "std", "p50", "p90", "p95", "p99", "max"}  # type: ignore[arg-type]
     assert set(data["throughput"]) == set(THROUGHPUT_KEYS)  # type: ignore[arg-type]
     assert set(THROUGHPUT_KEYS) == {"requests_per_s", "input_tokens_per_s", "output_tokens_per_s"}
     assert isinstance(data["policy"], str) and isinstance(data["num_requests"], int)
@@ -368,3 +379,93 @@ def test_multi_tenant_summary_has_tenants() -> None:
     tenants = res.to_json()["tenants"]
     assert isinstance(tenants, list) and len(tenants) == 2
     assert not math.isnan(res.tenants[0].ttft_s.mean)
+
+
+# ---- SLO goodput, load, per-request rows, failures -------------------------------------------
+
+
+def test_slo_attainment_counts_requests_meeting_every_target() -> None:
+    # TTFTs 2, 3, 1; TPOTs 0.75, -, 0.25 (b has one token: no TPOT, it meets any TPOT target).
+    reqs = three_reqs()
+    aborted = make_req("d", arrival=0.0, token_times=[0.5], reason=FinishReason.ABORT)
+    reqs.append(aborted)  # counts in the total, never meets
+    res = slo_result(reqs, SloTargets(ttft_s=2.5, tpot_s=0.5), makespan_s=4.0)
+    assert (res.met, res.total) == (1, 4)  # a: TPOT too slow; b: TTFT 3 > 2.5; c meets both
+    assert res.attainment == 0.25 and res.goodput_requests_per_s == 0.25
+    assert slo_result(reqs, SloTargets(ttft_s=10.0), 4.0).met == 3
+    assert slo_result(reqs, SloTargets(tpot_s=0.8), 4.0).met == 3
+    with pytest.raises(ValueError, match="positive"):
+        SloTargets(ttft_s=0.0)
+    full = summarize(
+        "p", reqs, None, optimal_hit_rate=0.5, wall_s=1.0, retractions=0, preemptions=0,
+        slo=SloTargets(ttft_s=2.5, tpot_s=0.5),
+    )  # fmt: skip
+    assert full.slo is not None and full.to_json()["slo"]["met"] == 1  # type: ignore[index]
+    plain = summarize(
+        "p", reqs, None, optimal_hit_rate=0.5, wall_s=1.0, retractions=0, preemptions=0
+    )
+    assert plain.slo is None and plain.to_json()["slo"] is None
+
+
+def _queued(n: int, gap: float, service: float, servers: int) -> list[Req]:
+    """Requests arriving every ``gap`` seconds served FIFO by ``servers`` parallel servers
+    taking ``service`` seconds each."""
+    free = [0.0] * servers
+    reqs = []
+    for i in range(n):
+        arrival = i * gap
+        k = min(range(servers), key=lambda j: free[j])
+        start = max(arrival, free[k])
+        free[k] = start + service
+        reqs.append(
+            make_req(f"r{i}", arrival=arrival, scheduled=start, token_times=[start + service])
+        )
+    return reqs
+
+
+def test_load_check_flags_a_queue_that_keeps_growing() -> None:
+    # 100 requests at 10/s, each served in 0.5 s by 2 servers: capacity 4/s, overloaded 2.5x.
+    over = _queued(100, 0.1, 0.5, 2)
+    lc = load_check(over, served_requests_per_s=len(over) / (over[-1].times.finish - 0.0))
+    assert lc.overloaded and lc.offered_requests_per_s == pytest.approx(10.0)
+    assert lc.load_ratio > 2 and lc.backlog >= 50
+    # The same arrivals with 8 servers (16/s) keep up: no backlog, no verdict.
+    calm = _queued(100, 0.1, 0.5, 8)
+    served = len(calm) / calm[-1].times.finish
+    assert not load_check(calm, served).overloaded
+    # All at t=0 is a burst the user asked for, queued by design: never called overload.
+    burst = _queued(100, 0.0, 0.5, 2)
+    assert not load_check(burst, len(burst) / burst[-1].times.finish).overloaded
+    assert not load_check(over[:5], 1.0).overloaded  # too few requests to tell
+    assert load_check([], 0.0).offered_requests_per_s == 0.0
+
+
+def test_request_rows_match_the_samples() -> None:
+    reqs = three_reqs()
+    rows = request_rows("lpm", reqs, {"a": 1}, SloTargets(ttft_s=2.5))
+    assert [r["request_id"] for r in rows] == ["a", "b", "c"]
+    assert all(set(r) == set(REQUEST_COLUMNS) for r in rows)
+    assert [r["ttft_s"] for r in rows] == ttft_samples(reqs).tolist()
+    assert [r["queue_wait_s"] for r in rows] == queue_wait_samples(reqs).tolist()
+    assert [r["tpot_s"] for r in rows] == [0.75, None, 0.25]
+    assert [r["slo_met"] for r in rows] == [True, False, True]
+    assert rows[0]["replica"] == 1 and rows[1]["replica"] is None
+    assert rows[0]["cached_tokens"] == 50 and rows[0]["finish_reason"] == "length"
+
+
+def test_failure_summary_groups_messages_by_shape() -> None:
+    reqs = []
+    for i, n in enumerate((100, 200, 300)):
+        r = Req(f"x{i}", np.ones(3, dtype=np.int32))
+        r.finish = FinishState(FinishReason.ABORT, f"prompt of {n} tokens does not fit")
+        reqs.append(r)
+    full = Req("q", np.ones(3, dtype=np.int32))
+    full.finish = FinishState(FinishReason.ABORT, "The request queue is full.")
+    reqs.append(full)
+    assert failure_reasons(reqs) == [
+        ("prompt of 100 tokens does not fit", 3),
+        ("The request queue is full.", 1),
+    ]
+    text = failure_summary(reqs)
+    assert text.startswith("4 rejected at admission") and "100 tokens" in text
+    assert failure_summary(three_reqs()) == ""

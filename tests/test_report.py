@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from radixsched.policy import POLICIES
 from rich.console import Console
 
 from radixsched.request import FinishReason, FinishState, Req
@@ -30,15 +31,24 @@ from radixsched.sim.metrics import (
     summarize,
     ttft_samples,
 )
-from radixsched.sim.report import cdf_points, log_ticks, nice_ticks, render_report, write_report
+from radixsched.sim.report import (
+    cdf_points,
+    identical_groups,
+    plotly_js,
+    render_report,
+    write_report,
+)
 from radixsched.sim.table import (
     COLUMNS,
+    PALETTE,
+    WALL_COLUMN,
     Better,
     Column,
     best_rows,
-    column_chunks,
     dominates,
+    fmt_rate,
     fmt_seconds,
+    load_warnings,
     recommend,
     render_comparison,
     write_csv,
@@ -47,7 +57,7 @@ from radixsched.sim.table import (
 
 
 def result(policy: str, hit: float, p99: float, tput: float, **kw: object) -> PolicyResult:
-    s = Stats(mean=p99 / 2, p50=p99 / 2, p90=p99, p99=p99, max=p99, n=10)
+    s = Stats(mean=p99 / 2, std=p99 / 4, p50=p99 / 2, p90=p99, p95=p99, p99=p99, max=p99, n=10)
     base = PolicyResult(
         policy=policy,
         hit_rate=hit,
@@ -64,6 +74,7 @@ def result(policy: str, hit: float, p99: float, tput: float, **kw: object) -> Po
         retractions=0,
         preemptions=0,
         wall_s=0.1,
+        num_completed=10,
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
@@ -83,10 +94,14 @@ def test_recommend_and_pareto() -> None:
     assert rec.pareto == ("a", "b")
     assert rec.throughput is not None and rec.throughput.tied_with == ("a",)
     assert rec.hit_rate is not None and rec.hit_rate.value == 0.6 and rec.hit_rate.tied_with == ()
-    assert rec.lines() == [
-        "Best hit rate: b (60.0%)",
-        "Best p99 TTFT: a (1 s)",
-        "Best throughput: b, a (tie, 100 output tok/s)",
+    lines = rec.lines()
+    # The recommendation: the Pareto policy with the lowest p99 TTFT, against the first policy.
+    assert rec.recommended == "a" and rec.baseline == "b"
+    assert lines[0].startswith("Recommended: a, the lowest p99 TTFT")
+    assert lines[1].startswith("Against b: hit rate 50.0% (b 60.0%, -17%); p99 TTFT 1.00 s")
+    assert lines[2] == "Cost against b: hit rate 50.0% vs 60.0%."
+    assert lines[-2:] == [
+        "Best hit rate: b (60.0%); p99 TTFT: a (1.00 s); throughput: b, a (100 output tok/s).",
         "Pareto set (hit rate, p99 TTFT, throughput): a, b",
     ]
     assert dominates(a, c) and not dominates(c, a)
@@ -101,7 +116,8 @@ def test_pareto_single_winner_and_identical_results() -> None:
     assert recommend([a, twin]).pareto == ("a", "twin")
     assert recommend([a, twin]).best_hit_rate == "a"  # full tie: first in input order
     assert "Pareto set: a" in "\n".join(recommend([a, b]).lines())
-    assert "Best hit rate: all policies tie (70.0%)" in recommend([a, twin]).lines()
+    same = recommend([a, twin]).lines()
+    assert len(same) == 1 and same[0].startswith("All 2 policies perform alike here")
 
 
 def test_recommend_treats_noise_as_a_tie() -> None:
@@ -152,6 +168,47 @@ def test_recommend_empty() -> None:
     assert rec.lines() == ["No results to compare."]
 
 
+def test_policies_that_served_nothing_are_never_best() -> None:
+    served = result("lpm", hit=0.3, p99=9.0, tput=10.0)
+    # Nothing completed: every latency is an empty 0, which must not read as the best TTFT.
+    empty = result("fcfs", hit=0.0, p99=0.0, tput=0.0, num_completed=0)
+    rec = recommend([empty, served])
+    assert rec.excluded == ("fcfs",) and rec.recommended == "lpm"
+    assert rec.p99_ttft is not None and rec.p99_ttft.policy == "lpm"
+    assert any("Not compared (served no request): fcfs" in ln for ln in rec.lines())
+    col = next(c for c in COLUMNS if c.key == "ttft_p99")
+    assert best_rows([empty, served, result("x", 0.3, 10.0, 10.0)], col) == {1}
+    nothing = recommend([empty, replace(empty, policy="lof")])
+    assert nothing.recommended is None
+    assert nothing.lines() == ["No policy served any request: nothing to recommend."]
+
+
+def test_written_recommendation_names_the_cost() -> None:
+    base = result("fcfs", hit=0.4, p99=4.0, tput=100.0)
+    # lpm is faster and hits more, but starves someone: its longest queue wait is 3x fcfs's.
+    lpm = result("lpm", hit=0.8, p99=2.0, tput=130.0)
+    lpm = replace(lpm, queue_wait_s=lpm.queue_wait_s._replace(max=12.0))
+    text = recommend([base, lpm]).text
+    assert text[0].startswith("Recommended: lpm")
+    assert "hit rate 80.0% (fcfs 40.0%, +100%)" in text[1]
+    assert "p99 TTFT 2.00 s (fcfs 4.00 s, -50%)" in text[1]
+    assert "output throughput 130 tok/s (fcfs 100 tok/s, +30%)" in text[1]
+    assert text[2] == "Cost against fcfs: longest queue wait 12.0 s vs 4.00 s."
+
+
+def test_slo_attainment_decides_the_recommendation_when_given() -> None:
+    from radixsched.sim.metrics import SloResult
+
+    def slo(att: float) -> SloResult:
+        return SloResult(100.0, None, int(att * 10), 10, att, att)
+
+    fast = result("fast", hit=0.5, p99=1.0, tput=100.0, slo=slo(0.6))
+    good = result("good", hit=0.5, p99=2.0, tput=100.0, slo=slo(0.9))
+    rec = recommend([fast, good])
+    assert rec.recommended == "good"
+    assert rec.text[0].startswith("Recommended: good, the most requests within the SLO: 90.0%")
+
+
 # ---- table -----------------------------------------------------------------------------------
 
 
@@ -168,7 +225,7 @@ def test_best_rows_directions_and_ties() -> None:
     assert best_rows(rs, column("hit_rate")) == {1, 2}  # higher is better, tie highlighted twice
     assert best_rows(rs, column("ttft_p99")) == {0}  # lower is better
     assert best_rows(rs, column("retractions")) == set()  # all equal: nothing to highlight
-    assert best_rows(rs, column("wall_s")) == set()  # informational column
+    assert best_rows(rs, WALL_COLUMN) == set()  # informational column
     assert best_rows(rs[:1], column("hit_rate")) == set()  # a single row is not a comparison
     # Values that print the same are a tie even if the floats differ.
     close = [
@@ -177,7 +234,7 @@ def test_best_rows_directions_and_ties() -> None:
         result("z", 0.5, 1.0, 1.0),
     ]
     assert best_rows(close, column("ttft_p99")) == {0, 1}
-    assert {c.better for c in COLUMNS} == set(Better)
+    assert {c.better for c in (*COLUMNS, WALL_COLUMN)} == set(Better)
 
 
 def test_render_comparison_prints_table_and_recommendation() -> None:
@@ -186,34 +243,72 @@ def test_render_comparison_prints_table_and_recommendation() -> None:
     rec = render_comparison(rs, console)
     text = console.export_text()
     assert "lpm[x]" in text  # markup in a policy name is escaped, not interpreted
-    assert "70.0%" in text and "1 s" in text
-    assert "Best hit rate: lpm[x]" in text
+    assert "70.0%" in text and "1.00 s" in text
+    assert "Recommended: lpm[x]" in text and "Best hit rate: lpm[x]" in text
     assert rec.pareto == ("lpm[x]",)
+    # The simulator's own runtime once, below the table, never as a column.
+    assert text.count("Simulator runtime (real time): 0.20 s") == 1 and "wall" not in text
 
 
-def test_render_comparison_splits_on_narrow_terminal() -> None:
-    console = Console(record=True, width=70, color_system=None)
-    render_comparison([result("fcfs", 0.2, 3.0, 50.0), result("lpm", 0.7, 1.0, 60.0)], console)
-    text = console.export_text()
-    assert "(1/" in text and "wall s" in text
-    assert max(len(line) for line in text.splitlines()) <= 70
-
-
-def test_column_chunks() -> None:
-    assert column_chunks([5, 5, 5], first=6, available=100) == [[0, 1, 2]]
-    # 6+3 for the policy column, each column 5+3: two fit in 26, the third starts a new part.
-    assert column_chunks([5, 5, 5], first=6, available=26) == [[0, 1], [2]]
-    assert column_chunks([50], first=6, available=20) == [[0]]
+@pytest.mark.parametrize("width", [100, 80, 60])
+def test_one_table_fits_the_terminal(width: int) -> None:
+    console = Console(record=True, width=width, color_system=None)
+    rs = [
+        result("shortest-prefill-first", 0.2, 3000.0, 50.0, retractions=1234),
+        result("lpm", 0.7, 0.0123, 6000.0, num_completed=7),
+    ]
+    render_comparison(rs, console)
+    lines = console.export_text().splitlines()
+    assert max(len(ln) for ln in lines) <= width
+    header = [ln for ln in lines if ln.startswith("policy ")]
+    assert len(header) == 1 and "TTFT p99" in header[0]
+    assert "failed" in header[0]  # some requests failed: that column stays
+    legend = " ".join(" ".join(lines).split())
+    assert "higher is better for hit rate" in legend and "best in green" in legend
+    if width < 100:
+        assert "Not shown at this width:" in legend
 
 
 def test_fmt_seconds_units() -> None:
-    assert [fmt_seconds(x) for x in (0.0, 2e-5, 0.0123, 1.5, 12345.0)] == [
+    assert [fmt_seconds(x) for x in (0.0, 2e-5, 0.0123, 1.5, 28.0, 655.2, 1617.3, 12345.0)] == [
         "0",
-        "20 µs",
+        "20.0 µs",
         "12.3 ms",
-        "1.5 s",
+        "1.50 s",
+        "28.0 s",
+        "655 s",
+        "1,617 s",
         "12,345 s",
     ]
+    # Three significant digits everywhere, also where rounding reaches the next unit.
+    assert [fmt_seconds(x) for x in (0.9997, 0.0009996, 9.996, 99.96)] == [
+        "1.00 s",
+        "1.00 ms",
+        "10.0 s",
+        "100 s",
+    ]
+    assert [fmt_rate(x) for x in (0.5, 12.34, 4245.3)] == ["0.500", "12.3", "4,245"]
+
+
+def test_policy_colours_are_distinct() -> None:
+    def rgb(c: str) -> tuple[int, ...]:
+        return tuple(int(c[i : i + 2], 16) for i in (1, 3, 5))
+
+    cols = [rgb(c) for c in PALETTE[: len(POLICIES)]]
+    for i, a in enumerate(cols):
+        for b in cols[i + 1 :]:
+            assert sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5 > 60, (a, b)
+
+
+def test_overload_warning_lines() -> None:
+    from radixsched.sim.metrics import LoadCheck
+
+    busy = result("fcfs", 0.5, 1.0, 100.0, load=LoadCheck(6.1, 2.0, 654.0, 2200, 1.0, True))
+    calm = result("lpm", 0.5, 1.0, 100.0, load=LoadCheck(1.0, 2.0, 10.0, 0, 1.0, False))
+    lines = load_warnings([busy, calm])
+    assert lines[0].startswith("overloaded (fcfs): requests arrived at 6.10 req/s for 654 s")
+    assert "served 2.00 req/s (offered 3.0x that); 2,200 of 10 requests" in lines[1]
+    assert load_warnings([calm]) == []
 
 
 # ---- CSV / JSON ------------------------------------------------------------------------------
@@ -227,7 +322,7 @@ def test_write_csv_columns(tmp_path: Path) -> None:
         reader = csv.DictReader(f)
         rows = list(reader)
         header = reader.fieldnames
-    stats = ["mean", "p50", "p90", "p99", "max"]
+    stats = ["mean", "std", "p50", "p90", "p95", "p99", "max"]
     expected = ["policy", "hit_rate", "optimal_hit_rate", "prefill_tokens_computed", "num_requests"]
     for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s"):
         expected += [f"{k}.{s}" for s in stats]
@@ -262,7 +357,7 @@ def test_write_json_structure(tmp_path: Path) -> None:
     cfg = {"gpu": Gpu("H100", 80.0), "mode": Mode.FAST, "timeout": float("inf"), "out": tmp_path}
     write_json(path, {"name": "wl", "sizes": (1, 2)}, cfg, [result("a", 0.5, 1.0, 100.0)])
     doc = json.loads(path.read_text())  # strict JSON: inf became null
-    assert list(doc) == ["workload", "config", "results"]
+    assert list(doc) == ["meta", "workload", "config", "results"]
     assert doc["workload"] == {"name": "wl", "sizes": [1, 2]}
     assert doc["config"] == {
         "gpu": {"name": "H100", "hbm_gb": 80.0},
@@ -276,13 +371,10 @@ def test_write_json_structure(tmp_path: Path) -> None:
 # ---- HTML report -----------------------------------------------------------------------------
 
 
-def test_axis_ticks() -> None:
-    assert nice_ticks(0.0, 10.0) == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
-    assert nice_ticks(0.0, 1.0) == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    assert nice_ticks(0.0, 1.0, integer=True) == [0.0, 1.0]
-    assert nice_ticks(0.0, 3.0, integer=True) == [0.0, 1.0, 2.0, 3.0]
-    assert log_ticks(0.01, 50.0) == pytest.approx([0.01, 0.1, 1.0, 10.0])
-    assert log_ticks(0.3, 4.0) == pytest.approx([0.5, 1.0, 2.0])
+def test_identical_groups() -> None:
+    a, b = np.arange(3.0), np.arange(3.0) + 1
+    groups = identical_groups({"x": [a], "y": [b], "z": [a.copy()], "w": [b.copy()], "v": [a[:2]]})
+    assert groups == [["x", "z"], ["y", "w"]]
 
 
 def test_cdf_points() -> None:
@@ -347,21 +439,63 @@ def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
     assert "<script>alert(1)</script>" not in html
     assert "lpm&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "tiny &lt;synthetic&gt;" in html
-    # Nothing is fetched: no external scripts, styles, images or links.
-    assert not re.search(r"<(link|img|iframe)\b", html)
-    assert not re.search(r"\b(src|href)\s*=", html)
-    assert not re.search(r"url\(", html)
-    assert set(re.findall(r"https?://[^\s\"'<>]+", html)) == {"http://www.w3.org/2000/svg"}
-    assert html.count('<svg id="chart-') == 4
-    assert 'id="comparison"' in html and 'id="tenants"' in html
-    assert "chunked_prefill_size" in html and "H100" in html
-    # A 5,000-sample series is downsampled; step lines at most double the 2,000 points.
-    longest = max(len(p.split()) for p in re.findall(r'points="([^"]*)"', html))
-    assert longest <= 4000
+    # plotly.js is inlined once; around it nothing is fetched: no external scripts, styles,
+    # images or links, and no URL but the SVG namespace.
+    lib = f'<script type="text/javascript">{plotly_js()}</script>'
+    assert html.count(lib) == 1
+    page = html.replace(lib, "")
+    assert not re.search(r"<(link|img|iframe)\b", page)
+    assert not re.search(r"\b(src|href)\s*=", page)
+    assert not re.search(r"url\(", page)
+    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
+    for chart in ("chart-ttft", "chart-hit-rate", "chart-queue", "chart-kv"):
+        assert f'id="{chart}"' in page
+    assert 'id="comparison"' in page and 'id="tenants"' in page and 'id="recommendation"' in page
+    assert "chunked_prefill_size" in page and "H100" in page
+    # The comparison table has E2E, ITL, p95 and std columns, not only the terminal's.
+    for key in ("e2e_p99", "itl_p50", "ttft_p95", "ttft_std"):
+        assert f'data-col="{key}"' in page, key
+
+
+def test_charts_downsample_and_split_kv_usage_per_policy() -> None:
+    from radixsched.sim.metrics import REPORT_MAX_POINTS
+    from radixsched.sim.report import kv_figure, time_figure
+
+    runs = [sim_run("a", 1), sim_run("b", 2), sim_run("c", 3)]
+    sampled = {r.policy: s.downsampled(REPORT_MAX_POINTS) for r, s, _ in runs}
+    names = list(sampled)
+    fig = time_figure("q", "waiting", names, sampled, "queue_len")
+    assert [t.name for t in fig.data] == names
+    assert all(len(t.x) <= REPORT_MAX_POINTS for t in fig.data)  # 5,000 samples each
+    kv = kv_figure(names, sampled)
+    # One panel (own y axis) per policy: nine series near 100% never make one band.
+    assert len({t.yaxis for t in kv.data}) == 3
+    assert [a.text for a in kv.layout.annotations] == names
+    # Series of different policies differ in colour and, beyond the first two, in dash.
+    styles = {(t.line.color, t.line.dash) for t in fig.data}
+    assert len(styles) == 3
+
+
+def test_identical_curves_get_a_note(tmp_path: Path) -> None:
+    r, series, ttft = sim_run("lpm", 1)
+    twin = replace(r, policy="dfs-weight")
+    html = render_report(
+        {}, {}, [r, twin], {"lpm": series, "dfs-weight": series}, {"lpm": ttft, "dfs-weight": ttft}
+    )
+    assert "Identical curves, drawn on top of each other: lpm = dfs-weight." in html
+
+
+def test_report_shows_warnings_and_what_was_run(tmp_path: Path) -> None:
+    r, series, ttft = sim_run("lpm", 1)
+    meta = {"version": "9.9.9", "created": "2030-01-01T00:00:00+00:00", "command": "radixsched x"}
+    html = render_report({}, {}, [r], {"lpm": series}, {"lpm": ttft}, warnings=["overloaded: x"],
+                         meta=meta)  # fmt: skip
+    assert 'id="warnings"' in html and "overloaded: x" in html
+    assert "radixsched 9.9.9" in html and "2030-01-01T00:00:00+00:00" in html
 
 
 def test_report_caps_tenant_rows(tmp_path: Path) -> None:
-    share = Stats(0.1, 0.1, 0.1, 0.1, 0.1, 1)
+    share = Stats(0.1, 0.0, 0.1, 0.1, 0.1, 0.1, 0.1, 1)
     tenants = tuple(
         TenantResult(f"session-{k}", 1, 0.5, share, share, 100, 100 - k, (100 - k) / 100)
         for k in range(40)
@@ -375,8 +509,8 @@ def test_report_caps_tenant_rows(tmp_path: Path) -> None:
 
 def test_report_with_no_data(tmp_path: Path) -> None:
     out = write_report(tmp_path / "empty.html", {}, {}, [], {}, {})
-    html = out.read_text()
-    assert html.count("no data") == 4 and "No results." in html
+    html = out.read_text().replace(plotly_js(), "")
+    assert html.count('"text":"no data"') == 4 and "No results." in html
 
 
 def find_chromium() -> str | None:
@@ -435,10 +569,13 @@ def test_report_renders_in_chromium_without_errors(tmp_path: Path) -> None:
     body = re.search(r"<body[^>]*>", dom)
     assert body is not None
     assert 'data-ready="1"' in body.group(0)  # the inline script ran to its end
+    assert 'data-charts="4"' in body.group(0)  # and found four drawn Plotly charts
     assert "data-errors" not in body.group(0)  # and no error reached window.onerror
     assert '<table id="comparison"' in dom and '<table id="tenants"' in dom
-    assert len(re.findall(r'<svg id="chart-[a-z-]+" class="chart"', dom)) == 4
-    assert dom.count("<polyline") >= 12  # 3 policies x 4 charts (plus the optimum line)
+    # Plotly drew every chart: an SVG per chart, a line per policy and chart.
+    assert dom.count('class="main-svg"') >= 4
+    assert dom.count('class="scatterlayer') >= 4
+    assert len(re.findall(r'<path class="js-line"', dom)) >= 12
 
 
 @needs_chromium
@@ -453,9 +590,22 @@ def test_chromium_check_catches_a_broken_page(tmp_path: Path) -> None:
 def test_legend_click_hides_the_policy_in_every_chart(tmp_path: Path) -> None:
     page = make_report(tmp_path)
     clicked = tmp_path / "clicked.html"
-    click = "<script>document.querySelector('.legend button[data-series=\"0\"]').click();</script>"
+    click = (
+        "<script>document.querySelector('.legend button[data-series=\"0\"]').click();"
+        "var v = Array.prototype.map.call(document.querySelectorAll('.js-plotly-plot'),"
+        " function (d) { return d.data.map(function (t) { return [t.meta, t.visible]; }); });"
+        "document.body.setAttribute('data-visible', JSON.stringify(v));</script>"
+    )
     clicked.write_text(page.read_text().replace("</body>", click + "</body>"))
     dom, log = run_chromium(clicked, tmp_path / "profile")
     assert console_messages(log) == []
-    hidden = re.findall(r'<polyline class="series hidden" data-series="(\d+)"', dom)
-    assert hidden == ["0"] * 4  # the first policy, in all four charts, and nothing else
+    m = re.search(r'data-visible="([^"]*)"', dom)
+    assert m is not None
+    charts = json.loads(m.group(1).replace("&quot;", '"'))
+    assert len(charts) == 4
+    for traces in charts:
+        for meta, visible in traces:
+            if meta == 0:
+                assert visible is False  # the first policy, hidden in every chart
+            elif meta is not None:
+                assert visible is not False

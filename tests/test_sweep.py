@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from radixsched.sim.report import plotly_js
 from radixsched.sim.sweep import (
     MAX_SERIES,
     LocalExecutor,
@@ -16,6 +17,7 @@ from radixsched.sim.sweep import (
     SweepConfig,
     SweepError,
     main,
+    metric_names,
     render_sweep_report,
     resolve_settings,
     run_guarded,
@@ -136,11 +138,14 @@ def test_run_sweep_rows_errors_and_outputs(tmp_path: Path) -> None:
     assert doc["rows"] == rows
     assert doc["timing"][0] == {"run": 0, "run_wall_s": res.outcomes[0].wall_s, "wall_s": 1.23}
     html = paths["report"].read_text()
-    # One chart per (varied setting, metric): 2 x 2.
-    assert html.count("<svg") == 4
+    # One chart per (varied setting, metric): 2 x 2, drawn by the inlined plotly.js.
+    assert html.count('class="plotly-graph-div"') == 4
     assert "hit_rate vs a" in html and "ttft_s.p99 vs b" in html
     assert "b=x" in html and "a=4" in html  # one line per combination of the others
-    assert "http" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    # Axes say what they show, with units.
+    assert "cache hit rate" in html and "TTFT p99 (s)" in html
+    assert html.count(plotly_js()) == 1
+    assert "http" not in html.replace(plotly_js(), "").replace("http://www.w3.org/", "")
 
 
 def test_failed_run_is_recorded_and_sweep_goes_on() -> None:
@@ -174,8 +179,8 @@ def test_categorical_and_missing_metric() -> None:
     )
     html = render_sweep_report(run_sweep(cfg, run_fn=fake_run))
     assert "No numeric values for: no_such_metric" in html
-    assert html.count("<svg") == 1
-    assert ">x</text>" in html and ">y</text>" in html
+    assert html.count('class="plotly-graph-div"') == 1
+    assert '"x":["x","y"]' in html and '"type":"category"' in html
 
 
 def test_executor_outcome_count_is_checked() -> None:
@@ -247,7 +252,9 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"vary": {"schedule_policyy": ["lpm"]}}))
     assert main([str(bad), "--out", str(tmp_path / "o2")]) == 2
-    assert "schedule_policyy" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "schedule_policyy" in err and "did you mean 'schedule_policy'" in err
+    assert not (tmp_path / "o2").exists()
 
 
 def test_example_config_is_valid() -> None:
@@ -255,3 +262,66 @@ def test_example_config_is_valid() -> None:
     cfg = SweepConfig.load(path)
     validate_points(cfg.points())
     assert len(cfg.points()) >= 4
+
+
+# ---- checked before any run: one line per problem -------------------------------------------
+
+
+def write_yaml(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("base: {workload: '" + TINY["workload"] + "'}\nvary: {dp: [1]}\nmetrics: [hit_rat]\n",
+         "unknown metric 'hit_rat' (did you mean 'hit_rate'?)"),
+        ("vary:\n  schedule_policy: [lpmm, fcfs]\n", "run 0 (schedule_policy=lpmm): unknown policy"),
+        ("base: {gpu: h1000}\nvary: {dp: [1, 2]}\n", "every run: unknown GPU 'h1000'"),
+        ("base: {workload: 'mooncake:/no/trace.jsonl'}\nvary: {dp: [1, 2]}\n",
+         "every run: /no/trace.jsonl: no such file"),
+        ("base:\n  workload: [oops\nvary: {dp: [1]}\n", "bad.yaml:3:5: invalid YAML"),
+        ("base: {policy: lpm}\nvary: {dp: [1]}\n", "for simulate only"),
+        ("vary: {router: [cache-awar]}\nbase: {dp: 2}\n", "did you mean 'cache-aware'"),
+    ],
+)  # fmt: skip
+def test_bad_configs_fail_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, needle: str
+) -> None:
+    cfg = write_yaml(tmp_path / "bad.yaml", text)
+    out = tmp_path / "out"
+    assert main([str(cfg), "--jobs", "1", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "run 1/" not in captured.out  # nothing ran
+    lines = [ln for ln in captured.err.splitlines() if ln]
+    assert len(lines) == 1 and needle in lines[0], captured.err
+    assert "Traceback" not in captured.err and not out.exists()
+
+
+def test_metric_names_cover_every_result_key() -> None:
+    names = metric_names()
+    for key in ("hit_rate", "ttft_s.p95", "ttft_s.std", "e2e_s.p99", "slo.attainment",
+                "load.overloaded", "throughput.output_tokens_per_s", "lockstep.utilisation",
+                "kv_capacity_tokens"):  # fmt: skip
+        assert key in names, key
+    assert "wall_s" not in names  # kept out of the rows
+
+
+def test_without_a_rate_a_sweep_sends_generated_requests_at_once() -> None:
+    row = simulate_point({**TINY, "request_rate": None, "slo_ttft_ms": 1e6})
+    assert row["load.arrival_span_s"] == 0.0
+    assert row["slo.attainment"] == 1.0
+
+
+def test_an_unusable_out_folder_fails_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_yaml(
+        tmp_path / "ok.yaml", "base: {workload: '" + TINY["workload"] + "'}\nvary: {dp: [1]}\n"
+    )
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    assert main([str(cfg), "--out", str(blocker / "out")]) == 2
+    captured = capsys.readouterr()
+    assert "is not a writable folder" in captured.err and "run 1/" not in captured.out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -87,7 +88,56 @@ def test_describe_lists_every_workload_and_param() -> None:
         assert kind.name in text
         for p in kind.params:
             if p.name != "path":
-                assert f"{p.name}={p.default}" in text
+                default = str(p.default).lower() if isinstance(p.default, bool) else p.default
+                assert f"{p.name}={default}" in text
+    mine = describe_workloads({"shared-prefix": {"groups": 3}})
+    assert "groups=3, prompts=16" in mine and "groups=64" not in mine
+
+
+def test_caller_defaults_fill_the_params_a_spec_leaves_out() -> None:
+    defaults = {"shared-prefix": {"groups": 2, "prompts": 3, "system_len": 40}}
+    _, params = parse_workload_spec("shared-prefix:groups=5", defaults)
+    assert (params["groups"], params["prompts"], params["system_len"]) == (5, 3, 40)
+    wl = load_workload("shared-prefix:prompts=2", defaults=defaults)
+    assert len(wl.requests) == 4 and wl.requests[0].prompt_len == 40 + 128
+    assert wl.params_text.startswith("groups=2, prompts=2, system_len=40, question_len=128")
+    # Other generators keep their own defaults.
+    assert parse_workload_spec("few-shot", defaults)[1]["questions"] == 1024
+
+
+# ---- compressed and non-UTF-8 traces ---------------------------------------------------------
+
+
+def test_gzip_and_zstd_traces_read_like_the_plain_file(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    data = SAMPLE.read_bytes()
+    gz, zst = tmp_path / "t.jsonl.gz", tmp_path / "t.jsonl.zst"
+    gz.write_bytes(gzip.compress(data))
+    zst.write_bytes(zstandard.ZstdCompressor().compress(data))
+    plain = load_workload(f"mooncake:{SAMPLE}")
+    for path in (gz, zst):
+        wl = load_workload(f"mooncake:{path}")
+        assert [r.prompt_ids.tolist() for r in wl.requests[:20]] == [
+            r.prompt_ids.tolist() for r in plain.requests[:20]
+        ]
+        assert [r.arrival_time for r in wl.requests] == [r.arrival_time for r in plain.requests]
+
+
+def test_bad_bytes_and_broken_archives_are_one_line(tmp_path: Path) -> None:
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes(b'{"input_length": 4, "output_length": 1}\n{"tenant": "caf\xe9"}\n')
+    with pytest.raises(WorkloadError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        load_workload(f"jsonl:{latin}")
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(SAMPLE.read_bytes())[:2000])
+    with pytest.raises(WorkloadError, match=r"cut.jsonl.gz:\d+: cannot read the gzip data"):
+        load_workload(f"mooncake:{cut}")
+    fake = tmp_path / "fake.jsonl.gz"
+    fake.write_bytes(b"not gzip at all\n")
+    with pytest.raises(WorkloadError, match=r"fake\.jsonl\.gz:1: cannot read the gzip data"):
+        load_workload(f"mooncake:{fake}")
+    with pytest.raises(WorkloadError, match="is a directory"):
+        load_workload(f"mooncake:{tmp_path}")
 
 
 # ---- generators --------------------------------------------------------------------------

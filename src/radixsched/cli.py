@@ -2,7 +2,10 @@
 
 Scheduler flags carry SGLang's names and come from ``SchedulerConfig``; simulator flags come from
 ``SimConfig``: the help text and defaults are generated from the dataclasses, so they never drift.
-Heavy modules (torch, FastAPI, ray) are imported only by the subcommand that needs them.
+``simulate --config run.yaml`` takes the same keys as the flags (``sim.runconfig``, the schema
+sweep configs use too); flags given on the command line override the file. Every setting and
+output path is checked before any work starts. Heavy modules (torch, FastAPI, ray, plotly) are
+imported only by the subcommand that needs them.
 """
 
 from __future__ import annotations
@@ -10,18 +13,32 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from radixsched.cli_common import (
-    DEFAULT_RATE,
     DEFAULT_WORKLOAD,
     MAIN_POLICIES,
     CliError,
+    Parser,
+    parse_args,
+    run_metadata,
     scheduler_choices,
+    version,
 )
-from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+from radixsched.config import SchedulerConfig, add_config_args
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from radixsched.sim.runconfig import RunSettings
+    from radixsched.sim.simulate import SimRun
+    from radixsched.sim.workloads import Workload
+
+# Exit statuses: 0 ok; 1 a policy served no request; 2 a usage error (nothing was run).
+EXIT_SERVED_NOTHING = 1
 
 
 def _policy_names() -> list[str]:
@@ -30,121 +47,314 @@ def _policy_names() -> list[str]:
     return list(POLICIES)
 
 
-def _parse_rate(text: str | None) -> float | None:
-    if text is None:
-        return None
-    if text.lower() in ("inf", "infinity"):
-        return float("inf")
-    try:
-        rate = float(text)
-    except ValueError as e:
-        raise CliError(f"--request-rate must be a number or 'inf', got {text!r}") from e
-    if rate <= 0:
-        raise CliError(f"--request-rate must be > 0, got {text!r}")
-    return rate
+def _gpu_name(text: str) -> str:
+    """A GPU preset name, matched case-insensitively (h200 = H200)."""
+    from radixsched.sim.presets import GPUS
+
+    for name in GPUS:
+        if name.lower() == text.lower():
+            return name
+    return text  # argparse then reports the invalid choice, with the valid ones
 
 
 # ---- simulate ---------------------------------------------------------------------------------
 
+SIMULATE_USAGE = (
+    "radixsched simulate [--workload SPEC] [--policy A,B,...|all] [--request-rate R]\n"
+    "                           [--config RUN.yaml] [--json PATH] [--report PATH] [options]"
+)
+
+
+def _simulate_epilog() -> str:
+    from radixsched.sim.runconfig import RATE_RULE
+    from radixsched.sim.workloads import describe_workloads
+
+    return (
+        "workloads (--workload NAME:k=v,... or NAME:PATH; params not given take these "
+        "defaults):\n"
+        + describe_workloads()
+        + "\n\narrivals: "
+        + RATE_RULE
+        + ".\n\nexit status: 0 when every policy served requests, 1 when a policy served "
+        "none (the reason is printed), 2 on a usage error (nothing is run). An overloaded "
+        "system (offered load above what it serves, the queue growing) is a warning."
+    )
+
 
 def _add_simulate_args(p: argparse.ArgumentParser) -> None:
-    from radixsched.sim.simulate import SimConfig
+    from radixsched.sim.simconfig import SimConfig
 
-    p.add_argument(
-        "--workload",
-        default=DEFAULT_WORKLOAD,
-        help="workload spec: mooncake:PATH, jsonl:PATH, shared-prefix:k=v,..., multi-turn, "
-        f"tree-of-thought, few-shot (default: {DEFAULT_WORKLOAD})",
+    run = p.add_argument_group("workload and policies")
+    run.add_argument(
+        "--config",
+        default=None,
+        metavar="RUN.yaml",
+        help="YAML file of settings with the flags' names (request_rate: 8, gpu: h100, "
+        "policy: [fcfs, lpm], ...); flags given here override it",
     )
-    p.add_argument(
+    run.add_argument(
+        "--workload",
+        default=None,
+        metavar="SPEC",
+        help=f"workload spec, listed below (default: {DEFAULT_WORKLOAD})",
+    )
+    run.add_argument(
         "--policy",
         default=None,
-        help="comma-separated policies to compare, or 'all' (default: the main policies; "
-        "--schedule-policy picks one)",
+        metavar="A,B|all",
+        help="policies to compare, comma-separated, or 'all' (default: "
+        + ",".join(MAIN_POLICIES)
+        + "); --schedule-policy NAME runs one",
     )
-    p.add_argument(
+    run.add_argument(
         "--request-rate",
         default=None,
+        metavar="R",
         help="Poisson arrivals per second, or 'inf' for all at once (default: the trace's "
-        f"timestamps; generated workloads {DEFAULT_RATE}/s)",
+        "timestamps; generated workloads: inf)",
     )
-    p.add_argument("--num-requests", type=int, default=None, help="take the first N requests")
-    p.add_argument("--json", dest="json_path", default=None, help="write results as JSON")
-    p.add_argument("--csv", dest="csv_path", default=None, help="write results as CSV")
-    p.add_argument("--report", dest="report_path", default=None, help="write an HTML report")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_config_args(p, SchedulerConfig, choices=scheduler_choices())
-    add_config_args(p, SimConfig, choices=_sim_choices())
+    run.add_argument(
+        "--num-requests", type=int, default=None, metavar="N", help="take the first N requests"
+    )
+    run.add_argument(
+        "--workload-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed of the workload generator and of Poisson arrivals (default: --seed)",
+    )
+    slo = p.add_argument_group("SLO goodput")
+    slo.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="TTFT target: report the share of requests meeting every target, and goodput",
+    )
+    slo.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="TPOT target")
+    out = p.add_argument_group("outputs (every path is checked before the run starts)")
+    out.add_argument("--json", default=None, metavar="PATH", help="results and settings as JSON")
+    out.add_argument("--csv", default=None, metavar="PATH", help="one CSV row per policy")
+    out.add_argument(
+        "--report",
+        default=None,
+        metavar="PATH",
+        help="a self-contained HTML report with interactive charts",
+    )
+    out.add_argument(
+        "--requests-csv",
+        default=None,
+        metavar="PATH",
+        help="one row per request and policy (CSV; Parquet if PATH ends in .parquet, "
+        "needs pyarrow)",
+    )
+    out.add_argument("--quiet", action="store_true", default=None, help="no progress bars")
+    add_config_args(
+        p,
+        SchedulerConfig,
+        choices=scheduler_choices(),
+        overrides={
+            "schedule_policy": {
+                "help": "the one policy to run (SGLang's flag; --policy compares several)"
+            },
+            "seed": {
+                "help": "seed of the random policy, the router and the simulated tokens; also "
+                "of the workload and arrivals unless --workload-seed is given (default: 0)"
+            },
+        },
+    )
+    add_config_args(
+        p,
+        SimConfig,
+        choices=_sim_choices(),
+        overrides={
+            "gpu": {"type": _gpu_name, "help": "GPU preset (any case)"},
+            "tp": {"aliases": ["--tp-size"]},
+            "dp": {"aliases": ["--dp-size"]},
+        },
+    )
 
 
 def _sim_choices() -> dict[str, list[str]]:
     from radixsched.cluster.routers import ROUTERS
-    from radixsched.sim.presets import MODELS
+    from radixsched.sim.presets import GPUS, MODELS
 
-    # GPU names are matched case-insensitively (h200 = H200); an unknown one lists the valid.
-    return {"model": list(MODELS), "router": list(ROUTERS)}
+    return {"model": list(MODELS), "router": list(ROUTERS), "gpu": list(GPUS)}
 
 
-def _selected_policies(args: argparse.Namespace) -> list[str]:
-    names = _policy_names()
-    if args.policy is None:
-        if "schedule_policy" in vars(args):
-            return [args.schedule_policy]
-        return [n for n in MAIN_POLICIES if n in names]
-    if args.policy == "all":
-        return names
-    chosen = [p.strip() for p in args.policy.split(",") if p.strip()]
-    for c in chosen:
-        if c not in names:
-            raise CliError(f"unknown policy {c!r}; valid: {', '.join(names)}")
+# Simulate's own flags (not config fields): their argparse dests.
+_OWN_FLAGS = (
+    "workload",
+    "policy",
+    "request_rate",
+    "num_requests",
+    "workload_seed",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "json",
+    "csv",
+    "report",
+    "requests_csv",
+    "quiet",
+)
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings given on the command line: simulate's own flags that are not None and the
+    config flags argparse set (their default is SUPPRESS)."""
+    from radixsched.sim.simconfig import SimConfig
+
+    config_fields = {
+        f.name for cls in (SchedulerConfig, SimConfig) for f in dataclasses.fields(cls)
+    }
+    given = {k: v for k, v in vars(args).items() if k in _OWN_FLAGS and v is not None}
+    given.update({k: v for k, v in vars(args).items() if k in config_fields})
+    return given
+
+
+def _policies(file: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
+    """--policy (a list) or --schedule-policy (one); flags override the config file."""
+    for source, where in ((flags, "the command line"), (file, "the config file")):
+        has_list = source.get("policy") is not None
+        has_one = source.get("schedule_policy") is not None
+        if has_list and has_one:
+            raise CliError(
+                f"give --policy or --schedule-policy, not both (on {where}): --policy "
+                "compares several policies, --schedule-policy runs one"
+            )
+        if has_list:
+            return _policy_list(source["policy"])
+        if has_one:
+            return [str(source["schedule_policy"])]
+    return [n for n in MAIN_POLICIES if n in _policy_names()]
+
+
+def _policy_list(value: Any) -> list[str]:
+    if isinstance(value, list):
+        chosen = [str(v).strip() for v in value]
+    else:
+        chosen = [v.strip() for v in str(value).split(",")]
+    chosen = [c for c in chosen if c]
+    if chosen == ["all"]:
+        return _policy_names()
+    if not chosen:
+        raise CliError("--policy needs at least one policy name (or 'all')")
     return chosen
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
+def _normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _settings(args: argparse.Namespace) -> tuple[RunSettings, list[str]]:
+    """The run's settings from --config and the flags, and the policies to run."""
+    from radixsched.sim.runconfig import RunConfigError, load_yaml, resolve
+
+    flags = _given_flags(args)
+    file: dict[str, Any] = {}
+    try:
+        if args.config:
+            file = _normalise_keys(load_yaml(args.config))
+        policies = _policies(file, flags)
+        merged = {**file, **flags}
+        # The policy list is resolved above; the scheduler config gets each name in turn.
+        merged.pop("policy", None)
+        merged.pop("schedule_policy", None)
+        labels = {k: "--" + k.replace("_", "-") for k in flags}
+        rs = resolve(merged, cli=True, labels=labels)
+    except RunConfigError as e:
+        where = (
+            f"{args.config}: " if args.config and not str(e).startswith(str(args.config)) else ""
+        )
+        raise CliError(f"{where}{e}") from e
+    return rs, policies
+
+
+def _output_errors(rs: RunSettings) -> list[str]:
+    from radixsched.sim.runconfig import OUTPUT_KEYS, check_output_path
+    from radixsched.sim.table import is_parquet, parquet_available
+
+    errors = []
+    for key in OUTPUT_KEYS:
+        path = rs.cli.get(key)
+        if path is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        err = check_output_path(flag, str(path))
+        if err:
+            errors.append(err)
+        elif key == "requests_csv" and is_parquet(str(path)) and not parquet_available():
+            errors.append(f"{flag} {path}: writing Parquet needs pyarrow (pip install pyarrow)")
+    return errors
+
+
+def _slo(rs: RunSettings) -> Any:
+    from radixsched.sim.metrics import SloTargets
+
+    return SloTargets(
+        ttft_s=None if rs.slo_ttft_ms is None else rs.slo_ttft_ms / 1e3,
+        tpot_s=None if rs.slo_tpot_ms is None else rs.slo_tpot_ms / 1e3,
+    )
+
+
+def _console() -> Console:
+    """Rich's console on stdout; 100 columns when stdout is not a terminal (a file or a
+    pipe), so the table never splits there."""
     from rich.console import Console
+
+    width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 100
+    return Console(width=width)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from radixsched.sim.heap import tune_heap
-    from radixsched.sim.simulate import SimConfig, simulate
-    from radixsched.sim.table import render_comparison, write_csv, write_json
+    from radixsched.sim.runconfig import check
+    from radixsched.sim.simulate import SimConfig, build_cost_model, simulate
     from radixsched.sim.workloads import WorkloadError, load_workload, optimal_hit_rate
 
+    meta = run_metadata(getattr(args, "_argv", None))
+    rs, policies = _settings(args)
+    errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _output_errors(rs)
+    if errors:
+        raise CliError("\n".join(errors))
+    base = rs.scheduler_config()
+    sim_cfg: SimConfig = rs.sim_config()
+    cost = build_cost_model(sim_cfg)
+    slo = _slo(rs)
+    quiet = bool(rs.cli.get("quiet"))
+    console = _console()
     tune_heap()  # a simulation's array churn (radixsched.sim.heap)
-    console = Console()
-    policies = _selected_policies(args)
-    rate = _parse_rate(args.request_rate)
+    wl = rs.workload
+    spec = wl.spec or DEFAULT_WORKLOAD
     try:
         workload = load_workload(
-            args.workload,
-            request_rate=rate,
-            num_requests=args.num_requests,
-            seed=getattr(args, "seed", 0),
-            default_rate=float(DEFAULT_RATE),
+            spec,
+            request_rate=wl.request_rate,
+            num_requests=wl.num_requests,
+            seed=base.seed if wl.seed is None else wl.seed,
         )
     except WorkloadError as e:
         raise CliError(str(e)) from e
-    try:
-        base = config_from_args(SchedulerConfig, args)
-        sim_cfg = config_from_args(SimConfig, args)
-    except (TypeError, ValueError) as e:
-        raise CliError(str(e)) from e
     opt = optimal_hit_rate(workload.requests, page_size=base.page_size)
-    runs = []
+    config_info = _config_info(base, sim_cfg, cost, policies, slo)
+    workload_info = _workload_info(spec, workload, rs, opt)
+    for line in _header(meta, workload, workload_info, config_info):
+        console.print(line, highlight=False)
+    runs: list[SimRun] = []
     progress = Progress(
         TextColumn("[bold]{task.description:<24}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total} requests"),
         TimeElapsedColumn(),
         console=console,
-        disable=args.quiet,
+        disable=quiet,
         transient=False,
     )
     with progress:
         for name in policies:
-            try:
-                cfg = dataclasses.replace(base, schedule_policy=name)
-            except ValueError as e:
-                raise CliError(f"{name}: {e}") from e
+            cfg = dataclasses.replace(base, schedule_policy=name)
             task = progress.add_task(name, total=len(workload.requests))
 
             def on_progress(done: int, total: int, task: Any = task) -> None:
@@ -154,68 +364,189 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 run = simulate(
                     workload, cfg, sim_cfg, on_progress=on_progress, optimal_hit_rate=opt
                 )
-            except ValueError as e:
+            except ValueError as e:  # a combination only the run itself rejects
                 raise CliError(f"{name}: {e}") from e
+            if slo.active:
+                run = _with_slo(run, slo)
             runs.append(run)
-    results = [r.result for r in runs]
-    console.print(
-        f"[bold]workload[/] {workload.name} {workload.params}  "
-        f"[bold]requests[/] {len(workload.requests)}  [bold]model[/] {sim_cfg.model} "
-        f"[bold]gpu[/] {sim_cfg.gpu} x tp{sim_cfg.tp}  [bold]KV capacity[/] "
-        f"{runs[0].kv_capacity_tokens:,} tokens  [bold]optimal hit rate[/] {opt:.1%}"
+    return _finish(runs, console, rs, meta, workload_info, config_info, slo)
+
+
+def _with_slo(run: SimRun, slo: Any) -> SimRun:
+    from radixsched.sim.metrics import slo_result
+
+    r = run.result
+    return dataclasses.replace(
+        run, result=dataclasses.replace(r, slo=slo_result(run.requests, slo, r.makespan_s))
     )
+
+
+def _finish(
+    runs: Sequence[SimRun],
+    console: Console,
+    rs: RunSettings,
+    meta: Mapping[str, Any],
+    workload_info: Mapping[str, Any],
+    config_info: Mapping[str, Any],
+    slo: Any,
+) -> int:
+    from rich.console import Console
+
+    from radixsched.sim.metrics import failure_summary, request_rows
+    from radixsched.sim.table import (
+        load_warnings,
+        render_comparison,
+        served_nothing_lines,
+        write_csv,
+        write_json,
+        write_requests,
+    )
+
+    results = [r.result for r in runs]
     render_comparison(results, console)
-    workload_info = {
-        "spec": args.workload,
-        "name": workload.name,
-        "params": workload.params,
-        "num_requests": len(workload.requests),
-        "request_rate": args.request_rate,
-        "arrivals": workload.arrivals,
-        "optimal_hit_rate": opt,
-    }
-    config_info = {
-        "scheduler": dataclasses.asdict(base),
-        "sim": dataclasses.asdict(sim_cfg),
-        "kv_capacity_tokens": runs[0].kv_capacity_tokens,
-    }
-    if args.json_path:
-        write_json(args.json_path, workload_info, config_info, results)
-        console.print(f"wrote {args.json_path}")
-    if args.csv_path:
-        write_csv(results, args.csv_path)
-        console.print(f"wrote {args.csv_path}")
-    if args.report_path:
+    reasons = {r.result.policy: failure_summary(r.requests) for r in runs}
+    nothing = served_nothing_lines(results, reasons)
+    warnings = load_warnings(results)
+    err = Console(stderr=True, width=console.width, highlight=False)
+    for line in warnings:
+        err.print(f"warning: {line}" if not line.startswith("  ") else line, markup=False)
+    outputs = rs.cli
+    if outputs.get("json"):
+        write_json(outputs["json"], workload_info, config_info, results, meta)
+        console.print(f"wrote {outputs['json']}", highlight=False)
+    if outputs.get("csv"):
+        write_csv(results, outputs["csv"])
+        console.print(f"wrote {outputs['csv']}", highlight=False)
+    if outputs.get("requests_csv"):
+        rows = [
+            row
+            for run in runs
+            for row in request_rows(run.result.policy, run.requests, run.replica_of, slo)
+        ]
+        write_requests(outputs["requests_csv"], rows)
+        console.print(f"wrote {outputs['requests_csv']} ({len(rows):,} rows)", highlight=False)
+    if outputs.get("report"):
         from radixsched.sim.report import write_report
 
         write_report(
-            args.report_path,
+            outputs["report"],
             workload_info,
             config_info,
             results,
             {r.result.policy: r.series for r in runs},
             {r.result.policy: r.ttft_s for r in runs},
+            warnings=[*warnings, *nothing],
+            meta=meta,
         )
-        console.print(f"wrote {args.report_path}")
-    return 0
+        console.print(f"wrote {outputs['report']}", highlight=False)
+    for line in nothing:
+        err.print(f"radixsched: error: {line}", markup=False)
+    return EXIT_SERVED_NOTHING if nothing else 0
+
+
+def _config_info(
+    base: SchedulerConfig, sim_cfg: Any, cost: Any, policies: Sequence[str], slo: Any
+) -> dict[str, Any]:
+    from radixsched.cluster.routers import default_router_name
+
+    router = (sim_cfg.router or default_router_name(sim_cfg.dp)) if sim_cfg.dp > 1 else None
+    return {
+        "policies": list(policies),
+        "dp": sim_cfg.dp,
+        "router": router,
+        "compat": base.compat,
+        "kv_capacity_tokens": int(cost.kv_capacity_tokens()),
+        "cost_model": cost.describe(),
+        "slo": {
+            "ttft_ms": None if slo.ttft_s is None else slo.ttft_s * 1e3,
+            "tpot_ms": None if slo.tpot_s is None else slo.tpot_s * 1e3,
+        },
+        "scheduler": dataclasses.asdict(base),
+        "sim": dataclasses.asdict(sim_cfg),
+    }
+
+
+def _workload_info(spec: str, workload: Workload, rs: RunSettings, opt: float) -> dict[str, Any]:
+    from radixsched.sim.runconfig import RATE_RULE
+
+    rate = rs.workload.request_rate
+    return {
+        "spec": spec,
+        "name": workload.name,
+        "params": workload.params,
+        "num_requests": len(workload.requests),
+        "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens,
+        "request_rate": "inf" if rate is not None and rate == float("inf") else rate,
+        "arrivals": workload.arrivals,
+        "arrival_rule": None if rate is not None else RATE_RULE,
+        "workload_seed": rs.workload.seed,
+        "optimal_hit_rate": opt,
+    }
+
+
+def _header(
+    meta: Mapping[str, Any],
+    workload: Workload,
+    winfo: Mapping[str, Any],
+    cinfo: Mapping[str, Any],
+) -> list[str]:
+    """What is being run, before it runs: version and time, the workload with every param,
+    the simulated system and cost model, the policies."""
+    from rich.markup import escape
+
+    from radixsched.sim.table import fmt_percent
+
+    cm = cinfo["cost_model"]
+    sim = cinfo["sim"]
+    router = f", router {cinfo['router']}" if cinfo["router"] else ""
+    roofline = (
+        f"roofline, mfu {cm.get('mfu')}, mbu {cm.get('mbu')}, step overhead "
+        f"{float(cm.get('step_overhead_s', 0.0)) * 1e3:g} ms"
+    )
+    if cm.get("cost_model") == "calibrated":
+        roofline = (
+            f"calibrated from {cm.get('calibration')} ({cm.get('calibration_points')} points)"
+        )
+    lines = [
+        f"[dim]radixsched {meta['version']} · simulate · {meta['created']}[/]",
+        f"[bold]workload[/]  {escape(workload.name)}: {escape(workload.params_text)}",
+        f"          {len(workload.requests):,} requests, {workload.num_prompt_tokens:,} prompt "
+        f"tokens; arrivals: {escape(workload.arrivals)}"
+        + (" (no request rate given)" if winfo["request_rate"] is None else ""),
+        f"[bold]system[/]    {escape(str(sim['model']))} on {escape(str(cm.get('gpu')))} x tp"
+        f"{sim['tp']}, dp {cinfo['dp']}{router}; KV {cinfo['kv_capacity_tokens']:,} tokens; "
+        f"compat {cinfo['compat']}",
+        f"          cost model {escape(roofline)}",
+        f"[bold]policies[/]  {', '.join(cinfo['policies'])}; optimal hit rate "
+        f"{fmt_percent(winfo['optimal_hit_rate'])}",
+    ]
+    return lines
 
 
 # ---- entry point --------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="radixsched",
         description="Cache-aware request scheduling for LLM serving: simulate policies on your "
         "traffic, or serve a model with them.",
     )
+    parser.add_argument("--version", action="version", version=f"radixsched {version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = sub.add_parser(
-        "simulate", help="replay a workload through the scheduler and compare policies"
+        "simulate",
+        help="replay a workload through the scheduler and compare policies",
+        description="Replay a workload (generated, or a trace) through the scheduler on a "
+        "simulated GPU and compare waiting-queue policies: hit rate, TTFT, TPOT, throughput, "
+        "who starves.",
+        usage=SIMULATE_USAGE,
+        epilog=_simulate_epilog(),
     )
     _add_simulate_args(sim)
-    sim.set_defaults(func=cmd_simulate)
+    sim.set_defaults(func=cmd_simulate, _parser=sim)
     _add_optional_commands(sub)
     return parser
 
@@ -230,9 +561,10 @@ def _add_optional_commands(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(parser, argv)
     except SystemExit as e:  # usage error (printed) or --help: an exit status, not a raise
         return e.code if isinstance(e.code, int) else 2
+    args._argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -240,7 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CliError as e:
-        print(f"radixsched: error: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or ["(no message)"]:
+            print(f"radixsched: error: {line}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:
         print(f"radixsched: error: {e}", file=sys.stderr)

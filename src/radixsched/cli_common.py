@@ -1,17 +1,67 @@
-"""What every subcommand shares: the user-error type and the built-in simulation defaults."""
+"""What every subcommand shares: the argument parser class (no silent abbreviations, typo
+suggestions), the user-error type, the built-in simulation defaults, the run metadata every
+output records, and the default thread count of the torch commands."""
 
 from __future__ import annotations
 
-# The built-in run: a burst of 2,048 requests in 256 prompt groups (4,096-token system prompts)
-# arriving at 64/s, more than one H200 serving Llama-3.1-8B keeps up with, and more distinct
-# prefix than its KV cache holds: the regime where the waiting-queue policy decides the hit rate.
+import argparse
+import datetime
+import difflib
+import os
+import platform
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+# The built-in run: a burst of 2,048 requests in 256 prompt groups (4,096-token system
+# prompts), more distinct prefix than one H200's KV cache holds: the regime where the
+# waiting-queue policy decides the hit rate. ``make run`` sends it at 64 requests/s.
 DEFAULT_WORKLOAD = "shared-prefix:groups=256,prompts=8,system_len=4096"
-DEFAULT_RATE = "64"
 MAIN_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
 
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+def version() -> str:
+    """The installed package's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("radixsched")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def run_metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """What was run, for the header, the JSON and the report: version, time, command."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return {
+        "version": version(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["radixsched", *(_quote(a) for a in args)]),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
+
+
+def _quote(arg: str) -> str:
+    return arg if re.fullmatch(r"[\w@%+=:,./-]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
+
+
+def default_threads() -> int:
+    """Torch CPU threads when ``--threads`` is not given: the CPUs this process may use, less
+    one for the scheduler, tokenizer and HTTP threads, between 1 and 8. torch's own default
+    (every core) oversubscribes a small or shared machine: on 2 cores it ran several times
+    slower than one thread."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus - 1))
 
 
 def scheduler_choices() -> dict[str, list[str]]:
@@ -23,3 +73,77 @@ def scheduler_choices() -> dict[str, list[str]]:
         "schedule_policy": list(POLICIES),
         "radix_eviction_policy": list(EVICTION_STRATEGIES),
     }
+
+
+# ---- the parser ------------------------------------------------------------------------------
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs keep their line breaks (lists of workloads and values)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=min(_terminal_width(), 100))
+
+
+def _terminal_width() -> int:
+    try:
+        return os.get_terminal_size().columns
+    except OSError:
+        return 100
+
+
+def _close(word: str, choices: Sequence[str]) -> str | None:
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that never accepts a flag's prefix for the flag
+    (``--request-rat`` is an error, not ``--request-rate``) and suggests the closest flag or
+    choice for a typo. Subparsers made through ``add_subparsers`` are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", Parser)
+        return super().add_subparsers(**kwargs)
+
+    def option_strings(self) -> list[str]:
+        return [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+
+    def unrecognized(self, extras: Sequence[str]) -> NoReturn:
+        """Exit with a usage error naming the unknown arguments (and the closest flags)."""
+        parts = []
+        for arg in extras:
+            flag = arg.split("=", 1)[0]
+            near = _close(flag, self.option_strings()) if flag.startswith("-") else None
+            parts.append(f"{arg} (did you mean {near}?)" if near else arg)
+        self.error("unrecognized arguments: " + " ".join(parts))
+
+    def error(self, message: str) -> NoReturn:
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(2)) or [
+                c.strip() for c in m.group(2).split(",")
+            ]
+            near = _close(m.group(1), choices)
+            if near:
+                message += f"; did you mean {near!r}?"
+        m = re.search(r"ambiguous option: (\S+) could match", message)
+        if m:
+            message = f"unrecognized argument {m.group(1)}: give the whole flag name"
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_args(parser: Parser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; unknown arguments are reported by the subcommand that got them, with
+    the closest of its flags."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = getattr(args, "_parser", None)
+        (sub if isinstance(sub, Parser) else parser).unrecognized(extras)
+    return args

@@ -7,11 +7,12 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
+    from radixsched.cli_bench import add_bench_parser
     from radixsched.cli_generate import add_generate_parser
-    from radixsched.cli_serve import add_bench_parser, add_serve_parser
+    from radixsched.cli_serve import add_serve_parser
     from radixsched.sim.sweep import add_sweep_parser
 
-    add_sweep_parser(sub)
-    add_generate_parser(sub)
-    add_serve_parser(sub)
-    add_bench_parser(sub)
+    for add in (add_sweep_parser, add_generate_parser, add_serve_parser, add_bench_parser):
+        parser = add(sub)
+        # Unknown arguments are reported by the subcommand, with its closest flags.
+        parser.set_defaults(_parser=parser)

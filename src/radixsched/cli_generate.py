@@ -2,8 +2,10 @@
 and the server run (``engine_api.Engine`` over a ``TorchRunner``).
 
 All prompts are submitted at once, so prompts sharing a prefix (a chat template's system
-prompt, say) are served from the radix cache once the first of them has been prefilled. torch
-is imported only when the command runs.
+prompt, say) are served from the radix cache once the first of them has been prefilled. A
+prompt is wrapped as a user turn of the model's chat template when the model has one (an
+instruct model answers nothing to bare text); ``--raw`` sends the text as it is. torch is
+imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from radixsched.cli_common import CliError, scheduler_choices
+from radixsched.cli_common import CliError, default_threads, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 
@@ -41,10 +43,19 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
         required=True,
         help="prompt text; repeat for several prompts (all are submitted at once)",
     )
-    p.add_argument(
-        "--chat", action="store_true", help="wrap each prompt as a user turn of the chat template"
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument(
+        "--raw",
+        action="store_true",
+        help="send each prompt as plain text (default: as a user turn of the model's chat "
+        "template when it has one)",
     )
-    p.add_argument("--system", default=None, help="system message for --chat")
+    fmt.add_argument(
+        "--chat",
+        action="store_true",
+        help="use the chat template even for a model without one (random models: ChatML)",
+    )
+    p.add_argument("--system", default=None, help="system message of the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128, help="(default: 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="(default: 1.0, off)")
@@ -67,7 +78,13 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
+        f"{default_threads()} here)",
+    )
     p.add_argument(
         "--verbose",
         dest="show_stats",
@@ -146,11 +163,20 @@ def _encode(loaded: LoadedModel, prompt: str, *, chat: bool, system: str | None)
     return loaded.tokenizer.encode(rendered, add_special_tokens=False)
 
 
+def uses_chat_template(loaded: LoadedModel, args: argparse.Namespace) -> bool:
+    """``--chat``: always; ``--raw``: never; else when the model ships a chat template."""
+    if args.raw:
+        return False
+    return bool(args.chat) or loaded.chat_template.source is not None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     config = _scheduler_config(args)
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads must be >= 1, got {args.threads}")
+    if args.raw and args.system is not None:
+        raise CliError("--system needs the chat template: drop --raw")
     if args.kv_slots is not None and args.kv_slots < config.page_size:
         raise CliError(f"--kv-slots must be >= the page size ({config.page_size})")
 
@@ -160,8 +186,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from radixsched.engine.runner import TorchRunner
     from radixsched.engine_api import Engine
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or default_threads())
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError("--device cuda: no CUDA device is available")
     t0 = time.perf_counter()
@@ -172,7 +197,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - t0
 
     prompts: list[str] = args.prompt
-    encoded = [_encode(loaded, p, chat=args.chat, system=args.system) for p in prompts]
+    chat = uses_chat_template(loaded, args)
+    encoded = [_encode(loaded, p, chat=chat, system=args.system) for p in prompts]
     empty = [i for i, ids in enumerate(encoded) if not ids]
     if empty:
         raise CliError(f"prompt {empty[0]} encodes to no tokens")
@@ -224,6 +250,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "device": str(runner.device),
         "dtype": str(loaded.model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
+        "chat_template": chat,
         "kv_slots": kv_slots,
         "load_s": load_s,
         "wall_s": wall_s,
@@ -252,7 +279,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for c in completions:
         if c.error is not None:
             print(f"radixsched: error: prompt {c.index}: {c.error}", file=sys.stderr)
+        elif not c.text.strip():
+            print(f"radixsched: note: prompt {c.index}: {_empty_note(c, chat)}", file=sys.stderr)
     return 1 if any(c.error is not None for c in completions) else 0
+
+
+def _empty_note(c: Completion, chat: bool) -> str:
+    """Why a completion can be empty, and what to try."""
+    what = (
+        f"the completion is empty ({c.completion_tokens} token(s), finish reason {c.finish_reason})"
+    )
+    if not chat:
+        return (
+            f"{what}: the prompt was sent as plain text (--raw or no chat template); an "
+            "instruct model usually needs its chat template (drop --raw, or pass --chat)"
+        )
+    return f"{what}: the model ended at once; try another prompt, or --ignore-eos"
 
 
 def _ms(seconds: float | None) -> str:

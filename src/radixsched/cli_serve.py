@@ -1,17 +1,16 @@
-"""The ``serve`` and ``bench`` subcommands (registered by ``cli.py``; FastAPI, torch and httpx
-are imported only when a command runs)."""
+"""The ``serve`` subcommand (registered by ``cli.py``; FastAPI and torch are imported only when
+it runs). ``bench`` lives in ``cli_bench``."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from radixsched.cli_common import scheduler_choices
+from radixsched.cli_common import default_threads, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 from radixsched.server.guard import (
     BODY_BYTES_PER_CONTEXT_TOKEN,
@@ -24,13 +23,10 @@ from radixsched.server.guard import (
 
 API_KEY_ENV = "RADIXSCHED_API_KEY"
 
-DEFAULT_BENCH_WORKLOAD = (
-    "shared-prefix:groups=8,prompts=8,system_len=256,question_len=32,output_len=32"
-)
-
-
-class _UsageError(Exception):
-    pass
+# A running request holds at least a short prompt and its first tokens: a KV pool is never
+# given more running-request slots than it has this many tokens per slot. SGLang's own
+# sizing (at least 2,048 slots) is meant for GPU pools of millions of tokens.
+MIN_TOKENS_PER_RUNNING = 64
 
 
 # ---- serve ------------------------------------------------------------------------------------
@@ -113,6 +109,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
+        f"{default_threads()} here)",
+    )
     add_config_args(p, SchedulerConfig, choices=scheduler_choices())
     p.set_defaults(func=cmd_serve)
     return p
@@ -178,7 +181,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"radixsched: error: {e}", file=sys.stderr)
         return 2
 
-    from radixsched.server.app import build_engine, create_app, run_server
+    from radixsched.engine.loader import load_model
+    from radixsched.engine.runner import TorchRunner
+    from radixsched.server.app import (
+        MAX_DEFAULT_KV_SLOTS,
+        create_app,
+        engine_for_model,
+        run_server,
+        tokenizer_dir,
+    )
 
     try:
         config = config_from_args(SchedulerConfig, args)
@@ -188,17 +199,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.kv_slots is not None and args.kv_slots < 2:
         print("radixsched: error: --kv-slots must be >= 2", file=sys.stderr)
         return 2
+    if args.threads is not None and args.threads < 1:
+        print(f"radixsched: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(args.threads or default_threads())
     try:
-        engine, served = build_engine(
-            args.model,
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype, seed=config.seed)
+        kv_slots = args.kv_slots
+        if kv_slots is None:
+            by_bytes = TorchRunner.kv_slots_for_bytes(loaded, int(args.kv_cache_mb * 2**20))
+            kv_slots = min(by_bytes, MAX_DEFAULT_KV_SLOTS)
+        if config.max_running_requests is None and kv_slots // MIN_TOKENS_PER_RUNNING < 2048:
+            config = config.replace(max_running_requests=max(1, kv_slots // MIN_TOKENS_PER_RUNNING))
+        engine, served = engine_for_model(
+            loaded,
             config,
-            kv_slots=args.kv_slots,
-            kv_cache_mb=args.kv_cache_mb,
+            kv_slots=kv_slots,
             context_len=args.context_len,
-            device=args.device,
-            dtype=args.dtype,
             seed=config.seed,
             served_model_name=args.served_model_name,
+            tokenizer_path=tokenizer_dir(args.model),
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"radixsched: error: {e}", file=sys.stderr)
@@ -207,9 +229,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sched = engine.scheduler
     print(
         f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
-        f"KV {sched.capacity} tokens, max running {sched.max_running_requests}, "
-        f"policy {config.schedule_policy}, body limit "
-        f"{limits.body_limit(served.context_len)} bytes, "
+        f"KV {sched.capacity:,} tokens, max running {sched.max_running_requests}, "
+        f"policy {config.schedule_policy}, {torch.get_num_threads()} torch threads, body limit "
+        f"{limits.body_limit(served.context_len):,} bytes, "
         f"API key {'required' if api_key else 'off'})",
         file=sys.stderr,
     )
@@ -219,89 +241,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "their Host header; add the DNS names clients use with --allowed-hosts",
             file=sys.stderr,
         )
+    if sched.capacity < served.context_len:
+        print(
+            f"radixsched: warning: the KV pool ({sched.capacity:,} tokens) is smaller than the "
+            f"context ({served.context_len:,}): longer requests are rejected; raise "
+            "--kv-cache-mb or --kv-slots, or lower --context-len",
+            file=sys.stderr,
+        )
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0
-
-
-# ---- bench ---------------------------------------------------------------------------------------
-
-
-def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "bench",
-        help="load a running server with a workload and report latency, throughput, hit rate",
-        description="Send a workload from the simulator's registry to a server's /generate "
-        "(token ids, streaming) and report TTFT, inter-token latency, e2e latency, throughput "
-        "and the server's cache hit rate, with the simulator's metric names.",
-    )
-    p.add_argument("--url", default="http://127.0.0.1:30000", help="server base URL")
-    p.add_argument(
-        "--workload",
-        default=DEFAULT_BENCH_WORKLOAD,
-        help=f"workload spec as for simulate (default: {DEFAULT_BENCH_WORKLOAD})",
-    )
-    p.add_argument(
-        "--request-rate",
-        default="inf",
-        help="Poisson arrivals per second, or 'inf' to send every request at once (default: inf; "
-        "--max-concurrency still applies)",
-    )
-    p.add_argument("--num-requests", type=int, default=None, help="take the first N requests")
-    p.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=None,
-        help="requests in flight at most (default: all)",
-    )
-    p.add_argument("--api-key", default=None, help="bearer token for a server run with --api-key")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
-    p.add_argument(
-        "--timeout", type=float, default=600.0, help="per-request timeout in seconds (default: 600)"
-    )
-    p.add_argument("--json", dest="json_path", default=None, help="write the result as JSON")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    p.set_defaults(func=cmd_bench)
-    return p
-
-
-def _parse_rate(text: str) -> float:
-    if text.lower() in ("inf", "infinity"):
-        return math.inf
-    try:
-        rate = float(text)
-    except ValueError as e:
-        raise _UsageError(f"--request-rate must be a number or 'inf', got {text!r}") from e
-    if not rate > 0:
-        raise _UsageError(f"--request-rate must be > 0, got {text!r}")
-    return rate
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from radixsched.server.bench import BenchConfig, BenchError, run_bench, write_json
-    from radixsched.sim.workloads import WorkloadError
-
-    try:
-        rate = _parse_rate(args.request_rate)
-        if args.max_concurrency is not None and args.max_concurrency < 1:
-            raise _UsageError("--max-concurrency must be >= 1")
-        cfg = BenchConfig(
-            url=args.url,
-            workload=args.workload,
-            request_rate=rate,
-            num_requests=args.num_requests,
-            max_concurrency=args.max_concurrency,
-            api_key=args.api_key,
-            seed=args.seed,
-            timeout_s=args.timeout,
-        )
-        result = asyncio.run(run_bench(cfg))
-    except (_UsageError, WorkloadError, BenchError) as e:
-        print(f"radixsched: error: {e}", file=sys.stderr)
-        return 2
-    if args.json_path:
-        write_json(args.json_path, result)
-    if not args.quiet:
-        print(result.render())
-    return 0 if result.num_failed == 0 else 1

@@ -16,7 +16,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, ClassVar, Literal, TypeVar, Union
 
 Compat = Literal["radixsched", "sglang"]
 
@@ -70,10 +70,10 @@ def _meta(help_: str, **kw: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    CLI_TITLE: ClassVar[str] = "scheduler (SGLang's flag names)"
+
     # ---- policy ---------------------------------------------------------------------
-    schedule_policy: str = field(
-        default="fcfs", metadata=_meta("waiting-queue policy (see --help of simulate for names)")
-    )
+    schedule_policy: str = field(default="fcfs", metadata=_meta("waiting-queue policy"))
     seed: int = field(default=0, metadata=_meta("seed for the random policy"))
     enable_priority_scheduling: bool = field(
         default=False, metadata=_meta("sort by request priority (fcfs and lof only)")
@@ -227,31 +227,44 @@ def _parse_optional_float(text: str) -> float | None:
     return None if text.lower() in ("none", "") else float(text)
 
 
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
+
+
+_METAVARS = {int: "N", float: "X"}
+
+
 def add_config_args(
     parser: argparse.ArgumentParser,
     cls: type[Any],
     *,
     skip: set[str] | None = None,
     choices: dict[str, list[str]] | None = None,
+    title: str | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Add one ``--flag-name`` per field of a config dataclass (defaults from the class).
-    ``choices`` maps field names to their valid values (from the registries)."""
+    """Add one ``--flag-name`` per field of a config dataclass (defaults from the class), in
+    a group titled ``title`` (default: the class's ``CLI_TITLE``). ``choices`` maps field
+    names to their valid values (from the registries); ``overrides`` maps a field name to
+    ``add_argument`` keywords replacing the generated ones (``help``, ``type``, ``metavar``)
+    plus ``aliases``, more flag names for it (SGLang's spellings). A default is printed once:
+    a help text that states its own default keeps it."""
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__)
+    group = parser.add_argument_group(title or getattr(cls, "CLI_TITLE", cls.__name__))
     for f in dataclasses.fields(cls):
         if skip and f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        extra = dict((overrides or {}).get(f.name, {}))
+        flags = ["--" + f.name.replace("_", "-"), *extra.pop("aliases", [])]
         tp, optional = _unwrap_optional(hints[f.name])
-        help_ = f.metadata.get("help", "")
-        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+        help_ = str(extra.pop("help", f.metadata.get("help", "")))
+        if "(default" not in help_:
+            help_ += f" (default: {_default_text(f.default)})"
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_}
         if tp is bool:
-            group.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                help=f"{help_} (default: {f.default})",
-                **kw,
-            )
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
             continue
         if typing.get_origin(tp) is Literal:
             kw["choices"] = list(typing.get_args(tp))
@@ -266,7 +279,10 @@ def add_config_args(
             kw["choices"] = f.metadata["choices"]
         if choices and f.name in choices:
             kw["choices"] = choices[f.name]
-        group.add_argument(flag, help=f"{help_} (default: {f.default})", **kw)
+        if "choices" not in kw:
+            kw["metavar"] = _METAVARS.get(tp, "NAME")
+        kw.update(extra)
+        group.add_argument(*flags, **kw)
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -> C:

@@ -2,7 +2,10 @@
 
 Requests come from the simulator's registry (``radixsched.sim.workloads.load_workload``), are
 sent as token ids to ``POST /generate`` with ``stream: true`` at their arrival times (Poisson
-or trace timestamps; ``inf`` = all at once), at most ``max_concurrency`` in flight. The result
+or trace timestamps; ``inf`` = all at once; no rate: ``sim.runconfig.RATE_RULE``), at most
+``max_concurrency`` in flight. Generated workloads take ``BENCH_WORKLOAD_DEFAULTS`` for every
+param the spec does not set: sizes a small model on a CPU serves in seconds, not the
+simulator's (a 2,048-token system prompt, 256 output tokens). The result
 is a ``PolicyResult`` built by the simulator's own ``summarize`` from client-side timestamps, so
 ``ttft_s``, ``itl_s``, ``e2e_s``, ``throughput`` ... mean exactly what they mean in a simulation
 and a run can be put next to its simulation (same JSON document shape as ``simulate --json``).
@@ -12,8 +15,10 @@ tokens (``meta_info.completion_tokens`` grows by k) at time t puts them at evenl
 between the previous chunk and t (the first chunk's tokens all at t), like SGLang's
 bench_serving. ``queue_wait_s`` is not observable from a client and is reported empty (n=0).
 The hit rate is the server's: the growth of ``radixsched_cached_prompt_tokens_total`` over
-``radixsched_prompt_tokens_total`` during the run, read from ``/metrics`` (falling back to the
-sum of ``meta_info.cached_tokens`` when the server has no such counters).
+``radixsched_prompt_tokens_total`` during the run, read from ``/metrics`` with
+prometheus-client's text parser (falling back to the sum of ``meta_info.cached_tokens`` when
+the server has no such counters). A request that fails (an HTTP error, a timeout, a stream
+that ends early) counts as aborted; ``BenchResult.failure_lines`` groups them by reason.
 
 Fitting the workload to the server (``/server_info``, else ``/v1/models``): token ids are taken
 modulo the vocabulary size (a deterministic map, so shared prefixes stay shared); a request's
@@ -35,11 +40,48 @@ from typing import Any
 import numpy as np
 
 from radixsched.request import FinishReason, FinishState, Req, SamplingParams
-from radixsched.server.metrics import CACHED_PROMPT_TOKENS, PROMPT_TOKENS, parse_counter
-from radixsched.sim.metrics import PolicyResult, summarize
+from radixsched.server.metrics import CACHED_PROMPT_TOKENS, PROMPT_TOKENS
+from radixsched.sim.metrics import PolicyResult, SloTargets, failure_reasons, summarize
 from radixsched.sim.workloads import Workload, load_workload, optimal_hit_rate
 
 MAX_ERRORS_KEPT = 20
+
+# bench's sizes for generated workloads, for every param a spec leaves out: a small model on
+# a CPU (SmolLM2-135M) serves each of them in seconds. Traces are sent as they are.
+BENCH_WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "shared-prefix": {
+        "groups": 8,
+        "prompts": 8,
+        "system_len": 256,
+        "question_len": 32,
+        "output_len": 32,
+    },
+    "multi-turn": {
+        "conversations": 8,
+        "turns": 3,
+        "first_len": 128,
+        "turn_len": 32,
+        "output_len": 32,
+        "think_time_s": 0.5,
+    },
+    "tree-of-thought": {
+        "trees": 4,
+        "depth": 3,
+        "branching": 2,
+        "root_len": 128,
+        "step_len": 32,
+        "output_len": 32,
+        "think_time_s": 0.5,
+    },
+    "few-shot": {
+        "questions": 64,
+        "shots": 3,
+        "shot_len": 64,
+        "question_len": 32,
+        "num_subjects": 8,
+    },
+}
+DEFAULT_BENCH_WORKLOAD = "shared-prefix"
 
 
 class BenchError(Exception):
@@ -49,14 +91,15 @@ class BenchError(Exception):
 @dataclass(frozen=True)
 class BenchConfig:
     url: str
-    workload: str
-    request_rate: float = math.inf
+    workload: str = DEFAULT_BENCH_WORKLOAD
+    request_rate: float | None = None  # None: sim.runconfig.RATE_RULE
     num_requests: int | None = None
     max_concurrency: int | None = None
     api_key: str | None = None
     seed: int = 0
     timeout_s: float = 600.0
     temperature: float = 0.0
+    slo: SloTargets = field(default_factory=SloTargets)
 
 
 @dataclass(frozen=True)
@@ -89,47 +132,86 @@ class BenchResult:
     workload_info: dict[str, Any]
     config: BenchConfig
     num_failed: int
-    errors: tuple[str, ...]
+    errors: tuple[str, ...]  # "request id: reason", the first MAX_ERRORS_KEPT
+    records: tuple[RequestRecord, ...] = ()
+    requests: tuple[Req, ...] = ()  # as summarised (client-side times)
 
-    def to_document(self) -> dict[str, Any]:
-        """``{"workload", "config", "results": [one result]}``, as ``simulate --json``."""
+    def to_document(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``{"meta", "workload", "config", "results": [one result]}``, as ``simulate --json``."""
         from radixsched.sim.table import to_jsonable
 
         cfg = dataclasses.asdict(self.config)
         cfg.pop("api_key", None)
         return {
+            "meta": to_jsonable(meta or {}),
             "workload": to_jsonable(self.workload_info),
             "config": to_jsonable({"bench": cfg, "server": self.server.info}),
             "results": [to_jsonable(self.result.to_json())],
         }
 
-    def render(self) -> str:
+    def failure_lines(self) -> list[str]:
+        """Failed requests grouped by reason, most frequent first (empty when none failed)."""
+        if not self.num_failed:
+            return []
         r = self.result
+        lines = [f"{self.num_failed:,} of {r.num_requests:,} requests failed:"]
+        for example, n in failure_reasons(self.requests):
+            lines.append(f"  {n:,} x {example}")
+        return lines
+
+    def render(self) -> str:
+        from radixsched.sim.table import fmt_percent, fmt_rate, fmt_seconds
+
+        r = self.result
+        info = self.workload_info
+        rate = info.get("request_rate")
         lines = [
-            f"server {self.config.url}  model {self.server.model}  policy {r.policy}",
-            f"workload {self.workload_info['name']} {self.workload_info['params']}  "
-            f"requests {r.num_requests} (completed {r.num_completed}, failed {self.num_failed})",
-            f"hit rate {r.hit_rate:.1%} (optimal {r.optimal_hit_rate:.1%})  "
-            f"prompt tokens {r.prompt_tokens}  cached {r.cached_tokens}",
+            f"server {self.config.url} · model {self.server.model} · policy {r.policy}",
+            f"workload {info['name']}: {info['params_text']}",
+            f"         arrivals: {info['arrivals']}"
+            + (" (no request rate given)" if rate is None else ""),
+            f"requests {r.num_requests:,}: {r.num_completed:,} completed, {self.num_failed:,} "
+            f"failed · hit rate {fmt_percent(r.hit_rate)} (optimal "
+            f"{fmt_percent(r.optimal_hit_rate)}; {r.cached_tokens:,} of {r.prompt_tokens:,} "
+            f"prompt tokens cached, from {r.extra.get('hit_rate_source')})",
         ]
-        for name in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        stats = ("mean", "std", "p50", "p90", "p95", "p99", "max")
+        rows = [["latency", *stats]]
+        for label, name in (
+            ("TTFT", "ttft_s"),
+            ("ITL", "itl_s"),
+            ("TPOT", "tpot_s"),
+            ("E2E", "e2e_s"),
+        ):
             s = getattr(r, name)
+            rows.append([label, *(fmt_seconds(getattr(s, k)) if s.n else "-" for k in stats)])
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
             lines.append(
-                f"{name:<7} mean {s.mean * 1e3:9.2f} ms  p50 {s.p50 * 1e3:9.2f}  "
-                f"p90 {s.p90 * 1e3:9.2f}  p99 {s.p99 * 1e3:9.2f}  max {s.max * 1e3:9.2f}"
+                "  ".join(
+                    c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                )
             )
         t = r.throughput
         lines.append(
-            f"throughput {t.requests_per_s:.2f} req/s  {t.input_tokens_per_s:.1f} input tok/s  "
-            f"{t.output_tokens_per_s:.1f} output tok/s  (makespan {r.makespan_s:.2f} s)"
+            f"throughput {fmt_rate(t.requests_per_s)} req/s, {fmt_rate(t.input_tokens_per_s)} "
+            f"input tok/s, {fmt_rate(t.output_tokens_per_s)} output tok/s; makespan "
+            f"{fmt_seconds(r.makespan_s)}"
         )
-        lines.extend(f"error: {e}" for e in self.errors)
+        if r.slo is not None:
+            lines.append(
+                f"SLO ({self.config.slo.describe()}): {r.slo.met:,} of {r.slo.total:,} requests "
+                f"met it ({fmt_percent(r.slo.attainment)}), goodput "
+                f"{fmt_rate(r.slo.goodput_requests_per_s)} req/s"
+            )
+        lines.extend(self.failure_lines())
         return "\n".join(lines)
 
 
-def write_json(path: str, result: BenchResult) -> None:
+def write_json(path: str, result: BenchResult, meta: dict[str, Any] | None = None) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(result.to_document(), f, indent=2, allow_nan=False)
+        json.dump(result.to_document(meta), f, indent=2, allow_nan=False)
         f.write("\n")
 
 
@@ -172,6 +254,21 @@ async def fetch_limits(client: Any) -> ServerLimits:
     )
 
 
+def counter_value(text: str, name: str) -> float | None:
+    """The unlabelled sample ``name`` of a Prometheus text exposition (prometheus-client's
+    parser), or None when absent or the text does not parse."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and not sample.labels:
+                    return float(sample.value)
+    except ValueError:
+        return None
+    return None
+
+
 async def read_hit_counters(client: Any) -> tuple[float, float] | None:
     """(cached prompt tokens, prompt tokens) from /metrics, or None when unavailable."""
     import httpx
@@ -180,9 +277,12 @@ async def read_hit_counters(client: Any) -> tuple[float, float] | None:
         r = await client.get("/metrics")
     except httpx.HTTPError:
         return None
-    if r.status_code != 200 or PROMPT_TOKENS not in r.text:
+    if r.status_code != 200:
         return None
-    return parse_counter(r.text, CACHED_PROMPT_TOKENS), parse_counter(r.text, PROMPT_TOKENS)
+    prompt = counter_value(r.text, PROMPT_TOKENS)
+    if prompt is None:
+        return None
+    return counter_value(r.text, CACHED_PROMPT_TOKENS) or 0.0, prompt
 
 
 def fit_request(req: Req, limits: ServerLimits) -> Req:
@@ -230,7 +330,30 @@ def _finish_state(info: dict[str, Any] | None) -> FinishState:
     return FinishState(FinishReason.ABORT, str((info or {}).get("message", "")))
 
 
-async def send_one(client: Any, rec: RequestRecord, t0: float, temperature: float) -> None:
+def describe_error(exc: Exception, timeout_s: float) -> str:
+    """A request's failure in words; httpx's own messages are often empty."""
+    import httpx
+
+    name = type(exc).__name__
+    detail = str(exc).strip()
+    if isinstance(exc, httpx.TimeoutException):
+        what = {
+            "ConnectTimeout": "no connection",
+            "ReadTimeout": "no data",
+            "WriteTimeout": "could not send",
+            "PoolTimeout": "no free connection",
+        }.get(name, "no progress")
+        return f"{name}: {what} within {timeout_s:g} s (--timeout)"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return f"{name}: the server closed the connection" + (f" ({detail})" if detail else "")
+    if isinstance(exc, httpx.ConnectError):
+        return f"{name}: cannot connect" + (f" ({detail})" if detail else "")
+    return f"{name}: {detail}" if detail else name
+
+
+async def send_one(
+    client: Any, rec: RequestRecord, t0: float, temperature: float, timeout_s: float = 600.0
+) -> None:
     """Stream one request, filling ``rec`` (never raises for server or network errors)."""
     import httpx
 
@@ -241,7 +364,7 @@ async def send_one(client: Any, rec: RequestRecord, t0: float, temperature: floa
         async with client.stream("POST", "/generate", json=_payload(rec.req, temperature)) as r:
             if r.status_code != 200:
                 body = (await r.aread()).decode("utf-8", "replace")
-                rec.error = f"{rec.req.rid}: HTTP {r.status_code}: {body[:200]}"
+                rec.error = f"HTTP {r.status_code}: {_error_message(body)}"
                 return
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
@@ -251,7 +374,8 @@ async def send_one(client: Any, rec: RequestRecord, t0: float, temperature: floa
                     break
                 obj = json.loads(data)
                 if "error" in obj:
-                    rec.error = f"{rec.req.rid}: {obj['error'].get('message', obj['error'])}"
+                    err = obj["error"]
+                    rec.error = str(err.get("message", err) if isinstance(err, dict) else err)
                     return
                 now = time.perf_counter() - t0
                 meta = obj.get("meta_info", {})
@@ -271,10 +395,24 @@ async def send_one(client: Any, rec: RequestRecord, t0: float, temperature: floa
                     rec.finish = _finish_state(meta["finish_reason"])
                     rec.finished_at = now
     except (httpx.HTTPError, json.JSONDecodeError, ValueError) as e:
-        rec.error = f"{rec.req.rid}: {type(e).__name__}: {e}"
+        rec.error = describe_error(e, timeout_s)
         return
     if rec.finish is None and rec.error is None:
-        rec.error = f"{rec.req.rid}: stream ended without a finish reason"
+        rec.error = "the stream ended without a finish reason"
+    elif rec.finish is not None and rec.finish.reason is FinishReason.ABORT and rec.error is None:
+        rec.error = f"aborted by the server: {rec.finish.message or 'no reason given'}"
+
+
+def _error_message(body: str) -> str:
+    """The message of an OpenAI-shaped error body, else the body's start."""
+    try:
+        obj = json.loads(body)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:200]
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    return body[:200]
 
 
 def _as_finished_req(rec: RequestRecord) -> Req:
@@ -298,9 +436,7 @@ def _as_finished_req(rec: RequestRecord) -> Req:
 async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> BenchResult:
     import httpx
 
-    wl = workload or load_workload(
-        cfg.workload, request_rate=cfg.request_rate, num_requests=cfg.num_requests, seed=cfg.seed
-    )
+    wl = workload or load_bench_workload(cfg)
     n = len(wl.requests)
     conc = cfg.max_concurrency or n
     limits = httpx.Limits(max_connections=max(conc, 1), max_keepalive_connections=max(conc, 1))
@@ -321,14 +457,14 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
             if delay > 0:
                 await asyncio.sleep(delay)
             async with sem:
-                await send_one(client, rec, t0, cfg.temperature)
+                await send_one(client, rec, t0, cfg.temperature, cfg.timeout_s)
 
         await asyncio.gather(*(one(rec) for rec in records))
         wall = time.perf_counter() - wall0
         after = await read_hit_counters(client)
 
     finished = [_as_finished_req(rec) for rec in records]
-    errors = tuple(rec.error for rec in records if rec.error is not None)
+    errors = tuple(f"{rec.req.rid}: {rec.error}" for rec in records if rec.error is not None)
     client_cached = sum(rec.cached_tokens for rec in records if rec.error is None)
     client_prompt = sum(rec.req.prompt_len for rec in records if rec.error is None)
     if before is not None and after is not None:
@@ -345,6 +481,7 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         wall_s=wall,
         retractions=0,
         preemptions=0,
+        slo=cfg.slo,
         extra={
             "source": "bench",
             "hit_rate_source": hit_source,
@@ -362,12 +499,14 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         prompt_tokens=int(prompt),
         prefill_tokens_computed=int(prompt - cached),
     )
+    rate = cfg.request_rate
     workload_info = {
         "spec": cfg.workload,
         "name": wl.name,
         "params": wl.params,
+        "params_text": wl.params_text,
         "num_requests": n,
-        "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else "inf",
+        "request_rate": None if rate is None else rate if math.isfinite(rate) else "inf",
         "optimal_hit_rate": result.optimal_hit_rate,
         "arrivals": wl.arrivals,
     }
@@ -378,7 +517,28 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         config=cfg,
         num_failed=len(errors),
         errors=errors[:MAX_ERRORS_KEPT],
+        records=tuple(records),
+        requests=tuple(finished),
     )
 
 
-__all__ = ["BenchConfig", "BenchError", "BenchResult", "run_bench", "write_json"]
+def load_bench_workload(cfg: BenchConfig) -> Workload:
+    """The workload ``cfg`` names, generated params defaulting to ``BENCH_WORKLOAD_DEFAULTS``."""
+    return load_workload(
+        cfg.workload,
+        request_rate=cfg.request_rate,
+        num_requests=cfg.num_requests,
+        seed=cfg.seed,
+        defaults=BENCH_WORKLOAD_DEFAULTS,
+    )
+
+
+__all__ = [
+    "BENCH_WORKLOAD_DEFAULTS",
+    "BenchConfig",
+    "BenchError",
+    "BenchResult",
+    "load_bench_workload",
+    "run_bench",
+    "write_json",
+]

@@ -15,12 +15,18 @@ Definitions (all times on the scheduler's clock, virtual seconds in the simulato
   request, pooled over requests; e2e = finish - arrival; queue wait = first_scheduled - arrival;
 - latency statistics cover completed (not aborted) requests that have the timestamps involved;
 - makespan = last finish - first arrival; throughputs are over the makespan and count completed
-  requests only.
+  requests only;
+- each latency is summarised by mean, population standard deviation, p50, p90, p95, p99 and max
+  (``Stats``);
+- SLO attainment = requests that completed within every target / all requests, goodput = those
+  requests per second of makespan (``slo_result``);
+- overload = requests offered faster than served while a backlog builds up (``load_check``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,6 +44,9 @@ JSONValue: TypeAlias = str | int | float | bool | list["JSONValue"] | dict[str, 
 
 # Points a report chart gets per series; more would only bloat the HTML.
 REPORT_MAX_POINTS = 2000
+
+# Keys of ``Stats.to_json``, in order.
+STATS_KEYS: tuple[str, ...] = ("mean", "std", "p50", "p90", "p95", "p99", "max")
 
 
 def _as_float(x: float | np.floating[Any]) -> float:
@@ -57,11 +66,15 @@ def _ratio(num: float, den: float) -> float:
 
 class Stats(NamedTuple):
     """Summary of a sample. Percentiles use numpy's linear interpolation between order
-    statistics (``np.percentile`` default): p50 of [1, 2, 3, 4] is 2.5."""
+    statistics (``np.percentile`` default): p50 of [1, 2, 3, 4] is 2.5. ``std`` is the
+    population standard deviation (``np.std``, ddof=0), as SGLang's and vLLM's benchmarks
+    report it."""
 
     mean: float
+    std: float
     p50: float
     p90: float
+    p95: float
     p99: float
     max: float
     n: int  # how many values are summarised (0: every field is 0.0)
@@ -70,36 +83,26 @@ class Stats(NamedTuple):
     def of(cls, values: npt.ArrayLike) -> Stats:
         arr = np.asarray(values, dtype=np.float64).ravel()
         if arr.size == 0:
-            return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0)
-        p50, p90, p99 = np.percentile(arr, [50.0, 90.0, 99.0])
+            return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+        p50, p90, p95, p99 = np.percentile(arr, [50.0, 90.0, 95.0, 99.0])
         return cls(
             mean=_as_float(arr.mean()),
+            std=_as_float(arr.std()),
             p50=_as_float(p50),
             p90=_as_float(p90),
+            p95=_as_float(p95),
             p99=_as_float(p99),
             max=_as_float(arr.max()),
             n=int(arr.size),
         )
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "mean": self.mean,
-            "p50": self.p50,
-            "p90": self.p90,
-            "p99": self.p99,
-            "max": self.max,
-        }
+        return {k: getattr(self, k) for k in STATS_KEYS}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], n: int = 0) -> Stats:
-        return cls(
-            mean=float(data["mean"]),
-            p50=float(data["p50"]),
-            p90=float(data["p90"]),
-            p99=float(data["p99"]),
-            max=float(data["max"]),
-            n=n,
-        )
+        values = {k: float(data[k]) for k in STATS_KEYS}
+        return cls(**values, n=n)
 
 
 def jain_index(values: npt.ArrayLike) -> float:
@@ -308,6 +311,97 @@ def queue_wait_samples(reqs: Iterable[Req]) -> FloatArray:
     return _queue_wait(_completed(reqs))
 
 
+# Columns of the per-request output (``--requests-csv``), in order: one row per request and
+# policy, as Vidur's request_metrics.csv and bench_serving's --output-details give. Times are
+# seconds on the run's clock; a latency a request never reached is empty.
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "policy",
+    "request_id",
+    "tenant",
+    "routing_key",
+    "priority",
+    "replica",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "queue_wait_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "prompt_tokens",
+    "cached_tokens",
+    "host_cached_tokens",
+    "computed_prefill_tokens",
+    "output_tokens",
+    "retractions",
+    "preemptions",
+    "finish_reason",
+    "error",
+    "slo_met",
+)
+RequestRow: TypeAlias = dict[str, str | int | float | bool | None]
+
+
+def _since(t: float | None, t0: float) -> float | None:
+    return None if t is None else t - t0
+
+
+def request_rows(
+    policy: str,
+    reqs: Iterable[Req],
+    replica_of: Mapping[str, int] | None = None,
+    slo: SloTargets | None = None,
+) -> list[RequestRow]:
+    """One ``REQUEST_COLUMNS`` row per request, in arrival order."""
+    rows: list[RequestRow] = []
+    for r in sorted(reqs, key=lambda q: q.times.arrival):
+        t = r.times
+        done = r.finish is not None and r.finish.reason is not FinishReason.ABORT
+        ttft = _since(t.first_token, t.arrival)
+        tpot = (
+            (t.finish - t.first_token) / (r.output_len - 1)
+            if done and r.output_len > 1 and t.finish is not None and t.first_token is not None
+            else None
+        )
+        met: bool | None = None
+        if slo is not None and slo.active:
+            met = done and ttft is not None
+            if met and slo.ttft_s is not None and ttft is not None:
+                met = ttft <= slo.ttft_s
+            if met and slo.tpot_s is not None and tpot is not None:
+                met = tpot <= slo.tpot_s
+        rows.append(
+            {
+                "policy": policy,
+                "request_id": r.rid,
+                "tenant": r.tenant,
+                "routing_key": r.routing_key,
+                "priority": r.priority,
+                "replica": None if replica_of is None else replica_of.get(r.rid),
+                "arrival_s": t.arrival,
+                "first_scheduled_s": t.first_scheduled,
+                "first_token_s": t.first_token,
+                "finish_s": t.finish,
+                "queue_wait_s": _since(t.first_scheduled, t.arrival),
+                "ttft_s": ttft,
+                "tpot_s": tpot,
+                "e2e_s": _since(t.finish, t.arrival) if done else None,
+                "prompt_tokens": r.prompt_len,
+                "cached_tokens": r.cached_tokens,
+                "host_cached_tokens": r.host_cached_tokens,
+                "computed_prefill_tokens": r.computed_prefill_tokens,
+                "output_tokens": r.output_len,
+                "retractions": r.retraction_count,
+                "preemptions": r.preemption_count,
+                "finish_reason": None if r.finish is None else r.finish.reason.value,
+                "error": r.finish.message if r.finish is not None and not done else None,
+                "slo_met": met,
+            }
+        )
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Cache and fairness
 # ---------------------------------------------------------------------------------------------
@@ -416,6 +510,198 @@ def tenant_results(
 
 
 # ---------------------------------------------------------------------------------------------
+# SLO goodput and load
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """Latency targets a request must meet to count as good (None: no target on that
+    latency). Seconds, like every latency here; the CLI takes milliseconds."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, v in (("ttft", self.ttft_s), ("tpot", self.tpot_s)):
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"the {name} SLO must be a positive number, got {v}")
+
+    @property
+    def active(self) -> bool:
+        return self.ttft_s is not None or self.tpot_s is not None
+
+    def describe(self) -> str:
+        parts = [
+            f"{name} <= {v * 1e3:g} ms"
+            for name, v in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s))
+            if v is not None
+        ]
+        return " and ".join(parts)
+
+
+class SloResult(NamedTuple):
+    """SLO attainment: ``met`` requests completed within every target; ``attainment`` is
+    ``met / total`` over all requests (a rejected or aborted request misses); goodput is
+    ``met`` per second of makespan (DistServe's goodput; bench_serving's ``--goodput``)."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+    met: int
+    total: int
+    attainment: float
+    goodput_requests_per_s: float
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return dict(self._asdict())
+
+
+def slo_result(reqs: Sequence[Req], targets: SloTargets, makespan_s: float) -> SloResult:
+    """Requests meeting ``targets``. A request with one output token has no TPOT and meets
+    any TPOT target."""
+    met = 0
+    for r in _completed(reqs):
+        t = r.times
+        if t.first_token is None:
+            continue
+        if targets.ttft_s is not None and t.first_token - t.arrival > targets.ttft_s:
+            continue
+        if (
+            targets.tpot_s is not None
+            and r.output_len > 1
+            and t.finish is not None
+            and (t.finish - t.first_token) / (r.output_len - 1) > targets.tpot_s
+        ):
+            continue
+        met += 1
+    return SloResult(
+        ttft_ms=None if targets.ttft_s is None else targets.ttft_s * 1e3,
+        tpot_ms=None if targets.tpot_s is None else targets.tpot_s * 1e3,
+        met=met,
+        total=len(reqs),
+        attainment=_ratio(met, len(reqs)),
+        goodput_requests_per_s=_ratio(met, makespan_s),
+    )
+
+
+def failure_reasons(reqs: Iterable[Req]) -> list[tuple[str, int]]:
+    """Why requests did not complete: (an example message, how many), most frequent first;
+    messages that differ only in their numbers count as one reason."""
+    groups: dict[str, tuple[str, int]] = {}
+    for r in reqs:
+        if r.finish is None or r.finish.reason is not FinishReason.ABORT:
+            continue
+        message = r.finish.message or "aborted"
+        key = re.sub(r"\d+", "N", message)
+        example, n = groups.get(key, (message, 0))
+        groups[key] = (example, n + 1)
+    return sorted(groups.values(), key=lambda x: -x[1])
+
+
+def failure_summary(reqs: Sequence[Req]) -> str:
+    """One line: how many requests failed and why (the most frequent reason, an example)."""
+    reasons = failure_reasons(reqs)
+    if not reasons:
+        return ""
+    rejected = sum(
+        1
+        for r in reqs
+        if r.finish is not None
+        and r.finish.reason is FinishReason.ABORT
+        and r.times.first_scheduled is None
+    )
+    failed = sum(n for _, n in reasons)
+    how = (
+        "rejected at admission"
+        if rejected == failed
+        else "aborted"
+        if rejected == 0
+        else f"failed ({rejected:,} rejected at admission)"
+    )
+    text = f"{failed:,} {how}, e.g. {reasons[0][0]!r}"
+    if len(reasons) > 1:
+        text += f" ({reasons[0][1]:,} like it, {len(reasons) - 1} other reasons)"
+    return text
+
+
+# An overload verdict needs this many requests (fewer say nothing about a trend), and a
+# backlog of at least this many requests and this share of them.
+LOAD_MIN_REQUESTS = 8
+LOAD_MIN_BACKLOG_SHARE = 0.1
+# Offered rate above this multiple of the served rate (with a backlog) is overload.
+OVERLOAD_RATIO = 1.1
+
+
+class LoadCheck(NamedTuple):
+    """Offered load against what the system served, and the queue it left behind.
+
+    ``offered`` is the arrival rate over the arrival span; ``served`` is completed requests per
+    second of makespan, which is the system's capacity when it is saturated. ``backlog`` is
+    the number of requests that had arrived but not started by the last arrival: a system
+    that keeps up has a few, an overloaded one a share that grows with the overload
+    (``1 - served/offered`` of them in steady state). ``service_s`` is the median latency
+    beyond the queue wait (it grows with the load: a large running batch decodes slowly).
+    Overloaded: at least ``LOAD_MIN_REQUESTS`` requests arriving over a span of time (all at
+    t=0 is a burst the user asked for, queued by design), offered > ``OVERLOAD_RATIO`` x
+    served, and a backlog of at least ``LOAD_MIN_REQUESTS`` requests and
+    ``LOAD_MIN_BACKLOG_SHARE`` of them."""
+
+    offered_requests_per_s: float
+    served_requests_per_s: float
+    arrival_span_s: float
+    backlog: int
+    service_s: float
+    overloaded: bool
+
+    @property
+    def load_ratio(self) -> float:
+        return _ratio(self.offered_requests_per_s, self.served_requests_per_s)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {**self._asdict(), "load_ratio": self.load_ratio}
+
+
+def load_check(reqs: Sequence[Req], served_requests_per_s: float) -> LoadCheck:
+    arrivals = [r.times.arrival for r in reqs]
+    if not arrivals:
+        return LoadCheck(0.0, _as_float(served_requests_per_s), 0.0, 0, 0.0, False)
+    last = max(arrivals)
+    span = last - min(arrivals)
+    offered = _ratio(len(arrivals) - 1, span)
+    # Started after the last arrival; never started and not aborted (a rejected request
+    # never waited).
+    backlog = sum(
+        1
+        for r in reqs
+        if (r.times.first_scheduled is not None and r.times.first_scheduled > last)
+        or (
+            r.times.first_scheduled is None
+            and not (r.finish is not None and r.finish.reason is FinishReason.ABORT)
+        )
+    )
+    service = [
+        t.finish - t.first_scheduled
+        for t in (r.times for r in _completed(reqs))
+        if t.finish is not None and t.first_scheduled is not None
+    ]
+    service_s = float(np.median(service)) if service else 0.0
+    overloaded = (
+        len(arrivals) >= LOAD_MIN_REQUESTS
+        and span > 0
+        and offered > OVERLOAD_RATIO * served_requests_per_s
+        and backlog >= max(LOAD_MIN_REQUESTS, LOAD_MIN_BACKLOG_SHARE * len(arrivals))
+    )
+    return LoadCheck(
+        offered_requests_per_s=_as_float(offered),
+        served_requests_per_s=_as_float(served_requests_per_s),
+        arrival_span_s=_as_float(span),
+        backlog=backlog,
+        service_s=_as_float(service_s),
+        overloaded=overloaded,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # The result of one policy
 # ---------------------------------------------------------------------------------------------
 
@@ -467,9 +753,10 @@ ADDITIONAL_KEYS: tuple[str, ...] = (
     "peak_queue_len",
     "mean_running",
     "peak_kv_usage",
+    "load",
+    "slo",
     "tenants",
 )
-STATS_KEYS: tuple[str, ...] = ("mean", "p50", "p90", "p99", "max")
 THROUGHPUT_KEYS: tuple[str, ...] = Throughput._fields
 
 
@@ -508,6 +795,8 @@ class PolicyResult:
     peak_kv_usage: float = 0.0
     # Filled only when the workload has more than one tenant.
     tenants: tuple[TenantResult, ...] = ()
+    load: LoadCheck | None = None
+    slo: SloResult | None = None  # None unless SLO targets were given
     extra: Mapping[str, JSONValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -520,6 +809,16 @@ class PolicyResult:
         """How far the achieved hit rate is below the workload's optimum (>= 0 when the
         optimum is a true upper bound)."""
         return self.optimal_hit_rate - self.hit_rate
+
+    @property
+    def served_nothing(self) -> bool:
+        """No request completed: every latency and throughput figure is empty."""
+        return self.num_completed == 0
+
+    @property
+    def num_failed(self) -> int:
+        """Requests that did not complete: rejected at the door or aborted later."""
+        return self.num_requests - self.num_completed
 
     @property
     def requests_per_wall_s(self) -> float:
@@ -557,6 +856,8 @@ class PolicyResult:
             "peak_queue_len": self.peak_queue_len,
             "mean_running": self.mean_running,
             "peak_kv_usage": self.peak_kv_usage,
+            "load": None if self.load is None else self.load.to_json(),
+            "slo": None if self.slo is None else self.slo.to_json(),
             "tenants": [t.to_json() for t in self.tenants],
         }
         out.update(self.extra)
@@ -574,13 +875,15 @@ def summarize(
     preemptions: int,
     extra: Mapping[str, JSONValue] | None = None,
     fairness_at: float | None = None,
+    slo: SloTargets | None = None,
 ) -> PolicyResult:
     """Summarise one policy's run. ``reqs`` are the finished requests (aborted ones included:
     they count in ``num_requests``/``num_aborted`` and, if scheduled, in the hit rate).
 
     Latency, cache and throughput numbers come from the requests (the source of truth);
     ``series`` only adds peak queue length, mean running batch and peak KV usage.
-    ``fairness_at`` overrides the fairness horizon (see ``fairness_horizon``).
+    ``fairness_at`` overrides the fairness horizon (see ``fairness_horizon``); ``slo`` adds
+    SLO attainment and goodput (see ``slo_result``).
     """
     sampled = series.arrays() if series is not None and len(series) else None
     completed = _completed(reqs)
@@ -629,5 +932,7 @@ def summarize(
         mean_running=_as_float(sampled.running.mean()) if sampled is not None else 0.0,
         peak_kv_usage=_as_float(sampled.kv_usage.max()) if sampled is not None else 0.0,
         tenants=tuple(tenants),
+        load=load_check(reqs, _ratio(len(completed), makespan)),
+        slo=slo_result(reqs, slo, makespan) if slo is not None and slo.active else None,
         extra=dict(extra or {}),
     )

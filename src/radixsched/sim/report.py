@@ -1,19 +1,19 @@
-"""A self-contained HTML report of a simulation: comparison table, recommendation, charts and
-the configuration, in one file that opens offline.
+"""A self-contained HTML report of a simulation: a written recommendation, warnings, the
+comparison table, interactive charts and the configuration, in one file that opens offline.
 
-Charts are inline SVG generated here (no plotting library, no network, no external assets); a
-few lines of inline vanilla JS let the reader hide and show policies by clicking the legend.
-Every piece of text that reaches the page goes through ``html.escape``.
+Charts are Plotly figures; plotly.js is inlined once into the page (no network, no external
+assets), so the report opens anywhere, with hover values and zoom. A legend of buttons above
+the charts shows and hides a policy in every chart at once. Every piece of text that reaches
+the page outside a chart goes through ``html.escape``; chart data and labels are JSON that
+Plotly renders as text.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,194 +31,60 @@ from radixsched.sim.table import (
     to_jsonable,
 )
 
-# Points of a CDF polyline; ranks are subsampled evenly beyond this.
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+# Points of a CDF line; ranks are subsampled evenly beyond this.
 CDF_MAX_POINTS = 1000
 
 # Tenant rows per policy in the HTML table (the least served first beyond this).
 TENANT_ROWS_PER_POLICY = 12
 
-# Chart geometry in SVG user units (the SVG scales to its container).
-_W, _H = 640, 300
-_ML, _MR, _MT, _MB = 62, 18, 14, 46
+# Line dash per policy position, so that series of similar colour still differ.
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+# Plotly options: no logo, resize with the page.
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
-# ---------------------------------------------------------------------------------------------
-# Axes
-# ---------------------------------------------------------------------------------------------
+def policy_dash(index: int) -> str:
+    return DASHES[(index // 2) % len(DASHES)] if index >= 2 else "solid"
 
 
-def nice_ticks(lo: float, hi: float, target: int = 5, *, integer: bool = False) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]; with
-    ``integer`` the step is at least 1 (counts have no fractional ticks)."""
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
-        return [lo]
-    raw = (hi - lo) / max(target, 1)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    if integer:
-        step = max(step, 1.0)
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks: list[float] = []
-    v = first
-    while v <= hi + step * 1e-9:
-        ticks.append(0.0 if abs(v) < step * 1e-9 else v)
-        v += step
-    return ticks
+def plotly_js() -> str:
+    """plotly.js as shipped with the plotly package (inlined into every report)."""
+    from plotly.offline import get_plotlyjs
+
+    return str(get_plotlyjs())
 
 
-def log_ticks(lo: float, hi: float) -> list[float]:
-    """Decades inside [lo, hi]; with fewer than three, 2x and 5x marks are added."""
-    a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-    decades = [10.0**k for k in range(a, b + 1) if lo <= 10.0**k <= hi]
-    if len(decades) >= 3:
-        return decades
-    fine = [m * 10.0**k for k in range(a, b + 1) for m in (1, 2, 5)]
-    return [v for v in fine if lo <= v <= hi]
-
-
-def fmt_tick(v: float) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 10000 or abs(v) < 1e-3:
-        return f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-")
-    return f"{v:,.6g}" if abs(v) >= 1 else f"{v:.3g}"
-
-
-@dataclass(frozen=True)
-class Axis:
-    label: str
-    lo: float
-    hi: float
-    log: bool = False
-    fmt: Callable[[float], str] = fmt_tick
-    integer: bool = False  # ticks at whole numbers only
-
-    def frac(self, v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        if self.log:
-            lv = np.log10(np.clip(v, self.lo, self.hi))
-            return (lv - math.log10(self.lo)) / (math.log10(self.hi) - math.log10(self.lo))
-        return (v - self.lo) / (self.hi - self.lo)
-
-    def ticks(self) -> list[float]:
-        if self.log:
-            return log_ticks(self.lo, self.hi)
-        return nice_ticks(self.lo, self.hi, integer=self.integer)
-
-
-def _span(lo: float, hi: float) -> tuple[float, float]:
-    """A non-empty range: a degenerate one is widened around its value."""
-    if hi > lo:
-        return lo, hi
-    pad = abs(lo) * 0.1 or 1.0
-    return lo - pad if lo > 0 else lo, hi + pad
-
-
-def _value_axis(
-    label: str,
-    values: Sequence[FloatArray],
-    *,
-    fmt: Callable[[float], str] = fmt_tick,
-    lo: float | None = None,
-    hi: float | None = None,
-    extend: bool = True,
-    integer: bool = False,
-) -> Axis:
-    nonempty = [v for v in values if v.size]
-    dlo = min(float(v.min()) for v in nonempty) if nonempty else 0.0
-    dhi = max(float(v.max()) for v in nonempty) if nonempty else 1.0
-    a, b = _span(dlo if lo is None else lo, dhi if hi is None else hi)
-    ticks = nice_ticks(a, b, integer=integer)
-    # A value axis ends on a tick, so the largest value never grazes the frame between ticks.
-    if extend and hi is None and len(ticks) > 1 and ticks[-1] < b:
-        b = ticks[-1] + (ticks[1] - ticks[0])
-    return Axis(label, a, b, fmt=fmt, integer=integer)
-
-
-# ---------------------------------------------------------------------------------------------
-# SVG line chart
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Line:
-    series: int  # legend index: lines with the same index toggle together across charts
-    label: str
-    color: str
-    xs: FloatArray
-    ys: FloatArray
-    dashed: bool = False
-
-
-def _points(xs: FloatArray, ys: FloatArray, xa: Axis, ya: Axis) -> str:
-    pw, ph = _W - _ML - _MR, _H - _MT - _MB
-    px = _ML + xa.frac(xs) * pw
-    py = _MT + (1.0 - ya.frac(ys)) * ph
-    return " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(px.tolist(), py.tolist(), strict=True))
-
-
-def svg_line_chart(chart_id: str, title: str, xa: Axis, ya: Axis, lines: Sequence[Line]) -> str:
-    pw, ph = _W - _ML - _MR, _H - _MT - _MB
-    out = [
-        f'<svg id="{escape(chart_id)}" class="chart" viewBox="0 0 {_W} {_H}" '
-        f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{escape(title)}</title>",
-        f'<rect class="plot" x="{_ML}" y="{_MT}" width="{pw}" height="{ph}"/>',
-    ]
-    for v in xa.ticks():
-        x = _ML + float(xa.frac(np.array([v]))[0]) * pw
-        out.append(f'<line class="grid" x1="{x:.1f}" y1="{_MT}" x2="{x:.1f}" y2="{_MT + ph}"/>')
-        out.append(
-            f'<text class="tick" x="{x:.1f}" y="{_MT + ph + 16}" text-anchor="middle">'
-            f"{escape(xa.fmt(v))}</text>"
+def figure_html(fig: go.Figure, div_id: str) -> str:
+    """A figure's ``<div>`` and the script drawing it (plotly.js must already be loaded)."""
+    return str(
+        fig.to_html(
+            full_html=False,
+            include_plotlyjs=False,
+            div_id=div_id,
+            config=PLOT_CONFIG,
+            default_width="100%",
         )
-    for v in ya.ticks():
-        y = _MT + (1.0 - float(ya.frac(np.array([v]))[0])) * ph
-        out.append(f'<line class="grid" x1="{_ML}" y1="{y:.1f}" x2="{_ML + pw}" y2="{y:.1f}"/>')
-        out.append(
-            f'<text class="tick" x="{_ML - 6}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{escape(ya.fmt(v))}</text>"
-        )
-    out.append(
-        f'<text class="axis-label" x="{_ML + pw / 2:.0f}" y="{_H - 8}" text-anchor="middle">'
-        f"{escape(xa.label)}</text>"
     )
-    out.append(
-        f'<text class="axis-label" transform="translate(14 {_MT + ph / 2:.0f}) rotate(-90)" '
-        f'text-anchor="middle">{escape(ya.label)}</text>'
-    )
-    drawn = 0
-    for ln in lines:
-        if ln.xs.size == 0:
-            continue
-        dash = ' stroke-dasharray="6 4"' if ln.dashed else ""
-        out.append(
-            f'<polyline class="series" data-series="{ln.series}" fill="none" '
-            f'stroke="{escape(ln.color)}"{dash} points="{_points(ln.xs, ln.ys, xa, ya)}">'
-            f"<title>{escape(ln.label)}</title></polyline>"
-        )
-        if ln.dashed:  # reference lines are labelled in place rather than in the legend
-            y_end = _MT + (1.0 - float(ya.frac(ln.ys[-1:])[0])) * ph
-            out.append(
-                f'<text class="ref-label" x="{_ML + pw - 6}" y="{y_end - 6:.1f}" '
-                f'text-anchor="end">{escape(ln.label)}</text>'
-            )
-        drawn += 1
-    if drawn == 0:
-        out.append(
-            f'<text class="empty" x="{_ML + pw / 2:.0f}" y="{_MT + ph / 2:.0f}" '
-            f'text-anchor="middle">no data</text>'
-        )
-    out.append("</svg>")
-    return "".join(out)
 
 
-def _step(xs: FloatArray, ys: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Points of a step function that holds each value until the next sample."""
-    if xs.size < 2:
-        return xs, ys
-    sx = np.repeat(xs, 2)[1:]
-    sy = np.repeat(ys, 2)[:-1]
-    return sx, sy
+def base_layout(title: str, x_title: str, y_title: str, **kw: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 14}},
+        "xaxis": {"title": {"text": x_title}, "zeroline": False},
+        "yaxis": {"title": {"text": y_title}, "zeroline": False},
+        "template": "plotly_white",
+        "margin": {"l": 70, "r": 20, "t": 40, "b": 50},
+        "height": 340,
+        "showlegend": False,
+        "hovermode": "closest",
+        "font": {"family": "system-ui, sans-serif", "size": 12},
+    }
+    layout.update(kw)
+    return layout
 
 
 def cdf_points(
@@ -233,13 +99,188 @@ def cdf_points(
     return v[idx], (idx + 1) / n
 
 
+def identical_groups(arrays: Mapping[str, Sequence[FloatArray]]) -> list[list[str]]:
+    """Names whose arrays are all equal, in groups of two or more (first-seen order): their
+    curves are drawn on top of each other, and the page says so."""
+    groups: list[list[str]] = []
+    for name, arrs in arrays.items():
+        for g in groups:
+            other = arrays[g[0]]
+            if len(other) == len(arrs) and all(
+                a.shape == b.shape and np.array_equal(a, b)
+                for a, b in zip(other, arrs, strict=True)
+            ):
+                g.append(name)
+                break
+        else:
+            groups.append([name])
+    return [g for g in groups if len(g) > 1]
+
+
+def _identical_note(groups: list[list[str]]) -> str:
+    if not groups:
+        return ""
+    text = "; ".join(" = ".join(g) for g in groups)
+    return f"Identical curves, drawn on top of each other: {text}."
+
+
+# ---------------------------------------------------------------------------------------------
+# Charts
+# ---------------------------------------------------------------------------------------------
+
+
+def _trace_style(i: int) -> dict[str, Any]:
+    return {"color": policy_color(i), "dash": policy_dash(i), "width": 2}
+
+
+def ttft_figure(names: Sequence[str], ttft: Mapping[str, npt.ArrayLike]) -> go.Figure:
+    """TTFT CDF, on a log axis when the values span more than ~1.5 decades."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    cdfs = {n: cdf_points(ttft[n]) for n in names if n in ttft}
+    pos = np.concatenate([x[x > 0] for x, _ in cdfs.values()]) if cdfs else np.zeros(0)
+    use_log = pos.size > 0 and float(pos.max()) / float(pos.min()) > 30
+    for i, n in enumerate(names):
+        if n not in cdfs:
+            continue
+        x, y = cdfs[n]
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                name=n,
+                meta=i,
+                mode="lines",
+                line={**_trace_style(i), "shape": "hv"},
+                hovertemplate=f"{escape(n)}<br>TTFT %{{x:.3s}}s<br>%{{y:.1%}} of requests"
+                "<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        **base_layout(
+            "TTFT distribution (CDF over completed requests)",
+            "time to first token (s" + (", log scale)" if use_log else ")"),
+            "share of requests",
+            xaxis={"type": "log" if use_log else "linear", "exponentformat": "SI"},
+            yaxis={"tickformat": ".0%", "range": [0, 1.02]},
+        )
+    )
+    _no_data(fig, bool(cdfs) and any(x.size for x, _ in cdfs.values()))
+    return fig
+
+
+def _no_data(fig: go.Figure, has_data: bool) -> None:
+    if not has_data:
+        fig.add_annotation(
+            text="no data", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5
+        )
+
+
+def time_figure(
+    title: str,
+    y_title: str,
+    names: Sequence[str],
+    sampled: Mapping[str, Any],
+    field: str,
+    *,
+    percent: bool = False,
+    step: bool = True,
+    reference: float | None = None,
+    reference_label: str = "",
+) -> go.Figure:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fmt = ".1%" if percent else ",.0f"
+    for i, n in enumerate(names):
+        if n not in sampled:
+            continue
+        s = sampled[n]
+        fig.add_trace(
+            go.Scatter(
+                x=s.t,
+                y=getattr(s, field),
+                name=n,
+                meta=i,
+                mode="lines",
+                line={**_trace_style(i), "shape": "hv" if step else "linear"},
+                hovertemplate=f"{escape(n)}<br>t %{{x:.4s}}s<br>%{{y:{fmt}}}<extra></extra>",
+            )
+        )
+    yaxis: dict[str, Any] = {"rangemode": "tozero"}
+    if percent:
+        yaxis.update(tickformat=".0%", range=[0, 1.02])
+    fig.update_layout(
+        **base_layout(
+            title, "simulated time (s)", y_title, yaxis=yaxis, xaxis={"exponentformat": "SI"}
+        )
+    )
+    if reference is not None and sampled:
+        fig.add_hline(
+            y=reference,
+            line={"dash": "dash", "color": "#5b6573", "width": 1},
+            annotation_text=reference_label,
+            annotation_position="top left",
+        )
+    _no_data(fig, any(sampled[n].t.size for n in sampled))
+    return fig
+
+
+def kv_figure(names: Sequence[str], sampled: Mapping[str, Any]) -> go.Figure:
+    """KV usage as small multiples (one panel per policy, shared axes): overlaid, many series
+    near 100% would be one band."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    shown = [n for n in names if n in sampled]
+    rows = max(len(shown), 1)
+    fig = make_subplots(
+        rows=rows,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=min(0.04, 0.3 / rows),
+        subplot_titles=shown or None,
+    )
+    for row, n in enumerate(shown, 1):
+        i = names.index(n)
+        s = sampled[n]
+        fig.add_trace(
+            go.Scatter(
+                x=s.t,
+                y=s.kv_usage,
+                name=n,
+                meta=i,
+                mode="lines",
+                line={"color": policy_color(i), "width": 1.5, "shape": "hv"},
+                fill="tozeroy",
+                hovertemplate=f"{escape(n)}<br>t %{{x:.4s}}s<br>KV %{{y:.1%}}<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
+        fig.update_yaxes(range=[0, 1.05], tickformat=".0%", nticks=3, row=row, col=1)
+    fig.update_layout(
+        **base_layout(
+            "KV cache usage over time (one panel per policy)",
+            "",
+            "",
+            height=max(220, 90 * rows + 90),
+        )
+    )
+    fig.update_xaxes(title_text="simulated time (s)", exponentformat="SI", row=rows, col=1)
+    fig.update_annotations(font_size=11)
+    _no_data(fig, bool(shown))
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------
 # Page
 # ---------------------------------------------------------------------------------------------
 
 _CSS = """
 :root { --fg:#1d2430; --muted:#5b6573; --line:#e3e7ee; --bg:#ffffff; --panel:#f7f9fc;
-        --best:#137a3a; --best-bg:#e6f5ec; }
+        --best:#137a3a; --best-bg:#e6f5ec; --warn:#8a4b00; --warn-bg:#fff4e0; }
 * { box-sizing: border-box; }
 body { margin:0; background:var(--bg); color:var(--fg);
        font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif; }
@@ -249,8 +290,15 @@ h2 { font-size:16px; margin:32px 0 10px; padding-bottom:6px; border-bottom:1px s
 h3 { font-size:13px; margin:16px 0 6px; color:var(--muted); text-transform:uppercase;
      letter-spacing:.04em; }
 .sub { color:var(--muted); margin:0 0 8px; }
+.rec { background:var(--panel); border:1px solid var(--line); border-radius:8px;
+       padding:12px 16px; margin-top:16px; }
+.rec p { margin:4px 0; }
+.rec p:first-child { font-size:16px; font-weight:600; }
+.warn { background:var(--warn-bg); color:var(--warn); border:1px solid #f1d3a5;
+        border-radius:8px; padding:10px 16px; margin-top:16px; white-space:pre-wrap;
+        font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-size:12.5px; }
 .cards { display:grid; grid-template-columns:repeat(auto-fit,minmax(210px,1fr)); gap:12px;
-         margin-top:16px; }
+         margin-top:12px; }
 .card { background:var(--panel); border:1px solid var(--line); border-radius:8px; padding:10px 14px; }
 .card .k { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.04em; }
 .card .v { font-size:17px; font-weight:600; margin-top:2px; }
@@ -264,24 +312,15 @@ th:first-child, td:first-child { text-align:left; }
 td.best { color:var(--best); background:var(--best-bg); font-weight:700; }
 .swatch { display:inline-block; width:11px; height:11px; border-radius:3px; margin-right:7px;
           vertical-align:-1px; }
-.legend { display:flex; flex-wrap:wrap; gap:6px 14px; margin:0 0 10px; }
+.legend { display:flex; flex-wrap:wrap; gap:6px 14px; margin:0 0 10px; position:sticky; top:0;
+          background:var(--bg); padding:8px 0; z-index:10; }
 .legend button { font:inherit; font-size:13px; background:none; border:1px solid var(--line);
                  border-radius:14px; padding:2px 10px; cursor:pointer; color:var(--fg); }
 .legend button.off { opacity:.4; text-decoration:line-through; }
-.grid2 { display:grid; grid-template-columns:repeat(auto-fit,minmax(440px,1fr)); gap:18px; }
-figure { margin:0; background:var(--bg); border:1px solid var(--line); border-radius:8px;
-         padding:12px 14px 8px; }
-figcaption { font-weight:600; margin-bottom:2px; }
-figcaption span { font-weight:400; color:var(--muted); font-size:12px; margin-left:6px; }
-svg.chart { width:100%; max-width:820px; height:auto; display:block; margin:0 auto; }
-svg .plot { fill:#fff; stroke:#c9d0da; }
-svg .grid { stroke:#eef1f5; }
-svg .tick { font-size:11px; fill:var(--muted); }
-svg .axis-label { font-size:12px; fill:var(--fg); }
-svg .empty { font-size:14px; fill:var(--muted); }
-svg .ref-label { font-size:11px; fill:#5b6573; }
-svg .series { stroke-width:1.8; stroke-linejoin:round; }
-svg .hidden { display:none; }
+.charts { display:grid; grid-template-columns:repeat(auto-fit,minmax(520px,1fr)); gap:18px; }
+figure { margin:0; border:1px solid var(--line); border-radius:8px; padding:6px 8px; }
+figure.wide { grid-column:1/-1; }
+figcaption { color:var(--muted); font-size:12px; padding:2px 6px 4px; }
 dl.kv { display:grid; grid-template-columns:minmax(0,max-content) minmax(8em,1fr); gap:3px 16px; margin:0;
          align-items:baseline; }
 dl.kv dt { color:var(--muted); overflow-wrap:anywhere; }
@@ -295,44 +334,47 @@ footer { color:var(--muted); font-size:12px; margin-top:36px; }
 """
 
 # Runs on load; it must never throw (tests open the page in headless Chromium and check
-# ``data-ready`` and the absence of ``data-errors``).
+# ``data-ready`` and the absence of ``data-errors``). A legend button hides or shows its
+# policy (the traces whose ``meta`` is its index) in every chart.
 _JS = """
 (function () {
   window.addEventListener("error", function (e) {
     document.body.setAttribute("data-errors", String(e.message || e));
   });
-  var buttons = document.querySelectorAll(".legend button[data-series]");
-  buttons.forEach(function (b) {
+  var charts = Array.prototype.slice.call(document.querySelectorAll(".js-plotly-plot"));
+  function setVisible(series, visible) {
+    charts.forEach(function (div) {
+      var idx = [];
+      (div.data || []).forEach(function (t, k) { if (String(t.meta) === series) idx.push(k); });
+      if (idx.length) Plotly.restyle(div, {visible: visible}, idx);
+    });
+  }
+  document.querySelectorAll(".legend button[data-series]").forEach(function (b) {
     b.addEventListener("click", function () {
       var s = b.getAttribute("data-series");
       var off = !b.classList.contains("off");
-      document.querySelectorAll('.legend button[data-series="' + s + '"]').forEach(function (x) {
-        x.classList.toggle("off", off);
-      });
-      document.querySelectorAll('svg [data-series="' + s + '"]').forEach(function (el) {
-        el.classList.toggle("hidden", off);
-      });
+      b.classList.toggle("off", off);
+      setVisible(s, !off);
     });
   });
+  document.body.setAttribute("data-charts", String(charts.length));
   document.body.setAttribute("data-ready", "1");
 })();
 """
 
 
-def _legend(names: Sequence[tuple[int, str, str]]) -> str:
+def _legend(names: Sequence[str]) -> str:
     items = [
-        f'<button type="button" data-series="{i}" title="show/hide">'
-        f'<span class="swatch" style="background:{escape(color)}"></span>{escape(name)}</button>'
-        for i, name, color in names
+        f'<button type="button" data-series="{i}" title="show/hide in every chart">'
+        f'<span class="swatch" style="background:{policy_color(i)}"></span>{escape(n)}</button>'
+        for i, n in enumerate(names)
     ]
-    return f'<div class="legend">{"".join(items)}</div>'
+    return f'<div class="legend" id="legend">{"".join(items)}</div>'
 
 
-def _figure(caption: str, note: str, legend: str, svg: str) -> str:
-    return (
-        f"<figure><figcaption>{escape(caption)}<span>{escape(note)}</span></figcaption>"
-        f"{legend}{svg}</figure>"
-    )
+def _figure(html: str, caption: str = "", *, wide: bool = False) -> str:
+    cap = f"<figcaption>{escape(caption)}</figcaption>" if caption else ""
+    return f"<figure{' class=wide' if wide else ''}>{html}{cap}</figure>"
 
 
 def _comparison_table(results: Sequence[PolicyResult]) -> str:
@@ -350,7 +392,9 @@ def _comparison_table(results: Sequence[PolicyResult]) -> str:
         ]
         for c, b in zip(cols, best, strict=True):
             cls = ' class="best"' if i in b else ""
-            cells.append(f'<td data-col="{c.key}"{cls}>{escape(c.fmt(c.get(r)))}</td>')
+            empty = r.served_nothing and c.key not in ("failed", "retractions")
+            text = "-" if empty else c.fmt(c.get(r))
+            cells.append(f'<td data-col="{c.key}"{cls}>{escape(text)}</td>')
         rows.append(f"<tr>{''.join(cells)}</tr>")
     return (
         f'<div class="scroll"><table id="comparison"><thead><tr>{"".join(head)}</tr></thead>'
@@ -413,30 +457,36 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
     )
 
 
-def _recommendation_cards(results: Sequence[PolicyResult]) -> str:
-    rec = recommend(results)
+def _recommendation(results: Sequence[PolicyResult]) -> str:
     if not results:
         return '<p class="sub">No results.</p>'
+    rec = recommend(results)
+    text = "".join(f"<p>{escape(line)}</p>" for line in rec.text)
     cards: list[tuple[str, str, str]] = []
+    served = len(results) - len(rec.excluded)
     for obj, pick in zip(OBJECTIVES, (rec.hit_rate, rec.p99_ttft, rec.throughput), strict=True):
-        if pick is None:
+        if pick is None or served < 2:
             continue
-        if len(pick.tied_with) == len(results) - 1 and len(results) > 1:
+        if len(pick.tied_with) == served - 1:
             who = "all tie"
         else:
             who = ", ".join((pick.policy, *pick.tied_with))
         cards.append((f"best {obj.name}", who, obj.fmt(pick.value)))
-    cards.append(("Pareto set", ", ".join(rec.pareto), f"{len(rec.pareto)} of {len(results)}"))
+    if rec.pareto and served >= 2:
+        cards.append(("Pareto set", ", ".join(rec.pareto), f"{len(rec.pareto)} of {served}"))
     body = "".join(
         f'<div class="card"><div class="k">{escape(k)}</div><div class="v">{escape(v)}</div>'
         f'<div class="d">{escape(d)}</div></div>'
         for k, v, d in cards
     )
-    return (
-        f'<div class="cards" id="recommendation">{body}</div>'
-        '<p class="note">Pareto set: policies that no other policy matches or beats on hit rate, '
-        "p99 TTFT and output throughput at once.</p>"
+    note = (
+        '<p class="note">Pareto set: policies that no other policy matches or beats on hit '
+        "rate, p99 TTFT and output throughput at once. The recommendation is the Pareto policy "
+        "with the lowest p99 TTFT (the highest SLO attainment when SLO targets are given), "
+        "compared with fcfs (SGLang's default) or the first policy.</p>"
     )
+    cards_html = f'<div class="cards">{body}</div>' if body else ""
+    return f'<div class="rec" id="recommendation">{text}</div>{cards_html}{note}'
 
 
 def _kv_sections(heading: str, data: Any) -> list[str]:
@@ -480,6 +530,34 @@ def _scalar_text(v: Any) -> str:
     return str(v)
 
 
+def page(title: str, css: str, body: Sequence[str], script: str = "") -> str:
+    """A complete HTML page with plotly.js inlined in its head."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{css}</style>"
+        f'<script type="text/javascript">{plotly_js()}</script></head>'
+        f"<body><main>{''.join(body)}</main>"
+        + (f"<script>{script}</script>" if script else "")
+        + "</body></html>\n"
+    )
+
+
+def _subtitle(workload_info: Mapping[str, Any], meta: Mapping[str, Any], n: int) -> str:
+    parts = []
+    name = workload_info.get("name") if isinstance(workload_info, Mapping) else None
+    if name:
+        parts.append(f"workload: {name}")
+    if workload_info.get("num_requests"):
+        parts.append(f"{int(workload_info['num_requests']):,} requests")
+    parts.append(f"{n} polic{'y' if n == 1 else 'ies'}")
+    if meta.get("version"):
+        parts.append(f"radixsched {meta['version']}")
+    if meta.get("created"):
+        parts.append(str(meta["created"]))
+    return " · ".join(parts)
+
+
 def render_report(
     workload_info: Mapping[str, Any],
     config: Mapping[str, Any],
@@ -488,132 +566,104 @@ def render_report(
     ttft_by_policy: Mapping[str, npt.ArrayLike],
     *,
     title: str = "radixsched simulation report",
+    warnings: Sequence[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> str:
-    """The report as one HTML string (see ``write_report``)."""
+    """The report as one HTML string (see ``write_report``). ``warnings`` are printed in a
+    box at the top (overload, policies that served nothing); ``meta`` says what was run
+    (version, time, command)."""
+    meta = meta or {}
     # Colours follow the result order; policies that only have series/TTFT data come after.
     names = [r.policy for r in results]
     for n in [*series_by_policy, *ttft_by_policy]:
         if n not in names:
             names.append(n)
-    legend_items = [(i, n, policy_color(i)) for i, n in enumerate(names)]
-
-    # TTFT CDF, on a log axis when the values span more than ~1.5 decades (a TTFT of 0, which
-    # a log axis cannot show, is pinned to its left edge by Axis.frac's clip).
-    cdfs = {n: cdf_points(ttft_by_policy[n]) for n in names if n in ttft_by_policy}
-    xs_all = [x for x, _ in cdfs.values() if x.size]
-    pos = np.concatenate(xs_all) if xs_all else np.zeros(0)
-    pos = pos[pos > 0]
-    use_log = pos.size > 0 and float(pos.max()) / float(pos.min()) > 30
-    if use_log:
-        ttft_x = Axis(
-            "TTFT (s, log scale)", float(pos.min()) / 1.2, float(pos.max()) * 1.2, log=True
-        )
-    else:
-        ttft_x = _value_axis("TTFT (s)", xs_all, lo=0.0)
-    pct = Axis("fraction of requests", 0.0, 1.0, fmt=lambda v: f"{100 * v:.0f}%")
-    ttft_lines = [
-        Line(i, n, policy_color(i), *_step(*cdfs[n])) for i, n in enumerate(names) if n in cdfs
-    ]
-    ttft_svg = svg_line_chart("chart-ttft", "TTFT CDF", ttft_x, pct, ttft_lines)
-
     sampled = {
         n: series_by_policy[n].downsampled(REPORT_MAX_POINTS)
         for n in names
         if n in series_by_policy
     }
-    t_axis = _value_axis(
-        "time (s, simulated)", [s.t for s in sampled.values()], lo=0.0, extend=False
-    )
-    hit_lines = [
-        Line(i, n, policy_color(i), sampled[n].t, sampled[n].hit_rate)
-        for i, n in enumerate(names)
-        if n in sampled
-    ]
     optimal = sorted({r.optimal_hit_rate for r in results})
-    if len(optimal) == 1 and t_axis.hi > t_axis.lo and sampled:
-        hit_lines.append(
-            Line(
-                -1,
-                f"optimal {fmt_percent(optimal[0])}",
-                "#5b6573",
-                np.array([t_axis.lo, t_axis.hi]),
-                np.array([optimal[0], optimal[0]]),
-                dashed=True,
-            )
-        )
-    hit_svg = svg_line_chart(
-        "chart-hit-rate",
-        "Cumulative hit rate over time",
-        t_axis,
-        Axis("cumulative hit rate", 0.0, 1.0, fmt=lambda v: f"{100 * v:.0f}%"),
-        hit_lines,
+    same_ttft = identical_groups(
+        {
+            n: [np.sort(np.asarray(ttft_by_policy[n], dtype=np.float64))]
+            for n in names
+            if n in ttft_by_policy
+        }
     )
-
-    def step_lines(field: str) -> list[Line]:
-        """One staircase line per sampled policy of the series ``field``."""
-        return [
-            Line(i, n, policy_color(i), *_step(sampled[n].t, getattr(sampled[n], field)))
-            for i, n in enumerate(names)
-            if n in sampled
-        ]
-
-    queue_lines = step_lines("queue_len")
-    queue_svg = svg_line_chart(
-        "chart-queue",
-        "Waiting queue length over time",
-        t_axis,
-        _value_axis("waiting requests", [ln.ys for ln in queue_lines], lo=0.0, integer=True),
-        queue_lines,
+    same_series = identical_groups(
+        {n: [s.t, s.queue_len, s.kv_usage, s.hit_rate] for n, s in sampled.items()}
     )
-    kv_lines = step_lines("kv_usage")
-    kv_svg = svg_line_chart(
-        "chart-kv",
-        "KV cache usage over time",
-        t_axis,
-        Axis("KV pool in use", 0.0, 1.0, fmt=lambda v: f"{100 * v:.0f}%"),
-        kv_lines,
-    )
-
-    legend = _legend(legend_items)
-    workload_name = str(workload_info.get("name", "")) if isinstance(workload_info, Mapping) else ""
-    subtitle = " · ".join(
-        x
-        for x in (
-            f"workload: {workload_name}" if workload_name else "",
-            f"{len(results)} polic{'y' if len(results) == 1 else 'ies'}",
-        )
-        if x
+    charts = [
+        _figure(
+            figure_html(ttft_figure(names, ttft_by_policy), "chart-ttft"),
+            _identical_note(same_ttft),
+        ),
+        _figure(
+            figure_html(
+                time_figure(
+                    "Cumulative cache hit rate (token-weighted)",
+                    "hit rate",
+                    names,
+                    sampled,
+                    "hit_rate",
+                    percent=True,
+                    step=False,
+                    reference=optimal[0] if len(optimal) == 1 else None,
+                    reference_label=f"optimal {fmt_percent(optimal[0])}"
+                    if len(optimal) == 1
+                    else "",
+                ),
+                "chart-hit-rate",
+            ),
+            _identical_note(same_series),
+        ),
+        _figure(
+            figure_html(
+                time_figure("Waiting queue", "waiting requests", names, sampled, "queue_len"),
+                "chart-queue",
+            ),
+            _identical_note(same_series),
+        ),
+        _figure(
+            figure_html(kv_figure(names, sampled), "chart-kv"),
+            "Share of the KV pool in use (requests and cached prefixes).",
+            wide=True,
+        ),
+    ]
+    warn = (
+        f'<div class="warn" id="warnings">{escape(chr(10).join(warnings))}</div>'
+        if warnings
+        else ""
     )
     body = [
         f"<h1>{escape(title)}</h1>",
-        f'<p class="sub">{escape(subtitle)}</p>',
-        _recommendation_cards(results),
+        f'<p class="sub">{escape(_subtitle(workload_info, meta, len(results)))}</p>',
+        warn,
+        _recommendation(results),
         "<h2>Comparison</h2>",
         _comparison_table(results),
         '<p class="note">Best value per column in green (↑ higher is better, ↓ lower is '
-        "better); hover a header for its definition. Latencies are in simulated time.</p>",
+        "better); hover a header for its definition. Latencies are in simulated time; "
+        "percentiles interpolate linearly, std is the population standard deviation; "
+        "failed = rejected at admission + aborted; a policy that served nothing shows '-'."
+        "</p>",
         "<h2>Charts</h2>",
-        '<div class="grid2">',
-        _figure("TTFT distribution", "CDF over completed requests", legend, ttft_svg),
-        _figure("Cache hit rate", "cumulative, token-weighted", legend, hit_svg),
-        _figure("Waiting queue", "requests waiting to be scheduled", legend, queue_svg),
-        _figure("KV cache usage", "fraction of the KV pool in use", legend, kv_svg),
-        "</div>",
+        _legend(names),
+        f'<div class="charts">{"".join(charts)}</div>',
         _tenant_table(results),
         "<h2>Configuration</h2>",
         '<div class="cfg">',
+        *(_kv_sections("run", meta) if meta else []),
         *_kv_sections("workload", workload_info),
-        *_kv_sections("run", config),
+        *_kv_sections("settings", config),
         "</div>",
-        "<footer>Generated by radixsched. Self-contained: no network access or external "
-        "files needed.</footer>",
+        "<footer>Generated by radixsched"
+        + (f" {escape(str(meta['version']))}" if meta.get("version") else "")
+        + ". Self-contained: plotly.js is inlined, no network access or external files "
+        "needed.</footer>",
     ]
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(title)}</title><style>{_CSS}</style></head>"
-        f"<body><main>{''.join(body)}</main><script>{_JS}</script></body></html>\n"
-    )
+    return page(title, _CSS, body, _JS)
 
 
 def write_report(
@@ -623,11 +673,22 @@ def write_report(
     results: Sequence[PolicyResult],
     series_by_policy: Mapping[str, TimeSeries],
     ttft_by_policy: Mapping[str, npt.ArrayLike],
+    *,
+    warnings: Sequence[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the self-contained HTML report; returns the path written."""
     out = Path(path)
     out.write_text(
-        render_report(workload_info, config, results, series_by_policy, ttft_by_policy),
+        render_report(
+            workload_info,
+            config,
+            results,
+            series_by_policy,
+            ttft_by_policy,
+            warnings=warnings,
+            meta=meta,
+        ),
         encoding="utf-8",
     )
     return out

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
 class SimConfig:
     """Simulator-side settings (the scheduler's own settings live in SchedulerConfig)."""
+
+    CLI_TITLE: ClassVar[str] = "simulated system (cost model, cluster)"
 
     model: str = field(default="llama-3.1-8b", metadata={"help": "model preset"})
     gpu: str = field(default="h200", metadata={"help": "GPU preset"})

@@ -2,29 +2,31 @@
 
 A sweep config (YAML) holds a ``base`` mapping of settings, a ``vary`` mapping of setting ->
 list of values, and optionally ``name`` and ``metrics`` (the metrics plotted in the report,
-dotted names of ``PolicyResult.to_json``, default ``hit_rate`` and ``ttft_s.p99``). The sweep
-runs the cartesian product of the ``vary`` lists (in the order written, the last key varying
-fastest), each point being ``base`` updated with one combination.
+dotted names of ``PolicyResult.to_json``, default ``hit_rate`` and ``ttft_s.p99``; an unknown
+name is an error listing the close ones). The sweep runs the cartesian product of the ``vary``
+lists (in the order written, the last key varying fastest), each point being ``base`` updated
+with one combination.
 
-Setting names (bare, or prefixed to be explicit):
-- ``workload`` (a ``--workload`` spec string), ``request_rate`` (number or ``inf``; absent: as
-  ``load_workload``: the trace's timestamps, generated workloads all at t=0), ``num_requests``, ``workload_seed`` (default:
-  the scheduler ``seed``); prefix ``workload.``;
-- any ``SchedulerConfig`` field (``schedule_policy``, ``page_size``, ...); prefix ``sched.``;
-- any ``SimConfig`` field (``dp``, ``router``, ``max_total_tokens``, ``hicache_size``,
-  ``enable_hierarchical_cache``, ``model``, ``gpu``, ...); prefix ``sim.``.
+Settings are those of ``simulate --config`` (``sim.runconfig``, the same keys as the flags):
+``workload``, ``request_rate``, ``num_requests``, ``workload_seed``, ``slo_ttft_ms``,
+``slo_tpot_ms``, any ``SchedulerConfig`` or ``SimConfig`` field, bare or prefixed with
+``workload.``/``sched.``/``sim.``/``slo.``. Arrivals follow ``sim.runconfig.RATE_RULE``. Every
+point is checked before any run starts (names of policies, GPUs, models, routers, metrics,
+the workload spec and its trace file): a typo fails at once, one line per problem.
 
 Outputs in ``--out``: ``sweep.csv`` (one row per run: run index, the varied settings, every
-metric, ``error``), ``sweep.json`` (config, base, rows, per-run wall time) and ``report.html``
-(offline, inline SVG: for every varied setting, each plotted metric against that setting's
-values, one line per combination of the other varied settings).
+metric, ``error``), ``sweep.json`` (meta, config, base, rows, per-run wall time) and
+``report.html`` (self-contained, Plotly with plotly.js inlined: for every varied setting, each
+plotted metric against that setting's values, one line per combination of the other varied
+settings, axes named with their units).
 
 Execution: local processes by default (``ProcessPoolExecutor``, ``--jobs``; ``--jobs 1`` runs
 in-process), or Ray with ``--ray ADDRESS`` (``ray`` imported only then; one ``ray.remote`` task
 per run). Every run is a deterministic simulation, so both give identical rows; the real-time
 keys (``wall_s``, ``requests_per_wall_s``) are kept out of the rows for that reason and are
 reported per run in the JSON's ``timing`` list instead (with ``run_wall_s``, the
-run's own wall time including workload generation). A failing run records its error and the sweep goes on.
+run's own wall time including workload generation). A failing run records its error and the
+sweep goes on; the command then exits 1.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import itertools
 import json
 import math
 import multiprocessing
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -45,14 +48,20 @@ from html import escape
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from radixsched.config import SchedulerConfig
+from radixsched.sim.runconfig import (
+    RunConfigError,
+    RunSettings,
+    check,
+    load_yaml,
+    resolve,
+    suggest,
+)
 
 Scalar = str | int | float | bool | None
 Settings = dict[str, Any]
 Metrics = dict[str, Scalar]
 RunFn = Callable[[Settings], Metrics]
 
-WORKLOAD_KEYS = ("workload", "request_rate", "num_requests", "workload_seed")
 # Real-time measurements: they differ between identical runs, so rows leave them out.
 NONDETERMINISTIC_KEYS = frozenset({"wall_s", "requests_per_wall_s"})
 DEFAULT_METRICS = ("hit_rate", "ttft_s.p99")
@@ -60,7 +69,7 @@ DEFAULT_METRICS = ("hit_rate", "ttft_s.p99")
 MAX_SERIES = 8
 
 
-class SweepError(ValueError):
+class SweepError(RunConfigError):
     """An invalid sweep config; the message names the offending key or run."""
 
 
@@ -106,12 +115,17 @@ class SweepConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> SweepConfig:
-        import yaml
-
+        """The config in ``path``; ``SweepError`` with one line (file:line:column for YAML
+        syntax) when it cannot be read or is not a sweep config."""
         p = Path(path)
-        with p.open(encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-        return cls.from_mapping(data or {}, default_name=p.stem)
+        try:
+            data = load_yaml(p)
+        except RunConfigError as e:
+            raise SweepError(str(e)) from None
+        try:
+            return cls.from_mapping(data, default_name=p.stem)
+        except SweepError as e:
+            raise SweepError(f"{p}: {e}") from None
 
     @property
     def varied(self) -> tuple[str, ...]:
@@ -136,111 +150,102 @@ class SweepConfig:
 
 # ---- settings -> simulator configs -----------------------------------------------------------
 
-
-class WorkloadSettings(NamedTuple):
-    spec: str | None  # None: the CLI's default workload
-    request_rate: float | None
-    num_requests: int | None
-    seed: int | None
+# ``resolve_settings`` returns this (the shared run schema's type).
+ResolvedPoint = RunSettings
 
 
-class ResolvedPoint(NamedTuple):
-    sched: dict[str, Any]
-    sim: dict[str, Any]
-    workload: WorkloadSettings
-
-
-def _field_names(cls: type[Any]) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
-
-
-def _parse_rate(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
-        return math.inf
+def resolve_settings(settings: Mapping[str, Any]) -> RunSettings:
+    """Split one point's settings into SchedulerConfig, SimConfig, workload and SLO settings
+    (``sim.runconfig.resolve``); ``SweepError`` names the bad key."""
     try:
-        rate = float(value)
-    except (TypeError, ValueError):
-        raise SweepError(f"request_rate must be a number or 'inf', got {value!r}") from None
-    if rate <= 0:
-        raise SweepError(f"request_rate must be > 0, got {value!r}")
-    return rate
+        return resolve(settings)
+    except SweepError:
+        raise
+    except RunConfigError as e:
+        raise SweepError(str(e)) from None
 
 
-def resolve_settings(settings: Mapping[str, Any]) -> ResolvedPoint:
-    """Split one point's settings into SchedulerConfig, SimConfig and workload arguments."""
-    from radixsched.sim.simulate import SimConfig
+def metric_names() -> set[str]:
+    """Every metric name a sweep row can hold (flattened ``PolicyResult.to_json`` keys, SLO
+    and lockstep ones included); lockstep verdict counters are matched by prefix."""
+    from radixsched.sim.lockstep import LockstepStats
+    from radixsched.sim.metrics import SloTargets, summarize
+    from radixsched.sim.table import flatten_result
 
-    sched_fields, sim_fields = _field_names(SchedulerConfig), _field_names(SimConfig)
-    sched: dict[str, Any] = {}
-    sim: dict[str, Any] = {}
-    wl: dict[str, Any] = {}
-    for key, value in settings.items():
-        scope, _, name = key.rpartition(".")
-        if scope == "sched" and name in sched_fields:
-            sched[name] = value
-        elif scope == "sim" and name in sim_fields:
-            sim[name] = value
-        elif scope == "workload" and name in WORKLOAD_KEYS:
-            wl[name] = value
-        elif scope:
-            raise SweepError(f"unknown setting {key!r}")
-        else:
-            owners = [
-                owner
-                for owner, names in (
-                    ("sched", sched_fields),
-                    ("sim", sim_fields),
-                    ("workload", set(WORKLOAD_KEYS)),
-                )
-                if name in names
-            ]
-            if not owners:
-                raise SweepError(
-                    f"unknown setting {key!r}: not a workload key {list(WORKLOAD_KEYS)}, "
-                    "SchedulerConfig or SimConfig field"
-                )
-            if len(owners) > 1:
-                raise SweepError(
-                    f"ambiguous setting {key!r}: write one of "
-                    + ", ".join(f"{o}.{name}" for o in owners)
-                )
-            {"sched": sched, "sim": sim, "workload": wl}[owners[0]][name] = value
-    num = wl.get("num_requests")
-    seed = wl.get("workload_seed")
-    workload = WorkloadSettings(
-        spec=None if wl.get("workload") is None else str(wl["workload"]),
-        request_rate=_parse_rate(wl.get("request_rate")),
-        num_requests=None if num is None else int(num),
-        seed=None if seed is None else int(seed),
+    sample = summarize(
+        "policy",
+        [],
+        optimal_hit_rate=0.0,
+        wall_s=0.0,
+        retractions=0,
+        preemptions=0,
+        slo=SloTargets(1.0, 1.0),
+        extra={
+            "kv_capacity_tokens": 0,
+            "dp": 1,
+            "rejected": 0,
+            "replicas": [],
+            "lockstep": LockstepStats(dp=2).to_json(),
+        },
     )
-    return ResolvedPoint(sched, sim, workload)
+    return set(flatten_result(sample)) - NONDETERMINISTIC_KEYS
 
 
-def validate_points(points: Sequence[Settings]) -> None:
-    """Build every point's configs up front, so a typo fails before any run starts."""
-    from radixsched.sim.simulate import SimConfig
+def validate_metrics(metrics: Sequence[str]) -> None:
+    known = metric_names()
+    for m in metrics:
+        if m not in known and not m.startswith("lockstep.verdicts."):
+            raise SweepError(
+                f"unknown metric {m!r}{suggest(m, sorted(known))}; metrics are dotted keys of "
+                "simulate --json results, e.g. hit_rate, ttft_s.p99, "
+                "throughput.output_tokens_per_s"
+            )
 
+
+def _shown(point: Settings, varied: Sequence[str]) -> str:
+    return ", ".join(f"{k}={point[k]}" for k in varied if k in point)
+
+
+def validate_points(points: Sequence[Settings], varied: Sequence[str] = ()) -> None:
+    """Check every point before any run starts (``sim.runconfig.check``): one line per
+    problem, naming the runs it affects."""
+    from radixsched.cli_common import DEFAULT_WORKLOAD
+
+    problems: dict[str, list[int]] = {}
     for i, p in enumerate(points):
         try:
-            r = resolve_settings(p)
-            SchedulerConfig(**r.sched)
-            SimConfig(**r.sim)
-        except (TypeError, ValueError) as e:
-            raise SweepError(f"run {i} {p}: {e}") from e
+            errors = check(resolve_settings(p), default_workload=DEFAULT_WORKLOAD)
+        except SweepError as e:
+            errors = [str(e)]
+        for err in errors:
+            problems.setdefault(err, []).append(i)
+    if not problems:
+        return
+    lines = []
+    for err, runs in problems.items():
+        if len(runs) == len(points) and len(points) > 1:
+            where = "every run"
+        elif len(runs) == 1:
+            shown = _shown(points[runs[0]], varied)
+            where = f"run {runs[0]}" + (f" ({shown})" if shown else "")
+        else:
+            where = "runs " + ", ".join(map(str, runs))
+        lines.append(f"{where}: {err}")
+    raise SweepError("\n".join(lines))
 
 
 def simulate_point(settings: Settings) -> Metrics:
-    """The default run function: one simulation, its ``PolicyResult`` flattened."""
+    """The default run function: one simulation, its ``PolicyResult`` flattened (with SLO
+    attainment when the point sets SLO targets)."""
     from radixsched.cli_common import DEFAULT_WORKLOAD
-    from radixsched.sim.simulate import SimConfig, simulate
+    from radixsched.sim.metrics import SloTargets, slo_result
+    from radixsched.sim.simulate import simulate
     from radixsched.sim.table import flatten_result
     from radixsched.sim.workloads import load_workload
 
     r = resolve_settings(settings)
-    sched = SchedulerConfig(**r.sched)
-    sim = SimConfig(**r.sim)
+    sched = r.scheduler_config()
+    sim = r.sim_config()
     wl = r.workload
     workload = load_workload(
         wl.spec or DEFAULT_WORKLOAD,
@@ -248,7 +253,15 @@ def simulate_point(settings: Settings) -> Metrics:
         num_requests=wl.num_requests,
         seed=sched.seed if wl.seed is None else wl.seed,
     )
-    return flatten_result(simulate(workload, sched, sim).result)
+    run = simulate(workload, sched, sim)
+    result = run.result
+    slo = SloTargets(
+        None if r.slo_ttft_ms is None else r.slo_ttft_ms / 1e3,
+        None if r.slo_tpot_ms is None else r.slo_tpot_ms / 1e3,
+    )
+    if slo.active:
+        result = dataclasses.replace(result, slo=slo_result(run.requests, slo, result.makespan_s))
+    return flatten_result(result)
 
 
 # ---- execution -------------------------------------------------------------------------------
@@ -373,7 +386,7 @@ class SweepResult:
             rows.append(row)
         return rows
 
-    def write(self, out_dir: str | Path) -> dict[str, Path]:
+    def write(self, out_dir: str | Path, meta: Mapping[str, Any] | None = None) -> dict[str, Path]:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         rows = self.rows()
@@ -392,6 +405,7 @@ class SweepResult:
             writer.writeheader()
             writer.writerows(rows)
         doc = {
+            "meta": dict(meta or {}),
             "sweep": self.config.to_json(),
             "rows": [{k: _json_scalar(v) for k, v in r.items()} for r in rows],
             "timing": [
@@ -410,7 +424,7 @@ class SweepResult:
         with paths["json"].open("w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2, allow_nan=False)
             f.write("\n")
-        paths["report"].write_text(render_sweep_report(self), encoding="utf-8")
+        paths["report"].write_text(render_sweep_report(self, meta), encoding="utf-8")
         return paths
 
 
@@ -443,8 +457,60 @@ def run_sweep(
 
 # ---- report ----------------------------------------------------------------------------------
 
-_W, _H = 560, 280
-_ML, _MR, _MT, _MB = 64, 16, 16, 52
+# Axis titles of common metrics and settings (anything else: its own name); seconds-valued
+# metrics (``*_s``) get "(s)".
+METRIC_LABELS = {
+    "hit_rate": ("cache hit rate", "%"),
+    "device_hit_rate": ("device cache hit rate", "%"),
+    "host_hit_rate": ("host-tier hit rate", "%"),
+    "optimal_hit_rate": ("optimal hit rate", "%"),
+    "hit_rate_gap": ("hit rate below the optimum", "%"),
+    "fairness_jain": ("fairness (Jain's index, 1 = equal)", ""),
+    "peak_kv_usage": ("peak KV usage", "%"),
+    "slo.attainment": ("SLO attainment", "%"),
+    "slo.goodput_requests_per_s": ("goodput (req/s)", ""),
+    "throughput.output_tokens_per_s": ("output throughput (tok/s)", ""),
+    "throughput.input_tokens_per_s": ("input throughput (tok/s)", ""),
+    "throughput.requests_per_s": ("throughput (req/s)", ""),
+    "makespan_s": ("makespan (s)", ""),
+    "prefill_tokens_computed": ("prefill tokens computed", ""),
+    "retractions": ("retractions", ""),
+    "peak_queue_len": ("peak waiting queue (requests)", ""),
+}
+SETTING_LABELS = {
+    "request_rate": "request rate (req/s)",
+    "max_total_tokens": "KV capacity, max_total_tokens (tokens)",
+    "dp": "data-parallel replicas (dp)",
+    "tp": "tensor-parallel degree (tp)",
+    "page_size": "page size (tokens)",
+    "chunked_prefill_size": "chunked prefill size (tokens)",
+    "max_prefill_tokens": "max prefill tokens",
+    "hicache_size": "host KV tier (GB)",
+    "num_requests": "requests",
+    "schedule_policy": "policy",
+    "slo_ttft_ms": "TTFT SLO (ms)",
+    "slo_tpot_ms": "TPOT SLO (ms)",
+}
+_STAT_NAMES = {"p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99", "mean": "mean",
+               "max": "max", "std": "std"}  # fmt: skip
+_LATENCY_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "itl_s": "ITL", "e2e_s": "E2E latency",
+                  "queue_wait_s": "queue wait"}  # fmt: skip
+
+
+def metric_label(metric: str) -> tuple[str, str]:
+    """(axis title with its unit, "%" when the values are fractions shown as percentages)."""
+    key = metric.rsplit(".", 1)
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric]
+    if len(key) == 2 and key[0] in _LATENCY_NAMES and key[1] in _STAT_NAMES:
+        return f"{_LATENCY_NAMES[key[0]]} {key[1]} (s)", ""
+    if metric.endswith("_s"):
+        return f"{metric} (s)", ""
+    return metric, ""
+
+
+def setting_label(setting: str) -> str:
+    return SETTING_LABELS.get(setting.rsplit(".", 1)[-1], setting)
 
 
 def _is_number(v: Any) -> bool:
@@ -458,90 +524,56 @@ def _metric_value(row: Mapping[str, Scalar], metric: str) -> float | None:
 
 def _chart(
     title: str,
-    x_label: str,
+    setting: str,
     x_values: Sequence[Any],
-    y_label: str,
+    metric: str,
     series: Sequence[tuple[str, list[float | None]]],
-) -> str:
-    """A line chart with markers; x is numeric when every value is a number, else categorical
-    (evenly spaced, in the order given)."""
-    from radixsched.sim.report import fmt_tick, nice_ticks
+) -> Any:
+    """A Plotly line chart with markers; x is numeric when every value is a number, else
+    categorical (in the order given)."""
+    import plotly.graph_objects as go
+
+    from radixsched.sim.report import base_layout, policy_dash
     from radixsched.sim.table import policy_color
 
     numeric = all(_is_number(v) for v in x_values) and len(set(x_values)) > 1
-    if numeric:
-        xs = [float(v) for v in x_values]
-        x_lo, x_hi = min(xs), max(xs)
-    else:
-        xs = [float(i) for i in range(len(x_values))]
-        x_lo, x_hi = -0.5, len(x_values) - 0.5
-    ys_all = [y for _, ys in series for y in ys if y is not None]
-    y_lo = min([0.0, *ys_all])
-    y_hi = max(ys_all) if ys_all else 1.0
-    if y_hi <= y_lo:
-        y_hi = y_lo + (abs(y_lo) or 1.0)
-    y_ticks = nice_ticks(y_lo, y_hi)
-    if len(y_ticks) > 1 and y_ticks[-1] < y_hi:
-        y_ticks.append(y_ticks[-1] + y_ticks[1] - y_ticks[0])
-    y_hi = max(y_hi, y_ticks[-1])
-    pw, ph = _W - _ML - _MR, _H - _MT - _MB
-    pad = 0.04 * (x_hi - x_lo) if numeric else 0.0
-
-    def px(x: float) -> float:
-        return _ML + (x - x_lo + pad) / (x_hi - x_lo + 2 * pad) * pw
-
-    def py(y: float) -> float:
-        return _MT + (1.0 - (y - y_lo) / (y_hi - y_lo)) * ph
-
-    out = [
-        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(title)}" '
-        f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
-        f'<rect class="plot" x="{_ML}" y="{_MT}" width="{pw}" height="{ph}"/>',
-    ]
-    for y in y_ticks:
-        out.append(
-            f'<line class="grid" x1="{_ML}" y1="{py(y):.1f}" x2="{_ML + pw}" y2="{py(y):.1f}"/>'
-        )
-        out.append(
-            f'<text class="tick" x="{_ML - 6}" y="{py(y) + 4:.1f}" text-anchor="end">'
-            f"{escape(fmt_tick(y))}</text>"
-        )
-    # Ticks sit at the swept values themselves.
-    for x, v in zip(xs, x_values, strict=True):
-        label = fmt_tick(x) if numeric else str(v)
-        out.append(
-            f'<text class="tick" x="{px(x):.1f}" y="{_MT + ph + 16}" '
-            f'text-anchor="middle">{escape(label)}</text>'
-        )
-    out.append(
-        f'<text class="axis-label" x="{_ML + pw / 2:.0f}" y="{_H - 10}" '
-        f'text-anchor="middle">{escape(x_label)}</text>'
-    )
-    out.append(
-        f'<text class="axis-label" transform="translate(14 {_MT + ph / 2:.0f}) '
-        f'rotate(-90)" text-anchor="middle">{escape(y_label)}</text>'
-    )
+    xs = list(x_values) if numeric else [str(v) for v in x_values]
+    y_title, unit = metric_label(metric)
+    fig = go.Figure()
     for k, (name, ys) in enumerate(series):
-        color = policy_color(k)
-        pts = [(px(x), py(y)) for x, y in zip(xs, ys, strict=True) if y is not None]
-        if len(pts) > 1:
-            coords = " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)
-            out.append(
-                f'<polyline fill="none" stroke="{color}" stroke-width="2" '
-                f'points="{coords}"><title>{escape(name)}</title></polyline>'
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                name=name,
+                mode="lines+markers",
+                connectgaps=False,
+                line={"color": policy_color(k), "dash": policy_dash(k), "width": 2},
+                marker={"size": 7},
+                hovertemplate=f"{name}<br>{setting}=%{{x}}<br>{metric}=%{{y:.4~g}}<extra></extra>",
             )
-        for a, b in pts:
-            out.append(
-                f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3.5" fill="{color}">'
-                f"<title>{escape(name)}</title></circle>"
-            )
-    if not ys_all:
-        out.append(
-            f'<text class="tick" x="{_ML + pw / 2:.0f}" y="{_MT + ph / 2:.0f}" '
-            f'text-anchor="middle">no data</text>'
         )
-    out.append("</svg>")
-    return "".join(out)
+    fig.update_layout(
+        **base_layout(
+            title,
+            setting_label(setting),
+            y_title,
+            showlegend=len(series) > 1,
+            legend={"orientation": "h", "y": -0.25},
+            height=380 if len(series) > 1 else 320,
+            xaxis={
+                "type": "linear" if numeric else "category",
+                "tickvals": xs if numeric else None,
+                "tickformat": "~s" if numeric else None,
+            },
+            yaxis={"tickformat": ".0%" if unit == "%" else "~s", "rangemode": "tozero"},
+        )
+    )
+    if not any(y is not None for _, ys in series for y in ys):
+        fig.add_annotation(
+            text="no data", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5
+        )
+    return fig
 
 
 def _series_for(
@@ -577,51 +609,63 @@ def _series_for(
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;
-max-width:1200px;padding:0 16px;color:#222}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px}
-table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;padding:3px 7px;
-text-align:right}th{background:#f4f4f4}td.err{color:#b00;text-align:left}
-.charts{display:flex;flex-wrap:wrap;gap:12px}.charts figure{margin:0;width:560px}
-figcaption{font-size:12px;color:#555}.legend span{margin-right:12px;font-size:12px;display:inline-block}
-svg.chart{width:100%;height:auto}.plot{fill:#fff;stroke:#999}.grid{stroke:#eee}
-.tick{font-size:11px;fill:#444}.axis-label{font-size:12px;fill:#222}
-pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto}
+max-width:1240px;padding:0 16px;color:#1d2430}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #e3e7ee;padding-bottom:6px}
+table{border-collapse:collapse;font-size:12px;font-variant-numeric:tabular-nums}
+td,th{border:1px solid #e3e7ee;padding:3px 7px;text-align:right}th{background:#f7f9fc}
+td.err{color:#b00;text-align:left}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:14px}
+figure{margin:0;border:1px solid #e3e7ee;border-radius:8px;padding:6px}
+figcaption{font-size:12px;color:#5b6573;padding:2px 6px}
+pre{background:#f7f9fc;padding:8px;font-size:12px;overflow:auto}
+.sub{color:#5b6573}
+"""
+
+_JS = """
+(function () {
+  window.addEventListener("error", function (e) {
+    document.body.setAttribute("data-errors", String(e.message || e));
+  });
+  var n = document.querySelectorAll(".js-plotly-plot").length;
+  document.body.setAttribute("data-charts", String(n));
+  document.body.setAttribute("data-ready", "1");
+})();
 """
 
 
-def render_sweep_report(result: SweepResult) -> str:
-    from radixsched.sim.table import policy_color
+def render_sweep_report(result: SweepResult, meta: Mapping[str, Any] | None = None) -> str:
+    from radixsched.sim.report import figure_html, page
 
     cfg = result.config
     rows = result.rows()
     shown = [m for m in cfg.metrics if any(_metric_value(r, m) is not None for r in rows)]
     missing = [m for m in cfg.metrics if m not in shown]
+    meta = meta or {}
+    sub = " · ".join(
+        str(x) for x in (f"radixsched {meta['version']}" if meta.get("version") else "",
+                         meta.get("created", "")) if x
+    )  # fmt: skip
     parts = [
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-        f"<title>sweep {escape(cfg.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>Sweep: {escape(cfg.name)}</h1>",
+        f'<p class="sub">{escape(sub)}</p>' if sub else "",
         f"<p>{len(rows)} runs, {result.num_failed} failed. Varied: "
-        + ", ".join(f"<b>{escape(k)}</b> ({len(v)})" for k, v in cfg.vary)
+        + ", ".join(f"<b>{escape(k)}</b> ({len(v)} values)" for k, v in cfg.vary)
         + ".</p>",
     ]
     if missing:
         parts.append(f"<p>No numeric values for: {escape(', '.join(missing))}.</p>")
+    n = 0
     for setting in cfg.varied:
-        parts.append(f"<h2>vs {escape(setting)}</h2><div class='charts'>")
+        parts.append(f"<h2>vs {escape(setting_label(setting))}</h2><div class='charts'>")
         for metric in shown:
             series, note = _series_for(result, rows, setting, metric)
             values = dict(cfg.vary)[setting]
-            legend = "".join(
-                f'<span style="color:{policy_color(k)}">&#9632; {escape(name)}</span>'
-                for k, (name, _) in enumerate(series)
-            )
-            svg = _chart(f"{metric} vs {setting}", setting, values, metric, series)
-            caption = f"{escape(metric)} vs {escape(setting)}" + (
-                f" ({escape(note)})" if note else ""
-            )
+            fig = _chart(f"{metric_label(metric)[0]} vs {setting}", setting, values, metric, series)
+            caption = f"{metric} vs {setting}" + (f" ({note})" if note else "")
+            n += 1
             parts.append(
-                f"<figure>{svg}<figcaption>{caption}</figcaption>"
-                f"<div class='legend'>{legend}</div></figure>"
+                f"<figure>{figure_html(fig, f'chart-{n}')}"
+                f"<figcaption>{escape(caption)}</figcaption></figure>"
             )
         parts.append("</div>")
     cols = ["run", *cfg.varied, *shown, "error"]
@@ -638,8 +682,9 @@ def render_sweep_report(result: SweepResult) -> str:
         parts.append("</tr>")
     parts.append("</table><h2>Config</h2>")
     parts.append(f"<pre>{escape(json.dumps(cfg.to_json(), indent=2, default=str))}</pre>")
-    parts.append("</body></html>\n")
-    return "".join(parts)
+    if meta:
+        parts.append(f"<pre>{escape(json.dumps(dict(meta), indent=2, default=str))}</pre>")
+    return page(f"sweep {cfg.name}", _CSS, parts, _JS)
 
 
 # ---- CLI -------------------------------------------------------------------------------------
@@ -647,8 +692,17 @@ def render_sweep_report(result: SweepResult) -> str:
 
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``sweep`` on a subparsers object (``radixsched sweep``)."""
+    from radixsched.sim.runconfig import RATE_RULE
+
     p: argparse.ArgumentParser = sub.add_parser(
-        "sweep", help="run a grid of simulations from a YAML config and report the results"
+        "sweep",
+        help="run a grid of simulations from a YAML config and report the results",
+        description="Run the cartesian product of a YAML config's 'vary' lists over its "
+        "'base' settings (the keys of simulate's flags and --config), in local processes or "
+        "on Ray, and write sweep.csv, sweep.json and a self-contained report.html.",
+        epilog="example: examples/sweep.yaml. Arrivals: " + RATE_RULE + ". Exit status: 0 "
+        "when every run succeeded, 1 when a run failed (its error is in the outputs), 2 on an "
+        "invalid config (nothing is run).",
     )
     add_sweep_args(p)
     p.set_defaults(func=cmd_sweep)
@@ -663,26 +717,43 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         help="run on Ray (ray.init address, e.g. auto or ray://host:10001)",
     )
-    p.add_argument("--out", default=None, help="output folder (default: sweep-<name>)")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="output folder (default: sweep-<name>)"
+    )
     p.add_argument(
         "--jobs",
         type=int,
         default=None,
+        metavar="N",
         help="local worker processes (default: CPU count; 1 = in-process)",
     )
     p.add_argument("--quiet", action="store_true", help="no per-run progress lines")
 
 
+def _error(message: str) -> int:
+    for line in message.splitlines():
+        print(f"radixsched sweep: error: {line}", file=sys.stderr)
+    return 2
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     import os
 
+    from radixsched.cli_common import run_metadata
+
+    if args.jobs is not None and args.jobs < 1:
+        return _error(f"--jobs must be >= 1, got {args.jobs}")
     try:
         config = SweepConfig.load(args.config)
+        validate_metrics(config.metrics)
         points = config.points()
-        validate_points(points)
+        validate_points(points, config.varied)
     except SweepError as e:
-        print(f"radixsched sweep: error: {e}")
-        return 2
+        return _error(str(e))
+    out_dir = Path(args.out or f"sweep-{config.name}")
+    existing = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return _error(f"--out {out_dir}: {existing} is not a writable folder")
     executor: SweepExecutor
     if args.ray is not None:
         executor = RayExecutor(args.ray)
@@ -692,19 +763,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def progress(i: int, o: RunOutcome) -> None:
         if args.quiet:
             return
-        shown = {k: points[i][k] for k in config.varied}
+        shown = _shown(points[i], config.varied)
         status = f"error: {o.error}" if o.error else f"{o.wall_s:.1f}s"
         print(f"run {i + 1}/{len(points)} {shown}: {status}", flush=True)
 
+    meta = run_metadata(getattr(args, "_argv", None))
     result = run_sweep(config, executor=executor, on_result=progress)
-    paths = result.write(args.out or f"sweep-{config.name}")
+    paths = result.write(out_dir, meta)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
-    return 1 if result.num_failed else 0
+    if result.num_failed:
+        print(
+            f"radixsched sweep: error: {result.num_failed} of {len(points)} runs failed "
+            "(errors above and in the outputs)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixsched sweep", description=__doc__.split("\n")[0])
+    from radixsched.cli_common import Parser
+
+    parser = Parser(prog="radixsched sweep", description=(__doc__ or "").split("\n")[0])
     add_sweep_args(parser)
     return cmd_sweep(parser.parse_args(argv))
 

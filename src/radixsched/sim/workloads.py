@@ -80,12 +80,14 @@ the Mooncake README's block-level figure instead (leading ids already seen x 512
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -121,6 +123,14 @@ class Workload:
     @property
     def num_output_tokens(self) -> int:
         return sum(r.sampling.max_new_tokens for r in self.requests)
+
+    @property
+    def params_text(self) -> str:
+        """The params as a spec writes them: ``groups=256, prompts=8, ...``."""
+        kind = WORKLOADS.get(self.name)
+        if kind is None:
+            return ", ".join(f"{k}={_fmt_param(v)}" for k, v in self.params.items())
+        return describe_params(kind, self.params)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -244,26 +254,86 @@ _PATH = Param("path", str, None, "trace file")
 # ---- trace readers ---------------------------------------------------------------------
 
 
-def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(file:line, object)`` for every non-blank line."""
+# Compressed traces, by file suffix: gzip from the standard library; zstandard from the
+# ``zstandard`` package (or the standard library's ``compression.zstd`` from Python 3.14).
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+def _open_zstd(path: Path) -> BinaryIO:
     try:
-        f = path.open(encoding="utf-8")
+        from compression import zstd  # Python >= 3.14
+
+        return cast(BinaryIO, zstd.open(path, "rb"))
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raise WorkloadError(
+            f"{path}: reading .zst traces needs the zstandard package "
+            "(pip install zstandard, or radixsched[traces])"
+        ) from None
+    reader = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
+    return cast(BinaryIO, io.BufferedReader(reader))  # the reader itself has no readline
+
+
+def open_trace(path: Path) -> BinaryIO:
+    """The trace's bytes, decompressed by suffix (``.gz``, ``.zst``); ``WorkloadError`` with
+    a one-line reason when the file cannot be opened."""
+    try:
+        if path.suffix == ".gz":
+            return cast(BinaryIO, gzip.open(path, "rb"))
+        if path.suffix == ".zst":
+            return _open_zstd(path)
+        return path.open("rb")
     except FileNotFoundError:
         raise WorkloadError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise WorkloadError(f"{path}: is a directory, not a trace file") from None
     except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc.strerror}") from None
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)``; decompression and read errors become one line."""
+    f = open_trace(path)
     with f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{i}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{where}: invalid JSON: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            yield where, obj
+        i = 0
+        try:
+            for i, raw in enumerate(f, 1):
+                yield i, raw
+        except (OSError, EOFError, ValueError) as exc:
+            what = "gzip" if path.suffix == ".gz" else "zstd" if path.suffix == ".zst" else "file"
+            raise WorkloadError(f"{path}:{i + 1}: cannot read the {what} data: {exc}") from None
+
+
+def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(file:line, object)`` for every non-blank line (UTF-8 JSON, one object a line)."""
+    for i, raw in _lines(path):
+        where = f"{path}:{i}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise WorkloadError(
+                f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                f"{exc.start + 1}); traces are UTF-8 JSON lines"
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{where}: invalid JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        yield where, obj
+
+
+def check_trace(path: str | Path) -> None:
+    """Fail now, in one line, if the trace cannot be opened and its first line read (the
+    early check of the CLI; the whole file is validated when it is loaded)."""
+    for _ in _lines(Path(path)):
+        break
 
 
 def _bad(where: str, name: str, expected: str, value: Any) -> WorkloadError:
@@ -651,26 +721,51 @@ WORKLOADS: dict[str, WorkloadKind] = {
 }
 
 
-def describe_workloads() -> str:
+# Per-workload parameter defaults that replace the generators' own (``defaults=`` of
+# ``load_workload``): a caller such as ``bench`` sizes workloads for its setting, and a spec
+# that names only some params keeps the caller's values for the others.
+Defaults = Mapping[str, Mapping[str, Any]]
+
+
+def workload_defaults(kind: WorkloadKind, defaults: Defaults | None = None) -> dict[str, Any]:
+    params: dict[str, Any] = {p.name: p.default for p in kind.params}
+    params.update((defaults or {}).get(kind.name, {}))
+    return params
+
+
+def describe_workloads(defaults: Defaults | None = None) -> str:
     """Every workload with its params and defaults (for ``--help``)."""
     lines = []
     for k in WORKLOADS.values():
         usage = f"{k.name}:PATH" if k.is_trace else f"{k.name}[:k=v,...]"
-        lines.append(f"{usage}  {k.help}")
-        for p in k.params:
-            if p.name != "path":
-                lines.append(f"    {p.name}={p.default}  {p.help}")
+        lines.append(f"  {usage}  {k.help}")
+        values = workload_defaults(k, defaults)
+        params = [f"{p.name}={_fmt_param(values[p.name])}" for p in k.params if p.name != "path"]
+        lines.append("      " + ", ".join(params))
     return "\n".join(lines)
 
 
-def parse_workload_spec(spec: str) -> tuple[WorkloadKind, dict[str, Any]]:
+def describe_params(kind: WorkloadKind, params: Mapping[str, Any]) -> str:
+    """``k=v, k=v`` of a workload's params as a spec writes them (the path first for traces)."""
+    return ", ".join(f"{p.name}={_fmt_param(params[p.name])}" for p in kind.params)
+
+
+def _fmt_param(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def parse_workload_spec(
+    spec: str, defaults: Defaults | None = None
+) -> tuple[WorkloadKind, dict[str, Any]]:
     """``name:k=v,...`` or ``name:PATH`` -> (kind, params with defaults filled in)."""
     name, _, arg = spec.strip().partition(":")
     kind = WORKLOADS.get(name)
     if kind is None:
         raise WorkloadError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
     items: list[str] = []
-    params: dict[str, Any] = {p.name: p.default for p in kind.params}
+    params = workload_defaults(kind, defaults)
     if kind.is_trace:
         if not arg:
             raise WorkloadError(f"workload {name} needs a file: {name}:PATH")
@@ -692,6 +787,13 @@ def parse_workload_spec(spec: str) -> tuple[WorkloadKind, dict[str, Any]]:
     if kind.is_trace and not params["path"]:
         raise WorkloadError(f"workload {name} needs a file: {name}:PATH")
     return kind, params
+
+
+def check_workload_spec(spec: str, defaults: Defaults | None = None) -> None:
+    """Fail now, in one line, on a bad spec or a trace that cannot be read (nothing built)."""
+    kind, params = parse_workload_spec(spec, defaults)
+    if kind.is_trace:
+        check_trace(params["path"])
 
 
 # ---- arrivals and assembly ---------------------------------------------------------------
@@ -725,11 +827,12 @@ def load_workload(
     num_requests: int | None = None,
     seed: int = 0,
     default_rate: float | None = None,
+    defaults: Defaults | None = None,
 ) -> Workload:
     """Build the workload ``spec`` names (see the module docstring). ``default_rate`` is the
     request rate used when ``request_rate`` is None and the workload has no timestamps
-    (None: all at t=0)."""
-    kind, params = parse_workload_spec(spec)
+    (None: all at t=0); ``defaults`` replaces generators' param defaults (see ``Defaults``)."""
+    kind, params = parse_workload_spec(spec, defaults)
     if num_requests is not None and num_requests < 1:
         raise WorkloadError(f"num_requests must be >= 1, got {num_requests}")
     drafts = kind.build(params, seed)

@@ -1,0 +1,7 @@
+"""``python -m radixsched``: the same command line as ``radixsched``."""
+
+import sys
+
+from radixsched.cli import main
+
+sys.exit(main())

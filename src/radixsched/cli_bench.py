@@ -1,0 +1,201 @@
+"""The ``bench`` subcommand: load a running server with a workload and report what it measured,
+with the simulator's metric names (``server.bench``; httpx is imported when it runs).
+
+Generated workloads take bench's own sizes (``BENCH_WORKLOAD_DEFAULTS``) for every param the
+spec leaves out, so ``--workload shared-prefix:groups=4`` stays small. Any failed request makes
+the command exit 1 after a summary of the failures by reason; a server that cannot be
+benchmarked, or a usage error, exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from radixsched.cli_common import CliError, run_metadata
+
+EXIT_FAILED = 1
+
+
+def _bench_epilog() -> str:
+    from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
+    from radixsched.sim.runconfig import RATE_RULE
+    from radixsched.sim.workloads import describe_workloads
+
+    return (
+        "workloads (--workload NAME:k=v,... or NAME:PATH; bench's defaults for params not "
+        "given):\n"
+        + describe_workloads(BENCH_WORKLOAD_DEFAULTS)
+        + "\n\narrivals: "
+        + RATE_RULE
+        + ".\n\nexit status: 0 when every request completed; 1 when any failed (a summary of "
+        "the failures by reason is printed); 2 when the server cannot be benchmarked or on a "
+        "usage error."
+    )
+
+
+def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
+    from radixsched.server.bench import DEFAULT_BENCH_WORKLOAD
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="load a running server with a workload and report latency, throughput, hit rate",
+        description="Send a workload from the simulator's registry to a server's /generate "
+        "(token ids, streaming) and report TTFT, inter-token latency, TPOT, E2E latency, "
+        "throughput and the server's cache hit rate, with the simulator's metric names.",
+        epilog=_bench_epilog(),
+    )
+    p.add_argument(
+        "--url", default="http://127.0.0.1:30000", help="server base URL (default: %(default)s)"
+    )
+    p.add_argument(
+        "--workload",
+        default=DEFAULT_BENCH_WORKLOAD,
+        metavar="SPEC",
+        help="workload spec as for simulate, listed below with bench's defaults "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--request-rate",
+        default=None,
+        metavar="R",
+        help="Poisson arrivals per second, or 'inf' to send every request at once (default: "
+        "the trace's timestamps; generated workloads: inf); --max-concurrency still applies",
+    )
+    p.add_argument(
+        "--num-requests", type=int, default=None, metavar="N", help="take the first N requests"
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests in flight at most (default: all)",
+    )
+    p.add_argument("--api-key", default=None, help="bearer token for a server run with --api-key")
+    p.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default: 0)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds a request may wait for its next data before it fails (default: 600)",
+    )
+    p.add_argument(
+        "--slo-ttft-ms", type=float, default=None, metavar="MS", help="TTFT target for SLO goodput"
+    )
+    p.add_argument(
+        "--slo-tpot-ms", type=float, default=None, metavar="MS", help="TPOT target for SLO goodput"
+    )
+    p.add_argument(
+        "--json", dest="json_path", default=None, metavar="PATH", help="write the result as JSON"
+    )
+    p.add_argument(
+        "--requests-csv",
+        default=None,
+        metavar="PATH",
+        help="one row per request (CSV; Parquet if PATH ends in .parquet, needs pyarrow)",
+    )
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from radixsched.server.bench import BenchConfig, load_bench_workload
+    from radixsched.sim.metrics import SloTargets
+    from radixsched.sim.runconfig import RunConfigError, check_output_path, parse_rate
+    from radixsched.sim.table import is_parquet, parquet_available
+    from radixsched.sim.workloads import WorkloadError, check_workload_spec
+
+    errors = []
+    try:
+        rate = parse_rate(args.request_rate, "--request-rate")
+    except RunConfigError as e:
+        errors.append(str(e))
+        rate = None
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        errors.append("--max-concurrency must be >= 1")
+    if args.num_requests is not None and args.num_requests < 1:
+        errors.append("--num-requests must be >= 1")
+    if not args.timeout > 0:
+        errors.append("--timeout must be > 0")
+    try:
+        slo = SloTargets(
+            None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1e3,
+            None if args.slo_tpot_ms is None else args.slo_tpot_ms / 1e3,
+        )
+    except ValueError as e:
+        errors.append(str(e))
+        slo = SloTargets()
+    try:
+        check_workload_spec(args.workload)
+    except WorkloadError as e:
+        errors.append(str(e))
+    for flag, path in (("--json", args.json_path), ("--requests-csv", args.requests_csv)):
+        if path is not None:
+            err = check_output_path(flag, path)
+            if err:
+                errors.append(err)
+            elif flag == "--requests-csv" and is_parquet(path) and not parquet_available():
+                errors.append(f"{flag} {path}: writing Parquet needs pyarrow (pip install pyarrow)")
+    if errors:
+        raise CliError("\n".join(errors))
+    cfg = BenchConfig(
+        url=args.url,
+        workload=args.workload,
+        request_rate=rate,
+        num_requests=args.num_requests,
+        max_concurrency=args.max_concurrency,
+        api_key=args.api_key,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        slo=slo,
+    )
+    try:
+        workload = load_bench_workload(cfg)
+    except WorkloadError as e:
+        raise CliError(str(e)) from e
+    return cfg, workload
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from radixsched.server.bench import BenchError, run_bench, write_json
+    from radixsched.sim.metrics import request_rows
+    from radixsched.sim.table import write_requests
+
+    try:
+        cfg, workload = _config(args)
+    except CliError as e:
+        for line in str(e).splitlines():
+            print(f"radixsched: error: {line}", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(run_bench(cfg, workload))
+    except BenchError as e:
+        print(f"radixsched: error: {e}", file=sys.stderr)
+        return 2
+    meta = run_metadata(getattr(args, "_argv", None))
+    if args.json_path:
+        write_json(args.json_path, result, meta)
+    if args.requests_csv:
+        write_requests(
+            args.requests_csv, request_rows(result.result.policy, result.requests, slo=cfg.slo)
+        )
+    if not args.quiet:
+        print(result.render())
+    if result.num_failed:
+        print(
+            f"radixsched: error: {result.num_failed:,} of {result.result.num_requests:,} "
+            "requests failed (reasons above"
+            + (")" if not args.quiet else "; run without --quiet)"),
+            file=sys.stderr,
+        )
+        if args.quiet:
+            for line in result.failure_lines():
+                print(line, file=sys.stderr)
+        return EXIT_FAILED
+    return 0
