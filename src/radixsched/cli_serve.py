@@ -23,6 +23,11 @@ from radixsched.server.guard import (
 
 API_KEY_ENV = "RADIXSCHED_API_KEY"
 
+
+class _UsageError(Exception):
+    pass
+
+
 # A running request holds at least a short prompt and its first tokens: a KV pool is never
 # given more running-request slots than it has this many tokens per slot. SGLang's own
 # sizing (at least 2,048 slots) is meant for GPU pools of millions of tokens.
