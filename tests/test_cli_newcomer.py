@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from radixsched.policy import POLICIES
+from radixsched.policies import POLICIES
 
 from radixsched.sim.metrics import REQUEST_COLUMNS
 from radixsched.sim.runconfig import RATE_RULE

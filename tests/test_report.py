@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from radixsched.policy import POLICIES
+from radixsched.policies import POLICIES
 from rich.console import Console
 
 from radixsched.request import FinishReason, FinishState, Req

@@ -91,6 +91,7 @@ class TreeNode:
         "namespace",
         "parent",
         "priority",
+        "slot",
         "subtree_key",
         "value",
     )
@@ -123,6 +124,9 @@ class TreeNode:
         # which a split keeps (the upper part takes the same dict slot), so it never changes.
         self.child_key = child_key
         self.subtree_key = subtree_key
+        # Orders siblings as their parent's dict does (a node's place in it is taken when the
+        # first node at that key is created; the upper part of a split inherits it).
+        self.slot = node_id
 
     def __len__(self) -> int:
         return len(self.key)
@@ -280,6 +284,7 @@ class RadixCache(BasePrefixCache):
         )
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
+        new.slot = child.slot
         if not self.compat_sglang:
             new.creation_time = child.creation_time
         parent.children[child.child_key] = new
@@ -929,6 +934,9 @@ class RadixCache(BasePrefixCache):
                 raise IntegrityError(f"{node!r}: namespace differs from its parent's")
             if node.lock_ref < 0:
                 raise IntegrityError(f"{node!r}: negative lock_ref {node.lock_ref}")
+            slots = [c.slot for c in node.children.values()]
+            if any(a >= b for a, b in zip(slots, slots[1:], strict=False)):
+                raise IntegrityError(f"{node!r}: children's slots are not in dict order")
             child_locks = sum(c.lock_ref for c in node.children.values())
             if node.lock_ref < child_locks:
                 raise IntegrityError(

@@ -19,7 +19,7 @@ import bisect
 import operator
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -411,91 +411,120 @@ class HrrnEngine(Engine):
 
 
 class DfsWeightEngine(StableEngine):
-    """dfs-weight: the DFS visits the root's children (top-level subtrees) by descending
-    request count, ties in the root's child order, then the requests that match nothing, in
-    list order; the dedup moves the deferred ones, stably, to the back. So the order is a
-    stable sort by ``(deferred, 0, -count(T), child position of T, position in T's own DFS
-    order)`` for a request in subtree T and ``(deferred, 1)`` otherwise. A subtree's own order
-    is recomputed only when a member joined, left or moved, or the subtree moved among the
-    root's children. ``end(r)`` is where the request's match ends (the matcher's memo)."""
+    """dfs-weight as a kept order. Below a *base* node B that every member's match passes
+    through or ends above (the deepest such node when the engine last rebuilt; the root at
+    worst), the DFS visits B's children by descending member count, ties by their place in
+    B's dict (``TreeNode.slot``), each child's subtree as a DFS of its own members, then the
+    members whose match ends at or above B, deepest first; deferred members go last. So the
+    order is a stable sort by ``(deferred, 0, -count(C), C.slot, position in C's own DFS)``
+    for a member under child C of B and ``(deferred, 1, -matched length)`` for the others.
+    A child's own order is recomputed only when a member joined, left or moved under it; a
+    member outside B's subtree rebuilds everything around a new base. Under one shared
+    system prompt the base is the prompt's node, so a change re-sorts one branch, not the
+    queue. ``end(r)``: where the member's match ends (the matcher's memo)."""
 
     def __init__(
-        self, pol: Policy, cache: RadixCache, end: Callable[[Req], tuple[Any, int]]
+        self,
+        pol: Policy,
+        cache: RadixCache,
+        end: Callable[[Req], tuple[Any, int]],
+        depth: Callable[[Req], int],
     ) -> None:
         self.cache = cache
         self.end = end
+        self.depth = depth  # the matched length: the depth at which the match ends
         self.order = StableOrder()
-        self.top_of: dict[int, Hashable | None] = {}
-        self.groups: dict[Hashable, dict[int, Req]] = {}
+        self.base: Any = cache.root
+        # id(member) -> the slot of the base's child its match goes through (None: at or above)
+        self.top_of: dict[int, Any] = {}
+        self.groups: dict[Any, dict[int, Req]] = {}  # members per child of the base (by slot)
         self.segpos: dict[int, int] = {}
-        self.place: dict[Hashable, tuple[int, int]] = {}
-        self.children: list[Hashable] = []
-        self.touched: set[Hashable] = set()
+        self.count: dict[Any, int] = {}  # the member count each child's keys were made with
+        self.touched: set[Any] = set()
 
-    def _top(self, r: Req) -> Hashable | None:
-        node = self.end(r)[0]
-        return None if node is self.cache.root else node.subtree_key
+    def _top(self, r: Req) -> tuple[bool, Any]:
+        """(whether ``r`` fits the base, the child of the base its match goes through: None
+        when it ends at or above the base)."""
+        node, below = self.end(r)[0], None
+        root = self.cache.root
+        while node is not self.base:
+            if node is root or node.parent is None:  # not under the base: above it, or not
+                return self._above(self.end(r)[0]), None
+            node, below = node.parent, node
+        # A child's slot names it across splits (the upper part of a split takes its place).
+        return True, None if below is None else below.slot
+
+    def _above(self, node: Any) -> bool:
+        cur = self.base
+        while cur is not None:
+            if cur is node:
+                return True
+            cur = cur.parent
+        return False
 
     def _key(self, r: Req, rnd: Round) -> Key:
         dep = r.rid in rnd.deferred
         top = self.top_of[id(r)]
         if top is None:
-            return (dep, 1)
-        count, pos = self.place[top]
-        return (dep, 0, -count, pos, self.segpos[id(r)])
+            return (dep, 1, -self.depth(r))
+        return (dep, 0, -self.count[top], top, self.segpos[id(r)])
 
-    def _join(self, r: Req, top: Hashable | None) -> None:
+    def _join(self, r: Req, top: Any) -> None:
         self.top_of[id(r)] = top
         if top is not None:
             self.groups.setdefault(top, {})[id(r)] = r
+            self.touched.add(top)
 
     def _leave(self, r: Req) -> None:
         top = self.top_of.pop(id(r))
         self.segpos.pop(id(r), None)
-        if top is None:
-            return
-        group = self.groups[top]
-        del group[id(r)]
-        if group:
+        if top is not None:
+            group = self.groups[top]
+            del group[id(r)]
             self.touched.add(top)
-        else:
-            del self.groups[top]
-            self.place.pop(top, None)
-            self.touched.discard(top)
+            if not group:
+                del self.groups[top]
 
-    def _moved_subtrees(self) -> set[Hashable]:
-        """Refresh the root's child keys; return the subtrees (with members) that moved."""
-        keys = list(self.cache.root.children)
-        if keys == self.children:
-            return set()
-        self.children = keys
-        return {t for t, (_, pos) in self.place.items() if keys.index(t) != pos}
-
-    def _segment(self, top: Hashable, reqs: list[Req]) -> None:
+    def _segment(self, top: Any, reqs: list[Req]) -> None:
+        """Child ``top``'s own DFS order over its members (given in list order)."""
         perm = self.cache.dfs_weight_order_at([self.end(r) for r in reqs])
         for j, i in enumerate(perm):
             self.segpos[id(reqs[i])] = j
-        self.place[top] = (len(reqs), self.children.index(top))
+        self.count[top] = len(reqs)
 
     def remove(self, r: Req) -> None:
         if self.order.remove(r):
             self._leave(r)
 
-    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
-        self.top_of, self.groups, self.segpos, self.place = {}, {}, {}, {}
-        self.touched, self.children = set(), []
-        self._moved_subtrees()
+    def _lca(self, queue: list[Req]) -> Any:
+        """The deepest node on every member's path (the base of a rebuild)."""
+        root = self.cache.root
+        common: list[Any] | None = None
         for r in queue:
-            self._join(r, self._top(r))
-        seen: dict[Hashable, int] = {}
-        for i in self.cache.dfs_weight_order_at([self.end(r) for r in queue]):
-            k = id(queue[i])
-            top = self.top_of[k]
-            if top is not None:
-                self.segpos[k] = seen.get(top, 0)
-                seen[top] = self.segpos[k] + 1
+            node, path = self.end(r)[0], []
+            while node is not None:
+                path.append(node)
+                node = node.parent
+            path.reverse()  # root first
+            if common is None:
+                common = path
+            else:
+                k = 0
+                while k < min(len(common), len(path)) and common[k] is path[k]:
+                    k += 1
+                common = common[:k]
+            if len(common) <= 1:
+                return root
+        return common[-1] if common else root
+
+    def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
+        self.base = self._lca(queue)
+        self.top_of, self.groups, self.segpos, self.count = {}, {}, {}, {}
+        for r in queue:
+            self._join(r, self._top(r)[1])
         for top, group in self.groups.items():
-            self.place[top] = (len(group), self.children.index(top))
+            self._segment(top, list(group.values()))  # joined in list order
+        self.touched = set()
         self.order.reset(queue, [self._key(r, rnd) for r in queue])
         queue[:] = self.order.reqs
         return iter(range(len(queue)))
@@ -503,32 +532,31 @@ class DfsWeightEngine(StableEngine):
     def advance(
         self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
     ) -> Iterator[int]:
-        if _many(len(changed) + len(arrivals), len(queue)):
+        detached = self.base.parent is None and self.base is not self.cache.root
+        if detached or _many(len(changed) + len(arrivals), len(queue)):
             return self.rebuild(queue, rnd)
-        touched, self.touched = self.touched, set()
         for r in changed:
-            old, new = self.top_of[id(r)], self._top(r)
-            if new != old:
-                self._leave(r)
-                self._join(r, new)
-            touched.update(t for t in (old, new) if t is not None)
-        fresh: dict[Hashable, list[Req]] = {}
-        for r in arrivals:
-            top = self._top(r)
+            self._leave(r)
+        placed = []
+        for r in [*changed, *arrivals]:
+            fits, top = self._top(r)
+            if not fits:
+                return self.rebuild(queue, rnd)
+            placed.append((r, top))
+        for r, top in placed:
             self._join(r, top)
-            if top is not None:
-                fresh.setdefault(top, []).append(r)
-        touched |= fresh.keys() | self._moved_subtrees()
         rekey = {id(r): r for r in changed}
-        for top in touched:
+        fresh = {id(r) for r in arrivals}
+        for top in self.touched:
             group = self.groups.get(top)
             if group is None:
+                self.count.pop(top, None)
                 continue
-            new_ids = {id(r) for r in fresh.get(top, [])}
-            olds = sorted((r for k, r in group.items() if k not in new_ids), key=self.order.stored)
-            self._segment(top, olds + fresh.get(top, []))
+            olds = sorted((r for k, r in group.items() if k not in fresh), key=self.order.stored)
+            news = [r for r in arrivals if id(r) in group]
+            self._segment(top, olds + news)
             rekey.update((id(r), r) for r in olds)
-        self.touched.clear()
+        self.touched = set()
         self.order.update(
             [(r, self._key(r, rnd)) for r in rekey.values()],
             [(r, self._key(r, rnd)) for r in arrivals],

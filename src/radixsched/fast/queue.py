@@ -85,7 +85,7 @@ class FastWaitingQueue(WaitingQueue):
         factory = ENGINES.get(pol.name)
         if factory is DfsWeightEngine:
             assert isinstance(self.cache, RadixCache)
-            return DfsWeightEngine(pol, self.cache, self._end)
+            return DfsWeightEngine(pol, self.cache, self._end, self._device)
         if factory is HrrnEngine:  # lazy unless a capped fallback round may read the list
             return HrrnEngine(pol, lazy=self.cap is None)
         if factory is not None:

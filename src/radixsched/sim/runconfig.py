@@ -334,7 +334,7 @@ def check(
     fit), the workload spec and its trace file. ``policies`` overrides ``schedule_policy``."""
     from radixsched.cache.evict import EVICTION_STRATEGIES
     from radixsched.cluster.routers import ROUTERS
-    from radixsched.policy import POLICIES
+    from radixsched.policies import POLICIES
     from radixsched.sim.workloads import WorkloadError, check_workload_spec
 
     errors: list[str] = []
