@@ -25,7 +25,7 @@ the others are only sorted last.
 from __future__ import annotations
 
 import bisect
-import itertools
+import operator
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -186,8 +186,8 @@ class WaitingQueue:
         return self._seq_of[id(r)]
 
     def _in_arrival_order(self) -> bool:
-        seqs = [self._seq_of[id(r)] for r in self.reqs]
-        return all(a <= b for a, b in itertools.pairwise(seqs))
+        seqs = list(map(self._seq_of.__getitem__, map(id, self.reqs)))  # C-level passes
+        return all(map(operator.le, seqs, seqs[1:]))
 
     # ---- a round -----------------------------------------------------------------------------
     def active_policy(self) -> Policy:

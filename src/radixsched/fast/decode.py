@@ -94,6 +94,7 @@ class FastRunningBatch(RunningBatch):
         super().__init__()
         self.sched = sched
         self.cols: DecodeCols | None = None
+        self._tokens: tuple[DecodeCols, int, tuple[int, int]] | None = None  # decode_tokens memo
 
     def columns(self) -> DecodeCols:
         if self.cols is None:
@@ -128,7 +129,14 @@ class FastRunningBatch(RunningBatch):
             self.cols = self.cols.take(keep, list(self.reqs))
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
-        return self.columns().decode_tokens(clip) if self.reqs else (0, 0)
+        """From the columns, memoised while they are the same object (every change replaces
+        them)."""
+        if not self.reqs:
+            return (0, 0)
+        cols, memo = self.columns(), self._tokens
+        if memo is None or memo[0] is not cols or memo[1] != clip:
+            memo = self._tokens = (cols, clip, cols.decode_tokens(clip))
+        return memo[2]
 
     def progress(self) -> tuple[int, int]:
         if not self.reqs:
