@@ -1,45 +1,34 @@
-"""Simulator speed benchmark: the whole Mooncake synthetic trace, one policy per process.
+"""Simulator speed benchmark: the whole ``radixsched simulate`` command, per policy, per trace.
 
-For each policy, a fresh Python process loads the trace (``mooncake:PATH``), runs
-``simulate`` with the H200 + Llama-3.1-8B defaults and reports:
+Each cell is one fresh process running ``python -m radixsched simulate --workload mooncake:TRACE
+--policy P --json OUT`` (start, trace load, the simulation, the optimal bound, the table): its
+wall time and its peak RSS (``os.wait4``). Traces, all built here from the Mooncake synthetic
+trace (3,993 requests, 61.2M prompt tokens, arrivals at the trace's timestamps):
 
-- requests per wall-second and wall seconds of the simulation (``PolicyResult.wall_s``: the
-  event loop only, trace loading excluded and reported separately), and the CPU seconds of
-  the ``simulate`` call (on a loaded machine wall time includes waiting for a core);
-- peak RSS of that process (``resource.getrusage(RUSAGE_SELF).ru_maxrss``; a fresh process per
-  policy, so the peak is the policy's own), and the peak right after loading the trace;
-- the simulated hit rate (and the trace's optimal hit rate, computed once) and p99 TTFT.
+- ``synthetic``: the trace itself (2,211 distinct first blocks);
+- ``shared-first-block``: every request starts with one new shared 512-token block (a system
+  prompt), ``input_length + 512``: every request lives in one cache subtree;
+- ``3x-shared``: three copies one after another (20 minutes apart: about an hour), each with
+  its own hash ids, all behind the one shared first block (11,979 requests);
+- ``lengths-only`` (``--lengths-only``): the trace as ``jsonl:`` lengths only, sharing nothing
+  (the shape Vidur replays), to compare rates with it.
 
-Targets (issue "The main job"): Vidur simulates about 270-610 requests per wall-second without a
-prefix cache; the goal is 10x that while modelling the radix cache, i.e. the whole 3,993-request
-trace in under 1.5 s per policy; over 10 s is a defect. The machine's core count and load
-average are printed with the numbers: on a shared machine wall time is only an upper bound.
+Goals (issue "One readable scheduling core"): synthetic and shared-first-block at most 1.5 s
+per policy, the 3x trace at most 4 s and under 1 GB peak RSS; over 10 s is a defect. Each cell
+runs ``--repeat`` times; the fastest counts (noise on a shared machine only adds time) and the
+slowest is shown beside it. The machine's load is printed with the numbers.
 
-Each policy runs ``--repeat`` times (default 3), each in a fresh process; the table reports the
-fastest run (like ``timeit``: noise on a shared machine only ever adds time) and the slowest.
-
-Each worker tunes glibc's heap first, as ``radixsched simulate`` does (``radixsched.sim.heap``:
-mid-sized array blocks stay in the heap instead of being unmapped and faulted in again);
-``--default-heap`` measures without it.
-
-Run: ``.venv/bin/python bench/simulate_bench.py [--trace PATH] [--policies P,P|all]
-[--repeat N] [--json PATH] [--profile P,P] [--default-heap]``. Without the full trace at the
-default path
-the 200-request sample in ``tests/data`` is used (with a note). ``--profile`` re-runs the named
-policies under cProfile (in their own processes, after the timed runs; profiled wall times are
-inflated and not reported as speed) and prints their top functions by own time and by
-cumulative time.
+Run: ``.venv/bin/python bench/simulate_bench.py [--traces synthetic,shared-first-block,3x-shared]
+[--policies P,P|all] [--repeat N] [--lengths-only] [--json PATH]``. Without the full trace
+(``/work/shared/data/mooncake/synthetic_trace.jsonl``, or ``--trace``) the 200-request sample in
+``tests/data`` stands in, with a note: its numbers are not comparable with the goals.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
-import resource
 import subprocess
 import sys
 import tempfile
@@ -52,185 +41,148 @@ from rich.table import Table
 
 FULL_TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
 SAMPLE_TRACE = Path(__file__).resolve().parent.parent / "tests" / "data" / "mooncake_sample.jsonl"
-DEFAULT_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
-VIDUR_REQ_PER_S = (270.0, 610.0)
-GOAL_S = 1.5  # the full trace, per policy
+GOALS_S = {"synthetic": 1.5, "shared-first-block": 1.5, "3x-shared": 4.0, "lengths-only": 4.0}
+RSS_GOAL_MB = {"3x-shared": 1024.0}
 DEFECT_S = 10.0
-PROFILE_LINES = 25
+BLOCK = 512
+COPY_GAP_MS = 20 * 60 * 1000
 
 
 @dataclass
-class Row:
+class Cell:
+    trace: str
     policy: str
-    requests: int
-    wall_s: float  # the simulation's event loop
-    cpu_s: float  # CPU seconds of the simulate() call (less sensitive to a shared machine)
-    load_s: float  # reading and tokenising the trace
-    requests_per_wall_s: float
+    wall_s: float  # the whole command, fastest of the repeats
+    slowest_s: float
+    sim_s: float  # the simulation's own loop (the JSON's wall_s)
     peak_rss_mb: float
-    rss_after_load_mb: float
+    requests: int
     hit_rate: float
-    optimal_hit_rate: float
     ttft_p99_s: float
-    retractions: int
-    aborted: int
-    driver_steps: int  # Scheduler.step() calls (a decode jump is one)
-    slowest_wall_s: float = 0.0  # of the repeated runs (the row is the fastest)
 
 
-def _rss_mb() -> float:
-    # Linux reports kilobytes (macOS bytes; this benchmark targets Linux).
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+# ---- traces ---------------------------------------------------------------------------------------
 
 
-# ---- worker: one policy in this process ----------------------------------------------------
+def _records(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _worker(policy: str, trace: Path, optimal: float, out: Path, profile: bool, heap: bool) -> None:
-    from radixsched.config import SchedulerConfig
-    from radixsched.sim.heap import tune_heap
-    from radixsched.sim.simulate import SimConfig, simulate
-    from radixsched.sim.workloads import load_workload
-
-    if heap:
-        tune_heap()  # as `radixsched simulate` does
-    t0 = time.perf_counter()
-    workload = load_workload(f"mooncake:{trace}")
-    load_s = time.perf_counter() - t0
-    rss_after_load = _rss_mb()
-    cfg = SchedulerConfig(schedule_policy=policy)
-    profiler = cProfile.Profile() if profile else None
-    if profiler is not None:
-        profiler.enable()
-    c0 = time.process_time()
-    run = simulate(workload, cfg, SimConfig(), optimal_hit_rate=optimal)
-    cpu_s = time.process_time() - c0
-    if profiler is not None:
-        profiler.disable()
-        _print_profile(profiler, policy)
-    r = run.result
-    row = Row(
-        policy=policy,
-        requests=r.num_requests,
-        wall_s=r.wall_s,
-        cpu_s=cpu_s,
-        load_s=load_s,
-        requests_per_wall_s=r.requests_per_wall_s,
-        peak_rss_mb=_rss_mb(),
-        rss_after_load_mb=rss_after_load,
-        hit_rate=r.hit_rate,
-        optimal_hit_rate=r.optimal_hit_rate,
-        ttft_p99_s=r.ttft_s.p99,
-        retractions=r.retractions,
-        aborted=r.num_aborted,
-        driver_steps=len(run.series),
-    )
-    out.write_text(json.dumps(asdict(row)), encoding="utf-8")
+def _write(path: Path, recs: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
 
 
-def _print_profile(profiler: cProfile.Profile, policy: str) -> None:
-    for key, title in (("tottime", "own time"), ("cumulative", "cumulative time")):
-        buf = io.StringIO()
-        stats = pstats.Stats(profiler, stream=buf)
-        stats.strip_dirs().sort_stats(key).print_stats(PROFILE_LINES)
-        print(f"==== cProfile {policy}: top {PROFILE_LINES} by {title} ====")
-        # Skip pstats' preamble up to the column header.
-        text = buf.getvalue()
-        start = text.find("   ncalls")
-        print(text[start:] if start >= 0 else text)
+def _shared(recs: list[dict[str, object]], top: int) -> list[dict[str, object]]:
+    return [
+        {**r, "hash_ids": [top, *r["hash_ids"]], "input_length": int(r["input_length"]) + BLOCK}  # type: ignore[misc, call-overload]
+        for r in recs
+    ]
 
 
-# ---- driver ---------------------------------------------------------------------------------
-
-
-def _run_worker(
-    policy: str,
-    trace: Path,
-    optimal: float,
-    *,
-    profile: bool,
-    timeout_s: float,
-    default_heap: bool = False,
-) -> tuple[Row | None, str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "row.json"
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            policy,
-            "--trace",
-            str(trace),
-            "--optimal",
-            repr(optimal),
-            "--out",
-            str(out),
+def build_traces(src: Path, out: Path, lengths_only: bool) -> dict[str, tuple[str, Path]]:
+    """name -> (workload kind, path)."""
+    recs = _records(src)
+    top = 1 + max(max(r["hash_ids"]) for r in recs)  # type: ignore[type-var, call-overload]
+    copies = []
+    for k in range(3):
+        for r in recs:
+            copies.append(
+                {
+                    **r,
+                    "timestamp": int(r["timestamp"]) + k * COPY_GAP_MS,  # type: ignore[call-overload]
+                    "hash_ids": [h + k * top for h in r["hash_ids"]],  # type: ignore[attr-defined]
+                }
+            )
+    traces = {
+        "synthetic": ("mooncake", src),
+        "shared-first-block": ("mooncake", _write(out / "shared.jsonl", _shared(recs, top))),
+        "3x-shared": ("mooncake", _write(out / "3x.jsonl", _shared(copies, 3 * top))),
+    }
+    if lengths_only:
+        lengths = [
+            {
+                "input_length": r["input_length"],
+                "output_length": r["output_length"],
+                "timestamp": r["timestamp"],
+            }
+            for r in recs
         ]
-        if profile:
-            cmd.append("--profile-worker")
-        if default_heap:
-            cmd.append("--default-heap")
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None, f"{policy}: timed out after {timeout_s:.0f} s"
-        if proc.returncode != 0 or not out.exists():
-            return None, f"{policy}: worker failed ({proc.returncode})\n{proc.stderr[-2000:]}"
-        return Row(**json.loads(out.read_text(encoding="utf-8"))), proc.stdout
+        traces["lengths-only"] = ("jsonl", _write(out / "lengths.jsonl", lengths))
+    return traces
 
 
-def _verdict(wall_s: float, full: bool) -> str:
+# ---- one cell -------------------------------------------------------------------------------------
+
+
+def _run(kind: str, path: Path, policy: str, tmp: Path) -> tuple[float, float, dict[str, object]]:
+    """(wall s, peak RSS MB, the JSON result) of one ``radixsched simulate`` process."""
+    out = tmp / "result.json"
+    cmd = [sys.executable, "-m", "radixsched", "simulate", "--workload", f"{kind}:{path}",
+           "--policy", policy, "--json", str(out)]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0,) or not out.exists():
+        raise RuntimeError(f"{policy} on {path.name}: exit {proc.returncode}\n{err[-2000:]}")
+    doc = json.loads(out.read_text())
+    return wall, usage.ru_maxrss / 1024.0, doc["results"][0]
+
+
+def measure(name: str, kind: str, path: Path, policy: str, repeat: int) -> Cell:
+    walls, rss, res = [], 0.0, {}
+    with tempfile.TemporaryDirectory() as d:
+        for _ in range(max(repeat, 1)):
+            wall, peak, res = _run(kind, path, policy, Path(d))
+            walls.append(wall)
+            rss = max(rss, peak)
+    ttft = res.get("ttft_s", {})
+    return Cell(
+        trace=name,
+        policy=policy,
+        wall_s=min(walls),
+        slowest_s=max(walls),
+        sim_s=float(res.get("wall_s", 0.0)),  # type: ignore[arg-type]
+        peak_rss_mb=rss,
+        requests=int(res.get("num_requests", 0)),  # type: ignore[call-overload]
+        hit_rate=float(res.get("hit_rate", 0.0)),  # type: ignore[arg-type]
+        ttft_p99_s=float(ttft.get("p99", 0.0)) if isinstance(ttft, dict) else 0.0,
+    )
+
+
+# ---- table ----------------------------------------------------------------------------------------
+
+
+def _verdict(c: Cell, full: bool) -> str:
     if not full:
         return "sample"
-    if wall_s <= GOAL_S:
+    goal = GOALS_S.get(c.trace, 1.5)
+    if c.wall_s > DEFECT_S:
+        return "[red]defect[/]"
+    over_rss = c.peak_rss_mb > RSS_GOAL_MB.get(c.trace, float("inf"))
+    if c.wall_s <= goal and not over_rss:
         return "[green]goal[/]"
-    if wall_s <= DEFECT_S:
-        return "[yellow]> goal[/]"
-    return "[red]defect[/]"
+    return "[yellow]> goal[/]"
 
 
-def _table(rows: list[Row], full: bool) -> Table:
-    t = Table(title="simulate: whole trace per policy (fresh process each; req/s per wall-second)")
-    for col in (
-        "policy",
-        "req/s",
-        "wall s",
-        "slowest s",
-        "CPU s",
-        "load s",
-        "RSS MB",
-        "hit",
-        "p99 TTFT s",
-        "retr",
-        "abort",
-        "steps",
-        "verdict",
-    ):
-        t.add_column(col, justify="left" if col in ("policy", "verdict") else "right")
-    for r in rows:
-        t.add_row(
-            r.policy,
-            f"{r.requests_per_wall_s:,.0f}",
-            f"{r.wall_s:.2f}",
-            f"{r.slowest_wall_s:.2f}",
-            f"{r.cpu_s:.2f}",
-            f"{r.load_s:.2f}",
-            f"{r.peak_rss_mb:,.0f}",
-            f"{r.hit_rate:.1%}",
-            f"{r.ttft_p99_s:,.1f}",
-            str(r.retractions),
-            str(r.aborted),
-            f"{r.driver_steps:,}",
-            _verdict(r.wall_s, full),
-        )
+def table(cells: list[Cell], full: bool) -> Table:
+    t = Table(title="radixsched simulate, whole command per policy (fresh process each)")
+    for col in ("trace", "policy", "wall s", "slowest s", "sim s", "req/s", "RSS MB", "hit",
+                "p99 TTFT s", "verdict"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("trace", "policy", "verdict") else "right")
+    for c in cells:
+        t.add_row(c.trace, c.policy, f"{c.wall_s:.2f}", f"{c.slowest_s:.2f}", f"{c.sim_s:.2f}",
+                  f"{c.requests / c.wall_s:,.0f}", f"{c.peak_rss_mb:,.0f}", f"{c.hit_rate:.1%}",
+                  f"{c.ttft_p99_s:,.1f}", _verdict(c, full))  # fmt: skip
     return t
 
 
-def _policies(text: str | None) -> list[str]:
+def _policies(text: str) -> list[str]:
     from radixsched.policies import POLICIES
 
-    if text is None:
-        return list(DEFAULT_POLICIES)
     if text == "all":
         return list(POLICIES)
     names = [p.strip() for p in text.split(",") if p.strip()]
@@ -245,137 +197,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--trace", type=Path, default=None, help=f"Mooncake JSONL (default {FULL_TRACE})"
     )
-    p.add_argument("--policies", default=None, help="comma-separated, or 'all' (default: main)")
-    p.add_argument("--json", dest="json_path", type=Path, default=None, help="write rows as JSON")
-    p.add_argument("--profile", default=None, help="policies to re-run under cProfile")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per policy process")
+    p.add_argument("--traces", default="synthetic,shared-first-block,3x-shared")
+    p.add_argument("--policies", default="all", help="comma-separated, or 'all'")
     p.add_argument(
-        "--repeat", type=int, default=3, help="fresh-process runs per policy (the fastest counts)"
+        "--repeat", type=int, default=3, help="fresh processes per cell (fastest counts)"
     )
-    # Internal: one policy in this process.
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--optimal", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--profile-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--default-heap",
-        action="store_true",
-        help="leave glibc's allocator as it is (radixsched simulate tunes it: sim/heap.py)",
-    )
+    p.add_argument("--lengths-only", action="store_true", help="add the lengths-only trace")
+    p.add_argument("--json", dest="json_path", type=Path, default=None)
     args = p.parse_args(argv)
-
-    if args.worker is not None:
-        assert args.trace is not None and args.out is not None and args.optimal is not None
-        _worker(
-            args.worker,
-            args.trace,
-            args.optimal,
-            args.out,
-            args.profile_worker,
-            heap=not args.default_heap,
-        )
-        return 0
-
-    # Wide enough for the table on a narrow terminal or a pipe (rich wraps, never truncates).
-    console = Console(width=max(Console().size.width, 132))
-    trace = args.trace
-    if trace is None:
-        trace = FULL_TRACE
-        if not trace.exists():
-            console.print(
-                f"[yellow]note:[/] {FULL_TRACE} not found; using the 200-request sample "
-                f"{SAMPLE_TRACE} (numbers are not comparable with the 1.5 s goal)"
-            )
-            trace = SAMPLE_TRACE
-    if not trace.exists():
-        console.print(f"[red]error:[/] {trace}: no such file")
-        return 2
-    full = trace.resolve() == FULL_TRACE.resolve()
+    console = Console(width=max(Console().size.width, 120))
+    src = args.trace or FULL_TRACE
+    if not src.exists():
+        console.print(f"[yellow]note:[/] {src} not found; using the sample {SAMPLE_TRACE}")
+        src = SAMPLE_TRACE
+    full = src.resolve() == FULL_TRACE.resolve()
+    names = [n.strip() for n in args.traces.split(",") if n.strip()]
+    if args.lengths_only and "lengths-only" not in names:
+        names.append("lengths-only")
     policies = _policies(args.policies)
-    profiled = _policies(args.profile) if args.profile else []
-
-    from radixsched.sim.workloads import load_workload, optimal_hit_rate
-
-    t0 = time.perf_counter()
-    workload = load_workload(f"mooncake:{trace}")
-    optimal = optimal_hit_rate(workload.requests)
-    prep_s = time.perf_counter() - t0
-    n, prompt_tokens = len(workload.requests), workload.num_prompt_tokens
-    del workload
-    cores = os.cpu_count() or 1
-    load_before = os.getloadavg()
-    console.print(
-        f"trace {trace}: {n:,} requests, {prompt_tokens:,} prompt tokens, optimal hit rate "
-        f"{optimal:.1%} (load + optimum {prep_s:.1f} s)\n"
-        f"machine: {cores} cores, load average {load_before[0]:.2f} / {load_before[1]:.2f} / "
-        f"{load_before[2]:.2f} (1/5/15 min) before the runs"
-    )
-
-    rows: list[Row] = []
-    for policy in policies:
-        runs: list[Row] = []
-        for _ in range(max(args.repeat, 1)):
-            row, text = _run_worker(
-                policy,
-                trace,
-                optimal,
-                profile=False,
-                timeout_s=args.timeout,
-                default_heap=args.default_heap,
-            )
-            if row is None:
-                console.print(f"[red]{policy} failed:[/]")
-                console.print(text, markup=False, highlight=False)
-                break
-            runs.append(row)
-        else:
-            best = min(runs, key=lambda r: r.wall_s)
-            best.slowest_wall_s = max(r.wall_s for r in runs)
-            rows.append(best)
-            console.print(
-                f"  {policy}: {best.wall_s:.2f} s ({best.cpu_s:.2f} s CPU; slowest of "
-                f"{len(runs)} {best.slowest_wall_s:.2f} s), {best.requests_per_wall_s:,.0f} "
-                f"req/s, peak RSS {best.peak_rss_mb:,.0f} MB"
-            )
-    load_after = os.getloadavg()
-    console.print(_table(rows, full))
-    lo, hi = VIDUR_REQ_PER_S
-    console.print(
-        f"Reference: Vidur {lo:.0f}-{hi:.0f} req/wall-s without a prefix cache; goal >= 10x "
-        f"({10 * lo:,.0f}-{10 * hi:,.0f} req/s), i.e. the full trace in < {GOAL_S} s; "
-        f"> {DEFECT_S:.0f} s is a defect.\n"
-        f"Load average after the runs: {load_after[0]:.2f} / {load_after[1]:.2f} / "
-        f"{load_after[2]:.2f} on {cores} cores (a load above the core count means the "
-        f"wall times include waiting for a CPU)."
-    )
-
-    for policy in profiled:
-        row, text = _run_worker(
-            policy,
-            trace,
-            optimal,
-            profile=True,
-            timeout_s=args.timeout,
-            default_heap=args.default_heap,
-        )
-        if row is None:
-            console.print(f"[red]profiling {policy} failed:[/]")
-        console.print(text, markup=False, highlight=False)
-
+    cores, load0 = os.cpu_count() or 1, os.getloadavg()
+    console.print(f"machine: {cores} cores, load average {load0[0]:.2f} / {load0[1]:.2f} / "
+                  f"{load0[2]:.2f} before the runs; Python {sys.version.split()[0]}")  # fmt: skip
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory() as d:
+        traces = build_traces(src, Path(d), "lengths-only" in names)
+        for name in names:
+            kind, path = traces[name]
+            for policy in policies:
+                cell = measure(name, kind, path, policy, args.repeat)
+                cells.append(cell)
+                console.print(f"  {name} {policy}: {cell.wall_s:.2f} s (slowest "
+                              f"{cell.slowest_s:.2f}), {cell.peak_rss_mb:,.0f} MB")  # fmt: skip
+    load1 = os.getloadavg()
+    console.print(table(cells, full))
+    console.print(f"load average after: {load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f}")
     if args.json_path is not None:
-        doc = {
-            "trace": str(trace),
-            "requests": n,
-            "prompt_tokens": prompt_tokens,
-            "optimal_hit_rate": optimal,
-            "cores": cores,
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-            "rows": [asdict(r) for r in rows],
-        }
-        args.json_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        console.print(f"wrote {args.json_path}")
-    return 0 if len(rows) == len(policies) else 1
+        doc = {"cores": cores, "load_before": load0, "load_after": load1,
+               "cells": [asdict(c) for c in cells]}  # fmt: skip
+        args.json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

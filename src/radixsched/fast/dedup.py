@@ -28,6 +28,7 @@ class DedupIndex:
         self.groups: dict[GroupKey, dict[str, Req]] = {}
         self.group_of: dict[str, GroupKey] = {}
         self.dup_of: dict[GroupKey, set[str]] = {}
+        self._deferred: set[str] = set()  # the union of dup_of's sets
         self.deferred: frozenset[str] = frozenset()
         self.flipped: list[Req] = []  # members whose deferred status changed in the last update
 
@@ -68,8 +69,11 @@ class DedupIndex:
                 rep = min(members.values(), key=dedup_rep_key).rid  # a total order
                 dup = {rid for rid in members if rid != rep}
                 self.dup_of[g] = dup
-            flips |= old ^ dup
+            if old != dup:
+                self._deferred -= old
+                self._deferred |= dup
+                flips |= old ^ dup
         if flips:
-            self.deferred = frozenset().union(*self.dup_of.values())
+            self.deferred = frozenset(self._deferred)
             self.flipped = [self.groups[self.group_of[k]][k] for k in flips if k in self.group_of]
         return self.deferred

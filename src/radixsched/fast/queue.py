@@ -213,9 +213,8 @@ class FastWaitingQueue(WaitingQueue):
         if Reads.DEDUP in reads:
             rnd.deferred, flipped = self._dedup(changed, rnd)
         self.matched = Reads.MATCH in reads
-        if Reads.TREE in reads:
-            ends = [self._end(r) for r in self.reqs]
-            rnd.tree_order = lambda: self.cache.dfs_weight_order_at(ends)
+        if Reads.TREE in reads:  # for a policy without an engine (built when it asks)
+            rnd.tree_order = lambda: self.cache.dfs_weight_order_at(list(map(self._end, self.reqs)))
         self.deprioritized = self.deferred = rnd.deferred
         order = RoundOrder(self.reqs, self._order(base, reads, rnd, flipped))
         self.refresh(order)
