@@ -1,19 +1,27 @@
-"""Schedule-policy micro-benchmark: ``calc_priority`` milliseconds per call.
+"""Waiting-queue round micro-benchmark: milliseconds per prefill round's policy work.
 
-Workload (deterministic, numpy ``default_rng(0)``): a page-1 radix cache filled with 200 groups
-x 50 requests, each a 2,000-token group prefix plus a 200-token unique suffix over a
-128,000-token vocabulary. Waiting requests are drawn from the same generator: a random group's
-prefix plus a fresh 200-token suffix, so each matches 2,000 tokens (and the in-batch dedup check
-never fires, as in a warm cache). For each policy and queue length, one warm-up call, then
-repeated calls on the same queue; the median is reported. Three regimes: cold (every request's
-memoised match dropped: the whole queue is re-matched, as SGLang does every round), warm (the
-same queue again: nothing changed since the last round) and churn (a scheduler round: the head
-was admitted and one request arrived since, both reported through the policy's hooks).
+A page-1 radix cache holds 200 groups x 50 sequences (a 2,000-token group prefix plus a
+200-token suffix, vocabulary 128,000, numpy ``default_rng(0)``); waiting requests are a random
+group's prefix plus a fresh 200-token suffix, so each matches 2,000 tokens. ``--shared`` puts
+one 512-token block (a system prompt) in front of every cached and waiting sequence: every
+request then lives in one cache subtree, the shape that made release 0.1.0 re-match the whole
+queue every round.
 
-Run: ``.venv/bin/python bench/policy_bench.py [--json PATH] [--compat sglang] [--queues 64 2048]``.
-``--compat sglang`` scores with ``match_prefix`` like SGLang (the cap is lifted here to measure
-matching cost). SGLang 0.5.23 reference with its 128 cap lifted, at 2,048 waiting requests: lpm
-83-92 ms/call, dfs-weight 79-121 ms, hrrn 85-94 ms, shortest-prefill-first 83-98 ms.
+For each policy and queue length, the median over repeated calls of:
+
+- **reference**: ``WaitingQueue.begin_round`` (the reference core: every request matched and
+  the queue ordered every round, as SGLang does);
+- **cold**: the accelerated queue (``FastWaitingQueue``) after every memo was dropped (as a
+  cache reset does): every request re-matched and the queue ordered from scratch;
+- **warm**: the accelerated queue's next round with nothing changed;
+- **churn**: one admission (the head leaves) and one arrival since the last round, the
+  simulator's typical round.
+
+SGLang 0.5.23 with its 128-request cap lifted took 70 ms per lpm round at 2,048 waiting
+requests on this machine kind (issue "One readable scheduling core").
+
+Run: ``.venv/bin/python bench/policy_bench.py [--shared] [--queues 512 2048] [--policies ...]
+[--json PATH]``.
 """
 
 from __future__ import annotations
@@ -23,159 +31,163 @@ import gc
 import json
 import statistics
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from radixsched.policy import SchedulePolicy
 from rich.console import Console
 from rich.table import Table
 
 from radixsched.cache import CacheKey, RadixCache
 from radixsched.config import SchedulerConfig
+from radixsched.fast.queue import FastWaitingQueue
+from radixsched.queue import WaitingQueue
 from radixsched.request import Req
 
-GROUPS = 200
-PER_GROUP = 50
-PREFIX_LEN = 2000
-SUFFIX_LEN = 200
+GROUPS, PER_GROUP, PREFIX_LEN, SUFFIX_LEN, SHARED_LEN = 200, 50, 2000, 200, 512
 VOCAB = 128_000
-POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
-QUEUES = (64, 128, 512, 2048, 8192)
+POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first", "fair")
+QUEUES = (512, 2048, 8192)
+SGLANG_LPM_2048_MS = 70.0
 
 
 class Row(NamedTuple):
     policy: str
     queue: int
-    ms_per_call: float  # cold: the whole queue re-matched, comparable to SGLang's per round
-    warm_ms_per_call: float  # steady state: matches memoised per unchanged cache subtree
-    churn_ms_per_call: float  # steady state with one admission and one arrival per round
+    reference_ms: float
+    cold_ms: float
+    warm_ms: float
+    churn_ms: float
 
 
-def build(seed: int = 0) -> tuple[RadixCache, np.ndarray, np.random.Generator]:
+class Setup(NamedTuple):
+    cache: RadixCache
+    prefixes: np.ndarray
+    head: np.ndarray  # the shared block (empty without --shared)
+    rng: np.random.Generator
+
+
+def build(shared: bool, seed: int = 0) -> Setup:
     rng = np.random.default_rng(seed)
     prefixes = rng.integers(0, VOCAB, size=(GROUPS, PREFIX_LEN), dtype=np.int32)
     suffixes = rng.integers(0, VOCAB, size=(GROUPS * PER_GROUP, SUFFIX_LEN), dtype=np.int32)
+    head = rng.integers(0, VOCAB, size=SHARED_LEN if shared else 0, dtype=np.int32)
     cache = RadixCache(None, page_size=1)
     slot = 1
     for i in rng.permutation(GROUPS * PER_GROUP):
-        seq = np.concatenate([prefixes[i // PER_GROUP], suffixes[i]])
+        seq = np.concatenate([head, prefixes[i // PER_GROUP], suffixes[i]])
         cache.insert(CacheKey(seq), np.arange(slot, slot + len(seq), dtype=np.int64))
         slot += len(seq)
-    return cache, prefixes, rng
+    return Setup(cache, prefixes, head, rng)
 
 
-def waiting(n: int, prefixes: np.ndarray, rng: np.random.Generator) -> list[Req]:
-    groups = rng.integers(0, GROUPS, size=n)
-    suffixes = rng.integers(0, VOCAB, size=(n, SUFFIX_LEN), dtype=np.int32)
+def waiting(n: int, s: Setup, tag: str) -> list[Req]:
+    groups = s.rng.integers(0, GROUPS, size=n)
+    suffixes = s.rng.integers(0, VOCAB, size=(n, SUFFIX_LEN), dtype=np.int32)
     return [
-        Req(f"w{i}", np.concatenate([prefixes[g], suffixes[i]]), arrival_time=float(i))
+        Req(
+            f"{tag}{i}", np.concatenate([s.head, s.prefixes[g], suffixes[i]]), arrival_time=float(i)
+        )
         for i, g in enumerate(groups)
     ]
 
 
-def time_policy(
-    name: str,
-    cache: RadixCache,
-    queue: list[Req],
-    compat: str,
-    budget_s: float,
-    mode: str,
-    arrivals: list[Req] | None = None,
-) -> float:
-    """Median ms per call. ``mode`` "cold": every request's memoised match is dropped before
-    each call, so each call re-matches the whole queue against the tree (what SGLang does every
-    round); "warm": the steady state between rounds in which most cache subtrees did not
-    change; "churn": warm, plus the queue's head leaves and one of ``arrivals`` joins before
-    each call, through the hooks the scheduler calls."""
-    config = SchedulerConfig(
-        schedule_policy=name,
-        compat=compat,  # type: ignore[arg-type]
-        max_prefix_match_queue=1 << 30 if compat == "sglang" else None,
-    )
-    policy = SchedulePolicy(config, cache)
-    q = list(queue)
-    for r in q:
-        policy.on_enqueue(r)
-    policy.calc_priority(q, [], 0, 0.0)  # warm-up (dfs-weight's first matches split nodes)
-    pending = list(arrivals or [])
+def _fresh(reqs: list[Req]) -> list[Req]:
+    return [Req(r.rid, r.prompt_ids, arrival_time=r.arrival_time) for r in reqs]
+
+
+def _median_ms(fn: Callable[[], object], budget_s: float) -> float:
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < 5 or (time.perf_counter() - start < budget_s and len(samples) < 200):
-        if mode == "cold":
-            for r in q:
-                policy.forget(r)  # drop its memoised match: re-matched this call
-        elif mode == "churn" and pending:
-            policy.on_dequeue(q[0])
-            del q[0]
-            q.append(pending.pop())
-            policy.on_enqueue(q[-1])
         t0 = time.perf_counter()
-        policy.calc_priority(q, [], 10_000, 1.0)
+        fn()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples) * 1e3
 
 
+def time_policy(name: str, s: Setup, queue: list[Req], arrivals: list[Req], budget_s: float) -> Row:
+    cfg = SchedulerConfig(schedule_policy=name)
+    ref = WaitingQueue(cfg, s.cache)
+    for r in _fresh(queue):
+        ref.add(r)
+    ref.begin_round([], 0, 0.0)  # the first round settles the list's order
+    reference = _median_ms(lambda: ref.begin_round([], 10_000, 1.0), budget_s)
+
+    fast = FastWaitingQueue(cfg, s.cache)
+    for r in _fresh(queue):
+        fast.add(r)
+    fast.begin_round([], 0, 0.0)
+
+    def cold() -> None:
+        if fast.matcher is not None:
+            fast.matcher.on_reset()  # every memo dropped: every request re-matched
+        fast.synced = fast.matched = False  # the dedup and the order rebuilt
+        fast.begin_round([], 10_000, 1.0)
+
+    cold_ms = _median_ms(cold, budget_s)
+    fast.begin_round([], 0, 0.0)
+    warm_ms = _median_ms(lambda: fast.begin_round([], 10_000, 1.0), budget_s)
+    pending = _fresh(arrivals)
+
+    def churn() -> None:
+        if pending:
+            fast.take([0])
+            fast.add(pending.pop())
+        fast.begin_round([], 10_000, 1.0)
+
+    churn_ms = _median_ms(churn, budget_s)
+    s.cache.listener = None  # the last fast queue stops listening
+    return Row(name, len(queue), reference, cold_ms, warm_ms, churn_ms)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", help="write {'rows': [...]} here")
-    ap.add_argument("--compat", default="radixsched", choices=["radixsched", "sglang"])
+    ap.add_argument("--shared", action="store_true", help="one shared first block for all")
     ap.add_argument("--queues", type=int, nargs="+", default=list(QUEUES))
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--budget-s", type=float, default=1.0, help="timing budget per cell")
+    ap.add_argument("--json", help="write {'rows': [...]} here")
     args = ap.parse_args()
-
     console = Console()
     t0 = time.perf_counter()
-    cache, prefixes, rng = build()
-    console.print(
-        f"cache: {cache.total_size():,} tokens, {cache.num_nodes():,} nodes, built in "
-        f"{time.perf_counter() - t0:.1f} s"
-    )
-    queues = {n: waiting(n, prefixes, rng) for n in args.queues}
-    arrivals = waiting(200, prefixes, rng)
+    s = build(args.shared)
+    console.print(f"cache: {s.cache.total_size():,} tokens, {s.cache.num_nodes():,} nodes "
+                  f"(shared first block: {args.shared}), built in "
+                  f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    queues = {n: waiting(n, s, "w") for n in args.queues}
+    arrivals = waiting(200, s, "a")
     rows: list[Row] = []
     gc.collect()
     gc.disable()
     try:
         for name in args.policies:
-            for n, queue in queues.items():
-                rows.append(
-                    Row(
-                        name,
-                        n,
-                        *(
-                            time_policy(
-                                name, cache, queue, args.compat, args.budget_s, mode, arrivals
-                            )
-                            for mode in ("cold", "warm", "churn")
-                        ),
-                    )
-                )
+            for queue in queues.values():
+                rows.append(time_policy(name, s, queue, arrivals, args.budget_s))
     finally:
         gc.enable()
-
-    table = Table(
-        title=f"calc_priority, median ms per call, cold (re-match all) / warm (memo) / churn "
-        f"(one admission, one arrival) (compat={args.compat})"
-    )
+    title = "policy round, median ms: reference / fast cold / fast warm / fast churn"
+    table = Table(title=title + (" (shared first block)" if args.shared else ""))
     table.add_column("policy")
     for n in args.queues:
-        table.add_column(f"{n:,}", justify="right")
-    table.add_column("us/request @max cold", justify="right")
+        table.add_column(f"{n:,} waiting", justify="right")
     for name in args.policies:
-        cold = {r.queue: r.ms_per_call for r in rows if r.policy == name}
-        warm = {r.queue: r.warm_ms_per_call for r in rows if r.policy == name}
-        churn = {r.queue: r.churn_ms_per_call for r in rows if r.policy == name}
-        big = max(args.queues)
-        table.add_row(
-            name,
-            *(f"{cold[n]:.2f} / {warm[n]:.2f} / {churn[n]:.2f}" for n in args.queues),
-            f"{cold[big] * 1e3 / big:.2f}",
-        )
+        cells = {r.queue: r for r in rows if r.policy == name}
+        table.add_row(name, *(
+            f"{c.reference_ms:.2f} / {c.cold_ms:.2f} / {c.warm_ms:.3f} / {c.churn_ms:.3f}"
+            for c in (cells[n] for n in args.queues)
+        ))  # fmt: skip
     console.print(table)
+    lpm = [r for r in rows if r.policy == "lpm" and r.queue == 2048]
+    if lpm:
+        r = lpm[0]
+        console.print(f"lpm at 2,048 waiting vs SGLang 0.5.23 ({SGLANG_LPM_2048_MS:.0f} ms): "
+                      f"reference {SGLANG_LPM_2048_MS / r.reference_ms:.1f}x, fast cold "
+                      f"{SGLANG_LPM_2048_MS / r.cold_ms:.1f}x, churn "
+                      f"{SGLANG_LPM_2048_MS / r.churn_ms:,.0f}x faster")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": [r._asdict() for r in rows]}, f, indent=1)
+            json.dump({"shared": args.shared, "rows": [r._asdict() for r in rows]}, f, indent=1)
 
 
 if __name__ == "__main__":
