@@ -93,7 +93,7 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.request import Req, SamplingParams, TokenArray
-from radixsched.sim.costmodel import splitmix64
+from radixsched.sim.costmodel import _splitmix64_inplace, splitmix64
 
 DEFAULT_VOCAB = 128_000
 U64 = npt.NDArray[np.uint64]
@@ -167,14 +167,20 @@ def _hash_tokens(key: int, start: int, n: int, vocab: int) -> TokenArray:
 
 
 def _block_table(ids: npt.NDArray[np.int64], block: int, vocab: int) -> TokenArray:
-    """Row i: the ``block`` tokens of block id ``ids[i]`` (chunked to bound temporaries)."""
+    """Row i: the ``block`` tokens of block id ``ids[i]``, ``splitmix64(splitmix64(id ^ salt) ^
+    position * golden) mod vocab``, computed in place on cache-sized chunks."""
     table = np.empty((len(ids), block), dtype=np.int32)
     pos = np.arange(block, dtype=np.uint64) * np.uint64(_GOLDEN)
     salt = np.uint64(_key(_SALT_BLOCK))
-    for lo in range(0, len(ids), 4096):
-        chunk = splitmix64(ids[lo : lo + 4096].astype(np.uint64) ^ salt)
-        mixed = splitmix64(chunk[:, None] ^ pos[None, :])
-        table[lo : lo + 4096] = (mixed % np.uint64(vocab)).astype(np.int32)
+    rows = max(1, (1 << 17) // max(block, 1))  # about 1 MB of uint64 per chunk
+    mixed = np.empty((rows, block), dtype=np.uint64)
+    for lo in range(0, len(ids), rows):
+        chunk = splitmix64(ids[lo : lo + rows].astype(np.uint64) ^ salt)
+        z = mixed[: len(chunk)]
+        np.bitwise_xor(chunk[:, None], pos[None, :], out=z)
+        _splitmix64_inplace(z)
+        np.remainder(z, np.uint64(vocab), out=z)
+        table[lo : lo + len(chunk)] = z
     return table
 
 
