@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import logging
 import math
 import random
 from collections import Counter
@@ -50,6 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from radixsched.config import SchedulerConfig
+
+logger = logging.getLogger(__name__)
 
 INF = math.inf
 INT64_MIN = -(2**63)
@@ -179,23 +182,92 @@ class Policy:
         return reads | Reads.CLOCK if self.bounded(config) else reads
 
 
-POLICIES: dict[str, Policy] = {}
+ENTRY_POINT_GROUP = "radixsched.policies"
+
+
+class PolicyRegistry(dict[str, Policy]):
+    """The policies by name. The first read loads the ``radixsched.policies`` entry points
+    (other packages' policies: importing each entry point's object registers them), so an
+    installed package's policy is a name ``simulate``, ``sweep`` and ``serve`` accept."""
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            load_plugins()
+
+    def __getitem__(self, name: str) -> Policy:
+        self._load()
+        return super().__getitem__(name)
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return super().__contains__(name)
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._load()
+        return super().get(name, default)
+
+    def keys(self) -> Any:
+        self._load()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        self._load()
+        return super().items()
+
+
+def load_plugins() -> list[str]:
+    """Import every ``radixsched.policies`` entry point; return the errors (one line each:
+    a broken plugin is reported, and the built-in policies stay usable)."""
+    from importlib.metadata import entry_points
+
+    errors = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # a third party's import error must not break the registry
+            errors.append(f"policy plugin {ep.name!r} ({ep.value}): {type(e).__name__}: {e}")
+            logger.warning("%s", errors[-1])
+    return errors
+
+
+POLICIES: PolicyRegistry = PolicyRegistry()
 FCFS = "fcfs"  # what capped policies above the cap, and cache-aware ones without a cache, use
 LPM = "lpm"
 
 
 def register(policy: Policy) -> Policy:
     """Add a policy to the registry (names are unique; the CLI's choices come from here)."""
-    if policy.name in POLICIES:
+    if dict.__contains__(POLICIES, policy.name):
         raise ValueError(f"schedule policy {policy.name!r} is already registered")
     if (policy.key is None) == (policy.order is None):
         raise ValueError(f"policy {policy.name!r} needs exactly one of key= and order=")
-    POLICIES[policy.name] = policy
+    if policy.name != policy.name.strip() or not policy.name or "," in policy.name:
+        raise ValueError(f"policy name {policy.name!r} must be non-empty, without commas")
+    dict.__setitem__(POLICIES, policy.name, policy)
     return policy
 
 
 def policy(name: str, help: str, *, reads: Reads = Reads.NONE, kind: str = "key", **kw: Any) -> Any:
-    """Decorator registering ``fn`` as policy ``name`` (``kind``: "key" or "order")."""
+    """Decorator registering ``fn`` as policy ``name``: ``kind="key"`` for a sort key
+    ``fn(req, rnd) -> tuple`` (the queue is stably sorted by it), ``kind="order"`` for
+    ``fn(queue, rnd) -> Iterator[int]``. ``reads`` declares what of the round ``fn`` reads
+    (``Reads``); the other keywords are ``Policy`` fields. A key reading at most ``MATCH`` and
+    ``DEDUP`` is kept incrementally by the accelerated queue with no more work."""
 
     def wrap(fn: Any) -> Policy:
         return register(Policy(name, help, reads, **{kind: fn}, **kw))
@@ -213,7 +285,7 @@ def sglang_variant(reads: Reads = Reads.NONE, kind: str = "key") -> Callable[[An
 
 
 def _with_sglang(base: Policy, variant: Policy) -> None:
-    POLICIES[base.name] = Policy(**{**base.__dict__, "sglang": variant})
+    dict.__setitem__(POLICIES, base.name, Policy(**{**base.__dict__, "sglang": variant}))
 
 
 def get_policy(name: str) -> Policy:
@@ -496,7 +568,7 @@ for _base, _variant in (
     ("shortest-prefill-first", spf_sglang),
     ("dfs-weight", dfs_weight_sglang),
 ):
-    _with_sglang(POLICIES[_base], _variant)
+    _with_sglang(dict.__getitem__(POLICIES, _base), _variant)
 
 
 # ---- fair policy state ---------------------------------------------------------------------------
