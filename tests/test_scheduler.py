@@ -14,7 +14,7 @@ from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache import RadixCache, TokenAllocator
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.engine_api import Engine
+from radixsched.engine.offline import Engine
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.scheduler import Scheduler

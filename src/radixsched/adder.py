@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from radixsched.cache.base import BasePrefixCache
 from radixsched.config import SchedulerConfig
+from radixsched.kv import ceil_page, floor_page
 from radixsched.request import Req
 
 IGNORE_EOS_RESERVE_TOKENS = 1
@@ -64,14 +65,6 @@ class FreeSpace(Protocol):
     def available_size(self) -> int: ...
 
 
-def ceil_page(n: int, page_size: int) -> int:
-    return -(-n // page_size) * page_size
-
-
-def floor_page(n: int, page_size: int) -> int:
-    return (n // page_size) * page_size
-
-
 @dataclass(slots=True)
 class Admission:
     req: Req
@@ -80,46 +73,32 @@ class Admission:
     chunked: bool
 
 
-def running_decode_tokens(running: Sequence[Req], clip: int) -> tuple[int, int]:
-    """(ignore_eos, other) sums over ``running`` of the clipped decode tokens each request may
-    still generate: the adder reserves the first in full and discounts the second by the
-    new-token ratio."""
-    full = 0
-    discounted = 0
-    for r in running:
-        rem = r.sampling.max_new_tokens - len(r.output_ids)
-        if rem > 0:
-            if r.sampling.ignore_eos:
-                full += rem if rem < clip else clip
-            else:
-                discounted += rem if rem < clip else clip
-    return full, discounted
-
-
 class PrefillAdder:
-    __slots__ = (
-        "_ignore_eos_states",
-        "allocator",
-        "cache",
-        "can_run_list",
-        "chunked_req_limit",
-        "compat",
-        "config",
-        "current_offset",
-        "exclusive_chunking",
-        "gate",
-        "gate_verdict",
-        "log_hit_tokens",
-        "log_input_tokens",
-        "new_chunked_req",
-        "new_token_ratio",
-        "page_size",
-        "preempt_fn",
-        "preempt_list",
-        "rem_chunk_tokens",
-        "rem_input_tokens",
-        "running",
-        "total_offset",
+    __slots__ = tuple(
+        [
+            "_ignore_eos_states",
+            "allocator",
+            "cache",
+            "can_run_list",
+            "chunked_req_limit",
+            "compat",
+            "config",
+            "current_offset",
+            "exclusive_chunking",
+            "gate",
+            "gate_verdict",
+            "log_hit_tokens",
+            "log_input_tokens",
+            "new_chunked_req",
+            "new_token_ratio",
+            "page_size",
+            "preempt_fn",
+            "preempt_list",
+            "rem_chunk_tokens",
+            "rem_input_tokens",
+            "running",
+            "total_offset",
+        ]
     )
 
     def __init__(
@@ -133,7 +112,7 @@ class PrefillAdder:
         num_mixed_decode_tokens: int = 0,
         gate: PrefillGate | None = None,
         preempt_fn: Callable[[list[Req]], None] | None = None,
-        running_tokens: tuple[int, int] | None = None,
+        running_tokens: tuple[int, int] = (0, 0),
         exclusive_chunking: bool = False,
     ) -> None:
         self.config = config
@@ -156,12 +135,9 @@ class PrefillAdder:
         )
         self.total_offset: float = float(num_mixed_decode_tokens)
         self.current_offset: float = float(num_mixed_decode_tokens)
-        # Decode reservations of the running batch (equal to summing running_reservation()).
-        full, discounted = (
-            running_tokens
-            if running_tokens is not None
-            else running_decode_tokens(running, config.clip_max_new_tokens)
-        )
+        # Decode reservations of the running batch (``running_decode_tokens``: the sums of
+        # ``running_reservation`` with and without ignore_eos).
+        full, discounted = running_tokens
         self.total_offset += full + discounted * new_token_ratio
 
         self.can_run_list: list[Admission] = []

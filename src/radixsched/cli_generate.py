@@ -1,5 +1,5 @@
 """The ``generate`` subcommand: offline generation through the same scheduler loop the simulator
-and the server run (``engine_api.Engine`` over a ``TorchRunner``).
+and the server run (``engine.offline.Engine`` over a ``TorchRunner``).
 
 All prompts are submitted at once, so prompts sharing a prefix (a chat template's system
 prompt, say) are served from the radix cache once the first of them has been prefilled. A
@@ -183,8 +183,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from radixsched.engine.loader import load_model
+    from radixsched.engine.offline import Engine
     from radixsched.engine.runner import TorchRunner
-    from radixsched.engine_api import Engine
 
     torch.set_num_threads(args.threads or default_threads())
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -186,9 +186,11 @@ ENTRY_POINT_GROUP = "radixsched.policies"
 
 
 class PolicyRegistry(dict[str, Policy]):
-    """The policies by name. The first read loads the ``radixsched.policies`` entry points
-    (other packages' policies: importing each entry point's object registers them), so an
-    installed package's policy is a name ``simulate``, ``sweep`` and ``serve`` accept."""
+    """The policies by name. Other packages' policies come from the ``radixsched.policies``
+    entry points (importing each entry point's object registers them), loaded on the first
+    look-up of a name that is not built in or the first listing: an installed package's
+    policy is a name ``simulate``, ``sweep`` and ``serve`` accept, and a run of built-in
+    policies never scans the installed packages."""
 
     _loaded = False
 
@@ -197,13 +199,17 @@ class PolicyRegistry(dict[str, Policy]):
             self._loaded = True
             load_plugins()
 
+    def __contains__(self, name: object) -> bool:
+        if not super().__contains__(name):
+            self._load()
+        return super().__contains__(name)
+
     def __getitem__(self, name: str) -> Policy:
-        self._load()
+        self.__contains__(name)  # a miss loads the plugins first
         return super().__getitem__(name)
 
-    def __contains__(self, name: object) -> bool:
-        self._load()
-        return super().__contains__(name)
+    def get(self, name: str, default: Any = None) -> Any:
+        return super().get(name, default) if name in self else default
 
     def __iter__(self) -> Iterator[str]:
         self._load()
@@ -212,10 +218,6 @@ class PolicyRegistry(dict[str, Policy]):
     def __len__(self) -> int:
         self._load()
         return super().__len__()
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self._load()
-        return super().get(name, default)
 
     def keys(self) -> Any:
         self._load()

@@ -25,8 +25,8 @@ the others are only sorted last.
 from __future__ import annotations
 
 import bisect
-import operator
 import logging
+import operator
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any

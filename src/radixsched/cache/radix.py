@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -935,7 +936,7 @@ class RadixCache(BasePrefixCache):
             if node.lock_ref < 0:
                 raise IntegrityError(f"{node!r}: negative lock_ref {node.lock_ref}")
             slots = [c.slot for c in node.children.values()]
-            if any(a >= b for a, b in zip(slots, slots[1:], strict=False)):
+            if any(map(operator.ge, slots, slots[1:])):
                 raise IntegrityError(f"{node!r}: children's slots are not in dict order")
             child_locks = sum(c.lock_ref for c in node.children.values())
             if node.lock_ref < child_locks:
