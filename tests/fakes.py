@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixsched.request import Req
 from radixsched.runner import Batch, ModelRunner, StepResult
 
 UNWRITTEN = -1
@@ -33,9 +34,19 @@ class FakeRunner(ModelRunner):
         self.prefill_s_per_token = prefill_s_per_token
         self.decode_s = decode_s
         self.steps = 0
+        self.host: dict[str, np.ndarray] = {}  # offloaded KV (decode-role retraction)
 
     def eos_token_ids(self) -> tuple[int, ...]:
         return () if self.eos is None else (self.eos,)
+
+    def offload_kv(self, req: Req, slots: np.ndarray) -> None:
+        self.host[req.rid] = self.pool[slots].copy()
+        self.pool[slots] = UNWRITTEN  # the freed slots no longer hold it
+
+    def reload_kv(self, req: Req, slots: np.ndarray) -> None:
+        kept = self.host.pop(req.rid)
+        assert len(kept) == len(slots), (req.rid, len(kept), len(slots))
+        self.pool[slots] = kept
 
     def next_token(self, context: np.ndarray) -> int:
         tail = context[-6:].astype(np.int64)

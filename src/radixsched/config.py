@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
 Compat = Literal["radixsched", "sglang"]
+# SGLang's ``--disaggregation-mode``: a co-located scheduler, or one role of a split deployment.
+DisaggregationModeName = Literal["null", "prefill", "decode"]
 
 # Where we deviate from SGLang, and what ``--compat sglang`` restores (README links here).
 COMPAT_NOTES: dict[str, str] = {
@@ -156,6 +158,28 @@ class SchedulerConfig:
     radix_eviction_policy: str = field(
         default="lru", metadata=_meta("eviction strategy (lru, lfu, fifo, filo, mru, priority)")
     )
+    # ---- prefill/decode disaggregation (radixsched.disagg) ---------------------------
+    disaggregation_mode: DisaggregationModeName = field(
+        default="null",
+        metadata=_meta(
+            "'prefill': requests wait for the decode side's handshake and leave after their "
+            "first token, their KV held until transferred; 'decode': requests arrive with "
+            "their KV and never prefill ('null': co-located); set per role by "
+            "simulate --disaggregation, never a flag",
+            flag=False,
+        ),
+    )
+    num_reserved_decode_tokens: int = field(
+        default=512,
+        metadata=_meta("decode role: KV tokens kept free per active request at preallocation"),
+    )
+    waiting_prefix_refresh_bootstrap_max: int = field(
+        default=128,
+        metadata=_meta(
+            "prefill role: bootstrapping requests whose prefixes the waiting-prefix refresh "
+            "touches ahead of the waiting queue"
+        ),
+    )
     # ---- behaviour ----------------------------------------------------------------------
     compat: Compat = field(
         default="radixsched",
@@ -181,6 +205,16 @@ class SchedulerConfig:
             raise ValueError("--retraction-policy priority requires --enable-priority-scheduling")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
+        modes = typing.get_args(DisaggregationModeName)
+        if self.disaggregation_mode not in modes:
+            raise ValueError(
+                f"disaggregation_mode must be one of {', '.join(modes)}, "
+                f"got {self.disaggregation_mode!r}"
+            )
+        if self.num_reserved_decode_tokens < 0:
+            raise ValueError("num_reserved_decode_tokens must be >= 0")
+        if self.waiting_prefix_refresh_bootstrap_max < 0:
+            raise ValueError("waiting_prefix_refresh_bootstrap_max must be >= 0")
 
     @property
     def chunk_size(self) -> int | None:
@@ -250,11 +284,12 @@ def add_config_args(
     names to their valid values (from the registries); ``overrides`` maps a field name to
     ``add_argument`` keywords replacing the generated ones (``help``, ``type``, ``metavar``)
     plus ``aliases``, more flag names for it (SGLang's spellings). A default is printed once:
-    a help text that states its own default keeps it."""
+    a help text that states its own default keeps it. A field whose metadata has
+    ``flag=False`` is never a flag."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(title or getattr(cls, "CLI_TITLE", cls.__name__))
     for f in dataclasses.fields(cls):
-        if skip and f.name in skip:
+        if (skip and f.name in skip) or f.metadata.get("flag") is False:
             continue
         extra = dict((overrides or {}).get(f.name, {}))
         flags = ["--" + f.name.replace("_", "-"), *extra.pop("aliases", [])]

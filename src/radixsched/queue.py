@@ -11,7 +11,9 @@ aborted (``remove``, ``take``) and come back after a retraction or preemption (`
 3. the in-batch prefix dedup, when the policy reads it (spec 1.5; below);
 4. the order: a key policy sorts the list stably in place; an order policy reorders it;
 5. the waiting-prefix refresh (spec 1.10): every 32nd eligible round touches the first 128
-   requests of the order, head last, so that they are evicted last under LRU.
+   requests of the order, head last, so that they are evicted last under LRU; on a prefill
+   instance of a split deployment the head of its bootstrap queue (``ahead``) is touched
+   first, just before them.
 
 In-batch dedup: among requests whose cache match is at most ``in_batch_prefix_check_threshold``
 tokens, those sharing their first ``in_batch_prefix_deprioritize_threshold`` tokens (same
@@ -28,7 +30,8 @@ import bisect
 import logging
 import operator
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
@@ -134,6 +137,9 @@ class WaitingQueue:
         self.refresh_on = config.enable_waiting_prefix_refresh and (
             config.radix_eviction_policy.lower() == "lru"
         )
+        # Requests outside the queue whose prefixes a refresh touches first (a prefill
+        # instance's bootstrap queue), oldest first.
+        self.ahead: Callable[[], Sequence[Req]] | None = None
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -288,7 +294,11 @@ class WaitingQueue:
         self._refresh_rounds += 1
         if due:
             head = order.head(REFRESH_SPAN)
-            self.cache.touch_prefixes(CacheKey(r.fill_ids(), r.namespace) for r in reversed(head))
+            reqs = chain(reversed(self.ahead_of_refresh()), reversed(head))
+            self.cache.touch_prefixes(CacheKey(r.fill_ids(), r.namespace) for r in reqs)
+
+    def ahead_of_refresh(self) -> Sequence[Req]:
+        return () if self.ahead is None else self.ahead()
 
 
 def door_match(req: Req, n: int, page: int) -> int:

@@ -15,6 +15,11 @@ admission until it finishes, is retracted, preempted or aborted; an idle schedul
 Scheduling decides order and timing only: the same requests produce the same tokens under
 every policy, with the cache on or off.
 
+Built with ``disaggregation_mode`` ``prefill`` or ``decode`` (``radixsched.disagg``), the same
+loop is one role of a split deployment: requests wait for the peer at the role's queues
+(``bootstrapped``/``transfer_done`` on a prefill instance, ``pop_preallocated``/``kv_arrived``
+on a decode instance), and a decode instance never runs a prefill.
+
 This is the reference: every round does all its work. ``radixsched.fast.FastScheduler`` gives
 the same schedule, bit for bit, doing only the work that changed (tests/test_equivalence.py).
 """
@@ -33,6 +38,7 @@ from radixsched.cache.base import BasePrefixCache, IntegrityError
 from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
 from radixsched.config import SchedulerConfig
+from radixsched.disagg import DecodeRole, PrefillRole, Role, effective_config, role_for
 from radixsched.kv import KVManager, ceil_page
 from radixsched.policies import validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
@@ -119,6 +125,7 @@ class Scheduler:
         host_tier: Any = None,
         gate_factory: Callable[[Scheduler], PrefillGate | None] | None = None,
     ) -> None:
+        config = effective_config(config)
         self.config = config
         self.runner = runner
         self.clock: Clock = clock if clock is not None else VirtualClock()
@@ -142,6 +149,11 @@ class Scheduler:
         self.processed_tokens = 0  # HRRN clock: prefill tokens only (spec 8.8)
         self.stats = SchedulerStats()
         self._by_rid: dict[str, Req] = {}
+        self.disagg: Role | None = role_for(self)
+        self.prefill_role = self.disagg if isinstance(self.disagg, PrefillRole) else None
+        self.decode_role = self.disagg if isinstance(self.disagg, DecodeRole) else None
+        if self.prefill_role is not None:
+            self.queue.ahead = self.prefill_role.refresh_head
 
     def _make_kv(self, host_tier: Any) -> KVManager:
         cfg = self.config
@@ -177,7 +189,8 @@ class Scheduler:
             return self._reject(req, *err)
         if cfg.enable_priority_scheduling and req.priority is None:
             req.priority = cfg.default_priority_value
-        if cfg.max_queued_requests is not None and len(self.waiting) + 1 > cfg.max_queued_requests:
+        limit = cfg.max_queued_requests if self.disagg is None else None  # SGLang: null mode only
+        if limit is not None and len(self.waiting) + 1 > limit:
             victim = self._queue_limit_victim(req)
             if victim is None:
                 return self._reject(req, 503, "The request queue is full.")
@@ -188,7 +201,10 @@ class Scheduler:
         req.queue_entry_time = req.arrival_time = req.times.arrival = t
         req.queue_entry_processed_tokens = self.processed_tokens
         self._by_rid[req.rid] = req
-        self.queue.add(req)
+        if self.disagg is not None:
+            self.disagg.enqueue(req)
+        else:
+            self.queue.add(req)
         return AdmitResult(True)
 
     def _door_check(self, req: Req) -> tuple[int, str] | None:
@@ -228,15 +244,22 @@ class Scheduler:
         return cand if sign * prio_value(incoming, sign) < sign * prio_value(cand, sign) else None
 
     def _requeue(self, reqs: list[Req]) -> None:
-        """Back to the queue after retraction or preemption (never facing the queue limit)."""
-        if reqs:
+        """Back to the queue after retraction or preemption (never facing the queue limit);
+        a decode instance offloads them instead (it cannot prefill them again)."""
+        if not reqs:
+            return
+        if self.decode_role is not None:
+            self.decode_role.offload(reqs)
+        else:
             self.queue.requeue(reqs, self.clock.now(), self.processed_tokens)
 
     # ==== abort ==============================================================================
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
-        """Abort a waiting, chunked or running request; its slots and lock are released."""
+        """Abort a waiting, chunked or running request (or one a role holds: a prefilled
+        request whose transfer is abandoned included); its slots and lock are released."""
         req = self._by_rid.get(rid)
-        if req is None or req.finished:
+        in_flight = self.prefill_role is not None and rid in self.prefill_role.inflight
+        if req is None or (req.finished and not in_flight):
             return False
         keep = not self.config.sglang_compat  # radixsched caches what it computed
         if req in self.waiting:
@@ -248,6 +271,8 @@ class Scheduler:
             self.batch.remove([req])
             self.batch_is_full = False
             self.kv.release(req, cache_kv=keep)
+        elif self.disagg is not None:
+            self.disagg.drop(req, cache_kv=keep)
         self._finish_aborted(req, status_code, message)
         return True
 
@@ -262,6 +287,8 @@ class Scheduler:
             self.chunked_req = None
         if req in self.waiting:
             self.queue.remove(req)
+        if self.disagg is not None:
+            self.disagg.drop(req, cache_kv=False)
         self.batch_is_full = False
         self.kv.release(req, cache_kv=False)
         self._finish_aborted(req, status_code, message)
@@ -279,7 +306,13 @@ class Scheduler:
     # ==== state ==============================================================================
     @property
     def is_idle(self) -> bool:
-        return not self.waiting and not self.running and self.chunked_req is None
+        """Nothing to run: a role's requests waiting on the peer do not count."""
+        return (
+            not self.waiting
+            and not self.running
+            and self.chunked_req is None
+            and (self.disagg is None or self.disagg.idle)
+        )
 
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -303,10 +336,56 @@ class Scheduler:
         """Run one forward pass; None when there is nothing to run. ``horizon`` (the time of
         the next external event) lets accelerators run several passes at once before it."""
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
+        if self.decode_role is not None:
+            return self.decode_step(horizon)
         batch = self.prefill_round()
         if batch is not None:
             return self.run(batch)
         return self.decode_round(horizon)
+
+    # ---- prefill/decode disaggregation (radixsched.disagg) -------------------------------------
+    def decode_step(self, horizon: float | None = None) -> StepOutcome | None:
+        """A decode instance's step: arrived requests join the running batch (their first
+        token is delivered now), then one decode round."""
+        role = self.decode_role
+        assert role is not None
+        delivered, done = role.join(self.clock.now())
+        out = self.decode_round(horizon)
+        if out is None:
+            if not delivered:
+                return None
+            out = StepOutcome("decode", 0.0, 0, num_steps=0)
+        out.finished[:0] = done
+        out._tokens[:0] = [(r, [r.output_ids[0]]) for r in delivered]
+        return out
+
+    def _role(self, cls: type[PrefillRole] | type[DecodeRole]) -> Any:
+        if not isinstance(self.disagg, cls):
+            mode = self.config.disaggregation_mode
+            raise TypeError(f"{cls.__name__} call on a scheduler in disaggregation mode {mode!r}")
+        return self.disagg
+
+    def bootstrapped(self, rid: str, now: float | None = None) -> bool:
+        """Prefill role: the decode side preallocated ``rid``'s KV; it may be scheduled."""
+        role: PrefillRole = self._role(PrefillRole)
+        return role.bootstrapped(rid, self.clock.now() if now is None else now)
+
+    def transfer_done(self, rid: str) -> bool:
+        """Prefill role: ``rid``'s KV reached the decode side; its slots and lock are released
+        (the prompt stays cached)."""
+        role: PrefillRole = self._role(PrefillRole)
+        return role.transfer_done(rid)
+
+    def pop_preallocated(self) -> list[Req]:
+        """Decode role: requests whose KV slots were allocated just now (their prefill may
+        start), after resuming offloaded requests that fit again."""
+        role: DecodeRole = self._role(DecodeRole)
+        return role.pop_preallocated()
+
+    def kv_arrived(self, rid: str, first_token: int) -> bool:
+        """Decode role: ``rid``'s KV and first token landed; it joins at the next step."""
+        role: DecodeRole = self._role(DecodeRole)
+        return role.kv_arrived(rid, first_token)
 
     # ---- prefill -------------------------------------------------------------------------------
     def prefill_round(self) -> Batch | None:
@@ -563,6 +642,9 @@ class Scheduler:
 
     def _retract(self, req: Req) -> None:
         # radixsched caches the computed KV before releasing it (spec 8.11); SGLang drops it.
+        # A decode instance keeps it in host memory (it cannot prefill the request again).
+        if self.decode_role is not None:
+            self.runner.offload_kv(req, req.kv_row[: req.kv_len])
         self.kv.release(req, cache_kv=not self.config.sglang_compat)
         req.retraction_count += 1
 
@@ -591,7 +673,9 @@ class Scheduler:
             if r is self.chunked_req:
                 self.chunked_req = None
             self._emit(r, result.next_tokens[r.rid], now, out)
-            if r.finished:  # at its prefill: it never joins the running batch
+            if r.finished and self.prefill_role is not None:  # its KV waits for the transfer
+                self.prefill_role.hold(r)
+            elif r.finished:  # at its prefill: it never joins the running batch
                 self.kv.release(r, cache_kv=True)
                 self._forget(r)
             else:
@@ -672,7 +756,8 @@ class Scheduler:
 
     # ==== invariants ===========================================================================
     def holders(self) -> list[Req]:
-        return [*self.running, *([self.chunked_req] if self.chunked_req is not None else [])]
+        own = [*self.running, *([self.chunked_req] if self.chunked_req is not None else [])]
+        return own if self.disagg is None else [*own, *self.disagg.holders()]
 
     def check_integrity(self) -> None:
         """Every KV slot is free, cached or owned by exactly one request; every lock is held by
@@ -685,6 +770,8 @@ class Scheduler:
         for r in self.waiting:
             if r.lock_node is not None or len(r.kv_row):
                 raise IntegrityError(f"waiting request {r.rid} holds a lock or KV slots")
+        if self.disagg is not None:
+            self.disagg.check_integrity()
         if not holders and self.cache.protected_size() != 0:
             raise IntegrityError(
                 f"idle scheduler but {self.cache.protected_size()} tokens remain locked"

@@ -23,6 +23,7 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from radixsched.cache.base import CacheKey
 from radixsched.cache.radix import RadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
@@ -192,6 +193,11 @@ class FastWaitingQueue(WaitingQueue):
         due = self._refresh_rounds % REFRESH_INTERVAL == 0
         self._refresh_rounds += 1
         if due:
+            ahead = self.ahead_of_refresh()
+            if ahead:  # not waiting, so not matched: walked (a split keeps the memos current)
+                self.cache.touch_prefixes(
+                    CacheKey(r.fill_ids(), r.namespace) for r in reversed(ahead)
+                )
             for r in reversed(order.head(REFRESH_SPAN)):
                 m = matcher.memo[id(r)]
                 matcher.cache.touch_at(m.node, len(m.node.key) if m.full else m.offset)

@@ -60,10 +60,10 @@ class FastScheduler(Scheduler):
         super().__init__(*args, **kw)
         cfg = self.config
         # Deferral needs nothing to read running requests mid-flight: priority preemption and
-        # mixed chunks do, and so does the ignore-eos admission of a disabled cache.
-        self.defers = not (
-            cfg.enable_priority_preemption or cfg.enable_mixed_chunk or self.cache.disabled
-        )
+        # mixed chunks do, and so does the ignore-eos admission of a disabled cache (a decode
+        # instance's cache is off, but it admits nothing: its preallocation counts requests).
+        admits = self.cache.disabled and self.decode_role is None
+        self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
         self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
 

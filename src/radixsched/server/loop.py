@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.clock import Clock
-from radixsched.request import FinishReason, FinishState, Req
+from radixsched.request import FinishReason, FinishState, Req, SlotArray
 from radixsched.runner import Batch, ModelRunner, MultiDecodeResult, StepResult
 from radixsched.scheduler import AdmitResult, Scheduler, StepOutcome
 from radixsched.server.metrics import ServerMetrics
@@ -165,6 +165,12 @@ class BatchRecorder(ModelRunner):
 
     def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:
         return self.inner.tokens_at(reqs, positions)
+
+    def offload_kv(self, req: Req, slots: SlotArray) -> None:
+        self.inner.offload_kv(req, slots)
+
+    def reload_kv(self, req: Req, slots: SlotArray) -> None:
+        self.inner.reload_kv(req, slots)
 
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.inner.eos_token_ids()

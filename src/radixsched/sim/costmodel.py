@@ -85,7 +85,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from radixsched.request import Req
+from radixsched.request import Req, SlotArray
 from radixsched.runner import Batch, ExtendEntry, ModelRunner, MultiDecodeResult, StepResult
 from radixsched.sim.presets import GPUSpec, ModelSpec, PresetError, get_gpu, get_model
 
@@ -902,3 +902,9 @@ class CostModelRunner(ModelRunner):
 
     def eos_token_ids(self) -> tuple[int, ...]:
         return ()
+
+    def offload_kv(self, req: Req, slots: SlotArray) -> None:
+        """Nothing to keep: modelled KV has no content (the copy is not timed)."""
+
+    def reload_kv(self, req: Req, slots: SlotArray) -> None:
+        """Nothing to write back (see ``offload_kv``)."""

@@ -28,6 +28,26 @@ class PresetError(ValueError):
 
 
 @dataclass(frozen=True)
+class LinkSpec:
+    """A link prefill/decode disaggregation ships KV over, one per GPU (as in DGX-class
+    nodes, one NIC per GPU): ``bandwidth`` is what one KV transfer stream achieves, bytes/s
+    per direction; ``latency_s`` the fixed cost of one transfer (RDMA setup, completion
+    notification, the receiver's poll). Presets (``LINKS``), achievable rather than nominal:
+
+    - ``nvlink``: NVLink 4 between GPUs of one node (H100/H200 SXM, 450 GB/s per direction),
+      400 GB/s, 10 us;
+    - ``infiniband``: NDR 400 Gb/s HCA per GPU (50 GB/s nominal), 45 GB/s, 25 us;
+    - ``roce``: 400 GbE RoCE v2 NIC per GPU (50 GB/s nominal, congestion control costs
+      more), 40 GB/s, 40 us;
+    - ``pcie``: GPU to GPU through a PCIe Gen5 x16 switch (no NVLink), 50 GB/s, 10 us.
+    """
+
+    name: str
+    bandwidth: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
 class GPUSpec:
     name: str
     memory_bytes: int  # total device memory as the driver reports it
@@ -145,3 +165,26 @@ def get_gpu(name: str) -> GPUSpec:
 def get_model(name: str) -> ModelSpec:
     """Case-insensitive lookup; raises ``PresetError`` listing valid names."""
     return _lookup(MODELS, name, "model")
+
+
+LINKS: dict[str, LinkSpec] = {
+    link.name: link
+    for link in (
+        LinkSpec("nvlink", 400e9, 10e-6),
+        LinkSpec("infiniband", 45e9, 25e-6),
+        LinkSpec("roce", 40e9, 40e-6),
+        LinkSpec("pcie", 50e9, 10e-6),
+    )
+}
+
+LINK_ALIASES = {"ib": "infiniband", "nvl": "nvlink", "rocev2": "roce"}
+
+
+def get_link(name: str) -> LinkSpec:
+    """Case-insensitive lookup of a KV-transfer link; raises ``PresetError`` listing valid
+    names."""
+    key = name.lower().replace("-", "").replace("_", "").replace(" ", "")
+    key = LINK_ALIASES.get(key, key)
+    if key in LINKS:
+        return LINKS[key]
+    raise PresetError(f"unknown link {name!r}; valid: {', '.join(LINKS)}")

@@ -46,6 +46,66 @@ class SimConfig:
     prefill_delayer_queue_min_ratio: float | None = field(
         default=None, metadata={"help": "delayer: queue trigger ratio (opt-in)"}
     )
+    # ---- prefill/decode disaggregation (sim.disagg) -------------------------------------
+    disaggregation: bool = field(
+        default=False,
+        metadata={
+            "help": "split prefill and decode onto their own instances (SGLang's PD "
+            "disaggregation): requests are prefilled on a prefill instance and their KV "
+            "shipped to a decode instance"
+        },
+    )
+    prefill_instances: int = field(
+        default=1, metadata={"help": "with --disaggregation: prefill instances"}
+    )
+    decode_instances: int = field(
+        default=1, metadata={"help": "with --disaggregation: decode instances"}
+    )
+    prefill_gpu: str | None = field(
+        default=None, metadata={"help": "GPU preset of prefill instances (default: --gpu)"}
+    )
+    prefill_tp: int | None = field(
+        default=None, metadata={"help": "tensor-parallel degree of prefill instances (--tp)"}
+    )
+    decode_gpu: str | None = field(
+        default=None, metadata={"help": "GPU preset of decode instances (default: --gpu)"}
+    )
+    decode_tp: int | None = field(
+        default=None, metadata={"help": "tensor-parallel degree of decode instances (--tp)"}
+    )
+    prefill_max_total_tokens: int | None = field(
+        default=None,
+        metadata={"help": "KV capacity of a prefill instance (default: --max-total-tokens)"},
+    )
+    decode_max_total_tokens: int | None = field(
+        default=None,
+        metadata={"help": "KV capacity of a decode instance (default: --max-total-tokens)"},
+    )
+    decode_router: str | None = field(
+        default=None,
+        metadata={
+            "help": "router choosing the decode instance (default: least-load: the least KV "
+            "committed plus decode tokens to come); --router picks the prefill instance"
+        },
+    )
+    disaggregation_link: str = field(
+        default="infiniband",
+        metadata={"help": "link the KV is shipped over: nvlink, infiniband, roce, pcie"},
+    )
+    disaggregation_link_bandwidth_gb_s: float | None = field(
+        default=None,
+        metadata={"help": "link bandwidth per GPU in GB/s, inf allowed (default: the link's)"},
+    )
+    disaggregation_link_latency_ms: float | None = field(
+        default=None, metadata={"help": "fixed cost of one KV transfer in ms (the link's)"}
+    )
+    disaggregation_bootstrap_ms: float | None = field(
+        default=None,
+        metadata={
+            "help": "decode-to-prefill handshake once the KV is preallocated, in ms (default: "
+            "the link latency)"
+        },
+    )
     enable_hierarchical_cache: bool = field(
         default=False, metadata={"help": "keep evicted KV in a host-memory tier"}
     )

@@ -167,6 +167,19 @@ def simulate(
     from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
 
     sim_cfg = sim_cfg or SimConfig()
+    if sim_cfg.disaggregation:
+        from radixsched.sim.disagg import simulate_disaggregated
+
+        run: SimRun = simulate_disaggregated(
+            workload,
+            sched_cfg,
+            sim_cfg,
+            on_progress=on_progress,
+            check_integrity=check_integrity,
+            optimal_hit_rate=optimal_hit_rate,
+            accelerate=accelerate,
+        )
+        return run
     if sim_cfg.dp < 1:
         raise ValueError(f"--dp must be >= 1, got {sim_cfg.dp}")
     cost = build_cost_model(sim_cfg)

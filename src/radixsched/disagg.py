@@ -1,0 +1,321 @@
+"""Prefill/decode disaggregation: the two roles a ``Scheduler`` can be built in.
+
+SGLang's ``--disaggregation-mode`` (``SchedulerConfig.disaggregation_mode``), read once when the
+scheduler is built (``role_for``); the same scheduler loop runs every role, only the places a
+request waits at differ. A request of a split deployment has one copy on a prefill instance
+and one on a decode instance; whoever drives them (``sim.disagg``) carries the handshake and
+the KV between the two.
+
+Prefill role (``PrefillRole``):
+
+1. ``add_request``: door checks as co-located, then the *bootstrap queue* (the decode side has
+   not preallocated its KV yet); its ``max_new_tokens`` becomes 1, so the adder reserves
+   nothing for decoding;
+2. ``bootstrapped``: the decode side is ready; the request joins the waiting queue and is
+   scheduled by the configured policy against this instance's radix cache;
+3. its first token finishes it here: its KV is checkpointed into the cache and stays locked
+   (*in flight*) until ``transfer_done``, then released into the cache like any finished
+   request. The waiting-prefix refresh touches the head of the bootstrap queue (at most
+   ``waiting_prefix_refresh_bootstrap_max``) ahead of the waiting queue.
+
+Decode role (``DecodeRole``): no prefix matching (the cache is off), no waiting-prefix refresh,
+never a prefill.
+
+1. ``add_request``: door checks, then the *preallocation queue*;
+2. ``pop_preallocated``: in order (by priority under priority scheduling), while a request
+   slot is free and memory allows, the prompt's KV slots are allocated (*transferring*) and the
+   request is returned: its prefill may start. Memory allows when ``pages(prompt) +
+   num_reserved_decode_tokens`` fits in free memory less ``num_reserved_decode_tokens`` per
+   active request (running, transferring, arrived) and less what offloaded requests need. The
+   first request that does not fit stops the pass (it holds the ones behind it back on their
+   prefill side); an instance with nothing active takes its head request whatever the
+   reservation (the door checked that it fits alone). Between calls only decoding changes
+   the pool, which only shrinks this budget, so calling after every step and every arrival
+   decides as calling before every decode step would;
+3. ``kv_arrived``: the KV and the first token landed; at the next ``step`` the request joins
+   the running batch without a forward (its first token is delivered then) and decodes;
+4. a request retracted for decode memory is *offloaded* (its KV kept in host memory; the copy
+   is not timed) and resumes, ahead of new preallocations, when memory allows.
+
+Ownership (``Scheduler.check_integrity``): an in-flight prefill request holds its lock and its
+page tail; a transferring or arrived decode request owns its row; bootstrap, preallocation
+and offloaded requests hold nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from radixsched.cache.base import IntegrityError
+from radixsched.config import SchedulerConfig
+from radixsched.kv import ceil_page, row_capacity
+from radixsched.request import Req
+from radixsched.running import prio_value
+
+if TYPE_CHECKING:
+    from radixsched.scheduler import Scheduler
+
+
+class DisaggregationMode(enum.Enum):
+    NULL = "null"  # co-located: prefill and decode on one instance
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class PrefillRole:
+    """The prefill side's bootstrap queue and in-flight transfers (see the module docstring)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.bootstrap: dict[str, Req] = {}  # rid -> request, in arrival order
+        self.inflight: dict[str, Req] = {}  # rid -> prefilled request whose KV is being sent
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to compute (bootstrapping and in-flight requests wait on the peer)."""
+        return True
+
+    def enqueue(self, req: Req) -> None:
+        req.sampling = dataclasses.replace(req.sampling, max_new_tokens=1)
+        self.bootstrap[req.rid] = req
+
+    def bootstrapped(self, rid: str, now: float) -> bool:
+        """The decode side holds KV for ``rid``: it joins the waiting queue at ``now``."""
+        req = self.bootstrap.pop(rid, None)
+        if req is None:
+            return False
+        s = self.sched
+        req.queue_entry_time = now
+        req.queue_entry_processed_tokens = s.processed_tokens
+        s.queue.add(req)
+        return True
+
+    def hold(self, req: Req) -> None:
+        """``req`` produced its first token: its KV goes into the cache and stays locked."""
+        self.sched.kv.checkpoint(req, req.kv_len)
+        self.inflight[req.rid] = req
+
+    def transfer_done(self, rid: str) -> bool:
+        req = self.inflight.pop(rid, None)
+        if req is None:
+            return False
+        s = self.sched
+        s.kv.release(req, cache_kv=True)
+        s._forget(req)
+        return True
+
+    def refresh_head(self) -> list[Req]:
+        """Bootstrapping requests the waiting-prefix refresh touches first (oldest first)."""
+        n = self.sched.config.waiting_prefix_refresh_bootstrap_max
+        if not n or not self.bootstrap:
+            return []
+        out: list[Req] = []
+        for r in self.bootstrap.values():
+            if len(out) == n:
+                break
+            out.append(r)
+        return out
+
+    def drop(self, req: Req, *, cache_kv: bool) -> bool:
+        """Take ``req`` out of this role's queues, releasing what it holds."""
+        if self.bootstrap.pop(req.rid, None) is not None:
+            return True
+        if self.inflight.pop(req.rid, None) is not None:
+            self.sched.kv.release(req, cache_kv=cache_kv)
+            return True
+        return False
+
+    def holders(self) -> list[Req]:
+        return list(self.inflight.values())
+
+    def check_integrity(self) -> None:
+        for r in self.bootstrap.values():
+            if r.lock_node is not None or len(r.kv_row):
+                raise IntegrityError(f"bootstrapping request {r.rid} holds a lock or KV slots")
+        for r in self.inflight.values():
+            if r.kv_len < r.prompt_len or (r.lock_node is None and r.cache_protected_len):
+                raise IntegrityError(f"in-flight request {r.rid} lost its prompt's KV")
+
+
+class DecodeRole:
+    """The decode side's preallocation, transfer, arrival and offload queues."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.prealloc: list[Req] = []  # waiting for memory (their prefill waits too)
+        self.transferring: dict[str, Req] = {}  # rid -> request whose KV slots are allocated
+        self.arrived: list[Req] = []  # KV landed (or reloaded): join at the next step
+        self.offloaded: list[Req] = []  # retracted, KV in host memory
+
+    @property
+    def idle(self) -> bool:
+        return not self.arrived
+
+    def enqueue(self, req: Req) -> None:
+        self.prealloc.append(req)
+
+    def _budget(self) -> tuple[int, int]:
+        """(free KV tokens after the reservations, free request slots)."""
+        s = self.sched
+        reserve = s.config.num_reserved_decode_tokens
+        active = len(s.running) + len(self.transferring) + len(self.arrived)
+        budget = s.allocator.available_size() + s.cache.evictable_size() - reserve * active
+        return budget, s.max_running_requests - active
+
+    def pop_preallocated(self) -> list[Req]:
+        """Resume offloaded requests, then preallocate new ones (module docstring); returns
+        the newly preallocated requests, whose prefill may start now."""
+        s = self.sched
+        page, reserve = s.page_size, s.config.num_reserved_decode_tokens
+        budget, slots = self._budget()
+        empty = slots == s.max_running_requests  # nothing active: the head may take it all
+
+        def fits(need: int) -> bool:
+            # An empty instance waives the reservation for its head request (the door
+            # checked that it fits alone), so no request can wait forever.
+            return need + reserve <= budget or (empty and need <= s._room())
+
+        while self.offloaded and slots > 0:
+            r = self.offloaded[0]
+            need = ceil_page(r.fill_len - 1, page)
+            if not fits(need):
+                break
+            self.offloaded.pop(0)
+            self._own(r, need, r.fill_len - 1)
+            s.runner.reload_kv(r, r.kv_row[: r.kv_len])
+            self.arrived.append(r)
+            budget -= need + reserve
+            slots -= 1
+            empty = False
+        budget -= sum(ceil_page(r.fill_len - 1, page) + reserve for r in self.offloaded)
+        empty = empty and not self.offloaded
+        if not self.prealloc or slots <= 0:
+            return []
+        if s.config.enable_priority_scheduling:
+            sign = s.config.priority_sign
+            self.prealloc.sort(key=lambda r: sign * prio_value(r, sign))
+        taken = 0
+        for r in self.prealloc:
+            need = ceil_page(r.prompt_len, page)
+            if taken == slots or not fits(need):
+                break
+            self._own(r, need, 0)
+            self.transferring[r.rid] = r
+            budget -= need + reserve
+            taken += 1
+            empty = False
+        out, self.prealloc = self.prealloc[:taken], self.prealloc[taken:]
+        return out
+
+    def _own(self, r: Req, slots: int, computed: int) -> None:
+        """``r`` owns ``slots`` fresh KV slots, of which the first ``computed`` hold KV."""
+        buf = np.empty(max(row_capacity(r), slots), dtype=np.int64)
+        if slots:
+            buf[:slots] = self.sched.kv.alloc(slots)
+        r.kv_buf, r.kv_row = buf, buf[:slots]
+        r.kv_len = r.prefix_len = r.extend_end = computed
+        r.cache_protected_len = r.cache_inserted_len = 0
+        r.lock_node = r.last_node = None
+
+    def kv_arrived(self, rid: str, first_token: int) -> bool:
+        """The prompt's KV and the first token landed in the preallocated slots."""
+        r = self.transferring.pop(rid, None)
+        if r is None:
+            return False
+        r.output_ids.append(first_token)
+        r.kv_len = r.prefix_len = r.extend_end = r.prompt_len
+        self.arrived.append(r)
+        return True
+
+    def join(self, now: float) -> tuple[list[Req], list[Req]]:
+        """Arrived requests join the running batch (a prebuilt batch: no forward); a first
+        token is delivered now. Returns (requests whose first token was delivered, those
+        of them finished by it)."""
+        s = self.sched
+        joined, self.arrived = self.arrived, []
+        delivered, finished, running = [], [], []
+        for r in joined:
+            t = r.times
+            if not t.token_times:  # a first token, not a reload
+                t.token_times.append(now)
+                t.first_token = now
+                delivered.append(r)
+                s.check_finish(r)
+            if r.finished:
+                s.kv.release(r, cache_kv=False)
+                s._forget(r)
+                finished.append(r)
+            else:
+                running.append(r)
+        s.batch.extend(running)
+        return delivered, finished
+
+    def offload(self, reqs: list[Req]) -> None:
+        """Retracted requests keep their KV in host memory until they fit again."""
+        self.offloaded.extend(reqs)
+
+    def drop(self, req: Req, *, cache_kv: bool) -> bool:
+        if req in self.prealloc:
+            self.prealloc.remove(req)
+            return True
+        if req in self.offloaded:
+            self.offloaded.remove(req)
+            return True
+        owned = self.transferring.pop(req.rid, None) is not None
+        if not owned and req in self.arrived:
+            self.arrived.remove(req)
+            owned = True
+        if owned:
+            self.sched.kv.release(req, cache_kv=False)
+        return owned
+
+    def holders(self) -> list[Req]:
+        return [*self.transferring.values(), *self.arrived]
+
+    def check_integrity(self) -> None:
+        for r in (*self.prealloc, *self.offloaded):
+            if r.lock_node is not None or len(r.kv_row):
+                raise IntegrityError(f"queued decode request {r.rid} holds a lock or KV slots")
+        for r in self.transferring.values():
+            if r.lock_node is not None or r.kv_len or len(r.kv_row) < r.prompt_len:
+                raise IntegrityError(f"transferring request {r.rid} lacks its prompt's slots")
+        for r in self.arrived:
+            if r.lock_node is not None or r.kv_len != r.fill_len - 1 or len(r.kv_row) < r.kv_len:
+                raise IntegrityError(f"arrived request {r.rid} lacks the slots of its KV")
+
+
+Role = PrefillRole | DecodeRole
+
+
+def role_for(sched: Scheduler) -> Role | None:
+    """The role the scheduler's config asks for (None: co-located)."""
+    mode = DisaggregationMode(sched.config.disaggregation_mode)
+    if mode is DisaggregationMode.PREFILL:
+        return PrefillRole(sched)
+    if mode is DisaggregationMode.DECODE:
+        return DecodeRole(sched)
+    return None
+
+
+def effective_config(config: SchedulerConfig) -> SchedulerConfig:
+    """What a scheduler of this mode runs: a decode instance matches no prefix (its cache is
+    off, its queue fcfs: requests arrive with their KV) and refreshes none."""
+    if DisaggregationMode(config.disaggregation_mode) is not DisaggregationMode.DECODE:
+        return config
+    return config.replace(
+        schedule_policy="fcfs", disable_radix_cache=True, enable_waiting_prefix_refresh=False
+    )
+
+
+__all__ = [
+    "DecodeRole",
+    "DisaggregationMode",
+    "PrefillRole",
+    "Role",
+    "effective_config",
+    "role_for",
+]

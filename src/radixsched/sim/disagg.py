@@ -1,0 +1,528 @@
+"""Prefill/decode disaggregation in the simulator (``simulate --disaggregation``).
+
+A split deployment: ``--prefill-instances`` prefill instances and ``--decode-instances``
+decode instances, each a ``Scheduler`` built in its role (``radixsched.disagg``) with its own
+virtual clock, KV pool and cost model (``--prefill-gpu/--prefill-tp``, ``--decode-gpu/
+--decode-tp``; prefill instances have their own radix caches and run the configured policy,
+decode instances match nothing). One request's life (``Leg``), SGLang's and Mooncake's:
+
+1. arrival: the router (``--router``, cache-aware by default) picks the prefill instance from
+   the prefill loads, the decode router (``--decode-router``, least-load) the decode instance;
+   both copies are admitted at the door (either may reject it);
+2. the decode instance preallocates the prompt's KV when memory allows (``pop_preallocated``);
+   the handshake reaches the prefill instance ``--disaggregation-bootstrap-ms`` later
+   (``bootstrapped``); until then the request waits in the prefill side's bootstrap queue,
+   so a full decode instance holds its requests back on their prefill instances;
+3. the prefill instance schedules and prefills it; its first token finishes it there, its KV
+   stays locked while in flight;
+4. the transfer (``KVLinks``) starts when the prefill instance's egress and the decode
+   instance's ingress are free, takes ``tokens x per-GPU KV bytes / bandwidth`` on them and
+   lands ``latency`` later: the prefill instance releases the KV (``transfer_done``, the prompt
+   stays in its cache), the decode instance receives it (``kv_arrived``) and delivers the
+   first token when the request joins its running batch at its next step.
+
+TTFT is therefore bootstrap wait + prefill queue wait + prefill + transfer + decode queue
+wait, each reported by role (``DisaggStats``), with TPOT and every instance's utilisation.
+
+The event loop is the co-located one's: the instance furthest behind steps while its clock is
+before the next event (an arrival, a handshake, a landing), with that event as its horizon;
+otherwise the event is delivered. A prefill instance whose waiting requests cannot be admitted
+while its memory is held by in-flight KV waits for its next event. The simulator path never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixsched.clock import VirtualClock
+from radixsched.config import SchedulerConfig
+from radixsched.request import FinishReason, Req
+from radixsched.sim.metrics import JSONValue, Stats, summarize, ttft_samples
+from radixsched.sim.replicas import Replica
+from radixsched.sim.simconfig import SimConfig
+
+DEFAULT_DECODE_ROUTER = "least-load"
+PREFILL, DECODE = "prefill", "decode"
+
+
+# ---- the deployment ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role's hardware: GPU preset, TP degree, KV capacity per instance."""
+
+    gpu: str
+    tp: int
+    max_total_tokens: int | None
+
+    def sim_config(self, base: SimConfig, *, host_tier: bool) -> SimConfig:
+        return dataclasses.replace(
+            base,
+            gpu=self.gpu,
+            tp=self.tp,
+            max_total_tokens=self.max_total_tokens,
+            dp=1,
+            enable_hierarchical_cache=base.enable_hierarchical_cache and host_tier,
+        )
+
+
+def role_specs(sim: SimConfig) -> tuple[RoleSpec, RoleSpec]:
+    """(prefill, decode) hardware: each role's own flags, else the shared ones."""
+
+    def spec(gpu: str | None, tp: int | None, kv: int | None) -> RoleSpec:
+        return RoleSpec(
+            sim.gpu if gpu is None else gpu,
+            sim.tp if tp is None else tp,
+            sim.max_total_tokens if kv is None else kv,
+        )
+
+    return (
+        spec(sim.prefill_gpu, sim.prefill_tp, sim.prefill_max_total_tokens),
+        spec(sim.decode_gpu, sim.decode_tp, sim.decode_max_total_tokens),
+    )
+
+
+def gpu_count(sim: SimConfig) -> int:
+    """GPUs the run's deployment uses (co-located: dp x tp)."""
+    if not sim.disaggregation:
+        return sim.dp * sim.tp
+    pre, dec = role_specs(sim)
+    return sim.prefill_instances * pre.tp + sim.decode_instances * dec.tp
+
+
+def deployment_label(sim: SimConfig) -> str:
+    """``2P:6D`` for a split deployment, ``co-located x8`` otherwise."""
+    if sim.disaggregation:
+        return f"{sim.prefill_instances}P:{sim.decode_instances}D"
+    return f"co-located x{sim.dp}"
+
+
+def check_disaggregation(sim: SimConfig) -> list[str]:
+    """Problems of the disaggregation settings, one line each (none when it is off)."""
+    from radixsched.cluster.routers import ROUTERS
+    from radixsched.sim.presets import PresetError, get_link
+
+    if not sim.disaggregation:
+        return []
+    errors = []
+    for name in ("prefill_instances", "decode_instances"):
+        if getattr(sim, name) < 1:
+            errors.append(f"{name} must be >= 1, got {getattr(sim, name)}")
+    for name in ("prefill_tp", "decode_tp"):
+        value = getattr(sim, name)
+        if value is not None and value < 1:
+            errors.append(f"{name} must be >= 1, got {value}")
+    if sim.dp != 1:
+        errors.append(
+            "--disaggregation sizes the deployment with --prefill-instances and "
+            f"--decode-instances; --dp must stay 1, got {sim.dp}"
+        )
+    if sim.enable_dp_attention:
+        errors.append("--disaggregation does not model --enable-dp-attention")
+    if sim.decode_router is not None and sim.decode_router not in ROUTERS:
+        errors.append(f"unknown decode_router {sim.decode_router!r}; valid: {', '.join(ROUTERS)}")
+    try:
+        get_link(sim.disaggregation_link)
+    except PresetError as e:
+        errors.append(str(e))
+    bw = sim.disaggregation_link_bandwidth_gb_s
+    if bw is not None and not bw > 0:
+        errors.append(f"disaggregation_link_bandwidth_gb_s must be > 0, got {bw}")
+    for name in ("disaggregation_link_latency_ms", "disaggregation_bootstrap_ms"):
+        value = getattr(sim, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            errors.append(f"{name} must be >= 0 ms, got {value}")
+    return errors
+
+
+# ---- the KV transfer model -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """The link the KV goes over: per-GPU bandwidth (bytes/s, may be inf), fixed latency per
+    transfer, and the handshake latency."""
+
+    name: str
+    bandwidth: float
+    latency_s: float
+    bootstrap_s: float
+
+    @classmethod
+    def of(cls, sim: SimConfig) -> LinkModel:
+        from radixsched.sim.presets import get_link
+
+        link = get_link(sim.disaggregation_link)
+        bw = sim.disaggregation_link_bandwidth_gb_s
+        lat = sim.disaggregation_link_latency_ms
+        latency = link.latency_s if lat is None else lat / 1e3
+        boot = sim.disaggregation_bootstrap_ms
+        return cls(
+            link.name,
+            link.bandwidth if bw is None else bw * 1e9,
+            latency,
+            latency if boot is None else boot / 1e3,
+        )
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "link": self.name,
+            "bandwidth_gb_s": self.bandwidth / 1e9 if math.isfinite(self.bandwidth) else None,
+            "latency_ms": self.latency_s * 1e3,
+            "bootstrap_ms": self.bootstrap_s * 1e3,
+        }
+
+
+def kv_bytes_per_token_per_gpu(cost: Any) -> float:
+    """KV bytes of one token that one GPU of an instance holds (its share of the heads)."""
+    base = getattr(cost, "base", cost)
+    return float(base.kv_bytes_per_token_per_gpu)
+
+
+class KVLinks:
+    """Every prefill instance's egress and decode instance's ingress, each busy with one
+    transfer at a time (store and forward, first come first served). Every GPU of an instance
+    has its own link, so a transfer moves the larger of the two sides' per-GPU shares of the
+    KV: ``tokens x max(per-GPU bytes) / bandwidth`` of busy time, then ``latency``."""
+
+    def __init__(
+        self, link: LinkModel, prefill_bytes: float, decode_bytes: float, n_pre: int, n_dec: int
+    ) -> None:
+        self.link = link
+        self.bytes_per_token = max(prefill_bytes, decode_bytes)
+        self.egress = [0.0] * n_pre
+        self.ingress = [0.0] * n_dec
+
+    def busy_s(self, tokens: int) -> float:
+        bw = self.link.bandwidth
+        return 0.0 if math.isinf(bw) else tokens * self.bytes_per_token / bw
+
+    def send(self, p: int, d: int, ready: float, tokens: int) -> tuple[float, float]:
+        """(start, landing) of a transfer of ``tokens`` tokens' KV ready at ``ready``; the
+        links are taken until it has left."""
+        start = max(ready, self.egress[p], self.ingress[d])
+        busy = self.busy_s(tokens)
+        self.egress[p] = self.ingress[d] = start + busy
+        return start, start + busy + self.link.latency_s
+
+    def earliest_landing(self, p: int, d: int, ready: float, tokens: int) -> float:
+        """No earlier than this can a transfer ready at ``ready`` land (links only get busier)."""
+        start = max(ready, self.egress[p], self.ingress[d])
+        return start + self.busy_s(tokens) + self.link.latency_s
+
+
+# ---- one request's journey -------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Leg:
+    """A request's two copies and the times it passed each stage (virtual seconds)."""
+
+    req: Req  # the client's request: the decode instance's copy
+    pre: Req  # the prefill instance's copy
+    p: int  # prefill instance (index among prefill instances)
+    d: int  # decode instance (index among decode instances)
+    preallocated_s: float | None = None
+    bootstrapped_s: float | None = None
+    sent_s: float | None = None
+    landed_s: float | None = None
+
+    @property
+    def prefilled_s(self) -> float | None:
+        return self.pre.times.first_token
+
+
+BOOT, LAND = 0, 1  # event kinds: the handshake reaches the prefill side; the KV lands
+
+
+class Instance(Replica):
+    """A replica in a role: ``idx`` is its index among all instances (prefill instances
+    first), ``local`` among its role's. ``blocked``: a prefill instance that could admit
+    nothing while in-flight KV holds its memory, waiting for its next event."""
+
+    def __init__(self, rep: Replica, role: str, local: int, spec: RoleSpec, capacity: int):
+        super().__init__(rep.idx, rep.sched, rep.clock)
+        self.role, self.local, self.gpu, self.tp = role, local, spec.gpu, spec.tp
+        self.capacity = capacity
+        self.blocked = False
+
+
+# ---- loads the routers see ---------------------------------------------------------------------------
+
+
+def prefill_load(inst: Instance) -> Any:
+    """A prefill instance's backlog: uncached prompt tokens queued (bootstrapping requests
+    count whole) and in its chunked request."""
+    from radixsched.cluster.routers import ReplicaLoad
+
+    s = inst.sched
+    role = s.prefill_role
+    assert role is not None
+    waiting = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
+    waiting += sum(r.prompt_len for r in role.bootstrap.values())
+    if s.chunked_req is not None:
+        waiting += s.chunked_req.fill_len - s.chunked_req.prefix_len
+    return ReplicaLoad(
+        replica_id=inst.local,
+        waiting_uncached_tokens=waiting,
+        running_decode_tokens=0,
+        num_waiting=len(s.waiting) + len(role.bootstrap),
+        num_running=s.num_running() + len(role.inflight),
+        kv_usage=s.kv_usage(),
+    )
+
+
+def decode_load(inst: Instance) -> Any:
+    """A decode instance's load: KV tokens it holds or is asked for (used slots, prompts
+    waiting for preallocation, offloaded requests) plus the decode tokens still to come."""
+    from radixsched.cluster.routers import ReplicaLoad
+
+    s = inst.sched
+    role = s.decode_role
+    assert role is not None
+    used = s.capacity - s.allocator.available_size() - s.cache.evictable_size()
+    queued = sum(r.prompt_len for r in role.prealloc) + sum(r.fill_len for r in role.offloaded)
+    pending = [*role.transferring.values(), *role.arrived, *role.offloaded, *role.prealloc]
+    return ReplicaLoad(
+        replica_id=inst.local,
+        waiting_uncached_tokens=used + queued,
+        running_decode_tokens=s.remaining_decode_tokens()
+        + sum(r.remaining_new_tokens for r in pending),
+        num_waiting=len(role.prealloc) + len(role.offloaded),
+        num_running=s.num_running() + len(role.transferring) + len(role.arrived),
+        kv_usage=s.kv_usage(),
+    )
+
+
+# ---- metrics by role -----------------------------------------------------------------------------
+
+
+STAGES: tuple[tuple[str, str], ...] = (
+    ("bootstrap_wait_s", "arrival until the handshake reached the prefill instance"),
+    ("prefill_queue_wait_s", "handshake until the prefill was first scheduled"),
+    ("prefill_s", "prefill start until the first token (chunks included)"),
+    ("transfer_s", "first token until the KV landed (link queueing included)"),
+    ("link_wait_s", "first token until the link was free (part of transfer_s)"),
+    ("decode_queue_wait_s", "KV landed until the request joined the decode batch"),
+)
+
+
+def _stage_samples(legs: Sequence[Leg]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {k: [] for k, _ in STAGES}
+    abort = FinishReason.ABORT
+    for g in legs:
+        r, t = g.req, g.req.times
+        if r.finish is None or r.finish.reason is abort or t.first_token is None:
+            continue
+        first = g.pre.times.first_scheduled
+        if g.bootstrapped_s is None or first is None or g.prefilled_s is None:
+            continue
+        assert g.landed_s is not None and g.sent_s is not None
+        out["bootstrap_wait_s"].append(g.bootstrapped_s - t.arrival)
+        out["prefill_queue_wait_s"].append(first - g.bootstrapped_s)
+        out["prefill_s"].append(g.prefilled_s - first)
+        out["transfer_s"].append(g.landed_s - g.prefilled_s)
+        out["link_wait_s"].append(g.sent_s - g.prefilled_s)
+        out["decode_queue_wait_s"].append(t.first_token - g.landed_s)
+    return out
+
+
+def instance_summary(inst: Instance, makespan: float) -> dict[str, JSONValue]:
+    st = inst.sched.stats
+    return {
+        "role": inst.role,
+        "index": inst.local,
+        "gpu": inst.gpu,
+        "tp": inst.tp,
+        "kv_capacity_tokens": inst.capacity,
+        "num_requests": len(inst.reqs),
+        "busy_s": st.busy_s,
+        "utilisation": st.busy_s / makespan if makespan > 0 else 0.0,
+        "peak_kv_usage": st.peak_kv_usage,
+        "hit_rate": st.cached_prompt_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
+        "prefill_tokens_computed": st.prefill_tokens_computed,
+        "retractions": st.retractions,
+    }
+
+
+def disagg_stats(
+    sim: SimConfig,
+    link: LinkModel,
+    instances: Sequence[Instance],
+    legs: Sequence[Leg],
+    makespan: float,
+) -> dict[str, JSONValue]:
+    """The ``disaggregation`` entry of a result: the deployment, every stage's latency
+    distribution, and every instance's utilisation (busy time over the makespan)."""
+    pre, dec = role_specs(sim)
+    samples = _stage_samples(legs)
+    per = [instance_summary(i, makespan) for i in instances]
+
+    def mean_util(role: str) -> float:
+        us = [float(x["utilisation"]) for x in per if x["role"] == role]  # type: ignore[arg-type]
+        return sum(us) / len(us) if us else 0.0
+
+    out: dict[str, JSONValue] = {
+        "prefill_instances": sim.prefill_instances,
+        "decode_instances": sim.decode_instances,
+        "prefill": {"gpu": pre.gpu, "tp": pre.tp, "kv_capacity_tokens": instances[0].capacity},
+        "decode": {"gpu": dec.gpu, "tp": dec.tp, "kv_capacity_tokens": instances[-1].capacity},
+        "link": link.to_json(),
+    }
+    for key, _ in STAGES:
+        out[key] = Stats.of(samples[key]).to_json()
+    out["prefill_utilisation"] = mean_util(PREFILL)
+    out["decode_utilisation"] = mean_util(DECODE)
+    out["instances"] = list[JSONValue](per)
+    return out
+
+
+# ---- the run -----------------------------------------------------------------------------------------
+
+
+def _build(
+    sched_cfg: SchedulerConfig, sim: SimConfig, accelerate: bool
+) -> tuple[list[Instance], Any, Any]:
+    from radixsched.sim.simulate import _build_replica, build_cost_model
+
+    pre_spec, dec_spec = role_specs(sim)
+    out: list[Instance] = []
+    costs = []
+    for role, spec, n, mode in (
+        (PREFILL, pre_spec, sim.prefill_instances, "prefill"),
+        (DECODE, dec_spec, sim.decode_instances, "decode"),
+    ):
+        role_sim = spec.sim_config(sim, host_tier=role == PREFILL)
+        cost = build_cost_model(role_sim)
+        capacity = int(cost.kv_capacity_tokens())
+        cfg = sched_cfg.replace(disaggregation_mode=mode)
+        costs.append(cost)
+        for local in range(n):
+            rep = _build_replica(
+                len(out), cfg, role_sim, cost, capacity, accelerate=accelerate, clock=VirtualClock()
+            )
+            out.append(Instance(rep, role, local, spec, capacity))
+    return out, costs[0], costs[1]
+
+
+def simulate_disaggregated(
+    workload: Any,
+    sched_cfg: SchedulerConfig,
+    sim_cfg: SimConfig,
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+    check_integrity: bool = False,
+    optimal_hit_rate: float | None = None,
+    accelerate: bool = True,
+) -> Any:
+    """``simulate`` for ``sim_cfg.disaggregation``: the same ``SimRun``, whose result's
+    ``extra`` has a ``disaggregation`` entry (``disagg_stats``)."""
+    from radixsched.cluster.routers import DEFAULT_ROUTER, create_router
+    from radixsched.sim.disagg_loop import Cluster
+    from radixsched.sim.simulate import ReplicaSummary, SimRun, clone_request
+    from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
+
+    errors = check_disaggregation(sim_cfg)
+    if errors:
+        raise ValueError("; ".join(errors))
+    instances, pre_cost, dec_cost = _build(sched_cfg, sim_cfg, accelerate)
+    link = LinkModel.of(sim_cfg)
+    pre = [i for i in instances if i.role == PREFILL]
+    dec = [i for i in instances if i.role == DECODE]
+    links = KVLinks(
+        link,
+        kv_bytes_per_token_per_gpu(pre_cost),
+        kv_bytes_per_token_per_gpu(dec_cost),
+        len(pre),
+        len(dec),
+    )
+    cluster = Cluster(
+        instances,
+        links,
+        create_router(sim_cfg.router or DEFAULT_ROUTER, seed=sched_cfg.seed),
+        create_router(sim_cfg.decode_router or DEFAULT_DECODE_ROUTER, seed=sched_cfg.seed),
+        check=check_integrity,
+        on_progress=on_progress,
+    )
+    reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+    opt = (
+        optimal_hit_rate
+        if optimal_hit_rate is not None
+        else compute_optimal(workload.requests, page_size=sched_cfg.page_size)
+    )
+    t0 = time.perf_counter()
+    cluster.run(reqs)
+    for inst in instances:
+        inst.sched.sync_running()
+    wall = time.perf_counter() - t0
+
+    stats = [i.sched.stats for i in instances]
+    legs = list(cluster.legs.values())
+    finishes = [r.times.finish for r in reqs if r.times.finish is not None]
+    makespan = max(finishes) - reqs[0].arrival_time if finishes and reqs else 0.0
+    extra: dict[str, JSONValue] = {
+        "kv_capacity_tokens": dec[0].capacity,
+        "dp": 1,
+        "rejected": sum(s.rejected for s in stats),
+        "gpus": gpu_count(sim_cfg),
+        "deployment": deployment_label(sim_cfg),
+        "disaggregation": disagg_stats(sim_cfg, link, instances, legs, makespan),
+    }
+    result = summarize(
+        sched_cfg.schedule_policy,
+        reqs,
+        cluster.series,
+        optimal_hit_rate=opt,
+        wall_s=wall,
+        retractions=sum(s.retractions for s in stats),
+        preemptions=sum(s.preemptions for s in stats),
+        extra=extra,
+    )
+    summaries = [
+        ReplicaSummary(
+            replica=i.idx,
+            num_requests=len(i.reqs),
+            hit_rate=i.sched.stats.cached_prompt_tokens / i.sched.stats.prompt_tokens
+            if i.sched.stats.prompt_tokens
+            else 0.0,
+            prefill_tokens_computed=i.sched.stats.prefill_tokens_computed,
+            retractions=i.sched.stats.retractions,
+            prompt_tokens=i.sched.stats.prompt_tokens,
+            host_hit_rate=i.sched.stats.host_cached_prompt_tokens / i.sched.stats.prompt_tokens
+            if i.sched.stats.prompt_tokens
+            else 0.0,
+            busy_s=i.busy_s,
+        )
+        for i in instances
+    ]
+    replica_of = {g.req.rid: dec[g.d].idx for g in legs}
+    return SimRun(
+        result,
+        cluster.series,
+        ttft_samples(reqs),
+        reqs,
+        summaries,
+        dec[0].capacity,
+        None,
+        replica_of,
+    )
+
+
+__all__ = [
+    "KVLinks",
+    "Leg",
+    "LinkModel",
+    "check_disaggregation",
+    "deployment_label",
+    "disagg_stats",
+    "gpu_count",
+    "role_specs",
+    "simulate_disaggregated",
+]
