@@ -375,4 +375,3 @@ def test_split_pairs_conserve_every_slot_and_give_the_colocated_tokens(
     for r in accepted:
         assert r.output_ids == reference_output(r.prompt_ids, r.max_new_tokens, pair.d.runner)  # type: ignore[arg-type]
     assert pair.d.runner.extend_entries == 0  # type: ignore[attr-defined]
-

@@ -171,6 +171,9 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
             "gpu": {"type": _gpu_name, "help": "GPU preset (any case)"},
             "tp": {"aliases": ["--tp-size"]},
             "dp": {"aliases": ["--dp-size"]},
+            "decode_tp": {"aliases": ["--disaggregation-decode-tp"]},
+            "prefill_gpu": {"type": _gpu_name},
+            "decode_gpu": {"type": _gpu_name},
         },
     )
 
@@ -179,7 +182,16 @@ def _sim_choices() -> dict[str, list[str]]:
     from radixsched.cluster.routers import ROUTERS
     from radixsched.sim.presets import GPUS, MODELS
 
-    return {"model": list(MODELS), "router": list(ROUTERS), "gpu": list(GPUS)}
+    gpus = list(GPUS)
+    routers = list(ROUTERS)
+    return {
+        "model": list(MODELS),
+        "router": routers,
+        "decode_router": routers,
+        "gpu": gpus,
+        "prefill_gpu": gpus,
+        "decode_gpu": gpus,
+    }
 
 
 # Simulate's own flags (not config fields): their argparse dests.
@@ -450,6 +462,10 @@ def _config_info(
     from radixsched.cluster.routers import default_router_name
 
     router = (sim_cfg.router or default_router_name(sim_cfg.dp)) if sim_cfg.dp > 1 else None
+    if sim_cfg.disaggregation:
+        from radixsched.cluster.routers import DEFAULT_ROUTER
+
+        router = sim_cfg.router or DEFAULT_ROUTER
     return {
         "policies": list(policies),
         "dp": sim_cfg.dp,
@@ -457,12 +473,44 @@ def _config_info(
         "compat": base.compat,
         "kv_capacity_tokens": int(cost.kv_capacity_tokens()),
         "cost_model": cost.describe(),
+        "disaggregation": _disagg_info(sim_cfg),
         "slo": {
             "ttft_ms": None if slo.ttft_s is None else slo.ttft_s * 1e3,
             "tpot_ms": None if slo.tpot_s is None else slo.tpot_s * 1e3,
         },
         "scheduler": dataclasses.asdict(base),
         "sim": dataclasses.asdict(sim_cfg),
+    }
+
+
+def _disagg_info(sim_cfg: Any) -> dict[str, Any] | None:
+    """The split deployment a run simulates (None: co-located)."""
+    if not sim_cfg.disaggregation:
+        return None
+    from radixsched.sim.disagg import (
+        DEFAULT_DECODE_ROUTER,
+        LinkModel,
+        deployment_label,
+        gpu_count,
+        role_specs,
+    )
+    from radixsched.sim.simulate import build_cost_model
+
+    roles = {}
+    for name, spec in zip(("prefill", "decode"), role_specs(sim_cfg), strict=True):
+        cost = build_cost_model(spec.sim_config(sim_cfg, host_tier=name == "prefill"))
+        roles[name] = {
+            "instances": getattr(sim_cfg, f"{name}_instances"),
+            "gpu": cost.gpu.name,
+            "tp": spec.tp,
+            "kv_capacity_tokens": int(cost.kv_capacity_tokens()),
+        }
+    return {
+        "deployment": deployment_label(sim_cfg),
+        "gpus": gpu_count(sim_cfg),
+        **roles,
+        "decode_router": sim_cfg.decode_router or DEFAULT_DECODE_ROUTER,
+        "link": LinkModel.of(sim_cfg).to_json(),
     }
 
 
@@ -514,14 +562,40 @@ def _header(
         f"          {len(workload.requests):,} requests, {workload.num_prompt_tokens:,} prompt "
         f"tokens; arrivals: {escape(workload.arrivals)}"
         + (" (no request rate given)" if winfo["request_rate"] is None else ""),
-        f"[bold]system[/]    {escape(str(sim['model']))} on {escape(str(cm.get('gpu')))} x tp"
-        f"{sim['tp']}, dp {cinfo['dp']}{router}; KV {cinfo['kv_capacity_tokens']:,} tokens; "
-        f"compat {cinfo['compat']}",
+        _system_line(cinfo, cm, sim, router),
         f"          cost model {escape(roofline)}",
         f"[bold]policies[/]  {', '.join(cinfo['policies'])}; optimal hit rate "
         f"{fmt_percent(winfo['optimal_hit_rate'])}",
     ]
     return lines
+
+
+def _system_line(
+    cinfo: Mapping[str, Any], cm: Mapping[str, Any], sim: Mapping[str, Any], router: str
+) -> str:
+    from rich.markup import escape
+
+    model = escape(str(sim["model"]))
+    d = cinfo.get("disaggregation")
+    if not d:
+        return (
+            f"[bold]system[/]    {model} on {escape(str(cm.get('gpu')))} x tp{sim['tp']}, dp "
+            f"{cinfo['dp']}{router}; KV {cinfo['kv_capacity_tokens']:,} tokens; compat "
+            f"{cinfo['compat']}"
+        )
+    link = d["link"]
+    bw = link["bandwidth_gb_s"]
+    roles = "; ".join(
+        f"{d[r]['instances']} {r} x {escape(str(d[r]['gpu']))} tp{d[r]['tp']} (KV "
+        f"{d[r]['kv_capacity_tokens']:,} tokens)"
+        for r in ("prefill", "decode")
+    )
+    return (
+        f"[bold]system[/]    {model}, {d['deployment']} on {d['gpus']} GPUs: {roles}\n"
+        f"          KV over {link['link']} ({'inf' if bw is None else f'{bw:g}'} GB/s per GPU, "
+        f"{link['latency_ms'] * 1e3:g} us a transfer, handshake {link['bootstrap_ms'] * 1e3:g} "
+        f"us){router}, decode router {d['decode_router']}; compat {cinfo['compat']}"
+    )
 
 
 # ---- entry point --------------------------------------------------------------------------------

@@ -350,7 +350,9 @@ class Scheduler:
         role = self.decode_role
         assert role is not None
         delivered, done = role.join(self.clock.now())
-        out = self.decode_round(horizon)
+        # A request done at its first token freed memory the preallocation may use: one
+        # decode step, so that it is tried again right after (as between single steps).
+        out = self.decode_round(self.clock.now() if done else horizon)
         if out is None:
             if not delivered:
                 return None

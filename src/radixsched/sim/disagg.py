@@ -247,9 +247,9 @@ class Instance(Replica):
     first), ``local`` among its role's. ``blocked``: a prefill instance that could admit
     nothing while in-flight KV holds its memory, waiting for its next event."""
 
-    def __init__(self, rep: Replica, role: str, local: int, spec: RoleSpec, capacity: int):
+    def __init__(self, rep: Replica, role: str, local: int, cost: Any, capacity: int):
         super().__init__(rep.idx, rep.sched, rep.clock)
-        self.role, self.local, self.gpu, self.tp = role, local, spec.gpu, spec.tp
+        self.role, self.local, self.gpu, self.tp = role, local, str(cost.gpu.name), int(cost.tp)
         self.capacity = capacity
         self.blocked = False
 
@@ -348,6 +348,8 @@ def instance_summary(inst: Instance, makespan: float) -> dict[str, JSONValue]:
         "peak_kv_usage": st.peak_kv_usage,
         "hit_rate": st.cached_prompt_tokens / st.prompt_tokens if st.prompt_tokens else 0.0,
         "prefill_tokens_computed": st.prefill_tokens_computed,
+        "prefill_steps": st.prefill_steps,
+        "decode_steps": st.decode_steps,
         "retractions": st.retractions,
     }
 
@@ -361,7 +363,8 @@ def disagg_stats(
 ) -> dict[str, JSONValue]:
     """The ``disaggregation`` entry of a result: the deployment, every stage's latency
     distribution, and every instance's utilisation (busy time over the makespan)."""
-    pre, dec = role_specs(sim)
+    pre = next(i for i in instances if i.role == PREFILL)
+    dec = next(i for i in instances if i.role == DECODE)
     samples = _stage_samples(legs)
     per = [instance_summary(i, makespan) for i in instances]
 
@@ -372,8 +375,8 @@ def disagg_stats(
     out: dict[str, JSONValue] = {
         "prefill_instances": sim.prefill_instances,
         "decode_instances": sim.decode_instances,
-        "prefill": {"gpu": pre.gpu, "tp": pre.tp, "kv_capacity_tokens": instances[0].capacity},
-        "decode": {"gpu": dec.gpu, "tp": dec.tp, "kv_capacity_tokens": instances[-1].capacity},
+        "prefill": {"gpu": pre.gpu, "tp": pre.tp, "kv_capacity_tokens": pre.capacity},
+        "decode": {"gpu": dec.gpu, "tp": dec.tp, "kv_capacity_tokens": dec.capacity},
         "link": link.to_json(),
     }
     for key, _ in STAGES:
@@ -381,6 +384,24 @@ def disagg_stats(
     out["prefill_utilisation"] = mean_util(PREFILL)
     out["decode_utilisation"] = mean_util(DECODE)
     out["instances"] = list[JSONValue](per)
+    return out
+
+
+def stats_shape() -> dict[str, JSONValue]:
+    """The keys of a ``disaggregation`` entry, every value zero (the metric names a sweep
+    may plot or judge by)."""
+    zero = Stats.of([]).to_json()
+    out: dict[str, JSONValue] = {
+        "prefill_instances": 0,
+        "decode_instances": 0,
+        "prefill": {"gpu": "", "tp": 0, "kv_capacity_tokens": 0},
+        "decode": {"gpu": "", "tp": 0, "kv_capacity_tokens": 0},
+        "link": {"link": "", "bandwidth_gb_s": 0.0, "latency_ms": 0.0, "bootstrap_ms": 0.0},
+    }
+    for key, _ in STAGES:
+        out[key] = dict(zero)
+    out["prefill_utilisation"] = out["decode_utilisation"] = 0.0
+    out["instances"] = []
     return out
 
 
@@ -408,7 +429,7 @@ def _build(
             rep = _build_replica(
                 len(out), cfg, role_sim, cost, capacity, accelerate=accelerate, clock=VirtualClock()
             )
-            out.append(Instance(rep, role, local, spec, capacity))
+            out.append(Instance(rep, role, local, cost, capacity))
     return out, costs[0], costs[1]
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from radixsched.sim.disagg_report import disagg_section
 from radixsched.sim.metrics import REPORT_MAX_POINTS, FloatArray, PolicyResult, TimeSeries
 from radixsched.sim.table import (
     OBJECTIVES,
@@ -652,6 +653,7 @@ def render_report(
         _legend(names),
         f'<div class="charts">{"".join(charts)}</div>',
         _tenant_table(results),
+        disagg_section(results),
         "<h2>Configuration</h2>",
         '<div class="cfg">',
         *(_kv_sections("run", meta) if meta else []),

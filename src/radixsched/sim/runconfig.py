@@ -373,6 +373,12 @@ def check(
             )
         if sim.tp >= 1:
             errors.extend(_check_cost_model(sim))
+        errors.extend(_check_disaggregation(sim))
+    if sched is not None and sched.disaggregation_mode != "null":
+        errors.append(
+            "disaggregation_mode is set per instance role; split a run with disaggregation: "
+            "true, prefill_instances and decode_instances"
+        )
     if sched is not None and sim is not None and not errors:
         errors.extend(_check_schedulers(sched, sim, names))
     spec = rs.workload.spec or default_workload
@@ -394,6 +400,20 @@ def _check_cost_model(sim: SimConfig) -> list[str]:
     except OSError as e:
         return [f"calibration {sim.calibration}: {e.strerror or e}"]
     return []
+
+
+def _check_disaggregation(sim: SimConfig) -> list[str]:
+    """The split deployment's settings and each role's cost model (its GPU and TP)."""
+    from radixsched.sim.disagg import check_disaggregation, role_specs
+
+    errors = check_disaggregation(sim)
+    if sim.disaggregation and not errors:
+        for role, spec in zip(("prefill", "decode"), role_specs(sim), strict=True):
+            errors += [
+                f"{role} instances: {e}"
+                for e in _check_cost_model(spec.sim_config(sim, host_tier=False))
+            ]
+    return errors
 
 
 def _check_schedulers(sched: SchedulerConfig, sim: SimConfig, names: Sequence[str]) -> list[str]:

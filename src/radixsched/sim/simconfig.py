@@ -65,13 +65,15 @@ class SimConfig:
         default=None, metadata={"help": "GPU preset of prefill instances (default: --gpu)"}
     )
     prefill_tp: int | None = field(
-        default=None, metadata={"help": "tensor-parallel degree of prefill instances (--tp)"}
+        default=None,
+        metadata={"help": "tensor-parallel degree of prefill instances (default: --tp)"},
     )
     decode_gpu: str | None = field(
         default=None, metadata={"help": "GPU preset of decode instances (default: --gpu)"}
     )
     decode_tp: int | None = field(
-        default=None, metadata={"help": "tensor-parallel degree of decode instances (--tp)"}
+        default=None,
+        metadata={"help": "tensor-parallel degree of decode instances (default: --tp)"},
     )
     prefill_max_total_tokens: int | None = field(
         default=None,
@@ -97,7 +99,7 @@ class SimConfig:
         metadata={"help": "link bandwidth per GPU in GB/s, inf allowed (default: the link's)"},
     )
     disaggregation_link_latency_ms: float | None = field(
-        default=None, metadata={"help": "fixed cost of one KV transfer in ms (the link's)"}
+        default=None, metadata={"help": "fixed cost of one KV transfer in ms (default: the link's)"}
     )
     disaggregation_bootstrap_ms: float | None = field(
         default=None,

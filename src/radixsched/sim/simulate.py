@@ -32,6 +32,7 @@ from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
 from radixsched.request import Req
+from radixsched.sim.disagg import deployment_label, gpu_count
 from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
 from radixsched.sim.replicas import Replica, deliver, sample_series
 from radixsched.sim.simconfig import SimConfig
@@ -240,6 +241,8 @@ def simulate(
         "kv_capacity_tokens": capacity,
         "dp": sim_cfg.dp,
         "rejected": sum(s.rejected for s in stats),
+        "gpus": gpu_count(sim_cfg),
+        "deployment": deployment_label(sim_cfg),
     }
     summaries = [
         ReplicaSummary(

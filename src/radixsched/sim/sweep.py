@@ -1,11 +1,18 @@
 """Parameter sweeps: ``radixsched sweep CONFIG.yaml [--ray ADDRESS] [--out DIR] [--jobs N]``.
 
 A sweep config (YAML) holds a ``base`` mapping of settings, a ``vary`` mapping of setting ->
-list of values, and optionally ``name`` and ``metrics`` (the metrics plotted in the report,
+list of values, and optionally ``name``, ``metrics`` (the metrics plotted in the report,
 dotted names of ``PolicyResult.to_json``, default ``hit_rate`` and ``ttft_s.p99``; an unknown
-name is an error listing the close ones). The sweep runs the cartesian product of the ``vary``
-lists (in the order written, the last key varying fastest), each point being ``base`` updated
-with one combination.
+name is an error listing the close ones) and ``best`` (a metric, or ``{metric: M, goal:
+max|min}``: the run that does best on it is named in the output; the goal defaults to min for
+latencies, ``*_s`` metrics, and max otherwise). The sweep runs the cartesian product of the
+``vary`` lists (in the order written, the last key varying fastest), each point being ``base``
+updated with one combination.
+
+A ``vary`` key whose values are mappings varies several settings together, one *case* per
+mapping (its ``name`` labels it; default: its settings), so deployments of different shapes
+sit in one table: ``deployment: [{name: co-located, dp: 8}, {name: 2P:6D, disaggregation:
+true, prefill_instances: 2, decode_instances: 6}]`` (examples/disagg-sweep.yaml).
 
 Settings are those of ``simulate --config`` (``sim.runconfig``, the same keys as the flags):
 ``workload``, ``request_rate``, ``num_requests``, ``workload_seed``, ``slo_ttft_ms``,
@@ -82,12 +89,15 @@ class SweepConfig:
     base: Mapping[str, Any]
     vary: tuple[tuple[str, tuple[Any, ...]], ...]
     metrics: tuple[str, ...] = DEFAULT_METRICS
+    # vary keys whose values are cases: key -> case label -> the settings it sets
+    cases: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    best: Best | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], default_name: str = "sweep") -> SweepConfig:
         if not isinstance(data, Mapping):
             raise SweepError("a sweep config is a mapping with 'base' and 'vary'")
-        unknown = set(data) - {"name", "base", "vary", "metrics"}
+        unknown = set(data) - {"name", "base", "vary", "metrics", "best"}
         if unknown:
             raise SweepError(f"unknown top-level keys {sorted(unknown)}")
         base = data.get("base") or {}
@@ -97,9 +107,13 @@ class SweepConfig:
         if not vary:
             raise SweepError("'vary' needs at least one setting with a list of values")
         pairs: list[tuple[str, tuple[Any, ...]]] = []
+        cases: dict[str, dict[str, Mapping[str, Any]]] = {}
         for key, values in vary.items():
             if not isinstance(values, list) or not values:
                 raise SweepError(f"vary.{key} must be a non-empty list")
+            if any(isinstance(v, Mapping) for v in values):
+                cases[str(key)] = _cases(str(key), values)
+                values = list(cases[str(key)])
             pairs.append((str(key), tuple(values)))
         metrics = data.get("metrics", list(DEFAULT_METRICS))
         if isinstance(metrics, str):
@@ -111,6 +125,8 @@ class SweepConfig:
             base={str(k): v for k, v in base.items()},
             vary=tuple(pairs),
             metrics=tuple(str(m) for m in metrics),
+            cases=cases,
+            best=Best.parse(data.get("best")),
         )
 
     @classmethod
@@ -132,20 +148,94 @@ class SweepConfig:
         return tuple(k for k, _ in self.vary)
 
     def points(self) -> list[Settings]:
-        """The cartesian product, last ``vary`` key fastest."""
+        """The cartesian product, last ``vary`` key fastest. A case key holds the case's
+        label, its settings are merged in (``settings_of`` drops the label)."""
         keys = self.varied
-        return [
-            {**self.base, **dict(zip(keys, combo, strict=True))}
-            for combo in itertools.product(*(values for _, values in self.vary))
-        ]
+        out = []
+        for combo in itertools.product(*(values for _, values in self.vary)):
+            point = {**self.base}
+            for key, value in zip(keys, combo, strict=True):
+                point.update(self.cases[key][value] if key in self.cases else {})
+                point[key] = value
+            out.append(point)
+        return out
+
+    def settings_of(self, point: Settings) -> Settings:
+        """A point's run settings (case labels left out)."""
+        return {k: v for k, v in point.items() if k not in self.cases}
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "base": dict(self.base),
-            "vary": {k: list(v) for k, v in self.vary},
-            "metrics": list(self.metrics),
+        vary = {
+            k: [{"name": c, **self.cases[k][c]} for c in v] if k in self.cases else list(v)
+            for k, v in self.vary
         }
+        out = {"name": self.name, "base": dict(self.base), "vary": vary}
+        out["metrics"] = list(self.metrics)
+        if self.best is not None:
+            out["best"] = {"metric": self.best.metric, "goal": self.best.goal}
+        return out
+
+
+@dataclass(frozen=True)
+class Best:
+    """The metric a sweep is judged on and whether higher (max) or lower (min) is better."""
+
+    metric: str
+    goal: str
+
+    @classmethod
+    def parse(cls, value: Any) -> Best | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return cls(value, "min" if _lower_is_better(value) else "max")
+        if not isinstance(value, Mapping) or "metric" not in value:
+            raise SweepError("'best' is a metric name or {metric: NAME, goal: max|min}")
+        unknown = set(value) - {"metric", "goal"}
+        if unknown:
+            raise SweepError(f"unknown keys in 'best': {sorted(unknown)}")
+        metric = str(value["metric"])
+        goal = str(value.get("goal", "min" if _lower_is_better(metric) else "max"))
+        if goal not in ("max", "min"):
+            raise SweepError(f"best.goal must be max or min, got {goal!r}")
+        return cls(metric, goal)
+
+    def pick(self, rows: Sequence[Mapping[str, Scalar]]) -> int | None:
+        """The index of the best row (the first on a tie), None when no row has a value."""
+        scored = [
+            (i, v) for i, r in enumerate(rows) if (v := _metric_value(r, self.metric)) is not None
+        ]
+        if not scored:
+            return None
+        sign = 1.0 if self.goal == "max" else -1.0
+        return max(scored, key=lambda iv: (sign * iv[1], -iv[0]))[0]
+
+
+def _lower_is_better(metric: str) -> bool:
+    """Latencies (a ``*_s`` part that is not a ``*_per_s`` rate) and failure counts."""
+    parts = metric.split(".")
+    if any(p.endswith("_s") and not p.endswith("_per_s") for p in parts):
+        return True
+    return parts[-1] in ("retractions", "preemptions", "num_aborted", "rejected", "hit_rate_gap")
+
+
+def _cases(key: str, values: Sequence[Any]) -> dict[str, Mapping[str, Any]]:
+    """The cases of a ``vary`` key whose values are mappings, by label."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for i, v in enumerate(values):
+        if not isinstance(v, Mapping) or not v:
+            raise SweepError(
+                f"vary.{key}[{i}]: every value of a key that varies several settings together "
+                "must be a non-empty mapping of settings"
+            )
+        settings = {str(k): x for k, x in v.items() if k != "name"}
+        label = (
+            str(v["name"]) if "name" in v else ", ".join(f"{k}={x}" for k, x in settings.items())
+        )
+        if label in out:
+            raise SweepError(f"vary.{key}: two cases are named {label!r}")
+        out[label] = settings
+    return out
 
 
 # ---- settings -> simulator configs -----------------------------------------------------------
@@ -168,6 +258,7 @@ def resolve_settings(settings: Mapping[str, Any]) -> RunSettings:
 def metric_names() -> set[str]:
     """Every metric name a sweep row can hold (flattened ``PolicyResult.to_json`` keys, SLO
     and lockstep ones included); lockstep verdict counters are matched by prefix."""
+    from radixsched.sim.disagg import stats_shape
     from radixsched.sim.lockstep import LockstepStats
     from radixsched.sim.metrics import SloTargets, summarize
     from radixsched.sim.table import flatten_result
@@ -186,6 +277,9 @@ def metric_names() -> set[str]:
             "rejected": 0,
             "replicas": [],
             "lockstep": LockstepStats(dp=2).to_json(),
+            "gpus": 1,
+            "deployment": "",
+            "disaggregation": stats_shape(),
         },
     )
     return set(flatten_result(sample)) - NONDETERMINISTIC_KEYS
@@ -206,15 +300,18 @@ def _shown(point: Settings, varied: Sequence[str]) -> str:
     return ", ".join(f"{k}={point[k]}" for k in varied if k in point)
 
 
-def validate_points(points: Sequence[Settings], varied: Sequence[str] = ()) -> None:
+def validate_points(
+    points: Sequence[Settings], varied: Sequence[str] = (), labels: Sequence[str] = ()
+) -> None:
     """Check every point before any run starts (``sim.runconfig.check``): one line per
-    problem, naming the runs it affects."""
+    problem, naming the runs it affects. ``labels``: case keys, which are not settings."""
     from radixsched.cli_common import DEFAULT_WORKLOAD
 
     problems: dict[str, list[int]] = {}
     for i, p in enumerate(points):
         try:
-            errors = check(resolve_settings(p), default_workload=DEFAULT_WORKLOAD)
+            settings = {k: v for k, v in p.items() if k not in labels}
+            errors = check(resolve_settings(settings), default_workload=DEFAULT_WORKLOAD)
         except SweepError as e:
             errors = [str(e)]
         for err in errors:
@@ -372,6 +469,31 @@ class SweepResult:
     def num_failed(self) -> int:
         return sum(1 for o in self.outcomes if o.error is not None)
 
+    def best_run(self, rows: Sequence[Mapping[str, Scalar]] | None = None) -> int | None:
+        """The run that does best on the config's ``best`` metric (None without one)."""
+        best = self.config.best
+        return None if best is None else best.pick(self.rows() if rows is None else rows)
+
+    def best_text(self) -> str | None:
+        """``best by M (max): run 3 (deployment=2P:6D) with 1.23; ...`` the others' values."""
+        best, rows = self.config.best, self.rows()
+        i = self.best_run(rows)
+        if best is None or i is None:
+            return None
+        shown = _shown(self.points[i], self.config.varied)
+        others = "; ".join(
+            f"{_shown(self.points[j], self.config.varied) or f'run {j}'}: {_fmt(v)}"
+            for j, r in enumerate(rows)
+            if j != i and (v := _metric_value(r, best.metric)) is not None
+        )
+        value = _metric_value(rows[i], best.metric)
+        return (
+            f"best by {best.metric} ({best.goal}): run {i}"
+            + (f" ({shown})" if shown else "")
+            + f" with {_fmt(value)}"
+            + (f"; {others}" if others else "")
+        )
+
     def rows(self) -> list[dict[str, Scalar]]:
         """One row per run: ``run``, the varied settings, deterministic metrics, ``error``."""
         rows: list[dict[str, Scalar]] = []
@@ -404,9 +526,19 @@ class SweepResult:
             writer = csv.DictWriter(f, fieldnames=list(fields), restval="")
             writer.writeheader()
             writer.writerows(rows)
+        best = self.best_run(rows)
         doc = {
             "meta": dict(meta or {}),
             "sweep": self.config.to_json(),
+            "best": None
+            if best is None or self.config.best is None
+            else {
+                "run": best,
+                "metric": self.config.best.metric,
+                "goal": self.config.best.goal,
+                "value": _json_scalar(rows[best].get(self.config.best.metric)),
+                "settings": {k: _scalar(self.points[best][k]) for k in self.config.varied},
+            },
             "rows": [{k: _json_scalar(v) for k, v in r.items()} for r in rows],
             "timing": [
                 {
@@ -426,6 +558,10 @@ class SweepResult:
             f.write("\n")
         paths["report"].write_text(render_sweep_report(self, meta), encoding="utf-8")
         return paths
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
 
 
 def _scalar(v: Any) -> Scalar:
@@ -449,7 +585,8 @@ def run_sweep(
 ) -> SweepResult:
     """Run every point of ``config`` with ``run_fn`` on ``executor`` (default: in-process)."""
     points = config.points()
-    outcomes = (executor or LocalExecutor(1)).map(run_fn, points, on_result)
+    runs = [config.settings_of(p) for p in points]
+    outcomes = (executor or LocalExecutor(1)).map(run_fn, runs, on_result)
     if len(outcomes) != len(points):
         raise RuntimeError(f"executor returned {len(outcomes)} outcomes for {len(points)} runs")
     return SweepResult(config, points, outcomes)
@@ -619,6 +756,8 @@ figure{margin:0;border:1px solid #e3e7ee;border-radius:8px;padding:6px}
 figcaption{font-size:12px;color:#5b6573;padding:2px 6px}
 pre{background:#f7f9fc;padding:8px;font-size:12px;overflow:auto}
 .sub{color:#5b6573}
+p.best{background:#e6f5ec;color:#137a3a;padding:8px 12px;border-radius:8px}
+tr.best td{background:#e6f5ec;font-weight:600}
 """
 
 _JS = """
@@ -654,6 +793,10 @@ def render_sweep_report(result: SweepResult, meta: Mapping[str, Any] | None = No
     ]
     if missing:
         parts.append(f"<p>No numeric values for: {escape(', '.join(missing))}.</p>")
+    best_text = result.best_text()
+    if best_text:
+        parts.append(f'<p class="best">{escape(best_text[0].upper() + best_text[1:])}.</p>')
+    best = result.best_run(rows)
     n = 0
     for setting in cfg.varied:
         parts.append(f"<h2>vs {escape(setting_label(setting))}</h2><div class='charts'>")
@@ -668,12 +811,13 @@ def render_sweep_report(result: SweepResult, meta: Mapping[str, Any] | None = No
                 f"<figcaption>{escape(caption)}</figcaption></figure>"
             )
         parts.append("</div>")
-    cols = ["run", *cfg.varied, *shown, "error"]
+    judged = [cfg.best.metric] if cfg.best is not None and cfg.best.metric not in shown else []
+    cols = ["run", *cfg.varied, *shown, *judged, "error"]
     parts.append("<h2>Runs</h2><table><tr>")
     parts.extend(f"<th>{escape(c)}</th>" for c in cols)
     parts.append("</tr>")
-    for r in rows:
-        parts.append("<tr>")
+    for i, r in enumerate(rows):
+        parts.append('<tr class="best">' if i == best else "<tr>")
         for c in cols:
             v = r.get(c)
             text = "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
@@ -745,9 +889,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _error(f"--jobs must be >= 1, got {args.jobs}")
     try:
         config = SweepConfig.load(args.config)
-        validate_metrics(config.metrics)
+        validate_metrics([*config.metrics, *([config.best.metric] if config.best else [])])
         points = config.points()
-        validate_points(points, config.varied)
+        validate_points(points, config.varied, list(config.cases))
     except SweepError as e:
         return _error(str(e))
     out_dir = Path(args.out or f"sweep-{config.name}")
@@ -770,6 +914,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     meta = run_metadata(getattr(args, "_argv", None))
     result = run_sweep(config, executor=executor, on_result=progress)
     paths = result.write(out_dir, meta)
+    best = result.best_text()
+    if best:
+        print(best)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if result.num_failed:

@@ -220,6 +220,79 @@ SLO_COLUMN = Column(
     terminal=1,
 )
 
+
+def _role_value(r: PolicyResult, key: str, stat: str | None = None) -> float:
+    """A number of a split deployment's ``disaggregation`` entry (0 when there is none)."""
+    data = r.extra.get("disaggregation")
+    value = data.get(key) if isinstance(data, Mapping) else None
+    if stat is not None:
+        value = value.get(stat) if isinstance(value, Mapping) else None
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _role_latency(key: str, header: str, field: str, hint: str, terminal: int) -> Column:
+    return Column(
+        key,
+        header,
+        lambda r: _role_value(r, field, "p99"),
+        Better.LOWER,
+        fmt_seconds,
+        hint,
+        terminal,
+    )
+
+
+# Shown when a run split prefill and decode onto their own instances (``sim.disagg``).
+DISAGG_COLUMNS: tuple[Column, ...] = (
+    _role_latency(
+        "bootstrap_wait_p99",
+        "held p99",
+        "bootstrap_wait_s",
+        "99th percentile wait until the decode side had memory for the request (and the "
+        "handshake reached the prefill instance)",
+        3,
+    ),
+    _role_latency(
+        "prefill_queue_p99",
+        "P queue p99",
+        "prefill_queue_wait_s",
+        "99th percentile wait on the prefill instance before the prefill started",
+        2,
+    ),
+    _role_latency(
+        "transfer_p99",
+        "xfer p99",
+        "transfer_s",
+        "99th percentile KV transfer time, first token to landing (link queueing included)",
+        2,
+    ),
+    _role_latency(
+        "decode_queue_p99",
+        "D queue p99",
+        "decode_queue_wait_s",
+        "99th percentile wait on the decode instance from the KV landing to its first token",
+        4,
+    ),
+    Column(
+        "prefill_utilisation",
+        "P util",
+        lambda r: _role_value(r, "prefill_utilisation"),
+        Better.NONE,
+        fmt_percent,
+        "mean share of the makespan the prefill instances spent running batches",
+        3,
+    ),
+    Column(
+        "decode_utilisation",
+        "D util",
+        lambda r: _role_value(r, "decode_utilisation"),
+        Better.NONE,
+        fmt_percent,
+        "mean share of the makespan the decode instances spent running batches",
+        3,
+    ),
+)
+
 WALL_COLUMN = Column(
     "wall_s",
     "wall s",
@@ -236,6 +309,8 @@ def columns_for(results: Sequence[PolicyResult]) -> tuple[Column, ...]:
     cols = list(COLUMNS)
     if any(r.tenants for r in results):
         cols.append(FAIRNESS_COLUMN)
+    if any("disaggregation" in r.extra for r in results):
+        cols.extend(DISAGG_COLUMNS)
     if any(r.slo is not None for r in results):
         cols.insert(1, SLO_COLUMN)
     return tuple(cols)
@@ -675,6 +750,11 @@ def legend_line(cols: Sequence[Column], results: Sequence[PolicyResult]) -> str:
         parts.append("SLO met = share of requests within the SLO")
     if "fairness_jain" in keys:
         parts.append("fair = Jain's index of tenants' service (1 = equal)")
+    if keys & {c.key for c in DISAGG_COLUMNS}:
+        parts.append(
+            "held = waiting for decode memory, P/D queue = waiting on the prefill/decode "
+            "instance, xfer = KV transfer, util = busy share of the makespan"
+        )
     return "; ".join(parts) + "."
 
 
