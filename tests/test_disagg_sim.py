@@ -67,6 +67,13 @@ SHAPES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
         {"prefill_instances": 1, "decode_instances": 2, "max_total_tokens": 8000,
          "decode_max_total_tokens": 4000},
     ),
+    # A slow handshake under a backlog: the refresh touches bootstrapping requests.
+    "handshake-1p1d": (
+        lambda: load_workload(SHARED, request_rate=400.0),
+        {"chunked_prefill_size": 512},
+        {"prefill_instances": 1, "decode_instances": 1, "max_total_tokens": 6000,
+         "disaggregation_bootstrap_ms": 20.0},
+    ),
     "priority-2p1d": (
         lambda: load_workload(f"jsonl:{golden._random_trace(48, 11, priorities=True)}"),
         {"enable_priority_scheduling": True, "chunked_prefill_size": 512},
@@ -102,6 +109,28 @@ def test_the_shapes_exercise_what_they_claim() -> None:
     assert runs["offload-1p2d"].result.retractions > 0
     held = runs["shared-2p2d-tight"].result.extra["disaggregation"]["bootstrap_wait_s"]
     assert held["max"] > 0.05  # a full decode instance held requests back
+
+
+def test_the_refresh_touches_bootstrapping_requests_in_both_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from radixsched.fast.queue import FastWaitingQueue
+    from radixsched.queue import WaitingQueue
+
+    touched = {True: 0, False: 0}
+    orig = WaitingQueue.ahead_of_refresh
+
+    def counting(self: WaitingQueue) -> Any:
+        out = orig(self)
+        touched[isinstance(self, FastWaitingQueue)] += bool(out)
+        return out
+
+    monkeypatch.setattr(WaitingQueue, "ahead_of_refresh", counting)
+    build, sched, sim = SHAPES["handshake-1p1d"]
+    w = build()
+    for accelerate in (True, False):
+        _run(w, {"schedule_policy": "lpm", **sched}, _split(**sim), accelerate=accelerate)
+    assert touched[True] > 0 and touched[False] > 0
 
 
 # ---- conservation ------------------------------------------------------------------------------------
