@@ -108,6 +108,10 @@ def resolve_max_running_requests(config: SchedulerConfig, capacity: int, context
 
 
 class Scheduler:
+    # The parts an accelerated scheduler replaces (``radixsched.fast.FastScheduler``).
+    kv_class: type[KVManager] = KVManager
+    queue_class: type[WaitingQueue] = WaitingQueue
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -127,8 +131,14 @@ class Scheduler:
         self.host_tier = host_tier
         on_evict = host_tier.on_evict if host_tier is not None else None
         self.cache: BasePrefixCache = make_cache(config, self.allocator, on_evict=on_evict)
-        self.kv = self._make_kv(host_tier)
-        self.queue = self._make_queue()
+        self.kv = self.kv_class(
+            self.cache,
+            self.allocator,
+            host_tier=host_tier,
+            priority_sign=config.priority_sign,
+            compat=config.sglang_compat,
+        )
+        self.queue = self.queue_class(config, self.cache)
         self.policy = self.queue.policy
         self.batch = self._make_running()
         self.capacity = self.allocator.total_size
@@ -142,19 +152,6 @@ class Scheduler:
         self.processed_tokens = 0  # HRRN clock: prefill tokens only (spec 8.8)
         self.stats = SchedulerStats()
         self._by_rid: dict[str, Req] = {}
-
-    def _make_kv(self, host_tier: Any) -> KVManager:
-        cfg = self.config
-        return KVManager(
-            self.cache,
-            self.allocator,
-            host_tier=host_tier,
-            priority_sign=cfg.priority_sign,
-            compat=cfg.sglang_compat,
-        )
-
-    def _make_queue(self) -> WaitingQueue:
-        return WaitingQueue(self.config, self.cache)
 
     def _make_running(self) -> RunningBatch:
         return RunningBatch()

@@ -23,8 +23,8 @@ def optimal_hits(reqs: Sequence[Req], page_size: int = 1) -> list[int]:
     tree = RadixCache(None, page_size=1)
     hits = [0] * len(reqs)
     # The tree only ever compares tokens: its slots are views of one shared, read-only array.
-    scripted = [0 if r.scripted_output is None else len(r.scripted_output) for r in reqs]
-    longest = max((r.fill_len + n for r, n in zip(reqs, scripted, strict=True)), default=0)
+    lengths = [0 if r.scripted_output is None else len(r.scripted_output) for r in reqs]
+    longest = max((r.fill_len + n for r, n in zip(reqs, lengths, strict=True)), default=0)
     dummy = np.zeros(longest, dtype=np.int64)
     dummy.flags.writeable = False
     for i in sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time):
