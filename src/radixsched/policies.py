@@ -320,6 +320,13 @@ def priority_term(r: RequestView, config: SchedulerConfig) -> tuple[int, int]:
     return (1, 0) if p is None else (0, p * config.priority_sign)
 
 
+def prio_value(r: Any, sign: int) -> int:
+    """A request's priority, None as the least important extreme (spec 1.12)."""
+    if r.priority is not None:
+        return int(r.priority)
+    return (2**63 - 1) if sign > 0 else -(2**63)
+
+
 def dedup_rep_key(r: RequestView) -> tuple[int, float, float, str]:
     """Which request of an in-batch dedup group represents it (radixsched): least uncached
     work, then oldest, then request id (a total order)."""

@@ -34,12 +34,12 @@ from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.kv import KVManager, ceil_page
-from radixsched.policies import validate_priority
+from radixsched.policies import prio_value, validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.runner import Batch, ExtendEntry, ModelRunner
-from radixsched.running import RunningBatch, prio_value
+from radixsched.running import RunningBatch
 
 logger = logging.getLogger(__name__)
 
@@ -235,33 +235,32 @@ class Scheduler:
         req = self._by_rid.get(rid)
         if req is None or req.finished:
             return False
-        keep = not self.config.sglang_compat  # radixsched caches what it computed
-        if req in self.waiting:
-            self.queue.remove(req)
-        elif req is self.chunked_req:
-            self.chunked_req = None
-            self.kv.release(req, cache_kv=keep)
-        elif req in self.running:
-            self.batch.remove([req])
-            self.batch_is_full = False
-            self.kv.release(req, cache_kv=keep)
+        self._detach(req, cache_kv=not self.config.sglang_compat)  # radixsched caches its KV
         self._finish_aborted(req, status_code, message)
         return True
 
     def discard(self, req: Req, status_code: int, message: str) -> None:
         """Abort ``req`` wherever it is (a batch whose forward failed included), dropping its
         KV, whose last positions may never have been written."""
-        if req.finished:
-            return
-        if req in self.running:
-            self.batch.remove([req])
-        if self.chunked_req is req:
-            self.chunked_req = None
+        if not req.finished:
+            self._detach(req, cache_kv=False)
+            self.batch_is_full = False
+            self.kv.release(req, cache_kv=False)  # a failed batch's member is in no list
+            self._finish_aborted(req, status_code, message)
+
+    def _detach(self, req: Req, *, cache_kv: bool) -> None:
+        """Take ``req`` out of the queue, the chunked slot or the running batch; release it."""
         if req in self.waiting:
             self.queue.remove(req)
-        self.batch_is_full = False
-        self.kv.release(req, cache_kv=False)
-        self._finish_aborted(req, status_code, message)
+            return
+        if req is self.chunked_req:
+            self.chunked_req = None
+        elif req in self.running:
+            self.batch.remove([req])
+            self.batch_is_full = False
+        else:
+            return
+        self.kv.release(req, cache_kv=cache_kv)
 
     def _finish_aborted(self, req: Req, code: int, message: str) -> None:
         req.finish = FinishState(FinishReason.ABORT, message, code)
