@@ -79,10 +79,10 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
 
 def _sim_choices() -> dict[str, list[str]]:
     from radixsched.cluster.routers import ROUTERS
-    from radixsched.sim.presets import MODELS
 
-    # GPU names are matched case-insensitively (h200 = H200); an unknown one lists the valid.
-    return {"model": list(MODELS), "router": list(ROUTERS)}
+    # Model and GPU names are matched case-insensitively with common spellings (h200 = H200),
+    # a model may be a config.json path; an unknown name lists the valid ones.
+    return {"router": list(ROUTERS)}
 
 
 def _selected_policies(args: argparse.Namespace) -> list[str]:
@@ -124,8 +124,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except WorkloadError as e:
         raise CliError(str(e)) from e
     try:
-        base = config_from_args(SchedulerConfig, args)
-        sim_cfg = config_from_args(SimConfig, args)
+        from radixsched.sim.engine_modes import engine_mode_configs
+
+        base, sim_cfg = engine_mode_configs(args)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     opt = optimal_hit_rate(workload.requests, page_size=base.page_size)
@@ -178,6 +179,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "scheduler": dataclasses.asdict(base),
         "sim": dataclasses.asdict(sim_cfg),
         "kv_capacity_tokens": runs[0].kv_capacity_tokens,
+        "cost_model": runs[0].cost_model,
     }
     if args.json_path:
         write_json(args.json_path, workload_info, config_info, results)

@@ -74,6 +74,8 @@ class SimRun:
     lockstep: LockstepStats | None = None
     # Request id -> the replica the router sent it to (every admitted or rejected request).
     replica_of: dict[str, int] = field(default_factory=dict)
+    # ``describe()`` of the cost model: every constant the run used.
+    cost_model: dict[str, Any] = field(default_factory=dict)
 
 
 def clone_request(r: Req) -> Req:
@@ -130,16 +132,9 @@ def _build_replica(
 
 
 def build_cost_model(sim_cfg: SimConfig) -> Any:
-    from radixsched.sim.costmodel import load_cost_model
+    from radixsched.sim.simconfig import cost_model_of
 
-    return load_cost_model(
-        gpu=sim_cfg.gpu,
-        model=sim_cfg.model,
-        tp=sim_cfg.tp,
-        mem_fraction_static=sim_cfg.mem_fraction_static,
-        max_total_tokens=sim_cfg.max_total_tokens,
-        calibration=sim_cfg.calibration,
-    )
+    return cost_model_of(sim_cfg)
 
 
 def simulate(
@@ -161,9 +156,16 @@ def simulate(
     sim_cfg = sim_cfg or SimConfig()
     if sim_cfg.dp < 1:
         raise ValueError(f"--dp must be >= 1, got {sim_cfg.dp}")
+    from radixsched.sim.arrivals import restore_send_times, run_closed_loop, shift_to_scheduler
+
     cost = build_cost_model(sim_cfg)
     capacity = int(cost.kv_capacity_tokens())
     reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+    latency = float(cost.describe().get("request_latency_s", 0.0))
+    closed = sim_cfg.max_concurrency is not None
+    if closed and sim_cfg.enable_dp_attention and sim_cfg.dp > 1:
+        raise ValueError("--max-concurrency is not supported with --enable-dp-attention")
+    sends = [] if closed else shift_to_scheduler(reqs, latency)
     opt = (
         optimal_hit_rate
         if optimal_hit_rate is not None
@@ -189,10 +191,22 @@ def simulate(
         lockstep = run_lockstep(
             replicas, reqs, router, sim_cfg, series, on_progress, check_integrity
         )
+    elif closed:
+        sends = run_closed_loop(
+            replicas,
+            reqs,
+            router,
+            series,
+            on_progress,
+            check_integrity,
+            max_concurrency=int(sim_cfg.max_concurrency or 1),
+            latency_s=latency,
+        )
     else:
         _run_event_loop(replicas, reqs, router, series, on_progress, check_integrity)
     for rep in replicas:
         rep.sched.sync_running()  # requests a run left unfinished are read below
+    restore_send_times(reqs, sends)  # client-side times: TTFT and E2E include the latency
     wall = time.perf_counter() - t0
 
     stats = [rep.sched.stats for rep in replicas]
@@ -242,7 +256,15 @@ def simulate(
         )
     replica_of = {r.rid: rep.idx for rep in replicas for r in rep.reqs}
     return SimRun(
-        result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep, replica_of
+        result,
+        series,
+        ttft_samples(reqs),
+        reqs,
+        summaries,
+        capacity,
+        lockstep,
+        replica_of,
+        cost.describe(),
     )
 
 
