@@ -1,4 +1,4 @@
-"""Subcommands beyond ``simulate``: sweep, generate, serve, bench. Each module is imported only
+"""Subcommands beyond ``simulate``: sweep, generate, serve, bench, calibrate. Each module is imported only
 to register its parser; heavy dependencies load when the command runs."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
+    from radixsched.cli_calibrate import add_calibrate_parser
     from radixsched.cli_generate import add_generate_parser
     from radixsched.cli_serve import add_bench_parser, add_serve_parser
     from radixsched.sim.sweep import add_sweep_parser
@@ -15,3 +16,4 @@ def register(sub: Any) -> None:
     add_generate_parser(sub)
     add_serve_parser(sub)
     add_bench_parser(sub)
+    add_calibrate_parser(sub)

@@ -139,6 +139,24 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", dest="json_path", default=None, help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument(
+        "--flush-cache",
+        action="store_true",
+        help="empty the server's prefix cache before the run (POST /flush_cache)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the calibrating sweep: synchronous, a throughput probe, then --sweep-rates "
+        "Poisson rates between, each from a cold cache, into one --json file for "
+        "'radixsched calibrate'",
+    )
+    p.add_argument(
+        "--sweep-rates",
+        type=int,
+        default=3,
+        help="with --sweep: Poisson rates between synchronous and throughput (default: 3)",
+    )
     p.set_defaults(func=cmd_bench)
     return p
 
@@ -158,7 +176,14 @@ def _parse_rate(text: str) -> float:
 def cmd_bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    from radixsched.server.bench import BenchConfig, BenchError, run_bench, write_json
+    from radixsched.server.bench import (
+        BenchConfig,
+        BenchError,
+        run_bench,
+        run_sweep,
+        write_json,
+        write_sweep_json,
+    )
     from radixsched.sim.workloads import WorkloadError
 
     try:
@@ -174,11 +199,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             seed=args.seed,
             timeout_s=args.timeout,
+            flush_cache=args.flush_cache,
         )
-        result = asyncio.run(run_bench(cfg))
+        if args.sweep:
+            if not args.json_path:
+                raise _UsageError("--sweep needs --json FILE (the file calibrate reads)")
+            sweep = asyncio.run(run_sweep(cfg, between=args.sweep_rates))
+        else:
+            result = asyncio.run(run_bench(cfg))
     except (_UsageError, WorkloadError, BenchError) as e:
         print(f"radixsched: error: {e}", file=sys.stderr)
         return 2
+    if args.sweep:
+        write_sweep_json(args.json_path, sweep)
+        if not args.quiet:
+            print(sweep.render())
+            print(f"wrote {args.json_path}")
+        return 0 if all(r.num_failed == 0 for _, r in sweep.runs) else 1
     if args.json_path:
         write_json(args.json_path, result)
     if not args.quiet:

@@ -424,6 +424,22 @@ class CostModel:
     def step_time(self, batch: Batch) -> float:
         return float(self.step_times(shape_of(batch))[0])
 
+    def step_terms(self, shape: StepShape) -> tuple[float, float, int, int, float]:
+        """The pieces of one step's time that calibration fits separately: compute seconds
+        at ``mfu = 1`` without the efficiency factor, memory seconds at ``mbu = 1``, tokens,
+        batch entries, and the fixed seconds no fitted constant scales (all-reduces,
+        host load-back, ``sched_step_s``). One step: ``decode_ctx[0]``."""
+        ctx = int(shape.decode_ctx[0])
+        tokens = shape.num_tokens
+        pairs = shape.extend_attn_pairs + ctx
+        linear = 2.0 * self.model.active_params * tokens
+        compute = (linear + self._attn_flops_per_pair * pairs) / (self.gpu.peak_flops * self.tp)
+        kv = (shape.extend_kv_tokens + ctx) * float(self.kv_bytes_per_token_per_gpu * self.tp)
+        memory = (self.weight_bytes_read(tokens) + kv) / (self.gpu.hbm_bw * self.tp)
+        host = shape.host_load_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
+        other = self.allreduce_s(tokens) + host + self.sched_step_s
+        return compute, memory, tokens, shape.num_extend + shape.num_decode, other
+
     def reference_times(
         self, kind: StepKind, batch_size: int, num_tokens: FloatArray
     ) -> FloatArray:

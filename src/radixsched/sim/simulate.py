@@ -102,6 +102,7 @@ def _build_replica(
     capacity: int,
     *,
     defer_decode_state: bool = True,
+    runner_factory: Callable[[Any, int, VirtualClock], Any] | None = None,
 ) -> Replica:
     from radixsched.sim.costmodel import CostModelRunner
 
@@ -118,7 +119,10 @@ def _build_replica(
             # Whole device pages, so a host hit never ends inside a device page.
             page_size=-(-sim_cfg.hicache_page_size // p) * p,
         )
-    runner = CostModelRunner(cost, seed=sched_cfg.seed)
+    if runner_factory is None:
+        runner = CostModelRunner(cost, seed=sched_cfg.seed)
+    else:  # e.g. calibration's step recorder (``sim.calibrate``)
+        runner = runner_factory(cost, sched_cfg.seed, clock)
     sched = Scheduler(
         sched_cfg,
         runner,
@@ -146,6 +150,7 @@ def simulate(
     check_integrity: bool = False,
     optimal_hit_rate: float | None = None,
     defer_decode_state: bool = True,
+    runner_factory: Callable[[Any, int, VirtualClock], Any] | None = None,
 ) -> SimRun:
     """Replay ``workload`` (a ``sim.workloads.Workload``) under one scheduler configuration.
 
@@ -172,7 +177,15 @@ def simulate(
         else compute_optimal(workload.requests, page_size=sched_cfg.page_size)
     )
     replicas = [
-        _build_replica(i, sched_cfg, sim_cfg, cost, capacity, defer_decode_state=defer_decode_state)
+        _build_replica(
+            i,
+            sched_cfg,
+            sim_cfg,
+            cost,
+            capacity,
+            defer_decode_state=defer_decode_state,
+            runner_factory=runner_factory,
+        )
         for i in range(sim_cfg.dp)
     ]
     router = None
