@@ -79,7 +79,7 @@ def ref_step_times(c: CostModel, shape: StepShape) -> npt.NDArray[np.float64]:
     tokens = shape.num_tokens
     entries = shape.num_extend + shape.num_decode
     eff = 1.0 + c.prefill_eff_tokens / max(tokens, 1)
-    fixed = c._fixed_s(tokens, entries, shape.host_load_tokens)
+    fixed = c._fixed_s(tokens, entries, shape.host_load_tokens, shape.num_extend)
     if len(shape.decode_ctx) == 1 and not c.model.is_moe:
         ctx = int(shape.decode_ctx[0])
         lin = 2.0 * c.model.active_params * tokens
@@ -112,7 +112,12 @@ MODELS = ["llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "mixtral-8x7b"]
 def cost(model: str = "llama-3.1-8b", tp: int = 1) -> CostModel:
     # Every optional term on, so that the fast paths are checked with all of them.
     return CostModel(
-        get_gpu("H100"), get_model(model), tp=tp, sched_step_s=2e-4, sched_per_req_s=3e-6
+        get_gpu("H100"),
+        get_model(model),
+        tp=tp,
+        sched_step_s=2e-4,
+        sched_per_req_s=3e-6,
+        sched_per_prefill_s=5e-5,
     )
 
 

@@ -21,7 +21,7 @@ from radixsched.cli_common import (
     CliError,
     scheduler_choices,
 )
-from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+from radixsched.config import SchedulerConfig, add_config_args
 
 
 def _policy_names() -> list[str]:
@@ -105,7 +105,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from radixsched.sim.heap import tune_heap
-    from radixsched.sim.simulate import SimConfig, simulate
+    from radixsched.sim.simulate import simulate
     from radixsched.sim.table import render_comparison, write_csv, write_json
     from radixsched.sim.workloads import WorkloadError, load_workload, optimal_hit_rate
 

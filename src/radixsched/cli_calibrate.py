@@ -57,7 +57,9 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     prof = p.add_argument_group("profile")
     prof.add_argument("--profile", action="store_true", help="profile the local engine")
     prof.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    prof.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    prof.add_argument(
+        "--dtype", default=None, help="float32, bfloat16, float16 (default: by device)"
+    )
     prof.add_argument(
         "--batch-sizes", default="1,2,4,8,16", help="batch sizes (default: 1,2,4,8,16)"
     )
@@ -230,8 +232,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     write_calibration(args.output, constants={}, fitted_on=info, rows=rows)
     if not args.quiet:
         for r in rows:
-            print(f"{r['kind']:<8} batch {r['batch_size']:>4}  tokens {r['num_tokens']:>7}  "
-                  f"{r['ms']:9.3f} ms")
-        print(f"wrote {args.output} ({len(rows)} shapes; use: radixsched simulate --model "
-              f"{args.model} --gpu {info['gpu']} --calibration {args.output})")
+            print(
+                f"{r['kind']:<8} batch {r['batch_size']:>4}  tokens {r['num_tokens']:>7}  "
+                f"{r['ms']:9.3f} ms"
+            )
+        print(
+            f"wrote {args.output} ({len(rows)} shapes; use: radixsched simulate --model "
+            f"{args.model} --gpu {info['gpu']} --calibration {args.output})"
+        )
     return 0

@@ -63,9 +63,7 @@ def profile_engine(
             for i in range(b):
                 slots = np.arange(1 + i * n, 1 + (i + 1) * n, dtype=np.int64)
                 ids = np.full(n, 65, dtype=np.int32)
-                entries.append(
-                    ExtendEntry(_req(i, n), 0, ids, np.zeros(0, np.int64), slots, True)
-                )
+                entries.append(ExtendEntry(_req(i, n), 0, ids, np.zeros(0, np.int64), slots, True))
             ms = _time(runner, Batch(entries, []), grid.repeats) * 1e3
             rows.append({"kind": "prefill", "batch_size": b, "num_tokens": b * n, "ms": ms})
         for c in grid.decode_context:

@@ -11,14 +11,15 @@ memory-bound) is fixed::
 
     compute = C * (a + b / T)      a = 1 / mfu, b = prefill_eff_tokens / mfu
     memory  = M * c                c = 1 / mbu
-    step    = max(compute, memory) + o + q * entries + fixed
+    step    = max(compute, memory) + o + q * entries + p * prefill entries + fixed
     TTFT    = L + sum over the steps between arrival and first token (partly, at the ends)
     ITL     = sum over the steps between first token and finish / (tokens - 1)
 
 with ``C``, ``M`` the step's compute and memory seconds at full efficiency, ``T`` its tokens,
-``o`` the step overhead, ``q`` the scheduler's CPU time per batch entry and ``L`` the
-per-request fixed latency. Each request's TTFT and mean ITL is therefore linear in
-``(a, b, c, o, q, L)`` around the current schedule. The residuals are relative errors of each
+``o`` the step overhead, ``q`` the scheduler's CPU time per batch entry, ``p`` its extra
+time per prefill entry (admission) and ``L`` the per-request fixed latency. Each request's
+TTFT and mean ITL is therefore linear in ``(a, b, c, o, q, L, p)`` around the current
+schedule. The residuals are relative errors of each
 run's TTFT and ITL deciles and means and of its mean and p90 E2E (quantiles are linear in the
 constants through the request at that rank); a bounded linear least-squares solve
 (``scipy.optimize.lsq_linear``, bounds that keep every constant physical: efficiencies in
@@ -51,9 +52,18 @@ from radixsched.sim.workloads import Workload
 FloatArray = npt.NDArray[np.float64]
 
 # Fitted parameters: a = 1/mfu, b = prefill_eff_tokens/mfu, c = 1/mbu, o, q, L (seconds).
-_NAMES = ("a", "b", "c", "step_overhead_s", "sched_per_req_s", "request_latency_s")
-_LOWER = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-_UPPER = np.array([1e4, 1e8, 1e4, 1.0, 0.1, 10.0])
+_NAMES = (
+    "a",
+    "b",
+    "c",
+    "step_overhead_s",
+    "sched_per_req_s",
+    "request_latency_s",
+    "sched_per_prefill_s",
+)
+_LOWER = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+_UPPER = np.array([1e4, 1e8, 1e4, 1.0, 0.1, 10.0, 1.0])
+_K = len(_NAMES)
 _QUANTILES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0)
 _MAX_PREFILL_EFF_TOKENS = 8192.0
 
@@ -75,12 +85,13 @@ def _params(constants: dict[str, float]) -> FloatArray:
             constants["step_overhead_s"],
             constants["sched_per_req_s"],
             constants["request_latency_s"],
+            constants["sched_per_prefill_s"],
         ]
     )
 
 
 def _constants(theta: FloatArray, base: dict[str, float]) -> dict[str, float]:
-    a, b, c, o, q, lat = (float(v) for v in theta)
+    a, b, c, o, q, lat, qp = (float(v) for v in theta)
     out = dict(base)
     out.update(
         mfu=min(1.0, 1.0 / a),
@@ -89,6 +100,7 @@ def _constants(theta: FloatArray, base: dict[str, float]) -> dict[str, float]:
         step_overhead_s=o,
         sched_per_req_s=q,
         request_latency_s=lat,
+        sched_per_prefill_s=qp,
     )
     return out
 
@@ -104,6 +116,7 @@ class StepLog:
     memory: list[float]
     tokens: list[int]
     entries: list[int]
+    extends: list[int]
     other: list[float]
 
 
@@ -128,6 +141,7 @@ class RecordingRunner(CostModelRunner):
         log.memory.append(m)
         log.tokens.append(t)
         log.entries.append(e)
+        log.extends.append(len(batch.extend))
         log.other.append(other)
         return result
 
@@ -137,10 +151,22 @@ class Replay:
     """What one run's replay needs: the requests, how they arrive, the settings."""
 
     run: MeasuredRun
-    workload: Workload
+    # One workload per arrival draw: the measured sends, or (unknown sends, Poisson) several
+    # draws of the process, pooled, so that one draw's luck does not bias the fit.
+    workloads: list[Workload]
     sched: SchedulerConfig
     sim: SimConfig
     measured: list[tuple[float, float, int]]  # per request (TTFT, E2E, output tokens)
+
+
+POISSON_DRAWS = 4
+# Weight of a run replayed from draws of its arrival process rather than its own sends: its
+# measured sample is one realisation, and near saturation the realisation moves everything.
+DRAWN_WEIGHT = 0.3
+
+
+def _weight(replay: Replay) -> float:
+    return DRAWN_WEIGHT if len(replay.workloads) > 1 else 1.0
 
 
 def _fit_to_limits(req: Req, vocab: int | None, context: int | None) -> Req:
@@ -197,37 +223,39 @@ def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
     return out
 
 
-def build_replay(
-    run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig
-) -> Replay:
-    reqs = _replay_requests(run, index)
+def build_replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig) -> Replay:
+    """The replay of ``run`` (the module docstring says how requests arrive)."""
     sends = [m.sent_at for m in run.requests]
+    measured = [(m.ttft_s, m.e2e_s, m.output_len) for m in run.requests]
     if all(s is not None for s in sends):
+        reqs = _replay_requests(run, index)
         for r, t in zip(reqs, sends, strict=True):
             r.arrival_time = float(t or 0.0)
         sim = dataclasses.replace(sim, max_concurrency=None)
-        how = "measured send times"
-    else:
-        if math.isfinite(run.request_rate):
-            gaps = np.random.default_rng([index, 0xA771]).exponential(
-                1.0 / run.request_rate, len(reqs)
-            )
-            starts = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-        else:
-            starts = np.zeros(len(reqs))
-        for r, t in zip(reqs, starts.tolist(), strict=True):
+        return Replay(run, [_workload(run, reqs, "measured send times")], sched, sim, measured)
+    sim = dataclasses.replace(sim, max_concurrency=run.max_concurrency)
+    if not math.isfinite(run.request_rate):
+        how = "closed loop" if run.max_concurrency else "all at once"
+        return Replay(
+            run, [_workload(run, _replay_requests(run, index), how)], sched, sim, measured
+        )
+    draws = []
+    for k in range(POISSON_DRAWS):
+        reqs = _replay_requests(run, index)
+        gaps = np.random.default_rng([index, k, 0xA771]).exponential(
+            1.0 / run.request_rate, len(reqs)
+        )
+        for r, t in zip(reqs, np.concatenate([[0.0], np.cumsum(gaps[:-1])]).tolist(), strict=True):
             r.arrival_time = t
-        sim = dataclasses.replace(sim, max_concurrency=run.max_concurrency)
-        how = "closed loop" if run.max_concurrency else "poisson"
+        draws.append(_workload(run, reqs, f"poisson {run.request_rate:g}/s, draw {k}"))
+    return Replay(run, draws, sched, sim, measured)
+
+
+def _workload(run: MeasuredRun, reqs: list[Req], how: str) -> Workload:
     for r in reqs:
         r.times.arrival = r.arrival_time
-    order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time)
-    reqs = [reqs[i] for i in order]
-    measured = [
-        (run.requests[i].ttft_s, run.requests[i].e2e_s, run.requests[i].output_len) for i in order
-    ]
-    wl = Workload(run.name, {}, reqs, has_timestamps=True, arrivals=how)
-    return Replay(run, wl, sched, sim, measured)
+    reqs = sorted(reqs, key=lambda r: r.arrival_time)
+    return Workload(run.name, {}, reqs, has_timestamps=True, arrivals=how)
 
 
 @dataclass
@@ -237,10 +265,14 @@ class Simulated:
     latency: float
 
 
-def _simulate(replay: Replay, constants: dict[str, float]) -> Simulated:
+def _simulate(replay: Replay, constants: dict[str, float]) -> list[Simulated]:
+    return [_simulate_one(replay, wl, constants) for wl in replay.workloads]
+
+
+def _simulate_one(replay: Replay, workload: Workload, constants: dict[str, float]) -> Simulated:
     from radixsched.sim.simulate import simulate
 
-    log = StepLog([], [], [], [], [], [], [])
+    log = StepLog([], [], [], [], [], [], [], [])
 
     def factory(cost: Any, seed: int, clock: VirtualClock) -> RecordingRunner:
         return RecordingRunner(cost, seed=seed, clock=clock, log=log)
@@ -253,11 +285,12 @@ def _simulate(replay: Replay, constants: dict[str, float]) -> Simulated:
         prefill_eff_tokens=constants["prefill_eff_tokens"],
         sched_step_ms=constants["sched_step_s"] * 1e3,
         sched_per_req_ms=constants["sched_per_req_s"] * 1e3,
+        sched_per_prefill_ms=constants["sched_per_prefill_s"] * 1e3,
         request_latency_ms=constants["request_latency_s"] * 1e3,
         calibration=None,
     )
     run = simulate(
-        replay.workload,
+        workload,
         replay.sched,
         sim,
         optimal_hit_rate=0.0,
@@ -279,6 +312,7 @@ class _Linear:
     itl_rows: FloatArray
     itl_const: FloatArray
     ok: npt.NDArray[np.bool_]
+    out: npt.NDArray[np.float64]  # output tokens
 
 
 def _step_features(log: StepLog, theta: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -291,12 +325,13 @@ def _step_features(log: StepLog, theta: FloatArray) -> tuple[FloatArray, FloatAr
     ent = np.asarray(log.entries, dtype=np.float64)
     compute_bound = comp * (a + b / tok) >= mem * c
     n = len(comp)
-    phi = np.zeros((n, 6))
+    phi = np.zeros((n, _K))
     phi[:, 0] = np.where(compute_bound, comp, 0.0)
     phi[:, 1] = np.where(compute_bound, comp / tok, 0.0)
     phi[:, 2] = np.where(compute_bound, 0.0, mem)
     phi[:, 3] = 1.0
     phi[:, 4] = ent
+    phi[:, 6] = np.asarray(log.extends, dtype=np.float64)
     return phi, np.asarray(log.other)
 
 
@@ -305,11 +340,18 @@ def _linearise(sim: Simulated, theta: FloatArray) -> _Linear:
     start = np.asarray(sim.log.start)
     dur = np.asarray(sim.log.duration)
     end = start + dur
-    cum_phi = np.vstack([np.zeros((1, 6)), np.cumsum(phi, axis=0)])
+    cum_phi = np.vstack([np.zeros((1, _K)), np.cumsum(phi, axis=0)])
     cum_other = np.concatenate([[0.0], np.cumsum(other)])
     cum_dur = np.concatenate([[0.0], np.cumsum(dur)])
     n = len(sim.reqs)
-    out = _Linear(np.zeros((n, 6)), np.zeros(n), np.zeros((n, 6)), np.zeros(n), np.zeros(n, bool))
+    out = _Linear(
+        np.zeros((n, _K)),
+        np.zeros(n),
+        np.zeros((n, _K)),
+        np.zeros(n),
+        np.zeros(n, bool),
+        np.array([r.output_len for r in sim.reqs], dtype=np.float64),
+    )
     for i, r in enumerate(sim.reqs):
         t = r.times
         if t.first_token is None or t.finish is None or r.finish is None:
@@ -358,23 +400,25 @@ def _quantile_rows(
 
 
 def _targets(
-    lin: _Linear, replay: Replay, theta: FloatArray
+    lins: Sequence[_Linear], replay: Replay, theta: FloatArray
 ) -> tuple[list[FloatArray], list[float], list[float]]:
-    """Rows, constants and measured values of one run's residuals (see module docstring)."""
-    ok = lin.ok
+    """Rows, constants and measured values of one run's residuals (see module docstring);
+    the predictions of every arrival draw are pooled."""
     meas = np.array(replay.measured, dtype=np.float64)
-    m_ttft, m_e2e, m_out = meas[ok, 0], meas[ok, 1], meas[ok, 2]
+    m_ttft, m_e2e, m_out = meas[:, 0], meas[:, 1], meas[:, 2]
     rows: list[FloatArray] = []
     consts: list[float] = []
     values: list[float] = []
-    if not ok.any():
+    t_rows = np.vstack([lin.ttft_rows[lin.ok] for lin in lins])
+    if not len(t_rows):
         return rows, consts, values
-    t_rows, t_const = lin.ttft_rows[ok], lin.ttft_const[ok]
+    t_const = np.concatenate([lin.ttft_const[lin.ok] for lin in lins])
+    i_rows = np.vstack([lin.itl_rows[lin.ok & (lin.out >= 2)] for lin in lins])
+    i_const = np.concatenate([lin.itl_const[lin.ok & (lin.out >= 2)] for lin in lins])
     multi = m_out >= 2
-    i_rows, i_const = lin.itl_rows[ok][multi], lin.itl_const[ok][multi]
     m_itl = (m_e2e[multi] - m_ttft[multi]) / (m_out[multi] - 1)
     series = [(t_rows, t_const, m_ttft)]
-    if multi.any():
+    if multi.any() and len(i_rows):
         series.append((i_rows, i_const, m_itl))
     for r, c, m in series:
         rows.append(r.mean(axis=0))
@@ -386,9 +430,19 @@ def _targets(
             consts.append(qc)
             values.append(float(np.percentile(m, q)))
     # E2E = TTFT + (tokens - 1) * ITL, per request.
-    k = np.maximum(m_out - 1, 0)[:, None]
-    e_rows = t_rows + k * lin.itl_rows[ok]
-    e_const = t_const + k[:, 0] * lin.itl_const[ok]
+    e_rows = np.vstack(
+        [
+            lin.ttft_rows[lin.ok]
+            + np.maximum(lin.out[lin.ok] - 1, 0)[:, None] * lin.itl_rows[lin.ok]
+            for lin in lins
+        ]
+    )
+    e_const = np.concatenate(
+        [
+            lin.ttft_const[lin.ok] + np.maximum(lin.out[lin.ok] - 1, 0) * lin.itl_const[lin.ok]
+            for lin in lins
+        ]
+    )
     rows.append(e_rows.mean(axis=0))
     consts.append(float(e_const.mean()))
     values.append(float(m_e2e.mean()))
@@ -413,7 +467,9 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def compare(predicted: Sequence[Req], measured: Sequence[tuple[float, float, int]]) -> dict[str, Any]:
+def compare(
+    predicted: Sequence[Req], measured: Sequence[tuple[float, float, int]]
+) -> dict[str, Any]:
     """Predicted vs measured TTFT, ITL (per-request means) and E2E of one run."""
     pt, pi, pe = [], [], []
     for r in predicted:
@@ -440,12 +496,12 @@ def compare(predicted: Sequence[Req], measured: Sequence[tuple[float, float, int
     return out
 
 
-def _objective(errors: Sequence[dict[str, Any]]) -> float:
+def _objective(errors: Sequence[dict[str, Any]], weights: Sequence[float]) -> float:
     total = 0.0
-    for e in errors:
+    for e, w in zip(errors, weights, strict=True):
         for metric in ("ttft_s", "itl_s", "e2e_s"):
             for k in ("mean", "p50", "p90"):
-                total += e[metric]["error"][k] ** 2
+                total += (w * e[metric]["error"][k]) ** 2
     return total
 
 
@@ -480,10 +536,10 @@ def fit(
         consts = _constants(theta, base)
         sims = [_simulate(rp, consts) for rp in replays]
         errors = [
-            {"run": rp.run.name, **compare(s.reqs, rp.measured)}
+            {"run": rp.run.name, **compare([r for d in s for r in d.reqs], rp.measured)}
             for rp, s in zip(replays, sims, strict=True)
         ]
-        obj = _objective(errors)
+        obj = _objective(errors, [_weight(rp) for rp in replays])
         if on_iteration is not None:
             on_iteration(it, obj, consts)
         if best is None or obj < best.objective:
@@ -491,13 +547,14 @@ def fit(
         rows: list[FloatArray] = []
         y: list[float] = []
         for rp, s in zip(replays, sims, strict=True):
-            lin = _linearise(s, theta)
-            r, c, v = _targets(lin, rp, theta)
+            lins = [_linearise(d, theta) for d in s]
+            r, c, v = _targets(lins, rp, theta)
+            w = _weight(rp)
             for row, const, value in zip(r, c, v, strict=True):
                 if value <= 0:
                     continue
-                rows.append(row / value)
-                y.append((value - const) / value)
+                rows.append(w * row / value)
+                y.append(w * (value - const) / value)
         if not rows:
             raise CalibrateError("no successful request to calibrate on")
         a_mat = np.vstack(rows)
@@ -543,5 +600,5 @@ def fitted_on(
 
 def predict(replay: Replay, constants: dict[str, float]) -> dict[str, Any]:
     """Replay one run with ``constants`` and compare with what was measured."""
-    s = _simulate(replay, constants)
-    return {"run": replay.run.name, **compare(s.reqs, replay.measured)}
+    sims = _simulate(replay, constants)
+    return {"run": replay.run.name, **compare([r for d in sims for r in d.reqs], replay.measured)}

@@ -102,6 +102,7 @@ DEFAULT_MEM_FRACTION_STATIC = 0.88
 DEFAULT_PREFILL_EFF_TOKENS = 64.0
 DEFAULT_SCHED_STEP_S = 0.0
 DEFAULT_SCHED_PER_REQ_S = 0.0
+DEFAULT_SCHED_PER_PREFILL_S = 0.0
 DEFAULT_REQUEST_LATENCY_S = 0.0
 
 # Up to this many decode steps, a dense model's step times are a Python loop (cheaper than
@@ -221,6 +222,8 @@ class CostModel:
     prefill_eff_tokens: float = DEFAULT_PREFILL_EFF_TOKENS
     sched_step_s: float = DEFAULT_SCHED_STEP_S  # scheduler CPU time per step, exposed
     sched_per_req_s: float = DEFAULT_SCHED_PER_REQ_S  # ... plus this per batch entry
+    # ... plus this per prefill (extend) entry: admitting a request, building its extend
+    sched_per_prefill_s: float = DEFAULT_SCHED_PER_PREFILL_S
     # Outside the GPU step (HTTP, tokenization, detokenization, first-chunk flush): added to
     # every request's TTFT and E2E by the simulator, not to any step.
     request_latency_s: float = DEFAULT_REQUEST_LATENCY_S
@@ -240,6 +243,7 @@ class CostModel:
             "prefill_eff_tokens",
             "sched_step_s",
             "sched_per_req_s",
+            "sched_per_prefill_s",
             "request_latency_s",
         ):
             value = getattr(self, name)
@@ -318,6 +322,7 @@ class CostModel:
                 shape.extend_kv_tokens + ctx,
                 shape.host_load_tokens,
                 entries,
+                shape.num_extend,
             )
             return np.array([one], dtype=np.float64)
         pairs = shape.extend_attn_pairs + shape.decode_ctx
@@ -328,7 +333,7 @@ class CostModel:
         weight_bytes = self.weight_bytes_read(tokens)
         kv_bytes = kv_tokens * float(self.kv_bytes_per_token_per_gpu * self.tp)
         memory = (weight_bytes + kv_bytes) / self._bytes_per_s
-        fixed = self._fixed_s(tokens, entries, shape.host_load_tokens)
+        fixed = self._fixed_s(tokens, entries, shape.host_load_tokens, shape.num_extend)
         return np.maximum(compute, memory) + fixed
 
     @cached_property
@@ -348,11 +353,18 @@ class CostModel:
         return float(self.kv_bytes_per_token_per_gpu * self.tp)
 
     def _dense_step_s(
-        self, tokens: int, pairs: int, kv_tokens: int, host_tokens: int, entries: int
+        self,
+        tokens: int,
+        pairs: int,
+        kv_tokens: int,
+        host_tokens: int,
+        entries: int,
+        extends: int = 0,
     ) -> float:
         """One step of a dense model on Python floats: ``tokens`` new tokens plus decode
         entries, ``pairs`` attention pairs and ``kv_tokens`` KV tokens (decode context
-        included), ``host_tokens`` loaded back from the host tier, ``entries`` batch entries.
+        included), ``host_tokens`` loaded back from the host tier, ``entries`` batch entries
+        of which ``extends`` are extends.
         The operations, in their order, of ``step_times`` on arrays, so the result is the
         same float."""
         compute = (
@@ -362,7 +374,7 @@ class CostModel:
         memory = (
             self._dense_weight_bytes + kv_tokens * self._kv_bytes_all_gpus
         ) / self._bytes_per_s
-        return max(compute, memory) + self._fixed_s(tokens, entries, host_tokens)
+        return max(compute, memory) + self._fixed_s(tokens, entries, host_tokens, extends)
 
     def _efficiency_factor(self, tokens: int) -> float:
         """``mfu / efficiency(tokens)``: matmuls over ``T`` tokens reach
@@ -380,11 +392,13 @@ class CostModel:
         one = g.link_latency_s + 2.0 * (self.tp - 1) / self.tp * message / g.link_bw
         return 2.0 * m.num_layers * one
 
-    def _fixed_s(self, tokens: int, entries: int, host_tokens: int) -> float:
+    def _fixed_s(self, tokens: int, entries: int, host_tokens: int, extends: int = 0) -> float:
         """What a step adds beyond its compute or memory time: exposed overhead, scheduler
         CPU time, all-reduces, host-tier load-back (one Python float for both paths)."""
         host = host_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
-        sched = self.sched_step_s + self.sched_per_req_s * entries
+        sched = (
+            self.sched_step_s + self.sched_per_req_s * entries + self.sched_per_prefill_s * extends
+        )
         return self.step_overhead_s + sched + self.allreduce_s(tokens) + host
 
     @cached_property
@@ -440,6 +454,9 @@ class CostModel:
         other = self.allreduce_s(tokens) + host + self.sched_step_s
         return compute, memory, tokens, shape.num_extend + shape.num_decode, other
 
+    def step_extends(self, shape: StepShape) -> int:
+        return shape.num_extend
+
     def reference_times(
         self, kind: StepKind, batch_size: int, num_tokens: FloatArray
     ) -> FloatArray:
@@ -460,7 +477,10 @@ class CostModel:
             weights + n * float(self.kv_bytes_per_token_per_gpu * self.tp)
         ) / self._bytes_per_s
         fixed = np.array(
-            [self._fixed_s(int(t), batch_size, 0) for t in np.atleast_1d(tokens)],
+            [
+                self._fixed_s(int(t), batch_size, 0, batch_size if kind == "prefill" else 0)
+                for t in np.atleast_1d(tokens)
+            ],
             dtype=np.float64,
         ).reshape(np.shape(tokens))
         result: FloatArray = np.maximum(compute, memory) + fixed
@@ -489,6 +509,7 @@ class CostModel:
             "prefill_eff_tokens": self.prefill_eff_tokens,
             "sched_step_s": self.sched_step_s,
             "sched_per_req_s": self.sched_per_req_s,
+            "sched_per_prefill_s": self.sched_per_prefill_s,
             "request_latency_s": self.request_latency_s,
             "link_bw": self.gpu.link_bw,
             "link_latency_s": self.gpu.link_latency_s,
@@ -731,6 +752,7 @@ CONSTANTS: dict[str, float] = {
     "prefill_eff_tokens": DEFAULT_PREFILL_EFF_TOKENS,
     "sched_step_s": DEFAULT_SCHED_STEP_S,
     "sched_per_req_s": DEFAULT_SCHED_PER_REQ_S,
+    "sched_per_prefill_s": DEFAULT_SCHED_PER_PREFILL_S,
     "request_latency_s": DEFAULT_REQUEST_LATENCY_S,
 }
 
@@ -764,6 +786,7 @@ def load_cost_model(
     prefill_eff_tokens: float | None = None,
     sched_step_s: float | None = None,
     sched_per_req_s: float | None = None,
+    sched_per_prefill_s: float | None = None,
     request_latency_s: float | None = None,
     mem_fraction_static: float = DEFAULT_MEM_FRACTION_STATIC,
     max_total_tokens: int | None = None,
@@ -786,6 +809,7 @@ def load_cost_model(
         "prefill_eff_tokens": prefill_eff_tokens,
         "sched_step_s": sched_step_s,
         "sched_per_req_s": sched_per_req_s,
+        "sched_per_prefill_s": sched_per_prefill_s,
         "request_latency_s": request_latency_s,
     }
     constants = dict(CONSTANTS)
@@ -994,7 +1018,9 @@ class CostModelRunner(ModelRunner):
             new, attn, _, kv, host = _extend_sums(extend)
             ctx = sum([d.position + 1 for d in decode]) if decode else 0
             entries = len(extend) + len(decode)
-            duration = cost._dense_step_s(new + len(decode), attn + ctx, kv + ctx, host, entries)
+            duration = cost._dense_step_s(
+                new + len(decode), attn + ctx, kv + ctx, host, entries, len(extend)
+            )
         producing = [e for e in extend if e.produces_token]
         reqs = [e.req for e in producing]
         positions = [e.prefix_len + e.num_new for e in producing]

@@ -287,10 +287,12 @@ def read_result_file(path: str | Path) -> list[MeasuredRun]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ResultFileError(f"{p}: cannot read: {e.strerror}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
-        doc = None
+    doc = None
+    if p.suffix.lower() != ".jsonl":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            doc = None
     if isinstance(doc, dict):
         if doc.get("format") == "radixsched-bench-sweep":
             return [
@@ -304,7 +306,7 @@ def read_result_file(path: str | Path) -> list[MeasuredRun]:
         if "ttfts" in doc or "input_lens" in doc or "model_id" in doc:
             return [_lists_run(doc, str(p), _run_name(doc), "vllm")]
         raise ResultFileError(f"{p}: not a result file radixsched knows")
-    runs = []
+    lines: list[tuple[int, dict[str, Any]]] = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -314,7 +316,8 @@ def read_result_file(path: str | Path) -> list[MeasuredRun]:
             raise ResultFileError(f"{p}:{i}: invalid JSON: {e.msg}") from None
         if not isinstance(obj, dict):
             raise ResultFileError(f"{p}:{i}: expected a JSON object")
-        runs.append(_lists_run(obj, f"{p}:{i}", _run_name(obj), "sglang"))
+        lines.append((i, obj))
+    runs = [_lists_run(obj, f"{p}:{i}", _run_name(obj), "sglang") for i, obj in lines]
     if not runs:
         raise ResultFileError(f"{p}: empty result file")
     return runs

@@ -66,6 +66,10 @@ class SimConfig:
     sched_per_req_ms: float | None = field(
         default=None, metadata={"help": "scheduler CPU time per batch entry per step in ms (0)"}
     )
+    sched_per_prefill_ms: float | None = field(
+        default=None,
+        metadata={"help": "scheduler CPU time per prefill entry per step in ms (0)"},
+    )
     request_latency_ms: float | None = field(
         default=None,
         metadata={
@@ -146,6 +150,7 @@ def cost_model_of(cfg: SimConfig) -> Any:
         prefill_eff_tokens=cfg.prefill_eff_tokens,
         sched_step_s=_ms(cfg.sched_step_ms),
         sched_per_req_s=_ms(cfg.sched_per_req_ms),
+        sched_per_prefill_s=_ms(cfg.sched_per_prefill_ms),
         request_latency_s=_ms(cfg.request_latency_ms),
         mem_fraction_static=cfg.mem_fraction_static,
         max_total_tokens=cfg.max_total_tokens,
