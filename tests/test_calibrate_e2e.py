@@ -46,8 +46,11 @@ def server_url() -> Iterator[str]:
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixsched.cli", "serve", "--model", "tiny-random"]
-        + ["--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            *("-m", "radixsched.cli", "serve", "--model", "tiny-random"),
+            *("--port", str(port), "--log-level", "warning"),
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -93,8 +96,7 @@ def test_calibrated_simulator_predicts_held_out_runs(server_url: str, tmp_path: 
     cal = tmp_path / "cal.json"
     # 1. The calibrating sweep against the live server, and the held-out runs right after.
     rc = main(
-        ["bench", "--url", server_url, "--workload", WORKLOAD, "--sweep"]
-        + ["--json", str(sweep), "--quiet"]
+        ["bench", "--url", server_url, "--workload", WORKLOAD, "--sweep", "--json", str(sweep)]
     )
     assert rc == 0
     doc = json.loads(sweep.read_text())

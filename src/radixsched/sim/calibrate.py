@@ -132,7 +132,10 @@ class RecordingRunner(CostModelRunner):
 
     def forward(self, batch: Batch) -> StepResult:
         result = super().forward(batch)
-        base = self.cost if isinstance(self.cost, CostModel) else self.cost.base
+        cost = self.cost
+        base = cost if isinstance(cost, CostModel) else getattr(cost, "base", None)
+        if not isinstance(base, CostModel):
+            raise TypeError(f"calibration replays need a roofline cost model, got {cost!r}")
         c, m, t, e, other = base.step_terms(shape_of(batch))
         log = self.log
         log.start.append(self.clock.now())
@@ -392,7 +395,7 @@ def _quantile_rows(
     values = rows @ theta + const
     order = np.argsort(values, kind="stable")
     pos = (len(values) - 1) * q / 100.0
-    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+    lo, hi = math.floor(pos), math.ceil(pos)
     w = pos - lo
     row = (1 - w) * rows[order[lo]] + w * rows[order[hi]]
     c = (1 - w) * const[order[lo]] + w * const[order[hi]]
