@@ -4,6 +4,7 @@ modes, and every constant as a flag recorded in the JSON output."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -124,7 +125,7 @@ def test_closed_loop_keeps_at_most_n_requests_in_flight(n: int) -> None:
     order = sorted(done, key=lambda r: r.times.arrival)
     assert [r.rid for r in order] == [f"r{i}" for i in range(10)]  # sent in arrival order
     if n == 1:  # each is sent when the previous finished
-        for prev, nxt in zip(order, order[1:], strict=False):
+        for prev, nxt in itertools.pairwise(order):
             assert nxt.times.arrival == pytest.approx(prev.times.finish)
 
 
@@ -257,7 +258,7 @@ def test_bad_config_json(tmp_path: Path, text: str, match: str) -> None:
     p.write_text(text)
     with pytest.raises(ModelConfigError, match=match):
         load_hf_config(p)
-    with pytest.raises(ModelConfigError, match="no config.json"):
+    with pytest.raises(ModelConfigError, match=r"no config\.json"):
         load_hf_config(tmp_path / "missing")
 
 
