@@ -11,10 +11,12 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
             + 4*L*H*D * ( sum_extend (N*P + N*(N+1)/2) + sum_decode c )
     bytes   = W(T)                                    weights read once per step
             + kv_gpu * tp * ( sum_extend (P + N) + sum_decode c )
-    compute = FLOPs / (peak * mfu * tp)
+    compute = FLOPs / (peak * mfu * tp) * (1 + T0 / T)        T0 = prefill_eff_tokens
     memory  = bytes / (hbm_bw * mbu * tp)
     host    = kv_gpu * (tokens loaded back from the host tier) / pcie_bw
-    step    = max(compute, memory) + step_overhead_s + host
+    allred  = 2*L * (link_latency + 2*(tp-1)/tp * T*hidden*b / link_bw)      (0 at tp = 1)
+    sched   = sched_step_s + sched_per_req_s * entries + sched_per_prefill_s * extends
+    step    = max(compute, memory) + step_overhead_s + sched + allred + host
 
 - ``2*A`` FLOPs per token cover every matmul (embedding and LM head included, a ~3% overcount
   for 8B models). Attention costs ``4*H*D`` FLOPs per layer per (query, key) pair (QK^T and
@@ -25,10 +27,21 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
 - ``kv_gpu = 2*L*ceil(KV/tp)*D*b`` is one token's KV on one GPU; KV heads are replicated
   when ``tp`` exceeds their count. For ``tp`` dividing the KV heads,
   ``kv_gpu*tp = kv_bytes_per_token = 2*L*KV*D*b`` (131,072 bytes for Llama-3.1-8B in bf16).
+- Matmuls over ``T`` tokens reach ``mfu * T / (T + T0)`` of peak: small prefills do not reach
+  the large-GEMM fraction (decode steps, with ``T`` = batch entries, are memory-bound anyway
+  for ``T0`` well below the roofline's ridge point).
+- Tensor parallelism: two all-reduces per layer (after attention and after the MLP) of the
+  step's hidden states, ring cost over the GPU link plus a fixed latency per collective, not
+  overlapped. Multi-head latent attention (DeepSeek) caches one latent per token and layer,
+  replicated on every rank.
+- Scheduler CPU time the step does not hide: a constant plus a term per batch entry and per
+  prefill entry (admission, building the extend).
 - Host-tier load-back overlaps nothing: its copy time is added to the step.
-- Not modelled: tensor-parallel all-reduce (``tp`` divides time exactly), activations'
-  memory traffic, sampling, CUDA-graph padding, the LM head being run only on the last
-  prefill token.
+- ``request_latency_s`` (HTTP, tokenization, detokenization, first-chunk flush) is no part of
+  a step: the simulator delays each request's arrival at the scheduler by it and reports
+  client-side TTFT and E2E (``sim.arrivals``).
+- Not modelled: activations' memory traffic, sampling, CUDA-graph padding, the LM head being
+  run only on the last prefill token, all-reduce overlap with compute.
 
 Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
 ---------------------------------------------------------------------------
@@ -43,6 +56,11 @@ Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
   defaults a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms (143 tokens/s), of
   which the weight read at full datasheet bandwidth is 4.8 ms. Use ``--calibration`` when
   measured numbers are at hand.
+- ``prefill_eff_tokens = 64``: a rounded choice: GEMMs below a few hundred rows lose tiles and
+  waves; half efficiency at 64 tokens keeps 8,192-token chunks within 1% of ``mfu``.
+- ``sched_step_s = sched_per_req_s = sched_per_prefill_s = 0`` and ``request_latency_s = 0``:
+  an overlap scheduler hides most CPU time and a client's own latency is unknown; uncalibrated
+  predictions are optimistic by those amounts. ``radixsched calibrate`` fits them.
 - ``mem_fraction_static = 0.88``: SGLang's flag: weights plus the KV pool may use this share
   of device memory; the rest is left to activations and CUDA graphs.
 
