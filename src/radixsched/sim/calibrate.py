@@ -23,7 +23,8 @@ schedule. The residuals are relative errors of each
 run's TTFT and ITL deciles and means and of its mean and p90 E2E (quantiles are linear in the
 constants through the request at that rank); a bounded linear least-squares solve
 (``scipy.optimize.lsq_linear``, bounds that keep every constant physical: efficiencies in
-(0, 1], times >= 0) gives new constants; the runs are replayed again with them. This repeats
+(0, 1], times >= 0; Huber weights, so one disturbed run cannot pull every constant) gives
+new constants; the runs are replayed again with them. This repeats
 (Gauss-Newton on the simulator) until the constants settle; the constants with the lowest
 replayed error are kept.
 """
@@ -66,6 +67,7 @@ _UPPER = np.array([1e4, 1e8, 1e4, 1.0, 0.1, 10.0, 1.0])
 _K = len(_NAMES)
 _QUANTILES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0)
 _MAX_PREFILL_EFF_TOKENS = 8192.0
+HUBER_DELTA = 0.1  # relative error beyond which a residual's weight falls off
 
 
 class CalibrateError(ValueError):
@@ -527,8 +529,6 @@ def fit(
     on_iteration: Callable[[int, float, dict[str, float]], None] | None = None,
 ) -> FitResult:
     """Calibrate the constants on ``replays`` (module docstring)."""
-    from scipy.optimize import lsq_linear
-
     if not replays:
         raise CalibrateError("no runs to calibrate on")
     base = dict(CONSTANTS)
@@ -563,13 +563,7 @@ def fit(
         a_mat = np.vstack(rows)
         # Columns on comparable scales, so the solver's tolerances mean the same for each.
         scale = np.maximum(np.abs(a_mat).max(axis=0), 1e-300)
-        sol = lsq_linear(
-            a_mat / scale,
-            np.asarray(y),
-            bounds=(_LOWER * scale, _UPPER * scale),
-            method="bvls",
-        )
-        new = np.clip(sol.x / scale, _LOWER, _UPPER)
+        new = np.clip(_robust_solve(a_mat / scale, np.asarray(y), scale) / scale, _LOWER, _UPPER)
         # A column no residual depends on keeps its value (nothing measured constrains it).
         unused = np.abs(a_mat).max(axis=0) == 0
         new[unused] = theta[unused]
@@ -579,6 +573,32 @@ def fit(
             break
     assert best is not None
     return best
+
+
+def _robust_solve(a_mat: FloatArray, y: FloatArray, scale: FloatArray) -> FloatArray:
+    """Bounded least squares with Huber weights (iteratively reweighted): residuals beyond
+    ``HUBER_DELTA`` (relative error) count linearly, so one disturbed run (another process
+    took the machine for a while) cannot pull every constant."""
+    from scipy.optimize import lsq_linear
+
+    weights = np.ones(len(y))
+    x = np.zeros(a_mat.shape[1])
+    for _ in range(4):
+        sw = np.sqrt(weights)
+        sol = lsq_linear(
+            a_mat * sw[:, None],
+            y * sw,
+            bounds=(_LOWER * scale, _UPPER * scale),
+            method="bvls",
+        )
+        x = sol.x
+        r = np.abs(a_mat @ x - y)
+        new = np.where(r <= HUBER_DELTA, 1.0, HUBER_DELTA / np.maximum(r, 1e-300))
+        if np.allclose(new, weights, rtol=1e-3, atol=1e-6):
+            break
+        weights = new
+    result: FloatArray = x
+    return result
 
 
 def fitted_on(
