@@ -171,7 +171,7 @@ def main_() -> None:
     ap.add_argument("--models", default="tiny-random,smollm2-135m")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=150)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as d:
         for model in args.models.split(","):
