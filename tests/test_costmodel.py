@@ -217,8 +217,10 @@ def test_prefill_is_compute_bound_and_decode_memory_bound() -> None:
     assert cm(mfu=0.2).step_time(dec) == base.step_time(dec)
     assert cm(mbu=0.4).step_time(dec) > base.step_time(dec)
     flops = 2 * 8.03e9 * 8192 + 4 * 32 * 32 * 128 * (8192 * 8193 / 2)
-    eff = 1 + 64 / 8192  # prefill efficiency: half of mfu at 64 tokens
-    assert base.step_time(prefill) == pytest.approx(flops / (989.4e12 * 0.55) * eff + 0.001)
+    assert base.step_time(prefill) == pytest.approx(flops / (989.4e12 * 0.55) + 0.001)
+    eff = 1 + 64 / 8192  # with half of mfu reached at 64 tokens
+    slower = cm(prefill_eff_tokens=64.0).step_time(prefill)
+    assert slower == pytest.approx(flops / (989.4e12 * 0.55) * eff + 0.001)
 
 
 def test_monotone_in_tokens_prefix_batch_and_context() -> None:

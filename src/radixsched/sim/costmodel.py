@@ -56,8 +56,10 @@ Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
   defaults a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms (143 tokens/s), of
   which the weight read at full datasheet bandwidth is 4.8 ms. Use ``--calibration`` when
   measured numbers are at hand.
-- ``prefill_eff_tokens = 64``: a rounded choice: GEMMs below a few hundred rows lose tiles and
-  waves; half efficiency at 64 tokens keeps 8,192-token chunks within 1% of ``mfu``.
+- ``prefill_eff_tokens = 0`` (off): uncalibrated step times stay those of release 0.1.0
+  (``tests/test_golden.py`` replays them bit for bit). GEMMs below a few hundred rows lose
+  tiles and waves; a measured value (``radixsched calibrate`` fits it) is typically tens to a
+  few hundred tokens, and 64 would keep 8,192-token chunks within 1% of ``mfu``.
 - ``sched_step_s = sched_per_req_s = sched_per_prefill_s = 0`` and ``request_latency_s = 0``:
   an overlap scheduler hides most CPU time and a client's own latency is unknown; uncalibrated
   predictions are optimistic by those amounts. ``radixsched calibrate`` fits them.
@@ -117,7 +119,7 @@ DEFAULT_MFU = 0.55
 DEFAULT_MBU = 0.80
 DEFAULT_STEP_OVERHEAD_S = 0.001
 DEFAULT_MEM_FRACTION_STATIC = 0.88
-DEFAULT_PREFILL_EFF_TOKENS = 64.0
+DEFAULT_PREFILL_EFF_TOKENS = 0.0
 DEFAULT_SCHED_STEP_S = 0.0
 DEFAULT_SCHED_PER_REQ_S = 0.0
 DEFAULT_SCHED_PER_PREFILL_S = 0.0

@@ -58,7 +58,7 @@ class SimConfig:
     )
     prefill_eff_tokens: float | None = field(
         default=None,
-        metadata={"help": "tokens per step at which matmuls reach half of --mfu (64)"},
+        metadata={"help": "tokens per step at which matmuls reach half of --mfu (0: off)"},
     )
     sched_step_ms: float | None = field(
         default=None, metadata={"help": "scheduler CPU time per step in ms, not overlapped (0)"}
