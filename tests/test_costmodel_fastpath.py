@@ -118,6 +118,7 @@ def cost(model: str = "llama-3.1-8b", tp: int = 1) -> CostModel:
         sched_step_s=2e-4,
         sched_per_req_s=3e-6,
         sched_per_prefill_s=5e-5,
+        prefill_eff_tokens=48.0,
     )
 
 
