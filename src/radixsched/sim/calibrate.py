@@ -67,6 +67,7 @@ _UPPER = np.array([1e4, 1e8, 1e4, 1.0, 0.1, 10.0, 1.0])
 _K = len(_NAMES)
 _QUANTILES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0)
 _MAX_PREFILL_EFF_TOKENS = 8192.0
+FIT_START_PREFILL_EFF_TOKENS = 64.0
 HUBER_DELTA = 0.1  # relative error beyond which a residual's weight falls off
 
 
@@ -532,6 +533,9 @@ def fit(
     if not replays:
         raise CalibrateError("no runs to calibrate on")
     base = dict(CONSTANTS)
+    # Where the search starts (not a default): a prefill efficiency of zero would leave the
+    # compute branch flat in it.
+    base["prefill_eff_tokens"] = max(base["prefill_eff_tokens"], FIT_START_PREFILL_EFF_TOKENS)
     base.update(start or {})
     theta = np.clip(_params(base), _LOWER, _UPPER)
     best: FitResult | None = None

@@ -31,6 +31,7 @@ from radixsched.sim.workloads import Workload
 HERE = Path(__file__).parent
 TRUTH = {
     "mfu_pct": 7.0,
+    "prefill_eff_tokens": 64.0,
     "step_overhead_ms": 1.4,
     "sched_per_req_ms": 0.15,
     "sched_per_prefill_ms": 1.0,
@@ -66,6 +67,7 @@ def run(rate: float, conc: int | None, seed: int) -> list[Req]:
         model="tiny-random",
         gpu="cpu",
         mfu=TRUTH["mfu_pct"] / 100,
+        prefill_eff_tokens=TRUTH["prefill_eff_tokens"],
         step_overhead_ms=TRUTH["step_overhead_ms"],
         sched_per_req_ms=TRUTH["sched_per_req_ms"],
         sched_per_prefill_ms=TRUTH["sched_per_prefill_ms"],
