@@ -101,11 +101,13 @@ def test_calibrated_simulator_predicts_held_out_runs(server_url: str, tmp_path: 
     assert rc == 0
     doc = json.loads(sweep.read_text())
     assert [r["stage"] for r in doc["runs"]][:2] == ["synchronous", "throughput"]
+    # Held out: a closed loop of 4 clients (between the synchronous run and the probe's 64),
+    # and a Poisson rate halfway between the synchronous rate and the sweep's lowest rate.
     sync_rps = doc["runs"][0]["results"][0]["throughput"]["requests_per_s"]
-    max_rps = doc["runs"][1]["results"][0]["throughput"]["requests_per_s"]
+    low_rate = doc["runs"][2]["config"]["bench"]["request_rate"]
     held_out = {
         "concurrency 4": {"max_concurrency": 4, "request_rate": float("inf")},
-        "rate": {"request_rate": round(sync_rps + 0.4 * (max_rps - sync_rps), 2)},
+        "rate": {"request_rate": round((sync_rps + low_rate) / 2, 2)},
     }
     measured = {}
     for name, kw in held_out.items():
