@@ -48,13 +48,13 @@ def _policy_names() -> list[str]:
 
 
 def _gpu_name(text: str) -> str:
-    """A GPU preset name, matched case-insensitively (h200 = H200)."""
-    from radixsched.sim.presets import GPUS
+    """A GPU preset's name for any case or common spelling (h200 = H200, a100 = A100-80G)."""
+    from radixsched.sim.presets import PresetError, get_gpu
 
-    for name in GPUS:
-        if name.lower() == text.lower():
-            return name
-    return text  # argparse then reports the invalid choice, with the valid ones
+    try:
+        return get_gpu(text).name
+    except PresetError:
+        return text  # argparse then reports the invalid choice, with the valid ones
 
 
 # ---- simulate ---------------------------------------------------------------------------------
@@ -66,6 +66,7 @@ SIMULATE_USAGE = (
 
 
 def _simulate_epilog() -> str:
+    from radixsched.sim.presets import MODELS
     from radixsched.sim.runconfig import RATE_RULE
     from radixsched.sim.workloads import describe_workloads
 
@@ -73,6 +74,9 @@ def _simulate_epilog() -> str:
         "workloads (--workload NAME:k=v,... or NAME:PATH; params not given take these "
         "defaults):\n"
         + describe_workloads()
+        + "\n\nmodel presets (--model): "
+        + ", ".join(MODELS)
+        + "; the local engine's tiny-random and smollm2-135m"
         + "\n\narrivals: "
         + RATE_RULE
         + ".\n\nexit status: 0 when every policy served requests, 1 when a policy served "
@@ -168,8 +172,16 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
         SimConfig,
         choices=_sim_choices(),
         overrides={
-            "gpu": {"type": _gpu_name, "help": "GPU preset (any case)"},
+            "gpu": {
+                "type": _gpu_name,
+                "help": "GPU preset (any case and common spellings: a100 = A100-80G)",
+            },
+            "model": {
+                "help": "model preset (listed below; any case, Hugging Face ids too), or a "
+                "Hugging Face config.json (a file or a model directory)"
+            },
             "tp": {"aliases": ["--tp-size"]},
+            "calibration": {"metavar": "PATH"},
             "dp": {"aliases": ["--dp-size"]},
         },
     )
@@ -177,9 +189,11 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
 
 def _sim_choices() -> dict[str, list[str]]:
     from radixsched.cluster.routers import ROUTERS
-    from radixsched.sim.presets import GPUS, MODELS
+    from radixsched.sim.presets import GPUS
 
-    return {"model": list(MODELS), "router": list(ROUTERS), "gpu": list(GPUS)}
+    # --model takes a preset (any case, common spellings, Hugging Face ids) or a config.json
+    # path, so it has no choices; an unknown name fails in the early checks, listing presets.
+    return {"router": list(ROUTERS), "gpu": list(GPUS)}
 
 
 # Simulate's own flags (not config fields): their argparse dests.
@@ -485,6 +499,16 @@ def _workload_info(spec: str, workload: Workload, rs: RunSettings, opt: float) -
     }
 
 
+# Cost-model terms that are off (0) by default: shown in the header only when on.
+_EXTRA_TERMS = (
+    ("prefill_eff_tokens", "prefill efficiency T0", 1.0, " tokens"),
+    ("sched_step_s", "scheduler", 1e3, " ms/step"),
+    ("sched_per_req_s", "scheduler", 1e3, " ms/entry"),
+    ("sched_per_prefill_s", "scheduler", 1e3, " ms/prefill"),
+    ("request_latency_s", "request latency", 1e3, " ms"),
+)
+
+
 def _header(
     meta: Mapping[str, Any],
     workload: Workload,
@@ -508,6 +532,14 @@ def _header(
         roofline = (
             f"calibrated from {cm.get('calibration')} ({cm.get('calibration_points')} points)"
         )
+    roofline += "".join(
+        f", {label} {float(cm[key]) * scale:g}{unit}"
+        for key, label, scale, unit in _EXTRA_TERMS
+        if cm.get(key)
+    )
+    engine = f"engine {sim['engine_mode']}"
+    if sim.get("max_concurrency") is not None:
+        engine += f"; closed loop, {sim['max_concurrency']:,} clients"
     lines = [
         f"[dim]radixsched {meta['version']} · simulate · {meta['created']}[/]",
         f"[bold]workload[/]  {escape(workload.name)}: {escape(workload.params_text)}",
@@ -516,7 +548,7 @@ def _header(
         + (" (no request rate given)" if winfo["request_rate"] is None else ""),
         f"[bold]system[/]    {escape(str(sim['model']))} on {escape(str(cm.get('gpu')))} x tp"
         f"{sim['tp']}, dp {cinfo['dp']}{router}; KV {cinfo['kv_capacity_tokens']:,} tokens; "
-        f"compat {cinfo['compat']}",
+        f"compat {cinfo['compat']}; {escape(engine)}",
         f"          cost model {escape(roofline)}",
         f"[bold]policies[/]  {', '.join(cinfo['policies'])}; optimal hit rate "
         f"{fmt_percent(winfo['optimal_hit_rate'])}",
