@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixsched.cli_common import (
+    COMMAND_HELP,
     DEFAULT_WORKLOAD,
     MAIN_POLICIES,
     CliError,
@@ -559,7 +560,10 @@ def _header(
 # ---- entry point --------------------------------------------------------------------------------
 
 
-def build_parser() -> Parser:
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
+    """The CLI's parser. Given the arguments, only the command they name is built in full
+    (its module imported, its help computed); without them, every command is."""
+    wanted = set(COMMAND_HELP) if argv is None else {_command_in(argv)}
     parser = Parser(
         prog="radixsched",
         description="Cache-aware request scheduling for LLM serving: simulate policies on your "
@@ -568,35 +572,39 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"radixsched {version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sim = sub.add_parser(
-        "simulate",
-        help="replay a workload through the scheduler and compare policies",
-        description="Replay a workload (generated, or a trace) through the scheduler on a "
-        "simulated GPU and compare waiting-queue policies: hit rate, TTFT, TPOT, throughput, "
-        "who starves.",
-        usage=SIMULATE_USAGE,
-        epilog=_simulate_epilog(),
-    )
-    _add_simulate_args(sim)
-    sim.set_defaults(func=cmd_simulate, _parser=sim)
-    _add_optional_commands(sub)
+    if "simulate" in wanted:
+        sim = sub.add_parser(
+            "simulate",
+            help=COMMAND_HELP["simulate"],
+            description="Replay a workload (generated, or a trace) through the scheduler on a "
+            "simulated GPU and compare waiting-queue policies: hit rate, TTFT, TPOT, "
+            "throughput, who starves.",
+            usage=SIMULATE_USAGE,
+            epilog=_simulate_epilog(),
+        )
+        _add_simulate_args(sim)
+        sim.set_defaults(func=cmd_simulate, _parser=sim)
+    else:
+        sub.add_parser("simulate", help=COMMAND_HELP["simulate"])
+    from radixsched import cli_extra
+
+    cli_extra.register(sub, wanted)
     return parser
 
 
-def _add_optional_commands(sub: Any) -> None:
-    """Subcommands living in other modules register themselves here (kept lazy)."""
-    from radixsched import cli_extra
-
-    cli_extra.register(sub)
+def _command_in(argv: Sequence[str]) -> str:
+    """The subcommand the arguments name: the first that is not a global flag."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     try:
         args = parse_args(parser, argv)
     except SystemExit as e:  # usage error (printed) or --help: an exit status, not a raise
         return e.code if isinstance(e.code, int) else 2
-    args._argv = list(sys.argv[1:] if argv is None else argv)
+    args._argv = argv
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

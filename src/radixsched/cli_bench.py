@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from radixsched.cli_common import CliError, run_metadata
+from radixsched.cli_common import COMMAND_HELP, CliError, run_metadata
 
 EXIT_FAILED = 1
 
@@ -41,7 +41,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
 
     p: argparse.ArgumentParser = sub.add_parser(
         "bench",
-        help="load a running server with a workload and report latency, throughput, hit rate",
+        help=COMMAND_HELP["bench"],
         description="Send a workload from the simulator's registry to a server's /generate "
         "(token ids, streaming) and report TTFT, inter-token latency, TPOT, E2E latency, "
         "throughput and the server's cache hit rate, with the simulator's metric names.",

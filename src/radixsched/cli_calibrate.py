@@ -18,14 +18,14 @@ import math
 import sys
 from typing import Any
 
-from radixsched.cli_common import CliError, scheduler_choices
+from radixsched.cli_common import COMMAND_HELP, CliError, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 
 
 def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "calibrate",
-        help="fit the simulator's cost model to measured runs (or profile the local engine)",
+        help=COMMAND_HELP["calibrate"],
         description="Fit the cost model's constants to client-side benchmark results "
         "(radixsched bench, sglang.bench_serving JSONL, vLLM benchmark_serving JSON, GuideLLM "
         "JSON) and write a calibration file for 'simulate --calibration'. With --profile, "
