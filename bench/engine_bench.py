@@ -62,8 +62,8 @@ from rich.table import Table
 from radixsched.config import SchedulerConfig
 from radixsched.engine.config import ModelConfig
 from radixsched.engine.loader import LoadedModel, load_model
-from radixsched.engine.runner import TorchRunner
 from radixsched.engine.offline import Engine
+from radixsched.engine.runner import TorchRunner
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
 from radixsched.scheduler import StepOutcome

@@ -22,6 +22,11 @@ Run: ``.venv/bin/python bench/simulate_bench.py [--traces synthetic,shared-first
 [--policies P,P|all] [--repeat N] [--lengths-only] [--json PATH]``. Without the full trace
 (``/work/shared/data/mooncake/synthetic_trace.jsonl``, or ``--trace``) the 200-request sample in
 ``tests/data`` stands in, with a note: its numbers are not comparable with the goals.
+
+``--baseline SRC`` (a source tree, e.g. a worktree of the previous release's ``src``) runs every
+cell with that tree too, alternating run by run so both see the same load, and adds the
+baseline's fastest wall time and the speed-up: on a shared machine, absolute seconds drift
+between sessions, while a same-minute ratio holds.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class Cell:
     requests: int
     hit_rate: float
     ttft_p99_s: float
+    baseline_s: float | None = None  # the --baseline tree's fastest wall time, same runs
 
 
 # ---- traces ---------------------------------------------------------------------------------------
@@ -115,13 +121,18 @@ def build_traces(src: Path, out: Path, lengths_only: bool) -> dict[str, tuple[st
 # ---- one cell -------------------------------------------------------------------------------------
 
 
-def _run(kind: str, path: Path, policy: str, tmp: Path) -> tuple[float, float, dict[str, object]]:
-    """(wall s, peak RSS MB, the JSON result) of one ``radixsched simulate`` process."""
+def _run(
+    kind: str, path: Path, policy: str, tmp: Path, src: Path | None = None
+) -> tuple[float, float, dict[str, object]]:
+    """(wall s, peak RSS MB, the JSON result) of one ``radixsched simulate`` process (of the
+    source tree ``src`` when given, else the installed package)."""
     out = tmp / "result.json"
-    cmd = [sys.executable, "-m", "radixsched", "simulate", "--workload", f"{kind}:{path}",
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "radixsched.cli", "simulate", "--workload", f"{kind}:{path}",
            "--policy", policy, "--json", str(out)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(src)) if src is not None else None
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     err = proc.stderr.read().decode() if proc.stderr else ""
@@ -132,10 +143,14 @@ def _run(kind: str, path: Path, policy: str, tmp: Path) -> tuple[float, float, d
     return wall, usage.ru_maxrss / 1024.0, doc["results"][0]
 
 
-def measure(name: str, kind: str, path: Path, policy: str, repeat: int) -> Cell:
-    walls, rss, res = [], 0.0, {}
+def measure(
+    name: str, kind: str, path: Path, policy: str, repeat: int, baseline: Path | None = None
+) -> Cell:
+    walls, base_walls, rss, res = [], [], 0.0, {}
     with tempfile.TemporaryDirectory() as d:
         for _ in range(max(repeat, 1)):
+            if baseline is not None:
+                base_walls.append(_run(kind, path, policy, Path(d), baseline)[0])
             wall, peak, res = _run(kind, path, policy, Path(d))
             walls.append(wall)
             rss = max(rss, peak)
@@ -150,6 +165,7 @@ def measure(name: str, kind: str, path: Path, policy: str, repeat: int) -> Cell:
         requests=int(res.get("num_requests", 0)),  # type: ignore[call-overload]
         hit_rate=float(res.get("hit_rate", 0.0)),  # type: ignore[arg-type]
         ttft_p99_s=float(ttft.get("p99", 0.0)) if isinstance(ttft, dict) else 0.0,
+        baseline_s=min(base_walls) if base_walls else None,
     )
 
 
@@ -170,13 +186,19 @@ def _verdict(c: Cell, full: bool) -> str:
 
 def table(cells: list[Cell], full: bool) -> Table:
     t = Table(title="radixsched simulate, whole command per policy (fresh process each)")
-    for col in ("trace", "policy", "wall s", "slowest s", "sim s", "req/s", "RSS MB", "hit",
-                "p99 TTFT s", "verdict"):  # fmt: skip
+    base = any(c.baseline_s is not None for c in cells)
+    cols = ["trace", "policy", "wall s", "slowest s", "sim s", "req/s", "RSS MB", "hit",
+            "p99 TTFT s", "verdict"] + (["baseline s", "speed-up"] if base else [])  # fmt: skip
+    for col in cols:
         t.add_column(col, justify="left" if col in ("trace", "policy", "verdict") else "right")
     for c in cells:
-        t.add_row(c.trace, c.policy, f"{c.wall_s:.2f}", f"{c.slowest_s:.2f}", f"{c.sim_s:.2f}",
-                  f"{c.requests / c.wall_s:,.0f}", f"{c.peak_rss_mb:,.0f}", f"{c.hit_rate:.1%}",
-                  f"{c.ttft_p99_s:,.1f}", _verdict(c, full))  # fmt: skip
+        row = [c.trace, c.policy, f"{c.wall_s:.2f}", f"{c.slowest_s:.2f}", f"{c.sim_s:.2f}",
+               f"{c.requests / c.wall_s:,.0f}", f"{c.peak_rss_mb:,.0f}", f"{c.hit_rate:.1%}",
+               f"{c.ttft_p99_s:,.1f}", _verdict(c, full)]  # fmt: skip
+        if base:
+            b = c.baseline_s
+            row += ["-", "-"] if b is None else [f"{b:.2f}", f"{b / c.wall_s:.1f}x"]
+        t.add_row(*row)
     return t
 
 
@@ -204,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--lengths-only", action="store_true", help="add the lengths-only trace")
     p.add_argument("--json", dest="json_path", type=Path, default=None)
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another source tree (its src/) to time alongside, run by run",
+    )
     args = p.parse_args(argv)
     console = Console(width=max(Console().size.width, 120))
     src = args.trace or FULL_TRACE
@@ -224,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             kind, path = traces[name]
             for policy in policies:
-                cell = measure(name, kind, path, policy, args.repeat)
+                cell = measure(name, kind, path, policy, args.repeat, args.baseline)
                 cells.append(cell)
                 console.print(f"  {name} {policy}: {cell.wall_s:.2f} s (slowest "
                               f"{cell.slowest_s:.2f}), {cell.peak_rss_mb:,.0f} MB")  # fmt: skip

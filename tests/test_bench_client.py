@@ -85,7 +85,9 @@ def test_bench_reports_simulator_metrics_and_server_hit_rate(server: ServerThrea
     assert r.extra["hit_rate_source"] == "server /metrics"
     assert r.extra["client_hit_rate"] == pytest.approx(r.hit_rate)
     doc = res.to_document()
-    assert set(doc) == {"meta", "workload", "config", "results"}
+    # The simulate --json shape, plus the per-request records calibration replays.
+    assert set(doc) == {"meta", "workload", "config", "results", "requests"}
+    assert len(doc["requests"]) == 24
     out = doc["results"][0]
     for key in (*REQUIRED_KEYS, *ADDITIONAL_KEYS):
         assert key in out, key

@@ -64,7 +64,7 @@ def test_kv_bytes_per_token_of_presets() -> None:
     assert get_model("mixtral-8x7b").kv_bytes_per_token == 131072
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [n for n, m in MODELS.items() if not m.mla_kv_dim])
 def test_published_parameter_counts_match_the_shapes(name: str) -> None:
     m = get_model(name)
     assert m.architecture_params() == pytest.approx(m.total_params, rel=0.01)
@@ -82,11 +82,65 @@ def test_mixtral_active_and_total_params() -> None:
 
 
 def test_required_presets_exist_and_lookup_is_case_insensitive() -> None:
-    assert {"H100", "H200", "A100-80G", "L40S"} <= set(GPUS)
+    gpus = {"H100", "H100-PCIe", "H200", "B200", "A100-40G", "A100-80G", "L40S", "MI300X"}
+    assert gpus <= set(GPUS)
+    models = {
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-2-70b",
+        "codellama-34b",
+        "llama-3.1-70b",
+        "llama-3.3-70b",
+        "qwen2.5-7b",
+        "qwen3-32b",
+        "mixtral-8x7b",
+        "deepseek-v3",
+    }
+    assert models <= set(MODELS)
     assert get_gpu("h200").memory_bytes == 143_771 * MIB
     assert get_model("LLAMA-3.1-8B").name == "llama-3.1-8b"
-    with pytest.raises(PresetError, match="valid: H100, H200"):
-        get_gpu("B200")
+    with pytest.raises(PresetError, match="valid: H100, H100-PCIe"):
+        get_gpu("V100")
+
+
+@pytest.mark.parametrize(
+    ("spelling", "name"),
+    [
+        ("a100", "A100-80G"),
+        ("A100_80GB", "A100-80G"),
+        ("a100-40gb", "A100-40G"),
+        ("h100 sxm", "H100"),
+        ("H100-SXM5", "H100"),
+        ("h100_pcie", "H100-PCIe"),
+        ("mi300", "MI300X"),
+        ("b200", "B200"),
+    ],
+)
+def test_gpu_spellings(spelling: str, name: str) -> None:
+    assert get_gpu(spelling).name == name
+
+
+@pytest.mark.parametrize(
+    ("spelling", "name"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+        ("Llama-2-7b-hf", "llama-2-7b"),
+        ("llama2-70b", "llama-2-70b"),
+        ("CodeLlama-34b-Instruct-hf", "codellama-34b"),
+        ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+    ],
+)
+def test_model_spellings(spelling: str, name: str) -> None:
+    assert get_model(spelling).name == name
+
+
+def test_local_engine_models_are_presets_in_float32() -> None:
+    tiny = get_model("tiny-random")
+    assert (tiny.num_layers, tiny.hidden_size, tiny.dtype_bytes) == (2, 64, 4)
+    smol = get_model("smollm2-135m")
+    assert smol.tied_embeddings and smol.total_params == pytest.approx(134.5e6, rel=0.01)
 
 
 # ---- configuration and capacity ------------------------------------------------------------
@@ -137,7 +191,7 @@ def test_bad_config_values(kw: dict[str, object], match: str) -> None:
 def test_load_cost_model_unknown_names() -> None:
     with pytest.raises(CostModelError, match="unknown GPU 'X1'; valid: H100"):
         load_cost_model(gpu="X1")
-    with pytest.raises(CostModelError, match=r"unknown model 'gpt'; valid: llama-3\.1-8b"):
+    with pytest.raises(CostModelError, match=r"unknown model 'gpt'; valid: llama-2-7b"):
         load_cost_model(model="gpt")
     c = load_cost_model(gpu="h200", model="Qwen2.5-7B", tp=2)
     assert isinstance(c, CostModel) and c.gpu.name == "H200" and c.tp == 2
@@ -164,6 +218,9 @@ def test_prefill_is_compute_bound_and_decode_memory_bound() -> None:
     assert cm(mbu=0.4).step_time(dec) > base.step_time(dec)
     flops = 2 * 8.03e9 * 8192 + 4 * 32 * 32 * 128 * (8192 * 8193 / 2)
     assert base.step_time(prefill) == pytest.approx(flops / (989.4e12 * 0.55) + 0.001)
+    eff = 1 + 64 / 8192  # with half of mfu reached at 64 tokens
+    slower = cm(prefill_eff_tokens=64.0).step_time(prefill)
+    assert slower == pytest.approx(flops / (989.4e12 * 0.55) * eff + 0.001)
 
 
 def test_monotone_in_tokens_prefix_batch_and_context() -> None:
@@ -179,12 +236,18 @@ def test_monotone_in_tokens_prefix_batch_and_context() -> None:
     assert by_ctx == sorted(by_ctx) and by_ctx[0] < by_ctx[-1]
 
 
-def test_tp_halves_time() -> None:
+def test_tp_halves_time_plus_the_all_reduces() -> None:
     oh = 0.001
     for batch in (Batch([extend(mkreq(), 0, 4096)], []), decode_batch([3000] * 16)):
+        tokens = shape_of(batch).num_tokens
         t1 = cm(tp=1).step_time(batch) - oh
-        t2 = cm(tp=2).step_time(batch) - oh
+        c2 = cm(tp=2)
+        t2 = c2.step_time(batch) - oh - c2.allreduce_s(tokens)
         assert t2 == pytest.approx(t1 / 2, rel=1e-12)
+        # 2 all-reduces per layer: latency + 2 (tp-1)/tp of the hidden states over NVLink.
+        message = tokens * 4096 * 2
+        assert c2.allreduce_s(tokens) == pytest.approx(2 * 32 * (8e-6 + message / 450e9))
+    assert cm(tp=1).allreduce_s(4096) == 0.0
 
 
 def test_mixed_batch_adds_both_sides() -> None:
@@ -201,7 +264,7 @@ def test_mixed_batch_adds_both_sides() -> None:
 
 
 def test_host_load_back_is_added() -> None:
-    c = cm()
+    c = cm(prefill_eff_tokens=0.0)
     r = mkreq()
     plain = c.step_time(Batch([extend(r, 4096, 128)], []))
     loaded = c.step_time(Batch([extend(r, 4096, 128, host=4096)], []))

@@ -1,8 +1,9 @@
 """``CostModelRunner``'s scalar fast paths give exactly what the array paths give.
 
-The references below are verbatim copies of the array-only implementation the fast paths
-replaced (``tokens_at`` and the one-step branch of ``CostModel.step_times``); the fast paths
-must match them bit for bit: the same floats, the same tokens, the same dtypes and shapes.
+The references below are the array-only implementations the fast paths replaced
+(``tokens_at``, and ``CostModel.step_times``' formula with every term, the fixed per-step
+terms taken from ``CostModel._fixed_s``); the fast paths must match them bit for bit: the same
+floats, the same tokens, the same dtypes and shapes.
 """
 
 from __future__ import annotations
@@ -76,24 +77,26 @@ def ref_tokens_at(
 
 def ref_step_times(c: CostModel, shape: StepShape) -> npt.NDArray[np.float64]:
     tokens = shape.num_tokens
+    entries = shape.num_extend + shape.num_decode
+    eff = 1.0 + c.prefill_eff_tokens / max(tokens, 1)
+    fixed = c._fixed_s(tokens, entries, shape.host_load_tokens, shape.num_extend)
     if len(shape.decode_ctx) == 1 and not c.model.is_moe:
         ctx = int(shape.decode_ctx[0])
         lin = 2.0 * c.model.active_params * tokens
         flops_s = (lin + c._attn_flops_per_pair * (shape.extend_attn_pairs + ctx)) / c._flops_per_s
+        flops_s = flops_s * eff
         kv = (shape.extend_kv_tokens + ctx) * float(c.kv_bytes_per_token_per_gpu * c.tp)
         bytes_s = (c.weight_bytes_read(tokens) + kv) / c._bytes_per_s
-        one = max(flops_s, bytes_s) + (c.step_overhead_s + c._host_s(shape))
+        one = max(flops_s, bytes_s) + fixed
         return np.array([one], dtype=np.float64)
     pairs = shape.extend_attn_pairs + shape.decode_ctx
     kv_tokens = shape.extend_kv_tokens + shape.decode_ctx
     linear = 2.0 * c.model.active_params * tokens
-    compute = (linear + c._attn_flops_per_pair * pairs) / c._flops_per_s
+    compute = (linear + c._attn_flops_per_pair * pairs) / c._flops_per_s * eff
     weight_bytes = c.weight_bytes_read(tokens)
     kv_bytes = kv_tokens * float(c.kv_bytes_per_token_per_gpu * c.tp)
     memory = (weight_bytes + kv_bytes) / c._bytes_per_s
-    result: npt.NDArray[np.float64] = np.maximum(compute, memory) + (
-        c.step_overhead_s + c._host_s(shape)
-    )
+    result: npt.NDArray[np.float64] = np.maximum(compute, memory) + fixed
     return result
 
 
@@ -107,7 +110,16 @@ MODELS = ["llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "mixtral-8x7b"]
 
 
 def cost(model: str = "llama-3.1-8b", tp: int = 1) -> CostModel:
-    return CostModel(get_gpu("H100"), get_model(model), tp=tp)
+    # Every optional term on, so that the fast paths are checked with all of them.
+    return CostModel(
+        get_gpu("H100"),
+        get_model(model),
+        tp=tp,
+        sched_step_s=2e-4,
+        sched_per_req_s=3e-6,
+        sched_per_prefill_s=5e-5,
+        prefill_eff_tokens=48.0,
+    )
 
 
 @st.composite

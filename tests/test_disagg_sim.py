@@ -241,10 +241,12 @@ def _spaced(n: int, gap: float) -> Workload:
     return Workload(w.name, w.params, reqs, True, arrivals=f"every {gap} s")
 
 
-@pytest.mark.parametrize("latency_ms", [0.0, 0.4])
-def test_ttft_is_the_colocated_prefill_plus_the_transfer(latency_ms: float) -> None:
+@pytest.mark.parametrize(("latency_ms", "request_ms"), [(0.0, None), (0.4, None), (0.4, 3.0)])
+def test_ttft_is_the_colocated_prefill_plus_the_transfer(
+    latency_ms: float, request_ms: float | None
+) -> None:
     w = _spaced(8, 5.0)  # one request at a time: the co-located prefill is the same step
-    coloc = simulate(w, SchedulerConfig(), SimConfig())
+    coloc = simulate(w, SchedulerConfig(), SimConfig(request_latency_ms=request_ms))
     split = simulate(
         w,
         SchedulerConfig(),
@@ -252,6 +254,7 @@ def test_ttft_is_the_colocated_prefill_plus_the_transfer(latency_ms: float) -> N
             disaggregation_link_bandwidth_gb_s=math.inf,
             disaggregation_link_latency_ms=latency_ms,
             disaggregation_bootstrap_ms=0.0,
+            request_latency_ms=request_ms,  # client-side times: both include it
         ),
         check_integrity=True,
     )
@@ -402,6 +405,7 @@ def test_a_run_config_can_split_the_deployment(tmp_path: Path) -> None:
         (["--disaggregation", "--decode-tp", "3"], "decode instances: tp=3 must be >= 1 and divide"),
         (["--disaggregation", "--enable-dp-attention"], "--enable-dp-attention"),
         (["--disaggregation", "--decode-router", "nope"], "invalid choice"),
+        (["--disaggregation", "--max-concurrency", "4"], "not --max-concurrency clients"),
     ],
 )  # fmt: skip
 def test_bad_disaggregation_settings_are_one_line_errors(

@@ -33,9 +33,9 @@ from radixsched.cli import main as cli_main
 from radixsched.config import SchedulerConfig
 from radixsched.engine.config import SHAPE_PRESETS
 from radixsched.engine.loader import LoadedModel, load_model
+from radixsched.engine.offline import Engine
 from radixsched.engine.runner import TorchRunner
 from radixsched.engine.smollm2 import find_smollm2_gguf
-from radixsched.engine.offline import Engine
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 from radixsched.runner import Batch, StepResult

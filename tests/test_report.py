@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from radixsched.policies import POLICIES
 from rich.console import Console
 
+from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.sim.metrics import (
     ADDITIONAL_KEYS,

@@ -1,29 +1,18 @@
 """``PrefillAdder``: decides which waiting requests, and how many tokens of each, go into the
 next prefill (extend) batch (spec section 2).
 
-Three budgets gate admission:
+Three budgets gate admission: compute (``rem_input_tokens``: ``--max-prefill-tokens``;
+``rem_chunk_tokens``: ``--chunked-prefill-size``, None without chunking); memory
+(``rem_total_tokens``: free + evictable KV minus the decode reservations of running and admitted
+requests, and ``cur_rem_tokens``: free + evictable minus what this round allocates now, both
+*live*: they re-read the allocator and the cache, so locking a prefix or preempting a request
+changes them at once); request slots (the scheduler's, and ``--prefill-max-requests``).
 
-* compute: ``rem_input_tokens`` (``--max-prefill-tokens``) and ``rem_chunk_tokens``
-  (``--chunked-prefill-size``; None when chunking is off);
-* memory: ``rem_total_tokens`` = free + evictable KV minus the decode reservations of running and
-  admitted requests (future growth), and ``cur_rem_tokens`` = free + evictable minus what this
-  round allocates now. Both are *live*: they re-read the allocator and the cache on each access,
-  so locking a prefix or preempting a request changes them at once;
-* request slots (checked by the scheduler, plus ``--prefill-max-requests`` here).
-
-Deviations from SGLang 0.5.23 (``compat="sglang"`` restores each):
-
-* symmetric decode reservations (spec 8.13): a newly admitted request reserves
-  ``min(remaining_new_tokens, clip) x ratio``, exactly what it will be charged once running,
-  instead of its full ``min(max_new_tokens, clip)``;
-* chunked admission (spec 8.14): a request that will be chunked needs its first chunk, one page
-  and its decode reservation to fit, not its whole prompt; continuation chunks are capped by the
-  memory that is actually there (``cur_rem_tokens``) instead of ignoring memory (spec 8.21;
-  also under compat, where SGLang's behaviour is an allocation failure), and a continuation
-  that cannot get a single page stalls the round with NO_TOKEN;
-* ``max_prefill_tokens`` is enforced for every request after the first (spec 8.15): with chunking
-  on, the chunk budget of a later request is ``min(rem_chunk_tokens, rem_input_tokens)``;
-* the ignore-eos completion simulation inserts a new entry at its sorted place (spec 8.16).
+Where radixsched deviates from SGLang 0.5.23 (``compat="sglang"`` restores each; ``config.
+COMPAT_NOTES`` lists them): symmetric decode reservations (spec 8.13), chunked admission by the
+first chunk (8.14), continuations capped by the memory that exists (8.21; both modes),
+``--max-prefill-tokens`` enforced after the first request (8.15), the ignore-eos simulation's
+sorted insert (8.16).
 """
 
 from __future__ import annotations
@@ -31,13 +20,15 @@ from __future__ import annotations
 import bisect
 import enum
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from radixsched.cache.base import BasePrefixCache
 from radixsched.config import SchedulerConfig
 from radixsched.kv import ceil_page, floor_page
+from radixsched.policies import prio_value
 from radixsched.request import Req
 
 IGNORE_EOS_RESERVE_TOKENS = 1
@@ -258,7 +249,7 @@ class PrefillAdder:
             max_new_check = min(req.remaining_new_tokens, cfg.clip_max_new_tokens)
         else:
             max_new_check = reservation
-        with _TempLock(self.cache, req.last_node):
+        with _locked(self.cache, req.last_node):
             shape = self._select(req, cand, max_new_check, has_chunked_req)
             if isinstance(shape, AddReqResult):
                 return shape
@@ -379,16 +370,16 @@ class PrefillAdder:
             for r in running
             if not r.finished and r not in self.preempt_list and id(r) not in admitted
         ]
-        cands.sort(key=lambda r: (_prio(r, sign) * -sign, -r.queue_entry_time))
+        cands.sort(key=lambda r: (prio_value(r, sign) * -sign, -r.queue_entry_time))
         need = (
             (req.fill_len - req.prefix_len)
             + min(req.max_new_tokens, cfg.clip_max_new_tokens)
             - self.rem_total_tokens
         )
         victims: list[Req] = []
-        req_p = _prio(req, sign)
+        req_p = prio_value(req, sign)
         for c in cands:
-            diff = (req_p - _prio(c, sign)) * -sign
+            diff = (req_p - prio_value(c, sign)) * -sign
             if diff > cfg.priority_scheduling_preemption_threshold:
                 victims.append(c)
                 need -= self.running_reservation(c)
@@ -406,24 +397,13 @@ class PrefillAdder:
         return True
 
 
-def _prio(r: Req, sign: int) -> int:
-    """A request's priority with None as the least important extreme (spec 1.12)."""
-    if r.priority is not None:
-        return r.priority
-    return (2**63 - 1) if sign > 0 else -(2**63)
-
-
-class _TempLock:
-    """Hold a lock on a node for the duration of the admission checks (spec 2.9 item 1)."""
-
-    def __init__(self, cache: BasePrefixCache, node: Any) -> None:
-        self.cache = cache
-        self.node = node
-
-    def __enter__(self) -> None:
-        if self.node is not None:
-            self.cache.inc_lock_ref(self.node)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.node is not None:
-            self.cache.dec_lock_ref(self.node)
+@contextmanager
+def _locked(cache: BasePrefixCache, node: Any) -> Iterator[None]:
+    """Hold a lock on ``node`` for the duration of the admission checks (spec 2.9 item 1)."""
+    if node is not None:
+        cache.inc_lock_ref(node)
+    try:
+        yield
+    finally:
+        if node is not None:
+            cache.dec_lock_ref(node)

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixsched.cli_common import (
+    COMMAND_HELP,
     DEFAULT_WORKLOAD,
     MAIN_POLICIES,
     CliError,
@@ -48,13 +49,13 @@ def _policy_names() -> list[str]:
 
 
 def _gpu_name(text: str) -> str:
-    """A GPU preset name, matched case-insensitively (h200 = H200)."""
-    from radixsched.sim.presets import GPUS
+    """A GPU preset's name for any case or common spelling (h200 = H200, a100 = A100-80G)."""
+    from radixsched.sim.presets import PresetError, get_gpu
 
-    for name in GPUS:
-        if name.lower() == text.lower():
-            return name
-    return text  # argparse then reports the invalid choice, with the valid ones
+    try:
+        return get_gpu(text).name
+    except PresetError:
+        return text  # argparse then reports the invalid choice, with the valid ones
 
 
 # ---- simulate ---------------------------------------------------------------------------------
@@ -66,6 +67,7 @@ SIMULATE_USAGE = (
 
 
 def _simulate_epilog() -> str:
+    from radixsched.sim.presets import MODELS
     from radixsched.sim.runconfig import RATE_RULE
     from radixsched.sim.workloads import describe_workloads
 
@@ -73,6 +75,9 @@ def _simulate_epilog() -> str:
         "workloads (--workload NAME:k=v,... or NAME:PATH; params not given take these "
         "defaults):\n"
         + describe_workloads()
+        + "\n\nmodel presets (--model): "
+        + ", ".join(MODELS)
+        + "; the local engine's tiny-random and smollm2-135m"
         + "\n\narrivals: "
         + RATE_RULE
         + ".\n\nexit status: 0 when every policy served requests, 1 when a policy served "
@@ -168,8 +173,16 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
         SimConfig,
         choices=_sim_choices(),
         overrides={
-            "gpu": {"type": _gpu_name, "help": "GPU preset (any case)"},
+            "gpu": {
+                "type": _gpu_name,
+                "help": "GPU preset (any case and common spellings: a100 = A100-80G)",
+            },
+            "model": {
+                "help": "model preset (listed below; any case, Hugging Face ids too), or a "
+                "Hugging Face config.json (a file or a model directory)"
+            },
             "tp": {"aliases": ["--tp-size"]},
+            "calibration": {"metavar": "PATH"},
             "dp": {"aliases": ["--dp-size"]},
             "decode_tp": {"aliases": ["--disaggregation-decode-tp"]},
             "prefill_gpu": {"type": _gpu_name},
@@ -180,12 +193,12 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
 
 def _sim_choices() -> dict[str, list[str]]:
     from radixsched.cluster.routers import ROUTERS
-    from radixsched.sim.presets import GPUS, MODELS
+    from radixsched.sim.presets import GPUS
 
-    gpus = list(GPUS)
-    routers = list(ROUTERS)
+    # --model takes a preset (any case, common spellings, Hugging Face ids) or a config.json
+    # path, so it has no choices; an unknown name fails in the early checks, listing presets.
+    gpus, routers = list(GPUS), list(ROUTERS)
     return {
-        "model": list(MODELS),
         "router": routers,
         "decode_router": routers,
         "gpu": gpus,
@@ -496,9 +509,10 @@ def _disagg_info(sim_cfg: Any) -> dict[str, Any] | None:
     )
     from radixsched.sim.simulate import build_cost_model
 
-    roles = {}
+    roles, costs = {}, []
     for name, spec in zip(("prefill", "decode"), role_specs(sim_cfg), strict=True):
         cost = build_cost_model(spec.sim_config(sim_cfg, host_tier=name == "prefill"))
+        costs.append(cost)
         roles[name] = {
             "instances": getattr(sim_cfg, f"{name}_instances"),
             "gpu": cost.gpu.name,
@@ -510,7 +524,7 @@ def _disagg_info(sim_cfg: Any) -> dict[str, Any] | None:
         "gpus": gpu_count(sim_cfg),
         **roles,
         "decode_router": sim_cfg.decode_router or DEFAULT_DECODE_ROUTER,
-        "link": LinkModel.of(sim_cfg).to_json(),
+        "link": LinkModel.between(sim_cfg, *costs).to_json(),
     }
 
 
@@ -531,6 +545,16 @@ def _workload_info(spec: str, workload: Workload, rs: RunSettings, opt: float) -
         "workload_seed": rs.workload.seed,
         "optimal_hit_rate": opt,
     }
+
+
+# Cost-model terms that are off (0) by default: shown in the header only when on.
+_EXTRA_TERMS = (
+    ("prefill_eff_tokens", "prefill efficiency T0", 1.0, " tokens"),
+    ("sched_step_s", "scheduler", 1e3, " ms/step"),
+    ("sched_per_req_s", "scheduler", 1e3, " ms/entry"),
+    ("sched_per_prefill_s", "scheduler", 1e3, " ms/prefill"),
+    ("request_latency_s", "request latency", 1e3, " ms"),
+)
 
 
 def _header(
@@ -556,13 +580,21 @@ def _header(
         roofline = (
             f"calibrated from {cm.get('calibration')} ({cm.get('calibration_points')} points)"
         )
+    roofline += "".join(
+        f", {label} {float(cm[key]) * scale:g}{unit}"
+        for key, label, scale, unit in _EXTRA_TERMS
+        if cm.get(key)
+    )
+    engine = f"engine {sim['engine_mode']}"
+    if sim.get("max_concurrency") is not None:
+        engine += f"; closed loop, {sim['max_concurrency']:,} clients"
     lines = [
         f"[dim]radixsched {meta['version']} · simulate · {meta['created']}[/]",
         f"[bold]workload[/]  {escape(workload.name)}: {escape(workload.params_text)}",
         f"          {len(workload.requests):,} requests, {workload.num_prompt_tokens:,} prompt "
         f"tokens; arrivals: {escape(workload.arrivals)}"
         + (" (no request rate given)" if winfo["request_rate"] is None else ""),
-        _system_line(cinfo, cm, sim, router),
+        _system_line(cinfo, cm, sim, router, engine),
         f"          cost model {escape(roofline)}",
         f"[bold]policies[/]  {', '.join(cinfo['policies'])}; optimal hit rate "
         f"{fmt_percent(winfo['optimal_hit_rate'])}",
@@ -571,7 +603,11 @@ def _header(
 
 
 def _system_line(
-    cinfo: Mapping[str, Any], cm: Mapping[str, Any], sim: Mapping[str, Any], router: str
+    cinfo: Mapping[str, Any],
+    cm: Mapping[str, Any],
+    sim: Mapping[str, Any],
+    router: str,
+    engine: str,
 ) -> str:
     from rich.markup import escape
 
@@ -581,7 +617,7 @@ def _system_line(
         return (
             f"[bold]system[/]    {model} on {escape(str(cm.get('gpu')))} x tp{sim['tp']}, dp "
             f"{cinfo['dp']}{router}; KV {cinfo['kv_capacity_tokens']:,} tokens; compat "
-            f"{cinfo['compat']}"
+            f"{cinfo['compat']}; {escape(engine)}"
         )
     link = d["link"]
     bw = link["bandwidth_gb_s"]
@@ -594,14 +630,18 @@ def _system_line(
         f"[bold]system[/]    {model}, {d['deployment']} on {d['gpus']} GPUs: {roles}\n"
         f"          KV over {link['link']} ({'inf' if bw is None else f'{bw:g}'} GB/s per GPU, "
         f"{link['latency_ms'] * 1e3:g} us a transfer, handshake {link['bootstrap_ms'] * 1e3:g} "
-        f"us){router}, decode router {d['decode_router']}; compat {cinfo['compat']}"
+        f"us){router}, decode router {d['decode_router']}; compat {cinfo['compat']}; "
+        f"{escape(engine)}"
     )
 
 
 # ---- entry point --------------------------------------------------------------------------------
 
 
-def build_parser() -> Parser:
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
+    """The CLI's parser. Given the arguments, only the command they name is built in full
+    (its module imported, its help computed); without them, every command is."""
+    wanted = set(COMMAND_HELP) if argv is None else {_command_in(argv)}
     parser = Parser(
         prog="radixsched",
         description="Cache-aware request scheduling for LLM serving: simulate policies on your "
@@ -610,35 +650,39 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"radixsched {version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sim = sub.add_parser(
-        "simulate",
-        help="replay a workload through the scheduler and compare policies",
-        description="Replay a workload (generated, or a trace) through the scheduler on a "
-        "simulated GPU and compare waiting-queue policies: hit rate, TTFT, TPOT, throughput, "
-        "who starves.",
-        usage=SIMULATE_USAGE,
-        epilog=_simulate_epilog(),
-    )
-    _add_simulate_args(sim)
-    sim.set_defaults(func=cmd_simulate, _parser=sim)
-    _add_optional_commands(sub)
+    if "simulate" in wanted:
+        sim = sub.add_parser(
+            "simulate",
+            help=COMMAND_HELP["simulate"],
+            description="Replay a workload (generated, or a trace) through the scheduler on a "
+            "simulated GPU and compare waiting-queue policies: hit rate, TTFT, TPOT, "
+            "throughput, who starves.",
+            usage=SIMULATE_USAGE,
+            epilog=_simulate_epilog(),
+        )
+        _add_simulate_args(sim)
+        sim.set_defaults(func=cmd_simulate, _parser=sim)
+    else:
+        sub.add_parser("simulate", help=COMMAND_HELP["simulate"])
+    from radixsched import cli_extra
+
+    cli_extra.register(sub, wanted)
     return parser
 
 
-def _add_optional_commands(sub: Any) -> None:
-    """Subcommands living in other modules register themselves here (kept lazy)."""
-    from radixsched import cli_extra
-
-    cli_extra.register(sub)
+def _command_in(argv: Sequence[str]) -> str:
+    """The subcommand the arguments name: the first that is not a global flag."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     try:
         args = parse_args(parser, argv)
     except SystemExit as e:  # usage error (printed) or --help: an exit status, not a raise
         return e.code if isinstance(e.code, int) else 2
-    args._argv = list(sys.argv[1:] if argv is None else argv)
+    args._argv = argv
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -4,7 +4,8 @@ with the simulator's metric names (``server.bench``; httpx is imported when it r
 Generated workloads take bench's own sizes (``BENCH_WORKLOAD_DEFAULTS``) for every param the
 spec leaves out, so ``--workload shared-prefix:groups=4`` stays small. Any failed request makes
 the command exit 1 after a summary of the failures by reason; a server that cannot be
-benchmarked, or a usage error, exits 2.
+benchmarked, or a usage error, exits 2. ``--sweep`` runs the calibrating sweep
+(``server.bench.run_sweep``) into one file for ``radixsched calibrate``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from radixsched.cli_common import CliError, run_metadata
+from radixsched.cli_common import COMMAND_HELP, CliError, run_metadata
 
 EXIT_FAILED = 1
 
@@ -40,7 +41,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
 
     p: argparse.ArgumentParser = sub.add_parser(
         "bench",
-        help="load a running server with a workload and report latency, throughput, hit rate",
+        help=COMMAND_HELP["bench"],
         description="Send a workload from the simulator's registry to a server's /generate "
         "(token ids, streaming) and report TTFT, inter-token latency, TPOT, E2E latency, "
         "throughput and the server's cache hit rate, with the simulator's metric names.",
@@ -98,6 +99,26 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="one row per request (CSV; Parquet if PATH ends in .parquet, needs pyarrow)",
     )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument(
+        "--flush-cache",
+        action="store_true",
+        help="empty the server's prefix cache before the run (POST /flush_cache)",
+    )
+    sweep = p.add_argument_group("calibrating sweep (input for 'radixsched calibrate')")
+    sweep.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run synchronous (one request at a time), a throughput probe (all at once, "
+        "--max-concurrency applying), then --sweep-rates Poisson rates between, each from a "
+        "flushed cache, into one --json file; --requests-csv rows name the stage in 'policy'",
+    )
+    sweep.add_argument(
+        "--sweep-rates",
+        type=int,
+        default=3,
+        metavar="K",
+        help="with --sweep: Poisson rates between synchronous and throughput (default: 3)",
+    )
     p.set_defaults(func=cmd_bench)
     return p
 
@@ -121,6 +142,10 @@ def _config(args: argparse.Namespace) -> Any:
         errors.append("--num-requests must be >= 1")
     if not args.timeout > 0:
         errors.append("--timeout must be > 0")
+    if args.sweep and not args.json_path:
+        errors.append("--sweep needs --json PATH (the file 'radixsched calibrate' reads)")
+    if args.sweep_rates < 0:
+        errors.append(f"--sweep-rates must be >= 0, got {args.sweep_rates}")
     try:
         slo = SloTargets(
             None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1e3,
@@ -152,6 +177,7 @@ def _config(args: argparse.Namespace) -> Any:
         seed=args.seed,
         timeout_s=args.timeout,
         slo=slo,
+        flush_cache=args.flush_cache,
     )
     try:
         workload = load_bench_workload(cfg)
@@ -163,9 +189,7 @@ def _config(args: argparse.Namespace) -> Any:
 def cmd_bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    from radixsched.server.bench import BenchError, run_bench, write_json
-    from radixsched.sim.metrics import request_rows
-    from radixsched.sim.table import write_requests
+    from radixsched.server.bench import BenchError, run_bench, run_sweep
 
     try:
         cfg, workload = _config(args)
@@ -174,10 +198,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"radixsched: error: {line}", file=sys.stderr)
         return 2
     try:
+        if args.sweep:
+            return _report_sweep(args, cfg, asyncio.run(run_sweep(cfg, between=args.sweep_rates)))
         result = asyncio.run(run_bench(cfg, workload))
     except BenchError as e:
         print(f"radixsched: error: {e}", file=sys.stderr)
         return 2
+    return _report(args, cfg, result)
+
+
+def _report(args: argparse.Namespace, cfg: Any, result: Any) -> int:
+    from radixsched.server.bench import write_json
+    from radixsched.sim.metrics import request_rows
+    from radixsched.sim.table import write_requests
+
     meta = run_metadata(getattr(args, "_argv", None))
     if args.json_path:
         write_json(args.json_path, result, meta)
@@ -197,5 +231,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.quiet:
             for line in result.failure_lines():
                 print(line, file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _report_sweep(args: argparse.Namespace, cfg: Any, sweep: Any) -> int:
+    from radixsched.server.bench import write_sweep_json
+    from radixsched.sim.metrics import request_rows
+    from radixsched.sim.table import write_requests
+
+    write_sweep_json(args.json_path, sweep, run_metadata(getattr(args, "_argv", None)))
+    if args.requests_csv:
+        rows = []
+        for stage, r in sweep.runs:
+            rows.extend(request_rows(f"{r.result.policy} ({stage})", r.requests, slo=cfg.slo))
+        write_requests(args.requests_csv, rows)
+    if not args.quiet:
+        print(sweep.render())
+        print(f"wrote {args.json_path}")
+    if sweep.num_failed:
+        total = sum(r.result.num_requests for _, r in sweep.runs)
+        print(
+            f"radixsched: error: {sweep.num_failed:,} of {total:,} requests failed:",
+            file=sys.stderr,
+        )
+        for line in sweep.failure_lines():
+            print(line, file=sys.stderr)
         return EXIT_FAILED
     return 0

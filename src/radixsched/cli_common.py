@@ -20,20 +20,27 @@ from typing import Any, NoReturn
 DEFAULT_WORKLOAD = "shared-prefix:groups=256,prompts=8,system_len=4096"
 MAIN_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
 
+# The subcommands, in help order, with their one-line help. Only the command being run has its
+# parser built (and its module imported); the others are one help line each.
+COMMAND_HELP = {
+    "simulate": "replay a workload through the scheduler and compare policies",
+    "sweep": "run a grid of simulations from a YAML config and report the results",
+    "generate": "generate completions offline with a real model under the scheduler",
+    "serve": "serve a model over HTTP (OpenAI-compatible API, /generate, /metrics)",
+    "bench": "load a running server with a workload and report latency, throughput, hit rate",
+    "calibrate": "fit the simulator's cost model to measured runs (or profile the local engine)",
+}
+
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
 def version() -> str:
-    """The installed package's version (the source tree's when not installed)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    """The package's version (one source: ``radixsched.__version__``, which the build reads)."""
+    from radixsched import __version__
 
-    try:
-        return dist_version("radixsched")
-    except PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 def run_metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:

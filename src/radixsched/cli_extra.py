@@ -1,18 +1,29 @@
-"""Subcommands beyond ``simulate``: sweep, generate, serve, bench. Each module is imported only
-to register its parser; heavy dependencies load when the command runs."""
+"""Subcommands beyond ``simulate``: sweep, generate, serve, bench, calibrate. Only the command
+being run has its parser built (its module imported); the others are one help line each."""
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
+from radixsched.cli_common import COMMAND_HELP
 
-def register(sub: Any) -> None:
-    from radixsched.cli_bench import add_bench_parser
-    from radixsched.cli_generate import add_generate_parser
-    from radixsched.cli_serve import add_serve_parser
-    from radixsched.sim.sweep import add_sweep_parser
+# command -> (module, function registering its parser on a subparsers object)
+_BUILDERS = {
+    "sweep": ("radixsched.sim.sweep", "add_sweep_parser"),
+    "generate": ("radixsched.cli_generate", "add_generate_parser"),
+    "serve": ("radixsched.cli_serve", "add_serve_parser"),
+    "bench": ("radixsched.cli_bench", "add_bench_parser"),
+    "calibrate": ("radixsched.cli_calibrate", "add_calibrate_parser"),
+}
 
-    for add in (add_sweep_parser, add_generate_parser, add_serve_parser, add_bench_parser):
-        parser = add(sub)
+
+def register(sub: Any, wanted: set[str]) -> None:
+    """Add every subcommand to ``sub``: those in ``wanted`` in full, the rest as help lines."""
+    for name, (module, function) in _BUILDERS.items():
+        if name not in wanted:
+            sub.add_parser(name, help=COMMAND_HELP[name])
+            continue
+        parser = getattr(import_module(module), function)(sub)
         # Unknown arguments are reported by the subcommand, with its closest flags.
         parser.set_defaults(_parser=parser)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from radixsched.cli_common import CliError, default_threads, scheduler_choices
+from radixsched.cli_common import COMMAND_HELP, CliError, default_threads, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 
@@ -32,7 +32,7 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``generate`` on a subparsers object (``radixsched generate``)."""
     p: argparse.ArgumentParser = sub.add_parser(
         "generate",
-        help="generate completions offline with a real model under the scheduler",
+        help=COMMAND_HELP["generate"],
         description="Generate completions for one or more prompts with a real model, through "
         "the radixsched scheduler (prefix cache included). Scheduler flags carry SGLang's names.",
     )

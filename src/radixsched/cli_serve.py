@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from radixsched.cli_common import default_threads, scheduler_choices
+from radixsched.cli_common import COMMAND_HELP, default_threads, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 from radixsched.server.guard import (
     BODY_BYTES_PER_CONTEXT_TOKEN,
@@ -40,7 +40,7 @@ MIN_TOKENS_PER_RUNNING = 64
 def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "serve",
-        help="serve a model over HTTP (OpenAI-compatible API, /generate, /metrics)",
+        help=COMMAND_HELP["serve"],
         description="Serve a model with the radixsched scheduler: /v1/completions, "
         "/v1/chat/completions, /generate, /v1/models, /server_info, /health, /metrics, "
         "/flush_cache. Scheduler flags carry SGLang's names.",

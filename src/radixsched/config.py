@@ -61,8 +61,9 @@ COMPAT_NOTES: dict[str, str] = {
     "hrrn work": "uncached work counts the prompt only, so a retracted request can look free "
     "(radixsched: prompt + output, like shortest-prefill-first)",
     "policy matching": "cache-aware policies score with match_prefix (splits nodes, refreshes "
-    "recency); dfs-weight ignores in-batch dedup (radixsched: read-only match_len plus the "
-    "waiting-prefix touch, except dfs-weight, which needs nodes and also defers duplicates)",
+    "recency); dfs-weight ignores in-batch dedup (radixsched: read-only matching for every "
+    "policy plus the waiting-prefix touch; dfs-weight orders match ends as if split there, and "
+    "defers duplicates too)",
 }
 
 

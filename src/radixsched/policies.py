@@ -40,13 +40,14 @@ that stay backlogged, their weighted service differs by at most a constant.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -185,51 +186,34 @@ class Policy:
 ENTRY_POINT_GROUP = "radixsched.policies"
 
 
-class PolicyRegistry(dict[str, Policy]):
+class PolicyRegistry(Mapping[str, Policy]):
     """The policies by name. Other packages' policies come from the ``radixsched.policies``
     entry points (importing each entry point's object registers them), loaded on the first
     look-up of a name that is not built in or the first listing: an installed package's
     policy is a name ``simulate``, ``sweep`` and ``serve`` accept, and a run of built-in
     policies never scans the installed packages."""
 
-    _loaded = False
+    def __init__(self) -> None:
+        self.by_name: dict[str, Policy] = {}  # what is registered so far (no plugin scan)
+        self._loaded = False
 
     def _load(self) -> None:
         if not self._loaded:
             self._loaded = True
             load_plugins()
 
-    def __contains__(self, name: object) -> bool:
-        if not super().__contains__(name):
-            self._load()
-        return super().__contains__(name)
-
     def __getitem__(self, name: str) -> Policy:
-        self.__contains__(name)  # a miss loads the plugins first
-        return super().__getitem__(name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return super().get(name, default) if name in self else default
+        if name not in self.by_name:
+            self._load()
+        return self.by_name[name]
 
     def __iter__(self) -> Iterator[str]:
         self._load()
-        return super().__iter__()
+        return iter(self.by_name)
 
     def __len__(self) -> int:
         self._load()
-        return super().__len__()
-
-    def keys(self) -> Any:
-        self._load()
-        return super().keys()
-
-    def values(self) -> Any:
-        self._load()
-        return super().values()
-
-    def items(self) -> Any:
-        self._load()
-        return super().items()
+        return len(self.by_name)
 
 
 def load_plugins() -> list[str]:
@@ -254,13 +238,13 @@ LPM = "lpm"
 
 def register(policy: Policy) -> Policy:
     """Add a policy to the registry (names are unique; the CLI's choices come from here)."""
-    if dict.__contains__(POLICIES, policy.name):
+    if policy.name in POLICIES.by_name:
         raise ValueError(f"schedule policy {policy.name!r} is already registered")
     if (policy.key is None) == (policy.order is None):
         raise ValueError(f"policy {policy.name!r} needs exactly one of key= and order=")
     if policy.name != policy.name.strip() or not policy.name or "," in policy.name:
         raise ValueError(f"policy name {policy.name!r} must be non-empty, without commas")
-    dict.__setitem__(POLICIES, policy.name, policy)
+    POLICIES.by_name[policy.name] = policy
     return policy
 
 
@@ -277,17 +261,15 @@ def policy(name: str, help: str, *, reads: Reads = Reads.NONE, kind: str = "key"
     return wrap
 
 
-def sglang_variant(reads: Reads = Reads.NONE, kind: str = "key") -> Callable[[Any], Policy]:
-    """Decorator for the SGLang variant of the policy registered just before (see below)."""
+def sglang_variant(base: str, reads: Reads = Reads.NONE, kind: str = "key") -> Any:
+    """Decorator attaching ``fn`` as the SGLang 0.5.23 variant of policy ``base``."""
 
-    def wrap(fn: Any) -> Policy:
-        return Policy(fn.__name__, "", reads, **{kind: fn})
+    def wrap(fn: Any) -> Any:
+        variant = Policy(fn.__name__, "", reads, **{kind: fn})
+        POLICIES.by_name[base] = dataclasses.replace(POLICIES.by_name[base], sglang=variant)
+        return fn
 
     return wrap
-
-
-def _with_sglang(base: Policy, variant: Policy) -> None:
-    dict.__setitem__(POLICIES, base.name, Policy(**{**base.__dict__, "sglang": variant}))
 
 
 def get_policy(name: str) -> Policy:
@@ -318,6 +300,13 @@ def priority_term(r: RequestView, config: SchedulerConfig) -> tuple[int, int]:
     one (``default_priority_value`` when set, spec 1.12); ``req.priority`` is never modified."""
     p = r.priority if r.priority is not None else config.default_priority_value
     return (1, 0) if p is None else (0, p * config.priority_sign)
+
+
+def prio_value(r: Any, sign: int) -> int:
+    """A request's priority, None as the least important extreme (spec 1.12)."""
+    if r.priority is not None:
+        return int(r.priority)
+    return (2**63 - 1) if sign > 0 else -(2**63)
 
 
 def dedup_rep_key(r: RequestView) -> tuple[int, float, float, str]:
@@ -352,7 +341,7 @@ def fcfs(r: RequestView, rnd: Round) -> Key:
     return (r.queue_entry_time, r.arrival_time)
 
 
-@sglang_variant()
+@sglang_variant(FCFS)
 def fcfs_sglang(r: RequestView, rnd: Round) -> Key:
     # SGLang keeps the current list order, and sorts by entry time only under priorities.
     return (r.queue_entry_time,) if rnd.config.enable_priority_scheduling else ()
@@ -363,7 +352,7 @@ def lof(r: RequestView, rnd: Round) -> Key:
     return (-r.max_new_tokens, r.queue_entry_time, r.arrival_time)
 
 
-@sglang_variant()
+@sglang_variant("lof")
 def lof_sglang(r: RequestView, rnd: Round) -> Key:
     return (-r.max_new_tokens,)
 
@@ -388,7 +377,7 @@ def random_order(queue: list[Any], rnd: Round) -> Iterator[int]:
         yield i
 
 
-@sglang_variant(Reads.RANDOM, kind="order")
+@sglang_variant("random", Reads.RANDOM, kind="order")
 def random_sglang(queue: list[Any], rnd: Round) -> Iterator[int]:
     assert rnd.rng is not None
     rnd.rng.shuffle(queue)  # the whole list, every round
@@ -415,7 +404,7 @@ def routing_key(queue: list[Any], rnd: Round) -> Iterator[int]:
     return iter(range(len(queue)))
 
 
-@sglang_variant(Reads.RUNNING_KEYS, kind="order")
+@sglang_variant("routing-key", Reads.RUNNING_KEYS, kind="order")
 def routing_key_sglang(queue: list[Any], rnd: Round) -> Iterator[int]:
     counts = rnd.running_keys()
     if counts:
@@ -443,7 +432,7 @@ def lpm(r: RequestView, rnd: Round) -> Key:
     return (1, deferred, -r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time)
 
 
-@sglang_variant(Reads.MATCH | Reads.DEDUP)
+@sglang_variant(LPM, Reads.MATCH | Reads.DEDUP)
 def lpm_sglang(r: RequestView, rnd: Round) -> Key:
     if rnd.overdue(r):
         return (0, r.queue_entry_time, r.arrival_time)
@@ -467,7 +456,7 @@ def dfs_weight(queue: list[Any], rnd: Round) -> Iterator[int]:
     return iter(range(len(queue)))
 
 
-@sglang_variant(Reads.MATCH | Reads.TREE, kind="order")
+@sglang_variant("dfs-weight", Reads.MATCH | Reads.TREE, kind="order")
 def dfs_weight_sglang(queue: list[Any], rnd: Round) -> Iterator[int]:
     assert rnd.tree_order is not None
     queue[:] = [queue[i] for i in rnd.tree_order()]
@@ -497,7 +486,7 @@ def hrrn(r: RequestView, rnd: Round) -> Key:
     return (ratio, r.queue_entry_time, r.arrival_time, r.rid)
 
 
-@sglang_variant(Reads.MATCH | Reads.DEDUP | Reads.CLOCK)
+@sglang_variant("hrrn", Reads.MATCH | Reads.DEDUP | Reads.CLOCK)
 def hrrn_sglang(r: RequestView, rnd: Round) -> Key:
     # SGLang counts the prompt only as uncached work (spec 1.7) and ties by request id.
     return (_hrrn_ratio(r, rnd, r.prompt_len - r.num_matched_prefix_tokens), r.rid)
@@ -536,7 +525,7 @@ def shortest_prefill_first(r: RequestView, rnd: Round) -> Key:
     return (r.rid in rnd.deferred, prefill_work(r), r.queue_entry_time, r.arrival_time)
 
 
-@sglang_variant(Reads.MATCH | Reads.DEDUP)
+@sglang_variant("shortest-prefill-first", Reads.MATCH | Reads.DEDUP)
 def spf_sglang(r: RequestView, rnd: Round) -> Key:
     return (r.rid in rnd.deferred, prefill_work(r), r.queue_entry_time)
 
@@ -558,19 +547,6 @@ def fair(queue: list[Any], rnd: Round) -> Iterator[int]:
         reqs.sort(key=lambda r: (-r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time))
     queue[:] = rnd.fair.merge(by_tenant)
     return iter(range(len(queue)))
-
-
-for _base, _variant in (
-    (FCFS, fcfs_sglang),
-    ("lof", lof_sglang),
-    ("random", random_sglang),
-    ("routing-key", routing_key_sglang),
-    (LPM, lpm_sglang),
-    ("hrrn", hrrn_sglang),
-    ("shortest-prefill-first", spf_sglang),
-    ("dfs-weight", dfs_weight_sglang),
-):
-    _with_sglang(dict.__getitem__(POLICIES, _base), _variant)
 
 
 # ---- fair policy state ---------------------------------------------------------------------------

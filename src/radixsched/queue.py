@@ -38,6 +38,7 @@ from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
 from radixsched.config import SchedulerConfig
 from radixsched.policies import (
     FCFS,
+    POLICIES,
     SGLANG_PREFIX_MATCH_CAP,
     Policy,
     Reads,
@@ -59,7 +60,7 @@ def resolve_policy(config: SchedulerConfig, cache: BasePrefixCache) -> Policy:
     """The configured policy, validated against the cache and the priority settings."""
     base = get_policy(config.schedule_policy)
     if config.enable_priority_scheduling and not base.supports_priority:
-        valid = ", ".join(n for n, p in _registry().items() if p.supports_priority)
+        valid = ", ".join(n for n, p in POLICIES.items() if p.supports_priority)
         raise ValueError(
             f"--enable-priority-scheduling requires schedule policy {valid}; got {base.name!r}"
         )
@@ -76,12 +77,6 @@ def resolve_policy(config: SchedulerConfig, cache: BasePrefixCache) -> Policy:
         )
         return get_policy(FCFS)
     return base
-
-
-def _registry() -> dict[str, Policy]:
-    from radixsched.policies import POLICIES
-
-    return POLICIES
 
 
 class RoundOrder:

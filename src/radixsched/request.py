@@ -50,13 +50,7 @@ class FinishReason(enum.Enum):
 
     @property
     def openai_name(self) -> str:
-        return (
-            "length"
-            if self is FinishReason.LENGTH
-            else "stop"
-            if self is FinishReason.STOP
-            else "abort"
-        )
+        return self.value  # OpenAI's finish_reason strings
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ Contract for implementers:
 - ``decode_multi`` is optional (``supports_multi_step``): the simulator uses it to jump over
   decode steps in which nothing but lengths change; a real runner leaves it unsupported.
   A multi-step runner's tokens depend only on the request and the position, never on how
-  steps were grouped, and ``tokens_at`` returns them again on demand: the scheduler may then
-  defer writing decode tokens into requests until someone reads them
-  (``Scheduler(defer_decode_state=True)``).
+  steps were grouped, and ``tokens_at`` returns them again on demand (the accelerated
+  scheduler writes decode tokens into requests only when they leave the batch).
 """
 
 from __future__ import annotations

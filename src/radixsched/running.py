@@ -6,14 +6,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from radixsched.kv import ceil_page
+from radixsched.policies import prio_value
 from radixsched.request import Req
-
-
-def prio_value(r: Req, sign: int) -> int:
-    """A request's priority, None as the least important extreme (spec 1.12)."""
-    if r.priority is not None:
-        return r.priority
-    return (2**63 - 1) if sign > 0 else -(2**63)
 
 
 def running_decode_tokens(reqs: list[Req], clip: int) -> tuple[int, int]:

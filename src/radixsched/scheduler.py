@@ -40,12 +40,12 @@ from radixsched.clock import Clock, VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.disagg import DecodeRole, PrefillRole, Role, effective_config, role_for
 from radixsched.kv import KVManager, ceil_page
-from radixsched.policies import validate_priority
+from radixsched.policies import prio_value, validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.runner import Batch, ExtendEntry, ModelRunner
-from radixsched.running import RunningBatch, prio_value
+from radixsched.running import RunningBatch
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,10 @@ def resolve_max_running_requests(config: SchedulerConfig, capacity: int, context
 
 
 class Scheduler:
+    # The parts an accelerated scheduler replaces (``radixsched.fast.FastScheduler``).
+    kv_class: type[KVManager] = KVManager
+    queue_class: type[WaitingQueue] = WaitingQueue
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -134,8 +138,14 @@ class Scheduler:
         self.host_tier = host_tier
         on_evict = host_tier.on_evict if host_tier is not None else None
         self.cache: BasePrefixCache = make_cache(config, self.allocator, on_evict=on_evict)
-        self.kv = self._make_kv(host_tier)
-        self.queue = self._make_queue()
+        self.kv = self.kv_class(
+            self.cache,
+            self.allocator,
+            host_tier=host_tier,
+            priority_sign=config.priority_sign,
+            compat=config.sglang_compat,
+        )
+        self.queue = self.queue_class(config, self.cache)
         self.policy = self.queue.policy
         self.batch = self._make_running()
         self.capacity = self.allocator.total_size
@@ -154,19 +164,6 @@ class Scheduler:
         self.decode_role = self.disagg if isinstance(self.disagg, DecodeRole) else None
         if self.prefill_role is not None:
             self.queue.ahead = self.prefill_role.refresh_head
-
-    def _make_kv(self, host_tier: Any) -> KVManager:
-        cfg = self.config
-        return KVManager(
-            self.cache,
-            self.allocator,
-            host_tier=host_tier,
-            priority_sign=cfg.priority_sign,
-            compat=cfg.sglang_compat,
-        )
-
-    def _make_queue(self) -> WaitingQueue:
-        return WaitingQueue(self.config, self.cache)
 
     def _make_running(self) -> RunningBatch:
         return RunningBatch()
@@ -261,37 +258,35 @@ class Scheduler:
         in_flight = self.prefill_role is not None and rid in self.prefill_role.inflight
         if req is None or (req.finished and not in_flight):
             return False
-        keep = not self.config.sglang_compat  # radixsched caches what it computed
-        if req in self.waiting:
-            self.queue.remove(req)
-        elif req is self.chunked_req:
-            self.chunked_req = None
-            self.kv.release(req, cache_kv=keep)
-        elif req in self.running:
-            self.batch.remove([req])
-            self.batch_is_full = False
-            self.kv.release(req, cache_kv=keep)
-        elif self.disagg is not None:
-            self.disagg.drop(req, cache_kv=keep)
+        self._detach(req, cache_kv=not self.config.sglang_compat)  # radixsched caches its KV
         self._finish_aborted(req, status_code, message)
         return True
 
     def discard(self, req: Req, status_code: int, message: str) -> None:
         """Abort ``req`` wherever it is (a batch whose forward failed included), dropping its
         KV, whose last positions may never have been written."""
-        if req.finished:
-            return
-        if req in self.running:
-            self.batch.remove([req])
-        if self.chunked_req is req:
-            self.chunked_req = None
+        if not req.finished:
+            self._detach(req, cache_kv=False)
+            self.batch_is_full = False
+            self.kv.release(req, cache_kv=False)  # a failed batch's member is in no list
+            self._finish_aborted(req, status_code, message)
+
+    def _detach(self, req: Req, *, cache_kv: bool) -> None:
+        """Take ``req`` out of the queue, the chunked slot, the running batch or a role's
+        queues; release it."""
         if req in self.waiting:
             self.queue.remove(req)
-        if self.disagg is not None:
-            self.disagg.drop(req, cache_kv=False)
-        self.batch_is_full = False
-        self.kv.release(req, cache_kv=False)
-        self._finish_aborted(req, status_code, message)
+            return
+        if req is self.chunked_req:
+            self.chunked_req = None
+        elif req in self.running:
+            self.batch.remove([req])
+            self.batch_is_full = False
+        else:
+            if self.disagg is not None:  # in a role's queue (it releases what it holds)
+                self.disagg.drop(req, cache_kv=cache_kv)
+            return
+        self.kv.release(req, cache_kv=cache_kv)
 
     def _finish_aborted(self, req: Req, code: int, message: str) -> None:
         req.finish = FinishState(FinishReason.ABORT, message, code)

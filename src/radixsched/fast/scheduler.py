@@ -53,6 +53,8 @@ class ChunkPlan(NamedTuple):
 
 
 class FastScheduler(Scheduler):
+    kv_class = FastKVManager
+    queue_class = FastWaitingQueue
     queue: FastWaitingQueue
     batch: FastRunningBatch
 
@@ -66,19 +68,6 @@ class FastScheduler(Scheduler):
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
         self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
-
-    def _make_kv(self, host_tier: Any) -> FastKVManager:
-        cfg = self.config
-        return FastKVManager(
-            self.cache,
-            self.allocator,
-            host_tier=host_tier,
-            priority_sign=cfg.priority_sign,
-            compat=cfg.sglang_compat,
-        )
-
-    def _make_queue(self) -> FastWaitingQueue:
-        return FastWaitingQueue(self.config, self.cache)
 
     def _make_running(self) -> FastRunningBatch:
         return FastRunningBatch(self)

@@ -100,6 +100,7 @@ class BenchConfig:
     timeout_s: float = 600.0
     temperature: float = 0.0
     slo: SloTargets = field(default_factory=SloTargets)
+    flush_cache: bool = False  # POST /flush_cache before the run (each run starts cold)
 
 
 @dataclass(frozen=True)
@@ -137,16 +138,20 @@ class BenchResult:
     requests: tuple[Req, ...] = ()  # as summarised (client-side times)
 
     def to_document(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``{"meta", "workload", "config", "results": [one result]}``, as ``simulate --json``."""
+        """``{"meta", "workload", "config", "results": [one result], "requests": [...]}``, as
+        ``simulate --json`` plus one record per request (``request_records``), which
+        ``radixsched calibrate`` replays."""
         from radixsched.sim.table import to_jsonable
 
         cfg = dataclasses.asdict(self.config)
         cfg.pop("api_key", None)
+        limits = {"vocab_size": self.server.vocab_size, "context_len": self.server.context_len}
         return {
             "meta": to_jsonable(meta or {}),
             "workload": to_jsonable(self.workload_info),
-            "config": to_jsonable({"bench": cfg, "server": self.server.info}),
+            "config": to_jsonable({"bench": cfg, "server": self.server.info, "limits": limits}),
             "results": [to_jsonable(self.result.to_json())],
+            "requests": request_records(self.records),
         }
 
     def failure_lines(self) -> list[str]:
@@ -207,6 +212,26 @@ class BenchResult:
             )
         lines.extend(self.failure_lines())
         return "\n".join(lines)
+
+
+def request_records(records: tuple[RequestRecord, ...]) -> list[dict[str, Any]]:
+    """What calibration replays: per request its sizes, when it was sent, and when each token
+    arrived (seconds from the run's start; ``error`` set and times empty for a failure)."""
+    out = []
+    for rec in records:
+        row: dict[str, Any] = {
+            "rid": rec.req.rid,
+            "prompt_len": rec.req.prompt_len,
+            "output_len": len(rec.token_times),
+            "max_new_tokens": rec.req.sampling.max_new_tokens,
+            "sent_at": rec.sent_at,
+            "token_times": [round(t, 7) for t in rec.token_times],
+            "finished_at": rec.finished_at,
+        }
+        if rec.error is not None or rec.finish is None:
+            row["error"] = rec.error or "no finish"
+        out.append(row)
+    return out
 
 
 def write_json(path: str, result: BenchResult, meta: dict[str, Any] | None = None) -> None:
@@ -445,6 +470,8 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         base_url=cfg.url, headers=_headers(cfg.api_key), limits=limits, timeout=timeout
     ) as client:
         server = await fetch_limits(client)
+        if cfg.flush_cache:
+            await flush_server_cache(client)
         reqs = [fit_request(r, server) for r in wl.requests]
         records = [RequestRecord(r) for r in reqs]
         before = await read_hit_counters(client)
@@ -533,12 +560,131 @@ def load_bench_workload(cfg: BenchConfig) -> Workload:
     )
 
 
+async def flush_server_cache(client: Any) -> None:
+    """Empty the server's prefix cache (``POST /flush_cache``), waiting for it to go idle."""
+    import httpx
+
+    for _ in range(100):
+        try:
+            r = await client.post("/flush_cache")
+        except httpx.HTTPError as e:
+            raise BenchError(f"cannot flush the server's cache: {describe_error(e, 30.0)}") from e
+        if r.status_code == 200:
+            return
+        if r.status_code == 404:
+            raise BenchError("the server has no /flush_cache: run without --flush-cache")
+        await asyncio.sleep(0.1)
+    raise BenchError(f"/flush_cache kept answering {r.status_code}: {r.text[:200]}")
+
+
+# ---- the calibrating sweep ---------------------------------------------------------------------
+
+SWEEP_FORMAT = "radixsched-bench-sweep"
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    runs: tuple[tuple[str, BenchResult], ...]  # (stage name, result) in the order run
+
+    @property
+    def num_failed(self) -> int:
+        return sum(r.num_failed for _, r in self.runs)
+
+    def to_document(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``{"format", "version", "meta", "runs": [{"stage", <a bench document less meta>}]}``."""
+        from radixsched.sim.table import to_jsonable
+
+        runs = []
+        for name, r in self.runs:
+            doc = r.to_document()
+            doc.pop("meta")
+            runs.append({"stage": name, **doc})
+        return {
+            "format": SWEEP_FORMAT,
+            "version": 1,
+            "meta": to_jsonable(meta or {}),
+            "runs": runs,
+        }
+
+    def failure_lines(self) -> list[str]:
+        """Each stage's failures grouped by reason (empty when none failed)."""
+        lines: list[str] = []
+        for name, r in self.runs:
+            lines.extend(
+                f"{name}: {line}" if k == 0 else line for k, line in enumerate(r.failure_lines())
+            )
+        return lines
+
+    def render(self) -> str:
+        from radixsched.sim.table import fmt_rate, fmt_seconds
+
+        rows = [
+            ["stage", "sent/s", "conc", "served/s", "TTFT mean", "ITL mean", "E2E mean", "failed"]
+        ]
+        for name, b in self.runs:
+            r, c = b.result, b.config
+            rate = c.request_rate
+            rows.append(
+                [
+                    name,
+                    "trace" if rate is None else "inf" if math.isinf(rate) else fmt_rate(rate),
+                    "-" if c.max_concurrency is None else str(c.max_concurrency),
+                    fmt_rate(r.throughput.requests_per_s),
+                    *(fmt_seconds(s.mean) if s.n else "-" for s in (r.ttft_s, r.itl_s, r.e2e_s)),
+                    f"{b.num_failed:,}",
+                ]
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        return "\n".join(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+            for row in rows
+        )
+
+
+def sweep_rates(sync_rps: float, max_rps: float, between: int) -> list[float]:
+    """``between`` Poisson rates evenly spaced strictly between the synchronous and the
+    throughput probe's request rates (GuideLLM's sweep does the same)."""
+    lo, hi = min(sync_rps, max_rps), max(sync_rps, max_rps)
+    return [lo + (hi - lo) * (k + 1) / (between + 1) for k in range(between)]
+
+
+async def run_sweep(cfg: BenchConfig, *, between: int = 3) -> SweepResult:
+    """The sweep that calibrates best: synchronous (one request at a time), a throughput
+    probe (every request at once, ``cfg.max_concurrency`` still applying), then ``between``
+    Poisson rates between the two. Each run starts with an empty prefix cache."""
+    if between < 0:
+        raise BenchError(f"--sweep-rates must be >= 0, got {between}")
+    base = dataclasses.replace(cfg, flush_cache=True)
+    sync = await run_bench(dataclasses.replace(base, request_rate=math.inf, max_concurrency=1))
+    probe = await run_bench(dataclasses.replace(base, request_rate=math.inf))
+    runs = [("synchronous", sync), ("throughput", probe)]
+    rates = sweep_rates(
+        sync.result.throughput.requests_per_s, probe.result.throughput.requests_per_s, between
+    )
+    for rate in rates:
+        res = await run_bench(dataclasses.replace(base, request_rate=rate, max_concurrency=None))
+        runs.append((f"rate {rate:.3g}", res))
+    return SweepResult(tuple(runs))
+
+
+def write_sweep_json(path: str, sweep: SweepResult, meta: dict[str, Any] | None = None) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(sweep.to_document(meta), f, indent=2, allow_nan=False)
+        f.write("\n")
+
+
 __all__ = [
     "BENCH_WORKLOAD_DEFAULTS",
     "BenchConfig",
     "BenchError",
     "BenchResult",
+    "SweepResult",
     "load_bench_workload",
     "run_bench",
+    "run_sweep",
     "write_json",
+    "write_sweep_json",
 ]

@@ -11,10 +11,12 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
             + 4*L*H*D * ( sum_extend (N*P + N*(N+1)/2) + sum_decode c )
     bytes   = W(T)                                    weights read once per step
             + kv_gpu * tp * ( sum_extend (P + N) + sum_decode c )
-    compute = FLOPs / (peak * mfu * tp)
+    compute = FLOPs / (peak * mfu * tp) * (1 + T0 / T)        T0 = prefill_eff_tokens
     memory  = bytes / (hbm_bw * mbu * tp)
     host    = kv_gpu * (tokens loaded back from the host tier) / pcie_bw
-    step    = max(compute, memory) + step_overhead_s + host
+    allred  = 2*L * (link_latency + 2*(tp-1)/tp * T*hidden*b / link_bw)      (0 at tp = 1)
+    sched   = sched_step_s + sched_per_req_s * entries + sched_per_prefill_s * extends
+    step    = max(compute, memory) + step_overhead_s + sched + allred + host
 
 - ``2*A`` FLOPs per token cover every matmul (embedding and LM head included, a ~3% overcount
   for 8B models). Attention costs ``4*H*D`` FLOPs per layer per (query, key) pair (QK^T and
@@ -25,10 +27,21 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
 - ``kv_gpu = 2*L*ceil(KV/tp)*D*b`` is one token's KV on one GPU; KV heads are replicated
   when ``tp`` exceeds their count. For ``tp`` dividing the KV heads,
   ``kv_gpu*tp = kv_bytes_per_token = 2*L*KV*D*b`` (131,072 bytes for Llama-3.1-8B in bf16).
+- Matmuls over ``T`` tokens reach ``mfu * T / (T + T0)`` of peak: small prefills do not reach
+  the large-GEMM fraction (decode steps, with ``T`` = batch entries, are memory-bound anyway
+  for ``T0`` well below the roofline's ridge point).
+- Tensor parallelism: two all-reduces per layer (after attention and after the MLP) of the
+  step's hidden states, ring cost over the GPU link plus a fixed latency per collective, not
+  overlapped. Multi-head latent attention (DeepSeek) caches one latent per token and layer,
+  replicated on every rank.
+- Scheduler CPU time the step does not hide: a constant plus a term per batch entry and per
+  prefill entry (admission, building the extend).
 - Host-tier load-back overlaps nothing: its copy time is added to the step.
-- Not modelled: tensor-parallel all-reduce (``tp`` divides time exactly), activations'
-  memory traffic, sampling, CUDA-graph padding, the LM head being run only on the last
-  prefill token.
+- ``request_latency_s`` (HTTP, tokenization, detokenization, first-chunk flush) is no part of
+  a step: the simulator delays each request's arrival at the scheduler by it and reports
+  client-side TTFT and E2E (``sim.arrivals``).
+- Not modelled: activations' memory traffic, sampling, CUDA-graph padding, the LM head being
+  run only on the last prefill token, all-reduce overlap with compute.
 
 Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
 ---------------------------------------------------------------------------
@@ -43,6 +56,13 @@ Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
   defaults a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms (143 tokens/s), of
   which the weight read at full datasheet bandwidth is 4.8 ms. Use ``--calibration`` when
   measured numbers are at hand.
+- ``prefill_eff_tokens = 0`` (off): uncalibrated step times stay those of release 0.1.0
+  (``tests/test_golden.py`` replays them bit for bit). GEMMs below a few hundred rows lose
+  tiles and waves; a measured value (``radixsched calibrate`` fits it) is typically tens to a
+  few hundred tokens, and 64 would keep 8,192-token chunks within 1% of ``mfu``.
+- ``sched_step_s = sched_per_req_s = sched_per_prefill_s = 0`` and ``request_latency_s = 0``:
+  an overlap scheduler hides most CPU time and a client's own latency is unknown; uncalibrated
+  predictions are optimistic by those amounts. ``radixsched calibrate`` fits them.
 - ``mem_fraction_static = 0.88``: SGLang's flag: weights plus the KV pool may use this share
   of device memory; the rest is left to activations and CUDA graphs.
 
@@ -72,6 +92,7 @@ context tokens of a decode batch), ``ms``. Other columns are ignored. Lookup ``T
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import math
@@ -87,7 +108,7 @@ import numpy.typing as npt
 
 from radixsched.request import Req, SlotArray
 from radixsched.runner import Batch, ExtendEntry, ModelRunner, MultiDecodeResult, StepResult
-from radixsched.sim.presets import GPUSpec, ModelSpec, PresetError, get_gpu, get_model
+from radixsched.sim.presets import GPUSpec, ModelSpec, PresetError, get_gpu
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -98,6 +119,11 @@ DEFAULT_MFU = 0.55
 DEFAULT_MBU = 0.80
 DEFAULT_STEP_OVERHEAD_S = 0.001
 DEFAULT_MEM_FRACTION_STATIC = 0.88
+DEFAULT_PREFILL_EFF_TOKENS = 0.0
+DEFAULT_SCHED_STEP_S = 0.0
+DEFAULT_SCHED_PER_REQ_S = 0.0
+DEFAULT_SCHED_PER_PREFILL_S = 0.0
+DEFAULT_REQUEST_LATENCY_S = 0.0
 
 # Up to this many decode steps, a dense model's step times are a Python loop (cheaper than
 # the arrays' fixed cost); more steps are evaluated on arrays. Both give the same floats.
@@ -212,6 +238,15 @@ class CostModel:
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     mem_fraction_static: float = DEFAULT_MEM_FRACTION_STATIC
     max_total_tokens: int | None = None  # KV pool size override (tokens)
+    # Tokens at which a step's matmuls reach half of ``mfu`` (0: always ``mfu``).
+    prefill_eff_tokens: float = DEFAULT_PREFILL_EFF_TOKENS
+    sched_step_s: float = DEFAULT_SCHED_STEP_S  # scheduler CPU time per step, exposed
+    sched_per_req_s: float = DEFAULT_SCHED_PER_REQ_S  # ... plus this per batch entry
+    # ... plus this per prefill (extend) entry: admitting a request, building its extend
+    sched_per_prefill_s: float = DEFAULT_SCHED_PER_PREFILL_S
+    # Outside the GPU step (HTTP, tokenization, detokenization, first-chunk flush): added to
+    # every request's TTFT and E2E by the simulator, not to any step.
+    request_latency_s: float = DEFAULT_REQUEST_LATENCY_S
 
     def __post_init__(self) -> None:
         heads = self.model.num_heads
@@ -223,8 +258,17 @@ class CostModel:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise CostModelError(f"{name} must be in (0, 1], got {value}")
-        if self.step_overhead_s < 0:
-            raise CostModelError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
+        for name in (
+            "step_overhead_s",
+            "prefill_eff_tokens",
+            "sched_step_s",
+            "sched_per_req_s",
+            "sched_per_prefill_s",
+            "request_latency_s",
+        ):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise CostModelError(f"{name} must be a finite number >= 0, got {value}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:
             raise CostModelError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
 
@@ -232,8 +276,10 @@ class CostModel:
     @cached_property
     def kv_bytes_per_token_per_gpu(self) -> int:
         m = self.model
+        if m.mla_kv_dim:  # one latent per token and layer, replicated on every rank
+            return m.kv_bytes_per_token
         kv_heads = -(-m.num_kv_heads // self.tp)
-        return 2 * m.num_layers * kv_heads * m.head_dim * m.dtype_bytes
+        return 2 * m.num_layers * kv_heads * m.head_dim * m.kv_bytes
 
     @cached_property
     def _flops_per_s(self) -> float:
@@ -285,6 +331,7 @@ class CostModel:
         Every operation is element-wise over steps, so a step's time does not depend on how
         many steps are evaluated together (``decode_multi`` relies on that equality)."""
         tokens = shape.num_tokens
+        entries = shape.num_extend + shape.num_decode
         if len(shape.decode_ctx) == 1 and self._dense:
             # One step (every forward): the same operations on Python floats, which round
             # exactly like float64 arrays, without the array overhead.
@@ -294,16 +341,20 @@ class CostModel:
                 shape.extend_attn_pairs + ctx,
                 shape.extend_kv_tokens + ctx,
                 shape.host_load_tokens,
+                entries,
+                shape.num_extend,
             )
             return np.array([one], dtype=np.float64)
         pairs = shape.extend_attn_pairs + shape.decode_ctx
         kv_tokens = shape.extend_kv_tokens + shape.decode_ctx
         linear = 2.0 * self.model.active_params * tokens
         compute = (linear + self._attn_flops_per_pair * pairs) / self._flops_per_s
+        compute = compute * self._efficiency_factor(tokens)
         weight_bytes = self.weight_bytes_read(tokens)
         kv_bytes = kv_tokens * float(self.kv_bytes_per_token_per_gpu * self.tp)
         memory = (weight_bytes + kv_bytes) / self._bytes_per_s
-        return np.maximum(compute, memory) + (self.step_overhead_s + self._host_s(shape))
+        fixed = self._fixed_s(tokens, entries, shape.host_load_tokens, shape.num_extend)
+        return np.maximum(compute, memory) + fixed
 
     @cached_property
     def _dense(self) -> bool:
@@ -321,19 +372,54 @@ class CostModel:
     def _kv_bytes_all_gpus(self) -> float:
         return float(self.kv_bytes_per_token_per_gpu * self.tp)
 
-    def _dense_step_s(self, tokens: int, pairs: int, kv_tokens: int, host_tokens: int) -> float:
+    def _dense_step_s(
+        self,
+        tokens: int,
+        pairs: int,
+        kv_tokens: int,
+        host_tokens: int,
+        entries: int,
+        extends: int = 0,
+    ) -> float:
         """One step of a dense model on Python floats: ``tokens`` new tokens plus decode
         entries, ``pairs`` attention pairs and ``kv_tokens`` KV tokens (decode context
-        included), ``host_tokens`` loaded back from the host tier. The operations, in their
-        order, of ``step_times`` on arrays, so the result is the same float."""
+        included), ``host_tokens`` loaded back from the host tier, ``entries`` batch entries
+        of which ``extends`` are extends.
+        The operations, in their order, of ``step_times`` on arrays, so the result is the
+        same float."""
         compute = (
             self._linear_flops_per_token * tokens + self._attn_flops_per_pair * pairs
         ) / self._flops_per_s
+        compute = compute * self._efficiency_factor(tokens)
         memory = (
             self._dense_weight_bytes + kv_tokens * self._kv_bytes_all_gpus
         ) / self._bytes_per_s
+        return max(compute, memory) + self._fixed_s(tokens, entries, host_tokens, extends)
+
+    def _efficiency_factor(self, tokens: int) -> float:
+        """``mfu / efficiency(tokens)``: matmuls over ``T`` tokens reach
+        ``mfu * T / (T + prefill_eff_tokens)`` of peak."""
+        return 1.0 + self.prefill_eff_tokens / max(tokens, 1)
+
+    def allreduce_s(self, tokens: int) -> float:
+        """Tensor-parallel all-reduces of one step: two per layer (after attention and after
+        the MLP) of ``tokens`` hidden states, ring cost ``2 (tp-1)/tp`` of the message over
+        the GPU link plus the link's fixed latency each; 0 at ``tp == 1``."""
+        if self.tp == 1:
+            return 0.0
+        m, g = self.model, self.gpu
+        message = tokens * m.hidden_size * m.kv_bytes
+        one = g.link_latency_s + 2.0 * (self.tp - 1) / self.tp * message / g.link_bw
+        return 2.0 * m.num_layers * one
+
+    def _fixed_s(self, tokens: int, entries: int, host_tokens: int, extends: int = 0) -> float:
+        """What a step adds beyond its compute or memory time: exposed overhead, scheduler
+        CPU time, all-reduces, host-tier load-back (one Python float for both paths)."""
         host = host_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
-        return max(compute, memory) + (self.step_overhead_s + host)
+        sched = (
+            self.sched_step_s + self.sched_per_req_s * entries + self.sched_per_prefill_s * extends
+        )
+        return self.step_overhead_s + sched + self.allreduce_s(tokens) + host
 
     @cached_property
     def _finite_rates(self) -> bool:
@@ -359,10 +445,10 @@ class CostModel:
         without the arrays' fixed cost)."""
         step, b = self._dense_step_s, num_decode
         if self._dense and num_steps == 1:
-            return np.array([step(b, total_ctx, total_ctx, 0)], dtype=np.float64)
+            return np.array([step(b, total_ctx, total_ctx, 0, b)], dtype=np.float64)
         if self._dense and self._finite_rates and num_steps <= _DECODE_LOOP_MAX_STEPS:
             ctxs = [total_ctx + k * b for k in range(num_steps)]
-            return np.array([step(b, c, c, 0) for c in ctxs], dtype=np.float64)
+            return np.array([step(b, c, c, 0, b) for c in ctxs], dtype=np.float64)
         ctx = total_ctx + np.arange(num_steps, dtype=np.int64) * b
         return self.step_times(StepShape(num_decode=b, decode_ctx=ctx))
 
@@ -371,6 +457,25 @@ class CostModel:
 
     def step_time(self, batch: Batch) -> float:
         return float(self.step_times(shape_of(batch))[0])
+
+    def step_terms(self, shape: StepShape) -> tuple[float, float, int, int, float]:
+        """The pieces of one step's time that calibration fits separately: compute seconds
+        at ``mfu = 1`` without the efficiency factor, memory seconds at ``mbu = 1``, tokens,
+        batch entries, and the fixed seconds no fitted constant scales (all-reduces,
+        host load-back, ``sched_step_s``). One step: ``decode_ctx[0]``."""
+        ctx = int(shape.decode_ctx[0])
+        tokens = shape.num_tokens
+        pairs = shape.extend_attn_pairs + ctx
+        linear = 2.0 * self.model.active_params * tokens
+        compute = (linear + self._attn_flops_per_pair * pairs) / (self.gpu.peak_flops * self.tp)
+        kv = (shape.extend_kv_tokens + ctx) * float(self.kv_bytes_per_token_per_gpu * self.tp)
+        memory = (self.weight_bytes_read(tokens) + kv) / (self.gpu.hbm_bw * self.tp)
+        host = shape.host_load_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw
+        other = self.allreduce_s(tokens) + host + self.sched_step_s
+        return compute, memory, tokens, shape.num_extend + shape.num_decode, other
+
+    def step_extends(self, shape: StepShape) -> int:
+        return shape.num_extend
 
     def reference_times(
         self, kind: StepKind, batch_size: int, num_tokens: FloatArray
@@ -387,10 +492,18 @@ class CostModel:
         weights = self._weight_bytes(tokens)
         linear = 2.0 * self.model.active_params * tokens
         compute = (linear + self._attn_flops_per_pair * pairs) / self._flops_per_s
+        compute = compute * (1.0 + self.prefill_eff_tokens / np.maximum(tokens, 1.0))
         memory = (
             weights + n * float(self.kv_bytes_per_token_per_gpu * self.tp)
         ) / self._bytes_per_s
-        result: FloatArray = np.maximum(compute, memory) + self.step_overhead_s
+        fixed = np.array(
+            [
+                self._fixed_s(int(t), batch_size, 0, batch_size if kind == "prefill" else 0)
+                for t in np.atleast_1d(tokens)
+            ],
+            dtype=np.float64,
+        ).reshape(np.shape(tokens))
+        result: FloatArray = np.maximum(compute, memory) + fixed
         return result
 
     def prefix_attention_s(self, shape: StepShape) -> float:
@@ -413,6 +526,13 @@ class CostModel:
             "mfu": self.mfu,
             "mbu": self.mbu,
             "step_overhead_s": self.step_overhead_s,
+            "prefill_eff_tokens": self.prefill_eff_tokens,
+            "sched_step_s": self.sched_step_s,
+            "sched_per_req_s": self.sched_per_req_s,
+            "sched_per_prefill_s": self.sched_per_prefill_s,
+            "request_latency_s": self.request_latency_s,
+            "link_bw": self.gpu.link_bw,
+            "link_latency_s": self.gpu.link_latency_s,
             "mem_fraction_static": self.mem_fraction_static,
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "kv_capacity_tokens": self.kv_capacity_tokens(),
@@ -508,8 +628,19 @@ def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
 def load_calibration(path: str | Path) -> CalibrationTable:
     """Read and validate a calibration table (format in the module docstring)."""
     path = Path(path)
+    return _table_from_records(_records(path), str(path))
+
+
+def _records_from_rows(rows: Any, source: str) -> CalibrationTable:
+    """A table from the ``rows`` list of a calibration document."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise CalibrationError(f"{source}: 'rows' must be a list of objects")
+    return _table_from_records([(f"{source}: row {i}", r) for i, r in enumerate(rows, 1)], source)
+
+
+def _table_from_records(records: list[tuple[str, dict[str, Any]]], source: str) -> CalibrationTable:
     points: dict[tuple[str, int], dict[int, tuple[float, str]]] = {}
-    for where, rec in _records(path):
+    for where, rec in records:
         for col in _COLUMNS:
             if rec.get(col) in (None, ""):
                 raise CalibrationError(f"{where}: missing field {col!r}")
@@ -536,7 +667,7 @@ def load_calibration(path: str | Path) -> CalibrationTable:
             )
         row[n] = (ms / 1e3, where)
     if not points:
-        raise CalibrationError(f"{path}: calibration table has no rows")
+        raise CalibrationError(f"{source}: calibration table has no rows")
     rows: dict[str, list[_Row]] = {}
     for (kind, b), pts in sorted(points.items()):
         ns = sorted(pts)
@@ -547,7 +678,7 @@ def load_calibration(path: str | Path) -> CalibrationTable:
                 np.array([pts[n][0] for n in ns], dtype=np.float64),
             )
         )
-    return CalibrationTable({k: tuple(v) for k, v in rows.items()}, str(path))
+    return CalibrationTable({k: tuple(v) for k, v in rows.items()}, source)
 
 
 @dataclass(frozen=True)
@@ -633,39 +764,90 @@ class CalibratedCostModel:
         return info
 
 
+# Constants a calibration file may set (``sim.calibration_file``), by ``CostModel`` field.
+CONSTANTS: dict[str, float] = {
+    "mfu": DEFAULT_MFU,
+    "mbu": DEFAULT_MBU,
+    "step_overhead_s": DEFAULT_STEP_OVERHEAD_S,
+    "prefill_eff_tokens": DEFAULT_PREFILL_EFF_TOKENS,
+    "sched_step_s": DEFAULT_SCHED_STEP_S,
+    "sched_per_req_s": DEFAULT_SCHED_PER_REQ_S,
+    "sched_per_prefill_s": DEFAULT_SCHED_PER_PREFILL_S,
+    "request_latency_s": DEFAULT_REQUEST_LATENCY_S,
+}
+
+
+def resolve_specs(
+    gpu: str, model: str, context_length: int | None = None
+) -> tuple[GPUSpec, ModelSpec]:
+    """The GPU and model specs for names (presets, or a config.json path for the model),
+    with the model's context limit replaced by ``context_length`` when given."""
+    from radixsched.sim.hfconfig import resolve_model
+
+    try:
+        gpu_spec, model_spec = get_gpu(gpu), resolve_model(model)
+    except PresetError as exc:
+        raise CostModelError(str(exc)) from None
+    if context_length is not None:
+        if context_length < 2:
+            raise CostModelError(f"context_length must be >= 2, got {context_length}")
+        model_spec = dataclasses.replace(model_spec, max_context_len=context_length)
+    return gpu_spec, model_spec
+
+
 def load_cost_model(
     *,
     gpu: str = "H100",
     model: str = "llama-3.1-8b",
     tp: int = 1,
-    mfu: float = DEFAULT_MFU,
-    mbu: float = DEFAULT_MBU,
-    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+    mfu: float | None = None,
+    mbu: float | None = None,
+    step_overhead_s: float | None = None,
+    prefill_eff_tokens: float | None = None,
+    sched_step_s: float | None = None,
+    sched_per_req_s: float | None = None,
+    sched_per_prefill_s: float | None = None,
+    request_latency_s: float | None = None,
     mem_fraction_static: float = DEFAULT_MEM_FRACTION_STATIC,
     max_total_tokens: int | None = None,
+    context_length: int | None = None,
     calibration: str | Path | None = None,
 ) -> CostModel | CalibratedCostModel:
-    """The roofline model for preset names (case-insensitive), calibrated when a table file
-    is given. Raises ``CostModelError`` (unknown preset, bad numbers, a model that does not
-    fit) or ``CalibrationError`` (a bad table); both are ``ValueError``s."""
-    try:
-        gpu_spec, model_spec = get_gpu(gpu), get_model(model)
-    except PresetError as exc:
-        raise CostModelError(str(exc)) from None
+    """The roofline model for preset names (case-insensitive) or a model's config.json.
+    Constants left None take the calibration file's value (a fitted-constants file from
+    ``radixsched calibrate``), else the defaults; a step-time table in the file (or a plain
+    table file) calibrates step times. Raises ``CostModelError`` (unknown preset, bad numbers,
+    a model that does not fit) or ``CalibrationError`` (a bad file); both are ``ValueError``s."""
+    from radixsched.sim.calibration_file import read_calibration
+
+    gpu_spec, model_spec = resolve_specs(gpu, model, context_length)
+    cal = None if calibration is None else read_calibration(calibration)
+    given = {
+        "mfu": mfu,
+        "mbu": mbu,
+        "step_overhead_s": step_overhead_s,
+        "prefill_eff_tokens": prefill_eff_tokens,
+        "sched_step_s": sched_step_s,
+        "sched_per_req_s": sched_per_req_s,
+        "sched_per_prefill_s": sched_per_prefill_s,
+        "request_latency_s": request_latency_s,
+    }
+    constants = dict(CONSTANTS)
+    if cal is not None:
+        constants.update(cal.constants)
+    constants.update({k: v for k, v in given.items() if v is not None})
     base = CostModel(
         gpu_spec,
         model_spec,
         tp=tp,
-        mfu=mfu,
-        mbu=mbu,
-        step_overhead_s=step_overhead_s,
         mem_fraction_static=mem_fraction_static,
         max_total_tokens=max_total_tokens,
+        **constants,
     )
     base.kv_capacity_tokens()  # fail now, with the reason, if the model does not fit
-    if calibration is None:
+    if cal is None or cal.table is None:
         return base
-    return CalibratedCostModel(base, load_calibration(calibration))
+    return CalibratedCostModel(base, cal.table)
 
 
 # ---- the runner ------------------------------------------------------------------------
@@ -855,7 +1037,10 @@ class CostModelRunner(ModelRunner):
                 raise ValueError("empty batch")
             new, attn, _, kv, host = _extend_sums(extend)
             ctx = sum([d.position + 1 for d in decode]) if decode else 0
-            duration = cost._dense_step_s(new + len(decode), attn + ctx, kv + ctx, host)
+            entries = len(extend) + len(decode)
+            duration = cost._dense_step_s(
+                new + len(decode), attn + ctx, kv + ctx, host, entries, len(extend)
+            )
         producing = [e for e in extend if e.produces_token]
         reqs = [e.req for e in producing]
         positions = [e.prefix_len + e.num_new for e in producing]

@@ -126,6 +126,11 @@ def check_disaggregation(sim: SimConfig) -> list[str]:
         )
     if sim.enable_dp_attention:
         errors.append("--disaggregation does not model --enable-dp-attention")
+    if sim.max_concurrency is not None:
+        errors.append(
+            "--disaggregation takes open-loop arrivals (a rate or the trace's timestamps), "
+            "not --max-concurrency clients"
+        )
     if sim.decode_router is not None and sim.decode_router not in ROUTERS:
         errors.append(f"unknown decode_router {sim.decode_router!r}; valid: {', '.join(ROUTERS)}")
     try:
@@ -156,7 +161,9 @@ class LinkModel:
     bootstrap_s: float
 
     @classmethod
-    def of(cls, sim: SimConfig) -> LinkModel:
+    def of(cls, sim: SimConfig, gpu_link_bw: float | None = None) -> LinkModel:
+        """The link ``sim`` names, its overrides applied. Over NVLink the GPUs' own link is
+        the bandwidth (``gpu_link_bw``: the slower side's ``GPUSpec.link_bw``) when given."""
         from radixsched.sim.presets import get_link
 
         link = get_link(sim.disaggregation_link)
@@ -164,12 +171,21 @@ class LinkModel:
         lat = sim.disaggregation_link_latency_ms
         latency = link.latency_s if lat is None else lat / 1e3
         boot = sim.disaggregation_bootstrap_ms
+        bandwidth = link.bandwidth
+        if link.name == "nvlink" and gpu_link_bw is not None:
+            bandwidth = gpu_link_bw
         return cls(
             link.name,
-            link.bandwidth if bw is None else bw * 1e9,
+            bandwidth if bw is None else bw * 1e9,
             latency,
             latency if boot is None else boot / 1e3,
         )
+
+    @classmethod
+    def between(cls, sim: SimConfig, pre_cost: Any, dec_cost: Any) -> LinkModel:
+        """The link between a prefill and a decode instance of these cost models."""
+        gpu_bw = min(float(pre_cost.gpu.link_bw), float(dec_cost.gpu.link_bw))
+        return cls.of(sim, gpu_bw)
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -409,7 +425,7 @@ def stats_shape() -> dict[str, JSONValue]:
 
 
 def _build(
-    sched_cfg: SchedulerConfig, sim: SimConfig, accelerate: bool
+    sched_cfg: SchedulerConfig, sim: SimConfig, accelerate: bool, runner_factory: Any
 ) -> tuple[list[Instance], Any, Any]:
     from radixsched.sim.simulate import _build_replica, build_cost_model
 
@@ -427,7 +443,14 @@ def _build(
         costs.append(cost)
         for local in range(n):
             rep = _build_replica(
-                len(out), cfg, role_sim, cost, capacity, accelerate=accelerate, clock=VirtualClock()
+                len(out),
+                cfg,
+                role_sim,
+                cost,
+                capacity,
+                accelerate=accelerate,
+                clock=VirtualClock(),
+                runner_factory=runner_factory,
             )
             out.append(Instance(rep, role, local, cost, capacity))
     return out, costs[0], costs[1]
@@ -442,10 +465,13 @@ def simulate_disaggregated(
     check_integrity: bool = False,
     optimal_hit_rate: float | None = None,
     accelerate: bool = True,
+    runner_factory: Any = None,
 ) -> Any:
     """``simulate`` for ``sim_cfg.disaggregation``: the same ``SimRun``, whose result's
-    ``extra`` has a ``disaggregation`` entry (``disagg_stats``)."""
+    ``extra`` has a ``disaggregation`` entry (``disagg_stats``). Arrivals reach the routers
+    the cost model's request latency after they are sent; reported times are the client's."""
     from radixsched.cluster.routers import DEFAULT_ROUTER, create_router
+    from radixsched.sim.arrivals import restore_send_times, shift_to_scheduler
     from radixsched.sim.disagg_loop import Cluster
     from radixsched.sim.simulate import ReplicaSummary, SimRun, clone_request
     from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
@@ -453,8 +479,8 @@ def simulate_disaggregated(
     errors = check_disaggregation(sim_cfg)
     if errors:
         raise ValueError("; ".join(errors))
-    instances, pre_cost, dec_cost = _build(sched_cfg, sim_cfg, accelerate)
-    link = LinkModel.of(sim_cfg)
+    instances, pre_cost, dec_cost = _build(sched_cfg, sim_cfg, accelerate, runner_factory)
+    link = LinkModel.between(sim_cfg, pre_cost, dec_cost)
     pre = [i for i in instances if i.role == PREFILL]
     dec = [i for i in instances if i.role == DECODE]
     links = KVLinks(
@@ -473,6 +499,7 @@ def simulate_disaggregated(
         on_progress=on_progress,
     )
     reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+    sends = shift_to_scheduler(reqs, float(pre_cost.describe().get("request_latency_s", 0.0)))
     opt = (
         optimal_hit_rate
         if optimal_hit_rate is not None
@@ -482,6 +509,7 @@ def simulate_disaggregated(
     cluster.run(reqs)
     for inst in instances:
         inst.sched.sync_running()
+    restore_send_times(reqs, sends)
     wall = time.perf_counter() - t0
 
     stats = [i.sched.stats for i in instances]
@@ -533,6 +561,7 @@ def simulate_disaggregated(
         dec[0].capacity,
         None,
         replica_of,
+        {**pre_cost.describe(), "decode": dec_cost.describe()},
     )
 
 

@@ -22,6 +22,11 @@ def optimal_hits(reqs: Sequence[Req], page_size: int = 1) -> list[int]:
     """Each request's optimal cache hit in tokens (``reqs`` in any order)."""
     tree = RadixCache(None, page_size=1)
     hits = [0] * len(reqs)
+    # The tree only ever compares tokens: its slots are views of one shared, read-only array.
+    lengths = [0 if r.scripted_output is None else len(r.scripted_output) for r in reqs]
+    longest = max((r.fill_len + n for r, n in zip(reqs, lengths, strict=True)), default=0)
+    dummy = np.zeros(longest, dtype=np.int64)
+    dummy.flags.writeable = False
     for i in sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time):
         r = reqs[i]
         seq = r.prompt_ids
@@ -29,9 +34,7 @@ def optimal_hits(reqs: Sequence[Req], page_size: int = 1) -> list[int]:
         fed = 0 if scripted is None else min(len(scripted), r.sampling.max_new_tokens - 1)
         if scripted is not None and fed > 0:
             seq = np.concatenate([seq, scripted[:fed]])
-        # The tree only ever compares tokens: one shared, read-only array of dummy slots.
-        slots = np.broadcast_to(np.int64(0), (len(seq),))
-        shared = tree.insert(CacheKey(seq, r.namespace), slots, adopt=True).prefix_len
+        shared = tree.insert(CacheKey(seq, r.namespace), dummy[: len(seq)], adopt=True).prefix_len
         hits[i] = min(shared, r.prompt_len - 1) // page_size * page_size
     return hits
 

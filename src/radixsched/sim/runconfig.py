@@ -13,7 +13,8 @@ prefixed to be explicit:
   ``policy`` (a list or comma-separated names, or ``all``), ``json``, ``csv``, ``report``,
   ``requests_csv``, ``quiet``.
 
-Arrivals follow one rule everywhere (``RATE_RULE``). ``check`` validates a resolved run
+Arrivals follow one rule everywhere (``RATE_RULE``). ``engine_mode`` (``sim.engine_modes``)
+supplies the scheduler settings a run does not give. ``check`` validates a resolved run
 without running anything, so a typo fails before any work starts, one line per problem.
 """
 
@@ -71,7 +72,13 @@ class RunSettings:
     cli: dict[str, Any] = field(default_factory=dict)  # CLI_KEYS that were given
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(**self.sched)
+        """The scheduler's settings: those given, then ``engine_mode``'s defaults for the rest
+        (an unknown mode adds none; ``check`` reports it)."""
+        from radixsched.sim.engine_modes import ENGINE_MODES, scheduler_defaults
+
+        mode = str(self.sim.get("engine_mode", "sglang"))
+        defaults = scheduler_defaults(mode, set(self.sched)) if mode in ENGINE_MODES else {}
+        return SchedulerConfig(**{**defaults, **self.sched})
 
     def sim_config(self) -> SimConfig:
         return SimConfig(**self.sim)
@@ -373,6 +380,7 @@ def check(
             )
         if sim.tp >= 1:
             errors.extend(_check_cost_model(sim))
+        errors.extend(_check_sim_modes(sim, sched))
         errors.extend(_check_disaggregation(sim))
     if sched is not None and sched.disaggregation_mode != "null":
         errors.append(
@@ -387,6 +395,44 @@ def check(
             check_workload_spec(spec)
         except WorkloadError as e:
             errors.append(str(e))
+    return errors
+
+
+def _check_sim_modes(sim: SimConfig, sched: SchedulerConfig | None) -> list[str]:
+    """The engine mode, chunk alignment and closed loop (values a YAML file can give that
+    argparse's choices never saw)."""
+    from radixsched.sim.engine_modes import (
+        CHUNK_ALIGNMENT,
+        ENGINE_MODES,
+        EngineModeError,
+        check_alignment,
+        chunk_alignment,
+    )
+
+    errors = []
+    if sim.engine_mode not in ENGINE_MODES:
+        errors.append(
+            f"unknown engine_mode {sim.engine_mode!r}{suggest(sim.engine_mode, list(ENGINE_MODES))}"
+            f"; valid: {', '.join(ENGINE_MODES)}"
+        )
+    alignments = sorted(set(CHUNK_ALIGNMENT.values()))
+    if sim.chunk_alignment is not None and sim.chunk_alignment not in alignments:
+        errors.append(
+            f"unknown chunk_alignment {sim.chunk_alignment!r}; valid: {', '.join(alignments)}"
+        )
+    elif sim.engine_mode in ENGINE_MODES and sched is not None:
+        try:
+            check_alignment(chunk_alignment(sim.engine_mode, sim.chunk_alignment), sched.page_size)
+        except EngineModeError as e:
+            errors.append(str(e))
+    if sim.max_concurrency is not None:
+        if sim.max_concurrency < 1:
+            errors.append(f"max_concurrency must be >= 1, got {sim.max_concurrency}")
+        elif sim.enable_dp_attention and sim.dp > 1:
+            errors.append(
+                "max_concurrency (closed-loop clients) is not supported with "
+                "enable_dp_attention: the lockstep ranks take open-loop arrivals only"
+            )
     return errors
 
 

@@ -1,9 +1,22 @@
-"""Simulator-side settings (the scheduler's own live in ``config.SchedulerConfig``)."""
+"""Simulator-side settings (the scheduler's own live in ``config.SchedulerConfig``).
+
+Every field is a ``simulate`` flag (``--field-name``) and is recorded in ``--json`` output.
+Cost-model constants default to None: the calibration file's value when one is given, else
+the documented default (``sim.costmodel``); the constants the run used are recorded under
+``config.cost_model``.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
+
+logger = logging.getLogger(__name__)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value / 1e3
 
 
 @dataclass(frozen=True)
@@ -12,9 +25,17 @@ class SimConfig:
 
     CLI_TITLE: ClassVar[str] = "simulated system (cost model, cluster)"
 
-    model: str = field(default="llama-3.1-8b", metadata={"help": "model preset"})
-    gpu: str = field(default="h200", metadata={"help": "GPU preset"})
+    model: str = field(
+        default="llama-3.1-8b",
+        metadata={"help": "model preset, or a Hugging Face config.json (file or model directory)"},
+    )
+    gpu: str = field(
+        default="h200", metadata={"help": "GPU preset (case-insensitive; a100 = A100-80G, ...)"}
+    )
     tp: int = field(default=1, metadata={"help": "tensor-parallel degree"})
+    context_length: int | None = field(
+        default=None, metadata={"help": "context limit in tokens (default: the model's)"}
+    )
     mem_fraction_static: float = field(
         default=0.88, metadata={"help": "fraction of GPU memory for weights + KV (SGLang's flag)"}
     )
@@ -22,7 +43,68 @@ class SimConfig:
         default=None, metadata={"help": "KV capacity in tokens (overrides the memory model)"}
     )
     calibration: str | None = field(
-        default=None, metadata={"help": "CSV/JSON of measured step times replacing the roofline"}
+        default=None,
+        metadata={
+            "help": "calibration file: fitted constants from 'radixsched calibrate' (they "
+            "replace the defaults of the constants below; a flag still wins), or a CSV/JSON "
+            "table of measured step times replacing the roofline"
+        },
+    )
+    mfu: float | None = field(
+        default=None,
+        metadata={"help": "fraction of peak FLOP/s large matmuls reach (default: 0.55)"},
+    )
+    mbu: float | None = field(
+        default=None,
+        metadata={"help": "fraction of memory bandwidth decode reaches (default: 0.80)"},
+    )
+    step_overhead_ms: float | None = field(
+        default=None, metadata={"help": "exposed per-step GPU overhead in ms (default: 1.0)"}
+    )
+    prefill_eff_tokens: float | None = field(
+        default=None,
+        metadata={"help": "tokens per step at which matmuls reach half of --mfu (default: 0, off)"},
+    )
+    sched_step_ms: float | None = field(
+        default=None,
+        metadata={"help": "scheduler CPU time per step in ms, not overlapped (default: 0)"},
+    )
+    sched_per_req_ms: float | None = field(
+        default=None,
+        metadata={"help": "scheduler CPU time per batch entry per step in ms (default: 0)"},
+    )
+    sched_per_prefill_ms: float | None = field(
+        default=None,
+        metadata={"help": "scheduler CPU time per prefill entry per step in ms (default: 0)"},
+    )
+    request_latency_ms: float | None = field(
+        default=None,
+        metadata={
+            "help": "per-request fixed latency outside the GPU in ms (HTTP, tokenization, "
+            "detokenization), part of TTFT and E2E (default: 0)"
+        },
+    )
+    engine_mode: str = field(
+        default="sglang",
+        metadata={
+            "help": "engine whose defaults are modelled (chunk alignment, admission)",
+            "choices": ["sglang", "vllm"],
+        },
+    )
+    chunk_alignment: str | None = field(
+        default=None,
+        metadata={
+            "help": "'page': chunks rounded down to whole pages (SGLang); 'none': cut "
+            "anywhere (vLLM; needs --page-size 1) (default: by --engine-mode)",
+            "choices": ["page", "none"],
+        },
+    )
+    max_concurrency: int | None = field(
+        default=None,
+        metadata={
+            "help": "closed loop: N clients, each sends its next request when the last one "
+            "finishes (default: open loop)"
+        },
     )
     dp: int = field(default=1, metadata={"help": "data-parallel replicas"})
     router: str | None = field(
@@ -119,3 +201,38 @@ class SimConfig:
             "host hits are whole host pages"
         },
     )
+
+
+def cost_model_of(cfg: SimConfig) -> Any:
+    """The cost model ``cfg`` describes; warns when its calibration file was fitted on
+    another model or GPU."""
+    from radixsched.sim.calibration_file import check_fitted_on, read_calibration
+    from radixsched.sim.costmodel import load_cost_model
+
+    cost = load_cost_model(
+        gpu=cfg.gpu,
+        model=cfg.model,
+        tp=cfg.tp,
+        mfu=cfg.mfu,
+        mbu=cfg.mbu,
+        step_overhead_s=_ms(cfg.step_overhead_ms),
+        prefill_eff_tokens=cfg.prefill_eff_tokens,
+        sched_step_s=_ms(cfg.sched_step_ms),
+        sched_per_req_s=_ms(cfg.sched_per_req_ms),
+        sched_per_prefill_s=_ms(cfg.sched_per_prefill_ms),
+        request_latency_s=_ms(cfg.request_latency_ms),
+        mem_fraction_static=cfg.mem_fraction_static,
+        max_total_tokens=cfg.max_total_tokens,
+        context_length=cfg.context_length,
+        calibration=cfg.calibration,
+    )
+    if cfg.calibration is not None:
+        cal = read_calibration(cfg.calibration)
+        for warning in check_fitted_on(cal, model=cost.model.name, gpu=cost.gpu.name):
+            if warning not in _WARNED:
+                _WARNED.add(warning)
+                logger.warning(warning)
+    return cost
+
+
+_WARNED: set[str] = set()

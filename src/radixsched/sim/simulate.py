@@ -32,6 +32,7 @@ from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
 from radixsched.request import Req
+from radixsched.sim.arrivals import restore_send_times, run_closed_loop, shift_to_scheduler
 from radixsched.sim.disagg import deployment_label, gpu_count
 from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
 from radixsched.sim.replicas import Replica, deliver, sample_series
@@ -39,6 +40,10 @@ from radixsched.sim.simconfig import SimConfig
 
 if TYPE_CHECKING:
     from radixsched.sim.lockstep import LockstepStats
+
+# (cost model, seed, the replica's clock) -> the replica's runner, called once per replica
+# before its scheduler is built (calibration's step recorder, ``sim.calibrate``).
+RunnerFactory = Callable[[Any, int, VirtualClock], Any]
 
 
 def _ratio(num: float, den: float) -> float:
@@ -75,6 +80,8 @@ class SimRun:
     lockstep: LockstepStats | None = None
     # Request id -> the replica the router sent it to (every admitted or rejected request).
     replica_of: dict[str, int] = field(default_factory=dict)
+    # ``describe()`` of the cost model: every constant the run used.
+    cost_model: dict[str, Any] = field(default_factory=dict)
 
 
 def clone_request(r: Req) -> Req:
@@ -104,6 +111,7 @@ def _build_replica(
     clock: VirtualClock | None = None,
     gate_factory: Any = None,
     single_step: bool = False,
+    runner_factory: RunnerFactory | None = None,
 ) -> Replica:
     from radixsched.sim.costmodel import CostModelRunner
 
@@ -120,7 +128,11 @@ def _build_replica(
             # Whole device pages, so a host hit never ends inside a device page.
             page_size=-(-sim_cfg.hicache_page_size // p) * p,
         )
-    runner: Any = CostModelRunner(cost, seed=sched_cfg.seed)
+    runner: Any
+    if runner_factory is None:
+        runner = CostModelRunner(cost, seed=sched_cfg.seed)
+    else:  # e.g. calibration's step recorder (``sim.calibrate``)
+        runner = runner_factory(cost, sched_cfg.seed, clock)
     if single_step:
         from radixsched.sim.lockstep import SingleStepRunner
 
@@ -139,16 +151,9 @@ def _build_replica(
 
 
 def build_cost_model(sim_cfg: SimConfig) -> Any:
-    from radixsched.sim.costmodel import load_cost_model
+    from radixsched.sim.simconfig import cost_model_of
 
-    return load_cost_model(
-        gpu=sim_cfg.gpu,
-        model=sim_cfg.model,
-        tp=sim_cfg.tp,
-        mem_fraction_static=sim_cfg.mem_fraction_static,
-        max_total_tokens=sim_cfg.max_total_tokens,
-        calibration=sim_cfg.calibration,
-    )
+    return cost_model_of(sim_cfg)
 
 
 def simulate(
@@ -160,11 +165,16 @@ def simulate(
     check_integrity: bool = False,
     optimal_hit_rate: float | None = None,
     accelerate: bool = True,
+    runner_factory: RunnerFactory | None = None,
 ) -> SimRun:
     """Replay ``workload`` (a ``sim.workloads.Workload``) under one scheduler configuration.
 
     ``accelerate``: run the scheduler with its accelerators (``radixsched.fast``); they change
-    no result, only speed. Off, every round runs the reference core's full work."""
+    no result, only speed. Off, every round runs the reference core's full work.
+    ``runner_factory`` replaces each replica's ``CostModelRunner`` (a lockstep rank still
+    wraps it in ``SingleStepRunner``). ``sim_cfg.max_concurrency`` runs closed-loop clients and
+    the cost model's request latency delays arrivals (``sim.arrivals``); reported times are
+    the client's."""
     from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
 
     sim_cfg = sim_cfg or SimConfig()
@@ -179,6 +189,7 @@ def simulate(
             check_integrity=check_integrity,
             optimal_hit_rate=optimal_hit_rate,
             accelerate=accelerate,
+            runner_factory=runner_factory,
         )
         return run
     if sim_cfg.dp < 1:
@@ -186,6 +197,11 @@ def simulate(
     cost = build_cost_model(sim_cfg)
     capacity = int(cost.kv_capacity_tokens())
     reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+    latency = float(cost.describe().get("request_latency_s", 0.0))
+    closed = sim_cfg.max_concurrency is not None
+    if closed and sim_cfg.enable_dp_attention and sim_cfg.dp > 1:
+        raise ValueError("--max-concurrency is not supported with --enable-dp-attention")
+    sends = [] if closed else shift_to_scheduler(reqs, latency)
     opt = (
         optimal_hit_rate
         if optimal_hit_rate is not None
@@ -211,6 +227,7 @@ def simulate(
             clock=clocks[i],
             gate_factory=None if gates is None else gates.recorders[i],
             single_step=lockstep,
+            runner_factory=runner_factory,
         )
         for i in range(sim_cfg.dp)
     ]
@@ -230,10 +247,22 @@ def simulate(
         lockstep_stats = run_lockstep(
             replicas, gates, reqs, router, sim_cfg, series, on_progress, check_integrity
         )
+    elif closed:
+        sends = run_closed_loop(
+            replicas,
+            reqs,
+            router,
+            series,
+            on_progress,
+            check_integrity,
+            max_concurrency=int(sim_cfg.max_concurrency or 1),
+            latency_s=latency,
+        )
     else:
         _run_event_loop(replicas, reqs, router, series, on_progress, check_integrity)
     for rep in replicas:
         rep.sched.sync_running()  # requests a run left unfinished are read below
+    restore_send_times(reqs, sends)  # client-side times: TTFT and E2E include the latency
     wall = time.perf_counter() - t0
 
     stats = [rep.sched.stats for rep in replicas]
@@ -285,7 +314,15 @@ def simulate(
         )
     replica_of = {r.rid: rep.idx for rep in replicas for r in rep.reqs}
     return SimRun(
-        result, series, ttft_samples(reqs), reqs, summaries, capacity, lockstep_stats, replica_of
+        result,
+        series,
+        ttft_samples(reqs),
+        reqs,
+        summaries,
+        capacity,
+        lockstep_stats,
+        replica_of,
+        cost.describe(),
     )
 
 

@@ -836,11 +836,12 @@ def render_sweep_report(result: SweepResult, meta: Mapping[str, Any] | None = No
 
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``sweep`` on a subparsers object (``radixsched sweep``)."""
+    from radixsched.cli_common import COMMAND_HELP
     from radixsched.sim.runconfig import RATE_RULE
 
     p: argparse.ArgumentParser = sub.add_parser(
         "sweep",
-        help="run a grid of simulations from a YAML config and report the results",
+        help=COMMAND_HELP["sweep"],
         description="Run the cartesian product of a YAML config's 'vary' lists over its "
         "'base' settings (the keys of simulate's flags and --config), in local processes or "
         "on Ray, and write sweep.csv, sweep.json and a self-contained report.html.",

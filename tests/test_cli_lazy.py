@@ -1,0 +1,57 @@
+"""The CLI builds only the parser of the command being run: ``simulate`` never imports the
+server, the engine or the sweep, and every command's help still lists all commands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from radixsched.cli import build_parser, main
+from radixsched.cli_common import COMMAND_HELP
+
+
+def _modules_after(argv: list[str]) -> set[str]:
+    code = (
+        "import sys\nfrom radixsched.cli import build_parser\n"
+        f"build_parser({argv!r})\nprint('\\n'.join(sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_simulate_imports_no_other_command() -> None:
+    mods = _modules_after(["simulate", "--policy", "lpm"])
+    assert "radixsched.sim.workloads" in mods  # its own epilog was built
+    for other in ("radixsched.server.bench", "radixsched.sim.sweep", "radixsched.cli_serve"):
+        assert other not in mods, other
+    assert "torch" not in mods and "fastapi" not in mods
+
+
+def test_serve_does_not_build_simulate() -> None:
+    mods = _modules_after(["serve", "--model", "tiny-random"])
+    assert "radixsched.cli_serve" in mods
+    assert "radixsched.sim.workloads" not in mods and "radixsched.sim.sweep" not in mods
+
+
+def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, line in COMMAND_HELP.items():
+        assert name in out and line[:30] in out
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_HELP))
+def test_each_command_parses_as_in_the_full_parser(command: str) -> None:
+    lazy = build_parser([command])._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    full = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert list(lazy) == list(full) == list(COMMAND_HELP)
+    assert lazy[command].format_help() == full[command].format_help()
+
+
+def test_unknown_command_is_a_usage_error_with_a_suggestion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulat"]) == 2
+    assert "simulate" in capsys.readouterr().err
