@@ -22,13 +22,12 @@ decode instances match nothing). One request's life (``Leg``), SGLang's and Moon
    first token when the request joins its running batch at its next step.
 
 TTFT is therefore bootstrap wait + prefill queue wait + prefill + transfer + decode queue
-wait, each reported by role (``DisaggStats``), with TPOT and every instance's utilisation.
+wait, each reported by role (``disagg_stats``), with TPOT and every instance's utilisation.
 
-The event loop is the co-located one's: the instance furthest behind steps while its clock is
-before the next event (an arrival, a handshake, a landing), with that event as its horizon;
-otherwise the event is delivered. A prefill instance whose waiting requests cannot be admitted
-while its memory is held by in-flight KV waits for its next event. The simulator path never
-imports torch.
+The event loop (``sim.disagg_loop``) is the co-located one's, each instance stepping up to its
+own horizon: the earliest time an event could still reach it. A prefill instance whose waiting
+requests cannot be admitted while its memory is held by in-flight KV waits for its next event.
+The simulator path never imports torch.
 """
 
 from __future__ import annotations
@@ -253,9 +252,6 @@ class Leg:
     @property
     def prefilled_s(self) -> float | None:
         return self.pre.times.first_token
-
-
-BOOT, LAND = 0, 1  # event kinds: the handshake reaches the prefill side; the KV lands
 
 
 class Instance(Replica):
