@@ -373,5 +373,14 @@ def test_split_pairs_conserve_every_slot_and_give_the_colocated_tokens(
         accepted.append(r)
     pair.run()
     for r in accepted:
-        assert r.output_ids == reference_output(r.prompt_ids, r.max_new_tokens, pair.d.runner)  # type: ignore[arg-type]
+        want = reference_output(r.prompt_ids, r.max_new_tokens, pair.d.runner)  # type: ignore[arg-type]
+        assert r.finish is not None
+        if r.finish.reason is FinishReason.ABORT:
+            # A reservation too small for what decoding needs: the last running request
+            # cannot grow while transferring requests hold the rest (the co-located
+            # scheduler's last resort too); what it produced is still right.
+            assert r.finish.status_code == 500 and reserve < 64
+            assert r.output_ids == want[: r.output_len]
+        else:
+            assert r.output_ids == want
     assert pair.d.runner.extend_entries == 0  # type: ignore[attr-defined]

@@ -73,6 +73,7 @@ class PrefillRole:
         self.sched = sched
         self.bootstrap: dict[str, Req] = {}  # rid -> request, in arrival order
         self.inflight: dict[str, Req] = {}  # rid -> prefilled request whose KV is being sent
+        self.bootstrap_tokens = 0  # prompt tokens bootstrapping (a router's load reads it)
 
     @property
     def idle(self) -> bool:
@@ -82,12 +83,14 @@ class PrefillRole:
     def enqueue(self, req: Req) -> None:
         req.sampling = dataclasses.replace(req.sampling, max_new_tokens=1)
         self.bootstrap[req.rid] = req
+        self.bootstrap_tokens += req.prompt_len
 
     def bootstrapped(self, rid: str, now: float) -> bool:
         """The decode side holds KV for ``rid``: it joins the waiting queue at ``now``."""
         req = self.bootstrap.pop(rid, None)
         if req is None:
             return False
+        self.bootstrap_tokens -= req.prompt_len
         s = self.sched
         req.queue_entry_time = now
         req.queue_entry_processed_tokens = s.processed_tokens
@@ -123,6 +126,7 @@ class PrefillRole:
     def drop(self, req: Req, *, cache_kv: bool) -> bool:
         """Take ``req`` out of this role's queues, releasing what it holds."""
         if self.bootstrap.pop(req.rid, None) is not None:
+            self.bootstrap_tokens -= req.prompt_len
             return True
         if self.inflight.pop(req.rid, None) is not None:
             self.sched.kv.release(req, cache_kv=cache_kv)
@@ -133,6 +137,8 @@ class PrefillRole:
         return list(self.inflight.values())
 
     def check_integrity(self) -> None:
+        if self.bootstrap_tokens != sum(r.prompt_len for r in self.bootstrap.values()):
+            raise IntegrityError(f"bootstrap token count {self.bootstrap_tokens} drifted")
         for r in self.bootstrap.values():
             if r.lock_node is not None or len(r.kv_row):
                 raise IntegrityError(f"bootstrapping request {r.rid} holds a lock or KV slots")
@@ -150,6 +156,10 @@ class DecodeRole:
         self.transferring: dict[str, Req] = {}  # rid -> request whose KV slots are allocated
         self.arrived: list[Req] = []  # KV landed (or reloaded): join at the next step
         self.offloaded: list[Req] = []  # retracted, KV in host memory
+        # What a router's load reads, kept as the queues change: KV tokens asked for (prompts
+        # waiting for memory, offloaded requests) and decode tokens to come outside the batch.
+        self.queued_kv = 0
+        self.pending_decode = 0
 
     @property
     def idle(self) -> bool:
@@ -157,6 +167,8 @@ class DecodeRole:
 
     def enqueue(self, req: Req) -> None:
         self.prealloc.append(req)
+        self.queued_kv += req.prompt_len
+        self.pending_decode += req.remaining_new_tokens
 
     def _budget(self) -> tuple[int, int]:
         """(free KV tokens after the reservations, free request slots)."""
@@ -185,6 +197,7 @@ class DecodeRole:
             if not fits(need):
                 break
             self.offloaded.pop(0)
+            self.queued_kv -= r.fill_len
             self._own(r, need, r.fill_len - 1)
             s.runner.reload_kv(r, r.kv_row[: r.kv_len])
             self.arrived.append(r)
@@ -204,6 +217,7 @@ class DecodeRole:
             if taken == slots or not fits(need):
                 break
             self._own(r, need, 0)
+            self.queued_kv -= r.prompt_len
             self.transferring[r.rid] = r
             budget -= need + reserve
             taken += 1
@@ -226,7 +240,9 @@ class DecodeRole:
         r = self.transferring.pop(rid, None)
         if r is None:
             return False
+        self.pending_decode -= r.remaining_new_tokens
         r.output_ids.append(first_token)
+        self.pending_decode += r.remaining_new_tokens
         r.kv_len = r.prefix_len = r.extend_end = r.prompt_len
         self.arrived.append(r)
         return True
@@ -239,6 +255,7 @@ class DecodeRole:
         joined, self.arrived = self.arrived, []
         delivered, finished, running = [], [], []
         for r in joined:
+            self.pending_decode -= r.remaining_new_tokens
             t = r.times
             if not t.token_times:  # a first token, not a reload
                 t.token_times.append(now)
@@ -257,26 +274,40 @@ class DecodeRole:
     def offload(self, reqs: list[Req]) -> None:
         """Retracted requests keep their KV in host memory until they fit again."""
         self.offloaded.extend(reqs)
+        self.queued_kv += sum(r.fill_len for r in reqs)
+        self.pending_decode += sum(r.remaining_new_tokens for r in reqs)
 
     def drop(self, req: Req, *, cache_kv: bool) -> bool:
         if req in self.prealloc:
             self.prealloc.remove(req)
-            return True
-        if req in self.offloaded:
+            self.queued_kv -= req.prompt_len
+        elif req in self.offloaded:
             self.offloaded.remove(req)
-            return True
-        owned = self.transferring.pop(req.rid, None) is not None
-        if not owned and req in self.arrived:
-            self.arrived.remove(req)
-            owned = True
-        if owned:
+            self.queued_kv -= req.fill_len
+        elif self.transferring.pop(req.rid, None) is not None or req in self.arrived:
+            if req in self.arrived:
+                self.arrived.remove(req)
             self.sched.kv.release(req, cache_kv=False)
-        return owned
+        else:
+            return False
+        self.pending_decode -= req.remaining_new_tokens
+        return True
 
     def holders(self) -> list[Req]:
         return [*self.transferring.values(), *self.arrived]
 
     def check_integrity(self) -> None:
+        queued = sum(r.prompt_len for r in self.prealloc) + sum(r.fill_len for r in self.offloaded)
+        pending = sum(
+            r.remaining_new_tokens
+            for r in (*self.prealloc, *self.transferring.values(), *self.arrived, *self.offloaded)
+        )
+        if (queued, pending) != (self.queued_kv, self.pending_decode):
+            raise IntegrityError(
+                f"decode load counters drifted: {self.queued_kv} queued KV tokens and "
+                f"{self.pending_decode} pending decode tokens, the queues hold {queued} and "
+                f"{pending}"
+            )
         for r in (*self.prealloc, *self.offloaded):
             if r.lock_node is not None or len(r.kv_row):
                 raise IntegrityError(f"queued decode request {r.rid} holds a lock or KV slots")

@@ -278,7 +278,7 @@ def prefill_load(inst: Instance) -> Any:
     role = s.prefill_role
     assert role is not None
     waiting = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
-    waiting += sum(r.prompt_len for r in role.bootstrap.values())
+    waiting += role.bootstrap_tokens
     if s.chunked_req is not None:
         waiting += s.chunked_req.fill_len - s.chunked_req.prefix_len
     return ReplicaLoad(
@@ -300,13 +300,10 @@ def decode_load(inst: Instance) -> Any:
     role = s.decode_role
     assert role is not None
     used = s.capacity - s.allocator.available_size() - s.cache.evictable_size()
-    queued = sum(r.prompt_len for r in role.prealloc) + sum(r.fill_len for r in role.offloaded)
-    pending = [*role.transferring.values(), *role.arrived, *role.offloaded, *role.prealloc]
     return ReplicaLoad(
         replica_id=inst.local,
-        waiting_uncached_tokens=used + queued,
-        running_decode_tokens=s.remaining_decode_tokens()
-        + sum(r.remaining_new_tokens for r in pending),
+        waiting_uncached_tokens=used + role.queued_kv,
+        running_decode_tokens=s.remaining_decode_tokens() + role.pending_decode,
         num_waiting=len(role.prealloc) + len(role.offloaded),
         num_running=s.num_running() + len(role.transferring) + len(role.arrived),
         kv_usage=s.kv_usage(),
