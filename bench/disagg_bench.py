@@ -81,11 +81,9 @@ def measure(trace: Path, policy: str, gpus: int, repeat: int, console: Console) 
     base = 0.0
     with tempfile.TemporaryDirectory() as d:
         for label, args in deployments(gpus):
-            walls, res = [], {}
-            for _ in range(max(repeat, 1)):
-                wall, res = run_once(trace, policy, args, Path(d))
-                walls.append(wall)
-            fastest = min(walls)
+            runs = [run_once(trace, policy, args, Path(d)) for _ in range(max(repeat, 1))]
+            walls = [w for w, _ in runs]
+            fastest, res = min(runs, key=lambda run: run[0])  # the fastest run's numbers
             base = base or fastest
             ttft, tpot = res.get("ttft_s", {}), res.get("tpot_s", {})
             cell = Cell(
