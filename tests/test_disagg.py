@@ -1,4 +1,4 @@
-"""The scheduler's disaggregation roles (``radixsched.disagg``) with the fake runner.
+"""The scheduler's disaggregation roles (``radixsched.cluster.disagg``) with the fake runner.
 
 A prefill-role and a decode-role scheduler are driven by hand here, the KV copied between the
 fake runners' pools at each transfer: the decode side then decodes from slots it only holds
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from fakes import FakeRunner, reference_output
 from radixsched.clock import VirtualClock
+from radixsched.cluster.disagg import DecodeRole, PrefillRole
 from radixsched.config import SchedulerConfig
-from radixsched.disagg import DecodeRole, PrefillRole
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.runner import Batch, StepResult
 from radixsched.scheduler import Scheduler
@@ -39,6 +39,16 @@ class CountingRunner(FakeRunner):
 def make(mode: str, kv: int = 4000, **cfg: object) -> Scheduler:
     config = SchedulerConfig(disaggregation_mode=mode, **cfg)  # type: ignore[arg-type]
     return Scheduler(config, CountingRunner(kv + 64), kv_slots=kv, clock=VirtualClock())
+
+
+def pre(s: Scheduler) -> PrefillRole:
+    assert s.prefill_role is not None, "not a prefill instance"
+    return s.prefill_role
+
+
+def dec(s: Scheduler) -> DecodeRole:
+    assert s.decode_role is not None, "not a decode instance"
+    return s.decode_role
 
 
 def prompt(n: int, seed: int = 0) -> np.ndarray:
@@ -66,9 +76,9 @@ class Pair:
         self.copies[r.rid] = c
 
     def handshake(self) -> list[str]:
-        ready = [r.rid for r in self.d.pop_preallocated()]
+        ready = [r.rid for r in dec(self.d).pop_preallocated()]
         for rid in ready:
-            assert self.p.bootstrapped(rid)
+            assert pre(self.p).bootstrapped(rid)
         return ready
 
     def transfer(self, c: Req) -> None:
@@ -77,8 +87,8 @@ class Pair:
         n = c.prompt_len
         pool_p, pool_d = self.p.runner.pool, self.d.runner.pool  # type: ignore[attr-defined]
         pool_d[d_req.kv_row[:n]] = pool_p[c.kv_row[:n]]
-        assert self.p.transfer_done(c.rid)
-        assert self.d.kv_arrived(c.rid, c.output_ids[0])
+        assert pre(self.p).transfer_done(c.rid)
+        assert dec(self.d).kv_arrived(c.rid, c.output_ids[0])
 
     def run(self, max_steps: int = 20_000) -> None:
         for _ in range(max_steps):
@@ -114,10 +124,7 @@ def test_the_mode_is_read_when_the_scheduler_is_built() -> None:
     assert isinstance(d.disagg, DecodeRole)
     # A decode instance matches nothing: its cache is off and its queue fcfs.
     assert d.cache.disabled and d.policy.name == "fcfs"
-    with pytest.raises(TypeError, match="PrefillRole call on a scheduler in disaggregation mode"):
-        d.bootstrapped("x")
-    with pytest.raises(TypeError, match="DecodeRole"):
-        make("prefill").pop_preallocated()
+    assert d.prefill_role is None and make("prefill").decode_role is None
     with pytest.raises(ValueError):
         SchedulerConfig(disaggregation_mode="both")  # type: ignore[arg-type]
 
@@ -143,7 +150,7 @@ def test_prefill_role_waits_for_the_handshake_then_holds_the_kv_until_sent() -> 
     assert p.add_request(r).accepted
     assert r.sampling.max_new_tokens == 1  # the adder reserves no decode memory
     assert p.is_idle and not p.waiting and p.step() is None  # bootstrapping: nothing to run
-    assert p.bootstrapped("a", now=0.5) and not p.bootstrapped("a")
+    assert pre(p).bootstrapped("a", now=0.5) and not pre(p).bootstrapped("a")
     assert r.queue_entry_time == 0.5 and p.waiting == [r]
     out = p.step()
     p.check_integrity()
@@ -151,15 +158,15 @@ def test_prefill_role_waits_for_the_handshake_then_holds_the_kv_until_sent() -> 
     assert r.output_len == 1 and r.finish is not None and r.finish.reason is FinishReason.LENGTH
     assert p.is_idle and r.rid in p.prefill_role.inflight  # type: ignore[union-attr]
     assert p.cache.protected_size() == 300  # locked while in flight
-    assert p.transfer_done("a") and not p.transfer_done("a")
+    assert pre(p).transfer_done("a") and not pre(p).transfer_done("a")
     p.check_integrity()
     assert p.cache.protected_size() == 0 and p.cache.evictable_size() == 300  # stays cached
     b = req("b", np.concatenate([r.prompt_ids, prompt(20, 9)]))
     p.add_request(b)
-    p.bootstrapped("b")
+    pre(p).bootstrapped("b")
     p.step()
     assert b.cached_tokens == 300  # the next prompt hits it
-    p.transfer_done("b")
+    pre(p).transfer_done("b")
     p.check_integrity()
 
 
@@ -167,8 +174,8 @@ def test_prefill_role_ignores_the_queue_limit_and_aborts_anywhere() -> None:
     p = make("prefill", max_queued_requests=0)
     rs = [req(f"r{i}", prompt(100, i)) for i in range(3)]
     assert all(p.add_request(r).accepted for r in rs)  # SGLang: the limit is null-mode only
-    p.bootstrapped("r1")
-    p.bootstrapped("r2")
+    pre(p).bootstrapped("r1")
+    pre(p).bootstrapped("r2")
     p.step()
     assert p.abort("r0") and p.abort("r2")  # bootstrapping, in flight
     p.check_integrity()
@@ -184,14 +191,14 @@ def test_refresh_touches_the_bootstrap_head_ahead_of_the_waiting_queue() -> None
     shared = [prompt(64, s) for s in range(3)]
     for i, sp in enumerate(shared):  # cache three prefixes
         p.add_request(req(f"c{i}", sp))
-        p.bootstrapped(f"c{i}")
+        pre(p).bootstrapped(f"c{i}")
         p.step()
-        p.transfer_done(f"c{i}")
+        pre(p).transfer_done(f"c{i}")
     boot = [req(f"b{i}", np.concatenate([shared[i], prompt(8, 10 + i)])) for i in (0, 1)]
     wait = req("w", np.concatenate([shared[2], prompt(8, 20)]))
     for r in (*boot, wait):
         p.add_request(r)
-    p.bootstrapped("w")
+    pre(p).bootstrapped("w")
     p.queue._refresh_rounds = 0  # the next round refreshes
     p.step()
 
@@ -210,11 +217,11 @@ def test_prefill_role_counts_its_requests_as_holders() -> None:
     p = make("prefill", page_size=16)
     r = req("a", prompt(50))
     p.add_request(r)
-    p.bootstrapped("a")
+    pre(p).bootstrapped("a")
     p.step()
     assert r in p.holders()
     p.check_integrity()  # the page tail stays owned by the in-flight request
-    p.transfer_done("a")
+    pre(p).transfer_done("a")
     assert r not in p.holders()
     p.check_integrity()
 
@@ -229,23 +236,23 @@ def test_decode_role_preallocates_in_order_while_memory_allows() -> None:
         assert d.add_request(r).accepted
     # 1000 free: r0 takes 300 + 100 reserved, r1 300 + 100; r2 (150 + 100) no longer fits
     # in the 200 left, and r3 (50 + 100) waits behind it (first come, first served).
-    assert d.pop_preallocated() == rs[:2]
-    assert d.pop_preallocated() == []
+    assert dec(d).pop_preallocated() == rs[:2]
+    assert dec(d).pop_preallocated() == []
     assert d.allocator.available_size() == 400
     assert d.is_idle  # transferring requests wait for their KV
     d.check_integrity()
     assert d.abort("r0")  # its slots come back
     d.check_integrity()
-    assert d.pop_preallocated() == rs[2:]
+    assert dec(d).pop_preallocated() == rs[2:]
 
 
 def test_an_empty_decode_instance_takes_its_head_whatever_the_reservation() -> None:
     d = make("decode", kv=1000, num_reserved_decode_tokens=900)
     r = req("big", prompt(600), n=20)
     d.add_request(r)
-    assert d.pop_preallocated() == [r]  # 600 + 900 > 1000, but nothing else is active
+    assert dec(d).pop_preallocated() == [r]  # 600 + 900 > 1000, but nothing else is active
     d.add_request(req("next", prompt(10), n=5))
-    assert d.pop_preallocated() == []  # now the reservation applies
+    assert dec(d).pop_preallocated() == []  # now the reservation applies
 
 
 def test_decode_role_preallocates_by_priority_under_priority_scheduling() -> None:
@@ -253,17 +260,17 @@ def test_decode_role_preallocates_by_priority_under_priority_scheduling() -> Non
     rs = [req(f"r{i}", prompt(50, i), priority=pr) for i, pr in enumerate((1, 5, None, 3))]
     for r in rs:
         d.add_request(r)
-    assert [r.rid for r in d.pop_preallocated()] == ["r1", "r3"]  # 2 request slots
+    assert [r.rid for r in dec(d).pop_preallocated()] == ["r1", "r3"]  # 2 request slots
 
 
 def test_a_decode_instance_never_prefills() -> None:
     d = make("decode")
     r = req("a", prompt(40), n=8)
     d.add_request(r)
-    assert d.pop_preallocated() == [r]
+    assert dec(d).pop_preallocated() == [r]
     d.runner.pool[r.kv_row[:40]] = r.prompt_ids  # type: ignore[attr-defined]  # "the transfer"
     first = d.runner.next_token(r.prompt_ids.astype(np.int64))  # type: ignore[attr-defined]
-    assert d.kv_arrived("a", first)
+    assert dec(d).kv_arrived("a", first)
     modes = []
     while not d.is_idle:
         out = d.step()
@@ -280,8 +287,8 @@ def test_a_first_token_that_finishes_the_request_is_delivered_without_a_decode()
     d = make("decode")
     r = req("one", prompt(30), n=1)
     d.add_request(r)
-    d.pop_preallocated()
-    d.kv_arrived("one", 7)
+    dec(d).pop_preallocated()
+    dec(d).kv_arrived("one", 7)
     out = d.step()
     assert out is not None and out.finished == [r] and out.num_steps == 0
     assert out.new_tokens == [(r, [7])] and r.output_ids == [7]
@@ -294,8 +301,8 @@ def test_decode_role_aborts_in_every_queue() -> None:
     rs = [req(f"r{i}", prompt(200, i)) for i in range(4)]
     for r in rs:
         d.add_request(r)
-    d.pop_preallocated()  # r0, r1, r2 transferring; r3 waiting for memory
-    d.kv_arrived("r1", 5)
+    dec(d).pop_preallocated()  # r0, r1, r2 transferring; r3 waiting for memory
+    dec(d).kv_arrived("r1", 5)
     assert d.abort("r3") and d.abort("r0") and d.abort("r1")
     d.check_integrity()
     d.step()  # nothing arrived any more: r2 still transferring

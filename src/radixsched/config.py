@@ -159,7 +159,7 @@ class SchedulerConfig:
     radix_eviction_policy: str = field(
         default="lru", metadata=_meta("eviction strategy (lru, lfu, fifo, filo, mru, priority)")
     )
-    # ---- prefill/decode disaggregation (radixsched.disagg) ---------------------------
+    # ---- prefill/decode disaggregation (radixsched.cluster.disagg) ---------------------------
     disaggregation_mode: DisaggregationModeName = field(
         default="null",
         metadata=_meta(

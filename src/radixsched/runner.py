@@ -134,8 +134,9 @@ class ModelRunner(ABC):
     def offload_kv(self, req: Req, slots: SlotArray) -> None:
         """Copy ``req``'s KV held in ``slots`` (positions ``0 .. len(slots) - 1``) to host
         memory before the scheduler frees them: how a decode instance of a split deployment
-        retracts (``radixsched.disagg``: it cannot prefill the request again). Needed only by
-        decode-role schedulers; a runner whose KV has content keeps it until ``reload_kv``."""
+        retracts (``radixsched.cluster.disagg``: it cannot prefill the request again). Needed
+        only by decode-role schedulers; a runner whose KV has content keeps it until
+        ``reload_kv``."""
         raise NotImplementedError(f"{type(self).__name__} cannot offload KV to host memory")
 
     def reload_kv(self, req: Req, slots: SlotArray) -> None:

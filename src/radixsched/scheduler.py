@@ -15,10 +15,10 @@ admission until it finishes, is retracted, preempted or aborted; an idle schedul
 Scheduling decides order and timing only: the same requests produce the same tokens under
 every policy, with the cache on or off.
 
-Built with ``disaggregation_mode`` ``prefill`` or ``decode`` (``radixsched.disagg``), the same
-loop is one role of a split deployment: requests wait for the peer at the role's queues
-(``bootstrapped``/``transfer_done`` on a prefill instance, ``pop_preallocated``/``kv_arrived``
-on a decode instance), and a decode instance never runs a prefill.
+Built with ``disaggregation_mode`` ``prefill`` or ``decode`` (``radixsched.cluster.disagg``),
+the same loop is one role of a split deployment: requests wait for the peer at the role's
+queues (``prefill_role.bootstrapped``/``transfer_done``, ``decode_role.pop_preallocated``/
+``kv_arrived``, called by whoever carries the handshake), and a decode instance never prefills.
 
 This is the reference: every round does all its work. ``radixsched.fast.FastScheduler`` gives
 the same schedule, bit for bit, doing only the work that changed (tests/test_equivalence.py).
@@ -37,8 +37,8 @@ from radixsched.cache import CacheKey, TokenAllocator, make_cache
 from radixsched.cache.base import BasePrefixCache, IntegrityError
 from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
+from radixsched.cluster.disagg import DecodeRole, PrefillRole, Role, effective_config, role_for
 from radixsched.config import SchedulerConfig
-from radixsched.disagg import DecodeRole, PrefillRole, Role, effective_config, role_for
 from radixsched.kv import KVManager, ceil_page
 from radixsched.policies import prio_value, validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
@@ -332,57 +332,11 @@ class Scheduler:
         the next external event) lets accelerators run several passes at once before it."""
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
         if self.decode_role is not None:
-            return self.decode_step(horizon)
+            return self.decode_role.step(horizon)
         batch = self.prefill_round()
         if batch is not None:
             return self.run(batch)
         return self.decode_round(horizon)
-
-    # ---- prefill/decode disaggregation (radixsched.disagg) -------------------------------------
-    def decode_step(self, horizon: float | None = None) -> StepOutcome | None:
-        """A decode instance's step: arrived requests join the running batch (their first
-        token is delivered now), then one decode round."""
-        role = self.decode_role
-        assert role is not None
-        delivered, done = role.join(self.clock.now())
-        # A request done at its first token freed memory the preallocation may use: one
-        # decode step, so that it is tried again right after (as between single steps).
-        out = self.decode_round(self.clock.now() if done else horizon)
-        if out is None:
-            if not delivered:
-                return None
-            out = StepOutcome("decode", 0.0, 0, num_steps=0)
-        out.finished[:0] = done
-        out._tokens[:0] = [(r, [r.output_ids[0]]) for r in delivered]
-        return out
-
-    def _role(self, cls: type[PrefillRole] | type[DecodeRole]) -> Any:
-        if not isinstance(self.disagg, cls):
-            mode = self.config.disaggregation_mode
-            raise TypeError(f"{cls.__name__} call on a scheduler in disaggregation mode {mode!r}")
-        return self.disagg
-
-    def bootstrapped(self, rid: str, now: float | None = None) -> bool:
-        """Prefill role: the decode side preallocated ``rid``'s KV; it may be scheduled."""
-        role: PrefillRole = self._role(PrefillRole)
-        return role.bootstrapped(rid, self.clock.now() if now is None else now)
-
-    def transfer_done(self, rid: str) -> bool:
-        """Prefill role: ``rid``'s KV reached the decode side; its slots and lock are released
-        (the prompt stays cached)."""
-        role: PrefillRole = self._role(PrefillRole)
-        return role.transfer_done(rid)
-
-    def pop_preallocated(self) -> list[Req]:
-        """Decode role: requests whose KV slots were allocated just now (their prefill may
-        start), after resuming offloaded requests that fit again."""
-        role: DecodeRole = self._role(DecodeRole)
-        return role.pop_preallocated()
-
-    def kv_arrived(self, rid: str, first_token: int) -> bool:
-        """Decode role: ``rid``'s KV and first token landed; it joins at the next step."""
-        role: DecodeRole = self._role(DecodeRole)
-        return role.kv_arrived(rid, first_token)
 
     # ---- prefill -------------------------------------------------------------------------------
     def prefill_round(self) -> Batch | None:

@@ -1,4 +1,5 @@
-"""Multi-replica pieces: routers, the prefill delayer and the host KV tier (no torch, no ray)."""
+"""Multi-replica pieces: routers, the prefill delayer, the host KV tier and the prefill/decode
+roles of a split deployment (``cluster.disagg``) (no torch, no ray)."""
 
 from radixsched.cluster.delayer import (
     AllGather,

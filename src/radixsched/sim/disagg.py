@@ -1,8 +1,8 @@
 """Prefill/decode disaggregation in the simulator (``simulate --disaggregation``).
 
 A split deployment: ``--prefill-instances`` prefill instances and ``--decode-instances``
-decode instances, each a ``Scheduler`` built in its role (``radixsched.disagg``) with its own
-virtual clock, KV pool and cost model (``--prefill-gpu/--prefill-tp``, ``--decode-gpu/
+decode instances, each a ``Scheduler`` built in its role (``radixsched.cluster.disagg``) with
+its own virtual clock, KV pool and cost model (``--prefill-gpu/--prefill-tp``, ``--decode-gpu/
 --decode-tp``; prefill instances have their own radix caches and run the configured policy,
 decode instances match nothing). One request's life (``Leg``), SGLang's and Mooncake's:
 

@@ -254,7 +254,7 @@ class Cluster:
 
     def preallocate(self, di: Any) -> None:
         now = di.clock.now()
-        for r in di.sched.pop_preallocated():
+        for r in di.sched.decode_role.pop_preallocated():
             leg = self.legs[r.rid]
             leg.preallocated_s = now
             self.push(now + self.bootstrap, BOOT, leg)
@@ -263,7 +263,7 @@ class Cluster:
         pi = self.pre[leg.p]
         self.wake(pi, t)
         leg.bootstrapped_s = t
-        pi.sched.bootstrapped(leg.pre.rid, now=t)
+        pi.sched.prefill_role.bootstrapped(leg.pre.rid, now=t)
 
     def ready(self, leg: Any, t: float) -> None:
         start, landing = self.links.send(leg.p, leg.d, t, leg.pre.prompt_len)
@@ -272,7 +272,7 @@ class Cluster:
 
     def landed(self, leg: Any, t: float) -> None:
         pi, di = self.pre[leg.p], self.dec[leg.d]
-        pi.sched.transfer_done(leg.pre.rid)
+        pi.sched.prefill_role.transfer_done(leg.pre.rid)
         if pi.blocked:
             self.wake(pi, t)
         leg.landed_s = t
@@ -282,7 +282,7 @@ class Cluster:
         req.host_cached_tokens = copy.host_cached_tokens
         req.computed_prefill_tokens = copy.computed_prefill_tokens
         self.wake(di, t)
-        di.sched.kv_arrived(req.rid, copy.output_ids[0])
+        di.sched.decode_role.kv_arrived(req.rid, copy.output_ids[0])
 
     def count(self, k: int) -> None:
         self.done += k

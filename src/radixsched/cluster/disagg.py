@@ -57,7 +57,7 @@ from radixsched.request import Req
 from radixsched.running import prio_value
 
 if TYPE_CHECKING:
-    from radixsched.scheduler import Scheduler
+    from radixsched.scheduler import Scheduler, StepOutcome
 
 
 class DisaggregationMode(enum.Enum):
@@ -85,14 +85,15 @@ class PrefillRole:
         self.bootstrap[req.rid] = req
         self.bootstrap_tokens += req.prompt_len
 
-    def bootstrapped(self, rid: str, now: float) -> bool:
-        """The decode side holds KV for ``rid``: it joins the waiting queue at ``now``."""
+    def bootstrapped(self, rid: str, now: float | None = None) -> bool:
+        """The decode side holds KV for ``rid``: it joins the waiting queue at ``now`` (default:
+        the scheduler's clock). False when ``rid`` is not bootstrapping here."""
         req = self.bootstrap.pop(rid, None)
         if req is None:
             return False
         self.bootstrap_tokens -= req.prompt_len
         s = self.sched
-        req.queue_entry_time = now
+        req.queue_entry_time = s.clock.now() if now is None else now
         req.queue_entry_processed_tokens = s.processed_tokens
         s.queue.add(req)
         return True
@@ -103,6 +104,8 @@ class PrefillRole:
         self.inflight[req.rid] = req
 
     def transfer_done(self, rid: str) -> bool:
+        """``rid``'s KV reached the decode side: its slots and lock are released (the prompt
+        stays cached)."""
         req = self.inflight.pop(rid, None)
         if req is None:
             return False
@@ -270,6 +273,24 @@ class DecodeRole:
                 running.append(r)
         s.batch.extend(running)
         return delivered, finished
+
+    def step(self, horizon: float | None = None) -> StepOutcome | None:
+        """The instance's step: arrived requests join the running batch (their first token is
+        delivered now), then one decode round."""
+        from radixsched.scheduler import StepOutcome
+
+        s = self.sched
+        delivered, done = self.join(s.clock.now())
+        # A request done at its first token freed memory the preallocation may use: one
+        # decode step, so that it is tried again right after (as between single steps).
+        out = s.decode_round(s.clock.now() if done else horizon)
+        if out is None:
+            if not delivered:
+                return None
+            out = StepOutcome("decode", 0.0, 0, num_steps=0)
+        out.finished[:0] = done
+        out._tokens[:0] = [(r, [r.output_ids[0]]) for r in delivered]
+        return out
 
     def offload(self, reqs: list[Req]) -> None:
         """Retracted requests keep their KV in host memory until they fit again."""
