@@ -1742,6 +1742,30 @@ def test_fcfs_sorts_requeued_requests_that_entered_out_of_order(kind: type[Waiti
     assert rids(round_order(queue)) == ["b", "a", "c"]
 
 
+def test_fast_fcfs_requeue_keeps_both_orders_without_scanning_the_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests re-queued at their places into a list in arrival and entry order leave it in
+    both: the fast queue knows it without the reference's scan of the whole list (the scan is
+    what a deep queue pays on every retraction), and its order is the reference's."""
+    scans: list[int] = []
+    scan = WaitingQueue._in_arrival_order
+    monkeypatch.setattr(
+        WaitingQueue, "_in_arrival_order", lambda self: scans.append(1) or scan(self)
+    )
+    orders = {}
+    for label, kind in KINDS.items():
+        scans.clear()
+        reqs = [mk(f"r{i}", [i + 1], t=float(i)) for i in range(6)]
+        queue = make_queue(kind, "fcfs", reqs=reqs)
+        round_order(queue)
+        taken = queue.take([0, 2, 4])
+        queue.requeue(taken[::-1], 9.0, 0)
+        orders[label] = (rids(queue.reqs), rids(round_order(queue)), len(scans))
+    every = [f"r{i}" for i in range(6)]
+    assert orders == {"reference": (every, every, 1), "fast": (every, every, 0)}
+
+
 def test_failed_admission_match_is_refreshed_next_round() -> None:
     """A failed admission attempt rewrites the request's matched length with the admission's
     (page 2: the match of ``fill[:len - 1]``, 2 tokens here); the next round gives it the

@@ -19,6 +19,7 @@ that the list is what they describe and rebuilds when it is not.
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -80,6 +81,7 @@ class FastWaitingQueue(WaitingQueue):
         self.tried: dict[int, Req] = {}  # matched lengths an admission attempt rewrote
         self.entry_ordered = True  # the list is in (queue entry, arrival) order
         self._last_entry = (float("-inf"), float("-inf"))
+        self._arrival_known = True  # the list is known to be in arrival order (else: unknown)
 
     def _make_engine(self, reads: Reads) -> Engine | None:
         pol = self.policy
@@ -154,11 +156,37 @@ class FastWaitingQueue(WaitingQueue):
             if self.matcher is not None:
                 self.matcher.track(r)
         n = len(self.reqs)
+        # The reference's branch: placed by arrival (the list stays in arrival order) or appended.
+        placed = not self.config.sglang_compat and not self.policy.list_order_free
+        placed = placed and self._in_arrival_order()
+        ordered = self.entry_ordered
         super().requeue(reqs, now, processed_tokens)
         self.added.extend(reqs)
-        self.entry_ordered = False  # their entry times need not follow arrival order
+        self._arrival_known = placed
+        self.entry_ordered = ordered and self._fit_entry_order(reqs, placed)
+        if self.reqs:
+            self._last_entry = _ENTRY(self.reqs[-1])
         if self.reqs[n:] != list(reqs):  # re-inserted at their places in arrival order
             self.synced = False
+
+    def _fit_entry_order(self, reqs: Sequence[Req], placed: bool) -> bool:
+        """Whether each of ``reqs`` (just requeued into an entry-ordered list) sits in entry
+        order with its neighbours: then the whole list is in entry order."""
+        q, n = self.reqs, len(self.reqs)
+        if placed:
+            spots = [bisect.bisect_left(q, self._seq_of[id(r)], key=self._seq) for r in reqs]
+        else:
+            spots = list(range(n - len(reqs), n))
+        return all(
+            (i == 0 or _ENTRY(q[i - 1]) <= _ENTRY(q[i]))
+            and (i + 1 == n or _ENTRY(q[i]) <= _ENTRY(q[i + 1]))
+            for i in spots
+        )
+
+    def _in_arrival_order(self) -> bool:
+        if not self._arrival_known:
+            self._arrival_known = super()._in_arrival_order()
+        return self._arrival_known
 
     def admission_end(self, req: Req) -> tuple[Any, int, int] | None:
         """Where the admission's match (the fill capped at ``fill_len - 1``, whole pages) ends:
@@ -209,6 +237,8 @@ class FastWaitingQueue(WaitingQueue):
     # ---- a round -----------------------------------------------------------------------------
     def begin_round(self, running: Sequence[Req], processed_tokens: int, now: float) -> RoundOrder:
         base = self.active_policy()
+        if not (self.fast and base is self.policy and self._plain_fcfs() and self.entry_ordered):
+            self._arrival_known = False  # the round's order may permute the list
         if not self.fast or base is not self.policy:
             self.synced = self.matched = False
             return super().begin_round(running, processed_tokens, now)

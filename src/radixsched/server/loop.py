@@ -2,7 +2,8 @@
 
 One thread owns the ``Scheduler``: nothing else reads or writes it. HTTP handlers talk to it
 through a thread-safe inbox (add, abort, call) and get their tokens back on a per-request
-``asyncio.Queue`` fed with ``loop.call_soon_threadsafe``. The thread steps while there is work
+``asyncio.Queue``; the thread hands each iteration's answers and tokens to the event loop in
+one ``loop.call_soon_threadsafe`` (one wake-up per step, not one per request). The thread steps while there is work
 and sleeps on the inbox when idle.
 
 Guarantees:
@@ -95,6 +96,9 @@ class RequestHandle:
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             logger.debug("dropped an event for %s: event loop closed", self.rid)
 
+    def _put(self, item: AdmitResult | TokenDelta) -> None:
+        self._queue.put_nowait(item)
+
     # ---- asyncio side ------------------------------------------------------------------------
     async def admission(self) -> AdmitResult:
         item = await self._queue.get()
@@ -138,6 +142,12 @@ class _Call:
 
 
 _Command = _Add | _Abort | _Call
+
+
+def _deliver(items: list[tuple[RequestHandle, AdmitResult | TokenDelta]]) -> None:
+    """On the event loop: hand out one flush of the scheduler thread's posts, in order."""
+    for handle, item in items:
+        handle._put(item)
 
 
 class BatchRecorder(ModelRunner):
@@ -207,6 +217,8 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         # Only the scheduler thread touches _handles.
         self._handles: dict[str, RequestHandle] = {}
+        # Posts of this loop iteration, flushed with one wake-up per event loop (not per token).
+        self._outbox: list[tuple[RequestHandle, AdmitResult | TokenDelta]] = []
         self.healthy = True
         self.steps = 0
         self.step_failures = 0
@@ -292,15 +304,34 @@ class EngineLoop:
                 self._handle_command(cmd)
             if stopping:
                 self._abort_everything(503, "the server is shutting down")
+                self._flush()
                 return
+            self._flush()
             if not sched.is_idle and self.healthy:
                 was_busy = True
                 self._step()
+                self._flush()
             elif was_busy and sched.is_idle:
                 was_busy = False
                 self._check_idle()
             if self.metrics is not None:
                 self.metrics.sync(sched)
+
+    def _send(self, handle: RequestHandle, item: AdmitResult | TokenDelta) -> None:
+        self._outbox.append((handle, item))
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, Any]]] = {}
+        for handle, item in self._outbox:
+            by_loop.setdefault(handle._aloop, []).append((handle, item))
+        self._outbox = []
+        for aloop, items in by_loop.items():
+            try:
+                aloop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                logger.debug("dropped %d events: event loop closed", len(items))
 
     def _handle_command(self, cmd: _Command) -> None:
         if isinstance(cmd, _Add):
@@ -336,7 +367,7 @@ class EngineLoop:
             self._handles[req.rid] = handle
         elif self.metrics is not None and result.status_code is not None:
             self.metrics.on_reject(result.status_code)
-        handle._post(result)
+        self._send(handle, result)
 
     def _step(self) -> None:
         sched = self.scheduler
@@ -371,7 +402,7 @@ class EngineLoop:
             if req.finished:
                 self._finish(handle, toks)
             else:
-                handle._post(TokenDelta(list(toks)))
+                self._send(handle, TokenDelta(list(toks)))
 
     def _finish(self, handle: RequestHandle, toks: list[int] | None = None) -> None:
         req = handle.req
@@ -380,7 +411,7 @@ class EngineLoop:
         del self._handles[req.rid]
         if self.metrics is not None:
             self.metrics.on_finish(req, finish_label(fin))
-        handle._post(TokenDelta(list(toks or []), finish_info(req, fin)))
+        self._send(handle, TokenDelta(list(toks or []), finish_info(req, fin)))
 
     def _deliver_aborted(self) -> None:
         """Finish the handles of requests the scheduler aborted on its own."""
