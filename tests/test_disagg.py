@@ -18,7 +18,7 @@ from radixsched.clock import VirtualClock
 from radixsched.cluster.disagg import DecodeRole, PrefillRole
 from radixsched.config import SchedulerConfig
 from radixsched.request import FinishReason, Req, SamplingParams
-from radixsched.runner import Batch, StepResult
+from radixsched.runner import Batch, ModelRunner, StepResult
 from radixsched.scheduler import Scheduler
 
 
@@ -127,6 +127,22 @@ def test_the_mode_is_read_when_the_scheduler_is_built() -> None:
     assert d.prefill_role is None and make("prefill").decode_role is None
     with pytest.raises(ValueError):
         SchedulerConfig(disaggregation_mode="both")  # type: ignore[arg-type]
+
+
+def test_a_decode_instance_is_built_only_on_a_runner_that_keeps_kv_in_host_memory() -> None:
+    """A decode instance retracts by offloading (it cannot prefill again): a runner without
+    offload_kv/reload_kv is refused when the scheduler is built, not at its first retraction;
+    a co-located or prefill scheduler does not need them."""
+
+    class NoOffload(ModelRunner):
+        def forward(self, batch: Batch) -> StepResult:
+            return StepResult({}, 0.0)
+
+    config = SchedulerConfig(disaggregation_mode="decode")
+    with pytest.raises(TypeError, match="NoOffload has none"):
+        Scheduler(config, NoOffload(), kv_slots=64)
+    for mode in ("null", "prefill"):
+        Scheduler(SchedulerConfig(disaggregation_mode=mode), NoOffload(), kv_slots=64)
 
 
 def test_the_mode_is_never_a_flag() -> None:

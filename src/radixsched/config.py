@@ -327,3 +327,11 @@ def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(overrides)
     return cls(**values)
+
+
+def resolve_max_running_requests(config: SchedulerConfig, capacity: int, context_len: int) -> int:
+    """Spec 4.10: per-replica request slots, from the setting or the KV capacity."""
+    if config.max_running_requests is not None:
+        return max(1, min(config.max_running_requests, max(capacity // 2, 1)))
+    estimated = min(max(int(capacity / max(context_len, 1) * 512), 2048), 4096)
+    return max(1, min(estimated, capacity // 2))

@@ -43,14 +43,10 @@ def as_tokens(ids: Any) -> TokenArray:
     return arr
 
 
-class FinishReason(enum.Enum):
+class FinishReason(enum.Enum):  # values are OpenAI's finish_reason strings
     LENGTH = "length"  # max_new_tokens reached
     STOP = "stop"  # a stop token id or EOS was generated
     ABORT = "abort"  # aborted by the client, the queue limit, preemption policy or an error
-
-    @property
-    def openai_name(self) -> str:
-        return self.value  # OpenAI's finish_reason strings
 
 
 @dataclass(frozen=True)

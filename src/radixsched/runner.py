@@ -12,22 +12,17 @@ Contract for implementers:
 - A decode entry's input token is written at ``slots[-1]``; ``slots`` covers positions
   ``0 .. position`` inclusive.
 - The runner never allocates or frees KV slots and never touches the scheduler's state.
-- ``decode_multi`` is optional (``supports_multi_step``): the simulator uses it to jump over
-  decode steps in which nothing but lengths change; a real runner leaves it unsupported.
-  A multi-step runner's tokens depend only on the request and the position, never on how
-  steps were grouped, and ``tokens_at`` returns them again on demand (the accelerated
-  scheduler writes decode tokens into requests only when they leave the batch).
+
+Extensions a runner may add: jumping over decode steps in which nothing but lengths change
+(``radixsched.fast.runner.MultiStepRunner``, the simulator's), and keeping a request's KV in
+host memory for a decode instance of a split deployment (``radixsched.cluster.disagg``).
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
-import numpy.typing as npt
 
 from radixsched.request import Req, SlotArray, TokenArray
 
@@ -88,58 +83,14 @@ class StepResult:
     duration_s: float
 
 
-@dataclass
-class MultiDecodeResult:
-    """``num_steps`` decode steps of the same batch at once (simulator fast path)."""
-
-    tokens: npt.NDArray[np.int32]  # [batch, num_steps]
-    step_durations_s: npt.NDArray[np.float64]  # [num_steps]
-
-
 class ModelRunner(ABC):
     """See the module docstring for the contract."""
 
-    supports_multi_step: bool = False
+    supports_multi_step: bool = False  # a MultiStepRunner (radixsched.fast.runner) says True
 
     @abstractmethod
     def forward(self, batch: Batch) -> StepResult: ...
 
-    def decode_multi(
-        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
-    ) -> MultiDecodeResult:
-        """Run ``num_steps`` decode steps of ``reqs`` whose current lengths (prompt + output,
-        before the first of these steps) are ``seq_lens``. Only needed when
-        ``supports_multi_step``; KV contents are not materialised."""
-        raise RuntimeError(
-            f"{type(self).__name__} runs one decode step at a time (supports_multi_step is False)"
-        )
-
-    def decode_durations(
-        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
-    ) -> npt.NDArray[np.float64]:
-        """The step times ``decode_multi`` would report, without running it (the scheduler
-        asks how far a jump may go before committing to it)."""
-        return self.decode_multi(reqs, seq_lens, num_steps).step_durations_s
-
-    def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:
-        """The tokens ``decode_multi`` generates for each request at each position (index in
-        prompt + output): ``positions`` is ``[len(reqs), steps]``, and so is the result. Only
-        needed when ``supports_multi_step``."""
-        raise RuntimeError(f"{type(self).__name__} cannot replay decode tokens")
-
     def eos_token_ids(self) -> tuple[int, ...]:
         """Token ids that end generation unless ``ignore_eos``."""
         return ()
-
-    def offload_kv(self, req: Req, slots: SlotArray) -> None:
-        """Copy ``req``'s KV held in ``slots`` (positions ``0 .. len(slots) - 1``) to host
-        memory before the scheduler frees them: how a decode instance of a split deployment
-        retracts (``radixsched.cluster.disagg``: it cannot prefill the request again). Needed
-        only by decode-role schedulers; a runner whose KV has content keeps it until
-        ``reload_kv``."""
-        raise NotImplementedError(f"{type(self).__name__} cannot offload KV to host memory")
-
-    def reload_kv(self, req: Req, slots: SlotArray) -> None:
-        """Write back the KV ``offload_kv`` kept for ``req`` into ``slots`` (new slots, the
-        same positions) and forget the host copy."""
-        raise NotImplementedError(f"{type(self).__name__} cannot reload KV from host memory")

@@ -38,7 +38,7 @@ from radixsched.cache.base import BasePrefixCache, IntegrityError
 from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
 from radixsched.cluster.disagg import DecodeRole, PrefillRole, Role, effective_config, role_for
-from radixsched.config import SchedulerConfig
+from radixsched.config import SchedulerConfig, resolve_max_running_requests
 from radixsched.kv import KVManager, ceil_page
 from radixsched.policies import prio_value, validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
@@ -68,18 +68,10 @@ class StepOutcome:
     finished: list[Req] = field(default_factory=list)
     retracted: list[Req] = field(default_factory=list)
     _tokens: list[tuple[Req, list[int]]] = field(default_factory=list, repr=False)
-    # Tokens of a multi-step decode, paired up only when read (accelerators).
-    _batch_tokens: Callable[[], tuple[list[Req], list[list[int]]]] | None = field(
-        default=None, repr=False
-    )
 
     @property
     def new_tokens(self) -> list[tuple[Req, list[int]]]:
         """Tokens produced this step, per request, in batch order."""
-        if self._batch_tokens is not None:
-            reqs, toks = self._batch_tokens()
-            self._batch_tokens = None
-            self._tokens.extend(zip(reqs, toks, strict=True))
         return self._tokens
 
 
@@ -98,19 +90,7 @@ class SchedulerStats:
     peak_waiting: int = 0
     peak_kv_usage: float = 0.0
     busy_s: float = 0.0
-    running_x_s: float = 0.0  # integral of the batch size over busy time
-
-    @property
-    def mean_running(self) -> float:
-        return self.running_x_s / self.busy_s if self.busy_s > 0 else 0.0
-
-
-def resolve_max_running_requests(config: SchedulerConfig, capacity: int, context_len: int) -> int:
-    """Spec 4.10: per-replica request slots."""
-    if config.max_running_requests is not None:
-        return max(1, min(config.max_running_requests, max(capacity // 2, 1)))
-    estimated = min(max(int(capacity / max(context_len, 1) * 512), 2048), 4096)
-    return max(1, min(estimated, capacity // 2))
+    running_x_s: float = 0.0  # integral of the batch size over busy time (mean: / busy_s)
 
 
 class Scheduler:
@@ -595,7 +575,7 @@ class Scheduler:
         # radixsched caches the computed KV before releasing it (spec 8.11); SGLang drops it.
         # A decode instance keeps it in host memory (it cannot prefill the request again).
         if self.decode_role is not None:
-            self.runner.offload_kv(req, req.kv_row[: req.kv_len])
+            self.decode_role.runner.offload_kv(req, req.kv_row[: req.kv_len])
         self.kv.release(req, cache_kv=not self.config.sglang_compat)
         req.retraction_count += 1
 

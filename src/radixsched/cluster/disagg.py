@@ -35,7 +35,8 @@ never a prefill.
 3. ``kv_arrived``: the KV and the first token landed; at the next ``step`` the request joins
    the running batch without a forward (its first token is delivered then) and decodes;
 4. a request retracted for decode memory is *offloaded* (its KV kept in host memory; the copy
-   is not timed) and resumes, ahead of new preallocations, when memory allows.
+   is not timed) and resumes, ahead of new preallocations, when memory allows. The runner
+   keeps it (``KVOffloadRunner``): a decode instance is built only on a runner that can.
 
 Ownership (``Scheduler.check_integrity``): an in-flight prefill request holds its lock and its
 page tail; a transferring or arrived decode request owns its row; bootstrap, preallocation
@@ -46,14 +47,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
 from radixsched.cache.base import IntegrityError
 from radixsched.config import SchedulerConfig
 from radixsched.kv import ceil_page, row_capacity
-from radixsched.request import Req
+from radixsched.request import Req, SlotArray
 from radixsched.running import prio_value
 
 if TYPE_CHECKING:
@@ -150,10 +151,31 @@ class PrefillRole:
                 raise IntegrityError(f"in-flight request {r.rid} lost its prompt's KV")
 
 
+class KVOffloadRunner(Protocol):
+    """What a decode instance's runner adds to ``ModelRunner``: it retracts a request by
+    keeping its KV in host memory, since it cannot prefill the request again."""
+
+    def offload_kv(self, req: Req, slots: SlotArray) -> None:
+        """Copy ``req``'s KV held in ``slots`` (positions ``0 .. len(slots) - 1``) to host
+        memory before the scheduler frees them; a runner whose KV has content keeps it until
+        ``reload_kv``."""
+
+    def reload_kv(self, req: Req, slots: SlotArray) -> None:
+        """Write back the KV ``offload_kv`` kept for ``req`` into ``slots`` (new slots, the
+        same positions) and forget the host copy."""
+
+
 class DecodeRole:
     """The decode side's preallocation, transfer, arrival and offload queues."""
 
     def __init__(self, sched: Scheduler) -> None:
+        runner = sched.runner
+        if not all(callable(getattr(runner, m, None)) for m in ("offload_kv", "reload_kv")):
+            raise TypeError(
+                f"a decode instance needs a runner that keeps retracted KV in host memory "
+                f"(offload_kv, reload_kv); {type(runner).__name__} has none"
+            )
+        self.runner = cast(KVOffloadRunner, runner)
         self.sched = sched
         self.prealloc: list[Req] = []  # waiting for memory (their prefill waits too)
         self.transferring: dict[str, Req] = {}  # rid -> request whose KV slots are allocated
@@ -202,7 +224,7 @@ class DecodeRole:
             self.offloaded.pop(0)
             self.queued_kv -= r.fill_len
             self._own(r, need, r.fill_len - 1)
-            s.runner.reload_kv(r, r.kv_row[: r.kv_len])
+            self.runner.reload_kv(r, r.kv_row[: r.kv_len])
             self.arrived.append(r)
             budget -= need + reserve
             slots -= 1
@@ -366,6 +388,7 @@ def effective_config(config: SchedulerConfig) -> SchedulerConfig:
 __all__ = [
     "DecodeRole",
     "DisaggregationMode",
+    "KVOffloadRunner",
     "PrefillRole",
     "Role",
     "effective_config",

@@ -19,7 +19,9 @@ the allocator's reservation.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from radixsched.clock import VirtualClock
 from radixsched.fast.decode import DecodeCols, FastRunningBatch
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
+from radixsched.fast.runner import MultiStepRunner
 from radixsched.request import Req
 from radixsched.runner import Batch
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -52,6 +55,23 @@ class ChunkPlan(NamedTuple):
         )
 
 
+@dataclass(slots=True)
+class JumpOutcome(StepOutcome):
+    """A decode jump's outcome: its tokens are paired with their requests only when read."""
+
+    batch_tokens: Callable[[], tuple[list[Req], list[list[int]]]] | None = field(
+        default=None, repr=False
+    )
+
+    @property
+    def new_tokens(self) -> list[tuple[Req, list[int]]]:
+        if self.batch_tokens is not None:
+            reqs, toks = self.batch_tokens()
+            self.batch_tokens = None
+            self._tokens.extend(zip(reqs, toks, strict=True))
+        return self._tokens
+
+
 class FastScheduler(Scheduler):
     kv_class = FastKVManager
     queue_class = FastWaitingQueue
@@ -72,6 +92,11 @@ class FastScheduler(Scheduler):
     def _make_running(self) -> FastRunningBatch:
         return FastRunningBatch(self)
 
+    @property
+    def jumper(self) -> MultiStepRunner:
+        """The runner, read as a multi-step one where ``supports_multi_step`` says it is."""
+        return cast(MultiStepRunner, self.runner)
+
     # ---- deferred decode state ------------------------------------------------------------------
     def settle(self, cols: DecodeCols, i: int) -> None:
         """Write row ``i``'s deferred decode steps into its request: tokens (asked of the
@@ -82,7 +107,7 @@ class FastScheduler(Scheduler):
         k = fill - done
         if k > 0:
             positions = np.arange(done, fill, dtype=np.int64)[None, :]
-            r.output_ids.extend(self.runner.tokens_at([r], positions)[0].tolist())
+            r.output_ids.extend(self.jumper.tokens_at([r], positions)[0].tolist())
             r.times.token_times.extend(self.decode_log[len(self.decode_log) - k :])
             r.kv_len = fill - 1
         owed = int(cols.have[i]) - len(r.kv_row)
@@ -230,7 +255,7 @@ class FastScheduler(Scheduler):
             return 1
         k = self._max_steps_that_fit(cols, k, self._room())
         if horizon is not None and not self.waiting and k > 1:
-            durs = self.runner.decode_durations(cols.reqs, cols.fill, k)
+            durs = self.jumper.decode_durations(cols.reqs, cols.fill, k)
             hit = int(np.searchsorted(_step_ends(self.clock.now(), durs), horizon, side="left"))
             k = min(k, hit + 1)
         return max(k, 1)
@@ -259,10 +284,10 @@ class FastScheduler(Scheduler):
         if not defer:
             self.sync_running()
         if defer:
-            durations = self.runner.decode_durations(reqs, cols.fill, k)
+            durations = self.jumper.decode_durations(reqs, cols.fill, k)
             toks: list[list[int]] = []
         else:
-            res = self.runner.decode_multi(reqs, cols.fill, k)
+            res = self.jumper.decode_multi(reqs, cols.fill, k)
             durations, toks = res.step_durations_s, res.tokens.tolist()
         needs = cols.need(k, self.page_size)
         total = int(needs.sum())
@@ -277,13 +302,13 @@ class FastScheduler(Scheduler):
         self.ratio.decay_steps(k)
         self.stats.decode_steps += k
         self.account(len(reqs), durations.tolist())
-        out = StepOutcome("decode", float(ends[-1] - t0), len(reqs), num_steps=k)
+        out = JumpOutcome("decode", float(ends[-1] - t0), len(reqs), num_steps=k)
         times = ends.tolist()
         if defer:
             self.decode_log.extend(times)
             self.unsettled = True
-            runner, fill0 = self.runner, cols.fill
-            out._batch_tokens = lambda: (
+            runner, fill0 = self.jumper, cols.fill
+            out.batch_tokens = lambda: (
                 reqs,
                 runner.tokens_at(
                     reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]
@@ -291,7 +316,7 @@ class FastScheduler(Scheduler):
             )
         else:
             self._write_steps(cols, toks, times, needs, slots, k)
-            out._batch_tokens = lambda: (reqs, toks)
+            out.batch_tokens = lambda: (reqs, toks)
         if self.policy.charges_service:
             self._charge_decode(reqs, k)
         after = cols._replace(fill=cols.fill + k, have=cols.have + needs, out_len=cols.out_len + k)

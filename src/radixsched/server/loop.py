@@ -30,16 +30,13 @@ import concurrent.futures
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
 from radixsched.clock import Clock
-from radixsched.request import FinishReason, FinishState, Req, SlotArray
-from radixsched.runner import Batch, ModelRunner, MultiDecodeResult, StepResult
+from radixsched.request import FinishReason, FinishState, Req
+from radixsched.runner import Batch, ModelRunner, StepResult
 from radixsched.scheduler import AdmitResult, Scheduler, StepOutcome
 from radixsched.server.metrics import ServerMetrics
 
@@ -163,30 +160,11 @@ class BatchRecorder(ModelRunner):
         self.last = batch
         return self.inner.forward(batch)
 
-    def decode_multi(
-        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
-    ) -> MultiDecodeResult:
-        return self.inner.decode_multi(reqs, seq_lens, num_steps)
-
-    def decode_durations(
-        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
-    ) -> npt.NDArray[np.float64]:
-        return self.inner.decode_durations(reqs, seq_lens, num_steps)
-
-    def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:
-        return self.inner.tokens_at(reqs, positions)
-
-    def offload_kv(self, req: Req, slots: SlotArray) -> None:
-        self.inner.offload_kv(req, slots)
-
-    def reload_kv(self, req: Req, slots: SlotArray) -> None:
-        self.inner.reload_kv(req, slots)
-
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.inner.eos_token_ids()
 
     def __getattr__(self, name: str) -> Any:
-        # kv_pool_size, max_context_len, ... of the real runner.
+        # kv_pool_size, max_context_len, a multi-step or offload runner's methods, ...
         return getattr(self.inner, name)
 
 

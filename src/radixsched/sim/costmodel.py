@@ -106,8 +106,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from radixsched.fast.runner import MultiDecodeResult, MultiStepRunner
 from radixsched.request import Req, SlotArray
-from radixsched.runner import Batch, ExtendEntry, ModelRunner, MultiDecodeResult, StepResult
+from radixsched.runner import Batch, ExtendEntry, StepResult
 from radixsched.sim.presets import GPUSpec, ModelSpec, PresetError, get_gpu
 
 FloatArray = npt.NDArray[np.float64]
@@ -936,7 +937,7 @@ class _RidHashes(dict[str, int]):
         return h
 
 
-class CostModelRunner(ModelRunner):
+class CostModelRunner(MultiStepRunner):
     """Modelled time, plausible tokens: a request's ``scripted_output`` where it has one,
     else a deterministic stand-in drawn from ``hash(seed, rid, position)``, never one of its
     stop token ids. Tokens depend only on the request and position, never on batching, so
@@ -1089,7 +1090,8 @@ class CostModelRunner(ModelRunner):
         return ()
 
     def offload_kv(self, req: Req, slots: SlotArray) -> None:
-        """Nothing to keep: modelled KV has no content (the copy is not timed)."""
+        """Nothing to keep: modelled KV has no content (the copy is not timed). With
+        ``reload_kv``, what a decode instance's runner offers (``cluster.disagg``)."""
 
     def reload_kv(self, req: Req, slots: SlotArray) -> None:
         """Nothing to write back (see ``offload_kv``)."""

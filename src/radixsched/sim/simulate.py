@@ -211,7 +211,7 @@ def simulate(
     clocks = [VirtualClock() for _ in range(sim_cfg.dp)]
     gates = None
     if lockstep:
-        from radixsched.scheduler import resolve_max_running_requests
+        from radixsched.config import resolve_max_running_requests
         from radixsched.sim.lockstep import lockstep_gates
 
         slots = resolve_max_running_requests(sched_cfg, capacity, cost.model.max_context_len)
@@ -309,7 +309,7 @@ def simulate(
         result = dataclasses.replace(
             result,
             peak_queue_len=st.peak_waiting,
-            mean_running=st.mean_running,
+            mean_running=st.running_x_s / st.busy_s if st.busy_s > 0 else 0.0,
             peak_kv_usage=st.peak_kv_usage,
         )
     replica_of = {r.rid: rep.idx for rep in replicas for r in rep.reqs}

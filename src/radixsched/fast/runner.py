@@ -1,0 +1,51 @@
+"""The runner contract of the decode jump: what a runner offers so that ``FastScheduler`` can
+run several decode steps of an unchanged batch at once (``supports_multi_step``).
+
+A multi-step runner's tokens depend only on the request and the position, never on how steps
+were grouped, and ``tokens_at`` returns them again on demand: the accelerated scheduler writes
+decode tokens into requests only when they leave the batch. The simulator's
+``CostModelRunner`` is one; a real model runs one step at a time and is not.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from radixsched.request import Req
+from radixsched.runner import ModelRunner
+
+
+@dataclass
+class MultiDecodeResult:
+    """``num_steps`` decode steps of the same batch at once."""
+
+    tokens: npt.NDArray[np.int32]  # [batch, num_steps]
+    step_durations_s: npt.NDArray[np.float64]  # [num_steps]
+
+
+class MultiStepRunner(ModelRunner):
+    supports_multi_step = True
+
+    @abstractmethod
+    def decode_multi(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> MultiDecodeResult:
+        """Run ``num_steps`` decode steps of ``reqs`` whose current lengths (prompt + output,
+        before the first of these steps) are ``seq_lens``; KV contents are not materialised."""
+
+    def decode_durations(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> npt.NDArray[np.float64]:
+        """The step times ``decode_multi`` would report, without running it (the scheduler
+        asks how far a jump may go before committing to it)."""
+        return self.decode_multi(reqs, seq_lens, num_steps).step_durations_s
+
+    @abstractmethod
+    def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:
+        """The tokens ``decode_multi`` generates for each request at each position (index in
+        prompt + output): ``positions`` is ``[len(reqs), steps]``, and so is the result."""
