@@ -31,7 +31,7 @@ import logging
 import operator
 import random
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain
+from itertools import chain, tee
 from typing import Any
 
 from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
@@ -187,8 +187,10 @@ class WaitingQueue:
         return self._seq_of[id(r)]
 
     def _in_arrival_order(self) -> bool:
-        seqs = list(map(self._seq_of.__getitem__, map(id, self.reqs)))  # C-level passes
-        return all(map(operator.le, seqs, seqs[1:]))
+        # C-level and lazy: stops at the first request that arrived before the one ahead of it.
+        seqs, ahead = tee(map(self._seq_of.__getitem__, map(id, self.reqs)))
+        next(ahead, None)
+        return all(map(operator.le, seqs, ahead))
 
     # ---- a round -----------------------------------------------------------------------------
     def active_policy(self) -> Policy:
