@@ -1742,12 +1742,14 @@ def test_fcfs_sorts_requeued_requests_that_entered_out_of_order(kind: type[Waiti
     assert rids(round_order(queue)) == ["b", "a", "c"]
 
 
-def test_fast_fcfs_requeue_keeps_both_orders_without_scanning_the_queue(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("name", ["fcfs", "routing-key"])
+def test_fast_requeue_into_an_unpermuted_list_does_not_scan_the_queue(
+    monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """Requests re-queued at their places into a list in arrival and entry order leave it in
     both: the fast queue knows it without the reference's scan of the whole list (the scan is
-    what a deep queue pays on every retraction), and its order is the reference's."""
+    what a deep queue pays on every retraction), and its order is the reference's. fcfs keeps
+    the list in entry order; routing-key without running keys leaves it as it stands."""
     scans: list[int] = []
     scan = WaitingQueue._in_arrival_order
     monkeypatch.setattr(
@@ -1757,7 +1759,7 @@ def test_fast_fcfs_requeue_keeps_both_orders_without_scanning_the_queue(
     for label, kind in KINDS.items():
         scans.clear()
         reqs = [mk(f"r{i}", [i + 1], t=float(i)) for i in range(6)]
-        queue = make_queue(kind, "fcfs", reqs=reqs)
+        queue = make_queue(kind, name, reqs=reqs)
         round_order(queue)
         taken = queue.take([0, 2, 4])
         queue.requeue(taken[::-1], 9.0, 0)

@@ -143,9 +143,11 @@ class Engine(ABC):
     it, minus the requests that left since; while in sync the scheduler's list is that plus the
     arrivals. ``rebuild`` and ``advance`` order the list as the reference round does (or hand
     out that order lazily) and return the positions to read; ``keeps_sync`` False: the next
-    round starts again from the list as it then stands."""
+    round starts again from the list as it then stands; ``permutes`` False: the last round
+    left the list as it stood."""
 
     keeps_sync = True
+    permutes = True
 
     @abstractmethod
     def members(self) -> list[Req]: ...
@@ -236,7 +238,7 @@ class RoutingKeyEngine(StableEngine):
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
         counts = rnd.running_keys()
         self.by_key = {}
-        self.keeps_sync = bool(counts)
+        self.keeps_sync = self.permutes = bool(counts)
         if not counts:  # nothing to sort by: the list stays as it is
             self.order.reset([], [])
             return iter(range(len(queue)))
@@ -252,6 +254,7 @@ class RoutingKeyEngine(StableEngine):
         counts = rnd.running_keys()
         if not counts:
             return self.rebuild(queue, rnd)
+        self.permutes = True
         rekey = {id(r): r for r in changed}
         for k in self.counts.keys() | counts.keys():
             if self.counts.get(k) != counts.get(k):

@@ -237,6 +237,7 @@ class FastWaitingQueue(WaitingQueue):
     # ---- a round -----------------------------------------------------------------------------
     def begin_round(self, running: Sequence[Req], processed_tokens: int, now: float) -> RoundOrder:
         base = self.active_policy()
+        known = self._arrival_known
         if not (self.fast and base is self.policy and self._plain_fcfs() and self.entry_ordered):
             self._arrival_known = False  # the round's order may permute the list
         if not self.fast or base is not self.policy:
@@ -253,6 +254,8 @@ class FastWaitingQueue(WaitingQueue):
             rnd.tree_order = lambda: self.cache.dfs_weight_order_at(list(map(self._end, self.reqs)))
         self.deprioritized = self.deferred = rnd.deferred
         order = RoundOrder(self.reqs, self._order(base, reads, rnd, flipped))
+        if self.engine is not None and not self.engine.permutes:
+            self._arrival_known = known  # the engine left the list as it stood
         self.refresh(order)
         return order
 
