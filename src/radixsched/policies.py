@@ -45,6 +45,7 @@ import enum
 import heapq
 import logging
 import math
+import operator
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -124,7 +125,7 @@ class Round:
 
     def running_keys(self) -> Counter[str]:
         """Routing-key counts of the running batch."""
-        return Counter(r.routing_key for r in self.running if r.routing_key)
+        return Counter(filter(None, map(operator.attrgetter("routing_key"), self.running)))
 
     def overdue(self, r: RequestView) -> bool:
         """lpm's starvation bound (``--lpm-max-wait-s`` / ``--lpm-max-wait-tokens``)."""

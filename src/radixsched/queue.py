@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import bisect
 import logging
-import operator
 import random
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain, tee
+from itertools import chain, pairwise
 from typing import Any
 
 from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace
@@ -187,10 +186,8 @@ class WaitingQueue:
         return self._seq_of[id(r)]
 
     def _in_arrival_order(self) -> bool:
-        # C-level and lazy: stops at the first request that arrived before the one ahead of it.
-        seqs, ahead = tee(map(self._seq_of.__getitem__, map(id, self.reqs)))
-        next(ahead, None)
-        return all(map(operator.le, seqs, ahead))
+        seqs = map(self._seq_of.__getitem__, map(id, self.reqs))
+        return all(a <= b for a, b in pairwise(seqs))  # stops at the first one out of order
 
     # ---- a round -----------------------------------------------------------------------------
     def active_policy(self) -> Policy:

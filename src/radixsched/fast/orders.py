@@ -240,7 +240,8 @@ class RoutingKeyEngine(StableEngine):
         self.by_key = {}
         self.keeps_sync = self.permutes = bool(counts)
         if not counts:  # nothing to sort by: the list stays as it is
-            self.order.reset([], [])
+            if len(self.order):
+                self.order.reset([], [])
             return iter(range(len(queue)))
         self.counts = counts
         self.order.reset(queue, [self._key(r) for r in queue])
