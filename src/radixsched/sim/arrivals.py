@@ -26,7 +26,7 @@ from typing import Any
 
 from radixsched.request import Req
 from radixsched.sim.metrics import TimeSeries
-from radixsched.sim.replicas import Replica, deliver, sample_series
+from radixsched.sim.replicas import Replica, deliver, sample_series, step_earliest
 
 
 def shift_to_scheduler(reqs: Sequence[Req], latency_s: float) -> list[float]:
@@ -83,18 +83,9 @@ def run_closed_loop(
 
     while True:
         ta = next_arrival()
-        busy = [r for r in replicas if not r.sched.is_idle]
-        rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
-        if rep is not None and rep.clock.now() < ta:
-            start = rep.clock.now()
-            out = rep.sched.step(None if ta == math.inf else ta)
-            if check_integrity:
-                rep.sched.check_integrity()
-            if out is None:
-                raise RuntimeError(
-                    f"replica {rep.idx} has work but could not schedule it "
-                    f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
-                )
+        stepped = step_earliest(replicas, ta, check_integrity)
+        if stepped is not None:
+            rep, out, start = stepped
             for r in out.finished:
                 if router is not None:
                     router.on_finish(r, rep.idx)

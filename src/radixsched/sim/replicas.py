@@ -4,12 +4,13 @@ one, and sampling the cluster's time series."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from radixsched.clock import VirtualClock
 from radixsched.request import Req
-from radixsched.scheduler import Scheduler
+from radixsched.scheduler import Scheduler, StepOutcome
 from radixsched.sim.metrics import TimeSeries
 
 
@@ -76,3 +77,25 @@ def deliver(req: Req, replicas: Sequence[Replica], router: Any, t: float) -> Rep
     rep.reqs.append(req)
     rep.sched.add_request(req, now=t)
     return rep
+
+
+def step_earliest(
+    replicas: Sequence[Replica], before: float, check_integrity: bool
+) -> tuple[Replica, StepOutcome, float] | None:
+    """Step the busy replica whose clock is earliest (lowest index on ties), if that clock is
+    before ``before`` (the next arrival, inf for none): (replica, outcome, its clock at the
+    step's start); None when no replica is busy that early."""
+    busy = [r for r in replicas if not r.sched.is_idle]
+    rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
+    if rep is None or rep.clock.now() >= before:
+        return None
+    start = rep.clock.now()
+    out = rep.sched.step(None if before == math.inf else before)
+    if check_integrity:
+        rep.sched.check_integrity()
+    if out is None:
+        raise RuntimeError(
+            f"replica {rep.idx} has work but could not schedule it "
+            f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
+        )
+    return rep, out, start

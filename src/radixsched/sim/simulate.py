@@ -35,7 +35,7 @@ from radixsched.request import Req
 from radixsched.sim.arrivals import restore_send_times, run_closed_loop, shift_to_scheduler
 from radixsched.sim.disagg import deployment_label, gpu_count
 from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
-from radixsched.sim.replicas import Replica, deliver, sample_series
+from radixsched.sim.replicas import Replica, deliver, sample_series, step_earliest
 from radixsched.sim.simconfig import SimConfig
 
 if TYPE_CHECKING:
@@ -343,18 +343,9 @@ def _run_event_loop(
     last_t = 0.0
     while True:
         ta = reqs[i].arrival_time if i < n else math.inf
-        busy = [r for r in replicas if not r.sched.is_idle]
-        rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
-        if rep is not None and rep.clock.now() < ta:
-            start = rep.clock.now()
-            out = rep.sched.step(None if ta == math.inf else ta)
-            if check_integrity:
-                rep.sched.check_integrity()
-            if out is None:
-                raise RuntimeError(
-                    f"replica {rep.idx} has work but could not schedule it "
-                    f"(waiting={len(rep.sched.waiting)}, running={len(rep.sched.running)})"
-                )
+        stepped = step_earliest(replicas, ta, check_integrity)
+        if stepped is not None:
+            rep, out, start = stepped
             finished = len(out.finished)
             if router is not None:
                 for r in out.finished:
