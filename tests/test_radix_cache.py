@@ -888,6 +888,25 @@ def test_insert_adopt_keeps_views_default_copies() -> None:
     conserved(cache, alloc)
 
 
+@pytest.mark.parametrize("split_copies", [True, False])
+def test_a_split_copies_both_halves_unless_the_tree_keeps_views(split_copies: bool) -> None:
+    """By default each half of a split owns its memory (an evicted half frees it); a tree
+    built with ``split_copies=False`` (the optimal bound's, which never evicts) keeps views
+    of the adopted arrays, so splitting it costs no memory. Keys and values read the same."""
+    cache = RadixCache(None, page_size=1, split_copies=split_copies)
+    toks = np.arange(10, dtype=np.int32)
+    vals = np.arange(100, 110, dtype=np.int64)
+    leaf = cache.insert(CacheKey(toks), vals, adopt=True).last_node
+    other = np.array([0, 1, 2, 3, 99], dtype=np.int32)
+    cache.insert(CacheKey(other), np.arange(5, dtype=np.int64), adopt=True)
+    head = leaf.parent
+    assert head is not None and head is not cache.root
+    assert head.key.tolist() == [0, 1, 2, 3] and leaf.key.tolist() == list(range(4, 10))
+    assert head.value.tolist() == [100, 101, 102, 103] and leaf.value.tolist()[0] == 104
+    for a, base in ((head.key, toks), (leaf.key, toks), (head.value, vals), (leaf.value, vals)):
+        assert np.shares_memory(a, base) is not split_copies
+
+
 @pytest.mark.parametrize("p", [1, 4])
 def test_prefix_slots_equal_match_indices(p: int) -> None:
     """``prefix_slots`` after ``match_node`` gathers what ``match_prefix`` returns, as a new

@@ -318,6 +318,27 @@ def test_mooncake_ids_define_blocks_and_short_id_lists_are_padded(tmp_path: Path
     assert mooncake_block_hit_rate(p) == pytest.approx((0 + 512 + 1024 + 1024) / 4300)
 
 
+@pytest.mark.parametrize("batch", [1, 2, 256])
+def test_mooncake_blocks_are_the_same_whichever_batch_generates_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    """A block several prompts use comes from the shared table, one that one prompt uses is
+    generated with its batch of requests: either way its tokens are the block's own (the
+    id's hash), across batch boundaries too."""
+    from radixsched.sim import workloads
+
+    monkeypatch.setattr(workloads, "_BATCH", batch)
+    rows = [
+        {"timestamp": t, "input_length": 512 * len(ids) - 100, "output_length": 2, "hash_ids": ids}
+        for t, ids in enumerate([[7, 1, 2], [7, 3], [4, 1, 5, 6], [8], [7, 3, 9]])
+    ]
+    w = load_workload(f"mooncake:{write_jsonl(tmp_path / 't.jsonl', rows)}")
+    for r, row in zip(w.requests, rows, strict=True):
+        ids = np.array(row["hash_ids"], dtype=np.int64)
+        expect = workloads._block_table(ids, 512, 128000).reshape(-1)[: r.prompt_len]
+        assert np.array_equal(r.prompt_ids, expect)
+
+
 def test_mooncake_sample_hit_rates() -> None:
     block = mooncake_block_hit_rate(SAMPLE)
     assert block == pytest.approx(0.061875, abs=1e-6)

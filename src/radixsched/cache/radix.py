@@ -164,11 +164,15 @@ class RadixCache(BasePrefixCache):
         disable: bool = False,
         compat_sglang: bool = False,
         on_evict: Callable[[CacheKey, int], None] | None = None,
+        split_copies: bool = True,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.allocator = allocator
         self.page_size = page_size
+        # A split copies both halves, so that each owns its memory and an evicted half frees
+        # it; a tree that never evicts (the optimal bound's) keeps views instead.
+        self.split_copies = split_copies
         self.disabled = disable
         self.compat_sglang = compat_sglang
         self.on_evict = on_evict
@@ -272,10 +276,15 @@ class RadixCache(BasePrefixCache):
         stay valid; the child keeps the tail and every handle to it stays meaningful."""
         parent = child.parent
         assert parent is not None
+        key, value = child.key, child.value
+        head_key, head_value, key, value = key[:m], value[:m], key[m:], value[m:]
+        if self.split_copies:
+            head_key, head_value = head_key.copy(), head_value.copy()
+            key, value = key.copy(), value.copy()
         new = TreeNode(
             next(self._ids),
-            child.key[:m].copy(),
-            child.value[:m].copy(),
+            head_key,
+            head_value,
             parent,
             child.namespace,
             now,
@@ -289,8 +298,7 @@ class RadixCache(BasePrefixCache):
         if not self.compat_sglang:
             new.creation_time = child.creation_time
         parent.children[child.child_key] = new
-        child.key = child.key[m:].copy()
-        child.value = child.value[m:].copy()
+        child.key, child.value = key, value
         child.parent = new
         child.child_key = child.key[: self.page_size].tobytes()
         new.children[child.child_key] = child

@@ -20,7 +20,7 @@ from radixsched.request import Req
 
 def optimal_hits(reqs: Sequence[Req], page_size: int = 1) -> list[int]:
     """Each request's optimal cache hit in tokens (``reqs`` in any order)."""
-    tree = RadixCache(None, page_size=1)
+    tree = RadixCache(None, page_size=1, split_copies=False)  # views of the prompts only
     hits = [0] * len(reqs)
     # The tree only ever compares tokens: its slots are views of one shared, read-only array.
     lengths = [0 if r.scripted_output is None else len(r.scripted_output) for r in reqs]

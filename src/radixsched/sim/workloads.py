@@ -15,10 +15,11 @@ with ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``, o
 512-token block. An id stands for its whole prefix, so each id becomes a fixed block of tokens
 (``hash(id, position) mod vocab``): requests whose id lists start alike share exactly those
 blocks. The last block is cut to ``input_length``; prompt positions beyond
-``len(hash_ids) * 512`` get request-unique tokens. Blocks are generated once per distinct id
-into one table (vectorised), and each prompt is gathered from it; the table is dropped after
-loading. Memory is therefore the prompts themselves, 4 bytes a token (the 3,993-request
-synthetic trace: 61M tokens, 245 MB) plus at most the table of distinct blocks while loading.
+``len(hash_ids) * 512`` get request-unique tokens. A block that several prompts use
+is generated once into a table (vectorised); the others are generated with the rest of their
+batch of 256 requests, and each prompt is gathered from its batch's rows. Memory is therefore
+the prompts themselves, 4 bytes a token (the 3,993-request synthetic trace: 61M tokens, 245 MB),
+plus the shared blocks' table while loading.
 Params: ``vocab`` (128000), ``block_size`` (512).
 
 ``jsonl:PATH`` reads radixsched's own format, one JSON object a line (unknown fields are an
@@ -413,21 +414,53 @@ def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
     return out
 
 
+_BATCH = 256  # requests whose own blocks are generated together
+
+
 def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
+    """Blocks that several prompts use are generated once, into the head of one table; the
+    blocks only one prompt uses are generated a batch of requests at a time into its tail,
+    so the table (the load's peak memory beside the prompts) holds the shared blocks and one
+    batch's own."""
     block, vocab = p["block_size"], p["vocab"]
     records = _mooncake_records(Path(p["path"]), block)
-    distinct = np.unique(np.concatenate([r.hash_ids for r in records]))
-    table = _block_table(distinct, block, vocab)
+    distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
+    shared = distinct[uses > 1]
+    batches = [records[lo : lo + _BATCH] for lo in range(0, len(records), _BATCH)]
+    tail = max((sum(len(r.hash_ids) for r in b) for b in batches), default=0)
+    table = np.empty((len(shared) + tail, block), dtype=np.int32)
+    table[: len(shared)] = _block_table(shared, block, vocab)
     t0 = min(r.timestamp_ms for r in records)
     drafts = []
-    for i, r in enumerate(records):
-        rows = np.searchsorted(distinct, r.hash_ids)
-        prompt = table[rows].reshape(-1)[: r.input_length]
-        if len(prompt) < r.input_length:
-            pad = _hash_tokens(_key(_SALT_PAD, i), len(prompt), r.input_length - len(prompt), vocab)
-            prompt = np.concatenate([prompt, pad])
-        drafts.append(_Draft(prompt, r.output_length, i, timestamp_s=(r.timestamp_ms - t0) / 1e3))
+    for k, batch in enumerate(batches):
+        for j, (r, rows) in enumerate(zip(batch, _rows(batch, shared, table, vocab), strict=True)):
+            i = k * _BATCH + j
+            prompt = table[rows].reshape(-1)[: r.input_length]
+            if len(prompt) < r.input_length:
+                n = r.input_length - len(prompt)
+                pad = _hash_tokens(_key(_SALT_PAD, i), len(prompt), n, vocab)
+                prompt = np.concatenate([prompt, pad])
+            ts = (r.timestamp_ms - t0) / 1e3
+            drafts.append(_Draft(prompt, r.output_length, i, timestamp_s=ts))
     return drafts
+
+
+def _rows(
+    batch: list[_MooncakeRecord], shared: npt.NDArray[np.int64], table: TokenArray, vocab: int
+) -> list[npt.NDArray[np.int64]]:
+    """Each request's rows of ``table``: a shared block's in the head; the batch's own blocks
+    are generated into the tail first (ids used once, so each lies in one request)."""
+    ids = np.concatenate([r.hash_ids for r in batch])
+    at = np.searchsorted(shared, ids)
+    found = at < len(shared)
+    found[found] = shared[at[found]] == ids[found]
+    own = ~found
+    n_own = int(own.sum())
+    if n_own:
+        table[len(shared) : len(shared) + n_own] = _block_table(ids[own], table.shape[1], vocab)
+        at[own] = len(shared) + np.arange(n_own)
+    cuts = np.cumsum([len(r.hash_ids) for r in batch])[:-1]
+    return np.split(at, cuts)
 
 
 def mooncake_block_hit_rate(path: str | Path, block_size: int = 512) -> float:
