@@ -16,7 +16,8 @@ from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.matching import IncrementalMatcher
 from radixsched.fast.orders import StableOrder
-from radixsched.policies import Round
+from radixsched.fast.queue import FastWaitingQueue
+from radixsched.policies import Round, policy_names
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req
 
@@ -269,3 +270,47 @@ def test_touch_at_a_match_end_equals_touch_prefix(page: int) -> None:
         assert [(n.id, n.last_access_time, len(n.key)) for n in a._iter_nodes()] == [
             (n.id, n.last_access_time, len(n.key)) for n in b._iter_nodes()
         ]
+
+
+def _tree(cache: RadixCache) -> list[tuple[int, int, int]]:
+    return [(n.id, n.last_access_time, len(n.key)) for n in cache._iter_nodes()]
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_fast_queue_refresh_touches_what_the_reference_touches(policy: str) -> None:
+    """The waiting-prefix refresh (spec 1.10, every 32nd round over the order's head) leaves
+    the same clock, access times and splits whether it walks each key (the reference) or
+    touches each request where its memo says its match ends (a policy that reads matches).
+    Between rounds the caches grow and evict, requests arrive and the head is admitted."""
+    rng = np.random.default_rng(11)
+    caches = [RadixCache(None, page_size=1) for _ in range(2)]
+    cfg = SchedulerConfig(schedule_policy=policy)
+    ref, fast = WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
+    seq = 0
+
+    def tokens() -> np.ndarray:
+        return rng.integers(0, VOCAB, int(rng.integers(2, 40))).astype(np.int32)
+
+    for rnd in range(100):
+        for _ in range(int(rng.integers(0, 3))):
+            t = tokens()
+            for c in caches:
+                c.insert(CacheKey(t), np.arange(1000 * seq, 1000 * seq + len(t)))
+            seq += 1
+        if rng.random() < 0.3:
+            k = int(rng.integers(1, 20))
+            for c in caches:
+                c.evict(k)
+        for _ in range(int(rng.integers(0, 3))):
+            t = tokens()
+            for q in (ref, fast):
+                q.add(Req(f"w{seq}", t.copy(), arrival_time=float(seq), tenant=f"t{seq % 3}"))
+            seq += 1
+        orders = [q.begin_round([], 10 * rnd, float(rnd)) for q in (ref, fast)]
+        heads = [[r.rid for r in o.head(len(ref) + 1)] for o in orders]
+        assert heads[0] == heads[1], rnd
+        assert caches[0]._clock == caches[1]._clock, rnd
+        assert _tree(caches[0]) == _tree(caches[1]), rnd
+        if len(ref) > 6 and rng.random() < 0.5:  # the head is admitted
+            for q, o in zip((ref, fast), orders, strict=True):
+                q.take([o.position(0)])
