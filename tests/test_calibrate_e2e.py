@@ -5,7 +5,8 @@ with what the server did there.
 Bounds (the issue's): mean E2E and mean ITL within 5%, mean TTFT within 10%, p90 E2E within
 10% of measured. The server runs in its own process with one torch thread, so that the client
 (this process) and the server each have a core of the 2-core machine; the held-out runs are
-measured right after the sweep, so both see the same machine. Skipped unless
+measured right after the sweep, so both see the same machine, each three times (the run of
+median mean E2E is compared). Skipped unless
 ``RADIXSCHED_FIDELITY=1`` (see ``pytestmark``).
 """
 
@@ -43,6 +44,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 WORKLOAD = "shared-prefix:groups=8,prompts=8,system_len=192,question_len=32,output_len=32"
+HELD_OUT_REPEATS = 3
 BOUNDS = {"e2e_mean": 0.05, "itl_mean": 0.05, "ttft_mean": 0.10, "e2e_p90": 0.10}
 
 
@@ -123,9 +125,12 @@ def test_calibrated_simulator_predicts_held_out_runs(server_url: str, tmp_path: 
     measured = {}
     for name, kw in held_out.items():
         cfg = BenchConfig(url=server_url, workload=WORKLOAD, flush_cache=True, **kw)  # type: ignore[arg-type]
-        res = asyncio.run(run_bench(cfg))
-        assert res.num_failed == 0
-        measured[name] = res
+        runs = [asyncio.run(run_bench(cfg)) for _ in range(HELD_OUT_REPEATS)]
+        assert all(res.num_failed == 0 for res in runs)
+        # The run of median mean E2E stands for the measurement (one run's noise on this
+        # machine is as wide as the bounds: README, "The noise floor, measured").
+        runs.sort(key=lambda res: res.result.e2e_s.mean)
+        measured[name] = runs[len(runs) // 2]
     # 2. Calibrate on the sweep.
     assert main(["calibrate", str(sweep), "--gpu", "cpu", "-o", str(cal), "--quiet"]) == 0
     fitted = json.loads(cal.read_text())
