@@ -28,8 +28,8 @@ run: $(VENV)/.core-installed
 	$(BIN)/radixsched simulate --request-rate 64
 
 lint: $(VENV)/.all-installed
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench dev
+	$(BIN)/ruff format --check src tests bench dev
 
 typecheck: $(VENV)/.all-installed
 	$(BIN)/mypy

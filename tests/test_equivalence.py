@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 
 import golden
@@ -27,6 +28,7 @@ from radixsched.fast import scheduler as fast_scheduler
 from radixsched.fast.matching import IncrementalMatcher
 from radixsched.fast.orders import Engine
 from radixsched.fast.queue import FastWaitingQueue
+from radixsched.request import Req, SamplingParams
 from radixsched.sim.simulate import SimConfig, SimRun, simulate
 from radixsched.sim.workloads import Workload, load_workload
 
@@ -70,6 +72,36 @@ AGENTIC = (
 )
 
 
+def _with_stops(w: Workload) -> Workload:
+    """Every request may stop early (stop id 7); every third one's scripted output reaches it
+    after a few tokens, so requests end mid-way through what a jump would cover."""
+    reqs = []
+    for i, r in enumerate(w.requests):
+        n = r.sampling.max_new_tokens
+        out = np.arange(100, 100 + n, dtype=np.int32)
+        if i % 3 == 0:
+            out[(i % (n - 6)) + 5] = 7
+        sampling = dataclasses.replace(r.sampling, stop_token_ids=(7,))
+        reqs.append(dataclasses.replace(r, sampling=sampling, scripted_output=out))
+    return dataclasses.replace(w, requests=reqs)
+
+
+def _mixed_sizes() -> Workload:
+    """Long and short prompts in a tight pool: a long head waits for room while short arrivals
+    could be admitted past it (the policies that do not serve in arrival order)."""
+    rng = np.random.default_rng(3)
+    reqs = []
+    t = 0.0
+    for i in range(60):
+        t += float(rng.exponential(1 / 30))
+        n = 2500 if i % 4 == 0 else int(rng.integers(20, 200))
+        prompt = rng.integers(0, 32_000, n).astype(np.int32)
+        r = Req(f"m{i}", prompt, SamplingParams(max_new_tokens=int(rng.integers(20, 300))))
+        r.arrival_time = r.times.arrival = t
+        reqs.append(r)
+    return Workload("mixed-sizes", {}, reqs, has_timestamps=True, arrivals="poisson 30/s")
+
+
 def _tenants(w: Workload, n: int) -> Workload:
     reqs = [dataclasses.replace(r, tenant=f"t{i % n}") for i, r in enumerate(w.requests)]
     return dataclasses.replace(w, requests=reqs)
@@ -83,6 +115,27 @@ SIDE_BY_SIDE: dict[str, tuple[Callable[[], Workload], dict[str, Any], dict[str, 
         {"page_size": 16, "chunked_prefill_size": 256},
         {"max_total_tokens": 9000},
     ),
+    # Requests that stop early on a stop id: no decode jump may run past one.
+    "stop-tokens": (
+        lambda: _with_stops(
+            load_workload(
+                "shared-prefix:groups=4,prompts=6,system_len=256,question_len=32,output_len=48",
+                request_rate=30.0,
+            )
+        ),
+        {},
+        {"max_total_tokens": 6000},
+    ),
+    # Long outputs in a tight pool, with the admission budget's per-request clip below them.
+    "long-outputs-tight": (
+        lambda: load_workload(
+            "shared-prefix:groups=4,prompts=8,system_len=512,question_len=64,output_len=400",
+            request_rate=20.0,
+        ),
+        {"clip_max_new_tokens": 64},  # the budget counts at most 64 tokens of each request
+        {"max_total_tokens": 8000},
+    ),
+    "mixed-sizes-tight": (_mixed_sizes, {}, {"max_total_tokens": 6000}),
     # One shared first block for every request, the whole sample.
     "shared-block-all": (
         lambda: load_workload(f"mooncake:{golden._shared_block_trace(200)}", num_requests=120),

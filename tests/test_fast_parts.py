@@ -15,11 +15,11 @@ from radixsched.cache import CacheKey, RadixCache, TokenAllocator
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.matching import IncrementalMatcher
-from radixsched.fast.orders import StableOrder
+from radixsched.fast.orders import KeyedEngine, StableOrder
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.policies import Round, policy_names
 from radixsched.queue import WaitingQueue
-from radixsched.request import Req
+from radixsched.request import Req, SamplingParams
 
 VOCAB = 4  # a tiny vocabulary: many shared prefixes, splits and partial matches
 
@@ -272,6 +272,12 @@ def test_touch_at_a_match_end_equals_touch_prefix(page: int) -> None:
         ]
 
 
+def _first(order: Any) -> int:
+    pos = order.position(0)
+    assert pos is not None
+    return int(pos)
+
+
 def _tree(cache: RadixCache) -> list[tuple[int, int, int]]:
     return [(n.id, n.last_access_time, len(n.key)) for n in cache._iter_nodes()]
 
@@ -313,4 +319,221 @@ def test_fast_queue_refresh_touches_what_the_reference_touches(policy: str) -> N
         assert _tree(caches[0]) == _tree(caches[1]), rnd
         if len(ref) > 6 and rng.random() < 0.5:  # the head is admitted
             for q, o in zip((ref, fast), orders, strict=True):
-                q.take([o.position(0)])
+                q.take([_first(o)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    initial=keys,
+    rounds=st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3))),
+            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3)), max_size=4),
+            keys,
+        ),
+        max_size=6,
+    ),
+)
+def test_stable_order_with_requests_placed_between_members_equals_a_full_stable_sort(
+    initial: list[tuple[int, int]], rounds: list[Any]
+) -> None:
+    """A request put back into the sorted list at a place of its own (``place``: a requeue
+    into a list in arrival order) and re-keyed next round lands where the stable sort of the
+    list with it at that place puts it, with re-keyed members and arrivals around it."""
+    reqs = [_req(i, [1]) for i in range(len(initial))]
+    key_of = {id(r): k for r, k in zip(reqs, initial, strict=True)}
+    order = StableOrder()
+    order.reset(reqs, [key_of[id(r)] for r in reqs])
+    listed = sorted(reqs, key=lambda r: key_of[id(r)])
+    nxt = len(reqs)
+    for changes, placed, arrivals in rounds:
+        changed = {}
+        for i, k in changes:
+            if listed:
+                r = listed[i % len(listed)]
+                key_of[id(r)] = (k, k)
+                changed[id(r)] = r
+        for pos, k in placed:
+            r = _req(nxt, [1])
+            nxt += 1
+            j = pos % (len(listed) + 1) if listed else 0
+            if not listed:
+                continue  # an empty order takes nothing by place (the queue appends instead)
+            assert order.place(r, j)
+            listed.insert(j, r)
+            key_of[id(r)] = (k, 2 * k)
+            changed[id(r)] = r
+        assert [r.rid for r in order.reqs] == [r.rid for r in listed]
+        new = [_req(nxt + j, [1]) for j in range(len(arrivals))]
+        nxt += len(new)
+        for r, k in zip(new, arrivals, strict=True):
+            key_of[id(r)] = k
+        mirror = [*listed, *new]
+        order.update(
+            [(r, key_of[id(r)]) for r in changed.values()],
+            [(r, key_of[id(r)]) for r in new],
+            mirror,
+        )
+        listed = sorted([*listed, *new], key=lambda r: key_of[id(r)])
+        assert [r.rid for r in order.reqs] == [r.rid for r in listed]
+        assert [r.rid for r in mirror] == [r.rid for r in listed]
+
+
+@pytest.mark.parametrize("policy", ["lpm", "lof", "shortest-prefill-first", "fcfs", "hrrn"])
+def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ordered_list(
+    policy: str,
+) -> None:
+    """Retracted requests go back to their places in arrival order while the list is in it
+    (most prompts share nothing, so the keys tie and the sorted list stays in arrival order);
+    the kept order takes them at those places. Every round's whole order must be the
+    reference's."""
+    rng = np.random.default_rng(5)
+    caches = [RadixCache(None, page_size=1) for _ in range(2)]
+    cfg = SchedulerConfig(schedule_policy=policy)
+    ref, fast = WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
+    out: list[tuple[Req, Req]] = []  # admitted, in the reference and the fast queue
+    seq = 0
+    for rnd in range(120):
+        for _ in range(int(rng.integers(0, 3))):
+            shared = rng.random() < 0.2  # sometimes a prompt the cache holds a prefix of
+            n = int(rng.integers(2, 30))
+            t = rng.integers(0, VOCAB if shared else 1000, n).astype(np.int32)
+            t += 0 if shared else VOCAB
+            if shared:
+                for c in caches:
+                    c.insert(CacheKey(t[: len(t) // 2]), np.arange(len(t) // 2))
+            pair = tuple(
+                Req(
+                    f"w{seq}",
+                    t.copy(),
+                    SamplingParams(max_new_tokens=int(seq % 7) + 1),
+                    arrival_time=float(seq // 6),  # ties: only the list orders them
+                )
+                for _ in range(2)
+            )
+            for q, r in zip((ref, fast), pair, strict=True):
+                q.add(r)
+            seq += 1
+        if out and rng.random() < 0.4:  # retraction: some admitted requests come back
+            k = int(rng.integers(1, min(len(out), 3) + 1))
+            back = [out.pop(int(rng.integers(0, len(out)))) for _ in range(k)]
+            back.sort(key=lambda p: p[0].arrival_time)
+            kept = fast.synced and isinstance(fast.engine, KeyedEngine)
+            for i, q in enumerate((ref, fast)):
+                q.requeue([p[i] for p in back], float(rnd), 10 * rnd)
+            if kept:  # placed in the kept order, which still describes the list
+                assert fast.engine is not None and fast.synced, rnd
+                assert fast._in_sync(fast.engine), rnd
+                assert [r.rid for r in fast.reqs] == [r.rid for r in ref.reqs], rnd
+        orders = [q.begin_round([], 10 * rnd, float(rnd)) for q in (ref, fast)]
+        heads = [[r.rid for r in o.head(len(ref) + 1)] for o in orders]
+        assert heads[0] == heads[1], rnd
+        if len(ref) > 3 and rng.random() < 0.6:  # the head is admitted
+            taken = [q.take([_first(o)])[0] for q, o in zip((ref, fast), orders, strict=True)]
+            out.append((taken[0], taken[1]))
+
+
+def _twins(policy: str, page: int = 1) -> tuple[list[RadixCache], WaitingQueue, FastWaitingQueue]:
+    caches = [RadixCache(None, page_size=page) for _ in range(2)]
+    cfg = SchedulerConfig(schedule_policy=policy, page_size=page)
+    return caches, WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
+
+
+def _both(make: Any) -> tuple[Req, Req]:
+    return make(), make()
+
+
+def _order(q: WaitingQueue, rnd: int) -> list[str]:
+    o = q.begin_round([], rnd, float(rnd))
+    return [r.rid for r in o.head(len(q) + 1)]
+
+
+def test_a_failed_admissions_matched_length_is_the_rounds_again_next_round() -> None:
+    """An admission attempt rewrites the request's matched length with the admission's match
+    (whole pages of ``fill_len - 1``: 48 for a 64-token prompt on 16-token pages, where the
+    round's is 63); the next round reads the round's value again, so lpm puts it ahead of a
+    request matching 48."""
+    caches, ref, fast = _twins("lpm", page=16)
+    cached = np.arange(64, dtype=np.int32)
+    for c in caches:
+        c.insert(CacheKey(cached), np.arange(64))
+    early = np.concatenate([cached[:48], np.arange(1000, 1052, dtype=np.int32)])
+    pairs = [
+        _both(lambda: Req("s", early.copy(), arrival_time=0.0)),
+        _both(lambda: Req("r", cached.copy(), arrival_time=1.0)),
+    ]
+    for ref_copy, fast_copy in pairs:
+        ref.add(ref_copy)
+        fast.add(fast_copy)
+    assert _order(ref, 1) == _order(fast, 1) == ["r", "s"]
+    for q in (ref, fast):
+        q.reqs[[x.rid for x in q.reqs].index("r")].num_matched_prefix_tokens = 48
+    fast.note_tried(next(x for x in fast.reqs if x.rid == "r"))
+    assert _order(ref, 2) == _order(fast, 2) == ["r", "s"]
+    assert [x.num_matched_prefix_tokens for x in ref.reqs] == [
+        x.num_matched_prefix_tokens for x in fast.reqs
+    ]
+
+
+def test_fcfs_sorts_again_after_a_requeue_appended_out_of_entry_order() -> None:
+    """Requests that joined out of arrival order leave the list out of arrival-number order
+    once fcfs sorts it, so a requeue appends; an appended request that arrived earlier than
+    the tail breaks the entry order, and the next round sorts again."""
+    _, ref, fast = _twins("fcfs")
+    for q in (ref, fast):
+        for rid, t in (("a", 5.0), ("b", 1.0), ("c", 3.0)):
+            q.add(Req(rid, np.arange(4, dtype=np.int32) + 10 * ord(rid), arrival_time=t))
+    assert _order(ref, 1) == _order(fast, 1) == ["b", "c", "a"]
+    taken = [q.take([0])[0] for q in (ref, fast)]
+    for q, r in zip((ref, fast), taken, strict=True):
+        q.requeue([r], 2.0, 0)
+    assert [r.rid for r in ref.reqs] == [r.rid for r in fast.reqs] == ["c", "a", "b"]
+    assert _order(ref, 2) == _order(fast, 2) == ["b", "c", "a"]
+
+
+def test_a_second_requeue_appends_when_the_first_left_the_list_out_of_arrival_order() -> None:
+    """lpm leaves the list in match order, not arrival order; a requeue then appends, and a
+    second requeue before the next round must append too (the list is still out of arrival
+    order), not place by arrival."""
+    caches, ref, fast = _twins("lpm")
+    hot = np.arange(40, dtype=np.int32)
+    for c in caches:
+        c.insert(CacheKey(hot), np.arange(40))
+    prompts = {
+        "a": np.arange(500, 520, dtype=np.int32),
+        "b": np.concatenate([hot[:10], np.arange(600, 610, dtype=np.int32)]),
+        "c": np.arange(700, 720, dtype=np.int32),
+        "d": np.concatenate([hot[:20], np.arange(800, 810, dtype=np.int32)]),
+        "e": np.concatenate([hot[:30], np.arange(900, 910, dtype=np.int32)]),
+    }
+    for q in (ref, fast):
+        for i, (rid, p) in enumerate(prompts.items()):
+            q.add(Req(rid, p.copy(), arrival_time=float(i)))
+    assert _order(ref, 1) == _order(fast, 1) == ["e", "d", "b", "a", "c"]
+    taken = [q.take([0, 1]) for q in (ref, fast)]  # e and d are admitted
+    for k in (0, 1):  # e comes back, then d (which arrived before e: placing it would differ)
+        for q, t in zip((ref, fast), taken, strict=True):
+            q.requeue([t[k]], 2.0, 0)
+        assert [r.rid for r in ref.reqs] == [r.rid for r in fast.reqs]
+    assert [r.rid for r in ref.reqs] == ["b", "a", "c", "e", "d"]
+    assert _order(ref, 2) == _order(fast, 2)
+
+
+def test_a_request_no_longer_deferred_moves_up_when_its_groups_representative_leaves() -> None:
+    """In-batch dedup defers all but one of the waiting requests sharing a prefix the cache
+    lacks. When the representative leaves the queue (aborted), the next one is no longer
+    deferred: lpm's key changes without its match changing, and the kept order moves it."""
+    _, ref, fast = _twins("lpm")
+    common = np.arange(2000, 2064, dtype=np.int32)
+    prompts = {
+        "x": np.concatenate([common, [1, 2]]).astype(np.int32),
+        "y": np.concatenate([common, [3, 4]]).astype(np.int32),
+        "z": np.arange(5000, 5066, dtype=np.int32),
+    }
+    for q in (ref, fast):
+        for i, (rid, p) in enumerate(prompts.items()):
+            q.add(Req(rid, p.copy(), arrival_time=float(i)))
+    assert _order(ref, 1) == _order(fast, 1) == ["x", "z", "y"]
+    for q in (ref, fast):
+        q.remove(next(r for r in q.reqs if r.rid == "x"))
+    assert _order(ref, 2) == _order(fast, 2) == ["y", "z"]

@@ -106,6 +106,38 @@ class StableOrder:
         self.key_of = {id(pre[i]): (keys[i], k) for i, k in zip(perm, self.keys, strict=True)}
         self.lo, self.hi = -1, len(self.reqs)
 
+    def place(self, r: Req, j: int) -> bool:
+        """Insert ``r`` at position ``j`` of the order as if it had stood there when the order
+        was sorted (a request put back into the sorted list at a place of its own): it takes the
+        key of its left neighbour (the right one's at the front) and a tie number between its
+        neighbours'. Its key proper is computed when the next round re-keys it. False (nothing
+        changed) when no tie number fits between two neighbours of one key."""
+        keys = self.keys
+        if j == 0 or j == len(keys):
+            edge = keys[0] if j == 0 else keys[-1]
+            key = edge[:-1]
+            if j == 0:
+                self.lo -= 1
+                t: float = self.lo
+            else:
+                self.hi += 1
+                t = self.hi
+        else:
+            left, right = keys[j - 1], keys[j]
+            key = left[:-1]
+            if right[:-1] != key:
+                self.hi += 1  # above every tie number of ``key``: still below ``right``
+                t = self.hi
+            else:
+                t = (left[-1] + right[-1]) / 2
+                if not left[-1] < t < right[-1]:
+                    return False
+        stored = (*key, t)
+        keys.insert(j, stored)
+        self.reqs.insert(j, r)
+        self.key_of[id(r)] = (key, stored)
+        return True
+
     def update(
         self,
         changed: Sequence[tuple[Req, Key]],

@@ -7,8 +7,9 @@ equivalence suite checks it bit for bit); a round costs what changed since the l
   match's edge; the matched lengths of requests an admission attempt rewrote are restored;
 - the dedup: ``DedupIndex`` re-decides only the groups whose members changed;
 - the order: the policy's ``Engine`` (``orders.py``) re-places only the requests whose key
-  inputs changed (matched length, dedup status), plus the arrivals; fcfs skips its sort while
-  the list is known to be in entry order.
+  inputs changed (matched length, dedup status), plus the arrivals; requests the reference
+  puts back at their places in arrival order (a retraction) take those places in a key
+  policy's kept order; fcfs skips its sort while the list is known to be in entry order.
 
 Where an accelerator does not apply (``--compat sglang``, lpm's starvation bound, a clock-
 reading policy without an engine, a capped policy's fcfs rounds) the reference round runs,
@@ -160,14 +161,44 @@ class FastWaitingQueue(WaitingQueue):
         placed = not self.config.sglang_compat and not self.policy.list_order_free
         placed = placed and self._in_arrival_order()
         ordered = self.entry_ordered
+        engine = self.engine
+        kept = isinstance(engine, KeyedEngine) and self.synced and self._in_sync(engine)
         super().requeue(reqs, now, processed_tokens)
-        self.added.extend(reqs)
         self._arrival_known = placed
         self.entry_ordered = ordered and self._fit_entry_order(reqs, placed)
         if self.reqs:
             self._last_entry = _ENTRY(self.reqs[-1])
-        if self.reqs[n:] != list(reqs):  # re-inserted at their places in arrival order
+        if self.reqs[n:] == list(reqs):  # appended: arrivals to the kept order
+            self.added.extend(reqs)
+        elif not (kept and self._place_requeued(reqs)):  # re-inserted at their places
+            self.added.extend(reqs)
             self.synced = False
+
+    def _place_requeued(self, reqs: Sequence[Req]) -> bool:
+        """Put requests the reference re-inserted into the sorted list into the kept order at
+        their places (those among the arrivals join the arrivals there), so the order stays in
+        sync; each placed one is re-keyed next round. False: the order must be rebuilt."""
+        assert isinstance(self.engine, KeyedEngine)
+        order = self.engine.order
+        back = {id(r) for r in reqs}
+        first_arrival = self.added[0] if self.added else None
+        in_order = len(order) > 0  # the list's head is the kept order, then the arrivals
+        j = 0
+        arrivals: list[Req] = []
+        for r in self.reqs:
+            if r is first_arrival:
+                in_order = False
+            if not in_order:
+                arrivals.append(r)
+            elif id(r) not in back:
+                j += 1
+            elif order.place(r, j):
+                self.moved[id(r)] = r
+                j += 1
+            else:
+                return False
+        self.added = arrivals
+        return True
 
     def _fit_entry_order(self, reqs: Sequence[Req], placed: bool) -> bool:
         """Whether each of ``reqs`` (just requeued into an entry-ordered list) sits in entry

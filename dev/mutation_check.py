@@ -1,0 +1,254 @@
+"""Mutation check of the accelerators: does the equivalence suite notice a broken fast path?
+
+Each mutant below is a plausible bug in ``radixsched/fast`` (a memo not re-pointed, a flag
+that says "in order" when the list is not, a tie number on the wrong side, a jump that ignores
+a stop...). For each one, a copy of the package with that one change is put first on
+``PYTHONPATH`` and the accelerator tests run against it (``-x``: the first failure kills the
+mutant). A mutant that survives is a fast-path bug the tests would not catch: add the test that
+fails on it. The source tree is never modified.
+
+Not listed: a decode jump allowed while requests wait with the batch not full. No workload
+we built tells it apart from the original (a memory failure marks the batch full, so such a
+decode round follows only rounds that skipped every candidate, and none of our shapes reaches
+one); it is a mutant the suite cannot kill, not a proof that it is harmless.
+
+Run: ``.venv/bin/python dev/mutation_check.py [--only ID ...] [--list] [--tests PATHS]``
+(about a minute per surviving mutant, less per killed one). Exit status 1 when one survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "radixsched"
+TESTS = ("tests/test_fast_parts.py", "tests/test_equivalence.py", "tests/test_golden.py")
+
+
+class Mutant(NamedTuple):
+    id: str
+    file: str  # under radixsched/
+    original: str  # must occur exactly once
+    mutated: str
+
+
+MUTANTS = (
+    Mutant(
+        "refresh-touches-nothing",
+        "fast/queue.py",
+        "                matcher.cache.touch_at(m.node, len(m.node.key) if m.full else m.offset)",
+        "                pass",
+    ),
+    Mutant(
+        "tried-match-not-restored",
+        "fast/queue.py",
+        "[*self.moved.values(), *self.tried.values(), *self.added] if self.matched else",
+        "[*self.moved.values(), *self.added] if self.matched else",
+    ),
+    Mutant(
+        "entry-order-kept-after-requeue",
+        "fast/queue.py",
+        "        self.entry_ordered = ordered and self._fit_entry_order(reqs, placed)",
+        "        self.entry_ordered = ordered",
+    ),
+    Mutant(
+        "arrival-order-assumed-after-requeue",
+        "fast/queue.py",
+        "        self._arrival_known = placed\n",
+        "        self._arrival_known = True\n",
+    ),
+    Mutant(
+        "admission-end-ignores-cap",
+        "fast/queue.py",
+        "        extra = m.n - cap  # the whole fill is cached: step back to the cap",
+        "        extra = 0",
+    ),
+    Mutant(
+        "requeue-placed-one-early",
+        "fast/queue.py",
+        "            elif order.place(r, j):",
+        "            elif order.place(r, max(j - 1, 0)):",
+    ),
+    Mutant(
+        "split-not-repointed",
+        "fast/matching.py",
+        "            if m.node is not lower or k in self.dirty:",
+        "            if True:",
+    ),
+    Mutant(
+        "partial-evict-ignored",
+        "fast/matching.py",
+        "            if m.full or m.offset >= keep:",
+        "            if m.full:",
+    ),
+    Mutant(
+        "new-child-ignored",
+        "fast/matching.py",
+        "        regs = self.edges.get(parent, {}).get(child_key)\n",
+        "        regs = None\n",
+    ),
+    Mutant(
+        "shortened-hint-trusted",
+        "fast/matching.py",
+        "(node.parent is not None and len(node.key) == klen):",
+        "node.parent is not None:",
+    ),
+    Mutant(
+        "dedup-leaver-stays",
+        "fast/dedup.py",
+        "        for r in gone:\n            self._leave(r.rid, touched)",
+        "        for r in gone:\n            pass",
+    ),
+    Mutant(
+        "dedup-flips-not-reported",
+        "fast/dedup.py",
+        "            self.flipped = [self.groups[self.group_of[k]][k] for k in flips if k in",
+        "            self.flipped = [] and [self.groups[self.group_of[k]][k] for k in flips if k in",
+    ),
+    Mutant(
+        "grown-key-numbered-last",
+        "fast/orders.py",
+        "        for _, r, new in grew:\n            self.lo -= 1\n            self._insert(r, new, self.lo, mirror)",
+        "        for _, r, new in grew:\n            self.hi += 1\n            self._insert(r, new, self.hi, mirror)",
+    ),
+    Mutant(
+        "shrunk-keys-unordered",
+        "fast/orders.py",
+        "        shrank.sort(key=_FIRST)\n",
+        "        shrank.reverse()\n",
+    ),
+    Mutant(
+        "placed-tie-above-right-neighbour",
+        "fast/orders.py",
+        "                t = (left[-1] + right[-1]) / 2",
+        "                t = left[-1] + 1",
+    ),
+    Mutant(
+        "jump-ignores-stop-tokens",
+        "fast/scheduler.py",
+        "        if self.chunked_req is not None or cols.can_stop:\n            return 1",
+        "        if self.chunked_req is not None:\n            return 1",
+    ),
+    Mutant(
+        "jump-one-step-too-many",
+        "fast/scheduler.py",
+        "                return max(1, min(limit, (room - int(short.sum())) // len(short)))",
+        "                return max(1, min(limit, (room - int(short.sum())) // len(short) + 1))",
+    ),
+    Mutant(
+        "settled-kv-len-off-by-one",
+        "fast/scheduler.py",
+        "            r.kv_len = fill - 1\n",
+        "            r.kv_len = fill\n",
+    ),
+    Mutant(
+        "jump-past-horizon",
+        "fast/scheduler.py",
+        "            k = min(k, hit + 1)",
+        "            k = k",
+    ),
+    Mutant(
+        "finish-check-skips-stops",
+        "fast/scheduler.py",
+        "        if after.can_stop:\n            maybe = list(range(len(after.reqs)))",
+        "        if False:\n            maybe = list(range(len(after.reqs)))",
+    ),
+    Mutant(
+        "chunks-fused-with-mixed-batches",
+        "fast/scheduler.py",
+        "            and not cfg.enable_mixed_chunk\n",
+        "\n",
+    ),
+    Mutant(
+        "decode-need-rounds-down",
+        "fast/decode.py",
+        "            ends = -(-ends // page) * page",
+        "            ends = ends // page * page",
+    ),
+    Mutant(
+        "decode-tokens-unclipped",
+        "fast/decode.py",
+        "        rem = np.minimum(np.maximum(self.max_new - self.out_len, 0), clip)",
+        "        rem = np.maximum(self.max_new - self.out_len, 0)",
+    ),
+)
+
+
+class Verdict(NamedTuple):
+    mutant: Mutant
+    killed: bool
+    seconds: float
+    by: str  # the first failing test
+
+
+def _check(m: Mutant, copy: Path, tests: list[str]) -> Verdict:
+    path = copy / "radixsched" / m.file
+    source = path.read_text()
+    if source.count(m.original) != 1:
+        raise SystemExit(f"{m.id}: its original text occurs {source.count(m.original)} times")
+    path.write_text(source.replace(m.original, m.mutated))
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.monotonic()
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        path.write_text(source)
+    failed = [
+        ln.removeprefix("FAILED ") for ln in run.stdout.splitlines() if ln.startswith("FAILED")
+    ]
+    return Verdict(m, run.returncode != 0, time.monotonic() - t0, failed[0] if failed else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", default=None, metavar="ID")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--tests", nargs="+", default=list(TESTS))
+    args = ap.parse_args()
+    console = Console(width=150)
+    chosen = [m for m in MUTANTS if args.only is None or m.id in args.only]
+    if args.list:
+        for m in chosen:
+            console.print(f"{m.id:40s} {m.file}")
+        return 0
+    verdicts = []
+    with tempfile.TemporaryDirectory() as d:
+        copy = Path(d)
+        shutil.copytree(PACKAGE, copy / "radixsched", ignore=shutil.ignore_patterns("__pycache__"))
+        for m in chosen:
+            v = _check(m, copy, args.tests)
+            verdicts.append(v)
+            console.print(
+                f"{m.id}: {'killed' if v.killed else '[red]SURVIVED[/]'} ({v.seconds:.0f} s)"
+            )
+    table = Table(title="accelerator mutants against the equivalence tests")
+    for col in ("mutant", "file", "verdict", "first failing test"):
+        table.add_column(col)
+    for v in verdicts:
+        verdict = "killed" if v.killed else "[red]survived[/]"
+        table.add_row(v.mutant.id, v.mutant.file, verdict, v.by)
+    console.print(table)
+    survived = [v for v in verdicts if not v.killed]
+    console.print(f"{len(verdicts) - len(survived)} of {len(verdicts)} killed")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
