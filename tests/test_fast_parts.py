@@ -98,7 +98,7 @@ def test_matcher_dirties_only_the_branch_a_new_child_continues() -> None:
 keys = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=0, max_size=30)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     initial=keys,
     rounds=st.lists(
@@ -106,6 +106,7 @@ keys = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=0, max
             st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3))),
             keys,
             st.lists(st.integers(0, 60), max_size=3),
+            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3)), max_size=4),
         ),
         max_size=6,
     ),
@@ -114,14 +115,16 @@ def test_stable_order_equals_a_full_stable_sort(
     initial: list[tuple[int, int]], rounds: list[Any]
 ) -> None:
     """Re-keying members and appending arrivals gives exactly the stable sort of the list as
-    the last round left it (minus leavers, plus arrivals at the back)."""
+    the last round left it (minus leavers, plus arrivals at the back). A request put back at a
+    place of its own between rounds (``place``: a requeue into a list in arrival order), then
+    re-keyed, lands where the stable sort of the list with it at that place puts it."""
     reqs = [_req(i, [1]) for i in range(len(initial))]
     key_of = {id(r): k for r, k in zip(reqs, initial, strict=True)}
     order = StableOrder()
     order.reset(reqs, [key_of[id(r)] for r in reqs])
     listed = sorted(reqs, key=lambda r: key_of[id(r)])
     nxt = len(reqs)
-    for changes, arrivals, leavers in rounds:
+    for changes, arrivals, leavers, placed in rounds:
         for i in leavers:
             if listed:
                 r = listed[i % len(listed)]
@@ -133,6 +136,17 @@ def test_stable_order_equals_a_full_stable_sort(
                 r = listed[i % len(listed)]
                 key_of[id(r)] = (k, k)
                 changed[id(r)] = r
+        for pos, k in placed:
+            if not listed:
+                break  # an empty order takes nothing by place (the queue appends instead)
+            r = _req(nxt, [1])
+            nxt += 1
+            j = pos % (len(listed) + 1)
+            assert order.place(r, j)
+            listed.insert(j, r)
+            key_of[id(r)] = (k, 2 * k)
+            changed[id(r)] = r
+        assert [r.rid for r in order.reqs] == [r.rid for r in listed]
         new = [_req(nxt + j, [1]) for j in range(len(arrivals))]
         nxt += len(new)
         for r, k in zip(new, arrivals, strict=True):
@@ -289,9 +303,7 @@ def test_fast_queue_refresh_touches_what_the_reference_touches(policy: str) -> N
     touches each request where its memo says its match ends (a policy that reads matches).
     Between rounds the caches grow and evict, requests arrive and the head is admitted."""
     rng = np.random.default_rng(11)
-    caches = [RadixCache(None, page_size=1) for _ in range(2)]
-    cfg = SchedulerConfig(schedule_policy=policy)
-    ref, fast = WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
+    caches, ref, fast = _twins(policy)
     seq = 0
 
     def tokens() -> np.ndarray:
@@ -322,63 +334,6 @@ def test_fast_queue_refresh_touches_what_the_reference_touches(policy: str) -> N
                 q.take([_first(o)])
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    initial=keys,
-    rounds=st.lists(
-        st.tuples(
-            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3))),
-            st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3)), max_size=4),
-            keys,
-        ),
-        max_size=6,
-    ),
-)
-def test_stable_order_with_requests_placed_between_members_equals_a_full_stable_sort(
-    initial: list[tuple[int, int]], rounds: list[Any]
-) -> None:
-    """A request put back into the sorted list at a place of its own (``place``: a requeue
-    into a list in arrival order) and re-keyed next round lands where the stable sort of the
-    list with it at that place puts it, with re-keyed members and arrivals around it."""
-    reqs = [_req(i, [1]) for i in range(len(initial))]
-    key_of = {id(r): k for r, k in zip(reqs, initial, strict=True)}
-    order = StableOrder()
-    order.reset(reqs, [key_of[id(r)] for r in reqs])
-    listed = sorted(reqs, key=lambda r: key_of[id(r)])
-    nxt = len(reqs)
-    for changes, placed, arrivals in rounds:
-        changed = {}
-        for i, k in changes:
-            if listed:
-                r = listed[i % len(listed)]
-                key_of[id(r)] = (k, k)
-                changed[id(r)] = r
-        for pos, k in placed:
-            r = _req(nxt, [1])
-            nxt += 1
-            j = pos % (len(listed) + 1) if listed else 0
-            if not listed:
-                continue  # an empty order takes nothing by place (the queue appends instead)
-            assert order.place(r, j)
-            listed.insert(j, r)
-            key_of[id(r)] = (k, 2 * k)
-            changed[id(r)] = r
-        assert [r.rid for r in order.reqs] == [r.rid for r in listed]
-        new = [_req(nxt + j, [1]) for j in range(len(arrivals))]
-        nxt += len(new)
-        for r, k in zip(new, arrivals, strict=True):
-            key_of[id(r)] = k
-        mirror = [*listed, *new]
-        order.update(
-            [(r, key_of[id(r)]) for r in changed.values()],
-            [(r, key_of[id(r)]) for r in new],
-            mirror,
-        )
-        listed = sorted([*listed, *new], key=lambda r: key_of[id(r)])
-        assert [r.rid for r in order.reqs] == [r.rid for r in listed]
-        assert [r.rid for r in mirror] == [r.rid for r in listed]
-
-
 @pytest.mark.parametrize("policy", ["lpm", "lof", "shortest-prefill-first", "fcfs", "hrrn"])
 def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ordered_list(
     policy: str,
@@ -388,9 +343,7 @@ def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ord
     the kept order takes them at those places. Every round's whole order must be the
     reference's."""
     rng = np.random.default_rng(5)
-    caches = [RadixCache(None, page_size=1) for _ in range(2)]
-    cfg = SchedulerConfig(schedule_policy=policy)
-    ref, fast = WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
+    caches, ref, fast = _twins(policy)
     out: list[tuple[Req, Req]] = []  # admitted, in the reference and the fast queue
     seq = 0
     for rnd in range(120):
