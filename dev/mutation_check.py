@@ -10,7 +10,10 @@ fails on it. The source tree is never modified.
 Not listed: a decode jump allowed while requests wait with the batch not full. No workload
 we built tells it apart from the original (a memory failure marks the batch full, so such a
 decode round follows only rounds that skipped every candidate, and none of our shapes reaches
-one); it is a mutant the suite cannot kill, not a proof that it is harmless.
+one); it is a mutant the suite cannot kill, not a proof that it is harmless. Nor are changes
+that only cost time: hrrn's clamp of a negative wait (a request's entry snapshot never exceeds
+the counter it is compared with) and fair's removal of a leaver from the merged list (the
+round's sync check then rebuilds the order).
 
 Run: ``.venv/bin/python dev/mutation_check.py [--only ID ...] [--list] [--tests PATHS]``
 (about a minute per surviving mutant, less per killed one). Exit status 1 when one survives.
@@ -133,6 +136,54 @@ MUTANTS = (
         "fast/orders.py",
         "                t = (left[-1] + right[-1]) / 2",
         "                t = left[-1] + 1",
+    ),
+    Mutant(
+        "routing-key-count-change-not-rekeyed",
+        "fast/orders.py",
+        "                rekey.update(self.by_key.get(k, {}))",
+        "                pass",
+    ),
+    Mutant(
+        "routing-key-arrivals-not-indexed",
+        "fast/orders.py",
+        "        self._place(arrivals)\n        return iter(range(len(queue)))",
+        "        return iter(range(len(queue)))",
+    ),
+    Mutant(
+        "hrrn-ties-not-by-rid",
+        "fast/orders.py",
+        "            out[i : j + 1] = sorted(out[i : j + 1], key=lambda x: self.reqs[x].rid)",
+        "            pass",
+    ),
+    Mutant(
+        "hrrn-deferred-not-fixed",
+        "fast/orders.py",
+        "        self.fixed[i] = r.rid in deferred or work <= 0",
+        "        self.fixed[i] = work <= 0",
+    ),
+    Mutant(
+        "hrrn-head-misses-ties",
+        "fast/orders.py",
+        "            cand = np.flatnonzero(self.ratio <= bound)",
+        "            cand = np.flatnonzero(self.ratio < bound)",
+    ),
+    Mutant(
+        "dfs-touched-branch-not-resorted",
+        "fast/orders.py",
+        "        for top in self.touched:\n            group = self.groups.get(top)",
+        "        for top in ():\n            group = self.groups.get(top)",
+    ),
+    Mutant(
+        "dfs-deferred-ignored",
+        "fast/orders.py",
+        "        dep = r.rid in rnd.deferred\n",
+        "        dep = False\n",
+    ),
+    Mutant(
+        "fair-round-not-observed",
+        "fast/orders.py",
+        "        self._observe(queue, rnd)\n",
+        "\n",
     ),
     Mutant(
         "jump-ignores-stop-tokens",
