@@ -186,6 +186,36 @@ MUTANTS = (
         "\n",
     ),
     Mutant(
+        "checkpoint-duplicates-kept",
+        "fast/kv.py",
+        "            if dup_end > lo:\n",
+        "            if False:\n",
+    ),
+    Mutant(
+        "checkpoint-rematch-skipped",
+        "fast/kv.py",
+        "        if res.prefix_len == lo and self.cache.supports_prefix_sharing():",
+        "        if self.cache.supports_prefix_sharing():",
+    ),
+    Mutant(
+        "checkpoint-inserted-length-stale",
+        "fast/kv.py",
+        "        req.cache_protected_len = req.cache_inserted_len = aligned",
+        "        req.cache_protected_len = aligned",
+    ),
+    Mutant(
+        "grown-row-not-copied",
+        "fast/kv.py",
+        "            buf[:have] = r.kv_row\n",
+        "\n",
+    ),
+    Mutant(
+        "evicts-one-slot-short",
+        "fast/kv.py",
+        "        short = n - self.allocator.available_size()\n",
+        "        short = n - self.allocator.available_size() - 1\n",
+    ),
+    Mutant(
         "jump-ignores-stop-tokens",
         "fast/scheduler.py",
         "        if self.chunked_req is not None or cols.can_stop:\n            return 1",

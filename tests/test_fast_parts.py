@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
+from radixsched.fast.kv import FastKVManager
 from radixsched.fast.matching import IncrementalMatcher
 from radixsched.fast.orders import KeyedEngine, StableOrder
 from radixsched.fast.queue import FastWaitingQueue
+from radixsched.kv import KVManager
 from radixsched.policies import Round, policy_names
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req, SamplingParams
@@ -495,3 +497,22 @@ def test_a_request_no_longer_deferred_moves_up_when_its_groups_representative_le
     for q in (ref, fast):
         q.remove(next(r for r in q.reqs if r.rid == "x"))
     assert _order(ref, 2) == _order(fast, 2)
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_fast_grow_past_a_rows_planned_capacity_keeps_its_slots(page: int) -> None:
+    """A row grown past its buffer moves to a bigger one: the slots it had come along, then
+    the new ones, the same as the reference's grow (and the same free list)."""
+    rows, alive = [], []  # both requests stay alive: no buffer is reused between the two
+    for cls in (KVManager, FastKVManager):
+        alloc = TokenAllocator(256, page)
+        kv = cls(RadixCache(alloc, page_size=page), alloc)
+        r = Req("g", np.arange(40, dtype=np.int32))
+        r.kv_buf = np.empty(8, dtype=np.int64)
+        r.kv_buf[:8] = kv.alloc(8)
+        r.kv_row = r.kv_buf[:8]
+        kv.grow([r], [30])
+        rows.append((r.kv_row.tolist(), alloc.available_size()))
+        alive.append(r)
+    assert rows[0] == rows[1]
+    assert len(rows[1][0]) == -(-30 // page) * page
