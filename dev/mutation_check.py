@@ -1,8 +1,8 @@
 """Mutation check of the accelerators: does the equivalence suite notice a broken fast path?
 
-Each mutant below is a plausible bug in ``radixsched/fast`` (a memo not re-pointed, a flag
-that says "in order" when the list is not, a tie number on the wrong side, a jump that ignores
-a stop...). For each one, a copy of the package with that one change is put first on
+Each mutant below is a plausible bug in ``radixsched/fast`` or in the simulator's scalar fast
+paths (``sim/costmodel.py``): a memo not re-pointed, a flag that says "in order" when the list
+is not, a tie number on the wrong side, a jump that ignores a stop... For each one, a copy of the package with that one change is put first on
 ``PYTHONPATH`` and the accelerator tests run against it (``-x``: the first failure kills the
 mutant). A mutant that survives is a fast-path bug the tests would not catch: add the test that
 fails on it. The source tree is never modified.
@@ -36,7 +36,12 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
-TESTS = ("tests/test_fast_parts.py", "tests/test_equivalence.py", "tests/test_golden.py")
+TESTS = (
+    "tests/test_fast_parts.py",
+    "tests/test_costmodel_fastpath.py",
+    "tests/test_equivalence.py",
+    "tests/test_golden.py",
+)
 
 
 class Mutant(NamedTuple):
@@ -214,6 +219,30 @@ MUTANTS = (
         "fast/kv.py",
         "        short = n - self.allocator.available_size()\n",
         "        short = n - self.allocator.available_size() - 1\n",
+    ),
+    Mutant(
+        "decode-loop-context-stride-one",
+        "sim/costmodel.py",
+        "            ctxs = [total_ctx + k * b for k in range(num_steps)]",
+        "            ctxs = [total_ctx + k for k in range(num_steps)]",
+    ),
+    Mutant(
+        "scalar-step-drops-host-load",
+        "sim/costmodel.py",
+        "                new + len(decode), attn + ctx, kv + ctx, host, entries, len(extend)",
+        "                new + len(decode), attn + ctx, kv + ctx, 0, entries, len(extend)",
+    ),
+    Mutant(
+        "single-decode-step-one-entry-short",
+        "sim/costmodel.py",
+        "            return np.array([step(b, total_ctx, total_ctx, 0, b)], dtype=np.float64)",
+        "            return np.array([step(b, total_ctx, total_ctx, 0, b - 1)], dtype=np.float64)",
+    ),
+    Mutant(
+        "scalar-tokens-ignore-stop-ids",
+        "sim/costmodel.py",
+        "                if r.sampling.stop_token_ids or r.scripted_output is not None:\n                    break",
+        "                if r.scripted_output is not None:\n                    break",
     ),
     Mutant(
         "jump-ignores-stop-tokens",

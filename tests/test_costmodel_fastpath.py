@@ -350,3 +350,22 @@ def test_decode_durations_without_finite_rates_use_the_arrays() -> None:
         got = CostModelRunner(c).decode_durations([], seq, 3)
         assert same_array(got, ref_step_times(c, decode_shape(seq, 3)))
     assert np.isinf(got).all()
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_forward_never_returns_a_requests_stop_id(decode: bool) -> None:
+    """The one-request-at-a-time token path of ``forward`` hands requests with stop ids to the
+    array path, which steps past them: a stop id equal to the stand-in the hash gives at that
+    position is never generated (a 4-token vocabulary makes the collision certain)."""
+    runner = CostModelRunner(CostModel(get_gpu("h100"), get_model("llama-3.1-8b")), vocab_size=4)
+    prompt = np.arange(10, dtype=np.int32)
+    plain = Req("s", prompt, SamplingParams(max_new_tokens=5))
+    pos = 11 if decode else 10
+    would = int(runner.tokens_at([plain], np.array([[pos]], dtype=np.int64))[0, 0])
+    r = Req("s", prompt, SamplingParams(max_new_tokens=5, stop_token_ids=(would,)))
+    slots = np.arange(1, 12, dtype=np.int64)
+    if decode:
+        batch = Batch([], [DecodeEntry(r, 3, 10, slots)])
+    else:
+        batch = Batch([ExtendEntry(r, 0, prompt, slots[:0], slots[:10], True)], [])
+    assert runner.forward(batch).next_tokens["s"] != would
