@@ -562,3 +562,64 @@ def test_optimal_hits_match_brute_force(
 ) -> None:
     reqs = [mk(f"r{i}", p, t, o or None, extra_key=ns) for i, (p, t, o, ns) in enumerate(specs)]
     assert optimal_hits(reqs, page) == brute_force_hits(reqs, page)
+
+
+# ---- generated tokens --------------------------------------------------------------------------
+
+
+def test_generated_tokens_are_pinned() -> None:
+    """The hashed tokens every trace's prompts are made of: changing them changes every
+    recorded schedule, so their first values are written down here."""
+    from radixsched.sim import workloads
+
+    table = workloads._block_table(np.array([0, 7, 2**40], dtype=np.int64), 512, 128000)
+    assert table[:, :4].tolist() == [
+        [56662, 30684, 69861, 94099],
+        [14451, 19335, 72364, 110829],
+        [64197, 54635, 27134, 21550],
+    ]
+    assert workloads._hash_tokens(12345, 1000, 4, 32000).tolist() == [23777, 12098, 9816, 19002]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    key=st.integers(0, 2**64 - 1),
+    start=st.integers(0, 2**40),
+    n=st.integers(0, 700),
+    vocab=st.sampled_from([1, 2, 3, 1000, 32000, 128000, 151936, 2**31 - 1]),
+)
+def test_hashed_tokens_equal_the_plain_formula(key: int, start: int, n: int, vocab: int) -> None:
+    """``hash(key, position) mod vocab`` with numpy's own remainder: the generator's in-place,
+    divide-by-reciprocal form must give the same tokens for every key, offset and vocabulary."""
+    from radixsched.sim import workloads
+    from radixsched.sim.costmodel import splitmix64
+
+    pos = np.arange(start, start + n, dtype=np.uint64)
+    mixed = splitmix64(np.uint64(key) ^ (pos * np.uint64(workloads._GOLDEN)))
+    expect = (mixed % np.uint64(vocab)).astype(np.int32)
+    assert np.array_equal(workloads._hash_tokens(key, start, n, vocab), expect)
+    ids = np.array([key % 2**63, start, n], dtype=np.int64)
+    salted = splitmix64(ids.astype(np.uint64) ^ np.uint64(workloads._key(workloads._SALT_BLOCK)))
+    block = np.arange(64, dtype=np.uint64) * np.uint64(workloads._GOLDEN)
+    rows = splitmix64(salted[:, None] ^ block[None, :]) % np.uint64(vocab)
+    assert np.array_equal(workloads._block_table(ids, 64, vocab), rows.astype(np.int32))
+
+
+def test_mooncake_prompts_are_their_blocks_then_their_own_padding(tmp_path: Path) -> None:
+    """Each prompt is its blocks' tokens (a block used once or several times, a short last
+    one) and, past ``len(hash_ids) * 512``, the request's own hashed padding."""
+    from radixsched.sim import workloads
+
+    rows = [
+        {"timestamp": t, "input_length": n, "output_length": 2, "hash_ids": ids}
+        for t, (n, ids) in enumerate([(700, [1, 2]), (1500, [1]), (300, [1, 2, 3]), (512, [4])])
+    ]
+    w = load_workload(f"mooncake:{write_jsonl(tmp_path / 't.jsonl', rows)}")
+    for i, (r, row) in enumerate(zip(w.requests, rows, strict=True)):
+        ids = np.array(row["hash_ids"], dtype=np.int64)
+        blocks = workloads._block_table(ids, 512, 128000).reshape(-1)[: r.prompt_len]
+        assert np.array_equal(r.prompt_ids[: len(blocks)], blocks)
+        pad = workloads._hash_tokens(
+            workloads._key(workloads._SALT_PAD, i), len(blocks), r.prompt_len - len(blocks), 128000
+        )
+        assert np.array_equal(r.prompt_ids[len(blocks) :], pad)

@@ -8,8 +8,10 @@ long: on the Mooncake trace about 20k minor page faults per policy, 3-6% of the 
 Raising ``M_MMAP_THRESHOLD`` keeps such blocks in the heap, where freed ones are reused
 (measured: 23k faults become 6k; peak RSS grows about 10 MB).
 
-``radixsched simulate`` and ``bench/simulate_bench.py`` call ``tune_heap()`` before they
-simulate; the library's ``simulate()`` never changes process-wide settings on its own.
+``radixsched simulate`` calls ``tune_heap()`` after loading the workload and before it
+simulates: under the setting the load's thousands of prompt-sized arrays are faulted in about
+five times as often (3x-shared: 90k faults, against 17k). The library's ``simulate()`` never
+changes process-wide settings on its own.
 """
 
 from __future__ import annotations

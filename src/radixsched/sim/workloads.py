@@ -162,9 +162,24 @@ def _str_key(text: str) -> int:
 
 def _hash_tokens(key: int, start: int, n: int, vocab: int) -> TokenArray:
     """Tokens ``hash(key, position) mod vocab`` for positions ``start .. start+n``."""
-    pos = np.arange(start, start + n, dtype=np.uint64)
-    mixed = splitmix64(np.uint64(key) ^ (pos * np.uint64(_GOLDEN)))
-    return (mixed % np.uint64(vocab)).astype(np.int32)
+    out = np.empty(n, dtype=np.int32)
+    z = np.arange(start, start + n, dtype=np.uint64)
+    np.multiply(z, np.uint64(_GOLDEN), out=z)
+    np.bitwise_xor(z, np.uint64(key), out=z)
+    _splitmix64_inplace(z)
+    _mod_into(z, vocab, out)
+    return out
+
+
+def _mod_into(z: npt.NDArray[np.uint64], vocab: int, out: TokenArray) -> None:
+    """``out[...] = z % vocab``, clobbering ``z``. Written as ``z - (z // vocab) * vocab``
+    (exact on unsigned integers): numpy divides by a scalar with a precomputed reciprocal,
+    while its remainder divides element by element, three times slower."""
+    v = np.uint64(vocab)
+    q = np.floor_divide(z, v)
+    np.multiply(q, v, out=q)
+    np.subtract(z, q, out=z)
+    out[...] = z
 
 
 def _block_table(ids: npt.NDArray[np.int64], block: int, vocab: int) -> TokenArray:
@@ -180,8 +195,7 @@ def _block_table(ids: npt.NDArray[np.int64], block: int, vocab: int) -> TokenArr
         z = mixed[: len(chunk)]
         np.bitwise_xor(chunk[:, None], pos[None, :], out=z)
         _splitmix64_inplace(z)
-        np.remainder(z, np.uint64(vocab), out=z)
-        table[lo : lo + len(chunk)] = z
+        _mod_into(z, vocab, table[lo : lo + len(chunk)])
     return table
 
 
