@@ -2,7 +2,7 @@
 
 Each cell is one fresh process running ``python -m radixsched simulate --workload mooncake:TRACE
 --policy P --json OUT`` (start, trace load, the simulation, the optimal bound, the table): its
-wall time and its peak RSS (``os.wait4``). Traces, all built here from the Mooncake synthetic
+wall time, its CPU time (user + system) and its peak RSS (``os.wait4``). Traces, all built here from the Mooncake synthetic
 trace (3,993 requests, 61.2M prompt tokens, arrivals at the trace's timestamps):
 
 - ``synthetic``: the trace itself (2,211 distinct first blocks);
@@ -28,7 +28,9 @@ cell with that tree too, alternating run by run so both see the same load, and a
 baseline's fastest wall time and the speed-up: on a shared machine, absolute seconds drift
 between sessions, while a same-minute ratio holds. ``sim s`` and ``baseline sim s`` are the
 event loop alone (each JSON's ``wall_s``, fastest of the runs): the whole command's ratio and
-the loop's can differ (the release computed its optimal bound much more slowly).
+the loop's can differ (the release computed its optimal bound much more slowly). ``CPU
+speed-up`` is the same ratio on CPU time, which a busy host's stolen cycles do not inflate
+(its faults and cache misses still do): the steadier of the two on a shared VM.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Cell:
     policy: str
     wall_s: float  # the whole command, fastest of the repeats
     slowest_s: float
+    cpu_s: float  # the process's user + system CPU time, least of the repeats
     sim_s: float  # the simulation's own loop (the JSON's wall_s)
     peak_rss_mb: float
     requests: int
@@ -68,6 +71,7 @@ class Cell:
     ttft_p99_s: float
     baseline_s: float | None = None  # the --baseline tree's fastest wall time, same runs
     baseline_sim_s: float | None = None  # and its fastest event loop (its JSON's wall_s)
+    baseline_cpu_s: float | None = None  # and its least CPU time
 
 
 # ---- traces ---------------------------------------------------------------------------------------
@@ -126,9 +130,9 @@ def build_traces(src: Path, out: Path, lengths_only: bool) -> dict[str, tuple[st
 
 def _run(
     kind: str, path: Path, policy: str, tmp: Path, src: Path | None = None
-) -> tuple[float, float, dict[str, object]]:
-    """(wall s, peak RSS MB, the JSON result) of one ``radixsched simulate`` process (of the
-    source tree ``src`` when given, else the installed package)."""
+) -> tuple[float, float, float, dict[str, object]]:
+    """(wall s, CPU s, peak RSS MB, the JSON result) of one ``radixsched simulate`` process
+    (of the source tree ``src`` when given, else the installed package)."""
     out = tmp / "result.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "radixsched.cli", "simulate", "--workload", f"{kind}:{path}",
@@ -143,22 +147,25 @@ def _run(
     if proc.returncode not in (0,) or not out.exists():
         raise RuntimeError(f"{policy} on {path.name}: exit {proc.returncode}\n{err[-2000:]}")
     doc = json.loads(out.read_text())
-    return wall, usage.ru_maxrss / 1024.0, doc["results"][0]
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024.0, doc["results"][0]
 
 
 def measure(
     name: str, kind: str, path: Path, policy: str, repeat: int, baseline: Path | None = None
 ) -> Cell:
-    walls, sims, base_walls, base_sims, rss = [], [], [], [], 0.0
+    walls, sims, cpus, base_walls, base_sims, base_cpus, rss = [], [], [], [], [], [], 0.0
     res: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as d:
         for _ in range(max(repeat, 1)):
             if baseline is not None:
-                base_wall, _, base_res = _run(kind, path, policy, Path(d), baseline)
+                base_wall, base_cpu, _, base_res = _run(kind, path, policy, Path(d), baseline)
                 base_walls.append(base_wall)
+                base_cpus.append(base_cpu)
                 base_sims.append(float(base_res.get("wall_s", 0.0)))  # type: ignore[arg-type]
-            wall, peak, res = _run(kind, path, policy, Path(d))
+            wall, cpu, peak, res = _run(kind, path, policy, Path(d))
             walls.append(wall)
+            cpus.append(cpu)
             sims.append(float(res.get("wall_s", 0.0)))  # type: ignore[arg-type]
             rss = max(rss, peak)
     ttft = res.get("ttft_s", {})
@@ -167,6 +174,7 @@ def measure(
         policy=policy,
         wall_s=min(walls),
         slowest_s=max(walls),
+        cpu_s=min(cpus),
         sim_s=min(sims),
         peak_rss_mb=rss,
         requests=int(res.get("num_requests", 0)),  # type: ignore[call-overload]
@@ -174,6 +182,7 @@ def measure(
         ttft_p99_s=float(ttft.get("p99", 0.0)) if isinstance(ttft, dict) else 0.0,
         baseline_s=min(base_walls) if base_walls else None,
         baseline_sim_s=min(base_sims) if base_sims else None,
+        baseline_cpu_s=min(base_cpus) if base_cpus else None,
     )
 
 
@@ -195,18 +204,22 @@ def _verdict(c: Cell, full: bool) -> str:
 def table(cells: list[Cell], full: bool) -> Table:
     t = Table(title="radixsched simulate, whole command per policy (fresh process each)")
     base = any(c.baseline_s is not None for c in cells)
-    cols = ["trace", "policy", "wall s", "slowest s", "sim s", "req/s", "RSS MB", "hit",
-            "p99 TTFT s", "verdict"] + (["baseline s", "speed-up", "baseline sim s"] if base else [])  # fmt: skip
+    cols = ["trace", "policy", "wall s", "slowest s", "CPU s", "sim s", "req/s", "RSS MB", "hit",
+            "p99 TTFT s", "verdict"]  # fmt: skip
+    cols += ["baseline s", "speed-up", "CPU speed-up", "baseline sim s"] if base else []
     for col in cols:
         t.add_column(col, justify="left" if col in ("trace", "policy", "verdict") else "right")
     for c in cells:
-        row = [c.trace, c.policy, f"{c.wall_s:.2f}", f"{c.slowest_s:.2f}", f"{c.sim_s:.2f}",
+        row = [c.trace, c.policy, f"{c.wall_s:.2f}", f"{c.slowest_s:.2f}", f"{c.cpu_s:.2f}",
+               f"{c.sim_s:.2f}",
                f"{c.requests / c.wall_s:,.0f}", f"{c.peak_rss_mb:,.0f}", f"{c.hit_rate:.1%}",
                f"{c.ttft_p99_s:,.1f}", _verdict(c, full)]  # fmt: skip
         if base:
             b = c.baseline_s
             bs = c.baseline_sim_s
-            row += ["-", "-"] if b is None else [f"{b:.2f}", f"{b / c.wall_s:.1f}x"]
+            row += ["-", "-"] if b is None else [f"{b:.2f}", f"{b / c.wall_s:.2f}x"]
+            bc = c.baseline_cpu_s
+            row.append("-" if bc is None else f"{bc / c.cpu_s:.2f}x")
             row.append("-" if bs is None else f"{bs:.2f}")
         t.add_row(*row)
     return t
@@ -264,8 +277,14 @@ def main(argv: list[str] | None = None) -> int:
             for policy in policies:
                 cell = measure(name, kind, path, policy, args.repeat, args.baseline)
                 cells.append(cell)
+                base = (
+                    ""
+                    if cell.baseline_s is None
+                    else (f"; baseline {cell.baseline_s:.2f} s, CPU {cell.baseline_cpu_s:.2f} s")
+                )
                 console.print(f"  {name} {policy}: {cell.wall_s:.2f} s (slowest "
-                              f"{cell.slowest_s:.2f}), {cell.peak_rss_mb:,.0f} MB")  # fmt: skip
+                              f"{cell.slowest_s:.2f}), CPU {cell.cpu_s:.2f} s, "
+                              f"{cell.peak_rss_mb:,.0f} MB{base}")  # fmt: skip
     load1 = os.getloadavg()
     console.print(table(cells, full))
     console.print(f"load average after: {load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f}")
