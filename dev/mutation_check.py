@@ -85,8 +85,21 @@ MUTANTS = (
     Mutant(
         "requeue-placed-one-early",
         "fast/queue.py",
-        "            elif order.place(r, j):",
-        "            elif order.place(r, max(j - 1, 0)):",
+        "            elif engine.place(r, j):",
+        "            elif engine.place(r, max(j - 1, 0)):",
+    ),
+    Mutant(
+        "dfs-placed-request-not-a-member",
+        "fast/orders.py",
+        "        if not self.order.place(r, j):\n            return False\n        self._join(r, None)",
+        "        if not self.order.place(r, j):\n            return False",
+    ),
+    Mutant(
+        "fair-placed-one-late",
+        "fast/orders.py",
+        "        if not order.place(r, j):\n            return False\n        self.tenant_of",
+        "        if not order.place(r, min(j + 1, len(order))):\n            return False\n"
+        "        self.tenant_of",
     ),
     Mutant(
         "split-not-repointed",

@@ -16,7 +16,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.matching import IncrementalMatcher
-from radixsched.fast.orders import KeyedEngine, StableOrder
+from radixsched.fast.orders import StableOrder
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.kv import KVManager
 from radixsched.policies import Round, policy_names
@@ -336,7 +336,9 @@ def test_fast_queue_refresh_touches_what_the_reference_touches(policy: str) -> N
                 q.take([_first(o)])
 
 
-@pytest.mark.parametrize("policy", ["lpm", "lof", "shortest-prefill-first", "fcfs", "hrrn"])
+@pytest.mark.parametrize(
+    "policy", ["lpm", "lof", "shortest-prefill-first", "fcfs", "hrrn", "dfs-weight", "fair"]
+)
 def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ordered_list(
     policy: str,
 ) -> None:
@@ -373,7 +375,7 @@ def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ord
             k = int(rng.integers(1, min(len(out), 3) + 1))
             back = [out.pop(int(rng.integers(0, len(out)))) for _ in range(k)]
             back.sort(key=lambda p: p[0].arrival_time)
-            kept = fast.synced and isinstance(fast.engine, KeyedEngine)
+            kept = fast.synced and fast.engine is not None and fast.engine.placeable
             for i, q in enumerate((ref, fast)):
                 q.requeue([p[i] for p in back], float(rnd), 10 * rnd)
             if kept:  # placed in the kept order, which still describes the list

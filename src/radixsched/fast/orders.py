@@ -180,9 +180,17 @@ class Engine(ABC):
 
     keeps_sync = True
     permutes = True
+    # Whether a request the reference put back into the sorted list can join the kept order
+    # where it stands (``place``); it must then be re-keyed by the next ``advance``.
+    placeable = False
 
     @abstractmethod
     def members(self) -> list[Req]: ...
+
+    def place(self, r: Req, j: int) -> bool:
+        """Insert ``r`` at position ``j`` of ``members()``; False (nothing changed) when it
+        cannot stand there."""
+        return False
 
     @abstractmethod
     def remove(self, r: Req) -> None: ...
@@ -207,6 +215,9 @@ class StableEngine(Engine):
     def remove(self, r: Req) -> None:
         self.order.remove(r)
 
+    def place(self, r: Req, j: int) -> bool:
+        return self.order.place(r, j)
+
 
 def key_fn(pol: Policy, rnd: Round) -> Callable[[Req], Key]:
     """The full sort key of a key policy (priority first under priority scheduling)."""
@@ -219,6 +230,8 @@ def key_fn(pol: Policy, rnd: Round) -> Callable[[Req], Key]:
 
 class KeyedEngine(StableEngine):
     """A key policy whose key reads the request, its match and its dedup status."""
+
+    placeable = True
 
     def __init__(self, pol: Policy) -> None:
         self.pol = pol
@@ -498,6 +511,16 @@ class DfsWeightEngine(StableEngine):
             cur = cur.parent
         return False
 
+    placeable = True
+
+    def place(self, r: Req, j: int) -> bool:
+        """Placed as a member above the base, of no child's group: the next ``advance``
+        re-keys it (it leaves, finds its child and joins that group, re-segmented)."""
+        if not self.order.place(r, j):
+            return False
+        self._join(r, None)
+        return True
+
     def _key(self, r: Req, rnd: Round) -> Key:
         dep = r.rid in rnd.deferred
         top = self.top_of[id(r)]
@@ -615,8 +638,20 @@ class FairEngine(Engine):
     def _key(r: Req) -> Key:
         return (-r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time)
 
+    placeable = True
+
     def members(self) -> list[Req]:
         return self.out
+
+    def place(self, r: Req, j: int) -> bool:
+        """Only where the list is one tenant's order and ``r`` is that tenant's."""
+        order = self.by_tenant.get(r.tenant_key)
+        if order is None or len(self.by_tenant) != 1 or self.out is not order.reqs:
+            return False
+        if not order.place(r, j):
+            return False
+        self.tenant_of[id(r)] = r.tenant_key
+        return True
 
     def remove(self, r: Req) -> None:
         tenant = self.tenant_of.pop(id(r), None)

@@ -162,7 +162,7 @@ class FastWaitingQueue(WaitingQueue):
         placed = placed and self._in_arrival_order()
         ordered = self.entry_ordered
         engine = self.engine
-        kept = isinstance(engine, KeyedEngine) and self.synced and self._in_sync(engine)
+        kept = engine is not None and engine.placeable and self.synced and self._in_sync(engine)
         super().requeue(reqs, now, processed_tokens)
         self._arrival_known = placed
         self.entry_ordered = ordered and self._fit_entry_order(reqs, placed)
@@ -178,11 +178,11 @@ class FastWaitingQueue(WaitingQueue):
         """Put requests the reference re-inserted into the sorted list into the kept order at
         their places (those among the arrivals join the arrivals there), so the order stays in
         sync; each placed one is re-keyed next round. False: the order must be rebuilt."""
-        assert isinstance(self.engine, KeyedEngine)
-        order = self.engine.order
+        engine = self.engine
+        assert engine is not None
         back = {id(r) for r in reqs}
         first_arrival = self.added[0] if self.added else None
-        in_order = len(order) > 0  # the list's head is the kept order, then the arrivals
+        in_order = len(engine.members()) > 0  # the list's head is the kept order, then the arrivals
         j = 0
         arrivals: list[Req] = []
         for r in self.reqs:
@@ -192,7 +192,7 @@ class FastWaitingQueue(WaitingQueue):
                 arrivals.append(r)
             elif id(r) not in back:
                 j += 1
-            elif order.place(r, j):
+            elif engine.place(r, j):
                 self.moved[id(r)] = r
                 j += 1
             else:
