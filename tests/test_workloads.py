@@ -623,3 +623,83 @@ def test_mooncake_prompts_are_their_blocks_then_their_own_padding(tmp_path: Path
             workloads._key(workloads._SALT_PAD, i), len(blocks), r.prompt_len - len(blocks), 128000
         )
         assert np.array_equal(r.prompt_ids[len(blocks) :], pad)
+
+
+@pytest.mark.parametrize("rate", [None, 2.0, math.inf])
+def test_mooncake_num_requests_builds_only_the_kept_prompts_and_the_same_ones(
+    monkeypatch: pytest.MonkeyPatch, rate: float | None
+) -> None:
+    """``num_requests`` builds the prompts of the requests it keeps, no others, and each is
+    the prompt the whole trace's load gives that request (a block several kept prompts share
+    is in the shared table, one only one of them uses is generated with its batch)."""
+    from radixsched.sim import workloads
+
+    whole = {r.rid: r for r in load_workload(f"mooncake:{SAMPLE}", request_rate=rate).requests}
+    built: list[int] = []
+    fill = workloads._fill_mooncake
+
+    def counting(drafts: Any, block: int, vocab: int) -> None:
+        built.append(len(drafts))
+        fill(drafts, block, vocab)
+
+    monkeypatch.setattr(workloads, "_fill_mooncake", counting)
+    monkeypatch.setattr(workloads, "_BATCH", 7)  # batches that cut the kept requests
+    part = load_workload(f"mooncake:{SAMPLE}", request_rate=rate, num_requests=30).requests
+    assert built == [30] and len(part) == 30
+    for r in part:
+        ref = whole[r.rid]
+        assert r.arrival_time == ref.arrival_time and r.max_new_tokens == ref.max_new_tokens
+        assert np.array_equal(r.prompt_ids, ref.prompt_ids), r.rid
+    assert [r.rid for r in part] == list(whole)[:30]
+
+
+def test_mooncake_num_requests_keeps_each_lines_padding_when_lines_are_out_of_order(
+    tmp_path: Path,
+) -> None:
+    """The earliest requests are not the first lines: each kept prompt (padded past its ids)
+    is still the one its own line gives in the whole load."""
+    rows = [
+        {"timestamp": t, "input_length": 900, "output_length": 2, "hash_ids": [1]}
+        for t in (50, 40, 30, 20, 10)
+    ]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    whole = {r.rid: r.prompt_ids for r in load_workload(f"mooncake:{path}").requests}
+    part = load_workload(f"mooncake:{path}", num_requests=2).requests
+    assert [r.rid for r in part] == ["mooncake-4", "mooncake-3"]
+    from radixsched.sim import workloads
+
+    for r in part:
+        assert np.array_equal(r.prompt_ids, whole[r.rid])
+        line = int(r.rid.split("-")[1])  # the padding is keyed by the request's line
+        pad = workloads._hash_tokens(workloads._key(workloads._SALT_PAD, line), 512, 388, 128000)
+        assert np.array_equal(r.prompt_ids[512:], pad)
+
+
+def test_jsonl_num_requests_hashes_only_the_kept_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts given by length are hashed only for the requests the load keeps, and each is
+    the one the whole load gives it (group prefix, then its own tokens keyed by its line)."""
+    from radixsched.sim import workloads
+
+    rows = [
+        {"input_length": 60 + i, "output_length": 2, "timestamp": 100 - i}
+        | ({"prefix_group": "g", "prefix_length": 20} if i % 2 else {})
+        for i in range(9)
+    ]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    whole = {r.rid: r.prompt_ids for r in load_workload(f"jsonl:{path}").requests}
+    calls: list[int] = []
+    real = workloads._hash_tokens
+
+    def counting(key: int, start: int, n: int, vocab: int) -> Any:
+        calls.append(n)
+        return real(key, start, n, vocab)
+
+    monkeypatch.setattr(workloads, "_hash_tokens", counting)
+    part = load_workload(f"jsonl:{path}", num_requests=3).requests
+    assert [r.rid for r in part] == ["jsonl-8", "jsonl-7", "jsonl-6"]
+    assert sorted(calls) == sorted([68, 20, 47, 66])  # 8's own; 7's group prefix and own; 6's
+    for r in part:
+        assert np.array_equal(r.prompt_ids, whole[r.rid])
+    assert np.array_equal(whole["jsonl-7"][:20], whole["jsonl-5"][:20])

@@ -88,7 +88,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -251,9 +251,25 @@ class _Draft:
     routing_key: str | None = None
     tenant: str | None = None
     extra_key: str | None = None
+    # A prompt built only for the requests the load keeps (``--num-requests``): ``fill``
+    # writes ``prompt`` for a list of such drafts; ``prompt`` is empty until it has run.
+    fill: Callable[[Sequence[_Draft]], None] | None = None
+    source: Any = None  # what ``fill`` builds this draft's prompt from
 
 
 Builder = Callable[[dict[str, Any], int], list[_Draft]]
+
+
+def _fill_prompts(drafts: Sequence[_Draft]) -> None:
+    """Build the deferred prompts of ``drafts`` (in their order), once each."""
+    pending: dict[Any, list[_Draft]] = {}
+    for d in drafts:
+        if d.fill is not None:
+            pending.setdefault(d.fill, []).append(d)
+    for fill, ds in pending.items():
+        fill(ds)
+        for d in ds:
+            d.fill = d.source = None
 
 
 @dataclass(frozen=True)
@@ -432,31 +448,56 @@ _BATCH = 256  # requests whose own blocks are generated together
 
 
 def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
-    """Blocks that several prompts use are generated once, into the head of one table; the
-    blocks only one prompt uses are generated a batch of requests at a time into its tail,
-    so the table (the load's peak memory beside the prompts) holds the shared blocks and one
-    batch's own."""
+    """The trace's requests, their prompts deferred: only those the load keeps are built
+    (``_fill_mooncake``)."""
     block, vocab = p["block_size"], p["vocab"]
     records = _mooncake_records(Path(p["path"]), block)
+    t0 = min(r.timestamp_ms for r in records)
+
+    def fill(drafts: Sequence[_Draft]) -> None:
+        _fill_mooncake(drafts, block, vocab)
+
+    return [
+        _Draft(
+            _NO_TOKENS,
+            r.output_length,
+            i,
+            timestamp_s=(r.timestamp_ms - t0) / 1e3,
+            fill=fill,
+            source=r,
+        )
+        for i, r in enumerate(records)
+    ]
+
+
+_NO_TOKENS: TokenArray = np.zeros(0, dtype=np.int32)
+
+
+def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
+    """Blocks that several of these prompts use are generated once, into the head of one
+    table; the blocks only one prompt uses are generated a batch of requests at a time into
+    its tail, so the table (the load's peak memory beside the prompts) holds the shared blocks
+    and one batch's own. A block's tokens depend on its id only, a short id list's padding on
+    the request's line: the same prompts whichever requests are built together."""
+    records: list[_MooncakeRecord] = [d.source for d in drafts]
     distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
     shared = distinct[uses > 1]
-    batches = [records[lo : lo + _BATCH] for lo in range(0, len(records), _BATCH)]
-    tail = max((sum(len(r.hash_ids) for r in b) for b in batches), default=0)
+    batches = [
+        list(range(lo, min(lo + _BATCH, len(drafts)))) for lo in range(0, len(drafts), _BATCH)
+    ]
+    tail = max((sum(len(records[j].hash_ids) for j in b) for b in batches), default=0)
     table = np.empty((len(shared) + tail, block), dtype=np.int32)
     table[: len(shared)] = _block_table(shared, block, vocab)
-    t0 = min(r.timestamp_ms for r in records)
-    drafts = []
-    for k, batch in enumerate(batches):
-        for j, (r, rows) in enumerate(zip(batch, _rows(batch, shared, table, vocab), strict=True)):
-            i = k * _BATCH + j
+    for batch in batches:
+        recs = [records[j] for j in batch]
+        for j, r, rows in zip(batch, recs, _rows(recs, shared, table, vocab), strict=True):
             prompt = table[rows].reshape(-1)[: r.input_length]
             if len(prompt) < r.input_length:
                 n = r.input_length - len(prompt)
+                i = drafts[j].session  # the request's line in the trace
                 pad = _hash_tokens(_key(_SALT_PAD, i), len(prompt), n, vocab)
                 prompt = np.concatenate([prompt, pad])
-            ts = (r.timestamp_ms - t0) / 1e3
-            drafts.append(_Draft(prompt, r.output_length, i, timestamp_s=ts))
-    return drafts
+            drafts[j].prompt = prompt
 
 
 def _rows(
@@ -524,13 +565,13 @@ def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Dr
                     f"{where}: field {name!r} needs 'input_length', not 'input_ids'"
                 )
         prompt = _int_list(obj, "input_ids", where, nonempty=True)
+        source = None
     else:
         n = _pos_int(obj, "input_length", where)
         group = obj.get("prefix_group")
         if (group is None) != ("prefix_length" not in obj):
             raise WorkloadError(f"{where}: 'prefix_group' and 'prefix_length' go together")
         shared = 0
-        parts = []
         if group is not None:
             if isinstance(group, bool) or not isinstance(group, str | int):
                 raise _bad(where, "prefix_group", "a string or integer", group)
@@ -539,9 +580,8 @@ def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Dr
                 raise WorkloadError(
                     f"{where}: field 'prefix_length': must be <= input_length ({n}), got {shared}"
                 )
-            parts.append(_hash_tokens(_key(_SALT_GROUP, _str_key(str(group))), 0, shared, vocab))
-        parts.append(_hash_tokens(_key(_SALT_UNIQUE, index), shared, n - shared, vocab))
-        prompt = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        prompt = _NO_TOKENS  # hashed when the load keeps the request (_fill_hashed)
+        source = _HashedPrompt(None if group is None else str(group), shared, n, index, vocab)
     scripted = _int_list(obj, "output_ids", where, nonempty=False) if "output_ids" in obj else None
     if "output_length" in obj or scripted is None or not len(scripted):
         out = _pos_int(obj, "output_length", where)
@@ -567,7 +607,31 @@ def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Dr
         routing_key=_opt_str(obj, "routing_key", where),
         tenant=_opt_str(obj, "tenant", where),
         extra_key=_opt_str(obj, "extra_key", where),
+        fill=None if source is None else _fill_hashed,
+        source=source,
     )
+
+
+class _HashedPrompt(NamedTuple):
+    """A prompt given by its length: ``shared`` tokens of its group's prefix, then its own."""
+
+    group: str | None
+    shared: int
+    n: int
+    line: int  # the request's line (its own tokens' key)
+    vocab: int
+
+
+def _fill_hashed(drafts: Sequence[_Draft]) -> None:
+    for d in drafts:
+        g, shared, n, line, vocab = d.source
+        own = _hash_tokens(_key(_SALT_UNIQUE, line), shared, n - shared, vocab)
+        if g is None:
+            d.prompt = own
+        else:
+            d.prompt = np.concatenate(
+                [_hash_tokens(_key(_SALT_GROUP, _str_key(g)), 0, shared, vocab), own]
+            )
 
 
 def _build_jsonl(p: dict[str, Any], seed: int) -> list[_Draft]:
@@ -893,8 +957,10 @@ def load_workload(
     order = np.argsort(arrival, kind="stable")
     if num_requests is not None:
         order = order[:num_requests]
+    kept = order.tolist()
+    _fill_prompts([drafts[i] for i in kept])
     reqs = []
-    for i in order.tolist():
+    for i in kept:
         d = drafts[i]
         reqs.append(
             Req(
