@@ -119,7 +119,11 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
         "timestamps; generated workloads: inf)",
     )
     run.add_argument(
-        "--num-requests", type=int, default=None, metavar="N", help="take the first N requests"
+        "--num-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="take the first N requests by arrival (a trace builds only their prompts)",
     )
     run.add_argument(
         "--workload-seed",
