@@ -604,6 +604,13 @@ class DfsWeightEngine(StableEngine):
             placed.append((r, top))
         for r, top in placed:
             self._join(r, top)
+        # A touched branch re-keys all its members: when that is much of the queue, one
+        # sort of the whole queue is cheaper than moving them one by one.
+        moving = (
+            len(changed) + len(arrivals) + sum(len(self.groups.get(t, ())) for t in self.touched)
+        )
+        if _many(moving, len(queue)):
+            return self.rebuild(queue, rnd)
         rekey = {id(r): r for r in changed}
         fresh = {id(r) for r in arrivals}
         for top in self.touched:
