@@ -28,8 +28,11 @@ from radixsched.request import Req, SamplingParams
 from radixsched.server.app import ServerThread, create_app, engine_for_model
 from radixsched.server.bench import (
     BenchConfig,
+    BenchError,
+    BenchResult,
     ServerLimits,
     counter_value,
+    describe_error,
     fit_request,
     load_bench_workload,
     run_bench,
@@ -216,13 +219,133 @@ def test_failed_requests_exit_1_with_a_summary_by_reason(
     assert sum(r["finish_reason"] == "abort" for r in rows) == int(m.group(1))
 
 
-def test_a_timeout_says_what_timed_out(loaded: LoadedModel) -> None:
-    import httpx
+# ---- failures, against a scripted HTTP/1.1 server (each connection: one answer) ------------
 
-    from radixsched.server.bench import describe_error
+SERVER_INFO = {"model": "stub", "vocab_size": 512, "context_len": 512, "scheduler": {}}
 
-    text = describe_error(httpx.ReadTimeout(""), 600.0)
-    assert text == "ReadTimeout: no data within 600 s (--timeout)"
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _event(completion_tokens: int, finish: str | None = None) -> bytes:
+    meta = {
+        "completion_tokens": completion_tokens,
+        "cached_tokens": 0,
+        "finish_reason": None if finish is None else {"type": finish},
+    }
+    obj = {"output_ids": list(range(completion_tokens)), "meta_info": meta}
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+async def _answer(kind: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer a POST /generate the way ``kind`` says, then close the connection."""
+    if kind == "ok":
+        body = _event(1) + _event(2, "length") + b"data: [DONE]\n\n"
+        writer.write(STREAM_HEAD + _chunk(body) + b"0\r\n\r\n")
+    elif kind == "503":
+        body = json.dumps({"error": {"message": "The request queue is full"}}).encode()
+        head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    elif kind == "cut":  # the stream stops mid-body: no terminating chunk
+        writer.write(STREAM_HEAD + _chunk(_event(1)))
+    elif kind == "unfinished":  # a well-formed stream that never says how it finished
+        writer.write(STREAM_HEAD + _chunk(_event(1) + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    elif kind == "stall":  # until the client gives up
+        writer.write(STREAM_HEAD + _chunk(_event(1)))
+        await writer.drain()
+        await reader.read()
+    elif kind == "hangup":  # no status line at all
+        pass
+    await writer.drain()
+    writer.close()
+
+
+async def scripted_server(kinds: list[str]) -> tuple[asyncio.Server, str]:
+    """Answers /server_info (and 404 elsewhere) and each POST /generate with the next kind."""
+    script = iter(kinds)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        m = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
+        await reader.readexactly(int(m.group(1)) if m else 0)
+        path = head.split(b" ")[1]
+        if path == b"/generate":
+            await _answer(next(script), reader, writer)
+            return
+        body = json.dumps(SERVER_INFO).encode() if path == b"/server_info" else b"{}"
+        status = b"200 OK" if path == b"/server_info" else b"404 Not Found"
+        head = b"HTTP/1.1 %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        writer.write(head % (status, len(body)) + body)
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return srv, f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+
+
+def test_failures_are_recorded_in_words() -> None:
+    kinds = ["ok", "503", "cut", "unfinished", "hangup", "stall"]
+
+    async def go() -> BenchResult:
+        srv, url = await scripted_server(kinds)
+        # One request at a time, in order; 0.5 s to wait for data.
+        cfg = BenchConfig(
+            url=url,
+            workload=WORKLOAD,
+            num_requests=len(kinds),
+            max_concurrency=1,
+            request_rate=math.inf,
+            timeout_s=0.5,
+        )
+        async with srv:
+            return await run_bench(cfg)
+
+    res = asyncio.run(go())
+    errors = [rec.error for rec in res.records]
+    assert errors[0] is None and res.records[0].token_times and res.records[0].finish
+    assert errors[1] == "HTTP 503: The request queue is full"
+    assert errors[2] is not None
+    assert errors[2].startswith("ClientPayloadError: the server closed the connection (")
+    assert errors[3] == "the stream ended without a finish reason"
+    assert errors[4] is not None
+    assert errors[4].startswith("ServerDisconnectedError: the server closed the connection")
+    assert errors[5] == "SocketTimeoutError: no data within 0.5 s (--timeout)"
+    assert res.num_failed == 5 and res.result.num_completed == 1
+    assert res.result.extra["hit_rate_source"] == "meta_info.cached_tokens"  # no /metrics
+    text = "\n".join(res.failure_lines())
+    assert text.startswith("5 of 6 requests failed:")
+    assert "1 x HTTP 503: The request queue is full" in text
+
+
+def test_an_unreachable_server_says_so() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    words = r"cannot reach the server: ClientConnectorError: cannot connect \(Cannot connect to"
+    with pytest.raises(BenchError, match=words):
+        asyncio.run(run_bench(BenchConfig(url=f"http://127.0.0.1:{port}", workload=WORKLOAD)))
+
+
+def test_timeouts_say_what_timed_out() -> None:
+    import aiohttp
+
+    exc = aiohttp.SocketTimeoutError("Timeout on reading data from socket")
+    assert describe_error(exc, 600.0) == "SocketTimeoutError: no data within 600 s (--timeout)"
+    assert describe_error(aiohttp.ConnectionTimeoutError(), 600.0) == (
+        "ConnectionTimeoutError: no connection within 30 s"
+    )
+    assert describe_error(asyncio.TimeoutError(), 2.0) == (
+        "TimeoutError: no progress within 2 s (--timeout)"
+    )
+    assert describe_error(ValueError("bad"), 1.0) == "ValueError: bad"
 
 
 def test_rate_parsing() -> None:

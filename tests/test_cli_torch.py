@@ -18,8 +18,8 @@ pytest.importorskip("torch")
 
 from radixsched.cli import main
 from radixsched.cli_common import default_threads
-from radixsched.cli_serve import MIN_TOKENS_PER_RUNNING
 from radixsched.engine.smollm2 import find_smollm2_gguf
+from radixsched.server.process import MIN_TOKENS_PER_RUNNING
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The ``bench`` subcommand: load a running server with a workload and report what it measured,
-with the simulator's metric names (``server.bench``; httpx is imported when it runs).
+with the simulator's metric names (``server.bench``; aiohttp is imported when it runs).
 
 Generated workloads take bench's own sizes (``BENCH_WORKLOAD_DEFAULTS``) for every param the
 spec leaves out, so ``--workload shared-prefix:groups=4`` stays small. Any failed request makes

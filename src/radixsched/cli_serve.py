@@ -28,12 +28,6 @@ class _UsageError(Exception):
     pass
 
 
-# A running request holds at least a short prompt and its first tokens: a KV pool is never
-# given more running-request slots than it has this many tokens per slot. SGLang's own
-# sizing (at least 2,048 slots) is meant for GPU pools of millions of tokens.
-MIN_TOKENS_PER_RUNNING = 64
-
-
 # ---- serve ------------------------------------------------------------------------------------
 
 
@@ -115,6 +109,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     p.add_argument(
+        "--single-process",
+        action="store_true",
+        help="run the engine on a thread of the server's process (default: a process of its "
+        "own, so HTTP and detokenization never hold the interpreter lock the engine's steps "
+        "need)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -186,14 +187,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"radixsched: error: {e}", file=sys.stderr)
         return 2
 
-    from radixsched.engine.loader import load_model
-    from radixsched.engine.runner import TorchRunner
-    from radixsched.server.app import (
-        MAX_DEFAULT_KV_SLOTS,
-        create_app,
-        engine_for_model,
-        run_server,
-        tokenizer_dir,
+    from radixsched.engine.loader import load_tokenizer
+    from radixsched.server.app import create_app, run_server, served_model, tokenizer_dir
+    from radixsched.server.loop import Engine
+    from radixsched.server.process import (
+        EngineProcess,
+        EngineSpec,
+        EngineStartError,
+        build_engine_loop,
+        freeze_startup_heap,
     )
 
     try:
@@ -207,36 +209,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         print(f"radixsched: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
         return 2
-    import torch
-
-    torch.set_num_threads(args.threads or default_threads())
+    spec = EngineSpec(
+        model=args.model,
+        config=config,
+        device=args.device,
+        dtype=args.dtype,
+        kv_slots=args.kv_slots,
+        kv_cache_mb=args.kv_cache_mb,
+        context_len=args.context_len,
+        threads=args.threads or default_threads(),
+    )
+    engine: Engine | None = None
     try:
-        loaded = load_model(args.model, device=args.device, dtype=args.dtype, seed=config.seed)
-        kv_slots = args.kv_slots
-        if kv_slots is None:
-            by_bytes = TorchRunner.kv_slots_for_bytes(loaded, int(args.kv_cache_mb * 2**20))
-            kv_slots = min(by_bytes, MAX_DEFAULT_KV_SLOTS)
-        if config.max_running_requests is None and kv_slots // MIN_TOKENS_PER_RUNNING < 2048:
-            config = config.replace(max_running_requests=max(1, kv_slots // MIN_TOKENS_PER_RUNNING))
-        engine, served = engine_for_model(
-            loaded,
-            config,
-            kv_slots=kv_slots,
-            context_len=args.context_len,
-            seed=config.seed,
+        if args.single_process:
+            engine = loop = build_engine_loop(spec)
+            info = loop.info
+        else:
+            engine = proc = EngineProcess(spec)
+            info = proc.launch()
+        served = served_model(
+            load_tokenizer(args.model),
+            info.context_len,
             served_model_name=args.served_model_name,
             tokenizer_path=tokenizer_dir(args.model),
         )
-    except (ValueError, FileNotFoundError) as e:
+    except (EngineStartError, ValueError, FileNotFoundError) as e:
+        if engine is not None:
+            engine.stop()
         print(f"radixsched: error: {e}", file=sys.stderr)
         return 2
     app = create_app(engine, served, api_key=api_key, limits=limits, access=access)
-    sched = engine.scheduler
+    layout = "engine on a thread" if args.single_process else f"engine process {proc.pid}"
     print(
         f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
-        f"KV {sched.capacity:,} tokens, max running {sched.max_running_requests}, "
-        f"policy {config.schedule_policy}, {torch.get_num_threads()} torch threads, body limit "
-        f"{limits.body_limit(served.context_len):,} bytes, "
+        f"KV {info.kv_slots:,} tokens, max running {info.max_running_requests}, "
+        f"policy {info.config.schedule_policy}, {spec.threads} torch threads, {layout}, "
+        f"body limit {limits.body_limit(served.context_len):,} bytes, "
         f"API key {'required' if api_key else 'off'})",
         file=sys.stderr,
     )
@@ -246,12 +254,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "their Host header; add the DNS names clients use with --allowed-hosts",
             file=sys.stderr,
         )
-    if sched.capacity < served.context_len:
+    if info.kv_slots < served.context_len:
         print(
-            f"radixsched: warning: the KV pool ({sched.capacity:,} tokens) is smaller than the "
+            f"radixsched: warning: the KV pool ({info.kv_slots:,} tokens) is smaller than the "
             f"context ({served.context_len:,}): longer requests are rejected; raise "
             "--kv-cache-mb or --kv-slots, or lower --context-len",
             file=sys.stderr,
         )
+    freeze_startup_heap()
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0

@@ -32,8 +32,11 @@ class VirtualClock:
 
 
 class WallClock:
-    def __init__(self) -> None:
-        self._t0 = time.perf_counter()
+    """Seconds since ``epoch`` (a ``time.perf_counter()`` value; default: now). On Linux that
+    counter is the system-wide monotonic clock, so processes given one epoch share one clock."""
+
+    def __init__(self, epoch: float | None = None) -> None:
+        self._t0 = time.perf_counter() if epoch is None else epoch
 
     def now(self) -> float:
         return time.perf_counter() - self._t0

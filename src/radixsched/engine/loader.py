@@ -23,6 +23,7 @@ from radixsched.engine.weights import (
     init_random_,
     load_weights_,
     read_gguf,
+    read_gguf_header,
     read_hf_config,
     read_json,
     read_safetensors_dir,
@@ -32,6 +33,16 @@ from radixsched.engine.weights import (
 @dataclass(frozen=True)
 class LoadedModel:
     model: CausalLM
+    tokenizer: Tokenizer
+    config: ModelConfig
+    chat_template: ChatTemplate
+    name: str
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """What the HTTP side of a server needs of a model: no weights."""
+
     tokenizer: Tokenizer
     config: ModelConfig
     chat_template: ChatTemplate
@@ -92,6 +103,45 @@ def load_model(
     )
 
 
+def load_tokenizer(name_or_path: str) -> LoadedTokenizer:
+    """``load_model``'s tokenizer, chat template and config for the same name, without the
+    weights (a server's HTTP process; the engine process loads the model)."""
+    random_config = random_preset_config(name_or_path)
+    if random_config is not None:
+        return LoadedTokenizer(ByteTokenizer(), random_config, ChatTemplate(None), name_or_path)
+    if name_or_path in SMOLLM2_NAMES:
+        return _dir_tokenizer(converted_dir(), name=SMOLLM2_NAMES[0])
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return _dir_tokenizer(path, name=name_or_path)
+    if path.is_file() and path.suffix == ".gguf":
+        config, meta = read_gguf_header(path)
+        tokenizer = HFTokenizer.from_gguf_metadata(meta)
+        template = meta.get("tokenizer.chat_template")
+        return LoadedTokenizer(
+            tokenizer,
+            config,
+            _template(None if template is None else str(template), tokenizer),
+            str(path),
+        )
+    raise ValueError(
+        f"unknown model {name_or_path!r}: not a preset ({', '.join(model_names())}), "
+        "a model directory or a .gguf file"
+    )
+
+
+def _dir_tokenizer(path: Path, *, name: str) -> LoadedTokenizer:
+    config = read_hf_config(path)
+    if not (path / "tokenizer.json").exists():
+        raise FileNotFoundError(f"no tokenizer.json in {path}")
+    tokenizer = HFTokenizer.from_dir(path, eos_token_ids=config.eos_token_ids)
+    source = read_json(path / "tokenizer_config.json").get("chat_template")
+    jinja_file = path / "chat_template.jinja"
+    if source is None and jinja_file.exists():
+        source = jinja_file.read_text(encoding="utf-8")
+    return LoadedTokenizer(tokenizer, config, _template(source, tokenizer), name)
+
+
 def _template(source: Any, tokenizer: Tokenizer) -> ChatTemplate:
     if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in source}
@@ -106,17 +156,10 @@ def _template(source: Any, tokenizer: Tokenizer) -> ChatTemplate:
 
 
 def _load_dir(path: Path, device: torch.device, dtype: torch.dtype, *, name: str) -> LoadedModel:
-    config = read_hf_config(path)
-    if not (path / "tokenizer.json").exists():
-        raise FileNotFoundError(f"no tokenizer.json in {path}")
-    tokenizer = HFTokenizer.from_dir(path, eos_token_ids=config.eos_token_ids)
-    model = build_empty_model(config, device, dtype)
+    tok = _dir_tokenizer(path, name=name)
+    model = build_empty_model(tok.config, device, dtype)
     load_weights_(model, read_safetensors_dir(path))
-    source = read_json(path / "tokenizer_config.json").get("chat_template")
-    jinja_file = path / "chat_template.jinja"
-    if source is None and jinja_file.exists():
-        source = jinja_file.read_text(encoding="utf-8")
-    return LoadedModel(model, tokenizer, config, _template(source, tokenizer), name)
+    return LoadedModel(model, tok.tokenizer, tok.config, tok.chat_template, name)
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:

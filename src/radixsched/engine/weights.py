@@ -236,6 +236,15 @@ def gguf_config(meta: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     )
 
 
+def read_gguf_header(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
+    """A GGUF file's config and metadata, without reading its tensors' data."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    meta = _gguf_metadata(reader)
+    return gguf_config(meta, {t.name for t in reader.tensors}), meta
+
+
 def read_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> GGUFModel:
     """Dequantize every tensor of a GGUF file (converted to ``dtype`` one at a time)."""
     import gguf

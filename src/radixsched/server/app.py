@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -75,9 +75,12 @@ from radixsched.server.guard import (
 from radixsched.server.loop import (
     STOP_STRING_STATUS,
     BatchRecorder,
+    Engine,
     EngineLoop,
     FinishInfo,
     RequestHandle,
+    Sink,
+    post_to_event_loops,
 )
 from radixsched.server.metrics import ServerMetrics
 from radixsched.server.protocol import (
@@ -100,8 +103,9 @@ from radixsched.server.protocol import (
 )
 
 if TYPE_CHECKING:
+    from radixsched.clock import WallClock
     from radixsched.config import SchedulerConfig
-    from radixsched.engine.loader import LoadedModel
+    from radixsched.engine.loader import LoadedModel, LoadedTokenizer
     from radixsched.engine.tokenizer import ChatTemplate, Tokenizer
     from radixsched.runner import ModelRunner
 
@@ -137,6 +141,27 @@ class ServedModel:
     tokenizer_path: str | None = None
     model_type: str | None = None
     architectures: tuple[str, ...] | None = None
+
+
+def served_model(
+    source: LoadedModel | LoadedTokenizer,
+    context_len: int,
+    *,
+    served_model_name: str | None = None,
+    tokenizer_path: str | None = None,
+) -> ServedModel:
+    """The ``ServedModel`` of a loaded model or of its tokenizer alone."""
+    return ServedModel(
+        name=served_model_name or source.name,
+        tokenizer=source.tokenizer,
+        chat_template=source.chat_template,
+        vocab_size=source.config.vocab_size,
+        context_len=context_len,
+        model_path=source.name,
+        tokenizer_path=tokenizer_path,
+        model_type=source.config.architecture.value,
+        architectures=(source.config.architecture.hf_class,),
+    )
 
 
 def max_prompt_chars(tokenizer: Tokenizer, vocab_size: int, context_len: int) -> int:
@@ -263,13 +288,13 @@ class _Server:
     """The handlers' shared state (one per app)."""
 
     def __init__(
-        self, engine: EngineLoop, model: ServedModel, limits: RequestLimits, access: AccessPolicy
+        self, engine: Engine, model: ServedModel, limits: RequestLimits, access: AccessPolicy
     ) -> None:
         self.engine = engine
         self.model = model
         self.limits = limits
         self.access = access
-        self.config: SchedulerConfig = engine.scheduler.config
+        self.config: SchedulerConfig = engine.info.config
         self.body_limit = limits.body_limit(model.context_len)
         self.max_prompt_chars = max_prompt_chars(
             model.tokenizer, model.vocab_size, model.context_len
@@ -476,17 +501,10 @@ class _Server:
         """Empty the prefix cache once nothing runs or waits (within ``timeout`` seconds; None:
         now or never): the tokens freed, or 400."""
 
-        def flush(sched: Any) -> int | None:
-            if not sched.is_idle:
-                return None
-            n = int(sched.cache.total_size())
-            sched.cache.reset()
-            return n
-
         deadline = time.monotonic() + (timeout or 0.0)
         while True:
             try:
-                freed = await self.engine.acall(flush)
+                freed = await self.engine.flush_cache()
             except RuntimeError as e:
                 raise ApiError(503, str(e)) from e
             if freed is not None:
@@ -598,7 +616,7 @@ def _event_stream(events: AsyncIterator[str], rid: str) -> StreamingResponse:
 
 
 def create_app(
-    engine: EngineLoop,
+    engine: Engine,
     model: ServedModel,
     *,
     api_key: str | None = None,
@@ -615,9 +633,8 @@ def create_app(
     limits = limits if limits is not None else RequestLimits()
     access = access if access is not None else AccessPolicy()
     srv = _Server(engine, model, limits, access)
-    metrics = engine.metrics if engine.metrics is not None else ServerMetrics()
-    if engine.metrics is None:
-        engine.metrics = metrics
+    if isinstance(engine, EngineLoop) and engine.metrics is None:
+        engine.metrics = ServerMetrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -637,7 +654,6 @@ def create_app(
     )
     app.state.engine = engine
     app.state.served_model = model
-    app.state.metrics = metrics
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError) -> Response:
@@ -713,13 +729,13 @@ def create_app(
         return model_card()
 
     def server_info_body() -> ServerInfo:
-        sched = engine.scheduler
+        info = engine.info
         return ServerInfo(
             model=model.name,
             vocab_size=model.vocab_size,
             context_len=model.context_len,
-            kv_slots=sched.capacity,
-            max_running_requests=sched.max_running_requests,
+            kv_slots=info.kv_slots,
+            max_running_requests=info.max_running_requests,
             max_request_bytes=srv.body_limit,
             max_prompt_chars=srv.max_prompt_chars,
             max_completion_tokens=limits.max_completion_tokens,
@@ -758,7 +774,11 @@ def create_app(
 
     @app.get("/metrics", response_class=Response, responses=_ERROR_RESPONSES)
     async def prometheus_metrics() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        try:
+            body = await engine.render_metrics()
+        except RuntimeError as e:  # the engine is gone
+            raise ApiError(503, str(e)) from e
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/flush_cache", response_model=FlushCacheResponse, responses=_ERROR_RESPONSES)
     async def flush_cache(
@@ -1090,16 +1110,11 @@ def engine_for_model(
     engine = engine_for_runner(
         runner, config, kv_slots=kv_slots, context_len=runner.max_context_len
     )
-    served = ServedModel(
-        name=served_model_name or loaded.name,
-        tokenizer=loaded.tokenizer,
-        chat_template=loaded.chat_template,
-        vocab_size=loaded.config.vocab_size,
-        context_len=runner.max_context_len,
-        model_path=loaded.name,
+    served = served_model(
+        loaded,
+        runner.max_context_len,
+        served_model_name=served_model_name,
         tokenizer_path=tokenizer_path,
-        model_type=loaded.config.architecture.value,
-        architectures=(loaded.config.architecture.hf_class,),
     )
     return engine, served
 
@@ -1108,15 +1123,26 @@ MAX_DEFAULT_KV_SLOTS = 1 << 17
 
 
 def engine_for_runner(
-    runner: ModelRunner, config: SchedulerConfig, *, kv_slots: int, context_len: int
+    runner: ModelRunner,
+    config: SchedulerConfig,
+    *,
+    kv_slots: int,
+    context_len: int,
+    clock: WallClock | None = None,
+    sink: Sink = post_to_event_loops,
+    on_unhealthy: Callable[[], None] | None = None,
 ) -> EngineLoop:
+    """A wall-clock ``Scheduler`` over ``runner`` in an (unstarted) ``EngineLoop`` whose posts
+    go to ``sink`` (default: the event loops of the requests' handles)."""
     from radixsched.clock import WallClock
     from radixsched.scheduler import Scheduler
 
-    clock = WallClock()
+    clock = clock if clock is not None else WallClock()
     recorder = BatchRecorder(runner)  # the scheduler is built on it: nothing is rewired later
     sched = Scheduler(config, recorder, kv_slots=kv_slots, clock=clock, context_len=context_len)
-    return EngineLoop(sched, metrics=ServerMetrics(), clock=clock)
+    return EngineLoop(
+        sched, metrics=ServerMetrics(), clock=clock, sink=sink, on_unhealthy=on_unhealthy
+    )
 
 
 # ---- running it ---------------------------------------------------------------------------------
@@ -1195,7 +1221,7 @@ class GracefulServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         engine = getattr(getattr(self.config.app, "state", None), "engine", None)
-        if isinstance(engine, EngineLoop):
+        if engine is not None:
             await asyncio.to_thread(engine.stop)
         await super().shutdown(sockets)
 
@@ -1212,6 +1238,7 @@ __all__ = [
     "engine_for_model",
     "engine_for_runner",
     "run_server",
+    "served_model",
     "serving",
     "tokenizer_dir",
 ]

@@ -25,15 +25,23 @@ modulo the vocabulary size (a deterministic map, so shared prefixes stay shared)
 ``max_new_tokens`` is capped to half the context and its prompt truncated at the end so that
 prompt + output fit the context (prefixes stay intact). ``ignore_eos`` is set, as the
 simulator assumes fixed output lengths.
+
+The HTTP client is aiohttp (imported when a run starts), one session per run with at most
+``max_concurrency`` connections: the client is the measuring instrument and shares the CPUs
+with the server, and aiohttp costs 3-4x less CPU per streamed chunk than httpx did. No total
+timeout cuts a long generation; ``timeout_s`` bounds each wait for data (a stalled stream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,17 +251,56 @@ def write_json(path: str, result: BenchResult, meta: dict[str, Any] | None = Non
 # ---- talking to the server -----------------------------------------------------------------
 
 
+CONNECT_TIMEOUT_S = 30.0  # to get a connection (from the pool, or a new one)
+READ_BUFSIZE = 1 << 20  # a streamed line may reach twice this (each chunk repeats output_ids)
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def fetch_limits(client: Any) -> ServerLimits:
-    import httpx
+def _base_url(url: str) -> str:
+    """``url`` with one trailing slash: requests use relative paths ("generate"), so a path
+    prefix (a server behind a proxy) is kept, as httpx's ``base_url`` did."""
+    return url.rstrip("/") + "/"
 
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What a request may raise for a server or network problem (aiohttp is imported late)."""
+    import aiohttp
+    from aiohttp.http_exceptions import HttpProcessingError  # e.g. LineTooLong
+
+    return (aiohttp.ClientError, HttpProcessingError, asyncio.TimeoutError, TimeoutError)
+
+
+def open_session(cfg: BenchConfig, max_connections: int | None = None) -> Any:
+    """An ``aiohttp.ClientSession`` for ``cfg.url`` (to use as ``async with``): ``cfg``'s API
+    key, at most ``max_connections`` connections (default ``cfg.max_concurrency``, else no
+    limit), no total timeout, ``cfg.timeout_s`` for each read."""
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        base_url=_base_url(cfg.url),
+        headers=_headers(cfg.api_key),
+        connector=aiohttp.TCPConnector(limit=max_connections or cfg.max_concurrency or 0),
+        timeout=aiohttp.ClientTimeout(
+            total=None, connect=CONNECT_TIMEOUT_S, sock_read=cfg.timeout_s
+        ),
+        read_bufsize=READ_BUFSIZE,
+    )
+
+
+async def _request(client: Any, method: str, path: str) -> tuple[int, str]:
+    """(status, body text) of a small request; raises ``_network_errors()``."""
+    async with client.request(method, path) as r:
+        return r.status, (await r.read()).decode("utf-8", "replace")
+
+
+async def fetch_limits(client: Any) -> ServerLimits:
     try:
-        r = await client.get("/server_info")
-        if r.status_code == 200:
-            info = r.json()
+        status, body = await _request(client, "GET", "server_info")
+        if status == 200:
+            info = json.loads(body)
             sched = info.get("scheduler") or {}
             return ServerLimits(
                 model=str(info["model"]),
@@ -262,12 +309,12 @@ async def fetch_limits(client: Any) -> ServerLimits:
                 policy=sched.get("schedule_policy"),
                 info=info,
             )
-        r = await client.get("/v1/models")
-    except httpx.HTTPError as e:
-        raise BenchError(f"cannot reach the server: {e}") from e
-    if r.status_code != 200:
-        raise BenchError(f"/v1/models answered {r.status_code}: {r.text[:200]}")
-    card = r.json()["data"][0]
+        status, body = await _request(client, "GET", "v1/models")
+    except _network_errors() as e:
+        raise BenchError(f"cannot reach the server: {describe_error(e, None)}") from e
+    if status != 200:
+        raise BenchError(f"/v1/models answered {status}: {body[:200]}")
+    card = json.loads(body)["data"][0]
     if "vocab_size" not in card or "max_model_len" not in card:
         raise BenchError("the server exposes neither /server_info nor vocab_size in /v1/models")
     return ServerLimits(
@@ -296,18 +343,16 @@ def counter_value(text: str, name: str) -> float | None:
 
 async def read_hit_counters(client: Any) -> tuple[float, float] | None:
     """(cached prompt tokens, prompt tokens) from /metrics, or None when unavailable."""
-    import httpx
-
     try:
-        r = await client.get("/metrics")
-    except httpx.HTTPError:
+        status, text = await _request(client, "GET", "metrics")
+    except _network_errors():
         return None
-    if r.status_code != 200:
+    if status != 200:
         return None
-    prompt = counter_value(r.text, PROMPT_TOKENS)
+    prompt = counter_value(text, PROMPT_TOKENS)
     if prompt is None:
         return None
-    return counter_value(r.text, CACHED_PROMPT_TOKENS) or 0.0, prompt
+    return counter_value(text, CACHED_PROMPT_TOKENS) or 0.0, prompt
 
 
 def fit_request(req: Req, limits: ServerLimits) -> Req:
@@ -355,47 +400,59 @@ def _finish_state(info: dict[str, Any] | None) -> FinishState:
     return FinishState(FinishReason.ABORT, str((info or {}).get("message", "")))
 
 
-def describe_error(exc: Exception, timeout_s: float) -> str:
-    """A request's failure in words; httpx's own messages are often empty."""
-    import httpx
+# aiohttp's exceptions (by class name, so any aiohttp version) -> words; the first class of
+# the exception's MRO found here wins. A timeout's words end with its limit.
+_TIMEOUT_WORDS = {
+    "ConnectionTimeoutError": "no connection",  # connect (or a free pooled connection)
+    "SocketTimeoutError": "no data",  # sock_read: a stalled stream
+    "ServerTimeoutError": "no data",  # aiohttp < 3.10's sock_read timeout
+    "TimeoutError": "no progress",  # asyncio's
+}
+_ERROR_WORDS = {
+    "ServerDisconnectedError": "the server closed the connection",
+    "ClientPayloadError": "the server closed the connection",  # the body ended early
+    "ClientConnectorError": "cannot connect",  # refused, unresolvable ...
+}
 
+
+def describe_error(exc: BaseException, timeout_s: float | None) -> str:
+    """A request's failure in words (aiohttp's own messages are often empty or cryptic);
+    ``timeout_s``: the read timeout, if known."""
     name = type(exc).__name__
     detail = str(exc).strip()
-    if isinstance(exc, httpx.TimeoutException):
-        what = {
-            "ConnectTimeout": "no connection",
-            "ReadTimeout": "no data",
-            "WriteTimeout": "could not send",
-            "PoolTimeout": "no free connection",
-        }.get(name, "no progress")
-        return f"{name}: {what} within {timeout_s:g} s (--timeout)"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return f"{name}: the server closed the connection" + (f" ({detail})" if detail else "")
-    if isinstance(exc, httpx.ConnectError):
-        return f"{name}: cannot connect" + (f" ({detail})" if detail else "")
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _TIMEOUT_WORDS:
+            what = _TIMEOUT_WORDS[cls.__name__]
+            if what == "no connection":
+                return f"{name}: {what} within {CONNECT_TIMEOUT_S:g} s"
+            limit = "" if timeout_s is None else f" within {timeout_s:g} s (--timeout)"
+            return f"{name}: {what}{limit}"
+        if cls.__name__ in _ERROR_WORDS:
+            return f"{name}: {_ERROR_WORDS[cls.__name__]}" + (f" ({detail})" if detail else "")
     return f"{name}: {detail}" if detail else name
 
 
 async def send_one(
     client: Any, rec: RequestRecord, t0: float, temperature: float, timeout_s: float = 600.0
 ) -> None:
-    """Stream one request, filling ``rec`` (never raises for server or network errors)."""
-    import httpx
-
+    """Stream one request on ``client`` (an ``open_session``), filling ``rec`` (never raises
+    for server or network errors)."""
+    # ValueError: a bad JSON line (json.JSONDecodeError), a line too long (older aiohttp)
+    errors: tuple[type[BaseException], ...] = (*_network_errors(), ValueError)
     rec.sent_at = time.perf_counter() - t0
     last = rec.sent_at
     seen = 0
     try:
-        async with client.stream("POST", "/generate", json=_payload(rec.req, temperature)) as r:
-            if r.status_code != 200:
-                body = (await r.aread()).decode("utf-8", "replace")
-                rec.error = f"HTTP {r.status_code}: {_error_message(body)}"
+        async with client.post("generate", json=_payload(rec.req, temperature)) as r:
+            if r.status != 200:
+                body = (await r.read()).decode("utf-8", "replace")
+                rec.error = f"HTTP {r.status}: {_error_message(body)}"
                 return
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in r.content:  # bytes, one line each (b"\n" kept)
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 obj = json.loads(data)
                 if "error" in obj:
@@ -419,7 +476,7 @@ async def send_one(
                 if meta.get("finish_reason") is not None:
                     rec.finish = _finish_state(meta["finish_reason"])
                     rec.finished_at = now
-    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as e:
+    except errors as e:
         rec.error = describe_error(e, timeout_s)
         return
     if rec.finish is None and rec.error is None:
@@ -458,17 +515,24 @@ def _as_finished_req(rec: RequestRecord) -> Req:
     return done
 
 
-async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> BenchResult:
-    import httpx
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep the garbage collector off the client's existing heap while it measures: a full
+    collection of a large process (a test runner's) took 100-180 ms, a stall that lands in the
+    latencies of every request in flight. What the run allocates is still collected."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
+
+async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> BenchResult:
     wl = workload or load_bench_workload(cfg)
     n = len(wl.requests)
     conc = cfg.max_concurrency or n
-    limits = httpx.Limits(max_connections=max(conc, 1), max_keepalive_connections=max(conc, 1))
-    timeout = httpx.Timeout(cfg.timeout_s, connect=30.0)
-    async with httpx.AsyncClient(
-        base_url=cfg.url, headers=_headers(cfg.api_key), limits=limits, timeout=timeout
-    ) as client:
+    async with open_session(cfg, max(conc, 1)) as client:
         server = await fetch_limits(client)
         if cfg.flush_cache:
             await flush_server_cache(client)
@@ -476,8 +540,6 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         records = [RequestRecord(r) for r in reqs]
         before = await read_hit_counters(client)
         sem = asyncio.Semaphore(conc)
-        t0 = time.perf_counter()
-        wall0 = time.perf_counter()
 
         async def one(rec: RequestRecord) -> None:
             delay = rec.req.arrival_time - (time.perf_counter() - t0)
@@ -486,8 +548,10 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
             async with sem:
                 await send_one(client, rec, t0, cfg.temperature, cfg.timeout_s)
 
-        await asyncio.gather(*(one(rec) for rec in records))
-        wall = time.perf_counter() - wall0
+        with frozen_heap():
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(rec) for rec in records))
+            wall = time.perf_counter() - t0
         after = await read_hit_counters(client)
 
     finished = [_as_finished_req(rec) for rec in records]
@@ -562,19 +626,17 @@ def load_bench_workload(cfg: BenchConfig) -> Workload:
 
 async def flush_server_cache(client: Any) -> None:
     """Empty the server's prefix cache (``POST /flush_cache``), waiting for it to go idle."""
-    import httpx
-
     for _ in range(100):
         try:
-            r = await client.post("/flush_cache")
-        except httpx.HTTPError as e:
+            status, body = await _request(client, "POST", "flush_cache")
+        except _network_errors() as e:
             raise BenchError(f"cannot flush the server's cache: {describe_error(e, 30.0)}") from e
-        if r.status_code == 200:
+        if status == 200:
             return
-        if r.status_code == 404:
+        if status == 404:
             raise BenchError("the server has no /flush_cache: run without --flush-cache")
         await asyncio.sleep(0.1)
-    raise BenchError(f"/flush_cache kept answering {r.status_code}: {r.text[:200]}")
+    raise BenchError(f"/flush_cache kept answering {status}: {body[:200]}")
 
 
 # ---- the calibrating sweep ---------------------------------------------------------------------

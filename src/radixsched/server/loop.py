@@ -18,6 +18,10 @@ Guarantees:
   unhealthy and every later request is refused with 503;
 * when the thread goes idle it checks KV conservation and that no lock is left.
 
+The same loop runs in the server's process on a thread (the library's and the tests' layout) or
+as the main loop of an engine process (``server.process``, what ``radixsched serve`` runs): only
+where its posts go differs (``EngineLoop(sink=...)``).
+
 A request's clock starts at its arrival as the HTTP layer stamped it (``submit(req, arrival)``,
 on the scheduler's clock): TTFT and e2e latency include HTTP handling, tokenization and the wait
 for the step that was running when it came in.
@@ -32,13 +36,16 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from radixsched.clock import Clock
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.runner import Batch, ModelRunner, StepResult
 from radixsched.scheduler import AdmitResult, Scheduler, StepOutcome
 from radixsched.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from radixsched.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +77,60 @@ class TokenDelta:
 
     token_ids: list[int]
     finish: FinishInfo | None = None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the HTTP layer reads of an engine; fixed once it is built."""
+
+    config: SchedulerConfig
+    kv_slots: int
+    max_running_requests: int
+    context_len: int
+
+
+class Subscriber(Protocol):
+    """Whoever listens for one request's answers: ``RequestHandle`` on a thread's event loop,
+    or the engine process's stand-in for a handle in the server's process."""
+
+    req: Req
+    rid: str
+    arrival: float | None
+
+
+Post = tuple[Any, AdmitResult | TokenDelta]  # (a Subscriber, what it is sent)
+Sink = Callable[[list[Post]], None]  # receives one loop iteration's posts, in order
+
+
+class Engine(Protocol):
+    """What the HTTP layer needs of an engine: ``EngineLoop`` on a thread of this process, or
+    ``server.process.EngineProcess`` in a process of its own."""
+
+    healthy: bool
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+    def now(self) -> float: ...
+
+    def submit(self, req: Req, arrival: float | None = None) -> RequestHandle: ...
+
+    def abort(
+        self, rid: str, message: str = "client disconnected", status_code: int = 499
+    ) -> None: ...
+
+    def stop_request(self, rid: str) -> None: ...
+
+    async def flush_cache(self) -> int | None: ...
+
+    async def render_metrics(self) -> bytes: ...
 
 
 class RequestHandle:
@@ -122,7 +183,7 @@ class RequestHandle:
 
 @dataclass(frozen=True)
 class _Add:
-    handle: RequestHandle
+    handle: Subscriber
 
 
 @dataclass(frozen=True)
@@ -145,6 +206,27 @@ def _deliver(items: list[tuple[RequestHandle, AdmitResult | TokenDelta]]) -> Non
     """On the event loop: hand out one flush of the scheduler thread's posts, in order."""
     for handle, item in items:
         handle._put(item)
+
+
+def post_to_event_loops(posts: list[Post]) -> None:
+    """The thread layout's sink: one ``call_soon_threadsafe`` per event loop per flush."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Post]] = {}
+    for handle, item in posts:
+        by_loop.setdefault(handle._aloop, []).append((handle, item))
+    for aloop, items in by_loop.items():
+        try:
+            aloop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            logger.debug("dropped %d events: event loop closed", len(items))
+
+
+def flush_cache(sched: Scheduler) -> int | None:
+    """Empty the prefix cache if nothing runs or waits: the tokens freed; None when busy."""
+    if not sched.is_idle:
+        return None
+    n = int(sched.cache.total_size())
+    sched.cache.reset()
+    return n
 
 
 class BatchRecorder(ModelRunner):
@@ -177,6 +259,8 @@ class EngineLoop:
         check_integrity_when_idle: bool = True,
         idle_wait_s: float = 0.5,
         clock: Clock | None = None,
+        sink: Sink = post_to_event_loops,
+        on_unhealthy: Callable[[], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
         # The scheduler's clock (thread-safe to read: a wall clock is a function of time).
@@ -194,9 +278,11 @@ class EngineLoop:
         self._closed = False
         self._thread: threading.Thread | None = None
         # Only the scheduler thread touches _handles.
-        self._handles: dict[str, RequestHandle] = {}
-        # Posts of this loop iteration, flushed with one wake-up per event loop (not per token).
-        self._outbox: list[tuple[RequestHandle, AdmitResult | TokenDelta]] = []
+        self._handles: dict[str, Subscriber] = {}
+        # Posts of this loop iteration, flushed to the sink once per iteration (not per token).
+        self._outbox: list[Post] = []
+        self._sink = sink
+        self._on_unhealthy = on_unhealthy
         self.healthy = True
         self.steps = 0
         self.step_failures = 0
@@ -208,17 +294,36 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="radixsched-scheduler", daemon=True)
         self._thread.start()
 
+    def run_here(self) -> None:
+        """Run the loop in the calling thread until ``stop()`` (an engine process's main)."""
+        if self._thread is not None:
+            raise RuntimeError("engine loop already started")
+        with self._cond:
+            self._thread = threading.current_thread()
+        self._run()
+
+    @property
+    def info(self) -> EngineInfo:
+        sched = self.scheduler
+        return EngineInfo(
+            sched.config, sched.capacity, sched.max_running_requests, sched.context_len
+        )
+
     def stop(self, timeout: float = 10.0) -> None:
         """Abort everything in flight (503), then join the thread. Idempotent."""
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.error("scheduler thread did not stop within %.1f s", timeout)
+
+    def request_stop(self) -> None:
+        """``stop`` without waiting: the loop aborts everything in flight (503) and returns."""
         with self._cond:
             self._stopping = True
             if self._thread is None or not self._thread.is_alive():
                 self._closed = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                logger.error("scheduler thread did not stop within %.1f s", timeout)
 
     @property
     def alive(self) -> bool:
@@ -234,9 +339,13 @@ class EngineLoop:
         the scheduler thread takes it); call from a coroutine (the handle feeds that event
         loop)."""
         handle = RequestHandle(req, asyncio.get_running_loop(), arrival)
-        if not self._push(_Add(handle)):
+        if not self.enqueue(handle):
             handle._post(AdmitResult(False, 503, "the server is shutting down"))
         return handle
+
+    def enqueue(self, sub: Subscriber) -> bool:
+        """Queue ``sub.req``; its answers go to the sink. False once the loop has stopped."""
+        return self._push(_Add(sub))
 
     def abort(
         self, rid: str, message: str = "client disconnected", status_code: int = CLIENT_GONE_STATUS
@@ -256,6 +365,13 @@ class EngineLoop:
 
     async def acall(self, fn: Callable[[Scheduler], T]) -> T:
         return await asyncio.wrap_future(self.call(fn))
+
+    async def flush_cache(self) -> int | None:
+        """``flush_cache`` between steps: the tokens freed, None while busy."""
+        return await self.acall(flush_cache)
+
+    async def render_metrics(self) -> bytes:
+        return self.metrics.render() if self.metrics is not None else b""
 
     def _push(self, cmd: _Command) -> bool:
         """Queue a command; False once the loop has stopped taking commands."""
@@ -295,21 +411,19 @@ class EngineLoop:
             if self.metrics is not None:
                 self.metrics.sync(sched)
 
-    def _send(self, handle: RequestHandle, item: AdmitResult | TokenDelta) -> None:
+    def _send(self, handle: Subscriber, item: AdmitResult | TokenDelta) -> None:
         self._outbox.append((handle, item))
 
     def _flush(self) -> None:
         if not self._outbox:
             return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, Any]]] = {}
-        for handle, item in self._outbox:
-            by_loop.setdefault(handle._aloop, []).append((handle, item))
-        self._outbox = []
-        for aloop, items in by_loop.items():
-            try:
-                aloop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # the event loop is closed: nobody is listening any more
-                logger.debug("dropped %d events: event loop closed", len(items))
+        posts, self._outbox = self._outbox, []
+        self._sink(posts)
+
+    def _mark_unhealthy(self) -> None:
+        self.healthy = False
+        if self._on_unhealthy is not None:
+            self._on_unhealthy()
 
     def _handle_command(self, cmd: _Command) -> None:
         if isinstance(cmd, _Add):
@@ -325,7 +439,7 @@ class EngineLoop:
             except Exception as e:  # the caller gets the exception, the loop carries on
                 cmd.future.set_exception(e)
 
-    def _admit(self, handle: RequestHandle) -> None:
+    def _admit(self, handle: Subscriber) -> None:
         req = handle.req
         if not self.healthy:
             result = AdmitResult(False, 503, "the engine is unhealthy after an internal error")
@@ -382,7 +496,7 @@ class EngineLoop:
             else:
                 self._send(handle, TokenDelta(list(toks)))
 
-    def _finish(self, handle: RequestHandle, toks: list[int] | None = None) -> None:
+    def _finish(self, handle: Subscriber, toks: list[int] | None = None) -> None:
         req = handle.req
         fin = req.finish
         assert fin is not None, req
@@ -417,7 +531,7 @@ class EngineLoop:
             sched.check_integrity()
         except AssertionError:
             logger.exception("KV bookkeeping is inconsistent after a failed step")
-            self.healthy = False
+            self._mark_unhealthy()
             self._abort_everything(503, "the engine is unhealthy after an internal error")
 
     def _check_idle(self) -> None:
@@ -428,7 +542,7 @@ class EngineLoop:
             sched.check_integrity()
         except AssertionError:
             logger.exception("KV integrity check failed while idle")
-            self.healthy = False
+            self._mark_unhealthy()
 
     def _abort_everything(self, status: int, message: str) -> None:
         sched = self.scheduler
@@ -472,4 +586,14 @@ def finish_info(req: Req, fin: FinishState) -> FinishInfo:
     )
 
 
-__all__ = ["EngineLoop", "FinishInfo", "RequestHandle", "TokenDelta", "discard_request"]
+__all__ = [
+    "Engine",
+    "EngineInfo",
+    "EngineLoop",
+    "FinishInfo",
+    "RequestHandle",
+    "Subscriber",
+    "TokenDelta",
+    "discard_request",
+    "flush_cache",
+]
