@@ -124,7 +124,7 @@ def _check(errors: dict, bounds: dict[str, float]) -> None:
 def test_held_out_concurrency_is_predicted_from_a_fit_on_the_other_runs(path: Path) -> None:
     runs = read_result_file(path)
     train, held = runs[:-1], runs[-1]
-    result = fit(_replays(train), max_iterations=6)
+    result = fit(_replays(train), max_iterations=16)
     # Predict the held-out closed-loop run: 4 clients, not its recorded sends.
     errors = predict(
         build_replay(_without_sends(held), 99, SchedulerConfig(), SIM), result.constants
@@ -133,7 +133,7 @@ def test_held_out_concurrency_is_predicted_from_a_fit_on_the_other_runs(path: Pa
 
 
 def test_fit_with_send_times_matches_every_run_and_finds_the_true_constants() -> None:
-    result = fit(_replays(read_result_file(GUIDELLM)), max_iterations=6)
+    result = fit(_replays(read_result_file(GUIDELLM)), max_iterations=16)
     for e in result.errors:
         for metric in ("ttft_s", "itl_s", "e2e_s"):
             assert abs(e[metric]["error"]["mean"]) < 0.05, e
@@ -219,3 +219,21 @@ def test_a_calibration_document_may_carry_a_step_table(tmp_path: Path) -> None:
     assert isinstance(cost, CalibratedCostModel)
     assert cost.base.request_latency_s == 0.004
     assert cost.table.num_points == 2
+
+
+def test_result_files_may_be_gzipped(tmp_path: Path) -> None:
+    import gzip
+
+    for src in (GUIDELLM, SGLANG):
+        packed = tmp_path / (src.name + ".gz")
+        packed.write_bytes(gzip.compress(src.read_bytes()))
+        runs = read_result_file(packed)
+        assert all(r.path.startswith(str(packed)) for r in runs)
+        plain = read_result_file(src)
+        assert [dataclasses.replace(r, path="") for r in runs] == [
+            dataclasses.replace(r, path="") for r in plain
+        ]
+    broken = tmp_path / "cut.json.gz"
+    broken.write_bytes(gzip.compress(GUIDELLM.read_bytes())[:200])
+    with pytest.raises(ResultFileError, match=r"cut\.json\.gz: cannot read"):
+        read_result_file(broken)

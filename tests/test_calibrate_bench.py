@@ -148,3 +148,26 @@ def test_profile_writes_a_step_table_simulate_accepts(tmp_path: Path) -> None:
         ]
     )
     assert rc == 0
+
+
+def _finished(server: ServerThread) -> float:
+    import httpx
+
+    from radixsched.server.metrics import parse_counter
+
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return parse_counter(text, 'radixsched_requests_finished_total{finish_reason="length"}')
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_the_sweep_first_sends_the_workload_once_unrecorded(
+    server: ServerThread, tmp_path: Path, warmup: bool
+) -> None:
+    out = tmp_path / "sweep.json"
+    before = _finished(server)
+    argv = ["bench", "--url", server.url, "--workload", WORKLOAD, "--sweep", "--quiet"]
+    argv += ["--sweep-rates", "0", "--json", str(out)]
+    assert main(argv + ([] if warmup else ["--no-sweep-warmup"])) == 0
+    stages = [r["stage"] for r in json.loads(out.read_text())["runs"]]
+    assert stages == ["synchronous", "throughput"]
+    assert _finished(server) - before == 8 * (len(stages) + warmup)

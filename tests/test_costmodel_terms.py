@@ -11,11 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radixsched.cli import main
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
+from radixsched.sim.arrivals import scheduler_arrivals
 from radixsched.sim.costmodel import CostModel, CostModelError, load_cost_model, shape_of
 from radixsched.sim.hfconfig import ModelConfigError, load_hf_config, resolve_model
 from radixsched.sim.presets import get_gpu, get_model
@@ -102,6 +105,49 @@ def test_request_latency_is_added_to_ttft_and_e2e_only() -> None:
         ttft = (b.times.first_token or 0) - b.times.arrival
         assert ttft == pytest.approx((a.times.first_token or 0) - a.times.arrival + 0.007)
         assert np.diff(b.times.token_times) == pytest.approx(np.diff(a.times.token_times))
+
+
+def test_scheduler_arrivals_are_spaced_by_the_front_end() -> None:
+    sends = [0.0, 0.0, 0.0, 0.0105, 1.0]
+    assert scheduler_arrivals(sends, 0.001, 0.0) == pytest.approx([0.001] * 3 + [0.0115, 1.001])
+    spaced = scheduler_arrivals(sends, 0.001, 0.004)
+    assert spaced == pytest.approx([0.001, 0.005, 0.009, 0.013, 1.001])
+
+
+@given(
+    st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=30),
+    st.floats(0, 0.01),
+    st.floats(0, 0.01),
+)
+def test_scheduler_arrivals_are_a_single_server_queue(
+    gaps: list[float], latency: float, serial: float
+) -> None:
+    sends = list(itertools.accumulate(gaps))
+    got = scheduler_arrivals(sends, latency, serial)
+    for i, (t, a) in enumerate(zip(sends, got, strict=True)):
+        assert a >= t + latency  # never before it could have got there
+        if i:
+            assert a >= got[i - 1] + serial - 1e-12  # the front end takes one at a time
+            # ... and no later than it must: straight through, or right after the previous
+            assert a == pytest.approx(t + latency) or a == pytest.approx(got[i - 1] + serial)
+
+
+def test_a_closed_loops_clients_sent_together_are_prefilled_first_alone() -> None:
+    """Four clients whose requests finish in one step send again together; the front end
+    hands the first over alone, and it is prefilled before the others arrive (a real server
+    ran prefill batches of 1 then 3, every round). Without a front-end time they arrive
+    together and share one prefill."""
+
+    def second_round(**sim: object) -> list[float]:
+        reqs = [mkreq(f"r{i}", n=1500, out=4) for i in range(8)]
+        done = _run(reqs, max_concurrency=4, **sim)
+        firsts = sorted((r.times.first_token or 0.0) for r in done)
+        return firsts[4:]
+
+    together = second_round()
+    assert len(set(together)) == 1  # one prefill of 4
+    staggered = second_round(request_serial_ms=0.05)
+    assert staggered[0] < staggered[1] == staggered[2] == staggered[3]
 
 
 def _in_flight_max(reqs: list[Req]) -> int:
@@ -281,6 +327,7 @@ def test_every_constant_is_a_flag_recorded_in_the_json(tmp_path: Path) -> None:
         tmp_path,
         *("--mfu", "0.4", "--mbu", "0.7", "--step-overhead-ms", "2", "--sched-per-req-ms", "0.01"),
         *("--request-latency-ms", "3", "--prefill-eff-tokens", "32", "--gpu", "a100"),
+        *("--request-serial-ms", "0.5"),
     )
     c = doc["config"]["cost_model"]
     assert (c["mfu"], c["mbu"], c["step_overhead_s"], c["prefill_eff_tokens"]) == (
@@ -292,6 +339,7 @@ def test_every_constant_is_a_flag_recorded_in_the_json(tmp_path: Path) -> None:
     assert c["sched_per_req_s"] == pytest.approx(1e-5) and c["request_latency_s"] == 0.003
     assert c["gpu"] == "A100-80G" and c["link_bw"] == 300e9
     assert doc["config"]["sim"]["request_latency_ms"] == 3.0
+    assert c["request_serial_s"] == 0.0005 and doc["config"]["sim"]["request_serial_ms"] == 0.5
     # The latency is part of every request's TTFT.
     assert doc["results"][0]["ttft_s"]["p50"] > 0.003
 

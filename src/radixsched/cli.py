@@ -560,6 +560,7 @@ _EXTRA_TERMS = (
     ("sched_per_req_s", "scheduler", 1e3, " ms/entry"),
     ("sched_per_prefill_s", "scheduler", 1e3, " ms/prefill"),
     ("request_latency_s", "request latency", 1e3, " ms"),
+    ("request_serial_s", "front end", 1e3, " ms/request"),
 )
 
 

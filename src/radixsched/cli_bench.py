@@ -119,6 +119,13 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="K",
         help="with --sweep: Poisson rates between synchronous and throughput (default: 3)",
     )
+    sweep.add_argument(
+        "--sweep-warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --sweep: first send the workload once, all at once, unmeasured (the "
+        "engine's first run of a workload's batch shapes is slower than the next; default: on)",
+    )
     p.set_defaults(func=cmd_bench)
     return p
 
@@ -199,7 +206,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.sweep:
-            return _report_sweep(args, cfg, asyncio.run(run_sweep(cfg, between=args.sweep_rates)))
+            return _report_sweep(
+                args,
+                cfg,
+                asyncio.run(run_sweep(cfg, between=args.sweep_rates, warmup=args.sweep_warmup)),
+            )
         result = asyncio.run(run_bench(cfg, workload))
     except BenchError as e:
         print(f"radixsched: error: {e}", file=sys.stderr)

@@ -109,6 +109,14 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     p.add_argument(
+        "--engine-cpus",
+        default=None,
+        metavar="LIST",
+        help="bind the engine process to these CPUs (e.g. 1 or 2-5,7) and the HTTP process to "
+        "the others, so neither takes the other's cores (default: unbound; --threads then "
+        "defaults to their number)",
+    )
+    p.add_argument(
         "--single-process",
         action="store_true",
         help="run the engine on a thread of the server's process (default: a process of its "
@@ -125,6 +133,33 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add_config_args(p, SchedulerConfig, choices=scheduler_choices())
     p.set_defaults(func=cmd_serve)
     return p
+
+
+def engine_cpus(text: str | None, *, single_process: bool) -> tuple[int, ...] | None:
+    """``--engine-cpus``: "1", "0,2", "2-5,7" -> sorted CPU ids this process may use, leaving
+    at least one for the HTTP process."""
+    if text is None:
+        return None
+    if single_process:
+        raise _UsageError(
+            "--engine-cpus needs the engine in its own process (not --single-process)"
+        )
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise _UsageError(f"--engine-cpus: {text!r} is not a CPU list like 1 or 2-5,7") from None
+    usable = set(os.sched_getaffinity(0))
+    if not cpus or not cpus <= usable:
+        raise _UsageError(
+            f"--engine-cpus: {text!r} names CPUs this process may not use "
+            f"(usable: {','.join(map(str, sorted(usable)))})"
+        )
+    if cpus == usable:
+        raise _UsageError("--engine-cpus: leave at least one usable CPU for the HTTP process")
+    return tuple(sorted(cpus))
 
 
 def resolve_api_key(
@@ -209,6 +244,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         print(f"radixsched: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
         return 2
+    try:
+        cpus = engine_cpus(args.engine_cpus, single_process=args.single_process)
+    except _UsageError as e:
+        print(f"radixsched: error: {e}", file=sys.stderr)
+        return 2
     spec = EngineSpec(
         model=args.model,
         config=config,
@@ -217,7 +257,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kv_slots=args.kv_slots,
         kv_cache_mb=args.kv_cache_mb,
         context_len=args.context_len,
-        threads=args.threads or default_threads(),
+        threads=args.threads or (min(len(cpus), 8) if cpus else default_threads()),
+        cpus=cpus,
     )
     engine: Engine | None = None
     try:
@@ -238,8 +279,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             engine.stop()
         print(f"radixsched: error: {e}", file=sys.stderr)
         return 2
+    if cpus:  # the engine has its CPUs; this process (and its threads to come) the others
+        os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - set(cpus))
     app = create_app(engine, served, api_key=api_key, limits=limits, access=access)
     layout = "engine on a thread" if args.single_process else f"engine process {proc.pid}"
+    if cpus:
+        layout += f" on CPUs {','.join(map(str, cpus))}"
     print(
         f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
         f"KV {info.kv_slots:,} tokens, max running {info.max_running_requests}, "

@@ -32,6 +32,7 @@ import gc
 import itertools
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -77,6 +78,8 @@ class EngineSpec:
     kv_cache_mb: float = 256.0
     context_len: int | None = None
     threads: int = 1
+    # CPUs the engine process is bound to (None: wherever the OS puts it).
+    cpus: tuple[int, ...] | None = None
     epoch: float = field(default_factory=time.perf_counter)  # the shared clock's origin
 
 
@@ -218,6 +221,8 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
     the server's process closes the pipe."""
     # Ctrl-C reaches the whole process group; the server's process decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.cpus:  # before any thread starts: threads inherit the binding
+        os.sched_setaffinity(0, spec.cpus)
     out = _Outlet(conn)
     try:
         loop = build_engine_loop(spec, sink=out.posts, on_unhealthy=out.unhealthy)

@@ -9,6 +9,11 @@ change nothing: open-loop arrivals only translate, and a closed-loop client send
 request when it sees the previous one finish, which the server sees ``L`` after that finish
 either way.
 
+Front end ``s`` (``--request-serial-ms``: HTTP parsing and tokenization, one request at a
+time): request ``i`` reaches the scheduler at ``a_i = max(send_i + L, a_(i-1) + s)`` (requests
+in send order), so requests sent together arrive ``s`` apart. With ``s = 0`` that is
+``send_i + L``.
+
 Closed loop (``--max-concurrency N``), as ``sglang.bench_serving --max-concurrency`` and
 GuideLLM's synchronous (``N = 1``) and concurrent modes: requests keep their arrival order and
 arrival times (a rate, trace timestamps, or all at t=0); request ``i`` is sent at
@@ -29,15 +34,26 @@ from radixsched.sim.metrics import TimeSeries
 from radixsched.sim.replicas import Replica, deliver, sample_series, step_earliest
 
 
-def shift_to_scheduler(reqs: Sequence[Req], latency_s: float) -> list[float]:
-    """Move every arrival ``latency_s`` later (to the scheduler); return the send times."""
+def shift_to_scheduler(reqs: Sequence[Req], latency_s: float, serial_s: float = 0.0) -> list[float]:
+    """Move every arrival to when it reaches the scheduler (``reqs`` in send order; module
+    docstring); return the send times."""
     sends = [r.arrival_time for r in reqs]
-    if latency_s > 0:
-        for r in reqs:
-            r.arrival_time += latency_s
-            r.times.arrival = r.arrival_time
-            r.queue_entry_time = r.arrival_time
+    if latency_s > 0 or serial_s > 0:
+        for r, t in zip(reqs, scheduler_arrivals(sends, latency_s, serial_s), strict=True):
+            r.arrival_time = r.times.arrival = r.queue_entry_time = t
     return sends
+
+
+def scheduler_arrivals(sends: Sequence[float], latency_s: float, serial_s: float) -> list[float]:
+    """When requests sent at ``sends`` (in send order) reach the scheduler."""
+    if serial_s <= 0:
+        return [t + latency_s for t in sends]
+    out: list[float] = []
+    last = -math.inf
+    for t in sends:
+        last = max(t + latency_s, last + serial_s)
+        out.append(last)
+    return out
 
 
 def restore_send_times(reqs: Sequence[Req], sends: Sequence[float]) -> None:
@@ -57,10 +73,11 @@ def run_closed_loop(
     *,
     max_concurrency: int,
     latency_s: float,
+    serial_s: float = 0.0,
 ) -> list[float]:
     """Drive the replicas with ``max_concurrency`` closed-loop clients (module docstring).
     ``reqs`` are in arrival order, their ``arrival_time`` the earliest they may be sent.
-    Returns each request's send time; arrivals at the scheduler are ``latency_s`` later."""
+    Returns each request's send time; arrivals at the scheduler follow the front-end rule."""
     if max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {max_concurrency}")
     n = len(reqs)
@@ -68,14 +85,17 @@ def run_closed_loop(
     sends = list(earliest)
     free: list[float] = [0.0] * min(max_concurrency, max(n, 1))  # times slots became free
     in_flight: dict[int, int] = {}  # id(req) -> index, for requests holding a slot
-    last_send = -math.inf
+    last_send = last_arrival = -math.inf
     i = done = 0
+
+    def next_send() -> float:
+        return max(earliest[i], last_send, free[0])
 
     def next_arrival() -> float:
         """When request ``i`` reaches the scheduler, or inf (no request, or no free slot)."""
         if i >= n or not free:
             return math.inf
-        return max(earliest[i], last_send, free[0]) + latency_s
+        return max(next_send() + latency_s, last_arrival + serial_s)
 
     def release(r: Req, t: float) -> None:
         if in_flight.pop(id(r), None) is not None:
@@ -107,9 +127,10 @@ def run_closed_loop(
                 release(r, r.times.finish if r.times.finish is not None else 0.0)
             continue
         req = reqs[i]
-        t_send = ta - latency_s
+        t_send = next_send()
         heapq.heappop(free)
         sends[i] = last_send = t_send
+        last_arrival = ta
         req.arrival_time = ta
         req.times.arrival = ta
         req.queue_entry_time = ta

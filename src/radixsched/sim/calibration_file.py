@@ -9,7 +9,8 @@ Two kinds of file are accepted by ``--calibration``:
      "fitted_on": {"model", "gpu", "tp", "engine", "engine_version", "date",
                    "radixsched_version", "runs": [{"name", "source", "num_requests", ...}]},
      "constants": {"mfu", "mbu", "step_overhead_s", "prefill_eff_tokens", "sched_step_s",
-                   "sched_per_req_s", "request_latency_s"},
+                   "sched_per_req_s", "sched_per_prefill_s", "request_latency_s",
+                   "request_serial_s"},
      "fit": [per-run errors], "rows": [optional step-time table]}
 
   Constants it lacks keep their defaults; flags given on the command line win over it.

@@ -40,6 +40,11 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
 - ``request_latency_s`` (HTTP, tokenization, detokenization, first-chunk flush) is no part of
   a step: the simulator delays each request's arrival at the scheduler by it and reports
   client-side TTFT and E2E (``sim.arrivals``).
+- ``request_serial_s``: the front end handles one request at a time, so requests sent
+  together reach the scheduler that far apart: a closed loop's clients, whose requests all
+  finish in one step, send again together, and the first of them is prefilled alone while the
+  others are still being parsed (measured on ``radixsched serve``: a closed loop of 4 runs
+  prefill batches of 1 then 3, every round; arriving together they would be one batch of 4).
 - Not modelled: activations' memory traffic, sampling, CUDA-graph padding, the LM head being
   run only on the last prefill token, all-reduce overlap with compute.
 
@@ -60,7 +65,8 @@ Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
   (``tests/test_golden.py`` replays them bit for bit). GEMMs below a few hundred rows lose
   tiles and waves; a measured value (``radixsched calibrate`` fits it) is typically tens to a
   few hundred tokens, and 64 would keep 8,192-token chunks within 1% of ``mfu``.
-- ``sched_step_s = sched_per_req_s = sched_per_prefill_s = 0`` and ``request_latency_s = 0``:
+- ``sched_step_s = sched_per_req_s = sched_per_prefill_s = 0``, ``request_latency_s = 0`` and
+  ``request_serial_s = 0``:
   an overlap scheduler hides most CPU time and a client's own latency is unknown; uncalibrated
   predictions are optimistic by those amounts. ``radixsched calibrate`` fits them.
 - ``mem_fraction_static = 0.88``: SGLang's flag: weights plus the KV pool may use this share
@@ -125,6 +131,7 @@ DEFAULT_SCHED_STEP_S = 0.0
 DEFAULT_SCHED_PER_REQ_S = 0.0
 DEFAULT_SCHED_PER_PREFILL_S = 0.0
 DEFAULT_REQUEST_LATENCY_S = 0.0
+DEFAULT_REQUEST_SERIAL_S = 0.0
 
 # Up to this many decode steps, a dense model's step times are a Python loop (cheaper than
 # the arrays' fixed cost); more steps are evaluated on arrays. Both give the same floats.
@@ -248,6 +255,9 @@ class CostModel:
     # Outside the GPU step (HTTP, tokenization, detokenization, first-chunk flush): added to
     # every request's TTFT and E2E by the simulator, not to any step.
     request_latency_s: float = DEFAULT_REQUEST_LATENCY_S
+    # The server's front end (HTTP parsing, tokenization) takes each request for this long, one
+    # at a time: requests reach the scheduler no closer together (``sim.arrivals``).
+    request_serial_s: float = DEFAULT_REQUEST_SERIAL_S
 
     def __post_init__(self) -> None:
         heads = self.model.num_heads
@@ -266,6 +276,7 @@ class CostModel:
             "sched_per_req_s",
             "sched_per_prefill_s",
             "request_latency_s",
+            "request_serial_s",
         ):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
@@ -532,6 +543,7 @@ class CostModel:
             "sched_per_req_s": self.sched_per_req_s,
             "sched_per_prefill_s": self.sched_per_prefill_s,
             "request_latency_s": self.request_latency_s,
+            "request_serial_s": self.request_serial_s,
             "link_bw": self.gpu.link_bw,
             "link_latency_s": self.gpu.link_latency_s,
             "mem_fraction_static": self.mem_fraction_static,
@@ -775,6 +787,7 @@ CONSTANTS: dict[str, float] = {
     "sched_per_req_s": DEFAULT_SCHED_PER_REQ_S,
     "sched_per_prefill_s": DEFAULT_SCHED_PER_PREFILL_S,
     "request_latency_s": DEFAULT_REQUEST_LATENCY_S,
+    "request_serial_s": DEFAULT_REQUEST_SERIAL_S,
 }
 
 
@@ -809,6 +822,7 @@ def load_cost_model(
     sched_per_req_s: float | None = None,
     sched_per_prefill_s: float | None = None,
     request_latency_s: float | None = None,
+    request_serial_s: float | None = None,
     mem_fraction_static: float = DEFAULT_MEM_FRACTION_STATIC,
     max_total_tokens: int | None = None,
     context_length: int | None = None,
@@ -832,6 +846,7 @@ def load_cost_model(
         "sched_per_req_s": sched_per_req_s,
         "sched_per_prefill_s": sched_per_prefill_s,
         "request_latency_s": request_latency_s,
+        "request_serial_s": request_serial_s,
     }
     constants = dict(CONSTANTS)
     if cal is not None:

@@ -492,7 +492,12 @@ def simulate_disaggregated(
         on_progress=on_progress,
     )
     reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
-    sends = shift_to_scheduler(reqs, float(pre_cost.describe().get("request_latency_s", 0.0)))
+    described = pre_cost.describe()
+    sends = shift_to_scheduler(
+        reqs,
+        float(described.get("request_latency_s", 0.0)),
+        float(described.get("request_serial_s", 0.0)),
+    )
     opt = (
         optimal_hit_rate
         if optimal_hit_rate is not None

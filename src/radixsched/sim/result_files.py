@@ -25,6 +25,7 @@ lengths (no shared prefixes): right for their random and ShareGPT datasets.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -288,12 +289,15 @@ def _guidellm_runs(doc: Mapping[str, Any], path: str) -> list[MeasuredRun]:
 def read_result_file(path: str | Path) -> list[MeasuredRun]:
     """Every run in one result file, whatever tool wrote it (detected from its content)."""
     p = Path(path)
+    gz = p.suffix.lower() == ".gz"
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ResultFileError(f"{p}: cannot read: {e.strerror}") from None
+        text = gzip.decompress(p.read_bytes()).decode("utf-8") if gz else p.read_text("utf-8")
+    except OSError as e:  # unreadable, or a .gz that is not gzip (BadGzipFile)
+        raise ResultFileError(f"{p}: cannot read: {e.strerror or e}") from None
+    except (EOFError, UnicodeDecodeError) as e:
+        raise ResultFileError(f"{p}: cannot read: {e}") from None
     doc = None
-    if p.suffix.lower() != ".jsonl":
+    if (p.with_suffix("") if gz else p).suffix.lower() != ".jsonl":
         try:
             doc = json.loads(text)
         except json.JSONDecodeError:

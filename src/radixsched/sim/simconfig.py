@@ -84,6 +84,14 @@ class SimConfig:
             "detokenization), part of TTFT and E2E (default: 0)"
         },
     )
+    request_serial_ms: float | None = field(
+        default=None,
+        metadata={
+            "help": "front-end time per request in ms, one request at a time (HTTP parsing, "
+            "tokenization): requests sent together reach the scheduler this far apart "
+            "(default: 0)"
+        },
+    )
     engine_mode: str = field(
         default="sglang",
         metadata={
@@ -221,6 +229,7 @@ def cost_model_of(cfg: SimConfig) -> Any:
         sched_per_req_s=_ms(cfg.sched_per_req_ms),
         sched_per_prefill_s=_ms(cfg.sched_per_prefill_ms),
         request_latency_s=_ms(cfg.request_latency_ms),
+        request_serial_s=_ms(cfg.request_serial_ms),
         mem_fraction_static=cfg.mem_fraction_static,
         max_total_tokens=cfg.max_total_tokens,
         context_length=cfg.context_length,

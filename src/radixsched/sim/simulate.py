@@ -198,10 +198,11 @@ def simulate(
     capacity = int(cost.kv_capacity_tokens())
     reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
     latency = float(cost.describe().get("request_latency_s", 0.0))
+    serial = float(cost.describe().get("request_serial_s", 0.0))
     closed = sim_cfg.max_concurrency is not None
     if closed and sim_cfg.enable_dp_attention and sim_cfg.dp > 1:
         raise ValueError("--max-concurrency is not supported with --enable-dp-attention")
-    sends = [] if closed else shift_to_scheduler(reqs, latency)
+    sends = [] if closed else shift_to_scheduler(reqs, latency, serial)
     opt = (
         optimal_hit_rate
         if optimal_hit_rate is not None
@@ -257,6 +258,7 @@ def simulate(
             check_integrity,
             max_concurrency=int(sim_cfg.max_concurrency or 1),
             latency_s=latency,
+            serial_s=serial,
         )
     else:
         _run_event_loop(replicas, reqs, router, series, on_progress, check_integrity)
