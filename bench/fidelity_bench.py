@@ -4,8 +4,7 @@ For each model (``tiny-random``, and ``smollm2-135m`` when its GGUF is installed
 ``radixsched serve`` in its own process (one torch thread, so the client and the server each
 have a core), run ``radixsched bench --sweep`` (synchronous, a throughput probe, Poisson
 rates between), ``radixsched calibrate`` on it, then measure held-out runs of the same
-workload (closed loops of 2 and 4 clients, a Poisson rate at 40% between synchronous and
-throughput) and predict them with ``radixsched simulate``, uncalibrated (the CPU preset's
+workload (closed loops of 2 and 4 clients, Poisson arrivals at 3/4 of the synchronous rate) and predict them with ``radixsched simulate``, uncalibrated (the CPU preset's
 defaults) and calibrated. Prints one row per stage and metric: predicted, measured, error.
 Sweep stages show the fit's error; held-out stages are predictions. Each held-out run is
 measured ``--repeat`` times in a row: the measured value is their median, and ``run-to-run``
@@ -38,7 +37,8 @@ from rich.console import Console
 from rich.table import Table
 
 WORKLOADS = {
-    "tiny-random": "shared-prefix:groups=8,prompts=8,system_len=192,question_len=32,output_len=32",
+    # Prefill-heavy, as tests/fidelity.py: the engine, not the client, is the bottleneck.
+    "tiny-random": "shared-prefix:groups=8,prompts=8,system_len=192,question_len=512,output_len=32",
     "smollm2-135m": "shared-prefix:groups=2,prompts=4,system_len=64,question_len=16,output_len=8",
 }
 METRICS = (("ttft_s", "mean"), ("itl_s", "mean"), ("e2e_s", "mean"), ("e2e_s", "p90"))
@@ -136,11 +136,12 @@ def measure(
         ) in (0, 1)
         doc = json.loads(sweep.read_text())
         sync = doc["runs"][0]["results"][0]["throughput"]["requests_per_s"]
-        top = doc["runs"][1]["results"][0]["throughput"]["requests_per_s"]
+        # Poisson at 3/4 of the synchronous rate (about half the capacity), as the test:
+        # nearer saturation identical 64-request runs differ by 20-30%.
         held = {
             "closed loop 2": {"request_rate": math.inf, "max_concurrency": 2},
             "closed loop 4": {"request_rate": math.inf, "max_concurrency": 4},
-            "poisson 40%": {"request_rate": round(sync + 0.4 * (top - sync), 2)},
+            "poisson 3/4 sync": {"request_rate": round(0.75 * sync, 2)},
         }
         measured = {}
         for name, kw in held.items():

@@ -32,10 +32,11 @@ from fidelity import WORKLOAD, failures, held_out_processes, predict_held_out, s
 from radixsched.cli import main
 from radixsched.server.bench import BenchConfig, run_bench
 
-# Opt-in: the bounds hold only where nothing else competes for the CPUs. On a shared 2-core
-# machine two identical runs a minute apart differ by up to 2x, and the held-out errors ranged
-# from -50% to +115% (issue 16's and merge16's reports), so in the default suite it would
-# fail at random. Run it with RADIXSCHED_FIDELITY=1 on a quiet machine; the bounds stay.
+# Opt-in: the bounds hold only where nothing else competes for the CPUs. On the project's
+# shared 2-core VM a fixed CPU task runs up to 72% slower for minutes at a time with nothing
+# else running, and 3 of 10 runs passed every bound (README, "What was measured, and what to
+# expect"), so in the default suite it would fail at random. test_calibrate_recorded replays a
+# recording of it in every run. Run it with RADIXSCHED_FIDELITY=1 on a quiet machine.
 pytestmark = pytest.mark.skipif(
     os.environ.get("RADIXSCHED_FIDELITY") != "1",
     reason="timing-sensitive live fidelity check (serve, bench --sweep, calibrate, predict "
@@ -97,9 +98,9 @@ def server_url() -> Iterator[str]:
 def test_calibrated_simulator_predicts_held_out_runs(server_url: str, tmp_path: Path) -> None:
     # 1. Rounds of the calibrating sweep, then one run of each held-out arrival process. This
     # machine's speed wanders by more than the bounds from one minute to the next (README,
-    # "The noise floor, measured"), so calibration and held-out runs are taken in turns and
-    # each is pooled over the rounds: the fit on every sweep, each statistic of a held-out
-    # process by its median over the rounds (one slow spell cannot move it).
+    # "What was measured, and what to expect"), so calibration and held-out runs are taken in
+    # turns and each is pooled over the rounds: the fit on every sweep, each statistic of a
+    # held-out process by its median over the rounds (one slow spell cannot move it).
     sweeps: list[Path] = []
     held_out: dict[str, dict[str, Any]] = {}
     measured: dict[str, list[dict[str, float]]] = {}

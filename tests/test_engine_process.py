@@ -9,6 +9,7 @@ failure as unhealthy, so ``/health`` answering 200 after a scenario is that chec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -264,3 +265,44 @@ def test_serve_names_a_model_it_cannot_load_and_exits_2() -> None:
     )
     assert out.returncode == 2
     assert "radixsched: error: unknown model 'no-such-model'" in out.stderr
+
+
+def test_the_engine_process_runs_on_the_cpus_it_is_given() -> None:
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        pytest.skip("needs 2 usable CPUs (one for the engine, one for the server)")
+    engine = EngineProcess(dataclasses.replace(SPEC, cpus=(usable[-1],)))
+    try:
+        engine.launch()
+        assert engine.pid is not None
+        assert os.sched_getaffinity(engine.pid) == {usable[-1]}
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "single", "match"),
+    [
+        ("x", False, "not a CPU list"),
+        ("99999", False, "names CPUs this process may not use"),
+        ("0-99999", False, "names CPUs this process may not use"),
+        ("0", True, "needs the engine in its own process"),
+    ],
+)
+def test_engine_cpus_are_checked(text: str, single: bool, match: str) -> None:
+    from radixsched.cli_serve import _UsageError, engine_cpus
+
+    with pytest.raises(_UsageError, match=match):
+        engine_cpus(text, single_process=single)
+
+
+def test_engine_cpus_leave_the_server_a_cpu() -> None:
+    from radixsched.cli_serve import _UsageError, engine_cpus
+
+    usable = sorted(os.sched_getaffinity(0))
+    spec = ",".join(map(str, usable))
+    with pytest.raises(_UsageError, match="leave at least one"):
+        engine_cpus(spec, single_process=False)
+    if len(usable) >= 2:
+        assert engine_cpus(str(usable[-1]), single_process=False) == (usable[-1],)
+        assert engine_cpus(f" {usable[0]}", single_process=False) == (usable[0],)
