@@ -106,6 +106,7 @@ if TYPE_CHECKING:
     from radixsched.clock import WallClock
     from radixsched.config import SchedulerConfig
     from radixsched.engine.loader import LoadedModel, LoadedTokenizer
+    from radixsched.engine.runner import TorchRunner
     from radixsched.engine.tokenizer import ChatTemplate, Tokenizer
     from radixsched.runner import ModelRunner
 
@@ -1097,16 +1098,9 @@ def engine_for_model(
 
     KV pool: ``kv_slots`` tokens, else as many as fit in ``kv_cache_mb`` (at most
     ``MAX_DEFAULT_KV_SLOTS``)."""
-    from radixsched.engine.runner import TorchRunner
-
     if kv_slots is None:
-        by_bytes = TorchRunner.kv_slots_for_bytes(loaded, int(kv_cache_mb * 2**20))
-        kv_slots = min(by_bytes, MAX_DEFAULT_KV_SLOTS)
-    page = config.page_size
-    # The allocator hands out slots 1 .. (kv_slots // page + 1) * page - 1 (page 0 reserved).
-    runner = TorchRunner(
-        loaded, (kv_slots // page + 1) * page - 1, seed=seed, max_context_len=context_len
-    )
+        kv_slots = default_kv_slots(loaded, kv_cache_mb)
+    runner = torch_runner(loaded, config, kv_slots, context_len=context_len, seed=seed)
     engine = engine_for_runner(
         runner, config, kv_slots=kv_slots, context_len=runner.max_context_len
     )
@@ -1120,6 +1114,32 @@ def engine_for_model(
 
 
 MAX_DEFAULT_KV_SLOTS = 1 << 17
+
+
+def default_kv_slots(loaded: LoadedModel, kv_cache_mb: float) -> int:
+    """KV pool tokens that fit in ``kv_cache_mb``, at most ``MAX_DEFAULT_KV_SLOTS``."""
+    from radixsched.engine.runner import TorchRunner
+
+    return min(
+        TorchRunner.kv_slots_for_bytes(loaded, int(kv_cache_mb * 2**20)), MAX_DEFAULT_KV_SLOTS
+    )
+
+
+def torch_runner(
+    loaded: LoadedModel,
+    config: SchedulerConfig,
+    kv_slots: int,
+    *,
+    context_len: int | None,
+    seed: int,
+) -> TorchRunner:
+    """The model's runner over a pool for ``kv_slots`` scheduler slots: the allocator hands out
+    slots 1 .. (kv_slots // page + 1) * page - 1 (page 0 reserved)."""
+    from radixsched.engine.runner import TorchRunner
+
+    page = config.page_size
+    pool = (kv_slots // page + 1) * page - 1
+    return TorchRunner(loaded, pool, seed=seed, max_context_len=context_len)
 
 
 def engine_for_runner(

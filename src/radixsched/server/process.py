@@ -285,26 +285,15 @@ def build_engine_loop(
     import torch
 
     from radixsched.engine.loader import load_model
-    from radixsched.engine.runner import TorchRunner
-    from radixsched.server.app import MAX_DEFAULT_KV_SLOTS, engine_for_runner
+    from radixsched.server.app import default_kv_slots, engine_for_runner, torch_runner
 
     torch.set_num_threads(spec.threads)
     config = spec.config
     loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, seed=config.seed)
-    kv_slots = spec.kv_slots
-    if kv_slots is None:
-        by_bytes = TorchRunner.kv_slots_for_bytes(loaded, int(spec.kv_cache_mb * 2**20))
-        kv_slots = min(by_bytes, MAX_DEFAULT_KV_SLOTS)
+    kv_slots = spec.kv_slots or default_kv_slots(loaded, spec.kv_cache_mb)
     if config.max_running_requests is None and kv_slots // MIN_TOKENS_PER_RUNNING < 2048:
         config = config.replace(max_running_requests=max(1, kv_slots // MIN_TOKENS_PER_RUNNING))
-    page = config.page_size
-    # The allocator hands out slots 1 .. (kv_slots // page + 1) * page - 1 (page 0 reserved).
-    runner = TorchRunner(
-        loaded,
-        (kv_slots // page + 1) * page - 1,
-        seed=config.seed,
-        max_context_len=spec.context_len,
-    )
+    runner = torch_runner(loaded, config, kv_slots, context_len=spec.context_len, seed=config.seed)
     kw: dict[str, Any] = {"on_unhealthy": on_unhealthy}
     if sink is not None:
         kw["sink"] = sink
