@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +35,9 @@ from radixsched.config import SchedulerConfig, add_config_args
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from radixsched.sim.policy_runs import PolicyOutcome
     from radixsched.sim.runconfig import RunSettings
-    from radixsched.sim.simulate import SimRun
+    from radixsched.sim.table import Runtime
     from radixsched.sim.workloads import Workload
 
 # Exit statuses: 0 ok; 1 a policy served no request; 2 a usage error (nothing was run).
@@ -158,6 +160,15 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
         "needs pyarrow)",
     )
     out.add_argument("--quiet", action="store_true", default=None, help="no progress bars")
+    run.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="policies simulated at once, each in a process of its own (forked after the "
+        "load; the same results as one at a time). Default: one per CPU, at most one per "
+        "policy; 1 runs them in this process",
+    )
     add_config_args(
         p,
         SchedulerConfig,
@@ -225,6 +236,7 @@ _OWN_FLAGS = (
     "report",
     "requests_csv",
     "quiet",
+    "jobs",
 )
 
 
@@ -299,11 +311,15 @@ def _settings(args: argparse.Namespace) -> tuple[RunSettings, list[str]]:
     return rs, policies
 
 
-def _output_errors(rs: RunSettings) -> list[str]:
+def _cli_errors(rs: RunSettings) -> list[str]:
+    """Problems of simulate's own settings: output paths, ``jobs``."""
     from radixsched.sim.runconfig import OUTPUT_KEYS, check_output_path
     from radixsched.sim.table import is_parquet, parquet_available
 
     errors = []
+    jobs = rs.cli.get("jobs")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        errors.append(f"jobs must be a positive integer, got {jobs!r}")
     for key in OUTPUT_KEYS:
         path = rs.cli.get(key)
         if path is None:
@@ -336,16 +352,20 @@ def _console() -> Console:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from concurrent.futures.process import BrokenProcessPool
+
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from radixsched.sim.heap import tune_heap
+    from radixsched.sim.policy_runs import PolicyFailed, PolicyRuns, default_jobs, run_policies
     from radixsched.sim.runconfig import check
-    from radixsched.sim.simulate import SimConfig, build_cost_model, simulate
+    from radixsched.sim.simulate import SimConfig, build_cost_model
+    from radixsched.sim.table import Runtime
     from radixsched.sim.workloads import WorkloadError, load_workload, optimal_hit_rate
 
     meta = run_metadata(getattr(args, "_argv", None))
     rs, policies = _settings(args)
-    errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _output_errors(rs)
+    errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _cli_errors(rs)
     if errors:
         raise CliError("\n".join(errors))
     base = rs.scheduler_config()
@@ -373,7 +393,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload_info = _workload_info(spec, workload, rs, opt)
     for line in _header(meta, workload, workload_info, config_info):
         console.print(line, highlight=False)
-    runs: list[SimRun] = []
     progress = Progress(
         TextColumn("[bold]{task.description:<24}"),
         BarColumn(),
@@ -383,47 +402,37 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         disable=quiet,
         transient=False,
     )
-    with progress:
-        for name in policies:
-            cfg = dataclasses.replace(base, schedule_policy=name)
-            task = progress.add_task(name, total=len(workload.requests))
+    tasks = [progress.add_task(name, total=len(workload.requests)) for name in policies]
 
-            def on_progress(done: int, total: int, task: Any = task) -> None:
-                progress.update(task, completed=done)
+    def on_progress(i: int, done: int, total: int) -> None:
+        progress.update(tasks[i], completed=done)
 
-            try:
-                run = simulate(
-                    workload, cfg, sim_cfg, on_progress=on_progress, optimal_hit_rate=opt
-                )
-            except ValueError as e:  # a combination only the run itself rejects
-                raise CliError(f"{name}: {e}") from e
-            if slo.active:
-                run = _with_slo(run, slo)
-            runs.append(run)
-    return _finish(runs, console, rs, meta, workload_info, config_info, slo)
-
-
-def _with_slo(run: SimRun, slo: Any) -> SimRun:
-    from radixsched.sim.metrics import slo_result
-
-    r = run.result
-    return dataclasses.replace(
-        run, result=dataclasses.replace(r, slo=slo_result(run.requests, slo, r.makespan_s))
-    )
+    runs = PolicyRuns(workload, base, sim_cfg, opt, slo, keep_rows=bool(rs.cli.get("requests_csv")))
+    jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
+    start = time.perf_counter()
+    try:
+        outcomes = run_policies(runs, policies, jobs, on_progress, display=progress)
+    except PolicyFailed as e:  # a combination only the run itself rejects
+        raise CliError(str(e)) from e
+    except BrokenProcessPool as e:
+        raise CliError(f"a simulation process died ({e}); try --jobs 1") from e
+    elapsed = time.perf_counter() - start
+    runtime = Runtime(elapsed, min(jobs, len(policies)))
+    return _finish(outcomes, console, rs, meta, workload_info, config_info, slo, runtime)
 
 
 def _finish(
-    runs: Sequence[SimRun],
+    runs: Sequence[PolicyOutcome],
     console: Console,
     rs: RunSettings,
     meta: Mapping[str, Any],
     workload_info: Mapping[str, Any],
     config_info: Mapping[str, Any],
     slo: Any,
+    runtime: Runtime,
 ) -> int:
     from rich.console import Console
 
-    from radixsched.sim.metrics import failure_summary, request_rows
     from radixsched.sim.table import (
         load_warnings,
         render_comparison,
@@ -434,8 +443,8 @@ def _finish(
     )
 
     results = [r.result for r in runs]
-    render_comparison(results, console)
-    reasons = {r.result.policy: failure_summary(r.requests) for r in runs}
+    render_comparison(results, console, runtime=runtime)
+    reasons = {r.result.policy: r.failures for r in runs}
     nothing = served_nothing_lines(results, reasons)
     warnings = load_warnings(results)
     err = Console(stderr=True, width=console.width, highlight=False)
@@ -449,11 +458,7 @@ def _finish(
         write_csv(results, outputs["csv"])
         console.print(f"wrote {outputs['csv']}", highlight=False)
     if outputs.get("requests_csv"):
-        rows = [
-            row
-            for run in runs
-            for row in request_rows(run.result.policy, run.requests, run.replica_of, slo)
-        ]
+        rows = [row for run in runs for row in run.rows or []]
         write_requests(outputs["requests_csv"], rows)
         console.print(f"wrote {outputs['requests_csv']} ({len(rows):,} rows)", highlight=False)
     if outputs.get("report"):

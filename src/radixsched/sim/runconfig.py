@@ -11,7 +11,7 @@ prefixed to be explicit:
 - SLO (``slo.``): ``slo_ttft_ms``, ``slo_tpot_ms``;
 - ``simulate`` only (a sweep varies ``schedule_policy`` and writes its own files):
   ``policy`` (a list or comma-separated names, or ``all``), ``json``, ``csv``, ``report``,
-  ``requests_csv``, ``quiet``.
+  ``requests_csv``, ``quiet``, ``jobs``.
 
 Arrivals follow one rule everywhere (``RATE_RULE``). ``engine_mode`` (``sim.engine_modes``)
 supplies the scheduler settings a run does not give. ``check`` validates a resolved run
@@ -43,7 +43,7 @@ RATE_RULE = (
 WORKLOAD_KEYS = ("workload", "request_rate", "num_requests", "workload_seed")
 SLO_KEYS = ("slo_ttft_ms", "slo_tpot_ms")
 # Output and selection keys only ``simulate`` takes.
-CLI_KEYS = ("policy", "json", "csv", "report", "requests_csv", "quiet")
+CLI_KEYS = ("policy", "json", "csv", "report", "requests_csv", "quiet", "jobs")
 OUTPUT_KEYS = ("json", "csv", "report", "requests_csv")
 
 

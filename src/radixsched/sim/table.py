@@ -758,16 +758,38 @@ def legend_line(cols: Sequence[Column], results: Sequence[PolicyResult]) -> str:
     return "; ".join(parts) + "."
 
 
+class Runtime(NamedTuple):
+    """How long the runs of one command took together, and in how many processes."""
+
+    elapsed_s: float
+    processes: int
+
+
+def runtime_line(results: Sequence[PolicyResult], runtime: Runtime | None = None) -> str:
+    """The simulator's own runtime: each run's event loop, and the real time of them all
+    (their sum when they ran one after another)."""
+    per = ", ".join(f"{r.policy} {r.wall_s:.2f} s" for r in results)
+    if runtime is None or runtime.processes <= 1:
+        total = sum(r.wall_s for r in results)
+        return f"Simulator runtime (real time): {total:.2f} s ({per})"
+    return (
+        f"Simulator runtime (real time): {runtime.elapsed_s:.2f} s for {len(results)} policies "
+        f"in {runtime.processes} processes ({per})"
+    )
+
+
 def render_comparison(
     results: Sequence[PolicyResult],
     console: Console,
     *,
     title: str | None = None,
     show_wall: bool = True,
+    runtime: Runtime | None = None,
 ) -> Recommendation:
     """Print the comparison as one table that fits the console (the least important columns
-    dropped on a narrow one, and named), a legend line, the simulator's own runtime once, and
-    the written recommendation; returns the recommendation."""
+    dropped on a narrow one, and named), a legend line, the simulator's own runtime once
+    (``runtime``: the runs' real time, when they ran side by side), and the written
+    recommendation; returns the recommendation."""
     from rich import box
     from rich.table import Table
 
@@ -802,11 +824,7 @@ def render_comparison(
         legend += f" Not shown at this width: {', '.join(c.header for c in dropped)} (see --json)."
     console.print(_rich_escape(legend), style="dim")
     if show_wall and results:
-        total = sum(r.wall_s for r in results)
-        per = ", ".join(f"{r.policy} {r.wall_s:.2f} s" for r in results)
-        console.print(
-            _rich_escape(f"Simulator runtime (real time): {total:.2f} s ({per})"), style="dim"
-        )
+        console.print(_rich_escape(runtime_line(results, runtime)), style="dim")
     rec = recommend(results)
     for line in rec.lines():
         console.print(_rich_escape(line))

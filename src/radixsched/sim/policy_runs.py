@@ -1,0 +1,205 @@
+"""Every policy of one ``simulate`` command over the workload it loaded once, several at a time
+in processes of their own (``--jobs``).
+
+Each simulation is single-threaded and independent of the others, so a comparison of N
+policies on a machine with N cores takes about as long as one. Workers are forked after the
+load: they inherit the workload (its prompt arrays are never written, so their pages stay
+shared) instead of receiving a pickled copy, and each sends back only what the command prints
+and writes (``PolicyOutcome``: the result, its series, the failure summary and, when asked, the
+per-request rows), never its requests. A run's results do not depend on the process it ran in
+or on the other runs: any ``jobs`` gives the same outcomes as 1 (``tests/test_policy_runs.py``);
+only the wall times differ. Where processes cannot fork (macOS and Windows start them afresh,
+which would rebuild or pickle the workload), the policies run one after another in this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import multiprocessing
+import os
+import queue as queue_mod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from radixsched.config import SchedulerConfig
+from radixsched.sim.metrics import (
+    PolicyResult,
+    RequestRow,
+    SloTargets,
+    TimeSeries,
+    failure_summary,
+    request_rows,
+    slo_result,
+)
+from radixsched.sim.simconfig import SimConfig
+from radixsched.sim.simulate import SimRun, simulate
+from radixsched.sim.workloads import Workload
+
+# (policy index, requests done, requests in all): how a run reports its progress.
+Progress = Callable[[int, int, int], None]
+# A worker reports at most this many times per run (each report crosses a pipe).
+REPORTS_PER_RUN = 100
+
+
+@dataclass
+class PolicyOutcome:
+    """What the command reads of one policy's run."""
+
+    result: PolicyResult
+    series: TimeSeries
+    ttft_s: np.ndarray
+    failures: str  # ``failure_summary`` of its requests ("" when none failed)
+    rows: list[RequestRow] | None  # ``request_rows``, when the command writes them
+
+
+@dataclass(frozen=True)
+class PolicyRuns:
+    """One workload, the settings every run shares, and what to keep of each run."""
+
+    workload: Workload
+    base: SchedulerConfig
+    sim: SimConfig
+    optimal_hit_rate: float
+    slo: SloTargets
+    keep_rows: bool  # compute the per-request rows (``--requests-csv``)
+
+    def run(self, policy: str, report: Callable[[int, int], None] | None) -> PolicyOutcome:
+        """Simulate ``policy``. A setting only the run itself rejects raises ``ValueError``."""
+        cfg = dataclasses.replace(self.base, schedule_policy=policy)
+        run = simulate(
+            self.workload, cfg, self.sim, on_progress=report, optimal_hit_rate=self.optimal_hit_rate
+        )
+        return self._outcome(run)
+
+    def _outcome(self, run: SimRun) -> PolicyOutcome:
+        result = run.result
+        if self.slo.active:
+            result = dataclasses.replace(
+                result, slo=slo_result(run.requests, self.slo, result.makespan_s)
+            )
+        rows = None
+        if self.keep_rows:
+            rows = request_rows(result.policy, run.requests, run.replica_of, self.slo)
+        return PolicyOutcome(result, run.series, run.ttft_s, failure_summary(run.requests), rows)
+
+
+def default_jobs(num_policies: int) -> int:
+    """One process per CPU this process may run on, at most one per policy; 1 where processes
+    cannot fork."""
+    if not can_fork():
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(num_policies, cpus or 1))
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+class PolicyFailed(Exception):
+    """A run rejected its settings (the ``ValueError`` of ``PolicyRuns.run``), naming the
+    policy."""
+
+    def __init__(self, policy: str, message: str) -> None:
+        super().__init__(policy, message)
+        self.policy = policy
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.policy}: {self.message}"
+
+
+def run_policies(
+    runs: PolicyRuns,
+    policies: Sequence[str],
+    jobs: int,
+    progress: Progress | None = None,
+    display: AbstractContextManager[Any] | None = None,
+) -> list[PolicyOutcome]:
+    """Each policy's outcome, in the order given. ``display`` (a progress display) is entered
+    once the workers exist: a process must not fork while a display's thread runs."""
+    shown = display if display is not None else nullcontext()
+    if jobs <= 1 or len(policies) <= 1 or not can_fork():
+        with shown:
+            return [_run_here(runs, i, p, progress) for i, p in enumerate(policies)]
+    ctx = multiprocessing.get_context("fork")
+    reports: multiprocessing.Queue[tuple[int, int, int]] = ctx.Queue()
+    _INHERITED.update(runs=runs, policies=list(policies), reports=reports)
+    # Objects that exist before the fork are left out of the workers' collections: a
+    # collection writes to every object it visits, which would copy each inherited page.
+    # (A caller's own frozen heap stays frozen.)
+    thaw = gc.get_freeze_count() == 0
+    gc.freeze()
+    pool = ProcessPoolExecutor(min(jobs, len(policies)), mp_context=ctx)
+    ended = False
+    try:
+        futures = [pool.submit(_work, i) for i in range(len(policies))]  # forks the workers
+        with shown:
+            _relay(futures, reports, progress, len(runs.workload.requests))
+        outcomes = [f.result() for f in futures]
+        ended = True
+        return outcomes
+    finally:
+        # A failed run or an interrupt: the policies not yet started never start (a Ctrl-C
+        # reaches the workers too and ends the runs under way).
+        pool.shutdown(wait=ended, cancel_futures=not ended)
+        if thaw:
+            gc.unfreeze()
+        _INHERITED.clear()
+
+
+def _run_here(runs: PolicyRuns, i: int, policy: str, progress: Progress | None) -> PolicyOutcome:
+    report = None if progress is None else (lambda done, total: progress(i, done, total))
+    try:
+        return runs.run(policy, report)
+    except ValueError as e:
+        raise PolicyFailed(policy, str(e)) from e
+
+
+# What forked workers inherit from the parent: set just before the pool forks them.
+_INHERITED: dict[str, Any] = {}
+
+
+def _work(i: int) -> PolicyOutcome:
+    """Run policy ``i`` in a worker, reporting progress through the inherited queue."""
+    runs: PolicyRuns = _INHERITED["runs"]
+    reports: multiprocessing.Queue[tuple[int, int, int]] = _INHERITED["reports"]
+    last = [0]
+
+    def progress(_: int, done: int, total: int) -> None:
+        if done == total or done - last[0] >= max(total // REPORTS_PER_RUN, 1):
+            last[0] = done
+            reports.put((i, done, total))
+
+    return _run_here(runs, i, _INHERITED["policies"][i], progress)
+
+
+def _relay(
+    futures: list[Future[PolicyOutcome]],
+    reports: multiprocessing.Queue[tuple[int, int, int]],
+    progress: Progress | None,
+    total: int,
+) -> None:
+    """Pass the workers' progress reports on until every run has ended well, or one failed; a
+    run that ended well is shown complete (its last report may still be in the pipe)."""
+    shown_done: set[int] = set()
+    while len(shown_done) < len(futures):
+        try:
+            i, done, of = reports.get(timeout=0.1)
+            if progress is not None and i not in shown_done:
+                progress(i, done, of)
+        except queue_mod.Empty:
+            pass
+        for i, f in enumerate(futures):
+            if f.done() and i not in shown_done:
+                if f.exception() is not None:
+                    return  # the command fails: no need to wait for the others
+                shown_done.add(i)
+                if progress is not None:
+                    progress(i, total, total)
