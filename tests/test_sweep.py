@@ -3,6 +3,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,47 @@ def test_local_processes_match_in_process(serial_rows: list[dict[str, Any]]) -> 
         SweepConfig.from_mapping(SMALL), run_fn=simulate_point, executor=LocalExecutor(2)
     )
     assert res.rows() == serial_rows
+
+
+def test_points_on_one_workload_load_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixsched.sim import sweep, workloads
+
+    loads: list[str] = []
+    real = workloads.load_workload
+
+    def counting(spec: str, **kw: Any) -> Any:
+        loads.append(spec)
+        return real(spec, **kw)
+
+    monkeypatch.setattr(workloads, "load_workload", counting)
+    monkeypatch.setattr(sweep, "_last_workload", None)
+
+    def run(point: dict[str, Any]) -> dict[str, Any]:
+        row = dict(simulate_point(point))
+        del row["wall_s"], row["requests_per_wall_s"]  # real time
+        return row
+
+    points = [dict(TINY, schedule_policy=p) for p in ("fcfs", "lpm", "fcfs")]
+    rows = [run(p) for p in points]
+    assert len(loads) == 1
+    assert rows[0] == rows[2]
+    monkeypatch.setattr(sweep, "_last_workload", None)
+    assert run(points[1]) == rows[1]  # a reused workload gives the run a fresh one gives
+    run(dict(TINY, request_rate=60))  # other arrivals: another workload
+    assert len(loads) == 3
+    # A trace file changed on disk is read again.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"input_length": 40, "output_length": 4}\n')
+    point = dict(TINY, workload=f"jsonl:{trace}")
+    run(point)
+    run(point)
+    assert len(loads) == 4
+    trace.write_text('{"input_length": 50, "output_length": 4}\n')
+    os.utime(trace, ns=(0, 10**9))
+    assert run(point)["num_requests"] == 1
+    assert len(loads) == 5
 
 
 def test_ray_matches_local(serial_rows: list[dict[str, Any]]) -> None:

@@ -331,6 +331,20 @@ def validate_points(
     raise SweepError("\n".join(lines))
 
 
+# The workload (with its optimal hit rate) of the last point this process ran: the next point
+# with the same workload settings reuses it (``simulate`` never changes a workload). A sweep's
+# points vary their last key fastest, so a worker often runs several on one workload.
+_last_workload: tuple[tuple[Any, ...], Any, float] | None = None
+
+
+def _trace_version(spec: str) -> int | None:
+    """The modification time of the trace file ``spec`` reads (None: a generated workload)."""
+    from radixsched.sim.workloads import parse_workload_spec
+
+    kind, params = parse_workload_spec(spec)
+    return Path(params["path"]).stat().st_mtime_ns if kind.is_trace else None
+
+
 def simulate_point(settings: Settings) -> Metrics:
     """The default run function: one simulation, its ``PolicyResult`` flattened (with SLO
     attainment when the point sets SLO targets)."""
@@ -338,19 +352,22 @@ def simulate_point(settings: Settings) -> Metrics:
     from radixsched.sim.metrics import SloTargets, slo_result
     from radixsched.sim.simulate import simulate
     from radixsched.sim.table import flatten_result
-    from radixsched.sim.workloads import load_workload
+    from radixsched.sim.workloads import load_workload, optimal_hit_rate
 
+    global _last_workload
     r = resolve_settings(settings)
     sched = r.scheduler_config()
     sim = r.sim_config()
     wl = r.workload
-    workload = load_workload(
-        wl.spec or DEFAULT_WORKLOAD,
-        request_rate=wl.request_rate,
-        num_requests=wl.num_requests,
-        seed=sched.seed if wl.seed is None else wl.seed,
-    )
-    run = simulate(workload, sched, sim)
+    seed = sched.seed if wl.seed is None else wl.seed
+    key: tuple[Any, ...] = (wl.spec or DEFAULT_WORKLOAD, wl.request_rate, wl.num_requests, seed)
+    key += (sched.page_size, _trace_version(key[0]))
+    if _last_workload is None or _last_workload[0] != key:
+        _last_workload = None  # the previous one is freed before the next is built
+        workload = load_workload(key[0], request_rate=key[1], num_requests=key[2], seed=key[3])
+        _last_workload = (key, workload, optimal_hit_rate(workload.requests, sched.page_size))
+    _, workload, optimal = _last_workload
+    run = simulate(workload, sched, sim, optimal_hit_rate=optimal)
     result = run.result
     slo = SloTargets(
         None if r.slo_ttft_ms is None else r.slo_ttft_ms / 1e3,
