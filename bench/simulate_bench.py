@@ -19,8 +19,11 @@ per policy, the 3x trace at most 4 s and under 1 GB peak RSS; over 10 s is a def
 runs ``--repeat`` times; the fastest counts (noise on a shared machine only adds time) and the
 slowest is shown beside it. The machine's load is printed with the numbers.
 
+``--together`` also times one command with every selected policy on each trace, ``--jobs 1``
+(one after another) against the default (side by side in forked workers, one per CPU).
+
 Run: ``.venv/bin/python bench/simulate_bench.py [--traces synthetic,shared-first-block,3x-shared]
-[--policies P,P|all] [--repeat N] [--lengths-only] [--json PATH]``. Without the full trace
+[--policies P,P|all] [--repeat N] [--lengths-only] [--together] [--json PATH]``. Without the full trace
 (``/work/shared/data/mooncake/synthetic_trace.jsonl``, or ``--trace``) the 200-request sample in
 ``tests/data`` stands in, with a note: its numbers are not comparable with the goals.
 
@@ -143,14 +146,20 @@ def _byte_compile(trees: list[Path]) -> None:
 
 
 def _run(
-    kind: str, path: Path, policy: str, tmp: Path, src: Path | None = None
+    kind: str,
+    path: Path,
+    policy: str,
+    tmp: Path,
+    src: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> tuple[float, float, float, dict[str, object]]:
-    """(wall s, CPU s, peak RSS MB, the JSON result) of one ``radixsched simulate`` process
-    (of the source tree ``src`` when given, else the installed package)."""
+    """(wall s, CPU s, peak RSS MB, the JSON result of the first policy) of one ``radixsched
+    simulate`` process (of the source tree ``src`` when given, else the installed package);
+    ``policy`` may list several."""
     out = tmp / "result.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "radixsched.cli", "simulate", "--workload", f"{kind}:{path}",
-           "--policy", policy, "--json", str(out)]  # fmt: skip
+           "--policy", policy, "--json", str(out), *extra]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(src)) if src is not None else None
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -198,6 +207,29 @@ def measure(
         baseline_sim_s=min(base_sims) if base_sims else None,
         baseline_cpu_s=min(base_cpus) if base_cpus else None,
     )
+
+
+@dataclass
+class Together:
+    trace: str
+    policies: int
+    one_by_one_s: float  # --jobs 1: the policies one after another in one process
+    side_by_side_s: float  # the default --jobs: one forked process per CPU
+    jobs: int
+
+
+def measure_together(
+    name: str, kind: str, path: Path, policies: list[str], repeat: int
+) -> Together:
+    """One command with every policy: ``--jobs 1`` against the default, alternating runs."""
+    from radixsched.sim.policy_runs import default_jobs
+
+    one, side = [], []
+    with tempfile.TemporaryDirectory() as d:
+        for _ in range(max(repeat, 1)):
+            one.append(_run(kind, path, ",".join(policies), Path(d), extra=("--jobs", "1"))[0])
+            side.append(_run(kind, path, ",".join(policies), Path(d))[0])
+    return Together(name, len(policies), min(one), min(side), default_jobs(len(policies)))
 
 
 # ---- table ----------------------------------------------------------------------------------------
@@ -262,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=3, help="fresh processes per cell (fastest counts)"
     )
     p.add_argument("--lengths-only", action="store_true", help="add the lengths-only trace")
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="also time one command with every policy: --jobs 1 against the default",
+    )
     p.add_argument("--json", dest="json_path", type=Path, default=None)
     p.add_argument(
         "--baseline",
@@ -300,12 +337,20 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"  {name} {policy}: {cell.wall_s:.2f} s (slowest "
                               f"{cell.slowest_s:.2f}), CPU {cell.cpu_s:.2f} s, "
                               f"{cell.peak_rss_mb:,.0f} MB{base}")  # fmt: skip
+        together = []
+        for name in names if args.together and len(policies) > 1 else []:
+            kind, path = traces[name]
+            together.append(measure_together(name, kind, path, policies, args.repeat))
     load1 = os.getloadavg()
     console.print(table(cells, full))
+    for t in together:
+        console.print(f"{t.trace}, all {t.policies} policies in one command: {t.one_by_one_s:.2f} s "
+                      f"one after another (--jobs 1), {t.side_by_side_s:.2f} s side by side "
+                      f"(--jobs {t.jobs}): {t.one_by_one_s / t.side_by_side_s:.2f}x")  # fmt: skip
     console.print(f"load average after: {load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f}")
     if args.json_path is not None:
         doc = {"cores": cores, "load_before": load0, "load_after": load1,
-               "cells": [asdict(c) for c in cells]}  # fmt: skip
+               "cells": [asdict(c) for c in cells], "together": [asdict(t) for t in together]}  # fmt: skip
         args.json_path.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
