@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
+import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,27 @@ def test_a_rejected_run_names_its_policy(jobs: int) -> None:
     with pytest.raises(PolicyFailed) as e:
         run_policies(runs, ["fcfs", "lpm"], jobs=jobs)
     assert (e.value.policy, str(e.value)) == ("lpm", "lpm: not with these settings")
+
+
+class _SlowOrRejects(PolicyRuns):
+    def run(self, policy: str, report: Any) -> PolicyOutcome:
+        if policy == "lpm":
+            raise ValueError("not with these settings")
+        time.sleep(60)
+        raise AssertionError("a failed command let its other runs go on")
+
+
+@needs_fork
+def test_a_failed_run_ends_the_runs_under_way() -> None:
+    base = _runs()
+    runs = _SlowOrRejects(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+    before = {p.pid for p in multiprocessing.active_children()}
+    start = time.monotonic()
+    with pytest.raises(PolicyFailed):
+        run_policies(runs, ["fcfs", "lpm", "hrrn"], jobs=2)
+    assert time.monotonic() - start < 20
+    time.sleep(0.2)
+    assert {p.pid for p in multiprocessing.active_children()} <= before  # none left running
 
 
 class _Dies(PolicyRuns):

@@ -136,18 +136,25 @@ def run_policies(
     # (A caller's own frozen heap stays frozen.)
     thaw = gc.get_freeze_count() == 0
     gc.freeze()
+    others = {p.pid for p in multiprocessing.active_children()}
     pool = ProcessPoolExecutor(min(jobs, len(policies)), mp_context=ctx)
+    workers: list[multiprocessing.process.BaseProcess] = []
     ended = False
     try:
         futures = [pool.submit(_work, i) for i in range(len(policies))]  # forks the workers
+        workers = [p for p in multiprocessing.active_children() if p.pid not in others]
         with shown:
             _relay(futures, reports, progress, len(runs.workload.requests))
+        for f in futures:  # a failed run first: the others may still be running
+            if f.done() and f.exception() is not None:
+                f.result()
         outcomes = [f.result() for f in futures]
         ended = True
         return outcomes
     finally:
-        # A failed run or an interrupt: the policies not yet started never start (a Ctrl-C
-        # reaches the workers too and ends the runs under way).
+        if not ended:  # a run failed, or an interrupt: no run goes on, none starts
+            for p in workers:
+                p.terminate()
         pool.shutdown(wait=ended, cancel_futures=not ended)
         if thaw:
             gc.unfreeze()
