@@ -27,6 +27,7 @@ from radixsched.sim.policy_runs import (
     run_policies,
 )
 from radixsched.sim.simconfig import SimConfig
+from radixsched.sim.simulate import simulate
 from radixsched.sim.workloads import load_workload
 
 needs_fork = pytest.mark.skipif(not policy_runs.can_fork(), reason="processes cannot fork here")
@@ -72,6 +73,15 @@ def test_forked_runs_give_the_outcomes_of_runs_in_process() -> None:
     assert all(o.result.slo is not None for o in forked) and all(o.rows for o in forked)
     for a, b in zip(here, forked, strict=True):
         _same(a, b)
+
+
+def test_defaults_compute_the_optimal_bound_once_as_simulate_does() -> None:
+    wl = load_workload("shared-prefix:groups=3,prompts=4,system_len=300", request_rate=20, seed=1)
+    (out,) = run_policies(PolicyRuns(wl), ["lpm"], jobs=1)
+    alone = simulate(wl, SchedulerConfig(schedule_policy="lpm"), SimConfig())
+    assert out.result.optimal_hit_rate == alone.result.optimal_hit_rate > 0
+    assert out.result.hit_rate == alone.result.hit_rate
+    assert out.rows is None and out.result.slo is None
 
 
 @needs_fork

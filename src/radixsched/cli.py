@@ -407,7 +407,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     def on_progress(i: int, done: int, total: int) -> None:
         progress.update(tasks[i], completed=done)
 
-    runs = PolicyRuns(workload, base, sim_cfg, opt, slo, keep_rows=bool(rs.cli.get("requests_csv")))
+    keep_rows = bool(rs.cli.get("requests_csv"))
+    runs = PolicyRuns(workload, base, sim_cfg, optimal_hit_rate=opt, slo=slo, keep_rows=keep_rows)
     jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
     start = time.perf_counter()
     try:

@@ -22,7 +22,7 @@ import queue as queue_mod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from radixsched.sim.metrics import (
 )
 from radixsched.sim.simconfig import SimConfig
 from radixsched.sim.simulate import SimRun, simulate
-from radixsched.sim.workloads import Workload
+from radixsched.sim.workloads import Workload, optimal_hit_rate
 
 # (policy index, requests done, requests in all): how a run reports its progress.
 Progress = Callable[[int, int, int], None]
@@ -63,11 +63,12 @@ class PolicyRuns:
     """One workload, the settings every run shares, and what to keep of each run."""
 
     workload: Workload
-    base: SchedulerConfig
-    sim: SimConfig
-    optimal_hit_rate: float
-    slo: SloTargets
-    keep_rows: bool  # compute the per-request rows (``--requests-csv``)
+    base: SchedulerConfig = field(default_factory=SchedulerConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    # The workload's optimal hit rate (None: computed once by ``run_policies``, before forking).
+    optimal_hit_rate: float | None = None
+    slo: SloTargets = field(default_factory=SloTargets)
+    keep_rows: bool = False  # compute the per-request rows (``--requests-csv``)
 
     def run(self, policy: str, report: Callable[[int, int], None] | None) -> PolicyOutcome:
         """Simulate ``policy``. A setting only the run itself rejects raises ``ValueError``."""
@@ -125,6 +126,9 @@ def run_policies(
     """Each policy's outcome, in the order given. ``display`` (a progress display) is entered
     once the workers exist: a process must not fork while a display's thread runs."""
     shown = display if display is not None else nullcontext()
+    if runs.optimal_hit_rate is None:
+        opt = optimal_hit_rate(runs.workload.requests, page_size=runs.base.page_size)
+        runs = dataclasses.replace(runs, optimal_hit_rate=opt)
     if jobs <= 1 or len(policies) <= 1 or not can_fork():
         with shown:
             return [_run_here(runs, i, p, progress) for i, p in enumerate(policies)]
