@@ -166,8 +166,8 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="policies simulated at once, each in a process of its own (forked after the "
-        "load; the same results as one at a time). Default: one per CPU, at most one per "
-        "policy; 1 runs them in this process",
+        "load; the same results as one at a time). Default on Linux: one per CPU, at most one "
+        "per policy; elsewhere, and with 1, they run in this process",
     )
     add_config_args(
         p,

@@ -8,8 +8,8 @@ shared) instead of receiving a pickled copy, and each sends back only what the c
 and writes (``PolicyOutcome``: the result, its series, the failure summary and, when asked, the
 per-request rows), never its requests. A run's results do not depend on the process it ran in
 or on the other runs: any ``jobs`` gives the same outcomes as 1 (``tests/test_policy_runs.py``);
-only the wall times differ. Where processes cannot fork (macOS and Windows start them afresh,
-which would rebuild or pickle the workload), the policies run one after another in this process.
+only the wall times differ. Off Linux (Windows cannot fork; macOS can, but its system libraries
+are not safe across a fork), the policies run one after another in this process.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import gc
 import multiprocessing
 import os
 import queue as queue_mod
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -100,7 +101,9 @@ def default_jobs(num_policies: int) -> int:
 
 
 def can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
+    """Whether workers may be forked: on Linux. macOS offers fork but its system libraries are
+    not safe across it (Python starts processes afresh there by default)."""
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
 class PolicyFailed(Exception):
