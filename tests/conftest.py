@@ -1,12 +1,13 @@
 """Test-wide settings: under CI (CI=true) hypothesis runs derandomized, so a landing is
 judged on the same examples every time; locally it explores new examples on every run.
 ``torch_one_thread``: the engine tests' tiny matmuls run on one thread (OpenMP spin-up costs
-more than it gains on a shared box)."""
+more than it gains on a shared box). ``built_blocks``: the Mooncake prompt builds a test made."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -24,3 +25,20 @@ def torch_one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def built_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records how many token blocks each Mooncake prompt build generates (one entry a call):
+    a test of prompt reuse counts the builds."""
+    from radixsched.sim import workloads
+
+    built: list[int] = []
+    real = workloads._block_table
+
+    def counting(ids: Any, block: int, vocab: int) -> Any:
+        built.append(len(ids))
+        return real(ids, block, vocab)
+
+    monkeypatch.setattr(workloads, "_block_table", counting)
+    return built

@@ -262,6 +262,25 @@ def test_points_on_one_workload_load_it_once(
     assert len(loads) == 5
 
 
+def test_points_at_other_rates_reuse_the_prompts(
+    monkeypatch: pytest.MonkeyPatch, built_blocks: list[int]
+) -> None:
+    from radixsched.sim import sweep
+
+    built = built_blocks
+    monkeypatch.setattr(sweep, "_last_workload", None)
+    monkeypatch.setattr(sweep, "_prompts", None)
+    trace = Path(__file__).parent / "data" / "mooncake_sample.jsonl"
+    point = dict(TINY, workload=f"mooncake:{trace}", num_requests=30)
+    first = simulate_point(dict(point, request_rate=4))
+    n = len(built)
+    assert n
+    second = simulate_point(dict(point, request_rate=8))
+    assert len(built) == n  # the same 30 requests' prompts, lent
+    assert first["num_requests"] == second["num_requests"] == 30
+    assert first["ttft_s.mean"] != second["ttft_s.mean"]  # other arrivals all the same
+
+
 def test_ray_matches_local(serial_rows: list[dict[str, Any]]) -> None:
     ray = pytest.importorskip("ray")
     try:

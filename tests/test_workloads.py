@@ -6,6 +6,7 @@ import gzip
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -703,3 +704,41 @@ def test_jsonl_num_requests_hashes_only_the_kept_prompts(
     for r in part:
         assert np.array_equal(r.prompt_ids, whole[r.rid])
     assert np.array_equal(whole["jsonl-7"][:20], whole["jsonl-5"][:20])
+
+
+# ---- prompts lent between loads (DraftMemo) ----------------------------------------------
+
+
+def test_a_memo_lends_prompts_to_loads_at_other_rates(
+    tmp_path: Path, built_blocks: list[int]
+) -> None:
+    from radixsched.sim import workloads
+
+    built = built_blocks
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(SAMPLE.read_bytes())
+    spec = f"mooncake:{trace}"
+    memo = workloads.DraftMemo()
+    first = load_workload(spec, request_rate=5, num_requests=40, memo=memo)
+    assert built
+    n = len(built)
+    every = load_workload(spec, request_rate=9, memo=memo)  # the 40 lent, the rest built
+    assert len(built) > n
+    n = len(built)
+    again = load_workload(spec, request_rate=3, memo=memo)
+    assert len(built) == n  # nothing left to build
+    fresh = load_workload(spec, request_rate=3)
+    assert tokens_of(again) == tokens_of(fresh)
+    assert [r.arrival_time for r in again.requests] == [r.arrival_time for r in fresh.requests]
+    lent = {r.rid: r.prompt_ids for r in every.requests}
+    assert all(lent[r.rid] is r.prompt_ids for r in first.requests)
+    # Another seed, or a changed file: built anew.
+    load_workload(spec, request_rate=3, seed=1, memo=memo)
+    assert len(built) > n
+    n = len(built)
+    load_workload(spec, request_rate=3, seed=1, memo=memo)
+    assert len(built) == n
+    trace.write_bytes(SAMPLE.read_bytes())
+    os.utime(trace, ns=(0, 10**9))
+    load_workload(spec, request_rate=3, seed=1, memo=memo)
+    assert len(built) > n

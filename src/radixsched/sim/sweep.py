@@ -33,7 +33,9 @@ per run). Every run is a deterministic simulation, so both give identical rows; 
 keys (``wall_s``, ``requests_per_wall_s``) are kept out of the rows for that reason and are
 reported per run in the JSON's ``timing`` list instead (with ``run_wall_s``, the
 run's own wall time including workload generation). A failing run records its error and the
-sweep goes on; the command then exits 1.
+sweep goes on; the command then exits 1. A process that runs several points builds a workload
+once for all the points with the same workload settings, and its prompts once for all request
+rates (``workloads.DraftMemo``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from radixsched.sim.runconfig import (
     RunConfigError,
@@ -63,6 +65,9 @@ from radixsched.sim.runconfig import (
     resolve,
     suggest,
 )
+
+if TYPE_CHECKING:
+    from radixsched.sim.workloads import DraftMemo
 
 Scalar = str | int | float | bool | None
 Settings = dict[str, Any]
@@ -333,16 +338,17 @@ def validate_points(
 
 # The workload (with its optimal hit rate) of the last point this process ran: the next point
 # with the same workload settings reuses it (``simulate`` never changes a workload). A sweep's
-# points vary their last key fastest, so a worker often runs several on one workload.
+# points vary their last key fastest, so a worker often runs several on one workload. A point
+# at another request rate reuses the prompts at least (``_prompts``).
 _last_workload: tuple[tuple[Any, ...], Any, float] | None = None
+_prompts: DraftMemo | None = None  # made on first use
 
 
 def _trace_version(spec: str) -> int | None:
     """The modification time of the trace file ``spec`` reads (None: a generated workload)."""
-    from radixsched.sim.workloads import parse_workload_spec
+    from radixsched.sim.workloads import parse_workload_spec, trace_version
 
-    kind, params = parse_workload_spec(spec)
-    return Path(params["path"]).stat().st_mtime_ns if kind.is_trace else None
+    return trace_version(*parse_workload_spec(spec))
 
 
 def simulate_point(settings: Settings) -> Metrics:
@@ -352,9 +358,9 @@ def simulate_point(settings: Settings) -> Metrics:
     from radixsched.sim.metrics import SloTargets, slo_result
     from radixsched.sim.simulate import simulate
     from radixsched.sim.table import flatten_result
-    from radixsched.sim.workloads import load_workload, optimal_hit_rate
+    from radixsched.sim.workloads import DraftMemo, load_workload, optimal_hit_rate
 
-    global _last_workload
+    global _last_workload, _prompts
     r = resolve_settings(settings)
     sched = r.scheduler_config()
     sim = r.sim_config()
@@ -364,7 +370,10 @@ def simulate_point(settings: Settings) -> Metrics:
     key += (sched.page_size, _trace_version(key[0]))
     if _last_workload is None or _last_workload[0] != key:
         _last_workload = None  # the previous one is freed before the next is built
-        workload = load_workload(key[0], request_rate=key[1], num_requests=key[2], seed=key[3])
+        _prompts = _prompts or DraftMemo()
+        workload = load_workload(
+            key[0], request_rate=key[1], num_requests=key[2], seed=key[3], memo=_prompts
+        )
         _last_workload = (key, workload, optimal_hit_rate(workload.requests, sched.page_size))
     _, workload, optimal = _last_workload
     run = simulate(workload, sched, sim, optimal_hit_rate=optimal)

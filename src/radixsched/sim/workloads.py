@@ -937,6 +937,30 @@ def _arrival_times(
     return starts[sessions] + offsets, f"poisson {request_rate:g} req/s"
 
 
+def trace_version(kind: WorkloadKind, params: Mapping[str, Any]) -> int | None:
+    """The modification time of the trace file a workload reads (None: a generated one)."""
+    return Path(params["path"]).stat().st_mtime_ns if kind.is_trace else None
+
+
+class DraftMemo:
+    """The drafts of the last workload built through it, with the prompts built so far. A next
+    load of the same spec, params and seed (at another request rate, or keeping other
+    requests) reuses them and builds only the prompts it has not built yet: a prompt depends on
+    its request alone, never on the arrivals. A trace whose file changed is read again."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._drafts: list[_Draft] = []
+
+    def drafts(self, kind: WorkloadKind, params: Mapping[str, Any], seed: int) -> list[_Draft]:
+        key = (kind.name, sorted(params.items()), seed, trace_version(kind, params))
+        if key != self._key:
+            self._key, self._drafts = None, []  # the previous drafts go before the next are built
+            self._drafts = kind.build(dict(params), seed)
+            self._key = key
+        return self._drafts
+
+
 def load_workload(
     spec: str,
     *,
@@ -945,14 +969,16 @@ def load_workload(
     seed: int = 0,
     default_rate: float | None = None,
     defaults: Defaults | None = None,
+    memo: DraftMemo | None = None,
 ) -> Workload:
     """Build the workload ``spec`` names (see the module docstring). ``default_rate`` is the
     request rate used when ``request_rate`` is None and the workload has no timestamps
-    (None: all at t=0); ``defaults`` replaces generators' param defaults (see ``Defaults``)."""
+    (None: all at t=0); ``defaults`` replaces generators' param defaults (see ``Defaults``);
+    ``memo`` lends the prompts an earlier load of the same spec built."""
     kind, params = parse_workload_spec(spec, defaults)
     if num_requests is not None and num_requests < 1:
         raise WorkloadError(f"num_requests must be >= 1, got {num_requests}")
-    drafts = kind.build(params, seed)
+    drafts = kind.build(params, seed) if memo is None else memo.drafts(kind, params, seed)
     arrival, how = _arrival_times(drafts, request_rate, default_rate, seed)
     order = np.argsort(arrival, kind="stable")
     if num_requests is not None:
