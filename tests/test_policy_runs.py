@@ -84,6 +84,26 @@ def test_defaults_compute_the_optimal_bound_once_as_simulate_does() -> None:
     assert out.rows is None and out.result.slo is None
 
 
+SHAPES = [
+    "multi-turn:conversations=8,turns=3,first_len=256,turn_len=64,output_len=32",
+    "tree-of-thought:trees=3,depth=2,branching=2",
+    "few-shot",
+    f"mooncake:{Path(__file__).parent / 'data' / 'mooncake_sample.jsonl'}",
+]
+
+
+@needs_fork
+@pytest.mark.parametrize("spec", SHAPES, ids=lambda spec: spec.split(":")[0])
+def test_every_workload_shape_gives_the_same_outcomes_forked(spec: str) -> None:
+    wl = load_workload(spec, request_rate=30, num_requests=60, seed=2)
+    runs = PolicyRuns(wl, SchedulerConfig(chunked_prefill_size=256), SimConfig(), keep_rows=True)
+    policies = ["fcfs", "lpm", "dfs-weight", "fair"]
+    for a, b in zip(
+        run_policies(runs, policies, jobs=1), run_policies(runs, policies, jobs=2), strict=True
+    ):
+        _same(a, b)
+
+
 @needs_fork
 def test_rows_are_only_computed_when_asked() -> None:
     (out,) = run_policies(_runs(keep_rows=False), ["lpm"], jobs=2)
