@@ -7,6 +7,8 @@ import gc
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -179,6 +181,47 @@ def test_a_worker_that_dies_fails_the_command_instead_of_hanging() -> None:
     runs = _Dies(**{f: getattr(base, f) for f in base.__dataclass_fields__})
     with pytest.raises(BrokenProcessPool):
         run_policies(runs, ["fcfs", "lpm"], jobs=2)
+
+
+_ORPHAN_SCRIPT = """
+import os, sys, time
+from radixsched.sim.policy_runs import PolicyRuns, run_policies
+from radixsched.sim.workloads import load_workload
+
+class Slow(PolicyRuns):
+    def run(self, policy, report):
+        open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+        time.sleep(120)
+
+wl = load_workload("shared-prefix:groups=2,prompts=2", request_rate=10)
+run_policies(Slow(wl, optimal_hit_rate=0.5), ["fcfs", "lpm"], jobs=2)
+"""
+
+
+@needs_fork
+def test_workers_end_with_the_command_however_it_ends(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = [int(p.name) for p in tmp_path.iterdir()]
+        assert len(workers) == 2
+    finally:
+        parent.kill()  # SIGKILL: no chance to stop its workers itself
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_without_fork_the_policies_run_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,11 +14,13 @@ are not safe across a fork), the policies run one after another in this process.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import multiprocessing
 import os
 import queue as queue_mod
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -144,7 +146,9 @@ def run_policies(
     thaw = gc.get_freeze_count() == 0
     gc.freeze()
     others = {p.pid for p in multiprocessing.active_children()}
-    pool = ProcessPoolExecutor(min(jobs, len(policies)), mp_context=ctx)
+    pool = ProcessPoolExecutor(
+        min(jobs, len(policies)), mp_context=ctx, initializer=_die_with, initargs=(os.getpid(),)
+    )
     workers: list[multiprocessing.process.BaseProcess] = []
     ended = False
     try:
@@ -178,6 +182,21 @@ def _run_here(runs: PolicyRuns, i: int, policy: str, progress: Progress | None) 
 
 # What forked workers inherit from the parent: set just before the pool forks them.
 _INHERITED: dict[str, Any] = {}
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this worker when the command's process ends, however it ends (a
+    SIGKILL or a SIGTERM leaves it no chance to stop its workers): an orphan would simulate on
+    for nobody. Linux only, as forking is here (``prctl(PR_SET_PDEATHSIG)``)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl in this C library: the workers may outlive it
+        return
+    if os.getppid() != parent:  # it ended before the setting took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _work(i: int) -> PolicyOutcome:
