@@ -18,7 +18,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ pytest.importorskip("fastapi")
 from fidelity import WORKLOAD, failures, held_out_processes, predict_held_out, stats_of
 from radixsched.cli import main
 from radixsched.server.bench import BenchConfig, run_bench
+from served import wait_healthy
 
 # Opt-in: the bounds hold only where nothing else competes for the CPUs. On the project's
 # shared 2-core VM a fixed CPU task runs up to 72% slower for minutes at a time with nothing
@@ -70,22 +70,11 @@ def server_url() -> Iterator[str]:
         stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}"
-            )
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
+    try:
+        wait_healthy(url, proc)
+    except AssertionError:
         proc.kill()
-        raise RuntimeError("server did not start")
+        raise
     yield url
     proc.terminate()
     try:

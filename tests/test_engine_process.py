@@ -30,6 +30,7 @@ from radixsched.engine.loader import load_model, load_tokenizer
 from radixsched.server.app import ServerThread, create_app, engine_for_model, served_model
 from radixsched.server.metrics import parse_counter
 from radixsched.server.process import EngineProcess, EngineSpec, EngineStartError
+from served import wait_healthy
 
 MODEL = "tiny-random"
 CTX = 1024
@@ -225,15 +226,7 @@ def test_the_engine_process_exits_when_the_server_is_killed() -> None:
         assert "engine process " in line, line
         engine_pid = int(line.split("engine process ")[1].split(",")[0])
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
+        wait_healthy(url, proc)
         assert generate(url, "hi", 3).status_code == 200
         proc.kill()
         proc.wait()

@@ -40,6 +40,7 @@ from radixsched.server.detok import IncrementalDetokenizer
 from radixsched.server.loop import EngineLoop
 from radixsched.server.metrics import parse_counter
 from radixsched.server.protocol import stop_strings
+from served import wait_healthy
 
 MODEL = "tiny-random"
 CTX = 1024
@@ -829,16 +830,7 @@ def test_serve_cli_runs_and_stops_on_sigint() -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
+        wait_healthy(url, proc)
         auth = {"Authorization": "Bearer k"}
         assert httpx.get(url + "/server_info").status_code == 401
         info = httpx.get(url + "/server_info", headers=auth).json()
