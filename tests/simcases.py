@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from radixsched.request import Req, SamplingParams
+from radixsched.sim.workloads import Workload
+
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "mooncake_sample.jsonl"
 
@@ -24,3 +29,17 @@ JUMP_WORKLOADS: dict[str, tuple[str, float | None, int | None, int | None]] = {
     ),
     "mooncake": (f"mooncake:{SAMPLE}", None, 60, 60_000),
 }
+
+
+def random_lengths(seed: int, n: int) -> Workload:
+    """``n`` random prompts of 1-900 tokens over a 3-token vocabulary (so they share short
+    prefixes by accident), 1-80 output tokens each, Poisson arrivals at 40/s."""
+    rng = np.random.default_rng(seed)
+    reqs, t = [], 0.0
+    for i in range(n):
+        t += float(rng.exponential(1 / 40))
+        prompt = rng.integers(0, 3, int(rng.integers(1, 900))).astype(np.int32)
+        r = Req(f"r{i}", prompt, SamplingParams(max_new_tokens=int(rng.integers(1, 80))))
+        r.arrival_time = r.times.arrival = t
+        reqs.append(r)
+    return Workload("random-lengths", {}, reqs, has_timestamps=True, arrivals="poisson 40/s")

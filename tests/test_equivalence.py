@@ -29,8 +29,10 @@ from radixsched.fast.matching import IncrementalMatcher
 from radixsched.fast.orders import Engine
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.request import Req, SamplingParams
+from radixsched.sim import replicas
 from radixsched.sim.simulate import SimConfig, SimRun, simulate
 from radixsched.sim.workloads import Workload, load_workload
+from simcases import random_lengths
 
 RECORDED: dict[str, Any] = json.loads(golden.GOLDEN.read_text())
 CASES = {c.name: c for c in golden.cases()}
@@ -161,6 +163,13 @@ SIDE_BY_SIDE: dict[str, tuple[Callable[[], Workload], dict[str, Any], dict[str, 
             "max_total_tokens": 12_000,
         },
     ),
+    # Replicas whose batches are full behind a waiting request: a decode jump must still stop
+    # at the next arrival, where the router reads every replica's load.
+    "replicas-full-batch": (
+        lambda: random_lengths(0, 15),
+        {"chunked_prefill_size": None},
+        {"max_total_tokens": 1500, "dp": 2, "router": "cache-aware"},
+    ),
 }
 SIDE_POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first", "fair", "random")
 
@@ -187,6 +196,28 @@ def test_lockstep_with_chunks_longer_prompts_and_the_delayer_completes() -> None
     run = _run(w, True, sched, sim)
     assert run.result.num_completed == 16
     assert run.lockstep is not None and run.lockstep.prefill_passes > 0
+
+
+def test_the_router_sees_the_same_loads_from_both_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode jump ran past the next arrival when a request waited behind a full batch: the
+    router then read a replica whose running requests had already finished."""
+    seen: list[Any] = []
+
+    def spy(rep: Any) -> Any:
+        seen.append(load(rep))
+        return seen[-1]
+
+    load = replicas.replica_load
+    monkeypatch.setattr(replicas, "replica_load", spy)
+    build, sched, sim = SIDE_BY_SIDE["replicas-full-batch"]
+    w = build()
+    loads = []
+    for accelerate in (True, False):
+        seen.clear()
+        _run(w, accelerate, {"schedule_policy": "fcfs", **sched}, sim)
+        loads.append(list(seen))
+    assert len(loads[0]) == 2 * len(w.requests)
+    assert loads[0] == loads[1]
 
 
 # ---- each accelerator fires ----------------------------------------------------------------------

@@ -245,7 +245,10 @@ class FastScheduler(Scheduler):
     def _jump_steps(self, horizon: float | None, cols: DecodeCols) -> int:
         """How many decode steps can run at once with nothing but lengths changing: no chunked
         request, no prefill possible (an empty queue, or a full batch without preemption), no
-        stop token that could end a request early, enough memory for every step."""
+        stop token that could end a request early, enough memory for every step. The jump ends
+        with the step that reaches ``horizon`` (the next arrival), queue or not: whoever looks
+        at the scheduler then (a router reading each replica's load) sees what single steps
+        leave."""
         if self.chunked_req is not None or cols.can_stop:
             return 1
         if self.waiting and not (self.batch_is_full and not self.config.enable_priority_preemption):
@@ -254,7 +257,7 @@ class FastScheduler(Scheduler):
         if k <= 1:
             return 1
         k = self._max_steps_that_fit(cols, k, self._room())
-        if horizon is not None and not self.waiting and k > 1:
+        if horizon is not None and k > 1:
             durs = self.jumper.decode_durations(cols.reqs, cols.fill, k)
             hit = int(np.searchsorted(_step_ends(self.clock.now(), durs), horizon, side="left"))
             k = min(k, hit + 1)
