@@ -573,3 +573,23 @@ def test_chunk_continuation_never_outgrows_memory_even_in_compat() -> None:
         mixed=False,
         arrivals=[(0, 40, 1, 0), (2, 25, 2, 0), (2, 38, 2, 0), (0, 7, 2, 0)],
     )
+
+
+@pytest.mark.parametrize("compat", ["sglang", "radixsched"])
+def test_a_cut_continuation_leaves_no_room_for_a_second_chunked_request(compat: str) -> None:
+    """Found by the equivalence fuzz: the disabled cache's ignore-eos admission chunked a new
+    request beside a continuation that was cut to whole pages short of the chunk budget (a
+    mixed decode token took one), leaving two chunked requests at once."""
+    s = make_sched(
+        kv=1500,
+        compat=compat,
+        page_size=4,
+        chunked_prefill_size=64,
+        disable_radix_cache=True,
+        enable_mixed_chunk=True,
+    )
+    reqs = [Req(f"r{i}", prompt(96, i), SamplingParams(2, ignore_eos=True)) for i in range(3)]
+    for r in reqs:
+        s.add_request(r)
+    run_all(s)
+    assert all(r.finished and len(r.output_ids) == 2 for r in reqs)

@@ -240,7 +240,7 @@ class PrefillAdder:
         ):
             return AddReqResult.OTHER
         if req.sampling.ignore_eos and self.cache.disabled:
-            return self._add_one_req_ignore_eos(req)
+            return self._add_one_req_ignore_eos(req, has_chunked_req)
 
         reservation = self.admission_reservation(req)
         cand = req.fill_len - req.prefix_len
@@ -303,7 +303,7 @@ class PrefillAdder:
         return chunk, True
 
     # ---- ignore_eos with the cache disabled (spec 2.7) -------------------------------------
-    def _add_one_req_ignore_eos(self, req: Req) -> AddReqResult:
+    def _add_one_req_ignore_eos(self, req: Req, has_chunked_req: bool) -> AddReqResult:
         p = self.page_size
         cand = req.fill_len - req.prefix_len
         paged_input = ceil_page(cand, p) + p
@@ -346,7 +346,9 @@ class PrefillAdder:
             self.can_run_list.append(Admission(req, req.prefix_len, cand, False))
             self._charge(0, cand, reservation)
         else:
-            if rem_chunk <= 0 or self.new_chunked_req is not None:
+            # One chunked request at a time. SGLang's continuation, when cut, spends the whole
+            # chunk budget; this one is cut to whole pages and to memory, and can leave some.
+            if rem_chunk <= 0 or self.new_chunked_req is not None or has_chunked_req:
                 return AddReqResult.OTHER
             trunc = floor_page(rem_chunk, p) if not self.compat else rem_chunk
             if trunc <= 0:
