@@ -170,6 +170,13 @@ SIDE_BY_SIDE: dict[str, tuple[Callable[[], Workload], dict[str, Any], dict[str, 
         {"chunked_prefill_size": None},
         {"max_total_tokens": 1500, "dp": 2, "router": "cache-aware"},
     ),
+    # Closed-loop clients over two replicas: a request finishing on one sends the next, which
+    # may go to the other; no jump may run past the soonest such arrival.
+    "replicas-closed-loop": (
+        lambda: random_lengths(2, 12),
+        {"chunked_prefill_size": None},
+        {"max_total_tokens": 1500, "dp": 2, "router": "round-robin", "max_concurrency": 3},
+    ),
 }
 SIDE_POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first", "fair", "random")
 

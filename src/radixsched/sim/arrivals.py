@@ -103,7 +103,7 @@ def run_closed_loop(
 
     while True:
         ta = next_arrival()
-        stepped = step_earliest(replicas, ta, check_integrity)
+        stepped = step_earliest(replicas, ta, check_integrity, reply_s=latency_s)
         if stepped is not None:
             rep, out, start = stepped
             for r in out.finished:

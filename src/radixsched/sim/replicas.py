@@ -80,17 +80,30 @@ def deliver(req: Req, replicas: Sequence[Replica], router: Any, t: float) -> Rep
 
 
 def step_earliest(
-    replicas: Sequence[Replica], before: float, check_integrity: bool
+    replicas: Sequence[Replica],
+    before: float,
+    check_integrity: bool,
+    *,
+    reply_s: float | None = None,
 ) -> tuple[Replica, StepOutcome, float] | None:
     """Step the busy replica whose clock is earliest (lowest index on ties), if that clock is
     before ``before`` (the next arrival, inf for none): (replica, outcome, its clock at the
-    step's start); None when no replica is busy that early."""
+    step's start); None when no replica is busy that early.
+
+    ``reply_s``: a request finishing on one replica sends the next arrival at least this long
+    after (closed-loop clients). The step may then run several passes (``Scheduler.step``'s
+    horizon) only until that soonest possible arrival from another busy replica, whose clock
+    lags: it could send a request here before the passes end."""
     busy = [r for r in replicas if not r.sched.is_idle]
     rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
     if rep is None or rep.clock.now() >= before:
         return None
     start = rep.clock.now()
-    out = rep.sched.step(None if before == math.inf else before)
+    horizon = before
+    if reply_s is not None:
+        others = [r.clock.now() for r in busy if r is not rep]
+        horizon = min([before, *(t + reply_s for t in others)])
+    out = rep.sched.step(None if horizon == math.inf else horizon)
     if check_integrity:
         rep.sched.check_integrity()
     if out is None:
