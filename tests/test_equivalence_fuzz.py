@@ -6,7 +6,8 @@ of thought, few-shot, random lengths; stop tokens, priorities, tenants), a sched
 configuration (every policy, both compat modes, page sizes, chunking, batch and running caps,
 mixed chunks, priority preemption, starvation bounds, dedup thresholds, eviction policies, a
 disabled cache, a bounded queue) and a simulated system (a tight KV pool, replicas, dp-attention
-lockstep with the prefill delayer, a host tier). Both cores must give the same per-request
+lockstep with the prefill delayer, a host tier, prefill/decode disaggregation; closed-loop
+clients; SGLang's or vLLM's engine defaults). Both cores must give the same per-request
 tokens and times, the same replica summaries and the same metrics, with integrity checks after
 every step of the accelerated run; a configuration one core rejects, the other rejects with the
 same message.
@@ -185,7 +186,9 @@ def sched_configs(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def sim_configs(draw: st.DrawFn) -> dict[str, Any]:
     kw: dict[str, Any] = {"max_total_tokens": draw(st.sampled_from([1500, 3000, 6000, 12_000]))}
-    topology = draw(st.sampled_from(["one", "one", "replicas", "lockstep", "host-tier"]))
+    topology = draw(
+        st.sampled_from(["one", "one", "replicas", "lockstep", "host-tier", "disaggregated"])
+    )
     if topology == "replicas":
         kw["dp"] = draw(st.integers(2, 3))
         kw["router"] = draw(st.sampled_from(["round-robin", "cache-aware", "least-load"]))
@@ -193,6 +196,16 @@ def sim_configs(draw: st.DrawFn) -> dict[str, Any]:
         kw.update(dp=2, enable_dp_attention=True, enable_prefill_delayer=draw(st.booleans()))
     elif topology == "host-tier":
         kw.update(enable_hierarchical_cache=True, hicache_size=draw(st.sampled_from([0.2, 1.0])))
+    elif topology == "disaggregated":
+        kw.update(
+            disaggregation=True,
+            prefill_instances=draw(st.integers(1, 2)),
+            decode_instances=draw(st.integers(1, 2)),
+        )
+    if topology not in ("lockstep", "disaggregated") and draw(st.booleans()):
+        kw["max_concurrency"] = draw(st.integers(1, 6))  # closed loop
+    if draw(st.booleans()):
+        kw["engine_mode"] = "vllm"
     return kw
 
 
