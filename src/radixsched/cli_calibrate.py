@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from radixsched.cli_common import COMMAND_HELP, CliError, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+
+if TYPE_CHECKING:
+    from radixsched.sim.calibrate import Replay
+    from radixsched.sim.result_files import MeasuredRun
+    from radixsched.sim.simconfig import SimConfig
+
+logger = logging.getLogger(__name__)
 
 
 def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
@@ -160,7 +169,18 @@ def _replay_configs(
         names = {f.name for f in dataclasses.fields(SchedulerConfig)}
         values = {k: v for k, v in server_sched.items() if k in names}
         values.update({k: v for k, v in vars(args).items() if k in names})
-        sched = SchedulerConfig(**values)
+        run = next(r for r in runs if r.workload.get("scheduler") is server_sched)
+        where = f"{run.path}: {run.name}: config.server.scheduler"
+        try:
+            sched = SchedulerConfig(**values)
+        except (TypeError, ValueError) as e:  # a value of the wrong type or out of range
+            raise CliError(f"{where}: unusable settings ({e})") from e
+        for key, valid in scheduler_choices().items():
+            if getattr(sched, key) not in valid:
+                raise CliError(
+                    f"{where}: {key} {getattr(sched, key)!r} unknown to this build "
+                    f"(valid: {', '.join(valid)})"
+                )
     else:
         sched = config_from_args(
             SchedulerConfig, args, **scheduler_defaults(args.engine_mode, given)
@@ -171,10 +191,42 @@ def _replay_configs(
     return sched, {"max_total_tokens": slots}
 
 
+def _check_output(output: str, results: list[str]) -> None:
+    """Fail before the fit (minutes) when ``output`` cannot be written, or is one of the
+    result files (which writing it would destroy)."""
+    out = Path(output)
+    if out.is_dir():
+        raise CliError(f"--output {output}: is a directory")
+    if not out.parent.is_dir():
+        raise CliError(f"--output {output}: no directory {out.parent}")
+    for given in results:
+        try:
+            same = out.samefile(given)
+        except OSError:  # either one missing or unreadable: not the same file
+            same = False
+        if same:
+            raise CliError(
+                f"--output {output} is the result file {given}: writing it would destroy "
+                "the measurements (give another --output)"
+            )
+
+
+def _replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig) -> Replay:
+    """``build_replay``; an error it raises names the run and its file."""
+    from radixsched.sim.calibrate import CalibrateError, build_replay
+
+    try:
+        return build_replay(run, index, sched, sim)
+    except CalibrateError:  # names them already
+        raise
+    except (ValueError, OSError) as e:  # a workload that cannot be regenerated, ...
+        raise CliError(f"{run.path}: {run.name}: cannot replay its requests: {e}") from e
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.profile:
         return _cmd_profile(args)
-    from radixsched.sim.calibrate import CalibrateError, build_replay, fit, fitted_on
+    from radixsched.sim.calibrate import CalibrateError, fit, fitted_on
     from radixsched.sim.calibration_file import write_calibration
     from radixsched.sim.costmodel import CostModelError, resolve_specs
     from radixsched.sim.result_files import ResultFileError, read_result_files
@@ -182,12 +234,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if not args.results:
         raise CliError("give result files to fit on (or --profile)")
+    _check_output(args.output, args.results)
     try:
-        runs = [r for r in read_result_files(args.results) if r.requests]
+        every = read_result_files(args.results)
     except ResultFileError as e:
         raise CliError(str(e)) from e
+    runs = [r for r in every if r.requests]
+    unused = [f"{r.path}: {r.name}: {r.num_failed} failed" for r in every if not r.requests]
     if not runs:
-        raise CliError("no run in these files has a successful request")
+        raise CliError("\n".join(["no run in these files has a successful request:", *unused]))
+    for line in unused:
+        logger.warning("%s, none succeeded: not fitted on", line)
     model = args.model or next((r.model for r in runs if r.model), None)
     if model is None:
         raise CliError("the results do not name their model: give --model")
@@ -205,7 +262,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             ),
             engine_mode=args.engine_mode,
         )
-        replays = [build_replay(r, i, sched, sim) for i, r in enumerate(runs)]
+        replays = [_replay(r, i, sched, sim) for i, r in enumerate(runs)]
 
         def progress(it: int, obj: float, consts: dict[str, float]) -> None:
             if not args.quiet:
@@ -221,18 +278,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         result = fit(replays, max_iterations=args.iterations, on_iteration=progress)
     except (CalibrateError, CostModelError, ValueError) as e:
         raise CliError(str(e)) from e
-    write_calibration(
-        args.output,
-        constants=result.constants,
-        fitted_on=fitted_on(
-            runs,
-            model=model_spec.name,
-            gpu=gpu_spec.name,
-            tp=args.tp,
-            engine_mode=args.engine_mode,
-        ),
-        fit=result.errors,
-    )
+    try:
+        write_calibration(
+            args.output,
+            constants=result.constants,
+            fitted_on=fitted_on(
+                runs,
+                model=model_spec.name,
+                gpu=gpu_spec.name,
+                tp=args.tp,
+                engine_mode=args.engine_mode,
+            ),
+            fit=result.errors,
+        )
+    except OSError as e:
+        raise CliError(f"{args.output}: cannot write: {e.strerror or e}") from e
+    except ValueError as e:  # a constant or an error that is not finite
+        raise CliError(f"{args.output}: not written: the fit is not finite ({e})") from e
     if not args.quiet:
         print(render_errors(result.errors))
         c = result.constants
@@ -250,6 +312,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     if not args.model:
         raise CliError("--profile needs --model (a local engine model: tiny-random, ...)")
+    _check_output(args.output, [])
     grid = ProfileGrid(
         batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
         prefill_tokens=_ints(args.prefill_tokens, "--prefill-tokens"),
@@ -262,7 +325,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     from radixsched.sim.calibration_file import write_calibration
 
-    write_calibration(args.output, constants={}, fitted_on=info, rows=rows)
+    try:
+        write_calibration(args.output, constants={}, fitted_on=info, rows=rows)
+    except OSError as e:
+        raise CliError(f"{args.output}: cannot write: {e.strerror or e}") from e
     if not args.quiet:
         for r in rows:
             print(

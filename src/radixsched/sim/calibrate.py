@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import itertools
+import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -47,12 +48,19 @@ from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, StepResult
 from radixsched.sim.arrivals import scheduler_arrivals
-from radixsched.sim.costmodel import CONSTANTS, CostModel, CostModelRunner, shape_of
+from radixsched.sim.costmodel import (
+    CONSTANTS,
+    CostModel,
+    CostModelRunner,
+    resolve_specs,
+    shape_of,
+)
 from radixsched.sim.result_files import MeasuredRun
 from radixsched.sim.simconfig import SimConfig
 from radixsched.sim.workloads import Workload
 
 FloatArray = npt.NDArray[np.float64]
+logger = logging.getLogger(__name__)
 
 # Fitted parameters: a = 1/mfu, b = prefill_eff_tokens/mfu, c = 1/mbu, o, q, L, p, s (seconds).
 _NAMES = (
@@ -215,9 +223,13 @@ def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
         )
         by_rid = {r.rid: r for r in loaded.requests}
         rids = [rid for rid in wl.get("rids", []) if rid in by_rid]
+        reqs = []
         if len(rids) == len(run.requests):
             base = [by_rid[rid] for rid in rids]
             reqs = [_fit_to_limits(r, wl.get("vocab_size"), wl.get("context_len")) for r in base]
+        if reqs and all(
+            r.prompt_len == m.prompt_len for r, m in zip(reqs, run.requests, strict=True)
+        ):
             return [
                 dataclasses.replace(
                     r,
@@ -226,6 +238,15 @@ def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
                 )
                 for r, m in zip(reqs, run.requests, strict=True)
             ]
+        # Another workload than bench sent (another generator version, an edited file):
+        # request-unique prompts of the measured lengths, without the shared prefixes.
+        logger.warning(
+            "%s: %s: workload %r does not regenerate the requests bench sent: replayed "
+            "without their shared prefixes",
+            run.path,
+            run.name,
+            wl["spec"],
+        )
     out = []
     for i, m in enumerate(run.requests):
         prompt = rng.integers(0, 32000, size=m.prompt_len, dtype=np.int32)
@@ -241,6 +262,7 @@ def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
 
 def build_replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig) -> Replay:
     """The replay of ``run`` (the module docstring says how requests arrive)."""
+    _check_fits_context(run, sim)
     sends = [m.sent_at for m in run.requests]
     measured = [(m.ttft_s, m.e2e_s, m.output_len) for m in run.requests]
     if all(s is not None for s in sends):
@@ -265,6 +287,20 @@ def build_replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimC
             r.arrival_time = t
         draws.append(_workload(run, reqs, f"poisson {run.request_rate:g}/s, draw {k}"))
     return Replay(run, draws, sched, sim, measured)
+
+
+def _check_fits_context(run: MeasuredRun, sim: SimConfig) -> None:
+    """Every measured request fits the context of the model simulated: one that does not
+    was served by another model (the simulator would cut it short, or reject it)."""
+    _, model = resolve_specs(sim.gpu, sim.model, sim.context_length)
+    limit = model.max_context_len
+    for i, m in enumerate(run.requests):
+        if m.prompt_len + m.output_len > limit:
+            raise CalibrateError(
+                f"{run.path}: {run.name}: request {i}: {m.prompt_len} prompt + {m.output_len} "
+                f"output tokens do not fit the {limit}-token context of {model.name}: were "
+                "these runs served by another model? (give --model)"
+            )
 
 
 def _workload(run: MeasuredRun, reqs: list[Req], how: str) -> Workload:
@@ -526,7 +562,8 @@ def _objective(errors: Sequence[dict[str, Any]], weights: Sequence[float]) -> fl
     for e, w in zip(errors, weights, strict=True):
         for metric in ("ttft_s", "itl_s", "e2e_s"):
             for k in ("mean", "p50", "p90"):
-                total += (w * e[metric]["error"][k]) ** 2
+                x = w * e[metric]["error"][k]
+                total += x * x  # (inf, not OverflowError, when a measured time is ~0)
     return total
 
 
@@ -665,6 +702,8 @@ def _evaluate(
 ) -> _Point:
     consts = _constants(theta, base)
     sims = [_simulate(rp, consts) for rp in replays]
+    for rp, s in zip(replays, sims, strict=True):
+        _check_served(rp, s)
     errors = [
         {"run": rp.run.name, **compare([r for d in s for r in d.reqs], rp.measured)}
         for rp, s in zip(replays, sims, strict=True)
@@ -673,6 +712,35 @@ def _evaluate(
     if on_iteration is not None:
         on_iteration(it, obj, consts)
     return _Point(theta, FitResult(consts, errors, it, obj), sims)
+
+
+# A residual's row or target beyond this (relative to its measured value) comes of a measured
+# time next to 0 (no real one is): the least-squares solve would overflow on it.
+_MAX_ROW = 1e12
+
+
+def _check_served(replay: Replay, sims: Sequence[Simulated]) -> None:
+    """Every request of the replay was served, whole: one the simulated server rejected, or
+    cut short (it does not fit the KV capacity modelled, ...), has no prediction to compare
+    with its measurement."""
+    where = f"{replay.run.path}: {replay.run.name}"
+    measured = sorted(m[2] for m in replay.measured)
+    for sim in sims:
+        lost = [r for r in sim.reqs if r.finish is None or r.finish.reason.value == "abort"]
+        if lost:
+            r = lost[0]
+            why = "not finished" if r.finish is None else r.finish.message
+            raise CalibrateError(
+                f"{where}: {len(lost)} of {len(sim.reqs)} requests were not served in the "
+                f"replay (request {r.rid}: {why})"
+            )
+        replayed = sorted(r.output_len for r in sim.reqs)
+        if replayed != measured:
+            raise CalibrateError(
+                f"{where}: the replay generated {sum(replayed)} output tokens, "
+                f"{sum(measured)} were measured: requests were cut short to fit the context "
+                "or KV capacity modelled (--max-total-tokens, --model)"
+            )
 
 
 def _linear_system(
@@ -691,6 +759,11 @@ def _linear_system(
                 continue
             rows.append(w * row / value)
             y.append(w * (value - const) / value)
+            if not (np.abs(rows[-1]).max() < _MAX_ROW and abs(y[-1]) < _MAX_ROW):
+                raise CalibrateError(
+                    f"{rp.run.path}: {rp.run.name}: a measured time of {value:.3g} s: too "
+                    "small to fit relative errors on"
+                )
     if not rows:
         raise CalibrateError("no successful request to calibrate on")
     return np.vstack(rows), np.asarray(y)
