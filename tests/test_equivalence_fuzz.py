@@ -12,7 +12,7 @@ tokens and times, the same replica summaries and the same metrics, with integrit
 every step of the accelerated run; a configuration one core rejects, the other rejects with the
 same message.
 
-``RADIXSCHED_FUZZ_EXAMPLES=N`` runs a longer campaign (the default run draws 100).
+``RADIXSCHED_FUZZ_EXAMPLES=N`` runs a longer campaign (the default run draws 60).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from radixsched.sim.simulate import SimConfig, SimRun, simulate
 from radixsched.sim.workloads import Workload, load_workload
 from simcases import random_lengths
 
-EXAMPLES = int(os.environ.get("RADIXSCHED_FUZZ_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("RADIXSCHED_FUZZ_EXAMPLES", "60"))
 
 
 # ---- workloads ----------------------------------------------------------------------------------
@@ -45,8 +45,8 @@ def _spec(draw: st.DrawFn) -> str:
     i = st.integers
     if kind == "shared-prefix":
         args = {
-            "groups": draw(i(1, 4)),
-            "prompts": draw(i(1, 6)),
+            "groups": draw(i(1, 8)),
+            "prompts": draw(i(1, 12)),
             "system_len": draw(i(8, 700)),
             "question_len": draw(i(1, 90)),
             "output_len": draw(i(1, 70)),
@@ -54,8 +54,8 @@ def _spec(draw: st.DrawFn) -> str:
         }
     elif kind == "multi-turn":
         args = {
-            "conversations": draw(i(1, 4)),
-            "turns": draw(i(1, 5)),
+            "conversations": draw(i(1, 6)),
+            "turns": draw(i(1, 8)),
             "first_len": draw(i(8, 600)),
             "turn_len": draw(i(1, 120)),
             "output_len": draw(i(1, 50)),
@@ -63,7 +63,7 @@ def _spec(draw: st.DrawFn) -> str:
         }
     elif kind == "tree-of-thought":
         args = {
-            "trees": draw(i(1, 3)),
+            "trees": draw(i(1, 4)),
             "depth": draw(i(1, 3)),
             "branching": draw(i(1, 3)),
             "root_len": draw(i(8, 500)),
@@ -73,7 +73,7 @@ def _spec(draw: st.DrawFn) -> str:
         }
     else:
         args = {
-            "questions": draw(i(4, 40)),
+            "questions": draw(i(4, 80)),
             "shots": draw(i(1, 4)),
             "shot_len": draw(i(4, 120)),
             "question_len": draw(i(1, 60)),
@@ -131,7 +131,7 @@ def workloads(draw: st.DrawFn) -> WorkloadDraw:
     random = draw(st.integers(0, 5)) == 0
     return WorkloadDraw(
         spec="random-lengths" if random else draw(_spec()),
-        n=draw(st.integers(1, 40)) if random else 0,
+        n=draw(st.integers(1, 120)) if random else 0,
         rate=None if random else draw(st.sampled_from([None, 4.0, 30.0, 300.0])),
         seed=draw(st.integers(0, 2**16)),
         stops=draw(st.booleans()),
