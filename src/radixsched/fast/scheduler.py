@@ -258,10 +258,19 @@ class FastScheduler(Scheduler):
             return 1
         k = self._max_steps_that_fit(cols, k, self._room())
         if horizon is not None and k > 1:
-            durs = self.jumper.decode_durations(cols.reqs, cols.fill, k)
-            hit = int(np.searchsorted(_step_ends(self.clock.now(), durs), horizon, side="left"))
-            k = min(k, hit + 1)
+            k = self._steps_to(horizon, cols, k)
         return max(k, 1)
+
+    def _steps_to(self, horizon: float, cols: DecodeCols, k: int) -> int:
+        """At most ``k`` steps, through the first that ends at or after ``horizon``. A few
+        steps are timed first: replicas that take turns (closed-loop clients) bound each
+        other's jumps to a step or two, and timing all ``k`` would cost more than the steps."""
+        now = self.clock.now()
+        for n in (min(k, _PROBE_STEPS), k):
+            ends = _step_ends(now, self.jumper.decode_durations(cols.reqs, cols.fill, n))
+            if ends[-1] >= horizon or n == k:
+                return min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)
+        return k
 
     def _max_steps_that_fit(self, cols: DecodeCols, limit: int, room: int) -> int:
         """The largest ``k <= limit`` whose KV fits in ``room`` (1 when none does: one step
@@ -433,6 +442,9 @@ def _append(r: Req, slots: np.ndarray) -> None:
         r.kv_buf = buf
     r.kv_buf[have : have + n] = slots
     r.kv_row = r.kv_buf[: have + n]
+
+
+_PROBE_STEPS = 8  # steps timed before a whole jump is (``_steps_to``)
 
 
 def _step_ends(t0: float, durations: np.ndarray) -> np.ndarray:
