@@ -255,7 +255,8 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def _policies(file: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
     """--policy (a list) or --schedule-policy (one); flags override the config file."""
-    for source, where in ((flags, "the command line"), (file, "the config file")):
+    sources = ((flags, "the command line", "--policy"), (file, "the config file", "policy"))
+    for source, where, key in sources:
         has_list = source.get("policy") is not None
         has_one = source.get("schedule_policy") is not None
         if has_list and has_one:
@@ -264,13 +265,22 @@ def _policies(file: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
                 "compares several policies, --schedule-policy runs one"
             )
         if has_list:
-            return _policy_list(source["policy"])
+            return _policy_list(source["policy"], key)
         if has_one:
-            return [str(source["schedule_policy"])]
+            one = source["schedule_policy"]
+            if isinstance(one, list | dict):
+                raise CliError(
+                    f"schedule_policy: expected one policy name, got {one!r} (policy: [a, b] "
+                    "compares several)"
+                )
+            return [str(one)]
     return [n for n in MAIN_POLICIES if n in _policy_names()]
 
 
-def _policy_list(value: Any) -> list[str]:
+def _policy_list(value: Any, key: str = "--policy") -> list[str]:
+    """The policies ``value`` names (a list or comma-separated names, or 'all'), each once."""
+    if isinstance(value, dict):
+        raise CliError(f"{key}: expected policy names, got {value!r}")
     if isinstance(value, list):
         chosen = [str(v).strip() for v in value]
     else:
@@ -279,12 +289,29 @@ def _policy_list(value: Any) -> list[str]:
     if chosen == ["all"]:
         return _policy_names()
     if not chosen:
-        raise CliError("--policy needs at least one policy name (or 'all')")
+        raise CliError(f"{key} needs at least one policy name (or 'all')")
+    twice = sorted({c for c in chosen if chosen.count(c) > 1})
+    if twice:
+        raise CliError(
+            f"{key}: {', '.join(twice)} given twice: each policy runs once (its results are "
+            "keyed by its name)"
+        )
     return chosen
 
 
 def _normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    """Keys with '-' as '_'; two spellings of one key (request-rate, request_rate) are an
+    error, not a silent choice of the last."""
+    from radixsched.sim.runconfig import RunConfigError
+
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for k, v in data.items():
+        key = str(k).replace("-", "_")
+        if key in out:
+            raise RunConfigError(f"setting {key!r} is given twice: as {spelled[key]!r} and {k!r}")
+        out[key], spelled[key] = v, str(k)
+    return out
 
 
 def _settings(args: argparse.Namespace) -> tuple[RunSettings, list[str]]:
@@ -303,16 +330,17 @@ def _settings(args: argparse.Namespace) -> tuple[RunSettings, list[str]]:
         merged.pop("schedule_policy", None)
         labels = {k: "--" + k.replace("_", "-") for k in flags}
         rs = resolve(merged, cli=True, labels=labels)
-    except RunConfigError as e:
-        where = (
-            f"{args.config}: " if args.config and not str(e).startswith(str(args.config)) else ""
-        )
-        raise CliError(f"{where}{e}") from e
+    except (RunConfigError, CliError) as e:
+        # A problem of the file is prefixed with its name; one of a flag names the flag.
+        text = str(e)
+        in_file = args.config and not text.startswith((str(args.config), "--", "give --"))
+        raise CliError(f"{args.config}: {text}" if in_file else text) from e
     return rs, policies
 
 
-def _cli_errors(rs: RunSettings) -> list[str]:
-    """Problems of simulate's own settings: output paths, ``jobs``."""
+def _cli_errors(rs: RunSettings, config: str | None = None) -> list[str]:
+    """Problems of simulate's own settings: output paths (writable, none of them an input
+    file or another output), ``jobs``."""
     from radixsched.sim.runconfig import OUTPUT_KEYS, check_output_path
     from radixsched.sim.table import is_parquet, parquet_available
 
@@ -320,17 +348,55 @@ def _cli_errors(rs: RunSettings) -> list[str]:
     jobs = rs.cli.get("jobs")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         errors.append(f"jobs must be a positive integer, got {jobs!r}")
+    inputs = _input_files(rs, config)
+    written: list[tuple[str, str]] = []
     for key in OUTPUT_KEYS:
         path = rs.cli.get(key)
         if path is None:
             continue
         flag = "--" + key.replace("_", "-")
         err = check_output_path(flag, str(path))
+        clash = next((what for what, p in inputs if _same_file(str(path), p)), None)
+        other = next((f for f, p in written if _same_file(str(path), p)), None)
         if err:
             errors.append(err)
+        elif clash:
+            errors.append(f"{flag} {path}: is {clash}; refusing to overwrite an input")
+        elif other:
+            errors.append(f"{flag} {path}: is also the file of {other}; give each output its own")
         elif key == "requests_csv" and is_parquet(str(path)) and not parquet_available():
             errors.append(f"{flag} {path}: writing Parquet needs pyarrow (pip install pyarrow)")
+        written.append((flag, str(path)))
     return errors
+
+
+def _input_files(rs: RunSettings, config: str | None) -> list[tuple[str, str]]:
+    """(what, path) of every file the run reads: the config file, the trace, the model's
+    config.json and the calibration file."""
+    from radixsched.sim.hfconfig import config_path
+    from radixsched.sim.workloads import WorkloadError, parse_workload_spec
+
+    files = [("the --config file", config)] if config else []
+    try:
+        kind, params = parse_workload_spec(rs.workload.spec or DEFAULT_WORKLOAD)
+    except WorkloadError:  # reported by the checks
+        kind = None
+    if kind is not None and kind.is_trace:
+        files.append(("the --workload trace", str(params["path"])))
+    model = config_path(str(rs.sim.get("model", ""))) if rs.sim.get("model") else None
+    if model is not None:
+        files.append(("the --model config", str(model)))
+    if rs.sim.get("calibration"):
+        files.append(("the --calibration file", str(rs.sim["calibration"])))
+    return files
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (the same inode where both exist)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _slo(rs: RunSettings) -> Any:
@@ -365,7 +431,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     meta = run_metadata(getattr(args, "_argv", None))
     rs, policies = _settings(args)
-    errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _cli_errors(rs)
+    errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _cli_errors(rs, args.config)
     if errors:
         raise CliError("\n".join(errors))
     base = rs.scheduler_config()

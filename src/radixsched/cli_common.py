@@ -104,6 +104,15 @@ def _close(word: str, choices: Sequence[str]) -> str | None:
     return found[0] if found else None
 
 
+# What a value of each argparse type should be, for messages (the optional types take 'none').
+_TYPE_NAMES = {
+    "int": "an integer",
+    "float": "a number",
+    "_parse_optional_int": "an integer (or none)",
+    "_parse_optional_float": "a number (or none)",
+}
+
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` that never accepts a flag's prefix for the flag
     (``--request-rat`` is an error, not ``--request-rate``) and suggests the closest flag or
@@ -131,6 +140,12 @@ class Parser(argparse.ArgumentParser):
         self.error("unrecognized arguments: " + " ".join(parts))
 
     def error(self, message: str) -> NoReturn:
+        # argparse names a type by its function: say what the value should be instead.
+        message = re.sub(
+            r"invalid (\w+) value: ",
+            lambda m: f"expected {_TYPE_NAMES.get(m.group(1), m.group(1))}, got ",
+            message,
+        )
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if m:
             choices = re.findall(r"'([^']*)'", m.group(2)) or [

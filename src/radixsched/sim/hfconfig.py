@@ -42,6 +42,7 @@ _DTYPE_BYTES = {
     "fp16": 2,
     "half": 2,
     "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
     "float8": 1,
     "fp8": 1,
 }
@@ -51,22 +52,35 @@ class ModelConfigError(PresetError):
     """A config.json that cannot be read as a model shape; the message names the file."""
 
 
-def _int(d: Mapping[str, Any], where: str, *names: str, default: int | None = None) -> int:
+def _int(
+    d: Mapping[str, Any], where: str, *names: str, default: int | None = None, minimum: int = 0
+) -> int:
+    """The first of ``names`` that ``d`` gives, a whole number >= ``minimum`` (JSON's ``4.0``
+    too, never ``4.5``, NaN or a boolean); ``default`` when none is given."""
     for n in names:
         v = d.get(n)
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            whole = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+            if isinstance(v, bool) or not whole:
                 raise ModelConfigError(f"{where}: field {n!r}: expected a count, got {v!r}")
+            if v < minimum:
+                raise ModelConfigError(f"{where}: field {n!r}: must be >= {minimum}, got {v!r}")
             return int(v)
     if default is None:
         raise ModelConfigError(f"{where}: missing field {names[0]!r}")
     return default
 
 
-def _weight_bytes(d: Mapping[str, Any]) -> tuple[float, int]:
+def _weight_bytes(d: Mapping[str, Any], where: str) -> tuple[float, int]:
     """(bytes per weight, bytes per KV value)."""
-    name = str(d.get("torch_dtype") or d.get("dtype") or "bfloat16").lower()
-    dense = _DTYPE_BYTES.get(name.removeprefix("torch."), 2)
+    key = "torch_dtype" if d.get("torch_dtype") is not None else "dtype"
+    value = d.get(key) or "bfloat16"
+    name = str(value).lower().removeprefix("torch.")
+    if not isinstance(value, str) or name not in _DTYPE_BYTES:
+        raise ModelConfigError(
+            f"{where}: field {key!r}: unknown dtype {value!r}; known: {', '.join(_DTYPE_BYTES)}"
+        )
+    dense = _DTYPE_BYTES[name]
     kv = dense if dense >= 2 else 2
     quant = d.get("quantization_config")
     if isinstance(quant, Mapping):
@@ -84,17 +98,21 @@ def spec_from_hf(d: Mapping[str, Any], name: str, where: str = "config.json") ->
     text = d.get("text_config")
     if isinstance(text, Mapping):
         d = {**{k: v for k, v in d.items() if k != "text_config"}, **text}
-    layers = _int(d, where, "num_hidden_layers", "n_layer", "num_layers")
-    h = _int(d, where, "hidden_size", "n_embd", "d_model")
-    heads = _int(d, where, "num_attention_heads", "n_head")
-    if layers < 1 or h < 1 or heads < 1:
-        raise ModelConfigError(f"{where}: layers, hidden_size and heads must be >= 1")
-    kv_heads = _int(d, where, "num_key_value_heads", default=heads) or heads
-    inter = _int(d, where, "intermediate_size", "n_inner", "ffn_dim")
-    vocab = _int(d, where, "vocab_size")
-    ctx = _int(d, where, "max_position_embeddings", "n_positions", "seq_length", default=4096)
-    tied = bool(d.get("tie_word_embeddings", False))
-    wbytes, kv_bytes = _weight_bytes(d)
+    layers = _int(d, where, "num_hidden_layers", "n_layer", "num_layers", minimum=1)
+    h = _int(d, where, "hidden_size", "n_embd", "d_model", minimum=1)
+    heads = _int(d, where, "num_attention_heads", "n_head", minimum=1)
+    kv_heads = _int(d, where, "num_key_value_heads", default=heads, minimum=1)
+    inter = _int(d, where, "intermediate_size", "n_inner", "ffn_dim", minimum=1)
+    vocab = _int(d, where, "vocab_size", minimum=2)
+    ctx = _int(
+        d, where, "max_position_embeddings", "n_positions", "seq_length", default=4096, minimum=2
+    )
+    tied = d.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ModelConfigError(
+            f"{where}: field 'tie_word_embeddings': expected true or false, got {tied!r}"
+        )
+    wbytes, kv_bytes = _weight_bytes(d, where)
 
     kv_lora = _int(d, where, "kv_lora_rank", default=0)
     if kv_lora:
@@ -107,20 +125,36 @@ def spec_from_hf(d: Mapping[str, Any], name: str, where: str = "config.json") ->
         attn = q + h * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * h
         head_dim, mla_dim, kv_heads = qk, kv_lora + rope, heads
     else:
-        head_dim = _int(d, where, "head_dim", default=h // heads)
+        if d.get("head_dim") is None and h % heads:
+            raise ModelConfigError(
+                f"{where}: hidden_size {h} is not divisible by num_attention_heads {heads} "
+                "(give head_dim)"
+            )
+        head_dim = _int(d, where, "head_dim", default=h // heads, minimum=1)
+        if heads % kv_heads:
+            raise ModelConfigError(
+                f"{where}: num_key_value_heads {kv_heads} must divide num_attention_heads {heads}"
+            )
         attn = 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim
         mla_dim = 0
+    if head_dim < 1:
+        raise ModelConfigError(f"{where}: qk_nope_head_dim + qk_rope_head_dim must be >= 1")
 
     experts = _int(d, where, "num_local_experts", "num_experts", "n_routed_experts", default=1)
-    experts = max(experts, 1)
+    experts = max(experts, 1)  # 0 experts: a dense model
     top_k = _int(d, where, "num_experts_per_tok", default=1) if experts > 1 else 1
     if experts > 1 and not 1 <= top_k <= experts:
         raise ModelConfigError(f"{where}: num_experts_per_tok must be in [1, {experts}]")
-    expert_inter = _int(d, where, "moe_intermediate_size", default=inter) if experts > 1 else inter
+    expert_inter = (
+        _int(d, where, "moe_intermediate_size", default=inter, minimum=1) if experts > 1 else inter
+    )
     shared_inter = _int(d, where, "shared_expert_intermediate_size", default=0)
     shared_inter += _int(d, where, "n_shared_experts", default=0) * expert_inter
     dense_layers = _int(d, where, "first_k_dense_replace", default=0) if experts > 1 else layers
-    dense_layers = min(dense_layers, layers)
+    if dense_layers > layers:
+        raise ModelConfigError(
+            f"{where}: first_k_dense_replace {dense_layers} exceeds num_hidden_layers {layers}"
+        )
     moe_layers = layers - dense_layers
 
     norms = 2 * h
@@ -191,6 +225,8 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise ModelConfigError(f"{p}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ModelConfigError(f"{p}: not UTF-8 text (byte offset {e.start})") from None
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{p}:{e.lineno}: invalid JSON: {e.msg}") from None
     if not isinstance(doc, dict):

@@ -116,8 +116,9 @@ class ModelSpec:
 
     @property
     def expert_params(self) -> float:
-        """Parameters of one expert over all layers (0 for dense models)."""
-        if not self.is_moe:
+        """Parameters of one expert over all layers (0 for dense models, and for a model whose
+        every token passes through every expert: all its weights are read every step anyway)."""
+        if not self.is_moe or self.experts_per_token >= self.num_experts:
             return 0.0
         return (self.total_params - self.active_params) / (
             self.num_experts - self.experts_per_token

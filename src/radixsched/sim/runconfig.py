@@ -16,12 +16,16 @@ prefixed to be explicit:
 Arrivals follow one rule everywhere (``RATE_RULE``). ``engine_mode`` (``sim.engine_modes``)
 supplies the scheduler settings a run does not give. ``check`` validates a resolved run
 without running anything, so a typo fails before any work starts, one line per problem.
+Numeric values are resolved within ``LIMITS`` (no NaN; no infinity but where it means
+"never"; times, efficiencies and sizes the simulated clock and memory can hold), and a run
+whose KV pools would not fit this machine's memory is refused by ``check``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import types
@@ -45,6 +49,93 @@ SLO_KEYS = ("slo_ttft_ms", "slo_tpot_ms")
 # Output and selection keys only ``simulate`` takes.
 CLI_KEYS = ("policy", "json", "csv", "report", "requests_csv", "quiet", "jobs")
 OUTPUT_KEYS = ("json", "csv", "report", "requests_csv")
+
+# Bounds that keep simulated times and sizes representable: a step or delay longer than an
+# hour, an efficiency below the calibrator's smallest fit (1 / 1e4), a host tier over 1 PB.
+MAX_MS = 3_600_000.0
+MIN_EFFICIENCY = 1e-4
+MAX_PREFILL_EFF_TOKENS = 1e6
+MAX_HICACHE_GB = 1e6
+MIN_LINK_GB_S = 1e-3
+# Bytes of bookkeeping per KV page and instance: the allocator's free stack (int64) and two
+# position maps (int32). A run whose pools need more than the machine's memory is refused.
+KV_BYTES_PER_PAGE = 16
+
+
+class Limit(NamedTuple):
+    """The valid range of a numeric setting (None: unbounded on that side); NaN is never
+    valid, infinity only where ``infinite`` (``inf`` meaning "never" or "unlimited")."""
+
+    low: float | None
+    high: float | None
+    infinite: bool = False
+    unit: str = ""
+
+    def text(self, kind: str = "a number") -> str:
+        """The range in words: ``an integer >= 1``, ``a number between 0 and 1``."""
+        lo, hi, unit = self.low, self.high, self.unit
+        if lo is not None and hi is not None:
+            out = f"{kind} between {_num(lo)} and {_num(hi)}{unit}"
+        elif lo is not None:
+            out = f"{kind} >= {_num(lo)}{unit}"
+        else:
+            out = f"a finite {kind.split()[-1]} <= {_num(hi or 0.0)}{unit}"
+        return out + (" (or inf)" if self.infinite else "")
+
+    def allows(self, value: int | float) -> bool:
+        if isinstance(value, float) and (
+            math.isnan(value) or (math.isinf(value) and not self.infinite)
+        ):
+            return False
+        if self.low is not None and value < self.low:
+            return False
+        return self.high is None or value <= self.high
+
+
+def _num(x: float) -> str:
+    """A bound as text: ``3,600,000``, ``0.0001``."""
+    return f"{x:,.0f}" if x == int(x) else f"{x:g}"
+
+
+_MS = Limit(None, MAX_MS, unit=" ms")  # below 0 (and NaN): the cost model's own check
+_COUNT, _POSITIVE = Limit(0, None), Limit(1, None)
+# The ranges that no other check covers (``SchedulerConfig``, ``CostModel`` and
+# ``check_disaggregation`` check the rest with their own messages), by setting.
+LIMITS: dict[str, Limit] = {
+    "seed": _COUNT,
+    "priority_scheduling_preemption_threshold": _COUNT,
+    "max_prefix_match_queue": _COUNT,
+    "in_batch_prefix_check_threshold": _COUNT,
+    "in_batch_prefix_deprioritize_threshold": _COUNT,
+    "lpm_max_wait_s": Limit(0, None, infinite=True, unit=" s"),
+    "lpm_max_wait_tokens": _COUNT,
+    "prefill_max_requests": _POSITIVE,
+    "max_running_requests": _POSITIVE,
+    "schedule_conservativeness": _COUNT,
+    "clip_max_new_tokens": _COUNT,
+    "init_new_token_ratio": _COUNT,
+    "min_new_token_ratio_factor": _COUNT,
+    "new_token_ratio_decay_steps": _POSITIVE,
+    "retract_decode_steps": _COUNT,
+    "mfu": Limit(MIN_EFFICIENCY, None),
+    "mbu": Limit(MIN_EFFICIENCY, None),
+    "step_overhead_ms": _MS,
+    "sched_step_ms": _MS,
+    "sched_per_req_ms": _MS,
+    "sched_per_prefill_ms": _MS,
+    "request_latency_ms": _MS,
+    "request_serial_ms": _MS,
+    "prefill_eff_tokens": Limit(None, MAX_PREFILL_EFF_TOKENS, unit=" tokens"),
+    "prefill_delayer_max_delay_passes": _POSITIVE,
+    "prefill_delayer_max_delay_ms": Limit(0, MAX_MS, unit=" ms"),
+    "prefill_delayer_token_usage_low_watermark": Limit(0, 1),
+    "prefill_delayer_queue_min_ratio": Limit(0, None, infinite=True),
+    "disaggregation_link_bandwidth_gb_s": Limit(MIN_LINK_GB_S, None, infinite=True, unit=" GB/s"),
+    "disaggregation_link_latency_ms": Limit(0, MAX_MS, unit=" ms"),
+    "disaggregation_bootstrap_ms": Limit(0, MAX_MS, unit=" ms"),
+    "hicache_size": Limit(0, MAX_HICACHE_GB, unit=" GB"),
+    "hicache_page_size": _POSITIVE,
+}
 
 
 class RunConfigError(ValueError):
@@ -139,7 +230,17 @@ def _unwrap(tp: Any) -> tuple[Any, bool]:
 
 def coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
     """``value`` as the type of field ``name`` of ``cls`` (YAML gives typed values, flags
-    strings); ``RunConfigError`` naming ``where`` otherwise."""
+    strings), within its ``LIMITS``; ``RunConfigError`` naming ``where`` otherwise."""
+    out = _coerce(cls, name, value, where)
+    limit = LIMITS.get(name)
+    number = isinstance(out, int | float) and not isinstance(out, bool)
+    if limit is not None and number and not limit.allows(out):
+        kind = "an integer" if isinstance(out, int) else "a number"
+        raise RunConfigError(f"{where}: must be {limit.text(kind)}, got {value!r}")
+    return out
+
+
+def _coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
     tp, optional = _unwrap(typing.get_type_hints(cls)[name])
     if value is None or (isinstance(value, str) and value.lower() == "none" and optional):
         if optional:
@@ -154,14 +255,7 @@ def coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
             )
         return str(value)
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("true", "yes", "on", "1"):
-            return True
-        if text in ("false", "no", "off", "0"):
-            return False
-        raise RunConfigError(f"{where}: expected true or false, got {value!r}")
+        return _bool(value, where)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -181,6 +275,17 @@ def coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
     if isinstance(value, dict | list):
         raise RunConfigError(f"{where}: expected a single value, got {value!r}")
     return str(value)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise RunConfigError(f"{where}: expected true or false, got {value!r}")
 
 
 def _positive_ms(value: Any, where: str) -> float | None:
@@ -263,6 +368,8 @@ def resolve(
     spec = wl.get("workload")
     if spec is not None and not isinstance(spec, str):
         raise RunConfigError(f"{lab('workload')}: expected a spec string, got {spec!r}")
+    if spec is not None and not spec.strip():
+        raise RunConfigError(f"{lab('workload')}: expected a workload spec, got an empty one")
     workload = WorkloadSettings(
         spec=spec,
         request_rate=parse_rate(wl.get("request_rate"), lab("request_rate")),
@@ -276,8 +383,21 @@ def resolve(
         workload=workload,
         slo_ttft_ms=_positive_ms(slo.get("slo_ttft_ms"), lab("slo_ttft_ms")),
         slo_tpot_ms=_positive_ms(slo.get("slo_tpot_ms"), lab("slo_tpot_ms")),
-        cli=parts.get("cli", {}),
+        cli=_cli_values(parts.get("cli", {}), lab),
     )
+
+
+def _cli_values(values: Mapping[str, Any], lab: Any) -> dict[str, Any]:
+    """Simulate's own settings with their types checked: output paths are non-empty strings,
+    ``quiet`` a boolean (``policy`` and ``jobs`` are checked by the CLI)."""
+    out = dict(values)
+    for key in OUTPUT_KEYS:
+        path = out.get(key)
+        if path is not None and (not isinstance(path, str) or not path.strip()):
+            raise RunConfigError(f"{lab(key)}: expected a file path, got {path!r}")
+    if out.get("quiet") is not None:
+        out["quiet"] = _bool(out["quiet"], lab("quiet"))
+    return out
 
 
 def load_yaml(path: str | Path) -> Mapping[str, Any]:
@@ -297,7 +417,7 @@ def load_yaml(path: str | Path) -> Mapping[str, Any]:
     except UnicodeDecodeError as e:
         raise RunConfigError(f"{p}: not UTF-8 text (byte offset {e.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader())  # a SafeLoader
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
@@ -312,12 +432,44 @@ def load_yaml(path: str | Path) -> Mapping[str, Any]:
     return data
 
 
+@functools.cache
+def _unique_keys_loader() -> type[Any]:
+    """PyYAML's ``SafeLoader``, except that a key given twice in one mapping is an error (YAML
+    forbids it; PyYAML would keep the last value silently). Keys merged in with ``<<`` may
+    still be overridden."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=deep)
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: the base class reports it
+                        continue
+                    if first is not None:
+                        raise yaml.constructor.ConstructorError(
+                            problem=f"key {key!r} is given twice (first on line {first + 1})",
+                            problem_mark=key_node.start_mark,
+                        )
+                    seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 # ---- checking --------------------------------------------------------------------------------
 
 
 def check_output_path(key: str, path: str) -> str | None:
     """Why ``path`` cannot be written (its folder missing or read-only, a folder itself), or
     None. Nothing is created."""
+    if not path.strip():
+        return f"{key}: expected a file path, got an empty one"
     p = Path(path)
     if p.is_dir():
         return f"{key} {path}: is a directory"
@@ -362,6 +514,13 @@ def check(
                 f"unknown policy {name!r}{suggest(name, list(POLICIES))}; valid: "
                 + ", ".join(POLICIES)
             )
+    retraction = str(rs.sched.get("retraction_policy", "length"))
+    retractions = list(_fields(SchedulerConfig)["retraction_policy"].metadata["choices"])
+    if retraction not in retractions:
+        errors.append(
+            f"unknown retraction_policy {retraction!r}{suggest(retraction, retractions)}; "
+            f"valid: {', '.join(retractions)}"
+        )
     eviction = str(rs.sched.get("radix_eviction_policy", "lru"))
     if eviction.lower() not in EVICTION_STRATEGIES:
         errors.append(
@@ -387,6 +546,8 @@ def check(
             "disaggregation_mode is set per instance role; split a run with disaggregation: "
             "true, prefill_instances and decode_instances"
         )
+    if sched is not None and sim is not None and not errors:
+        errors.extend(_check_memory(sim, sched.page_size))
     if sched is not None and sim is not None and not errors:
         errors.extend(_check_schedulers(sched, sim, names))
     spec = rs.workload.spec or default_workload
@@ -460,6 +621,44 @@ def _check_disaggregation(sim: SimConfig) -> list[str]:
                 for e in _check_cost_model(spec.sim_config(sim, host_tier=False))
             ]
     return errors
+
+
+def _physical_memory() -> int | None:
+    """Bytes of memory this machine has (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(sim: SimConfig, page_size: int) -> list[str]:
+    """A run whose KV pools' page tables alone exceed this machine's memory (a huge
+    max_total_tokens or dp) would fail allocating them, or be killed, mid-run: refuse it."""
+    from radixsched.sim.disagg import role_specs
+    from radixsched.sim.simulate import build_cost_model
+
+    memory = _physical_memory()
+    if memory is None:
+        return []
+    if sim.disaggregation:
+        pools = [
+            (
+                getattr(sim, f"{role}_instances"),
+                build_cost_model(spec.sim_config(sim, host_tier=False)).kv_capacity_tokens(),
+            )
+            for role, spec in zip(("prefill", "decode"), role_specs(sim), strict=True)
+        ]
+    else:
+        pools = [(sim.dp, build_cost_model(sim).kv_capacity_tokens())]
+    need = sum(n * (tokens // page_size) for n, tokens in pools) * KV_BYTES_PER_PAGE
+    if need <= memory:
+        return []
+    sizes = " + ".join(f"{n:,} x {tokens:,}" for n, tokens in pools)
+    return [
+        f"the simulated KV pools ({sizes} tokens) need {need / 2**30:,.1f} GiB for their page "
+        f"tables alone, more than this machine's {memory / 2**30:,.1f} GiB: lower "
+        "max_total_tokens or dp"
+    ]
 
 
 def _check_schedulers(sched: SchedulerConfig, sim: SimConfig, names: Sequence[str]) -> list[str]:

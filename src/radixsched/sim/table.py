@@ -48,9 +48,27 @@ class Better(enum.Enum):
     NONE = "none"  # informational, never highlighted
 
 
+# Beyond these magnitudes numbers are written in scientific notation (``1.00e+12``), so that
+# no value of an extreme run (a rate of 1e-300, a latency of 1e300 s) takes a screenful.
+_SMALLEST_PLAIN, _LARGEST_PLAIN = 1e-3, 1e9
+
+
+def _extreme(x: float) -> str | None:
+    """``x`` as text when it is not finite or too small or large to write out, else None."""
+    if not math.isfinite(x):
+        return str(x)
+    if x != 0 and not _SMALLEST_PLAIN <= abs(x) < _LARGEST_PLAIN:
+        return f"{x:.2e}"
+    return None
+
+
 def _sig3(x: float) -> str:
     """``x`` (non-zero) with three significant digits, trailing zeros kept (``28.0``, ``655``,
-    ``0.0500``); from 1,000 up, whole numbers with a thousands separator."""
+    ``0.0500``); from 1,000 up, whole numbers with a thousands separator; scientific notation
+    below 0.001 and from 1e9 up."""
+    extreme = _extreme(x)
+    if extreme is not None:
+        return extreme
     decimals = max(0, 2 - math.floor(math.log10(abs(x))))
     text = f"{x:.{decimals}f}"
     if decimals > 0 and abs(float(text)) >= 10.0 ** (3 - decimals):
@@ -65,8 +83,8 @@ def fmt_seconds(x: float) -> str:
     thousands separator from 1,000 s): ``28.0 s``, ``655 s``, ``1,617 s``, ``12.3 ms``."""
     if x == 0:
         return "0"
-    if not math.isfinite(x):
-        return str(x)
+    if not math.isfinite(x) or not 1e-7 <= abs(x) < _LARGEST_PLAIN:
+        return f"{_extreme(x) or x} s"
     for scale, unit in ((1e-6, "µs"), (1e-3, "ms"), (1.0, "s")):
         text = _sig3(x / scale)
         if "," not in text and (unit == "s" or abs(x) < scale * 1000) and abs(float(text)) < 1000:
@@ -77,6 +95,9 @@ def fmt_seconds(x: float) -> str:
 def fmt_rate(x: float) -> str:
     if x == 0:
         return "0"
+    extreme = _extreme(x)
+    if extreme is not None:
+        return extreme
     if abs(x) >= 1000:
         return f"{x:,.0f}"
     return _sig3(x)
@@ -92,6 +113,8 @@ def fmt_points(x: float) -> str:
 
 
 def fmt_int(x: float) -> str:
+    if not math.isfinite(x) or abs(x) >= _LARGEST_PLAIN:
+        return _extreme(x) or str(x)
     return f"{round(x):,}"
 
 

@@ -104,6 +104,17 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _SALT_BLOCK, _SALT_PAD, _SALT_GROUP, _SALT_UNIQUE = 0x1B, 0x2C, 0x3D, 0x4E
 
 
+# Limits that keep a load within memory and the simulated clock exact: one prompt (or one
+# generated length param) at most 2^24 tokens (above every context window served: 10M); a
+# generated workload at most 10M requests and 2^31 tokens (8 GiB of int32); arrivals within
+# 1e9 s (31 years) of the first, where a float64 clock still resolves 0.2 microseconds.
+MAX_PROMPT_TOKENS = 1 << 24
+MAX_GENERATED_REQUESTS = 10_000_000
+MAX_GENERATED_TOKENS = 1 << 31
+MAX_ARRIVAL_S = 1e9
+_INT64 = 1 << 63
+
+
 class WorkloadError(ValueError):
     """Bad workload input; the message names the file, line and field (or the bad param)."""
 
@@ -209,6 +220,7 @@ class Param:
     default: Any
     help: str
     minimum: float | None = 1  # inclusive lower bound for numbers (None: unchecked)
+    maximum: float | None = None  # inclusive upper bound for numbers (None: unchecked)
 
     def parse(self, workload: str, text: str) -> Any:
         where = f"workload {workload}: param {self.name!r}"
@@ -234,6 +246,8 @@ class Param:
             value = text
         if self.minimum is not None and self.type in (int, float) and value < self.minimum:
             raise WorkloadError(f"{where}: must be >= {self.minimum:g}, got {text!r}")
+        if self.maximum is not None and self.type in (int, float) and value > self.maximum:
+            raise WorkloadError(f"{where}: must be <= {self.maximum:,.0f}, got {text!r}")
         return value
 
 
@@ -279,12 +293,16 @@ class WorkloadKind:
     params: tuple[Param, ...]
     build: Builder
     is_trace: bool = False  # takes a file path as its argument
+    # A generator's (requests, tokens) for its params, checked against the limits before it runs.
+    size: Callable[[Mapping[str, Any]], tuple[int, int]] | None = None
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
 
-_VOCAB = Param("vocab", int, DEFAULT_VOCAB, "token ids are drawn from [0, vocab)", minimum=2)
+_VOCAB = Param(
+    "vocab", int, DEFAULT_VOCAB, "token ids are drawn from [0, vocab)", minimum=2, maximum=2**31
+)
 _PATH = Param("path", str, None, "trace file")
 
 
@@ -374,23 +392,34 @@ def check_trace(path: str | Path) -> None:
 
 
 def _bad(where: str, name: str, expected: str, value: Any) -> WorkloadError:
-    return WorkloadError(f"{where}: field {name!r}: expected {expected}, got {value!r}")
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return WorkloadError(f"{where}: field {name!r}: expected {expected}, got {text}")
 
 
-def _pos_int(obj: dict[str, Any], name: str, where: str) -> int:
+def _pos_int(obj: dict[str, Any], name: str, where: str, maximum: int | None = None) -> int:
     v = obj.get(name)
     if v is None:
         raise WorkloadError(f"{where}: missing field {name!r}")
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise _bad(where, name, "a positive integer", v)
+    if maximum is not None and v > maximum:
+        raise _bad(where, name, f"at most {maximum:,} tokens", v)
     return v
 
 
 def _nonneg_number(obj: dict[str, Any], name: str, where: str) -> float:
     v = obj[name]
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, int | float):
         raise _bad(where, name, "a non-negative number", v)
-    return float(v)
+    try:
+        number = float(v)
+    except OverflowError:  # an integer beyond float's range
+        raise _bad(where, name, "a non-negative number below 1e308", v) from None
+    if not math.isfinite(number) or number < 0:
+        raise _bad(where, name, "a non-negative number", v)
+    return number
 
 
 def _int_list(obj: dict[str, Any], name: str, where: str, *, nonempty: bool) -> TokenArray:
@@ -435,13 +464,25 @@ def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
             if name not in obj:
                 raise WorkloadError(f"{where}: missing field {name!r}")
         ts = _nonneg_number(obj, "timestamp", where)
-        n = _pos_int(obj, "input_length", where)
+        n = _pos_int(obj, "input_length", where, MAX_PROMPT_TOKENS)
         o = _pos_int(obj, "output_length", where)
         ids = _int_list(obj, "hash_ids", where, nonempty=False).astype(np.int64)
         out.append(_MooncakeRecord(where, ts, n, o, ids[: -(-n // block)]))
     if not out:
         raise WorkloadError(f"{path}: no requests")
+    t0 = min(r.timestamp_ms for r in out)
+    late = next((r for r in out if (r.timestamp_ms - t0) / 1e3 > MAX_ARRIVAL_S), None)
+    if late is not None:
+        raise _late(late.where, "timestamp", late.timestamp_ms, (late.timestamp_ms - t0) / 1e3)
     return out
+
+
+def _late(where: str, name: str, value: float, after_s: float) -> WorkloadError:
+    return WorkloadError(
+        f"{where}: field {name!r}: {value:g} is {after_s:.3g} s after the first request, "
+        f"beyond the {MAX_ARRIVAL_S:.0e} s a trace may span (the simulated clock would lose "
+        "its microseconds)"
+    )
 
 
 _BATCH = 256  # requests whose own blocks are generated together
@@ -567,7 +608,7 @@ def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Dr
         prompt = _int_list(obj, "input_ids", where, nonempty=True)
         source = None
     else:
-        n = _pos_int(obj, "input_length", where)
+        n = _pos_int(obj, "input_length", where, MAX_PROMPT_TOKENS)
         group = obj.get("prefix_group")
         if (group is None) != ("prefix_length" not in obj):
             raise WorkloadError(f"{where}: 'prefix_group' and 'prefix_length' go together")
@@ -597,6 +638,8 @@ def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Dr
     priority = obj.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise _bad(where, "priority", "an integer", priority)
+    if priority is not None and not -_INT64 <= priority < _INT64:
+        raise _bad(where, "priority", "a signed 64-bit integer", priority)
     return _Draft(
         prompt,
         out,
@@ -637,9 +680,11 @@ def _fill_hashed(drafts: Sequence[_Draft]) -> None:
 def _build_jsonl(p: dict[str, Any], seed: int) -> list[_Draft]:
     path = Path(p["path"])
     drafts: list[_Draft] = []
+    wheres: list[tuple[str, str]] = []  # each line's place and arrival field
     first_timed: bool | None = None
     for where, obj in _json_lines(path):
         d = _jsonl_draft(where, obj, len(drafts), p["vocab"])
+        wheres.append((where, "arrival_time" if "arrival_time" in obj else "timestamp"))
         timed = d.timestamp_s is not None
         if first_timed is None:
             first_timed = timed
@@ -653,8 +698,11 @@ def _build_jsonl(p: dict[str, Any], seed: int) -> list[_Draft]:
         raise WorkloadError(f"{path}: no requests")
     if first_timed:
         t0 = min(d.timestamp_s for d in drafts if d.timestamp_s is not None)
-        for d in drafts:
+        for d, (where, name) in zip(drafts, wheres, strict=True):
             assert d.timestamp_s is not None
+            if d.timestamp_s - t0 > MAX_ARRIVAL_S:
+                value = d.timestamp_s if name == "arrival_time" else d.timestamp_s * 1e3
+                raise _late(where, name, value, d.timestamp_s - t0)
             d.timestamp_s -= t0
     return drafts
 
@@ -755,6 +803,44 @@ def _p(name: str, default: Any, help_: str, minimum: float | None = 1) -> Param:
     return Param(name, type(default), default, help_, minimum)
 
 
+def _len(name: str, default: int, help_: str) -> Param:
+    """A length in tokens: at most ``MAX_PROMPT_TOKENS``."""
+    return Param(name, int, default, help_, 1, MAX_PROMPT_TOKENS)
+
+
+# ---- generated sizes: (requests, tokens of prompts and scripted outputs), checked before a
+# generator runs (a tree's levels are summed only until the limits are passed)
+
+
+def _size_shared_prefix(p: Mapping[str, Any]) -> tuple[int, int]:
+    n = p["groups"] * p["prompts"]
+    return n, n * (p["system_len"] + p["question_len"])
+
+
+def _size_multi_turn(p: Mapping[str, Any]) -> tuple[int, int]:
+    turns, grow = p["turns"], p["output_len"] + p["turn_len"]
+    per_chat = turns * (p["first_len"] + p["output_len"]) + grow * turns * (turns - 1) // 2
+    return p["conversations"] * turns, p["conversations"] * per_chat
+
+
+def _size_tree_of_thought(p: Mapping[str, Any]) -> tuple[int, int]:
+    n = tokens = 0
+    for level in range(p["depth"]):
+        nodes = p["trees"] * p["branching"] ** level
+        n += nodes
+        tokens += nodes * (
+            p["root_len"] + level * (p["output_len"] + p["step_len"]) + p["output_len"]
+        )
+        if n > MAX_GENERATED_REQUESTS or tokens > MAX_GENERATED_TOKENS:
+            break
+    return n, tokens
+
+
+def _size_few_shot(p: Mapping[str, Any]) -> tuple[int, int]:
+    shots = p["shots"] * p["shot_len"]
+    return p["questions"], p["questions"] * (shots + p["question_len"]) + p["num_subjects"] * shots
+
+
 _OUT = "tokens generated per request"
 _SHUFFLE = _p("shuffle", True, "interleave requests in a seeded random arrival order", None)
 _THINK = "seconds between a session's consecutive requests"
@@ -765,7 +851,7 @@ WORKLOADS: dict[str, WorkloadKind] = {
         WorkloadKind(
             "mooncake",
             "Mooncake JSONL trace (timestamp ms, input/output_length, 512-token hash_ids)",
-            (_PATH, _VOCAB, _p("block_size", 512, "tokens per hash id")),
+            (_PATH, _VOCAB, _len("block_size", 512, "tokens per hash id")),
             _build_mooncake,
             is_trace=True,
         ),
@@ -782,13 +868,14 @@ WORKLOADS: dict[str, WorkloadKind] = {
             (
                 _p("groups", 64, "groups (distinct system prompts)"),
                 _p("prompts", 16, "requests per group"),
-                _p("system_len", 2048, "shared system-prompt tokens"),
-                _p("question_len", 128, "unique question tokens per request"),
-                _p("output_len", 256, _OUT),
+                _len("system_len", 2048, "shared system-prompt tokens"),
+                _len("question_len", 128, "unique question tokens per request"),
+                _len("output_len", 256, _OUT),
                 _SHUFFLE,
                 _VOCAB,
             ),
             _build_shared_prefix,
+            size=_size_shared_prefix,
         ),
         WorkloadKind(
             "multi-turn",
@@ -796,13 +883,14 @@ WORKLOADS: dict[str, WorkloadKind] = {
             (
                 _p("conversations", 64, "conversations"),
                 _p("turns", 5, "turns per conversation"),
-                _p("first_len", 512, "tokens of the first turn's prompt"),
-                _p("turn_len", 128, "new user tokens per later turn"),
-                _p("output_len", 128, _OUT),
+                _len("first_len", 512, "tokens of the first turn's prompt"),
+                _len("turn_len", 128, "new user tokens per later turn"),
+                _len("output_len", 128, _OUT),
                 _p("think_time_s", 2.0, _THINK, 0),
                 _VOCAB,
             ),
             _build_multi_turn,
+            size=_size_multi_turn,
         ),
         WorkloadKind(
             "tree-of-thought",
@@ -811,13 +899,14 @@ WORKLOADS: dict[str, WorkloadKind] = {
                 _p("trees", 32, "independent trees"),
                 _p("depth", 3, "levels, the root included"),
                 _p("branching", 3, "children per node"),
-                _p("root_len", 512, "root prompt tokens"),
-                _p("step_len", 64, "new tokens per child step"),
-                _p("output_len", 128, _OUT),
+                _len("root_len", 512, "root prompt tokens"),
+                _len("step_len", 64, "new tokens per child step"),
+                _len("output_len", 128, _OUT),
                 _p("think_time_s", 1.0, "seconds between a tree's levels", 0),
                 _VOCAB,
             ),
             _build_tree_of_thought,
+            size=_size_tree_of_thought,
         ),
         WorkloadKind(
             "few-shot",
@@ -825,14 +914,15 @@ WORKLOADS: dict[str, WorkloadKind] = {
             (
                 _p("questions", 1024, "requests"),
                 _p("shots", 5, "examples per subject"),
-                _p("shot_len", 128, "tokens per example"),
-                _p("question_len", 128, "unique question tokens"),
-                _p("output_len", 1, _OUT),
+                _len("shot_len", 128, "tokens per example"),
+                _len("question_len", 128, "unique question tokens"),
+                _len("output_len", 1, _OUT),
                 _p("num_subjects", 57, "subjects, each with its own examples"),
                 _SHUFFLE,
                 _VOCAB,
             ),
             _build_few_shot,
+            size=_size_few_shot,
         ),
     )
 }
@@ -892,6 +982,7 @@ def parse_workload_spec(
             params["path"] = arg
     elif arg:
         items = arg.split(",")
+    given: set[str] = set()
     for item in items:
         key, eq, value = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -900,9 +991,20 @@ def parse_workload_spec(
             valid = ", ".join(q.name for q in kind.params)
             what = f"unknown param {key!r}" if eq else f"expected k=v, got {item!r}"
             raise WorkloadError(f"workload {name}: {what}; valid params: {valid}")
+        if key in given:
+            raise WorkloadError(f"workload {name}: param {key!r} is given twice")
+        given.add(key)
         params[key] = p.parse(name, value)
     if kind.is_trace and not params["path"]:
         raise WorkloadError(f"workload {name} needs a file: {name}:PATH")
+    if kind.size is not None:
+        n, tokens = kind.size(params)
+        if n > MAX_GENERATED_REQUESTS or tokens > MAX_GENERATED_TOKENS:
+            raise WorkloadError(
+                f"workload {name}: these params make over {MAX_GENERATED_REQUESTS:,} requests "
+                f"or {MAX_GENERATED_TOKENS:,} tokens, the most a generated workload may hold; "
+                "lower them"
+            )
     return kind, params
 
 
@@ -980,6 +1082,14 @@ def load_workload(
         raise WorkloadError(f"num_requests must be >= 1, got {num_requests}")
     drafts = kind.build(params, seed) if memo is None else memo.drafts(kind, params, seed)
     arrival, how = _arrival_times(drafts, request_rate, default_rate, seed)
+    last = float(arrival.max())
+    if not last <= MAX_ARRIVAL_S:  # traces are checked line by line as they are read
+        think = " (or shorten think_time_s)" if kind.param("think_time_s") else ""
+        raise WorkloadError(
+            f"workload {kind.name}: arrivals ({how}) span {last:.3g} s, beyond the "
+            f"{MAX_ARRIVAL_S:.0e} s the simulated clock keeps to the microsecond; raise the "
+            f"request rate{think}"
+        )
     order = np.argsort(arrival, kind="stable")
     if num_requests is not None:
         order = order[:num_requests]
