@@ -10,7 +10,8 @@ fails on it. The source tree is never modified.
 Not listed: a decode jump allowed while requests wait with the batch not full. No workload
 we built tells it apart from the original (a memory failure marks the batch full, so such a
 decode round follows only rounds that skipped every candidate, and none of our shapes reaches
-one); it is a mutant the suite cannot kill, not a proof that it is harmless. Nor are changes
+one, nor did 4,000 draws of ``tests/test_equivalence_fuzz.py`` against it); it is a mutant the
+suite cannot kill, not a proof that it is harmless. Nor are changes
 that only cost time: hrrn's clamp of a negative wait (a request's entry snapshot never exceeds
 the counter it is compared with) and fair's removal of a leaver from the merged list (the
 round's sync check then rebuilds the order).
@@ -41,6 +42,7 @@ TESTS = (
     "tests/test_costmodel_fastpath.py",
     "tests/test_equivalence.py",
     "tests/test_golden.py",
+    "tests/test_equivalence_fuzz.py",
 )
 
 
@@ -282,6 +284,18 @@ MUTANTS = (
         "            k = k",
     ),
     Mutant(
+        "jump-past-horizon-while-waiting",
+        "fast/scheduler.py",
+        "        if horizon is not None and k > 1:",
+        "        if horizon is not None and not self.waiting and k > 1:",
+    ),
+    Mutant(
+        "closed-loop-jumps-past-other-replicas",
+        "sim/replicas.py",
+        "    if reply_s is not None:",
+        "    if False:",
+    ),
+    Mutant(
         "finish-check-skips-stops",
         "fast/scheduler.py",
         "        if after.can_stop:\n            maybe = list(range(len(after.reqs)))",
@@ -325,7 +339,10 @@ def _check(m: Mutant, copy: Path, tests: list[str]) -> Verdict:
     t0 = time.monotonic()
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            [
+                *(sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"),
+                *("--hypothesis-seed", "0", *tests),
+            ],
             cwd=ROOT,
             env=env,
             capture_output=True,
