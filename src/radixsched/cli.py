@@ -25,6 +25,7 @@ from radixsched.cli_common import (
     MAIN_POLICIES,
     CliError,
     Parser,
+    output_errors,
     parse_args,
     run_metadata,
     scheduler_choices,
@@ -341,33 +342,18 @@ def _settings(args: argparse.Namespace) -> tuple[RunSettings, list[str]]:
 def _cli_errors(rs: RunSettings, config: str | None = None) -> list[str]:
     """Problems of simulate's own settings: output paths (writable, none of them an input
     file or another output), ``jobs``."""
-    from radixsched.sim.runconfig import OUTPUT_KEYS, check_output_path
-    from radixsched.sim.table import is_parquet, parquet_available
+    from radixsched.sim.runconfig import OUTPUT_KEYS
 
     errors = []
     jobs = rs.cli.get("jobs")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         errors.append(f"jobs must be a positive integer, got {jobs!r}")
-    inputs = _input_files(rs, config)
-    written: list[tuple[str, str]] = []
-    for key in OUTPUT_KEYS:
-        path = rs.cli.get(key)
-        if path is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        err = check_output_path(flag, str(path))
-        clash = next((what for what, p in inputs if _same_file(str(path), p)), None)
-        other = next((f for f, p in written if _same_file(str(path), p)), None)
-        if err:
-            errors.append(err)
-        elif clash:
-            errors.append(f"{flag} {path}: is {clash}; refusing to overwrite an input")
-        elif other:
-            errors.append(f"{flag} {path}: is also the file of {other}; give each output its own")
-        elif key == "requests_csv" and is_parquet(str(path)) and not parquet_available():
-            errors.append(f"{flag} {path}: writing Parquet needs pyarrow (pip install pyarrow)")
-        written.append((flag, str(path)))
-    return errors
+    outputs = [
+        ("--" + key.replace("_", "-"), str(rs.cli[key]))
+        for key in OUTPUT_KEYS
+        if rs.cli.get(key) is not None
+    ]
+    return errors + output_errors(outputs, _input_files(rs, config))
 
 
 def _input_files(rs: RunSettings, config: str | None) -> list[tuple[str, str]]:
@@ -389,14 +375,6 @@ def _input_files(rs: RunSettings, config: str | None) -> list[tuple[str, str]]:
     if rs.sim.get("calibration"):
         files.append(("the --calibration file", str(rs.sim["calibration"])))
     return files
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (the same inode where both exist)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _slo(rs: RunSettings) -> Any:

@@ -11,12 +11,15 @@ benchmarked, or a usage error, exits 2. ``--sweep`` runs the calibrating sweep
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
-from radixsched.cli_common import COMMAND_HELP, CliError, run_metadata
+from radixsched.cli_common import COMMAND_HELP, CliError, output_errors, run_metadata
 
 EXIT_FAILED = 1
+SWEEP_RATES = 3  # --sweep-rates' default
+MAX_SWEEP_RATES = 100  # each rate sends the whole workload once more
 
 
 def _bench_epilog() -> str:
@@ -115,14 +118,15 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     sweep.add_argument(
         "--sweep-rates",
         type=int,
-        default=3,
+        default=None,
         metavar="K",
-        help="with --sweep: Poisson rates between synchronous and throughput (default: 3)",
+        help="with --sweep: Poisson rates between synchronous and throughput, 0 to "
+        f"{MAX_SWEEP_RATES} (default: {SWEEP_RATES})",
     )
     sweep.add_argument(
         "--sweep-warmup",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="with --sweep: first send the workload once, all at once, unmeasured (the "
         "engine's first run of a workload's batch shapes is slower than the next; default: on)",
     )
@@ -130,14 +134,68 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _sweep_errors(args: argparse.Namespace) -> list[str]:
+    """The --sweep options: only with --sweep, within range; fills in their defaults."""
+    errors = []
+    if not args.sweep:
+        for flag, value in (
+            ("--sweep-rates", args.sweep_rates),
+            ("--sweep-warmup" if args.sweep_warmup else "--no-sweep-warmup", args.sweep_warmup),
+        ):
+            if value is not None:
+                errors.append(f"{flag} applies to --sweep only: add --sweep, or drop it")
+        return errors
+    if args.sweep_rates is None:
+        args.sweep_rates = SWEEP_RATES
+    if args.sweep_warmup is None:
+        args.sweep_warmup = True
+    if not args.json_path:
+        errors.append("--sweep needs --json PATH (the file 'radixsched calibrate' reads)")
+    if args.sweep_rates < 0:
+        errors.append(f"--sweep-rates must be >= 0, got {args.sweep_rates}")
+    elif args.sweep_rates > MAX_SWEEP_RATES:
+        errors.append(f"--sweep-rates must be <= {MAX_SWEEP_RATES}, got {args.sweep_rates}")
+    if args.request_rate is not None:
+        errors.append(
+            "--request-rate does not apply to --sweep (it sends at its own rates): drop it"
+        )
+    return errors
+
+
+def _output_errors(args: argparse.Namespace) -> list[str]:
+    """--json and --requests-csv: writable, neither one the workload's trace nor the other."""
+    from radixsched.sim.workloads import WorkloadError, parse_workload_spec
+
+    inputs: list[tuple[str, str]] = []
+    try:
+        kind, params = parse_workload_spec(args.workload)
+        if kind.is_trace:
+            inputs.append(("the --workload trace", str(params["path"])))
+    except WorkloadError:  # reported by the workload check
+        pass
+    outputs = [("--json", args.json_path), ("--requests-csv", args.requests_csv)]
+    return output_errors([(f, p) for f, p in outputs if p is not None], inputs)
+
+
+def _slo_ms(flag: str, value: float | None) -> tuple[float | None, str | None]:
+    """(seconds, None), or (None, the error) for an SLO flag in milliseconds."""
+    if value is None:
+        return None, None
+    if not (math.isfinite(value) and value > 0):
+        return None, f"{flag} must be a positive number of milliseconds, got {value:g}"
+    return value / 1e3, None
+
+
 def _config(args: argparse.Namespace) -> Any:
-    from radixsched.server.bench import BenchConfig, load_bench_workload
+    from radixsched.server.bench import BenchConfig, load_bench_workload, url_problem
     from radixsched.sim.metrics import SloTargets
-    from radixsched.sim.runconfig import RunConfigError, check_output_path, parse_rate
-    from radixsched.sim.table import is_parquet, parquet_available
+    from radixsched.sim.runconfig import RunConfigError, parse_rate
     from radixsched.sim.workloads import WorkloadError, check_workload_spec
 
     errors = []
+    url_error = url_problem(args.url)
+    if url_error:
+        errors.append(url_error)
     try:
         rate = parse_rate(args.request_rate, "--request-rate")
     except RunConfigError as e:
@@ -147,31 +205,20 @@ def _config(args: argparse.Namespace) -> Any:
         errors.append("--max-concurrency must be >= 1")
     if args.num_requests is not None and args.num_requests < 1:
         errors.append("--num-requests must be >= 1")
+    if args.seed < 0:
+        errors.append(f"--seed must be >= 0, got {args.seed}")
     if not args.timeout > 0:
         errors.append("--timeout must be > 0")
-    if args.sweep and not args.json_path:
-        errors.append("--sweep needs --json PATH (the file 'radixsched calibrate' reads)")
-    if args.sweep_rates < 0:
-        errors.append(f"--sweep-rates must be >= 0, got {args.sweep_rates}")
-    try:
-        slo = SloTargets(
-            None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1e3,
-            None if args.slo_tpot_ms is None else args.slo_tpot_ms / 1e3,
-        )
-    except ValueError as e:
-        errors.append(str(e))
-        slo = SloTargets()
+    errors.extend(_sweep_errors(args))
+    ttft, ttft_error = _slo_ms("--slo-ttft-ms", args.slo_ttft_ms)
+    tpot, tpot_error = _slo_ms("--slo-tpot-ms", args.slo_tpot_ms)
+    errors.extend(e for e in (ttft_error, tpot_error) if e)
+    slo = SloTargets(ttft, tpot)
     try:
         check_workload_spec(args.workload)
     except WorkloadError as e:
         errors.append(str(e))
-    for flag, path in (("--json", args.json_path), ("--requests-csv", args.requests_csv)):
-        if path is not None:
-            err = check_output_path(flag, path)
-            if err:
-                errors.append(err)
-            elif flag == "--requests-csv" and is_parquet(path) and not parquet_available():
-                errors.append(f"{flag} {path}: writing Parquet needs pyarrow (pip install pyarrow)")
+    errors.extend(_output_errors(args))
     if errors:
         raise CliError("\n".join(errors))
     cfg = BenchConfig(

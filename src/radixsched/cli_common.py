@@ -169,3 +169,38 @@ def parse_args(parser: Parser, argv: Sequence[str] | None) -> argparse.Namespace
         sub = getattr(args, "_parser", None)
         (sub if isinstance(sub, Parser) else parser).unrecognized(extras)
     return args
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (the same inode where both exist)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def output_errors(
+    outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]]
+) -> list[str]:
+    """Why each ``(flag, path)`` output cannot be written: its folder, an input file it
+    would overwrite (``(what, path)`` of each file the command reads), another output's file,
+    or Parquet without pyarrow (``--requests-csv``)."""
+    from radixsched.sim.runconfig import check_output_path
+    from radixsched.sim.table import is_parquet, parquet_available
+
+    errors: list[str] = []
+    written: list[tuple[str, str]] = []
+    for flag, path in outputs:
+        err = check_output_path(flag, path)
+        clash = next((what for what, p in inputs if same_file(path, p)), None)
+        other = next((f for f, p in written if same_file(path, p)), None)
+        if err:
+            errors.append(err)
+        elif clash:
+            errors.append(f"{flag} {path}: is {clash}; refusing to overwrite an input")
+        elif other:
+            errors.append(f"{flag} {path}: is also the file of {other}; give each output its own")
+        elif flag == "--requests-csv" and is_parquet(path) and not parquet_available():
+            errors.append(f"{flag} {path}: writing Parquet needs pyarrow (pip install pyarrow)")
+        written.append((flag, path))
+    return errors

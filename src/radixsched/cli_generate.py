@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from radixsched.cli_common import COMMAND_HELP, CliError, default_threads, scheduler_choices
@@ -23,9 +26,19 @@ from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 
 if TYPE_CHECKING:
+    import torch
+
     from radixsched.engine.loader import LoadedModel
 
 MODEL_HELP = "tiny-random, <shape>-random, smollm2-135m, a model directory or a .gguf file"
+MAX_SEED = 2**63 - 1  # torch's generators take a 64-bit seed
+# The sampling field each flag sets (its errors name the field; the message adds the flag).
+_SAMPLING_FLAGS = {
+    "max_new_tokens": "--max-new-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+}
 
 
 def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
@@ -123,6 +136,9 @@ class Completion:
 def _sampling(args: argparse.Namespace) -> SamplingParams:
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    # NaN passes SamplingParams' range checks (and fails the first sampling step).
+    if not math.isfinite(args.temperature):
+        raise CliError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     try:
         return SamplingParams(
             max_new_tokens=args.max_new_tokens,
@@ -132,12 +148,85 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
             top_p=args.top_p,
         )
     except ValueError as e:
-        raise CliError(str(e)) from e
+        flag = next((f for name, f in _SAMPLING_FLAGS.items() if str(e).startswith(name)), None)
+        raise CliError(f"{flag}: {e}" if flag else str(e)) from e
+
+
+def _text_error(flag: str, text: str) -> str | None:
+    """Why ``text`` (an argument) cannot be tokenized: bytes that are not UTF-8 reach Python
+    as lone surrogates (``\\udcff`` for the byte 0xff)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        return f"{flag}: not UTF-8 text ({what} at character {e.start + 1})"
+    return None
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """The flags that need no model: ``CliError`` naming the flag (before torch loads)."""
+    from radixsched.sim.runconfig import check_output_path
+
+    errors = []
+    for i, prompt in enumerate(args.prompt):
+        err = _text_error(f"--prompt #{i + 1}" if len(args.prompt) > 1 else "--prompt", prompt)
+        if err:
+            errors.append(err)
+    if args.system is not None:
+        err = _text_error("--system", args.system)
+        if err:
+            errors.append(err)
+    if not 0 <= args.seed <= MAX_SEED:
+        errors.append(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
+    if args.context_len is not None and args.context_len < 1:
+        errors.append(f"--context-len must be >= 1, got {args.context_len}")
+    cpus = _usable_cpus()
+    if args.threads is not None and not 1 <= args.threads <= cpus:
+        errors.append(
+            f"--threads must be between 1 and the {cpus} CPUs this process may use, got "
+            f"{args.threads}"
+        )
+    if args.json_path is not None and args.json_path != "-":
+        err = check_output_path("--json", args.json_path)
+        model = Path(args.model).expanduser()
+        if err:
+            errors.append(err)
+        elif model.exists() and _is_within(Path(args.json_path), model):
+            what = "in the --model folder" if model.is_dir() else "the --model file"
+            errors.append(
+                f"--json {args.json_path}: is {what} {args.model}; refusing to overwrite the "
+                "model's files"
+            )
+    if errors:
+        raise CliError("\n".join(errors))
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _is_within(path: Path, model: Path) -> bool:
+    """Whether ``path`` is the model file, or a file in the model's directory tree."""
+    target, root = path.resolve(), model.resolve()
+    return target == root or (root.is_dir() and root in target.parents)
 
 
 def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     from radixsched.policies import POLICIES
+    from radixsched.sim.runconfig import LIMITS, RunConfigError, coerce
 
+    # The ranges simulate's flags are held to (NaN, negative counts ...), with the flag's name.
+    for field in dataclasses.fields(SchedulerConfig):
+        value = getattr(args, field.name, None)
+        if field.name in LIMITS and value is not None:
+            try:
+                coerce(SchedulerConfig, field.name, value, "--" + field.name.replace("_", "-"))
+            except RunConfigError as e:
+                raise CliError(str(e)) from e
     try:
         config = config_from_args(SchedulerConfig, args, seed=args.seed)
     except (TypeError, ValueError) as e:
@@ -148,6 +237,47 @@ def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
             f"unknown schedule policy {config.schedule_policy!r}; valid: {', '.join(POLICIES)}"
         )
     return config
+
+
+def _device(name: str) -> torch.device:
+    """``--device`` as a torch device: ``CliError`` when torch cannot parse it or it is a CUDA
+    device this machine lacks."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise CliError(f"--device {name}: expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CliError(f"--device {name}: no CUDA device is available")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise CliError(f"--device {name}: this machine has {count} CUDA device(s)")
+    return device
+
+
+def _kv_pool_problem(loaded: LoadedModel, slots: int, device: torch.device) -> str | None:
+    """Why a KV pool of ``slots`` tokens cannot be allocated (more than the device's memory),
+    or None; checked before allocating, as a pool too big fails with a traceback, or worse,
+    is overcommitted and killed later."""
+    import torch
+
+    need = (slots + 1) * loaded.config.kv_bytes_per_token(loaded.model.dtype.itemsize)
+    if device.type == "cuda":
+        limit, where = torch.cuda.mem_get_info(device)[0], f"free on {device}"
+    else:
+        try:
+            limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, OSError, ValueError):  # not on this OS
+            return None
+        where = "this machine's memory"
+    if need <= limit:
+        return None
+    return (
+        f"a KV pool of {slots:,} tokens needs {need / 2**30:,.1f} GiB, more than the "
+        f"{limit / 2**30:,.1f} GiB of {where}"
+    )
 
 
 def _encode(loaded: LoadedModel, prompt: str, *, chat: bool, system: str | None) -> list[int]:
@@ -179,6 +309,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise CliError("--system needs the chat template: drop --raw")
     if args.kv_slots is not None and args.kv_slots < config.page_size:
         raise CliError(f"--kv-slots must be >= the page size ({config.page_size})")
+    _check_args(args)
 
     import torch
 
@@ -186,14 +317,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from radixsched.engine.offline import Engine
     from radixsched.engine.runner import TorchRunner
 
+    device = _device(args.device)
     torch.set_num_threads(args.threads or default_threads())
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CliError("--device cuda: no CUDA device is available")
     t0 = time.perf_counter()
     try:
-        loaded = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+        loaded = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
     except ValueError as e:
-        raise CliError(str(e)) from e
+        # The loader's messages do not all name the model (a bad config.json, a bad .gguf).
+        text = str(e) if args.model in str(e) else f"--model {args.model}: {e}"
+        raise CliError(text) from e
     load_s = time.perf_counter() - t0
 
     prompts: list[str] = args.prompt
@@ -205,15 +337,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     page = config.page_size
     kv_slots = args.kv_slots
     if kv_slots is None:
-        # Room for every request at once (a page of slack each for page rounding): no retraction.
-        kv_slots = sum(len(ids) + sampling.max_new_tokens + page for ids in encoded)
+        # Room for every request at once (a page of slack each for page rounding): no
+        # retraction. The scheduler caps a request's output to the context, so the pool is too.
+        context = loaded.config.max_position_embeddings
+        if args.context_len is not None:
+            context = min(context, args.context_len)
+        kv_slots = sum(min(len(ids) + sampling.max_new_tokens, context) + page for ids in encoded)
     # The allocator hands out slots 1 .. (kv_slots // page + 1) * page - 1 (page 0 reserved).
-    runner = TorchRunner(
-        loaded,
-        (kv_slots // page + 1) * page - 1,
-        seed=args.seed,
-        max_context_len=args.context_len,
-    )
+    slots = (kv_slots // page + 1) * page - 1
+    problem = _kv_pool_problem(loaded, slots, device)
+    if problem:
+        hint = "lower --kv-slots" if args.kv_slots is not None else "set --kv-slots lower"
+        flag = f"--kv-slots {args.kv_slots}" if args.kv_slots is not None else "the KV pool"
+        raise CliError(f"{flag}: {problem}; {hint}")
+    try:
+        runner = TorchRunner(loaded, slots, seed=args.seed, max_context_len=args.context_len)
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        raise CliError(f"cannot allocate a KV pool of {slots:,} tokens: {e}") from e
     try:
         engine = Engine(runner, config, kv_slots=kv_slots, context_len=runner.max_context_len)
     except ValueError as e:

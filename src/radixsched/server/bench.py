@@ -111,6 +111,32 @@ class BenchConfig:
     flush_cache: bool = False  # POST /flush_cache before the run (each run starts cold)
 
 
+def url_problem(url: str, flag: str = "--url") -> str | None:
+    """Why ``url`` cannot be a server's base URL (``http[s]://HOST[:PORT][/PATH]``), or None:
+    checked before a run, as aiohttp would only fail on it with a traceback."""
+    from urllib.parse import urlsplit
+
+    expected = "expected http://HOST[:PORT][/PATH]"
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as e:  # a bad port, an unclosed IPv6 bracket
+        return f"{flag} {url!r}: {expected}: {e}"
+    if parts.scheme in ("http", "https"):
+        if not parts.hostname:
+            return f"{flag} {url!r}: {expected}, got no host"
+    elif parts.netloc:
+        return f"{flag} {url!r}: {expected}, got the scheme {parts.scheme!r}"
+    else:
+        hint = f" (did you mean http://{url.strip()}?)" if url.strip() else ""
+        return f"{flag} {url!r}: {expected}, got no http:// or https:// scheme{hint}"
+    if port == 0:
+        return f"{flag} {url!r}: port 0 is not a port a server listens on"
+    if parts.query or parts.fragment:
+        return f"{flag} {url!r}: a base URL takes no ?query or #fragment"
+    return None
+
+
 @dataclass(frozen=True)
 class ServerLimits:
     model: str
@@ -753,6 +779,7 @@ __all__ = [
     "load_bench_workload",
     "run_bench",
     "run_sweep",
+    "url_problem",
     "write_json",
     "write_sweep_json",
 ]

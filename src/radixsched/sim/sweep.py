@@ -7,7 +7,9 @@ name is an error listing the close ones) and ``best`` (a metric, or ``{metric: M
 max|min}``: the run that does best on it is named in the output; the goal defaults to min for
 latencies, ``*_s`` metrics, and max otherwise). The sweep runs the cartesian product of the
 ``vary`` lists (in the order written, the last key varying fastest), each point being ``base``
-updated with one combination.
+updated with one combination. A ``vary`` list gives each value once, and a setting is set by
+one ``vary`` key at most; a product of more than ``--max-runs`` (default ``MAX_RUNS``) runs is
+refused before its points are built.
 
 A ``vary`` key whose values are mappings varies several settings together, one *case* per
 mapping (its ``name`` labels it; default: its settings), so deployments of different shapes
@@ -25,7 +27,9 @@ Outputs in ``--out``: ``sweep.csv`` (one row per run: run index, the varied sett
 metric, ``error``), ``sweep.json`` (meta, config, base, rows, per-run wall time) and
 ``report.html`` (self-contained, Plotly with plotly.js inlined: for every varied setting, each
 plotted metric against that setting's values, one line per combination of the other varied
-settings, axes named with their units).
+settings, axes named with their units). A folder that holds another sweep's results (or such
+files of unknown origin) is refused unless ``--overwrite``; a rerun of the same sweep replaces
+its own. An input of the sweep (its config, a trace) is never overwritten.
 
 Execution: local processes by default (``ProcessPoolExecutor``, ``--jobs``; ``--jobs 1`` runs
 in-process), or Ray with ``--ray ADDRESS`` (``ray`` imported only then; one ``ray.remote`` task
@@ -35,7 +39,7 @@ reported per run in the JSON's ``timing`` list instead (with ``run_wall_s``, the
 run's own wall time including workload generation). A failing run records its error and the
 sweep goes on; the command then exits 1. A process that runs several points builds a workload
 once for all the points with the same workload settings, and its prompts once for all request
-rates (``workloads.DraftMemo``).
+rates (``workloads.DraftMemo``). ``--jobs`` beyond the usable CPUs runs one process per CPU.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import itertools
 import json
 import math
 import multiprocessing
+import os
 import sys
 import time
 import traceback
@@ -57,6 +62,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from radixsched.cli_common import same_file
 from radixsched.sim.runconfig import (
     RunConfigError,
     RunSettings,
@@ -79,6 +85,11 @@ NONDETERMINISTIC_KEYS = frozenset({"wall_s", "requests_per_wall_s"})
 DEFAULT_METRICS = ("hit_rate", "ttft_s.p99")
 # Beyond this many combinations of the other settings, a chart shows their mean instead.
 MAX_SERIES = 8
+# The most runs a sweep may have unless ``--max-runs`` allows more: the points are built and
+# checked before any run, so a product grown by a long ``vary`` list must be refused first.
+MAX_RUNS = 10_000
+# The files a sweep writes into ``--out``.
+OUTPUT_FILES = ("sweep.csv", "sweep.json", "report.html")
 
 
 class SweepError(RunConfigError):
@@ -111,6 +122,9 @@ class SweepConfig:
             raise SweepError("'base' and 'vary' must be mappings")
         if not vary:
             raise SweepError("'vary' needs at least one setting with a list of values")
+        name = data.get("name", default_name)
+        if isinstance(name, bool) or not isinstance(name, str | int | float) or not str(name):
+            raise SweepError(f"'name' must be a non-empty string, got {name!r}")
         pairs: list[tuple[str, tuple[Any, ...]]] = []
         cases: dict[str, dict[str, Mapping[str, Any]]] = {}
         for key, values in vary.items():
@@ -119,14 +133,17 @@ class SweepConfig:
             if any(isinstance(v, Mapping) for v in values):
                 cases[str(key)] = _cases(str(key), values)
                 values = list(cases[str(key)])
+            else:
+                _check_distinct(str(key), values)
             pairs.append((str(key), tuple(values)))
+        _check_case_keys([k for k, _ in pairs if k not in cases], cases)
         metrics = data.get("metrics", list(DEFAULT_METRICS))
         if isinstance(metrics, str):
             metrics = [metrics]
         if not isinstance(metrics, list) or not metrics:
             raise SweepError("'metrics' must be a non-empty list of metric names")
         return cls(
-            name=str(data.get("name", default_name)),
+            name=str(name),
             base={str(k): v for k, v in base.items()},
             vary=tuple(pairs),
             metrics=tuple(str(m) for m in metrics),
@@ -151,6 +168,11 @@ class SweepConfig:
     @property
     def varied(self) -> tuple[str, ...]:
         return tuple(k for k, _ in self.vary)
+
+    @property
+    def num_runs(self) -> int:
+        """The size of the cartesian product (without building it)."""
+        return math.prod(len(values) for _, values in self.vary)
 
     def points(self) -> list[Settings]:
         """The cartesian product, last ``vary`` key fastest. A case key holds the case's
@@ -193,13 +215,17 @@ class Best:
         if value is None:
             return None
         if isinstance(value, str):
+            if not value:
+                raise SweepError("'best' must be a metric name, got an empty one")
             return cls(value, "min" if _lower_is_better(value) else "max")
         if not isinstance(value, Mapping) or "metric" not in value:
             raise SweepError("'best' is a metric name or {metric: NAME, goal: max|min}")
         unknown = set(value) - {"metric", "goal"}
         if unknown:
             raise SweepError(f"unknown keys in 'best': {sorted(unknown)}")
-        metric = str(value["metric"])
+        if not isinstance(value["metric"], str) or not value["metric"]:
+            raise SweepError(f"best.metric must be a metric name, got {value['metric']!r}")
+        metric = value["metric"]
         goal = str(value.get("goal", "min" if _lower_is_better(metric) else "max"))
         if goal not in ("max", "min"):
             raise SweepError(f"best.goal must be max or min, got {goal!r}")
@@ -222,6 +248,53 @@ def _lower_is_better(metric: str) -> bool:
     if any(p.endswith("_s") and not p.endswith("_per_s") for p in parts):
         return True
     return parts[-1] in ("retractions", "preemptions", "num_aborted", "rejected", "hit_rate_gap")
+
+
+def _check_distinct(key: str, values: Sequence[Any]) -> None:
+    """Each value of a ``vary`` list once: a repeat would run the same point twice and draw
+    two points at one x in the report."""
+    seen: dict[tuple[bool, Scalar], int] = {}
+    for i, v in enumerate(values):
+        marker = (isinstance(v, bool), _scalar(v))  # True is not 1; 1 is 1.0
+        if marker in seen:
+            raise SweepError(
+                f"vary.{key}[{i}]: {v!r} repeats vary.{key}[{seen[marker]}]; give each value once"
+            )
+        seen[marker] = i
+
+
+def _setting_name(key: str) -> str:
+    """A settings key without its scope: ``sched.page-size`` -> ``page_size``."""
+    return key.replace("-", "_").rpartition(".")[2]
+
+
+def _check_case_keys(
+    plain: Sequence[str], cases: Mapping[str, Mapping[str, Mapping[str, Any]]]
+) -> None:
+    """A case key labels its cases, so it must not be a setting (the setting would be dropped
+    from every run), and no setting may be set by two ``vary`` keys (one would override the
+    other in every point, silently)."""
+    from radixsched.sim.runconfig import known_keys
+
+    settings = set(known_keys(cli=True))
+    owner = {_setting_name(k): f"vary.{k}" for k in plain}
+    for key, by_label in cases.items():
+        if _setting_name(key) in settings:
+            raise SweepError(
+                f"vary.{key}: a key whose values are mappings only labels its cases, so "
+                f"{key!r} would not be set in any run; name the key otherwise (e.g. "
+                "'deployment') and set the setting inside the cases"
+            )
+        mine: dict[str, str] = {}
+        for label, case in by_label.items():
+            for name in map(_setting_name, case):
+                if name in owner:
+                    raise SweepError(
+                        f"vary.{key} (case {label!r}) and {owner[name]} both set {name!r}, so "
+                        "one would override the other in every run; set it in one place"
+                    )
+                mine.setdefault(name, f"vary.{key} (case {label!r})")
+        owner.update(mine)
 
 
 def _cases(key: str, values: Sequence[Any]) -> dict[str, Mapping[str, Any]]:
@@ -290,12 +363,15 @@ def metric_names() -> set[str]:
     return set(flatten_result(sample)) - NONDETERMINISTIC_KEYS
 
 
-def validate_metrics(metrics: Sequence[str]) -> None:
+def validate_metrics(metrics: Sequence[str], key: str = "") -> None:
+    """``SweepError`` on a metric no row can hold; ``key`` (``metrics``, ``best``) starts the
+    message."""
     known = metric_names()
     for m in metrics:
         if m not in known and not m.startswith("lockstep.verdicts."):
             raise SweepError(
-                f"unknown metric {m!r}{suggest(m, sorted(known))}; metrics are dotted keys of "
+                (f"{key}: " if key else "")
+                + f"unknown metric {m!r}{suggest(m, sorted(known))}; metrics are dotted keys of "
                 "simulate --json results, e.g. hit_rate, ttft_s.p99, "
                 "throughput.output_tokens_per_s"
             )
@@ -303,6 +379,22 @@ def validate_metrics(metrics: Sequence[str]) -> None:
 
 def _shown(point: Settings, varied: Sequence[str]) -> str:
     return ", ".join(f"{k}={point[k]}" for k in varied if k in point)
+
+
+def _runs_text(runs: Sequence[int], points: Sequence[Settings], varied: Sequence[str]) -> str:
+    """Which runs a problem affects: ``every run``, ``run 3 (dp=2)``, ``runs 0-99, 200``."""
+    if len(runs) == len(points) and len(points) > 1:
+        return "every run"
+    if len(runs) == 1:
+        shown = _shown(points[runs[0]], varied)
+        return f"run {runs[0]}" + (f" ({shown})" if shown else "")
+    spans: list[list[int]] = []
+    for r in sorted(runs):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return "runs " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def validate_points(
@@ -323,17 +415,56 @@ def validate_points(
             problems.setdefault(err, []).append(i)
     if not problems:
         return
-    lines = []
-    for err, runs in problems.items():
-        if len(runs) == len(points) and len(points) > 1:
-            where = "every run"
-        elif len(runs) == 1:
-            shown = _shown(points[runs[0]], varied)
-            where = f"run {runs[0]}" + (f" ({shown})" if shown else "")
-        else:
-            where = "runs " + ", ".join(map(str, runs))
-        lines.append(f"{where}: {err}")
+    lines = [f"{_runs_text(runs, points, varied)}: {err}" for err, runs in problems.items()]
     raise SweepError("\n".join(lines))
+
+
+def validate_traces(
+    points: Sequence[Settings], varied: Sequence[str] = (), labels: Sequence[str] = ()
+) -> None:
+    """Read every trace file the points use, once each, so that a bad line fails the sweep
+    before any run (``check`` only opens the file); one line per bad trace, naming its
+    file:line and the runs that use it. Call after ``validate_points``."""
+    from radixsched.cli_common import DEFAULT_WORKLOAD
+    from radixsched.sim.workloads import WorkloadError, parse_workload_spec
+
+    runs_of: dict[str, list[int]] = {}
+    for i, p in enumerate(points):
+        rs = resolve_settings({k: v for k, v in p.items() if k not in labels})
+        runs_of.setdefault(rs.workload.spec or DEFAULT_WORKLOAD, []).append(i)
+    lines = []
+    for spec, runs in runs_of.items():
+        kind, params = parse_workload_spec(spec)
+        if not kind.is_trace:
+            continue
+        try:
+            kind.build(dict(params), 0)  # every line parsed; prompts are built by the runs
+        except WorkloadError as e:
+            lines.append(f"{_runs_text(runs, points, varied)}: {e}")
+    if lines:
+        raise SweepError("\n".join(lines))
+
+
+def input_files(points: Sequence[Settings], labels: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(what, path) of every file the points read: traces, model config.json files and
+    calibration files (each once)."""
+    from radixsched.cli_common import DEFAULT_WORKLOAD
+    from radixsched.sim.hfconfig import config_path
+    from radixsched.sim.workloads import parse_workload_spec
+
+    found: dict[str, str] = {}
+    for p in points:
+        rs = resolve_settings({k: v for k, v in p.items() if k not in labels})
+        kind, params = parse_workload_spec(rs.workload.spec or DEFAULT_WORKLOAD)
+        if kind.is_trace:
+            found.setdefault(str(params["path"]), "the workload trace")
+        model = rs.sim.get("model")
+        path = config_path(str(model)) if model else None
+        if path is not None:
+            found.setdefault(str(path), "the model config")
+        if rs.sim.get("calibration"):
+            found.setdefault(str(rs.sim["calibration"]), "the calibration file")
+    return [(what, path) for path, what in found.items()]
 
 
 # The workload (with its optimal hit rate) of the last point this process ran: the next point
@@ -456,16 +587,34 @@ class RayExecutor:
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
+        self._started = False  # this executor started the session (and shuts it down)
+
+    def connect(self) -> None:
+        """Join Ray's session now (unless one is running), so that a missing ``ray`` package
+        or an unreachable cluster fails before any run: ``SweepError`` naming ``--ray``."""
+        try:
+            import ray
+        except ImportError:
+            raise SweepError(
+                f"--ray {self.address}: the ray package is not installed "
+                "(pip install 'radixsched[ray]'); or run without --ray on local processes"
+            ) from None
+        if ray.is_initialized():
+            return
+        try:
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+        except Exception as e:  # ConnectionError, RuntimeError, ValueError ... by version
+            detail = " ".join(str(e).split()) or type(e).__name__
+            raise SweepError(f"--ray {self.address}: cannot connect to Ray: {detail}") from None
+        self._started = True
 
     def map(
         self, run_fn: RunFn, points: Sequence[Settings], on_result: OnResult | None = None
     ) -> list[RunOutcome]:
         import ray
 
-        started = False
-        if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
-            started = True
+        self.connect()
+        started, self._started = self._started, False
         try:
             task = ray.remote(num_cpus=1)(run_guarded)
             refs = [task.remote(run_fn, p) for p in points]
@@ -555,7 +704,7 @@ class SweepResult:
         best = self.best_run(rows)
         doc = {
             "meta": dict(meta or {}),
-            "sweep": self.config.to_json(),
+            "sweep": _json_value(self.config.to_json()),
             "best": None
             if best is None or self.config.best is None
             else {
@@ -563,7 +712,9 @@ class SweepResult:
                 "metric": self.config.best.metric,
                 "goal": self.config.best.goal,
                 "value": _json_scalar(rows[best].get(self.config.best.metric)),
-                "settings": {k: _scalar(self.points[best][k]) for k in self.config.varied},
+                "settings": {
+                    k: _json_scalar(_scalar(self.points[best][k])) for k in self.config.varied
+                },
             },
             "rows": [{k: _json_scalar(v) for k, v in r.items()} for r in rows],
             "timing": [
@@ -579,9 +730,9 @@ class SweepResult:
                 for i, o in enumerate(self.outcomes)
             ],
         }
-        with paths["json"].open("w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, allow_nan=False)
-            f.write("\n")
+        # Serialised first: a value JSON cannot hold fails before the file is truncated.
+        text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+        paths["json"].write_text(text, encoding="utf-8")
         paths["report"].write_text(render_sweep_report(self, meta), encoding="utf-8")
         return paths
 
@@ -600,6 +751,16 @@ def _json_scalar(v: Scalar) -> Scalar:
     if isinstance(v, float) and not math.isfinite(v):
         return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
     return v
+
+
+def _json_value(v: Any) -> Any:
+    """``v`` with every non-finite float as ``_json_scalar`` writes it (a config may hold
+    ``.inf``: ``request_rate``, ``lpm_max_wait_s``)."""
+    if isinstance(v, Mapping):
+        return {k: _json_value(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_json_value(x) for x in v]
+    return _json_scalar(v) if isinstance(v, float) else v
 
 
 def run_sweep(
@@ -896,7 +1057,21 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="local worker processes (default: CPU count; 1 = in-process)",
+        help="local worker processes (default: CPU count; 1 = in-process; at most the CPU "
+        "count is used)",
+    )
+    p.add_argument(
+        "--max-runs",
+        type=int,
+        default=MAX_RUNS,
+        metavar="N",
+        help="refuse a sweep of more runs than this (default: %(default)s)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of another sweep in --out (default: refuse; the results "
+        "of the same sweep are always replaced)",
     )
     p.add_argument("--quiet", action="store_true", help="no per-run progress lines")
 
@@ -907,29 +1082,121 @@ def _error(message: str) -> int:
     return 2
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    import os
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
+
+def _previous_sweep(path: Path) -> dict[str, Any] | None:
+    """The ``sweep`` section of an earlier ``sweep.json`` (None: unreadable or not one)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    sweep = doc.get("sweep") if isinstance(doc, dict) else None
+    return sweep if isinstance(sweep, dict) else None
+
+
+def check_out_dir(
+    out_dir: Path, config: SweepConfig, inputs: Sequence[tuple[str, str]], overwrite: bool
+) -> str | None:
+    """Why the sweep must not write into ``out_dir`` (nothing is created): not a writable
+    folder, one of its output files is an input of the sweep (never overwritten), or it holds
+    another sweep's results (replaced only with ``overwrite``; a rerun of the same sweep
+    replaces its own)."""
+    existing = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"--out {out_dir}: {existing} is not a writable folder"
+    outputs = [out_dir / name for name in OUTPUT_FILES]
+    for what, path in inputs:
+        for out in outputs:
+            if same_file(out, path):
+                return (
+                    f"--out {out_dir}: the sweep writes {out}, which is {what} {path}; "
+                    "refusing to overwrite an input: choose another folder"
+                )
+    for out in outputs:
+        if out.exists() and (out.is_dir() or not os.access(out, os.W_OK)):
+            return f"--out {out_dir}: {out} is {'a folder' if out.is_dir() else 'not writable'}"
+    present = [out.name for out in outputs if out.exists()]
+    if not present or overwrite:
+        return None
+    previous = _previous_sweep(out_dir / "sweep.json")
+    if previous == json.loads(json.dumps(_json_value(config.to_json()), default=str)):
+        return None  # the same sweep again
+    if previous is None:
+        what = f"files this sweep would replace ({', '.join(present)})"
+    elif previous.get("name") == config.name:
+        what = f"the results of sweep {config.name!r} run with another config"
+    else:
+        what = f"the results of another sweep ({previous.get('name')!r})"
+    return (
+        f"--out {out_dir}: already holds {what}; choose another folder, or pass --overwrite "
+        "to replace them"
+    )
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
     from radixsched.cli_common import run_metadata
 
     if args.jobs is not None and args.jobs < 1:
         return _error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.jobs is not None and args.ray is not None:
+        return _error("--jobs sets local worker processes: drop it with --ray (Ray schedules)")
+    if args.max_runs < 1:
+        return _error(f"--max-runs must be >= 1, got {args.max_runs}")
+    if args.ray is not None and not args.ray.strip():
+        return _error("--ray: expected a Ray address (e.g. auto or ray://host:10001), got ''")
     try:
         config = SweepConfig.load(args.config)
-        validate_metrics([*config.metrics, *([config.best.metric] if config.best else [])])
-        points = config.points()
-        validate_points(points, config.varied, list(config.cases))
     except SweepError as e:
         return _error(str(e))
+    where = args.config
+    if config.num_runs > args.max_runs:
+        sizes = " x ".join(f"{k} {len(v)}" for k, v in config.vary)
+        return _error(
+            f"{where}: vary makes {config.num_runs:,} runs ({sizes}), more than --max-runs "
+            f"{args.max_runs:,}; vary fewer values, or raise --max-runs"
+        )
+    if args.out is None and ("/" in config.name or os.sep in config.name):
+        return _error(
+            f"{where}: name {config.name!r} cannot name the default output folder "
+            "sweep-<name>; give --out DIR"
+        )
+    labels = list(config.cases)
+    try:
+        validate_metrics(config.metrics, "metrics")
+        if config.best is not None:
+            validate_metrics([config.best.metric], "best")
+        points = config.points()
+        validate_points(points, config.varied, labels)
+        validate_traces(points, config.varied, labels)
+    except SweepError as e:
+        return _error("\n".join(f"{where}: {line}" for line in str(e).splitlines()))
     out_dir = Path(args.out or f"sweep-{config.name}")
-    existing = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        return _error(f"--out {out_dir}: {existing} is not a writable folder")
+    inputs = [("the sweep config", str(args.config)), *input_files(points, labels)]
+    problem = check_out_dir(out_dir, config, inputs, args.overwrite)
+    if problem:
+        return _error(problem)
     executor: SweepExecutor
     if args.ray is not None:
         executor = RayExecutor(args.ray)
+        try:
+            executor.connect()
+        except SweepError as e:
+            return _error(str(e))
     else:
-        executor = LocalExecutor(max(1, args.jobs or os.cpu_count() or 1))
+        cpus = _usable_cpus()
+        jobs = args.jobs or cpus
+        if jobs > cpus and len(points) > cpus:
+            print(
+                f"radixsched sweep: note: --jobs {jobs}: running {cpus} processes at a time, "
+                "one per usable CPU",
+                file=sys.stderr,
+            )
+        executor = LocalExecutor(min(jobs, cpus))
 
     def progress(i: int, o: RunOutcome) -> None:
         if args.quiet:
