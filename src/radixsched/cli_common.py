@@ -12,7 +12,12 @@ import platform
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixsched.config import SchedulerConfig
 
 # The built-in run: a burst of 2,048 requests in 256 prompt groups (4,096-token system
 # prompts), more distinct prefix than one H200's KV cache holds: the regime where the
@@ -64,11 +69,84 @@ def default_threads() -> int:
     one for the scheduler, tokenizer and HTTP threads, between 1 and 8. torch's own default
     (every core) oversubscribes a small or shared machine: on 2 cores it ran several times
     slower than one thread."""
+    return max(1, min(8, usable_cpus() - 1))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus - 1))
+        return os.cpu_count() or 1
+
+
+def threads_error(threads: int | None) -> str | None:
+    """Why ``--threads`` is out of range (1 .. the usable CPUs), or None: far more threads
+    than CPUs crash torch's thread pool (a segfault at 99999)."""
+    cpus = usable_cpus()
+    if threads is None or 1 <= threads <= cpus:
+        return None
+    return f"--threads must be between 1 and the {cpus} CPUs this process may use, got {threads}"
+
+
+def torch_device(name: str) -> torch.device:
+    """``--device`` as a torch device: ``CliError`` naming the flag when torch cannot parse it
+    or it is a CUDA device this machine lacks."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise CliError(f"--device {name}: expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CliError(f"--device {name}: no CUDA device is available")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise CliError(f"--device {name}: this machine has {count} CUDA device(s)")
+    return device
+
+
+def scheduler_config(args: argparse.Namespace, **overrides: Any) -> SchedulerConfig:
+    """The scheduler flags as a ``SchedulerConfig``, held to the ranges simulate's flags are
+    (NaN, negative counts ...): ``CliError`` naming the flag."""
+    import dataclasses
+
+    from radixsched.config import SchedulerConfig, config_from_args
+    from radixsched.policies import POLICIES
+    from radixsched.sim.runconfig import LIMITS, RunConfigError, coerce
+
+    for field in dataclasses.fields(SchedulerConfig):
+        value = getattr(args, field.name, None)
+        if field.name in LIMITS and value is not None:
+            try:
+                coerce(SchedulerConfig, field.name, value, "--" + field.name.replace("_", "-"))
+            except RunConfigError as e:
+                raise CliError(str(e)) from e
+    try:
+        config = config_from_args(SchedulerConfig, args, **overrides)
+    except (TypeError, ValueError) as e:
+        # SchedulerConfig's own checks name the field ("page_size must be >= 1"): add the flag.
+        name = str(e).split(" ", 1)[0]
+        known = any(f.name == name for f in dataclasses.fields(SchedulerConfig))
+        raise CliError(f"--{name.replace('_', '-')}: {e}" if known else str(e)) from e
+    # Checked before the model loads; the scheduler checks the rest of the combination.
+    if config.schedule_policy not in POLICIES:
+        raise CliError(
+            f"unknown schedule policy {config.schedule_policy!r}; valid: {', '.join(POLICIES)}"
+        )
+    return config
+
+
+def model_error(model: str, error: Exception) -> str:
+    """A loader error as one line naming ``--model`` (and the file at fault, which the
+    loader's messages start with)."""
+    text = str(error).strip() or type(error).__name__
+    if text.startswith(str(os.path.expanduser(model)).rstrip(os.sep) or model):
+        return f"--model {text}"
+    if f"model {model!r}" in text:  # "unknown model 'x': ..." names it already
+        return text
+    return f"--model {model}: {text}"
 
 
 def scheduler_choices() -> dict[str, list[str]]:

@@ -21,8 +21,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from radixsched.cli_common import COMMAND_HELP, CliError, default_threads, scheduler_choices
-from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+from radixsched.cli_common import (
+    COMMAND_HELP,
+    CliError,
+    default_threads,
+    model_error,
+    scheduler_choices,
+    scheduler_config,
+    threads_error,
+    torch_device,
+)
+from radixsched.config import SchedulerConfig, add_config_args
 from radixsched.request import FinishReason, Req, SamplingParams, as_tokens
 
 if TYPE_CHECKING:
@@ -181,12 +190,9 @@ def _check_args(args: argparse.Namespace) -> None:
         errors.append(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     if args.context_len is not None and args.context_len < 1:
         errors.append(f"--context-len must be >= 1, got {args.context_len}")
-    cpus = _usable_cpus()
-    if args.threads is not None and not 1 <= args.threads <= cpus:
-        errors.append(
-            f"--threads must be between 1 and the {cpus} CPUs this process may use, got "
-            f"{args.threads}"
-        )
+    err = threads_error(args.threads)
+    if err:
+        errors.append(err)
     if args.json_path is not None and args.json_path != "-":
         err = check_output_path("--json", args.json_path)
         model = Path(args.model).expanduser()
@@ -202,59 +208,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise CliError("\n".join(errors))
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def _is_within(path: Path, model: Path) -> bool:
     """Whether ``path`` is the model file, or a file in the model's directory tree."""
     target, root = path.resolve(), model.resolve()
     return target == root or (root.is_dir() and root in target.parents)
-
-
-def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-    from radixsched.policies import POLICIES
-    from radixsched.sim.runconfig import LIMITS, RunConfigError, coerce
-
-    # The ranges simulate's flags are held to (NaN, negative counts ...), with the flag's name.
-    for field in dataclasses.fields(SchedulerConfig):
-        value = getattr(args, field.name, None)
-        if field.name in LIMITS and value is not None:
-            try:
-                coerce(SchedulerConfig, field.name, value, "--" + field.name.replace("_", "-"))
-            except RunConfigError as e:
-                raise CliError(str(e)) from e
-    try:
-        config = config_from_args(SchedulerConfig, args, seed=args.seed)
-    except (TypeError, ValueError) as e:
-        raise CliError(str(e)) from e
-    # Checked before the model loads; the scheduler checks the rest of the combination.
-    if config.schedule_policy not in POLICIES:
-        raise CliError(
-            f"unknown schedule policy {config.schedule_policy!r}; valid: {', '.join(POLICIES)}"
-        )
-    return config
-
-
-def _device(name: str) -> torch.device:
-    """``--device`` as a torch device: ``CliError`` when torch cannot parse it or it is a CUDA
-    device this machine lacks."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise CliError(f"--device {name}: expected cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CliError(f"--device {name}: no CUDA device is available")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise CliError(f"--device {name}: this machine has {count} CUDA device(s)")
-    return device
 
 
 def _kv_pool_problem(loaded: LoadedModel, slots: int, device: torch.device) -> str | None:
@@ -302,7 +259,7 @@ def uses_chat_template(loaded: LoadedModel, args: argparse.Namespace) -> bool:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
-    config = _scheduler_config(args)
+    config = scheduler_config(args, seed=args.seed)
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads must be >= 1, got {args.threads}")
     if args.raw and args.system is not None:
@@ -317,15 +274,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from radixsched.engine.offline import Engine
     from radixsched.engine.runner import TorchRunner
 
-    device = _device(args.device)
+    device = torch_device(args.device)
     torch.set_num_threads(args.threads or default_threads())
     t0 = time.perf_counter()
     try:
         loaded = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
     except ValueError as e:
-        # The loader's messages do not all name the model (a bad config.json, a bad .gguf).
-        text = str(e) if args.model in str(e) else f"--model {args.model}: {e}"
-        raise CliError(text) from e
+        raise CliError(model_error(args.model, e)) from e
     load_s = time.perf_counter() - t0
 
     prompts: list[str] = args.prompt

@@ -4,14 +4,24 @@ it runs). ``bench`` lives in ``cli_bench``."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from radixsched.cli_common import COMMAND_HELP, default_threads, scheduler_choices
-from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+from radixsched.cli_common import (
+    COMMAND_HELP,
+    CliError,
+    default_threads,
+    model_error,
+    scheduler_choices,
+    scheduler_config,
+    threads_error,
+    torch_device,
+)
+from radixsched.config import SchedulerConfig, add_config_args
 from radixsched.server.guard import (
     BODY_BYTES_PER_CONTEXT_TOKEN,
     DEFAULT_MAX_COMPLETION_TOKENS,
@@ -213,14 +223,61 @@ def access_from_args(args: argparse.Namespace) -> AccessPolicy:
     )
 
 
+def check_args(args: argparse.Namespace) -> tuple[SchedulerConfig, tuple[int, ...] | None]:
+    """The flags that need no model: the scheduler config and the engine's CPUs, or
+    ``CliError`` with one line per bad flag, each naming it (before anything starts)."""
+    from radixsched.engine.loader import resolve_dtype
+
+    errors: list[str] = []
+    config: SchedulerConfig | None = None
+    cpus: tuple[int, ...] | None = None
+    try:
+        config = scheduler_config(args)
+    except CliError as e:
+        errors.append(str(e))
+    if not 0 <= args.port <= 65535:
+        errors.append(f"--port must be between 0 and 65535, got {args.port}")
+    if args.kv_slots is not None and args.kv_slots < 2:
+        errors.append(f"--kv-slots must be >= 2, got {args.kv_slots}")
+    if not (math.isfinite(args.kv_cache_mb) and args.kv_cache_mb > 0):
+        errors.append(f"--kv-cache-mb must be a finite number > 0, got {args.kv_cache_mb}")
+    if args.context_len is not None and args.context_len < 1:
+        errors.append(f"--context-len must be >= 1, got {args.context_len}")
+    err = threads_error(args.threads)
+    if err:
+        errors.append(err)
+    try:
+        cpus = engine_cpus(args.engine_cpus, single_process=args.single_process)
+    except _UsageError as e:
+        errors.append(str(e))
+    try:
+        device = torch_device(args.device)
+    except CliError as e:
+        errors.append(str(e))
+    else:
+        try:
+            resolve_dtype(args.dtype, device)
+        except ValueError as e:
+            errors.append(f"--dtype: {e}")
+    if errors or config is None:
+        raise CliError("\n".join(errors))
+    return config, cpus
+
+
+def _error(e: Exception) -> int:
+    for line in str(e).splitlines() or ["(no message)"]:
+        print(f"radixsched: error: {line}", file=sys.stderr)
+    return 2
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         api_key = resolve_api_key(args)
         limits = limits_from_args(args)
         access = access_from_args(args)
-    except _UsageError as e:
-        print(f"radixsched: error: {e}", file=sys.stderr)
-        return 2
+        config, cpus = check_args(args)
+    except (_UsageError, CliError) as e:
+        return _error(e)
 
     from radixsched.engine.loader import load_tokenizer
     from radixsched.server.app import create_app, run_server, served_model, tokenizer_dir
@@ -233,22 +290,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         freeze_startup_heap,
     )
 
+    # The model's files are read here first (no weights): a bad one fails before the engine
+    # starts, naming the file.
     try:
-        config = config_from_args(SchedulerConfig, args)
-    except (TypeError, ValueError) as e:
-        print(f"radixsched: error: {e}", file=sys.stderr)
-        return 2
-    if args.kv_slots is not None and args.kv_slots < 2:
-        print("radixsched: error: --kv-slots must be >= 2", file=sys.stderr)
-        return 2
-    if args.threads is not None and args.threads < 1:
-        print(f"radixsched: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-        return 2
-    try:
-        cpus = engine_cpus(args.engine_cpus, single_process=args.single_process)
-    except _UsageError as e:
-        print(f"radixsched: error: {e}", file=sys.stderr)
-        return 2
+        tokenizer = load_tokenizer(args.model)
+    except FileNotFoundError as e:
+        return _error(e)
+    except ValueError as e:
+        return _error(CliError(model_error(args.model, e)))
     spec = EngineSpec(
         model=args.model,
         config=config,
@@ -269,7 +318,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             engine = proc = EngineProcess(spec)
             info = proc.launch()
         served = served_model(
-            load_tokenizer(args.model),
+            tokenizer,
             info.context_len,
             served_model_name=args.served_model_name,
             tokenizer_path=tokenizer_dir(args.model),

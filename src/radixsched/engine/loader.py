@@ -8,6 +8,7 @@ Names resolved, in order: a random preset (``tiny-random``, ``<shape>-random`` f
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,6 @@ from radixsched.engine.weights import (
     read_gguf,
     read_gguf_header,
     read_hf_config,
-    read_json,
     read_safetensors_dir,
 )
 
@@ -115,7 +115,7 @@ def load_tokenizer(name_or_path: str) -> LoadedTokenizer:
     if path.is_dir():
         return _dir_tokenizer(path, name=name_or_path)
     if path.is_file() and path.suffix == ".gguf":
-        config, meta = read_gguf_header(path)
+        config, meta = _read_gguf(read_gguf_header, path)
         tokenizer = HFTokenizer.from_gguf_metadata(meta)
         template = meta.get("tokenizer.chat_template")
         return LoadedTokenizer(
@@ -130,12 +130,62 @@ def load_tokenizer(name_or_path: str) -> LoadedTokenizer:
     )
 
 
+def _json_object(path: Path, *, required: bool = False) -> dict[str, Any]:
+    """A JSON file holding an object ({} when absent and not ``required``); a file that cannot
+    be read, is not JSON or holds something else is a ``ValueError`` naming it."""
+    if not path.exists():
+        if required:
+            raise FileNotFoundError(f"no {path.name} in {path.parent}")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if required and not data:
+        raise ValueError(f"{path}: empty JSON object (expected a model config)")
+    return data
+
+
+def _hf_config(path: Path) -> ModelConfig:
+    """``read_hf_config``, its errors naming the file at fault."""
+    config_file = path / "config.json"
+    _json_object(config_file, required=True)
+    _json_object(path / "generation_config.json")
+    try:
+        return read_hf_config(path)
+    except KeyError as e:
+        raise ValueError(f"{config_file}: missing {e} (not a supported model config)") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{config_file}: not a supported model config ({e})") from None
+
+
+def _read_gguf(read: Any, path: Path, **kw: Any) -> Any:
+    """``read(path)`` of a GGUF file, its errors naming the file (the gguf package's own
+    messages, "GGUF magic invalid" and worse, do not)."""
+    try:
+        return read(path, **kw)
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError, OSError, EOFError) as e:
+        text = str(e)
+        if text.startswith(str(path)):
+            raise ValueError(text) from None
+        raise ValueError(
+            f"{path}: not a valid GGUF model file ({text or type(e).__name__})"
+        ) from None
+
+
 def _dir_tokenizer(path: Path, *, name: str) -> LoadedTokenizer:
-    config = read_hf_config(path)
+    config = _hf_config(path)
     if not (path / "tokenizer.json").exists():
         raise FileNotFoundError(f"no tokenizer.json in {path}")
-    tokenizer = HFTokenizer.from_dir(path, eos_token_ids=config.eos_token_ids)
-    source = read_json(path / "tokenizer_config.json").get("chat_template")
+    source = _json_object(path / "tokenizer_config.json").get("chat_template")
+    try:
+        tokenizer = HFTokenizer.from_dir(path, eos_token_ids=config.eos_token_ids)
+    except Exception as e:  # the tokenizers package raises a bare Exception for a bad file
+        raise ValueError(f"{path / 'tokenizer.json'}: cannot load the tokenizer ({e})") from e
     jinja_file = path / "chat_template.jinja"
     if source is None and jinja_file.exists():
         source = jinja_file.read_text(encoding="utf-8")
@@ -163,7 +213,7 @@ def _load_dir(path: Path, device: torch.device, dtype: torch.dtype, *, name: str
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    g = read_gguf(path, dtype=dtype)
+    g = _read_gguf(read_gguf, path, dtype=dtype)
     tokenizer = HFTokenizer.from_gguf_metadata(g.metadata)
     model = build_empty_model(g.config, device, dtype)
     load_weights_(model, g.tensors)
