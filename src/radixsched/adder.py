@@ -346,8 +346,7 @@ class PrefillAdder:
             self.can_run_list.append(Admission(req, req.prefix_len, cand, False))
             self._charge(0, cand, reservation)
         else:
-            # One chunked request at a time. SGLang's continuation, when cut, spends the whole
-            # chunk budget; this one is cut to whole pages and to memory, and can leave some.
+            # One chunked request: a continuation cut to pages or memory can leave chunk budget.
             if rem_chunk <= 0 or self.new_chunked_req is not None or has_chunked_req:
                 return AddReqResult.OTHER
             trunc = floor_page(rem_chunk, p) if not self.compat else rem_chunk
