@@ -280,8 +280,8 @@ MUTANTS = (
     Mutant(
         "jump-past-horizon",
         "fast/scheduler.py",
-        "            k = min(k, hit + 1)",
-        "            k = k",
+        '                return min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)',
+        "                return n",
     ),
     Mutant(
         "jump-past-horizon-while-waiting",
