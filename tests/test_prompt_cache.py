@@ -1,0 +1,233 @@
+"""The on-disk prompt cache (``sim.prompt_cache``): a second load of a trace maps the prompts
+the first one stored, bit for bit, and anything else (another file, other params, a damaged
+or unwritable cache) builds them as before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from radixsched.config import SchedulerConfig
+from radixsched.sim import prompt_cache
+from radixsched.sim.simulate import SimConfig, simulate
+from radixsched.sim.workloads import Workload, load_workload
+
+DATA = Path(__file__).parent / "data"
+SAMPLE = DATA / "mooncake_sample.jsonl"
+# SHA-256 of the sample trace's prompts (int32, line order, concatenated) at the default
+# params. A change here is a change of the token derivation: bump ``prompt_cache.FORMAT``
+# with it, or caches written before would be read as the new prompts.
+SAMPLE_PROMPTS_SHA256 = "11e3ac04285009bc67f3d65f9b46a1366a8f1978e7311f73cae787c6fb65a172"
+PINNED_FORMAT = 1
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RADIXSCHED_PROMPT_CACHE")  # tests run with it off (conftest)
+    monkeypatch.delenv("RADIXSCHED_CACHE_MAX_GB", raising=False)
+    return tmp_path / "cache" / "prompts"
+
+
+def _copy(tmp_path: Path, name: str = "trace.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_bytes(SAMPLE.read_bytes())
+    return path
+
+
+def _load(path: Path, spec: str = "mooncake", **kw: object) -> Workload:
+    return load_workload(f"{spec}:{path}", **kw)  # type: ignore[arg-type]
+
+
+def _prompts(wl: Workload) -> dict[str, bytes]:
+    return {r.rid: r.prompt_ids.tobytes() for r in wl.requests}
+
+
+def test_the_second_load_maps_what_the_first_built(cache: Path, tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    first = _load(path)
+    assert first.prompts == "built, cached"
+    assert len(list(cache.glob("*.prompts"))) == 1
+    second = _load(path)
+    assert second.prompts == "from the cache"
+    assert _prompts(second) == _prompts(first)
+    assert all(not r.prompt_ids.flags.writeable for r in second.requests)
+    assert [r.arrival_time for r in second.requests] == [r.arrival_time for r in first.requests]
+
+
+def test_jsonl_length_prompts_are_cached_and_token_id_prompts_are_not(
+    cache: Path, tmp_path: Path
+) -> None:
+    lengths = tmp_path / "lengths.jsonl"
+    lines = [
+        {"input_length": 300 + i, "output_length": 4, "prefix_group": i % 2, "prefix_length": 100}
+        for i in range(6)
+    ]
+    lengths.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    built = _load(lengths, "jsonl")
+    mapped = _load(lengths, "jsonl")
+    assert (built.prompts, mapped.prompts) == ("built, cached", "from the cache")
+    assert _prompts(mapped) == _prompts(built)
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text(json.dumps({"input_ids": [1, 2, 3], "output_length": 2}) + "\n")
+    assert _load(ids, "jsonl").prompts == _load(ids, "jsonl").prompts == "built"
+
+
+@pytest.mark.parametrize(
+    ("policy", "page"), [("lpm", 1), ("fcfs", 16), ("dfs-weight", 1), ("hrrn", 4)]
+)
+def test_a_simulation_on_mapped_prompts_equals_one_on_built_prompts(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, page: int
+) -> None:
+    path = _copy(tmp_path)
+    assert _load(path).prompts == "built, cached"
+    mapped = _load(path, num_requests=40)
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    built = _load(path, num_requests=40)
+    assert (mapped.prompts, built.prompts) == ("from the cache", "built")
+    cfg = SchedulerConfig(schedule_policy=policy, page_size=page, chunked_prefill_size=4096)
+    sim = SimConfig(max_total_tokens=100_000)
+    a, b = (simulate(wl, cfg, sim) for wl in (built, mapped))
+    assert a.result.hit_rate == b.result.hit_rate
+    assert [(r.rid, r.output_ids, r.times.token_times) for r in a.requests] == [
+        (r.rid, r.output_ids, r.times.token_times) for r in b.requests
+    ]
+
+
+def test_a_changed_file_or_other_params_build_again(cache: Path, tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    base = _prompts(_load(path))
+    assert _load(path).prompts == "from the cache"
+    vocab = load_workload(f"mooncake:path={path},vocab=1000")
+    assert vocab.prompts == "built, cached"
+    assert _prompts(vocab) != base
+    block = load_workload(f"mooncake:path={path},block_size=256")
+    assert block.prompts == "built, cached"
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["hash_ids"] = [h + 10_000 for h in rec["hash_ids"]]  # same length, other blocks
+    path.write_text("\n".join([json.dumps(rec), *lines[1:]]) + "\n")
+    changed = _load(path)
+    assert changed.prompts == "built, cached"
+    first = changed.requests[0].rid
+    assert _prompts(changed)[first] != base[first]
+    assert len(list(cache.glob("*.prompts"))) == 4
+
+
+def test_a_partial_load_uses_the_cache_but_never_writes_one(cache: Path, tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    part = _load(path, num_requests=20)
+    assert part.prompts == "built"
+    assert not list(cache.glob("*.prompts"))
+    whole = _load(path)
+    mapped = _load(path, num_requests=20)
+    assert mapped.prompts == "from the cache"
+    assert _prompts(mapped) == _prompts(part)
+    assert set(_prompts(mapped).items()) <= set(_prompts(whole).items())
+
+
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        del data[len(data) // 2 :]
+    elif how == "magic":
+        data[0:8] = b"NOTMINE!"
+    elif how == "count":
+        data[12:20] = (7).to_bytes(8, "little")
+    elif how == "token":  # the first token is in the digest's sample
+        at = 64 + 8 * (200 + 1)
+        data[at] ^= 0xFF
+    elif how == "empty":
+        data = bytearray()
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncated", "magic", "count", "token", "empty"])
+def test_a_damaged_cache_file_is_removed_and_the_prompts_built_again(
+    cache: Path, tmp_path: Path, how: str
+) -> None:
+    path = _copy(tmp_path)
+    want = _prompts(_load(path))
+    (stored,) = cache.glob("*.prompts")
+    _damage(stored, how)
+    again = _load(path)
+    assert again.prompts == "built, cached"
+    assert _prompts(again) == want
+    assert _load(path).prompts == "from the cache"
+
+
+def test_an_unusable_cache_folder_changes_nothing_but_speed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(blocker))
+    monkeypatch.delenv("RADIXSCHED_PROMPT_CACHE")
+    path = _copy(tmp_path)
+    assert _load(path).prompts == _load(path).prompts == "built"
+    monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    assert prompt_cache.cache_dir() is None
+    assert _load(path).prompts == _load(path).prompts == "built"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_folder_is_kept_under_its_cap_least_recently_used_first(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, c = (_copy(tmp_path, f"{n}.jsonl") for n in "abc")
+    for i, p in enumerate((a, b, c)):  # three traces, each its own blocks
+        lines = [json.loads(x) for x in p.read_text().splitlines()]
+        for rec in lines:
+            rec["hash_ids"] = [h + 100_000 * i for h in rec["hash_ids"]]
+        p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _load(a)
+    (one,) = cache.glob("*.prompts")
+    size_gb = one.stat().st_size / (1 << 30)
+    monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", str(2.5 * size_gb))
+    _load(b)
+    assert _load(a).prompts == "from the cache"  # a is now the more recent
+    _load(c)
+    assert _load(a).prompts == "from the cache"
+    assert _load(b).prompts == "built, cached"  # b was the least recently used
+    assert len(list(cache.glob("*.prompts"))) == 2
+    monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", str(0.5 * size_gb))
+    fresh = _copy(tmp_path, "d.jsonl")
+    fresh.write_text(fresh.read_text() + "\n")  # other bytes, same requests
+    assert _load(fresh).prompts == "built"  # larger than the whole cap: not stored
+
+
+def test_the_token_derivation_is_pinned_to_the_cache_format() -> None:
+    wl = load_workload(f"mooncake:{SAMPLE}")
+    digest = hashlib.sha256()
+    for r in sorted(wl.requests, key=lambda r: int(r.rid.rsplit("-", 1)[1])):
+        digest.update(np.ascontiguousarray(r.prompt_ids, dtype=np.int32).tobytes())
+    assert (digest.hexdigest(), prompt_cache.FORMAT) == (SAMPLE_PROMPTS_SHA256, PINNED_FORMAT), (
+        "the sample trace's prompts changed: bump prompt_cache.FORMAT, then update both pins"
+    )
+
+
+def test_simulate_says_where_the_prompts_came_from(cache: Path, tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    said, results = [], []
+    for i in range(2):
+        out = tmp_path / f"{i}.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "radixsched", "simulate", "--workload", f"mooncake:{path}",
+             "--policy", "lpm", "--num-requests", "200", "--json", str(out), "--quiet"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        head = " ".join(proc.stdout.split("Policy comparison")[0].split())
+        said.append(json.loads(out.read_text())["workload"]["prompts"])
+        run = json.loads(out.read_text())["results"][0]
+        results.append({k: v for k, v in run.items() if k not in ("wall_s", "requests_per_wall_s")})
+        assert f"prompts {said[-1]}" in head
+    assert said == ["built, cached", "from the cache"]
+    assert results[0] == results[1]
