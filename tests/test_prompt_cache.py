@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -195,8 +197,13 @@ def test_the_folder_is_kept_under_its_cap_least_recently_used_first(
     assert _load(a).prompts == "from the cache"  # a is now the more recent
     _load(c)
     assert _load(a).prompts == "from the cache"
+    dead, live = cache / ".x.1.tmp", cache / ".y.2.tmp"  # writers that died, or still write
+    for tmp in (dead, live):
+        tmp.write_bytes(b"partial")
+    os.utime(dead, (time.time() - 7200, time.time() - 7200))
     assert _load(b).prompts == "built, cached"  # b was the least recently used
     assert len(list(cache.glob("*.prompts"))) == 2
+    assert not dead.exists() and live.exists()
     monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", str(0.5 * size_gb))
     fresh = _copy(tmp_path, "d.jsonl")
     fresh.write_text(fresh.read_text() + "\n")  # other bytes, same requests

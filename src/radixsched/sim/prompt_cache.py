@@ -31,6 +31,7 @@ import mmap
 import os
 import shutil
 import struct
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,11 +161,15 @@ def store(folder: Path, key: str, prompts: Sequence[TokenArray]) -> bool:
 
 
 def _trim(folder: Path, cap: int) -> None:
-    """Remove the least recently used prompt files until the folder holds at most ``cap``."""
+    """Remove the least recently used prompt files until the folder holds at most ``cap``,
+    and the temporary files of writers that died over an hour ago."""
     try:
         files = [(p.stat(), p) for p in folder.glob("*.prompts")]
+        stale = [p for p in folder.glob(".*.tmp") if time.time() - p.stat().st_mtime > 3600]
     except OSError:
         return
+    for p in stale:
+        _remove(p)
     files.sort(key=lambda sp: sp[0].st_mtime_ns)
     held = sum(s.st_size for s, _ in files)
     for s, p in files:
