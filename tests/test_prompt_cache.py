@@ -11,12 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from radixsched.config import SchedulerConfig
-from radixsched.sim import prompt_cache
+from radixsched.sim import prompt_cache, workloads
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads import Workload, load_workload
 
@@ -56,6 +57,7 @@ def test_the_second_load_maps_what_the_first_built(cache: Path, tmp_path: Path) 
     first = _load(path)
     assert first.prompts == "built, cached"
     assert len(list(cache.glob("*.prompts"))) == 1
+    assert all(not r.prompt_ids.flags.writeable for r in first.requests)  # the file's mapping
     second = _load(path)
     assert second.prompts == "from the cache"
     assert _prompts(second) == _prompts(first)
@@ -238,3 +240,43 @@ def test_simulate_says_where_the_prompts_came_from(cache: Path, tmp_path: Path) 
         assert f"prompts {said[-1]}" in head
     assert said == ["built, cached", "from the cache"]
     assert results[0] == results[1]
+
+
+def test_a_build_that_fails_leaves_no_file_and_the_next_load_builds(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _copy(tmp_path)
+    real, calls = workloads._gather, []
+
+    def failing(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 50:
+            raise MemoryError("out of memory")
+        return real(*args)
+
+    monkeypatch.setattr(workloads, "_gather", failing)
+    with pytest.raises(MemoryError):
+        _load(path)
+    assert not list(cache.iterdir())  # neither an entry nor a temporary file
+    monkeypatch.setattr(workloads, "_gather", real)
+    assert _load(path).prompts == "built, cached"
+
+
+def test_without_space_reserved_up_front_nothing_is_cached(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    real = os.posix_fallocate
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    path = _copy(tmp_path)
+    built = _load(path)
+    assert built.prompts == "built"
+    assert not list(cache.iterdir())
+    monkeypatch.delattr(os, "posix_fallocate")  # a platform without it
+    assert _load(path).prompts == "built"
+    monkeypatch.setattr(os, "posix_fallocate", real, raising=False)
+    again = _load(path)
+    assert again.prompts == "built, cached"
+    assert _prompts(again) == _prompts(built)

@@ -693,9 +693,9 @@ def test_jsonl_num_requests_hashes_only_the_kept_prompts(
     calls: list[int] = []
     real = workloads._hash_tokens
 
-    def counting(key: int, start: int, n: int, vocab: int) -> Any:
+    def counting(key: int, start: int, n: int, vocab: int, out: Any = None) -> Any:
         calls.append(n)
-        return real(key, start, n, vocab)
+        return real(key, start, n, vocab, out)
 
     monkeypatch.setattr(workloads, "_hash_tokens", counting)
     part = load_workload(f"jsonl:{path}", num_requests=3).requests

@@ -14,11 +14,13 @@ disables it.
 The folder is kept under ``$RADIXSCHED_CACHE_MAX_GB`` (default 8) by removing the least
 recently used files, and nothing is written when the disk would keep less than 1 GiB free.
 The cache is only ever a shortcut: a file that cannot be written is skipped, and one that is
-unreadable, truncated or inconsistent is removed and the prompts are built again.
+unreadable, truncated or inconsistent is removed and the prompts are built again. A first full
+load builds the prompts straight into the new file's mapping (``PromptFile``), so storing them
+copies nothing (Linux: the file's blocks are reserved with ``posix_fallocate`` first).
 
 File layout (native byte order): a 64-byte header (magic, ``FORMAT``, request count, token
 count, then the SHA-256 of a sample of the tokens), the offsets (int64, count + 1), the tokens
-(int32). Written to a temporary file in the folder and renamed: a reader sees a whole file or
+(int32). Built as a temporary file in the folder and renamed: a reader sees a whole file or
 none.
 """
 
@@ -132,32 +134,64 @@ def _views(mapped: mmap.mmap, count: int) -> list[TokenArray] | None:
     return [tokens[lo:hi] for lo, hi in itertools.pairwise(bounds)]
 
 
-def store(folder: Path, key: str, prompts: Sequence[TokenArray]) -> bool:
-    """Write ``prompts`` under ``key`` (then trim the folder to the size cap). False, with
-    nothing left behind, when it is not written: too large for the cap or the free disk, or
-    any OS error."""
-    lengths = np.fromiter((len(p) for p in prompts), dtype=np.int64, count=len(prompts))
-    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
-    total = int(offsets[-1])
-    size = _HEADER_BYTES + 8 * len(offsets) + 4 * total
-    cap = max_bytes()
-    tmp = folder / f".{key}.{os.getpid()}.tmp"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if size > cap or shutil.disk_usage(folder).free < size + _MIN_FREE_BYTES:
+class PromptFile:
+    """A cache file being built in place: the prompt of line ``i`` is written into
+    ``views[i]`` (a view of the file's mapping, so nothing is copied to store it); ``commit``
+    then makes the file the entry of its key, ``abandon`` removes it."""
+
+    def __init__(
+        self, folder: Path, key: str, tmp: Path, mapped: mmap.mmap, views: list[TokenArray]
+    ) -> None:
+        self.folder, self.key, self.tmp = folder, key, tmp
+        self.mapped = mapped
+        self.views = views
+
+    @classmethod
+    def create(cls, folder: Path, key: str, lengths: Sequence[int]) -> PromptFile | None:
+        """None (nothing left behind) when it cannot be: over the size cap or the free disk,
+        no ``posix_fallocate`` (its blocks are reserved up front, so a full disk fails here and
+        never as a fault while the mapping is written), or any OS error."""
+        offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths, dtype=np.int64)])
+        total = int(offsets[-1])
+        at = _HEADER_BYTES + 8 * len(offsets)
+        size = at + 4 * total
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if size > max_bytes() or shutil.disk_usage(folder).free < size + _MIN_FREE_BYTES:
+                return None
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, size)
+                mapped = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError, AttributeError):  # AttributeError: no posix_fallocate
+            _remove(tmp)
+            return None
+        mapped[_HEADER_BYTES:at] = offsets.tobytes()
+        tokens = np.frombuffer(mapped, dtype=np.int32, count=total, offset=at)
+        views = [tokens[lo:hi] for lo, hi in itertools.pairwise(offsets.tolist())]
+        return cls(folder, key, tmp, mapped, views)
+
+    def commit(self) -> bool:
+        """Seal the file (header and digest; the views become read-only) and make it the
+        key's entry; then trim the folder to its cap. False (file removed) on an OS error."""
+        total = sum(len(v) for v in self.views)
+        header = _HEADER.pack(_MAGIC, FORMAT, len(self.views), total, _sample_digest(self.views))
+        self.mapped[: len(header)] = header
+        for v in self.views:
+            v.flags.writeable = False
+        try:
+            os.replace(self.tmp, self.folder / f"{self.key}.prompts")
+        except OSError:
+            self.abandon()
             return False
-        header = _HEADER.pack(_MAGIC, FORMAT, len(prompts), total, _sample_digest(prompts))
-        with tmp.open("wb") as f:
-            f.write(header.ljust(_HEADER_BYTES, b"\0"))
-            f.write(offsets.tobytes())
-            for p in prompts:
-                f.write(np.ascontiguousarray(p, dtype=np.int32).data)
-        os.replace(tmp, folder / f"{key}.prompts")
-    except OSError:
-        _remove(tmp)
-        return False
-    _trim(folder, cap)
-    return True
+        _trim(self.folder, max_bytes())
+        return True
+
+    def abandon(self) -> None:
+        _remove(self.tmp)
 
 
 def _trim(folder: Path, cap: int) -> None:

@@ -173,9 +173,12 @@ def _str_key(text: str) -> int:
     return _key(*text.encode())
 
 
-def _hash_tokens(key: int, start: int, n: int, vocab: int) -> TokenArray:
-    """Tokens ``hash(key, position) mod vocab`` for positions ``start .. start+n``."""
-    out = np.empty(n, dtype=np.int32)
+def _hash_tokens(
+    key: int, start: int, n: int, vocab: int, out: TokenArray | None = None
+) -> TokenArray:
+    """Tokens ``hash(key, position) mod vocab`` for positions ``start .. start+n`` (written
+    into ``out`` when given)."""
+    out = np.empty(n, dtype=np.int32) if out is None else out
     z = np.arange(start, start + n, dtype=np.uint64)
     np.multiply(z, np.uint64(_GOLDEN), out=z)
     np.bitwise_xor(z, np.uint64(key), out=z)
@@ -271,6 +274,8 @@ class _Draft:
     # writes ``prompt`` for a list of such drafts; ``prompt`` is empty until it has run.
     fill: Callable[[Sequence[_Draft]], None] | None = None
     source: Any = None  # what ``fill`` builds this draft's prompt from
+    length: int = 0  # the deferred prompt's length; ``fill`` writes into ``prompt`` when it
+    # already has that length (a buffer the prompt cache maps), else it allocates one
 
 
 Builder = Callable[[dict[str, Any], int], list[_Draft]]
@@ -508,6 +513,7 @@ def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
             timestamp_s=(r.timestamp_ms - t0) / 1e3,
             fill=fill,
             source=r,
+            length=r.input_length,
         )
         for i, r in enumerate(records)
     ]
@@ -533,14 +539,32 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
     table[: len(shared)] = _block_table(shared, block, vocab)
     for batch in batches:
         recs = [records[j] for j in batch]
-        for j, r, rows in zip(batch, recs, _rows(recs, shared, table, vocab), strict=True):
-            prompt = table[rows].reshape(-1)[: r.input_length]
-            if len(prompt) < r.input_length:
-                n = r.input_length - len(prompt)
-                i = drafts[j].session  # the request's line in the trace
-                pad = _hash_tokens(_key(_SALT_PAD, i), len(prompt), n, vocab)
-                prompt = np.concatenate([prompt, pad])
-            drafts[j].prompt = prompt
+        for j, rows in zip(batch, _rows(recs, shared, table, vocab), strict=True):
+            d = drafts[j]
+            d.prompt = _gather(table, rows, _out(d), d.session, vocab)
+
+
+def _out(d: _Draft) -> TokenArray:
+    """The buffer ``d``'s prompt is built in: the one the prompt cache lent, else a new one."""
+    return d.prompt if len(d.prompt) == d.length else np.empty(d.length, dtype=np.int32)
+
+
+def _gather(
+    table: TokenArray, rows: npt.NDArray[np.int64], out: TokenArray, line: int, vocab: int
+) -> TokenArray:
+    """``out`` filled with the blocks at ``rows`` of ``table``, cut to its length (the last
+    block may be partial), then the request's own padding past the last block."""
+    n, block = len(out), table.shape[1]
+    full = min(len(rows), n // block)
+    np.take(table, rows[:full], axis=0, out=out[: full * block].reshape(full, block))
+    at = full * block
+    if full < len(rows):  # the last block, cut to the prompt's length
+        m = min(block, n - at)
+        out[at : at + m] = table[rows[full], :m]
+        at += m
+    if at < n:
+        _hash_tokens(_key(_SALT_PAD, line), at, n - at, vocab, out[at:])
+    return out
 
 
 def _rows(
@@ -654,6 +678,7 @@ def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Dr
         extra_key=_opt_str(obj, "extra_key", where),
         fill=None if source is None else _fill_hashed,
         source=source,
+        length=0 if source is None else source.n,
     )
 
 
@@ -670,13 +695,11 @@ class _HashedPrompt(NamedTuple):
 def _fill_hashed(drafts: Sequence[_Draft]) -> None:
     for d in drafts:
         g, shared, n, line, vocab = d.source
-        own = _hash_tokens(_key(_SALT_UNIQUE, line), shared, n - shared, vocab)
-        if g is None:
-            d.prompt = own
-        else:
-            d.prompt = np.concatenate(
-                [_hash_tokens(_key(_SALT_GROUP, _str_key(g)), 0, shared, vocab), own]
-            )
+        out = _out(d)
+        if g is not None:
+            _hash_tokens(_key(_SALT_GROUP, _str_key(g)), 0, shared, vocab, out[:shared])
+        _hash_tokens(_key(_SALT_UNIQUE, line), shared, n - shared, vocab, out[shared:])
+        d.prompt = out
 
 
 def _build_jsonl(p: dict[str, Any], seed: int) -> list[_Draft]:
@@ -1150,10 +1173,20 @@ def _fill_kept(
             drafts[i].prompt = cached[i]
             drafts[i].fill = drafts[i].source = None
         return PROMPT_SOURCES[2]
-    _fill_prompts(want)
-    if len(want) == len(drafts) and prompt_cache.store(folder, key, [d.prompt for d in drafts]):
-        return PROMPT_SOURCES[1]
-    return PROMPT_SOURCES[0]
+    file = None
+    if len(want) == len(drafts):  # a full load: built in the new cache file's mapping
+        file = prompt_cache.PromptFile.create(folder, key, [d.length for d in drafts])
+    if file is None:
+        _fill_prompts(want)
+        return PROMPT_SOURCES[0]
+    for d, view in zip(drafts, file.views, strict=True):
+        d.prompt = view
+    try:
+        _fill_prompts(want)
+    except BaseException:
+        file.abandon()
+        raise
+    return PROMPT_SOURCES[1] if file.commit() else PROMPT_SOURCES[0]
 
 
 # ---- optimal hit rate ------------------------------------------------------------------
