@@ -16,7 +16,10 @@ recently used files, and nothing is written when the disk would keep less than 1
 The cache is only ever a shortcut: a file that cannot be written is skipped, and one that is
 unreadable, truncated or inconsistent is removed and the prompts are built again. A first full
 load builds the prompts straight into the new file's mapping (``PromptFile``), so storing them
-copies nothing (Linux: the file's blocks are reserved with ``posix_fallocate`` first).
+copies nothing (Linux: an unnamed ``O_TMPFILE`` file, its blocks reserved first). Only regular
+files are cached, and only when the file is the same (device, inode, size, mtime) before it is
+parsed and after it is hashed: a pipe is read once, and a trace replaced while it loads is
+never keyed with the other version's prompts.
 
 File layout (native byte order): a 64-byte header (magic, ``FORMAT``, request count, token
 count, then the SHA-256 of a sample of the tokens), the offsets (int64, count + 1), the tokens
@@ -32,8 +35,10 @@ import itertools
 import mmap
 import os
 import shutil
+import stat
 import struct
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,7 +54,10 @@ FORMAT = 1
 _MAGIC = b"RSPROMPT"
 _HEADER = struct.Struct("<8sIQQ32s")  # magic, format, requests, tokens, sample digest
 _HEADER_BYTES = 64
-_SAMPLE_STRIDE = 65_537  # tokens between sampled ones (a prime: no alignment with blocks)
+# Tokens between sampled ones: under one 4 KiB page, so every page of the file holds a sampled
+# token (a page a crash left unwritten reads as zeros and fails the digest); a prime, so the
+# samples do not fall on the same place of every block.
+_SAMPLE_STRIDE = 1021
 _MIN_FREE_BYTES = 1 << 30
 DEFAULT_MAX_GB = 8.0
 _OFF = ("off", "0", "false", "no")
@@ -72,6 +80,19 @@ def max_bytes() -> int:
     if not 0 <= gb < 1e9:  # NaN, negative or absurd: the default
         gb = DEFAULT_MAX_GB
     return int(gb * (1 << 30))
+
+
+def file_id(path: Path) -> tuple[int, ...] | None:
+    """A regular file's identity and version (device, inode, size, mtime); None for anything
+    else (a pipe, a FIFO, a device, a missing path): those are never cached, as their bytes
+    cannot be read twice."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def trace_key(kind: str, path: Path, params: Mapping[str, Any]) -> str:
@@ -98,16 +119,17 @@ def _sample_digest(parts: Sequence[TokenArray]) -> bytes:
     return h.digest()
 
 
-def load(folder: Path, key: str, count: int) -> list[TokenArray] | None:
-    """The ``count`` prompts stored under ``key`` as read-only views of the mapped file; None
-    when there is no usable file (one that is inconsistent is removed)."""
+def load(folder: Path, key: str, lengths: Sequence[int]) -> list[TokenArray] | None:
+    """The prompts stored under ``key`` as read-only views of the mapped file, which must hold
+    exactly ``lengths``; None when there is no usable file (one that is inconsistent is
+    removed)."""
     path = folder / f"{key}.prompts"
     try:
         with path.open("rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # absent, unreadable, or empty (mmap refuses length 0)
         return None
-    prompts = _views(mapped, count)
+    prompts = _views(mapped, lengths)
     if prompts is None:
         _remove(path)
         return None
@@ -116,17 +138,18 @@ def load(folder: Path, key: str, count: int) -> list[TokenArray] | None:
     return prompts
 
 
-def _views(mapped: mmap.mmap, count: int) -> list[TokenArray] | None:
+def _views(mapped: mmap.mmap, lengths: Sequence[int]) -> list[TokenArray] | None:
     if len(mapped) < _HEADER_BYTES:
         return None
     magic, fmt, n, total, digest = _HEADER.unpack_from(mapped, 0)
-    if magic != _MAGIC or fmt != FORMAT or n != count:
+    if magic != _MAGIC or fmt != FORMAT or n != len(lengths):
         return None
     if len(mapped) != _HEADER_BYTES + 8 * (n + 1) + 4 * total:
         return None
     offsets = np.frombuffer(mapped, dtype=np.int64, count=n + 1, offset=_HEADER_BYTES)
     tokens = np.frombuffer(mapped, dtype=np.int32, count=total, offset=_HEADER_BYTES + 8 * (n + 1))
-    if offsets[0] != 0 or offsets[-1] != total or (np.diff(offsets) < 0).any():
+    want = np.asarray(lengths, dtype=np.int64)
+    if offsets[0] != 0 or not np.array_equal(np.diff(offsets), want):
         return None
     if _sample_digest([tokens]) != digest:
         return None
@@ -137,73 +160,98 @@ def _views(mapped: mmap.mmap, count: int) -> list[TokenArray] | None:
 class PromptFile:
     """A cache file being built in place: the prompt of line ``i`` is written into
     ``views[i]`` (a view of the file's mapping, so nothing is copied to store it); ``commit``
-    then makes the file the entry of its key, ``abandon`` removes it."""
+    then gives the file its key's name, ``abandon`` drops it. The file has no name until then
+    (``O_TMPFILE``): a build that is killed leaves nothing behind, and builds of one trace at
+    once (threads, processes) never share a file."""
 
     def __init__(
-        self, folder: Path, key: str, tmp: Path, mapped: mmap.mmap, views: list[TokenArray]
+        self, folder: Path, key: str, fd: int, mapped: mmap.mmap, views: list[TokenArray]
     ) -> None:
-        self.folder, self.key, self.tmp = folder, key, tmp
+        self.folder, self.key, self.fd = folder, key, fd
         self.mapped = mapped
         self.views = views
 
     @classmethod
     def create(cls, folder: Path, key: str, lengths: Sequence[int]) -> PromptFile | None:
-        """None (nothing left behind) when it cannot be: over the size cap or the free disk,
-        no ``posix_fallocate`` (its blocks are reserved up front, so a full disk fails here and
-        never as a fault while the mapping is written), or any OS error."""
+        """None when it cannot be: over the size cap or the free disk, no unnamed files or
+        ``posix_fallocate`` here (Linux has both; the blocks are reserved up front, so a full
+        disk fails here, never as a fault while the mapping is written), or any OS error."""
         offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths, dtype=np.int64)])
         total = int(offsets[-1])
         at = _HEADER_BYTES + 8 * len(offsets)
         size = at + 4 * total
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        fd = -1
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if size > max_bytes() or shutil.disk_usage(folder).free < size + _MIN_FREE_BYTES:
                 return None
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.posix_fallocate(fd, 0, size)
-                mapped = mmap.mmap(fd, size)
-            finally:
+            fd = os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o644)
+            os.posix_fallocate(fd, 0, size)
+            mapped = mmap.mmap(fd, size)
+        except (OSError, ValueError, AttributeError):  # AttributeError: not on this platform
+            if fd >= 0:
                 os.close(fd)
-        except (OSError, ValueError, AttributeError):  # AttributeError: no posix_fallocate
-            _remove(tmp)
             return None
         mapped[_HEADER_BYTES:at] = offsets.tobytes()
         tokens = np.frombuffer(mapped, dtype=np.int32, count=total, offset=at)
         views = [tokens[lo:hi] for lo, hi in itertools.pairwise(offsets.tolist())]
-        return cls(folder, key, tmp, mapped, views)
+        return cls(folder, key, fd, mapped, views)
 
     def commit(self) -> bool:
-        """Seal the file (header and digest; the views become read-only) and make it the
-        key's entry; then trim the folder to its cap. False (file removed) on an OS error."""
+        """Seal the file (header and digest; the views become read-only), name it as the key's
+        entry (replacing any), then trim the folder to its cap. False on an OS error (the file
+        is dropped; the views stay valid)."""
         total = sum(len(v) for v in self.views)
         header = _HEADER.pack(_MAGIC, FORMAT, len(self.views), total, _sample_digest(self.views))
         self.mapped[: len(header)] = header
         for v in self.views:
             v.flags.writeable = False
+        name = f".{self.key}.{uuid.uuid4().hex}.tmp"
         try:
-            os.replace(self.tmp, self.folder / f"{self.key}.prompts")
+            _name_unnamed(self.fd, self.folder, name)
+            os.replace(self.folder / name, self.folder / f"{self.key}.prompts")
         except OSError:
-            self.abandon()
+            _remove(self.folder / name)
             return False
+        finally:
+            self.abandon()
         _trim(self.folder, max_bytes())
         return True
 
     def abandon(self) -> None:
-        _remove(self.tmp)
+        """Close the descriptor (an unnamed file then goes with the last view of it)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _name_unnamed(fd: int, folder: Path, name: str) -> None:
+    """Give the ``O_TMPFILE`` file ``fd`` the name ``folder/name``: linkat(2) of its /proc
+    entry with AT_SYMLINK_FOLLOW, which ``os.link`` uses only when a directory descriptor is
+    given (plain link(2) would link the /proc entry itself and fail)."""
+    at = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=at, follow_symlinks=True)
+    finally:
+        os.close(at)
 
 
 def _trim(folder: Path, cap: int) -> None:
     """Remove the least recently used prompt files until the folder holds at most ``cap``,
-    and the temporary files of writers that died over an hour ago."""
-    try:
-        files = [(p.stat(), p) for p in folder.glob("*.prompts")]
-        stale = [p for p in folder.glob(".*.tmp") if time.time() - p.stat().st_mtime > 3600]
-    except OSError:
-        return
-    for p in stale:
-        _remove(p)
+    and named temporary files over an hour old (a writer killed between naming its file and
+    renaming it)."""
+    files = []
+    for p in [*folder.glob("*.prompts"), *folder.glob(".*.tmp")]:
+        try:
+            st = p.stat()
+        except OSError:  # gone meanwhile, or a dangling link
+            _remove(p)
+            continue
+        if p.suffix == ".tmp":
+            if time.time() - st.st_mtime > 3600:
+                _remove(p)
+        else:
+            files.append((st, p))
     files.sort(key=lambda sp: sp[0].st_mtime_ns)
     held = sum(s.st_size for s, _ in files)
     for s, p in files:

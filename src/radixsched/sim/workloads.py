@@ -1105,6 +1105,7 @@ def load_workload(
     kind, params = parse_workload_spec(spec, defaults)
     if num_requests is not None and num_requests < 1:
         raise WorkloadError(f"num_requests must be >= 1, got {num_requests}")
+    before = prompt_cache.file_id(Path(params["path"])) if kind.is_trace else None
     drafts = kind.build(params, seed) if memo is None else memo.drafts(kind, params, seed)
     arrival, how = _arrival_times(drafts, request_rate, default_rate, seed)
     last = float(arrival.max())
@@ -1119,7 +1120,7 @@ def load_workload(
     if num_requests is not None:
         order = order[:num_requests]
     kept = order.tolist()
-    source = _fill_kept(kind, params, drafts, kept)
+    source = _fill_kept(kind, params, drafts, kept, before)
     reqs = []
     for i in kept:
         d = drafts[i]
@@ -1151,23 +1152,44 @@ def load_workload(
 PROMPT_SOURCES = ("built", "built, cached", "from the cache")
 
 
+def _prompt_key(
+    kind: WorkloadKind,
+    params: Mapping[str, Any],
+    drafts: list[_Draft],
+    before: tuple[int, ...] | None,
+) -> str | None:
+    """The prompt cache's key of a trace whose every prompt is still to build, hashed from the
+    file that was parsed; None when the cache does not apply (a generator, token ids given,
+    prompts built by an earlier load, not a regular file, a file that changed meanwhile)."""
+    if before is None or prompt_cache.cache_dir() is None or any(d.fill is None for d in drafts):
+        return None
+    path = Path(params["path"])
+    try:
+        key = prompt_cache.trace_key(kind.name, path, params)
+    except OSError:
+        return None
+    return key if prompt_cache.file_id(path) == before else None
+
+
 def _fill_kept(
-    kind: WorkloadKind, params: Mapping[str, Any], drafts: list[_Draft], kept: list[int]
+    kind: WorkloadKind,
+    params: Mapping[str, Any],
+    drafts: list[_Draft],
+    kept: list[int],
+    before: tuple[int, ...] | None,
 ) -> str:
     """Build the prompts of ``drafts[i]`` for ``i`` in ``kept``: mapped from the prompt cache
     when a full load of this trace stored them, else built (and stored when every prompt of
-    the trace was). Returns where they came from (``PROMPT_SOURCES``)."""
+    the trace was). ``before``: the trace file's ``prompt_cache.file_id`` before it was parsed
+    (None: not a regular file, never cached). Returns where they came from
+    (``PROMPT_SOURCES``)."""
     want = [drafts[i] for i in kept]
-    folder = prompt_cache.cache_dir() if kind.is_trace else None
-    if folder is None or any(d.fill is None for d in drafts):  # token ids given, or memoised
+    key = _prompt_key(kind, params, drafts, before)
+    folder = prompt_cache.cache_dir()
+    if key is None or folder is None:
         _fill_prompts(want)
         return PROMPT_SOURCES[0]
-    try:
-        key = prompt_cache.trace_key(kind.name, Path(params["path"]), params)
-    except OSError:  # the file went away after it was read: build, store nothing
-        _fill_prompts(want)
-        return PROMPT_SOURCES[0]
-    cached = prompt_cache.load(folder, key, len(drafts))
+    cached = prompt_cache.load(folder, key, [d.length for d in drafts])
     if cached is not None:
         for i in kept:
             drafts[i].prompt = cached[i]
