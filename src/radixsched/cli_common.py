@@ -1,6 +1,7 @@
 """What every subcommand shares: the argument parser class (no silent abbreviations, typo
 suggestions), the user-error type, the built-in simulation defaults, the run metadata every
-output records, and the default thread count of the torch commands."""
+output records, the default thread count of the torch commands, and the cache root where
+commands keep files between runs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import platform
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -282,3 +284,15 @@ def output_errors(
             errors.append(f"{flag} {path}: writing Parquet needs pyarrow (pip install pyarrow)")
         written.append((flag, path))
     return errors
+
+
+def cache_root() -> Path:
+    """Where commands keep files between runs (a converted model, a trace's prompts):
+    ``$RADIXSCHED_CACHE_DIR``, else ``$XDG_CACHE_HOME/radixsched``, else
+    ``~/.cache/radixsched``. Everything in it can be deleted at any time; it is built again
+    when next needed."""
+    env = os.environ.get("RADIXSCHED_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "radixsched"

@@ -8,7 +8,7 @@ trace writes every prompt (in line order) to one file; later loads map that file
 and hand each request a view of it: no token is generated or copied, pages come in from the
 page cache as the simulation first reads them, and forked workers share them.
 
-Where: ``prompts/`` under the cache root (``radixsched.dirs``: ``$RADIXSCHED_CACHE_DIR``, else
+Where: ``prompts/`` under the cache root (``radixsched.cli_common.cache_root``: ``$RADIXSCHED_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/radixsched``, else ``~/.cache/radixsched``); ``RADIXSCHED_PROMPT_CACHE=off``
 disables it.
 The folder is kept under ``$RADIXSCHED_CACHE_MAX_GB`` (default 8) by removing the least
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from radixsched.dirs import cache_root
+from radixsched.cli_common import cache_root
 
 # Bump when the token derivation of any trace reader changes (tests/test_prompt_cache.py pins
 # the sample trace's prompts, and fails until this and its pin are updated together).
