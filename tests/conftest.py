@@ -3,13 +3,13 @@ judged on the same examples every time; locally it explores new examples on ever
 ``torch_one_thread``: the engine tests' tiny matmuls run on one thread (OpenMP spin-up costs
 more than it gains on a shared box). ``built_blocks``: the Mooncake prompt builds a test made.
 Every test runs with the on-disk prompt cache off (nothing written under the home folder, no
-test's loads depending on another's); tests/test_prompt_cache.py turns it on in a temporary
-folder."""
+test's loads depending on another's); ``prompts_dir`` turns it on in a temporary folder."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +23,15 @@ if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
 @pytest.fixture(autouse=True)
 def _no_prompt_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+
+
+@pytest.fixture
+def prompts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The prompt cache on, with its cache root in a temporary folder: its ``prompts/``."""
+    monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RADIXSCHED_PROMPT_CACHE")
+    monkeypatch.delenv("RADIXSCHED_CACHE_MAX_GB", raising=False)
+    return tmp_path / "cache" / "prompts"
 
 
 @pytest.fixture(scope="module")

@@ -30,14 +30,6 @@ SAMPLE_PROMPTS_SHA256 = "11e3ac04285009bc67f3d65f9b46a1366a8f1978e7311f73cae787c
 PINNED_FORMAT = 1
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("RADIXSCHED_PROMPT_CACHE")  # tests run with it off (conftest)
-    monkeypatch.delenv("RADIXSCHED_CACHE_MAX_GB", raising=False)
-    return tmp_path / "cache" / "prompts"
-
-
 def _copy(tmp_path: Path, name: str = "trace.jsonl") -> Path:
     path = tmp_path / name
     path.write_bytes(SAMPLE.read_bytes())
@@ -52,11 +44,11 @@ def _prompts(wl: Workload) -> dict[str, bytes]:
     return {r.rid: r.prompt_ids.tobytes() for r in wl.requests}
 
 
-def test_the_second_load_maps_what_the_first_built(cache: Path, tmp_path: Path) -> None:
+def test_the_second_load_maps_what_the_first_built(prompts_dir: Path, tmp_path: Path) -> None:
     path = _copy(tmp_path)
     first = _load(path)
     assert first.prompts == "built, cached"
-    assert len(list(cache.glob("*.prompts"))) == 1
+    assert len(list(prompts_dir.glob("*.prompts"))) == 1
     assert all(not r.prompt_ids.flags.writeable for r in first.requests)  # the file's mapping
     second = _load(path)
     assert second.prompts == "from the cache"
@@ -66,7 +58,7 @@ def test_the_second_load_maps_what_the_first_built(cache: Path, tmp_path: Path) 
 
 
 def test_jsonl_length_prompts_are_cached_and_token_id_prompts_are_not(
-    cache: Path, tmp_path: Path
+    prompts_dir: Path, tmp_path: Path
 ) -> None:
     lengths = tmp_path / "lengths.jsonl"
     lines = [
@@ -87,7 +79,7 @@ def test_jsonl_length_prompts_are_cached_and_token_id_prompts_are_not(
     ("policy", "page"), [("lpm", 1), ("fcfs", 16), ("dfs-weight", 1), ("hrrn", 4)]
 )
 def test_a_simulation_on_mapped_prompts_equals_one_on_built_prompts(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, page: int
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, page: int
 ) -> None:
     path = _copy(tmp_path)
     assert _load(path).prompts == "built, cached"
@@ -104,7 +96,7 @@ def test_a_simulation_on_mapped_prompts_equals_one_on_built_prompts(
     ]
 
 
-def test_a_changed_file_or_other_params_build_again(cache: Path, tmp_path: Path) -> None:
+def test_a_changed_file_or_other_params_build_again(prompts_dir: Path, tmp_path: Path) -> None:
     path = _copy(tmp_path)
     base = _prompts(_load(path))
     assert _load(path).prompts == "from the cache"
@@ -121,14 +113,16 @@ def test_a_changed_file_or_other_params_build_again(cache: Path, tmp_path: Path)
     assert changed.prompts == "built, cached"
     first = changed.requests[0].rid
     assert _prompts(changed)[first] != base[first]
-    assert len(list(cache.glob("*.prompts"))) == 4
+    assert len(list(prompts_dir.glob("*.prompts"))) == 4
 
 
-def test_a_partial_load_uses_the_cache_but_never_writes_one(cache: Path, tmp_path: Path) -> None:
+def test_a_partial_load_uses_the_cache_but_never_writes_one(
+    prompts_dir: Path, tmp_path: Path
+) -> None:
     path = _copy(tmp_path)
     part = _load(path, num_requests=20)
     assert part.prompts == "built"
-    assert not list(cache.glob("*.prompts"))
+    assert not list(prompts_dir.glob("*.prompts"))
     whole = _load(path)
     mapped = _load(path, num_requests=20)
     assert mapped.prompts == "from the cache"
@@ -154,11 +148,11 @@ def _damage(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["truncated", "magic", "count", "token", "empty"])
 def test_a_damaged_cache_file_is_removed_and_the_prompts_built_again(
-    cache: Path, tmp_path: Path, how: str
+    prompts_dir: Path, tmp_path: Path, how: str
 ) -> None:
     path = _copy(tmp_path)
     want = _prompts(_load(path))
-    (stored,) = cache.glob("*.prompts")
+    (stored,) = prompts_dir.glob("*.prompts")
     _damage(stored, how)
     again = _load(path)
     assert again.prompts == "built, cached"
@@ -183,7 +177,7 @@ def test_an_unusable_cache_folder_changes_nothing_but_speed(
 
 
 def test_the_folder_is_kept_under_its_cap_least_recently_used_first(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b, c = (_copy(tmp_path, f"{n}.jsonl") for n in "abc")
     for i, p in enumerate((a, b, c)):  # three traces, each its own blocks
@@ -192,19 +186,22 @@ def test_the_folder_is_kept_under_its_cap_least_recently_used_first(
             rec["hash_ids"] = [h + 100_000 * i for h in rec["hash_ids"]]
         p.write_text("".join(json.dumps(x) + "\n" for x in lines))
     _load(a)
-    (one,) = cache.glob("*.prompts")
+    (one,) = prompts_dir.glob("*.prompts")
     size_gb = one.stat().st_size / (1 << 30)
     monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", str(2.5 * size_gb))
     _load(b)
     assert _load(a).prompts == "from the cache"  # a is now the more recent
     _load(c)
     assert _load(a).prompts == "from the cache"
-    dead, live = cache / ".x.1.tmp", cache / ".y.2.tmp"  # writers that died, or still write
+    dead, live = (
+        prompts_dir / ".x.1.tmp",
+        prompts_dir / ".y.2.tmp",
+    )  # writers that died, or still write
     for tmp in (dead, live):
         tmp.write_bytes(b"partial")
     os.utime(dead, (time.time() - 7200, time.time() - 7200))
     assert _load(b).prompts == "built, cached"  # b was the least recently used
-    assert len(list(cache.glob("*.prompts"))) == 2
+    assert len(list(prompts_dir.glob("*.prompts"))) == 2
     assert not dead.exists() and live.exists()
     monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", str(0.5 * size_gb))
     fresh = _copy(tmp_path, "d.jsonl")
@@ -222,7 +219,7 @@ def test_the_token_derivation_is_pinned_to_the_cache_format() -> None:
     )
 
 
-def test_simulate_says_where_the_prompts_came_from(cache: Path, tmp_path: Path) -> None:
+def test_simulate_says_where_the_prompts_came_from(prompts_dir: Path, tmp_path: Path) -> None:
     path = _copy(tmp_path)
     said, results = [], []
     for i in range(2):
@@ -243,7 +240,7 @@ def test_simulate_says_where_the_prompts_came_from(cache: Path, tmp_path: Path) 
 
 
 def test_a_build_that_fails_leaves_no_file_and_the_next_load_builds(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _copy(tmp_path)
     real, calls = workloads._gather, []
@@ -257,13 +254,13 @@ def test_a_build_that_fails_leaves_no_file_and_the_next_load_builds(
     monkeypatch.setattr(workloads, "_gather", failing)
     with pytest.raises(MemoryError):
         _load(path)
-    assert not list(cache.iterdir())  # neither an entry nor a temporary file
+    assert not list(prompts_dir.iterdir())  # neither an entry nor a temporary file
     monkeypatch.setattr(workloads, "_gather", real)
     assert _load(path).prompts == "built, cached"
 
 
 def test_without_space_reserved_up_front_nothing_is_cached(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def no_space(fd: int, offset: int, length: int) -> None:
         raise OSError(28, "No space left on device")
@@ -273,7 +270,7 @@ def test_without_space_reserved_up_front_nothing_is_cached(
     path = _copy(tmp_path)
     built = _load(path)
     assert built.prompts == "built"
-    assert not list(cache.iterdir())
+    assert not list(prompts_dir.iterdir())
     monkeypatch.delattr(os, "posix_fallocate")  # a platform without it
     assert _load(path).prompts == "built"
     monkeypatch.setattr(os, "posix_fallocate", real, raising=False)

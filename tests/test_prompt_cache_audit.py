@@ -43,14 +43,6 @@ from radixsched.sim.workloads import Workload, load_workload
 SAMPLE = Path(__file__).parent / "data" / "mooncake_sample.jsonl"
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("RADIXSCHED_PROMPT_CACHE")  # tests run with it off (conftest)
-    monkeypatch.delenv("RADIXSCHED_CACHE_MAX_GB", raising=False)
-    return tmp_path / "cache" / "prompts"
-
-
 def _prompts(wl: Workload) -> dict[str, bytes]:
     return {r.rid: r.prompt_ids.tobytes() for r in wl.requests}
 
@@ -106,7 +98,7 @@ def _load_from_pipe(spec: str, data: bytes) -> Workload:
 
 @pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
 def test_a_piped_trace_gets_its_own_prompts_not_those_of_an_earlier_pipe(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two traces of three requests each; in the second, the requests share a 40-token prefix.
     first = _jsonl([{"input_length": 50, "output_length": 3}] * 3)
@@ -124,7 +116,7 @@ def test_a_piped_trace_gets_its_own_prompts_not_those_of_an_earlier_pipe(
 
 
 def test_a_trace_read_from_a_named_fifo_loads_and_returns(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     want = _prompts(_built(monkeypatch, f"mooncake:{SAMPLE}"))
     fifo = tmp_path / "trace.fifo"
@@ -156,7 +148,7 @@ def test_a_trace_read_from_a_named_fifo_loads_and_returns(
 
 
 def test_a_trace_replaced_while_it_loads_never_maps_its_old_prompts(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_bytes(SAMPLE.read_bytes())
@@ -232,7 +224,7 @@ print("ok", loaded["A"].prompts, "/", loaded["B"].prompts)
 
 
 def test_two_threads_building_one_trace_neither_crash_nor_corrupt(
-    cache: Path, tmp_path: Path
+    prompts_dir: Path, tmp_path: Path
 ) -> None:
     # Two loads of one trace in one process (threads, or asyncio.to_thread), the second
     # starting while the first builds into its cache file: a file the two shared by name
@@ -262,7 +254,7 @@ workloads.load_workload("mooncake:" + sys.argv[1])
 
 
 def test_builds_killed_midway_leave_the_folder_within_its_cap(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_bytes(SAMPLE.read_bytes())
@@ -280,7 +272,7 @@ def test_builds_killed_midway_leave_the_folder_within_its_cap(
         )  # fmt: skip
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert load_workload(f"mooncake:{path}").prompts == "built, cached"
-    files = {p.name: p.stat().st_size for p in cache.iterdir()}
+    files = {p.name: p.stat().st_size for p in prompts_dir.iterdir()}
     # A killed build must leave nothing: its file is reserved at full size before the prompts
     # are built, and a named temporary file would not count against the cap.
     assert sum(files.values()) <= cap, f"{sum(files.values()):,} bytes > cap {cap:,}: {files}"
@@ -290,7 +282,7 @@ def test_builds_killed_midway_leave_the_folder_within_its_cap(
 
 
 def test_compressed_traces_and_copies_at_other_paths_map_the_right_entry(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     zstandard = pytest.importorskip("zstandard")
     want = _prompts(_built(monkeypatch, f"mooncake:{SAMPLE}"))
@@ -310,7 +302,7 @@ def test_compressed_traces_and_copies_at_other_paths_map_the_right_entry(
     copy = load_workload(f"mooncake:{tmp_path / 'odd dir é' / 'copy.jsonl'}")
     assert copy.prompts == "from the cache"  # the same bytes elsewhere: the same entry
     assert _prompts(copy) == want
-    assert len(_entries(cache)) == 3
+    assert len(_entries(prompts_dir)) == 3
 
 
 @pytest.mark.parametrize(
@@ -323,17 +315,17 @@ def test_compressed_traces_and_copies_at_other_paths_map_the_right_entry(
     ],
 )
 def test_param_spellings_of_the_defaults_map_the_default_entry(
-    cache: Path, monkeypatch: pytest.MonkeyPatch, params: str
+    prompts_dir: Path, monkeypatch: pytest.MonkeyPatch, params: str
 ) -> None:
     assert load_workload(f"mooncake:{SAMPLE}").prompts == "built, cached"
     spelled = load_workload(f"mooncake:path={SAMPLE},{params}")
     assert spelled.prompts == "from the cache"
     assert _prompts(spelled) == _prompts(_built(monkeypatch, f"mooncake:{SAMPLE}"))
-    assert len(_entries(cache)) == 1
+    assert len(_entries(prompts_dir)) == 1
 
 
 def test_subsets_of_a_trace_in_shuffled_arrival_order_map_the_built_prompts(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lines = [json.loads(x) for x in SAMPLE.read_text().splitlines()]
     stamps = np.random.default_rng(7).permutation(len(lines)) * 250
@@ -354,13 +346,13 @@ def test_subsets_of_a_trace_in_shuffled_arrival_order_map_the_built_prompts(
 
 
 def test_an_entry_that_is_a_directory_or_a_link_to_the_trace_harms_nothing(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_bytes(SAMPLE.read_bytes())
     want = _prompts(_built(monkeypatch, f"mooncake:{path}"))
     load_workload(f"mooncake:{path}")
-    (entry,) = _entries(cache)
+    (entry,) = _entries(prompts_dir)
     entry.unlink()
     entry.symlink_to(path)  # an entry that is the user's own trace
     again = load_workload(f"mooncake:{path}")
@@ -372,7 +364,7 @@ def test_an_entry_that_is_a_directory_or_a_link_to_the_trace_harms_nothing(
     entry.mkdir()  # an entry that is a folder: built each time, never an error
     assert [load_workload(f"mooncake:{path}").prompts for _ in range(2)] == ["built", "built"]
     assert entry.is_dir()
-    assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in prompts_dir.iterdir() if p.name.endswith(".tmp")]
 
 
 @pytest.mark.parametrize(
@@ -395,11 +387,11 @@ def test_cache_max_gb_values(monkeypatch: pytest.MonkeyPatch, text: str, want: i
 
 
 def test_a_cap_of_zero_stores_nothing(
-    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", "0")
     assert [load_workload(f"mooncake:{SAMPLE}").prompts for _ in range(2)] == ["built", "built"]
-    assert not _entries(cache)
+    assert not _entries(prompts_dir)
 
 
 _CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -412,7 +404,7 @@ _CONFIGS: list[tuple[str, dict[str, Any]]] = [
 
 
 def test_simulations_on_stored_and_mapped_prompts_equal_those_on_built_ones(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = f"mooncake:{SAMPLE}"
     stored = load_workload(spec)  # built into the new file's mapping
@@ -430,16 +422,16 @@ def test_simulations_on_stored_and_mapped_prompts_equal_those_on_built_ones(
 
 
 def test_mapped_prompts_outlive_their_entry_being_removed_and_rebuilt(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = f"mooncake:{SAMPLE}"
     want = _prompts(_built(monkeypatch, spec))
     stored = load_workload(spec)
     mapped = load_workload(spec)
-    (entry,) = _entries(cache)
+    (entry,) = _entries(prompts_dir)
     entry.unlink()  # "everything in it can be deleted at any time"
     assert load_workload(spec).prompts == "built, cached"  # a new file under the same name
-    (entry,) = _entries(cache)
+    (entry,) = _entries(prompts_dir)
     entry.unlink()
     assert _prompts(stored) == _prompts(mapped) == want
 
@@ -451,7 +443,7 @@ def _digest_of_load(spec: str) -> tuple[str, bytes]:
 
 
 def test_processes_storing_one_trace_at_once_all_load_it_right(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    prompts_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = f"mooncake:{SAMPLE}"
     built = _built(monkeypatch, spec)
@@ -460,8 +452,8 @@ def test_processes_storing_one_trace_at_once_all_load_it_right(
         got = pool.map(_digest_of_load, [spec] * 6)
     assert all(tokens == want for _, tokens in got)
     assert {source for source, _ in got} <= {"built", "built, cached", "from the cache"}
-    assert len(_entries(cache)) == 1
-    assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]
+    assert len(_entries(prompts_dir)) == 1
+    assert not [p for p in prompts_dir.iterdir() if p.name.endswith(".tmp")]
     assert load_workload(spec).prompts == "from the cache"
 
 
