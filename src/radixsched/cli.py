@@ -83,7 +83,11 @@ def _simulate_epilog() -> str:
         + "; the local engine's tiny-random and smollm2-135m"
         + "\n\narrivals: "
         + RATE_RULE
-        + ".\n\nexit status: 0 when every policy served requests, 1 when a policy served "
+        + ".\n\ntrace prompts: a trace's first full load stores its prompts under "
+        "$RADIXSCHED_CACHE_DIR (default ~/.cache/radixsched)/prompts, and later runs of the same "
+        "file map them (the header says so); RADIXSCHED_PROMPT_CACHE=off turns it off, "
+        "RADIXSCHED_CACHE_MAX_GB caps the folder in GB, 8 unless set."
+        + "\n\nexit status: 0 when every policy served requests, 1 when a policy served "
         "none (the reason is printed), 2 on a usage error (nothing is run). An overloaded "
         "system (offered load above what it serves, the queue growing) is a warning."
     )
