@@ -3,28 +3,28 @@ building them.
 
 A trace's prompts depend only on the file's bytes, the reader's params and the reader's token
 derivation (``FORMAT``), so they are keyed by exactly those: a changed file, another
-``vocab`` or ``block_size``, or a new derivation is another key. The first full load of a
-trace writes every prompt (in line order) to one file; later loads map that file read-only
-and hand each request a view of it: no token is generated or copied, pages come in from the
-page cache as the simulation first reads them, and forked workers share them.
+``vocab`` or ``block_size``, or a new derivation is another key. Only regular files are
+cached, and only when the file is the same (device, inode, size, mtime) before it is parsed
+and after it is hashed: a pipe is read once, and a trace replaced while it loads is never
+keyed with the other version's prompts.
 
-Where: ``prompts/`` under the cache root (``radixsched.cli_common.cache_root``: ``$RADIXSCHED_CACHE_DIR``, else
-``$XDG_CACHE_HOME/radixsched``, else ``~/.cache/radixsched``); ``RADIXSCHED_PROMPT_CACHE=off``
-disables it.
-The folder is kept under ``$RADIXSCHED_CACHE_MAX_GB`` (default 8) by removing the least
-recently used files, and nothing is written when the disk would keep less than 1 GiB free.
-The cache is only ever a shortcut: a file that cannot be written is skipped, and one that is
-unreadable, truncated or inconsistent is removed and the prompts are built again. A first full
-load builds the prompts straight into the new file's mapping (``PromptFile``), so storing them
-copies nothing (Linux: an unnamed ``O_TMPFILE`` file, its blocks reserved first). Only regular
-files are cached, and only when the file is the same (device, inode, size, mtime) before it is
-parsed and after it is hashed: a pipe is read once, and a trace replaced while it loads is
-never keyed with the other version's prompts.
+The first full load of a trace builds every prompt straight into a new file's mapping
+(``PromptFile``: an unnamed ``O_TMPFILE`` file, its blocks reserved first, named when it is
+complete), so storing them copies nothing and a build that dies leaves nothing. Later loads
+map that file read-only and hand each request a view of it: no token is generated or copied,
+pages come in from the page cache as the simulation first reads them, and forked workers
+share them. Linux only (elsewhere the prompts are built every time).
+
+Where: ``prompts/`` under the cache root (``cli_common.cache_root``: ``$RADIXSCHED_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/radixsched``, else ``~/.cache/radixsched``); ``RADIXSCHED_PROMPT_CACHE=off``
+disables it. The folder is kept under ``$RADIXSCHED_CACHE_MAX_GB`` (default 8) by removing the
+least recently used files, and nothing is written when the disk would keep less than 1 GiB
+free. The cache is only ever a shortcut: a file that cannot be written is skipped, and one
+that is unreadable, truncated or inconsistent is removed and the prompts are built again.
 
 File layout (native byte order): a 64-byte header (magic, ``FORMAT``, request count, token
 count, then the SHA-256 of a sample of the tokens), the offsets (int64, count + 1), the tokens
-(int32). Built as a temporary file in the folder and renamed: a reader sees a whole file or
-none.
+(int32).
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ def cache_dir() -> Path | None:
 
 
 def max_bytes() -> int:
+    """The folder's cap in bytes: ``$RADIXSCHED_CACHE_MAX_GB`` GiB (0: nothing is stored;
+    unset, unparsable, negative or NaN: the default)."""
     text = os.environ.get("RADIXSCHED_CACHE_MAX_GB", "")
     try:
         gb = float(text) if text.strip() else DEFAULT_MAX_GB
