@@ -65,8 +65,10 @@ TokenArray = npt.NDArray[np.int32]
 
 
 def cache_dir() -> Path | None:
-    """The prompt cache's folder (None: disabled)."""
+    """The prompt cache's folder (None: disabled, or a platform without unnamed files)."""
     if os.environ.get("RADIXSCHED_PROMPT_CACHE", "").strip().lower() in _OFF:
+        return None
+    if not (hasattr(os, "O_TMPFILE") and hasattr(os, "posix_fallocate")):
         return None
     return cache_root() / "prompts"
 
