@@ -280,8 +280,8 @@ MUTANTS = (
     Mutant(
         "jump-past-horizon",
         "fast/scheduler.py",
-        '                return min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)',
-        "                return n",
+        '                m = min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)',
+        "                m = n",
     ),
     Mutant(
         "jump-past-horizon-while-waiting",

@@ -37,6 +37,13 @@ from radixsched.runner import Batch
 from radixsched.scheduler import Scheduler, StepOutcome
 
 
+class Timed(NamedTuple):
+    """Consecutive decode steps' durations and end times, as the cost model gave them."""
+
+    durations: np.ndarray
+    ends: np.ndarray
+
+
 class ChunkPlan(NamedTuple):
     """A step opened by continuing the chunked request."""
 
@@ -234,43 +241,46 @@ class FastScheduler(Scheduler):
         if not self.running:
             return StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
         cols = self.batch.columns()
-        k = 1 if retracted else self._jump_steps(horizon, cols)
-        out = self._decode_multi(k, cols)
+        k, timed = (1, None) if retracted else self._jump_steps(horizon, cols)
+        out = self._decode_multi(k, cols, timed)
         out.retracted = retracted
         return out
 
     def _room(self) -> int:
         return self.allocator.available_size() + self.cache.evictable_size()
 
-    def _jump_steps(self, horizon: float | None, cols: DecodeCols) -> int:
+    def _jump_steps(self, horizon: float | None, cols: DecodeCols) -> tuple[int, Timed | None]:
         """How many decode steps can run at once with nothing but lengths changing: no chunked
         request, no prefill possible (an empty queue, or a full batch without preemption), no
         stop token that could end a request early, enough memory for every step. The jump ends
         with the step that reaches ``horizon`` (the next arrival), queue or not: whoever looks
         at the scheduler then (a router reading each replica's load) sees what single steps
-        leave."""
+        leave. With the count, the steps' durations and end times when finding it timed them."""
         if self.chunked_req is not None or cols.can_stop:
-            return 1
+            return 1, None
         if self.waiting and not (self.batch_is_full and not self.config.enable_priority_preemption):
-            return 1
+            return 1, None
         k = int((cols.max_new - cols.out_len).min())
         if k <= 1:
-            return 1
+            return 1, None
         k = self._max_steps_that_fit(cols, k, self._room())
         if horizon is not None and k > 1:
-            k = self._steps_to(horizon, cols, k)
-        return max(k, 1)
+            return self._steps_to(horizon, cols, k)
+        return max(k, 1), None
 
-    def _steps_to(self, horizon: float, cols: DecodeCols, k: int) -> int:
-        """At most ``k`` steps, through the first that ends at or after ``horizon``. A few
-        steps are timed first: replicas that take turns (closed-loop clients) bound each
-        other's jumps to a step or two, and timing all ``k`` would cost more than the steps."""
+    def _steps_to(self, horizon: float, cols: DecodeCols, k: int) -> tuple[int, Timed]:
+        """At most ``k`` steps, through the first that ends at or after ``horizon``, with their
+        durations and end times. A few steps are timed first: replicas that take turns
+        (closed-loop clients) bound each other's jumps to a step or two, and timing all ``k``
+        would cost more than the steps."""
         now = self.clock.now()
         for n in (min(k, _PROBE_STEPS), k):
-            ends = _step_ends(now, self.jumper.decode_durations(cols.reqs, cols.fill, n))
+            durations = self.jumper.decode_durations(cols.reqs, cols.fill, n)
+            ends = _step_ends(now, durations)
             if ends[-1] >= horizon or n == k:
-                return min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)
-        return k
+                m = min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)
+                return m, Timed(durations[:m], ends[:m])
+        raise AssertionError("unreachable: the last probe times all k steps")
 
     def _max_steps_that_fit(self, cols: DecodeCols, limit: int, room: int) -> int:
         """The largest ``k <= limit`` whose KV fits in ``room`` (1 when none does: one step
@@ -289,14 +299,18 @@ class FastScheduler(Scheduler):
                 hi = mid - 1
         return lo
 
-    def _decode_multi(self, k: int, cols: DecodeCols) -> StepOutcome:
-        """``k`` decode steps of the running batch, as ``k`` reference decode rounds."""
+    def _decode_multi(self, k: int, cols: DecodeCols, timed: Timed | None = None) -> StepOutcome:
+        """``k`` decode steps of the running batch, as ``k`` reference decode rounds (``timed``:
+        their durations and end times, when ``_steps_to`` computed them)."""
         reqs = cols.reqs
         defer = self.defers and not cols.can_stop  # tokens cannot end a request early
         if not defer:
             self.sync_running()
         if defer:
-            durations = self.jumper.decode_durations(reqs, cols.fill, k)
+            if timed is None:
+                durations = self.jumper.decode_durations(reqs, cols.fill, k)
+            else:
+                durations = timed.durations
             toks: list[list[int]] = []
         else:
             res = self.jumper.decode_multi(reqs, cols.fill, k)
@@ -309,7 +323,7 @@ class FastScheduler(Scheduler):
         if not defer and total:
             slots = self.kv.alloc(total)
         t0 = self.clock.now()
-        ends = _step_ends(t0, durations)
+        ends = timed.ends if defer and timed is not None else _step_ends(t0, durations)
         self._advance_to(float(ends[-1]), float(ends[-1] - t0))
         self.ratio.decay_steps(k)
         self.stats.decode_steps += k
