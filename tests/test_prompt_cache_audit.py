@@ -133,7 +133,7 @@ def test_a_trace_read_from_a_named_fifo_loads_and_returns(
     loader.daemon = True
     writer.start()
     loader.start()
-    loader.join(timeout=4)
+    loader.join(timeout=30)  # a load takes well under a second; a hung one never ends
     hung = loader.is_alive()
     deadline = time.monotonic() + 10
     while loader.is_alive() and time.monotonic() < deadline:
