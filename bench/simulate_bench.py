@@ -25,9 +25,9 @@ runs ``--repeat`` times; the fastest counts (noise on a shared machine only adds
 slowest is shown beside it. The machine's load is printed with the numbers.
 
 ``--together`` also times one command with every selected policy on each trace, ``--jobs 1``
-(one after another) against the default (side by side in forked workers, one per CPU); the
-first of these runs stores the prompts, and the fastest of each kind counts, so both are
-timed with the prompts mapped.
+(one after another) against the default (side by side in forked workers, one per CPU). Its
+first ``--jobs 1`` run stores the trace's prompts and every later run maps them: with
+``--repeat 2`` or more, the fastest of each kind is a run with the prompts mapped.
 
 Run: ``.venv/bin/python bench/simulate_bench.py [--traces synthetic,shared-first-block,3x-shared]
 [--policies P,P|all] [--repeat N] [--lengths-only] [--together] [--json PATH]``. Without the full trace
