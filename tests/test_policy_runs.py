@@ -4,6 +4,7 @@ give exactly the outcomes of runs one after another in this process."""
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import multiprocessing
 import os
@@ -22,6 +23,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.sim import policy_runs
 from radixsched.sim.metrics import SloTargets
 from radixsched.sim.policy_runs import (
+    REPORTS_PER_RUN,
     PolicyFailed,
     PolicyOutcome,
     PolicyRuns,
@@ -128,6 +130,19 @@ def test_progress_ends_complete_for_every_policy(jobs: int) -> None:
         assert reports[-1] == (n, n)
         assert all(d <= t == n for d, t in reports)
         assert [d for d, _ in reports] == sorted(d for d, _ in reports)
+
+
+def test_progress_is_reported_about_a_hundred_times_in_process() -> None:
+    wl = load_workload(
+        "shared-prefix:groups=8,prompts=40,system_len=256,output_len=16", request_rate=50
+    )
+    runs = PolicyRuns(wl, SchedulerConfig(), SimConfig())
+    seen: list[int] = []
+    run_policies(runs, ["fcfs"], jobs=1, progress=lambda i, done, total: seen.append(done))
+    n = len(wl.requests)
+    assert n == 320 and seen[-1] == n
+    assert len(seen) <= REPORTS_PER_RUN + 1  # each step that finishes a request calls back
+    assert all(b - a >= n // REPORTS_PER_RUN for a, b in itertools.pairwise(seen[:-1]))
 
 
 class _Rejects(PolicyRuns):

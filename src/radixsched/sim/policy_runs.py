@@ -42,11 +42,12 @@ from radixsched.sim.metrics import (
 )
 from radixsched.sim.simconfig import SimConfig
 from radixsched.sim.simulate import SimRun, simulate
-from radixsched.sim.workloads import Workload, optimal_hit_rate
+from radixsched.sim.workloads import Workload, workload_optimal_hit_rate
 
 # (policy index, requests done, requests in all): how a run reports its progress.
 Progress = Callable[[int, int, int], None]
-# A worker reports at most this many times per run (each report crosses a pipe).
+# A run reports at most this many times (a worker's report crosses a pipe, and a display
+# redraws); the simulation calls back on every step that finishes a request.
 REPORTS_PER_RUN = 100
 
 
@@ -132,7 +133,7 @@ def run_policies(
     once the workers exist: a process must not fork while a display's thread runs."""
     shown = display if display is not None else nullcontext()
     if runs.optimal_hit_rate is None:
-        opt = optimal_hit_rate(runs.workload.requests, page_size=runs.base.page_size)
+        opt = workload_optimal_hit_rate(runs.workload, page_size=runs.base.page_size)
         runs = dataclasses.replace(runs, optimal_hit_rate=opt)
     if jobs <= 1 or len(policies) <= 1 or not can_fork():
         with shown:
@@ -172,8 +173,22 @@ def run_policies(
         _INHERITED.clear()
 
 
+def _every_hundredth(i: int, progress: Progress) -> Callable[[int, int], None]:
+    """``progress`` for run ``i``, passed on only when another ``1 / REPORTS_PER_RUN`` of the
+    requests is done, and at the end (a run reports every step that finishes one)."""
+    last = 0
+
+    def report(done: int, total: int) -> None:
+        nonlocal last
+        if done == total or done - last >= max(total // REPORTS_PER_RUN, 1):
+            last = done
+            progress(i, done, total)
+
+    return report
+
+
 def _run_here(runs: PolicyRuns, i: int, policy: str, progress: Progress | None) -> PolicyOutcome:
-    report = None if progress is None else (lambda done, total: progress(i, done, total))
+    report = None if progress is None else _every_hundredth(i, progress)
     try:
         return runs.run(policy, report)
     except ValueError as e:
@@ -203,14 +218,7 @@ def _work(i: int) -> PolicyOutcome:
     """Run policy ``i`` in a worker, reporting progress through the inherited queue."""
     runs: PolicyRuns = _INHERITED["runs"]
     reports: multiprocessing.Queue[tuple[int, int, int]] = _INHERITED["reports"]
-    last = [0]
-
-    def progress(_: int, done: int, total: int) -> None:
-        if done == total or done - last[0] >= max(total // REPORTS_PER_RUN, 1):
-            last[0] = done
-            reports.put((i, done, total))
-
-    return _run_here(runs, i, _INHERITED["policies"][i], progress)
+    return _run_here(runs, i, _INHERITED["policies"][i], lambda *report: reports.put(report))
 
 
 def _relay(
