@@ -277,3 +277,86 @@ def test_without_space_reserved_up_front_nothing_is_cached(
     again = _load(path)
     assert again.prompts == "built, cached"
     assert _prompts(again) == _prompts(built)
+
+
+def _bound_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.bounds"))
+
+
+def test_the_optimal_bound_is_kept_beside_the_prompts_and_read_back(
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _copy(tmp_path)
+    first = _load(path)
+    want = {p: workloads.optimal_hit_rate(first.requests, p) for p in (1, 16)}
+    assert [workloads.workload_optimal_hit_rate(first, p) for p in (1, 16)] == [want[1], want[16]]
+    (bounds,) = _bound_files(prompts_dir)
+    assert len(json.loads(bounds.read_text())) == 2  # one entry per page size
+
+    def computed(reqs: object, page_size: int = 1) -> float:
+        raise AssertionError("the bound was recomputed")
+
+    monkeypatch.setattr(workloads, "optimal_hit_rate", computed)
+    second = _load(path)
+    assert second.prompts == "from the cache"
+    assert [workloads.workload_optimal_hit_rate(second, p) for p in (1, 16)] == [want[1], want[16]]
+
+
+def test_a_bound_is_kept_per_selection_of_requests_and_arrivals(
+    prompts_dir: Path, tmp_path: Path
+) -> None:
+    path = _copy(tmp_path)
+    _load(path)
+    cases: list[dict[str, Any]] = [
+        {},
+        {"num_requests": 50},
+        {"request_rate": 2.0, "seed": 1},
+        {"request_rate": 2.0},
+    ]
+    for kw in cases:
+        wl = _load(path, **kw)
+        assert wl.prompt_key is not None
+        assert workloads.workload_optimal_hit_rate(wl) == workloads.optimal_hit_rate(wl.requests)
+    stored = json.loads(_bound_files(prompts_dir)[0].read_text())
+    assert len(stored) == len(cases)  # each selection its own entry
+    for kw in cases:  # read back, each its own value
+        wl = _load(path, **kw)
+        assert workloads.workload_optimal_hit_rate(wl) == workloads.optimal_hit_rate(wl.requests)
+
+
+def test_a_damaged_bounds_file_is_recomputed_and_bounds_go_with_their_prompts(
+    prompts_dir: Path, tmp_path: Path
+) -> None:
+    path = _copy(tmp_path)
+    wl = _load(path)
+    want = workloads.workload_optimal_hit_rate(wl)
+    (bounds,) = _bound_files(prompts_dir)
+    for damage in ("{not json", "[1, 2]", ""):
+        bounds.write_text(damage)
+        assert workloads.workload_optimal_hit_rate(_load(path)) == want
+    entry = next(iter(json.loads(bounds.read_text())))
+    bounds.write_text(json.dumps({entry: 1.5}))  # out of range: not a hit rate
+    assert workloads.workload_optimal_hit_rate(_load(path)) == want
+    assert json.loads(bounds.read_text()) == {entry: want}
+    (prompts,) = prompts_dir.glob("*.prompts")
+    prompts.unlink()
+    prompt_cache.store_bound(prompts_dir, prompts.stem, entry, 0.5)  # no prompts: not kept
+    assert json.loads(bounds.read_text()) == {entry: want}
+    other = _copy(tmp_path, "other.jsonl")
+    other.write_text(other.read_text() + "\n")  # other bytes: another key
+    _load(other)  # its store trims the folder
+    assert _bound_files(prompts_dir) == []
+
+
+def test_bounds_of_uncached_or_memo_built_workloads_are_computed(
+    prompts_dir: Path, tmp_path: Path
+) -> None:
+    path = _copy(tmp_path)
+    memo = workloads.DraftMemo()
+    lent = load_workload(f"mooncake:{path}", memo=memo)
+    again = load_workload(f"mooncake:{path}", memo=memo, num_requests=20)
+    assert again.prompt_key is None  # built from the memo's drafts: not the cache's views
+    assert workloads.workload_optimal_hit_rate(again) == workloads.optimal_hit_rate(again.requests)
+    gen = load_workload("shared-prefix:groups=2,prompts=3", request_rate=1.0)
+    assert gen.prompt_key is None and lent.prompt_key is not None
+    assert workloads.workload_optimal_hit_rate(gen) == workloads.optimal_hit_rate(gen.requests)

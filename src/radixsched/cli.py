@@ -409,7 +409,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from radixsched.sim.runconfig import check
     from radixsched.sim.simulate import SimConfig, build_cost_model
     from radixsched.sim.table import Runtime
-    from radixsched.sim.workloads import WorkloadError, load_workload, optimal_hit_rate
+    from radixsched.sim.workloads import WorkloadError, load_workload, workload_optimal_hit_rate
 
     meta = run_metadata(getattr(args, "_argv", None))
     rs, policies = _settings(args)
@@ -436,7 +436,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # After the load: the heap setting is for the simulation's churn; under it the load's
     # thousands of prompt-sized arrays fault in more pages (3x-shared: 302k against 195k).
     tune_heap()
-    opt = optimal_hit_rate(workload.requests, page_size=base.page_size)
+    opt = workload_optimal_hit_rate(workload, page_size=base.page_size)
     config_info = _config_info(base, sim_cfg, cost, policies, slo)
     workload_info = _workload_info(spec, workload, rs, opt)
     for line in _header(meta, workload, workload_info, config_info):

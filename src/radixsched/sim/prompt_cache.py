@@ -22,6 +22,10 @@ least recently used files, and nothing is written when the disk would keep less 
 free. The cache is only ever a shortcut: a file that cannot be written is skipped, and one
 that is unreadable, truncated or inconsistent is removed and the prompts are built again.
 
+Beside a trace's prompts, ``<key>.bounds`` keeps the optimal hit rates computed over them (a
+small JSON object, one entry per selection of requests and page size): a later run reads its
+bound instead of recomputing it. It goes with its prompts.
+
 File layout (native byte order): a 64-byte header (magic, ``FORMAT``, request count, token
 count, then the SHA-256 of a sample of the tokens), the offsets (int64, count + 1), the tokens
 (int32).
@@ -32,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import mmap
 import os
 import shutil
@@ -229,6 +234,37 @@ class PromptFile:
             self.fd = -1
 
 
+def load_bound(folder: Path, key: str, bound: str) -> float | None:
+    """The value ``store_bound`` kept for ``bound`` beside ``key``'s prompts, if any."""
+    value = _bounds(folder / f"{key}.bounds").get(bound)
+    return value if isinstance(value, float) and 0.0 <= value <= 1.0 else None
+
+
+def store_bound(folder: Path, key: str, bound: str, value: float) -> None:
+    """Keep ``value`` for ``bound`` beside ``key``'s prompts (nothing when they are not
+    stored: bounds never outlive their prompts). Whole-file replace, so a reader sees the old
+    or the new object; of two writers at once, one's entry may be lost (it is recomputed)."""
+    if not (folder / f"{key}.prompts").exists():
+        return
+    path = folder / f"{key}.bounds"
+    bounds = _bounds(path)
+    bounds[bound] = value
+    tmp = folder / f".{key}.{uuid.uuid4().hex}.tmp"
+    try:
+        tmp.write_text(json.dumps(bounds))
+        os.replace(tmp, path)
+    except OSError:
+        _remove(tmp)
+
+
+def _bounds(path: Path) -> dict[str, Any]:
+    try:
+        bounds = json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, unreadable or damaged: as if empty
+        return {}
+    return bounds if isinstance(bounds, dict) else {}
+
+
 def _name_unnamed(fd: int, folder: Path, name: str) -> None:
     """Give the ``O_TMPFILE`` file ``fd`` the name ``folder/name``: linkat(2) of its /proc
     entry with AT_SYMLINK_FOLLOW, which ``os.link`` uses only when a directory descriptor is
@@ -241,10 +277,13 @@ def _name_unnamed(fd: int, folder: Path, name: str) -> None:
 
 
 def _trim(folder: Path, cap: int) -> None:
-    """Remove the least recently used prompt files until the folder holds at most ``cap``,
-    and named temporary files over an hour old (a writer killed between naming its file and
-    renaming it)."""
+    """Remove the least recently used prompt files (with their bounds) until the folder holds
+    at most ``cap``, bounds whose prompts are gone, and named temporary files over an hour old
+    (a writer killed between naming its file and renaming it)."""
     files = []
+    for p in folder.glob("*.bounds"):
+        if not p.with_suffix(".prompts").exists():
+            _remove(p)
     for p in [*folder.glob("*.prompts"), *folder.glob(".*.tmp")]:
         try:
             st = p.stat()
@@ -262,6 +301,7 @@ def _trim(folder: Path, cap: int) -> None:
         if held <= cap:
             break
         _remove(p)
+        _remove(p.with_suffix(".bounds"))
         held -= s.st_size
 
 

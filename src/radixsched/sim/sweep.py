@@ -489,7 +489,7 @@ def simulate_point(settings: Settings) -> Metrics:
     from radixsched.sim.metrics import SloTargets, slo_result
     from radixsched.sim.simulate import simulate
     from radixsched.sim.table import flatten_result
-    from radixsched.sim.workloads import DraftMemo, load_workload, optimal_hit_rate
+    from radixsched.sim.workloads import DraftMemo, load_workload, workload_optimal_hit_rate
 
     global _last_workload, _prompts
     r = resolve_settings(settings)
@@ -505,7 +505,7 @@ def simulate_point(settings: Settings) -> Metrics:
         workload = load_workload(
             key[0], request_rate=key[1], num_requests=key[2], seed=key[3], memo=_prompts
         )
-        _last_workload = (key, workload, optimal_hit_rate(workload.requests, sched.page_size))
+        _last_workload = (key, workload, workload_optimal_hit_rate(workload, sched.page_size))
     _, workload, optimal = _last_workload
     run = simulate(workload, sched, sim, optimal_hit_rate=optimal)
     result = run.result

@@ -82,6 +82,7 @@ the Mooncake README's block-level figure instead (leading ids already seen x 512
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import math
@@ -129,6 +130,9 @@ class Workload:
     tenants: tuple[str, ...] | None = None
     arrivals: str = ""  # how arrival times were set, for reports
     prompts: str = "built"  # where the prompts came from (``PROMPT_SOURCES``), for reports
+    # The prompt cache's key when the prompts are read-only views of its file (so they cannot
+    # change in place: a request's prompt is its trace line's, whatever the run did since).
+    prompt_key: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -1120,7 +1124,7 @@ def load_workload(
     if num_requests is not None:
         order = order[:num_requests]
     kept = order.tolist()
-    source = _fill_kept(kind, params, drafts, kept, before)
+    source, key = _fill_kept(kind, params, drafts, kept, before)
     reqs = []
     for i in kept:
         d = drafts[i]
@@ -1146,6 +1150,7 @@ def load_workload(
         tenants=tuple(tenants) if tenants else None,
         arrivals=how,
         prompts=source,
+        prompt_key=key,
     )
 
 
@@ -1177,30 +1182,30 @@ def _fill_kept(
     drafts: list[_Draft],
     kept: list[int],
     before: tuple[int, ...] | None,
-) -> str:
+) -> tuple[str, str | None]:
     """Build the prompts of ``drafts[i]`` for ``i`` in ``kept``: mapped from the prompt cache
     when a full load of this trace stored them, else built (and stored when every prompt of
     the trace was). ``before``: the trace file's ``prompt_cache.file_id`` before it was parsed
     (None: not a regular file, never cached). Returns where they came from
-    (``PROMPT_SOURCES``)."""
+    (``PROMPT_SOURCES``) and their cache key when they are views of the cache's file."""
     want = [drafts[i] for i in kept]
     key = _prompt_key(kind, params, drafts, before)
     folder = prompt_cache.cache_dir()
     if key is None or folder is None:
         _fill_prompts(want)
-        return PROMPT_SOURCES[0]
+        return PROMPT_SOURCES[0], None
     cached = prompt_cache.load(folder, key, [d.length for d in drafts])
     if cached is not None:
         for i in kept:
             drafts[i].prompt = cached[i]
             drafts[i].fill = drafts[i].source = None
-        return PROMPT_SOURCES[2]
+        return PROMPT_SOURCES[2], key
     file = None
     if len(want) == len(drafts):  # a full load: built in the new cache file's mapping
         file = prompt_cache.PromptFile.create(folder, key, [d.length for d in drafts])
     if file is None:
         _fill_prompts(want)
-        return PROMPT_SOURCES[0]
+        return PROMPT_SOURCES[0], None
     for d, view in zip(drafts, file.views, strict=True):
         d.prompt = view
     try:
@@ -1208,7 +1213,7 @@ def _fill_kept(
     except BaseException:
         file.abandon()
         raise
-    return PROMPT_SOURCES[1] if file.commit() else PROMPT_SOURCES[0]
+    return (PROMPT_SOURCES[1], key) if file.commit() else (PROMPT_SOURCES[0], None)
 
 
 # ---- optimal hit rate ------------------------------------------------------------------
@@ -1219,3 +1224,30 @@ def optimal_hit_rate(reqs: Sequence[Req], page_size: int = 1) -> float:
     from radixsched.sim.optimal import optimal_hit_rate as optimal
 
     return optimal(reqs, page_size)
+
+
+def workload_optimal_hit_rate(workload: Workload, page_size: int = 1) -> float:
+    """``optimal_hit_rate`` of the workload's requests, kept beside the trace's prompts in
+    the prompt cache: a later run of the same requests reads it instead."""
+    folder, key = prompt_cache.cache_dir(), workload.prompt_key
+    if folder is None or key is None:
+        return optimal_hit_rate(workload.requests, page_size)
+    bound = _bound_key(workload.requests, page_size)
+    value = prompt_cache.load_bound(folder, key, bound)
+    if value is None:
+        value = optimal_hit_rate(workload.requests, page_size)
+        prompt_cache.store_bound(folder, key, bound, value)
+    return value
+
+
+def _bound_key(reqs: Sequence[Req], page_size: int) -> str:
+    """What the bound depends on beyond the trace's bytes (the cache key): which lines, in
+    which order, when, and how much of each is prompt and fed-back output, in which
+    namespace. A prompt's tokens are its line's (the key's file), named by the request id."""
+    h = hashlib.sha256(f"optimal\0{page_size}\0".encode())
+    for r in reqs:
+        h.update(
+            f"{r.rid}\0{r.arrival_time!r}\0{r.prompt_len}\0{r.sampling.max_new_tokens}\0"
+            f"{r.namespace!r}\0{r.scripted_output is not None}\n".encode()
+        )
+    return h.hexdigest()[:32]
