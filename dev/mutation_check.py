@@ -40,6 +40,7 @@ PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
+    "tests/test_costmodel.py",
     "tests/test_equivalence.py",
     "tests/test_golden.py",
     "tests/test_equivalence_fuzz.py",
@@ -294,6 +295,36 @@ MUTANTS = (
         "sim/replicas.py",
         "    if reply_s is not None:",
         "    if False:",
+    ),
+    Mutant(
+        "lookahead-ignores-stop-ids",
+        "sim/replicas.py",
+        "            return now + floor\n",
+        "            pass\n",
+    ),
+    Mutant(
+        "lookahead-ignores-waiting-requests",
+        "sim/replicas.py",
+        "    to_go = [*s.decode_tokens_to_go(), *(r.remaining_new_tokens for r in queued)]",
+        "    to_go = [*s.decode_tokens_to_go()]",
+    ),
+    Mutant(
+        "lookahead-reads-deferred-request-fields",
+        "sim/replicas.py",
+        "    to_go = [*s.decode_tokens_to_go(), ",
+        "    to_go = [*(r.remaining_new_tokens for r in s.running), ",
+    ),
+    Mutant(
+        "lookahead-one-step-too-far",
+        "sim/replicas.py",
+        "    return now + max(min(to_go, default=1), 1) * floor",
+        "    return now + (max(min(to_go, default=1), 1) + 1) * floor",
+    ),
+    Mutant(
+        "step-floor-reads-every-expert",
+        "sim/costmodel.py",
+        "        weights = max(m.shared_params * m.dtype_bytes if m.is_moe else m.weight_bytes, 0.0)",
+        "        weights = max(m.weight_bytes, 0.0)",
     ),
     Mutant(
         "finish-check-skips-stops",

@@ -181,3 +181,51 @@ def test_host_tier_pages_are_whole_device_pages() -> None:
     bad = SimConfig(max_total_tokens=4000, enable_hierarchical_cache=True, hicache_page_size=0)
     with pytest.raises(ValueError, match="hicache-page-size"):
         _build_replica(0, SchedulerConfig(), bad, build_cost_model(bad), 4000)
+
+
+# ---- closed-loop lookahead -------------------------------------------------------------------
+
+
+def _replica(accelerate: bool, **sched: Any) -> Any:
+    from radixsched.sim.simulate import _build_replica, build_cost_model
+
+    sim = SimConfig(max_total_tokens=50_000)
+    cost = build_cost_model(sim)
+    return _build_replica(0, SchedulerConfig(**sched), sim, cost, 50_000, accelerate=accelerate)
+
+
+def _req(rid: str, out: int, stops: tuple[int, ...] = ()) -> Req:
+    sampling = SamplingParams(max_new_tokens=out, ignore_eos=True, stop_token_ids=stops)
+    return Req(rid, np.arange(64, dtype=np.int32) + len(rid), sampling)
+
+
+@pytest.mark.parametrize("accelerate", [True, False])
+def test_earliest_finish_is_the_fewest_tokens_to_go_times_the_step_floor(
+    accelerate: bool,
+) -> None:
+    from radixsched.sim.replicas import earliest_finish
+
+    rep = _replica(accelerate)
+    floor = rep.min_step_s
+    assert floor > 0.001  # the default overhead, plus reading the weights
+    assert earliest_finish(rep) == floor  # nothing runs: no finish before a step ends
+    for rid, out in (("a", 40), ("b", 30)):
+        rep.sched.add_request(_req(rid, out), now=0.0)
+    assert earliest_finish(rep) == 30 * floor  # waiting: a prefill, then 29 decode steps
+    while rep.sched.waiting:
+        rep.sched.step()
+    # A decode jump of about ten steps: the accelerated core defers the requests' tokens.
+    rep.sched.step(horizon=rep.clock.now() + 10 * floor)
+    now, done = rep.clock.now(), len(rep.sched.running[0].output_ids)
+    rep.sched.sync_running()
+    to_go = min(r.remaining_new_tokens for r in rep.sched.running)
+    assert to_go < 30 - done or not accelerate  # the request's own fields were behind
+    assert earliest_finish(rep) == now + to_go * floor
+    rep.sched.add_request(_req("c", 200), now=now)
+    assert earliest_finish(rep) == now + to_go * floor  # a waiting request with more to go
+    rep.sched.add_request(_req("d", 2), now=now)
+    assert earliest_finish(rep) == now + 2 * floor  # ... and one with less
+    rep.sched.add_request(_req("e", 100, stops=(5,)), now=now)
+    assert earliest_finish(rep) == now + floor  # a stop id may end it at its first token
+    rep.min_step_s = 0.0
+    assert earliest_finish(rep) == now  # no floor known

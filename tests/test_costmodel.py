@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -538,3 +539,43 @@ def test_missing_calibration_file(tmp_path: Path) -> None:
 def test_step_shape_defaults_are_a_single_empty_step() -> None:
     s = StepShape()
     assert s.num_steps == 1 and s.num_tokens == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["llama-3.1-8b", "qwen2.5-72b", "mixtral-8x7b", "deepseek-v3"]),
+    st.sampled_from(["H100", "B200", "L40S"]),
+    st.integers(0, 3),
+    st.integers(0, 20_000),
+    st.integers(0, 512),
+    st.lists(st.integers(0, 10**6), min_size=1, max_size=4),
+)
+def test_no_step_is_shorter_than_the_models_floor(
+    model: str, gpu: str, num_extend: int, tokens: int, num_decode: int, ctxs: list[int]
+) -> None:
+    """``min_step_s`` bounds every step from below, one step or several evaluated at once:
+    closed-loop replicas jump ahead by it (``sim.replicas.earliest_finish``)."""
+    tp = 8 if model == "deepseek-v3" else 1
+    c = cm(gpu, model, tp=tp, max_total_tokens=10**6, sched_per_req_s=1e-5)
+    floor = c.min_step_s()
+    assert floor > 0
+    extend = tokens if num_extend else 0
+    shape = StepShape(
+        num_extend=num_extend,
+        extend_tokens=extend,
+        extend_attn_pairs=extend * (extend + 1) // 2,
+        extend_kv_tokens=extend,
+        num_decode=num_decode if num_extend or extend else max(num_decode, 1),
+        decode_ctx=np.array(ctxs, dtype=np.int64),
+    )
+    assert (c.step_times(shape) >= floor).all()
+    if not c.model.is_moe:  # and it is close: one token's step reads the weights
+        assert c.step_times(StepShape(num_decode=1))[0] < floor / 0.98
+
+
+def test_the_floor_follows_the_fixed_costs_and_a_gpu_without_sane_links_has_none() -> None:
+    base = cm().min_step_s()
+    assert cm(step_overhead_s=0.003).min_step_s() == pytest.approx(base + 0.99 * 0.002)
+    assert cm(sched_step_s=0.001).min_step_s() == pytest.approx(base + 0.99 * 0.001)
+    odd = dataclasses.replace(get_gpu("H100"), link_latency_s=-1e-3)
+    assert CostModel(odd, get_model("llama-3.1-8b")).min_step_s() == 0.0

@@ -74,11 +74,14 @@ AGENTIC = (
 )
 
 
-def _with_stops(w: Workload) -> Workload:
-    """Every request may stop early (stop id 7); every third one's scripted output reaches it
-    after a few tokens, so requests end mid-way through what a jump would cover."""
+def _with_stops(w: Workload, every: int = 1) -> Workload:
+    """Every ``every``-th request may stop early (stop id 7); every third one's scripted output
+    reaches it after a few tokens, so requests end mid-way through what a jump would cover."""
     reqs = []
     for i, r in enumerate(w.requests):
+        if i % every:
+            reqs.append(r)
+            continue
         n = r.sampling.max_new_tokens
         out = np.arange(100, 100 + n, dtype=np.int32)
         if i % 3 == 0:
@@ -102,6 +105,18 @@ def _mixed_sizes() -> Workload:
         r.arrival_time = r.times.arrival = t
         reqs.append(r)
     return Workload("mixed-sizes", {}, reqs, has_timestamps=True, arrivals="poisson 30/s")
+
+
+def _short_behind_long() -> Workload:
+    """Long and one-to-three-token outputs in a tight pool: a replica's short request may wait
+    behind its long ones, and finishes soonest once admitted."""
+    rng = np.random.default_rng(5)
+    reqs = []
+    for i in range(48):
+        prompt = rng.integers(0, 3, int(rng.integers(100, 700))).astype(np.int32)
+        n = int(rng.integers(1, 4)) if i % 3 == 2 else int(rng.integers(150, 260))
+        reqs.append(Req(f"s{i}", prompt, SamplingParams(max_new_tokens=n)))
+    return Workload("short-behind-long", {}, reqs, has_timestamps=True, arrivals="all at 0")
 
 
 def _tenants(w: Workload, n: int) -> Workload:
@@ -176,6 +191,42 @@ SIDE_BY_SIDE: dict[str, tuple[Callable[[], Workload], dict[str, Any], dict[str, 
         lambda: random_lengths(2, 12),
         {"chunked_prefill_size": None},
         {"max_total_tokens": 1500, "dp": 2, "router": "round-robin", "max_concurrency": 3},
+    ),
+    # The same over three replicas with a client latency and long outputs: a replica jumps
+    # until the soonest another could finish a request (its tokens to go, each step at least
+    # the cost model's floor) plus the latency, not a step or two.
+    "replicas-closed-loop-lookahead": (
+        lambda: load_workload(
+            "shared-prefix:groups=4,prompts=8,system_len=256,question_len=48,output_len=120",
+            request_rate=50.0,
+        ),
+        {},
+        {
+            "max_total_tokens": 4000,
+            "dp": 3,
+            "router": "cache-aware",
+            "max_concurrency": 7,
+            "request_latency_ms": 3.0,
+        },
+    ),
+    # Closed loop where a replica's waiting request would finish before its running ones.
+    "replicas-closed-loop-short-waiting": (
+        _short_behind_long,
+        {},
+        {"max_total_tokens": 2500, "dp": 2, "router": "round-robin", "max_concurrency": 8},
+    ),
+    # Closed loop where the requests a stop id may end early go to one replica (round robin,
+    # even ones): the other, which jumps, may look no further ahead than that one's next step.
+    "replicas-closed-loop-stops": (
+        lambda: _with_stops(
+            load_workload(
+                "shared-prefix:groups=4,prompts=6,system_len=256,question_len=32,output_len=48",
+                request_rate=30.0,
+            ),
+            every=2,
+        ),
+        {},
+        {"max_total_tokens": 6000, "dp": 2, "router": "round-robin", "max_concurrency": 2},
     ),
 }
 SIDE_POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first", "fair", "random")

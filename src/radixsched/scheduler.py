@@ -298,9 +298,9 @@ class Scheduler:
     def sync_running(self) -> None:
         """Bring every running request's fields up to date (the reference is always)."""
 
-    def remaining_decode_tokens(self) -> int:
-        """Tokens the running batch may still generate."""
-        return sum(r.remaining_new_tokens for r in self.running)
+    def decode_tokens_to_go(self) -> list[int]:
+        """Tokens each running request may still generate (in no particular order)."""
+        return [r.remaining_new_tokens for r in self.running]
 
     def kv_usage(self) -> float:
         used = self.capacity - self.allocator.available_size() - self.cache.evictable_size()

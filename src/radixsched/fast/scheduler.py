@@ -133,11 +133,11 @@ class FastScheduler(Scheduler):
         self.sync_running()
         self.batch.cols = None
 
-    def remaining_decode_tokens(self) -> int:
+    def decode_tokens_to_go(self) -> list[int]:
         if not self.running:
-            return 0
+            return []
         cols = self.batch.columns()
-        return int(np.maximum(cols.max_new - cols.out_len, 0).sum())
+        return cast(list[int], np.maximum(cols.max_new - cols.out_len, 0).tolist())
 
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
         self._running_changed()

@@ -368,6 +368,18 @@ class CostModel:
         fixed = self._fixed_s(tokens, entries, shape.host_load_tokens, shape.num_extend)
         return np.maximum(compute, memory) + fixed
 
+    def min_step_s(self) -> float:
+        """A floor under every step's modelled time (0.0: none to rely on): a step reads at
+        least the dense weights (a MoE step its shared ones) and adds the fixed overhead and
+        the scheduler's per-step time; its other terms are never negative (the constants are
+        checked; a GPU's link terms must be). 1% under, so that step times summed on a large
+        clock never round below a multiple of it."""
+        m, g = self.model, self.gpu
+        weights = max(m.shared_params * m.dtype_bytes if m.is_moe else m.weight_bytes, 0.0)
+        floor = 0.99 * (weights / self._bytes_per_s + self.step_overhead_s + self.sched_step_s)
+        links_ok = g.link_latency_s >= 0 and g.link_bw > 0 and g.pcie_bw > 0
+        return floor if links_ok and math.isfinite(floor) and floor >= 1e-6 else 0.0
+
     @cached_property
     def _dense(self) -> bool:
         return not self.model.is_moe

@@ -303,7 +303,7 @@ def decode_load(inst: Instance) -> Any:
     return ReplicaLoad(
         replica_id=inst.local,
         waiting_uncached_tokens=used + role.queued_kv,
-        running_decode_tokens=s.remaining_decode_tokens() + role.pending_decode,
+        running_decode_tokens=sum(s.decode_tokens_to_go()) + role.pending_decode,
         num_waiting=len(role.prealloc) + len(role.offloaded),
         num_running=s.num_running() + len(role.transferring) + len(role.arrived),
         kv_usage=s.kv_usage(),

@@ -4,6 +4,7 @@ one, and sampling the cluster's time series."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -15,11 +16,15 @@ from radixsched.sim.metrics import TimeSeries
 
 
 class Replica:
-    def __init__(self, idx: int, sched: Scheduler, clock: VirtualClock) -> None:
+    def __init__(
+        self, idx: int, sched: Scheduler, clock: VirtualClock, min_step_s: float = 0.0
+    ) -> None:
         self.idx = idx
         self.sched = sched
         self.clock = clock
         self.reqs: list[Req] = []
+        # No step of this replica takes less (0.0: no floor known): see ``earliest_finish``.
+        self.min_step_s = min_step_s
 
     @property
     def busy_s(self) -> float:
@@ -33,7 +38,7 @@ def replica_load(rep: Replica) -> Any:
 
     s = rep.sched
     waiting_uncached = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
-    running_decode = s.remaining_decode_tokens()
+    running_decode = sum(s.decode_tokens_to_go())
     if s.chunked_req is not None:
         waiting_uncached += s.chunked_req.fill_len - s.chunked_req.prefix_len
     return ReplicaLoad(
@@ -44,6 +49,24 @@ def replica_load(rep: Replica) -> Any:
         num_running=s.num_running(),
         kv_usage=s.kv_usage(),
     )
+
+
+def earliest_finish(rep: Replica) -> float:
+    """No request of ``rep`` can finish before this time (its clock when unknown). A request
+    with ``R`` tokens to go needs ``R`` more steps (one when a stop id can end it early), each
+    at least ``min_step_s`` long; arrivals come no earlier than the caller's horizon, and the
+    door caps every request to fit the pool alone, so none is aborted for memory."""
+    floor, now = rep.min_step_s, rep.clock.now()
+    if floor <= 0.0:
+        return now
+    s = rep.sched
+    queued = s.waiting if s.chunked_req is None else [*s.waiting, s.chunked_req]
+    eos = bool(s.eos_ids)
+    for r in itertools.chain(s.running, queued):
+        if r.sampling.stop_token_ids or (eos and not r.sampling.ignore_eos):
+            return now + floor
+    to_go = [*s.decode_tokens_to_go(), *(r.remaining_new_tokens for r in queued)]
+    return now + max(min(to_go, default=1), 1) * floor
 
 
 def sample_series(series: TimeSeries, t: float, replicas: Sequence[Replica]) -> None:
@@ -92,8 +115,9 @@ def step_earliest(
 
     ``reply_s``: a request finishing on one replica sends the next arrival at least this long
     after (closed-loop clients). The step may then run several passes (``Scheduler.step``'s
-    horizon) only until that soonest possible arrival from another busy replica, whose clock
-    lags: it could send a request here before the passes end."""
+    horizon) only until the soonest arrival another busy replica could cause (its
+    ``earliest_finish`` plus ``reply_s``): its clock lags, and that arrival could be routed
+    here."""
     busy = [r for r in replicas if not r.sched.is_idle]
     rep = min(busy, key=lambda r: (r.clock.now(), r.idx)) if busy else None
     if rep is None or rep.clock.now() >= before:
@@ -101,7 +125,7 @@ def step_earliest(
     start = rep.clock.now()
     horizon = before
     if reply_s is not None:
-        others = [r.clock.now() for r in busy if r is not rep]
+        others = [earliest_finish(r) for r in busy if r is not rep]
         horizon = min([before, *(t + reply_s for t in others)])
     out = rep.sched.step(None if horizon == math.inf else horizon)
     if check_integrity:

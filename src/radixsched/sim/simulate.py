@@ -147,7 +147,17 @@ def _build_replica(
         host_tier=host,
         gate_factory=gate_factory,
     )
-    return Replica(idx, sched, clock)
+    floor = _min_step_s(cost, runner_factory) if host is None else 0.0
+    return Replica(idx, sched, clock, floor)
+
+
+def _min_step_s(cost: Any, runner_factory: RunnerFactory | None) -> float:
+    """The replica's floor on step times (``CostModel.min_step_s``), for the cost model's own
+    runner on a roofline model; 0.0 (none known) for any other. Without a host tier only:
+    its loads hold device KV that ``earliest_finish``'s reasoning does not account for."""
+    from radixsched.sim.costmodel import CostModel
+
+    return cost.min_step_s() if runner_factory is None and type(cost) is CostModel else 0.0
 
 
 def build_cost_model(sim_cfg: SimConfig) -> Any:
