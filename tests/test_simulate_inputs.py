@@ -110,6 +110,24 @@ def test_kv_pools_larger_than_memory_are_refused(
     assert needle in _error(capsys, *args)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--prefill-instances", "2"],
+        ["--decode-instances", "3"],
+        ["--decode-gpu", "H200"],
+        ["--decode-router", "least-load"],
+        ["--disaggregation-link", "nvlink"],
+        ["--disaggregation-bootstrap-ms", "2"],
+    ],
+)
+def test_split_deployment_flags_without_disaggregation_are_refused(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: parsed, then ignored (one replica ran as if they had not been given).
+    assert f"{args[0]} applies to --disaggregation only" in _error(capsys, *args)
+
+
 def test_a_request_rate_that_spreads_arrivals_past_the_clock_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -103,13 +103,36 @@ def deployment_label(sim: SimConfig) -> str:
     return f"co-located x{sim.dp}"
 
 
+# Settings of the split deployment alone: set without --disaggregation, they would be ignored.
+_SPLIT_ONLY = (
+    "prefill_instances",
+    "decode_instances",
+    "prefill_gpu",
+    "prefill_tp",
+    "decode_gpu",
+    "decode_tp",
+    "prefill_max_total_tokens",
+    "decode_max_total_tokens",
+    "decode_router",
+    "disaggregation_link",
+    "disaggregation_link_bandwidth_gb_s",
+    "disaggregation_link_latency_ms",
+    "disaggregation_bootstrap_ms",
+)
+_SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
+
+
 def check_disaggregation(sim: SimConfig) -> list[str]:
     """Problems of the disaggregation settings, one line each (none when it is off)."""
     from radixsched.cluster.routers import ROUTERS
     from radixsched.sim.presets import PresetError, get_link
 
     if not sim.disaggregation:
-        return []
+        return [
+            f"--{name.replace('_', '-')} applies to --disaggregation only: add it, or drop this"
+            for name in _SPLIT_ONLY
+            if getattr(sim, name) != _SIM_DEFAULTS[name]
+        ]
     errors = []
     for name in ("prefill_instances", "decode_instances"):
         if getattr(sim, name) < 1:
