@@ -360,3 +360,21 @@ def test_bounds_of_uncached_or_memo_built_workloads_are_computed(
     gen = load_workload("shared-prefix:groups=2,prompts=3", request_rate=1.0)
     assert gen.prompt_key is None and lent.prompt_key is not None
     assert workloads.workload_optimal_hit_rate(gen) == workloads.optimal_hit_rate(gen.requests)
+
+
+def test_a_lowered_cap_applies_at_the_next_load(
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = _copy(tmp_path, "a.jsonl"), _copy(tmp_path, "b.jsonl")
+    b.write_text(b.read_text() + "\n")  # other bytes: another key
+    first = _prompts(_load(a))
+    _load(b)
+    (size,) = {p.stat().st_size for p in prompts_dir.glob("*.prompts")}
+    monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", str(1.5 * size / (1 << 30)))
+    again = _load(a)  # mapped, then the folder trimmed: b was the least recently used
+    assert again.prompts == "from the cache" and _prompts(again) == first
+    assert len(list(prompts_dir.glob("*.prompts"))) == 1
+    monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", "0")
+    last = _load(a)  # mapped from a file the trim then unlinks: the views stay valid
+    assert last.prompts == "from the cache" and _prompts(last) == first
+    assert list(prompts_dir.glob("*.prompts")) == []

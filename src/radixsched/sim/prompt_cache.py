@@ -144,6 +144,7 @@ def load(folder: Path, key: str, lengths: Sequence[int]) -> list[TokenArray] | N
         return None
     with contextlib.suppress(OSError):
         os.utime(path)  # recency for the size cap's eviction
+    _trim(folder, max_bytes())  # a cap lowered since the last store (the mapping stays valid)
     return prompts
 
 
