@@ -229,3 +229,23 @@ def test_earliest_finish_is_the_fewest_tokens_to_go_times_the_step_floor(
     assert earliest_finish(rep) == now + floor  # a stop id may end it at its first token
     rep.min_step_s = 0.0
     assert earliest_finish(rep) == now  # no floor known
+
+
+def test_replicas_without_a_known_step_floor_do_not_look_ahead() -> None:
+    from radixsched.sim.simulate import _build_replica, build_cost_model
+
+    sim = SimConfig(max_total_tokens=50_000, enable_hierarchical_cache=True, hicache_size=1.0)
+    host = _build_replica(0, SchedulerConfig(), sim, build_cost_model(sim), 50_000)
+    assert host.min_step_s == 0.0  # its loads hold device KV the lookahead does not count
+
+    def recorder(cost: Any, seed: int, clock: Any) -> Any:
+        from radixsched.sim.costmodel import CostModelRunner
+
+        return CostModelRunner(cost, seed=seed)
+
+    plain = SimConfig(max_total_tokens=50_000)
+    custom = _build_replica(
+        0, SchedulerConfig(), plain, build_cost_model(plain), 50_000, runner_factory=recorder
+    )
+    assert custom.min_step_s == 0.0  # a runner of its own may time steps its own way
+    assert _replica(True).min_step_s > 0.0
