@@ -100,7 +100,8 @@ def _run(reqs: list[Req], **sim: object) -> list[Req]:
 
 def test_request_latency_is_added_to_ttft_and_e2e_only() -> None:
     reqs = [mkreq(f"r{i}", at=i * 10.0) for i in range(4)]  # never overlapping
-    plain = _run([mkreq(r.rid, at=r.arrival_time) for r in reqs])
+    # (0 given: the engine mode's default front-end time would be in both runs.)
+    plain = _run([mkreq(r.rid, at=r.arrival_time) for r in reqs], request_latency_ms=0.0)
     late = _run(reqs, request_latency_ms=7.0)
     for a, b in zip(plain, late, strict=True):
         assert b.times.arrival == a.times.arrival  # the client's send time

@@ -54,10 +54,12 @@ def load_cost_model(
     max_total_tokens: int | None = None,
     context_length: int | None = None,
     calibration: str | Path | None = None,
+    engine_mode: str | None = None,
 ) -> CostModel | CalibratedCostModel:
     """The roofline model for preset names (case-insensitive) or a model's config.json.
     Constants left None take the calibration file's value (a fitted-constants file from
-    ``radixsched calibrate``), else the defaults; a step-time table in the file (or a plain
+    ``radixsched calibrate``), else the defaults (``default_constants``: the GPU's prefill
+    curve, ``engine_mode``'s front-end latency); a step-time table in the file (or a plain
     table file) calibrates step times. Raises ``CostModelError`` (unknown preset, bad numbers,
     a model that does not fit) or ``CalibrationError`` (a bad file); both are ``ValueError``s."""
     from radixsched.sim.cost.calibration_file import read_calibration
@@ -75,7 +77,7 @@ def load_cost_model(
         "request_latency_s": request_latency_s,
         "request_serial_s": request_serial_s,
     }
-    constants = dict(CONSTANTS)
+    constants = default_constants(gpu_spec, engine_mode)
     if cal is not None:
         constants.update(cal.constants)
     constants.update({k: v for k, v in given.items() if v is not None})
@@ -91,6 +93,23 @@ def load_cost_model(
     if cal is None or cal.table is None:
         return base
     return CalibratedCostModel(base, cal.table)
+
+
+def default_constants(gpu: GPUSpec, engine_mode: str | None) -> dict[str, float]:
+    """The constants an uncalibrated run uses: the roofline's generic ones, the GPU's prefill
+    efficiency curve where it has one (``hardware.PREFILL_CURVES``), and the engine mode's
+    per-request front-end latency (``engine_modes.FRONTEND_LATENCY_S``; none without a
+    mode, as the library's ``load_cost_model`` callers had it)."""
+    from radixsched.sim.settings.engine_modes import FRONTEND_LATENCY_S
+
+    constants = dict(CONSTANTS)
+    if gpu.mfu is not None:
+        constants["mfu"] = gpu.mfu
+    if gpu.prefill_eff_tokens is not None:
+        constants["prefill_eff_tokens"] = gpu.prefill_eff_tokens
+    if engine_mode in FRONTEND_LATENCY_S:  # (an unknown mode: preflight says so)
+        constants["request_latency_s"] = FRONTEND_LATENCY_S[engine_mode]
+    return constants
 
 
 def build_cost_model(cfg: SimConfig) -> Any:
@@ -115,6 +134,7 @@ def build_cost_model(cfg: SimConfig) -> Any:
         max_total_tokens=cfg.max_total_tokens,
         context_length=cfg.context_length,
         calibration=cfg.calibration,
+        engine_mode=cfg.engine_mode,
     )
     if cfg.calibration is not None:
         cal = read_calibration(cfg.calibration)

@@ -5,15 +5,19 @@ Two kinds of file are accepted by ``--calibration``:
 - a step-time table (CSV, JSON list or ``{"rows": [...]}``, JSON Lines; ``sim.costmodel``);
 - a calibration document, a JSON object::
 
-    {"format": "radixsched-calibration", "version": 1,
+    {"format": "radixsched-calibration", "version": 2,
      "fitted_on": {"model", "gpu", "tp", "engine", "engine_version", "date",
                    "radixsched_version", "runs": [{"name", "source", "num_requests", ...}]},
      "constants": {"mfu", "mbu", "step_overhead_s", "prefill_eff_tokens", "sched_step_s",
                    "sched_per_req_s", "sched_per_prefill_s", "request_latency_s",
                    "request_serial_s"},
-     "fit": [per-run errors], "rows": [optional step-time table]}
+     "fit": [per-run errors], "holdout": [per-run errors predicted by a fit without
+     that run], "summary": {"in_sample": {...}, "held_out": {...} | null},
+     "at_bounds": [constants that ended at a bound: model mismatches],
+     "rows": [optional step-time table]}
 
-  Constants it lacks keep their defaults; flags given on the command line win over it.
+  Version 1 (before the held-out errors) is read too. Constants it lacks keep their
+  defaults; flags given on the command line win over it.
 
 ``check_fitted_on`` names the differences between what a file was fitted on and what a
 simulation models (another model or GPU): ``simulate`` prints them as warnings."""
@@ -38,7 +42,8 @@ from radixsched.sim.cost.table import (
 )
 
 FORMAT = "radixsched-calibration"
-VERSION = 1
+VERSION = 2  # what this build writes
+READABLE_VERSIONS = (1, 2)  # 2 added "holdout", "summary", "at_bounds"; constants unchanged
 
 
 @dataclass(frozen=True)
@@ -203,16 +208,18 @@ def read_calibration(path: str | Path) -> Calibration:
 def _document(doc: Mapping[str, Any], p: Path) -> Calibration:
     """A calibration document (the module docstring's layout)."""
     version = doc.get("version")
+    readable = ", ".join(str(v) for v in READABLE_VERSIONS)
     if version is None:
-        raise CalibrationError(f"{p}: no 'version' (this build reads version {VERSION})")
-    if isinstance(version, bool) or version != VERSION:  # (True == 1)
+        raise CalibrationError(f"{p}: no 'version' (this build reads versions {readable})")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:  # (True == 1)
         newer = (
             ": written by a newer radixsched?"
             if isinstance(version, int) and not isinstance(version, bool) and version > VERSION
             else ""
         )
         raise CalibrationError(
-            f"{p}: calibration version {version!r} (this build reads {VERSION}){newer}"
+            f"{p}: calibration version {version!r} is not supported (this build reads "
+            f"versions {readable}){newer}"
         )
     rows = doc.get("rows")
     table = None
@@ -236,9 +243,11 @@ def write_calibration(
     fitted_on: Mapping[str, Any],
     fit: list[dict[str, Any]] | None = None,
     rows: list[dict[str, Any]] | None = None,
+    honesty: Mapping[str, Any] | None = None,
 ) -> None:
     """Write a calibration document; ``ValueError`` (nothing written) when a number in it is
-    not finite, ``OSError`` when the file cannot be written."""
+    not finite, ``OSError`` when the file cannot be written. ``honesty``: the fit's
+    ``holdout``, ``summary`` and ``at_bounds`` entries (the module docstring)."""
     doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -247,6 +256,9 @@ def write_calibration(
     }
     if fit is not None:
         doc["fit"] = fit
+    for key in ("holdout", "summary", "at_bounds"):
+        if honesty is not None and key in honesty:
+            doc[key] = honesty[key]
     if rows is not None:
         doc["rows"] = rows
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"

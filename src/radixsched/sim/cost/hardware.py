@@ -69,6 +69,11 @@ class GPUSpec:
     pcie_bw: float  # achievable host<->device copy bandwidth, bytes/s
     link_bw: float = 450e9  # GPU-to-GPU bandwidth per direction for collectives, bytes/s
     link_latency_s: float = 8e-6  # fixed cost of one all-reduce
+    # The prefill efficiency curve's defaults (``PREFILL_CURVES``): matmuls over ``T`` tokens
+    # reach ``mfu * T / (T + prefill_eff_tokens)`` of ``peak_flops``. None: the roofline's
+    # generic constants (``sim.cost.roofline.DEFAULT_MFU``, no size term).
+    mfu: float | None = None
+    prefill_eff_tokens: float | None = None
 
 
 @dataclass(frozen=True)
@@ -141,8 +146,58 @@ class ModelSpec:
         return self.num_layers * (attn + mlp + router + norms) + embeddings
 
 
+# Prefill efficiency by GPU: (mfu, prefill_eff_tokens), from public kernel measurements.
+#
+# ``mfu`` is the fraction of dense bf16 peak a whole-model prefill of thousands of tokens
+# reaches: the best a large bf16 GEMM reaches on that GPU, times 0.85 for the kernels that are
+# no GEMM (RMSNorm, rotary embedding, SiLU-and-mul, residual adds, sampling; a rounded
+# assumption of 15% of a prefill's time, not a measurement):
+#
+# - H100 SXM: large bf16 GEMMs reach ~795 TFLOP/s, 80% of 989 (S. Bekman, "Maximum
+#   Achievable Matmul FLOPS" table, github.com/stas00/ml-engineering, compute/accelerator);
+#   FlashAttention-3 reaches 740 TFLOP/s (75%) in bf16 (Shah et al. 2024, arXiv:2407.08608).
+#   0.80 * 0.85 = 0.68. H200 is the same chip with faster memory: the same.
+# - A100 SXM: ~87% of 312 TFLOP/s in the same table; FlashAttention-2 reaches up to 73%
+#   forward (Dao 2023, arXiv:2307.08691). 0.87 * 0.85 = 0.74.
+#
+# ``prefill_eff_tokens`` (``T0``, the tokens at which a step's matmuls reach half of
+# ``mfu``) comes of tile and wave quantisation: cuBLAS/CUTLASS Hopper and Ampere kernels
+# typically tile ``M`` (the step's tokens) by 128 rows and ``N`` by 128-256 columns, and a
+# GEMM of ``M`` tokens by ``N`` outputs fills the 132 SMs (108 on A100) only once its
+# ``M * N / (128 * 256)`` tiles reach a wave:
+# ``M`` >= ~1,000 for ``N`` = 4,096 (NVIDIA, "Matrix Multiplication Background User's Guide",
+# tile and wave quantisation). 128 tokens: a step of 128 tokens reaches half of ``mfu``,
+# 4,096 tokens 97% of it (below ~300 tokens an H100 step is memory-bound anyway).
+# GPUs without a published measurement keep the generic constants.
+_HOPPER_CURVE = (0.68, 128.0)
+_AMPERE_CURVE = (0.74, 128.0)
+PREFILL_CURVES: dict[str, tuple[float, float]] = {
+    "H100": _HOPPER_CURVE,
+    "H200": _HOPPER_CURVE,
+    "A100-40G": _AMPERE_CURVE,
+    "A100-80G": _AMPERE_CURVE,
+}
+
+
+def _with_curve(g: GPUSpec) -> GPUSpec:
+    curve = PREFILL_CURVES.get(g.name)
+    if curve is None:
+        return g
+    return GPUSpec(
+        g.name,
+        g.memory_bytes,
+        g.peak_flops,
+        g.hbm_bw,
+        g.pcie_bw,
+        g.link_bw,
+        g.link_latency_s,
+        mfu=curve[0],
+        prefill_eff_tokens=curve[1],
+    )
+
+
 GPUS: dict[str, GPUSpec] = {
-    g.name: g
+    g.name: _with_curve(g)
     for g in (
         # name, memory, bf16 dense peak, HBM bandwidth, host copy, NVLink/fabric, collective
         GPUSpec("H100", 81_559 * MIB, 989.4e12, 3.35e12, 55e9, 450e9, 8e-6),

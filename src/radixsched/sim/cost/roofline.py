@@ -50,9 +50,11 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
 
 Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
 ---------------------------------------------------------------------------
-- ``mfu = 0.55``: achievable fraction of dense bf16 peak in prefill. A rounded choice: large
-  bf16 GEMMs run at roughly 70-80% of peak on H100-class GPUs, and whole-model prefill loses
-  more to attention kernels, norms and element-wise ops.
+- ``mfu = 0.55``: achievable fraction of dense bf16 peak in prefill, for GPUs without a
+  measured curve. A rounded choice: large bf16 GEMMs run at roughly 70-80% of peak on
+  H100-class GPUs, and whole-model prefill loses more to attention kernels, norms and
+  element-wise ops. H100, H200 and A100 have their own ``mfu`` and ``prefill_eff_tokens``
+  (``sim.cost.hardware.PREFILL_CURVES``, from published GEMM and attention measurements).
 - ``mbu = 0.80``: achievable fraction of HBM bandwidth in decode. A rounded choice: streaming
   copies reach about 90% of the datasheet bandwidth; decode steps (skinny GEMMs, paged
   attention) lose more.
@@ -61,14 +63,17 @@ Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
   defaults a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms (143 tokens/s), of
   which the weight read at full datasheet bandwidth is 4.8 ms. Use ``--calibration`` when
   measured numbers are at hand.
-- ``prefill_eff_tokens = 0`` (off): uncalibrated step times stay those of release 0.1.0
-  (``tests/test_golden.py`` replays them bit for bit). GEMMs below a few hundred rows lose
-  tiles and waves; a measured value (``radixsched calibrate`` fits it) is typically tens to a
-  few hundred tokens, and 64 would keep 8,192-token chunks within 1% of ``mfu``.
-- ``sched_step_s = sched_per_req_s = sched_per_prefill_s = 0``, ``request_latency_s = 0`` and
-  ``request_serial_s = 0``:
-  an overlap scheduler hides most CPU time and a client's own latency is unknown; uncalibrated
-  predictions are optimistic by those amounts. ``radixsched calibrate`` fits them.
+- ``prefill_eff_tokens = 0`` (off) for GPUs without a measured curve; 128 on H100, H200
+  and A100 (``PREFILL_CURVES``). GEMMs below a few hundred rows lose tiles and waves;
+  ``radixsched calibrate`` fits it. ``tests/test_golden.py`` replays release 0.1.0's step
+  times with that release's constants (``mfu`` 0.55, no size term, no front-end latency)
+  given explicitly.
+- ``sched_step_s = sched_per_req_s = sched_per_prefill_s = 0`` and ``request_serial_s = 0``:
+  an overlap scheduler hides most CPU time; uncalibrated predictions are optimistic by those
+  amounts. ``radixsched calibrate`` fits them.
+- ``request_latency_s``: 0 here; the simulator takes the engine mode's published front-end
+  time (``sim.settings.engine_modes.FRONTEND_LATENCY_S``: 8.5 ms SGLang, 10 ms vLLM) unless
+  a flag or a calibration file gives one.
 - ``mem_fraction_static = 0.88``: SGLang's flag: weights plus the KV pool may use this share
   of device memory; the rest is left to activations and CUDA graphs.
 

@@ -39,6 +39,26 @@ ENGINE_MODES: dict[str, dict[str, Any]] = {
 }
 CHUNK_ALIGNMENT = {"sglang": "page", "vllm": "none"}
 
+# Per-request front-end time (``request_latency_s``) by engine mode: the HTTP request, chat
+# template and tokenisation, hand-off to the scheduler process, detokenisation and the first
+# streamed chunk, i.e. a request's TTFT at zero load less its prefill step. From published
+# runs at concurrency 1 whose step time is known, for a prompt of ~1,000 tokens:
+#
+# - vLLM: Qwen3-0.6B on an A100, concurrency 1 (tenstorrent/tt-inference-server issue #340,
+#   "Qwen3 Family: GPU Benchmarks"): 12.4 ms TTFT for 128 input tokens with a 4.2 ms step
+#   (its TPOT): 8.2 ms of front end. 21.0 ms at 1,024 tokens: 8.6 ms more, of which ~7 ms is
+#   the longer prefill (1.1 TFLOP at ~half of 312 TFLOP/s), ~1.6 ms tokenising 900 more
+#   tokens. 8.2 + 1.6 = ~10 ms. (vLLM's own profile of Llama-3-8B on an H100 put the HTTP
+#   API server at 33% of the execution time: vLLM blog, "vLLM v0.6.0: 2.7x Throughput
+#   Improvement and 5x Latency Reduction", 2024-09-05.)
+# - SGLang: 9.5 ms median TTFT for 128-token prompts with a mock forward busy-waiting
+#   2.6 ms per step (tenstorrent/tt-inference-server issue #3560, "Measure SGLang plugin
+#   overhead", vllm bench serve --max-concurrency 1): 6.9 ms of front end; with the same
+#   1.6 ms of tokenising, ~8.5 ms.
+#
+# An explicit ``--request-latency-ms`` or a calibration file's value wins over these.
+FRONTEND_LATENCY_S = {"sglang": 0.0085, "vllm": 0.010}
+
 
 class EngineModeError(ValueError):
     pass
