@@ -83,6 +83,21 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
         help="fit steps tried (each one replay of every run) at the chosen front-end time, "
         "after 4 at each of its 5 candidates (default: 16)",
     )
+    p.add_argument(
+        "--max-efficiency",
+        type=float,
+        default=0.9,
+        metavar="F",
+        help="the most of the GPU's peak FLOP/s (mfu) and bandwidth (mbu) the fit may credit "
+        "it with, in (0, 1] (default: %(default)s; a constant that ends there is reported as "
+        "a model mismatch)",
+    )
+    p.add_argument(
+        "--no-holdout",
+        action="store_true",
+        help="skip the leave-one-run-out fits (each run predicted by a fit on the others; "
+        "they cost one fit per run)",
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     prof = p.add_argument_group("profile")
     prof.add_argument("--profile", action="store_true", help="profile the local engine")
@@ -133,13 +148,21 @@ def _pct(x: float) -> str:
     return f"{x * 100:+6.1f}%"
 
 
-def render_errors(errors: list[dict[str, Any]]) -> str:
+def render_errors(errors: list[dict[str, Any]], holdout: list[dict[str, Any]] | None = None) -> str:
+    """Per run: the fit's predicted/measured means and errors, and beside them (``holdout``)
+    the errors of the run predicted by a fit on the other runs."""
+    held = holdout or []
+    extra = f" {'held-out TTFT':>13} {'E2E':>7}" if held else ""
     lines = [
         f"{'run':<16} {'TTFT ms':>17} {'err':>7} {'ITL ms':>15} {'err':>7} "
-        f"{'E2E ms':>17} {'err':>7} {'p90 E2E':>7}"
+        f"{'E2E ms':>17} {'err':>7} {'p90 E2E':>7}{extra}"
     ]
-    for e in errors:
+    for k, e in enumerate(errors):
         t, i, d = e["ttft_s"], e["itl_s"], e["e2e_s"]
+        out = ""
+        if k < len(held):
+            h = held[k]
+            out = f" {_pct(h['ttft_s']['error']['mean']):>13} {_pct(h['e2e_s']['error']['mean'])}"
         lines.append(
             f"{str(e['run'])[:16]:<16} "
             f"{t['predicted']['mean'] * 1e3:8.2f}/{t['measured']['mean'] * 1e3:<8.2f} "
@@ -147,9 +170,35 @@ def render_errors(errors: list[dict[str, Any]]) -> str:
             f"{i['predicted']['mean'] * 1e3:7.3f}/{i['measured']['mean'] * 1e3:<7.3f} "
             f"{_pct(i['error']['mean'])} "
             f"{d['predicted']['mean'] * 1e3:8.2f}/{d['measured']['mean'] * 1e3:<8.2f} "
-            f"{_pct(d['error']['mean'])} {_pct(d['error']['p90'])}"
+            f"{_pct(d['error']['mean'])} {_pct(d['error']['p90'])}{out}"
         )
-    lines.append("(predicted/measured means; err = relative error)")
+    note = "; held-out = predicted by a fit without that run" if held else ""
+    lines.append(f"(predicted/measured means; err = relative error, in-sample{note})")
+    return "\n".join(lines)
+
+
+def render_honesty(honesty: dict[str, Any]) -> str:
+    """The mean errors in-sample and held out, and the constants that ended at a bound."""
+    ins, out = honesty["summary"]["in_sample"], honesty["summary"]["held_out"]
+    lines = [
+        f"mean |error| in-sample (the runs fitted on): TTFT {ins['ttft_s'] * 100:.1f}%, "
+        f"E2E {ins['e2e_s'] * 100:.1f}%"
+    ]
+    if out is None:
+        lines.append(
+            "held out: not measured (one run, or --no-holdout): the in-sample error flatters "
+            "the fit; expect more on other runs"
+        )
+    else:
+        lines.append(
+            f"mean |error| held out (leave one run out): TTFT {out['ttft_s'] * 100:.1f}%, "
+            f"E2E {out['e2e_s'] * 100:.1f}%: what to expect on a run not fitted on"
+        )
+    for m in honesty["at_bounds"]:
+        lines.append(
+            f"warning: {m['constant']} ended at its bound ({m['value']:.4g}, bound "
+            f"{m['bound']:.4g}): a model mismatch, not a measurement. Likely: {m['cause']}"
+        )
     return "\n".join(lines)
 
 
@@ -234,6 +283,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if not args.results:
         raise CliError("give result files to fit on (or --profile)")
+    _check_max_efficiency(args.max_efficiency)
     _check_output(args.output, args.results)
     try:
         every = read_result_files(args.results)
@@ -275,7 +325,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
 
-        result = fit(replays, max_iterations=args.iterations, on_iteration=progress)
+        result = fit(
+            replays,
+            max_iterations=args.iterations,
+            on_iteration=progress,
+            max_efficiency=args.max_efficiency,
+        )
+        honesty = _honesty(args, replays, result)
     except (CalibrateError, CostModelError, ValueError) as e:
         raise CliError(str(e)) from e
     try:
@@ -290,13 +346,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 engine_mode=args.engine_mode,
             ),
             fit=result.errors,
+            honesty=honesty,
         )
     except OSError as e:
         raise CliError(f"{args.output}: cannot write: {e.strerror or e}") from e
     except ValueError as e:  # a constant or an error that is not finite
         raise CliError(f"{args.output}: not written: the fit is not finite ({e})") from e
     if not args.quiet:
-        print(render_errors(result.errors))
+        print(render_errors(result.errors, honesty["holdout"]))
+        print(render_honesty(honesty))
         c = result.constants
         print(
             "constants: "
@@ -305,6 +363,35 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             f"--gpu {gpu_spec.name} --calibration {args.output})"
         )
     return 0
+
+
+def _check_max_efficiency(value: float) -> None:
+    if not (0.0 < value <= 1.0):  # (NaN fails too)
+        raise CliError(f"--max-efficiency must be in (0, 1], got {value}")
+
+
+def _honesty(args: argparse.Namespace, replays: list[Replay], result: Any) -> dict[str, Any]:
+    """The held-out errors (leave one run out), both summaries, the constants at a bound."""
+    from radixsched.sim.calibrate.diagnose import at_bounds
+    from radixsched.sim.calibrate.holdout import leave_one_out, summarise
+
+    def progress(i: int, name: str) -> None:
+        if not args.quiet:
+            print(f"holding out run {i + 1}/{len(replays)} ({name})", file=sys.stderr)
+
+    held = (
+        []
+        if args.no_holdout
+        else leave_one_out(replays, result, max_iterations=args.iterations, on_run=progress)
+    )
+    return {
+        "holdout": held,
+        "summary": {
+            "in_sample": summarise(result.errors).to_json(),
+            "held_out": summarise(held).to_json() if held else None,
+        },
+        "at_bounds": [m.to_json() for m in at_bounds(result.constants, result.max_efficiency)],
+    }
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:

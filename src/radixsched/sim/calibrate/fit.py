@@ -23,7 +23,7 @@ schedule. The residuals are relative errors of each
 run's TTFT and ITL deciles and means and of its mean and p90 E2E (quantiles are linear in the
 constants through the request at that rank); a bounded linear least-squares solve
 (``scipy.optimize.lsq_linear``, bounds that keep every constant physical: efficiencies in
-(0, 1], times >= 0; Huber weights, so one disturbed run cannot pull every constant) gives
+(0, ``max_efficiency``], 0.9 unless the user widens it, times >= 0; Huber weights, so one disturbed run cannot pull every constant) gives
 new constants; the runs are replayed again with them. This repeats
 (Gauss-Newton on the simulator) until the constants settle; the constants with the lowest
 replayed error are kept."""
@@ -70,6 +70,34 @@ _NAMES = (
 )
 _LOWER = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 _UPPER = np.array([1e4, 1e8, 1e4, 1.0, 0.1, 10.0, 1.0, 0.05])
+# The most of the GPU's datasheet peak (mfu) and bandwidth (mbu) a fit may credit it with:
+# large GEMMs reach ~80% of bf16 peak on H100, streaming copies ~90% of HBM bandwidth
+# (``sim.cost.hardware``); a fit that wants more is compensating for something the replay
+# gets wrong (``sim.calibrate.diagnose``). ``calibrate --max-efficiency`` widens it.
+DEFAULT_MAX_EFFICIENCY = 0.9
+
+
+def upper_bounds(max_efficiency: float) -> dict[str, float]:
+    """The largest value the fit allows each constant (``sim.calibrate.diagnose``)."""
+    times = {n: float(u) for n, u in zip(_NAMES, _UPPER, strict=True) if n.endswith("_s")}
+    return {
+        "mfu": max_efficiency,
+        "mbu": max_efficiency,
+        "prefill_eff_tokens": _MAX_PREFILL_EFF_TOKENS,
+        **times,
+    }
+
+
+def param_bounds(max_efficiency: float) -> tuple[FloatArray, FloatArray]:
+    """Lower and upper bounds of the fitted parameters: ``a = 1/mfu`` and ``c = 1/mbu`` at
+    least ``1 / max_efficiency``."""
+    if not 0.0 < max_efficiency <= 1.0:
+        raise CalibrateError(f"max_efficiency must be in (0, 1], got {max_efficiency}")
+    lower = _LOWER.copy()
+    lower[0] = lower[2] = 1.0 / max_efficiency
+    return lower, _UPPER.copy()
+
+
 _SERIAL = _NAMES.index("request_serial_s")
 _K = len(_NAMES)
 _QUANTILES = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0)
@@ -571,6 +599,7 @@ class FitResult:
     errors: list[dict[str, Any]]  # per run: compare() plus name
     iterations: int
     objective: float
+    max_efficiency: float = DEFAULT_MAX_EFFICIENCY  # the bound mfu and mbu were fitted under
 
 
 def fit(
@@ -579,8 +608,10 @@ def fit(
     start: dict[str, float] | None = None,
     max_iterations: int = 16,
     on_iteration: Callable[[int, float, dict[str, float]], None] | None = None,
+    max_efficiency: float = DEFAULT_MAX_EFFICIENCY,
 ) -> FitResult:
-    """Calibrate the constants on ``replays`` (module docstring).
+    """Calibrate the constants on ``replays`` (module docstring), ``mfu`` and ``mbu`` at most
+    ``max_efficiency``.
 
     The front end's time per request ``s`` acts through the schedule alone (which requests
     share a prefill, how a burst trickles in), a step function of it near 0, not a smooth
@@ -603,7 +634,8 @@ def fit(
     # compute branch flat in it.
     base["prefill_eff_tokens"] = max(base["prefill_eff_tokens"], FIT_START_PREFILL_EFF_TOKENS)
     base.update(start or {})
-    theta = np.clip(_params(base), _LOWER, _UPPER)
+    bounds = param_bounds(max_efficiency)
+    theta = np.clip(_params(base), *bounds)
     grid = SERIAL_GRID_S if "request_serial_s" not in (start or {}) else (theta[_SERIAL],)
     counter = itertools.count(1)
     best: _Point | None = None
@@ -618,6 +650,7 @@ def fit(
             GRID_ITERATIONS if len(grid) > 1 else 0,
             counter,
             on_iteration,
+            bounds,
         )
         points.append(point)
         if best is None or point.result.objective < best.result.objective:
@@ -627,9 +660,10 @@ def fit(
     # least front-end time that fits about as well as the best is kept.
     good = (1.0 + SERIAL_TOLERANCE) ** 2 * best.result.objective
     chosen = next(p for p in points if p.result.objective <= good)
-    return _levenberg_marquardt(
-        replays, chosen.theta, base, max_iterations, counter, on_iteration, chosen
+    result = _levenberg_marquardt(
+        replays, chosen.theta, base, max_iterations, counter, on_iteration, bounds, chosen
     ).result
+    return dataclasses.replace(result, max_efficiency=max_efficiency)
 
 
 # No 0: a real front end never hands two requests to the scheduler at the same instant, and
@@ -646,6 +680,7 @@ def _levenberg_marquardt(
     iterations: int,
     counter: Iterator[int],
     on_iteration: Callable[[int, float, dict[str, float]], None] | None,
+    bounds: tuple[FloatArray, FloatArray],
     current: _Point | None = None,
 ) -> _Point:
     """Up to ``iterations`` tried steps from ``theta`` (evaluated unless ``current`` is it),
@@ -658,7 +693,8 @@ def _levenberg_marquardt(
         # Columns on comparable scales, so the solver's tolerances mean the same for each.
         scale = np.maximum(np.abs(a_mat).max(axis=0), 1e-300)
         x0 = current.theta * scale
-        new = np.clip(_robust_solve(a_mat / scale, y, scale, x0, damping) / scale, _LOWER, _UPPER)
+        solved = _robust_solve(a_mat / scale, y, scale, x0, damping, bounds)
+        new = np.clip(solved / scale, *bounds)
         # A column no residual depends on keeps its value (nothing measured constrains it).
         unused = np.abs(a_mat).max(axis=0) == 0
         new[unused] = current.theta[unused]
@@ -765,7 +801,12 @@ def _linear_system(
 
 
 def _robust_solve(
-    a_mat: FloatArray, y: FloatArray, scale: FloatArray, x0: FloatArray, damping: float
+    a_mat: FloatArray,
+    y: FloatArray,
+    scale: FloatArray,
+    x0: FloatArray,
+    damping: float,
+    bounds: tuple[FloatArray, FloatArray],
 ) -> FloatArray:
     """Bounded least squares with Huber weights (iteratively reweighted): residuals beyond
     ``HUBER_DELTA`` (relative error) count linearly, so one disturbed run (another process
@@ -782,7 +823,7 @@ def _robust_solve(
         sol = lsq_linear(
             np.vstack([a_mat * sw[:, None], pull]),
             np.concatenate([y * sw, pull @ x0]),
-            bounds=(_LOWER * scale, _UPPER * scale),
+            bounds=(bounds[0] * scale, bounds[1] * scale),
             method="bvls",
         )
         x = sol.x
