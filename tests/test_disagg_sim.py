@@ -19,8 +19,9 @@ from radixsched.cache.base import IntegrityError
 from radixsched.config import SchedulerConfig
 from radixsched.sim.cost.hardware import LINKS, PresetError, get_link
 from radixsched.sim.deploy import disagg_loop
-from radixsched.sim.deploy.disagg import KVLinks, LinkModel, gpu_count
+from radixsched.sim.deploy.disagg import KVLinks, LinkModel
 from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.settings.deployment import gpu_count
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.sweep.config import SweepConfig, validate_points
 from radixsched.sim.sweep.result import run_sweep

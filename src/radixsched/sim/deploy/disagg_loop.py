@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixsched.request import Req
-from radixsched.results.metrics import TimeSeries
+from radixsched.results.series import TimeSeries
 
 BOOT, READY, LAND = 0, 1, 2
 

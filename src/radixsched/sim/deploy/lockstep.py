@@ -48,7 +48,7 @@ from radixsched.cluster.delayer import (
 )
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req
-from radixsched.results.metrics import TimeSeries
+from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler, StepOutcome
 
 if TYPE_CHECKING:
