@@ -31,6 +31,7 @@ from radixsched.fast.queue import FastWaitingQueue
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.deploy import replicas
 from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.settings.engine_modes import ENGINE_MODES
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
 from simcases import random_lengths
@@ -230,6 +231,22 @@ SIDE_BY_SIDE: dict[str, tuple[Callable[[], Workload], dict[str, Any], dict[str, 
         {"max_total_tokens": 6000, "dp": 2, "router": "round-robin", "max_concurrency": 2},
     ),
 }
+# ``--engine-mode vllm``'s scheduler settings (mixed steps, admission on the prompt alone,
+# newest-first recompute preemption), in pools tight enough to preempt.
+_VLLM = dict(ENGINE_MODES["vllm"])
+SIDE_BY_SIDE["vllm-mode-preempt"] = (
+    lambda: load_workload(
+        "shared-prefix:groups=4,prompts=8,system_len=512,question_len=64,output_len=400",
+        request_rate=200.0,
+    ),
+    {**_VLLM, "chunked_prefill_size": 1024, "max_prefill_tokens": 1024, "clip_max_new_tokens": 16},
+    {"max_total_tokens": 5000, "engine_mode": "vllm"},
+)
+SIDE_BY_SIDE["vllm-mode-agentic"] = (
+    lambda: load_workload(AGENTIC, request_rate=40.0),
+    {**_VLLM, "chunked_prefill_size": 512, "max_prefill_tokens": 512},
+    {"max_total_tokens": 9000, "engine_mode": "vllm"},
+)
 SIDE_POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first", "fair", "random")
 
 
@@ -245,6 +262,32 @@ def test_accelerated_equals_reference(shape: str, policy: str) -> None:
     assert golden.comparable(a) == golden.comparable(b)
     assert a["replicas"] == b["replicas"] and a["lockstep"] == b["lockstep"]
     assert a["trace"] == b["trace"]
+
+
+def test_vllm_mode_preempts_the_newest_request_in_both_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The vllm shapes do preempt (a shape that never does would prove nothing), and in both
+    cores each step's first victim is the request that joined the running batch last."""
+    from radixsched.scheduler import Scheduler
+
+    checked: list[bool] = []
+    orig = Scheduler._make_room_for_decode
+
+    def spy(self: Any) -> list[Req]:
+        newest = list(self.batch)[-1] if self.batch and self.chunked_req is None else None
+        out: list[Req] = orig(self)
+        if out and newest is not None:
+            checked.append(out[0] is newest)
+        return out
+
+    monkeypatch.setattr(Scheduler, "_make_room_for_decode", spy)
+    build, sched, sim = SIDE_BY_SIDE["vllm-mode-preempt"]
+    w = build()
+    for accelerate in (True, False):
+        checked.clear()
+        _run(w, accelerate, {"schedule_policy": "fcfs", **sched}, sim)
+        assert checked and all(checked), (accelerate, checked)
 
 
 def test_lockstep_with_chunks_longer_prompts_and_the_delayer_completes() -> None:

@@ -593,3 +593,16 @@ def test_a_cut_continuation_leaves_no_room_for_a_second_chunked_request(compat: 
         s.add_request(r)
     run_all(s)
     assert all(r.finished and len(r.output_ids) == 2 for r in reqs)
+
+
+def test_retraction_orders_newest_pops_the_last_joined_length_the_fewest_outputs() -> None:
+    from radixsched.running import RETRACTION_ORDERS, retraction_order
+
+    reqs = [Req(f"r{i}", [1] * (10 + i), SamplingParams(max_new_tokens=50)) for i in range(3)]
+    out = [5, 1, 9]  # r1 has the fewest output tokens, r2 joined last
+    assert retraction_order(reqs, out, "newest", 1).pop().rid == "r2"
+    assert retraction_order(reqs, out, "length", 1).pop().rid == "r1"
+    import dataclasses
+
+    field = {f.name: f for f in dataclasses.fields(SchedulerConfig)}["retraction_policy"]
+    assert field.metadata["choices"] == list(RETRACTION_ORDERS) == ["length", "priority", "newest"]

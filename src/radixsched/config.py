@@ -151,7 +151,11 @@ class SchedulerConfig:
         default=20, metadata=_meta("decode steps kept free for survivors after a retraction")
     )
     retraction_policy: str = field(
-        default="length", metadata=_meta("retraction victim order", choices=["length", "priority"])
+        default="length",
+        metadata=_meta(
+            "retraction victim order (newest: vLLM's recompute preemption)",
+            choices=["length", "priority", "newest"],
+        ),
     )
     # ---- cache ------------------------------------------------------------------------
     page_size: int = field(default=1, metadata=_meta("tokens per KV page"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from radixsched.kv import ceil_page
@@ -58,22 +58,36 @@ class RunningBatch:
         ``[0, fill_len)``, in whole pages)."""
         return [max(ceil_page(r.fill_len, page) - len(r.kv_row), 0) for r in self.reqs]
 
-    def retraction_order(self, by_priority: bool, sign: int) -> list[Req]:
-        """Running requests sorted so that ``pop()`` yields the next retraction victim (spec
-        4.6): the fewest output tokens, then the longest prompt (least important first under
-        ``--retraction-policy priority``)."""
-        return retraction_order(
-            self.reqs, [len(r.output_ids) for r in self.reqs], by_priority, sign
-        )
+    def retraction_order(self, policy: str, sign: int) -> list[Req]:
+        """Running requests sorted so that ``pop()`` yields the next retraction victim under
+        ``--retraction-policy`` ``policy`` (``RETRACTION_ORDERS``)."""
+        return retraction_order(self.reqs, [len(r.output_ids) for r in self.reqs], policy, sign)
 
 
-def retraction_order(
-    reqs: list[Req], out_lens: list[int], by_priority: bool, sign: int
-) -> list[Req]:
-    """``reqs`` (with these output lengths) in retraction order: ``pop()`` is the next victim."""
-
+def _by_length(reqs: list[Req], out_lens: list[int], by_priority: bool, sign: int) -> list[Req]:
     def key(i: int) -> tuple[Any, ...]:
         base = (out_lens[i], -len(reqs[i].prompt_ids))
         return (prio_value(reqs[i], sign) * -sign, *base) if by_priority else base
 
     return [reqs[i] for i in sorted(range(len(reqs)), key=key, reverse=True)]
+
+
+# Victim orders by ``--retraction-policy`` name; each returns the running requests (in the
+# order they joined, with these output lengths) so that ``pop()`` is the next victim.
+# - length: SGLang's (spec 4.6): the fewest output tokens, then the longest prompt;
+# - priority: the least important first, then as ``length``;
+# - newest: vLLM's recompute preemption: the request that joined the running batch last
+#   (vLLM V1 pops the tail of its running list; the victim's KV is freed and its tokens
+#   recomputed when it is scheduled again; freed blocks stay matchable until evicted, as a
+#   retracted request's KV stays in the radix cache here).
+RETRACTION_ORDERS: dict[str, Callable[[list[Req], list[int], int], list[Req]]] = {
+    "length": lambda reqs, out, sign: _by_length(reqs, out, False, sign),
+    "priority": lambda reqs, out, sign: _by_length(reqs, out, True, sign),
+    "newest": lambda reqs, out, sign: list(reqs),
+}
+
+
+def retraction_order(reqs: list[Req], out_lens: list[int], policy: str, sign: int) -> list[Req]:
+    """``reqs`` (with these output lengths) in ``policy``'s retraction order: ``pop()`` is the
+    next victim."""
+    return RETRACTION_ORDERS[policy](reqs, out_lens, sign)

@@ -534,7 +534,7 @@ class Scheduler:
             self.chunked_req = None
             self._retract(retracted[-1])
         order = self.batch.retraction_order(
-            self.config.retraction_policy == "priority", self.config.priority_sign
+            self.config.retraction_policy, self.config.priority_sign
         )
         first = not retracted and self.config.sglang_compat  # SGLang retracts at least one
         while len(self.running) > 1 and (first or not self._decode_fits()):

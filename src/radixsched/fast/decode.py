@@ -144,9 +144,9 @@ class FastRunningBatch(RunningBatch):
         cols = self.columns()
         return int(cols.out_len.sum()), int(cols.max_new.sum())
 
-    def retraction_order(self, by_priority: bool, sign: int) -> list[Req]:
+    def retraction_order(self, policy: str, sign: int) -> list[Req]:
         out = self.columns().out_len.tolist() if self.reqs else []
-        return retraction_order(self.reqs, out, by_priority, sign)
+        return retraction_order(self.reqs, out, policy, sign)
 
     def step_need(self, page: int) -> list[int]:
         return self.columns().need(1, page).tolist() if self.reqs else []
