@@ -489,7 +489,7 @@ def test_bench_settings_that_cannot_be_replayed_name_the_file(
         ({**GOOD_DOC, "fitted_on": "x"}, "'fitted_on' must be an object"),
         ({**GOOD_DOC, "rows": False}, "'rows' must be a list of objects"),
         ({"format": "radixsched-calibration"}, "no 'version'"),
-        ({**GOOD_DOC, "version": 2}, "written by a newer radixsched"),
+        ({**GOOD_DOC, "version": 3}, "written by a newer radixsched"),
         ({**GOOD_DOC, "version": True}, "calibration version True"),
         (json.loads(VLLM.read_text()), "a benchmark result, not a calibration file"),
         (_bench_run(), "a benchmark result, not a calibration file"),
