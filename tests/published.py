@@ -39,7 +39,7 @@ def predict(row: dict[str, Any]) -> dict[str, float]:
     """Mean TTFT and TPOT (ms) the simulator predicts for ``row``'s setup."""
     from radixsched.config import SchedulerConfig
     from radixsched.request import Req, SamplingParams
-    from radixsched.results.metrics import tpot_samples, ttft_samples
+    from radixsched.results.requests import tpot_samples, ttft_samples
     from radixsched.sim.settings.engine_modes import ENGINE_MODES
     from radixsched.sim.settings.simconfig import SimConfig
     from radixsched.sim.simulate import simulate

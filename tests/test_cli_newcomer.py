@@ -82,7 +82,8 @@ def test_header_json_and_report_record_what_was_run(tmp_path: Path) -> None:
     assert "groups=4, prompts=4, system_len=256, question_len=32, output_len=16" in head
     assert "{'" not in head
     assert "H200 x tp1, dp 2, router cache-aware" in head
-    assert "compat radixsched" in head and "mfu 0.55" in head and "poisson 20 req/s" in head
+    # (mfu 0.68: H200's own default since the GPU prefill curves, sim/cost/hardware.py.)
+    assert "compat radixsched" in head and "mfu 0.68" in head and "poisson 20 req/s" in head
     d = doc(out)
     assert d["meta"]["version"] == version("radixsched")
     assert re.match(r"\d{4}-\d\d-\d\dT", d["meta"]["created"])
@@ -90,7 +91,7 @@ def test_header_json_and_report_record_what_was_run(tmp_path: Path) -> None:
     cfg = d["config"]
     assert cfg["policies"] == ["fcfs", "lpm"] and cfg["dp"] == 2
     assert cfg["router"] == "cache-aware" and cfg["compat"] == "radixsched"
-    assert cfg["cost_model"]["mfu"] == 0.55 and cfg["cost_model"]["gpu"] == "H200"
+    assert cfg["cost_model"]["mfu"] == 0.68 and cfg["cost_model"]["gpu"] == "H200"
     assert d["workload"]["params"]["system_len"] == 256
     html = report.read_text(encoding="utf-8")
     assert version("radixsched") in html and d["meta"]["created"] in html
