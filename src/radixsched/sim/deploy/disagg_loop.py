@@ -201,7 +201,7 @@ class Cluster:
         for r in out.finished:
             self.decode_router.on_finish(r, inst.local)
         if out.finished:
-            self.count(len(out.finished))
+            self.report_finished(len(out.finished))
         self.preallocate(inst)
 
     def stalled(self, inst: Any) -> None:
@@ -239,14 +239,14 @@ class Cluster:
             pi.clock.jump_to(t)
         if not pi.sched.add_request(copy, now=t).accepted:
             req.finish = copy.finish
-            self.count(1)
+            self.report_finished(1)
             return
         di.reqs.append(req)
         self.wake(di, t)
         if not di.sched.add_request(req, now=t).accepted:
             message = req.finish.message if req.finish is not None else "rejected"
             pi.sched.abort(copy.rid, message, 400)
-            self.count(1)
+            self.report_finished(1)
             return
         self.legs[req.rid] = Leg(req, copy, p, d)
         self.preallocate(di)
@@ -283,7 +283,7 @@ class Cluster:
         self.wake(di, t)
         di.sched.decode_role.kv_arrived(req.rid, copy.output_ids[0])
 
-    def count(self, k: int) -> None:
+    def report_finished(self, k: int) -> None:
         self.done += k
         if self.on_progress is not None:
             self.on_progress(self.done, self.total)
