@@ -241,7 +241,7 @@ class DecodeRole(Role):
                 break
             self.offloaded.pop(0)
             self.queued_kv -= r.fill_len
-            self._own(r, need, r.fill_len - 1)
+            self._allocate_row(r, need, r.fill_len - 1)
             self.runner.reload_kv(r, r.kv_row[: r.kv_len])
             self.arrived.append(r)
             budget -= need + reserve
@@ -259,7 +259,7 @@ class DecodeRole(Role):
             need = ceil_page(r.prompt_len, page)
             if taken == slots or not fits(need):
                 break
-            self._own(r, need, 0)
+            self._allocate_row(r, need, 0)
             self.queued_kv -= r.prompt_len
             self.transferring[r.rid] = r
             budget -= need + reserve
@@ -268,7 +268,7 @@ class DecodeRole(Role):
         out, self.prealloc = self.prealloc[:taken], self.prealloc[taken:]
         return out
 
-    def _own(self, r: Req, slots: int, computed: int) -> None:
+    def _allocate_row(self, r: Req, slots: int, computed: int) -> None:
         """``r`` owns ``slots`` fresh KV slots, of which the first ``computed`` hold KV."""
         buf = np.empty(max(row_capacity(r), slots), dtype=np.int64)
         if slots:
