@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from radixsched.cluster.disagg import decode_role, prefill_role
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 
@@ -112,7 +113,7 @@ class Cluster:
                     t = min(t, x.clock.now() + self.latency)
             return t
         for x in self.dec:
-            if x.sched.decode_role.prealloc:
+            if decode_role(x.sched).prealloc:
                 start = self.next_concern(x)
                 if not x.sched.is_idle:
                     start = min(start, x.clock.now())
@@ -207,8 +208,7 @@ class Cluster:
     def stalled(self, inst: Any) -> None:
         """A step that ran nothing: a prefill instance whose memory is held by in-flight KV
         waits for its next event; anything else is a scheduler bug."""
-        role = inst.sched.prefill_role
-        if role is not None and role.inflight:
+        if inst.role == "prefill" and prefill_role(inst.sched).inflight:
             inst.blocked = True
             return
         s = inst.sched
@@ -253,7 +253,7 @@ class Cluster:
 
     def preallocate(self, di: Any) -> None:
         now = di.clock.now()
-        for r in di.sched.decode_role.pop_preallocated():
+        for r in decode_role(di.sched).pop_preallocated():
             leg = self.legs[r.rid]
             leg.preallocated_s = now
             self.push(now + self.bootstrap, BOOT, leg)
@@ -262,7 +262,7 @@ class Cluster:
         pi = self.pre[leg.p]
         self.wake(pi, t)
         leg.bootstrapped_s = t
-        pi.sched.prefill_role.bootstrapped(leg.pre.rid, now=t)
+        prefill_role(pi.sched).bootstrapped(leg.pre.rid, now=t)
 
     def ready(self, leg: Any, t: float) -> None:
         start, landing = self.links.send(leg.p, leg.d, t, leg.pre.prompt_len)
@@ -271,7 +271,7 @@ class Cluster:
 
     def landed(self, leg: Any, t: float) -> None:
         pi, di = self.pre[leg.p], self.dec[leg.d]
-        pi.sched.prefill_role.transfer_done(leg.pre.rid)
+        prefill_role(pi.sched).transfer_done(leg.pre.rid)
         if pi.blocked:
             self.wake(pi, t)
         leg.landed_s = t
@@ -281,7 +281,7 @@ class Cluster:
         req.host_cached_tokens = copy.host_cached_tokens
         req.computed_prefill_tokens = copy.computed_prefill_tokens
         self.wake(di, t)
-        di.sched.decode_role.kv_arrived(req.rid, copy.output_ids[0])
+        decode_role(di.sched).kv_arrived(req.rid, copy.output_ids[0])
 
     def report_finished(self, k: int) -> None:
         self.done += k
@@ -296,7 +296,7 @@ class Cluster:
         kv = 0.0
         for x in self.pre:
             s = x.sched
-            waiting += len(s.waiting) + len(s.prefill_role.bootstrap)
+            waiting += len(s.waiting) + len(prefill_role(s).bootstrap)
             kv += s.kv_usage()
             cached += s.stats.cached_prompt_tokens
             prompt += s.stats.prompt_tokens
@@ -330,8 +330,8 @@ class Cluster:
             pre, dec = f"prefill{leg.p}", f"decode{leg.d}"
             if any(h not in (pre, dec) for h in held) or len(held) != len(set(held)):
                 raise IntegrityError(f"{rid}: KV on instances {held}, not only {pre} and {dec}")
-            prole = self.pre[leg.p].sched.prefill_role
-            drole = self.dec[leg.d].sched.decode_role
+            prole = prefill_role(self.pre[leg.p].sched)
+            drole = decode_role(self.dec[leg.d].sched)
             inflight = rid in prole.inflight
             if leg.landed_s is not None:
                 if pre in held or inflight:
