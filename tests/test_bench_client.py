@@ -22,11 +22,7 @@ pytest.importorskip("fastapi")
 
 from radixsched import cli_bench, cli_serve
 from radixsched.cli import main
-from radixsched.config import SchedulerConfig
-from radixsched.engine.loader import LoadedModel, load_model
-from radixsched.request import Req, SamplingParams
-from radixsched.server.app import ServerThread, create_app, engine_for_model
-from radixsched.server.bench import (
+from radixsched.client.bench import (
     BenchConfig,
     BenchError,
     BenchResult,
@@ -37,6 +33,11 @@ from radixsched.server.bench import (
     load_bench_workload,
     run_bench,
 )
+from radixsched.config import SchedulerConfig
+from radixsched.engine.loader import LoadedModel, load_model
+from radixsched.request import Req, SamplingParams
+from radixsched.server.app import ServerThread, create_app
+from radixsched.server.build import engine_for_model
 from radixsched.sim.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS, STATS_KEYS
 
 WORKLOAD = "shared-prefix:groups=4,prompts=6,system_len=120,question_len=16,output_len=8"

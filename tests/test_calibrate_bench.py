@@ -13,10 +13,11 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from radixsched.cli import main
+from radixsched.client.bench import BENCH_WORKLOAD_DEFAULTS, sweep_rates
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import load_model
-from radixsched.server.app import ServerThread, create_app, engine_for_model
-from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS, sweep_rates
+from radixsched.server.app import ServerThread, create_app
+from radixsched.server.build import engine_for_model
 from radixsched.sim.calibrate import build_replay
 from radixsched.sim.costmodel import CalibratedCostModel, load_cost_model
 from radixsched.sim.result_files import read_result_file

@@ -1,11 +1,11 @@
 """The ``bench`` subcommand: load a running server with a workload and report what it measured,
-with the simulator's metric names (``server.bench``; aiohttp is imported when it runs).
+with the simulator's metric names (``client.bench``; aiohttp is imported when it runs).
 
 Generated workloads take bench's own sizes (``BENCH_WORKLOAD_DEFAULTS``) for every param the
 spec leaves out, so ``--workload shared-prefix:groups=4`` stays small. Any failed request makes
 the command exit 1 after a summary of the failures by reason; a server that cannot be
 benchmarked, or a usage error, exits 2. ``--sweep`` runs the calibrating sweep
-(``server.bench.run_sweep``) into one file for ``radixsched calibrate``.
+(``client.bench.run_sweep``) into one file for ``radixsched calibrate``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ MAX_SWEEP_RATES = 100  # each rate sends the whole workload once more
 
 
 def _bench_epilog() -> str:
-    from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
+    from radixsched.client.bench import BENCH_WORKLOAD_DEFAULTS
     from radixsched.sim.runconfig import RATE_RULE
     from radixsched.sim.workloads import describe_workloads
 
@@ -40,7 +40,7 @@ def _bench_epilog() -> str:
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
-    from radixsched.server.bench import DEFAULT_BENCH_WORKLOAD
+    from radixsched.client.bench import DEFAULT_BENCH_WORKLOAD
 
     p: argparse.ArgumentParser = sub.add_parser(
         "bench",
@@ -187,7 +187,7 @@ def _slo_ms(flag: str, value: float | None) -> tuple[float | None, str | None]:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from radixsched.server.bench import BenchConfig, load_bench_workload, url_problem
+    from radixsched.client.bench import BenchConfig, load_bench_workload, url_problem
     from radixsched.sim.metrics import SloTargets
     from radixsched.sim.runconfig import RunConfigError, parse_rate
     from radixsched.sim.workloads import WorkloadError, check_workload_spec
@@ -243,7 +243,7 @@ def _config(args: argparse.Namespace) -> Any:
 def cmd_bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    from radixsched.server.bench import BenchError, run_bench, run_sweep
+    from radixsched.client.bench import BenchError, run_bench, run_sweep
 
     try:
         cfg, workload = _config(args)
@@ -266,7 +266,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, cfg: Any, result: Any) -> int:
-    from radixsched.server.bench import write_json
+    from radixsched.client.bench import write_json
     from radixsched.sim.metrics import request_rows
     from radixsched.sim.table import write_requests
 
@@ -294,7 +294,7 @@ def _report(args: argparse.Namespace, cfg: Any, result: Any) -> int:
 
 
 def _report_sweep(args: argparse.Namespace, cfg: Any, sweep: Any) -> int:
-    from radixsched.server.bench import write_sweep_json
+    from radixsched.client.bench import write_sweep_json
     from radixsched.sim.metrics import request_rows
     from radixsched.sim.table import write_requests
 

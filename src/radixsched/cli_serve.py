@@ -279,9 +279,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (_UsageError, CliError) as e:
         return _error(e)
 
+    from radixsched.engine.build import tokenizer_dir
     from radixsched.engine.loader import load_tokenizer
-    from radixsched.server.app import create_app, run_server, served_model, tokenizer_dir
+    from radixsched.server.app import create_app, run_server
     from radixsched.server.loop import Engine
+    from radixsched.server.model import served_model
     from radixsched.server.process import (
         EngineProcess,
         EngineSpec,

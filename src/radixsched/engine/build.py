@@ -1,0 +1,55 @@
+"""Engine-level builders: a ``TorchRunner`` over a KV pool sized for the scheduler, the pool's
+default size, and the folder holding a model's tokenizer files. No HTTP and no event loop here:
+the engine's child process (``server.process``) and the offline engine use them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixsched.config import SchedulerConfig
+    from radixsched.engine.loader import LoadedModel
+    from radixsched.engine.runner import TorchRunner
+
+MAX_DEFAULT_KV_SLOTS = 1 << 17
+
+
+def tokenizer_dir(model_name: str) -> str | None:
+    """The directory holding ``tokenizer.json`` for a model name or path (None: random models
+    and GGUF files, whose tokenizer lives in memory only)."""
+    from radixsched.engine.smollm2 import SMOLLM2_NAMES, converted_dir
+
+    if model_name in SMOLLM2_NAMES:
+        path = converted_dir()
+    else:
+        path = Path(model_name).expanduser()
+    if not (path / "tokenizer.json").is_file():
+        return None
+    return str(path.resolve())
+
+
+def default_kv_slots(loaded: LoadedModel, kv_cache_mb: float) -> int:
+    """KV pool tokens that fit in ``kv_cache_mb``, at most ``MAX_DEFAULT_KV_SLOTS``."""
+    from radixsched.engine.runner import TorchRunner
+
+    return min(
+        TorchRunner.kv_slots_for_bytes(loaded, int(kv_cache_mb * 2**20)), MAX_DEFAULT_KV_SLOTS
+    )
+
+
+def torch_runner(
+    loaded: LoadedModel,
+    config: SchedulerConfig,
+    kv_slots: int,
+    *,
+    context_len: int | None,
+    seed: int,
+) -> TorchRunner:
+    """The model's runner over a pool for ``kv_slots`` scheduler slots: the allocator hands out
+    slots 1 .. (kv_slots // page + 1) * page - 1 (page 0 reserved)."""
+    from radixsched.engine.runner import TorchRunner
+
+    page = config.page_size
+    pool = (kv_slots // page + 1) * page - 1
+    return TorchRunner(loaded, pool, seed=seed, max_context_len=context_len)
