@@ -4,29 +4,32 @@ the engine's child process (``server.process``) and the offline engine use them.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from radixsched.config import SchedulerConfig
     from radixsched.engine.loader import LoadedModel
     from radixsched.engine.runner import TorchRunner
+    from radixsched.engine.tokenizer import Tokenizer
 
 MAX_DEFAULT_KV_SLOTS = 1 << 17
 
 
-def tokenizer_dir(model_name: str) -> str | None:
-    """The directory holding ``tokenizer.json`` for a model name or path (None: random models
-    and GGUF files, whose tokenizer lives in memory only)."""
+def tokenizer_dir(model_name: str, tokenizer: Tokenizer | None = None) -> str | None:
+    """A folder HF ``AutoTokenizer.from_pretrained`` loads offline with the model's tokenizer:
+    the model's own folder when it has ``tokenizer.json``, else files written once into the
+    cache folder (random presets, GGUF files). ``tokenizer``: the model's, when already
+    loaded."""
+    from radixsched.engine.loader import load_tokenizer
     from radixsched.engine.smollm2 import SMOLLM2_NAMES, converted_dir
+    from radixsched.engine.tokenizer_files import tokenizer_files_dir
 
     if model_name in SMOLLM2_NAMES:
-        path = converted_dir()
-    else:
-        path = Path(model_name).expanduser()
-    if not (path / "tokenizer.json").is_file():
-        return None
-    return str(path.resolve())
+        return str(converted_dir().resolve())
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_name).tokenizer
+    found = tokenizer_files_dir(model_name, tokenizer)
+    return None if found is None else str(found)
 
 
 def default_kv_slots(loaded: LoadedModel, kv_cache_mb: float) -> int:

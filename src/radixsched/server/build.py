@@ -44,7 +44,7 @@ def build_engine(
         context_len=context_len,
         seed=seed,
         served_model_name=served_model_name,
-        tokenizer_path=tokenizer_dir(model_name),
+        tokenizer_path=tokenizer_dir(model_name, loaded.tokenizer),
     )
 
 

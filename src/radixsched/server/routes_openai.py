@@ -50,7 +50,11 @@ STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
 def _model_card(srv: ServerState) -> ModelCard:
     model = srv.model
     return ModelCard(
-        id=model.name, created=0, max_model_len=model.context_len, vocab_size=model.vocab_size
+        id=model.name,
+        created=0,
+        root=model.model_path or model.name,
+        max_model_len=model.context_len,
+        vocab_size=model.vocab_size,
     )
 
 

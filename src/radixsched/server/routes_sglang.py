@@ -1,6 +1,7 @@
 """SGLang's native endpoints: ``POST /generate``, ``GET /server_info`` (and its older name
-``/get_server_info``), ``GET /model_info`` (``/get_model_info``), ``POST /flush_cache``, and
-vLLM's ``POST /reset_prefix_cache``."""
+``/get_server_info``), ``GET /model_info`` (``/get_model_info``), ``GET /get_load``,
+``POST /flush_cache``, and vLLM's ``POST /reset_prefix_cache``. sglang-router registers a
+worker from ``/health``, ``/server_info`` and ``/model_info``, and polls ``/get_load``."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
 
+from radixsched import __version__
 from radixsched.request import Req
 from radixsched.server.detok import IncrementalDetokenizer
-from radixsched.server.errors import ERROR_RESPONSES
+from radixsched.server.errors import ERROR_RESPONSES, ApiError
 from radixsched.server.loop import FinishInfo
+from radixsched.server.metrics import PREFIX, parse_counter
 from radixsched.server.protocol import (
     FlushCacheResponse,
     GenerateRequest,
     GenerateResponse,
     ModelInfo,
     ServerInfo,
+    WorkerLoad,
     stop_strings,
 )
 from radixsched.server.replies import (
@@ -46,6 +50,11 @@ def server_info(srv: State) -> ServerInfo:
     model = srv.model
     return ServerInfo(
         model=model.name,
+        model_path=model.model_path or model.name,
+        served_model_name=model.name,
+        tokenizer_path=model.tokenizer_path,
+        max_total_num_tokens=info.kv_slots,
+        version=__version__,
         vocab_size=model.vocab_size,
         context_len=model.context_len,
         kv_slots=info.kv_slots,
@@ -89,6 +98,23 @@ for _path in ("/model_info", "/get_model_info"):  # SGLang's names, new and old
         responses=ERROR_RESPONSES,
         name=_path.strip("/"),
     )
+
+
+@router.get("/get_load", response_model=list[WorkerLoad], responses=ERROR_RESPONSES)
+async def get_load(srv: State) -> list[WorkerLoad]:
+    """SGLang's load report, as sglang-router's load-based policies poll it: read from the
+    engine's own gauges (the same numbers ``/metrics`` shows)."""
+    try:
+        text = (await srv.engine.render_metrics()).decode()
+    except RuntimeError as e:  # the engine is gone
+        raise ApiError(503, str(e)) from e
+    running = int(parse_counter(text, f"{PREFIX}_num_running_requests"))
+    waiting = int(parse_counter(text, f"{PREFIX}_num_waiting_requests"))
+    used = round(parse_counter(text, f"{PREFIX}_kv_usage") * srv.engine.info.kv_slots)
+    load = WorkerLoad(
+        dp_rank=0, num_reqs=running + waiting, num_waiting_reqs=waiting, num_tokens=used
+    )
+    return [load]
 
 
 @router.post("/flush_cache", response_model=FlushCacheResponse, responses=ERROR_RESPONSES)
