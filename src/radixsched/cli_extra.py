@@ -13,6 +13,7 @@ _BUILDERS = {
     "sweep": ("radixsched.sim.sweep", "add_sweep_parser"),
     "generate": ("radixsched.cli_generate", "add_generate_parser"),
     "serve": ("radixsched.cli_serve", "add_serve_parser"),
+    "router": ("radixsched.cli_serve", "add_router_parser"),
     "bench": ("radixsched.cli_bench", "add_bench_parser"),
     "calibrate": ("radixsched.cli_calibrate", "add_calibrate_parser"),
 }

@@ -32,6 +32,9 @@ from radixsched.server.guard import (
 )
 
 API_KEY_ENV = "RADIXSCHED_API_KEY"
+# sglang-router's policy names (server.cluster.ROUTER_POLICIES; repeated here so that building
+# the parser imports nothing of the server).
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 class _UsageError(Exception):
@@ -140,9 +143,73 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
         f"{default_threads()} here)",
     )
+    p.add_argument(
+        "--dp-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve with N workers (each a `radixsched serve` process on a loopback port) "
+        "behind sglang-router on --host:--port (needs `pip install 'radixsched[router]'`; "
+        "default: 1, no router)",
+    )
+    p.add_argument(
+        "--router-policy",
+        default="cache_aware",
+        choices=ROUTER_POLICIES,
+        help="sglang-router's routing policy with --dp-size (default: cache_aware)",
+    )
     add_config_args(p, SchedulerConfig, choices=scheduler_choices())
     p.set_defaults(func=cmd_serve)
     return p
+
+
+def add_router_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "router",
+        help=COMMAND_HELP["router"],
+        description="Run sglang-router in front of radixsched workers already serving "
+        "(`radixsched serve` on this or other machines), with the health-check, retry and "
+        "circuit-breaker settings `serve --dp-size` uses. Needs `pip install "
+        "'radixsched[router]'`.",
+    )
+    p.add_argument(
+        "--worker-urls",
+        nargs="+",
+        required=True,
+        metavar="URL",
+        help="the workers' base URLs (http://HOST:PORT)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port (default: 30000)")
+    p.add_argument(
+        "--router-policy",
+        default="cache_aware",
+        choices=ROUTER_POLICIES,
+        help="routing policy (default: cache_aware)",
+    )
+    p.set_defaults(func=cmd_router)
+    return p
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from radixsched.client.bench import url_problem
+    from radixsched.server.cluster import ClusterSpec, run_cluster
+
+    errors = [p for url in args.worker_urls if (p := url_problem(url, "--worker-urls"))]
+    if not 1 <= args.port <= 65535:
+        errors.append(f"--port must be between 1 and 65535, got {args.port}")
+    if errors:
+        return _error(CliError("\n".join(errors)))
+    spec = ClusterSpec(
+        dp_size=len(args.worker_urls),
+        host=args.host,
+        port=args.port,
+        policy=args.router_policy,
+        serve_argv=(),
+        threads_per_worker=None,
+        worker_urls=tuple(u.rstrip("/") for u in args.worker_urls),
+    )
+    return run_cluster(spec)
 
 
 def engine_cpus(text: str | None, *, single_process: bool) -> tuple[int, ...] | None:
@@ -264,6 +331,41 @@ def check_args(args: argparse.Namespace) -> tuple[SchedulerConfig, tuple[int, ..
     return config, cpus
 
 
+def check_cluster_args(args: argparse.Namespace, api_key: str | None) -> None:
+    """``--dp-size`` and the flags it cannot serve yet."""
+    if not 1 <= args.dp_size <= MAX_DP_SIZE:
+        raise _UsageError(f"--dp-size must be between 1 and {MAX_DP_SIZE}, got {args.dp_size}")
+    if api_key is not None:
+        raise _UsageError(
+            "--dp-size does not take an API key yet: serve the workers behind "
+            "your own proxy, or run the router yourself (README: Several workers)"
+        )
+    if args.engine_cpus is not None:
+        raise _UsageError(
+            "--dp-size does not take --engine-cpus (each worker would bind the same CPUs)"
+        )
+    if args.port == 0:
+        raise _UsageError("--dp-size needs a --port other than 0 (the router's port)")
+
+
+MAX_DP_SIZE = 64
+
+
+def _serve_cluster(args: argparse.Namespace) -> int:
+    from radixsched.server.cluster import ClusterSpec, run_cluster
+
+    threads = None if args.threads else max(1, default_threads() // args.dp_size)
+    spec = ClusterSpec(
+        dp_size=args.dp_size,
+        host=args.host,
+        port=args.port,
+        policy=args.router_policy,
+        serve_argv=tuple(args._argv),
+        threads_per_worker=threads,
+    )
+    return run_cluster(spec)
+
+
 def _error(e: Exception) -> int:
     for line in str(e).splitlines() or ["(no message)"]:
         print(f"radixsched: error: {line}", file=sys.stderr)
@@ -276,8 +378,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limits = limits_from_args(args)
         access = access_from_args(args)
         config, cpus = check_args(args)
+        if args.dp_size != 1:
+            check_cluster_args(args, api_key)
     except (_UsageError, CliError) as e:
         return _error(e)
+    if args.dp_size != 1:
+        return _serve_cluster(args)
 
     from radixsched.engine.build import tokenizer_dir
     from radixsched.engine.loader import load_tokenizer
@@ -323,7 +429,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             tokenizer,
             info.context_len,
             served_model_name=args.served_model_name,
-            tokenizer_path=tokenizer_dir(args.model),
+            tokenizer_path=tokenizer_dir(args.model, tokenizer.tokenizer),
         )
     except (EngineStartError, ValueError, FileNotFoundError) as e:
         if engine is not None:
