@@ -260,3 +260,36 @@ def test_router_policies_are_sglang_routers() -> None:
     assert json.dumps(ROUTER_SETTINGS)  # every setting is a flag the router knows:
     for flag in (s for s in ROUTER_SETTINGS if s.startswith("--")):
         assert flag in out, flag
+
+
+# ---- bench through the router, and the simulator's prediction of it --------------------------
+
+CLUSTER_WORKLOAD = "shared-prefix:groups=4,prompts=6,system_len=192,question_len=24,output_len=6"
+
+
+def _hit_rate_of(path: Any) -> float:
+    return float(json.loads(path.read_text())["results"][0]["hit_rate"])
+
+
+@needs_router
+def test_bench_through_the_router_and_simulate_agree_on_the_cluster_hit_rate(
+    dp2: tuple[str, subprocess.Popen[bytes]],
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``bench --url <router>`` takes its limits from a worker and reports each worker's
+    share; its cluster hit rate is what ``simulate --dp 2 --router cache-aware`` predicts."""
+    url, _ = dp2
+    served = tmp_path / "served.json"
+    args = ["--workload", CLUSTER_WORKLOAD, "--request-rate", "inf", "--json", str(served)]
+    assert main(["bench", "--url", url, "--flush-cache", *args]) == 0
+    out = capsys.readouterr().out
+    assert "from the 2 workers' /metrics" in out
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith("worker http://")]
+    assert len(lines) == 2
+    workers = json.loads(served.read_text())["results"][0]["workers"]
+    assert sum(w["requests"] for w in workers) == 24
+    predicted = tmp_path / "simulated.json"
+    sim = ["simulate", "--dp", "2", "--router", "cache-aware", "--policy", "fcfs"]
+    assert main([*sim, *args[:4], "--json", str(predicted)]) == 0
+    assert abs(_hit_rate_of(served) - _hit_rate_of(predicted)) <= 0.05
