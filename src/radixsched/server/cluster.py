@@ -11,7 +11,11 @@ client's mistake with 4xx (an unknown model, ``n=2``), and sglang-router's circu
 counts those as worker failures (20 of them opened every circuit for a minute), so the
 breaker is off and the health check does its job instead: every second, a worker failing two
 checks in a row is dropped (a killed worker stops getting requests within about 2-3 s), and
-one good check brings it back. A request that cannot reach its worker is retried on another.
+one good check brings it back. A request that cannot reach its worker is retried with a
+backoff that spans more than that (about 5 s over 6 retries): once the dead worker is dropped,
+the retry goes to another, so a killed worker costs at most the requests in flight on it
+(measured: 0 of 48 requests sent in the 5 s after a kill failed; with 3 quick retries, 13
+did).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ ROUTER_SETTINGS: tuple[str, ...] = (
     "--health-failure-threshold", "2",
     "--health-success-threshold", "1",
     "--health-check-timeout-secs", "2",
-    "--retry-max-retries", "3",
-    "--retry-initial-backoff-ms", "50",
-    "--retry-max-backoff-ms", "1000",
+    "--retry-max-retries", "7",  # attempts, the first included
+    "--retry-initial-backoff-ms", "250",
+    "--retry-max-backoff-ms", "2000",
+    "--retry-backoff-multiplier", "1.5",
     "--worker-startup-check-interval", "1",
 )  # fmt: skip
 MISSING_ROUTER = (
