@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixsched.cli_common import (
     COMMAND_HELP,
@@ -30,6 +30,10 @@ from radixsched.server.guard import (
     AccessPolicy,
     RequestLimits,
 )
+
+if TYPE_CHECKING:
+    from radixsched.server.loop import EngineInfo
+    from radixsched.server.model import ServedModel
 
 API_KEY_ENV = "RADIXSCHED_API_KEY"
 # sglang-router's policy names (server.cluster.ROUTER_POLICIES; repeated here so that building
@@ -143,6 +147,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
         f"{default_threads()} here)",
     )
+    _add_cluster_args(p)
+    add_config_args(p, SchedulerConfig, choices=scheduler_choices())
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dp-size",
         type=int,
@@ -158,9 +169,6 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         choices=ROUTER_POLICIES,
         help="sglang-router's routing policy with --dp-size (default: cache_aware)",
     )
-    add_config_args(p, SchedulerConfig, choices=scheduler_choices())
-    p.set_defaults(func=cmd_serve)
-    return p
 
 
 def add_router_parser(sub: Any) -> argparse.ArgumentParser:
@@ -372,6 +380,43 @@ def _error(e: Exception) -> int:
     return 2
 
 
+def _print_serving(
+    args: argparse.Namespace,
+    served: ServedModel,
+    info: EngineInfo,
+    threads: int,
+    layout: str,
+    cpus: tuple[int, ...] | None,
+    limits: RequestLimits,
+    access: AccessPolicy,
+    api_key: str | None,
+) -> None:
+    """The start-up line, and what a user should know about the settings."""
+    if cpus:
+        layout += f" on CPUs {','.join(map(str, cpus))}"
+    print(
+        f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
+        f"KV {info.kv_slots:,} tokens, max running {info.max_running_requests}, "
+        f"policy {info.config.schedule_policy}, {threads} torch threads, {layout}, "
+        f"body limit {limits.body_limit(served.context_len):,} bytes, "
+        f"API key {'required' if api_key else 'off'})",
+        file=sys.stderr,
+    )
+    if access.bind_host.strip("[]") in WILDCARD_BINDS and not access.allowed_hosts:
+        print(
+            "note: requests must name this machine (its host name or one of its addresses) in "
+            "their Host header; add the DNS names clients use with --allowed-hosts",
+            file=sys.stderr,
+        )
+    if info.kv_slots < served.context_len:
+        print(
+            f"radixsched: warning: the KV pool ({info.kv_slots:,} tokens) is smaller than the "
+            f"context ({served.context_len:,}): longer requests are rejected; raise "
+            "--kv-cache-mb or --kv-slots, or lower --context-len",
+            file=sys.stderr,
+        )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         api_key = resolve_api_key(args)
@@ -440,29 +485,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - set(cpus))
     app = create_app(engine, served, api_key=api_key, limits=limits, access=access)
     layout = "engine on a thread" if args.single_process else f"engine process {proc.pid}"
-    if cpus:
-        layout += f" on CPUs {','.join(map(str, cpus))}"
-    print(
-        f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
-        f"KV {info.kv_slots:,} tokens, max running {info.max_running_requests}, "
-        f"policy {info.config.schedule_policy}, {spec.threads} torch threads, {layout}, "
-        f"body limit {limits.body_limit(served.context_len):,} bytes, "
-        f"API key {'required' if api_key else 'off'})",
-        file=sys.stderr,
-    )
-    if access.bind_host.strip("[]") in WILDCARD_BINDS and not access.allowed_hosts:
-        print(
-            "note: requests must name this machine (its host name or one of its addresses) in "
-            "their Host header; add the DNS names clients use with --allowed-hosts",
-            file=sys.stderr,
-        )
-    if info.kv_slots < served.context_len:
-        print(
-            f"radixsched: warning: the KV pool ({info.kv_slots:,} tokens) is smaller than the "
-            f"context ({served.context_len:,}): longer requests are rejected; raise "
-            "--kv-cache-mb or --kv-slots, or lower --context-len",
-            file=sys.stderr,
-        )
+    _print_serving(args, served, info, spec.threads, layout, cpus, limits, access, api_key)
     freeze_startup_heap()
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0

@@ -634,16 +634,9 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
     errors = tuple(f"{rec.req.rid}: {rec.error}" for rec in records if rec.error is not None)
     client_cached = sum(rec.cached_tokens for rec in records if rec.error is None)
     client_prompt = sum(rec.req.prompt_len for rec in records if rec.error is None)
-    if shares:
-        cached = float(sum(w.cached_tokens for w in shares))
-        prompt = float(sum(w.prompt_tokens for w in shares))
-        hit_source = f"the {len(shares)} workers' /metrics"
-    elif before is not None and after is not None:
-        cached, prompt = after[0] - before[0], after[1] - before[1]
-        hit_source = "server /metrics"
-    else:
-        cached, prompt = float(client_cached), float(client_prompt)
-        hit_source = "meta_info.cached_tokens"
+    cached, prompt, hit_source = _served_from_cache(
+        shares, before, after, (client_cached, client_prompt)
+    )
     hit = cached / prompt if prompt > 0 else 0.0
     base = summarize(
         server.policy or "server",
@@ -671,21 +664,10 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         prompt_tokens=int(prompt),
         prefill_tokens_computed=int(prompt - cached),
     )
-    rate = cfg.request_rate
-    workload_info = {
-        "spec": cfg.workload,
-        "name": wl.name,
-        "params": wl.params,
-        "params_text": wl.params_text,
-        "num_requests": n,
-        "request_rate": None if rate is None else rate if math.isfinite(rate) else "inf",
-        "optimal_hit_rate": result.optimal_hit_rate,
-        "arrivals": wl.arrivals,
-    }
     return BenchResult(
         result=result,
         server=server,
-        workload_info=workload_info,
+        workload_info=_workload_info(cfg, wl, result.optimal_hit_rate),
         config=cfg,
         num_failed=len(errors),
         errors=errors[:MAX_ERRORS_KEPT],
@@ -693,6 +675,37 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         requests=tuple(finished),
         per_worker=shares or (),
     )
+
+
+def _workload_info(cfg: BenchConfig, wl: Workload, optimal_hit_rate: float) -> dict[str, Any]:
+    rate = cfg.request_rate
+    return {
+        "spec": cfg.workload,
+        "name": wl.name,
+        "params": wl.params,
+        "params_text": wl.params_text,
+        "num_requests": len(wl.requests),
+        "request_rate": None if rate is None else rate if math.isfinite(rate) else "inf",
+        "optimal_hit_rate": optimal_hit_rate,
+        "arrivals": wl.arrivals,
+    }
+
+
+def _served_from_cache(
+    shares: tuple[WorkerShare, ...] | None,
+    before: tuple[float, float] | None,
+    after: tuple[float, float] | None,
+    client_counts: tuple[int, int],
+) -> tuple[float, float, str]:
+    """(cached prompt tokens, prompt tokens, where they were read) over the run: the workers'
+    counters behind a router, else the server's, else the answers' ``cached_tokens``."""
+    if shares:
+        cached = float(sum(w.cached_tokens for w in shares))
+        prompt = float(sum(w.prompt_tokens for w in shares))
+        return cached, prompt, f"the {len(shares)} workers' /metrics"
+    if before is not None and after is not None:
+        return after[0] - before[0], after[1] - before[1], "server /metrics"
+    return float(client_counts[0]), float(client_counts[1]), "meta_info.cached_tokens"
 
 
 def load_bench_workload(cfg: BenchConfig) -> Workload:

@@ -96,7 +96,7 @@ def worker_argv(serve_argv: Sequence[str], port: int, threads: int | None) -> li
     """A worker's ``radixsched serve`` arguments: the cluster's own, less the flags the
     launcher sets (``LAUNCHER_FLAGS``), on ``127.0.0.1:port`` with ``threads`` torch threads
     unless ``--threads`` was given."""
-    out: list[str] = []
+    kept: list[str] = []
     skip_value = False
     for arg in serve_argv:
         if skip_value:
@@ -106,11 +106,11 @@ def worker_argv(serve_argv: Sequence[str], port: int, threads: int | None) -> li
         if name in LAUNCHER_FLAGS:
             skip_value = "=" not in arg
             continue
-        out.append(arg)
-    out += ["--host", "127.0.0.1", "--port", str(port)]
-    if threads is not None and not any(a.split("=", 1)[0] == "--threads" for a in out):
-        out += ["--threads", str(threads)]
-    return out
+        kept.append(arg)
+    kept += ["--host", "127.0.0.1", "--port", str(port)]
+    if threads is not None and not any(a.split("=", 1)[0] == "--threads" for a in kept):
+        kept += ["--threads", str(threads)]
+    return kept
 
 
 def free_ports(n: int) -> list[int]:
