@@ -151,3 +151,12 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_an_unwritable_cache_folder_serves_without_a_tokenizer_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(blocker / "cache"))  # under a file
+    assert tokenizer_dir(MODEL) is None

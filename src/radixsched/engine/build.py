@@ -4,6 +4,7 @@ the engine's child process (``server.process``) and the offline engine use them.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,6 +12,8 @@ if TYPE_CHECKING:
     from radixsched.engine.loader import LoadedModel
     from radixsched.engine.runner import TorchRunner
     from radixsched.engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 MAX_DEFAULT_KV_SLOTS = 1 << 17
 
@@ -28,7 +31,11 @@ def tokenizer_dir(model_name: str, tokenizer: Tokenizer | None = None) -> str | 
         return str(converted_dir().resolve())
     if tokenizer is None:
         tokenizer = load_tokenizer(model_name).tokenizer
-    found = tokenizer_files_dir(model_name, tokenizer)
+    try:
+        found = tokenizer_files_dir(model_name, tokenizer)
+    except OSError as e:  # the cache folder is not writable: serve without a tokenizer_path
+        logger.warning("cannot write the tokenizer files of %s: %s", model_name, e)
+        return None
     return None if found is None else str(found)
 
 
