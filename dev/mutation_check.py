@@ -58,7 +58,7 @@ MUTANTS = (
     Mutant(
         "refresh-touches-nothing",
         "fast/queue.py",
-        "                matcher.cache.touch_at(m.node, len(m.node.key) if m.full else m.offset)",
+        "                matcher.cache.touch_at(m.node, len(m.node) if m.full else m.offset)",
         "                pass",
     ),
     Mutant(
@@ -125,7 +125,7 @@ MUTANTS = (
     Mutant(
         "shortened-hint-trusted",
         "fast/matching.py",
-        "(node.parent is not None and len(node.key) == klen):",
+        "(node.parent is not None and len(node) == klen):",
         "node.parent is not None:",
     ),
     Mutant(
