@@ -254,3 +254,64 @@ def test_native_tree_equals_python_tree(
     heads = [rng.integers(0, 6, 24).tolist() for _ in range(3)]
     for _ in range(data.draw(st.integers(5, 40))):
         _step(pair, data, heads)
+
+
+seqs = st.lists(st.integers(0, 3), min_size=1, max_size=24)
+matcher_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), seqs, st.booleans()),
+        st.tuples(st.just("evict"), st.integers(1, 30), st.booleans()),
+        st.tuples(st.just("match"), seqs, st.booleans()),  # match_prefix: splits, recency
+        st.tuples(st.just("track"), seqs, st.booleans()),
+        st.tuples(st.just("untrack"), st.integers(0, 50), st.booleans()),
+        st.tuples(st.just("reset"), st.integers(0, 1), st.booleans()),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=matcher_ops, page=st.sampled_from([1, 2, 4]), policy=st.sampled_from(["lru", "mru"]))
+def test_native_matcher_equals_python_matcher(ops: list[Any], page: int, policy: str) -> None:
+    """The same dirty sets in the same order, the same re-matches and the same memos."""
+    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.fast.matching import IncrementalMatcher
+    from radixsched.fast.native_matching import NativeMatcher
+    from radixsched.request import Req
+
+    sides: list[tuple[Any, TokenAllocator, Any, list[Req]]] = []
+    for cls, mcls in ((RadixCache, IncrementalMatcher), (NativeRadixCache, NativeMatcher)):
+        alloc = TokenAllocator(4096, page)
+        cache = cls(alloc, page_size=page, eviction_policy=policy)
+        sides.append((cache, alloc, mcls(cache), []))
+    n = 0
+    for op, arg, flag in ops:
+        ns = ("x", None) if flag else None
+        seen = []
+        for cache, alloc, matcher, tracked in sides:
+            if op == "insert":
+                tokens = np.asarray(arg, dtype=np.int32)[: len(arg) // page * page]
+                slots = alloc.alloc(len(tokens))
+                if slots is not None:
+                    res = cache.insert(CacheKey(tokens, ns), slots)
+                    alloc.free(slots[: res.prefix_len])
+            elif op == "evict":
+                cache.evict(arg * page)
+            elif op == "match":
+                cache.match_prefix(CacheKey(np.asarray(arg, dtype=np.int32), ns))
+            elif op == "track":
+                r = Req(f"r{n}", np.asarray(arg, dtype=np.int32), extra_key="x" if flag else None)
+                matcher.track(r)
+                tracked.append(r)
+            elif op == "untrack" and tracked:
+                matcher.untrack(tracked.pop(arg % len(tracked)))
+            elif op == "reset":
+                cache.reset()
+            rid = {id(r): r.rid for r in tracked}
+            dirty = [rid[k] for k in matcher.dirty]
+            moved = [r.rid for r in matcher.refresh()]
+            memos = [matcher.memo[id(r)] for r in tracked]
+            memos = [_out((m.n, m.node, m.offset, m.full)) for m in memos]
+            seen.append((dirty, moved, memos, _snapshot(cache)))
+        n += op == "track"
+        assert seen[0] == seen[1], op

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "matcher.hpp"
 #include "radix.hpp"
 
 namespace nb = nanobind;
@@ -123,12 +124,49 @@ void bind_node(nb::module_& m) {
 struct PyTree : Tree {
     using Tree::Tree;
     nb::object on_child, on_split, on_evict, host;
+    // The native matcher, when one listens (it then takes the listener's hooks).
+    std::unique_ptr<radixsched::Matcher> matcher;
 
     void clear_hooks() {
+        matcher.reset();
         events = radixsched::Events{};
         on_child = on_split = on_evict = host = nb::object();
     }
+
+    radixsched::Matcher& the_matcher() {
+        if (!matcher) throw std::runtime_error("no native matcher listens to this tree");
+        return *matcher;
+    }
 };
+
+nb::object memo_tuple(const radixsched::Memo* m) {
+    if (m == nullptr) return nb::none();
+    return nb::make_tuple(m->n, m->node, m->offset, m->full);
+}
+
+void matcher_on(PyTree& t) {
+    nb::object host = t.host;
+    auto host_hook = std::move(t.events.host_evict);
+    t.clear_hooks();
+    t.host = host;
+    t.events.host_evict = std::move(host_hook);
+    t.matcher = std::make_unique<radixsched::Matcher>(t);
+}
+
+void bind_matcher(nb::class_<PyTree>& c) {
+    c.def("matcher_on", &matcher_on)
+        .def("track",
+             [](PyTree& t, int64_t k, Tokens tok, int32_t ns) {
+                 return memo_tuple(&t.the_matcher().track(k, tok.data(), tok.shape(0), ns));
+             })
+        .def("untrack", [](PyTree& t, int64_t k) { t.the_matcher().untrack(k); })
+        .def("refresh", [](PyTree& t) { return t.the_matcher().refresh(); })
+        .def("memo", [](PyTree& t, int64_t k) { return memo_tuple(t.the_matcher().memo(k)); })
+        .def("is_dirty", [](PyTree& t, int64_t k) { return t.the_matcher().is_dirty(k); })
+        .def("any_dirty", [](PyTree& t) { return t.the_matcher().any_dirty(); })
+        .def("dirty_keys", [](PyTree& t) { return t.the_matcher().dirty_keys(); })
+        .def("matcher_reset", [](PyTree& t) { t.the_matcher().on_reset(); });
+}
 
 int tree_traverse(PyObject* self, visitproc visit, void* arg) {
     Py_VISIT(Py_TYPE(self));
@@ -218,8 +256,9 @@ nb::list dfs_order(PyTree& t, nb::handle ends) {
 }
 
 void bind_tree(nb::module_& m) {
-    nb::class_<PyTree>(m, "Tree", nb::type_slots(tree_slots))
-        .def(
+    nb::class_<PyTree> tree(m, "Tree", nb::type_slots(tree_slots));
+    bind_matcher(tree);
+    tree.def(
             "__init__",
             [](PyTree* t, int64_t page, const std::string& policy, int64_t slru, bool disabled,
                bool compat) {

@@ -29,15 +29,16 @@ from radixsched.cache.base import (
     MatchResult,
     SlotFreer,
 )
-from radixsched.cache.radix import RadixCache
 from radixsched.cache.evict import DEFAULT_EVICTION_POLICY, EvictionStrategy, get_strategy
+from radixsched.cache.radix import RadixCache
 from radixsched.native import NAMESPACES, core, namespace_id
 from radixsched.request import EMPTY_SLOTS, SlotArray, TokenArray
 
 NATIVE_EVICTION = frozenset({"lru", "mru", "fifo", "filo", "lfu", "priority", "slru"})
 
 
-def _tokens(tokens: TokenArray) -> TokenArray:
+def as_tokens(tokens: TokenArray) -> TokenArray:
+    """``tokens`` as a contiguous int32 array (itself when it is one already)."""
     if tokens.dtype != np.int32 or not tokens.flags.c_contiguous:
         return np.ascontiguousarray(tokens, dtype=np.int32)
     return tokens
@@ -123,6 +124,11 @@ class NativeRadixCache(BasePrefixCache):
         self._listener = listener
         self.tree.set_listener(listener)
 
+    def adopt_listener(self, listener: Any) -> None:
+        """``listener`` listens in C++ already (a ``NativeMatcher``): it is only told of
+        resets from here."""
+        self._listener = listener
+
     @property
     def root(self) -> Any:
         return self.tree.root
@@ -150,13 +156,13 @@ class NativeRadixCache(BasePrefixCache):
     def match_prefix(self, key: CacheKey) -> MatchResult:
         if self.disabled or len(key.tokens) == 0:
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        node, pos, values = self.tree.walk(_tokens(key.tokens), namespace_id(key.namespace), True)
+        node, pos, values = self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), True)
         return MatchResult(values, pos, node)
 
     def match_node(self, key: CacheKey) -> MatchResult:
         if self.disabled or len(key.tokens) == 0:
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        node, pos, _ = self.tree.walk(_tokens(key.tokens), namespace_id(key.namespace), False)
+        node, pos, _ = self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), False)
         return MatchResult(EMPTY_SLOTS, pos, node)
 
     def prefix_slots(self, node: Any, length: int, out: SlotArray | None = None) -> SlotArray:
@@ -164,13 +170,13 @@ class NativeRadixCache(BasePrefixCache):
         return slots
 
     def match_len(self, key: CacheKey) -> int:
-        n: int = self.tree.match_len(_tokens(key.tokens), namespace_id(key.namespace))
+        n: int = self.tree.match_len(as_tokens(key.tokens), namespace_id(key.namespace))
         return n
 
     def match_end(self, key: CacheKey, start: tuple[Any, int] | None = None) -> MatchEnd:
         node, depth = start if start is not None else (None, 0)
         return MatchEnd(
-            *self.tree.match_end(_tokens(key.tokens), namespace_id(key.namespace), node, depth)
+            *self.tree.match_end(as_tokens(key.tokens), namespace_id(key.namespace), node, depth)
         )
 
     def touch_at(self, node: Any, offset: int) -> Any:
@@ -179,7 +185,7 @@ class NativeRadixCache(BasePrefixCache):
     def touch_prefix(self, key: CacheKey) -> None:
         if self.disabled or len(key.tokens) == 0:
             return
-        self.tree.walk(_tokens(key.tokens), namespace_id(key.namespace), False)
+        self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), False)
 
     def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
         # A key whose first page is not cached only ticks the clock: what its walk does.
@@ -208,7 +214,7 @@ class NativeRadixCache(BasePrefixCache):
             base = start[1]
         node, depth = start if start is not None else (None, 0)
         prefix_len, last = tree.insert(
-            _tokens(key.tokens),
+            as_tokens(key.tokens),
             namespace_id(key.namespace),
             _slots(values),
             priority,

@@ -26,10 +26,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.native_radix import RADIX_TREES
+from radixsched.cache.native_radix import RADIX_TREES, NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import (
     DfsWeightEngine,
     Engine,
@@ -51,6 +52,14 @@ ENGINES: dict[str, Any] = {
     "fair": FairEngine,
 }
 _KEYED_READS = Reads.MATCH | Reads.DEDUP
+Matcher = IncrementalMatcher | NativeMatcher
+
+
+def matcher_class(cache: Any) -> type[Matcher]:
+    """The incremental matcher for ``cache``: in C++ inside a native tree, else in Python."""
+    return NativeMatcher if isinstance(cache, NativeRadixCache) else IncrementalMatcher
+
+
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 
 
@@ -60,7 +69,7 @@ class FastWaitingQueue(WaitingQueue):
         self.fast = not config.sglang_compat and isinstance(cache, RADIX_TREES) and self.matches
         # Only a policy that reads matches needs them kept (the door's is one walk).
         wants = Reads.MATCH in self.policy.reads
-        self.matcher = IncrementalMatcher(cache) if self.fast and wants else None
+        self.matcher = matcher_class(cache)(cache) if self.fast and wants else None
         reads = self.policy.reads_for(config)
         bounded = self.policy.bounded(config)
         check, width = (
