@@ -2,8 +2,10 @@
 from C++ by the package's build) is used, decided when a scheduler's parts are built.
 
 ``core()`` is the extension module, or None when ``RADIXSCHED_NATIVE=0`` or the extension is
-missing (a source checkout on ``PYTHONPATH`` without a build): then the Python reference runs,
-and one line on stderr says so, once per process and reason. ``RADIXSCHED_NATIVE_LIB=PATH``
+missing (a source checkout on ``PYTHONPATH`` without a build): then the accelerated core runs
+its Python parts (``radixsched.fast`` over the Python radix tree), and one line on stderr says
+so, once per process and reason. What is native today: the radix tree and the waiting queue's
+incremental matcher; the rest of the accelerated core is still ``radixsched.fast``. ``RADIXSCHED_NATIVE_LIB=PATH``
 loads the extension from a file instead (the sanitizer and debug builds of ``make sanitize``).
 
 Namespaces cross into C++ as small ids: ``NAMESPACES[i]`` is the normalised namespace of id
@@ -59,7 +61,7 @@ def _load() -> ModuleType | None:
         else:
             module = importlib.import_module("radixsched._native._core")
     except ImportError as exc:
-        notice(f"native core not available ({exc}); the Python reference runs: {_BUILD_HINT}")
+        notice(f"native core not available ({exc}); its parts run in Python: {_BUILD_HINT}")
         return None
     module.set_namespaces(NAMESPACES)
     return module
@@ -68,7 +70,7 @@ def _load() -> ModuleType | None:
 def core() -> ModuleType | None:
     """The native extension, or None (turned off, or not built: a notice says which)."""
     if os.environ.get(ENV, "1") == "0":
-        notice(f"{ENV}=0: the Python reference core runs")
+        notice(f"{ENV}=0: the native core is off; its parts run in Python")
         return None
     if not _loaded:
         _loaded.append(_load())

@@ -417,8 +417,11 @@ std::vector<int32_t> Tree::path_key(const Node& node) const {
 void Tree::evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed) {
     const int64_t length = leaf.size();
     if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, length);
-    freed.push_back(leaf.value);
     if (events.on_evict) events.on_evict(leaf, 0);
+    // The slots move out: a detached node keeps its key (handles may still ask its length),
+    // not its slots, which the caller now owns.
+    freed.push_back(std::move(leaf.value));
+    leaf.value.clear();
     Node* parent = leaf.parent;
     NodePtr hold = parent->children.at(leaf.child_key);  // alive until this returns
     parent->children.erase(leaf.child_key);
