@@ -14,7 +14,7 @@ NATIVE_SRC := CMakeLists.txt $(wildcard src/radixsched/_native/*.cpp src/radixsc
 # The tests that compare the native core with the Python reference, bit for bit.
 EQUIV_TESTS := tests/test_native_radix.py tests/test_radix_cache.py tests/test_radix_stateful.py \
 	tests/test_evict_heap.py tests/test_fast_parts.py tests/test_equivalence.py \
-	tests/test_equivalence_fuzz.py tests/test_golden.py
+	tests/test_equivalence_fuzz.py tests/test_golden.py tests/test_simulate.py
 GCC ?= gcc
 
 .PHONY: run test lint typecheck unit bench clean native sanitize native-debug

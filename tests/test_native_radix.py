@@ -18,7 +18,7 @@ from radixsched.cache import CacheKey, RadixCache, TokenAllocator
 from radixsched.cache.evict import EVICTION_STRATEGIES
 from radixsched.native import core
 
-pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built")
+pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 
 NAMESPACES = [None, ("a", None), ("", "salt")]
 
