@@ -26,11 +26,13 @@ import golden
 from radixsched.config import SchedulerConfig
 from radixsched.fast import scheduler as fast_scheduler
 from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import Engine
 from radixsched.fast.queue import FastWaitingQueue
+from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.deploy import replicas
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.settings.engine_modes import ENGINE_MODES
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
@@ -275,7 +277,8 @@ def test_vllm_mode_preempts_the_newest_request_in_both_cores(
     orig = Scheduler._make_room_for_decode
 
     def spy(self: Any) -> list[Req]:
-        newest = list(self.batch)[-1] if self.batch and self.chunked_req is None else None
+        reqs = self.batch.reqs
+        newest = reqs[-1] if reqs and self.chunked_req is None else None
         out: list[Req] = orig(self)
         if out and newest is not None:
             checked.append(out[0] is newest)
@@ -355,7 +358,7 @@ def _shared_block(policy: str, **sched: Any) -> SimRun:
 def test_matcher_rematches_only_what_moved_under_a_shared_system_prompt() -> None:
     """Every request shares its first block: a round re-matches a few requests, not all."""
     with (
-        _count(IncrementalMatcher, "refresh") as moved,
+        _count(NativeMatcher if core() is not None else IncrementalMatcher, "refresh") as moved,
         _count(FastWaitingQueue, "begin_round") as rounds,
     ):
         run = _shared_block("lpm")

@@ -144,7 +144,7 @@ def _ints(text: str, flag: str) -> list[int]:
     return sorted(set(values))
 
 
-def _pct(x: float) -> str:
+def _percent(x: float) -> str:
     return f"{x * 100:+6.1f}%"
 
 
@@ -162,15 +162,15 @@ def render_errors(errors: list[dict[str, Any]], holdout: list[dict[str, Any]] | 
         out = ""
         if k < len(held):
             h = held[k]
-            out = f" {_pct(h['ttft_s']['error']['mean']):>13} {_pct(h['e2e_s']['error']['mean'])}"
+            out = f" {_percent(h['ttft_s']['error']['mean']):>13} {_percent(h['e2e_s']['error']['mean'])}"
         lines.append(
             f"{str(e['run'])[:16]:<16} "
             f"{t['predicted']['mean'] * 1e3:8.2f}/{t['measured']['mean'] * 1e3:<8.2f} "
-            f"{_pct(t['error']['mean'])} "
+            f"{_percent(t['error']['mean'])} "
             f"{i['predicted']['mean'] * 1e3:7.3f}/{i['measured']['mean'] * 1e3:<7.3f} "
-            f"{_pct(i['error']['mean'])} "
+            f"{_percent(i['error']['mean'])} "
             f"{d['predicted']['mean'] * 1e3:8.2f}/{d['measured']['mean'] * 1e3:<8.2f} "
-            f"{_pct(d['error']['mean'])} {_pct(d['error']['p90'])}{out}"
+            f"{_percent(d['error']['mean'])} {_percent(d['error']['p90'])}{out}"
         )
     note = "; held-out = predicted by a fit without that run" if held else ""
     lines.append(f"(predicted/measured means; err = relative error, in-sample{note})")

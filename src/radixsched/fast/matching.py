@@ -25,7 +25,8 @@ from collections.abc import Hashable
 from typing import Any
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.radix import RadixCache, TreeNode
+from radixsched.cache.native_radix import RadixTree
+from radixsched.cache.radix import TreeNode
 from radixsched.request import Req
 
 
@@ -46,7 +47,7 @@ class Memo:
 class IncrementalMatcher:
     """Tracks waiting requests' matches against one radix cache (it listens to it)."""
 
-    def __init__(self, cache: RadixCache) -> None:
+    def __init__(self, cache: RadixTree) -> None:
         self.cache = cache
         self.page = cache.page_size
         self.memo: dict[int, Memo] = {}  # id(req) -> its memo (tracked requests)
@@ -91,10 +92,10 @@ class IncrementalMatcher:
         start = None
         if hint is not None:
             node, depth, klen = hint
-            if node is self.cache.root or (node.parent is not None and len(node.key) == klen):
+            if node is self.cache.root or (node.parent is not None and len(node) == klen):
                 start = (node, depth)
         end = self.cache.match_end(CacheKey(r.fill_ids(), r.namespace), start)
-        m = Memo(end.length, end.node, end.offset, end.offset >= len(end.node.key))
+        m = Memo(end.length, end.node, end.offset, end.offset >= len(end.node))
         old = self.memo.get(id(r))
         if old is not None:
             self._unregister(r, old)
@@ -142,17 +143,17 @@ class IncrementalMatcher:
         return page
 
     # ---- cache events (CacheListener) ---------------------------------------------------------
-    def _dirty(self, k: int, r: Req, node: TreeNode, depth: int) -> None:
+    def _mark_dirty(self, k: int, r: Req, node: TreeNode, depth: int) -> None:
         """``r`` must be re-matched; ``node`` (at ``depth``) is on its path and stays."""
         self.dirty[k] = r
         old = self.hint.get(k)
         if old is None or depth < old[1]:
-            self.hint[k] = (node, depth, len(node.key))
+            self.hint[k] = (node, depth, len(node))
 
     def on_child(self, parent: Any, child_key: Any) -> None:
         regs = self.edges.get(parent, {}).get(child_key)
         for k, r in (regs or {}).items():
-            self._dirty(k, r, parent, _edge_depth(self.memo[k]))
+            self._mark_dirty(k, r, parent, _edge_depth(self.memo[k]))
 
     def on_split(self, upper: Any, lower: Any) -> None:
         """Requests that stopped inside ``lower`` keep their length; re-point them (no walk)."""
@@ -160,7 +161,7 @@ class IncrementalMatcher:
         regs = by_key.get(upper.child_key) if by_key else None
         if not regs:
             return
-        cut = len(upper.key)
+        cut = len(upper)
         for k, r in list(regs.items()):
             m = self.memo[k]
             if m.node is not lower or k in self.dirty:
@@ -175,15 +176,15 @@ class IncrementalMatcher:
             self._register(r, m)
 
     def on_evict(self, leaf: Any, keep: int) -> None:
-        parent, size = leaf.parent, len(leaf.key)
+        parent, size = leaf.parent, len(leaf)
         for at_leaf in self.edges.get(leaf, {}).values():  # matches through the whole leaf
             for k, r in at_leaf.items():
-                self._dirty(k, r, parent, _edge_depth(self.memo[k]) - size)
+                self._mark_dirty(k, r, parent, _edge_depth(self.memo[k]) - size)
         inside = self.edges.get(parent, {}).get(leaf.child_key)
         for k, r in (inside or {}).items():  # matches inside the leaf, past what it keeps
             m = self.memo[k]
             if m.full or m.offset >= keep:
-                self._dirty(k, r, parent, _edge_depth(m))
+                self._mark_dirty(k, r, parent, _edge_depth(m))
 
     def on_reset(self) -> None:
         self.dirty.update(self.reqs)

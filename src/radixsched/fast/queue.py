@@ -26,10 +26,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.radix import RadixCache
+from radixsched.cache.native_radix import RADIX_TREES, NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import (
     DfsWeightEngine,
     Engine,
@@ -51,16 +52,24 @@ ENGINES: dict[str, Any] = {
     "fair": FairEngine,
 }
 _KEYED_READS = Reads.MATCH | Reads.DEDUP
+Matcher = IncrementalMatcher | NativeMatcher
+
+
+def matcher_class(cache: Any) -> type[Matcher]:
+    """The incremental matcher for ``cache``: in C++ inside a native tree, else in Python."""
+    return NativeMatcher if isinstance(cache, NativeRadixCache) else IncrementalMatcher
+
+
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 
 
 class FastWaitingQueue(WaitingQueue):
     def __init__(self, config: SchedulerConfig, cache: Any) -> None:
         super().__init__(config, cache)
-        self.fast = not config.sglang_compat and isinstance(cache, RadixCache) and self.matches
+        self.fast = not config.sglang_compat and isinstance(cache, RADIX_TREES) and self.matches
         # Only a policy that reads matches needs them kept (the door's is one walk).
         wants = Reads.MATCH in self.policy.reads
-        self.matcher = IncrementalMatcher(cache) if self.fast and wants else None
+        self.matcher = matcher_class(cache)(cache) if self.fast and wants else None
         reads = self.policy.reads_for(config)
         bounded = self.policy.bounded(config)
         check, width = (
@@ -68,7 +77,7 @@ class FastWaitingQueue(WaitingQueue):
             config.in_batch_prefix_deprioritize_threshold,
         )
         self.dedup_index = (
-            DedupIndex(check, max(width, 0), self._device)
+            DedupIndex(check, max(width, 0), self._device_match_len)
             if self.fast and check >= 0 and not bounded and Reads.DEDUP in reads
             else None
         )
@@ -88,8 +97,8 @@ class FastWaitingQueue(WaitingQueue):
         pol = self.policy
         factory = ENGINES.get(pol.name)
         if factory is DfsWeightEngine:
-            assert isinstance(self.cache, RadixCache)
-            return DfsWeightEngine(pol, self.cache, self._end, self._device)
+            assert isinstance(self.cache, RADIX_TREES)
+            return DfsWeightEngine(pol, self.cache, self._match_end, self._device_match_len)
         if factory is HrrnEngine:  # lazy unless a capped fallback round may read the list
             return HrrnEngine(pol, lazy=self.cap is None)
         if factory is not None:
@@ -102,14 +111,14 @@ class FastWaitingQueue(WaitingQueue):
     def _plain_fcfs(self) -> bool:
         return self.policy.name == FCFS and not self.config.enable_priority_scheduling
 
-    def _device(self, r: Req) -> int:
+    def _device_match_len(self, r: Req) -> int:
         assert self.matcher is not None
         return self.matcher.memo[id(r)].n
 
-    def _end(self, r: Req) -> tuple[Any, int]:
+    def _match_end(self, r: Req) -> tuple[Any, int]:
         assert self.matcher is not None
         m = self.matcher.memo[id(r)]
-        return (m.node, len(m.node.key) if m.full else m.offset)
+        return (m.node, len(m.node) if m.full else m.offset)
 
     # ---- membership --------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -130,15 +139,15 @@ class FastWaitingQueue(WaitingQueue):
 
     def remove(self, req: Req) -> None:
         super().remove(req)
-        self._left(req)
+        self._untrack(req)
 
     def take(self, positions: Sequence[int]) -> list[Req]:
         taken = super().take(positions)
         for r in taken:
-            self._left(r)
+            self._untrack(r)
         return taken
 
-    def _left(self, r: Req) -> None:
+    def _untrack(self, r: Req) -> None:
         if self.matcher is not None:
             self.matcher.untrack(r)
         self.moved.pop(id(r), None)
@@ -205,7 +214,9 @@ class FastWaitingQueue(WaitingQueue):
         order with its neighbours: then the whole list is in entry order."""
         q, n = self.reqs, len(self.reqs)
         if placed:
-            spots = [bisect.bisect_left(q, self._seq_of[id(r)], key=self._seq) for r in reqs]
+            spots = [
+                bisect.bisect_left(q, self._seq_of[id(r)], key=self._arrival_seq) for r in reqs
+            ]
         else:
             spots = list(range(n - len(reqs), n))
         return all(
@@ -227,7 +238,7 @@ class FastWaitingQueue(WaitingQueue):
         m = self.matcher.memo.get(id(req))
         if m is None:
             return None
-        node, offset = m.node, (len(m.node.key) if m.full else m.offset)
+        node, offset = m.node, (len(m.node) if m.full else m.offset)
         cap = req.max_prefix_len() // self.cache.page_size * self.cache.page_size
         extra = m.n - cap  # the whole fill is cached: step back to the cap
         while extra > 0:
@@ -237,7 +248,7 @@ class FastWaitingQueue(WaitingQueue):
                 extra -= offset
                 assert node.parent is not None
                 node = node.parent
-                offset = len(node.key)
+                offset = len(node)
         return node, offset, min(m.n, cap)
 
     def refresh(self, order: RoundOrder) -> None:
@@ -259,7 +270,7 @@ class FastWaitingQueue(WaitingQueue):
                 )
             for r in reversed(order.head(REFRESH_SPAN)):
                 m = matcher.memo[id(r)]
-                matcher.cache.touch_at(m.node, len(m.node.key) if m.full else m.offset)
+                matcher.cache.touch_at(m.node, len(m.node) if m.full else m.offset)
 
     def note_tried(self, req: Req) -> None:
         """An admission attempt that failed rewrote ``req``'s matched length."""
@@ -282,7 +293,9 @@ class FastWaitingQueue(WaitingQueue):
             rnd.deferred, flipped = self._dedup(changed, rnd)
         self.matched = Reads.MATCH in reads
         if Reads.TREE in reads:  # for a policy without an engine (built when it asks)
-            rnd.tree_order = lambda: self.cache.dfs_weight_order_at(list(map(self._end, self.reqs)))
+            rnd.tree_order = lambda: self.cache.dfs_weight_order_at(
+                list(map(self._match_end, self.reqs))
+            )
         self.deprioritized = self.deferred = rnd.deferred
         order = RoundOrder(self.reqs, self._order(base, reads, rnd, flipped))
         if self.engine is not None and not self.engine.permutes:
@@ -309,7 +322,7 @@ class FastWaitingQueue(WaitingQueue):
     def _dedup(self, changed: list[Req], rnd: Round) -> tuple[frozenset[str], list[Req]]:
         index = self.dedup_index
         if index is None:  # the starvation bound picks representatives by the clock
-            device = [self._device(r) for r in self.reqs]
+            device = [self._device_match_len(r) for r in self.reqs]
             return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
         if not self.matched:
             index.reset()

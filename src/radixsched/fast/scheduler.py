@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from radixsched import native
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
@@ -80,6 +81,7 @@ class JumpOutcome(StepOutcome):
 
 
 class FastScheduler(Scheduler):
+    cache_factory = staticmethod(native.make_cache)
     kv_class = FastKVManager
     queue_class = FastWaitingQueue
     queue: FastWaitingQueue
@@ -91,13 +93,13 @@ class FastScheduler(Scheduler):
         # Deferral needs nothing to read running requests mid-flight: priority preemption and
         # mixed chunks do, and so does the ignore-eos admission of a disabled cache (a decode
         # instance's cache is off, but it admits nothing: its preallocation counts requests).
-        admits = self.cache.disabled and self.decode_role is None
+        admits = self.cache.disabled and self.role.prefills
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
         self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
 
     def _make_running(self) -> FastRunningBatch:
-        return FastRunningBatch(self)
+        return FastRunningBatch(bool(self.eos_ids), self.settle)
 
     @property
     def jumper(self) -> MultiStepRunner:
@@ -245,9 +247,6 @@ class FastScheduler(Scheduler):
         out = self._decode_multi(k, cols, timed)
         out.retracted = retracted
         return out
-
-    def _room(self) -> int:
-        return self.allocator.available_size() + self.cache.evictable_size()
 
     def _jump_steps(self, horizon: float | None, cols: DecodeCols) -> tuple[int, Timed | None]:
         """How many decode steps can run at once with nothing but lengths changing: no chunked
