@@ -119,7 +119,7 @@ TIE_REL_TOL = 1e-3
 COST_REL_TOL = 0.05
 
 
-def _same(x: float, y: float) -> bool:
+def _tied(x: float, y: float) -> bool:
     return math.isclose(x, y, rel_tol=TIE_REL_TOL, abs_tol=1e-12)
 
 
@@ -129,8 +129,8 @@ def dominates(a: PolicyResult, b: PolicyResult) -> bool:
     sa = [o.score(a) for o in OBJECTIVES]
     sb = [o.score(b) for o in OBJECTIVES]
     pairs = list(zip(sa, sb, strict=True))
-    return all(x >= y or _same(x, y) for x, y in pairs) and any(
-        x > y and not _same(x, y) for x, y in pairs
+    return all(x >= y or _tied(x, y) for x, y in pairs) and any(
+        x > y and not _tied(x, y) for x, y in pairs
     )
 
 
@@ -143,7 +143,7 @@ def _pick(
     # TIE_REL_TOL); among them the other objectives decide in ``order``, then input order
     # (max keeps the first maximal element). ``tied_with`` lists the other candidates.
     top = max(primary.score(r) for r in results)
-    candidates = [r for r in results if _same(primary.score(r), top)]
+    candidates = [r for r in results if _tied(primary.score(r), top)]
     others = [o for o in order if o is not primary]
     best = max(candidates, key=lambda r: tuple(o.score(r) for o in others))
     tied = tuple(r.policy for r in candidates if r is not best)
@@ -206,11 +206,11 @@ def _cost_metrics(results: Sequence[PolicyResult]) -> list[_Metric]:
     return out
 
 
-def _differs(a: float, b: float) -> bool:
+def _costs_differ(a: float, b: float) -> bool:
     return abs(_rel_change(a, b)) > COST_REL_TOL
 
 
-def _worse(m: _Metric, rec: PolicyResult, base: PolicyResult) -> bool:
+def _worse_by_margin(m: _Metric, rec: PolicyResult, base: PolicyResult) -> bool:
     a, b = m.get(rec), m.get(base)
     if m.fmt(a) == m.fmt(b):
         return False
@@ -219,7 +219,7 @@ def _worse(m: _Metric, rec: PolicyResult, base: PolicyResult) -> bool:
     return a > b and _rel_change(a, b) > COST_REL_TOL
 
 
-def _written(
+def _recommendation_lines(
     served: Sequence[PolicyResult], rec: PolicyResult, base: PolicyResult | None, slo: bool
 ) -> list[str]:
     """Which policy, why, at what cost, with the numbers (against ``base``)."""
@@ -236,7 +236,7 @@ def _written(
     else:
         why = "the lowest p99 TTFT among the policies no other beats on hit rate, p99 TTFT and "
         why += "throughput at once"
-    if all(all(_same(o.score(r), o.score(rec)) for o in OBJECTIVES) for r in served):
+    if all(all(_tied(o.score(r), o.score(rec)) for o in OBJECTIVES) for r in served):
         return [
             f"All {len(served)} policies perform alike here (hit rate {fmt_percent(rec.hit_rate)}, "
             f"p99 TTFT {fmt_seconds(rec.ttft_s.p99)}, "
@@ -248,7 +248,7 @@ def _written(
     headline = {"SLO attainment", "hit rate", "p99 TTFT", "output throughput"}
     for m in _cost_metrics(served):
         a, b = m.get(rec), m.get(base)
-        if m.name not in headline and (m.fmt(a) == m.fmt(b) or not _differs(a, b)):
+        if m.name not in headline and (m.fmt(a) == m.fmt(b) or not _costs_differ(a, b)):
             continue
         change = "" if m.fmt(a) == m.fmt(b) or not _change_text(a, b) else f", {_change_text(a, b)}"
         numbers.append(f"{m.name} {m.fmt(a)} ({base.policy} {m.fmt(b)}{change})")
@@ -256,7 +256,7 @@ def _written(
     costs = [
         f"{m.name} {m.fmt(m.get(rec))} vs {m.fmt(m.get(base))}"
         for m in _cost_metrics(served)
-        if _worse(m, rec, base)
+        if _worse_by_margin(m, rec, base)
     ]
     if costs:
         lines.append(f"Cost against {base.policy}: " + "; ".join(costs) + ".")
@@ -265,7 +265,7 @@ def _written(
     equal = [
         r.policy
         for r in served
-        if r is not rec and all(_same(o.score(r), o.score(rec)) for o in OBJECTIVES)
+        if r is not rec and all(_tied(o.score(r), o.score(rec)) for o in OBJECTIVES)
     ]
     if equal:
         lines.append(f"Equivalent on all three objectives: {', '.join(equal)}.")
@@ -300,7 +300,7 @@ def recommend(results: Sequence[PolicyResult]) -> Recommendation:
     rec = next(r for r in served if r.policy == chosen.policy)
     others = [r for r in served if r is not rec]
     base = next((r for r in others if r.policy == "fcfs"), others[0] if others else None)
-    text = _written(served, rec, base, slo)
+    text = _recommendation_lines(served, rec, base, slo)
     if excluded:
         text.append(f"Not compared (served no request): {', '.join(excluded)}.")
     return Recommendation(

@@ -167,17 +167,17 @@ _VOCAB = Param(
 _PATH = Param("path", str, None, "trace file")
 
 
-def _p(name: str, default: Any, help_: str, minimum: float | None = 1) -> Param:
+def _param(name: str, default: Any, help_: str, minimum: float | None = 1) -> Param:
     return Param(name, type(default), default, help_, minimum)
 
 
-def _len(name: str, default: int, help_: str) -> Param:
+def _length_param(name: str, default: int, help_: str) -> Param:
     """A length in tokens: at most ``MAX_PROMPT_TOKENS``."""
     return Param(name, int, default, help_, 1, MAX_PROMPT_TOKENS)
 
 
 _OUT = "tokens generated per request"
-_SHUFFLE = _p("shuffle", True, "interleave requests in a seeded random arrival order", None)
+_SHUFFLE = _param("shuffle", True, "interleave requests in a seeded random arrival order", None)
 _THINK = "seconds between a session's consecutive requests"
 
 WORKLOADS: dict[str, WorkloadKind] = {
@@ -186,7 +186,7 @@ WORKLOADS: dict[str, WorkloadKind] = {
         WorkloadKind(
             "mooncake",
             "Mooncake JSONL trace (timestamp ms, input/output_length, 512-token hash_ids)",
-            (_PATH, _VOCAB, _len("block_size", 512, "tokens per hash id")),
+            (_PATH, _VOCAB, _length_param("block_size", 512, "tokens per hash id")),
             _build_mooncake,
             is_trace=True,
         ),
@@ -201,11 +201,11 @@ WORKLOADS: dict[str, WorkloadKind] = {
             "shared-prefix",
             "groups of requests sharing a system prompt",
             (
-                _p("groups", 64, "groups (distinct system prompts)"),
-                _p("prompts", 16, "requests per group"),
-                _len("system_len", 2048, "shared system-prompt tokens"),
-                _len("question_len", 128, "unique question tokens per request"),
-                _len("output_len", 256, _OUT),
+                _param("groups", 64, "groups (distinct system prompts)"),
+                _param("prompts", 16, "requests per group"),
+                _length_param("system_len", 2048, "shared system-prompt tokens"),
+                _length_param("question_len", 128, "unique question tokens per request"),
+                _length_param("output_len", 256, _OUT),
                 _SHUFFLE,
                 _VOCAB,
             ),
@@ -216,12 +216,12 @@ WORKLOADS: dict[str, WorkloadKind] = {
             "multi-turn",
             "chats whose turns extend the previous turn's context and output",
             (
-                _p("conversations", 64, "conversations"),
-                _p("turns", 5, "turns per conversation"),
-                _len("first_len", 512, "tokens of the first turn's prompt"),
-                _len("turn_len", 128, "new user tokens per later turn"),
-                _len("output_len", 128, _OUT),
-                _p("think_time_s", 2.0, _THINK, 0),
+                _param("conversations", 64, "conversations"),
+                _param("turns", 5, "turns per conversation"),
+                _length_param("first_len", 512, "tokens of the first turn's prompt"),
+                _length_param("turn_len", 128, "new user tokens per later turn"),
+                _length_param("output_len", 128, _OUT),
+                _param("think_time_s", 2.0, _THINK, 0),
                 _VOCAB,
             ),
             _build_multi_turn,
@@ -231,13 +231,13 @@ WORKLOADS: dict[str, WorkloadKind] = {
             "tree-of-thought",
             "branching prompts: each child extends its parent's prompt and output",
             (
-                _p("trees", 32, "independent trees"),
-                _p("depth", 3, "levels, the root included"),
-                _p("branching", 3, "children per node"),
-                _len("root_len", 512, "root prompt tokens"),
-                _len("step_len", 64, "new tokens per child step"),
-                _len("output_len", 128, _OUT),
-                _p("think_time_s", 1.0, "seconds between a tree's levels", 0),
+                _param("trees", 32, "independent trees"),
+                _param("depth", 3, "levels, the root included"),
+                _param("branching", 3, "children per node"),
+                _length_param("root_len", 512, "root prompt tokens"),
+                _length_param("step_len", 64, "new tokens per child step"),
+                _length_param("output_len", 128, _OUT),
+                _param("think_time_s", 1.0, "seconds between a tree's levels", 0),
                 _VOCAB,
             ),
             _build_tree_of_thought,
@@ -247,12 +247,12 @@ WORKLOADS: dict[str, WorkloadKind] = {
             "few-shot",
             "MMLU-like k-shot questions; each subject shares its examples",
             (
-                _p("questions", 1024, "requests"),
-                _p("shots", 5, "examples per subject"),
-                _len("shot_len", 128, "tokens per example"),
-                _len("question_len", 128, "unique question tokens"),
-                _len("output_len", 1, _OUT),
-                _p("num_subjects", 57, "subjects, each with its own examples"),
+                _param("questions", 1024, "requests"),
+                _param("shots", 5, "examples per subject"),
+                _length_param("shot_len", 128, "tokens per example"),
+                _length_param("question_len", 128, "unique question tokens"),
+                _length_param("output_len", 1, _OUT),
+                _param("num_subjects", 57, "subjects, each with its own examples"),
                 _SHUFFLE,
                 _VOCAB,
             ),

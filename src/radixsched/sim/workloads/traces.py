@@ -258,10 +258,10 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
         recs = [records[j] for j in batch]
         for j, rows in zip(batch, _rows(recs, shared, table, vocab), strict=True):
             d = drafts[j]
-            d.prompt = _gather(table, rows, _out(d), d.session, vocab)
+            d.prompt = _gather(table, rows, _prompt_buffer(d), d.session, vocab)
 
 
-def _out(d: _Draft) -> TokenArray:
+def _prompt_buffer(d: _Draft) -> TokenArray:
     """The buffer ``d``'s prompt is built in: the one the prompt cache lent, else a new one."""
     return d.prompt if len(d.prompt) == d.length else np.empty(d.length, dtype=np.int32)
 
@@ -412,7 +412,7 @@ class _HashedPrompt(NamedTuple):
 def _fill_hashed(drafts: Sequence[_Draft]) -> None:
     for d in drafts:
         g, shared, n, line, vocab = d.source
-        out = _out(d)
+        out = _prompt_buffer(d)
         if g is not None:
             _hash_tokens(_key(_SALT_GROUP, _str_key(g)), 0, shared, vocab, out[:shared])
         _hash_tokens(_key(_SALT_UNIQUE, line), shared, n - shared, vocab, out[shared:])
