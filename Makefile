@@ -39,10 +39,12 @@ unit: $(VENV)/.all-installed
 
 # The documentation site (docs/, mkdocs.yml) into site/, strictly (a broken link, a missing page or
 # a stale API reference fails) and offline; the reference pages are generated from the code.
+# (No --quiet: it hides the warnings that strict mode counts, and a broken link would pass.)
 docs: $(VENV)/.all-installed
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Every command the docs show, the long ones included (servers, sweeps; several minutes).
+# Every command the docs show, the long ones included (servers on 127.0.0.1:30000, sweeps, a
+# plugin installed into .venv and uninstalled again; about 15 minutes on 2 cores).
 # `make test` runs the short ones (tests/test_docs.py).
 docs-commands: $(VENV)/.all-installed
 	RADIXSCHED_DOCS_LONG=1 $(BIN)/python -m pytest tests/test_docs.py
