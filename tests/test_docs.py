@@ -15,12 +15,14 @@ An unmarked block fails the test. ``RADIXSCHED_DOCS_CAPTURE=DIR`` writes each bl
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,3 +201,52 @@ def test_ci_commands_run(page: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("page", _pages_with("runs-long"), ids=lambda p: p.stem)
 def test_long_commands_run(page: Path, tmp_path: Path) -> None:
     run_page(page, {"runs-in-ci", "runs-long"}, tmp_path)
+
+
+# ---- the generated reference -----------------------------------------------------------------------
+
+
+def _reference() -> Any:
+    """dev/docs_reference.py, the mkdocs hook that renders the Reference pages."""
+    spec = importlib.util.spec_from_file_location(
+        "docs_reference", ROOT / "dev" / "docs_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reference_covers_every_command_flag_key_and_registry_entry() -> None:
+    from radixsched.cli.main import build_parser
+    from radixsched.policies import POLICIES
+    from radixsched.sim.cost.roofline import CONSTANTS
+    from radixsched.sim.settings.runconfig import known_keys
+
+    ref = _reference()
+    cli, config, registries = ref.render_cli(), ref.render_config(), ref.render_registries()
+    commands = ref._subparsers(build_parser())
+    assert set(commands) >= {"simulate", "sweep", "generate", "serve", "bench", "calibrate"}
+    for name, parser in commands.items():
+        assert f"\n## {name}\n" in cli
+        flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+        missing = [f for f in flags if f not in cli]
+        assert not missing, f"{name}: flags missing from the CLI reference: {missing}"
+    assert all(f"| `{key}` |" in config for key in known_keys(cli=True))
+    assert all(f"| `{name}` |" in registries for name in POLICIES)
+    assert all(f"`{name}`" in ref.render_cost_model() for name in CONSTANTS)
+
+
+def test_reference_lists_every_endpoint_and_metric() -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("prometheus_client")
+    ref = _reference()
+    schema = ref.openapi_schema()
+    http = ref.render_http(schema)
+    assert {"/v1/completions", "/v1/chat/completions", "/generate", "/metrics"} <= set(
+        schema["paths"]
+    )
+    assert all(f"`{path}`" in http for path in schema["paths"])
+    metrics = ref.render_metrics()
+    assert "`radixsched_time_to_first_token_seconds`" in metrics
+    assert "`radixsched_prompt_tokens_total`" in metrics
