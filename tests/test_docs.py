@@ -1,6 +1,6 @@
 """Every command the docs show runs, so the docs cannot rot.
 
-A page's ```bash and ```python blocks are run in order, in one scratch folder per page (a block
+A page's (and the README's) ```bash and ```python blocks are run in order, in one scratch folder per page (a block
 may use what an earlier one wrote), with ``radixsched`` and ``python`` on PATH meaning this
 interpreter and this checkout. Each block is marked on the line before it:
 
@@ -82,7 +82,8 @@ def _mark_before(lines: list[str], fence: int) -> re.Match[str] | None:
 
 
 def pages() -> list[Path]:
-    return sorted(DOCS.rglob("*.md"))
+    """The README and every page of the site."""
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def all_blocks() -> list[Block]:
@@ -182,7 +183,7 @@ def run_page(page: Path, modes: set[str], tmp: Path) -> None:
         )
         output = done.stdout + done.stderr
         if CAPTURE:
-            stem = page.relative_to(DOCS).with_suffix("").as_posix().replace("/", "-")
+            stem = page.relative_to(ROOT).with_suffix("").as_posix().replace("/", "-")
             Path(CAPTURE).mkdir(parents=True, exist_ok=True)
             (Path(CAPTURE) / f"{stem}-{n}.txt").write_text(output)
         assert done.returncode == 0, f"{block.where} exited {done.returncode}:\n{output[-3000:]}"
