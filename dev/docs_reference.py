@@ -288,8 +288,9 @@ def openapi_schema() -> dict[str, Any]:
     routes and their models do not depend on the model served."""
     from radixsched.config import SchedulerConfig
     from radixsched.engine.loader import load_tokenizer
-    from radixsched.server.app import create_app, served_model
+    from radixsched.server.app import create_app
     from radixsched.server.loop import EngineInfo
+    from radixsched.server.model import served_model
 
     context = 1024
     stand_in = types.SimpleNamespace(

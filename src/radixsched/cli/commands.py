@@ -13,6 +13,7 @@ _BUILDERS = {
     "sweep": ("radixsched.cli.sweep", "add_sweep_parser"),
     "generate": ("radixsched.cli.generate", "add_generate_parser"),
     "serve": ("radixsched.cli.serve", "add_serve_parser"),
+    "router": ("radixsched.cli.serve", "add_router_parser"),
     "bench": ("radixsched.cli.bench", "add_bench_parser"),
     "calibrate": ("radixsched.cli.calibrate", "add_calibrate_parser"),
 }
