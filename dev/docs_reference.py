@@ -432,9 +432,10 @@ def on_files(files: Any, config: Any) -> Any:
     """mkdocs hook: add the generated pages to the site's files."""
     from mkdocs.structure.files import File
 
-    src = str(Path(config["config_file_path"]).parent / "src")
-    if src not in sys.path:  # the checkout's package, installed or not
-        sys.path.insert(0, src)
+    try:
+        import radixsched  # noqa: F401  (installed, editable or not: use it as it is)
+    except ImportError:  # a bare checkout: its sources
+        sys.path.insert(0, str(Path(config["config_file_path"]).parent / "src"))
     for path, content in pages().items():
         files.append(File.generated(config, path, content=content))
     return files

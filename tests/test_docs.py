@@ -136,7 +136,8 @@ def test_readme_links_exist() -> None:
 
 
 def _bin(tmp: Path) -> Path:
-    """``radixsched`` and ``python`` meaning this interpreter (and this checkout: PYTHONPATH)."""
+    """``radixsched`` and ``python`` meaning this interpreter, which imports this checkout (an
+    editable install, or PYTHONPATH=src: the environment is inherited)."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     for name, args in (("radixsched", "-m radixsched "), ("python", "")):
@@ -159,7 +160,6 @@ def _workdir(tmp: Path) -> Path:
 def _env(tmp: Path, bin_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     env["COLUMNS"] = "100"
     env.pop("FORCE_COLOR", None)
     if not LONG:  # CI: no trace prompts kept in the user's cache (the long run keeps SmolLM2's)
@@ -168,6 +168,10 @@ def _env(tmp: Path, bin_dir: Path) -> dict[str, str]:
 
 
 def run_page(page: Path, modes: set[str], tmp: Path) -> None:
+    import radixsched
+
+    here = Path(radixsched.__file__).resolve()
+    assert here.is_relative_to(ROOT / "src"), f"the commands would run {here}, not this checkout"
     blocks = [b for b in parse(page) if b.mode in modes]
     work, env = _workdir(tmp), _env(tmp, _bin(tmp))
     timeout = LONG_TIMEOUT_S if "runs-long" in modes else CI_TIMEOUT_S
