@@ -1,4 +1,4 @@
-"""Subcommands beyond ``simulate``: sweep, generate, serve, bench, calibrate. Only the command
+"""Subcommands beyond ``simulate``: sweep, generate, serve, bench, calibrate, plan. Only the command
 being run has its parser built (its module imported); the others are one help line each."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ _BUILDERS = {
     "serve": ("radixsched.cli.serve", "add_serve_parser"),
     "bench": ("radixsched.cli.bench", "add_bench_parser"),
     "calibrate": ("radixsched.cli.calibrate", "add_calibrate_parser"),
+    "plan": ("radixsched.cli.plan", "add_plan_parser"),
 }
 
 

@@ -31,6 +31,7 @@ COMMAND_HELP = {
     "serve": "serve a model over HTTP (OpenAI-compatible API, /generate, /metrics)",
     "bench": "load a running server with a workload and report latency, throughput, hit rate",
     "calibrate": "fit the simulator's cost model to measured runs (or profile the local engine)",
+    "plan": "find the cheapest deployment that meets latency SLOs on a workload",
 }
 
 
