@@ -205,9 +205,10 @@ def _slo(merged: dict[str, Any], own: dict[str, Any]) -> Any:
     from radixsched.sim.plan.capacity import Slo
 
     def ms(key: str) -> float | None:
-        if merged.get(key) is None:
+        source = own if key in own else merged
+        if source.get(key) is None:
             return None
-        return _number(merged, key, 0.0, 0.0, 1e9) / 1e3
+        return _number(source, key, 0.0, 0.0, 1e9) / 1e3
 
     slo = Slo(
         ms("slo_ttft_ms"),
@@ -247,7 +248,6 @@ def _inputs(args: argparse.Namespace) -> PlanInputs:
     merged, labels = _merged(args)
     own = {k: merged.pop(k) for k in OWN_KEYS if k in merged}
     slo = _slo(merged, own)
-    merged.pop("slo_e2e_ms", None)
     target = _target(merged)
     try:
         one = merged.pop("schedule_policy", None)
@@ -280,6 +280,7 @@ def _preflight(
     """Every problem of every candidate (``simulate``'s checks, less a model that does not
     fit: that candidate is pruned), prices, SLOs against a step's time, outputs, jobs."""
     from radixsched.cli.simulate import _input_files
+    from radixsched.sim.plan.planner import fit_error, min_step_s
     from radixsched.sim.plan.pricing import FLAG, deployment_gpus, missing_prices
     from radixsched.sim.preflight import check
 
@@ -287,14 +288,14 @@ def _preflight(
     fastest: tuple[float, str] | None = None
     gpus: list[str] = []
     for c in candidates:
-        if _fit_error(c):  # pruned when the plan runs, with the reason
+        if fit_error(c.settings.sim_config()):  # pruned when the plan runs, with the reason
             continue
         errs = check(c.settings, [c.policy], default_workload=DEFAULT_WORKLOAD)
         errors += errs
         if errs:
             continue
         gpus += [g for g, _ in deployment_gpus(c.settings.sim_config())]
-        step = _min_step_s(c)
+        step = min_step_s(c.settings.sim_config())
         if fastest is None or step < fastest[0]:
             fastest = (step, f"{c.gpu} tp{c.tp}")
     if errors:
@@ -304,59 +305,13 @@ def _preflight(
             f"{FLAG}: no price for {gpu} (searched by --gpu); give {FLAG} "
             f"{gpu.lower()}=DOLLARS_PER_HOUR"
         )
-    errors += _slo_errors(spec, fastest)
+    errors += spec.slo.step_errors(fastest)
     jobs = own.get("jobs")
     if jobs is not None and (not str(jobs).isdigit() or int(jobs) < 1):
         errors.append(f"--jobs: must be a positive integer, got {jobs!r}")
     outputs = [(f"--{k}", str(own[k])) for k in ("json", "report") if own.get(k)]
     inputs = _input_files(candidates[0].settings, config)
     return errors + output_errors(outputs, inputs)
-
-
-def _fit_error(c: Candidate) -> str:
-    from radixsched.sim.cost.build import build_cost_model
-    from radixsched.sim.cost.roofline import CostModelError
-
-    sim = c.settings.sim_config()
-    try:
-        if sim.disaggregation:
-            from radixsched.sim.deploy.disagg import role_specs
-
-            for spec in role_specs(sim):
-                build_cost_model(spec.sim_config(sim, host_tier=False)).kv_capacity_tokens()
-        else:
-            build_cost_model(sim).kv_capacity_tokens()
-    except CostModelError as e:
-        return str(e)
-    except (ValueError, OSError):
-        return ""  # check reports it
-    return ""
-
-
-def _min_step_s(c: Candidate) -> float:
-    from radixsched.sim.cost.build import build_cost_model
-
-    cost = build_cost_model(c.settings.sim_config())
-    return float(getattr(cost, "min_step_s", lambda: 0.0)())
-
-
-def _slo_errors(spec: PlanSpec, fastest: tuple[float, str] | None) -> list[str]:
-    """A latency target below one step's time on the fastest candidate cannot be met."""
-    if fastest is None or fastest[0] <= 0:
-        return []
-    step, where = fastest
-    out = []
-    for flag, value in (
-        ("--slo-ttft-ms", spec.slo.ttft_s),
-        ("--slo-tpot-ms", spec.slo.tpot_s),
-        ("--slo-e2e-ms", spec.slo.e2e_s),
-    ):
-        if value is not None and value < step:
-            out.append(
-                f"{flag} {value * 1e3:g}: below one step's time on every candidate (the "
-                f"fastest, {where}, takes at least {step * 1e3:.3g} ms a step)"
-            )
-    return out
 
 
 # ---- running -------------------------------------------------------------------------------
@@ -521,26 +476,8 @@ def _write_json(
 ) -> None:
     import json
 
-    from radixsched.sim.plan.result import best_two
+    from radixsched.sim.plan.result import plan_json
 
-    spec = inputs.spec
-    best, runner = best_two(ranked, spec.target_rate)
-    doc = {
-        "meta": meta,
-        "workload": spec.workload,
-        "slo": {
-            "ttft_ms": None if spec.slo.ttft_s is None else spec.slo.ttft_s * 1e3,
-            "tpot_ms": None if spec.slo.tpot_s is None else spec.slo.tpot_s * 1e3,
-            "e2e_ms": None if spec.slo.e2e_s is None else spec.slo.e2e_s * 1e3,
-            "attainment": spec.slo.attainment,
-        },
-        "target_request_rate": spec.target_rate,
-        "tolerance": spec.tolerance,
-        "prices_per_gpu_hour": spec.prices,
-        "candidates": [r.to_json(spec.target_rate) for r in ranked],
-        "best": None if best is None else best.to_json(spec.target_rate),
-        "runner_up": None if runner is None else runner.to_json(spec.target_rate),
-    }
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, default=str)
+        json.dump(plan_json(inputs.spec, ranked, meta), f, indent=2, default=str)
         f.write("\n")

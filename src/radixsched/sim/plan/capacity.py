@@ -62,6 +62,20 @@ class Slo:
             met += 1
         return met / len(reqs) if reqs else 0.0
 
+    def step_errors(self, fastest: tuple[float, str] | None) -> list[str]:
+        """A target below one step's time on the fastest candidate (``(seconds, which)``)
+        cannot be met: one line per such target, naming its flag."""
+        if fastest is None or fastest[0] <= 0:
+            return []
+        step, where = fastest
+        targets = (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2e", self.e2e_s))
+        return [
+            f"--slo-{name}-ms {value * 1e3:g}: below one step's time on every candidate (the "
+            f"fastest, {where}, takes at least {step * 1e3:.3g} ms a step)"
+            for name, value in targets
+            if value is not None and value < step
+        ]
+
     def describe(self) -> str:
         parts = [
             f"{name} <= {v * 1e3:g} ms"

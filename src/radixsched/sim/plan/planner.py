@@ -37,6 +37,35 @@ def frame(cand: Candidate, loaded: LoadedWorkload, spec: PlanSpec) -> CandidateR
     return replace(base, roofline_rate=bound, status="queued")
 
 
+def fit_error(sim: Any) -> str:
+    """Why the model does not fit this deployment's GPUs at its TP ("" when it does, or
+    when the problem is another one, which the preflight reports)."""
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.roofline import CostModelError
+
+    try:
+        if sim.disaggregation:
+            from radixsched.sim.deploy.disagg import role_specs
+
+            for spec in role_specs(sim):
+                build_cost_model(spec.sim_config(sim, host_tier=False)).kv_capacity_tokens()
+        else:
+            build_cost_model(sim).kv_capacity_tokens()
+    except CostModelError as e:
+        return str(e)
+    except (ValueError, OSError):
+        return ""
+    return ""
+
+
+def min_step_s(sim: Any) -> float:
+    """A floor under any step's time on this deployment (0.0: none known)."""
+    from radixsched.sim.cost.build import build_cost_model
+
+    cost = build_cost_model(sim)
+    return float(getattr(cost, "min_step_s", lambda: 0.0)())
+
+
 def kv_problem(sim: Any, loaded: LoadedWorkload) -> str:
     """Why the longest request cannot run on this deployment's KV pool ("" when it can)."""
     from radixsched.sim.cost.build import build_cost_model

@@ -61,7 +61,7 @@ class CandidateResult:
         c = self.candidate
         rate = self.max_request_rate
         probe = self.at_capacity
-        at = target if target is not None else rate
+        at = (target if target is not None else rate) if meets(self, target) else None
         return {
             "gpu": c.gpu,
             "tp": c.tp,
@@ -162,3 +162,25 @@ def _delta(value: float, reference: float) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.3g} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def plan_json(spec: Any, ranked: list[CandidateResult], meta: Any) -> dict[str, Any]:
+    """The ``--json`` document: settings, one object per candidate (ranked), ``best``."""
+    best, runner = best_two(ranked, spec.target_rate)
+    slo = spec.slo
+    return {
+        "meta": meta,
+        "workload": spec.workload,
+        "slo": {
+            "ttft_ms": None if slo.ttft_s is None else slo.ttft_s * 1e3,
+            "tpot_ms": None if slo.tpot_s is None else slo.tpot_s * 1e3,
+            "e2e_ms": None if slo.e2e_s is None else slo.e2e_s * 1e3,
+            "attainment": slo.attainment,
+        },
+        "target_request_rate": spec.target_rate,
+        "tolerance": spec.tolerance,
+        "prices_per_gpu_hour": spec.prices,
+        "candidates": [r.to_json(spec.target_rate) for r in ranked],
+        "best": None if best is None else best.to_json(spec.target_rate),
+        "runner_up": None if runner is None else runner.to_json(spec.target_rate),
+    }

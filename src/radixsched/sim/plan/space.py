@@ -93,6 +93,8 @@ def values_of(key: str, value: Any) -> list[Any]:
 
 
 def _dp_range(value: Any) -> list[Any]:
+    if isinstance(value, str) and value.strip().isdigit():
+        return [int(value)]
     if not isinstance(value, str) or "-" not in value.strip("-"):
         return [value]
     lo, _, hi = value.partition("-")
