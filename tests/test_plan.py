@@ -222,3 +222,28 @@ def test_report_and_json_shape(tmp_path: Path) -> None:
     assert keys <= set(doc["best"])
     html = report.read_text()
     assert "capacity-cost" in html and "latency-rate" in html
+
+
+def test_ray_gives_the_local_result() -> None:
+    ray = pytest.importorskip("ray")
+    from radixsched.sim.plan.capacity import Slo
+    from radixsched.sim.plan.planner import run_plan
+    from radixsched.sim.plan.pricing import price_table
+    from radixsched.sim.plan.search import PlanSpec, load_for
+    from radixsched.sim.plan.space import expand
+
+    spec = PlanSpec(SHARED, None, 0, 1, Slo(0.1, None, None), 0.05, None, price_table({}))
+    cands = expand({"workload": SHARED, "max_total_tokens": "20000"}, ["lpm"], [None], {})
+    loaded = load_for(spec)
+    local = run_plan(spec, cands, loaded, jobs=1, ray_address=None, on_result=lambda r: None)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as e:  # no room to start a local cluster here
+        pytest.skip(f"ray could not start: {e}")
+    try:
+        remote = run_plan(spec, cands, loaded, jobs=2, ray_address="auto", on_result=print)
+        assert ray.is_initialized()  # a session we did not start is left running
+    finally:
+        ray.shutdown()
+    assert [r.max_request_rate for r in remote] == [r.max_request_rate for r in local]
+    assert local[0].max_request_rate is not None

@@ -174,3 +174,25 @@ def test_roofline_bound_is_above_the_simulated_capacity(tmp_path: Path) -> None:
         assert math.isfinite(bound)
         # a loose SLO: the capacity is where the finite trace still keeps up
         assert found.rate <= bound
+
+
+def test_calibration_error_is_read_from_the_file(tmp_path: Path) -> None:
+    import json
+
+    from radixsched.sim.plan.table import calibration_error
+
+    doc = {
+        "format": "radixsched-calibration",
+        "version": 1,
+        "fit": [
+            {"name": "a", "ttft_s": {"error": {"p50": 0.04, "p99": -0.12}},
+             "itl_s": {"error": {"p50": 0.02}}},
+            {"name": "b", "ttft_s": {"error": {"p50": 0.07}}, "e2e_s": {"error": {"p50": 0.3}}},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    text = calibration_error(str(path))
+    assert "2 run(s)" in text and "TTFT 12%" in text and "ITL 2%" in text and "E2E 30%" in text
+    path.write_text(json.dumps({**doc, "fit": []}))
+    assert "records no replay error" in calibration_error(str(path))

@@ -455,6 +455,10 @@ def _finish(
         else "Plan: capacity per dollar"
     ) + f" (capacity within ±{spec.tolerance:.0%}; prices $/GPU-hour)"
     render(console, ranked, spec.target_rate, spec.tolerance, title)
+    if inputs.calibration:  # the step times' own error, beside the bisection's tolerance
+        from radixsched.sim.plan.table import calibration_error
+
+        console.print(calibration_error(inputs.calibration), highlight=False, markup=False)
     for line in recommendation(ranked, spec.target_rate):
         console.print(line, highlight=False, markup=False)
     sims = sum(len(r.capacity.probes) for r in results if r.capacity is not None)

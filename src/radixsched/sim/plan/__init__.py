@@ -7,7 +7,9 @@
 - ``pricing``: GPU-hour prices (the presets' list prices, overridable);
 - ``capacity``: the highest request rate a candidate sustains within the SLOs, by bisection
   over the rate to a stated tolerance, and the roofline bound that stops hopeless candidates;
-- ``search``: every candidate's capacity, in forked processes or on Ray, reusing one loaded
-  workload;
-- ``result``: the result types, ranking and the recommendation's reasons;
-- ``report``: the HTML report (capacity against cost, latency against rate)."""
+- ``search``: one candidate's capacity search over the workload loaded once per process, and
+  the pools that run candidates (forked processes, or Ray);
+- ``planner``: the order of work: pruning, most promising first, early stops;
+- ``result``: the result types, ranking, the recommendation's reasons and the JSON;
+- ``table``: the table and recommendation as text; ``report``: the HTML report (capacity
+  against cost, latency against rate)."""

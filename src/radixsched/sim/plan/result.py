@@ -161,7 +161,7 @@ def _delta(value: float, reference: float) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.3g} ms" if seconds < 10 else f"{seconds:,.1f} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:,.3g} s"
 
 
 def plan_json(spec: Any, ranked: list[CandidateResult], meta: Any) -> dict[str, Any]:

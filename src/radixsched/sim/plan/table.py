@@ -33,6 +33,8 @@ def table_rows(
     for i, r in enumerate(ranked, 1):
         c = r.candidate
         probe = r.probe_at(target) if target is not None else r.at_capacity
+        if target is None and not meets(r, target):
+            probe = None  # a stopped search's last met rate is not its capacity
         per_m = r.cost_per_million_output_tokens(
             target if target is not None else r.max_request_rate
         )
