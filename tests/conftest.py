@@ -48,14 +48,14 @@ def torch_one_thread() -> Iterator[None]:
 def built_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Records how many token blocks each Mooncake prompt build generates (one entry a call):
     a test of prompt reuse counts the builds."""
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import traces
 
     built: list[int] = []
-    real = workloads._block_table
+    real = traces._block_table
 
     def counting(ids: Any, block: int, vocab: int) -> Any:
         built.append(len(ids))
         return real(ids, block, vocab)
 
-    monkeypatch.setattr(workloads, "_block_table", counting)
+    monkeypatch.setattr(traces, "_block_table", counting)
     return built

@@ -20,12 +20,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
-from radixsched import cli_bench, cli_serve
+from radixsched.cli import bench as cli_bench
+from radixsched.cli import serve as cli_serve
 from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.request import Req, SamplingParams
-from radixsched.results.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS, STATS_KEYS
+from radixsched.results.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS
+from radixsched.results.stats import STATS_KEYS
 from radixsched.server.app import ServerThread, create_app, engine_for_model
 from radixsched.server.bench import (
     BenchConfig,

@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from fakes import FakeRunner, reference_output
 from radixsched.clock import VirtualClock
-from radixsched.cluster.disagg import DecodeRole, PrefillRole
+from radixsched.cluster.disagg import DecodeRole, PrefillRole, decode_role, prefill_role
 from radixsched.config import SchedulerConfig
+from radixsched.fast import build_scheduler
 from radixsched.request import FinishReason, Req, SamplingParams
+from radixsched.roles import CoLocated
 from radixsched.runner import Batch, ModelRunner, StepResult
 from radixsched.scheduler import Scheduler
 
@@ -38,17 +40,16 @@ class CountingRunner(FakeRunner):
 
 def make(mode: str, kv: int = 4000, **cfg: object) -> Scheduler:
     config = SchedulerConfig(disaggregation_mode=mode, **cfg)  # type: ignore[arg-type]
-    return Scheduler(config, CountingRunner(kv + 64), kv_slots=kv, clock=VirtualClock())
+    runner = CountingRunner(kv + 64)
+    return build_scheduler(config, runner, accelerate=False, kv_slots=kv, clock=VirtualClock())
 
 
 def pre(s: Scheduler) -> PrefillRole:
-    assert s.prefill_role is not None, "not a prefill instance"
-    return s.prefill_role
+    return prefill_role(s)
 
 
 def dec(s: Scheduler) -> DecodeRole:
-    assert s.decode_role is not None, "not a decode instance"
-    return s.decode_role
+    return decode_role(s)
 
 
 def prompt(n: int, seed: int = 0) -> np.ndarray:
@@ -83,7 +84,7 @@ class Pair:
 
     def transfer(self, c: Req) -> None:
         """Copy the prompt's KV from the prefill pool into the decode slots, then land it."""
-        d_req = next(r for r in self.d.decode_role.transferring.values() if r.rid == c.rid)  # type: ignore[union-attr]
+        d_req = next(r for r in dec(self.d).transferring.values() if r.rid == c.rid)
         n = c.prompt_len
         pool_p, pool_d = self.p.runner.pool, self.d.runner.pool  # type: ignore[attr-defined]
         pool_d[d_req.kv_row[:n]] = pool_p[c.kv_row[:n]]
@@ -105,26 +106,26 @@ class Pair:
                 assert self.d.step() is not None
                 self.d.check_integrity()
                 moved = True
-            if not moved and not self.d.decode_role.prealloc and not self.p.prefill_role.bootstrap:  # type: ignore[union-attr]
+            if not moved and not dec(self.d).prealloc and not pre(self.p).bootstrap:
                 break
         for s in (self.p, self.d):
             assert s.is_idle
             s.check_integrity()
             assert s.cache.protected_size() == 0
-        assert not self.p.prefill_role.inflight  # type: ignore[union-attr]
+        assert not pre(self.p).inflight
 
 
 # ---- construction ----------------------------------------------------------------------------------
 
 
 def test_the_mode_is_read_when_the_scheduler_is_built() -> None:
-    assert make("null").disagg is None
-    assert isinstance(make("prefill").disagg, PrefillRole)
+    assert isinstance(make("null").role, CoLocated)
+    assert isinstance(make("prefill").role, PrefillRole)
     d = make("decode", schedule_policy="lpm")
-    assert isinstance(d.disagg, DecodeRole)
+    assert isinstance(d.role, DecodeRole)
     # A decode instance matches nothing: its cache is off and its queue fcfs.
     assert d.cache.disabled and d.policy.name == "fcfs"
-    assert d.prefill_role is None and make("prefill").decode_role is None
+    assert not isinstance(d.role, PrefillRole) and not isinstance(make("prefill").role, DecodeRole)
     with pytest.raises(ValueError):
         SchedulerConfig(disaggregation_mode="both")  # type: ignore[arg-type]
 
@@ -140,9 +141,22 @@ def test_a_decode_instance_is_built_only_on_a_runner_that_keeps_kv_in_host_memor
 
     config = SchedulerConfig(disaggregation_mode="decode")
     with pytest.raises(TypeError, match="NoOffload has none"):
-        Scheduler(config, NoOffload(), kv_slots=64)
+        build_scheduler(config, NoOffload(), accelerate=False, kv_slots=64)
     for mode in ("null", "prefill"):
-        Scheduler(SchedulerConfig(disaggregation_mode=mode), NoOffload(), kv_slots=64)
+        config = SchedulerConfig(disaggregation_mode=mode)
+        build_scheduler(config, NoOffload(), accelerate=False, kv_slots=64)
+
+
+def test_a_scheduler_is_refused_a_mode_without_its_role() -> None:
+    """The role is passed in (the builder looks it up): a config naming a split role with the
+    default, co-located role, or the other way round, is refused when the scheduler is built."""
+    for mode in ("prefill", "decode"):
+        with pytest.raises(
+            ValueError, match=f"disaggregation_mode '{mode}' needs its own role, not CoLocated"
+        ):
+            Scheduler(SchedulerConfig(disaggregation_mode=mode), FakeRunner(128), kv_slots=64)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'null' needs its own role, not PrefillRole"):
+        Scheduler(SchedulerConfig(), FakeRunner(128), kv_slots=64, role=PrefillRole)
 
 
 def test_the_mode_is_never_a_flag() -> None:
@@ -172,7 +186,7 @@ def test_prefill_role_waits_for_the_handshake_then_holds_the_kv_until_sent() -> 
     p.check_integrity()
     assert out is not None and out.mode == "extend" and out.finished == [r]
     assert r.output_len == 1 and r.finish is not None and r.finish.reason is FinishReason.LENGTH
-    assert p.is_idle and r.rid in p.prefill_role.inflight  # type: ignore[union-attr]
+    assert p.is_idle and r.rid in pre(p).inflight
     assert p.cache.protected_size() == 300  # locked while in flight
     assert pre(p).transfer_done("a") and not pre(p).transfer_done("a")
     p.check_integrity()
@@ -198,7 +212,7 @@ def test_prefill_role_ignores_the_queue_limit_and_aborts_anywhere() -> None:
     assert p.cache.protected_size() == 100  # r1 still in flight
     assert p.abort("r1")
     p.check_integrity()
-    assert p.cache.protected_size() == 0 and not p.prefill_role.inflight  # type: ignore[union-attr]
+    assert p.cache.protected_size() == 0 and not pre(p).inflight
     assert [r.finish.status_code for r in rs] == [499, 499, 499]  # type: ignore[union-attr]
 
 
@@ -358,7 +372,7 @@ def test_a_full_decode_instance_holds_requests_back_and_offloads_under_pressure(
     reqs = [req(f"r{i}", prompt(100, i), n=60) for i in range(12)]
     for r in reqs:
         pair.add(r)
-    assert len(pair.handshake()) < 5 and pair.p.prefill_role.bootstrap  # type: ignore[union-attr]
+    assert len(pair.handshake()) < 5 and pre(pair.p).bootstrap
     pair.run()
     _outputs_are_the_colocated_ones(pair, reqs)
     assert pair.d.stats.retractions > 0

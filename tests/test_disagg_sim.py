@@ -16,11 +16,13 @@ import pytest
 
 import golden
 from radixsched.cache.base import IntegrityError
+from radixsched.cluster.disagg import decode_role
 from radixsched.config import SchedulerConfig
 from radixsched.sim.cost.hardware import LINKS, PresetError, get_link
 from radixsched.sim.deploy import disagg_loop
-from radixsched.sim.deploy.disagg import KVLinks, LinkModel, gpu_count
+from radixsched.sim.deploy.disagg import KVLinks, LinkModel
 from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.settings.deployment import gpu_count
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.sweep.config import SweepConfig, validate_points
 from radixsched.sim.sweep.result import run_sweep
@@ -162,7 +164,7 @@ def test_the_conservation_check_catches_kv_on_two_decode_instances(
 
     def corrupt(self: disagg_loop.Cluster) -> None:
         for leg in self.legs.values():  # a landed request also "on" the other decode instance
-            other = self.dec[1 - leg.d].sched.decode_role
+            other = decode_role(self.dec[1 - leg.d].sched)
             if leg.landed_s is not None and not leg.req.finished and leg.req not in other.arrived:
                 other.arrived.append(leg.req)
                 seen.append(self)

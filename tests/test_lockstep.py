@@ -15,7 +15,7 @@ from radixsched.clock import VirtualClock
 from radixsched.cluster.delayer import DelayReason, PrefillDelayer
 from radixsched.config import SchedulerConfig
 from radixsched.request import FinishReason, Req, SamplingParams
-from radixsched.results.metrics import TimeSeries
+from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler
 from radixsched.sim.cost.build import build_cost_model
 from radixsched.sim.deploy.lockstep import (

@@ -12,30 +12,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.request import FinishReason, FinishState, Req
-from radixsched.results.metrics import (
-    ADDITIONAL_KEYS,
+from radixsched.results.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS, THROUGHPUT_KEYS, summarize
+from radixsched.results.requests import (
     REQUEST_COLUMNS,
-    REQUIRED_KEYS,
-    STATS_KEYS,
-    THROUGHPUT_KEYS,
     SloTargets,
-    Stats,
-    TimeSeries,
     failure_reasons,
     failure_summary,
-    fairness_horizon,
     hit_rates,
     itl_samples,
-    jain_index,
-    load_check,
     queue_wait_samples,
     request_rows,
-    slo_result,
-    summarize,
-    tenant_results,
     tpot_samples,
     ttft_samples,
 )
+from radixsched.results.series import TimeSeries
+from radixsched.results.service import fairness_horizon, load_check, slo_result, tenant_results
+from radixsched.results.stats import STATS_KEYS, Stats, jain_index
 
 
 def make_req(

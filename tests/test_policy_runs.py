@@ -20,7 +20,7 @@ import pytest
 
 from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
-from radixsched.results.metrics import SloTargets
+from radixsched.results.requests import SloTargets
 from radixsched.sim import policy_runs
 from radixsched.sim.policy_runs import (
     REPORTS_PER_RUN,

@@ -19,7 +19,7 @@ import pytest
 from radixsched.config import SchedulerConfig
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads import load as workloads
-from radixsched.sim.workloads import prompt_cache
+from radixsched.sim.workloads import prompt_cache, traces
 from radixsched.sim.workloads.load import Workload, load_workload
 
 DATA = Path(__file__).parent / "data"
@@ -244,7 +244,7 @@ def test_a_build_that_fails_leaves_no_file_and_the_next_load_builds(
     prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _copy(tmp_path)
-    real, calls = workloads._gather, []
+    real, calls = traces._gather, []
 
     def failing(*args: Any) -> Any:
         calls.append(1)
@@ -252,11 +252,11 @@ def test_a_build_that_fails_leaves_no_file_and_the_next_load_builds(
             raise MemoryError("out of memory")
         return real(*args)
 
-    monkeypatch.setattr(workloads, "_gather", failing)
+    monkeypatch.setattr(traces, "_gather", failing)
     with pytest.raises(MemoryError):
         _load(path)
     assert not list(prompts_dir.iterdir())  # neither an entry nor a temporary file
-    monkeypatch.setattr(workloads, "_gather", real)
+    monkeypatch.setattr(traces, "_gather", real)
     assert _load(path).prompts == "built, cached"
 
 

@@ -37,8 +37,7 @@ import pytest
 
 from radixsched.config import SchedulerConfig
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import load as workloads
-from radixsched.sim.workloads import prompt_cache
+from radixsched.sim.workloads import prompt_cache, traces
 from radixsched.sim.workloads.load import Workload, load_workload
 
 SAMPLE = Path(__file__).parent / "data" / "mooncake_sample.jsonl"
@@ -154,7 +153,7 @@ def test_a_trace_replaced_while_it_loads_never_maps_its_old_prompts(
     path = tmp_path / "trace.jsonl"
     path.write_bytes(SAMPLE.read_bytes())
     regenerated = _shifted(SAMPLE.read_text(), 500_000)  # same requests and lengths
-    real = workloads._mooncake_records
+    real = traces._mooncake_records
     replaced: list[bool] = []
 
     def read_then_replaced(p: Path, block: int) -> Any:
@@ -166,9 +165,9 @@ def test_a_trace_replaced_while_it_loads_never_maps_its_old_prompts(
             replaced.append(True)
         return records
 
-    monkeypatch.setattr(workloads, "_mooncake_records", read_then_replaced)
+    monkeypatch.setattr(traces, "_mooncake_records", read_then_replaced)
     load_workload(f"mooncake:{path}")  # the old file's prompts: what it read
-    monkeypatch.setattr(workloads, "_mooncake_records", real)
+    monkeypatch.setattr(traces, "_mooncake_records", real)
     assert replaced
     after = load_workload(f"mooncake:{path}")
     want = _built(monkeypatch, f"mooncake:{path}")
@@ -180,10 +179,11 @@ def test_a_trace_replaced_while_it_loads_never_maps_its_old_prompts(
 _TWO_THREADS = """
 import os, sys, threading
 from radixsched.sim.workloads import load as workloads
+from radixsched.sim.workloads import traces
 from radixsched.sim.workloads.load import load_workload
 
 spec = "mooncake:" + sys.argv[1]
-real_gather, real_reserve = workloads._gather, os.posix_fallocate
+real_gather, real_reserve = traces._gather, os.posix_fallocate
 a_waits, b_opened, a_wrote = threading.Event(), threading.Event(), threading.Event()
 
 def gather(*args):
@@ -201,7 +201,7 @@ def reserve(fd, offset, length):
         a_wrote.wait(30)
     real_reserve(fd, offset, length)
 
-workloads._gather, os.posix_fallocate = gather, reserve
+traces._gather, os.posix_fallocate = gather, reserve
 loaded = {}
 
 def run(name):
@@ -214,7 +214,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-workloads._gather, os.posix_fallocate = real_gather, real_reserve
+traces._gather, os.posix_fallocate = real_gather, real_reserve
 os.environ["RADIXSCHED_PROMPT_CACHE"] = "off"
 want = {r.rid: r.prompt_ids.tobytes() for r in load_workload(spec).requests}
 for name in "AB":
@@ -245,11 +245,12 @@ def test_two_threads_building_one_trace_neither_crash_nor_corrupt(
 _KILLED_BUILD = """
 import os, signal, sys
 from radixsched.sim.workloads import load as workloads
+from radixsched.sim.workloads import traces
 
 def killed(*args):
     os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer, a job's time limit, kill -9
 
-workloads._gather = killed
+traces._gather = killed
 workloads.load_workload("mooncake:" + sys.argv[1])
 """
 

@@ -21,34 +21,23 @@ from rich.console import Console
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.results.charts import plotly_js
+from radixsched.results.columns import COLUMNS, WALL_COLUMN, Column, best_rows
+from radixsched.results.format import PALETTE, Better, fmt_rate, fmt_seconds
 from radixsched.results.metrics import (
     ADDITIONAL_KEYS,
     REQUIRED_KEYS,
     PolicyResult,
-    Stats,
-    TenantResult,
     Throughput,
-    TimeSeries,
     summarize,
-    ttft_samples,
 )
+from radixsched.results.recommend import dominates, load_warnings, recommend
 from radixsched.results.report import cdf_points, identical_groups, render_report, write_report
-from radixsched.results.table import (
-    COLUMNS,
-    PALETTE,
-    WALL_COLUMN,
-    Better,
-    Column,
-    best_rows,
-    dominates,
-    fmt_rate,
-    fmt_seconds,
-    load_warnings,
-    recommend,
-    render_comparison,
-    write_csv,
-    write_json,
-)
+from radixsched.results.requests import ttft_samples
+from radixsched.results.series import TimeSeries
+from radixsched.results.service import TenantResult
+from radixsched.results.stats import Stats
+from radixsched.results.table import render_comparison
+from radixsched.results.writers import write_csv, write_json
 
 
 def result(policy: str, hit: float, p99: float, tput: float, **kw: object) -> PolicyResult:
@@ -192,7 +181,7 @@ def test_written_recommendation_names_the_cost() -> None:
 
 
 def test_slo_attainment_decides_the_recommendation_when_given() -> None:
-    from radixsched.results.metrics import SloResult
+    from radixsched.results.service import SloResult
 
     def slo(att: float) -> SloResult:
         return SloResult(100.0, None, int(att * 10), 10, att, att)
@@ -296,7 +285,7 @@ def test_policy_colours_are_distinct() -> None:
 
 
 def test_overload_warning_lines() -> None:
-    from radixsched.results.metrics import LoadCheck
+    from radixsched.results.service import LoadCheck
 
     busy = result("fcfs", 0.5, 1.0, 100.0, load=LoadCheck(6.1, 2.0, 654.0, 2200, 1.0, True))
     calm = result("lpm", 0.5, 1.0, 100.0, load=LoadCheck(1.0, 2.0, 10.0, 0, 1.0, False))
@@ -453,8 +442,8 @@ def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
 
 
 def test_charts_downsample_and_split_kv_usage_per_policy() -> None:
-    from radixsched.results.metrics import REPORT_MAX_POINTS
     from radixsched.results.report import kv_figure, time_figure
+    from radixsched.results.series import REPORT_MAX_POINTS
 
     runs = [sim_run("a", 1), sim_run("b", 2), sim_run("c", 3)]
     sampled = {r.policy: s.downsampled(REPORT_MAX_POINTS) for r, s, _ in runs}

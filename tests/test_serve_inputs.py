@@ -74,7 +74,9 @@ def test_serve_reports_every_bad_flag_at_once(
 
 
 def test_generate_and_serve_share_the_checks() -> None:
-    from radixsched import cli_common, cli_generate, cli_serve
+    from radixsched.cli import common as cli_common
+    from radixsched.cli import generate as cli_generate
+    from radixsched.cli import serve as cli_serve
 
     for name in ("threads_error", "torch_device", "scheduler_config", "model_error"):
         assert getattr(cli_generate, name) is getattr(cli_common, name)

@@ -805,7 +805,7 @@ def test_detokenizer_matches_full_decode_on_random_bytes() -> None:
 
 SERVE_MAIN = """
 import argparse, sys
-from radixsched import cli_serve
+from radixsched.cli import serve as cli_serve
 p = argparse.ArgumentParser(prog="radixsched")
 sub = p.add_subparsers(dest="command", required=True)
 cli_serve.add_serve_parser(sub)

@@ -28,7 +28,7 @@ pytest.importorskip("fastapi")
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixsched import cli_serve
+from radixsched.cli import serve as cli_serve
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.engine.runner import TorchRunner

@@ -17,16 +17,10 @@ from hypothesis import strategies as st
 
 from radixsched.request import Req, SamplingParams
 from radixsched.results.optimal import optimal_hits
-from radixsched.sim.workloads.load import (
-    WORKLOADS,
-    Workload,
-    WorkloadError,
-    describe_workloads,
-    load_workload,
-    mooncake_block_hit_rate,
-    optimal_hit_rate,
-    parse_workload_spec,
-)
+from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
+from radixsched.sim.workloads.spec import WORKLOADS, describe_workloads, parse_workload_spec
+from radixsched.sim.workloads.tokens import WorkloadError
+from radixsched.sim.workloads.traces import mooncake_block_hit_rate
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "mooncake_sample.jsonl"
@@ -326,9 +320,9 @@ def test_mooncake_blocks_are_the_same_whichever_batch_generates_them(
     """A block several prompts use comes from the shared table, one that one prompt uses is
     generated with its batch of requests: either way its tokens are the block's own (the
     id's hash), across batch boundaries too."""
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import tokens, traces
 
-    monkeypatch.setattr(workloads, "_BATCH", batch)
+    monkeypatch.setattr(traces, "_BATCH", batch)
     rows = [
         {"timestamp": t, "input_length": 512 * len(ids) - 100, "output_length": 2, "hash_ids": ids}
         for t, ids in enumerate([[7, 1, 2], [7, 3], [4, 1, 5, 6], [8], [7, 3, 9]])
@@ -336,7 +330,7 @@ def test_mooncake_blocks_are_the_same_whichever_batch_generates_them(
     w = load_workload(f"mooncake:{write_jsonl(tmp_path / 't.jsonl', rows)}")
     for r, row in zip(w.requests, rows, strict=True):
         ids = np.array(row["hash_ids"], dtype=np.int64)
-        expect = workloads._block_table(ids, 512, 128000).reshape(-1)[: r.prompt_len]
+        expect = tokens._block_table(ids, 512, 128000).reshape(-1)[: r.prompt_len]
         assert np.array_equal(r.prompt_ids, expect)
 
 
@@ -571,15 +565,15 @@ def test_optimal_hits_match_brute_force(
 def test_generated_tokens_are_pinned() -> None:
     """The hashed tokens every trace's prompts are made of: changing them changes every
     recorded schedule, so their first values are written down here."""
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import tokens
 
-    table = workloads._block_table(np.array([0, 7, 2**40], dtype=np.int64), 512, 128000)
+    table = tokens._block_table(np.array([0, 7, 2**40], dtype=np.int64), 512, 128000)
     assert table[:, :4].tolist() == [
         [56662, 30684, 69861, 94099],
         [14451, 19335, 72364, 110829],
         [64197, 54635, 27134, 21550],
     ]
-    assert workloads._hash_tokens(12345, 1000, 4, 32000).tolist() == [23777, 12098, 9816, 19002]
+    assert tokens._hash_tokens(12345, 1000, 4, 32000).tolist() == [23777, 12098, 9816, 19002]
 
 
 @settings(max_examples=150, deadline=None)
@@ -593,23 +587,23 @@ def test_hashed_tokens_equal_the_plain_formula(key: int, start: int, n: int, voc
     """``hash(key, position) mod vocab`` with numpy's own remainder: the generator's in-place,
     divide-by-reciprocal form must give the same tokens for every key, offset and vocabulary."""
     from radixsched.sim.cost.splitmix import splitmix64
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import tokens
 
     pos = np.arange(start, start + n, dtype=np.uint64)
-    mixed = splitmix64(np.uint64(key) ^ (pos * np.uint64(workloads._GOLDEN)))
+    mixed = splitmix64(np.uint64(key) ^ (pos * np.uint64(tokens._GOLDEN)))
     expect = (mixed % np.uint64(vocab)).astype(np.int32)
-    assert np.array_equal(workloads._hash_tokens(key, start, n, vocab), expect)
+    assert np.array_equal(tokens._hash_tokens(key, start, n, vocab), expect)
     ids = np.array([key % 2**63, start, n], dtype=np.int64)
-    salted = splitmix64(ids.astype(np.uint64) ^ np.uint64(workloads._key(workloads._SALT_BLOCK)))
-    block = np.arange(64, dtype=np.uint64) * np.uint64(workloads._GOLDEN)
+    salted = splitmix64(ids.astype(np.uint64) ^ np.uint64(tokens._key(tokens._SALT_BLOCK)))
+    block = np.arange(64, dtype=np.uint64) * np.uint64(tokens._GOLDEN)
     rows = splitmix64(salted[:, None] ^ block[None, :]) % np.uint64(vocab)
-    assert np.array_equal(workloads._block_table(ids, 64, vocab), rows.astype(np.int32))
+    assert np.array_equal(tokens._block_table(ids, 64, vocab), rows.astype(np.int32))
 
 
 def test_mooncake_prompts_are_their_blocks_then_their_own_padding(tmp_path: Path) -> None:
     """Each prompt is its blocks' tokens (a block used once or several times, a short last
     one) and, past ``len(hash_ids) * 512``, the request's own hashed padding."""
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import tokens
 
     rows = [
         {"timestamp": t, "input_length": n, "output_length": 2, "hash_ids": ids}
@@ -618,10 +612,10 @@ def test_mooncake_prompts_are_their_blocks_then_their_own_padding(tmp_path: Path
     w = load_workload(f"mooncake:{write_jsonl(tmp_path / 't.jsonl', rows)}")
     for i, (r, row) in enumerate(zip(w.requests, rows, strict=True)):
         ids = np.array(row["hash_ids"], dtype=np.int64)
-        blocks = workloads._block_table(ids, 512, 128000).reshape(-1)[: r.prompt_len]
+        blocks = tokens._block_table(ids, 512, 128000).reshape(-1)[: r.prompt_len]
         assert np.array_equal(r.prompt_ids[: len(blocks)], blocks)
-        pad = workloads._hash_tokens(
-            workloads._key(workloads._SALT_PAD, i), len(blocks), r.prompt_len - len(blocks), 128000
+        pad = tokens._hash_tokens(
+            tokens._key(tokens._SALT_PAD, i), len(blocks), r.prompt_len - len(blocks), 128000
         )
         assert np.array_equal(r.prompt_ids[len(blocks) :], pad)
 
@@ -633,18 +627,18 @@ def test_mooncake_num_requests_builds_only_the_kept_prompts_and_the_same_ones(
     """``num_requests`` builds the prompts of the requests it keeps, no others, and each is
     the prompt the whole trace's load gives that request (a block several kept prompts share
     is in the shared table, one only one of them uses is generated with its batch)."""
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import traces
 
     whole = {r.rid: r for r in load_workload(f"mooncake:{SAMPLE}", request_rate=rate).requests}
     built: list[int] = []
-    fill = workloads._fill_mooncake
+    fill = traces._fill_mooncake
 
     def counting(drafts: Any, block: int, vocab: int) -> None:
         built.append(len(drafts))
         fill(drafts, block, vocab)
 
-    monkeypatch.setattr(workloads, "_fill_mooncake", counting)
-    monkeypatch.setattr(workloads, "_BATCH", 7)  # batches that cut the kept requests
+    monkeypatch.setattr(traces, "_fill_mooncake", counting)
+    monkeypatch.setattr(traces, "_BATCH", 7)  # batches that cut the kept requests
     part = load_workload(f"mooncake:{SAMPLE}", request_rate=rate, num_requests=30).requests
     assert built == [30] and len(part) == 30
     for r in part:
@@ -667,12 +661,12 @@ def test_mooncake_num_requests_keeps_each_lines_padding_when_lines_are_out_of_or
     whole = {r.rid: r.prompt_ids for r in load_workload(f"mooncake:{path}").requests}
     part = load_workload(f"mooncake:{path}", num_requests=2).requests
     assert [r.rid for r in part] == ["mooncake-4", "mooncake-3"]
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import tokens
 
     for r in part:
         assert np.array_equal(r.prompt_ids, whole[r.rid])
         line = int(r.rid.split("-")[1])  # the padding is keyed by the request's line
-        pad = workloads._hash_tokens(workloads._key(workloads._SALT_PAD, line), 512, 388, 128000)
+        pad = tokens._hash_tokens(tokens._key(tokens._SALT_PAD, line), 512, 388, 128000)
         assert np.array_equal(r.prompt_ids[512:], pad)
 
 
@@ -681,7 +675,7 @@ def test_jsonl_num_requests_hashes_only_the_kept_prompts(
 ) -> None:
     """Prompts given by length are hashed only for the requests the load keeps, and each is
     the one the whole load gives it (group prefix, then its own tokens keyed by its line)."""
-    from radixsched.sim.workloads import load as workloads
+    from radixsched.sim.workloads import tokens, traces
 
     rows = [
         {"input_length": 60 + i, "output_length": 2, "timestamp": 100 - i}
@@ -691,13 +685,13 @@ def test_jsonl_num_requests_hashes_only_the_kept_prompts(
     path = write_jsonl(tmp_path / "t.jsonl", rows)
     whole = {r.rid: r.prompt_ids for r in load_workload(f"jsonl:{path}").requests}
     calls: list[int] = []
-    real = workloads._hash_tokens
+    real = tokens._hash_tokens
 
     def counting(key: int, start: int, n: int, vocab: int, out: Any = None) -> Any:
         calls.append(n)
         return real(key, start, n, vocab, out)
 
-    monkeypatch.setattr(workloads, "_hash_tokens", counting)
+    monkeypatch.setattr(traces, "_hash_tokens", counting)
     part = load_workload(f"jsonl:{path}", num_requests=3).requests
     assert [r.rid for r in part] == ["jsonl-8", "jsonl-7", "jsonl-6"]
     assert sorted(calls) == sorted([68, 20, 47, 66])  # 8's own; 7's group prefix and own; 6's

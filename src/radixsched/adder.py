@@ -1,5 +1,5 @@
 """``PrefillAdder``: decides which waiting requests, and how many tokens of each, go into the
-next prefill (extend) batch (spec section 2).
+next prefill (extend) batch.
 
 Three budgets gate admission: compute (``rem_input_tokens``: ``--max-prefill-tokens``;
 ``rem_chunk_tokens``: ``--chunked-prefill-size``, None without chunking); memory
@@ -9,10 +9,10 @@ requests, and ``cur_rem_tokens``: free + evictable minus what this round allocat
 changes them at once); request slots (the scheduler's, and ``--prefill-max-requests``).
 
 Where radixsched deviates from SGLang 0.5.23 (``compat="sglang"`` restores each; ``config.
-COMPAT_NOTES`` lists them): symmetric decode reservations (spec 8.13), chunked admission by the
-first chunk (8.14), continuations capped by the memory that exists (8.21; both modes),
-``--max-prefill-tokens`` enforced after the first request (8.15), the ignore-eos simulation's
-sorted insert (8.16).
+COMPAT_NOTES`` lists them): symmetric decode reservations (an admitted request reserves what
+a running one does), chunked admission by the first chunk (not the whole request),
+continuations capped by the memory that exists (both modes), ``--max-prefill-tokens`` enforced
+after the first request, the ignore-eos simulation's sorted insert.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class PrefillAdder:
         self.gate = gate
         self.gate_verdict: bool | None = None
         self.preempt_fn = preempt_fn
-        # No request starts chunking while a chunked one continues (spf's chunk limit, spec 1.9).
+        # No request starts chunking while a chunked one continues (spf's chunk limit).
         self.exclusive_chunking = exclusive_chunking
 
         self.rem_input_tokens = config.max_prefill_tokens - num_mixed_decode_tokens
@@ -126,7 +126,7 @@ class PrefillAdder:
         )
         self.total_offset: float = float(num_mixed_decode_tokens)
         self.current_offset: float = float(num_mixed_decode_tokens)
-        # Decode reservations of the running batch (``running_decode_tokens``: the sums of
+        # Decode reservations of the running batch (``RunningBatch.decode_tokens``: the sums of
         # ``running_reservation`` with and without ignore_eos).
         full, discounted = running_tokens
         self.total_offset += full + discounted * new_token_ratio
@@ -162,11 +162,8 @@ class PrefillAdder:
     def cur_rem_tokens(self) -> float:
         return self._available_and_evictable - self.current_offset
 
-    def has_capacity(self) -> bool:
-        return self.rem_total_tokens > 0 and self.cur_rem_tokens > 0
-
     def budget_state(self) -> AddReqResult:
-        # has_capacity() with the free + evictable count read once (called every loop turn)
+        # Both budgets left (total, current), free + evictable read once (every loop turn).
         room = self.allocator.available_size() + self.cache.evictable_size()
         if not (room - self.total_offset > 0 and room - self.current_offset > 0):
             return AddReqResult.NO_TOKEN
@@ -201,8 +198,8 @@ class PrefillAdder:
         room = self.allocator.available_size() + self.cache.evictable_size()
         rem = min(self.rem_chunk_tokens, math.floor(room - self.total_offset))
         if rem <= 0:
-            rem = self.rem_chunk_tokens  # a continuation always makes progress (spec 2.5)
-        # Never plan more than can be allocated now (spec 8.21), in both modes: SGLang's
+            rem = self.rem_chunk_tokens  # a continuation always makes progress
+        # Never plan more than can be allocated now, in both modes: SGLang's
         # continuation ignores memory and can fail its allocation; reproducing that would
         # crash the loop.
         rem = min(rem, floor_page(math.floor(room - self.current_offset), self.page_size))
@@ -268,7 +265,7 @@ class PrefillAdder:
     def _select(
         self, req: Req, cand: int, max_new_check: float, has_chunked_req: bool
     ) -> tuple[int, bool] | AddReqResult:
-        """Spec 2.6.1: the admission's shape, or why not."""
+        """The admission's shape (tokens to extend now, whether it chunks), or why not."""
         p = self.page_size
         extend_len = cand
         input_tokens = ceil_page(extend_len, p)
@@ -302,7 +299,7 @@ class PrefillAdder:
             return AddReqResult.OTHER
         return chunk, True
 
-    # ---- ignore_eos with the cache disabled (spec 2.7) -------------------------------------
+    # ---- ignore_eos with the cache disabled ------------------------------------------------
     def _add_one_req_ignore_eos(self, req: Req, has_chunked_req: bool) -> AddReqResult:
         p = self.page_size
         cand = req.fill_len - req.prefix_len
@@ -325,7 +322,7 @@ class PrefillAdder:
             keys = [s[0] for s in states]
             idx = bisect.bisect_left(keys, new_state[0])
             if self.compat and idx == len(states) and states:
-                idx = len(states) - 1  # SGLang's off-by-one (spec 8.16)
+                idx = len(states) - 1  # SGLang's off-by-one: before the last
             states.insert(idx, new_state)
         cur = self.cur_rem_tokens - paged_input
         freed = 0.0
@@ -360,7 +357,7 @@ class PrefillAdder:
             self._charge(0, trunc, 0.0)
         return self.budget_state()
 
-    # ---- priority preemption (spec 2.10) ------------------------------------------------------
+    # ---- priority preemption --------------------------------------------------------------
     def preempt_to_schedule(self, req: Req, running: list[Req]) -> bool:
         """Pick running victims less important than ``req`` by more than the threshold."""
         cfg = self.config
@@ -400,7 +397,7 @@ class PrefillAdder:
 
 @contextmanager
 def _locked(cache: BasePrefixCache, node: Any) -> Iterator[None]:
-    """Hold a lock on ``node`` for the duration of the admission checks (spec 2.9 item 1)."""
+    """Lock ``node`` during the admission checks: the request's own prefix is not evictable."""
     if node is not None:
         cache.inc_lock_ref(node)
     try:

@@ -4,7 +4,7 @@ One source of truth: the CLI flags of ``simulate``, ``serve`` and ``generate`` a
 from these dataclasses (``add_config_args`` / ``config_from_args``), so defaults and help never
 drift from the code.
 
-Where radixsched deviates from SGLang 0.5.23 to fix a flaw listed in section 8 of the spec,
+Where radixsched deviates from SGLang 0.5.23 to fix a known flaw (a cliff, a starvation, waste),
 ``compat="sglang"`` restores SGLang's behaviour. Every such switch is listed in ``COMPAT_NOTES``
 and in the README.
 """
@@ -330,7 +330,8 @@ def config_from_args(cls: type[C], args: argparse.Namespace, **overrides: Any) -
 
 
 def resolve_max_running_requests(config: SchedulerConfig, capacity: int, context_len: int) -> int:
-    """Spec 4.10: per-replica request slots, from the setting or the KV capacity."""
+    """Per-replica request slots, as SGLang resolves them: the setting, else an estimate from
+    the KV capacity and the context length (2048 to 4096); never above half the KV capacity."""
     if config.max_running_requests is not None:
         return max(1, min(config.max_running_requests, max(capacity // 2, 1)))
     estimated = min(max(int(capacity / max(context_len, 1) * 512), 2048), 4096)

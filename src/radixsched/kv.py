@@ -15,6 +15,7 @@ import numpy as np
 
 from radixsched.cache import CacheKey, TokenAllocator
 from radixsched.cache.base import BasePrefixCache, IntegrityError
+from radixsched.config import SchedulerConfig
 from radixsched.request import EMPTY_SLOTS, Req, SlotArray
 from radixsched.runner import DecodeEntry, ExtendEntry
 
@@ -32,23 +33,21 @@ class KVManager:
         self,
         cache: BasePrefixCache,
         allocator: TokenAllocator,
+        config: SchedulerConfig = SchedulerConfig(),  # frozen: its priority order and mode
         *,
         host_tier: object = None,
-        priority_sign: int = -1,
-        compat: bool = False,
     ) -> None:
         self.cache = cache
         self.allocator = allocator
         self.page = allocator.page_size
         self.host_tier = host_tier
-        self.priority_sign = priority_sign
-        self.compat = compat
+        self.priority_sign = config.priority_sign
+        self.compat = config.sglang_compat
 
     # ---- admission -------------------------------------------------------------------------
     def match_for_admission(self, req: Req) -> None:
-        """Match the request's fill capped at ``len - 1`` (spec 2.6: at least one token is
-        computed) and host-tier hits; the prefix is borrowed until ``take_prefix`` or
-        ``drop_match``."""
+        """Match the request's fill capped at ``len - 1`` (at least one token is computed) and
+        host-tier hits; the prefix is borrowed until ``take_prefix`` or ``drop_match``."""
         key = self.admission_key(req)
         m = self.cache.match_node(key)
         self.borrow(req, key, m.device_len, m.last_node)
@@ -86,9 +85,7 @@ class KVManager:
     # ---- allocation ---------------------------------------------------------------------------
     def alloc(self, n: int) -> SlotArray:
         """``n`` new slots, evicting cache leaves when the free list is short."""
-        short = n - self.allocator.available_size()
-        if short > 0:
-            self.cache.evict(short)
+        self.keep_free(n)
         slots = self.allocator.alloc(n)
         if slots is None:
             raise IntegrityError(
@@ -96,6 +93,12 @@ class KVManager:
                 f", evictable {self.cache.evictable_size()} (the admission budget was violated)"
             )
         return slots
+
+    def keep_free(self, n: int) -> None:
+        """Evict unlocked cache leaves until ``n`` slots are free (or nothing is evictable)."""
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.cache.evict(short)
 
     def grow(self, reqs: list[Req], ends: list[int]) -> None:
         """Grow each row to cover positions ``[0, end)`` (whole pages), in one allocation."""
@@ -154,7 +157,7 @@ class KVManager:
     # ---- cache / release ----------------------------------------------------------------------
     def checkpoint(self, req: Req, up_to: int) -> None:
         """Insert the request's computed KV ``[0, up_to)`` (whole pages) into the cache and point
-        its row at the cached copy; its lock moves to the new deepest node (spec 3.10)."""
+        its row at the cached copy; its lock moves to the new deepest node."""
         aligned = floor_page(min(up_to, req.kv_len), self.page)
         if self.cache.disabled or aligned <= req.cache_protected_len:
             req.prefix_len = up_to
@@ -182,7 +185,7 @@ class KVManager:
 
     def _insert_priority(self, req: Req) -> int:
         """Node priority for the ``priority`` eviction policy: more important is kept longer,
-        no priority inserts as 0 (spec 8.20; compat: the raw value)."""
+        no priority inserts as 0 (compat: SGLang's raw value, whatever the priority order)."""
         if req.priority is None:
             return 0
         if self.compat or self.priority_sign < 0:

@@ -154,7 +154,7 @@ class Policy:
     requires_cache: bool = False  # refuses to run without prefix caching
     capped: bool = False  # falls back to fcfs above --max-prefix-match-queue waiting requests
     supports_priority: bool = False  # allowed with --enable-priority-scheduling
-    # The in-flight chunk is capped so shorter waiting requests fit (spf, spec 1.9); the round
+    # The in-flight chunk is capped so shorter waiting requests fit (spf); the round
     # is ordered before the continuation is planned, and no second request starts chunking.
     chunk_limit: ChunkLimitFn | None = None
     # ``--lpm-max-wait-s`` / ``--lpm-max-wait-tokens`` apply: overdue requests go first, and
@@ -292,22 +292,20 @@ def policy_names() -> list[str]:
 
 
 def prefill_work(r: RequestView) -> int:
-    """Uncached tokens a (re)prefill of ``r`` computes, at least 1 (spec 1.8)."""
+    """Uncached tokens a (re)prefill of ``r`` computes, at least 1."""
     return max(1, r.fill_len - r.num_matched_prefix_tokens)
 
 
 def priority_term(r: RequestView, config: SchedulerConfig) -> tuple[int, int]:
     """Priority sort term: explicit priorities by ``priority_sign``, then requests without
-    one (``default_priority_value`` when set, spec 1.12); ``req.priority`` is never modified."""
+    one (``default_priority_value`` when set); ``req.priority`` is never modified."""
     p = r.priority if r.priority is not None else config.default_priority_value
     return (1, 0) if p is None else (0, p * config.priority_sign)
 
 
 def prio_value(r: Any, sign: int) -> int:
-    """A request's priority, None as the least important extreme (spec 1.12)."""
-    if r.priority is not None:
-        return int(r.priority)
-    return (2**63 - 1) if sign > 0 else -(2**63)
+    """A request's priority, None as the least important extreme."""
+    return int(r.priority) if r.priority is not None else (INT64_MAX if sign > 0 else INT64_MIN)
 
 
 def dedup_rep_key(r: RequestView) -> tuple[int, float, float, str]:
@@ -489,7 +487,7 @@ def hrrn(r: RequestView, rnd: Round) -> Key:
 
 @sglang_variant("hrrn", Reads.MATCH | Reads.DEDUP | Reads.CLOCK)
 def hrrn_sglang(r: RequestView, rnd: Round) -> Key:
-    # SGLang counts the prompt only as uncached work (spec 1.7) and ties by request id.
+    # SGLang counts the prompt only as uncached work and ties by request id.
     return (_hrrn_ratio(r, rnd, r.prompt_len - r.num_matched_prefix_tokens), r.rid)
 
 
@@ -497,7 +495,7 @@ def spf_chunk_limit(
     chunked: Any, queue: Sequence[Any], budget: int, page: int, deferred: frozenset[str]
 ) -> int | None:
     """Cap on the in-flight chunk so the shorter requests at the head of the sorted queue fit
-    this round (spec 1.9); None = no cap. The walk stops at a request the dedup defers (it
+    this round; None = no cap. The walk stops at a request the dedup defers (it
     cannot be admitted: reserving room for it would be waste)."""
     if budget < 2 * page:
         return None

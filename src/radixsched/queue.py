@@ -2,15 +2,15 @@
 
 ``WaitingQueue`` owns the list. Requests enter at the back (``add``), leave when admitted or
 aborted (``remove``, ``take``) and come back after a retraction or preemption (``requeue``).
-``begin_round`` runs one prefill round's policy work, in this order (spec 1.3):
+``begin_round`` runs one prefill round's policy work, in this order:
 
 1. the active policy: a capped policy (lpm, hrrn) above the queue cap orders like fcfs;
 2. matching, when the policy reads matches: every waiting request's cached prefix, read-only
    (``match_len``; under ``--compat sglang`` SGLang's ``match_prefix``, which refreshes recency
    and splits nodes);
-3. the in-batch prefix dedup, when the policy reads it (spec 1.5; below);
+3. the in-batch prefix dedup, when the policy reads it (below);
 4. the order: a key policy sorts the list stably in place; an order policy reorders it;
-5. the waiting-prefix refresh (spec 1.10): every 32nd eligible round touches the first 128
+5. the waiting-prefix refresh: every 32nd eligible round touches the first 128
    requests of the order, head last, so that they are evicted last under LRU; on a prefill
    instance of a split deployment the head of its bootstrap queue (``ahead``) is touched
    first, just before them.
@@ -85,13 +85,13 @@ class RoundOrder:
 
     def __init__(self, queue: list[Req], positions: Iterator[int]) -> None:
         self.queue = queue
-        self._it = positions
+        self._positions = positions
         self._seen: list[int] = []
 
     def position(self, i: int) -> int | None:
         seen = self._seen
         while len(seen) <= i:
-            nxt = next(self._it, None)
+            nxt = next(self._positions, None)
             if nxt is None:
                 return None
             seen.append(nxt)
@@ -169,7 +169,7 @@ class WaitingQueue:
     def requeue(self, reqs: Sequence[Req], now: float, processed_tokens: int) -> None:
         """Re-entry after retraction or preemption. radixsched keeps each request's seniority
         (queue entry, HRRN snapshot, place in arrival order) when the list is in arrival order
-        and the policy reads it; SGLang appends them with fresh stamps (spec 8.9)."""
+        and the policy reads it; SGLang appends them with fresh stamps (they may starve)."""
         if self.config.sglang_compat:
             for r in reqs:
                 r.queue_entry_time = now
@@ -177,12 +177,12 @@ class WaitingQueue:
                 self.reqs.append(r)
         elif not self.policy.list_order_free and self._in_arrival_order():
             for r in reqs:  # each goes back to its place in arrival order
-                pos = bisect.bisect_left(self.reqs, self._seq_of[id(r)], key=self._seq)
+                pos = bisect.bisect_left(self.reqs, self._seq_of[id(r)], key=self._arrival_seq)
                 self.reqs.insert(pos, r)
         else:
             self.reqs.extend(reqs)
 
-    def _seq(self, r: Req) -> int:
+    def _arrival_seq(self, r: Req) -> int:
         return self._seq_of[id(r)]
 
     def _in_arrival_order(self) -> bool:
@@ -191,7 +191,7 @@ class WaitingQueue:
 
     # ---- a round -----------------------------------------------------------------------------
     def active_policy(self) -> Policy:
-        """The policy that orders a queue of this length (spec 1.4: strictly above the cap)."""
+        """The policy that orders a queue of this length (a capped one: fcfs above the cap)."""
         if self.policy.capped and self.cap is not None and len(self.reqs) > self.cap:
             return get_policy(FCFS)
         return self.policy
@@ -280,7 +280,7 @@ class WaitingQueue:
         return iter(range(len(self.reqs)))
 
     def refresh(self, order: RoundOrder) -> None:
-        """The waiting-prefix refresh (spec 1.10), in rounds whose matching is read-only (or
+        """The waiting-prefix refresh, in rounds whose matching is read-only (or
         absent) under LRU eviction."""
         if not (self.refresh_on and self.matches and self.reqs):
             return

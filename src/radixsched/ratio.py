@@ -1,5 +1,5 @@
 """The new-token ratio: how much of its remaining decode budget a running request is expected
-to use, for reserving KV memory at admission (spec 4.7)."""
+to use, for reserving KV memory at admission."""
 
 from __future__ import annotations
 
@@ -28,6 +28,6 @@ class NewTokenRatioTracker:
         self.current = self.init
 
     def after_retraction(self, estimate: float) -> None:
-        # SGLang assigns the survivors' estimate, which can drop the ratio right after an OOM
-        # (spec 8.17); radixsched never lowers it on a retraction.
+        # SGLang assigns the survivors' estimate, which can drop the ratio right after running
+        # out of memory; radixsched never lowers it on a retraction.
         self.current = estimate if self.compat else max(self.current, estimate)

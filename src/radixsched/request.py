@@ -15,7 +15,6 @@ KV row layout of a request (positions are token positions in ``prompt + output``
 from __future__ import annotations
 
 import enum
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +26,6 @@ SlotArray = npt.NDArray[np.int64]
 
 EMPTY_TOKENS: TokenArray = np.zeros(0, dtype=np.int32)
 EMPTY_SLOTS: SlotArray = np.zeros(0, dtype=np.int64)
-
-_rid_counter = itertools.count()
-
-
-def new_rid() -> str:
-    return f"req-{next(_rid_counter)}"
 
 
 def as_tokens(ids: Any) -> TokenArray:
@@ -112,8 +105,8 @@ class Req:
     # (Re)entry into the waiting queue: clock value and the processed-prefill-token counter.
     queue_entry_time: float = 0.0
     queue_entry_processed_tokens: int = 0
-    # Seniority kept across retraction/preemption (fix for spec section 8 item 9): the first
-    # entry's values. In compat-sglang mode the scheduler overwrites them on every re-entry.
+    # Seniority kept across retraction/preemption (SGLang re-stamps them, so a request retracted
+    # again and again can starve): the first entry's values. Compat-sglang overwrites them.
     retraction_count: int = 0
     preemption_count: int = 0
 
@@ -207,7 +200,7 @@ class Req:
         return np.concatenate([prompt[lo:], tail]) if lo < n else tail
 
     def max_prefix_len(self, length: int | None = None) -> int:
-        """Cap on a usable match: at least one token is always computed (spec section 0)."""
+        """Cap on a usable match: the last token is always computed (it samples the next one)."""
         n = self.fill_len if length is None else length
         return max(n - 1, 0)
 

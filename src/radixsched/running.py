@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from radixsched.kv import ceil_page
@@ -10,34 +9,11 @@ from radixsched.policies import prio_value
 from radixsched.request import Req
 
 
-def running_decode_tokens(reqs: list[Req], clip: int) -> tuple[int, int]:
-    """(ignore_eos, other) sums of the clipped decode tokens each request may still generate:
-    the adder reserves the first in full and discounts the second by the new-token ratio."""
-    full = discounted = 0
-    for r in reqs:
-        rem = min(r.sampling.max_new_tokens - len(r.output_ids), clip)
-        if rem > 0:
-            if r.sampling.ignore_eos:
-                full += rem
-            else:
-                discounted += rem
-    return full, discounted
-
-
 class RunningBatch:
     """The running requests, in the order they joined (decode batch order)."""
 
     def __init__(self) -> None:
         self.reqs: list[Req] = []
-
-    def __len__(self) -> int:
-        return len(self.reqs)
-
-    def __iter__(self) -> Iterator[Req]:
-        return iter(self.reqs)
-
-    def __bool__(self) -> bool:
-        return bool(self.reqs)
 
     def extend(self, reqs: list[Req]) -> None:
         self.reqs.extend(reqs)
@@ -47,7 +23,18 @@ class RunningBatch:
         self.reqs[:] = [r for r in self.reqs if id(r) not in gone]  # in place: the adder holds it
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
-        return running_decode_tokens(self.reqs, clip)
+        """(ignore_eos, other) sums of the clipped decode tokens each request may still
+        generate: the adder reserves the first in full and discounts the second by the
+        new-token ratio."""
+        full = discounted = 0
+        for r in self.reqs:
+            rem = min(r.sampling.max_new_tokens - len(r.output_ids), clip)
+            if rem > 0:
+                if r.sampling.ignore_eos:
+                    full += rem
+                else:
+                    discounted += rem
+        return full, discounted
 
     def progress(self) -> tuple[int, int]:
         """(output tokens so far, max_new_tokens) summed over the batch."""
@@ -59,8 +46,8 @@ class RunningBatch:
         return [max(ceil_page(r.fill_len, page) - len(r.kv_row), 0) for r in self.reqs]
 
     def retraction_order(self, by_priority: bool, sign: int) -> list[Req]:
-        """Running requests sorted so that ``pop()`` yields the next retraction victim (spec
-        4.6): the fewest output tokens, then the longest prompt (least important first under
+        """Running requests sorted so that ``pop()`` yields the next retraction victim: the
+        fewest output tokens, then the longest prompt (least important first under
         ``--retraction-policy priority``)."""
         return retraction_order(
             self.reqs, [len(r.output_ids) for r in self.reqs], by_priority, sign

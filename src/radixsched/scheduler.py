@@ -1,11 +1,12 @@
 """The one scheduler loop that the simulator, the offline engine and the HTTP server all run.
 
-Each ``step()`` is one forward pass (spec 4.2):
+Each ``step()`` is one forward pass, a prefill whenever one can be built, else a decode:
 
-1. ``prefill_round``: checkpoint the in-flight chunked request's KV into the cache (spec 4.5),
-   continue it, order the waiting queue and admit requests through the ``PrefillAdder``;
+1. ``prefill_round``: checkpoint the KV the chunked request computed last step into the cache,
+   continue it ahead of every waiting request, order the waiting queue and admit requests
+   through the ``PrefillAdder``;
 2. if that built no batch, ``decode_round``: one decode step of every running request,
-   retracting requests first when the step's KV does not fit (spec 4.6);
+   retracting requests first when the step's new KV does not fit in free + evictable memory;
 3. ``run``: the batch on the ``ModelRunner``; tokens are appended, finished requests cache
    their KV and release it, prefilled ones join the running batch.
 
@@ -15,10 +16,8 @@ admission until it finishes, is retracted, preempted or aborted; an idle schedul
 Scheduling decides order and timing only: the same requests produce the same tokens under
 every policy, with the cache on or off.
 
-Built with ``disaggregation_mode`` ``prefill`` or ``decode`` (``radixsched.cluster.disagg``),
-the same loop is one role of a split deployment: requests wait for the peer at the role's
-queues (``prefill_role.bootstrapped``/``transfer_done``, ``decode_role.pop_preallocated``/
-``kv_arrived``, called by whoever carries the handshake), and a decode instance never prefills.
+The loop calls its role's hooks (``roles.py``: co-located by default, or one side of a split
+prefill/decode deployment, ``radixsched.cluster.disagg``) and never asks which role it plays.
 
 This is the reference: every round does all its work. ``radixsched.fast.FastScheduler`` gives
 the same schedule, bit for bit, doing only the work that changed (tests/test_equivalence.py).
@@ -37,13 +36,13 @@ from radixsched.cache import CacheKey, TokenAllocator, make_cache
 from radixsched.cache.base import BasePrefixCache, IntegrityError
 from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
-from radixsched.cluster.disagg import DecodeRole, PrefillRole, Role, effective_config, role_for
 from radixsched.config import SchedulerConfig, resolve_max_running_requests
 from radixsched.kv import KVManager, ceil_page
 from radixsched.policies import prio_value, validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import FinishReason, FinishState, Req
+from radixsched.roles import CoLocated, Role
 from radixsched.runner import Batch, ExtendEntry, ModelRunner
 from radixsched.running import RunningBatch
 
@@ -108,9 +107,9 @@ class Scheduler:
         context_len: int = 131072,
         host_tier: Any = None,
         gate_factory: Callable[[Scheduler], PrefillGate | None] | None = None,
+        role: type[Role] = CoLocated,
     ) -> None:
-        config = effective_config(config)
-        self.config = config
+        self.config = config = role.configure(config)
         self.runner = runner
         self.clock: Clock = clock if clock is not None else VirtualClock()
         self.page_size = config.page_size
@@ -118,32 +117,22 @@ class Scheduler:
         self.host_tier = host_tier
         on_evict = host_tier.on_evict if host_tier is not None else None
         self.cache: BasePrefixCache = make_cache(config, self.allocator, on_evict=on_evict)
-        self.kv = self.kv_class(
-            self.cache,
-            self.allocator,
-            host_tier=host_tier,
-            priority_sign=config.priority_sign,
-            compat=config.sglang_compat,
-        )
+        self.kv = self.kv_class(self.cache, self.allocator, config, host_tier=host_tier)
         self.queue = self.queue_class(config, self.cache)
         self.policy = self.queue.policy
+        self.eos_ids = frozenset(runner.eos_token_ids())
         self.batch = self._make_running()
         self.capacity = self.allocator.total_size
         self.context_len = context_len
         self.max_running_requests = resolve_max_running_requests(config, self.capacity, context_len)
         self.ratio = NewTokenRatioTracker(config)
-        self.eos_ids = frozenset(runner.eos_token_ids())
         self.gate_factory = gate_factory
         self.chunked_req: Req | None = None
         self.batch_is_full = False
-        self.processed_tokens = 0  # HRRN clock: prefill tokens only (spec 8.8)
+        self.processed_tokens = 0  # HRRN's clock: extend tokens run (decode steps never count)
         self.stats = SchedulerStats()
         self._by_rid: dict[str, Req] = {}
-        self.disagg: Role | None = role_for(self)
-        self.prefill_role = self.disagg if isinstance(self.disagg, PrefillRole) else None
-        self.decode_role = self.disagg if isinstance(self.disagg, DecodeRole) else None
-        if self.prefill_role is not None:
-            self.queue.ahead = self.prefill_role.refresh_head
+        self.role = role(self)
 
     def _make_running(self) -> RunningBatch:
         return RunningBatch()
@@ -166,7 +155,7 @@ class Scheduler:
             return self._reject(req, *err)
         if cfg.enable_priority_scheduling and req.priority is None:
             req.priority = cfg.default_priority_value
-        limit = cfg.max_queued_requests if self.disagg is None else None  # SGLang: null mode only
+        limit = self.role.queue_limit
         if limit is not None and len(self.waiting) + 1 > limit:
             victim = self._queue_limit_victim(req)
             if victim is None:
@@ -178,10 +167,7 @@ class Scheduler:
         req.queue_entry_time = req.arrival_time = req.times.arrival = t
         req.queue_entry_processed_tokens = self.processed_tokens
         self._by_rid[req.rid] = req
-        if self.disagg is not None:
-            self.disagg.enqueue(req)
-        else:
-            self.queue.add(req)
+        self.role.enqueue(req)
         return AdmitResult(True)
 
     def _door_check(self, req: Req) -> tuple[int, str] | None:
@@ -213,7 +199,7 @@ class Scheduler:
 
     def _queue_limit_victim(self, incoming: Req) -> Req | None:
         """With priority scheduling, a strictly more important arrival displaces the least
-        important (then most recently queued) waiting request (spec 4.8)."""
+        important (then most recently queued) waiting request."""
         if not self.config.enable_priority_scheduling or not self.waiting:
             return None
         sign = self.config.priority_sign
@@ -221,22 +207,16 @@ class Scheduler:
         return cand if sign * prio_value(incoming, sign) < sign * prio_value(cand, sign) else None
 
     def _requeue(self, reqs: list[Req]) -> None:
-        """Back to the queue after retraction or preemption (never facing the queue limit);
-        a decode instance offloads them instead (it cannot prefill them again)."""
-        if not reqs:
-            return
-        if self.decode_role is not None:
-            self.decode_role.offload(reqs)
-        else:
-            self.queue.requeue(reqs, self.clock.now(), self.processed_tokens)
+        """Retracted or preempted requests go where the role puts them."""
+        if reqs:
+            self.role.requeue(reqs)
 
     # ==== abort ==============================================================================
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
         """Abort a waiting, chunked or running request (or one a role holds: a prefilled
         request whose transfer is abandoned included); its slots and lock are released."""
         req = self._by_rid.get(rid)
-        in_flight = self.prefill_role is not None and rid in self.prefill_role.inflight
-        if req is None or (req.finished and not in_flight):
+        if req is None or (req.finished and req not in self.role.holders()):
             return False
         self._detach(req, cache_kv=not self.config.sglang_compat)  # radixsched caches its KV
         self._finish_aborted(req, status_code, message)
@@ -262,9 +242,8 @@ class Scheduler:
         elif req in self.running:
             self.batch.remove([req])
             self.batch_is_full = False
-        else:
-            if self.disagg is not None:  # in a role's queue (it releases what it holds)
-                self.disagg.drop(req, cache_kv=cache_kv)
+        else:  # in a role's queue (it releases what it holds)
+            self.role.drop(req, cache_kv=cache_kv)
             return
         self.kv.release(req, cache_kv=cache_kv)
 
@@ -282,12 +261,7 @@ class Scheduler:
     @property
     def is_idle(self) -> bool:
         """Nothing to run: a role's requests waiting on the peer do not count."""
-        return (
-            not self.waiting
-            and not self.running
-            and self.chunked_req is None
-            and (self.disagg is None or self.disagg.idle)
-        )
+        return not self.waiting and not self.running and self.chunked_req is None and self.role.idle
 
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -303,24 +277,18 @@ class Scheduler:
         return [r.remaining_new_tokens for r in self.running]
 
     def kv_usage(self) -> float:
-        used = self.capacity - self.allocator.available_size() - self.cache.evictable_size()
-        return used / self.capacity
+        return (self.capacity - self._room()) / self.capacity
 
     # ==== the step ===========================================================================
     def step(self, horizon: float | None = None) -> StepOutcome | None:
         """Run one forward pass; None when there is nothing to run. ``horizon`` (the time of
         the next external event) lets accelerators run several passes at once before it."""
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
-        if self.decode_role is not None:
-            return self.decode_role.step(horizon)
-        batch = self.prefill_round()
-        if batch is not None:
-            return self.run(batch)
-        return self.decode_round(horizon)
+        return self.role.step(horizon)
 
     # ---- prefill -------------------------------------------------------------------------------
     def prefill_round(self) -> Batch | None:
-        """One prefill round (spec 4.4). With a prefill delayer its per-pass executor is built
+        """One prefill round. With a prefill delayer its per-pass executor is built
         first and finalized last, on every pass (the cross-rank collective must balance)."""
         chunked = self.chunked_req
         if chunked is not None and chunked.extend_end > chunked.prefix_len:
@@ -399,7 +367,7 @@ class Scheduler:
         return self.queue.begin_round(self.running, self.processed_tokens, self.clock.now())
 
     def _admit(self, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
-        """The admission loop (spec 4.4): requests in the round's order until a budget, the
+        """The admission loop: requests in the round's order until a budget, the
         request slots (``slots``) or memory ends it. Returns the admitted queue positions; the
         loop edits neither the queue nor its order."""
         preemption = self.config.enable_priority_preemption
@@ -523,9 +491,9 @@ class Scheduler:
         return sum(self.batch.step_need(self.page_size)) <= self._room()
 
     def _make_room_for_decode(self) -> list[Req]:
-        """Retract running requests until the next decode step fits (spec 4.6). A request
-        half-way through a chunked prefill goes first: it holds KV the batch needs and has no
-        output (SGLang never considers it and aborts a running request instead)."""
+        """Retract running requests until the next decode step fits in free + evictable
+        memory. A request half-way through a chunked prefill goes first: it holds KV the batch
+        needs and has no output (SGLang never considers it and aborts a running request)."""
         if self._decode_fits():
             return []
         retracted = []
@@ -561,21 +529,14 @@ class Scheduler:
         out, most = self.batch.progress()
         est = (out + cfg.retract_decode_steps * n) / (most + 1)
         self.ratio.after_retraction(min(1.0, est))
-        self._keep_free(n * cfg.retract_decode_steps)
+        self.kv.keep_free(n * cfg.retract_decode_steps)
         self.batch_is_full = False
         self._requeue(retracted)
         logger.debug("retracted %d; new_token_ratio=%.3f", len(retracted), self.ratio.current)
 
-    def _keep_free(self, tokens: int) -> None:
-        short = tokens - self.allocator.available_size()
-        if short > 0:
-            self.cache.evict(short)
-
     def _retract(self, req: Req) -> None:
-        # radixsched caches the computed KV before releasing it (spec 8.11); SGLang drops it.
-        # A decode instance keeps it in host memory (it cannot prefill the request again).
-        if self.decode_role is not None:
-            self.decode_role.runner.offload_kv(req, req.kv_row[: req.kv_len])
+        # radixsched caches the computed KV before releasing it; SGLang drops it.
+        self.role.retracting(req)
         self.kv.release(req, cache_kv=not self.config.sglang_compat)
         req.retraction_count += 1
 
@@ -585,7 +546,7 @@ class Scheduler:
             self.kv.release(v, cache_kv=not self.config.sglang_compat)
             v.preemption_count += 1
             self.stats.preemptions += 1
-        self._keep_free(len(self.running) * self.config.retract_decode_steps)
+        self.kv.keep_free(len(self.running) * self.config.retract_decode_steps)
 
     # ---- running a batch -----------------------------------------------------------------------
     def run(self, batch: Batch) -> StepOutcome:
@@ -604,11 +565,8 @@ class Scheduler:
             if r is self.chunked_req:
                 self.chunked_req = None
             self._emit(r, result.next_tokens[r.rid], now, out)
-            if r.finished and self.prefill_role is not None:  # its KV waits for the transfer
-                self.prefill_role.hold(r)
-            elif r.finished:  # at its prefill: it never joins the running batch
-                self.kv.release(r, cache_kv=True)
-                self._forget(r)
+            if r.finished:
+                self.role.prefilled(r)
             else:
                 self.kv.checkpoint(r, r.kv_len)
                 joined.append(r)
@@ -617,7 +575,9 @@ class Scheduler:
             self._emit(d.req, result.next_tokens[d.req.rid], now, out)
             if d.req.finished:
                 finished.append(d.req)
-        self._retire(finished)
+        if finished:  # they leave the running batch, caching their KV
+            self.batch.remove(finished)
+            self._release_finished(finished)
         self.batch.extend(joined)
         return out
 
@@ -665,12 +625,6 @@ class Scheduler:
             tt = r.times.token_times
             r.times.finish = tt[-1] if tt else self.clock.now()
 
-    def _retire(self, finished: list[Req]) -> None:
-        """Finished requests leave the running batch, caching their KV."""
-        if finished:
-            self.batch.remove(finished)
-            self._release_finished(finished)
-
     def _release_finished(self, finished: list[Req]) -> None:
         self.batch_is_full = False
         for r in finished:
@@ -687,8 +641,8 @@ class Scheduler:
 
     # ==== invariants ===========================================================================
     def holders(self) -> list[Req]:
-        own = [*self.running, *([self.chunked_req] if self.chunked_req is not None else [])]
-        return own if self.disagg is None else [*own, *self.disagg.holders()]
+        chunked = [self.chunked_req] if self.chunked_req is not None else []
+        return [*self.running, *chunked, *self.role.holders()]
 
     def check_integrity(self) -> None:
         """Every KV slot is free, cached or owned by exactly one request; every lock is held by
@@ -701,8 +655,7 @@ class Scheduler:
         for r in self.waiting:
             if r.lock_node is not None or len(r.kv_row):
                 raise IntegrityError(f"waiting request {r.rid} holds a lock or KV slots")
-        if self.disagg is not None:
-            self.disagg.check_integrity()
+        self.role.check_integrity()
         if not holders and self.cache.protected_size() != 0:
             raise IntegrityError(
                 f"idle scheduler but {self.cache.protected_size()} tokens remain locked"

@@ -48,7 +48,7 @@ def make_cache(
     on_evict: Callable[[CacheKey, int], None] | None = None,
 ) -> BasePrefixCache:
     """The scheduler's cache for ``config``: a radix cache, disabled under
-    ``--disable-radix-cache`` (SGLang builds a disabled tree too, spec 3.3)."""
+    ``--disable-radix-cache`` (SGLang builds a disabled tree too)."""
     return RadixCache(
         allocator,
         page_size=config.page_size,

@@ -20,14 +20,15 @@ n)`` is ``free(freed)`` followed by ``alloc(n)`` with the same result and state,
 cache has just evicted for this very allocation.
 
 Representation (chosen so that ``alloc`` and ``free`` are a handful of numpy calls each): the
-stack grows downwards, ``_stack[_lo:]`` are the free pages with the top at ``_stack[_lo]``, so
-both a pop and a push are forward copies of a contiguous block. ``_pos[k]`` is ``i + 1`` when
-page ``k`` is free and sits at ``_stack[i]``, 0 when it is allocated, and -1 for the reserved
-page 0 and for the sentinel entry ``_pos[num_pages + 1]``. ``free`` validates with one clipped
-gather of ``_pos`` (clipping maps every out-of-range page onto a -1 entry, so a nonzero value
-is a double free, the reserved page or out of range), writes the new stack positions, and
-detects a page given twice in one call by reading them back (the later write wins, so an
-earlier occurrence reads a different position).
+stack grows downwards, ``_stack[_first_free:]`` are the free pages with the top at
+``_stack[_first_free]``, so both a pop and a push are forward copies of a contiguous block.
+``_stack_pos[k]`` is ``i + 1`` when page ``k`` is free and sits at ``_stack[i]``, 0 when it is
+allocated, and -1 for the reserved page 0 and for the sentinel entry
+``_stack_pos[num_pages + 1]``. ``free`` validates with one clipped gather of ``_stack_pos``
+(clipping maps every out-of-range page onto a -1 entry, so a nonzero value is a double free, the
+reserved page or out of range), writes the new stack positions, and detects a page given twice
+in one call by reading them back (the later write wins, so an earlier occurrence reads a
+different position).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class TokenAllocator:
         self._page_offsets = np.arange(page_size, dtype=np.int64)
         # Positions are 1 .. num_pages: int32 halves the memory the validation gathers touch.
         pos_dtype = np.int32 if self.num_pages < 2**31 - 1 else np.int64
-        # _stamps[i] == i + 1: the _pos value of a page at _stack[i] (read-only, sliced).
+        # _stamps[i] == i + 1: the _stack_pos value of a page at _stack[i] (read-only, sliced).
         self._stamps: PosArray = np.arange(1, self.num_pages + 1, dtype=pos_dtype)
         self._stamps.flags.writeable = False
         self.reset()
@@ -66,20 +67,21 @@ class TokenAllocator:
     def reset(self) -> None:
         """Everything free again (the cache and requests must drop their slots too)."""
         n = self.num_pages
-        # Free pages are _stack[_lo:], top first; pages 1, 2, ... are handed out first.
+        # Free pages are _stack[_first_free:], top first; pages 1, 2, ... are handed out first.
         self._stack: PageArray = np.arange(1, n + 1, dtype=np.int64)
-        self._lo = 0
-        # Invariant: _pos[_stack[i]] == i + 1 for i >= _lo; _pos[k] == 0 for allocated pages;
-        # _pos[0] == _pos[n + 1] == -1 (page 0 and the out-of-range sentinel: never freeable).
-        self._pos: PosArray = np.empty(n + 2, dtype=self._stamps.dtype)
-        self._pos[0] = self._pos[n + 1] = -1
-        self._pos[1 : n + 1] = self._stamps
+        self._first_free = 0
+        # Invariant: _stack_pos[_stack[i]] == i + 1 for i >= _first_free; _stack_pos[k] == 0
+        # for allocated pages; _stack_pos[0] == _stack_pos[n + 1] == -1 (page 0 and the
+        # out-of-range sentinel: never freeable).
+        self._stack_pos: PosArray = np.empty(n + 2, dtype=self._stamps.dtype)
+        self._stack_pos[0] = self._stack_pos[n + 1] = -1
+        self._stack_pos[1 : n + 1] = self._stamps
         self._reserved = 0  # pages set aside by reserve(), still on the stack until claim()
 
     # ---- queries ------------------------------------------------------------------------
     def available_size(self) -> int:
         """Free slots not set aside by ``reserve`` (a multiple of page_size)."""
-        return (self.num_pages - self._lo - self._reserved) * self.page_size
+        return (self.num_pages - self._first_free - self._reserved) * self.page_size
 
     def reserved_size(self) -> int:
         """Slots reserved and not yet claimed."""
@@ -87,7 +89,7 @@ class TokenAllocator:
 
     def free_slots(self) -> SlotArray:
         """Every free slot (for conservation checks; allocates)."""
-        return self._pages_to_slots(self._stack[self._lo :][::-1])
+        return self._pages_to_slots(self._stack[self._first_free :][::-1])
 
     # ---- alloc / free -------------------------------------------------------------------
     def alloc(self, num_tokens: int) -> SlotArray | None:
@@ -99,18 +101,18 @@ class TokenAllocator:
                 f"alloc({num_tokens}): must be a non-negative multiple of page_size ({p})"
             )
         k = num_tokens // p
-        lo = self._lo
+        lo = self._first_free
         if k > self.num_pages - lo - self._reserved:
             return None
         if k == 0:
             return EMPTY_SLOTS.copy()
-        self._lo = lo + k
+        self._first_free = lo + k
         if p == 1:
             slots = self._stack[lo : lo + k].copy()
-            self._pos[slots] = 0
+            self._stack_pos[slots] = 0
             return slots
         pages = self._stack[lo : lo + k]
-        self._pos[pages] = 0
+        self._stack_pos[pages] = 0
         return (pages[:, None] * p + self._page_offsets).reshape(-1)
 
     def alloc_into(self, out: SlotArray) -> bool:
@@ -122,14 +124,14 @@ class TokenAllocator:
         if n % p:
             raise ValueError(f"alloc({n}): must be a non-negative multiple of page_size ({p})")
         k = n // p
-        lo = self._lo
+        lo = self._first_free
         if k > self.num_pages - lo - self._reserved:
             return False
         if k == 0:
             return True
-        self._lo = lo + k
+        self._first_free = lo + k
         pages = self._stack[lo : lo + k]
-        self._pos[pages] = 0
+        self._stack_pos[pages] = 0
         if p == 1:
             out[:] = pages
         else:
@@ -151,7 +153,7 @@ class TokenAllocator:
             if len(seg) % p:
                 raise ValueError(f"free: {len(seg)} slots is not a whole number of pages (p={p})")
             g += len(seg)
-        if n > g and (n - g) // p > self.num_pages - self._lo - self._reserved:
+        if n > g and (n - g) // p > self.num_pages - self._first_free - self._reserved:
             if g:
                 self.free(np.concatenate(freed) if len(freed) > 1 else freed[0], checked=False)
             return False
@@ -197,7 +199,7 @@ class TokenAllocator:
                 f"reserve({num_tokens}): must be a non-negative multiple of page_size ({p})"
             )
         k = num_tokens // p
-        if k > self.num_pages - self._lo - self._reserved:
+        if k > self.num_pages - self._first_free - self._reserved:
             return False
         self._reserved += k
         return True
@@ -238,12 +240,13 @@ class TokenAllocator:
             if checked and np.count_nonzero(groups != (pages * p)[:, None] + self._page_offsets):
                 raise ValueError(f"free: slots are not page-aligned groups of {p}")
         k = pages.size
-        pos = self._pos
-        # Clipping sends pages < 0 to _pos[0] and pages > num_pages to _pos[num_pages + 1]
-        # (both -1): any nonzero entry is out of range, the reserved page or a free page.
+        pos = self._stack_pos
+        # Clipping sends pages < 0 to _stack_pos[0] and pages > num_pages to
+        # _stack_pos[num_pages + 1] (both -1): any nonzero entry is out of range, the reserved
+        # page or a free page.
         if checked and np.count_nonzero(pos.take(pages, mode="clip")):
             self._reject(pages)
-        lo = self._lo - k
+        lo = self._first_free - k
         if lo < 0:  # more pages than are allocated, all of them allocated: a repeat
             raise ValueError("free: the same page appears twice in one call")
         stamps = self._stamps[lo : lo + k]
@@ -253,7 +256,7 @@ class TokenAllocator:
             pos[pages] = 0  # every page was allocated (checked above): undo exactly
             raise ValueError("free: the same page appears twice in one call")
         self._stack[lo : lo + k] = pages
-        self._lo = lo
+        self._first_free = lo
 
     def _reject(self, pages: PageArray) -> NoReturn:
         """Raise the ValueError for a ``free`` of ``pages`` that failed a fast check, with the
@@ -262,7 +265,7 @@ class TokenAllocator:
         if lo < 1 or hi > self.num_pages:
             what = "the padding page (slot 0)" if lo < 1 else f"page {hi} (out of range)"
             raise ValueError(f"free: refusing to free {what}")
-        is_free = self._pos[pages] > 0
+        is_free = self._stack_pos[pages] > 0
         bad = pages[is_free]
         raise ValueError(f"free: double free of {bad.size} page(s), first page {int(bad[0])}")
 
@@ -282,14 +285,14 @@ class TokenAllocator:
             req = EMPTY_SLOTS
         cache = np.asarray(cache_slots, dtype=np.int64)
         free = self.free_slots()
-        lo = self._lo
+        lo = self._first_free
         n_stack = self.num_pages - lo
-        n_marked = int(np.count_nonzero(self._pos[1:-1] > 0))
+        n_marked = int(np.count_nonzero(self._stack_pos[1:-1] > 0))
         if (
             n_marked != n_stack
-            or self._pos[0] != -1
-            or self._pos[-1] != -1
-            or not np.array_equal(self._pos[self._stack[lo:]], self._stamps[lo:])
+            or self._stack_pos[0] != -1
+            or self._stack_pos[-1] != -1
+            or not np.array_equal(self._stack_pos[self._stack[lo:]], self._stamps[lo:])
         ):
             raise IntegrityError(
                 f"allocator free-list corrupt: {n_stack} pages on the stack, {n_marked} marked free"

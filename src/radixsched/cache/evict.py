@@ -1,7 +1,7 @@
 """Eviction strategies for the radix cache, registered by name.
 
 A strategy maps an evictable leaf to a sort key; the cache evicts the leaf with the smallest key
-first (spec section 3.8). Times are values of the cache's logical clock (one tick per cache
+first, as SGLang's do. Times are values of the cache's logical clock (one tick per cache
 operation), never wall-clock time, so eviction order is a pure function of the operation
 sequence. The cache breaks remaining ties by node id (creation order), also deterministic.
 """

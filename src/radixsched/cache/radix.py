@@ -1,7 +1,7 @@
 """Radix prefix cache: token-sequence prefixes -> KV slots, with lock counting and eviction.
 
-Semantics follow spec section 3 (SGLang 0.5.23's ``RadixCache``) with these deliberate
-deviations (spec section 8 item 20 and section 3.12):
+Semantics follow SGLang 0.5.23's ``RadixCache`` (page-aligned keys, namespaces, splits on a
+partial match, lock counting, leaf eviction by strategy) with these deliberate deviations:
 
 - **Partial-leaf eviction.** ``evict(n)`` evicts whole leaves while they fit; when the last leaf
   needed is longer than the remainder, only its tail (rounded up to whole pages) is freed and the
@@ -176,7 +176,7 @@ class RadixCache(BasePrefixCache):
         self.disabled = disable
         self.compat_sglang = compat_sglang
         self.on_evict = on_evict
-        # A disabled tree always uses LRU (spec 3.3); the name is still validated.
+        # A disabled tree always uses LRU (as SGLang's); the name is still validated.
         strategy = get_strategy(eviction_policy)
         self.eviction_policy = DEFAULT_EVICTION_POLICY if disable else strategy.name
         self.strategy: EvictionStrategy = (
@@ -863,12 +863,13 @@ class RadixCache(BasePrefixCache):
         return self.dfs_weight_order_at([(n, len(n.key) if n is not None else 0) for n in nodes])
 
     def dfs_weight_order_at(self, ends: Sequence[tuple[TreeNode, int]]) -> list[int]:
-        """Permutation of ``range(len(ends))`` (spec 3.9) for matches ending ``offset`` tokens
-        into ``node``: depth-first from the root, children by descending request count (ties:
-        child creation order); after a node's subtree, the matches ending at its end, then those
-        ending inside it, deepest first, each group in original order. That is the order the
-        tree would give had every match split its node where it ends (a split is a chain with
-        one child per split point), without splitting. Handles not in the tree come last."""
+        """Permutation of ``range(len(ends))``, SGLang's dfs-weight order, for matches ending
+        ``offset`` tokens into ``node``: depth-first from the root, children by descending
+        request count (ties: child creation order); after a node's subtree, the matches ending
+        at its end, then those ending inside it, deepest first, each group in original order.
+        That is the order the tree would give had every match split its node where it ends (a
+        split is a chain with one child per split point), without splitting. Handles not in the
+        tree come last."""
         root = self._root
         at_end: dict[TreeNode, list[int]] = {}
         inside: dict[TreeNode, dict[int, list[int]]] = {}

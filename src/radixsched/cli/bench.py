@@ -24,7 +24,7 @@ MAX_SWEEP_RATES = 100  # each rate sends the whole workload once more
 def _bench_epilog() -> str:
     from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
     from radixsched.sim.settings.runconfig import RATE_RULE
-    from radixsched.sim.workloads.load import describe_workloads
+    from radixsched.sim.workloads.spec import describe_workloads
 
     return (
         "workloads (--workload NAME:k=v,... or NAME:PATH; bench's defaults for params not "
@@ -163,7 +163,8 @@ def _sweep_errors(args: argparse.Namespace) -> list[str]:
 
 def _output_errors(args: argparse.Namespace) -> list[str]:
     """--json and --requests-csv: writable, neither one the workload's trace nor the other."""
-    from radixsched.sim.workloads.load import WorkloadError, parse_workload_spec
+    from radixsched.sim.workloads.spec import parse_workload_spec
+    from radixsched.sim.workloads.tokens import WorkloadError
 
     inputs: list[tuple[str, str]] = []
     try:
@@ -186,10 +187,11 @@ def _slo_ms(flag: str, value: float | None) -> tuple[float | None, str | None]:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from radixsched.results.metrics import SloTargets
+    from radixsched.results.requests import SloTargets
     from radixsched.server.bench import BenchConfig, load_bench_workload, url_problem
     from radixsched.sim.settings.limits import RunConfigError, parse_rate
-    from radixsched.sim.workloads.load import WorkloadError, check_workload_spec
+    from radixsched.sim.workloads.spec import check_workload_spec
+    from radixsched.sim.workloads.tokens import WorkloadError
 
     errors = []
     url_error = url_problem(args.url)
@@ -265,8 +267,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, cfg: Any, result: Any) -> int:
-    from radixsched.results.metrics import request_rows
-    from radixsched.results.table import write_requests
+    from radixsched.results.requests import request_rows
+    from radixsched.results.writers import write_requests
     from radixsched.server.bench import write_json
 
     meta = run_metadata(getattr(args, "_argv", None))
@@ -293,8 +295,8 @@ def _report(args: argparse.Namespace, cfg: Any, result: Any) -> int:
 
 
 def _report_sweep(args: argparse.Namespace, cfg: Any, sweep: Any) -> int:
-    from radixsched.results.metrics import request_rows
-    from radixsched.results.table import write_requests
+    from radixsched.results.requests import request_rows
+    from radixsched.results.writers import write_requests
     from radixsched.server.bench import write_sweep_json
 
     write_sweep_json(args.json_path, sweep, run_metadata(getattr(args, "_argv", None)))

@@ -129,7 +129,7 @@ def _ints(text: str, flag: str) -> list[int]:
     return sorted(set(values))
 
 
-def _pct(x: float) -> str:
+def _percent(x: float) -> str:
     return f"{x * 100:+6.1f}%"
 
 
@@ -143,11 +143,11 @@ def render_errors(errors: list[dict[str, Any]]) -> str:
         lines.append(
             f"{str(e['run'])[:16]:<16} "
             f"{t['predicted']['mean'] * 1e3:8.2f}/{t['measured']['mean'] * 1e3:<8.2f} "
-            f"{_pct(t['error']['mean'])} "
+            f"{_percent(t['error']['mean'])} "
             f"{i['predicted']['mean'] * 1e3:7.3f}/{i['measured']['mean'] * 1e3:<7.3f} "
-            f"{_pct(i['error']['mean'])} "
+            f"{_percent(i['error']['mean'])} "
             f"{d['predicted']['mean'] * 1e3:8.2f}/{d['measured']['mean'] * 1e3:<8.2f} "
-            f"{_pct(d['error']['mean'])} {_pct(d['error']['p90'])}"
+            f"{_percent(d['error']['mean'])} {_percent(d['error']['p90'])}"
         )
     lines.append("(predicted/measured means; err = relative error)")
     return "\n".join(lines)

@@ -253,7 +253,7 @@ def output_errors(
     """Why each ``(flag, path)`` output cannot be written: its folder, an input file it
     would overwrite (``(what, path)`` of each file the command reads), another output's file,
     or Parquet without pyarrow (``--requests-csv``)."""
-    from radixsched.results.table import is_parquet, parquet_available
+    from radixsched.results.writers import is_parquet, parquet_available
     from radixsched.sim.settings.limits import check_output_path
 
     errors: list[str] = []

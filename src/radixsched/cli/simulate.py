@@ -60,7 +60,7 @@ SIMULATE_USAGE = (
 def _simulate_epilog() -> str:
     from radixsched.sim.cost.hardware import MODELS
     from radixsched.sim.settings.runconfig import RATE_RULE
-    from radixsched.sim.workloads.load import describe_workloads
+    from radixsched.sim.workloads.spec import describe_workloads
 
     return (
         "workloads (--workload NAME:k=v,... or NAME:PATH; params not given take these "
@@ -353,7 +353,8 @@ def _input_files(rs: RunSettings, config: str | None) -> list[tuple[str, str]]:
     """(what, path) of every file the run reads: the config file, the trace, the model's
     config.json and the calibration file."""
     from radixsched.sim.cost.hfconfig import config_path
-    from radixsched.sim.workloads.load import WorkloadError, parse_workload_spec
+    from radixsched.sim.workloads.spec import parse_workload_spec
+    from radixsched.sim.workloads.tokens import WorkloadError
 
     files = [("the --config file", config)] if config else []
     try:
@@ -371,7 +372,7 @@ def _input_files(rs: RunSettings, config: str | None) -> list[tuple[str, str]]:
 
 
 def _slo(rs: RunSettings) -> Any:
-    from radixsched.results.metrics import SloTargets
+    from radixsched.results.requests import SloTargets
 
     return SloTargets(
         ttft_s=None if rs.slo_ttft_ms is None else rs.slo_ttft_ms / 1e3,
@@ -399,11 +400,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from radixsched.sim.policy_runs import PolicyFailed, PolicyRuns, default_jobs, run_policies
     from radixsched.sim.preflight import check
     from radixsched.sim.settings.simconfig import SimConfig
-    from radixsched.sim.workloads.load import (
-        WorkloadError,
-        load_workload,
-        workload_optimal_hit_rate,
-    )
+    from radixsched.sim.workloads.load import load_workload, workload_optimal_hit_rate
+    from radixsched.sim.workloads.tokens import WorkloadError
 
     meta = run_metadata(getattr(args, "_argv", None))
     rs, policies = _settings(args)
@@ -476,14 +474,9 @@ def _finish(
 ) -> int:
     from rich.console import Console
 
-    from radixsched.results.table import (
-        load_warnings,
-        render_comparison,
-        served_nothing_lines,
-        write_csv,
-        write_json,
-        write_requests,
-    )
+    from radixsched.results.recommend import load_warnings, served_nothing_lines
+    from radixsched.results.table import render_comparison
+    from radixsched.results.writers import write_csv, write_json, write_requests
 
     results = [r.result for r in runs]
     render_comparison(results, console, runtime=runtime)
@@ -555,13 +548,8 @@ def _disagg_info(sim_cfg: Any) -> dict[str, Any] | None:
     if not sim_cfg.disaggregation:
         return None
     from radixsched.sim.cost.build import build_cost_model
-    from radixsched.sim.deploy.disagg import (
-        DEFAULT_DECODE_ROUTER,
-        LinkModel,
-        deployment_label,
-        gpu_count,
-        role_specs,
-    )
+    from radixsched.sim.deploy.disagg import DEFAULT_DECODE_ROUTER, LinkModel
+    from radixsched.sim.settings.deployment import deployment_label, gpu_count, role_specs
 
     roles, costs = {}, []
     for name, spec in zip(("prefill", "decode"), role_specs(sim_cfg), strict=True):
@@ -623,7 +611,7 @@ def _header(
     the simulated system and cost model, the policies."""
     from rich.markup import escape
 
-    from radixsched.results.table import fmt_percent
+    from radixsched.results.format import fmt_percent
 
     cm = cinfo["cost_model"]
     sim = cinfo["sim"]

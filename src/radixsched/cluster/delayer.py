@@ -1,5 +1,6 @@
-"""Prefill delayer (spec section 5): data-parallel ranks agree, once per scheduling pass,
-whether anyone prefills now, so prefills line up across ranks and batches grow larger.
+"""Prefill delayer (as SGLang's ``PrefillDelayer``): data-parallel ranks agree, once per
+scheduling pass, whether anyone prefills now, so prefills line up across ranks and batches grow
+larger.
 
 Pieces:
 - ``RankInfo``: the six values each rank contributes to the per-pass all-gather.
@@ -33,7 +34,8 @@ prefill batch and waiting-queue length over the gathered ranks, ``mrr`` the rank
   pass cap unless a watermark forces;
 - ``finalize`` reports zeros for the non-prefillable rank's counts.
 
-``compat="radixsched"`` (spec section 8 item 18):
+``compat="radixsched"`` (mending SGLang's edge cases: a cap that misses the slot condition, a
+one-shot exemption, "mixed" ignoring every condition):
 - the wall-clock cap releases any delay: once ``max_delay_ms`` has elapsed since the streak's
   first delayed pass on any rank, a pass that would delay is allowed with WAIT_TIMEOUT;
 - the exemption re-arms whenever a pass is allowed (status all or mixed) while a delay streak

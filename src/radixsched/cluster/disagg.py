@@ -1,10 +1,12 @@
-"""Prefill/decode disaggregation: the two roles a ``Scheduler`` can be built in.
+"""Prefill/decode disaggregation: the two split roles a ``Scheduler`` can be built in.
 
-SGLang's ``--disaggregation-mode`` (``SchedulerConfig.disaggregation_mode``), read once when the
-scheduler is built (``role_for``); the same scheduler loop runs every role, only the places a
-request waits at differ. A request of a split deployment has one copy on a prefill instance
-and one on a decode instance; whoever drives them (``sim.disagg``) carries the handshake and
-the KV between the two.
+SGLang's ``--disaggregation-mode`` (``SchedulerConfig.disaggregation_mode``) names the role
+(``ROLES``), which whoever builds the scheduler passes in (``radixsched.fast.build_scheduler``
+looks it up). Each role overrides the hooks of ``radixsched.roles.Role`` where its side
+differs from a co-located scheduler, so the same scheduler loop runs every role and only the
+places a request waits at differ. A request of a split deployment has one copy on a prefill
+instance and one on a decode instance; whoever drives them (``sim.disagg``) carries the
+handshake and the KV between the two.
 
 Prefill role (``PrefillRole``):
 
@@ -46,8 +48,7 @@ and offloaded requests hold nothing.
 from __future__ import annotations
 
 import dataclasses
-import enum
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -55,31 +56,26 @@ from radixsched.cache.base import IntegrityError
 from radixsched.config import SchedulerConfig
 from radixsched.kv import ceil_page, row_capacity
 from radixsched.request import Req, SlotArray
+from radixsched.roles import CoLocated, Role
 from radixsched.running import prio_value
-
-if TYPE_CHECKING:
-    from radixsched.scheduler import Scheduler, StepOutcome
+from radixsched.scheduler import Scheduler, StepOutcome
 
 
-class DisaggregationMode(enum.Enum):
-    NULL = "null"  # co-located: prefill and decode on one instance
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-class PrefillRole:
+class PrefillRole(Role):
     """The prefill side's bootstrap queue and in-flight transfers (see the module docstring)."""
 
+    mode = "prefill"
+
     def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
+        super().__init__(sched)
+        sched.queue.ahead = self.refresh_head
         self.bootstrap: dict[str, Req] = {}  # rid -> request, in arrival order
         self.inflight: dict[str, Req] = {}  # rid -> prefilled request whose KV is being sent
         self.bootstrap_tokens = 0  # prompt tokens bootstrapping (a router's load reads it)
 
     @property
-    def idle(self) -> bool:
-        """Nothing to compute (bootstrapping and in-flight requests wait on the peer)."""
-        return True
+    def queue_limit(self) -> int | None:
+        return None  # as in SGLang: only a co-located scheduler has a queue limit
 
     def enqueue(self, req: Req) -> None:
         req.sampling = dataclasses.replace(req.sampling, max_new_tokens=1)
@@ -99,8 +95,9 @@ class PrefillRole:
         s.queue.add(req)
         return True
 
-    def hold(self, req: Req) -> None:
-        """``req`` produced its first token: its KV goes into the cache and stays locked."""
+    def prefilled(self, req: Req) -> None:
+        """``req`` produced its first token: its KV goes into the cache and stays locked
+        until the transfer is done."""
         self.sched.kv.checkpoint(req, req.kv_len)
         self.inflight[req.rid] = req
 
@@ -165,10 +162,14 @@ class KVOffloadRunner(Protocol):
         same positions) and forget the host copy."""
 
 
-class DecodeRole:
+class DecodeRole(Role):
     """The decode side's preallocation, transfer, arrival and offload queues."""
 
+    mode = "decode"
+    prefills = False
+
     def __init__(self, sched: Scheduler) -> None:
+        super().__init__(sched)
         runner = sched.runner
         if not all(callable(getattr(runner, m, None)) for m in ("offload_kv", "reload_kv")):
             raise TypeError(
@@ -176,7 +177,6 @@ class DecodeRole:
                 f"(offload_kv, reload_kv); {type(runner).__name__} has none"
             )
         self.runner = cast(KVOffloadRunner, runner)
-        self.sched = sched
         self.prealloc: list[Req] = []  # waiting for memory (their prefill waits too)
         self.transferring: dict[str, Req] = {}  # rid -> request whose KV slots are allocated
         self.arrived: list[Req] = []  # KV landed (or reloaded): join at the next step
@@ -185,6 +185,24 @@ class DecodeRole:
         # waiting for memory, offloaded requests) and decode tokens to come outside the batch.
         self.queued_kv = 0
         self.pending_decode = 0
+
+    @classmethod
+    def configure(cls, config: SchedulerConfig) -> SchedulerConfig:
+        """A decode instance matches no prefix (its cache is off, its queue fcfs: requests
+        arrive with their KV) and refreshes none."""
+        return (
+            super()
+            .configure(config)
+            .replace(
+                schedule_policy="fcfs",
+                disable_radix_cache=True,
+                enable_waiting_prefix_refresh=False,
+            )
+        )
+
+    @property
+    def queue_limit(self) -> int | None:
+        return None  # as in SGLang: only a co-located scheduler has a queue limit
 
     @property
     def idle(self) -> bool:
@@ -223,7 +241,7 @@ class DecodeRole:
                 break
             self.offloaded.pop(0)
             self.queued_kv -= r.fill_len
-            self._own(r, need, r.fill_len - 1)
+            self._allocate_row(r, need, r.fill_len - 1)
             self.runner.reload_kv(r, r.kv_row[: r.kv_len])
             self.arrived.append(r)
             budget -= need + reserve
@@ -241,7 +259,7 @@ class DecodeRole:
             need = ceil_page(r.prompt_len, page)
             if taken == slots or not fits(need):
                 break
-            self._own(r, need, 0)
+            self._allocate_row(r, need, 0)
             self.queued_kv -= r.prompt_len
             self.transferring[r.rid] = r
             budget -= need + reserve
@@ -250,7 +268,7 @@ class DecodeRole:
         out, self.prealloc = self.prealloc[:taken], self.prealloc[taken:]
         return out
 
-    def _own(self, r: Req, slots: int, computed: int) -> None:
+    def _allocate_row(self, r: Req, slots: int, computed: int) -> None:
         """``r`` owns ``slots`` fresh KV slots, of which the first ``computed`` hold KV."""
         buf = np.empty(max(row_capacity(r), slots), dtype=np.int64)
         if slots:
@@ -298,9 +316,7 @@ class DecodeRole:
 
     def step(self, horizon: float | None = None) -> StepOutcome | None:
         """The instance's step: arrived requests join the running batch (their first token is
-        delivered now), then one decode round."""
-        from radixsched.scheduler import StepOutcome
-
+        delivered now), then one decode round (never a prefill)."""
         s = self.sched
         delivered, done = self.join(s.clock.now())
         # A request done at its first token freed memory the preallocation may use: one
@@ -314,7 +330,11 @@ class DecodeRole:
         out._tokens[:0] = [(r, [r.output_ids[0]]) for r in delivered]
         return out
 
-    def offload(self, reqs: list[Req]) -> None:
+    def retracting(self, req: Req) -> None:
+        """Its KV goes to host memory (the instance cannot prefill it again)."""
+        self.runner.offload_kv(req, req.kv_row[: req.kv_len])
+
+    def requeue(self, reqs: list[Req]) -> None:
         """Retracted requests keep their KV in host memory until they fit again."""
         self.offloaded.extend(reqs)
         self.queued_kv += sum(r.fill_len for r in reqs)
@@ -362,35 +382,29 @@ class DecodeRole:
                 raise IntegrityError(f"arrived request {r.rid} lacks the slots of its KV")
 
 
-Role = PrefillRole | DecodeRole
+# ``disaggregation_mode`` -> the role a scheduler of that mode is built with.
+ROLES: dict[str, type[Role]] = {r.mode: r for r in (CoLocated, PrefillRole, DecodeRole)}
 
 
-def role_for(sched: Scheduler) -> Role | None:
-    """The role the scheduler's config asks for (None: co-located)."""
-    mode = DisaggregationMode(sched.config.disaggregation_mode)
-    if mode is DisaggregationMode.PREFILL:
-        return PrefillRole(sched)
-    if mode is DisaggregationMode.DECODE:
-        return DecodeRole(sched)
-    return None
+def prefill_role(sched: Scheduler) -> PrefillRole:
+    """The role of a scheduler built as a prefill instance."""
+    role = sched.role
+    assert isinstance(role, PrefillRole), "not a prefill instance"
+    return role
 
 
-def effective_config(config: SchedulerConfig) -> SchedulerConfig:
-    """What a scheduler of this mode runs: a decode instance matches no prefix (its cache is
-    off, its queue fcfs: requests arrive with their KV) and refreshes none."""
-    if DisaggregationMode(config.disaggregation_mode) is not DisaggregationMode.DECODE:
-        return config
-    return config.replace(
-        schedule_policy="fcfs", disable_radix_cache=True, enable_waiting_prefix_refresh=False
-    )
+def decode_role(sched: Scheduler) -> DecodeRole:
+    """The role of a scheduler built as a decode instance."""
+    role = sched.role
+    assert isinstance(role, DecodeRole), "not a decode instance"
+    return role
 
 
 __all__ = [
+    "ROLES",
     "DecodeRole",
-    "DisaggregationMode",
     "KVOffloadRunner",
     "PrefillRole",
-    "Role",
-    "effective_config",
-    "role_for",
+    "decode_role",
+    "prefill_role",
 ]

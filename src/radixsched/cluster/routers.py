@@ -52,7 +52,7 @@ def _least_loaded(replicas: Sequence[ReplicaLoad]) -> int:
     return min(replicas, key=lambda r: (r.load, r.replica_id)).replica_id
 
 
-def _check(replicas: Sequence[ReplicaLoad]) -> None:
+def _require_replicas(replicas: Sequence[ReplicaLoad]) -> None:
     if not replicas:
         raise ValueError("cannot route: no replicas")
 
@@ -81,7 +81,7 @@ class RoundRobinRouter(Router):
         self._next = 0
 
     def route(self, req: Req, replicas: Sequence[ReplicaLoad], now: float) -> int:
-        _check(replicas)
+        _require_replicas(replicas)
         choice = replicas[self._next % len(replicas)].replica_id
         self._next += 1
         return choice
@@ -95,7 +95,7 @@ class RandomRouter(Router):
         self._rng = random.Random(seed)
 
     def route(self, req: Req, replicas: Sequence[ReplicaLoad], now: float) -> int:
-        _check(replicas)
+        _require_replicas(replicas)
         return replicas[self._rng.randrange(len(replicas))].replica_id
 
 
@@ -103,7 +103,7 @@ class LeastLoadRouter(Router):
     name = "least-load"
 
     def route(self, req: Req, replicas: Sequence[ReplicaLoad], now: float) -> int:
-        _check(replicas)
+        _require_replicas(replicas)
         return _least_loaded(replicas)
 
 
@@ -136,7 +136,7 @@ class ConsistentHashRouter(Router):
         self._points: list[int] = []
         self._owners: list[int] = []
 
-    def _ring(self, ids: tuple[int, ...]) -> None:
+    def _build_ring(self, ids: tuple[int, ...]) -> None:
         if ids == self._ring_ids:
             return
         entries = sorted(
@@ -156,8 +156,8 @@ class ConsistentHashRouter(Router):
         return _hash64(b"prefix\x00" + ns + head)
 
     def route(self, req: Req, replicas: Sequence[ReplicaLoad], now: float) -> int:
-        _check(replicas)
-        self._ring(tuple(sorted(r.replica_id for r in replicas)))
+        _require_replicas(replicas)
+        self._build_ring(tuple(sorted(r.replica_id for r in replicas)))
         i = bisect.bisect_left(self._points, self.key_hash(req))
         return self._owners[i % len(self._owners)]
 
@@ -215,12 +215,12 @@ class CacheAwareRouter(Router):
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
-        self._trees: dict[int, OrderedDict[int, None]] = {}
+        self._pages_by_replica: dict[int, OrderedDict[int, None]] = {}
 
-    def _tree(self, replica_id: int) -> OrderedDict[int, None]:
-        tree = self._trees.get(replica_id)
+    def _pages_of(self, replica_id: int) -> OrderedDict[int, None]:
+        tree = self._pages_by_replica.get(replica_id)
         if tree is None:
-            tree = self._trees[replica_id] = OrderedDict()
+            tree = self._pages_by_replica[replica_id] = OrderedDict()
         return tree
 
     def _hashes(self, req: Req) -> list[int]:
@@ -237,14 +237,14 @@ class CacheAwareRouter(Router):
 
     def match_len(self, req: Req, replica_id: int) -> int:
         """Tokens of ``req``'s prompt the record says ``replica_id`` holds (page-aligned)."""
-        tree = self._trees.get(replica_id)
+        tree = self._pages_by_replica.get(replica_id)
         if tree is None:
             return 0
         return self._match_pages(tree, self._hashes(req)) * self.page_size
 
     def record_size(self, replica_id: int) -> int:
         """Tokens recorded for ``replica_id``."""
-        return len(self._trees.get(replica_id, ())) * self.page_size
+        return len(self._pages_by_replica.get(replica_id, ())) * self.page_size
 
     def is_imbalanced(self, replicas: Sequence[ReplicaLoad]) -> bool:
         loads = [r.load for r in replicas]
@@ -252,14 +252,14 @@ class CacheAwareRouter(Router):
         return hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo
 
     def route(self, req: Req, replicas: Sequence[ReplicaLoad], now: float) -> int:
-        _check(replicas)
+        _require_replicas(replicas)
         hashes = self._hashes(req)
         if self.is_imbalanced(replicas):
             choice = _least_loaded(replicas)
         else:
             best_tokens, _, best_id = max(
                 (
-                    self._match_pages(self._tree(r.replica_id), hashes) * self.page_size,
+                    self._match_pages(self._pages_of(r.replica_id), hashes) * self.page_size,
                     -r.load,
                     -r.replica_id,
                 )
@@ -273,7 +273,7 @@ class CacheAwareRouter(Router):
         return choice
 
     def _record(self, replica_id: int, hashes: list[int]) -> None:
-        tree = self._tree(replica_id)
+        tree = self._pages_of(replica_id)
         # Deepest first, so the prompt's shallow pages end up the most recently used.
         for h in reversed(hashes):
             tree[h] = None

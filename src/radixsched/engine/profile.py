@@ -31,11 +31,11 @@ class ProfileGrid:
     repeats: int = 5
 
 
-def _req(i: int, n: int) -> Req:
+def _dummy_request(i: int, n: int) -> Req:
     return Req(f"p{i}", np.zeros(n, dtype=np.int32) + 65, SamplingParams(max_new_tokens=1))
 
 
-def _time(runner: TorchRunner, batch: Batch, repeats: int) -> float:
+def _median_forward_s(runner: TorchRunner, batch: Batch, repeats: int) -> float:
     runner.forward(batch)
     times = []
     for _ in range(repeats):
@@ -63,15 +63,17 @@ def profile_engine(
             for i in range(b):
                 slots = np.arange(1 + i * n, 1 + (i + 1) * n, dtype=np.int64)
                 ids = np.full(n, 65, dtype=np.int32)
-                entries.append(ExtendEntry(_req(i, n), 0, ids, np.zeros(0, np.int64), slots, True))
-            ms = _time(runner, Batch(entries, []), grid.repeats) * 1e3
+                entries.append(
+                    ExtendEntry(_dummy_request(i, n), 0, ids, np.zeros(0, np.int64), slots, True)
+                )
+            ms = _median_forward_s(runner, Batch(entries, []), grid.repeats) * 1e3
             rows.append({"kind": "prefill", "batch_size": b, "num_tokens": b * n, "ms": ms})
         for c in grid.decode_context:
             dec = []
             for i in range(b):
                 slots = np.arange(1 + i * c, 1 + (i + 1) * c, dtype=np.int64)
-                dec.append(DecodeEntry(_req(i, c), 65, c - 1, slots))
-            ms = _time(runner, Batch([], dec), grid.repeats) * 1e3
+                dec.append(DecodeEntry(_dummy_request(i, c), 65, c - 1, slots))
+            ms = _median_forward_s(runner, Batch([], dec), grid.repeats) * 1e3
             rows.append({"kind": "decode", "batch_size": b, "num_tokens": b * c, "ms": ms})
     info = {
         "model": model,

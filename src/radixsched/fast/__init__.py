@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixsched.cluster.disagg import ROLES
 from radixsched.config import SchedulerConfig
 from radixsched.fast.scheduler import FastScheduler
 from radixsched.runner import ModelRunner
@@ -21,8 +22,10 @@ from radixsched.scheduler import Scheduler
 def build_scheduler(
     config: SchedulerConfig, runner: ModelRunner, *, accelerate: bool = True, **kw: Any
 ) -> Scheduler:
-    """A scheduler for ``runner``: the accelerated one, or the reference (``accelerate=False``)."""
+    """A scheduler for ``runner``: the accelerated one, or the reference (``accelerate=False``),
+    in the role its ``disaggregation_mode`` names."""
     cls = FastScheduler if accelerate else Scheduler
+    kw.setdefault("role", ROLES[config.disaggregation_mode])
     return cls(config, runner, **kw)
 
 

@@ -9,15 +9,13 @@ token times and slots are written when it leaves the batch or someone reads it (
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from radixsched.request import Req
 from radixsched.running import RunningBatch, retraction_order
-
-if TYPE_CHECKING:
-    from radixsched.fast.scheduler import FastScheduler
 
 
 class DecodeCols(NamedTuple):
@@ -64,7 +62,7 @@ class DecodeCols(NamedTuple):
         )
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
-        """``running_decode_tokens`` of these requests, vectorised."""
+        """``RunningBatch.decode_tokens`` of these requests, vectorised."""
         rem = np.minimum(np.maximum(self.max_new - self.out_len, 0), clip)
         full = int(rem[self.ignore_eos].sum())
         return full, int(rem.sum()) - full
@@ -90,21 +88,23 @@ class FastRunningBatch(RunningBatch):
     Invariant: ``cols`` is None or lists exactly ``reqs``, in order, with their lengths as the
     requests will have them once settled."""
 
-    def __init__(self, sched: FastScheduler) -> None:
+    def __init__(self, has_eos: bool, settle: Callable[[DecodeCols, int], None]) -> None:
+        """``has_eos``: the model has EOS tokens; ``settle(cols, i)`` writes row ``i``'s
+        deferred decode state into its request (``FastScheduler.settle``)."""
         super().__init__()
-        self.sched = sched
+        self.has_eos, self.settle = has_eos, settle
         self.cols: DecodeCols | None = None
         self._tokens: tuple[DecodeCols, int, tuple[int, int]] | None = None  # decode_tokens memo
 
     def columns(self) -> DecodeCols:
         if self.cols is None:
-            self.cols = DecodeCols.of(self.reqs, bool(self.sched.eos_ids))
+            self.cols = DecodeCols.of(self.reqs, self.has_eos)
         return self.cols
 
     def extend(self, reqs: list[Req]) -> None:
         super().extend(reqs)
         if self.cols is not None and reqs:
-            self.cols = self.cols.extended(reqs, bool(self.sched.eos_ids))
+            self.cols = self.cols.extended(reqs, self.has_eos)
 
     def remove(self, reqs: list[Req]) -> None:
         """Requests leave; their deferred state is written first, the survivors keep theirs."""
@@ -114,7 +114,7 @@ class FastRunningBatch(RunningBatch):
         keep = np.array([id(r) not in gone for r in self.reqs], dtype=np.bool_)
         if self.cols is not None:
             for i in np.flatnonzero(~keep).tolist():
-                self.sched.settle(self.cols, i)
+                self.settle(self.cols, i)
         super().remove(reqs)
         if self.cols is not None:
             self.cols = self.cols.take(keep, list(self.reqs))

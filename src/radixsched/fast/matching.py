@@ -142,7 +142,7 @@ class IncrementalMatcher:
         return page
 
     # ---- cache events (CacheListener) ---------------------------------------------------------
-    def _dirty(self, k: int, r: Req, node: TreeNode, depth: int) -> None:
+    def _mark_dirty(self, k: int, r: Req, node: TreeNode, depth: int) -> None:
         """``r`` must be re-matched; ``node`` (at ``depth``) is on its path and stays."""
         self.dirty[k] = r
         old = self.hint.get(k)
@@ -152,7 +152,7 @@ class IncrementalMatcher:
     def on_child(self, parent: Any, child_key: Any) -> None:
         regs = self.edges.get(parent, {}).get(child_key)
         for k, r in (regs or {}).items():
-            self._dirty(k, r, parent, _edge_depth(self.memo[k]))
+            self._mark_dirty(k, r, parent, _edge_depth(self.memo[k]))
 
     def on_split(self, upper: Any, lower: Any) -> None:
         """Requests that stopped inside ``lower`` keep their length; re-point them (no walk)."""
@@ -178,12 +178,12 @@ class IncrementalMatcher:
         parent, size = leaf.parent, len(leaf.key)
         for at_leaf in self.edges.get(leaf, {}).values():  # matches through the whole leaf
             for k, r in at_leaf.items():
-                self._dirty(k, r, parent, _edge_depth(self.memo[k]) - size)
+                self._mark_dirty(k, r, parent, _edge_depth(self.memo[k]) - size)
         inside = self.edges.get(parent, {}).get(leaf.child_key)
         for k, r in (inside or {}).items():  # matches inside the leaf, past what it keeps
             m = self.memo[k]
             if m.full or m.offset >= keep:
-                self._dirty(k, r, parent, _edge_depth(m))
+                self._mark_dirty(k, r, parent, _edge_depth(m))
 
     def on_reset(self) -> None:
         self.dirty.update(self.reqs)

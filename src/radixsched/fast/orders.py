@@ -36,7 +36,7 @@ _REBUILD_MIN = 32
 _REBUILD_SHARE = 4
 
 
-def _many(moving: int, total: int) -> bool:
+def _worth_rebuilding(moving: int, total: int) -> bool:
     return moving > _REBUILD_MIN and _REBUILD_SHARE * moving > total
 
 
@@ -246,7 +246,7 @@ class KeyedEngine(StableEngine):
     def advance(
         self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
     ) -> Iterator[int]:
-        if _many(len(changed) + len(arrivals), len(queue)):
+        if _worth_rebuilding(len(changed) + len(arrivals), len(queue)):
             return self.rebuild(queue, rnd)
         key = key_fn(self.pol, rnd)
         self.order.update([(r, key(r)) for r in changed], [(r, key(r)) for r in arrivals], queue)
@@ -306,7 +306,7 @@ class RoutingKeyEngine(StableEngine):
             if self.counts.get(k) != counts.get(k):
                 rekey.update(self.by_key.get(k, {}))
         self.counts = counts
-        if _many(len(rekey) + len(arrivals), len(queue)):
+        if _worth_rebuilding(len(rekey) + len(arrivals), len(queue)):
             return self.rebuild(queue, rnd)
         self.order.update(
             [(r, self._key(r)) for r in rekey.values()],
@@ -389,7 +389,7 @@ class HrrnEngine(Engine):
     def members(self) -> list[Req]:
         return self.reqs
 
-    def _keys(self, r: Req, deferred: frozenset[str], i: int) -> None:
+    def _fill_key_columns(self, r: Req, deferred: frozenset[str], i: int) -> None:
         work = r.fill_len - r.num_matched_prefix_tokens
         self.cols[self._WORK, i] = work if work > 0 else 1
         if r.rid in deferred:
@@ -413,7 +413,7 @@ class HrrnEngine(Engine):
             self.cols[self._Q, i] = r.queue_entry_processed_tokens
             self.cols[self._ENTRY, i] = r.queue_entry_time
             self.cols[self._ARRIVAL, i] = r.arrival_time
-            self._keys(r, deferred, i)
+            self._fill_key_columns(r, deferred, i)
         self.reqs.extend(arrivals)
 
     def remove(self, r: Req) -> None:
@@ -436,7 +436,7 @@ class HrrnEngine(Engine):
         index = {id(r): i for i, r in enumerate(self.reqs)} if len(changed) > 8 else None
         for r in changed:
             i = index[id(r)] if index is not None else self.reqs.index(r)
-            self._keys(r, rnd.deferred, i)
+            self._fill_key_columns(r, rnd.deferred, i)
         self._append(arrivals, rnd.deferred)
         n = len(self.reqs)
         cols = self.cols[:, :n]
@@ -491,19 +491,19 @@ class DfsWeightEngine(StableEngine):
         self.count: dict[Any, int] = {}  # the member count each child's keys were made with
         self.touched: set[Any] = set()
 
-    def _top(self, r: Req) -> tuple[bool, Any]:
+    def _child_of_base(self, r: Req) -> tuple[bool, Any]:
         """(whether ``r`` fits the base, the child of the base its match goes through: None
         when it ends at or above the base)."""
         node, below = self.end(r)[0], None
         root = self.cache.root
         while node is not self.base:
             if node is root or node.parent is None:  # not under the base: above it, or not
-                return self._above(self.end(r)[0]), None
+                return self._is_above_base(self.end(r)[0]), None
             node, below = node.parent, node
         # A child's slot names it across splits (the upper part of a split takes its place).
         return True, None if below is None else below.slot
 
-    def _above(self, node: Any) -> bool:
+    def _is_above_base(self, node: Any) -> bool:
         cur = self.base
         while cur is not None:
             if cur is node:
@@ -580,7 +580,7 @@ class DfsWeightEngine(StableEngine):
         self.base = self._lca(queue)
         self.top_of, self.groups, self.segpos, self.count = {}, {}, {}, {}
         for r in queue:
-            self._join(r, self._top(r)[1])
+            self._join(r, self._child_of_base(r)[1])
         for top, group in self.groups.items():
             self._segment(top, list(group.values()))  # joined in list order
         self.touched = set()
@@ -592,13 +592,13 @@ class DfsWeightEngine(StableEngine):
         self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
     ) -> Iterator[int]:
         detached = self.base.parent is None and self.base is not self.cache.root
-        if detached or _many(len(changed) + len(arrivals), len(queue)):
+        if detached or _worth_rebuilding(len(changed) + len(arrivals), len(queue)):
             return self.rebuild(queue, rnd)
         for r in changed:
             self._leave(r)
         placed = []
         for r in [*changed, *arrivals]:
-            fits, top = self._top(r)
+            fits, top = self._child_of_base(r)
             if not fits:
                 return self.rebuild(queue, rnd)
             placed.append((r, top))
@@ -609,7 +609,7 @@ class DfsWeightEngine(StableEngine):
         moving = (
             len(changed) + len(arrivals) + sum(len(self.groups.get(t, ())) for t in self.touched)
         )
-        if _many(moving, len(queue)):
+        if _worth_rebuilding(moving, len(queue)):
             return self.rebuild(queue, rnd)
         rekey = {id(r): r for r in changed}
         fresh = {id(r) for r in arrivals}
@@ -697,7 +697,7 @@ class FairEngine(Engine):
         self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
     ) -> Iterator[int]:
         self._observe(queue, rnd)
-        if _many(len(changed) + len(arrivals), len(queue)):
+        if _worth_rebuilding(len(changed) + len(arrivals), len(queue)):
             return self.rebuild_observed(queue, rnd)
         # Tenants by first appearance in the list as it stands (a tenant's first member heads
         # its own order: the merge keeps each tenant's order).

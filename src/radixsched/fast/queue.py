@@ -68,7 +68,7 @@ class FastWaitingQueue(WaitingQueue):
             config.in_batch_prefix_deprioritize_threshold,
         )
         self.dedup_index = (
-            DedupIndex(check, max(width, 0), self._device)
+            DedupIndex(check, max(width, 0), self._device_match_len)
             if self.fast and check >= 0 and not bounded and Reads.DEDUP in reads
             else None
         )
@@ -89,7 +89,7 @@ class FastWaitingQueue(WaitingQueue):
         factory = ENGINES.get(pol.name)
         if factory is DfsWeightEngine:
             assert isinstance(self.cache, RadixCache)
-            return DfsWeightEngine(pol, self.cache, self._end, self._device)
+            return DfsWeightEngine(pol, self.cache, self._match_end, self._device_match_len)
         if factory is HrrnEngine:  # lazy unless a capped fallback round may read the list
             return HrrnEngine(pol, lazy=self.cap is None)
         if factory is not None:
@@ -102,11 +102,11 @@ class FastWaitingQueue(WaitingQueue):
     def _plain_fcfs(self) -> bool:
         return self.policy.name == FCFS and not self.config.enable_priority_scheduling
 
-    def _device(self, r: Req) -> int:
+    def _device_match_len(self, r: Req) -> int:
         assert self.matcher is not None
         return self.matcher.memo[id(r)].n
 
-    def _end(self, r: Req) -> tuple[Any, int]:
+    def _match_end(self, r: Req) -> tuple[Any, int]:
         assert self.matcher is not None
         m = self.matcher.memo[id(r)]
         return (m.node, len(m.node.key) if m.full else m.offset)
@@ -130,15 +130,15 @@ class FastWaitingQueue(WaitingQueue):
 
     def remove(self, req: Req) -> None:
         super().remove(req)
-        self._left(req)
+        self._untrack(req)
 
     def take(self, positions: Sequence[int]) -> list[Req]:
         taken = super().take(positions)
         for r in taken:
-            self._left(r)
+            self._untrack(r)
         return taken
 
-    def _left(self, r: Req) -> None:
+    def _untrack(self, r: Req) -> None:
         if self.matcher is not None:
             self.matcher.untrack(r)
         self.moved.pop(id(r), None)
@@ -205,7 +205,9 @@ class FastWaitingQueue(WaitingQueue):
         order with its neighbours: then the whole list is in entry order."""
         q, n = self.reqs, len(self.reqs)
         if placed:
-            spots = [bisect.bisect_left(q, self._seq_of[id(r)], key=self._seq) for r in reqs]
+            spots = [
+                bisect.bisect_left(q, self._seq_of[id(r)], key=self._arrival_seq) for r in reqs
+            ]
         else:
             spots = list(range(n - len(reqs), n))
         return all(
@@ -282,7 +284,9 @@ class FastWaitingQueue(WaitingQueue):
             rnd.deferred, flipped = self._dedup(changed, rnd)
         self.matched = Reads.MATCH in reads
         if Reads.TREE in reads:  # for a policy without an engine (built when it asks)
-            rnd.tree_order = lambda: self.cache.dfs_weight_order_at(list(map(self._end, self.reqs)))
+            rnd.tree_order = lambda: self.cache.dfs_weight_order_at(
+                list(map(self._match_end, self.reqs))
+            )
         self.deprioritized = self.deferred = rnd.deferred
         order = RoundOrder(self.reqs, self._order(base, reads, rnd, flipped))
         if self.engine is not None and not self.engine.permutes:
@@ -309,7 +313,7 @@ class FastWaitingQueue(WaitingQueue):
     def _dedup(self, changed: list[Req], rnd: Round) -> tuple[frozenset[str], list[Req]]:
         index = self.dedup_index
         if index is None:  # the starvation bound picks representatives by the clock
-            device = [self._device(r) for r in self.reqs]
+            device = [self._device_match_len(r) for r in self.reqs]
             return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
         if not self.matched:
             index.reset()

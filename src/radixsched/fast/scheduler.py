@@ -91,13 +91,13 @@ class FastScheduler(Scheduler):
         # Deferral needs nothing to read running requests mid-flight: priority preemption and
         # mixed chunks do, and so does the ignore-eos admission of a disabled cache (a decode
         # instance's cache is off, but it admits nothing: its preallocation counts requests).
-        admits = self.cache.disabled and self.decode_role is None
+        admits = self.cache.disabled and self.role.prefills
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
         self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
 
     def _make_running(self) -> FastRunningBatch:
-        return FastRunningBatch(self)
+        return FastRunningBatch(bool(self.eos_ids), self.settle)
 
     @property
     def jumper(self) -> MultiStepRunner:
@@ -245,9 +245,6 @@ class FastScheduler(Scheduler):
         out = self._decode_multi(k, cols, timed)
         out.retracted = retracted
         return out
-
-    def _room(self) -> int:
-        return self.allocator.available_size() + self.cache.evictable_size()
 
     def _jump_steps(self, horizon: float | None, cols: DecodeCols) -> tuple[int, Timed | None]:
         """How many decode steps can run at once with nothing but lengths changing: no chunked

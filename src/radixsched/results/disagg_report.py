@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from radixsched.results.format import fmt_percent, fmt_seconds, policy_color
 from radixsched.results.metrics import PolicyResult
-from radixsched.results.table import fmt_percent, fmt_seconds, policy_color
 
 # (key in the result's ``disaggregation`` entry, row label); TTFT and TPOT are the result's own.
 STAGE_ROWS: tuple[tuple[str, str], ...] = (

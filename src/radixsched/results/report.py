@@ -18,19 +18,14 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.results.charts import base_layout, figure_html, plotly_js, policy_dash
+from radixsched.results.columns import best_rows, columns_for
 from radixsched.results.disagg_report import disagg_section
-from radixsched.results.metrics import REPORT_MAX_POINTS, FloatArray, PolicyResult, TimeSeries
-from radixsched.results.table import (
-    OBJECTIVES,
-    Better,
-    best_rows,
-    columns_for,
-    fmt_percent,
-    fmt_seconds,
-    policy_color,
-    recommend,
-    to_jsonable,
-)
+from radixsched.results.format import Better, fmt_percent, fmt_seconds, policy_color
+from radixsched.results.metrics import PolicyResult
+from radixsched.results.recommend import OBJECTIVES, recommend
+from radixsched.results.series import REPORT_MAX_POINTS, TimeSeries
+from radixsched.results.stats import FloatArray
+from radixsched.results.writers import to_jsonable
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 
 from radixsched.request import FinishReason, FinishState, Req, SamplingParams
-from radixsched.results.metrics import PolicyResult, SloTargets, failure_reasons, summarize
+from radixsched.results.metrics import PolicyResult, summarize
+from radixsched.results.requests import SloTargets, failure_reasons
 from radixsched.server.metrics import CACHED_PROMPT_TOKENS, PROMPT_TOKENS
 from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
 
@@ -175,7 +176,7 @@ class BenchResult:
         """``{"meta", "workload", "config", "results": [one result], "requests": [...]}``, as
         ``simulate --json`` plus one record per request (``request_records``), which
         ``radixsched calibrate`` replays."""
-        from radixsched.results.table import to_jsonable
+        from radixsched.results.writers import to_jsonable
 
         cfg = dataclasses.asdict(self.config)
         cfg.pop("api_key", None)
@@ -199,7 +200,7 @@ class BenchResult:
         return lines
 
     def render(self) -> str:
-        from radixsched.results.table import fmt_percent, fmt_rate, fmt_seconds
+        from radixsched.results.format import fmt_percent, fmt_rate, fmt_seconds
 
         r = self.result
         info = self.workload_info
@@ -680,7 +681,7 @@ class SweepResult:
 
     def to_document(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """``{"format", "version", "meta", "runs": [{"stage", <a bench document less meta>}]}``."""
-        from radixsched.results.table import to_jsonable
+        from radixsched.results.writers import to_jsonable
 
         runs = []
         for name, r in self.runs:
@@ -704,7 +705,7 @@ class SweepResult:
         return lines
 
     def render(self) -> str:
-        from radixsched.results.table import fmt_rate, fmt_seconds
+        from radixsched.results.format import fmt_rate, fmt_seconds
 
         rows = [
             ["stage", "sent/s", "conc", "served/s", "TTFT mean", "ITL mean", "E2E mean", "failed"]

@@ -32,7 +32,7 @@ class StopMatcher:
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(s for s in stops if s)
-        self._fail = [_failure(s) for s in self.stops]
+        self._kmp_fail = [_kmp_failure(s) for s in self.stops]
         self.state = [0] * len(self.stops)
         self.steps = 0  # automaton transitions taken (at most two per character per stop)
 
@@ -41,7 +41,7 @@ class StopMatcher:
         earliest-starting stop completed inside it, as (offset, stop string)."""
         best: tuple[int, str] | None = None
         for j, stop in enumerate(self.stops):
-            fail, q, n, steps = self._fail[j], self.state[j], len(stop), 0
+            fail, q, n, steps = self._kmp_fail[j], self.state[j], len(stop), 0
             for i, ch in enumerate(text):
                 while q and stop[q] != ch:
                     q = fail[q - 1]
@@ -63,7 +63,7 @@ class StopMatcher:
         return max(self.state, default=0)
 
 
-def _failure(s: str) -> list[int]:
+def _kmp_failure(s: str) -> list[int]:
     """KMP failure function: ``f[i]`` = length of the longest proper border of ``s[: i + 1]``."""
     f = [0] * len(s)
     k = 0
@@ -126,7 +126,7 @@ class IncrementalDetokenizer:
             if len(stable) > done:
                 self._append(stable[done:])
                 self._window_emitted = len(stable) - len(prefix)
-        return self._take(final=False)
+        return self._new_text(final=False)
 
     def finish(self) -> str:
         """The request ended: flush what was held back (an incomplete character decodes as
@@ -139,7 +139,7 @@ class IncrementalDetokenizer:
                 self._append(full[done:])
             self._prefix_offset = self._read_offset = len(self._ids)
             self._window_emitted = 0
-        return self._take(final=True)
+        return self._new_text(final=True)
 
     def _append(self, delta: str) -> None:
         start = len(self._text)
@@ -152,7 +152,7 @@ class IncrementalDetokenizer:
             self._text = self._text[:pos]
             self.matched_stop = s
 
-    def _take(self, *, final: bool) -> str:
+    def _new_text(self, *, final: bool) -> str:
         end = len(self._text)
         if not final and not self.stopped:
             end -= self._stop.held()

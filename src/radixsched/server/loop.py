@@ -148,13 +148,13 @@ class RequestHandle:
         self.finished = False  # set on the asyncio side once the final delta was consumed
 
     # ---- scheduler thread side --------------------------------------------------------------
-    def _post(self, item: AdmitResult | TokenDelta) -> None:
+    def _post_threadsafe(self, item: AdmitResult | TokenDelta) -> None:
         try:
             self._aloop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             logger.debug("dropped an event for %s: event loop closed", self.rid)
 
-    def _put(self, item: AdmitResult | TokenDelta) -> None:
+    def _put_on_loop(self, item: AdmitResult | TokenDelta) -> None:
         self._queue.put_nowait(item)
 
     # ---- asyncio side ------------------------------------------------------------------------
@@ -205,7 +205,7 @@ _Command = _Add | _Abort | _Call
 def _deliver(items: list[tuple[RequestHandle, AdmitResult | TokenDelta]]) -> None:
     """On the event loop: hand out one flush of the scheduler thread's posts, in order."""
     for handle, item in items:
-        handle._put(item)
+        handle._put_on_loop(item)
 
 
 def post_to_event_loops(posts: list[Post]) -> None:
@@ -340,26 +340,26 @@ class EngineLoop:
         loop)."""
         handle = RequestHandle(req, asyncio.get_running_loop(), arrival)
         if not self.enqueue(handle):
-            handle._post(AdmitResult(False, 503, "the server is shutting down"))
+            handle._post_threadsafe(AdmitResult(False, 503, "the server is shutting down"))
         return handle
 
     def enqueue(self, sub: Subscriber) -> bool:
         """Queue ``sub.req``; its answers go to the sink. False once the loop has stopped."""
-        return self._push(_Add(sub))
+        return self._submit(_Add(sub))
 
     def abort(
         self, rid: str, message: str = "client disconnected", status_code: int = CLIENT_GONE_STATUS
     ) -> None:
-        self._push(_Abort(rid, message, status_code))
+        self._submit(_Abort(rid, message, status_code))
 
     def stop_request(self, rid: str) -> None:
         """End a request whose text reached a stop string (counts as finish reason "stop")."""
-        self._push(_Abort(rid, "stop string matched", STOP_STRING_STATUS))
+        self._submit(_Abort(rid, "stop string matched", STOP_STRING_STATUS))
 
     def call(self, fn: Callable[[Scheduler], T]) -> concurrent.futures.Future[T]:
         """Run ``fn(scheduler)`` on the scheduler thread between steps."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if not self._push(_Call(fn, future)):  # type: ignore[arg-type]
+        if not self._submit(_Call(fn, future)):  # type: ignore[arg-type]
             future.set_exception(RuntimeError("the engine loop is not running"))
         return future
 
@@ -373,7 +373,7 @@ class EngineLoop:
     async def render_metrics(self) -> bytes:
         return self.metrics.render() if self.metrics is not None else b""
 
-    def _push(self, cmd: _Command) -> bool:
+    def _submit(self, cmd: _Command) -> bool:
         """Queue a command; False once the loop has stopped taking commands."""
         with self._cond:
             if self._closed or self._thread is None:

@@ -429,9 +429,9 @@ class EngineProcess:
         aloop = asyncio.get_running_loop()
         handle = RequestHandle(req, aloop, arrival)
         if req.rid in self._handles:
-            handle._put(AdmitResult(False, 400, f"duplicate request id {req.rid!r}"))
+            handle._put_on_loop(AdmitResult(False, 400, f"duplicate request id {req.rid!r}"))
         elif not self.alive or not self._send(NewRequest.of(req, arrival)):
-            handle._put(AdmitResult(False, 503, "the engine is not running"))
+            handle._put_on_loop(AdmitResult(False, 503, "the engine is not running"))
         else:
             self._handles[req.rid] = handle
             self._tokens[req.rid] = 0
@@ -447,13 +447,13 @@ class EngineProcess:
         self.abort(rid, "stop string matched", STOP_STRING_STATUS)
 
     async def flush_cache(self) -> int | None:
-        value = await self._call(FlushCache)
+        value = await self._call_engine(FlushCache)
         return None if value is None else int(value)
 
     async def render_metrics(self) -> bytes:
-        return bytes(await self._call(RenderMetrics))
+        return bytes(await self._call_engine(RenderMetrics))
 
-    async def _call(self, kind: type[FlushCache] | type[RenderMetrics]) -> Any:
+    async def _call_engine(self, kind: type[FlushCache] | type[RenderMetrics]) -> Any:
         if not self.alive:
             raise RuntimeError("the engine is not running")
         call_id = next(self._call_ids)
@@ -488,7 +488,7 @@ class EngineProcess:
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, Posts):
             for rid, item in msg.items:
-                self._post(rid, item)
+                self._deliver_to_handle(rid, item)
         elif isinstance(msg, Reply):
             future = self._calls.pop(msg.call_id, None)
             if future is not None and not future.done():
@@ -503,7 +503,7 @@ class EngineProcess:
         else:
             logger.error("server: unknown message from the engine process: %r", msg)
 
-    def _post(self, rid: str, item: AdmitResult | TokenDelta) -> None:
+    def _deliver_to_handle(self, rid: str, item: AdmitResult | TokenDelta) -> None:
         handle = self._handles.get(rid)
         if handle is None:
             return
@@ -516,7 +516,7 @@ class EngineProcess:
             self._tokens[rid] = self._tokens.get(rid, 0) + len(item.token_ids)
             if item.finish is not None:
                 self._forget(rid)
-        handle._put(item)
+        handle._put_on_loop(item)
 
     def _forget(self, rid: str) -> None:
         self._handles.pop(rid, None)
@@ -539,9 +539,11 @@ class EngineProcess:
         now = self.now()
         for rid, handle in list(self._handles.items()):
             if rid in self._admitted:
-                handle._put(TokenDelta([], _gone_finish(handle, message, self._tokens[rid], now)))
+                handle._put_on_loop(
+                    TokenDelta([], _gone_finish(handle, message, self._tokens[rid], now))
+                )
             else:
-                handle._put(AdmitResult(False, 503, message))
+                handle._put_on_loop(AdmitResult(False, 503, message))
             self._forget(rid)
         for future in self._calls.values():
             if not future.done():

@@ -31,15 +31,10 @@ from typing import Any
 import numpy as np
 
 from radixsched.config import SchedulerConfig
-from radixsched.results.metrics import (
-    PolicyResult,
-    RequestRow,
-    SloTargets,
-    TimeSeries,
-    failure_summary,
-    request_rows,
-    slo_result,
-)
+from radixsched.results.metrics import PolicyResult
+from radixsched.results.requests import RequestRow, SloTargets, failure_summary, request_rows
+from radixsched.results.series import TimeSeries
+from radixsched.results.service import slo_result
 from radixsched.sim.deploy.replicas import SimRun
 from radixsched.sim.settings.simconfig import SimConfig
 from radixsched.sim.simulate import simulate

@@ -26,7 +26,8 @@ def check(
     from radixsched.cache.evict import EVICTION_STRATEGIES
     from radixsched.cluster.routers import ROUTERS
     from radixsched.policies import POLICIES
-    from radixsched.sim.workloads.load import WorkloadError, check_workload_spec
+    from radixsched.sim.workloads.spec import check_workload_spec
+    from radixsched.sim.workloads.tokens import WorkloadError
 
     errors: list[str] = []
     try:
@@ -143,7 +144,7 @@ def _check_cost_model(sim: SimConfig) -> list[str]:
 
 def _check_disaggregation(sim: SimConfig) -> list[str]:
     """The split deployment's settings and each role's cost model (its GPU and TP)."""
-    from radixsched.sim.deploy.disagg import check_disaggregation, role_specs
+    from radixsched.sim.settings.deployment import check_disaggregation, role_specs
 
     errors = check_disaggregation(sim)
     if sim.disaggregation and not errors:
@@ -167,7 +168,7 @@ def _check_memory(sim: SimConfig, page_size: int) -> list[str]:
     """A run whose KV pools' page tables alone exceed this machine's memory (a huge
     max_total_tokens or dp) would fail allocating them, or be killed, mid-run: refuse it."""
     from radixsched.sim.cost.build import build_cost_model
-    from radixsched.sim.deploy.disagg import role_specs
+    from radixsched.sim.settings.deployment import role_specs
 
     memory = _physical_memory()
     if memory is None:

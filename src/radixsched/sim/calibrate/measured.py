@@ -143,7 +143,7 @@ def _rate(value: Any, where: str, field: str) -> float:
         return math.inf
 
 
-def _conc(value: Any, where: str, field: str) -> int | None:
+def _concurrency(value: Any, where: str, field: str) -> int | None:
     """A max concurrency: a whole number >= 1, or null (none)."""
     if value is None:
         return None
@@ -246,15 +246,19 @@ def _radixsched_run(doc: Mapping[str, Any], path: str, name: str) -> MeasuredRun
         # Every param bench generated with (its own defaults fill what the spec left out).
         "name": _optional(wl_info, "name", f"{where}: workload", str),
         "params": dict(params) or None,
-        "num_requests": _conc(bench.get("num_requests"), at, "num_requests"),
+        "num_requests": _concurrency(bench.get("num_requests"), at, "num_requests"),
         "seed": _optional(bench, "seed", at, int) or 0,
         "request_rate": _rate(bench.get("request_rate"), at, "request_rate"),
-        "vocab_size": _conc(limits.get("vocab_size"), f"{where}: config: limits", "vocab_size"),
-        "context_len": _conc(limits.get("context_len"), f"{where}: config: limits", "context_len"),
+        "vocab_size": _concurrency(
+            limits.get("vocab_size"), f"{where}: config: limits", "vocab_size"
+        ),
+        "context_len": _concurrency(
+            limits.get("context_len"), f"{where}: config: limits", "context_len"
+        ),
         # The successful requests' ids, in the order of ``requests``.
         "rids": rids,
         "scheduler": dict(scheduler) or None,
-        "kv_slots": _conc(server.get("kv_slots"), f"{where}: config: server", "kv_slots"),
+        "kv_slots": _concurrency(server.get("kv_slots"), f"{where}: config: server", "kv_slots"),
     }
     model = server.get("model")
     return MeasuredRun(
@@ -263,7 +267,7 @@ def _radixsched_run(doc: Mapping[str, Any], path: str, name: str) -> MeasuredRun
         path=path,
         requests=tuple(reqs),
         request_rate=workload["request_rate"],
-        max_concurrency=_conc(bench.get("max_concurrency"), at, "max_concurrency"),
+        max_concurrency=_concurrency(bench.get("max_concurrency"), at, "max_concurrency"),
         model=None if model is None else str(model),
         engine="radixsched",
         engine_version=_radixsched_version(),
@@ -287,7 +291,7 @@ def _radixsched_version() -> str:
 def _lists_run(doc: Mapping[str, Any], path: str, source: str) -> MeasuredRun:
     """sglang.bench_serving and vLLM's benchmark_serving share the detail lists."""
     rate = _rate(doc.get("request_rate"), path, "request_rate")
-    conc = _conc(doc.get("max_concurrency"), path, "max_concurrency")
+    conc = _concurrency(doc.get("max_concurrency"), path, "max_concurrency")
     name = _run_name(doc.get("request_rate"), rate, conc)
     where = f"{path}: {name}"
     need = ("input_lens", "output_lens", "ttfts", "itls")
@@ -376,11 +380,11 @@ def _guidellm_runs(doc: Mapping[str, Any], path: str) -> list[MeasuredRun]:
         if kind == "synchronous":
             conc = 1
         elif kind == "concurrent":
-            conc = _conc(strategy.get("streams"), at, "streams")
+            conc = _concurrency(strategy.get("streams"), at, "streams")
         elif kind in ("constant", "poisson"):
             rate = _rate(strategy.get("rate"), at, "rate")
         elif kind == "throughput":
-            conc = _conc(strategy.get("max_concurrency"), at, "max_concurrency")
+            conc = _concurrency(strategy.get("max_concurrency"), at, "max_concurrency")
         records = _object(bench, "requests", where)
         successful = _list(records, "successful", f"{where}: requests") or []
         errored = _list(records, "errored", f"{where}: requests") or []

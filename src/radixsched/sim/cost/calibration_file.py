@@ -262,7 +262,7 @@ def write_calibration(
         raise
 
 
-def _same(kind: str, fitted: str, used: str) -> bool:
+def _same_preset(kind: str, fitted: str, used: str) -> bool:
     from radixsched.sim.cost.hardware import PresetError, _normalize, get_gpu
     from radixsched.sim.cost.models import get_model
 
@@ -279,7 +279,7 @@ def check_fitted_on(cal: Calibration, *, model: str, gpu: str) -> list[str]:
     out = []
     for what, used in (("model", model), ("gpu", gpu)):
         fitted = cal.fitted_on.get(what)
-        if fitted and not _same(what, str(fitted), used):
+        if fitted and not _same_preset(what, str(fitted), used):
             out.append(
                 f"calibration {cal.source} was fitted on {what} {fitted!r}, but this simulation "
                 f"models {used!r}: its constants may not transfer"

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixsched.request import Req
-from radixsched.results.metrics import TimeSeries
+from radixsched.results.series import TimeSeries
 from radixsched.sim.deploy.replicas import Replica, deliver, sample_series, step_earliest
 
 

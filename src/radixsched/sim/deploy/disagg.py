@@ -31,7 +31,6 @@ The simulator path never imports torch."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -40,131 +39,18 @@ from typing import Any
 
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.request import FinishReason
-from radixsched.results.metrics import JSONValue, Stats, summarize, ttft_samples
+from radixsched.request import FinishReason, Req
+from radixsched.results.stats import JSONValue, Stats
 from radixsched.sim.deploy.legs import DECODE, PREFILL, Instance, Leg
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import assemble, end_run
+from radixsched.sim.settings.deployment import (
+    check_disaggregation,
+    role_specs,
+)
 from radixsched.sim.settings.simconfig import SimConfig
 
 DEFAULT_DECODE_ROUTER = "least-load"
-
-
-# ---- the deployment ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RoleSpec:
-    """One role's hardware: GPU preset, TP degree, KV capacity per instance."""
-
-    gpu: str
-    tp: int
-    max_total_tokens: int | None
-
-    def sim_config(self, base: SimConfig, *, host_tier: bool) -> SimConfig:
-        return dataclasses.replace(
-            base,
-            gpu=self.gpu,
-            tp=self.tp,
-            max_total_tokens=self.max_total_tokens,
-            dp=1,
-            enable_hierarchical_cache=base.enable_hierarchical_cache and host_tier,
-        )
-
-
-def role_specs(sim: SimConfig) -> tuple[RoleSpec, RoleSpec]:
-    """(prefill, decode) hardware: each role's own flags, else the shared ones."""
-
-    def spec(gpu: str | None, tp: int | None, kv: int | None) -> RoleSpec:
-        return RoleSpec(
-            sim.gpu if gpu is None else gpu,
-            sim.tp if tp is None else tp,
-            sim.max_total_tokens if kv is None else kv,
-        )
-
-    return (
-        spec(sim.prefill_gpu, sim.prefill_tp, sim.prefill_max_total_tokens),
-        spec(sim.decode_gpu, sim.decode_tp, sim.decode_max_total_tokens),
-    )
-
-
-def gpu_count(sim: SimConfig) -> int:
-    """GPUs the run's deployment uses (co-located: dp x tp)."""
-    if not sim.disaggregation:
-        return sim.dp * sim.tp
-    pre, dec = role_specs(sim)
-    return sim.prefill_instances * pre.tp + sim.decode_instances * dec.tp
-
-
-def deployment_label(sim: SimConfig) -> str:
-    """``2P:6D`` for a split deployment, ``co-located x8`` otherwise."""
-    if sim.disaggregation:
-        return f"{sim.prefill_instances}P:{sim.decode_instances}D"
-    return f"co-located x{sim.dp}"
-
-
-# Settings of the split deployment alone: set without --disaggregation, they would be ignored.
-_SPLIT_ONLY = (
-    "prefill_instances",
-    "decode_instances",
-    "prefill_gpu",
-    "prefill_tp",
-    "decode_gpu",
-    "decode_tp",
-    "prefill_max_total_tokens",
-    "decode_max_total_tokens",
-    "decode_router",
-    "disaggregation_link",
-    "disaggregation_link_bandwidth_gb_s",
-    "disaggregation_link_latency_ms",
-    "disaggregation_bootstrap_ms",
-)
-_SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
-
-
-def check_disaggregation(sim: SimConfig) -> list[str]:
-    """Problems of the disaggregation settings, one line each (none when it is off)."""
-    from radixsched.cluster.routers import ROUTERS
-    from radixsched.sim.cost.hardware import PresetError, get_link
-
-    if not sim.disaggregation:
-        return [
-            f"--{name.replace('_', '-')} applies to --disaggregation only: add it, or drop this"
-            for name in _SPLIT_ONLY
-            if getattr(sim, name) != _SIM_DEFAULTS[name]
-        ]
-    errors = []
-    for name in ("prefill_instances", "decode_instances"):
-        if getattr(sim, name) < 1:
-            errors.append(f"{name} must be >= 1, got {getattr(sim, name)}")
-    for name in ("prefill_tp", "decode_tp"):
-        value = getattr(sim, name)
-        if value is not None and value < 1:
-            errors.append(f"{name} must be >= 1, got {value}")
-    if sim.dp != 1:
-        errors.append(
-            "--disaggregation sizes the deployment with --prefill-instances and "
-            f"--decode-instances; --dp must stay 1, got {sim.dp}"
-        )
-    if sim.enable_dp_attention:
-        errors.append("--disaggregation does not model --enable-dp-attention")
-    if sim.max_concurrency is not None:
-        errors.append(
-            "--disaggregation takes open-loop arrivals (a rate or the trace's timestamps), "
-            "not --max-concurrency clients"
-        )
-    if sim.decode_router is not None and sim.decode_router not in ROUTERS:
-        errors.append(f"unknown decode_router {sim.decode_router!r}; valid: {', '.join(ROUTERS)}")
-    try:
-        get_link(sim.disaggregation_link)
-    except PresetError as e:
-        errors.append(str(e))
-    bw = sim.disaggregation_link_bandwidth_gb_s
-    if bw is not None and not bw > 0:
-        errors.append(f"disaggregation_link_bandwidth_gb_s must be > 0, got {bw}")
-    for name in ("disaggregation_link_latency_ms", "disaggregation_bootstrap_ms"):
-        value = getattr(sim, name)
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            errors.append(f"{name} must be >= 0 ms, got {value}")
-    return errors
 
 
 # ---- the KV transfer model -----------------------------------------------------------------------
@@ -394,25 +280,24 @@ def _build(
     return out, costs[0], costs[1]
 
 
-def simulate_disaggregated(
-    workload: Any,
+def run_disaggregated(
+    reqs: list[Req],
     sched_cfg: SchedulerConfig,
     sim_cfg: SimConfig,
     *,
+    optimal_hit_rate: float,
     on_progress: Callable[[int, int], None] | None = None,
     check_integrity: bool = False,
-    optimal_hit_rate: float | None = None,
     accelerate: bool = True,
     runner_factory: Any = None,
-) -> Any:
-    """``simulate`` for ``sim_cfg.disaggregation``: the same ``SimRun``, whose result's
-    ``extra`` has a ``disaggregation`` entry (``disagg_stats``). Arrivals reach the routers
-    the cost model's request latency after they are sent; reported times are the client's."""
+) -> SimRun:
+    """Run ``reqs`` (fresh copies, in arrival order) on a split deployment: the same
+    ``SimRun`` as co-located replicas, whose result's ``extra`` has a ``disaggregation`` entry
+    (``disagg_stats``). Arrivals reach the routers the cost model's request latency after they
+    are sent; reported times are the client's."""
     from radixsched.cluster.routers import DEFAULT_ROUTER, create_router
-    from radixsched.sim.deploy.closed_loop import restore_send_times, shift_to_scheduler
+    from radixsched.sim.deploy.closed_loop import shift_to_scheduler
     from radixsched.sim.deploy.disagg_loop import Cluster
-    from radixsched.sim.deploy.replicas import ReplicaSummary, SimRun, clone_request
-    from radixsched.sim.workloads.load import optimal_hit_rate as compute_optimal
 
     errors = check_disaggregation(sim_cfg)
     if errors:
@@ -421,13 +306,8 @@ def simulate_disaggregated(
     link = LinkModel.between(sim_cfg, pre_cost, dec_cost)
     pre = [i for i in instances if i.role == PREFILL]
     dec = [i for i in instances if i.role == DECODE]
-    links = KVLinks(
-        link,
-        kv_bytes_per_token_per_gpu(pre_cost),
-        kv_bytes_per_token_per_gpu(dec_cost),
-        len(pre),
-        len(dec),
-    )
+    per_gpu = kv_bytes_per_token_per_gpu(pre_cost), kv_bytes_per_token_per_gpu(dec_cost)
+    links = KVLinks(link, *per_gpu, len(pre), len(dec))
     cluster = Cluster(
         instances,
         links,
@@ -436,73 +316,20 @@ def simulate_disaggregated(
         check=check_integrity,
         on_progress=on_progress,
     )
-    reqs = sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
     described = pre_cost.describe()
-    sends = shift_to_scheduler(
-        reqs,
-        float(described.get("request_latency_s", 0.0)),
-        float(described.get("request_serial_s", 0.0)),
-    )
-    opt = (
-        optimal_hit_rate
-        if optimal_hit_rate is not None
-        else compute_optimal(workload.requests, page_size=sched_cfg.page_size)
-    )
-    t0 = time.perf_counter()
+    latency = float(described.get("request_latency_s", 0.0))
+    sends = shift_to_scheduler(reqs, latency, float(described.get("request_serial_s", 0.0)))
+    started = time.perf_counter()
     cluster.run(reqs)
-    for inst in instances:
-        inst.sched.sync_running()
-    restore_send_times(reqs, sends)
-    wall = time.perf_counter() - t0
-
-    stats = [i.sched.stats for i in instances]
+    end_run(instances, reqs, sends)
     legs = list(cluster.legs.values())
     finishes = [r.times.finish for r in reqs if r.times.finish is not None]
     makespan = max(finishes) - reqs[0].arrival_time if finishes and reqs else 0.0
-    extra: dict[str, JSONValue] = {
-        "kv_capacity_tokens": dec[0].capacity,
-        "dp": 1,
-        "rejected": sum(s.rejected for s in stats),
-        "gpus": gpu_count(sim_cfg),
-        "deployment": deployment_label(sim_cfg),
-        "disaggregation": disagg_stats(sim_cfg, link, instances, legs, makespan),
-    }
-    result = summarize(
-        sched_cfg.schedule_policy,
-        reqs,
-        cluster.series,
-        optimal_hit_rate=opt,
-        wall_s=wall,
-        retractions=sum(s.retractions for s in stats),
-        preemptions=sum(s.preemptions for s in stats),
-        extra=extra,
-    )
-    summaries = [
-        ReplicaSummary(
-            replica=i.idx,
-            num_requests=len(i.reqs),
-            hit_rate=i.sched.stats.cached_prompt_tokens / i.sched.stats.prompt_tokens
-            if i.sched.stats.prompt_tokens
-            else 0.0,
-            prefill_tokens_computed=i.sched.stats.prefill_tokens_computed,
-            retractions=i.sched.stats.retractions,
-            prompt_tokens=i.sched.stats.prompt_tokens,
-            host_hit_rate=i.sched.stats.host_cached_prompt_tokens / i.sched.stats.prompt_tokens
-            if i.sched.stats.prompt_tokens
-            else 0.0,
-            busy_s=i.busy_s,
-        )
-        for i in instances
-    ]
-    replica_of = {g.req.rid: dec[g.d].idx for g in legs}
-    return SimRun(
-        result,
-        cluster.series,
-        ttft_samples(reqs),
-        reqs,
-        summaries,
-        dec[0].capacity,
-        None,
-        replica_of,
-        {**pre_cost.describe(), "decode": dec_cost.describe()},
-    )
+    split = disagg_stats(sim_cfg, link, instances, legs, makespan)
+    return assemble(
+        sched_cfg.schedule_policy, reqs, instances, cluster.series, sim_cfg,
+        optimal_hit_rate=optimal_hit_rate, started=started, capacity=dec[0].capacity,
+        extra={"disaggregation": split},
+        replica_of={g.req.rid: dec[g.d].idx for g in legs},
+        cost_model={**described, "decode": dec_cost.describe()},
+    )  # fmt: skip

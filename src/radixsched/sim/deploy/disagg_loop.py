@@ -31,8 +31,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from radixsched.cluster.disagg import decode_role, prefill_role
 from radixsched.request import Req
-from radixsched.results.metrics import TimeSeries
+from radixsched.results.series import TimeSeries
 
 BOOT, READY, LAND = 0, 1, 2
 
@@ -112,7 +113,7 @@ class Cluster:
                     t = min(t, x.clock.now() + self.latency)
             return t
         for x in self.dec:
-            if x.sched.decode_role.prealloc:
+            if decode_role(x.sched).prealloc:
                 start = self.next_concern(x)
                 if not x.sched.is_idle:
                     start = min(start, x.clock.now())
@@ -201,14 +202,13 @@ class Cluster:
         for r in out.finished:
             self.decode_router.on_finish(r, inst.local)
         if out.finished:
-            self.count(len(out.finished))
+            self.report_finished(len(out.finished))
         self.preallocate(inst)
 
     def stalled(self, inst: Any) -> None:
         """A step that ran nothing: a prefill instance whose memory is held by in-flight KV
         waits for its next event; anything else is a scheduler bug."""
-        role = inst.sched.prefill_role
-        if role is not None and role.inflight:
+        if inst.role == "prefill" and prefill_role(inst.sched).inflight:
             inst.blocked = True
             return
         s = inst.sched
@@ -239,21 +239,21 @@ class Cluster:
             pi.clock.jump_to(t)
         if not pi.sched.add_request(copy, now=t).accepted:
             req.finish = copy.finish
-            self.count(1)
+            self.report_finished(1)
             return
         di.reqs.append(req)
         self.wake(di, t)
         if not di.sched.add_request(req, now=t).accepted:
             message = req.finish.message if req.finish is not None else "rejected"
             pi.sched.abort(copy.rid, message, 400)
-            self.count(1)
+            self.report_finished(1)
             return
         self.legs[req.rid] = Leg(req, copy, p, d)
         self.preallocate(di)
 
     def preallocate(self, di: Any) -> None:
         now = di.clock.now()
-        for r in di.sched.decode_role.pop_preallocated():
+        for r in decode_role(di.sched).pop_preallocated():
             leg = self.legs[r.rid]
             leg.preallocated_s = now
             self.push(now + self.bootstrap, BOOT, leg)
@@ -262,7 +262,7 @@ class Cluster:
         pi = self.pre[leg.p]
         self.wake(pi, t)
         leg.bootstrapped_s = t
-        pi.sched.prefill_role.bootstrapped(leg.pre.rid, now=t)
+        prefill_role(pi.sched).bootstrapped(leg.pre.rid, now=t)
 
     def ready(self, leg: Any, t: float) -> None:
         start, landing = self.links.send(leg.p, leg.d, t, leg.pre.prompt_len)
@@ -271,7 +271,7 @@ class Cluster:
 
     def landed(self, leg: Any, t: float) -> None:
         pi, di = self.pre[leg.p], self.dec[leg.d]
-        pi.sched.prefill_role.transfer_done(leg.pre.rid)
+        prefill_role(pi.sched).transfer_done(leg.pre.rid)
         if pi.blocked:
             self.wake(pi, t)
         leg.landed_s = t
@@ -281,9 +281,9 @@ class Cluster:
         req.host_cached_tokens = copy.host_cached_tokens
         req.computed_prefill_tokens = copy.computed_prefill_tokens
         self.wake(di, t)
-        di.sched.decode_role.kv_arrived(req.rid, copy.output_ids[0])
+        decode_role(di.sched).kv_arrived(req.rid, copy.output_ids[0])
 
-    def count(self, k: int) -> None:
+    def report_finished(self, k: int) -> None:
         self.done += k
         if self.on_progress is not None:
             self.on_progress(self.done, self.total)
@@ -296,7 +296,7 @@ class Cluster:
         kv = 0.0
         for x in self.pre:
             s = x.sched
-            waiting += len(s.waiting) + len(s.prefill_role.bootstrap)
+            waiting += len(s.waiting) + len(prefill_role(s).bootstrap)
             kv += s.kv_usage()
             cached += s.stats.cached_prompt_tokens
             prompt += s.stats.prompt_tokens
@@ -330,8 +330,8 @@ class Cluster:
             pre, dec = f"prefill{leg.p}", f"decode{leg.d}"
             if any(h not in (pre, dec) for h in held) or len(held) != len(set(held)):
                 raise IntegrityError(f"{rid}: KV on instances {held}, not only {pre} and {dec}")
-            prole = self.pre[leg.p].sched.prefill_role
-            drole = self.dec[leg.d].sched.decode_role
+            prole = prefill_role(self.pre[leg.p].sched)
+            drole = decode_role(self.dec[leg.d].sched)
             inflight = rid in prole.inflight
             if leg.landed_s is not None:
                 if pre in held or inflight:

@@ -39,11 +39,11 @@ class Leg:
 def prefill_load(inst: Instance) -> Any:
     """A prefill instance's backlog: uncached prompt tokens queued (bootstrapping requests
     count whole) and in its chunked request."""
+    from radixsched.cluster.disagg import prefill_role
     from radixsched.cluster.routers import ReplicaLoad
 
     s = inst.sched
-    role = s.prefill_role
-    assert role is not None
+    role = prefill_role(s)
     waiting = sum(max(r.fill_len - r.num_matched_prefix_tokens, 0) for r in s.waiting)
     waiting += role.bootstrap_tokens
     if s.chunked_req is not None:
@@ -61,11 +61,11 @@ def prefill_load(inst: Instance) -> Any:
 def decode_load(inst: Instance) -> Any:
     """A decode instance's load: KV tokens it holds or is asked for (used slots, prompts
     waiting for preallocation, offloaded requests) plus the decode tokens still to come."""
+    from radixsched.cluster.disagg import decode_role
     from radixsched.cluster.routers import ReplicaLoad
 
     s = inst.sched
-    role = s.decode_role
-    assert role is not None
+    role = decode_role(s)
     used = s.capacity - s.allocator.available_size() - s.cache.evictable_size()
     return ReplicaLoad(
         replica_id=inst.local,

@@ -48,7 +48,7 @@ from radixsched.cluster.delayer import (
 )
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req
-from radixsched.results.metrics import TimeSeries
+from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler, StepOutcome
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ class _Lockstep:
                 for rep in replicas:
                     rep.clock.jump_to(now)
                 continue
-            outs, end = self._pass(now)
+            outs, end = self._step_pass(now)
             empty_run = (
                 0 if any(o is not None and o.batch_size > 0 for o in outs) else empty_run + 1
             )
@@ -301,7 +301,7 @@ class _Lockstep:
         if on_progress is not None:
             on_progress(n, n)
 
-    def _pass(self, now: float) -> tuple[list[StepOutcome | None], float]:
+    def _step_pass(self, now: float) -> tuple[list[StepOutcome | None], float]:
         """One global pass from ``now``: every rank steps (idle ranks too when the delayer
         negotiates); returns the outcomes and the pass end."""
         replicas = self.replicas

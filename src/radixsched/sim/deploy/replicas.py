@@ -17,7 +17,8 @@ from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
 from radixsched.request import Req
-from radixsched.results.metrics import PolicyResult, TimeSeries
+from radixsched.results.metrics import PolicyResult
+from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler, StepOutcome
 from radixsched.sim.settings.simconfig import SimConfig
 

@@ -212,7 +212,7 @@ def roofline_rate(tokens: TraceTokens, sim: Any, sched: Any) -> float:
     if not sim.disaggregation:
         per = _request_time_s(build_cost_model(sim), sched, prompt, tokens.output_tokens)
         return sim.dp / per if per > 0 else math.inf
-    from radixsched.sim.deploy.disagg import role_specs
+    from radixsched.sim.settings.deployment import role_specs
 
     pre, dec = role_specs(sim)
     pre_cost = build_cost_model(pre.sim_config(sim, host_tier=False))

@@ -45,7 +45,7 @@ def fit_error(sim: Any) -> str:
 
     try:
         if sim.disaggregation:
-            from radixsched.sim.deploy.disagg import role_specs
+            from radixsched.sim.settings.deployment import role_specs
 
             for spec in role_specs(sim):
                 build_cost_model(spec.sim_config(sim, host_tier=False)).kv_capacity_tokens()
@@ -75,7 +75,7 @@ def kv_problem(sim: Any, loaded: LoadedWorkload) -> str:
     )
     pools = [("the KV pool", sim)]
     if sim.disaggregation:
-        from radixsched.sim.deploy.disagg import role_specs
+        from radixsched.sim.settings.deployment import role_specs
 
         pre, dec = role_specs(sim)
         pools = [

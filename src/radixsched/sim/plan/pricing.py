@@ -79,7 +79,7 @@ def deployment_gpus(sim: Any) -> list[tuple[str, int]]:
     """(GPU preset, how many) of a deployment: co-located ``dp x tp``, or each role's."""
     if not sim.disaggregation:
         return [(get_gpu(sim.gpu).name, sim.dp * sim.tp)]
-    from radixsched.sim.deploy.disagg import role_specs
+    from radixsched.sim.settings.deployment import role_specs
 
     pre, dec = role_specs(sim)
     return [

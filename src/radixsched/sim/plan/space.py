@@ -192,7 +192,7 @@ def _candidate(
     varied: Sequence[str],
     labels: Mapping[str, str],
 ) -> Candidate:
-    from radixsched.sim.deploy.disagg import _SPLIT_ONLY
+    from radixsched.sim.settings.deployment import _SPLIT_ONLY
 
     run = dict(chosen)
     units = 1

@@ -230,8 +230,9 @@ def resolve_settings(settings: Mapping[str, Any]) -> RunSettings:
 def metric_names() -> set[str]:
     """Every metric name a sweep row can hold (flattened ``PolicyResult.to_json`` keys, SLO
     and lockstep ones included); lockstep verdict counters are matched by prefix."""
-    from radixsched.results.metrics import SloTargets, summarize
-    from radixsched.results.table import flatten_result
+    from radixsched.results.metrics import summarize
+    from radixsched.results.requests import SloTargets
+    from radixsched.results.writers import flatten_result
     from radixsched.sim.deploy.disagg import stats_shape
     from radixsched.sim.deploy.lockstep import LockstepStats
 
@@ -320,7 +321,8 @@ def validate_traces(
     before any run (``check`` only opens the file); one line per bad trace, naming its
     file:line and the runs that use it. Call after ``validate_points``."""
     from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD
-    from radixsched.sim.workloads.load import WorkloadError, parse_workload_spec
+    from radixsched.sim.workloads.spec import parse_workload_spec
+    from radixsched.sim.workloads.tokens import WorkloadError
 
     runs_of: dict[str, list[int]] = {}
     for i, p in enumerate(points):
@@ -344,7 +346,7 @@ def input_files(points: Sequence[Settings], labels: Sequence[str] = ()) -> list[
     calibration files (each once)."""
     from radixsched.sim.cost.hfconfig import config_path
     from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD
-    from radixsched.sim.workloads.load import parse_workload_spec
+    from radixsched.sim.workloads.spec import parse_workload_spec
 
     found: dict[str, str] = {}
     for p in points:
@@ -363,7 +365,7 @@ def input_files(points: Sequence[Settings], labels: Sequence[str] = ()) -> list[
 
 def _trace_version(spec: str) -> int | None:
     """The modification time of the trace file ``spec`` reads (None: a generated workload)."""
-    from radixsched.sim.workloads.load import parse_workload_spec, trace_version
+    from radixsched.sim.workloads.spec import parse_workload_spec, trace_version
 
     return trace_version(*parse_workload_spec(spec))
 

@@ -27,15 +27,12 @@ if TYPE_CHECKING:
 def simulate_point(settings: Settings) -> Metrics:
     """The default run function: one simulation, its ``PolicyResult`` flattened (with SLO
     attainment when the point sets SLO targets)."""
-    from radixsched.results.metrics import SloTargets, slo_result
-    from radixsched.results.table import flatten_result
+    from radixsched.results.requests import SloTargets
+    from radixsched.results.service import slo_result
+    from radixsched.results.writers import flatten_result
     from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD
     from radixsched.sim.simulate import simulate
-    from radixsched.sim.workloads.load import (
-        DraftMemo,
-        load_workload,
-        workload_optimal_hit_rate,
-    )
+    from radixsched.sim.workloads.load import DraftMemo, load_workload, workload_optimal_hit_rate
 
     global _last_workload, _prompts
     r = resolve_settings(settings)

@@ -85,7 +85,7 @@ def _chart(
     import plotly.graph_objects as go
 
     from radixsched.results.charts import base_layout, policy_dash
-    from radixsched.results.table import policy_color
+    from radixsched.results.format import policy_color
 
     numeric = all(_is_number(v) for v in x_values) and len(set(x_values)) > 1
     xs = list(x_values) if numeric else [str(v) for v in x_values]

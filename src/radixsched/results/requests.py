@@ -1,0 +1,296 @@
+"""Per-request measures: latency samples of finished requests, one row per request, hit rates,
+and why requests failed."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, TypeAlias
+
+import numpy as np
+
+from radixsched.request import FinishReason, Req
+from radixsched.results.stats import FloatArray, _ratio
+
+# ---------------------------------------------------------------------------------------------
+# Per-request samples
+# ---------------------------------------------------------------------------------------------
+
+
+def _completed(reqs: Iterable[Req]) -> list[Req]:
+    """Requests that finished without an abort; the latency samples cover only these."""
+    abort = FinishReason.ABORT  # a local: enum member lookup is slow in a 1e5-request loop
+    return [
+        r
+        for r in reqs
+        if r.finish is not None and r.finish.reason is not abort and r.times.finish is not None
+    ]
+
+
+# The ``_x(done)`` helpers take an already-filtered list (``_completed``), so that summarize
+# filters once; the public ``x_samples(reqs)`` wrappers filter themselves.
+
+
+def _ttft(done: Sequence[Req]) -> FloatArray:
+    return np.array(
+        [r.times.first_token - r.times.arrival for r in done if r.times.first_token is not None],
+        dtype=np.float64,
+    )
+
+
+def _tpot(done: Sequence[Req]) -> FloatArray:
+    return np.array(
+        [
+            (r.times.finish - r.times.first_token) / (r.output_len - 1)
+            for r in done
+            if r.output_len > 1 and r.times.first_token is not None and r.times.finish is not None
+        ],
+        dtype=np.float64,
+    )
+
+
+def _itl(done: Sequence[Req]) -> FloatArray:
+    """Every gap between consecutive tokens of one request, request by request, written into
+    one array: a long trace has millions of tokens, and the gaps are its only large copy."""
+    times = [r.times.token_times for r in done if len(r.times.token_times) > 1]
+    out = np.empty(sum(map(len, times)) - len(times), dtype=np.float64)
+    at = 0
+    for tt in times:
+        t = np.asarray(tt, dtype=np.float64)
+        np.subtract(t[1:], t[:-1], out=out[at : at + len(t) - 1])
+        at += len(t) - 1
+    return out
+
+
+def _e2e(done: Sequence[Req]) -> FloatArray:
+    return np.array(
+        [r.times.finish - r.times.arrival for r in done if r.times.finish is not None],
+        dtype=np.float64,
+    )
+
+
+def _queue_wait(done: Sequence[Req]) -> FloatArray:
+    return np.array(
+        [
+            r.times.first_scheduled - r.times.arrival
+            for r in done
+            if r.times.first_scheduled is not None
+        ],
+        dtype=np.float64,
+    )
+
+
+def ttft_samples(reqs: Iterable[Req]) -> FloatArray:
+    """TTFT of every completed request that produced a token (for CDFs)."""
+    return _ttft(_completed(reqs))
+
+
+def tpot_samples(reqs: Iterable[Req]) -> FloatArray:
+    """TPOT of every completed request with more than one output token."""
+    return _tpot(_completed(reqs))
+
+
+def itl_samples(reqs: Iterable[Req]) -> FloatArray:
+    """All gaps between consecutive token times within each completed request, pooled."""
+    return _itl(_completed(reqs))
+
+
+def e2e_samples(reqs: Iterable[Req]) -> FloatArray:
+    return _e2e(_completed(reqs))
+
+
+def queue_wait_samples(reqs: Iterable[Req]) -> FloatArray:
+    return _queue_wait(_completed(reqs))
+
+
+# Columns of the per-request output (``--requests-csv``), in order: one row per request and
+# policy, as Vidur's request_metrics.csv and bench_serving's --output-details give. Times are
+# seconds on the run's clock; a latency a request never reached is empty.
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "policy",
+    "request_id",
+    "tenant",
+    "routing_key",
+    "priority",
+    "replica",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "queue_wait_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "prompt_tokens",
+    "cached_tokens",
+    "host_cached_tokens",
+    "computed_prefill_tokens",
+    "output_tokens",
+    "retractions",
+    "preemptions",
+    "finish_reason",
+    "error",
+    "slo_met",
+)
+RequestRow: TypeAlias = dict[str, str | int | float | bool | None]
+
+
+def _since(t: float | None, t0: float) -> float | None:
+    return None if t is None else t - t0
+
+
+def request_rows(
+    policy: str,
+    reqs: Iterable[Req],
+    replica_of: Mapping[str, int] | None = None,
+    slo: SloTargets | None = None,
+) -> list[RequestRow]:
+    """One ``REQUEST_COLUMNS`` row per request, in arrival order."""
+    rows: list[RequestRow] = []
+    for r in sorted(reqs, key=lambda q: q.times.arrival):
+        t = r.times
+        done = r.finish is not None and r.finish.reason is not FinishReason.ABORT
+        ttft = _since(t.first_token, t.arrival)
+        tpot = (
+            (t.finish - t.first_token) / (r.output_len - 1)
+            if done and r.output_len > 1 and t.finish is not None and t.first_token is not None
+            else None
+        )
+        met: bool | None = None
+        if slo is not None and slo.active:
+            met = done and ttft is not None
+            if met and slo.ttft_s is not None and ttft is not None:
+                met = ttft <= slo.ttft_s
+            if met and slo.tpot_s is not None and tpot is not None:
+                met = tpot <= slo.tpot_s
+        rows.append(
+            {
+                "policy": policy,
+                "request_id": r.rid,
+                "tenant": r.tenant,
+                "routing_key": r.routing_key,
+                "priority": r.priority,
+                "replica": None if replica_of is None else replica_of.get(r.rid),
+                "arrival_s": t.arrival,
+                "first_scheduled_s": t.first_scheduled,
+                "first_token_s": t.first_token,
+                "finish_s": t.finish,
+                "queue_wait_s": _since(t.first_scheduled, t.arrival),
+                "ttft_s": ttft,
+                "tpot_s": tpot,
+                "e2e_s": _since(t.finish, t.arrival) if done else None,
+                "prompt_tokens": r.prompt_len,
+                "cached_tokens": r.cached_tokens,
+                "host_cached_tokens": r.host_cached_tokens,
+                "computed_prefill_tokens": r.computed_prefill_tokens,
+                "output_tokens": r.output_len,
+                "retractions": r.retraction_count,
+                "preemptions": r.preemption_count,
+                "finish_reason": None if r.finish is None else r.finish.reason.value,
+                "error": r.finish.message if r.finish is not None and not done else None,
+                "slo_met": met,
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache and fairness
+# ---------------------------------------------------------------------------------------------
+
+
+class HitRates(NamedTuple):
+    """Token-weighted hit rates; ``total == device + host`` up to rounding."""
+
+    total: float
+    device: float
+    host: float
+    cached_tokens: int
+    prompt_tokens: int
+
+
+def hit_rates(reqs: Iterable[Req]) -> HitRates:
+    scheduled = [r for r in reqs if r.times.first_scheduled is not None]
+    cached = sum(r.cached_tokens for r in scheduled)
+    host = sum(r.host_cached_tokens for r in scheduled)
+    prompt = sum(r.prompt_len for r in scheduled)
+    return HitRates(
+        total=_ratio(cached, prompt),
+        device=_ratio(cached - host, prompt),
+        host=_ratio(host, prompt),
+        cached_tokens=cached,
+        prompt_tokens=prompt,
+    )
+
+
+def failure_reasons(reqs: Iterable[Req]) -> list[tuple[str, int]]:
+    """Why requests did not complete: (an example message, how many), most frequent first;
+    messages that differ only in their numbers count as one reason."""
+    groups: dict[str, tuple[str, int]] = {}
+    for r in reqs:
+        if r.finish is None or r.finish.reason is not FinishReason.ABORT:
+            continue
+        message = r.finish.message or "aborted"
+        key = re.sub(r"\d+", "N", message)
+        example, n = groups.get(key, (message, 0))
+        groups[key] = (example, n + 1)
+    return sorted(groups.values(), key=lambda x: -x[1])
+
+
+def failure_summary(reqs: Sequence[Req]) -> str:
+    """One line: how many requests failed and why (the most frequent reason, an example)."""
+    reasons = failure_reasons(reqs)
+    if not reasons:
+        return ""
+    rejected = sum(
+        1
+        for r in reqs
+        if r.finish is not None
+        and r.finish.reason is FinishReason.ABORT
+        and r.times.first_scheduled is None
+    )
+    failed = sum(n for _, n in reasons)
+    how = (
+        "rejected at admission"
+        if rejected == failed
+        else "aborted"
+        if rejected == 0
+        else f"failed ({rejected:,} rejected at admission)"
+    )
+    text = f"{failed:,} {how}, e.g. {reasons[0][0]!r}"
+    if len(reasons) > 1:
+        text += f" ({reasons[0][1]:,} like it, {len(reasons) - 1} other reasons)"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# SLO goodput and load
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """Latency targets a request must meet to count as good (None: no target on that
+    latency). Seconds, like every latency here; the CLI takes milliseconds."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, v in (("ttft", self.ttft_s), ("tpot", self.tpot_s)):
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"the {name} SLO must be a positive number, got {v}")
+
+    @property
+    def active(self) -> bool:
+        return self.ttft_s is not None or self.tpot_s is not None
+
+    def describe(self) -> str:
+        parts = [
+            f"{name} <= {v * 1e3:g} ms"
+            for name, v in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s))
+            if v is not None
+        ]
+        return " and ".join(parts)

@@ -1,0 +1,449 @@
+"""Trace readers: Mooncake's JSONL (hash_ids become token blocks) and radixsched's JSONL (token
+ids or lengths, prefix groups, priority, tenant, arrival), plain, .gz or .zst. Bad input names
+the file, the line and the field."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from radixsched.request import TokenArray
+from radixsched.sim.workloads.tokens import (
+    _INT64,
+    _NO_TOKENS,
+    _SALT_GROUP,
+    _SALT_PAD,
+    _SALT_UNIQUE,
+    MAX_ARRIVAL_S,
+    MAX_PROMPT_TOKENS,
+    WorkloadError,
+    _block_table,
+    _Draft,
+    _hash_tokens,
+    _key,
+    _str_key,
+)
+
+# ---- trace readers ---------------------------------------------------------------------
+
+
+# Compressed traces, by file suffix: gzip from the standard library; zstandard from the
+# ``zstandard`` package (or the standard library's ``compression.zstd`` from Python 3.14).
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+def _open_zstd(path: Path) -> BinaryIO:
+    try:
+        from compression import zstd  # Python >= 3.14
+
+        return cast(BinaryIO, zstd.open(path, "rb"))
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raise WorkloadError(
+            f"{path}: reading .zst traces needs the zstandard package "
+            "(pip install zstandard, or radixsched[traces])"
+        ) from None
+    reader = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
+    return cast(BinaryIO, io.BufferedReader(reader))  # the reader itself has no readline
+
+
+def open_trace(path: Path) -> BinaryIO:
+    """The trace's bytes, decompressed by suffix (``.gz``, ``.zst``); ``WorkloadError`` with
+    a one-line reason when the file cannot be opened."""
+    try:
+        if path.suffix == ".gz":
+            return cast(BinaryIO, gzip.open(path, "rb"))
+        if path.suffix == ".zst":
+            return _open_zstd(path)
+        return path.open("rb")
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise WorkloadError(f"{path}: is a directory, not a trace file") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)``; decompression and read errors become one line."""
+    f = open_trace(path)
+    with f:
+        i = 0
+        try:
+            for i, raw in enumerate(f, 1):
+                yield i, raw
+        except (OSError, EOFError, ValueError) as exc:
+            what = "gzip" if path.suffix == ".gz" else "zstd" if path.suffix == ".zst" else "file"
+            raise WorkloadError(f"{path}:{i + 1}: cannot read the {what} data: {exc}") from None
+
+
+def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(file:line, object)`` for every non-blank line (UTF-8 JSON, one object a line)."""
+    for i, raw in _lines(path):
+        where = f"{path}:{i}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise WorkloadError(
+                f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                f"{exc.start + 1}); traces are UTF-8 JSON lines"
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{where}: invalid JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        yield where, obj
+
+
+def check_trace(path: str | Path) -> None:
+    """Fail now, in one line, if the trace cannot be opened and its first line read (the
+    early check of the CLI; the whole file is validated when it is loaded)."""
+    for _ in _lines(Path(path)):
+        break
+
+
+def _bad(where: str, name: str, expected: str, value: Any) -> WorkloadError:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return WorkloadError(f"{where}: field {name!r}: expected {expected}, got {text}")
+
+
+def _pos_int(obj: dict[str, Any], name: str, where: str, maximum: int | None = None) -> int:
+    v = obj.get(name)
+    if v is None:
+        raise WorkloadError(f"{where}: missing field {name!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _bad(where, name, "a positive integer", v)
+    if maximum is not None and v > maximum:
+        raise _bad(where, name, f"at most {maximum:,} tokens", v)
+    return v
+
+
+def _nonneg_number(obj: dict[str, Any], name: str, where: str) -> float:
+    v = obj[name]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _bad(where, name, "a non-negative number", v)
+    try:
+        number = float(v)
+    except OverflowError:  # an integer beyond float's range
+        raise _bad(where, name, "a non-negative number below 1e308", v) from None
+    if not math.isfinite(number) or number < 0:
+        raise _bad(where, name, "a non-negative number", v)
+    return number
+
+
+def _int_list(obj: dict[str, Any], name: str, where: str, *, nonempty: bool) -> TokenArray:
+    v = obj[name]
+    if not isinstance(v, list) or (nonempty and not v):
+        raise _bad(where, name, "a non-empty list of token ids" if nonempty else "a list", v)
+    arr = np.asarray(v) if v else np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise _bad(where, name, "a list of non-negative integers", _clip(v))
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= 2**31):
+        raise _bad(where, name, "integers in [0, 2^31)", _clip(v))
+    return arr.astype(np.int32)
+
+
+def _clip(v: list[Any]) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _opt_str(obj: dict[str, Any], name: str, where: str) -> str | None:
+    v = obj.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise _bad(where, name, "a string", v)
+    return v
+
+
+@dataclass
+class _MooncakeRecord:
+    where: str
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: npt.NDArray[np.int64]  # only the ids the prompt uses
+
+
+def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
+    out = []
+    for where, obj in _json_lines(path):
+        for name in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if name not in obj:
+                raise WorkloadError(f"{where}: missing field {name!r}")
+        ts = _nonneg_number(obj, "timestamp", where)
+        n = _pos_int(obj, "input_length", where, MAX_PROMPT_TOKENS)
+        o = _pos_int(obj, "output_length", where)
+        ids = _int_list(obj, "hash_ids", where, nonempty=False).astype(np.int64)
+        out.append(_MooncakeRecord(where, ts, n, o, ids[: -(-n // block)]))
+    if not out:
+        raise WorkloadError(f"{path}: no requests")
+    t0 = min(r.timestamp_ms for r in out)
+    late = next((r for r in out if (r.timestamp_ms - t0) / 1e3 > MAX_ARRIVAL_S), None)
+    if late is not None:
+        raise _late(late.where, "timestamp", late.timestamp_ms, (late.timestamp_ms - t0) / 1e3)
+    return out
+
+
+def _late(where: str, name: str, value: float, after_s: float) -> WorkloadError:
+    return WorkloadError(
+        f"{where}: field {name!r}: {value:g} is {after_s:.3g} s after the first request, "
+        f"beyond the {MAX_ARRIVAL_S:.0e} s a trace may span (the simulated clock would lose "
+        "its microseconds)"
+    )
+
+
+_BATCH = 256  # requests whose own blocks are generated together
+
+
+def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
+    """The trace's requests, their prompts deferred: only those the load keeps are built
+    (``_fill_mooncake``)."""
+    block, vocab = p["block_size"], p["vocab"]
+    records = _mooncake_records(Path(p["path"]), block)
+    t0 = min(r.timestamp_ms for r in records)
+
+    def fill(drafts: Sequence[_Draft]) -> None:
+        _fill_mooncake(drafts, block, vocab)
+
+    return [
+        _Draft(
+            _NO_TOKENS,
+            r.output_length,
+            i,
+            timestamp_s=(r.timestamp_ms - t0) / 1e3,
+            fill=fill,
+            source=r,
+            length=r.input_length,
+        )
+        for i, r in enumerate(records)
+    ]
+
+
+def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
+    """Blocks that several of these prompts use are generated once, into the head of one
+    table; the blocks only one prompt uses are generated a batch of requests at a time into
+    its tail, so the table (the load's peak memory beside the prompts) holds the shared blocks
+    and one batch's own. A block's tokens depend on its id only, a short id list's padding on
+    the request's line: the same prompts whichever requests are built together."""
+    records: list[_MooncakeRecord] = [d.source for d in drafts]
+    distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
+    shared = distinct[uses > 1]
+    batches = [
+        list(range(lo, min(lo + _BATCH, len(drafts)))) for lo in range(0, len(drafts), _BATCH)
+    ]
+    tail = max((sum(len(records[j].hash_ids) for j in b) for b in batches), default=0)
+    table = np.empty((len(shared) + tail, block), dtype=np.int32)
+    table[: len(shared)] = _block_table(shared, block, vocab)
+    for batch in batches:
+        recs = [records[j] for j in batch]
+        for j, rows in zip(batch, _rows(recs, shared, table, vocab), strict=True):
+            d = drafts[j]
+            d.prompt = _gather(table, rows, _prompt_buffer(d), d.session, vocab)
+
+
+def _prompt_buffer(d: _Draft) -> TokenArray:
+    """The buffer ``d``'s prompt is built in: the one the prompt cache lent, else a new one."""
+    return d.prompt if len(d.prompt) == d.length else np.empty(d.length, dtype=np.int32)
+
+
+def _gather(
+    table: TokenArray, rows: npt.NDArray[np.int64], out: TokenArray, line: int, vocab: int
+) -> TokenArray:
+    """``out`` filled with the blocks at ``rows`` of ``table``, cut to its length (the last
+    block may be partial), then the request's own padding past the last block."""
+    n, block = len(out), table.shape[1]
+    full = min(len(rows), n // block)
+    np.take(table, rows[:full], axis=0, out=out[: full * block].reshape(full, block))
+    at = full * block
+    if full < len(rows):  # the last block, cut to the prompt's length
+        m = min(block, n - at)
+        out[at : at + m] = table[rows[full], :m]
+        at += m
+    if at < n:
+        _hash_tokens(_key(_SALT_PAD, line), at, n - at, vocab, out[at:])
+    return out
+
+
+def _rows(
+    batch: list[_MooncakeRecord], shared: npt.NDArray[np.int64], table: TokenArray, vocab: int
+) -> list[npt.NDArray[np.int64]]:
+    """Each request's rows of ``table``: a shared block's in the head; the batch's own blocks
+    are generated into the tail first (ids used once, so each lies in one request)."""
+    ids = np.concatenate([r.hash_ids for r in batch])
+    at = np.searchsorted(shared, ids)
+    found = at < len(shared)
+    found[found] = shared[at[found]] == ids[found]
+    own = ~found
+    n_own = int(own.sum())
+    if n_own:
+        table[len(shared) : len(shared) + n_own] = _block_table(ids[own], table.shape[1], vocab)
+        at[own] = len(shared) + np.arange(n_own)
+    cuts = np.cumsum([len(r.hash_ids) for r in batch])[:-1]
+    return np.split(at, cuts)
+
+
+def mooncake_block_hit_rate(path: str | Path, block_size: int = 512) -> float:
+    """The Mooncake README's optimal reuse: per request in file order, the leading hash ids
+    already seen, times ``block_size``, capped at ``input_length``, over all prompt tokens."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in _mooncake_records(Path(path), block_size):
+        ids = r.hash_ids.tolist()
+        k = 0
+        while k < len(ids) and ids[k] in seen:
+            k += 1
+        hit += min(k * block_size, r.input_length)
+        total += r.input_length
+        seen.update(ids)
+    return hit / total
+
+
+_JSONL_FIELDS = (
+    "input_ids",
+    "input_length",
+    "prefix_group",
+    "prefix_length",
+    "output_length",
+    "output_ids",
+    "arrival_time",
+    "timestamp",
+    "priority",
+    "routing_key",
+    "tenant",
+    "extra_key",
+)
+
+
+def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Draft:
+    unknown = sorted(set(obj) - set(_JSONL_FIELDS))
+    if unknown:
+        raise WorkloadError(
+            f"{where}: unknown field {unknown[0]!r}; valid: {', '.join(_JSONL_FIELDS)}"
+        )
+    if ("input_ids" in obj) == ("input_length" in obj):
+        raise WorkloadError(f"{where}: give exactly one of 'input_ids' and 'input_length'")
+    if "input_ids" in obj:
+        for name in ("prefix_group", "prefix_length"):
+            if name in obj:
+                raise WorkloadError(
+                    f"{where}: field {name!r} needs 'input_length', not 'input_ids'"
+                )
+        prompt = _int_list(obj, "input_ids", where, nonempty=True)
+        source = None
+    else:
+        n = _pos_int(obj, "input_length", where, MAX_PROMPT_TOKENS)
+        group = obj.get("prefix_group")
+        if (group is None) != ("prefix_length" not in obj):
+            raise WorkloadError(f"{where}: 'prefix_group' and 'prefix_length' go together")
+        shared = 0
+        if group is not None:
+            if isinstance(group, bool) or not isinstance(group, str | int):
+                raise _bad(where, "prefix_group", "a string or integer", group)
+            shared = _pos_int(obj, "prefix_length", where)
+            if shared > n:
+                raise WorkloadError(
+                    f"{where}: field 'prefix_length': must be <= input_length ({n}), got {shared}"
+                )
+        prompt = _NO_TOKENS  # hashed when the load keeps the request (_fill_hashed)
+        source = _HashedPrompt(None if group is None else str(group), shared, n, index, vocab)
+    scripted = _int_list(obj, "output_ids", where, nonempty=False) if "output_ids" in obj else None
+    if "output_length" in obj or scripted is None or not len(scripted):
+        out = _pos_int(obj, "output_length", where)
+    else:
+        out = len(scripted)
+    if "arrival_time" in obj and "timestamp" in obj:
+        raise WorkloadError(f"{where}: give 'arrival_time' or 'timestamp', not both")
+    ts: float | None = None
+    if "arrival_time" in obj:
+        ts = _nonneg_number(obj, "arrival_time", where)
+    elif "timestamp" in obj:
+        ts = _nonneg_number(obj, "timestamp", where) / 1e3
+    priority = obj.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise _bad(where, "priority", "an integer", priority)
+    if priority is not None and not -_INT64 <= priority < _INT64:
+        raise _bad(where, "priority", "a signed 64-bit integer", priority)
+    return _Draft(
+        prompt,
+        out,
+        index,
+        timestamp_s=ts,
+        scripted=scripted,
+        priority=priority,
+        routing_key=_opt_str(obj, "routing_key", where),
+        tenant=_opt_str(obj, "tenant", where),
+        extra_key=_opt_str(obj, "extra_key", where),
+        fill=None if source is None else _fill_hashed,
+        source=source,
+        length=0 if source is None else source.n,
+    )
+
+
+class _HashedPrompt(NamedTuple):
+    """A prompt given by its length: ``shared`` tokens of its group's prefix, then its own."""
+
+    group: str | None
+    shared: int
+    n: int
+    line: int  # the request's line (its own tokens' key)
+    vocab: int
+
+
+def _fill_hashed(drafts: Sequence[_Draft]) -> None:
+    for d in drafts:
+        g, shared, n, line, vocab = d.source
+        out = _prompt_buffer(d)
+        if g is not None:
+            _hash_tokens(_key(_SALT_GROUP, _str_key(g)), 0, shared, vocab, out[:shared])
+        _hash_tokens(_key(_SALT_UNIQUE, line), shared, n - shared, vocab, out[shared:])
+        d.prompt = out
+
+
+def _build_jsonl(p: dict[str, Any], seed: int) -> list[_Draft]:
+    path = Path(p["path"])
+    drafts: list[_Draft] = []
+    wheres: list[tuple[str, str]] = []  # each line's place and arrival field
+    first_timed: bool | None = None
+    for where, obj in _json_lines(path):
+        d = _jsonl_draft(where, obj, len(drafts), p["vocab"])
+        wheres.append((where, "arrival_time" if "arrival_time" in obj else "timestamp"))
+        timed = d.timestamp_s is not None
+        if first_timed is None:
+            first_timed = timed
+        elif timed != first_timed:
+            raise WorkloadError(
+                f"{where}: arrival given on some lines only: set 'arrival_time' or 'timestamp' "
+                "on every line or on none"
+            )
+        drafts.append(d)
+    if not drafts:
+        raise WorkloadError(f"{path}: no requests")
+    if first_timed:
+        t0 = min(d.timestamp_s for d in drafts if d.timestamp_s is not None)
+        for d, (where, name) in zip(drafts, wheres, strict=True):
+            assert d.timestamp_s is not None
+            if d.timestamp_s - t0 > MAX_ARRIVAL_S:
+                value = d.timestamp_s if name == "arrival_time" else d.timestamp_s * 1e3
+                raise _late(where, name, value, d.timestamp_s - t0)
+            d.timestamp_s -= t0
+    return drafts
