@@ -113,7 +113,7 @@ def main() -> int:
             markup=False,
         )
     console.print(f"command: {shown}", markup=False)
-    console.print(f"wall time: {wall:.1f} s", markup=False)
+    console.print(f"wall time: {wall:.1f} s, {doc['simulations']} simulations", markup=False)
     print(markdown(doc))
     return 0
 

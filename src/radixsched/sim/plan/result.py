@@ -60,7 +60,10 @@ class CandidateResult:
     def to_json(self, target: float | None) -> dict[str, Any]:
         c = self.candidate
         rate = self.max_request_rate
-        probe = self.at_capacity
+        # The probe the row is judged at: the target, or its capacity (none when it has none).
+        probe = self.probe_at(target) if target is not None else self.at_capacity
+        if target is None and rate is None:
+            probe = None
         at = (target if target is not None else rate) if meets(self, target) else None
         return {
             "gpu": c.gpu,
@@ -179,6 +182,7 @@ def plan_json(spec: Any, ranked: list[CandidateResult], meta: Any) -> dict[str, 
         },
         "target_request_rate": spec.target_rate,
         "tolerance": spec.tolerance,
+        "simulations": sum(len(r.capacity.probes) for r in ranked if r.capacity is not None),
         "prices_per_gpu_hour": spec.prices,
         "candidates": [r.to_json(spec.target_rate) for r in ranked],
         "best": None if best is None else best.to_json(spec.target_rate),

@@ -132,8 +132,8 @@ def load_for(spec: PlanSpec) -> LoadedWorkload:
 
 
 def evaluate(spec: PlanSpec, cand: Candidate, give_up_below: float | None) -> Capacity:
-    """``cand``'s capacity search (with a target rate: first at the target, given up below
-    it)."""
+    """``cand``'s capacity search, given up below ``give_up_below`` (the target rate, or the
+    rate that would beat the best so far), which it tries first."""
     from radixsched.sim.plan.capacity import Probe
     from radixsched.sim.simulate import simulate
     from radixsched.sim.workloads.load import WorkloadError
@@ -151,7 +151,9 @@ def evaluate(spec: PlanSpec, cand: Candidate, give_up_below: float | None) -> Ca
         run = simulate(workload, sched, sim, optimal_hit_rate=loaded.optimal_hit_rate)
         return Probe.of(rate, run, spec.slo)
 
-    start = spec.target_rate if spec.target_rate is not None else bound * START_SHARE
+    # With a rate to beat (the target, or what would beat the best so far), the first probe is
+    # there: a candidate that misses it costs one simulation.
+    start = give_up_below if give_up_below is not None else bound * START_SHARE
     return find_capacity(
         probe,
         start=start,
