@@ -334,15 +334,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(line, highlight=False, markup=False)
     jobs = int(own["jobs"]) if own.get("jobs") is not None else _default_jobs(inputs)
     start = time.perf_counter()
-    with _progress(console, len(inputs.candidates), bool(own.get("quiet"))) as advance:
-        results = run_plan(
-            spec,
-            inputs.candidates,
-            loaded,
-            jobs=jobs,
-            ray_address=own.get("ray"),
-            on_result=advance,
-        )
+    display, advance = _progress(console, len(inputs.candidates), bool(own.get("quiet")))
+    results = run_plan(
+        spec,
+        inputs.candidates,
+        loaded,
+        jobs=jobs,
+        ray_address=own.get("ray"),
+        on_result=advance,
+        display=display,
+    )
     elapsed = time.perf_counter() - start
     return _finish(console, inputs, results, elapsed, meta)
 
@@ -367,10 +368,9 @@ def _console(own: dict[str, Any]) -> Any:
     return Console(width=width)
 
 
-def _progress(console: Any, total: int, quiet: bool) -> Any:
-    """A context giving ``advance(result)``: candidates done of ``total``, time left."""
-    import contextlib
-
+def _progress(console: Any, total: int, quiet: bool) -> tuple[Any, Any]:
+    """A progress display (candidates done of ``total``, time left) and ``advance(result)``,
+    which moves it on."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -380,32 +380,27 @@ def _progress(console: Any, total: int, quiet: bool) -> Any:
         TimeRemainingColumn,
     )
 
-    @contextlib.contextmanager
-    def shown() -> Any:
-        progress = Progress(
-            TextColumn("[bold]candidates"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("left"),
-            TimeRemainingColumn(),
-            TextColumn("{task.description}"),
-            console=console,
-            disable=quiet,
+    progress = Progress(
+        TextColumn("[bold]candidates"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        disable=quiet,
+    )
+    task = progress.add_task("", total=total)
+
+    def advance(result: CandidateResult) -> None:
+        rate = result.max_request_rate
+        what = f"{result.candidate.label}: " + (
+            f"{rate:.3g} req/s" if rate is not None else result.status
         )
-        task = progress.add_task("", total=total)
+        progress.update(task, advance=1, description=what[:60])
 
-        def advance(result: CandidateResult) -> None:
-            rate = result.max_request_rate
-            what = f"{result.candidate.label}: " + (
-                f"{rate:.3g} req/s" if rate is not None else result.status
-            )
-            progress.update(task, advance=1, description=what[:60])
-
-        with progress:
-            yield advance
-
-    return shown()
+    return progress, advance
 
 
 def _header(inputs: PlanInputs, loaded: Any) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -214,12 +215,15 @@ def run_plan(
     jobs: int,
     ray_address: str | None,
     on_result: OnResult,
+    display: AbstractContextManager[Any] | None = None,
 ) -> list[CandidateResult]:
-    """Every candidate's result, in the candidates' order."""
+    """Every candidate's result, in the candidates' order. ``display`` (a progress display)
+    is entered once the workers exist: a process must not fork while a display's thread
+    runs."""
     frames = [frame(c, loaded, spec) for c in candidates]
-    planner = Planner(spec, frames, on_result)
     pool: LocalPool | RayPool
     pool = RayPool(spec, ray_address, jobs) if ray_address else LocalPool(spec, jobs)
-    with pool:
+    with pool, display if display is not None else nullcontext():
+        planner = Planner(spec, frames, on_result)  # reports the pruned: the display is on
         drain(pool, planner.next_job, planner.finish)
     return [planner.results[c.index] for c in candidates]

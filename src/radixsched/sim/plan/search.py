@@ -202,6 +202,7 @@ class LocalPool:
                 initializer=_die_with,
                 initargs=(os.getpid(),),
             )
+            self.pool.submit(int).result()  # forks every worker now, before any display thread
         return self
 
     def __exit__(self, *exc: object) -> None:
