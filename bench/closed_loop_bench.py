@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixsched.config import SchedulerConfig
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import load_workload
 

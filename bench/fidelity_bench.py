@@ -80,8 +80,8 @@ def _row(result: dict[str, Any]) -> dict[str, float]:
 def _predict(
     workload: str, info: dict[str, Any], held: dict[str, Any], calibration: str | None
 ) -> dict[str, float]:
+    from radixsched.client.bench import BENCH_WORKLOAD_DEFAULTS
     from radixsched.config import SchedulerConfig
-    from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
     from radixsched.sim.simulate import SimConfig, simulate
     from radixsched.sim.workloads.load import load_workload
 
@@ -114,7 +114,7 @@ def measure(
     model: str, tmp: Path, repeat: int, workload: str | None = None
 ) -> list[dict[str, Any]]:
     from radixsched.cli.main import main
-    from radixsched.server.bench import BenchConfig, run_bench
+    from radixsched.client.bench import BenchConfig, run_bench
 
     workload = workload or WORKLOADS[model]
     proc, url = _start(model)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from radixsched.cli.main import main
+from radixsched.client.bench import BENCH_WORKLOAD_DEFAULTS
 from radixsched.config import SchedulerConfig
-from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
 from radixsched.sim.calibrate.measured import read_result_file
 from radixsched.sim.cost.calibration_file import read_calibration
 from radixsched.sim.simulate import SimConfig, simulate

@@ -23,13 +23,7 @@ pytest.importorskip("fastapi")
 from radixsched.cli import bench as cli_bench
 from radixsched.cli import serve as cli_serve
 from radixsched.cli.main import main
-from radixsched.config import SchedulerConfig
-from radixsched.engine.loader import LoadedModel, load_model
-from radixsched.request import Req, SamplingParams
-from radixsched.results.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS
-from radixsched.results.stats import STATS_KEYS
-from radixsched.server.app import ServerThread, create_app, engine_for_model
-from radixsched.server.bench import (
+from radixsched.client.bench import (
     BenchConfig,
     BenchError,
     BenchResult,
@@ -40,6 +34,13 @@ from radixsched.server.bench import (
     load_bench_workload,
     run_bench,
 )
+from radixsched.config import SchedulerConfig
+from radixsched.engine.loader import LoadedModel, load_model
+from radixsched.request import Req, SamplingParams
+from radixsched.results.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS
+from radixsched.results.stats import STATS_KEYS
+from radixsched.server.app import ServerThread, create_app
+from radixsched.server.build import engine_for_model
 
 WORKLOAD = "shared-prefix:groups=4,prompts=6,system_len=120,question_len=16,output_len=8"
 

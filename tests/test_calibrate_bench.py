@@ -13,10 +13,11 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from radixsched.cli.main import main
+from radixsched.client.bench import BENCH_WORKLOAD_DEFAULTS, sweep_rates
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import load_model
-from radixsched.server.app import ServerThread, create_app, engine_for_model
-from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS, sweep_rates
+from radixsched.server.app import ServerThread, create_app
+from radixsched.server.build import engine_for_model
 from radixsched.sim.calibrate.fit import build_replay
 from radixsched.sim.calibrate.measured import read_result_file
 from radixsched.sim.cost.build import load_cost_model

@@ -29,7 +29,7 @@ pytest.importorskip("fastapi")
 
 from fidelity import WORKLOAD, failures, held_out_processes, predict_held_out, stats_of
 from radixsched.cli.main import main
-from radixsched.server.bench import BenchConfig, run_bench
+from radixsched.client.bench import BenchConfig, run_bench
 from served import wait_healthy
 
 # Opt-in: the bounds hold only where nothing else competes for the CPUs. On the project's

@@ -24,7 +24,7 @@ def _modules_after(argv: list[str]) -> set[str]:
 def test_simulate_imports_no_other_command() -> None:
     mods = _modules_after(["simulate", "--policy", "lpm"])
     assert "radixsched.sim.workloads.spec" in mods  # its own epilog was built
-    for other in ("radixsched.server.bench", "radixsched.sim.sweep.config", "radixsched.cli.serve"):
+    for other in ("radixsched.client.bench", "radixsched.sim.sweep.config", "radixsched.cli.serve"):
         assert other not in mods, other
     assert "torch" not in mods and "fastapi" not in mods
 

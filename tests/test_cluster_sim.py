@@ -12,7 +12,7 @@ import pytest
 from radixsched.cluster.routers import ROUTERS
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
 

@@ -247,7 +247,7 @@ def test_an_unreachable_ray_cluster_says_so(
 @pytest.fixture
 def no_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sending anything fails the test: every case must stop at validation."""
-    from radixsched.server import bench
+    from radixsched.client import bench
 
     async def sent(*args: Any, **kw: Any) -> Any:
         raise AssertionError("a request was sent")

@@ -21,7 +21,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.sim.cost.hardware import LINKS, PresetError, get_link
 from radixsched.sim.deploy import disagg_loop
 from radixsched.sim.deploy.disagg import KVLinks, LinkModel
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.settings.deployment import gpu_count
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.sweep.config import SweepConfig, validate_points

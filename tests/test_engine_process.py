@@ -27,8 +27,10 @@ pytest.importorskip("fastapi")
 
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import load_model, load_tokenizer
-from radixsched.server.app import ServerThread, create_app, engine_for_model, served_model
+from radixsched.server.app import ServerThread, create_app
+from radixsched.server.build import engine_for_model
 from radixsched.server.metrics import parse_counter
+from radixsched.server.model import served_model
 from radixsched.server.process import EngineProcess, EngineSpec, EngineStartError
 from served import wait_healthy
 

@@ -30,7 +30,7 @@ from radixsched.fast.orders import Engine
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.deploy import replicas
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
 from simcases import random_lengths

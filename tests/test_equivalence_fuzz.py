@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import golden
 from radixsched.config import SchedulerConfig
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
 from simcases import random_lengths

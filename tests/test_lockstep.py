@@ -27,7 +27,8 @@ from radixsched.sim.deploy.lockstep import (
     max_request_delay,
     run_lockstep,
 )
-from radixsched.sim.deploy.replicas import SimRun, _build_replica
+from radixsched.sim.deploy.replicas import _build_replica
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.settings.simconfig import SimConfig
 from radixsched.sim.simulate import simulate
 from radixsched.sim.workloads.load import Workload, load_workload

@@ -29,16 +29,12 @@ from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.engine.runner import TorchRunner
 from radixsched.runner import Batch, ModelRunner, StepResult
-from radixsched.server.app import (
-    ServedModel,
-    ServerThread,
-    create_app,
-    engine_for_model,
-    engine_for_runner,
-)
+from radixsched.server.app import ServerThread, create_app
+from radixsched.server.build import engine_for_model, engine_for_runner
 from radixsched.server.detok import IncrementalDetokenizer
 from radixsched.server.loop import EngineLoop
 from radixsched.server.metrics import parse_counter
+from radixsched.server.model import ServedModel
 from radixsched.server.protocol import stop_strings
 from served import wait_healthy
 

@@ -34,16 +34,12 @@ from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.engine.runner import TorchRunner
 from radixsched.engine.tokenizer import ByteTokenizer
 from radixsched.runner import Batch, ModelRunner, StepResult
-from radixsched.server.app import (
-    ServedModel,
-    ServerThread,
-    create_app,
-    engine_for_model,
-    engine_for_runner,
-)
+from radixsched.server.app import ServerThread, create_app
+from radixsched.server.build import engine_for_model, engine_for_runner
 from radixsched.server.detok import IncrementalDetokenizer
 from radixsched.server.loop import EngineLoop
 from radixsched.server.metrics import parse_counter
+from radixsched.server.model import ServedModel
 
 MODEL = "tiny-random"
 CTX = 1024
@@ -204,7 +200,7 @@ def test_huge_prompts_are_rejected_without_stalling_a_concurrent_stream(
 
 
 def test_body_limit_flag_chunked_bodies_and_keep_alive(loaded: LoadedModel) -> None:
-    from radixsched.server.app import RequestLimits
+    from radixsched.server.guard import RequestLimits
 
     st = start(loaded, limits=RequestLimits(max_request_bytes=4096))
     try:
@@ -435,7 +431,7 @@ def test_foreign_host_and_origin_are_rejected(server: ServerThread) -> None:
 
 
 def test_allow_lists(loaded: LoadedModel) -> None:
-    from radixsched.server.app import AccessPolicy
+    from radixsched.server.guard import AccessPolicy
 
     policy = AccessPolicy(
         allowed_hosts=("api.example.com", ".internal.example"),
@@ -601,7 +597,7 @@ def test_stop_matching_matches_a_naive_reference(pieces: list[str], stops: list[
 
 
 def test_chat_without_max_tokens_is_capped(loaded: LoadedModel) -> None:
-    from radixsched.server.app import RequestLimits
+    from radixsched.server.guard import RequestLimits
 
     st = start(loaded, kv=4096, limits=RequestLimits(max_completion_tokens=40))
     try:

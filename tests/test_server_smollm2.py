@@ -24,7 +24,8 @@ openai = pytest.importorskip("openai")
 
 from radixsched.config import SchedulerConfig  # noqa: E402
 from radixsched.engine.smollm2 import find_smollm2_gguf  # noqa: E402
-from radixsched.server.app import ServerThread, build_engine, create_app  # noqa: E402
+from radixsched.server.app import ServerThread, create_app  # noqa: E402
+from radixsched.server.build import build_engine  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -39,7 +39,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.sim.cost.runner import CostModelRunner
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
 from simcases import JUMP_WORKLOADS, SAMPLE

@@ -26,8 +26,7 @@ from radixsched.sim.sweep.executors import (
     run_guarded,
     simulate_point,
 )
-from radixsched.sim.sweep.report import render_sweep_report
-from radixsched.sim.sweep.result import run_sweep
+from radixsched.sim.sweep.result import render_sweep_report, run_sweep
 
 TINY = {
     "workload": "shared-prefix:groups=3,prompts=4,system_len=256,question_len=32,output_len=16",

@@ -10,8 +10,7 @@ import pytest
 
 from radixsched.cli.sweep import main
 from radixsched.sim.sweep.config import SweepConfig, SweepError
-from radixsched.sim.sweep.report import render_sweep_report
-from radixsched.sim.sweep.result import run_sweep
+from radixsched.sim.sweep.result import render_sweep_report, run_sweep
 
 
 def fake_run(settings: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The ``bench`` subcommand: load a running server with a workload and report what it measured,
-with the simulator's metric names (``server.bench``; aiohttp is imported when it runs).
+with the simulator's metric names (``client.bench``; aiohttp is imported when it runs).
 
 Generated workloads take bench's own sizes (``BENCH_WORKLOAD_DEFAULTS``) for every param the
 spec leaves out, so ``--workload shared-prefix:groups=4`` stays small. Any failed request makes
@@ -22,7 +22,7 @@ MAX_SWEEP_RATES = 100  # each rate sends the whole workload once more
 
 
 def _bench_epilog() -> str:
-    from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
+    from radixsched.client.bench import BENCH_WORKLOAD_DEFAULTS
     from radixsched.sim.settings.runconfig import RATE_RULE
     from radixsched.sim.workloads.spec import describe_workloads
 
@@ -39,7 +39,7 @@ def _bench_epilog() -> str:
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
-    from radixsched.server.bench import DEFAULT_BENCH_WORKLOAD
+    from radixsched.client.bench import DEFAULT_BENCH_WORKLOAD
 
     p: argparse.ArgumentParser = sub.add_parser(
         "bench",
@@ -187,8 +187,8 @@ def _slo_ms(flag: str, value: float | None) -> tuple[float | None, str | None]:
 
 
 def _config(args: argparse.Namespace) -> Any:
+    from radixsched.client.bench import BenchConfig, load_bench_workload, url_problem
     from radixsched.results.requests import SloTargets
-    from radixsched.server.bench import BenchConfig, load_bench_workload, url_problem
     from radixsched.sim.settings.limits import RunConfigError, parse_rate
     from radixsched.sim.workloads.spec import check_workload_spec
     from radixsched.sim.workloads.tokens import WorkloadError
@@ -244,7 +244,7 @@ def _config(args: argparse.Namespace) -> Any:
 def cmd_bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    from radixsched.server.bench import BenchError, run_bench, run_sweep
+    from radixsched.client.bench import BenchError, run_bench, run_sweep
 
     try:
         cfg, workload = _config(args)
@@ -267,9 +267,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, cfg: Any, result: Any) -> int:
+    from radixsched.client.bench import write_json
     from radixsched.results.requests import request_rows
     from radixsched.results.writers import write_requests
-    from radixsched.server.bench import write_json
 
     meta = run_metadata(getattr(args, "_argv", None))
     if args.json_path:
@@ -295,9 +295,9 @@ def _report(args: argparse.Namespace, cfg: Any, result: Any) -> int:
 
 
 def _report_sweep(args: argparse.Namespace, cfg: Any, sweep: Any) -> int:
+    from radixsched.client.bench import write_sweep_json
     from radixsched.results.requests import request_rows
     from radixsched.results.writers import write_requests
-    from radixsched.server.bench import write_sweep_json
 
     write_sweep_json(args.json_path, sweep, run_metadata(getattr(args, "_argv", None)))
     if args.requests_csv:

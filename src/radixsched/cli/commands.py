@@ -1,5 +1,5 @@
-"""Subcommands beyond ``simulate``: sweep, generate, serve, bench, calibrate, plan. Only the command
-being run has its parser built (its module imported); the others are one help line each."""
+"""Subcommands beyond ``simulate``: sweep, generate, serve, router, bench, calibrate, plan. Only
+the command being run has its parser built (its module imported); the others are one help line each."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ _BUILDERS = {
     "sweep": ("radixsched.cli.sweep", "add_sweep_parser"),
     "generate": ("radixsched.cli.generate", "add_generate_parser"),
     "serve": ("radixsched.cli.serve", "add_serve_parser"),
+    "router": ("radixsched.cli.serve", "add_router_parser"),
     "bench": ("radixsched.cli.bench", "add_bench_parser"),
     "calibrate": ("radixsched.cli.calibrate", "add_calibrate_parser"),
     "plan": ("radixsched.cli.plan", "add_plan_parser"),

@@ -29,6 +29,7 @@ COMMAND_HELP = {
     "sweep": "run a grid of simulations from a YAML config and report the results",
     "generate": "generate completions offline with a real model under the scheduler",
     "serve": "serve a model over HTTP (OpenAI-compatible API, /generate, /metrics)",
+    "router": "route requests to running radixsched workers with sglang-router (cache-aware)",
     "bench": "load a running server with a workload and report latency, throughput, hit rate",
     "calibrate": "fit the simulator's cost model to measured runs (or profile the local engine)",
     "plan": "find the cheapest deployment that meets latency SLOs on a workload",

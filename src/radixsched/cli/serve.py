@@ -1,5 +1,5 @@
 """The ``serve`` subcommand (registered by ``cli.py``; FastAPI and torch are imported only when
-it runs). ``bench`` lives in ``cli_bench``."""
+it runs). ``bench`` lives in ``cli.bench``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixsched.cli.common import (
     COMMAND_HELP,
@@ -31,7 +31,14 @@ from radixsched.server.guard import (
     RequestLimits,
 )
 
+if TYPE_CHECKING:
+    from radixsched.server.loop import EngineInfo
+    from radixsched.server.model import ServedModel
+
 API_KEY_ENV = "RADIXSCHED_API_KEY"
+# sglang-router's policy names (server.cluster.ROUTER_POLICIES; repeated here so that building
+# the parser imports nothing of the server).
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 class _UsageError(Exception):
@@ -140,9 +147,77 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
         f"{default_threads()} here)",
     )
+    _add_cluster_args(p)
     add_config_args(p, SchedulerConfig, choices=scheduler_choices())
     p.set_defaults(func=cmd_serve)
     return p
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dp-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve with N workers (each a `radixsched serve` process on a loopback port) "
+        "behind sglang-router on --host:--port (needs `pip install 'radixsched[router]'`; "
+        "default: 1, no router)",
+    )
+    p.add_argument(
+        "--router-policy",
+        default="cache_aware",
+        choices=ROUTER_POLICIES,
+        help="sglang-router's routing policy with --dp-size (default: cache_aware)",
+    )
+
+
+def add_router_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "router",
+        help=COMMAND_HELP["router"],
+        description="Run sglang-router in front of radixsched workers already serving "
+        "(`radixsched serve` on this or other machines), with the health-check, retry and "
+        "circuit-breaker settings `serve --dp-size` uses. Needs `pip install "
+        "'radixsched[router]'`.",
+    )
+    p.add_argument(
+        "--worker-urls",
+        nargs="+",
+        required=True,
+        metavar="URL",
+        help="the workers' base URLs (http://HOST:PORT)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port (default: 30000)")
+    p.add_argument(
+        "--router-policy",
+        default="cache_aware",
+        choices=ROUTER_POLICIES,
+        help="routing policy (default: cache_aware)",
+    )
+    p.set_defaults(func=cmd_router)
+    return p
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from radixsched.client.bench import url_problem
+    from radixsched.server.cluster import ClusterSpec, run_cluster
+
+    errors = [p for url in args.worker_urls if (p := url_problem(url, "--worker-urls"))]
+    if not 1 <= args.port <= 65535:
+        errors.append(f"--port must be between 1 and 65535, got {args.port}")
+    if errors:
+        return _error(CliError("\n".join(errors)))
+    spec = ClusterSpec(
+        dp_size=len(args.worker_urls),
+        host=args.host,
+        port=args.port,
+        policy=args.router_policy,
+        serve_argv=(),
+        threads_per_worker=None,
+        worker_urls=tuple(u.rstrip("/") for u in args.worker_urls),
+    )
+    return run_cluster(spec)
 
 
 def engine_cpus(text: str | None, *, single_process: bool) -> tuple[int, ...] | None:
@@ -264,10 +339,82 @@ def check_args(args: argparse.Namespace) -> tuple[SchedulerConfig, tuple[int, ..
     return config, cpus
 
 
+def check_cluster_args(args: argparse.Namespace, api_key: str | None) -> None:
+    """``--dp-size`` and the flags it cannot serve yet."""
+    if not 1 <= args.dp_size <= MAX_DP_SIZE:
+        raise _UsageError(f"--dp-size must be between 1 and {MAX_DP_SIZE}, got {args.dp_size}")
+    if api_key is not None:
+        raise _UsageError(
+            "--dp-size does not take an API key yet: serve the workers behind "
+            "your own proxy, or run the router yourself (README: Several workers)"
+        )
+    if args.engine_cpus is not None:
+        raise _UsageError(
+            "--dp-size does not take --engine-cpus (each worker would bind the same CPUs)"
+        )
+    if args.port == 0:
+        raise _UsageError("--dp-size needs a --port other than 0 (the router's port)")
+
+
+MAX_DP_SIZE = 64
+
+
+def _serve_cluster(args: argparse.Namespace) -> int:
+    from radixsched.server.cluster import ClusterSpec, run_cluster
+
+    threads = None if args.threads else max(1, default_threads() // args.dp_size)
+    spec = ClusterSpec(
+        dp_size=args.dp_size,
+        host=args.host,
+        port=args.port,
+        policy=args.router_policy,
+        serve_argv=tuple(args._argv),
+        threads_per_worker=threads,
+    )
+    return run_cluster(spec)
+
+
 def _error(e: Exception) -> int:
     for line in str(e).splitlines() or ["(no message)"]:
         print(f"radixsched: error: {line}", file=sys.stderr)
     return 2
+
+
+def _print_serving(
+    args: argparse.Namespace,
+    served: ServedModel,
+    info: EngineInfo,
+    threads: int,
+    layout: str,
+    cpus: tuple[int, ...] | None,
+    limits: RequestLimits,
+    access: AccessPolicy,
+    api_key: str | None,
+) -> None:
+    """The start-up line, and what a user should know about the settings."""
+    if cpus:
+        layout += f" on CPUs {','.join(map(str, cpus))}"
+    print(
+        f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
+        f"KV {info.kv_slots:,} tokens, max running {info.max_running_requests}, "
+        f"policy {info.config.schedule_policy}, {threads} torch threads, {layout}, "
+        f"body limit {limits.body_limit(served.context_len):,} bytes, "
+        f"API key {'required' if api_key else 'off'})",
+        file=sys.stderr,
+    )
+    if access.bind_host.strip("[]") in WILDCARD_BINDS and not access.allowed_hosts:
+        print(
+            "note: requests must name this machine (its host name or one of its addresses) in "
+            "their Host header; add the DNS names clients use with --allowed-hosts",
+            file=sys.stderr,
+        )
+    if info.kv_slots < served.context_len:
+        print(
+            f"radixsched: warning: the KV pool ({info.kv_slots:,} tokens) is smaller than the "
+            f"context ({served.context_len:,}): longer requests are rejected; raise "
+            "--kv-cache-mb or --kv-slots, or lower --context-len",
+            file=sys.stderr,
+        )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -276,12 +423,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limits = limits_from_args(args)
         access = access_from_args(args)
         config, cpus = check_args(args)
+        if args.dp_size != 1:
+            check_cluster_args(args, api_key)
     except (_UsageError, CliError) as e:
         return _error(e)
+    if args.dp_size != 1:
+        return _serve_cluster(args)
 
+    from radixsched.engine.build import tokenizer_dir
     from radixsched.engine.loader import load_tokenizer
-    from radixsched.server.app import create_app, run_server, served_model, tokenizer_dir
+    from radixsched.server.app import create_app, run_server
     from radixsched.server.loop import Engine
+    from radixsched.server.model import served_model
     from radixsched.server.process import (
         EngineProcess,
         EngineSpec,
@@ -321,7 +474,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             tokenizer,
             info.context_len,
             served_model_name=args.served_model_name,
-            tokenizer_path=tokenizer_dir(args.model),
+            tokenizer_path=tokenizer_dir(args.model, tokenizer.tokenizer),
         )
     except (EngineStartError, ValueError, FileNotFoundError) as e:
         if engine is not None:
@@ -332,29 +485,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - set(cpus))
     app = create_app(engine, served, api_key=api_key, limits=limits, access=access)
     layout = "engine on a thread" if args.single_process else f"engine process {proc.pid}"
-    if cpus:
-        layout += f" on CPUs {','.join(map(str, cpus))}"
-    print(
-        f"serving {served.name} on http://{args.host}:{args.port}  (context {served.context_len}, "
-        f"KV {info.kv_slots:,} tokens, max running {info.max_running_requests}, "
-        f"policy {info.config.schedule_policy}, {spec.threads} torch threads, {layout}, "
-        f"body limit {limits.body_limit(served.context_len):,} bytes, "
-        f"API key {'required' if api_key else 'off'})",
-        file=sys.stderr,
-    )
-    if access.bind_host.strip("[]") in WILDCARD_BINDS and not access.allowed_hosts:
-        print(
-            "note: requests must name this machine (its host name or one of its addresses) in "
-            "their Host header; add the DNS names clients use with --allowed-hosts",
-            file=sys.stderr,
-        )
-    if info.kv_slots < served.context_len:
-        print(
-            f"radixsched: warning: the KV pool ({info.kv_slots:,} tokens) is smaller than the "
-            f"context ({served.context_len:,}): longer requests are rejected; raise "
-            "--kv-cache-mb or --kv-slots, or lower --context-len",
-            file=sys.stderr,
-        )
+    _print_serving(args, served, info, spec.threads, layout, cpus, limits, access, api_key)
     freeze_startup_heap()
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0

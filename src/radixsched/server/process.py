@@ -284,8 +284,9 @@ def build_engine_loop(
     (at most one per ``MIN_TOKENS_PER_RUNNING`` pool tokens unless set) and the shared clock."""
     import torch
 
+    from radixsched.engine.build import default_kv_slots, torch_runner
     from radixsched.engine.loader import load_model
-    from radixsched.server.app import default_kv_slots, engine_for_runner, torch_runner
+    from radixsched.server.build import engine_for_runner
 
     torch.set_num_threads(spec.threads)
     config = spec.config

@@ -316,10 +316,14 @@ class GenerateResponse(_Model):
 
 
 class ModelCard(_Model):
+    """One served model; ``id`` is the name requests must send (the served model name),
+    ``root`` the model it was loaded from (vLLM's and SGLang's field)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "radixsched"
+    root: str | None = None
     max_model_len: int
     vocab_size: int
 
@@ -330,7 +334,19 @@ class ModelList(_Model):
 
 
 class ServerInfo(_Model):
+    """The server's model, limits and scheduler settings. ``model_path``, ``served_model_name``,
+    ``tokenizer_path``, ``max_total_num_tokens``, ``tp_size``, ``dp_size`` and ``version`` carry
+    SGLang's names: sglang-router reads them when a worker registers (a worker without
+    ``served_model_name`` is registered under the model ``unknown``)."""
+
     model: str
+    model_path: str
+    served_model_name: str
+    tokenizer_path: str | None
+    max_total_num_tokens: int
+    tp_size: int = 1
+    dp_size: int = 1
+    version: str
     vocab_size: int
     context_len: int
     kv_slots: int
@@ -341,6 +357,16 @@ class ServerInfo(_Model):
     allowed_hosts: list[str]
     allowed_origins: list[str]
     scheduler: dict[str, Any]
+
+
+class WorkerLoad(_Model):
+    """One entry of SGLang's ``/get_load`` (one per data-parallel rank; radixsched has one):
+    requests running or queued, the queued ones, and KV tokens in use."""
+
+    dp_rank: int
+    num_reqs: int
+    num_waiting_reqs: int
+    num_tokens: int
 
 
 class ModelInfo(_Model):

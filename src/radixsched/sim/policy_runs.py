@@ -35,7 +35,7 @@ from radixsched.results.metrics import PolicyResult
 from radixsched.results.requests import RequestRow, SloTargets, failure_summary, request_rows
 from radixsched.results.series import TimeSeries
 from radixsched.results.service import slo_result
-from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.settings.simconfig import SimConfig
 from radixsched.sim.simulate import simulate
 from radixsched.sim.workloads.load import Workload, workload_optimal_hit_rate

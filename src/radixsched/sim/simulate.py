@@ -16,8 +16,8 @@ from typing import Any
 
 from radixsched.config import SchedulerConfig
 from radixsched.sim.deploy.colocated import run_colocated
-from radixsched.sim.deploy.replicas import RunnerFactory, SimRun
-from radixsched.sim.deploy.run import client_requests
+from radixsched.sim.deploy.replicas import RunnerFactory
+from radixsched.sim.deploy.run import SimRun, client_requests
 from radixsched.sim.settings.simconfig import SimConfig
 
 

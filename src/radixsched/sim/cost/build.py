@@ -93,7 +93,45 @@ def load_cost_model(
     return CalibratedCostModel(base, cal.table)
 
 
-def build_cost_model(cfg: SimConfig) -> Any:
+# Cost models this process built, by what they were built from: a run builds its cost model
+# once (the preflight, the header and every policy's simulation share it; forked workers
+# inherit it). A cost model is never changed after it is built.
+_BUILT: dict[tuple[Any, ...], CostModel | CalibratedCostModel] = {}
+_BUILT_MAX = 64
+
+
+def _cost_key(cfg: SimConfig) -> tuple[Any, ...] | None:
+    """What the cost model of ``cfg`` depends on: its settings, and the calibration file's
+    identity on disk (an edited file builds again); None when that file cannot be read."""
+    fields = (
+        cfg.gpu, cfg.model, cfg.tp, cfg.mfu, cfg.mbu, cfg.step_overhead_ms,
+        cfg.prefill_eff_tokens, cfg.sched_step_ms, cfg.sched_per_req_ms,
+        cfg.sched_per_prefill_ms, cfg.request_latency_ms, cfg.request_serial_ms,
+        cfg.mem_fraction_static, cfg.max_total_tokens, cfg.context_length, cfg.calibration,
+    )  # fmt: skip
+    if cfg.calibration is None:
+        return fields
+    try:
+        st = Path(cfg.calibration).stat()
+    except OSError:
+        return None
+    return (*fields, st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def build_cost_model(cfg: SimConfig) -> CostModel | CalibratedCostModel:
+    """The cost model ``cfg`` describes, built once per process for the same settings."""
+    key = _cost_key(cfg)
+    if key is None:  # an unreadable calibration file: its error is raised every time
+        return _build_cost_model(cfg)
+    cost = _BUILT.get(key)
+    if cost is None:
+        if len(_BUILT) >= _BUILT_MAX:
+            _BUILT.clear()
+        cost = _BUILT[key] = _build_cost_model(cfg)
+    return cost
+
+
+def _build_cost_model(cfg: SimConfig) -> CostModel | CalibratedCostModel:
     """The cost model ``cfg`` describes; warns when its calibration file was fitted on
     another model or GPU."""
     from radixsched.sim.cost.calibration_file import check_fitted_on, read_calibration

@@ -17,8 +17,8 @@ from radixsched.results.series import TimeSeries
 from radixsched.sim.cost.build import build_cost_model
 from radixsched.sim.deploy.closed_loop import run_closed_loop, shift_to_scheduler
 from radixsched.sim.deploy.open_loop import run_open_loop
-from radixsched.sim.deploy.replicas import Replica, RunnerFactory, SimRun, _build_replica
-from radixsched.sim.deploy.run import assemble, end_run, replica_summary
+from radixsched.sim.deploy.replicas import Replica, RunnerFactory, _build_replica
+from radixsched.sim.deploy.run import SimRun, assemble, end_run, replica_summary
 from radixsched.sim.settings.simconfig import SimConfig
 
 Progress = Callable[[int, int], None]

@@ -42,8 +42,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.request import FinishReason, Req
 from radixsched.results.stats import JSONValue, Stats
 from radixsched.sim.deploy.legs import DECODE, PREFILL, Instance, Leg
-from radixsched.sim.deploy.replicas import SimRun
-from radixsched.sim.deploy.run import assemble, end_run
+from radixsched.sim.deploy.run import SimRun, assemble, end_run
 from radixsched.sim.settings.deployment import (
     check_disaggregation,
     role_specs,

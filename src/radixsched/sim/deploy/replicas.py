@@ -4,26 +4,18 @@ one, and sampling the cluster's time series."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
 from radixsched.request import Req
-from radixsched.results.metrics import PolicyResult
 from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler, StepOutcome
 from radixsched.sim.settings.simconfig import SimConfig
-
-if TYPE_CHECKING:
-    from radixsched.sim.deploy.lockstep import LockstepStats
 
 
 class Replica:
@@ -152,44 +144,6 @@ def step_earliest(
 # (cost model, seed, the replica's clock) -> the replica's runner, called once per replica
 # before its scheduler is built (calibration's step recorder, ``sim.calibrate``).
 RunnerFactory = Callable[[Any, int, VirtualClock], Any]
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den else 0.0
-
-
-@dataclass
-class ReplicaSummary:
-    """One replica's share of a run. Hit rates are token-weighted over the prompts the
-    replica scheduled (``hit_rate = device + host``)."""
-
-    replica: int
-    num_requests: int
-    hit_rate: float
-    prefill_tokens_computed: int
-    retractions: int
-    prompt_tokens: int = 0
-    host_hit_rate: float = 0.0
-    busy_s: float = 0.0  # virtual time spent running batches (its own, not the pass's)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class SimRun:
-    result: PolicyResult
-    series: TimeSeries
-    ttft_s: np.ndarray
-    requests: list[Req]
-    replicas: list[ReplicaSummary]
-    kv_capacity_tokens: int
-    # Pass accounting of a lockstep (--enable-dp-attention) run; None otherwise.
-    lockstep: LockstepStats | None = None
-    # Request id -> the replica the router sent it to (every admitted or rejected request).
-    replica_of: dict[str, int] = field(default_factory=dict)
-    # ``describe()`` of the cost model: every constant the run used.
-    cost_model: dict[str, Any] = field(default_factory=dict)
 
 
 def clone_request(r: Req) -> Req:

@@ -3,18 +3,59 @@ a finished run into a ``SimRun`` (the policy's result, its series, each replica'
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from radixsched.request import Req
-from radixsched.results.metrics import summarize
+from radixsched.results.metrics import PolicyResult, summarize
 from radixsched.results.requests import ttft_samples
 from radixsched.results.series import TimeSeries
 from radixsched.sim.deploy.closed_loop import restore_send_times
-from radixsched.sim.deploy.replicas import Replica, ReplicaSummary, SimRun, clone_request
+from radixsched.sim.deploy.replicas import Replica, clone_request
 from radixsched.sim.settings.deployment import deployment_label, gpu_count
 from radixsched.sim.settings.simconfig import SimConfig
+
+if TYPE_CHECKING:
+    from radixsched.sim.deploy.lockstep import LockstepStats
+
+
+@dataclass
+class ReplicaSummary:
+    """One replica's share of a run. Hit rates are token-weighted over the prompts the
+    replica scheduled (``hit_rate = device + host``)."""
+
+    replica: int
+    num_requests: int
+    hit_rate: float
+    prefill_tokens_computed: int
+    retractions: int
+    prompt_tokens: int = 0
+    host_hit_rate: float = 0.0
+    busy_s: float = 0.0  # virtual time spent running batches (its own, not the pass's)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SimRun:
+    result: PolicyResult
+    series: TimeSeries
+    ttft_s: np.ndarray
+    requests: list[Req]
+    replicas: list[ReplicaSummary]
+    kv_capacity_tokens: int
+    # Pass accounting of a lockstep (--enable-dp-attention) run; None otherwise.
+    lockstep: LockstepStats | None = None
+    # Request id -> the replica the router sent it to (every admitted or rejected request).
+    replica_of: dict[str, int] = field(default_factory=dict)
+    # ``describe()`` of the cost model: every constant the run used.
+    cost_model: dict[str, Any] = field(default_factory=dict)
 
 
 def client_requests(workload: Any) -> list[Req]:

@@ -20,6 +20,10 @@ prometheus-client's text parser (falling back to the sum of ``meta_info.cached_t
 the server has no such counters). A request that fails (an HTTP error, a timeout, a stream
 that ends early) counts as aborted; ``BenchResult.failure_lines`` groups them by reason.
 
+Behind sglang-router (which answers neither ``/server_info`` nor ``/metrics``), the workers it
+lists at ``/workers`` give the limits (the first one) and the hit rate (the sum of every
+worker's counters), and the result reports each worker's requests and hit rate.
+
 Fitting the workload to the server (``/server_info``, else ``/v1/models``): token ids are taken
 modulo the vocabulary size (a deterministic map, so shared prefixes stay shared); a request's
 ``max_new_tokens`` is capped to half the context and its prompt truncated at the end so that
@@ -47,6 +51,14 @@ from typing import Any
 
 import numpy as np
 
+from radixsched.client.workers import (
+    WorkerCounters,
+    WorkerShare,
+    router_worker_urls,
+    share_lines,
+    worker_counters,
+    worker_shares,
+)
 from radixsched.request import FinishReason, FinishState, Req, SamplingParams
 from radixsched.results.metrics import PolicyResult, summarize
 from radixsched.results.requests import SloTargets, failure_reasons
@@ -145,6 +157,8 @@ class ServerLimits:
     context_len: int
     policy: str | None
     info: dict[str, Any]
+    # Behind sglang-router: the workers it lists (limits come from the first one).
+    workers: tuple[str, ...] = ()
 
 
 @dataclass
@@ -171,6 +185,7 @@ class BenchResult:
     errors: tuple[str, ...]  # "request id: reason", the first MAX_ERRORS_KEPT
     records: tuple[RequestRecord, ...] = ()
     requests: tuple[Req, ...] = ()  # as summarised (client-side times)
+    per_worker: tuple[WorkerShare, ...] = ()  # behind a router: what each worker served
 
     def to_document(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """``{"meta", "workload", "config", "results": [one result], "requests": [...]}``, as
@@ -214,6 +229,7 @@ class BenchResult:
             f"failed · hit rate {fmt_percent(r.hit_rate)} (optimal "
             f"{fmt_percent(r.optimal_hit_rate)}; {r.cached_tokens:,} of {r.prompt_tokens:,} "
             f"prompt tokens cached, from {r.extra.get('hit_rate_source')})",
+            *share_lines(self.per_worker),
         ]
         stats = ("mean", "std", "p50", "p90", "p95", "p99", "max")
         rows = [["latency", *stats]]
@@ -324,18 +340,21 @@ async def _request(client: Any, method: str, path: str) -> tuple[int, str]:
 
 
 async def fetch_limits(client: Any) -> ServerLimits:
+    """The server's limits from ``/server_info``; behind sglang-router (which has none), from
+    the first worker its ``/workers`` lists; else from ``/v1/models``."""
     try:
         status, body = await _request(client, "GET", "server_info")
         if status == 200:
-            info = json.loads(body)
-            sched = info.get("scheduler") or {}
-            return ServerLimits(
-                model=str(info["model"]),
-                vocab_size=int(info["vocab_size"]),
-                context_len=int(info["context_len"]),
-                policy=sched.get("schedule_policy"),
-                info=info,
-            )
+            return _limits_of_server_info(json.loads(body))
+        workers: tuple[str, ...] = ()
+        listed, listing = await _request(client, "GET", "workers")
+        if listed == 200:
+            workers = router_worker_urls(listing)
+        if workers:
+            status, body = await _request(client, "GET", f"{workers[0]}/server_info")
+            if status == 200:
+                limits = _limits_of_server_info(json.loads(body))
+                return dataclasses.replace(limits, workers=workers)
         status, body = await _request(client, "GET", "v1/models")
     except _network_errors() as e:
         raise BenchError(f"cannot reach the server: {describe_error(e, None)}") from e
@@ -351,6 +370,33 @@ async def fetch_limits(client: Any) -> ServerLimits:
         policy=None,
         info={"model": card["id"]},
     )
+
+
+def _limits_of_server_info(info: dict[str, Any]) -> ServerLimits:
+    sched = info.get("scheduler") or {}
+    return ServerLimits(
+        model=str(info["model"]),
+        vocab_size=int(info["vocab_size"]),
+        context_len=int(info["context_len"]),
+        policy=sched.get("schedule_policy"),
+        info=info,
+    )
+
+
+async def read_worker_counters(
+    client: Any, workers: tuple[str, ...]
+) -> dict[str, WorkerCounters | None]:
+    """Each worker's totals from its ``/metrics`` (None for one that did not answer)."""
+
+    async def one(url: str) -> WorkerCounters | None:
+        try:
+            status, text = await _request(client, "GET", f"{url}/metrics")
+        except _network_errors():
+            return None
+        return worker_counters(text) if status == 200 else None
+
+    found = await asyncio.gather(*(one(url) for url in workers))
+    return dict(zip(workers, found, strict=True))
 
 
 def counter_value(text: str, name: str) -> float | None:
@@ -562,10 +608,12 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
     async with open_session(cfg, max(conc, 1)) as client:
         server = await fetch_limits(client)
         if cfg.flush_cache:
-            await flush_server_cache(client)
+            for url in server.workers or ("",):
+                await flush_server_cache(client, f"{url}/flush_cache" if url else "flush_cache")
         reqs = [fit_request(r, server) for r in wl.requests]
         records = [RequestRecord(r) for r in reqs]
         before = await read_hit_counters(client)
+        workers_before = await read_worker_counters(client, server.workers)
         sem = asyncio.Semaphore(conc)
 
         async def one(rec: RequestRecord) -> None:
@@ -580,17 +628,16 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
             await asyncio.gather(*(one(rec) for rec in records))
             wall = time.perf_counter() - t0
         after = await read_hit_counters(client)
+        workers_after = await read_worker_counters(client, server.workers)
+    shares = worker_shares(workers_before, workers_after) if server.workers else None
 
     finished = [_as_finished_req(rec) for rec in records]
     errors = tuple(f"{rec.req.rid}: {rec.error}" for rec in records if rec.error is not None)
     client_cached = sum(rec.cached_tokens for rec in records if rec.error is None)
     client_prompt = sum(rec.req.prompt_len for rec in records if rec.error is None)
-    if before is not None and after is not None:
-        cached, prompt = after[0] - before[0], after[1] - before[1]
-        hit_source = "server /metrics"
-    else:
-        cached, prompt = float(client_cached), float(client_prompt)
-        hit_source = "meta_info.cached_tokens"
+    cached, prompt, hit_source = _served_from_cache(
+        shares, before, after, (client_cached, client_prompt)
+    )
     hit = cached / prompt if prompt > 0 else 0.0
     base = summarize(
         server.policy or "server",
@@ -606,6 +653,7 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
             "client_hit_rate": client_cached / client_prompt if client_prompt else 0.0,
             "num_failed": len(errors),
             "model": server.model,
+            **({"workers": [w.to_json() for w in shares]} if shares else {}),
         },
     )
     result = dataclasses.replace(
@@ -617,27 +665,48 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
         prompt_tokens=int(prompt),
         prefill_tokens_computed=int(prompt - cached),
     )
-    rate = cfg.request_rate
-    workload_info = {
-        "spec": cfg.workload,
-        "name": wl.name,
-        "params": wl.params,
-        "params_text": wl.params_text,
-        "num_requests": n,
-        "request_rate": None if rate is None else rate if math.isfinite(rate) else "inf",
-        "optimal_hit_rate": result.optimal_hit_rate,
-        "arrivals": wl.arrivals,
-    }
     return BenchResult(
         result=result,
         server=server,
-        workload_info=workload_info,
+        workload_info=_workload_info(cfg, wl, result.optimal_hit_rate),
         config=cfg,
         num_failed=len(errors),
         errors=errors[:MAX_ERRORS_KEPT],
         records=tuple(records),
         requests=tuple(finished),
+        per_worker=shares or (),
     )
+
+
+def _workload_info(cfg: BenchConfig, wl: Workload, optimal_hit_rate: float) -> dict[str, Any]:
+    rate = cfg.request_rate
+    return {
+        "spec": cfg.workload,
+        "name": wl.name,
+        "params": wl.params,
+        "params_text": wl.params_text,
+        "num_requests": len(wl.requests),
+        "request_rate": None if rate is None else rate if math.isfinite(rate) else "inf",
+        "optimal_hit_rate": optimal_hit_rate,
+        "arrivals": wl.arrivals,
+    }
+
+
+def _served_from_cache(
+    shares: tuple[WorkerShare, ...] | None,
+    before: tuple[float, float] | None,
+    after: tuple[float, float] | None,
+    client_counts: tuple[int, int],
+) -> tuple[float, float, str]:
+    """(cached prompt tokens, prompt tokens, where they were read) over the run: the workers'
+    counters behind a router, else the server's, else the answers' ``cached_tokens``."""
+    if shares:
+        cached = float(sum(w.cached_tokens for w in shares))
+        prompt = float(sum(w.prompt_tokens for w in shares))
+        return cached, prompt, f"the {len(shares)} workers' /metrics"
+    if before is not None and after is not None:
+        return after[0] - before[0], after[1] - before[1], "server /metrics"
+    return float(client_counts[0]), float(client_counts[1]), "meta_info.cached_tokens"
 
 
 def load_bench_workload(cfg: BenchConfig) -> Workload:
@@ -651,11 +720,12 @@ def load_bench_workload(cfg: BenchConfig) -> Workload:
     )
 
 
-async def flush_server_cache(client: Any) -> None:
-    """Empty the server's prefix cache (``POST /flush_cache``), waiting for it to go idle."""
+async def flush_server_cache(client: Any, path: str = "flush_cache") -> None:
+    """Empty the server's prefix cache (``POST /flush_cache``, or ``path``: one worker's),
+    waiting for it to go idle."""
     for _ in range(100):
         try:
-            status, body = await _request(client, "POST", "flush_cache")
+            status, body = await _request(client, "POST", path)
         except _network_errors() as e:
             raise BenchError(f"cannot flush the server's cache: {describe_error(e, 30.0)}") from e
         if status == 200:

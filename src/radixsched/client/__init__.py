@@ -1,0 +1,1 @@
+"""Clients of a running server: the load client behind ``radixsched bench``."""

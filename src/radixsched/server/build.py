@@ -1,0 +1,102 @@
+"""Engines for the server: a model under a wall-clock ``Scheduler`` in an (unstarted)
+``EngineLoop``, and the ``ServedModel`` the HTTP layer reports. No FastAPI here: the engine's
+child process builds its loop with ``engine_for_runner``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from radixsched.engine.build import default_kv_slots, tokenizer_dir, torch_runner
+from radixsched.server.loop import BatchRecorder, EngineLoop, Sink, post_to_event_loops
+from radixsched.server.metrics import ServerMetrics
+from radixsched.server.model import ServedModel, served_model
+
+if TYPE_CHECKING:
+    from radixsched.clock import WallClock
+    from radixsched.config import SchedulerConfig
+    from radixsched.engine.loader import LoadedModel
+    from radixsched.runner import ModelRunner
+
+
+def build_engine(
+    model_name: str,
+    config: SchedulerConfig,
+    *,
+    kv_slots: int | None = None,
+    kv_cache_mb: float = 256.0,
+    context_len: int | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    seed: int = 0,
+    served_model_name: str | None = None,
+) -> tuple[EngineLoop, ServedModel]:
+    """Load a model (``radixsched.engine.loader.load_model`` names or paths) and put it under
+    an (unstarted) engine loop; see ``engine_for_model``."""
+    from radixsched.engine.loader import load_model
+
+    loaded = load_model(model_name, device=device, dtype=dtype, seed=seed)
+    return engine_for_model(
+        loaded,
+        config,
+        kv_slots=kv_slots,
+        kv_cache_mb=kv_cache_mb,
+        context_len=context_len,
+        seed=seed,
+        served_model_name=served_model_name,
+        tokenizer_path=tokenizer_dir(model_name, loaded.tokenizer),
+    )
+
+
+def engine_for_model(
+    loaded: LoadedModel,
+    config: SchedulerConfig,
+    *,
+    kv_slots: int | None = None,
+    kv_cache_mb: float = 256.0,
+    context_len: int | None = None,
+    seed: int = 0,
+    served_model_name: str | None = None,
+    tokenizer_path: str | None = None,
+) -> tuple[EngineLoop, ServedModel]:
+    """A ``TorchRunner`` over a fresh KV pool under a wall-clock ``Scheduler``, in an
+    (unstarted) loop. Several engines may share one loaded model (the weights are read-only).
+
+    KV pool: ``kv_slots`` tokens, else as many as fit in ``kv_cache_mb`` (at most
+    ``MAX_DEFAULT_KV_SLOTS``)."""
+    if kv_slots is None:
+        kv_slots = default_kv_slots(loaded, kv_cache_mb)
+    runner = torch_runner(loaded, config, kv_slots, context_len=context_len, seed=seed)
+    engine = engine_for_runner(
+        runner, config, kv_slots=kv_slots, context_len=runner.max_context_len
+    )
+    served = served_model(
+        loaded,
+        runner.max_context_len,
+        served_model_name=served_model_name,
+        tokenizer_path=tokenizer_path,
+    )
+    return engine, served
+
+
+def engine_for_runner(
+    runner: ModelRunner,
+    config: SchedulerConfig,
+    *,
+    kv_slots: int,
+    context_len: int,
+    clock: WallClock | None = None,
+    sink: Sink = post_to_event_loops,
+    on_unhealthy: Callable[[], None] | None = None,
+) -> EngineLoop:
+    """A wall-clock ``Scheduler`` over ``runner`` in an (unstarted) ``EngineLoop`` whose posts
+    go to ``sink`` (default: the event loops of the requests' handles)."""
+    from radixsched.clock import WallClock
+    from radixsched.scheduler import Scheduler
+
+    clock = clock if clock is not None else WallClock()
+    recorder = BatchRecorder(runner)  # the scheduler is built on it: nothing is rewired later
+    sched = Scheduler(config, recorder, kv_slots=kv_slots, clock=clock, context_len=context_len)
+    return EngineLoop(
+        sched, metrics=ServerMetrics(), clock=clock, sink=sink, on_unhealthy=on_unhealthy
+    )
