@@ -103,8 +103,10 @@ _LOADED: dict[tuple[Any, ...], LoadedWorkload] = {}
 def load_for(spec: PlanSpec) -> LoadedWorkload:
     """The workload ``spec`` names, loaded once per process."""
     from radixsched.sim.workloads.load import DraftMemo, load_workload, workload_optimal_hit_rate
+    from radixsched.sim.workloads.spec import parse_workload_spec, trace_version
 
-    key = (spec.workload, spec.num_requests, spec.seed, spec.page_size)
+    version = trace_version(*parse_workload_spec(spec.workload))  # a changed trace is reread
+    key = (spec.workload, spec.num_requests, spec.seed, spec.page_size, version)
     if key in _LOADED:
         return _LOADED[key]
     _LOADED.clear()
