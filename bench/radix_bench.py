@@ -8,7 +8,9 @@ slots, allocated before the timer starts; duplicates are freed after it stops), 
 Throughput counts the page-aligned key tokens of every call. Each page size runs ``--repeat``
 times on a fresh cache (default 3) and the best value of each metric is reported.
 
-Run: ``.venv/bin/python bench/radix_bench.py [--json PATH] [--page-sizes 1 16]``.
+Run: ``.venv/bin/python bench/radix_bench.py [--json PATH] [--page-sizes 1 16] [--tree T]``;
+``--tree native`` (the default where the native core is built) times the C++ tree through its
+Python face (``NativeRadixCache``), ``--tree python`` the Python reference tree.
 
 SGLang 0.5.23 reference on the same machine class (2 cores): Python tree inserts 18.8k seq/s,
 matches 26.3k seq/s (58M tok/s), evicts half (1.2M tokens) in 62 ms; its Rust tree core
@@ -28,6 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
+from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.native import core
 
 GROUPS = 200
 PER_GROUP = 50
@@ -60,11 +64,11 @@ def make_workload(seed: int = 0) -> list[np.ndarray]:
     return [seqs[i] for i in order]
 
 
-def run(page_size: int, seqs: list[np.ndarray]) -> Row:
+def run(page_size: int, seqs: list[np.ndarray], tree: type[RadixCache | NativeRadixCache]) -> Row:
     p = page_size
     padded = -(-(PREFIX_LEN + SUFFIX_LEN) // p) * p
     allocator = TokenAllocator(len(seqs) * padded, page_size=p)
-    cache = RadixCache(allocator, page_size=p)
+    cache = tree(allocator, page_size=p)
     keys = [CacheKey(s) for s in seqs]
     aligned = (len(seqs[0]) // p) * p
     values = []
@@ -144,12 +148,23 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument(
         "--repeat", type=int, default=3, help="fresh runs per page size; best of each metric"
     )
+    ap.add_argument(
+        "--tree",
+        choices=["native", "python"],
+        default="native" if core() is not None else "python",
+        help="which radix tree (default: native when built)",
+    )
     args = ap.parse_args(argv)
+    tree = NativeRadixCache if args.tree == "native" else RadixCache
 
     seqs = make_workload()
-    rows = [best_of([run(p, seqs) for _ in range(max(args.repeat, 1))]) for p in args.page_sizes]
+    rows = [
+        best_of([run(p, seqs, tree) for _ in range(max(args.repeat, 1))]) for p in args.page_sizes
+    ]
 
-    table = Table(title=f"RadixCache: {GROUPS}x{PER_GROUP} seqs, {PREFIX_LEN}+{SUFFIX_LEN} tokens")
+    table = Table(
+        title=f"{tree.__name__}: {GROUPS}x{PER_GROUP} seqs, {PREFIX_LEN}+{SUFFIX_LEN} tokens"
+    )
     for col in (
         "page",
         "insert Mtok/s",

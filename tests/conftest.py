@@ -59,3 +59,21 @@ def built_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(traces, "_block_table", counting)
     return built
+
+
+@pytest.fixture(params=["python", "native"])
+def radix_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a radix cache test module against both trees: ``native`` rebinds the module's
+    ``RadixCache`` to ``NativeRadixCache`` (skipped when the extension is not built). A test
+    marked ``python_tree`` reads or corrupts the Python tree's internals and runs once."""
+    if request.param == "native":
+        from radixsched.native import core
+
+        if core() is None:
+            pytest.skip("the native core is not built")
+        if request.node.get_closest_marker("python_tree"):
+            pytest.skip("reads the Python tree's internals")
+        from radixsched.cache.native_radix import NativeRadixCache
+
+        monkeypatch.setattr(request.module, "RadixCache", NativeRadixCache)
+    return str(request.param)

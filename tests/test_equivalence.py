@@ -26,8 +26,10 @@ import golden
 from radixsched.config import SchedulerConfig
 from radixsched.fast import scheduler as fast_scheduler
 from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import Engine
 from radixsched.fast.queue import FastWaitingQueue
+from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.deploy import replicas
 from radixsched.sim.deploy.run import SimRun
@@ -312,7 +314,7 @@ def _shared_block(policy: str, **sched: Any) -> SimRun:
 def test_matcher_rematches_only_what_moved_under_a_shared_system_prompt() -> None:
     """Every request shares its first block: a round re-matches a few requests, not all."""
     with (
-        _count(IncrementalMatcher, "refresh") as moved,
+        _count(NativeMatcher if core() is not None else IncrementalMatcher, "refresh") as moved,
         _count(FastWaitingQueue, "begin_round") as rounds,
     ):
         run = _shared_block("lpm")

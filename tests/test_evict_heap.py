@@ -11,6 +11,8 @@ import pytest
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
 from radixsched.cache.evict import EVICTION_STRATEGIES
 
+pytestmark = pytest.mark.usefixtures("radix_impl")
+
 
 def _snapshot(cache: RadixCache) -> list[tuple[bytes, int]]:
     return sorted((n.key.tobytes(), len(n.value)) for n in cache._iter_nodes())

@@ -22,6 +22,8 @@ from radixsched.cache import (
 from radixsched.cache.base import Namespace
 from radixsched.config import SchedulerConfig
 
+pytestmark = pytest.mark.usefixtures("radix_impl")
+
 
 def K(tokens: Sequence[int], ns: Namespace = None) -> CacheKey:
     return CacheKey(np.asarray(tokens, dtype=np.int32), ns)
@@ -802,6 +804,7 @@ def test_no_reuse_cache() -> None:
         NoReuseCache(page_size=0)
 
 
+@pytest.mark.python_tree
 def test_make_cache_factory() -> None:
     alloc = TokenAllocator(64, page_size=4)
     cfg = SchedulerConfig(page_size=4, radix_eviction_policy="lfu")
@@ -817,6 +820,7 @@ def test_make_cache_factory() -> None:
         RadixCache(None, page_size=0)
 
 
+@pytest.mark.python_tree
 def test_stored_node_keys_are_checked() -> None:
     cache, alloc = make()
     put(cache, alloc, [1, 2, 3])
@@ -865,6 +869,7 @@ def test_prefix_slots_gathers_what_match_prefix_returns_even_after_a_split() -> 
     assert len(baseline.prefix_slots(baseline.root, 0)) == 0
 
 
+@pytest.mark.python_tree
 def test_insert_adopt_keeps_views_default_copies() -> None:
     """``adopt=True`` lets new nodes keep views of the caller's key and values (the scheduler
     never rewrites a row's computed positions); the default copies both."""
@@ -888,6 +893,7 @@ def test_insert_adopt_keeps_views_default_copies() -> None:
     conserved(cache, alloc)
 
 
+@pytest.mark.python_tree
 @pytest.mark.parametrize("split_copies", [True, False])
 def test_a_split_copies_both_halves_unless_the_tree_keeps_views(split_copies: bool) -> None:
     """By default each half of a split owns its memory (an evicted half frees it); a tree

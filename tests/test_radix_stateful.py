@@ -26,6 +26,8 @@ from hypothesis.stateful import (
 
 from radixsched.cache import EVICTION_STRATEGIES, CacheKey, RadixCache, TokenAllocator
 from radixsched.cache.base import Namespace
+from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.native import core
 
 NAMESPACES: list[Namespace] = [None, ("", None), ("a", "s")]
 # Sequences share prefixes often: a cut of one of a few related bases plus a random tail.
@@ -45,11 +47,12 @@ Prefix = tuple[Namespace, tuple[int, ...]]
 
 class RadixMachine(RuleBasedStateMachine):
     page_size = 1
+    cache_class: Any = RadixCache
 
     def __init__(self) -> None:
         super().__init__()
         self.alloc = TokenAllocator(4096, self.page_size)
-        self.cache: RadixCache = RadixCache(self.alloc, self.page_size)
+        self.cache: RadixCache = self.cache_class(self.alloc, self.page_size)
         self.present: set[Prefix] = set()  # cached prefixes, one per page boundary
         # Slot of token i, keyed by the page prefix that contains it and i.
         self.slot_of: dict[tuple[Namespace, tuple[int, ...], int], int] = {}
@@ -57,7 +60,7 @@ class RadixMachine(RuleBasedStateMachine):
 
     @initialize(policy=st.sampled_from(sorted(EVICTION_STRATEGIES)), compat=st.booleans())
     def build(self, policy: str, compat: bool) -> None:
-        self.cache = RadixCache(self.alloc, self.page_size, policy, compat_sglang=compat)
+        self.cache = self.cache_class(self.alloc, self.page_size, policy, compat_sglang=compat)
 
     # ---- reference ------------------------------------------------------------------------
     def aligned(self, seq: list[int]) -> tuple[int, ...]:
@@ -197,3 +200,17 @@ TestRadixStatefulPage1 = RadixMachine.TestCase
 TestRadixStatefulPage1.settings = _settings
 TestRadixStatefulPage4 = RadixMachinePage4.TestCase
 TestRadixStatefulPage4.settings = _settings
+
+
+if core() is not None:  # the same machine against the native tree
+
+    class NativeRadixMachine(RadixMachine):
+        cache_class = NativeRadixCache
+
+    class NativeRadixMachinePage4(RadixMachinePage4):
+        cache_class = NativeRadixCache
+
+    TestNativeRadixStatefulPage1 = NativeRadixMachine.TestCase
+    TestNativeRadixStatefulPage1.settings = _settings
+    TestNativeRadixStatefulPage4 = NativeRadixMachinePage4.TestCase
+    TestNativeRadixStatefulPage4.settings = _settings

@@ -227,7 +227,7 @@ class WaitingQueue:
             key = CacheKey(r.fill_ids(), r.namespace)
             if node_matching:  # also sets the request's prefix fields, as SGLang does
                 m = cache.match_node(key)
-                n, end = m.device_len, (m.last_node, len(m.last_node.key))
+                n, end = m.device_len, (m.last_node, len(m.last_node))
                 r.prefix_len, r.last_node, r.host_hit_len = n, m.last_node, m.host_len
                 total = n + m.host_len
             elif tree:

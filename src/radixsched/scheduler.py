@@ -96,6 +96,8 @@ class Scheduler:
     # The parts an accelerated scheduler replaces (``radixsched.fast.FastScheduler``).
     kv_class: type[KVManager] = KVManager
     queue_class: type[WaitingQueue] = WaitingQueue
+    # The prefix cache (the accelerated core builds the native radix tree where it can).
+    cache_factory = staticmethod(make_cache)
 
     def __init__(
         self,
@@ -116,7 +118,7 @@ class Scheduler:
         self.allocator = TokenAllocator(kv_slots, config.page_size)
         self.host_tier = host_tier
         on_evict = host_tier.on_evict if host_tier is not None else None
-        self.cache: BasePrefixCache = make_cache(config, self.allocator, on_evict=on_evict)
+        self.cache: BasePrefixCache = self.cache_factory(config, self.allocator, on_evict=on_evict)
         self.kv = self.kv_class(self.cache, self.allocator, config, host_tier=host_tier)
         self.queue = self.queue_class(config, self.cache)
         self.policy = self.queue.policy

@@ -15,6 +15,8 @@ from typing import Any
 from radixsched.cluster.disagg import ROLES
 from radixsched.config import SchedulerConfig
 from radixsched.fast.scheduler import FastScheduler
+from radixsched.native import notice
+from radixsched.policies import POLICIES
 from radixsched.runner import ModelRunner
 from radixsched.scheduler import Scheduler
 
@@ -22,11 +24,28 @@ from radixsched.scheduler import Scheduler
 def build_scheduler(
     config: SchedulerConfig, runner: ModelRunner, *, accelerate: bool = True, **kw: Any
 ) -> Scheduler:
-    """A scheduler for ``runner``: the accelerated one, or the reference (``accelerate=False``),
-    in the role its ``disaggregation_mode`` names."""
+    """A scheduler for ``runner``: the accelerated one, or the reference (``accelerate=False``,
+    or a policy registered from outside the package: it runs on the reference, which says so
+    once on stderr), in the role its ``disaggregation_mode`` names."""
+    if accelerate and not built_in(config.schedule_policy):
+        notice(
+            f"policy {config.schedule_policy!r} is registered outside radixsched: it runs on "
+            "the reference core"
+        )
+        accelerate = False
     cls = FastScheduler if accelerate else Scheduler
     kw.setdefault("role", ROLES[config.disaggregation_mode])
     return cls(config, runner, **kw)
 
 
-__all__ = ["FastScheduler", "build_scheduler"]
+def built_in(policy_name: str) -> bool:
+    """Whether the policy's functions are radixsched's own (an unknown name: left to the
+    scheduler, which refuses it)."""
+    pol = POLICIES.get(policy_name)
+    if pol is None:
+        return True
+    fn = pol.key if pol.key is not None else pol.order
+    return getattr(fn, "__module__", "").startswith("radixsched.")
+
+
+__all__ = ["FastScheduler", "build_scheduler", "built_in"]

@@ -25,7 +25,8 @@ from collections.abc import Hashable
 from typing import Any
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.radix import RadixCache, TreeNode
+from radixsched.cache.native_radix import RadixTree
+from radixsched.cache.radix import TreeNode
 from radixsched.request import Req
 
 
@@ -46,7 +47,7 @@ class Memo:
 class IncrementalMatcher:
     """Tracks waiting requests' matches against one radix cache (it listens to it)."""
 
-    def __init__(self, cache: RadixCache) -> None:
+    def __init__(self, cache: RadixTree) -> None:
         self.cache = cache
         self.page = cache.page_size
         self.memo: dict[int, Memo] = {}  # id(req) -> its memo (tracked requests)
@@ -91,10 +92,10 @@ class IncrementalMatcher:
         start = None
         if hint is not None:
             node, depth, klen = hint
-            if node is self.cache.root or (node.parent is not None and len(node.key) == klen):
+            if node is self.cache.root or (node.parent is not None and len(node) == klen):
                 start = (node, depth)
         end = self.cache.match_end(CacheKey(r.fill_ids(), r.namespace), start)
-        m = Memo(end.length, end.node, end.offset, end.offset >= len(end.node.key))
+        m = Memo(end.length, end.node, end.offset, end.offset >= len(end.node))
         old = self.memo.get(id(r))
         if old is not None:
             self._unregister(r, old)
@@ -147,7 +148,7 @@ class IncrementalMatcher:
         self.dirty[k] = r
         old = self.hint.get(k)
         if old is None or depth < old[1]:
-            self.hint[k] = (node, depth, len(node.key))
+            self.hint[k] = (node, depth, len(node))
 
     def on_child(self, parent: Any, child_key: Any) -> None:
         regs = self.edges.get(parent, {}).get(child_key)
@@ -160,7 +161,7 @@ class IncrementalMatcher:
         regs = by_key.get(upper.child_key) if by_key else None
         if not regs:
             return
-        cut = len(upper.key)
+        cut = len(upper)
         for k, r in list(regs.items()):
             m = self.memo[k]
             if m.node is not lower or k in self.dirty:
@@ -175,7 +176,7 @@ class IncrementalMatcher:
             self._register(r, m)
 
     def on_evict(self, leaf: Any, keep: int) -> None:
-        parent, size = leaf.parent, len(leaf.key)
+        parent, size = leaf.parent, len(leaf)
         for at_leaf in self.edges.get(leaf, {}).values():  # matches through the whole leaf
             for k, r in at_leaf.items():
                 self._mark_dirty(k, r, parent, _edge_depth(self.memo[k]) - size)

@@ -26,10 +26,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.radix import RadixCache
+from radixsched.cache.native_radix import RADIX_TREES, NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import (
     DfsWeightEngine,
     Engine,
@@ -51,16 +52,24 @@ ENGINES: dict[str, Any] = {
     "fair": FairEngine,
 }
 _KEYED_READS = Reads.MATCH | Reads.DEDUP
+Matcher = IncrementalMatcher | NativeMatcher
+
+
+def matcher_class(cache: Any) -> type[Matcher]:
+    """The incremental matcher for ``cache``: in C++ inside a native tree, else in Python."""
+    return NativeMatcher if isinstance(cache, NativeRadixCache) else IncrementalMatcher
+
+
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 
 
 class FastWaitingQueue(WaitingQueue):
     def __init__(self, config: SchedulerConfig, cache: Any) -> None:
         super().__init__(config, cache)
-        self.fast = not config.sglang_compat and isinstance(cache, RadixCache) and self.matches
+        self.fast = not config.sglang_compat and isinstance(cache, RADIX_TREES) and self.matches
         # Only a policy that reads matches needs them kept (the door's is one walk).
         wants = Reads.MATCH in self.policy.reads
-        self.matcher = IncrementalMatcher(cache) if self.fast and wants else None
+        self.matcher = matcher_class(cache)(cache) if self.fast and wants else None
         reads = self.policy.reads_for(config)
         bounded = self.policy.bounded(config)
         check, width = (
@@ -88,7 +97,7 @@ class FastWaitingQueue(WaitingQueue):
         pol = self.policy
         factory = ENGINES.get(pol.name)
         if factory is DfsWeightEngine:
-            assert isinstance(self.cache, RadixCache)
+            assert isinstance(self.cache, RADIX_TREES)
             return DfsWeightEngine(pol, self.cache, self._match_end, self._device_match_len)
         if factory is HrrnEngine:  # lazy unless a capped fallback round may read the list
             return HrrnEngine(pol, lazy=self.cap is None)
@@ -109,7 +118,7 @@ class FastWaitingQueue(WaitingQueue):
     def _match_end(self, r: Req) -> tuple[Any, int]:
         assert self.matcher is not None
         m = self.matcher.memo[id(r)]
-        return (m.node, len(m.node.key) if m.full else m.offset)
+        return (m.node, len(m.node) if m.full else m.offset)
 
     # ---- membership --------------------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -229,7 +238,7 @@ class FastWaitingQueue(WaitingQueue):
         m = self.matcher.memo.get(id(req))
         if m is None:
             return None
-        node, offset = m.node, (len(m.node.key) if m.full else m.offset)
+        node, offset = m.node, (len(m.node) if m.full else m.offset)
         cap = req.max_prefix_len() // self.cache.page_size * self.cache.page_size
         extra = m.n - cap  # the whole fill is cached: step back to the cap
         while extra > 0:
@@ -239,7 +248,7 @@ class FastWaitingQueue(WaitingQueue):
                 extra -= offset
                 assert node.parent is not None
                 node = node.parent
-                offset = len(node.key)
+                offset = len(node)
         return node, offset, min(m.n, cap)
 
     def refresh(self, order: RoundOrder) -> None:
@@ -261,7 +270,7 @@ class FastWaitingQueue(WaitingQueue):
                 )
             for r in reversed(order.head(REFRESH_SPAN)):
                 m = matcher.memo[id(r)]
-                matcher.cache.touch_at(m.node, len(m.node.key) if m.full else m.offset)
+                matcher.cache.touch_at(m.node, len(m.node) if m.full else m.offset)
 
     def note_tried(self, req: Req) -> None:
         """An admission attempt that failed rewrote ``req``'s matched length."""

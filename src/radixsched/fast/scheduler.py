@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from radixsched import native
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
@@ -80,6 +81,7 @@ class JumpOutcome(StepOutcome):
 
 
 class FastScheduler(Scheduler):
+    cache_factory = staticmethod(native.make_cache)
     kv_class = FastKVManager
     queue_class = FastWaitingQueue
     queue: FastWaitingQueue

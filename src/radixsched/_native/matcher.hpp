@@ -1,0 +1,123 @@
+// The incremental matcher of radixsched/fast/matching.py in C++, fed by the native tree's
+// events directly (no call into Python per tree change). Same registrations, same dirty
+// order, same hints, same re-matches: a waiting request is re-matched only when the tree
+// changed at its edge (see matching.py's docstring for the invariant).
+//
+// Requests are keyed by an integer chosen by the caller (Python's id(req)). Their fill tokens
+// are borrowed: the caller keeps each tracked request's token array alive and unchanged
+// until it untracks or re-tracks it.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "radix.hpp"
+
+namespace radixsched {
+
+// A dict in insertion order (Python's): re-assigning a present key keeps its place.
+template <class K, class V>
+class OrderedMap {
+public:
+    using Item = std::pair<K, V>;
+    V& put(const K& k, V v = V{}) {  // inserts at the end when absent
+        auto it = index_.find(k);
+        if (it != index_.end()) return it->second->second;
+        items_.emplace_back(k, std::move(v));
+        auto last = std::prev(items_.end());
+        index_.emplace(k, last);
+        return last->second;
+    }
+    V* get(const K& k) {
+        auto it = index_.find(k);
+        return it == index_.end() ? nullptr : &it->second->second;
+    }
+    bool erase(const K& k) {
+        auto it = index_.find(k);
+        if (it == index_.end()) return false;
+        items_.erase(it->second);
+        index_.erase(it);
+        return true;
+    }
+    bool contains(const K& k) const { return index_.count(k) != 0; }
+    bool empty() const { return items_.empty(); }
+    size_t size() const { return items_.size(); }
+    void clear() {
+        items_.clear();
+        index_.clear();
+    }
+    const std::list<Item>& items() const { return items_; }
+    std::vector<K> keys() const {
+        std::vector<K> out;
+        out.reserve(items_.size());
+        for (const auto& kv : items_) out.push_back(kv.first);
+        return out;
+    }
+
+private:
+    std::list<Item> items_;
+    std::unordered_map<K, typename std::list<Item>::iterator> index_;
+};
+
+struct Memo {
+    int64_t n = 0;
+    NodePtr node;  // where the match ends
+    int64_t offset = 0;
+    bool full = false;  // ends at node's end
+    NodePtr edge_node;  // registered at (edge_node, edge_key); null: not registered
+    std::string edge_key;  // "" : the whole aligned fill matched (only an eviction moves it)
+};
+
+class Matcher {
+public:
+    explicit Matcher(Tree& tree);
+    ~Matcher();
+    Matcher(const Matcher&) = delete;
+    Matcher& operator=(const Matcher&) = delete;
+
+    const Memo& track(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns);
+    void untrack(int64_t k);
+    std::vector<int64_t> refresh();  // the requests whose match moved, in dirty order
+    const Memo* memo(int64_t k) const;
+    bool is_dirty(int64_t k) const { return dirty_.contains(k); }
+    bool any_dirty() const { return !dirty_.empty(); }
+    std::vector<int64_t> dirty_keys() const { return dirty_.keys(); }
+    void on_reset();
+    void detach();  // the tree goes away: stop listening
+
+private:
+    struct Entry {
+        const int32_t* tokens;
+        int64_t fill_len;
+        int32_t ns;
+        Memo memo;
+    };
+    struct Hint {
+        NodePtr node;
+        int64_t depth;
+        int64_t klen;
+    };
+    using Bucket = OrderedMap<int64_t, char>;  // registrants, in registration order
+
+    const Memo& match(int64_t k, const Hint* hint);
+    void reg(int64_t k, Memo& m);
+    void unreg(int64_t k, Memo& m);
+    void mark(int64_t k, Node& node, int64_t depth);
+    static int64_t edge_depth(const Memo& m) { return m.full ? m.n : m.n - m.offset; }
+    void on_child(Node& parent, const std::string& key);
+    void on_split(Node& upper, Node& lower);
+    void on_evict(Node& leaf, int64_t keep);
+
+    Tree* tree_;
+    std::unordered_map<int64_t, Entry> entries_;
+    OrderedMap<int64_t, char> order_;  // tracked requests, in tracking order
+    std::unordered_map<Node*, OrderedMap<std::string, Bucket>> edges_;
+    OrderedMap<int64_t, char> dirty_;
+    std::unordered_map<int64_t, Hint> hints_;
+};
+
+}  // namespace radixsched

@@ -1,0 +1,334 @@
+// The Python binding of the native core (radixsched._native._core). Errors cross as Python
+// exceptions: IntegrityFailure -> radixsched.cache.base.IntegrityError, invalid_argument ->
+// ValueError, runtime_error -> RuntimeError; a Python exception raised by a listener passes
+// through unchanged.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "matcher.hpp"
+#include "radix.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using radixsched::IntegrityFailure;
+using radixsched::Node;
+using radixsched::NodePtr;
+using radixsched::Tree;
+
+namespace {
+
+template <class T>
+using Array = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
+using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Slots = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using SlotsOut = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// A numpy array that owns `v` (the capsule frees it with the array).
+template <class T>
+Array<T> to_numpy(std::vector<T> v) {
+    auto holder = std::make_unique<std::vector<T>>(std::move(v));
+    T* data = holder->data();
+    const size_t n = holder->size();
+    nb::capsule owner(holder.get(),
+                      [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+    holder.release();  // the capsule owns it now
+    return Array<T>(data, {n}, owner);
+}
+
+template <class T, class A>
+std::vector<T> from_array(const A& a) {
+    const T* p = a.data();
+    return std::vector<T>(p, p + a.shape(0));
+}
+
+// The interned namespaces (radixsched.native keeps the list; id 0 is the default, None).
+// One reference is held for the life of the process, never released: Python objects must not
+// be touched after interpreter shutdown, when statics are destroyed.
+PyObject* g_namespaces = nullptr;
+
+nb::object namespace_of(int32_t ns) {
+    if (ns == 0 || g_namespaces == nullptr) return nb::none();
+    return nb::borrow(PyList_GetItem(g_namespaces, ns));
+}
+
+// The Python form of a child key: the first page's bytes, or (namespace, bytes) under the root.
+nb::object child_key_obj(const std::string& ck, bool top, int32_t ns) {
+    if (top && ns != 0) {
+        const std::string page = ck.substr(sizeof(int32_t));
+        return nb::make_tuple(namespace_of(ns), nb::bytes(page.data(), page.size()));
+    }
+    return nb::bytes(ck.data(), ck.size());
+}
+
+nb::object handle(Node& n) { return nb::cast(n.shared_from_this()); }
+
+nb::object subtree_key(const Node& n) {
+    const Node* cur = &n;
+    while (!cur->top && cur->parent != nullptr) cur = cur->parent;
+    if (!cur->top) return nb::none();
+    return child_key_obj(cur->child_key, true, cur->ns);
+}
+
+nb::object dict_of_children(const Node& n) {
+    nb::dict d;
+    for (const NodePtr& c : Tree::children_in_order(n))
+        d[child_key_obj(c->child_key, c->top, c->ns)] = nb::cast(c);
+    return d;
+}
+
+void bind_node(nb::module_& m) {
+    nb::class_<Node>(m, "Node")
+        .def_prop_ro("parent",
+                     [](Node& n) -> nb::object {
+                         return n.parent ? handle(*n.parent) : nb::none();
+                     })
+        .def_prop_rw(
+            "key", [](const Node& n) { return nb::cast(to_numpy(n.key)); },
+            [](Node& n, Tokens a) { n.key = from_array<int32_t>(a); })
+        .def_prop_rw(
+            "value", [](const Node& n) { return nb::cast(to_numpy(n.value)); },
+            [](Node& n, Slots a) { n.value = from_array<int64_t>(a); })
+        .def_rw("lock_ref", &Node::lock_ref)
+        .def_rw("last_access_time", &Node::last_access_time)
+        .def_rw("creation_time", &Node::creation_time)
+        .def_rw("hit_count", &Node::hit_count)
+        .def_rw("priority", &Node::priority)
+        .def_ro("id", &Node::id)
+        .def_ro("slot", &Node::slot)
+        .def_prop_ro("namespace", [](const Node& n) { return namespace_of(n.ns); })
+        .def_prop_ro("child_key",
+                     [](const Node& n) { return child_key_obj(n.child_key, n.top, n.ns); })
+        .def_prop_ro("subtree_key", &subtree_key)
+        .def_prop_ro("children", &dict_of_children)
+        .def("__len__", [](const Node& n) { return n.key.size(); })
+        .def("__repr__", [](const Node& n) {
+            return "NativeNode(id=" + std::to_string(n.id) + ", len=" +
+                   std::to_string(n.key.size()) + ", lock=" + std::to_string(n.lock_ref) + ")";
+        });
+}
+
+// A Tree that holds the Python objects its hooks call. They are visible to Python's garbage
+// collector (tp_traverse / tp_clear below): a listener that holds the cache that holds this
+// tree is a cycle the collector can break.
+struct PyTree : Tree {
+    using Tree::Tree;
+    nb::object on_child, on_split, on_evict, host;
+    // The native matcher, when one listens (it then takes the listener's hooks).
+    std::unique_ptr<radixsched::Matcher> matcher;
+
+    void clear_hooks() {
+        matcher.reset();
+        events = radixsched::Events{};
+        on_child = on_split = on_evict = host = nb::object();
+    }
+
+    radixsched::Matcher& the_matcher() {
+        if (!matcher) throw std::runtime_error("no native matcher listens to this tree");
+        return *matcher;
+    }
+};
+
+nb::object memo_tuple(const radixsched::Memo* m) {
+    if (m == nullptr) return nb::none();
+    return nb::make_tuple(m->n, m->node, m->offset, m->full);
+}
+
+void matcher_on(PyTree& t) {
+    nb::object host = t.host;
+    auto host_hook = std::move(t.events.host_evict);
+    t.clear_hooks();
+    t.host = host;
+    t.events.host_evict = std::move(host_hook);
+    t.matcher = std::make_unique<radixsched::Matcher>(t);
+}
+
+void bind_matcher(nb::class_<PyTree>& c) {
+    c.def("matcher_on", &matcher_on)
+        .def("track",
+             [](PyTree& t, int64_t k, Tokens tok, int32_t ns) {
+                 return memo_tuple(&t.the_matcher().track(k, tok.data(), tok.shape(0), ns));
+             })
+        .def("untrack", [](PyTree& t, int64_t k) { t.the_matcher().untrack(k); })
+        .def("refresh", [](PyTree& t) { return t.the_matcher().refresh(); })
+        .def("memo", [](PyTree& t, int64_t k) { return memo_tuple(t.the_matcher().memo(k)); })
+        .def("is_dirty", [](PyTree& t, int64_t k) { return t.the_matcher().is_dirty(k); })
+        .def("any_dirty", [](PyTree& t) { return t.the_matcher().any_dirty(); })
+        .def("dirty_keys", [](PyTree& t) { return t.the_matcher().dirty_keys(); })
+        .def("matcher_reset", [](PyTree& t) { t.the_matcher().on_reset(); });
+}
+
+int tree_traverse(PyObject* self, visitproc visit, void* arg) {
+    Py_VISIT(Py_TYPE(self));
+    if (!nb::inst_ready(self)) return 0;
+    PyTree* t = nb::inst_ptr<PyTree>(self);
+    Py_VISIT(t->on_child.ptr());
+    Py_VISIT(t->on_split.ptr());
+    Py_VISIT(t->on_evict.ptr());
+    Py_VISIT(t->host.ptr());
+    return 0;
+}
+
+int tree_clear(PyObject* self) {
+    nb::inst_ptr<PyTree>(self)->clear_hooks();
+    return 0;
+}
+
+PyType_Slot tree_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(tree_traverse)},
+                            {Py_tp_clear, reinterpret_cast<void*>(tree_clear)},
+                            {0, nullptr}};
+
+void set_listener(PyTree& t, nb::object listener) {
+    nb::object host = t.host;
+    auto host_hook = std::move(t.events.host_evict);
+    t.clear_hooks();
+    t.host = host;
+    t.events.host_evict = std::move(host_hook);
+    if (listener.is_none()) return;
+    t.on_child = listener.attr("on_child");
+    t.on_split = listener.attr("on_split");
+    t.on_evict = listener.attr("on_evict");
+    PyTree* tp = &t;
+    t.events.on_child = [tp](Node& parent, const std::string& ck) {
+        const bool top = &parent == tp->root().get();
+        int32_t ns = 0;
+        if (top && ck.size() > static_cast<size_t>(tp->page_size()) * sizeof(int32_t))
+            std::memcpy(&ns, ck.data(), sizeof(int32_t));
+        tp->on_child(handle(parent), child_key_obj(ck, top, ns));
+    };
+    t.events.on_split = [tp](Node& upper, Node& lower) {
+        tp->on_split(handle(upper), handle(lower));
+    };
+    t.events.on_evict = [tp](Node& leaf, int64_t keep) { tp->on_evict(handle(leaf), keep); };
+}
+
+void set_host_evict(PyTree& t, nb::object fn) {
+    t.host = nb::object();
+    t.events.host_evict = nullptr;
+    if (fn.is_none()) return;
+    t.host = fn;
+    PyTree* tp = &t;
+    t.events.host_evict = [tp](const std::vector<int32_t>& path, int32_t ns, int64_t n) {
+        tp->host(to_numpy(path), ns, n);
+    };
+}
+
+nb::list segments(std::vector<std::vector<int64_t>> segs) {
+    nb::list out;
+    for (auto& s : segs) out.append(to_numpy(std::move(s)));
+    return out;
+}
+
+nb::object prefix_slots(PyTree& t, Node& node, int64_t length, nb::object out) {
+    if (out.is_none()) {
+        std::vector<int64_t> v(static_cast<size_t>(length));
+        t.prefix_slots(node, length, v.data());
+        return nb::cast(to_numpy(std::move(v)));
+    }
+    auto arr = nb::cast<SlotsOut>(out);
+    if (static_cast<int64_t>(arr.shape(0)) != length)
+        throw std::invalid_argument("prefix_slots: out holds " + std::to_string(arr.shape(0)) +
+                                    " slots for " + std::to_string(length) + " tokens");
+    t.prefix_slots(node, length, arr.data());
+    return out;
+}
+
+nb::list dfs_order(PyTree& t, nb::handle ends) {
+    std::vector<std::pair<Node*, int64_t>> v;
+    for (nb::handle item : ends) {
+        nb::handle node = item[0];
+        Node* p = node.is_none() ? nullptr : nb::cast<Node*>(node);
+        v.emplace_back(p, nb::cast<int64_t>(item[1]));
+    }
+    nb::list out;
+    for (int64_t i : t.dfs_weight_order_at(v)) out.append(i);
+    return out;
+}
+
+void bind_tree(nb::module_& m) {
+    nb::class_<PyTree> tree(m, "Tree", nb::type_slots(tree_slots));
+    bind_matcher(tree);
+    tree.def(
+            "__init__",
+            [](PyTree* t, int64_t page, const std::string& policy, int64_t slru, bool disabled,
+               bool compat) {
+                new (t) PyTree(page, radixsched::strategy_from_name(policy), slru, disabled,
+                             compat);
+            },
+            "page_size"_a, "policy"_a, "slru_threshold"_a, "disabled"_a, "compat_sglang"_a)
+        .def_prop_ro("root", [](PyTree& t) { return t.root(); })
+        .def_prop_ro("clock", &Tree::clock)
+        .def_rw("heap_persistent", &Tree::heap_persistent)
+        .def("set_listener", &set_listener, "listener"_a.none())
+        .def("set_host_evict", &set_host_evict, "fn"_a.none())
+        .def("walk",
+             [](PyTree& t, Tokens tok, int32_t ns, bool collect) {
+                 std::vector<int64_t> values;
+                 auto r = t.walk(tok.data(), tok.shape(0), ns, collect ? &values : nullptr);
+                 return nb::make_tuple(r.node, r.length, to_numpy(std::move(values)));
+             })
+        .def("match_len",
+             [](PyTree& t, Tokens tok, int32_t ns) { return t.match_len(tok.data(), tok.shape(0), ns); })
+        .def("match_end",
+             [](PyTree& t, Tokens tok, int32_t ns, Node* start, int64_t depth) {
+                 auto r = t.match_end(tok.data(), tok.shape(0), ns, start, depth);
+                 return nb::make_tuple(r.length, r.node, r.offset);
+             },
+             "tokens"_a, "ns"_a, "start"_a.none(), "depth"_a)
+        .def("touch_at", &Tree::touch_at)
+        .def("prefix_slots", &prefix_slots, "node"_a, "length"_a, "out"_a.none())
+        .def("insert",
+             [](PyTree& t, Tokens tok, int32_t ns, Slots values, int64_t priority,
+                int64_t inserted_len, Node* start, int64_t depth, int64_t base) {
+                 auto r = t.insert(tok.data(), tok.shape(0), ns, values.data(), values.shape(0),
+                                   priority, inserted_len, start, depth, base);
+                 return nb::make_tuple(r.length, r.node);
+             },
+             "tokens"_a, "ns"_a, "values"_a, "priority"_a, "inserted_len"_a, "start"_a.none(),
+             "depth"_a, "base"_a)
+        .def("inc_lock_ref", &Tree::inc_lock_ref)
+        .def("dec_lock_ref", &Tree::dec_lock_ref)
+        .def("move_lock", &Tree::move_lock, "old"_a.none(), "node"_a)
+        .def("evict", [](PyTree& t, int64_t n) { return segments(t.evict(n)); })
+        .def("reset", [](PyTree& t) { return to_numpy(t.reset()); })
+        .def("evictable_size", &Tree::evictable_size)
+        .def("protected_size", &Tree::protected_size)
+        .def("num_evictable_leaves", &Tree::num_evictable_leaves)
+        .def("nodes", &Tree::nodes)
+        .def("all_values", [](const PyTree& t) { return to_numpy(t.all_values()); })
+        .def("dfs_weight_order_at", &dfs_order)
+        .def("check_integrity", &Tree::check_integrity)
+        .def("add_evictable_size", &Tree::add_evictable_size)
+        .def("leaf_set", &Tree::leaf_set)
+        .def("leaf_member", &Tree::leaf_member);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+    m.doc() = "radixsched's native scheduling core (see radixsched.native)";
+    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const IntegrityFailure& e) {
+            nb::object cls = nb::module_::import_("radixsched.cache.base").attr("IntegrityError");
+            PyErr_SetString(cls.ptr(), e.what());
+        }
+    });
+    m.def("set_namespaces", [](nb::list table) {
+        if (g_namespaces != nullptr) throw std::runtime_error("namespaces already set");
+        g_namespaces = table.inc_ref().ptr();
+    });
+    bind_node(m);
+    bind_tree(m);
+}

@@ -1,0 +1,651 @@
+// See radix.hpp. Every method mirrors the Python method of the same name in
+// radixsched/cache/radix.py; comments there state the invariants.
+#include "radix.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <unordered_map>
+
+namespace radixsched {
+
+namespace {
+constexpr int64_t kRootPriority = INT64_MIN;
+
+std::string node_desc(const Node& n) {
+    return "TreeNode(id=" + std::to_string(n.id) + ", len=" + std::to_string(n.size()) +
+           ", lock=" + std::to_string(n.lock_ref) + ")";
+}
+}  // namespace
+
+Strategy strategy_from_name(const std::string& name) {
+    static const std::unordered_map<std::string, Strategy> names = {
+        {"lru", Strategy::Lru},   {"mru", Strategy::Mru},
+        {"fifo", Strategy::Fifo}, {"filo", Strategy::Filo},
+        {"lfu", Strategy::Lfu},   {"priority", Strategy::Priority},
+        {"slru", Strategy::Slru},
+    };
+    auto it = names.find(name);
+    if (it == names.end()) throw std::invalid_argument("unknown eviction policy: " + name);
+    return it->second;
+}
+
+bool strategy_monotone(Strategy s) { return s != Strategy::Mru; }
+
+Tree::Tree(int64_t page_size, Strategy strategy, int64_t slru_threshold, bool disabled,
+           bool compat_sglang)
+    : heap_persistent(strategy_monotone(strategy)),
+      page_(page_size),
+      strategy_(strategy),
+      slru_threshold_(slru_threshold),
+      disabled_(disabled),
+      compat_(compat_sglang) {
+    if (page_size < 1) throw std::invalid_argument("page_size must be >= 1");
+    root_ = new_root();
+}
+
+Tree::~Tree() { detach_all(); }
+
+void Tree::detach_all() {
+    // Handles Python still holds must never see a freed parent.
+    for (const NodePtr& n : nodes()) n->parent = nullptr;
+}
+
+NodePtr Tree::new_root() {
+    auto root = std::make_shared<Node>();
+    root->id = root->slot = next_id_++;
+    root->last_access_time = root->creation_time = clock_;
+    root->priority = kRootPriority;
+    root->lock_ref = 1;  // never evicted, never unlocked
+    return root;
+}
+
+std::pair<int64_t, int64_t> Tree::prio(const Node& n) const {
+    switch (strategy_) {
+        case Strategy::Lru: return {n.last_access_time, 0};
+        case Strategy::Mru: return {-n.last_access_time, 0};
+        case Strategy::Fifo: return {n.creation_time, 0};
+        case Strategy::Filo: return {-n.creation_time, 0};
+        case Strategy::Lfu: return {n.hit_count, n.last_access_time};
+        case Strategy::Priority: return {n.priority, n.last_access_time};
+        case Strategy::Slru:
+            return {n.hit_count >= slru_threshold_ ? 1 : 0, n.last_access_time};
+    }
+    return {0, 0};
+}
+
+void Tree::push(Node& n) {
+    auto [a, b] = prio(n);
+    heap_.push_back({a, b, n.id, &n});
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<HeapEntry>());
+}
+
+void Tree::pop_heap_entry() {
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<HeapEntry>());
+    heap_.pop_back();
+}
+
+void Tree::mark_evictable(Node& n) {
+    leaves_.insert(&n);
+    if (heap_persistent) push(n);
+}
+
+void Tree::leaf_set(Node& node, bool member) {
+    if (member) {
+        leaves_.insert(&node);
+    } else {
+        leaves_.erase(&node);
+    }
+}
+
+std::string Tree::page_key(const int32_t* page, Node* parent, int32_t ns) const {
+    std::string k;
+    const size_t bytes = static_cast<size_t>(page_) * sizeof(int32_t);
+    if (parent == root_.get() && ns != 0) {
+        k.resize(sizeof(int32_t) + bytes);
+        std::memcpy(k.data(), &ns, sizeof(int32_t));
+        std::memcpy(k.data() + sizeof(int32_t), page, bytes);
+    } else {
+        k.assign(reinterpret_cast<const char*>(page), bytes);
+    }
+    return k;
+}
+
+NodePtr Tree::find_child(Node& node, const int32_t* page, int32_t ns) {
+    auto it = node.children.find(page_key(page, &node, ns));
+    return it == node.children.end() ? nullptr : it->second;
+}
+
+bool Tree::covers(const int32_t* tokens, int64_t avail, const Node& node) const {
+    const int64_t k = node.size();
+    return avail >= k && std::memcmp(tokens, node.key.data(), k * sizeof(int32_t)) == 0;
+}
+
+int64_t Tree::mismatch(const int32_t* tokens, int64_t avail, const Node& node) const {
+    const int64_t n = std::min(avail, node.size());
+    int64_t m = 0;
+    while (m < n && tokens[m] == node.key[m]) ++m;
+    return m - m % page_;
+}
+
+NodePtr Tree::make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
+                        int32_t ns, int64_t now, int64_t priority) {
+    auto n = std::make_shared<Node>();
+    n->key = std::move(key);
+    n->value = std::move(value);
+    n->parent = parent;
+    n->ns = ns;
+    n->last_access_time = n->creation_time = now;
+    n->priority = priority;
+    n->id = n->slot = next_id_++;
+    return n;
+}
+
+NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
+    Node* parent = child.parent;
+    NodePtr lower = parent->children.at(child.child_key);  // keeps the child alive
+    NodePtr up = make_node(std::vector<int32_t>(child.key.begin(), child.key.begin() + m),
+                           std::vector<int64_t>(child.value.begin(), child.value.begin() + m),
+                           parent, child.ns, now, child.priority);
+    up->lock_ref = child.lock_ref;
+    up->hit_count = child.hit_count;
+    up->slot = child.slot;
+    up->top = child.top;
+    up->child_key = child.child_key;
+    if (!compat_) up->creation_time = child.creation_time;
+    parent->children[child.child_key] = up;  // the same key: the same place
+    child.key.erase(child.key.begin(), child.key.begin() + m);
+    child.value.erase(child.value.begin(), child.value.begin() + m);
+    child.parent = up.get();
+    child.top = false;
+    child.child_key = page_key(child.key.data(), up.get(), child.ns);
+    up->children.emplace(child.child_key, std::move(lower));
+    if (events.on_split) events.on_split(*up, child);
+    return up;
+}
+
+WalkResult Tree::walk(const int32_t* tokens, int64_t n, int32_t ns,
+                      std::vector<int64_t>* values) {
+    n -= n % page_;
+    const int64_t now = ++clock_;
+    root_->last_access_time = now;
+    if (n == 0) return {root_, 0};
+    NodePtr node = root_;
+    NodePtr child = find_child(*root_, tokens, ns);
+    int64_t pos = 0;
+    while (child) {
+        child->last_access_time = now;
+        if (covers(tokens + pos, n - pos, *child)) {
+            node = child;
+            pos += child->size();
+            if (values) values->insert(values->end(), node->value.begin(), node->value.end());
+            if (pos == n) break;
+            child = find_child(*node, tokens + pos, ns);
+        } else {
+            const int64_t m = mismatch(tokens + pos, n - pos, *child);
+            node = split(*child, m, now);
+            pos += m;
+            if (values) values->insert(values->end(), node->value.begin(), node->value.end());
+            break;
+        }
+    }
+    return {node, pos};
+}
+
+int64_t Tree::match_len(const int32_t* tokens, int64_t n, int32_t ns) {
+    if (disabled_) return 0;
+    n -= n % page_;
+    if (n == 0) return 0;
+    NodePtr child = find_child(*root_, tokens, ns);
+    int64_t pos = 0;
+    while (child) {
+        if (!covers(tokens + pos, n - pos, *child))
+            return pos + mismatch(tokens + pos, n - pos, *child);
+        pos += child->size();
+        if (pos == n) return pos;
+        child = find_child(*child, tokens + pos, ns);
+    }
+    return pos;
+}
+
+MatchEndResult Tree::match_end(const int32_t* tokens, int64_t n, int32_t ns, Node* start,
+                               int64_t depth) {
+    if (disabled_) return {0, root_, 0};
+    n -= n % page_;
+    NodePtr node = start ? start->shared_from_this() : root_;
+    int64_t pos = start ? depth : 0;
+    if (pos >= n) {
+        if (n) return {pos, node, node->size()};
+        return {0, root_, 0};
+    }
+    NodePtr child = find_child(*node, tokens + pos, ns);
+    while (child) {
+        if (!covers(tokens + pos, n - pos, *child)) {
+            const int64_t m = mismatch(tokens + pos, n - pos, *child);
+            return {pos + m, child, m};
+        }
+        node = child;
+        pos += child->size();
+        if (pos == n) break;
+        child = find_child(*node, tokens + pos, ns);
+    }
+    return {pos, node, node->size()};
+}
+
+NodePtr Tree::touch_at(Node& node, int64_t offset) {
+    const int64_t now = ++clock_;
+    root_->last_access_time = now;
+    for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
+        if (cur == nullptr) throw std::invalid_argument("touch_at: the node is not in the tree");
+        cur->last_access_time = now;
+    }
+    if (offset < node.size()) return split(node, offset, now);
+    return node.shared_from_this();
+}
+
+void Tree::prefix_slots(Node& node, int64_t length, int64_t* out) {
+    int64_t held = 0;
+    for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
+        if (cur == nullptr) throw IntegrityFailure("prefix_slots: the node is not in the tree");
+        held += cur->size();
+    }
+    if (held != length)
+        throw IntegrityFailure("prefix of " + std::to_string(length) +
+                               " tokens but its path holds " + std::to_string(held));
+    int64_t end = length;
+    for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
+        end -= cur->size();
+        std::copy(cur->value.begin(), cur->value.end(), out + end);
+    }
+}
+
+void Tree::touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priority,
+                         int64_t inserted_len) {
+    if (node.parent == nullptr)
+        throw IntegrityFailure("insert start " + node_desc(node) + " is not in the tree");
+    int64_t pos = depth;
+    for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
+        cur->last_access_time = now;
+        if (priority > cur->priority) cur->priority = priority;
+        if (pos > inserted_len) cur->hit_count += 1;
+        pos -= cur->size();
+    }
+    if (pos != 0)
+        throw IntegrityFailure("insert start at depth " + std::to_string(depth) + " ends at " +
+                               std::to_string(depth - pos) + " tokens");
+}
+
+WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns,
+                        const int64_t* values, int64_t n_values, int64_t priority,
+                        int64_t inserted_len, Node* start, int64_t start_depth, int64_t base) {
+    n_tokens -= n_tokens % page_;  // `tokens` hold the key's positions from `base` on
+    const int64_t n = base + n_tokens;
+    if (n_values < n_tokens)
+        throw std::invalid_argument("insert: " + std::to_string(n_values) + " values for a " +
+                                    std::to_string(n_tokens) + "-token (aligned) key");
+    const int64_t now = ++clock_;
+    root_->last_access_time = now;
+    if (priority > root_->priority) root_->priority = priority;
+    if (n == 0) return {root_, 0};
+    NodePtr node;
+    int64_t pos;
+    std::string ckey;
+    if (start != nullptr && start != root_.get() && start_depth <= n) {
+        pos = start_depth;
+        if (pos < base)
+            throw std::invalid_argument("insert: the key starts at " + std::to_string(base) +
+                                        ", past the start depth " + std::to_string(pos));
+        touch_path_up(*start, pos, now, priority, inserted_len);
+        node = start->shared_from_this();
+        if (pos == n) return {node, pos};
+        ckey = page_key(tokens + (pos - base), node.get(), ns);
+    } else if (base) {
+        throw std::invalid_argument("insert: a key starting at " + std::to_string(base) +
+                                    " needs a start node at that depth");
+    } else {
+        node = root_;
+        pos = 0;
+        ckey = page_key(tokens, root_.get(), ns);
+    }
+    auto it = node->children.find(ckey);
+    NodePtr child = it == node->children.end() ? nullptr : it->second;
+    while (child) {
+        child->last_access_time = now;
+        const int64_t rel = pos - base;
+        const bool whole = covers(tokens + rel, n - pos, *child);
+        const int64_t m = whole ? child->size() : mismatch(tokens + rel, n - pos, *child);
+        node = whole ? child : split(*child, m, now);
+        pos += m;
+        if (priority > node->priority) node->priority = priority;
+        if (pos > inserted_len) node->hit_count += 1;
+        if (pos == n) return {node, pos};
+        ckey = page_key(tokens + rel + m, node.get(), ns);
+        if (!whole) break;  // the remainder's first page differs from the split-off child's
+        auto next = node->children.find(ckey);
+        child = next == node->children.end() ? nullptr : next->second;
+    }
+    const int64_t rel = pos - base;
+    NodePtr leaf = make_node(std::vector<int32_t>(tokens + rel, tokens + n_tokens),
+                             std::vector<int64_t>(values + rel, values + n_tokens), node.get(),
+                             ns, now, priority);
+    leaf->child_key = ckey;
+    leaf->top = node == root_;
+    if (n > inserted_len) leaf->hit_count = 1;
+    if (node->children.empty() && node->lock_ref == 0) leaves_.erase(node.get());
+    node->children.emplace(ckey, leaf);
+    if (events.on_child) events.on_child(*node, ckey);
+    evictable_ += n - pos;
+    mark_evictable(*leaf);
+    return {leaf, pos};
+}
+
+void Tree::check_attached(const Node& node) const {
+    if (node.parent == nullptr && &node != root_.get())
+        throw std::invalid_argument(node_desc(node) +
+                                    " is not in the tree (evicted, or from before a reset)");
+}
+
+int64_t Tree::inc_lock_ref(Node& node) {
+    if (disabled_) return 0;
+    check_attached(node);
+    if (&node == root_.get()) return 0;
+    if (node.lock_ref == 0 && node.children.empty()) leaves_.erase(&node);
+    int64_t moved = 0;
+    for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
+        if (cur->lock_ref == 0) moved += cur->size();
+        cur->lock_ref += 1;
+    }
+    evictable_ -= moved;
+    protected_ += moved;
+    return -moved;
+}
+
+int64_t Tree::dec_lock_ref(Node& node) {
+    if (disabled_) return 0;
+    check_attached(node);
+    if (&node == root_.get()) return 0;
+    if (node.lock_ref <= 0) throw IntegrityFailure("dec_lock_ref on unlocked " + node_desc(node));
+    int64_t moved = 0;
+    for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
+        cur->lock_ref -= 1;
+        if (cur->lock_ref == 0) moved += cur->size();
+    }
+    if (node.lock_ref == 0 && node.children.empty()) mark_evictable(node);
+    evictable_ += moved;
+    protected_ -= moved;
+    return moved;
+}
+
+void Tree::move_lock(Node* old, Node& node) {
+    if (old == nullptr || old == &node || disabled_) {
+        inc_lock_ref(node);
+        if (old != nullptr) dec_lock_ref(*old);
+        return;
+    }
+    check_attached(node);
+    std::vector<Node*> between;
+    for (Node* cur = &node; cur != old; cur = cur->parent) {
+        if (cur == root_.get()) {  // not below old: lock the new path, release the old one
+            inc_lock_ref(node);
+            dec_lock_ref(*old);
+            return;
+        }
+        between.push_back(cur);
+    }
+    if (old->lock_ref <= 0) throw IntegrityFailure("dec_lock_ref on unlocked " + node_desc(*old));
+    if (node.lock_ref == 0 && node.children.empty()) leaves_.erase(&node);
+    int64_t moved = 0;
+    for (Node* cur : between) {
+        if (cur->lock_ref == 0) moved += cur->size();
+        cur->lock_ref += 1;
+    }
+    evictable_ -= moved;
+    protected_ += moved;
+}
+
+std::vector<int32_t> Tree::path_key(const Node& node) const {
+    std::vector<const Node*> chain;
+    for (const Node* cur = &node; cur != nullptr && cur != root_.get(); cur = cur->parent)
+        chain.push_back(cur);
+    std::vector<int32_t> out;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+        out.insert(out.end(), (*it)->key.begin(), (*it)->key.end());
+    return out;
+}
+
+void Tree::evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed) {
+    const int64_t length = leaf.size();
+    if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, length);
+    if (events.on_evict) events.on_evict(leaf, 0);
+    // The slots move out: a detached node keeps its key (handles may still ask its length),
+    // not its slots, which the caller now owns.
+    freed.push_back(std::move(leaf.value));
+    leaf.value.clear();
+    Node* parent = leaf.parent;
+    NodePtr hold = parent->children.at(leaf.child_key);  // alive until this returns
+    parent->children.erase(leaf.child_key);
+    leaf.parent = nullptr;
+    leaves_.erase(&leaf);
+    evictable_ -= length;
+    if (parent != root_.get() && parent->children.empty() && parent->lock_ref == 0) {
+        leaves_.insert(parent);
+        push(*parent);
+    }
+}
+
+std::vector<std::vector<int64_t>> Tree::evict(int64_t num_tokens) {
+    std::vector<std::vector<int64_t>> freed;
+    if (disabled_ || num_tokens <= 0 || leaves_.empty()) return freed;
+    if (!heap_persistent || heap_.size() > 4 * leaves_.size() + 64) {
+        heap_.clear();
+        for (Node* leaf : leaves_) {
+            auto [a, b] = prio(*leaf);
+            heap_.push_back({a, b, leaf->id, leaf});
+        }
+        std::make_heap(heap_.begin(), heap_.end(), std::greater<HeapEntry>());
+    }
+    int64_t evicted = 0;
+    while (evicted < num_tokens && !heap_.empty()) {
+        const HeapEntry e = heap_.front();
+        pop_heap_entry();
+        // Stale: locked, grew a child or evicted (its memory may be reused by another node:
+        // the id tells them apart, and it is read only once the node is known to be alive).
+        if (!leaves_.count(e.node) || e.node->id != e.id) continue;
+        Node& leaf = *e.node;
+        auto [a, b] = prio(leaf);
+        if (a != e.a || b != e.b) {
+            push(leaf);
+            continue;
+        }
+        const int64_t length = leaf.size();
+        const int64_t remaining = num_tokens - evicted;
+        if (length > remaining && !compat_) {
+            const int64_t cut = (remaining + page_ - 1) / page_ * page_;
+            if (cut < length) {  // only the tail: the leaf stays, shorter, still evictable
+                if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, cut);
+                const int64_t keep = length - cut;
+                if (events.on_evict) events.on_evict(leaf, keep);
+                freed.emplace_back(leaf.value.begin() + keep, leaf.value.end());
+                leaf.key.resize(keep);
+                leaf.value.resize(keep);
+                evictable_ -= cut;
+                evicted += cut;
+                push(leaf);
+                break;
+            }
+        }
+        evict_whole(leaf, freed);
+        evicted += length;
+    }
+    if (!heap_persistent) heap_.clear();
+    return freed;
+}
+
+std::vector<int64_t> Tree::reset() {
+    if (protected_)
+        throw std::runtime_error("reset with " + std::to_string(protected_) +
+                                 " locked tokens: release all requests first");
+    std::vector<int64_t> values = all_values();
+    detach_all();
+    root_ = new_root();
+    evictable_ = protected_ = 0;
+    leaves_.clear();
+    heap_.clear();
+    return values;
+}
+
+std::vector<NodePtr> Tree::children_in_order(const Node& node) {
+    std::vector<NodePtr> kids;
+    kids.reserve(node.children.size());
+    for (const auto& kv : node.children) kids.push_back(kv.second);
+    std::sort(kids.begin(), kids.end(),
+              [](const NodePtr& x, const NodePtr& y) { return x->slot < y->slot; });
+    return kids;
+}
+
+std::vector<NodePtr> Tree::nodes() const {
+    std::vector<NodePtr> out;
+    std::vector<NodePtr> stack = children_in_order(*root_);
+    std::reverse(stack.begin(), stack.end());
+    while (!stack.empty()) {
+        NodePtr n = std::move(stack.back());
+        stack.pop_back();
+        std::vector<NodePtr> kids = children_in_order(*n);
+        stack.insert(stack.end(), kids.rbegin(), kids.rend());
+        out.push_back(std::move(n));
+    }
+    return out;
+}
+
+std::vector<int64_t> Tree::all_values() const {
+    std::vector<int64_t> out;
+    for (const NodePtr& n : nodes()) out.insert(out.end(), n->value.begin(), n->value.end());
+    return out;
+}
+
+std::vector<int64_t> Tree::dfs_weight_order_at(
+    const std::vector<std::pair<Node*, int64_t>>& ends) {
+    std::unordered_map<Node*, std::vector<int64_t>> at_end;
+    std::unordered_map<Node*, std::map<int64_t, std::vector<int64_t>>> inside;
+    std::vector<int64_t> orphans;
+    std::vector<Node*> members;  // nodes with at least one match ending in them
+    for (int64_t i = 0; i < static_cast<int64_t>(ends.size()); ++i) {
+        auto [node, offset] = ends[i];
+        Node* cur = node;
+        while (cur != nullptr && cur != root_.get()) cur = cur->parent;
+        if (node == nullptr || cur != root_.get()) {
+            orphans.push_back(i);
+            continue;
+        }
+        if (!at_end.count(node) && !inside.count(node)) members.push_back(node);
+        if (offset >= node->size()) {
+            at_end[node].push_back(i);
+        } else {
+            inside[node][offset].push_back(i);
+        }
+    }
+    std::unordered_map<Node*, int64_t> weight;
+    for (Node* node : members) {
+        int64_t c = 0;
+        if (auto it = at_end.find(node); it != at_end.end()) c += it->second.size();
+        if (auto it = inside.find(node); it != inside.end())
+            for (const auto& kv : it->second) c += kv.second.size();
+        for (Node* cur = node; cur != nullptr; cur = cur->parent) weight[cur] += c;
+    }
+    std::vector<int64_t> order;
+    std::vector<std::pair<Node*, bool>> stack;  // iterative post-order: (node, expanded?)
+    if (weight.count(root_.get())) stack.emplace_back(root_.get(), false);
+    while (!stack.empty()) {
+        auto [node, expanded] = stack.back();
+        stack.pop_back();
+        if (expanded) {
+            if (auto it = at_end.find(node); it != at_end.end())
+                order.insert(order.end(), it->second.begin(), it->second.end());
+            if (auto it = inside.find(node); it != inside.end())
+                for (auto kv = it->second.rbegin(); kv != it->second.rend(); ++kv)
+                    order.insert(order.end(), kv->second.begin(), kv->second.end());
+            continue;
+        }
+        stack.emplace_back(node, true);
+        std::vector<Node*> kids;
+        for (const NodePtr& c : children_in_order(*node))
+            if (weight.count(c.get())) kids.push_back(c.get());
+        std::stable_sort(kids.begin(), kids.end(),
+                         [&](Node* x, Node* y) { return weight[x] > weight[y]; });
+        for (auto it = kids.rbegin(); it != kids.rend(); ++it) stack.emplace_back(*it, false);
+    }
+    order.insert(order.end(), orphans.begin(), orphans.end());
+    return order;
+}
+
+void Tree::check_integrity() const {
+    const Node& root = *root_;
+    if (root.lock_ref != 1 || root.parent != nullptr || root.size())
+        throw IntegrityFailure("root corrupt: lock_ref=" + std::to_string(root.lock_ref) +
+                               ", key len " + std::to_string(root.size()));
+    if (disabled_) {
+        if (!root.children.empty() || evictable_ || protected_)
+            throw IntegrityFailure("disabled cache holds nodes or sizes");
+        return;
+    }
+    int64_t evictable = 0, prot = 0, n_values = 0;
+    std::unordered_set<Node*> leaves;
+    for (const NodePtr& np : nodes()) {
+        const Node& node = *np;
+        const Node* parent = node.parent;
+        const int64_t klen = node.size();
+        const std::string d = node_desc(node);
+        if (parent == nullptr) throw IntegrityFailure(d + " in the tree has parent None");
+        if (klen == 0 || klen % page_)
+            throw IntegrityFailure(d + ": key length " + std::to_string(klen) +
+                                   " not a positive multiple of " + std::to_string(page_));
+        if (static_cast<int64_t>(node.value.size()) != klen)
+            throw IntegrityFailure(d + ": " + std::to_string(node.value.size()) +
+                                   " values for " + std::to_string(klen) + " tokens");
+        const std::string ck = page_key(node.key.data(), const_cast<Node*>(parent), node.ns);
+        auto it = parent->children.find(ck);
+        if (it == parent->children.end() || it->second.get() != &node)
+            throw IntegrityFailure(d + " not under its own first-page key in its parent");
+        if (node.child_key != ck)
+            throw IntegrityFailure(d + ": stored child_key differs from its first page");
+        if (node.top != (parent == root_.get()))
+            throw IntegrityFailure(d + ": stored subtree_key differs from its top's key");
+        if (parent != root_.get() && parent->ns != node.ns)
+            throw IntegrityFailure(d + ": namespace differs from its parent's");
+        if (node.lock_ref < 0)
+            throw IntegrityFailure(d + ": negative lock_ref " + std::to_string(node.lock_ref));
+        int64_t child_locks = 0;
+        for (const auto& kv : node.children) child_locks += kv.second->lock_ref;
+        if (node.lock_ref < child_locks)
+            throw IntegrityFailure(d + ": lock_ref " + std::to_string(node.lock_ref) +
+                                   " < sum of children's " + std::to_string(child_locks));
+        if (node.lock_ref == 0) {
+            evictable += klen;
+            if (node.children.empty()) leaves.insert(const_cast<Node*>(&node));
+        } else {
+            prot += klen;
+        }
+        n_values += klen;
+    }
+    if (evictable != evictable_ || prot != protected_)
+        throw IntegrityFailure("sizes: walk evictable " + std::to_string(evictable) +
+                               " / protected " + std::to_string(prot) + ", counters " +
+                               std::to_string(evictable_) + " / " + std::to_string(protected_));
+    if (leaves != leaves_) {
+        int64_t missing = 0, extra = 0;
+        for (Node* n : leaves) missing += !leaves_.count(n);
+        for (Node* n : leaves_) extra += !leaves.count(n);
+        throw IntegrityFailure("evictable leaves: walk " + std::to_string(leaves.size()) +
+                               ", set " + std::to_string(leaves_.size()) + ", missing " +
+                               std::to_string(missing) + ", extra " + std::to_string(extra));
+    }
+    std::vector<int64_t> values = all_values();
+    std::sort(values.begin(), values.end());
+    const int64_t n_unique = std::unique(values.begin(), values.end()) - values.begin();
+    if (n_unique != n_values)
+        throw IntegrityFailure(std::to_string(n_values - n_unique) +
+                               " KV slot(s) held by two tree positions");
+}
+
+}  // namespace radixsched

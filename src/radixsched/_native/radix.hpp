@@ -1,0 +1,172 @@
+// The radix prefix cache of radixsched.cache.radix, in C++: the same tree, the same logical
+// clock, the same splits, locks and eviction order, so that a scheduler over it gives the
+// reference's schedule bit for bit. Pure C++ (no Python here): the binding (module.cpp) turns
+// the event hooks into the Python listener's calls.
+//
+// Ownership: a node owns its children (shared_ptr, so that a handle held by Python keeps an
+// evicted node alive as a detached node); `parent` is a non-owning pointer, valid while the
+// node is attached, null for the root and for detached nodes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace radixsched {
+
+// Accounting is off (the Python IntegrityError).
+struct IntegrityFailure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Built-in eviction strategies (radixsched.cache.evict), by their sort keys.
+enum class Strategy { Lru, Mru, Fifo, Filo, Lfu, Priority, Slru };
+
+struct Node : std::enable_shared_from_this<Node> {
+    std::vector<int32_t> key;
+    std::vector<int64_t> value;  // one KV slot per token of `key`
+    Node* parent = nullptr;
+    // child key (bytes of the child's first page, prefixed by the namespace id for a child
+    // of the root in a non-default namespace) -> child
+    std::unordered_map<std::string, std::shared_ptr<Node>> children;
+    int64_t lock_ref = 0;
+    int64_t last_access_time = 0;
+    int64_t creation_time = 0;
+    int64_t hit_count = 0;
+    int64_t priority = 0;
+    int64_t id = 0;
+    // Orders siblings as the Python tree's dict does: the id of the first node at this key
+    // (a split's upper part inherits it).
+    int64_t slot = 0;
+    int32_t ns = 0;  // namespace id (0: the default namespace)
+    bool top = false;  // hangs (or hung, once detached) directly under the root
+    std::string child_key;  // its key in its parent's children (kept once detached)
+
+    int64_t size() const { return static_cast<int64_t>(key.size()); }
+};
+
+using NodePtr = std::shared_ptr<Node>;
+
+struct WalkResult {
+    NodePtr node;
+    int64_t length = 0;
+};
+
+struct MatchEndResult {
+    int64_t length = 0;
+    NodePtr node;
+    int64_t offset = 0;
+};
+
+// Hooks the binding fills in (each may be empty). Called at the Python cache's points.
+struct Events {
+    std::function<void(Node& parent, const std::string& child_key)> on_child;
+    std::function<void(Node& upper, Node& lower)> on_split;
+    std::function<void(Node& leaf, int64_t keep)> on_evict;  // before the leaf changes
+    // The evicted node's full path key (tokens, namespace) and the number of tokens freed.
+    std::function<void(const std::vector<int32_t>& path, int32_t ns, int64_t n)> host_evict;
+};
+
+class Tree {
+public:
+    Tree(int64_t page_size, Strategy strategy, int64_t slru_threshold, bool disabled,
+         bool compat_sglang);
+    ~Tree();
+    Tree(const Tree&) = delete;
+    Tree& operator=(const Tree&) = delete;
+
+    Events events;
+    bool heap_persistent;
+
+    const NodePtr& root() const { return root_; }
+    int64_t page_size() const { return page_; }
+    bool disabled() const { return disabled_; }
+    int64_t clock() const { return clock_; }
+
+    // The Python methods of the same names; token spans are already page-trimmed by nothing:
+    // each trims its own query (n - n % page).
+    WalkResult walk(const int32_t* tokens, int64_t n, int32_t ns, std::vector<int64_t>* values);
+    int64_t match_len(const int32_t* tokens, int64_t n, int32_t ns);
+    MatchEndResult match_end(const int32_t* tokens, int64_t n, int32_t ns, Node* start,
+                             int64_t depth);
+    NodePtr touch_at(Node& node, int64_t offset);
+    void prefix_slots(Node& node, int64_t length, int64_t* out);
+    WalkResult insert(const int32_t* tokens, int64_t n_tokens, int32_t ns,
+                      const int64_t* values, int64_t n_values, int64_t priority,
+                      int64_t inserted_len, Node* start, int64_t start_depth, int64_t base);
+    int64_t inc_lock_ref(Node& node);
+    int64_t dec_lock_ref(Node& node);
+    void move_lock(Node* old, Node& node);
+    // Evicted slots as segments in eviction order.
+    std::vector<std::vector<int64_t>> evict(int64_t num_tokens);
+    std::vector<int64_t> reset();  // the slots the tree held
+
+    int64_t evictable_size() const { return evictable_; }
+    int64_t protected_size() const { return protected_; }
+    int64_t num_evictable_leaves() const { return static_cast<int64_t>(leaves_.size()); }
+    std::vector<NodePtr> nodes() const;  // every non-root node, parents first, dict order
+    std::vector<int64_t> all_values() const;
+    std::vector<int64_t> dfs_weight_order_at(const std::vector<std::pair<Node*, int64_t>>& ends);
+    void check_integrity() const;
+
+    // Test hooks (the Python tests corrupt counters to see check_integrity catch it).
+    void add_evictable_size(int64_t d) { evictable_ += d; }
+    void leaf_set(Node& node, bool member);
+    bool leaf_member(const Node& node) const { return leaves_.count(const_cast<Node*>(&node)); }
+
+    std::string page_key(const int32_t* page, Node* parent, int32_t ns) const;
+    static std::vector<NodePtr> children_in_order(const Node& node);
+
+private:
+    struct HeapEntry {
+        int64_t a, b, id;
+        Node* node;  // may be stale (dangling): dereferenced only once found in leaves_
+        bool operator>(const HeapEntry& o) const {
+            if (a != o.a) return a > o.a;
+            if (b != o.b) return b > o.b;
+            return id > o.id;
+        }
+    };
+
+    NodePtr new_root();
+    std::pair<int64_t, int64_t> prio(const Node& n) const;
+    void mark_evictable(Node& n);
+    void push(Node& n);
+    void pop_heap_entry();
+    NodePtr find_child(Node& node, const int32_t* page, int32_t ns);
+    int64_t mismatch(const int32_t* tokens, int64_t avail, const Node& node) const;
+    bool covers(const int32_t* tokens, int64_t avail, const Node& node) const;
+    NodePtr split(Node& child, int64_t m, int64_t now);
+    void touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priority,
+                       int64_t inserted_len);
+    NodePtr make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
+                      int32_t ns, int64_t now, int64_t priority);
+    void check_attached(const Node& node) const;
+    std::vector<int32_t> path_key(const Node& node) const;
+    void evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed);
+    void detach_all();
+
+    int64_t page_;
+    Strategy strategy_;
+    int64_t slru_threshold_;
+    bool disabled_;
+    bool compat_;
+    int64_t next_id_ = 0;
+    int64_t clock_ = 0;
+    NodePtr root_;
+    int64_t evictable_ = 0;
+    int64_t protected_ = 0;
+    std::unordered_set<Node*> leaves_;  // attached, lock_ref == 0, no children, not the root
+    std::vector<HeapEntry> heap_;  // min-heap by (a, b, id) via std::greater
+};
+
+Strategy strategy_from_name(const std::string& name);
+bool strategy_monotone(Strategy s);
+
+}  // namespace radixsched

@@ -1,0 +1,105 @@
+"""``NativeMatcher``: the incremental matcher of ``matching.py`` run in C++ inside the native
+tree (``radixsched/_native/matcher.cpp``), for a ``NativeRadixCache``. The tree tells it of
+every change directly, without a call into Python; the queue reads it through the same face
+as ``IncrementalMatcher`` (``track``, ``untrack``, ``refresh``, ``memo[id(r)]``, ``dirty``),
+and it gives the same memos, the same dirty sets and the same re-match order
+(tests/test_native_radix.py drives both side by side).
+
+The C++ side borrows each tracked request's fill tokens: ``_fills`` keeps them alive until the
+request is untracked or tracked again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from radixsched.cache.native_radix import NativeRadixCache, as_tokens
+from radixsched.native import namespace_id
+from radixsched.request import Req, TokenArray
+
+
+class NativeMemo(NamedTuple):
+    """Where a request's match ends: ``n`` tokens, ``offset`` tokens into ``node`` (``full``:
+    at its end)."""
+
+    n: int
+    node: Any
+    offset: int
+    full: bool
+
+
+class _Memos:
+    """``memo[id(r)]`` and ``memo.get(id(r))`` over the C++ memos."""
+
+    __slots__ = ("_tree",)
+
+    def __init__(self, tree: Any) -> None:
+        self._tree = tree
+
+    def __getitem__(self, k: int) -> NativeMemo:
+        got = self._tree.memo(k)
+        if got is None:
+            raise KeyError(k)
+        return NativeMemo(*got)
+
+    def get(self, k: int, default: NativeMemo | None = None) -> NativeMemo | None:
+        got = self._tree.memo(k)
+        return default if got is None else NativeMemo(*got)
+
+
+class _Dirty:
+    """The dirty set: ``id(r) in dirty``, ``bool(dirty)``, iteration in dirty order."""
+
+    __slots__ = ("_tree",)
+
+    def __init__(self, tree: Any) -> None:
+        self._tree = tree
+
+    def __contains__(self, k: object) -> bool:
+        return isinstance(k, int) and bool(self._tree.is_dirty(k))
+
+    def __bool__(self) -> bool:
+        return bool(self._tree.any_dirty())
+
+    def __iter__(self) -> Any:
+        return iter(self._tree.dirty_keys())
+
+
+class NativeMatcher:
+    """Tracks waiting requests' matches against one native tree (which it listens to)."""
+
+    def __init__(self, cache: NativeRadixCache) -> None:
+        self.cache = cache
+        self.page = cache.page_size
+        tree = cache.tree
+        self._tree = tree
+        tree.matcher_on()
+        cache.adopt_listener(self)
+        self.reqs: dict[int, Req] = {}
+        self._fills: dict[int, TokenArray] = {}
+        self.memo = _Memos(tree)
+        self.dirty = _Dirty(tree)
+
+    def track(self, r: Req) -> NativeMemo:
+        """Start tracking ``r`` (new to the queue, or back with new output): match it now."""
+        k = id(r)
+        fill = as_tokens(r.fill_ids())
+        self._fills[k] = fill
+        self.reqs.pop(k, None)
+        self.reqs[k] = r
+        return NativeMemo(*self._tree.track(k, fill, namespace_id(r.namespace)))
+
+    def untrack(self, r: Req) -> None:
+        k = id(r)
+        self._tree.untrack(k)
+        self._fills.pop(k, None)
+        self.reqs.pop(k, None)
+
+    def refresh(self) -> list[Req]:
+        """Re-match the dirty requests; return those whose match (length or end) moved."""
+        reqs = self.reqs
+        return [reqs[k] for k in self._tree.refresh()]
+
+    # ---- the cache's events that reach Python (the rest stay in C++) -------------------------
+    def on_reset(self) -> None:
+        self._tree.matcher_reset()

@@ -1,0 +1,125 @@
+"""The native core's Python face: whether the compiled core (``radixsched._native._core``, built
+from C++ by the package's build) is used, decided when a scheduler's parts are built.
+
+``core()`` is the extension module, or None when ``RADIXSCHED_NATIVE=0`` or the extension is
+missing (a source checkout on ``PYTHONPATH`` without a build): then the accelerated core runs
+its Python parts (``radixsched.fast`` over the Python radix tree), and one line on stderr says
+so, once per process and reason. What is native today: the radix tree and the waiting queue's
+incremental matcher; the rest of the accelerated core is still ``radixsched.fast``. ``RADIXSCHED_NATIVE_LIB=PATH``
+loads the extension from a file instead (the sanitizer and debug builds of ``make sanitize``).
+
+Namespaces cross into C++ as small ids: ``NAMESPACES[i]`` is the normalised namespace of id
+``i`` (0: the default, None), shared by every native tree of the process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace, SlotFreer
+    from radixsched.config import SchedulerConfig
+
+ENV = "RADIXSCHED_NATIVE"
+LIB_ENV = "RADIXSCHED_NATIVE_LIB"
+_BUILD_HINT = "build it with `pip install -e .` (or `make test`)"
+
+NAMESPACES: list[Namespace] = [None]
+_NS_ID: dict[Namespace, int] = {None: 0}
+
+_said: set[str] = set()
+_loaded: list[ModuleType | None] = []  # [] until the first try, then [module or None]
+
+
+def notice(message: str) -> None:
+    """One line on stderr, once per process for each message."""
+    if message not in _said:
+        _said.add(message)
+        print(f"radixsched: {message}", file=sys.stderr)
+
+
+def _load() -> ModuleType | None:
+    path = os.environ.get(LIB_ENV)
+    try:
+        if path:
+            loader = importlib.machinery.ExtensionFileLoader("radixsched._native._core", path)
+            spec = importlib.util.spec_from_file_location(
+                "radixsched._native._core", path, loader=loader
+            )
+            if spec is None:
+                raise ImportError(f"{LIB_ENV}={path}: not an extension module")
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+        else:
+            module = importlib.import_module("radixsched._native._core")
+    except ImportError as exc:
+        notice(f"native core not available ({exc}); its parts run in Python: {_BUILD_HINT}")
+        return None
+    module.set_namespaces(NAMESPACES)
+    return module
+
+
+def core() -> ModuleType | None:
+    """The native extension, or None (turned off, or not built: a notice says which)."""
+    if os.environ.get(ENV, "1") == "0":
+        notice(f"{ENV}=0: the native core is off; its parts run in Python")
+        return None
+    if not _loaded:
+        _loaded.append(_load())
+    return _loaded[0]
+
+
+def namespace_id(ns: Namespace) -> int:
+    """The id of ``ns`` (interned on first sight; an empty salt and (None, None) are the
+    default namespace, as the Python tree normalises them)."""
+    got = _NS_ID.get(ns)
+    if got is not None:
+        return got
+    assert ns is not None
+    extra, salt = ns
+    norm = None if (extra is None and salt in (None, "")) else (extra, salt or None)
+    i = _NS_ID.get(norm)
+    if i is None:
+        i = len(NAMESPACES)
+        NAMESPACES.append(norm)
+        _NS_ID[norm] = i
+    _NS_ID[ns] = i
+    return i
+
+
+def make_cache(
+    config: SchedulerConfig,
+    allocator: SlotFreer | None,
+    *,
+    on_evict: Callable[[CacheKey, int], None] | None = None,
+) -> BasePrefixCache:
+    """The accelerated core's cache: the native radix tree when the extension is on and the
+    eviction policy is a built-in one, else the Python tree of ``radixsched.cache.make_cache``
+    (an eviction strategy registered from outside runs there, and says so once)."""
+    from radixsched.cache import make_cache as python_cache
+    from radixsched.cache.native_radix import NATIVE_EVICTION, NativeRadixCache
+
+    mod = core()
+    if mod is None:
+        return python_cache(config, allocator, on_evict=on_evict)
+    policy = config.radix_eviction_policy.lower()
+    if policy not in NATIVE_EVICTION:
+        notice(f"eviction policy {policy!r} is not built in: its cache runs in Python")
+        return python_cache(config, allocator, on_evict=on_evict)
+    return NativeRadixCache(
+        allocator,
+        page_size=config.page_size,
+        eviction_policy=config.radix_eviction_policy,
+        disable=config.disable_radix_cache,
+        compat_sglang=config.sglang_compat,
+        on_evict=on_evict,
+        core=mod,
+    )

@@ -1,0 +1,64 @@
+"""Which core runs: the native parts when the extension is built and on, the Python parts with
+one notice when ``RADIXSCHED_NATIVE=0``, and the reference core, with one notice, for a policy
+registered from outside the package."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fakes import FakeRunner
+from radixsched import native
+from radixsched.cache import RadixCache, TokenAllocator
+from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.config import SchedulerConfig
+from radixsched.fast import FastScheduler, build_scheduler, built_in
+from radixsched.policies import POLICIES, Policy, register
+from radixsched.scheduler import Scheduler
+
+
+@pytest.fixture
+def fresh_notices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "_said", set())
+
+
+def test_off_switch_selects_the_python_tree_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fresh_notices: None
+) -> None:
+    monkeypatch.setenv(native.ENV, "0")
+    alloc = TokenAllocator(64)
+    for _ in range(2):
+        assert isinstance(native.make_cache(SchedulerConfig(), alloc), RadixCache)
+    err = capsys.readouterr().err
+    assert err.count("RADIXSCHED_NATIVE=0") == 1 and len(err.splitlines()) == 1
+
+
+@pytest.mark.skipif(native.core() is None, reason="the native core is not built, or is off")
+def test_built_extension_selects_the_native_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(native.ENV, raising=False)
+    cache = native.make_cache(SchedulerConfig(radix_eviction_policy="slru"), TokenAllocator(64))
+    assert isinstance(cache, NativeRadixCache) and cache.eviction_policy == "slru"
+
+
+def _outside_key(req: Any, rnd: Any) -> tuple[int]:
+    return (0,)
+
+
+def test_a_policy_from_outside_runs_on_the_reference_core(
+    capsys: pytest.CaptureFixture[str], fresh_notices: None
+) -> None:
+    assert all(built_in(name) for name in POLICIES)
+    register(Policy("outside-test-policy", "a test's policy", key=_outside_key))
+    try:
+        assert not built_in("outside-test-policy")
+        config = SchedulerConfig(schedule_policy="outside-test-policy")
+        for _ in range(2):
+            sched = build_scheduler(config, FakeRunner(256), kv_slots=256)
+            assert type(sched) is Scheduler and not isinstance(sched, FastScheduler)
+        err = capsys.readouterr().err
+        assert err.count("outside-test-policy") == 1
+        fast = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
+        assert isinstance(fast, FastScheduler)
+    finally:
+        del POLICIES.by_name["outside-test-policy"]
