@@ -10,7 +10,7 @@ import pytest
 
 from fakes import FakeRunner
 from radixsched import native
-from radixsched.cache import RadixCache, TokenAllocator
+from radixsched.cache import RadixCache, TokenAllocator, native_radix
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast import FastScheduler, build_scheduler, built_in
@@ -29,7 +29,7 @@ def test_off_switch_selects_the_python_tree_and_says_so_once(
     monkeypatch.setenv(native.ENV, "0")
     alloc = TokenAllocator(64)
     for _ in range(2):
-        assert isinstance(native.make_cache(SchedulerConfig(), alloc), RadixCache)
+        assert isinstance(native_radix.make_cache(SchedulerConfig(), alloc), RadixCache)
     err = capsys.readouterr().err
     assert err.count("RADIXSCHED_NATIVE=0") == 1 and len(err.splitlines()) == 1
 
@@ -37,7 +37,9 @@ def test_off_switch_selects_the_python_tree_and_says_so_once(
 @pytest.mark.skipif(native.core() is None, reason="the native core is not built, or is off")
 def test_built_extension_selects_the_native_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(native.ENV, raising=False)
-    cache = native.make_cache(SchedulerConfig(radix_eviction_policy="slru"), TokenAllocator(64))
+    cache = native_radix.make_cache(
+        SchedulerConfig(radix_eviction_policy="slru"), TokenAllocator(64)
+    )
     assert isinstance(cache, NativeRadixCache) and cache.eviction_policy == "slru"
 
 

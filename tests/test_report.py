@@ -292,6 +292,7 @@ def test_overload_warning_lines() -> None:
     lines = load_warnings([busy, calm])
     assert lines[0].startswith("overloaded (fcfs): requests arrived at 6.10 req/s for 654 s")
     assert "served 2.00 req/s (offered 3.0x that); 2,200 of 10 requests" in lines[1]
+    assert "radixsched plan" in lines[-1]  # how many GPUs the load needs
     assert load_warnings([calm]) == []
 
 

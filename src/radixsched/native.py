@@ -23,10 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from radixsched.cache.base import BasePrefixCache, CacheKey, Namespace, SlotFreer
-    from radixsched.config import SchedulerConfig
+    from radixsched.cache.base import Namespace
 
 ENV = "RADIXSCHED_NATIVE"
 LIB_ENV = "RADIXSCHED_NATIVE_LIB"
@@ -93,33 +90,3 @@ def namespace_id(ns: Namespace) -> int:
         _NS_ID[norm] = i
     _NS_ID[ns] = i
     return i
-
-
-def make_cache(
-    config: SchedulerConfig,
-    allocator: SlotFreer | None,
-    *,
-    on_evict: Callable[[CacheKey, int], None] | None = None,
-) -> BasePrefixCache:
-    """The accelerated core's cache: the native radix tree when the extension is on and the
-    eviction policy is a built-in one, else the Python tree of ``radixsched.cache.make_cache``
-    (an eviction strategy registered from outside runs there, and says so once)."""
-    from radixsched.cache import make_cache as python_cache
-    from radixsched.cache.native_radix import NATIVE_EVICTION, NativeRadixCache
-
-    mod = core()
-    if mod is None:
-        return python_cache(config, allocator, on_evict=on_evict)
-    policy = config.radix_eviction_policy.lower()
-    if policy not in NATIVE_EVICTION:
-        notice(f"eviction policy {policy!r} is not built in: its cache runs in Python")
-        return python_cache(config, allocator, on_evict=on_evict)
-    return NativeRadixCache(
-        allocator,
-        page_size=config.page_size,
-        eviction_policy=config.radix_eviction_policy,
-        disable=config.disable_radix_cache,
-        compat_sglang=config.sglang_compat,
-        on_evict=on_evict,
-        core=mod,
-    )

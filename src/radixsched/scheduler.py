@@ -96,8 +96,7 @@ class Scheduler:
     # The parts an accelerated scheduler replaces (``radixsched.fast.FastScheduler``).
     kv_class: type[KVManager] = KVManager
     queue_class: type[WaitingQueue] = WaitingQueue
-    # The prefix cache (the accelerated core builds the native radix tree where it can).
-    cache_factory = staticmethod(make_cache)
+    cache_factory = staticmethod(make_cache)  # the accelerated core's: the native tree
 
     def __init__(
         self,

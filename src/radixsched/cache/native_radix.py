@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,8 +31,11 @@ from radixsched.cache.base import (
 )
 from radixsched.cache.evict import DEFAULT_EVICTION_POLICY, EvictionStrategy, get_strategy
 from radixsched.cache.radix import RadixCache
-from radixsched.native import NAMESPACES, core, namespace_id
+from radixsched.native import NAMESPACES, core, namespace_id, notice
 from radixsched.request import EMPTY_SLOTS, SlotArray, TokenArray
+
+if TYPE_CHECKING:
+    from radixsched.config import SchedulerConfig
 
 NATIVE_EVICTION = frozenset({"lru", "mru", "fifo", "filo", "lfu", "priority", "slru"})
 
@@ -331,3 +334,32 @@ def _core() -> ModuleType:
 # The radix trees: the Python reference's and the native one (same contract, same results).
 RadixTree = RadixCache | NativeRadixCache
 RADIX_TREES = (RadixCache, NativeRadixCache)
+
+
+def make_cache(
+    config: SchedulerConfig,
+    allocator: SlotFreer | None,
+    *,
+    on_evict: Callable[[CacheKey, int], None] | None = None,
+) -> BasePrefixCache:
+    """The accelerated core's cache: the native radix tree when the extension is on and the
+    eviction policy is a built-in one, else the Python tree of ``radixsched.cache.make_cache``
+    (an eviction strategy registered from outside runs there, and says so once)."""
+    from radixsched.cache import make_cache as python_cache
+
+    mod = core()
+    if mod is None:
+        return python_cache(config, allocator, on_evict=on_evict)
+    policy = config.radix_eviction_policy.lower()
+    if policy not in NATIVE_EVICTION:
+        notice(f"eviction policy {policy!r} is not built in: its cache runs in Python")
+        return python_cache(config, allocator, on_evict=on_evict)
+    return NativeRadixCache(
+        allocator,
+        page_size=config.page_size,
+        eviction_policy=config.radix_eviction_policy,
+        disable=config.disable_radix_cache,
+        compat_sglang=config.sglang_compat,
+        on_evict=on_evict,
+        core=mod,
+    )

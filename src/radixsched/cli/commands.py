@@ -1,5 +1,5 @@
-"""Subcommands beyond ``simulate``: sweep, generate, serve, bench, calibrate. Only the command
-being run has its parser built (its module imported); the others are one help line each."""
+"""Subcommands beyond ``simulate``: sweep, generate, serve, router, bench, calibrate, plan. Only
+the command being run has its parser built (its module imported); the others are one help line each."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ _BUILDERS = {
     "router": ("radixsched.cli.serve", "add_router_parser"),
     "bench": ("radixsched.cli.bench", "add_bench_parser"),
     "calibrate": ("radixsched.cli.calibrate", "add_calibrate_parser"),
+    "plan": ("radixsched.cli.plan", "add_plan_parser"),
 }
 
 

@@ -32,6 +32,7 @@ COMMAND_HELP = {
     "router": "route requests to running radixsched workers with sglang-router (cache-aware)",
     "bench": "load a running server with a workload and report latency, throughput, hit rate",
     "calibrate": "fit the simulator's cost model to measured runs (or profile the local engine)",
+    "plan": "find the cheapest deployment that meets latency SLOs on a workload",
 }
 
 

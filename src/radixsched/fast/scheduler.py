@@ -25,8 +25,8 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from radixsched import native
 from radixsched.adder import AddReqResult, PrefillAdder
+from radixsched.cache import native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.fast.decode import DecodeCols, FastRunningBatch
@@ -81,7 +81,7 @@ class JumpOutcome(StepOutcome):
 
 
 class FastScheduler(Scheduler):
-    cache_factory = staticmethod(native.make_cache)
+    cache_factory = staticmethod(native_radix.make_cache)
     kv_class = FastKVManager
     queue_class = FastWaitingQueue
     queue: FastWaitingQueue

@@ -346,7 +346,8 @@ def load_warnings(results: Sequence[PolicyResult]) -> list[str]:
         )
     lines.append(
         "  Latencies mostly measure queueing: lower --request-rate, or add capacity "
-        "(--dp, --tp, --gpu)."
+        "(--dp, --tp, --gpu). How many GPUs this load needs: radixsched plan (the same "
+        "flags, --request-rate as the target, and --slo-ttft-ms/--slo-tpot-ms)."
     )
     return lines
 

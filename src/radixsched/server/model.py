@@ -3,6 +3,7 @@ and the app both use it)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,8 +16,11 @@ if TYPE_CHECKING:
 class ServedModel:
     """What the HTTP layer needs to know about the model behind the scheduler.
 
-    ``model_path`` / ``tokenizer_path``: what ``/model_info`` reports (SGLang's bench loads a
-    tokenizer from ``tokenizer_path``; None where there is no tokenizer directory)."""
+    ``model_path`` / ``tokenizer_path``: what ``/model_info`` and ``/server_info`` report.
+    ``model_path`` is a folder on this machine whenever there is one (the model's own folder,
+    else its tokenizer's), as SGLang reports the path it loaded: sglang-router and SGLang's
+    bench load the tokenizer from it instead of looking the name up on a model hub.
+    ``tokenizer_path`` is None where there is no tokenizer folder."""
 
     name: str
     tokenizer: Tokenizer
@@ -43,11 +47,19 @@ def served_model(
         chat_template=source.chat_template,
         vocab_size=source.config.vocab_size,
         context_len=context_len,
-        model_path=source.name,
+        model_path=_local_model_path(source.name, tokenizer_path),
         tokenizer_path=tokenizer_path,
         model_type=source.config.architecture.value,
         architectures=(source.config.architecture.hf_class,),
     )
+
+
+def _local_model_path(name: str, tokenizer_path: str | None) -> str:
+    """The folder the model loads from (``name`` when it is one), else its tokenizer folder,
+    else the name itself."""
+    if tokenizer_path is None or os.path.isdir(name):
+        return name
+    return tokenizer_path
 
 
 def max_prompt_chars(tokenizer: Tokenizer, vocab_size: int, context_len: int) -> int:

@@ -213,6 +213,26 @@ GPUS: dict[str, GPUSpec] = {
     )
 }
 
+# List prices, US dollars per GPU-hour on demand, for ``radixsched plan``'s cost columns
+# (``--gpu-price h100=2.5`` overrides any of them; a GPU without one needs it). Public price
+# pages as of 2025, per GPU in their 8-GPU on-demand instances where those exist; they change
+# often and were not re-read when this table was written, so a plan's ranking is only as
+# current as the prices it was given:
+# - Lambda Cloud, lambda.ai/service/gpu-cloud (pricing): H100 SXM $2.99, H100 PCIe $2.49,
+#   B200 $4.99, A100 SXM 80 GB $1.79, A100 SXM 40 GB $1.29;
+# - RunPod, runpod.io/pricing (secure cloud): H200 $3.99, L40S $0.86, MI300X $2.49.
+# ``CPU`` has none: a plan over it needs ``--gpu-price cpu=X``.
+GPU_PRICES_PER_HOUR: dict[str, float] = {
+    "H100": 2.99,
+    "H100-PCIe": 2.49,
+    "H200": 3.99,
+    "B200": 4.99,
+    "A100-40G": 1.29,
+    "A100-80G": 1.79,
+    "L40S": 0.86,
+    "MI300X": 2.49,
+}
+
 # Other spellings users type (compared after ``_normalize``), by preset name.
 GPU_ALIASES: dict[str, tuple[str, ...]] = {
     "H100": ("h100-sxm", "h100-sxm5", "h100-80g", "h100-80gb", "h100-sxm-80gb"),

@@ -254,7 +254,8 @@ def _unique_keys_loader() -> type[Any]:
 
 # The built-in run: a burst of 2,048 requests in 256 prompt groups (4,096-token system
 # prompts), more distinct prefix than one H200's KV cache holds: the regime where the
-# waiting-queue policy decides the hit rate. ``make run`` sends it at 64 requests/s.
+# waiting-queue policy decides the hit rate. ``make run`` sends it at 8 requests/s, a load
+# one H200 sustains within its SLOs (``radixsched plan``); the README's burst table at 64.
 DEFAULT_WORKLOAD = "shared-prefix:groups=256,prompts=8,system_len=4096"
 
 MAIN_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "shortest-prefill-first")
