@@ -127,8 +127,9 @@ def _cli(*args: str) -> subprocess.Popen[bytes]:
 
 @pytest.fixture
 def dp2() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    (port,) = free_ports(1)
+    port, metrics_port = free_ports(2)
     proc = _cli("serve", "--model", MODEL, "--dp-size", "2", "--port", str(port),
+                "--metrics-port", str(metrics_port),
                 "--kv-slots", "4096", "--log-level", "warning")  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -159,11 +160,28 @@ def test_dp_size_serves_every_api_and_4xx_answers_open_no_circuit(
             assert c.post("/v1/completions", json={**body, "n": 2}).status_code == 400
         assert c.post("/v1/completions", json=body).status_code == 200
     workers = [w["url"] for w in httpx.get(url + "/workers").json()["workers"]]
+    _cluster_metrics_count_every_request(proc, workers)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     for w in workers:  # every part stopped with it
         with pytest.raises(httpx.TransportError):
             httpx.get(w + "/health", timeout=2)
+
+
+def _cluster_metrics_count_every_request(proc: subprocess.Popen[bytes], workers: list[str]) -> None:
+    """One scrape of the launcher's metrics port: each worker's counters and their total."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics_port = proc.args[proc.args.index("--metrics-port") + 1]  # type: ignore[union-attr]
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    finished: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "radixsched_requests_finished_total":  # one sample per finish reason
+                finished[s.labels["worker"]] = finished.get(s.labels["worker"], 0.0) + s.value
+    assert "all" in finished and set(finished) <= {*workers, "all"}
+    assert finished["all"] == sum(v for w, v in finished.items() if w != "all") >= 3
+    assert f'radixsched_cluster_worker_up{{worker="{workers[0]}"}} 1.0' in text
 
 
 @needs_router
@@ -305,3 +323,63 @@ def test_bench_through_the_router_and_simulate_agree_on_the_cluster_hit_rate(
     sim = ["simulate", "--dp", "2", "--router", "cache-aware", "--policy", "fcfs"]
     assert main([*sim, *args[:4], "--json", str(predicted)]) == 0
     assert abs(_hit_rate_of(served) - _hit_rate_of(predicted)) <= 0.05
+
+
+# ---- the cluster's metrics in one scrape ---------------------------------------------------------
+
+_WORKER_TEXT = """# HELP radixsched_prompt_tokens_total Prompt tokens.
+# TYPE radixsched_prompt_tokens_total counter
+radixsched_prompt_tokens_total {tokens}
+# HELP radixsched_kv_usage KV usage.
+# TYPE radixsched_kv_usage gauge
+radixsched_kv_usage {usage}
+"""
+
+
+def test_cluster_metrics_label_each_worker_and_sum_only_the_counters() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from radixsched.server.cluster_metrics import cluster_metrics
+
+    texts = {
+        "http://a:1/metrics": _WORKER_TEXT.format(tokens=10, usage=0.5),
+        "http://b:2/metrics": _WORKER_TEXT.format(tokens=32, usage=0.25),
+    }
+    text = cluster_metrics(["http://a:1", "http://b:2", "http://dead:3"], texts.get)
+    samples = {
+        (s.name, s.labels.get("worker")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("radixsched_prompt_tokens_total", "http://a:1")] == 10
+    assert samples[("radixsched_prompt_tokens_total", "http://b:2")] == 32
+    assert samples[("radixsched_prompt_tokens_total", "all")] == 42
+    assert samples[("radixsched_kv_usage", "http://b:2")] == 0.25
+    assert ("radixsched_kv_usage", "all") not in samples  # a sum of usages means nothing
+    assert samples[("radixsched_cluster_worker_up", "http://a:1")] == 1
+    assert samples[("radixsched_cluster_worker_up", "http://dead:3")] == 0
+
+
+def test_cluster_metrics_are_served_over_http() -> None:
+    import urllib.request
+
+    from radixsched.server.cluster_metrics import serve_cluster_metrics
+
+    server = serve_cluster_metrics("127.0.0.1", 0, ["http://127.0.0.1:9"])  # nothing listens
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = r.read().decode()
+        assert 'radixsched_cluster_worker_up{worker="http://127.0.0.1:9"} 0.0' in body
+    finally:
+        server.shutdown()
+
+
+def test_metrics_port_without_dp_size_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--model", MODEL, "--metrics-port", "9100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "radixsched: error: --metrics-port applies to --dp-size N only: add it, or drop this"
+    ]

@@ -169,6 +169,14 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         choices=ROUTER_POLICIES,
         help="sglang-router's routing policy with --dp-size (default: cache_aware)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="where the cluster's metrics are scraped: every worker's /metrics with a worker "
+        "label, and their totals (default: 0, a free port, printed at start)",
+    )
 
 
 def add_router_parser(sub: Any) -> argparse.ArgumentParser:
@@ -195,6 +203,14 @@ def add_router_parser(sub: Any) -> argparse.ArgumentParser:
         choices=ROUTER_POLICIES,
         help="routing policy (default: cache_aware)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="where the cluster's metrics are scraped: every worker's /metrics with a worker "
+        "label, and their totals (default: 0, a free port, printed at start)",
+    )
     p.set_defaults(func=cmd_router)
     return p
 
@@ -206,6 +222,8 @@ def cmd_router(args: argparse.Namespace) -> int:
     errors = [p for url in args.worker_urls if (p := url_problem(url, "--worker-urls"))]
     if not 1 <= args.port <= 65535:
         errors.append(f"--port must be between 1 and 65535, got {args.port}")
+    if not 0 <= args.metrics_port <= 65535:
+        errors.append(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
     if errors:
         return _error(CliError("\n".join(errors)))
     spec = ClusterSpec(
@@ -216,6 +234,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         serve_argv=(),
         threads_per_worker=None,
         worker_urls=tuple(u.rstrip("/") for u in args.worker_urls),
+        metrics_port=args.metrics_port,
     )
     return run_cluster(spec)
 
@@ -354,6 +373,8 @@ def check_cluster_args(args: argparse.Namespace, api_key: str | None) -> None:
         )
     if args.port == 0:
         raise _UsageError("--dp-size needs a --port other than 0 (the router's port)")
+    if not 0 <= args.metrics_port <= 65535:
+        raise _UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
 
 
 MAX_DP_SIZE = 64
@@ -370,6 +391,7 @@ def _serve_cluster(args: argparse.Namespace) -> int:
         policy=args.router_policy,
         serve_argv=tuple(args._argv),
         threads_per_worker=threads,
+        metrics_port=args.metrics_port,
     )
     return run_cluster(spec)
 
@@ -425,6 +447,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config, cpus = check_args(args)
         if args.dp_size != 1:
             check_cluster_args(args, api_key)
+        elif args.metrics_port != 0:
+            raise _UsageError("--metrics-port applies to --dp-size N only: add it, or drop this")
     except (_UsageError, CliError) as e:
         return _error(e)
     if args.dp_size != 1:

@@ -53,7 +53,7 @@ STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 15.0
 POLL_S = 0.25
 # Flags of `serve` the launcher sets itself for each worker (each takes one value).
-LAUNCHER_FLAGS = ("--dp-size", "--router-policy", "--host", "--port")
+LAUNCHER_FLAGS = ("--dp-size", "--router-policy", "--host", "--port", "--metrics-port")
 
 
 class ClusterError(Exception):
@@ -239,6 +239,8 @@ class ClusterSpec:
     threads_per_worker: int | None
     # Workers already running elsewhere (``radixsched router``): none is started here.
     worker_urls: tuple[str, ...] = ()
+    # Where the whole cluster's metrics are scraped (``server.cluster_metrics``); 0: a free port.
+    metrics_port: int = 0
 
 
 def start(spec: ClusterSpec, launcher: Sequence[str], cluster: Cluster) -> None:
@@ -275,6 +277,8 @@ def start(spec: ClusterSpec, launcher: Sequence[str], cluster: Cluster) -> None:
 def run_cluster(spec: ClusterSpec) -> int:
     """Run the cluster until a part exits (1) or SIGTERM/SIGINT (0); 2 when sglang-router is
     missing or a part does not start."""
+    from radixsched.server.cluster_metrics import serve_cluster_metrics
+
     launcher = router_launcher()
     if launcher is None:
         print(f"radixsched: error: {MISSING_ROUTER}", file=sys.stderr)
@@ -293,8 +297,12 @@ def run_cluster(spec: ClusterSpec) -> int:
                 return 0
             print(f"radixsched: error: {e}", file=sys.stderr)
             return 2
-        print(_serving_line(spec, cluster), file=sys.stderr, flush=True)
-        return _supervise(cluster)
+        metrics = serve_cluster_metrics(spec.host, spec.metrics_port, cluster.worker_urls)
+        print(_serving_line(spec, cluster, metrics.server_address[1]), file=sys.stderr, flush=True)
+        try:
+            return _supervise(cluster)
+        finally:
+            metrics.shutdown()
     finally:
         cluster.stop()
         for s, handler in previous.items():
@@ -315,9 +323,10 @@ def _supervise(cluster: Cluster) -> int:
     return 0
 
 
-def _serving_line(spec: ClusterSpec, cluster: Cluster) -> str:
+def _serving_line(spec: ClusterSpec, cluster: Cluster, metrics_port: int) -> str:
     return (
         f"routing to {spec.dp_size} workers with sglang-router ({spec.policy}) on "
         f"http://{spec.host}:{spec.port}: workers {' '.join(cluster.worker_urls)}; router pid "
-        f"{cluster.router.pid if cluster.router else '-'}"
+        f"{cluster.router.pid if cluster.router else '-'}; the cluster's metrics (every worker "
+        f"and their totals) on http://{spec.host}:{metrics_port}/metrics"
     )
