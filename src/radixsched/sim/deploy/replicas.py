@@ -146,8 +146,9 @@ def step_earliest(
 RunnerFactory = Callable[[Any, int, VirtualClock], Any]
 
 
-def clone_request(r: Req) -> Req:
-    """A fresh, unscheduled copy (prompt arrays are shared, never mutated)."""
+def clone_request(r: Req, *, arrival_time: float | None = None) -> Req:
+    """A fresh, unscheduled copy (prompt arrays are shared, never mutated), arriving at
+    ``arrival_time`` when given."""
     return Req(
         rid=r.rid,
         prompt_ids=r.prompt_ids,
@@ -157,7 +158,7 @@ def clone_request(r: Req) -> Req:
         extra_key=r.extra_key,
         cache_salt=r.cache_salt,
         tenant=r.tenant,
-        arrival_time=r.arrival_time,
+        arrival_time=r.arrival_time if arrival_time is None else arrival_time,
         scripted_output=r.scripted_output,
     )
 

@@ -58,7 +58,7 @@ class LoadedWorkload:
     trace_rate: float | None  # the trace's mean request rate (None: Poisson at a rate)
 
     def at(self, rate: float) -> Workload:
-        from radixsched.request import Req
+        from radixsched.sim.deploy.replicas import clone_request
         from radixsched.sim.workloads.load import load_workload
 
         if self.trace_rate is None:
@@ -70,21 +70,7 @@ class LoadedWorkload:
                 memo=self.memo,
             )
         scale = self.trace_rate / rate
-        reqs = [
-            Req(
-                rid=r.rid,
-                prompt_ids=r.prompt_ids,
-                sampling=r.sampling,
-                priority=r.priority,
-                routing_key=r.routing_key,
-                extra_key=r.extra_key,
-                cache_salt=r.cache_salt,
-                tenant=r.tenant,
-                arrival_time=r.arrival_time * scale,
-                scripted_output=r.scripted_output,
-            )
-            for r in self.base.requests
-        ]
+        reqs = [clone_request(r, arrival_time=r.arrival_time * scale) for r in self.base.requests]
         return Workload(
             name=self.base.name,
             params=self.base.params,
