@@ -31,8 +31,9 @@ from rich.console import Console
 from rich.table import Table
 
 from radixsched.config import SchedulerConfig
-from radixsched.sim.simulate import SimConfig, SimRun, simulate
-from radixsched.sim.workloads import load_workload
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.simulate import SimConfig, simulate
+from radixsched.sim.workloads.load import load_workload
 
 
 class Case(NamedTuple):

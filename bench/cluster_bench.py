@@ -48,7 +48,7 @@ from rich.table import Table
 from radixsched.cluster.routers import ROUTERS
 from radixsched.config import SchedulerConfig
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import Workload, load_workload, optimal_hit_rate
+from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
 
 REPO = Path(__file__).resolve().parent.parent
 FULL_TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")

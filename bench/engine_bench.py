@@ -7,7 +7,7 @@ sampling included). Decode: then ``--decode-steps`` steps of one token per reque
 tokens/s = batch / median step time. One untimed warm-up prefill + decode per model first.
 
 Part ``prefix``. The shared-prefix workload (``--prefix-workload``, a
-``radixsched.sim.workloads`` spec, default per model in ``PREFIX_WORKLOADS``; token ids taken modulo the model's vocabulary, all requests
+``radixsched.sim.workloads.load`` spec, default per model in ``PREFIX_WORKLOADS``; token ids taken modulo the model's vocabulary, all requests
 arriving at once) through ``Engine`` (the scheduler loop, greedy, ``ignore_eos``) with the radix
 cache on (``--prefix-policy``, default lpm) and disabled (fcfs, which is what a cache-aware policy
 falls back to without a cache). Reported per run: cache hit rate (cached / prompt tokens),
@@ -67,7 +67,7 @@ from radixsched.engine.runner import TorchRunner
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
 from radixsched.scheduler import StepOutcome
-from radixsched.sim.workloads import load_workload, optimal_hit_rate
+from radixsched.sim.workloads.load import load_workload, optimal_hit_rate
 
 # Per model: large enough that compute, not per-step overhead, dominates, small enough for about
 # a minute on one CPU thread (other models get the SmolLM2 size).

@@ -55,7 +55,7 @@ def _start(model: str) -> tuple[subprocess.Popen[bytes], str]:
 
     port = _port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "radixsched.cli", "serve", "--model", model, "--port", str(port)]
+    cmd = [sys.executable, "-m", "radixsched", "serve", "--model", model, "--port", str(port)]
     proc = subprocess.Popen(
         [*cmd, "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -83,7 +83,7 @@ def _predict(
     from radixsched.config import SchedulerConfig
     from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
     from radixsched.sim.simulate import SimConfig, simulate
-    from radixsched.sim.workloads import load_workload
+    from radixsched.sim.workloads.load import load_workload
 
     # bench's defaults for params the spec leaves out, as the measured runs had them.
     wl = load_workload(
@@ -113,7 +113,7 @@ def _median_and_spread(samples: list[dict[str, float]]) -> dict[str, tuple[float
 def measure(
     model: str, tmp: Path, repeat: int, workload: str | None = None
 ) -> list[dict[str, Any]]:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
     from radixsched.server.bench import BenchConfig, run_bench
 
     workload = workload or WORKLOADS[model]

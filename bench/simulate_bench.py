@@ -168,7 +168,7 @@ def _run(
     ``policy`` may list several. ``cache``: the prompt cache's folder (None: off)."""
     out = tmp / "result.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "radixsched.cli", "simulate", "--workload", f"{kind}:{path}",
+    cmd = [sys.executable, "-m", "radixsched", "simulate", "--workload", f"{kind}:{path}",
            "--policy", policy, "--json", str(out), *extra]  # fmt: skip
     env = dict(os.environ)
     if cache is not None:

@@ -1,7 +1,7 @@
 """Mutation check of the accelerators: does the equivalence suite notice a broken fast path?
 
 Each mutant below is a plausible bug in ``radixsched/fast`` or in the simulator's scalar fast
-paths (``sim/costmodel.py``): a memo not re-pointed, a flag that says "in order" when the list
+paths (``sim/cost/``): a memo not re-pointed, a flag that says "in order" when the list
 is not, a tie number on the wrong side, a jump that ignores a stop... For each one, a copy of the package with that one change is put first on
 ``PYTHONPATH`` and the accelerator tests run against it (``-x``: the first failure kills the
 mutant). A mutant that survives is a fast-path bug the tests would not catch: add the test that
@@ -238,25 +238,25 @@ MUTANTS = (
     ),
     Mutant(
         "decode-loop-context-stride-one",
-        "sim/costmodel.py",
+        "sim/cost/roofline.py",
         "            ctxs = [total_ctx + k * b for k in range(num_steps)]",
         "            ctxs = [total_ctx + k for k in range(num_steps)]",
     ),
     Mutant(
         "scalar-step-drops-host-load",
-        "sim/costmodel.py",
+        "sim/cost/runner.py",
         "                new + len(decode), attn + ctx, kv + ctx, host, entries, len(extend)",
         "                new + len(decode), attn + ctx, kv + ctx, 0, entries, len(extend)",
     ),
     Mutant(
         "single-decode-step-one-entry-short",
-        "sim/costmodel.py",
+        "sim/cost/roofline.py",
         "            return np.array([step(b, total_ctx, total_ctx, 0, b)], dtype=np.float64)",
         "            return np.array([step(b, total_ctx, total_ctx, 0, b - 1)], dtype=np.float64)",
     ),
     Mutant(
         "scalar-tokens-ignore-stop-ids",
-        "sim/costmodel.py",
+        "sim/cost/runner.py",
         "                if r.sampling.stop_token_ids or r.scripted_output is not None:\n                    break",
         "                if r.scripted_output is not None:\n                    break",
     ),
@@ -292,37 +292,37 @@ MUTANTS = (
     ),
     Mutant(
         "closed-loop-jumps-past-other-replicas",
-        "sim/replicas.py",
+        "sim/deploy/replicas.py",
         "    if reply_s is not None:",
         "    if False:",
     ),
     Mutant(
         "lookahead-ignores-stop-ids",
-        "sim/replicas.py",
+        "sim/deploy/replicas.py",
         "            return now + floor\n",
         "            pass\n",
     ),
     Mutant(
         "lookahead-ignores-waiting-requests",
-        "sim/replicas.py",
+        "sim/deploy/replicas.py",
         "    to_go = [*s.decode_tokens_to_go(), *(r.remaining_new_tokens for r in queued)]",
         "    to_go = [*s.decode_tokens_to_go()]",
     ),
     Mutant(
         "lookahead-reads-deferred-request-fields",
-        "sim/replicas.py",
+        "sim/deploy/replicas.py",
         "    to_go = [*s.decode_tokens_to_go(), ",
         "    to_go = [*(r.remaining_new_tokens for r in s.running), ",
     ),
     Mutant(
         "lookahead-one-step-too-far",
-        "sim/replicas.py",
+        "sim/deploy/replicas.py",
         "    return now + max(min(to_go, default=1), 1) * floor",
         "    return now + (max(min(to_go, default=1), 1) + 1) * floor",
     ),
     Mutant(
         "step-floor-reads-every-expert",
-        "sim/costmodel.py",
+        "sim/cost/roofline.py",
         "        weights = max(m.shared_params * m.dtype_bytes if m.is_moe else m.weight_bytes, 0.0)",
         "        weights = max(m.weight_bytes, 0.0)",
     ),

@@ -48,7 +48,7 @@ def torch_one_thread() -> Iterator[None]:
 def built_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Records how many token blocks each Mooncake prompt build generates (one entry a call):
     a test of prompt reuse counts the builds."""
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     built: list[int] = []
     real = workloads._block_table

@@ -13,13 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
 from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS
-from radixsched.sim.calibration_file import read_calibration
-from radixsched.sim.result_files import read_result_file
+from radixsched.sim.calibrate.measured import read_result_file
+from radixsched.sim.cost.calibration_file import read_calibration
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import load_workload
+from radixsched.sim.workloads.load import load_workload
 
 # 512-token questions behind a 192-token shared prompt, 32 output tokens: the engine is the
 # bottleneck (a prefill takes about 8 ms), not the client and the HTTP process that share the

@@ -160,7 +160,7 @@ WORKLOADS: dict[str, Callable[[], tuple[str, float | None, int | None]]] = {
 
 @cache
 def _load(name: str) -> Any:
-    from radixsched.sim.workloads import load_workload
+    from radixsched.sim.workloads.load import load_workload
 
     spec, rate, n = WORKLOADS[name]()
     return load_workload(spec, request_rate=rate, num_requests=n)

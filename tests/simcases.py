@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from radixsched.request import Req, SamplingParams
-from radixsched.sim.workloads import Workload
+from radixsched.sim.workloads.load import Workload
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "mooncake_sample.jsonl"

@@ -21,10 +21,11 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from radixsched import cli_bench, cli_serve
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.request import Req, SamplingParams
+from radixsched.results.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS, STATS_KEYS
 from radixsched.server.app import ServerThread, create_app, engine_for_model
 from radixsched.server.bench import (
     BenchConfig,
@@ -37,7 +38,6 @@ from radixsched.server.bench import (
     load_bench_workload,
     run_bench,
 )
-from radixsched.sim.metrics import ADDITIONAL_KEYS, REQUIRED_KEYS, STATS_KEYS
 
 WORKLOAD = "shared-prefix:groups=4,prompts=6,system_len=120,question_len=16,output_len=8"
 
@@ -349,7 +349,7 @@ def test_timeouts_say_what_timed_out() -> None:
 
 
 def test_rate_parsing() -> None:
-    from radixsched.sim.runconfig import RunConfigError, parse_rate
+    from radixsched.sim.settings.limits import RunConfigError, parse_rate
 
     assert math.isinf(parse_rate("inf") or 0.0)
     assert parse_rate("2.5") == 2.5 and parse_rate(None) is None

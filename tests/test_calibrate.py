@@ -16,17 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
-from radixsched.sim.calibrate import build_replay, fit, predict
-from radixsched.sim.calibration_file import check_fitted_on, read_calibration
-from radixsched.sim.costmodel import CalibratedCostModel, CostModel, load_cost_model
-from radixsched.sim.result_files import (
-    MeasuredRun,
-    ResultFileError,
-    read_result_file,
-)
-from radixsched.sim.simconfig import SimConfig
+from radixsched.sim.calibrate.fit import build_replay, fit, predict
+from radixsched.sim.calibrate.measured import MeasuredRun, ResultFileError, read_result_file
+from radixsched.sim.cost.build import load_cost_model
+from radixsched.sim.cost.calibration_file import check_fitted_on, read_calibration
+from radixsched.sim.cost.roofline import CostModel
+from radixsched.sim.cost.table import CalibratedCostModel
+from radixsched.sim.settings.simconfig import SimConfig
 
 DATA = Path(__file__).parent / "data" / "calibration"
 SGLANG = DATA / "sglang_bench_serving.jsonl"
@@ -168,15 +166,15 @@ def test_calibrate_cli_writes_a_file_simulate_reads(
 def test_calibration_used_for_another_model_or_gpu_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from radixsched.sim.calibration_file import write_calibration
-    from radixsched.sim.simconfig import cost_model_of
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.calibration_file import write_calibration
 
     p = tmp_path / "other.json"
     write_calibration(p, constants={"mfu": 0.4}, fitted_on={"model": "Llama-3.1-8B", "gpu": "a100"})
     cal = read_calibration(p)
     assert check_fitted_on(cal, model="llama-3.1-8b", gpu="A100-80G") == []
     with caplog.at_level(logging.WARNING):
-        cost = cost_model_of(SimConfig(model="qwen2.5-7b", gpu="h100", calibration=str(p)))
+        cost = build_cost_model(SimConfig(model="qwen2.5-7b", gpu="h100", calibration=str(p)))
     assert cost.mfu == 0.4
     text = caplog.text
     assert "fitted on model 'Llama-3.1-8B'" in text and "fitted on gpu 'a100'" in text
@@ -198,7 +196,7 @@ def test_calibration_used_for_another_model_or_gpu_warns(
     ],
 )
 def test_bad_calibration_documents(tmp_path: Path, doc: dict, match: str) -> None:
-    from radixsched.sim.costmodel import CalibrationError
+    from radixsched.sim.cost.table import CalibrationError
 
     p = tmp_path / "c.json"
     p.write_text(json.dumps(doc))
@@ -207,7 +205,7 @@ def test_bad_calibration_documents(tmp_path: Path, doc: dict, match: str) -> Non
 
 
 def test_a_calibration_document_may_carry_a_step_table(tmp_path: Path) -> None:
-    from radixsched.sim.calibration_file import write_calibration
+    from radixsched.sim.cost.calibration_file import write_calibration
 
     p = tmp_path / "t.json"
     rows = [

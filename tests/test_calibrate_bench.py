@@ -12,15 +12,16 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import load_model
 from radixsched.server.app import ServerThread, create_app, engine_for_model
 from radixsched.server.bench import BENCH_WORKLOAD_DEFAULTS, sweep_rates
-from radixsched.sim.calibrate import build_replay
-from radixsched.sim.costmodel import CalibratedCostModel, load_cost_model
-from radixsched.sim.result_files import read_result_file
-from radixsched.sim.simconfig import SimConfig
+from radixsched.sim.calibrate.fit import build_replay
+from radixsched.sim.calibrate.measured import read_result_file
+from radixsched.sim.cost.build import load_cost_model
+from radixsched.sim.cost.table import CalibratedCostModel
+from radixsched.sim.settings.simconfig import SimConfig
 
 WORKLOAD = "shared-prefix:groups=2,prompts=4,system_len=64,question_len=16,output_len=6"
 

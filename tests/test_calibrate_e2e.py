@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from fidelity import WORKLOAD, failures, held_out_processes, predict_held_out, stats_of
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.server.bench import BenchConfig, run_bench
 from served import wait_healthy
 
@@ -62,7 +62,7 @@ def server_url() -> Iterator[str]:
     proc = subprocess.Popen(
         [
             sys.executable,
-            *("-m", "radixsched.cli", "serve", "--model", "tiny-random"),
+            *("-m", "radixsched", "serve", "--model", "tiny-random"),
             *("--port", str(port), "--log-level", "warning"),
         ],
         env=env,

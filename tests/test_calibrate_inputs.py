@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from radixsched.cli import main
-from radixsched.sim.calibration_file import read_calibration, write_calibration
-from radixsched.sim.costmodel import CalibrationError
-from radixsched.sim.result_files import ResultFileError, read_result_file
+from radixsched.cli.main import main
+from radixsched.sim.calibrate.measured import ResultFileError, read_result_file
+from radixsched.sim.cost.calibration_file import read_calibration, write_calibration
+from radixsched.sim.cost.table import CalibrationError
 
 DATA = Path(__file__).parent / "data" / "calibration"
 VLLM = DATA / "vllm_benchmark_serving.json"
@@ -274,7 +274,7 @@ def test_bad_sweep_documents(tmp_path: Path, doc: dict[str, Any], match: str) ->
 def test_a_request_without_tokens_or_error_keeps_the_prompts_regenerated(tmp_path: Path) -> None:
     """The ids of the successful requests line up with them, so the replay still regenerates
     the very prompts bench sent (shared prefixes), not request-unique ones."""
-    from radixsched.sim.calibrate import _replay_requests
+    from radixsched.sim.calibrate.fit import _replay_requests
 
     doc = _bench_run(_set("requests.3.token_times", []))
     (run,) = read_result_file(_write(tmp_path / "b.json", doc))
@@ -287,7 +287,7 @@ def test_a_request_without_tokens_or_error_keeps_the_prompts_regenerated(tmp_pat
 def test_a_workload_that_does_not_regenerate_the_prompts_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from radixsched.sim.calibrate import _replay_requests
+    from radixsched.sim.calibrate.fit import _replay_requests
 
     spec = "shared-prefix:groups=2,prompts=2"
     (run,) = read_result_file(
@@ -386,8 +386,8 @@ def test_runs_without_successes_are_named(
     assert f"{failed}: concurrency 4: 4 failed" in err and f"{zero}: concurrency 4: 4 failed" in err
 
     # Beside a run that succeeded, one without successes is left out, with a warning.
-    import radixsched.sim.calibrate as calibrate
-    from radixsched.sim.costmodel import CONSTANTS
+    import radixsched.sim.calibrate.fit as calibrate
+    from radixsched.sim.cost.roofline import CONSTANTS
 
     fitted: list[list[str]] = []
 

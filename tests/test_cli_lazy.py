@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from radixsched.cli import build_parser, main
-from radixsched.cli_common import COMMAND_HELP
+from radixsched.cli.common import COMMAND_HELP
+from radixsched.cli.main import build_parser, main
 
 
 def _modules_after(argv: list[str]) -> set[str]:
     code = (
-        "import sys\nfrom radixsched.cli import build_parser\n"
+        "import sys\nfrom radixsched.cli.main import build_parser\n"
         f"build_parser({argv!r})\nprint('\\n'.join(sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -23,16 +23,16 @@ def _modules_after(argv: list[str]) -> set[str]:
 
 def test_simulate_imports_no_other_command() -> None:
     mods = _modules_after(["simulate", "--policy", "lpm"])
-    assert "radixsched.sim.workloads" in mods  # its own epilog was built
-    for other in ("radixsched.server.bench", "radixsched.sim.sweep", "radixsched.cli_serve"):
+    assert "radixsched.sim.workloads.load" in mods  # its own epilog was built
+    for other in ("radixsched.server.bench", "radixsched.sim.sweep.config", "radixsched.cli.serve"):
         assert other not in mods, other
     assert "torch" not in mods and "fastapi" not in mods
 
 
 def test_serve_does_not_build_simulate() -> None:
     mods = _modules_after(["serve", "--model", "tiny-random"])
-    assert "radixsched.cli_serve" in mods
-    assert "radixsched.sim.workloads" not in mods and "radixsched.sim.sweep" not in mods
+    assert "radixsched.cli.serve" in mods
+    assert "radixsched.sim.workloads.load" not in mods and "radixsched.sim.sweep.config" not in mods
 
 
 def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from radixsched.policies import POLICIES
-from radixsched.sim.metrics import REQUEST_COLUMNS
-from radixsched.sim.presets import GPUS
-from radixsched.sim.runconfig import RATE_RULE
-from radixsched.sim.workloads import WORKLOADS
+from radixsched.results.metrics import REQUEST_COLUMNS
+from radixsched.sim.cost.hardware import GPUS
+from radixsched.sim.settings.runconfig import RATE_RULE
+from radixsched.sim.workloads.load import WORKLOADS
 
 SMALL = "shared-prefix:groups=4,prompts=4,system_len=256,question_len=32,output_len=16"
 SAMPLE = Path(__file__).parent / "data" / "mooncake_sample.jsonl"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.policies import POLICIES
 
 SMALL = "shared-prefix:groups=4,prompts=4,system_len=256,question_len=32,output_len=16"
@@ -128,7 +128,7 @@ def test_csv_has_one_row_per_policy(outputs: dict[str, Path]) -> None:
 
 
 def test_report_is_a_self_contained_html_file(outputs: dict[str, Path]) -> None:
-    from radixsched.sim.report import plotly_js
+    from radixsched.results.charts import plotly_js
 
     html = outputs["report"].read_text(encoding="utf-8")
     assert html.lstrip().lower().startswith("<!doctype html")

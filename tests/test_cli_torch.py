@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from radixsched.cli import main
-from radixsched.cli_common import default_threads
+from radixsched.cli.common import default_threads
+from radixsched.cli.main import main
 from radixsched.engine.smollm2 import find_smollm2_gguf
 from radixsched.server.process import MIN_TOKENS_PER_RUNNING
 

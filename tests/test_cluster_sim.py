@@ -12,8 +12,9 @@ import pytest
 from radixsched.cluster.routers import ROUTERS
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
-from radixsched.sim.simulate import SimConfig, SimRun, simulate
-from radixsched.sim.workloads import Workload, load_workload
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.simulate import SimConfig, simulate
+from radixsched.sim.workloads.load import Workload, load_workload
 
 # 32 system prompts of 2k tokens, 8 questions each, at 50 req/s. The cluster's KV (8 x 20k
 # tokens) holds every system prompt only if each replica keeps its own groups.
@@ -173,7 +174,8 @@ def test_hicache_per_replica_split() -> None:
 
 
 def test_host_tier_pages_are_whole_device_pages() -> None:
-    from radixsched.sim.simulate import _build_replica, build_cost_model
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.deploy.replicas import _build_replica
 
     sim = SimConfig(max_total_tokens=4000, enable_hierarchical_cache=True, hicache_page_size=40)
     rep = _build_replica(0, SchedulerConfig(page_size=16), sim, build_cost_model(sim), 4000)
@@ -187,7 +189,8 @@ def test_host_tier_pages_are_whole_device_pages() -> None:
 
 
 def _replica(accelerate: bool, **sched: Any) -> Any:
-    from radixsched.sim.simulate import _build_replica, build_cost_model
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.deploy.replicas import _build_replica
 
     sim = SimConfig(max_total_tokens=50_000)
     cost = build_cost_model(sim)
@@ -203,7 +206,7 @@ def _req(rid: str, out: int, stops: tuple[int, ...] = ()) -> Req:
 def test_earliest_finish_is_the_fewest_tokens_to_go_times_the_step_floor(
     accelerate: bool,
 ) -> None:
-    from radixsched.sim.replicas import earliest_finish
+    from radixsched.sim.deploy.replicas import earliest_finish
 
     rep = _replica(accelerate)
     floor = rep.min_step_s
@@ -232,14 +235,15 @@ def test_earliest_finish_is_the_fewest_tokens_to_go_times_the_step_floor(
 
 
 def test_replicas_without_a_known_step_floor_do_not_look_ahead() -> None:
-    from radixsched.sim.simulate import _build_replica, build_cost_model
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.deploy.replicas import _build_replica
 
     sim = SimConfig(max_total_tokens=50_000, enable_hierarchical_cache=True, hicache_size=1.0)
     host = _build_replica(0, SchedulerConfig(), sim, build_cost_model(sim), 50_000)
     assert host.min_step_s == 0.0  # its loads hold device KV the lookahead does not count
 
     def recorder(cost: Any, seed: int, clock: Any) -> Any:
-        from radixsched.sim.costmodel import CostModelRunner
+        from radixsched.sim.cost.runner import CostModelRunner
 
         return CostModelRunner(cost, seed=seed)
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from radixsched.sim import sweep
-from radixsched.sim.sweep import SweepConfig, SweepError, validate_points
+from radixsched.cli import sweep
+from radixsched.sim.sweep.config import SweepConfig, SweepError, validate_points
+from radixsched.sim.sweep.result import run_sweep
 
 WORKLOAD = "shared-prefix:groups=2,prompts=2,system_len=32,question_len=8,output_len=4"
 
@@ -122,9 +123,7 @@ def test_non_finite_values_are_written_to_the_json(tmp_path: Path) -> None:
     cfg = SweepConfig.from_mapping(
         {"vary": {"request_rate": [math.inf, 10]}, "best": "hit_rate", "metrics": ["hit_rate"]}
     )
-    result = sweep.run_sweep(
-        cfg, run_fn=lambda s: {"hit_rate": 0.5 if s["request_rate"] < 20 else 0.9}
-    )
+    result = run_sweep(cfg, run_fn=lambda s: {"hit_rate": 0.5 if s["request_rate"] < 20 else 0.9})
     result.write(tmp_path)
     doc = json.loads((tmp_path / "sweep.json").read_text())
     assert doc["sweep"]["vary"]["request_rate"] == ["inf", 10]
@@ -283,7 +282,7 @@ def test_bench_flags_fail_before_any_request(
     no_requests: None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     args: list[str], needle: str,
 ) -> None:  # fmt: skip
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     extra = ["--json", str(tmp_path / "b.json")] if "--sweep" in args else []
     assert main([*BENCH, *args, *extra]) == 2
@@ -294,7 +293,7 @@ def test_bench_flags_fail_before_any_request(
 def test_bench_never_writes_over_its_trace_or_its_other_output(
     no_requests: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     text = '{"input_length": 40, "output_length": 2}\n'
     trace = write(tmp_path / "t.jsonl", text)
@@ -349,7 +348,7 @@ GENERATE = ["generate", "--model", "tiny-random", "--max-new-tokens", "2"]
 def test_generate_flags_fail_before_the_model_loads(
     no_model: None, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
 ) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     assert main([*GENERATE, "--prompt", "hi", *args]) == 2
     (line,) = error_lines(capsys.readouterr().err)
@@ -359,7 +358,7 @@ def test_generate_flags_fail_before_the_model_loads(
 def test_generate_prompts_and_json_paths_fail_before_the_model_loads(
     no_model: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     assert main([*GENERATE, "--prompt", "ok", "--prompt", "x\udcfe"]) == 2
     (line,) = error_lines(capsys.readouterr().err)
@@ -375,7 +374,7 @@ def test_generate_never_writes_over_the_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("torch")
-    from radixsched.cli import main
+    from radixsched.cli.main import main
     from radixsched.engine import loader
 
     real = loader.load_model
@@ -395,7 +394,7 @@ def test_generate_never_writes_over_the_model(
 
 def test_generate_kv_pool_too_big_for_memory_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     assert main([*GENERATE, "--prompt", "hi", "--kv-slots", "99999999999"]) == 2
     (line,) = error_lines(capsys.readouterr().err)
@@ -407,7 +406,7 @@ def test_generate_huge_max_new_tokens_is_capped_to_the_context(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pytest.importorskip("torch")
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     argv = ["generate", "--model", "tiny-random", "--prompt", "hi", "--threads", "1",
             "--max-new-tokens", "99999999999", "--context-len", "32", "--ignore-eos", "--json"]  # fmt: skip
@@ -422,7 +421,7 @@ def test_generate_model_errors_name_the_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("torch")
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     folder = tmp_path / "m"
     folder.mkdir()

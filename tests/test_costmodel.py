@@ -15,19 +15,18 @@ from hypothesis import strategies as st
 
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
-from radixsched.sim.costmodel import (
-    CalibratedCostModel,
-    CalibrationError,
+from radixsched.sim.cost.build import load_cost_model
+from radixsched.sim.cost.hardware import GPUS, MIB, MODELS, PresetError, get_gpu
+from radixsched.sim.cost.models import get_model
+from radixsched.sim.cost.roofline import (
     CostModel,
     CostModelError,
-    CostModelRunner,
     StepShape,
     decode_shape,
-    load_calibration,
-    load_cost_model,
     shape_of,
 )
-from radixsched.sim.presets import GPUS, MIB, MODELS, PresetError, get_gpu, get_model
+from radixsched.sim.cost.runner import CostModelRunner
+from radixsched.sim.cost.table import CalibratedCostModel, CalibrationError, load_calibration
 
 EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -378,8 +377,8 @@ def test_stand_in_tokens_are_deterministic_seeded_and_avoid_stop_ids() -> None:
 
 def test_simulator_modules_never_import_torch() -> None:
     code = (
-        "import sys, radixsched.sim.costmodel, radixsched.sim.workloads, "
-        "radixsched.sim.presets; assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys, radixsched.sim.cost.roofline, radixsched.sim.workloads.load, "
+        "radixsched.sim.cost.hardware; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -20,21 +20,12 @@ from hypothesis import strategies as st
 
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
-from radixsched.sim.costmodel import (
-    CalibratedCostModel,
-    CalibrationTable,
-    CostModel,
-    CostModelRunner,
-    StepShape,
-    _splitmix64_inplace,
-    _splitmix64_int,
-    _stand_in,
-    _stand_ins,
-    decode_shape,
-    shape_of,
-    splitmix64,
-)
-from radixsched.sim.presets import get_gpu, get_model
+from radixsched.sim.cost.hardware import get_gpu
+from radixsched.sim.cost.models import get_model
+from radixsched.sim.cost.roofline import CostModel, StepShape, decode_shape, shape_of
+from radixsched.sim.cost.runner import CostModelRunner, _stand_in, _stand_ins
+from radixsched.sim.cost.splitmix import _splitmix64_inplace, _splitmix64_int, splitmix64
+from radixsched.sim.cost.table import CalibratedCostModel, CalibrationTable
 
 EMPTY = np.zeros(0, dtype=np.int64)
 U64 = st.integers(0, 2**64 - 1)

@@ -14,16 +14,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
-from radixsched.sim.arrivals import scheduler_arrivals
-from radixsched.sim.costmodel import CostModel, CostModelError, load_cost_model, shape_of
-from radixsched.sim.hfconfig import ModelConfigError, load_hf_config, resolve_model
-from radixsched.sim.presets import get_gpu, get_model
+from radixsched.sim.cost.build import load_cost_model
+from radixsched.sim.cost.hardware import get_gpu
+from radixsched.sim.cost.hfconfig import ModelConfigError, load_hf_config
+from radixsched.sim.cost.models import get_model, resolve_model
+from radixsched.sim.cost.roofline import CostModel, CostModelError, shape_of
+from radixsched.sim.deploy.closed_loop import scheduler_arrivals
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import Workload
+from radixsched.sim.workloads.load import Workload
 
 EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -386,7 +388,8 @@ def test_config_file_takes_the_cost_model_engine_mode_and_closed_loop_keys(
 
 
 def test_sweep_settings_apply_the_engine_mode() -> None:
-    from radixsched.sim.runconfig import check, resolve
+    from radixsched.sim.preflight import check
+    from radixsched.sim.settings.runconfig import resolve
 
     rs = resolve({"engine_mode": "vllm", "max_running_requests": 32})
     cfg = rs.scheduler_config()

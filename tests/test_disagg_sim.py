@@ -17,12 +17,14 @@ import pytest
 import golden
 from radixsched.cache.base import IntegrityError
 from radixsched.config import SchedulerConfig
-from radixsched.sim import disagg_loop
-from radixsched.sim.disagg import KVLinks, LinkModel, gpu_count
-from radixsched.sim.presets import LINKS, PresetError, get_link
-from radixsched.sim.simulate import SimConfig, SimRun, simulate
-from radixsched.sim.sweep import SweepConfig, run_sweep, validate_points
-from radixsched.sim.workloads import Workload, load_workload
+from radixsched.sim.cost.hardware import LINKS, PresetError, get_link
+from radixsched.sim.deploy import disagg_loop
+from radixsched.sim.deploy.disagg import KVLinks, LinkModel, gpu_count
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.simulate import SimConfig, simulate
+from radixsched.sim.sweep.config import SweepConfig, validate_points
+from radixsched.sim.sweep.result import run_sweep
+from radixsched.sim.workloads.load import Workload, load_workload
 
 SAMPLE = Path(__file__).parent / "data" / "mooncake_sample.jsonl"
 SHARED = "shared-prefix:groups=6,prompts=5,system_len=700,question_len=90,output_len=40"
@@ -357,7 +359,7 @@ def test_the_example_sweep_is_valid() -> None:
 def test_simulate_cli_outputs_show_both_roles(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     out, rep = tmp_path / "r.json", tmp_path / "r.html"
     code = main([
@@ -383,7 +385,7 @@ def test_simulate_cli_outputs_show_both_roles(
 
 
 def test_a_run_config_can_split_the_deployment(tmp_path: Path) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
@@ -411,7 +413,7 @@ def test_a_run_config_can_split_the_deployment(tmp_path: Path) -> None:
 def test_bad_disaggregation_settings_are_one_line_errors(
     args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     assert main(["simulate", "--quiet", "--workload", SHARED, *args]) == 2
     out, err = capsys.readouterr()
@@ -419,7 +421,8 @@ def test_bad_disaggregation_settings_are_one_line_errors(
 
 
 def test_disaggregation_mode_is_not_a_run_setting(tmp_path: Path) -> None:
-    from radixsched.sim.runconfig import check, resolve
+    from radixsched.sim.preflight import check
+    from radixsched.sim.settings.runconfig import resolve
 
     errors = check(resolve({"disaggregation_mode": "decode"}))
     assert any("set per instance role" in e for e in errors)
@@ -432,7 +435,7 @@ def test_the_simulator_path_never_imports_torch() -> None:
         "import sys\n"
         "from radixsched.config import SchedulerConfig\n"
         "from radixsched.sim.simulate import SimConfig, simulate\n"
-        "from radixsched.sim.workloads import load_workload\n"
+        "from radixsched.sim.workloads.load import load_workload\n"
         f"w = load_workload({SHARED!r}, request_rate=50.0, num_requests=8)\n"
         "simulate(w, SchedulerConfig(), SimConfig(disaggregation=True, decode_instances=2))\n"
         "assert 'torch' not in sys.modules\n"

@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("torch")
 import torch
 
-from radixsched.cli import main as cli_main
+from radixsched.cli.main import main as cli_main
 from radixsched.config import SchedulerConfig
 from radixsched.engine.config import SHAPE_PRESETS
 from radixsched.engine.loader import LoadedModel, load_model
@@ -413,7 +413,7 @@ def test_cli_generate_rejected_prompt_exits_1(capsys: pytest.CaptureFixture[str]
 def test_cli_parser_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from radixsched.cli import build_parser\n"
+        "from radixsched.cli.main import build_parser\n"
         "build_parser().parse_args(['generate', '--model', 'm', '--prompt', 'p'])\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

@@ -283,14 +283,14 @@ def test_the_engine_process_runs_on_the_cpus_it_is_given() -> None:
     ],
 )
 def test_engine_cpus_are_checked(text: str, single: bool, match: str) -> None:
-    from radixsched.cli_serve import _UsageError, engine_cpus
+    from radixsched.cli.serve import _UsageError, engine_cpus
 
     with pytest.raises(_UsageError, match=match):
         engine_cpus(text, single_process=single)
 
 
 def test_engine_cpus_leave_the_server_a_cpu() -> None:
-    from radixsched.cli_serve import _UsageError, engine_cpus
+    from radixsched.cli.serve import _UsageError, engine_cpus
 
     usable = sorted(os.sched_getaffinity(0))
     spec = ",".join(map(str, usable))

@@ -29,9 +29,10 @@ from radixsched.fast.matching import IncrementalMatcher
 from radixsched.fast.orders import Engine
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.request import Req, SamplingParams
-from radixsched.sim import replicas
-from radixsched.sim.simulate import SimConfig, SimRun, simulate
-from radixsched.sim.workloads import Workload, load_workload
+from radixsched.sim.deploy import replicas
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.simulate import SimConfig, simulate
+from radixsched.sim.workloads.load import Workload, load_workload
 from simcases import random_lengths
 
 RECORDED: dict[str, Any] = json.loads(golden.GOLDEN.read_text())

@@ -28,8 +28,9 @@ from hypothesis import strategies as st
 
 import golden
 from radixsched.config import SchedulerConfig
-from radixsched.sim.simulate import SimConfig, SimRun, simulate
-from radixsched.sim.workloads import Workload, load_workload
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.simulate import SimConfig, simulate
+from radixsched.sim.workloads.load import Workload, load_workload
 from simcases import random_lengths
 
 EXAMPLES = int(os.environ.get("RADIXSCHED_FUZZ_EXAMPLES", "60"))

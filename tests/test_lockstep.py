@@ -15,8 +15,10 @@ from radixsched.clock import VirtualClock
 from radixsched.cluster.delayer import DelayReason, PrefillDelayer
 from radixsched.config import SchedulerConfig
 from radixsched.request import FinishReason, Req, SamplingParams
+from radixsched.results.metrics import TimeSeries
 from radixsched.scheduler import Scheduler
-from radixsched.sim.lockstep import (
+from radixsched.sim.cost.build import build_cost_model
+from radixsched.sim.deploy.lockstep import (
     LockstepGates,
     LockstepStats,
     _GateRecorder,
@@ -25,9 +27,10 @@ from radixsched.sim.lockstep import (
     max_request_delay,
     run_lockstep,
 )
-from radixsched.sim.metrics import TimeSeries
-from radixsched.sim.simulate import SimConfig, SimRun, _build_replica, build_cost_model, simulate
-from radixsched.sim.workloads import Workload, load_workload
+from radixsched.sim.deploy.replicas import SimRun, _build_replica
+from radixsched.sim.settings.simconfig import SimConfig
+from radixsched.sim.simulate import simulate
+from radixsched.sim.workloads.load import Workload, load_workload
 
 # Small enough for check_integrity on every pass; busy enough that ranks prefill at
 # different times when nothing aligns them.

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.request import FinishReason, FinishState, Req
-from radixsched.sim.metrics import (
+from radixsched.results.metrics import (
     ADDITIONAL_KEYS,
     REQUEST_COLUMNS,
     REQUIRED_KEYS,

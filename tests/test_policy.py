@@ -50,9 +50,11 @@ from radixsched.policies import (
 )
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue
 from radixsched.request import Req, SamplingParams
-from radixsched.sim.costmodel import CostModelRunner
-from radixsched.sim.simulate import SimConfig, build_cost_model, simulate
-from radixsched.sim.workloads import load_workload
+from radixsched.sim.cost.build import build_cost_model
+from radixsched.sim.cost.runner import CostModelRunner
+from radixsched.sim.settings.simconfig import SimConfig
+from radixsched.sim.simulate import simulate
+from radixsched.sim.workloads.load import load_workload
 
 # ---- helpers ------------------------------------------------------------------------------
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from radixsched.cli import main
+from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
+from radixsched.results.metrics import SloTargets
 from radixsched.sim import policy_runs
-from radixsched.sim.metrics import SloTargets
 from radixsched.sim.policy_runs import (
     REPORTS_PER_RUN,
     PolicyFailed,
@@ -30,9 +30,9 @@ from radixsched.sim.policy_runs import (
     default_jobs,
     run_policies,
 )
-from radixsched.sim.simconfig import SimConfig
+from radixsched.sim.settings.simconfig import SimConfig
 from radixsched.sim.simulate import simulate
-from radixsched.sim.workloads import load_workload
+from radixsched.sim.workloads.load import load_workload
 
 needs_fork = pytest.mark.skipif(not policy_runs.can_fork(), reason="processes cannot fork here")
 
@@ -201,7 +201,7 @@ def test_a_worker_that_dies_fails_the_command_instead_of_hanging() -> None:
 _ORPHAN_SCRIPT = """
 import os, sys, time
 from radixsched.sim.policy_runs import PolicyRuns, run_policies
-from radixsched.sim.workloads import load_workload
+from radixsched.sim.workloads.load import load_workload
 
 class Slow(PolicyRuns):
     def run(self, policy, report):

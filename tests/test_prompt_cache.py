@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from radixsched.config import SchedulerConfig
-from radixsched.sim import prompt_cache, workloads
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import Workload, load_workload
+from radixsched.sim.workloads import load as workloads
+from radixsched.sim.workloads import prompt_cache
+from radixsched.sim.workloads.load import Workload, load_workload
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "mooncake_sample.jsonl"

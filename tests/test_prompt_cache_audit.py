@@ -36,9 +36,10 @@ import numpy as np
 import pytest
 
 from radixsched.config import SchedulerConfig
-from radixsched.sim import prompt_cache, workloads
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import Workload, load_workload
+from radixsched.sim.workloads import load as workloads
+from radixsched.sim.workloads import prompt_cache
+from radixsched.sim.workloads.load import Workload, load_workload
 
 SAMPLE = Path(__file__).parent / "data" / "mooncake_sample.jsonl"
 
@@ -178,8 +179,8 @@ def test_a_trace_replaced_while_it_loads_never_maps_its_old_prompts(
 
 _TWO_THREADS = """
 import os, sys, threading
-from radixsched.sim import workloads
-from radixsched.sim.workloads import load_workload
+from radixsched.sim.workloads import load as workloads
+from radixsched.sim.workloads.load import load_workload
 
 spec = "mooncake:" + sys.argv[1]
 real_gather, real_reserve = workloads._gather, os.posix_fallocate
@@ -243,7 +244,7 @@ def test_two_threads_building_one_trace_neither_crash_nor_corrupt(
 
 _KILLED_BUILD = """
 import os, signal, sys
-from radixsched.sim import workloads
+from radixsched.sim.workloads import load as workloads
 
 def killed(*args):
     os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer, a job's time limit, kill -9

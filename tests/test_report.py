@@ -20,7 +20,8 @@ from rich.console import Console
 
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, FinishState, Req
-from radixsched.sim.metrics import (
+from radixsched.results.charts import plotly_js
+from radixsched.results.metrics import (
     ADDITIONAL_KEYS,
     REQUIRED_KEYS,
     PolicyResult,
@@ -31,14 +32,8 @@ from radixsched.sim.metrics import (
     summarize,
     ttft_samples,
 )
-from radixsched.sim.report import (
-    cdf_points,
-    identical_groups,
-    plotly_js,
-    render_report,
-    write_report,
-)
-from radixsched.sim.table import (
+from radixsched.results.report import cdf_points, identical_groups, render_report, write_report
+from radixsched.results.table import (
     COLUMNS,
     PALETTE,
     WALL_COLUMN,
@@ -197,7 +192,7 @@ def test_written_recommendation_names_the_cost() -> None:
 
 
 def test_slo_attainment_decides_the_recommendation_when_given() -> None:
-    from radixsched.sim.metrics import SloResult
+    from radixsched.results.metrics import SloResult
 
     def slo(att: float) -> SloResult:
         return SloResult(100.0, None, int(att * 10), 10, att, att)
@@ -301,7 +296,7 @@ def test_policy_colours_are_distinct() -> None:
 
 
 def test_overload_warning_lines() -> None:
-    from radixsched.sim.metrics import LoadCheck
+    from radixsched.results.metrics import LoadCheck
 
     busy = result("fcfs", 0.5, 1.0, 100.0, load=LoadCheck(6.1, 2.0, 654.0, 2200, 1.0, True))
     calm = result("lpm", 0.5, 1.0, 100.0, load=LoadCheck(1.0, 2.0, 10.0, 0, 1.0, False))
@@ -458,8 +453,8 @@ def test_report_is_self_contained_and_escaped(tmp_path: Path) -> None:
 
 
 def test_charts_downsample_and_split_kv_usage_per_policy() -> None:
-    from radixsched.sim.metrics import REPORT_MAX_POINTS
-    from radixsched.sim.report import kv_figure, time_figure
+    from radixsched.results.metrics import REPORT_MAX_POINTS
+    from radixsched.results.report import kv_figure, time_figure
 
     runs = [sim_run("a", 1), sim_run("b", 2), sim_run("c", 3)]
     sampled = {r.policy: s.downsampled(REPORT_MAX_POINTS) for r, s, _ in runs}

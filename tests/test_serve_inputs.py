@@ -56,7 +56,7 @@ def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_serve_flags_fail_before_the_engine_starts(
     no_engine: None, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
 ) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     assert main([*SERVE, *args]) == 2
     (line,) = error_lines(capsys.readouterr().err)
@@ -66,7 +66,7 @@ def test_serve_flags_fail_before_the_engine_starts(
 def test_serve_reports_every_bad_flag_at_once(
     no_engine: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     assert main([*SERVE, "--threads", "99999", "--init-new-token-ratio", "nan"]) == 2
     lines = error_lines(capsys.readouterr().err)
@@ -133,7 +133,7 @@ def test_serve_model_errors_name_the_file(
     no_engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("gguf")
-    from radixsched.cli import main
+    from radixsched.cli.main import main
 
     folder = model_dir(tmp_path, "[]")
     gguf = tmp_path / "x.gguf"

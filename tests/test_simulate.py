@@ -38,9 +38,10 @@ import pytest
 from radixsched.config import SchedulerConfig
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams
-from radixsched.sim.costmodel import CostModelRunner
-from radixsched.sim.simulate import SimConfig, SimRun, simulate
-from radixsched.sim.workloads import Workload, load_workload, optimal_hit_rate
+from radixsched.sim.cost.runner import CostModelRunner
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.simulate import SimConfig, simulate
+from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
 from simcases import JUMP_WORKLOADS, SAMPLE
 
 FULL_TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
@@ -238,7 +239,7 @@ _SUBPROCESS_SCRIPT = f"""
 import json
 from radixsched.config import SchedulerConfig
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import load_workload
+from radixsched.sim.workloads.load import load_workload
 out = {{}}
 for spec, rate, n, cap in [("mooncake:{SAMPLE}", None, 40, 60000),
                            ("{_DETERMINISM_SPEC}", 50.0, None, 3000)]:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from radixsched.cli import main
-from radixsched.sim.presets import ModelSpec
-from radixsched.sim.table import fmt_int, fmt_rate, fmt_seconds
+from radixsched.cli.main import main
+from radixsched.results.table import fmt_int, fmt_rate, fmt_seconds
+from radixsched.sim.cost.hardware import ModelSpec
 
 SMALL = "shared-prefix:groups=2,prompts=2,system_len=32,question_len=8,output_len=4"
 # A model config.json small enough to simulate in milliseconds.

@@ -9,23 +9,25 @@ from typing import Any
 
 import pytest
 
-from radixsched.sim.report import plotly_js
-from radixsched.sim.sweep import (
+from radixsched.cli.sweep import main
+from radixsched.results.charts import plotly_js
+from radixsched.sim.sweep.config import (
     MAX_SERIES,
+    SweepConfig,
+    SweepError,
+    metric_names,
+    resolve_settings,
+    validate_points,
+)
+from radixsched.sim.sweep.executors import (
     LocalExecutor,
     RayExecutor,
     RunOutcome,
-    SweepConfig,
-    SweepError,
-    main,
-    metric_names,
-    render_sweep_report,
-    resolve_settings,
     run_guarded,
-    run_sweep,
     simulate_point,
-    validate_points,
 )
+from radixsched.sim.sweep.report import render_sweep_report
+from radixsched.sim.sweep.result import run_sweep
 
 TINY = {
     "workload": "shared-prefix:groups=3,prompts=4,system_len=256,question_len=32,output_len=16",
@@ -224,7 +226,8 @@ def test_local_processes_match_in_process(serial_rows: list[dict[str, Any]]) -> 
 def test_points_on_one_workload_load_it_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from radixsched.sim import sweep, workloads
+    from radixsched.sim.sweep import executors as sweep
+    from radixsched.sim.workloads import load as workloads
 
     loads: list[str] = []
     real = workloads.load_workload
@@ -265,7 +268,7 @@ def test_points_on_one_workload_load_it_once(
 def test_points_at_other_rates_reuse_the_prompts(
     monkeypatch: pytest.MonkeyPatch, built_blocks: list[int]
 ) -> None:
-    from radixsched.sim import sweep
+    from radixsched.sim.sweep import executors as sweep
 
     built = built_blocks
     monkeypatch.setattr(sweep, "_last_workload", None)

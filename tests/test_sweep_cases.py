@@ -8,13 +8,10 @@ from typing import Any
 
 import pytest
 
-from radixsched.sim.sweep import (
-    SweepConfig,
-    SweepError,
-    main,
-    render_sweep_report,
-    run_sweep,
-)
+from radixsched.cli.sweep import main
+from radixsched.sim.sweep.config import SweepConfig, SweepError
+from radixsched.sim.sweep.report import render_sweep_report
+from radixsched.sim.sweep.result import run_sweep
 
 
 def fake_run(settings: dict[str, Any]) -> dict[str, Any]:

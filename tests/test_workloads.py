@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.request import Req, SamplingParams
-from radixsched.sim.optimal import optimal_hits
-from radixsched.sim.workloads import (
+from radixsched.results.optimal import optimal_hits
+from radixsched.sim.workloads.load import (
     WORKLOADS,
     Workload,
     WorkloadError,
@@ -326,7 +326,7 @@ def test_mooncake_blocks_are_the_same_whichever_batch_generates_them(
     """A block several prompts use comes from the shared table, one that one prompt uses is
     generated with its batch of requests: either way its tokens are the block's own (the
     id's hash), across batch boundaries too."""
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     monkeypatch.setattr(workloads, "_BATCH", batch)
     rows = [
@@ -571,7 +571,7 @@ def test_optimal_hits_match_brute_force(
 def test_generated_tokens_are_pinned() -> None:
     """The hashed tokens every trace's prompts are made of: changing them changes every
     recorded schedule, so their first values are written down here."""
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     table = workloads._block_table(np.array([0, 7, 2**40], dtype=np.int64), 512, 128000)
     assert table[:, :4].tolist() == [
@@ -592,8 +592,8 @@ def test_generated_tokens_are_pinned() -> None:
 def test_hashed_tokens_equal_the_plain_formula(key: int, start: int, n: int, vocab: int) -> None:
     """``hash(key, position) mod vocab`` with numpy's own remainder: the generator's in-place,
     divide-by-reciprocal form must give the same tokens for every key, offset and vocabulary."""
-    from radixsched.sim import workloads
-    from radixsched.sim.costmodel import splitmix64
+    from radixsched.sim.cost.splitmix import splitmix64
+    from radixsched.sim.workloads import load as workloads
 
     pos = np.arange(start, start + n, dtype=np.uint64)
     mixed = splitmix64(np.uint64(key) ^ (pos * np.uint64(workloads._GOLDEN)))
@@ -609,7 +609,7 @@ def test_hashed_tokens_equal_the_plain_formula(key: int, start: int, n: int, voc
 def test_mooncake_prompts_are_their_blocks_then_their_own_padding(tmp_path: Path) -> None:
     """Each prompt is its blocks' tokens (a block used once or several times, a short last
     one) and, past ``len(hash_ids) * 512``, the request's own hashed padding."""
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     rows = [
         {"timestamp": t, "input_length": n, "output_length": 2, "hash_ids": ids}
@@ -633,7 +633,7 @@ def test_mooncake_num_requests_builds_only_the_kept_prompts_and_the_same_ones(
     """``num_requests`` builds the prompts of the requests it keeps, no others, and each is
     the prompt the whole trace's load gives that request (a block several kept prompts share
     is in the shared table, one only one of them uses is generated with its batch)."""
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     whole = {r.rid: r for r in load_workload(f"mooncake:{SAMPLE}", request_rate=rate).requests}
     built: list[int] = []
@@ -667,7 +667,7 @@ def test_mooncake_num_requests_keeps_each_lines_padding_when_lines_are_out_of_or
     whole = {r.rid: r.prompt_ids for r in load_workload(f"mooncake:{path}").requests}
     part = load_workload(f"mooncake:{path}", num_requests=2).requests
     assert [r.rid for r in part] == ["mooncake-4", "mooncake-3"]
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     for r in part:
         assert np.array_equal(r.prompt_ids, whole[r.rid])
@@ -681,7 +681,7 @@ def test_jsonl_num_requests_hashes_only_the_kept_prompts(
 ) -> None:
     """Prompts given by length are hashed only for the requests the load keeps, and each is
     the one the whole load gives it (group prefix, then its own tokens keyed by its line)."""
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     rows = [
         {"input_length": 60 + i, "output_length": 2, "timestamp": 100 - i}
@@ -712,7 +712,7 @@ def test_jsonl_num_requests_hashes_only_the_kept_prompts(
 def test_a_memo_lends_prompts_to_loads_at_other_rates(
     tmp_path: Path, built_blocks: list[int]
 ) -> None:
-    from radixsched.sim import workloads
+    from radixsched.sim.workloads import load as workloads
 
     built = built_blocks
     trace = tmp_path / "t.jsonl"

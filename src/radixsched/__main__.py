@@ -2,6 +2,6 @@
 
 import sys
 
-from radixsched.cli import main
+from radixsched.cli.main import main
 
 sys.exit(main())

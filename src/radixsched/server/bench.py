@@ -1,6 +1,6 @@
 """Load client: replay a simulator workload against a running server and measure it.
 
-Requests come from the simulator's registry (``radixsched.sim.workloads.load_workload``), are
+Requests come from the simulator's registry (``radixsched.sim.workloads.load.load_workload``), are
 sent as token ids to ``POST /generate`` with ``stream: true`` at their arrival times (Poisson
 or trace timestamps; ``inf`` = all at once; no rate: ``sim.runconfig.RATE_RULE``), at most
 ``max_concurrency`` in flight. Generated workloads take ``BENCH_WORKLOAD_DEFAULTS`` for every
@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 
 from radixsched.request import FinishReason, FinishState, Req, SamplingParams
+from radixsched.results.metrics import PolicyResult, SloTargets, failure_reasons, summarize
 from radixsched.server.metrics import CACHED_PROMPT_TOKENS, PROMPT_TOKENS
-from radixsched.sim.metrics import PolicyResult, SloTargets, failure_reasons, summarize
-from radixsched.sim.workloads import Workload, load_workload, optimal_hit_rate
+from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
 
 MAX_ERRORS_KEPT = 20
 
@@ -175,7 +175,7 @@ class BenchResult:
         """``{"meta", "workload", "config", "results": [one result], "requests": [...]}``, as
         ``simulate --json`` plus one record per request (``request_records``), which
         ``radixsched calibrate`` replays."""
-        from radixsched.sim.table import to_jsonable
+        from radixsched.results.table import to_jsonable
 
         cfg = dataclasses.asdict(self.config)
         cfg.pop("api_key", None)
@@ -199,7 +199,7 @@ class BenchResult:
         return lines
 
     def render(self) -> str:
-        from radixsched.sim.table import fmt_percent, fmt_rate, fmt_seconds
+        from radixsched.results.table import fmt_percent, fmt_rate, fmt_seconds
 
         r = self.result
         info = self.workload_info
@@ -680,7 +680,7 @@ class SweepResult:
 
     def to_document(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """``{"format", "version", "meta", "runs": [{"stage", <a bench document less meta>}]}``."""
-        from radixsched.sim.table import to_jsonable
+        from radixsched.results.table import to_jsonable
 
         runs = []
         for name, r in self.runs:
@@ -704,7 +704,7 @@ class SweepResult:
         return lines
 
     def render(self) -> str:
-        from radixsched.sim.table import fmt_rate, fmt_seconds
+        from radixsched.results.table import fmt_rate, fmt_seconds
 
         rows = [
             ["stage", "sent/s", "conc", "served/s", "TTFT mean", "ITL mean", "E2E mean", "failed"]

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from radixsched.config import SchedulerConfig
-from radixsched.sim.metrics import (
+from radixsched.results.metrics import (
     PolicyResult,
     RequestRow,
     SloTargets,
@@ -40,9 +40,10 @@ from radixsched.sim.metrics import (
     request_rows,
     slo_result,
 )
-from radixsched.sim.simconfig import SimConfig
-from radixsched.sim.simulate import SimRun, simulate
-from radixsched.sim.workloads import Workload, workload_optimal_hit_rate
+from radixsched.sim.deploy.replicas import SimRun
+from radixsched.sim.settings.simconfig import SimConfig
+from radixsched.sim.simulate import simulate
+from radixsched.sim.workloads.load import Workload, workload_optimal_hit_rate
 
 # (policy index, requests done, requests in all): how a run reports its progress.
 Progress = Callable[[int, int, int], None]

@@ -23,147 +23,35 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
 from radixsched.request import Req
-from radixsched.sim.arrivals import restore_send_times, run_closed_loop, shift_to_scheduler
-from radixsched.sim.disagg import deployment_label, gpu_count
-from radixsched.sim.metrics import PolicyResult, TimeSeries, summarize, ttft_samples
-from radixsched.sim.replicas import Replica, deliver, sample_series, step_earliest
-from radixsched.sim.simconfig import SimConfig
+from radixsched.results.metrics import TimeSeries, summarize, ttft_samples
+from radixsched.sim.cost.build import build_cost_model
+from radixsched.sim.deploy.closed_loop import (
+    restore_send_times,
+    run_closed_loop,
+    shift_to_scheduler,
+)
+from radixsched.sim.deploy.disagg import deployment_label, gpu_count
+from radixsched.sim.deploy.replicas import (
+    Replica,
+    ReplicaSummary,
+    RunnerFactory,
+    SimRun,
+    _build_replica,
+    _ratio,
+    clone_request,
+    deliver,
+    sample_series,
+    step_earliest,
+)
+from radixsched.sim.settings.simconfig import SimConfig
 
 if TYPE_CHECKING:
-    from radixsched.sim.lockstep import LockstepStats
-
-# (cost model, seed, the replica's clock) -> the replica's runner, called once per replica
-# before its scheduler is built (calibration's step recorder, ``sim.calibrate``).
-RunnerFactory = Callable[[Any, int, VirtualClock], Any]
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den else 0.0
-
-
-@dataclass
-class ReplicaSummary:
-    """One replica's share of a run. Hit rates are token-weighted over the prompts the
-    replica scheduled (``hit_rate = device + host``)."""
-
-    replica: int
-    num_requests: int
-    hit_rate: float
-    prefill_tokens_computed: int
-    retractions: int
-    prompt_tokens: int = 0
-    host_hit_rate: float = 0.0
-    busy_s: float = 0.0  # virtual time spent running batches (its own, not the pass's)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class SimRun:
-    result: PolicyResult
-    series: TimeSeries
-    ttft_s: np.ndarray
-    requests: list[Req]
-    replicas: list[ReplicaSummary]
-    kv_capacity_tokens: int
-    # Pass accounting of a lockstep (--enable-dp-attention) run; None otherwise.
-    lockstep: LockstepStats | None = None
-    # Request id -> the replica the router sent it to (every admitted or rejected request).
-    replica_of: dict[str, int] = field(default_factory=dict)
-    # ``describe()`` of the cost model: every constant the run used.
-    cost_model: dict[str, Any] = field(default_factory=dict)
-
-
-def clone_request(r: Req) -> Req:
-    """A fresh, unscheduled copy (prompt arrays are shared, never mutated)."""
-    return Req(
-        rid=r.rid,
-        prompt_ids=r.prompt_ids,
-        sampling=r.sampling,
-        priority=r.priority,
-        routing_key=r.routing_key,
-        extra_key=r.extra_key,
-        cache_salt=r.cache_salt,
-        tenant=r.tenant,
-        arrival_time=r.arrival_time,
-        scripted_output=r.scripted_output,
-    )
-
-
-def _build_replica(
-    idx: int,
-    sched_cfg: SchedulerConfig,
-    sim_cfg: SimConfig,
-    cost: Any,
-    capacity: int,
-    *,
-    accelerate: bool = True,
-    clock: VirtualClock | None = None,
-    gate_factory: Any = None,
-    single_step: bool = False,
-    runner_factory: RunnerFactory | None = None,
-) -> Replica:
-    from radixsched.sim.costmodel import CostModelRunner
-
-    clock = clock if clock is not None else VirtualClock()
-    host = None
-    if sim_cfg.enable_hierarchical_cache:
-        from radixsched.cluster.hicache import HostKVTier, host_capacity_tokens
-
-        if sim_cfg.hicache_page_size < 1:
-            raise ValueError(f"--hicache-page-size must be >= 1, got {sim_cfg.hicache_page_size}")
-        p = max(sched_cfg.page_size, 1)
-        host = HostKVTier(
-            host_capacity_tokens(sim_cfg.hicache_size, cost.model.kv_bytes_per_token),
-            # Whole device pages, so a host hit never ends inside a device page.
-            page_size=-(-sim_cfg.hicache_page_size // p) * p,
-        )
-    runner: Any
-    if runner_factory is None:
-        runner = CostModelRunner(cost, seed=sched_cfg.seed)
-    else:  # e.g. calibration's step recorder (``sim.calibrate``)
-        runner = runner_factory(cost, sched_cfg.seed, clock)
-    if single_step:
-        from radixsched.sim.lockstep import SingleStepRunner
-
-        runner = SingleStepRunner(runner)
-    sched = build_scheduler(
-        sched_cfg,
-        runner,
-        accelerate=accelerate,
-        kv_slots=capacity,
-        clock=clock,
-        context_len=cost.model.max_context_len,
-        host_tier=host,
-        gate_factory=gate_factory,
-    )
-    floor = _min_step_s(cost, runner_factory) if host is None else 0.0
-    return Replica(idx, sched, clock, floor)
-
-
-def _min_step_s(cost: Any, runner_factory: RunnerFactory | None) -> float:
-    """The replica's floor on step times (``CostModel.min_step_s``), for the cost model's own
-    runner on a roofline model; 0.0 (none known) for any other. Without a host tier only:
-    its loads hold device KV that ``earliest_finish``'s reasoning does not account for."""
-    from radixsched.sim.costmodel import CostModel
-
-    return cost.min_step_s() if runner_factory is None and type(cost) is CostModel else 0.0
-
-
-def build_cost_model(sim_cfg: SimConfig) -> Any:
-    from radixsched.sim.simconfig import cost_model_of
-
-    return cost_model_of(sim_cfg)
+    from radixsched.sim.deploy.lockstep import LockstepStats
 
 
 def simulate(
@@ -185,11 +73,11 @@ def simulate(
     wraps it in ``SingleStepRunner``). ``sim_cfg.max_concurrency`` runs closed-loop clients and
     the cost model's request latency delays arrivals (``sim.arrivals``); reported times are
     the client's."""
-    from radixsched.sim.workloads import optimal_hit_rate as compute_optimal
+    from radixsched.sim.workloads.load import optimal_hit_rate as compute_optimal
 
     sim_cfg = sim_cfg or SimConfig()
     if sim_cfg.disaggregation:
-        from radixsched.sim.disagg import simulate_disaggregated
+        from radixsched.sim.deploy.disagg import simulate_disaggregated
 
         run: SimRun = simulate_disaggregated(
             workload,
@@ -223,7 +111,7 @@ def simulate(
     gates = None
     if lockstep:
         from radixsched.config import resolve_max_running_requests
-        from radixsched.sim.lockstep import lockstep_gates
+        from radixsched.sim.deploy.lockstep import lockstep_gates
 
         slots = resolve_max_running_requests(sched_cfg, capacity, cost.model.max_context_len)
         gates = lockstep_gates(sim_cfg, sched_cfg, clocks, slots)
@@ -253,7 +141,7 @@ def simulate(
     t0 = time.perf_counter()
     lockstep_stats: LockstepStats | None = None
     if gates is not None:
-        from radixsched.sim.lockstep import run_lockstep
+        from radixsched.sim.deploy.lockstep import run_lockstep
 
         lockstep_stats = run_lockstep(
             replicas, gates, reqs, router, sim_cfg, series, on_progress, check_integrity

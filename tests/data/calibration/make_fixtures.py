@@ -2,7 +2,7 @@
 
 A "server" whose truth is the simulator with known constants (``TRUTH``, tiny-random on the
 CPU preset) is measured the way three client tools measure, and each tool's result file is
-written in that tool's documented layout (``radixsched.sim.result_files``):
+written in that tool's documented layout (``radixsched.sim.calibrate.measured``):
 
 - ``sglang_bench_serving.jsonl``: ``python -m sglang.bench_serving --dataset-name random
   --output-file F --output-details`` appends one line per run (synchronous via
@@ -26,7 +26,7 @@ import numpy as np
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads import Workload
+from radixsched.sim.workloads.load import Workload
 
 HERE = Path(__file__).parent
 TRUTH = {

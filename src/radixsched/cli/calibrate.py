@@ -1,0 +1,342 @@
+"""``radixsched calibrate``: fit the simulator to measured runs, or profile the local engine.
+
+``radixsched calibrate RESULTS... --output cal.json`` reads client-side results
+(``radixsched bench [--sweep]``, ``sglang.bench_serving``, vLLM's ``benchmark_serving``,
+GuideLLM; ``sim.result_files``), fits the cost model's constants (``sim.calibrate``), prints
+the fit's error per run and writes a calibration file for ``simulate --calibration``.
+
+``radixsched calibrate --profile --model NAME --output table.json`` times the real engine's
+forward passes over a grid of batch shapes on the local device and writes the step-time table
+``--calibration`` accepts."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from radixsched.cli.common import COMMAND_HELP, CliError, scheduler_choices
+from radixsched.config import SchedulerConfig, add_config_args, config_from_args
+
+if TYPE_CHECKING:
+    from radixsched.sim.calibrate.fit import Replay
+    from radixsched.sim.calibrate.measured import MeasuredRun
+    from radixsched.sim.settings.simconfig import SimConfig
+
+logger = logging.getLogger(__name__)
+
+
+def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "calibrate",
+        help=COMMAND_HELP["calibrate"],
+        description="Fit the cost model's constants to client-side benchmark results "
+        "(radixsched bench, sglang.bench_serving JSONL, vLLM benchmark_serving JSON, GuideLLM "
+        "JSON) and write a calibration file for 'simulate --calibration'. With --profile, "
+        "time the local engine over a grid of batch shapes instead.",
+    )
+    p.add_argument("results", nargs="*", metavar="RESULTS", help="result files to fit on")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="calibration.json",
+        metavar="PATH",
+        help="file to write (default: %(default)s)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="model preset or config.json (default: the model the results name)",
+    )
+    p.add_argument(
+        "--gpu",
+        default="h200",
+        metavar="NAME",
+        help="GPU preset the runs ran on, any case ('cpu' for the local engine; default: h200)",
+    )
+    p.add_argument(
+        "--tp", type=int, default=1, metavar="N", help="tensor-parallel degree (default: 1)"
+    )
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the server's KV capacity in tokens (default: from the results, else the model)",
+    )
+    p.add_argument(
+        "--engine-mode",
+        default="sglang",
+        choices=["sglang", "vllm"],
+        help="engine whose scheduling is modelled (default: sglang)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=16,
+        metavar="N",
+        help="fit steps tried (each one replay of every run) at the chosen front-end time, "
+        "after 4 at each of its 5 candidates (default: 16)",
+    )
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    prof = p.add_argument_group("profile")
+    prof.add_argument("--profile", action="store_true", help="profile the local engine")
+    prof.add_argument("--device", default="cpu", metavar="NAME", help="torch device (default: cpu)")
+    prof.add_argument(
+        "--dtype",
+        default=None,
+        metavar="NAME",
+        help="float32, bfloat16, float16 (default: by device)",
+    )
+    prof.add_argument(
+        "--batch-sizes",
+        default="1,2,4,8,16",
+        metavar="N,N,...",
+        help="batch sizes (default: 1,2,4,8,16)",
+    )
+    prof.add_argument(
+        "--prefill-tokens",
+        default="16,64,256,1024",
+        metavar="N,N,...",
+        help="new tokens per prefill request (default: 16,64,256,1024)",
+    )
+    prof.add_argument(
+        "--decode-context",
+        default="64,256,1024",
+        metavar="N,N,...",
+        help="context tokens per decode request (default: 64,256,1024)",
+    )
+    prof.add_argument(
+        "--repeats", type=int, default=5, metavar="N", help="timed repeats per shape (default: 5)"
+    )
+    add_config_args(p, SchedulerConfig, choices=scheduler_choices())
+    p.set_defaults(func=cmd_calibrate)
+    return p
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise CliError(f"{flag} must be comma-separated integers, got {text!r}") from e
+    if not values or min(values) < 1:
+        raise CliError(f"{flag} must list integers >= 1, got {text!r}")
+    return sorted(set(values))
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+6.1f}%"
+
+
+def render_errors(errors: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'run':<16} {'TTFT ms':>17} {'err':>7} {'ITL ms':>15} {'err':>7} "
+        f"{'E2E ms':>17} {'err':>7} {'p90 E2E':>7}"
+    ]
+    for e in errors:
+        t, i, d = e["ttft_s"], e["itl_s"], e["e2e_s"]
+        lines.append(
+            f"{str(e['run'])[:16]:<16} "
+            f"{t['predicted']['mean'] * 1e3:8.2f}/{t['measured']['mean'] * 1e3:<8.2f} "
+            f"{_pct(t['error']['mean'])} "
+            f"{i['predicted']['mean'] * 1e3:7.3f}/{i['measured']['mean'] * 1e3:<7.3f} "
+            f"{_pct(i['error']['mean'])} "
+            f"{d['predicted']['mean'] * 1e3:8.2f}/{d['measured']['mean'] * 1e3:<8.2f} "
+            f"{_pct(d['error']['mean'])} {_pct(d['error']['p90'])}"
+        )
+    lines.append("(predicted/measured means; err = relative error)")
+    return "\n".join(lines)
+
+
+def _replay_configs(
+    args: argparse.Namespace, runs: list[Any]
+) -> tuple[SchedulerConfig, dict[str, Any]]:
+    """The scheduler settings and capacity the runs were served with: a radixsched server's
+    own (from its /server_info), else the flags."""
+    from radixsched.sim.settings.engine_modes import scheduler_defaults
+
+    given = set(vars(args))
+    server_sched = next(
+        (r.workload.get("scheduler") for r in runs if r.workload.get("scheduler")), None
+    )
+    if server_sched:
+        names = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        values = {k: v for k, v in server_sched.items() if k in names}
+        values.update({k: v for k, v in vars(args).items() if k in names})
+        run = next(r for r in runs if r.workload.get("scheduler") is server_sched)
+        where = f"{run.path}: {run.name}: config.server.scheduler"
+        try:
+            sched = SchedulerConfig(**values)
+        except (TypeError, ValueError) as e:  # a value of the wrong type or out of range
+            raise CliError(f"{where}: unusable settings ({e})") from e
+        for key, valid in scheduler_choices().items():
+            if getattr(sched, key) not in valid:
+                raise CliError(
+                    f"{where}: {key} {getattr(sched, key)!r} unknown to this build "
+                    f"(valid: {', '.join(valid)})"
+                )
+    else:
+        sched = config_from_args(
+            SchedulerConfig, args, **scheduler_defaults(args.engine_mode, given)
+        )
+    slots = args.max_total_tokens or next(
+        (r.workload.get("kv_slots") for r in runs if r.workload.get("kv_slots")), None
+    )
+    return sched, {"max_total_tokens": slots}
+
+
+def _check_output(output: str, results: list[str]) -> None:
+    """Fail before the fit (minutes) when ``output`` cannot be written, or is one of the
+    result files (which writing it would destroy)."""
+    out = Path(output)
+    if out.is_dir():
+        raise CliError(f"--output {output}: is a directory")
+    if not out.parent.is_dir():
+        raise CliError(f"--output {output}: no directory {out.parent}")
+    for given in results:
+        try:
+            same = out.samefile(given)
+        except OSError:  # either one missing or unreadable: not the same file
+            same = False
+        if same:
+            raise CliError(
+                f"--output {output} is the result file {given}: writing it would destroy "
+                "the measurements (give another --output)"
+            )
+
+
+def _replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig) -> Replay:
+    """``build_replay``; an error it raises names the run and its file."""
+    from radixsched.sim.calibrate.fit import CalibrateError, build_replay
+
+    try:
+        return build_replay(run, index, sched, sim)
+    except CalibrateError:  # names them already
+        raise
+    except (ValueError, OSError) as e:  # a workload that cannot be regenerated, ...
+        raise CliError(f"{run.path}: {run.name}: cannot replay its requests: {e}") from e
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.profile:
+        return _cmd_profile(args)
+    from radixsched.sim.calibrate.fit import CalibrateError, fit, fitted_on
+    from radixsched.sim.calibrate.measured import ResultFileError, read_result_files
+    from radixsched.sim.cost.build import resolve_specs
+    from radixsched.sim.cost.calibration_file import write_calibration
+    from radixsched.sim.cost.roofline import CostModelError
+    from radixsched.sim.settings.simconfig import SimConfig
+
+    if not args.results:
+        raise CliError("give result files to fit on (or --profile)")
+    _check_output(args.output, args.results)
+    try:
+        every = read_result_files(args.results)
+    except ResultFileError as e:
+        raise CliError(str(e)) from e
+    runs = [r for r in every if r.requests]
+    unused = [f"{r.path}: {r.name}: {r.num_failed} failed" for r in every if not r.requests]
+    if not runs:
+        raise CliError("\n".join(["no run in these files has a successful request:", *unused]))
+    for line in unused:
+        logger.warning("%s, none succeeded: not fitted on", line)
+    model = args.model or next((r.model for r in runs if r.model), None)
+    if model is None:
+        raise CliError("the results do not name their model: give --model")
+    try:
+        gpu_spec, model_spec = resolve_specs(args.gpu, model)
+        sched, extra = _replay_configs(args, runs)
+        sim = SimConfig(
+            model=model,
+            gpu=args.gpu,
+            tp=args.tp,
+            max_total_tokens=extra["max_total_tokens"],
+            context_length=next(
+                (r.workload.get("context_len") for r in runs if r.workload.get("context_len")),
+                None,
+            ),
+            engine_mode=args.engine_mode,
+        )
+        replays = [_replay(r, i, sched, sim) for i, r in enumerate(runs)]
+
+        def progress(it: int, obj: float, consts: dict[str, float]) -> None:
+            if not args.quiet:
+                print(
+                    f"iteration {it}: error {math.sqrt(obj):.4f}  mfu {consts['mfu']:.3g} "
+                    f"mbu {consts['mbu']:.3g} overhead {consts['step_overhead_s'] * 1e3:.3f} ms "
+                    f"per-entry {consts['sched_per_req_s'] * 1e6:.1f} us "
+                    f"latency {consts['request_latency_s'] * 1e3:.3f} ms "
+                    f"front end {consts['request_serial_s'] * 1e3:.3f} ms",
+                    file=sys.stderr,
+                )
+
+        result = fit(replays, max_iterations=args.iterations, on_iteration=progress)
+    except (CalibrateError, CostModelError, ValueError) as e:
+        raise CliError(str(e)) from e
+    try:
+        write_calibration(
+            args.output,
+            constants=result.constants,
+            fitted_on=fitted_on(
+                runs,
+                model=model_spec.name,
+                gpu=gpu_spec.name,
+                tp=args.tp,
+                engine_mode=args.engine_mode,
+            ),
+            fit=result.errors,
+        )
+    except OSError as e:
+        raise CliError(f"{args.output}: cannot write: {e.strerror or e}") from e
+    except ValueError as e:  # a constant or an error that is not finite
+        raise CliError(f"{args.output}: not written: the fit is not finite ({e})") from e
+    if not args.quiet:
+        print(render_errors(result.errors))
+        c = result.constants
+        print(
+            "constants: "
+            + "  ".join(f"{k} {v:.4g}" for k, v in c.items())
+            + f"\nwrote {args.output} (use: radixsched simulate --model {model_spec.name} "
+            f"--gpu {gpu_spec.name} --calibration {args.output})"
+        )
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from radixsched.engine.profile import ProfileGrid, profile_engine
+
+    if not args.model:
+        raise CliError("--profile needs --model (a local engine model: tiny-random, ...)")
+    _check_output(args.output, [])
+    grid = ProfileGrid(
+        batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
+        prefill_tokens=_ints(args.prefill_tokens, "--prefill-tokens"),
+        decode_context=_ints(args.decode_context, "--decode-context"),
+        repeats=max(args.repeats, 1),
+    )
+    try:
+        rows, info = profile_engine(args.model, grid, device=args.device, dtype=args.dtype)
+    except (ValueError, FileNotFoundError) as e:
+        raise CliError(str(e)) from e
+    from radixsched.sim.cost.calibration_file import write_calibration
+
+    try:
+        write_calibration(args.output, constants={}, fitted_on=info, rows=rows)
+    except OSError as e:
+        raise CliError(f"{args.output}: cannot write: {e.strerror or e}") from e
+    if not args.quiet:
+        for r in rows:
+            print(
+                f"{r['kind']:<8} batch {r['batch_size']:>4}  tokens {r['num_tokens']:>7}  "
+                f"{r['ms']:9.3f} ms"
+            )
+        print(
+            f"wrote {args.output} ({len(rows)} shapes; use: radixsched simulate --model "
+            f"{args.model} --gpu {info['gpu']} --calibration {args.output})"
+        )
+    return 0

@@ -1,0 +1,80 @@
+"""``radixsched``: the command line's entry point. Only the command being run has its parser
+built (its module imported); the others are one help line each."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from radixsched.cli.common import COMMAND_HELP, CliError, Parser, parse_args, version
+from radixsched.cli.simulate import (
+    SIMULATE_USAGE,
+    _add_simulate_args,
+    _simulate_epilog,
+    cmd_simulate,
+)
+
+# ---- entry point --------------------------------------------------------------------------------
+
+
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
+    """The CLI's parser. Given the arguments, only the command they name is built in full
+    (its module imported, its help computed); without them, every command is."""
+    wanted = set(COMMAND_HELP) if argv is None else {_command_in(argv)}
+    parser = Parser(
+        prog="radixsched",
+        description="Cache-aware request scheduling for LLM serving: simulate policies on your "
+        "traffic, or serve a model with them.",
+    )
+    parser.add_argument("--version", action="version", version=f"radixsched {version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if "simulate" in wanted:
+        sim = sub.add_parser(
+            "simulate",
+            help=COMMAND_HELP["simulate"],
+            description="Replay a workload (generated, or a trace) through the scheduler on a "
+            "simulated GPU and compare waiting-queue policies: hit rate, TTFT, TPOT, "
+            "throughput, who starves.",
+            usage=SIMULATE_USAGE,
+            epilog=_simulate_epilog(),
+        )
+        _add_simulate_args(sim)
+        sim.set_defaults(func=cmd_simulate, _parser=sim)
+    else:
+        sub.add_parser("simulate", help=COMMAND_HELP["simulate"])
+    from radixsched.cli import commands
+
+    commands.register(sub, wanted)
+    return parser
+
+
+def _command_in(argv: Sequence[str]) -> str:
+    """The subcommand the arguments name: the first that is not a global flag."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    try:
+        args = parse_args(parser, argv)
+    except SystemExit as e:  # usage error (printed) or --help: an exit status, not a raise
+        return e.code if isinstance(e.code, int) else 2
+    args._argv = argv
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except CliError as e:
+        for line in str(e).splitlines() or ["(no message)"]:
+            print(f"radixsched: error: {line}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"radixsched: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,692 @@
+"""``radixsched``: simulate, sweep, generate, serve, bench.
+
+Scheduler flags carry SGLang's names and come from ``SchedulerConfig``; simulator flags come from
+``SimConfig``: the help text and defaults are generated from the dataclasses, so they never drift.
+``simulate --config run.yaml`` takes the same keys as the flags (``sim.runconfig``, the schema
+sweep configs use too); flags given on the command line override the file. Every setting and
+output path is checked before any work starts. Heavy modules (torch, FastAPI, ray, plotly) are
+imported only by the subcommand that needs them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from radixsched.cli.common import CliError, output_errors, run_metadata, scheduler_choices
+from radixsched.config import SchedulerConfig, add_config_args
+from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, MAIN_POLICIES
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from radixsched.results.table import Runtime
+    from radixsched.sim.policy_runs import PolicyOutcome
+    from radixsched.sim.settings.runconfig import RunSettings
+    from radixsched.sim.workloads.load import Workload
+
+# Exit statuses: 0 ok; 1 a policy served no request; 2 a usage error (nothing was run).
+EXIT_SERVED_NOTHING = 1
+
+
+def _policy_names() -> list[str]:
+    from radixsched.policies import POLICIES
+
+    return list(POLICIES)
+
+
+def _gpu_name(text: str) -> str:
+    """A GPU preset's name for any case or common spelling (h200 = H200, a100 = A100-80G)."""
+    from radixsched.sim.cost.hardware import PresetError, get_gpu
+
+    try:
+        return get_gpu(text).name
+    except PresetError:
+        return text  # argparse then reports the invalid choice, with the valid ones
+
+
+# ---- simulate ---------------------------------------------------------------------------------
+
+SIMULATE_USAGE = (
+    "radixsched simulate [--workload SPEC] [--policy A,B,...|all] [--request-rate R]\n"
+    "                           [--config RUN.yaml] [--json PATH] [--report PATH] [options]"
+)
+
+
+def _simulate_epilog() -> str:
+    from radixsched.sim.cost.hardware import MODELS
+    from radixsched.sim.settings.runconfig import RATE_RULE
+    from radixsched.sim.workloads.load import describe_workloads
+
+    return (
+        "workloads (--workload NAME:k=v,... or NAME:PATH; params not given take these "
+        "defaults):\n"
+        + describe_workloads()
+        + "\n\nmodel presets (--model): "
+        + ", ".join(MODELS)
+        + "; the local engine's tiny-random and smollm2-135m"
+        + "\n\narrivals: "
+        + RATE_RULE
+        + ".\n\ntrace prompts: a trace's first full load stores its prompts under "
+        "$RADIXSCHED_CACHE_DIR (default ~/.cache/radixsched)/prompts, and later runs of the same "
+        "file map them (the header says so); RADIXSCHED_PROMPT_CACHE=off turns it off, "
+        "RADIXSCHED_CACHE_MAX_GB caps the folder in GB, 8 unless set."
+        + "\n\nexit status: 0 when every policy served requests, 1 when a policy served "
+        "none (the reason is printed), 2 on a usage error (nothing is run). An overloaded "
+        "system (offered load above what it serves, the queue growing) is a warning."
+    )
+
+
+def _add_simulate_args(p: argparse.ArgumentParser) -> None:
+    from radixsched.sim.settings.simconfig import SimConfig
+
+    run = p.add_argument_group("workload and policies")
+    run.add_argument(
+        "--config",
+        default=None,
+        metavar="RUN.yaml",
+        help="YAML file of settings with the flags' names (request_rate: 8, gpu: h100, "
+        "policy: [fcfs, lpm], ...); flags given here override it",
+    )
+    run.add_argument(
+        "--workload",
+        default=None,
+        metavar="SPEC",
+        help=f"workload spec, listed below (default: {DEFAULT_WORKLOAD})",
+    )
+    run.add_argument(
+        "--policy",
+        default=None,
+        metavar="A,B|all",
+        help="policies to compare, comma-separated, or 'all' (default: "
+        + ",".join(MAIN_POLICIES)
+        + "); --schedule-policy NAME runs one",
+    )
+    run.add_argument(
+        "--request-rate",
+        default=None,
+        metavar="R",
+        help="Poisson arrivals per second, or 'inf' for all at once (default: the trace's "
+        "timestamps; generated workloads: inf)",
+    )
+    run.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="take the first N requests by arrival (a trace builds only their prompts)",
+    )
+    run.add_argument(
+        "--workload-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed of the workload generator and of Poisson arrivals (default: --seed)",
+    )
+    slo = p.add_argument_group("SLO goodput")
+    slo.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="TTFT target: report the share of requests meeting every target, and goodput",
+    )
+    slo.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="TPOT target")
+    out = p.add_argument_group("outputs (every path is checked before the run starts)")
+    out.add_argument("--json", default=None, metavar="PATH", help="results and settings as JSON")
+    out.add_argument("--csv", default=None, metavar="PATH", help="one CSV row per policy")
+    out.add_argument(
+        "--report",
+        default=None,
+        metavar="PATH",
+        help="a self-contained HTML report with interactive charts",
+    )
+    out.add_argument(
+        "--requests-csv",
+        default=None,
+        metavar="PATH",
+        help="one row per request and policy (CSV; Parquet if PATH ends in .parquet, "
+        "needs pyarrow)",
+    )
+    out.add_argument("--quiet", action="store_true", default=None, help="no progress bars")
+    run.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="policies simulated at once, each in a process of its own (forked after the "
+        "load; the same results as one at a time). Default on Linux: one per CPU, at most one "
+        "per policy; elsewhere, and with 1, they run in this process",
+    )
+    add_config_args(
+        p,
+        SchedulerConfig,
+        choices=scheduler_choices(),
+        overrides={
+            "schedule_policy": {
+                "help": "the one policy to run (SGLang's flag; --policy compares several)"
+            },
+            "seed": {
+                "help": "seed of the random policy, the router and the simulated tokens; also "
+                "of the workload and arrivals unless --workload-seed is given (default: 0)"
+            },
+        },
+    )
+    add_config_args(
+        p,
+        SimConfig,
+        choices=_sim_choices(),
+        overrides={
+            "gpu": {
+                "type": _gpu_name,
+                "help": "GPU preset (any case and common spellings: a100 = A100-80G)",
+            },
+            "model": {
+                "help": "model preset (listed below; any case, Hugging Face ids too), or a "
+                "Hugging Face config.json (a file or a model directory)"
+            },
+            "tp": {"aliases": ["--tp-size"]},
+            "calibration": {"metavar": "PATH"},
+            "dp": {"aliases": ["--dp-size"]},
+            "decode_tp": {"aliases": ["--disaggregation-decode-tp"]},
+            "prefill_gpu": {"type": _gpu_name},
+            "decode_gpu": {"type": _gpu_name},
+        },
+    )
+
+
+def _sim_choices() -> dict[str, list[str]]:
+    from radixsched.cluster.routers import ROUTERS
+    from radixsched.sim.cost.hardware import GPUS
+
+    # --model takes a preset (any case, common spellings, Hugging Face ids) or a config.json
+    # path, so it has no choices; an unknown name fails in the early checks, listing presets.
+    gpus, routers = list(GPUS), list(ROUTERS)
+    return {
+        "router": routers,
+        "decode_router": routers,
+        "gpu": gpus,
+        "prefill_gpu": gpus,
+        "decode_gpu": gpus,
+    }
+
+
+# Simulate's own flags (not config fields): their argparse dests.
+_OWN_FLAGS = (
+    "workload",
+    "policy",
+    "request_rate",
+    "num_requests",
+    "workload_seed",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "json",
+    "csv",
+    "report",
+    "requests_csv",
+    "quiet",
+    "jobs",
+)
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings given on the command line: simulate's own flags that are not None and the
+    config flags argparse set (their default is SUPPRESS)."""
+    from radixsched.sim.settings.simconfig import SimConfig
+
+    config_fields = {
+        f.name for cls in (SchedulerConfig, SimConfig) for f in dataclasses.fields(cls)
+    }
+    given = {k: v for k, v in vars(args).items() if k in _OWN_FLAGS and v is not None}
+    given.update({k: v for k, v in vars(args).items() if k in config_fields})
+    return given
+
+
+def _policies(file: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
+    """--policy (a list) or --schedule-policy (one); flags override the config file."""
+    sources = ((flags, "the command line", "--policy"), (file, "the config file", "policy"))
+    for source, where, key in sources:
+        has_list = source.get("policy") is not None
+        has_one = source.get("schedule_policy") is not None
+        if has_list and has_one:
+            raise CliError(
+                f"give --policy or --schedule-policy, not both (on {where}): --policy "
+                "compares several policies, --schedule-policy runs one"
+            )
+        if has_list:
+            return _policy_list(source["policy"], key)
+        if has_one:
+            one = source["schedule_policy"]
+            if isinstance(one, list | dict):
+                raise CliError(
+                    f"schedule_policy: expected one policy name, got {one!r} (policy: [a, b] "
+                    "compares several)"
+                )
+            return [str(one)]
+    return [n for n in MAIN_POLICIES if n in _policy_names()]
+
+
+def _policy_list(value: Any, key: str = "--policy") -> list[str]:
+    """The policies ``value`` names (a list or comma-separated names, or 'all'), each once."""
+    if isinstance(value, dict):
+        raise CliError(f"{key}: expected policy names, got {value!r}")
+    if isinstance(value, list):
+        chosen = [str(v).strip() for v in value]
+    else:
+        chosen = [v.strip() for v in str(value).split(",")]
+    chosen = [c for c in chosen if c]
+    if chosen == ["all"]:
+        return _policy_names()
+    if not chosen:
+        raise CliError(f"{key} needs at least one policy name (or 'all')")
+    twice = sorted({c for c in chosen if chosen.count(c) > 1})
+    if twice:
+        raise CliError(
+            f"{key}: {', '.join(twice)} given twice: each policy runs once (its results are "
+            "keyed by its name)"
+        )
+    return chosen
+
+
+def _normalise_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Keys with '-' as '_'; two spellings of one key (request-rate, request_rate) are an
+    error, not a silent choice of the last."""
+    from radixsched.sim.settings.limits import RunConfigError
+
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for k, v in data.items():
+        key = str(k).replace("-", "_")
+        if key in out:
+            raise RunConfigError(f"setting {key!r} is given twice: as {spelled[key]!r} and {k!r}")
+        out[key], spelled[key] = v, str(k)
+    return out
+
+
+def _settings(args: argparse.Namespace) -> tuple[RunSettings, list[str]]:
+    """The run's settings from --config and the flags, and the policies to run."""
+    from radixsched.sim.settings.limits import RunConfigError
+    from radixsched.sim.settings.runconfig import load_yaml, resolve
+
+    flags = _given_flags(args)
+    file: dict[str, Any] = {}
+    try:
+        if args.config:
+            file = _normalise_keys(load_yaml(args.config))
+        policies = _policies(file, flags)
+        merged = {**file, **flags}
+        # The policy list is resolved above; the scheduler config gets each name in turn.
+        merged.pop("policy", None)
+        merged.pop("schedule_policy", None)
+        labels = {k: "--" + k.replace("_", "-") for k in flags}
+        rs = resolve(merged, cli=True, labels=labels)
+    except (RunConfigError, CliError) as e:
+        # A problem of the file is prefixed with its name; one of a flag names the flag.
+        text = str(e)
+        in_file = args.config and not text.startswith((str(args.config), "--", "give --"))
+        raise CliError(f"{args.config}: {text}" if in_file else text) from e
+    return rs, policies
+
+
+def _cli_errors(rs: RunSettings, config: str | None = None) -> list[str]:
+    """Problems of simulate's own settings: output paths (writable, none of them an input
+    file or another output), ``jobs``."""
+    from radixsched.sim.settings.runconfig import OUTPUT_KEYS
+
+    errors = []
+    jobs = rs.cli.get("jobs")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        errors.append(f"jobs must be a positive integer, got {jobs!r}")
+    outputs = [
+        ("--" + key.replace("_", "-"), str(rs.cli[key]))
+        for key in OUTPUT_KEYS
+        if rs.cli.get(key) is not None
+    ]
+    return errors + output_errors(outputs, _input_files(rs, config))
+
+
+def _input_files(rs: RunSettings, config: str | None) -> list[tuple[str, str]]:
+    """(what, path) of every file the run reads: the config file, the trace, the model's
+    config.json and the calibration file."""
+    from radixsched.sim.cost.hfconfig import config_path
+    from radixsched.sim.workloads.load import WorkloadError, parse_workload_spec
+
+    files = [("the --config file", config)] if config else []
+    try:
+        kind, params = parse_workload_spec(rs.workload.spec or DEFAULT_WORKLOAD)
+    except WorkloadError:  # reported by the checks
+        kind = None
+    if kind is not None and kind.is_trace:
+        files.append(("the --workload trace", str(params["path"])))
+    model = config_path(str(rs.sim.get("model", ""))) if rs.sim.get("model") else None
+    if model is not None:
+        files.append(("the --model config", str(model)))
+    if rs.sim.get("calibration"):
+        files.append(("the --calibration file", str(rs.sim["calibration"])))
+    return files
+
+
+def _slo(rs: RunSettings) -> Any:
+    from radixsched.results.metrics import SloTargets
+
+    return SloTargets(
+        ttft_s=None if rs.slo_ttft_ms is None else rs.slo_ttft_ms / 1e3,
+        tpot_s=None if rs.slo_tpot_ms is None else rs.slo_tpot_ms / 1e3,
+    )
+
+
+def _console() -> Console:
+    """Rich's console on stdout; 100 columns when stdout is not a terminal (a file or a
+    pipe), so the table never splits there."""
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 100
+    return Console(width=width)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from concurrent.futures.process import BrokenProcessPool
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from radixsched.results.table import Runtime
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.heap import tune_heap
+    from radixsched.sim.policy_runs import PolicyFailed, PolicyRuns, default_jobs, run_policies
+    from radixsched.sim.preflight import check
+    from radixsched.sim.settings.simconfig import SimConfig
+    from radixsched.sim.workloads.load import (
+        WorkloadError,
+        load_workload,
+        workload_optimal_hit_rate,
+    )
+
+    meta = run_metadata(getattr(args, "_argv", None))
+    rs, policies = _settings(args)
+    errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _cli_errors(rs, args.config)
+    if errors:
+        raise CliError("\n".join(errors))
+    base = rs.scheduler_config()
+    sim_cfg: SimConfig = rs.sim_config()
+    cost = build_cost_model(sim_cfg)
+    slo = _slo(rs)
+    quiet = bool(rs.cli.get("quiet"))
+    console = _console()
+    wl = rs.workload
+    spec = wl.spec or DEFAULT_WORKLOAD
+    try:
+        workload = load_workload(
+            spec,
+            request_rate=wl.request_rate,
+            num_requests=wl.num_requests,
+            seed=base.seed if wl.seed is None else wl.seed,
+        )
+    except WorkloadError as e:
+        raise CliError(str(e)) from e
+    # After the load: the heap setting is for the simulation's churn; under it the load's
+    # thousands of prompt-sized arrays fault in more pages (3x-shared: 302k against 195k).
+    tune_heap()
+    opt = workload_optimal_hit_rate(workload, page_size=base.page_size)
+    config_info = _config_info(base, sim_cfg, cost, policies, slo)
+    workload_info = _workload_info(spec, workload, rs, opt)
+    for line in _header(meta, workload, workload_info, config_info):
+        console.print(line, highlight=False)
+    progress = Progress(
+        TextColumn("[bold]{task.description:<24}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} requests"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
+    )
+    tasks = [progress.add_task(name, total=len(workload.requests)) for name in policies]
+
+    def on_progress(i: int, done: int, total: int) -> None:
+        progress.update(tasks[i], completed=done)
+
+    keep_rows = bool(rs.cli.get("requests_csv"))
+    runs = PolicyRuns(workload, base, sim_cfg, optimal_hit_rate=opt, slo=slo, keep_rows=keep_rows)
+    jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
+    start = time.perf_counter()
+    try:
+        outcomes = run_policies(runs, policies, jobs, on_progress, display=progress)
+    except PolicyFailed as e:  # a combination only the run itself rejects
+        raise CliError(str(e)) from e
+    except BrokenProcessPool as e:
+        raise CliError(f"a simulation process died ({e}); try --jobs 1") from e
+    elapsed = time.perf_counter() - start
+    runtime = Runtime(elapsed, min(jobs, len(policies)))
+    return _finish(outcomes, console, rs, meta, workload_info, config_info, slo, runtime)
+
+
+def _finish(
+    runs: Sequence[PolicyOutcome],
+    console: Console,
+    rs: RunSettings,
+    meta: Mapping[str, Any],
+    workload_info: Mapping[str, Any],
+    config_info: Mapping[str, Any],
+    slo: Any,
+    runtime: Runtime,
+) -> int:
+    from rich.console import Console
+
+    from radixsched.results.table import (
+        load_warnings,
+        render_comparison,
+        served_nothing_lines,
+        write_csv,
+        write_json,
+        write_requests,
+    )
+
+    results = [r.result for r in runs]
+    render_comparison(results, console, runtime=runtime)
+    reasons = {r.result.policy: r.failures for r in runs}
+    nothing = served_nothing_lines(results, reasons)
+    warnings = load_warnings(results)
+    err = Console(stderr=True, width=console.width, highlight=False)
+    for line in warnings:
+        err.print(f"warning: {line}" if not line.startswith("  ") else line, markup=False)
+    outputs = rs.cli
+    if outputs.get("json"):
+        write_json(outputs["json"], workload_info, config_info, results, meta)
+        console.print(f"wrote {outputs['json']}", highlight=False)
+    if outputs.get("csv"):
+        write_csv(results, outputs["csv"])
+        console.print(f"wrote {outputs['csv']}", highlight=False)
+    if outputs.get("requests_csv"):
+        rows = [row for run in runs for row in run.rows or []]
+        write_requests(outputs["requests_csv"], rows)
+        console.print(f"wrote {outputs['requests_csv']} ({len(rows):,} rows)", highlight=False)
+    if outputs.get("report"):
+        from radixsched.results.report import write_report
+
+        write_report(
+            outputs["report"],
+            workload_info,
+            config_info,
+            results,
+            {r.result.policy: r.series for r in runs},
+            {r.result.policy: r.ttft_s for r in runs},
+            warnings=[*warnings, *nothing],
+            meta=meta,
+        )
+        console.print(f"wrote {outputs['report']}", highlight=False)
+    for line in nothing:
+        err.print(f"radixsched: error: {line}", markup=False)
+    return EXIT_SERVED_NOTHING if nothing else 0
+
+
+def _config_info(
+    base: SchedulerConfig, sim_cfg: Any, cost: Any, policies: Sequence[str], slo: Any
+) -> dict[str, Any]:
+    from radixsched.cluster.routers import default_router_name
+
+    router = (sim_cfg.router or default_router_name(sim_cfg.dp)) if sim_cfg.dp > 1 else None
+    if sim_cfg.disaggregation:
+        from radixsched.cluster.routers import DEFAULT_ROUTER
+
+        router = sim_cfg.router or DEFAULT_ROUTER
+    return {
+        "policies": list(policies),
+        "dp": sim_cfg.dp,
+        "router": router,
+        "compat": base.compat,
+        "kv_capacity_tokens": int(cost.kv_capacity_tokens()),
+        "cost_model": cost.describe(),
+        "disaggregation": _disagg_info(sim_cfg),
+        "slo": {
+            "ttft_ms": None if slo.ttft_s is None else slo.ttft_s * 1e3,
+            "tpot_ms": None if slo.tpot_s is None else slo.tpot_s * 1e3,
+        },
+        "scheduler": dataclasses.asdict(base),
+        "sim": dataclasses.asdict(sim_cfg),
+    }
+
+
+def _disagg_info(sim_cfg: Any) -> dict[str, Any] | None:
+    """The split deployment a run simulates (None: co-located)."""
+    if not sim_cfg.disaggregation:
+        return None
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.deploy.disagg import (
+        DEFAULT_DECODE_ROUTER,
+        LinkModel,
+        deployment_label,
+        gpu_count,
+        role_specs,
+    )
+
+    roles, costs = {}, []
+    for name, spec in zip(("prefill", "decode"), role_specs(sim_cfg), strict=True):
+        cost = build_cost_model(spec.sim_config(sim_cfg, host_tier=name == "prefill"))
+        costs.append(cost)
+        roles[name] = {
+            "instances": getattr(sim_cfg, f"{name}_instances"),
+            "gpu": cost.gpu.name,
+            "tp": spec.tp,
+            "kv_capacity_tokens": int(cost.kv_capacity_tokens()),
+        }
+    return {
+        "deployment": deployment_label(sim_cfg),
+        "gpus": gpu_count(sim_cfg),
+        **roles,
+        "decode_router": sim_cfg.decode_router or DEFAULT_DECODE_ROUTER,
+        "link": LinkModel.between(sim_cfg, *costs).to_json(),
+    }
+
+
+def _workload_info(spec: str, workload: Workload, rs: RunSettings, opt: float) -> dict[str, Any]:
+    from radixsched.sim.settings.runconfig import RATE_RULE
+
+    rate = rs.workload.request_rate
+    return {
+        "spec": spec,
+        "name": workload.name,
+        "params": workload.params,
+        "num_requests": len(workload.requests),
+        "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens,
+        "request_rate": "inf" if rate is not None and rate == float("inf") else rate,
+        "arrivals": workload.arrivals,
+        "prompts": workload.prompts,
+        "arrival_rule": None if rate is not None else RATE_RULE,
+        "workload_seed": rs.workload.seed,
+        "optimal_hit_rate": opt,
+    }
+
+
+# Cost-model terms that are off (0) by default: shown in the header only when on.
+_EXTRA_TERMS = (
+    ("prefill_eff_tokens", "prefill efficiency T0", 1.0, " tokens"),
+    ("sched_step_s", "scheduler", 1e3, " ms/step"),
+    ("sched_per_req_s", "scheduler", 1e3, " ms/entry"),
+    ("sched_per_prefill_s", "scheduler", 1e3, " ms/prefill"),
+    ("request_latency_s", "request latency", 1e3, " ms"),
+    ("request_serial_s", "front end", 1e3, " ms/request"),
+)
+
+
+def _header(
+    meta: Mapping[str, Any],
+    workload: Workload,
+    winfo: Mapping[str, Any],
+    cinfo: Mapping[str, Any],
+) -> list[str]:
+    """What is being run, before it runs: version and time, the workload with every param,
+    the simulated system and cost model, the policies."""
+    from rich.markup import escape
+
+    from radixsched.results.table import fmt_percent
+
+    cm = cinfo["cost_model"]
+    sim = cinfo["sim"]
+    router = f", router {cinfo['router']}" if cinfo["router"] else ""
+    roofline = (
+        f"roofline, mfu {cm.get('mfu')}, mbu {cm.get('mbu')}, step overhead "
+        f"{float(cm.get('step_overhead_s', 0.0)) * 1e3:g} ms"
+    )
+    if cm.get("cost_model") == "calibrated":
+        roofline = (
+            f"calibrated from {cm.get('calibration')} ({cm.get('calibration_points')} points)"
+        )
+    roofline += "".join(
+        f", {label} {float(cm[key]) * scale:g}{unit}"
+        for key, label, scale, unit in _EXTRA_TERMS
+        if cm.get(key)
+    )
+    engine = f"engine {sim['engine_mode']}"
+    if sim.get("max_concurrency") is not None:
+        engine += f"; closed loop, {sim['max_concurrency']:,} clients"
+    lines = [
+        f"[dim]radixsched {meta['version']} · simulate · {meta['created']}[/]",
+        f"[bold]workload[/]  {escape(workload.name)}: {escape(workload.params_text)}",
+        f"          {len(workload.requests):,} requests, {workload.num_prompt_tokens:,} prompt "
+        f"tokens; arrivals: {escape(workload.arrivals)}"
+        + (" (no request rate given)" if winfo["request_rate"] is None else "")
+        + (f"; prompts {workload.prompts}" if workload.prompts != "built" else ""),
+        _system_line(cinfo, cm, sim, router, engine),
+        f"          cost model {escape(roofline)}",
+        f"[bold]policies[/]  {', '.join(cinfo['policies'])}; optimal hit rate "
+        f"{fmt_percent(winfo['optimal_hit_rate'])}",
+    ]
+    return lines
+
+
+def _system_line(
+    cinfo: Mapping[str, Any],
+    cm: Mapping[str, Any],
+    sim: Mapping[str, Any],
+    router: str,
+    engine: str,
+) -> str:
+    from rich.markup import escape
+
+    model = escape(str(sim["model"]))
+    d = cinfo.get("disaggregation")
+    if not d:
+        return (
+            f"[bold]system[/]    {model} on {escape(str(cm.get('gpu')))} x tp{sim['tp']}, dp "
+            f"{cinfo['dp']}{router}; KV {cinfo['kv_capacity_tokens']:,} tokens; compat "
+            f"{cinfo['compat']}; {escape(engine)}"
+        )
+    link = d["link"]
+    bw = link["bandwidth_gb_s"]
+    roles = "; ".join(
+        f"{d[r]['instances']} {r} x {escape(str(d[r]['gpu']))} tp{d[r]['tp']} (KV "
+        f"{d[r]['kv_capacity_tokens']:,} tokens)"
+        for r in ("prefill", "decode")
+    )
+    return (
+        f"[bold]system[/]    {model}, {d['deployment']} on {d['gpus']} GPUs: {roles}\n"
+        f"          KV over {link['link']} ({'inf' if bw is None else f'{bw:g}'} GB/s per GPU, "
+        f"{link['latency_ms'] * 1e3:g} us a transfer, handshake {link['bootstrap_ms'] * 1e3:g} "
+        f"us){router}, decode router {d['decode_router']}; compat {cinfo['compat']}; "
+        f"{escape(engine)}"
+    )

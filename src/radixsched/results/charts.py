@@ -1,0 +1,56 @@
+"""What every chart of the HTML report shares: plotly.js inlined once, one layout, one figure
+wrapper, policy colours and dashes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+
+def policy_dash(index: int) -> str:
+    return DASHES[(index // 2) % len(DASHES)] if index >= 2 else "solid"
+
+
+def plotly_js() -> str:
+    """plotly.js as shipped with the plotly package (inlined into every report)."""
+    from plotly.offline import get_plotlyjs
+
+    return str(get_plotlyjs())
+
+
+def figure_html(fig: go.Figure, div_id: str) -> str:
+    """A figure's ``<div>`` and the script drawing it (plotly.js must already be loaded)."""
+    return str(
+        fig.to_html(
+            full_html=False,
+            include_plotlyjs=False,
+            div_id=div_id,
+            config=PLOT_CONFIG,
+            default_width="100%",
+        )
+    )
+
+
+def base_layout(title: str, x_title: str, y_title: str, **kw: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 14}},
+        "xaxis": {"title": {"text": x_title}, "zeroline": False},
+        "yaxis": {"title": {"text": y_title}, "zeroline": False},
+        "template": "plotly_white",
+        "margin": {"l": 70, "r": 20, "t": 40, "b": 50},
+        "height": 340,
+        "showlegend": False,
+        "hovermode": "closest",
+        "font": {"family": "system-ui, sans-serif", "size": 12},
+    }
+    layout.update(kw)
+    return layout
+
+
+# Line dash per policy position, so that series of similar colour still differ.
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+# Plotly options: no logo, resize with the page.
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}

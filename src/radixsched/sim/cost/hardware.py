@@ -1,0 +1,356 @@
+"""Hardware and model presets for the simulator's cost model, looked up by name.
+
+GPU numbers are the vendors' datasheet values (dense bf16 tensor-core peak without sparsity,
+HBM bandwidth) except those that datasheets do not give directly:
+
+- ``memory_bytes`` is the total the driver reports (``nvidia-smi``'s MiB figure), which is what
+  SGLang's ``--mem-fraction-static`` is a fraction of: H100 81,559 MiB, H200 143,771 MiB,
+  B200 183,359 MiB, A100 80GB 81,920 MiB, A100 40GB 40,960 MiB, L40S 46,068 MiB, MI300X
+  196,592 MiB (192 GiB less the driver's reserve).
+- ``pcie_bw`` is an achievable pinned host-to-device copy rate, not the link's nominal rate:
+  about 55 GB/s for PCIe Gen5 x16 (H100, H200, B200, MI300X; nominal 64 GB/s) and 25 GB/s for
+  Gen4 x16 (A100, L40S; nominal 32 GB/s).
+- ``link_bw`` is the GPU-to-GPU bandwidth one direction of one GPU has for collectives:
+  NVLink 4 450 GB/s (H100 SXM, H200), NVLink 5 900 GB/s (B200), NVLink 3 300 GB/s (A100),
+  the NVLink bridge of H100 PCIe pairs 300 GB/s, MI300X's seven Infinity Fabric links 448 GB/s,
+  and PCIe for L40S (no NVLink). ``link_latency_s`` is the fixed cost of one small all-reduce
+  (the one-shot kernels SGLang and vLLM use for decode-sized messages: 8-20 us).
+- ``CPU`` is not a GPU: a few x86 cores running the local engine (order-of-magnitude numbers;
+  ``radixsched calibrate`` fits the efficiencies against it).
+
+Model shapes are those of the published Hugging Face ``config.json`` files; parameter counts
+are the published totals (``tests/test_costmodel.py`` checks them against the shapes). Any
+other model: ``--model path/to/config.json`` (``sim.hfconfig``).
+
+Names are matched case-insensitively, ignoring ``-``, ``_`` and spaces, with the common
+spellings in ``GPU_ALIASES`` / ``MODEL_ALIASES`` (``a100`` is A100-80G, ``h100-sxm`` is H100)
+and Hugging Face ids (``meta-llama/Llama-3.1-8B-Instruct``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+MIB = 1 << 20
+_T = TypeVar("_T")
+
+
+class PresetError(ValueError):
+    """An unknown preset name; the message lists the valid ones."""
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link prefill/decode disaggregation ships KV over, one per GPU (as in DGX-class
+    nodes, one NIC per GPU): ``bandwidth`` is what one KV transfer stream achieves, bytes/s
+    per direction; ``latency_s`` the fixed cost of one transfer (RDMA setup, completion
+    notification, the receiver's poll). Presets (``LINKS``), achievable rather than nominal:
+
+    - ``nvlink``: between GPUs of one node, at the GPUs' own ``link_bw`` (the slower side's:
+      450 GB/s per direction for H100/H200 SXM, 900 GB/s B200, 300 GB/s A100; this preset's
+      450 GB/s when no GPU is known), 10 us;
+    - ``infiniband``: NDR 400 Gb/s HCA per GPU (50 GB/s nominal), 45 GB/s, 25 us;
+    - ``roce``: 400 GbE RoCE v2 NIC per GPU (50 GB/s nominal, congestion control costs
+      more), 40 GB/s, 40 us;
+    - ``pcie``: GPU to GPU through a PCIe Gen5 x16 switch (no NVLink), 50 GB/s, 10 us.
+    """
+
+    name: str
+    bandwidth: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_bytes: int  # total device memory as the driver reports it
+    peak_flops: float  # dense bf16 tensor-core FLOP/s (no sparsity)
+    hbm_bw: float  # device memory bandwidth, bytes/s
+    pcie_bw: float  # achievable host<->device copy bandwidth, bytes/s
+    link_bw: float = 450e9  # GPU-to-GPU bandwidth per direction for collectives, bytes/s
+    link_latency_s: float = 8e-6  # fixed cost of one all-reduce
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # per expert for MoE models
+    vocab_size: int
+    dtype_bytes: int  # weights (2 = bf16); also the KV cache unless kv_dtype_bytes is set
+    total_params: float  # every weight (all experts): what weight memory holds
+    active_params: float  # weights one token passes through (2 of 8 experts for Mixtral)
+    max_context_len: int
+    num_experts: int = 1  # 1 = dense
+    experts_per_token: int = 1
+    tied_embeddings: bool = False
+    # Multi-head latent attention (DeepSeek): values per token and layer in the KV cache,
+    # replicated on every tensor-parallel rank. 0 = ordinary K and V heads.
+    mla_kv_dim: int = 0
+    kv_dtype_bytes: int | None = None  # None = dtype_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of one cached value."""
+        return self.dtype_bytes if self.kv_dtype_bytes is None else self.kv_dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token, over all KV heads (whole model, not per GPU)."""
+        if self.mla_kv_dim:
+            return self.num_layers * self.mla_kv_dim * self.kv_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.total_params * self.dtype_bytes
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one expert over all layers (0 for dense models, and for a model whose
+        every token passes through every expert: all its weights are read every step anyway)."""
+        if not self.is_moe or self.experts_per_token >= self.num_experts:
+            return 0.0
+        return (self.total_params - self.active_params) / (
+            self.num_experts - self.experts_per_token
+        )
+
+    @property
+    def shared_params(self) -> float:
+        """Parameters every token uses (attention, norms, embeddings, router)."""
+        return self.active_params - self.experts_per_token * self.expert_params
+
+    def architecture_params(self) -> int:
+        """Parameter count implied by the shapes (no biases, standard attention), for
+        cross-checking presets."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
+        mlp = 3 * h * self.intermediate_size * self.num_experts
+        router = h * self.num_experts if self.is_moe else 0
+        norms = 2 * h
+        # Input and output embeddings (one matrix when tied), final norm.
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab_size * h + h
+        return self.num_layers * (attn + mlp + router + norms) + embeddings
+
+
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        # name, memory, bf16 dense peak, HBM bandwidth, host copy, NVLink/fabric, collective
+        GPUSpec("H100", 81_559 * MIB, 989.4e12, 3.35e12, 55e9, 450e9, 8e-6),
+        GPUSpec("H100-PCIe", 81_559 * MIB, 756.5e12, 2.0e12, 55e9, 300e9, 10e-6),
+        GPUSpec("H200", 143_771 * MIB, 989.4e12, 4.8e12, 55e9, 450e9, 8e-6),
+        GPUSpec("B200", 183_359 * MIB, 2250e12, 8.0e12, 55e9, 900e9, 8e-6),
+        GPUSpec("A100-40G", 40_960 * MIB, 312e12, 1.555e12, 25e9, 300e9, 10e-6),
+        GPUSpec("A100-80G", 81_920 * MIB, 312e12, 2.039e12, 25e9, 300e9, 10e-6),
+        GPUSpec("L40S", 46_068 * MIB, 362.05e12, 0.864e12, 25e9, 25e9, 20e-6),
+        GPUSpec("MI300X", 196_592 * MIB, 1307.4e12, 5.3e12, 55e9, 448e9, 10e-6),
+        # Not a GPU: a few x86 cores running the local engine in float32 (calibrate these).
+        GPUSpec("CPU", 24_576 * MIB, 0.2e12, 20e9, 20e9, 20e9, 5e-6),
+    )
+}
+
+# Other spellings users type (compared after ``_normalize``), by preset name.
+GPU_ALIASES: dict[str, tuple[str, ...]] = {
+    "H100": ("h100-sxm", "h100-sxm5", "h100-80g", "h100-80gb", "h100-sxm-80gb"),
+    "H100-PCIe": ("h100pcie-80g", "h100-pcie-80gb"),
+    "H200": ("h200-sxm", "h200-141g", "h200-141gb"),
+    "B200": ("b200-sxm", "b200-180g", "b200-180gb"),
+    "A100-40G": ("a100-40gb", "a100-sxm4-40gb", "a100-40"),
+    "A100-80G": ("a100", "a100-80gb", "a100-sxm4-80gb", "a100-sxm", "a100-80"),
+    "L40S": ("l40-s", "l40s-48g", "l40s-48gb"),
+    "MI300X": ("mi300", "mi300x-192g", "mi300x-192gb", "instinct-mi300x"),
+    "CPU": ("host",),
+}
+
+
+def _dense(
+    name: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    inter: int,
+    vocab: int,
+    params: float,
+    ctx: int,
+    *,
+    tied: bool = False,
+    dtype_bytes: int = 2,
+) -> ModelSpec:
+    return ModelSpec(
+        name,
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        inter,
+        vocab,
+        dtype_bytes,
+        params,
+        params,
+        ctx,
+        tied_embeddings=tied,
+    )
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _dense("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32_000, 6.74e9, 4096),
+        _dense("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32_000, 13.0e9, 4096),
+        _dense("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32_000, 69.0e9, 4096),
+        _dense("codellama-34b", 48, 8192, 64, 8, 128, 22016, 32_000, 33.7e9, 16_384),
+        _dense("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128_256, 8.03e9, 131_072),
+        _dense("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128_256, 70.6e9, 131_072),
+        _dense("llama-3.3-70b", 80, 8192, 64, 8, 128, 28672, 128_256, 70.6e9, 131_072),
+        _dense("qwen2.5-1.5b", 28, 1536, 12, 2, 128, 8960, 151_936, 1.54e9, 32_768, tied=True),
+        _dense("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152_064, 7.62e9, 32_768),
+        _dense("qwen2.5-14b", 48, 5120, 40, 8, 128, 13824, 152_064, 14.7e9, 32_768),
+        _dense("qwen2.5-32b", 64, 5120, 40, 8, 128, 27648, 152_064, 32.8e9, 32_768),
+        _dense("qwen2.5-72b", 80, 8192, 64, 8, 128, 29568, 152_064, 72.7e9, 32_768),
+        _dense("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151_936, 8.19e9, 40_960),
+        _dense("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151_936, 14.8e9, 40_960),
+        _dense("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151_936, 32.8e9, 40_960),
+        ModelSpec(
+            "mixtral-8x7b",
+            32,
+            4096,
+            32,
+            8,
+            128,
+            14336,
+            32_000,
+            2,
+            46.7e9,
+            12.9e9,
+            32_768,
+            num_experts=8,
+            experts_per_token=2,
+        ),
+        ModelSpec(
+            "mixtral-8x22b",
+            56,
+            6144,
+            48,
+            8,
+            128,
+            16384,
+            32_768,
+            2,
+            140.6e9,
+            39.2e9,
+            65_536,
+            num_experts=8,
+            experts_per_token=2,
+        ),
+        # DeepSeek MoE with multi-head latent attention: the KV cache holds one compressed
+        # latent (kv_lora_rank + rope dims = 576 values) per token and layer, the same on every
+        # tensor-parallel rank. Attention FLOPs use head_dim = qk dims (128 nope + 64 rope).
+        ModelSpec(
+            "deepseek-v2-lite",
+            27,
+            2048,
+            16,
+            16,
+            192,
+            1408,
+            102_400,
+            2,
+            15.7e9,
+            2.66e9,
+            163_840,
+            num_experts=64,
+            experts_per_token=6,
+            mla_kv_dim=576,
+        ),
+        # Served in FP8 (1-byte weights); the KV cache stays bf16.
+        ModelSpec(
+            "deepseek-v3",
+            61,
+            7168,
+            128,
+            128,
+            192,
+            2048,
+            129_280,
+            1,
+            671e9,
+            37.6e9,
+            163_840,
+            num_experts=256,
+            experts_per_token=8,
+            mla_kv_dim=576,
+            kv_dtype_bytes=2,
+        ),
+    )
+}
+
+MODEL_ALIASES: dict[str, tuple[str, ...]] = {
+    "llama-2-7b": ("llama2-7b", "llama-2-7b-hf", "llama-2-7b-chat-hf", "meta-llama/llama-2-7b-hf"),
+    "llama-2-13b": ("llama2-13b", "llama-2-13b-hf", "llama-2-13b-chat-hf"),
+    "llama-2-70b": ("llama2-70b", "llama-2-70b-hf", "llama-2-70b-chat-hf"),
+    "codellama-34b": ("code-llama-34b", "codellama-34b-instruct-hf", "codellama-34b-hf"),
+    "llama-3.1-8b": ("llama3.1-8b", "meta-llama-3.1-8b", "llama-3.1-8b-instruct"),
+    "llama-3.1-70b": ("llama3.1-70b", "meta-llama-3.1-70b", "llama-3.1-70b-instruct"),
+    "llama-3.3-70b": ("llama3.3-70b", "llama-3.3-70b-instruct"),
+    "qwen2.5-7b": ("qwen2.5-7b-instruct", "qwen-2.5-7b"),
+    "qwen2.5-72b": ("qwen2.5-72b-instruct", "qwen-2.5-72b"),
+    "qwen3-8b": ("qwen-3-8b",),
+    "mixtral-8x7b": ("mixtral-8x7b-v0.1", "mixtral-8x7b-instruct-v0.1", "mixtral"),
+    "mixtral-8x22b": ("mixtral-8x22b-v0.1", "mixtral-8x22b-instruct-v0.1"),
+    "deepseek-v3": ("deepseek-v3-0324", "deepseek-r1"),
+}
+
+
+def _normalize(name: str) -> str:
+    """Lower case without separators: ``A100_80GB`` and ``a100-80gb`` compare equal."""
+    return "".join(ch for ch in name.lower() if ch.isalnum() or ch == ".")
+
+
+def _lookup(table: dict[str, _T], aliases: dict[str, tuple[str, ...]], name: str, what: str) -> _T:
+    key = _normalize(name.rsplit("/", 1)[-1] if "/" in name else name)
+    for canonical, value in table.items():
+        spellings = (canonical, *aliases.get(canonical, ()))
+        if any(_normalize(s.rsplit("/", 1)[-1]) == key for s in spellings):
+            return value
+    raise PresetError(f"unknown {what} {name!r}; valid: {', '.join(table)}")
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """Case-insensitive lookup that also takes common spellings (``a100`` is A100-80G);
+    raises ``PresetError`` listing valid names."""
+    return _lookup(GPUS, GPU_ALIASES, name, "GPU")
+
+
+LINKS: dict[str, LinkSpec] = {
+    link.name: link
+    for link in (
+        LinkSpec("nvlink", 450e9, 10e-6),
+        LinkSpec("infiniband", 45e9, 25e-6),
+        LinkSpec("roce", 40e9, 40e-6),
+        LinkSpec("pcie", 50e9, 10e-6),
+    )
+}
+
+LINK_ALIASES = {"ib": "infiniband", "nvl": "nvlink", "rocev2": "roce"}
+
+
+def get_link(name: str) -> LinkSpec:
+    """Case-insensitive lookup of a KV-transfer link; raises ``PresetError`` listing valid
+    names."""
+    key = name.lower().replace("-", "").replace("_", "").replace(" ", "")
+    key = LINK_ALIASES.get(key, key)
+    if key in LINKS:
+        return LINKS[key]
+    raise PresetError(f"unknown link {name!r}; valid: {', '.join(LINKS)}")

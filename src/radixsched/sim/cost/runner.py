@@ -1,0 +1,233 @@
+"""The cost model as a ``ModelRunner``: step times from the model, stand-in output tokens
+(deterministic per request and position), and multi-step decode jumps."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from radixsched.fast.runner import MultiDecodeResult, MultiStepRunner
+from radixsched.request import Req, SlotArray
+from radixsched.runner import Batch, StepResult
+from radixsched.sim.cost.roofline import (
+    CostModel,
+    IntArray,
+    StepCostModel,
+    _extend_sums,
+    decode_shape,
+    shape_of,
+)
+from radixsched.sim.cost.splitmix import (
+    _GOLDEN,
+    _GOLDEN_0D,
+    _GOLDEN_INT,
+    _MASK64,
+    _splitmix64_inplace,
+    _splitmix64_int,
+)
+
+# Vocabularies up to this size hold every token in an int32 without wrapping.
+_INT32_VOCAB = 1 << 31
+# Up to this many tokens of plain requests, ``tokens_at`` mixes on Python ints (cheaper than
+# the arrays' fixed cost of about 7 us).
+_SCALAR_MAX_TOKENS = 12
+_RID_MEMO_SIZE = 1 << 16
+
+
+def _stand_in(rid_hash: int, position: int, vocab_size: int) -> int:
+    """The stand-in token at ``position`` of a request without stop ids or script, on Python
+    ints (``tokens_at`` on arrays: ``(p * golden) mod 2**64`` is what
+    ``astype(uint64) * golden`` wraps to, also for a negative ``p``)."""
+    return _splitmix64_int(rid_hash ^ ((position * _GOLDEN_INT) & _MASK64)) % vocab_size
+
+
+def _stand_ins(rid_hash: int, positions: Iterable[int], vocab_size: int) -> list[int]:
+    """``[_stand_in(rid_hash, p, vocab_size) for p in positions]``, one call fewer a token."""
+    return [
+        _splitmix64_int(rid_hash ^ ((p * _GOLDEN_INT) & _MASK64)) % vocab_size for p in positions
+    ]
+
+
+@lru_cache(maxsize=1 << 16)
+def _rid_hash(rid: str, seed: int) -> int:
+    digest = hashlib.blake2b(f"{seed}/{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class _RidHashes(dict[str, int]):
+    """``rid -> _rid_hash(rid, seed)`` for one seed, filled on first use and emptied when it
+    reaches ``_RID_MEMO_SIZE`` entries (a plain dict lookup is the cheapest per-request read)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.seed = seed
+
+    def __missing__(self, rid: str) -> int:
+        if len(self) >= _RID_MEMO_SIZE:
+            self.clear()
+        h = self[rid] = _rid_hash(rid, self.seed)
+        return h
+
+
+class CostModelRunner(MultiStepRunner):
+    """Modelled time, plausible tokens: a request's ``scripted_output`` where it has one,
+    else a deterministic stand-in drawn from ``hash(seed, rid, position)``, never one of its
+    stop token ids. Tokens depend only on the request and position, never on batching, so
+    every schedule yields the same tokens.
+
+    Of a request only the hash of its ``rid`` is remembered (by ``rid`` and ``seed``); stop
+    ids and scripts are read on every call. With a dense roofline ``CostModel``, step times
+    are computed on Python floats, and a few tokens of requests without stop ids or script on
+    Python ints: the same values as the array paths, bit for bit."""
+
+    supports_multi_step = True
+
+    def __init__(
+        self, cost: StepCostModel, *, seed: int = 0, vocab_size: int | None = None
+    ) -> None:
+        self.cost = cost
+        self.seed = seed
+        self.vocab_size = vocab_size or cost.model.vocab_size
+        if self.vocab_size < 2:
+            raise ValueError("vocab_size must be >= 2")
+        self._rid_hashes = _RidHashes(seed)
+
+    def _hashes(self) -> _RidHashes:
+        memo = self._rid_hashes
+        if memo.seed != self.seed:  # ``seed`` was reassigned
+            memo = self._rid_hashes = _RidHashes(self.seed)
+        return memo
+
+    def _dense_roofline(self) -> CostModel | None:
+        """The cost model when it is exactly a dense ``CostModel`` (its scalar paths apply)."""
+        cost = self.cost
+        if type(cost) is CostModel and cost._dense:
+            return cost
+        return None
+
+    def tokens_at(self, reqs: Sequence[Req], positions: IntArray) -> npt.NDArray[np.int32]:
+        """The token each request generates at each position (index in prompt + output):
+        ``positions`` is ``[len(reqs), steps]``; so is the result."""
+        n, vocab = len(reqs), int(self.vocab_size)
+        # One pass: the rids of requests whose tokens are pure hashes (no stop ids, no script).
+        rids = [r.rid for r in reqs if not r.sampling.stop_token_ids and r.scripted_output is None]
+        plain = len(rids) == n and vocab <= _INT32_VOCAB
+        rows = positions.ndim == 2 and len(positions) == n  # no broadcasting
+        if plain and rows and positions.size <= _SCALAR_MAX_TOKENS and positions.dtype == np.int64:
+            hashes = self._hashes()
+            out = [
+                _stand_ins(hashes[rid], ps, vocab)
+                for rid, ps in zip(rids, positions.tolist(), strict=True)
+            ]
+            return np.array(out, dtype=np.int32).reshape(positions.shape)
+        if len(rids) != n:
+            rids = [r.rid for r in reqs]
+        hashes = self._hashes()
+        if rows:  # in place on the positions' copy: [n, steps] already
+            mixed = positions.astype(np.uint64)
+            np.multiply(mixed, _GOLDEN_0D, out=mixed)
+            if n == 1:  # a 0-d operand broadcasts faster than a [1, 1] one
+                column = np.array(hashes[rids[0]], dtype=np.uint64)
+            else:
+                column = np.fromiter(map(hashes.__getitem__, rids), np.uint64, n)[:, None]
+            np.bitwise_xor(mixed, column, out=mixed)
+        else:
+            column = np.fromiter(map(hashes.__getitem__, rids), np.uint64, n)[:, None]
+            mixed = column ^ (positions.astype(np.uint64) * _GOLDEN)
+        _splitmix64_inplace(mixed)
+        np.remainder(mixed, np.array(vocab, dtype=np.uint64), out=mixed)
+        if plain:
+            return mixed.astype(np.int32)  # every token is below 2**31: as via int64
+        tokens = mixed.astype(np.int64)
+        special = [
+            i
+            for i, r in enumerate(reqs)
+            if r.sampling.stop_token_ids or r.scripted_output is not None
+        ]
+        for i in special:
+            req = reqs[i]
+            stops = req.sampling.stop_token_ids
+            if stops:
+                row = tokens[i]
+                hit = np.isin(row, stops)
+                while hit.any():  # at most len(stops) rounds
+                    row[hit] = (row[hit] + 1) % vocab
+                    hit = np.isin(row, stops)
+            scripted = req.scripted_output
+            if scripted is not None and len(scripted):
+                out_idx = positions[i] - req.prompt_len
+                has = (out_idx >= 0) & (out_idx < len(scripted))
+                tokens[i, has] = scripted[out_idx[has]]
+        return tokens.astype(np.int32)
+
+    def forward(self, batch: Batch) -> StepResult:
+        extend, decode = batch.extend, batch.decode
+        cost = self._dense_roofline()
+        if cost is None:
+            duration = float(self.cost.step_times(shape_of(batch))[0])
+        else:  # shape_of and step_times' one-step branch, without the StepShape
+            if not extend and not decode:
+                raise ValueError("empty batch")
+            new, attn, _, kv, host = _extend_sums(extend)
+            ctx = sum([d.position + 1 for d in decode]) if decode else 0
+            entries = len(extend) + len(decode)
+            duration = cost._dense_step_s(
+                new + len(decode), attn + ctx, kv + ctx, host, entries, len(extend)
+            )
+        producing = [e for e in extend if e.produces_token]
+        reqs = [e.req for e in producing]
+        positions = [e.prefix_len + e.num_new for e in producing]
+        if decode:
+            reqs += [d.req for d in decode]
+            positions += [d.position + 1 for d in decode]
+        next_tokens: dict[str, int] = {}
+        if not reqs:
+            return StepResult(next_tokens, duration)
+        vocab = int(self.vocab_size)
+        if vocab <= _INT32_VOCAB:  # tokens_at's scalar path, one request at a time
+            hashes = self._hashes()
+            for r, pos in zip(reqs, positions, strict=True):
+                if r.sampling.stop_token_ids or r.scripted_output is not None:
+                    break
+                next_tokens[r.rid] = _stand_in(hashes[r.rid], int(pos), vocab)
+            else:
+                return StepResult(next_tokens, duration)
+        tokens = self.tokens_at(reqs, np.array(positions, dtype=np.int64)[:, None])
+        next_tokens = {r.rid: int(t) for r, t in zip(reqs, tokens[:, 0], strict=True)}
+        return StepResult(next_tokens, duration)
+
+    def decode_multi(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> MultiDecodeResult:
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        if len(lens) != len(reqs) or not len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(lens)} sequence lengths")
+        durations = self.decode_durations(reqs, lens, num_steps)
+        # Step k of request i generates the token at position seq_len + k.
+        positions = lens[:, None] + np.arange(num_steps, dtype=np.int64)[None, :]
+        return MultiDecodeResult(self.tokens_at(reqs, positions), durations)
+
+    def decode_durations(
+        self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
+    ) -> npt.NDArray[np.float64]:
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        cost = self._dense_roofline()
+        if cost is not None:  # decode_shape's total context, then the steps on Python floats
+            return cost._decode_times(len(lens), int(np.add.reduce(lens, axis=None)), num_steps)
+        return self.cost.step_times(decode_shape(lens, num_steps)).astype(np.float64)
+
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return ()
+
+    def offload_kv(self, req: Req, slots: SlotArray) -> None:
+        """Nothing to keep: modelled KV has no content (the copy is not timed). With
+        ``reload_kv``, what a decode instance's runner offers (``cluster.disagg``)."""
+
+    def reload_kv(self, req: Req, slots: SlotArray) -> None:
+        """Nothing to write back (see ``offload_kv``)."""
