@@ -222,6 +222,14 @@ def _replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig
         raise CliError(f"{run.path}: {run.name}: cannot replay its requests: {e}") from e
 
 
+def _note_structure(runs: list[MeasuredRun]) -> None:
+    """One line per file whose prompts' prefix structure is unknown: what the replay assumes
+    and what that may cost."""
+    for path, note in dict.fromkeys((r.path.split(":")[0], r.structure_note) for r in runs):
+        if note:
+            logger.warning("%s: %s", path, note)
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.profile:
         return _cmd_profile(args)
@@ -245,6 +253,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise CliError("\n".join(["no run in these files has a successful request:", *unused]))
     for line in unused:
         logger.warning("%s, none succeeded: not fitted on", line)
+    _note_structure(runs)
     model = args.model or next((r.model for r in runs if r.model), None)
     if model is None:
         raise CliError("the results do not name their model: give --model")
