@@ -254,3 +254,80 @@ def test_calibrate_notes_an_unknown_structure_once_per_file(
     assert rc == 0
     notes = [r.getMessage() for r in caplog.records if "--gsp-*" in r.getMessage()]
     assert len(notes) == 1 and "request-unique prompts" in notes[0]
+
+
+# ---- calibrate --workload: the user's own prompts --------------------------------------------
+
+
+def _trace(tmp_path: Path, lens: list[int], prefix: int) -> Path:
+    lines = [
+        {"input_length": n, "prefix_group": 0, "prefix_length": prefix, "output_length": 16}
+        for n in lens
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_match_trace_takes_the_next_prompt_of_each_length() -> None:
+    from radixsched.sim.calibrate.prompts import match_trace
+
+    (run,) = read_result_file(TOOLS / "vllm-0.33.0/rate4.json")
+    lens = [m.prompt_len for m in run.requests]
+    trace = [np.full(n, j, dtype=np.int32) for j, n in enumerate([*lens[::-1], 7])]
+    prompts, exact = match_trace(run, trace)
+    assert exact == len(run.requests)
+    assert [len(p) for p in prompts] == lens
+    assert len({int(p[0]) for p in prompts}) == len(prompts)  # each trace prompt used once
+    # A length the trace lacks: the next unused prompt, extended to the measured length.
+    short = [np.full(5, 1, dtype=np.int32), np.full(6, 2, dtype=np.int32)]
+    prompts, exact = match_trace(run, short)
+    assert exact == 0 and [len(p) for p in prompts] == lens
+    assert [int(p[0]) for p in prompts[:4]] == [1, 2, 1, 2]
+
+
+def test_calibrate_workload_replays_the_users_prefixes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    src = TOOLS / "vllm-0.33.0/rate4.json"
+    (run,) = read_result_file(src)
+    trace = _trace(tmp_path, [m.prompt_len for m in run.requests], prefix=64)
+    out = tmp_path / "cal.json"
+    with caplog.at_level("WARNING"):
+        rc = main(
+            [
+                *("calibrate", str(src), "--gpu", "cpu", "-o", str(out), "--iterations", "1"),
+                *("--workload", f"jsonl:{trace}"),
+            ]
+        )
+    assert rc == 0 and out.exists()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "request-unique" not in said and "match a --workload" not in said
+    # What the replay sends: the trace's prompts, so its 64-token group prefix is shared.
+    from radixsched.sim.calibrate.prompts import with_trace
+    from radixsched.sim.workloads.load import load_workload
+
+    replayed, exact = with_trace(
+        run, [r.prompt_ids for r in load_workload(f"jsonl:{trace}").requests]
+    )
+    assert exact == len(run.requests)
+    reqs = replay_prompts(replayed, 0)
+    assert len({r.prompt_ids[:64].tobytes() for r in reqs}) == 1
+    assert len({r.prompt_ids[:65].tobytes() for r in reqs}) == len(reqs)
+
+
+def test_calibrate_workload_that_cannot_load_is_a_flag_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = TOOLS / "vllm-0.33.0/rate4.json"
+    missing = tmp_path / "none.jsonl"
+    rc = main(
+        [
+            *("calibrate", str(src), "--gpu", "cpu", "-o", str(tmp_path / "c.json")),
+            *("--workload", f"jsonl:{missing}"),
+        ]
+    )
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("radixsched: error: --workload jsonl:")
+    assert not (tmp_path / "c.json").exists()

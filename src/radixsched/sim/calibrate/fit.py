@@ -205,7 +205,7 @@ def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
     from radixsched.sim.workloads.load import load_workload
 
     wl = run.workload
-    if run.source == "radixsched" and wl.get("spec"):
+    if run.prompts is None and run.source == "radixsched" and wl.get("spec"):
         rate = wl.get("request_rate")
         # The params bench recorded, so the spec's left-out params take bench's values.
         params = wl.get("params")

@@ -72,6 +72,9 @@ class MeasuredRun:
     prefixes: tuple[PrefixBucket, ...] | None = ()
     structure_note: str | None = None
     tool_version: str | None = None  # the client's version, when the file names it
+    # Each request's prompt ids, from the user's trace (``calibrate --workload``); None: not
+    # known, the replay builds them from ``prefixes``.
+    prompts: tuple[Any, ...] | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
