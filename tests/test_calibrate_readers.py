@@ -331,3 +331,31 @@ def test_calibrate_workload_that_cannot_load_is_a_flag_error(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("radixsched: error: --workload jsonl:")
     assert not (tmp_path / "c.json").exists()
+
+
+# ---- inference-perf ----------------------------------------------------------------------------
+
+IPERF = TOOLS / "inference-perf-0.7.0"
+
+
+def test_inference_perf_stages_from_the_files_beside_the_per_request_report() -> None:
+    runs = read_result_file(IPERF / "per_request_lifecycle_metrics.json.gz")
+    assert [(r.name, r.request_rate, r.max_concurrency) for r in runs] == [
+        ("stage 0 rate 2", 2.0, None),
+        ("stage 1 rate 6", 6.0, None),
+    ]
+    for k, run in enumerate(runs):
+        stage = json.loads((IPERF / f"stage_{k}_lifecycle_metrics.json").read_text())
+        ok = stage["successes"]
+        assert len(run.requests) == ok["count"] and run.num_failed == 0
+        ttft = np.mean([m.ttft_s for m in run.requests])
+        assert ttft == pytest.approx(ok["latency"]["time_to_first_token"]["mean"], rel=1e-9)
+        assert {m.output_len for m in run.requests} == {16}  # the server's count
+        assert run.model == "tiny-random" and run.prefixes == (PrefixBucket(100.0, 2, 64),)
+
+
+def test_inference_perf_without_its_stage_files_says_so(tmp_path: Path) -> None:
+    lone = tmp_path / "per_request_lifecycle_metrics.json.gz"
+    lone.write_bytes((IPERF / "per_request_lifecycle_metrics.json.gz").read_bytes())
+    with pytest.raises(ResultFileError, match=r"inference-perf report: no stage_0_lifecycle"):
+        read_result_file(lone)

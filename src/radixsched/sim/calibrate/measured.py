@@ -2,7 +2,7 @@
 
 ``read_result_file`` detects the tool that wrote a file from its content and hands it to that
 tool's reader (``sim.calibrate.readers``: radixsched bench, GuideLLM 0.2-0.8, vLLM's bench
-client, sglang.bench_serving). Every reader returns ``MeasuredRun``s: per successful request
+client, sglang.bench_serving, inference-perf). Every reader returns ``MeasuredRun``s: per successful request
 its prompt and output lengths, TTFT and E2E (seconds), its send time and cached prompt tokens
 when the tool records them, plus the run's arrival process (a request rate, ``inf`` for all
 at once, and a max concurrency) and what is known of how its prompts share prefixes.
@@ -262,6 +262,10 @@ def read_result_file(path: str | Path) -> list[MeasuredRun]:
     # its own: sglang's file under another name).
     if not is_jsonl and not (first_line.strip() != text.strip() and _is_object(first_line)):
         doc = _loads(text, p)
+        from radixsched.sim.calibrate.readers import inference_perf
+
+        if inference_perf.is_inference_perf(doc):
+            return inference_perf.inference_perf_runs(doc, _plain(p))
         if not isinstance(doc, dict):
             raise ResultFileError(
                 f"{p}: expected a JSON object (a result document), got {_kind(doc)}"
@@ -278,6 +282,11 @@ def read_result_file(path: str | Path) -> list[MeasuredRun]:
     from radixsched.sim.calibrate.readers.sglang_bench import sglang_runs
 
     return sglang_runs(lines, p)
+
+
+def _plain(p: Path) -> Path:
+    """``p`` without a ``.gz`` suffix (the name its siblings are found beside)."""
+    return p.with_suffix("") if p.suffix.lower() == ".gz" else p
 
 
 def _is_object(line: str) -> bool:
