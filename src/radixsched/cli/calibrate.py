@@ -35,9 +35,10 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
         "calibrate",
         help=COMMAND_HELP["calibrate"],
         description="Fit the cost model's constants to client-side benchmark results "
-        "(radixsched bench, sglang.bench_serving JSONL, vLLM bench serve / benchmark_serving JSON, "
-        "GuideLLM 0.2-0.8 JSON, inference-perf per-request reports) and write a calibration file for 'simulate --calibration'. With --profile, "
-        "time the local engine over a grid of batch shapes instead.",
+        "(radixsched bench, sglang.bench_serving JSONL, vLLM bench serve / benchmark_serving "
+        "JSON, GuideLLM 0.2-0.8 JSON, inference-perf per-request reports) and write a "
+        "calibration file for 'simulate --calibration'. With --profile, time the local engine "
+        "over a grid of batch shapes instead.",
     )
     p.add_argument("results", nargs="*", metavar="RESULTS", help="result files to fit on")
     p.add_argument(

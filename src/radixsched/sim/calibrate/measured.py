@@ -2,10 +2,11 @@
 
 ``read_result_file`` detects the tool that wrote a file from its content and hands it to that
 tool's reader (``sim.calibrate.readers``: radixsched bench, GuideLLM 0.2-0.8, vLLM's bench
-client, sglang.bench_serving, inference-perf). Every reader returns ``MeasuredRun``s: per successful request
-its prompt and output lengths, TTFT and E2E (seconds), its send time and cached prompt tokens
-when the tool records them, plus the run's arrival process (a request rate, ``inf`` for all
-at once, and a max concurrency) and what is known of how its prompts share prefixes.
+client, sglang.bench_serving, inference-perf). Every reader returns ``MeasuredRun``s: per
+successful request its prompt and output lengths, TTFT and E2E (seconds), its send time and
+cached prompt tokens when the tool records them, plus the run's arrival process (a request
+rate, ``inf`` for all at once, and a max concurrency) and what is known of how its prompts
+share prefixes.
 """
 
 from __future__ import annotations
