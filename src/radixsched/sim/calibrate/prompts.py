@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from radixsched.request import Req, SamplingParams
-from radixsched.sim.calibrate.measured import MeasuredRun, PrefixBucket
+from radixsched.sim.calibrate.runs import MeasuredRun, PrefixBucket
 
 # Token ids drawn for replayed prompts (any id below every preset's vocabulary).
 VOCAB = 32000

@@ -24,11 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from radixsched.sim.calibrate.measured import (
-    MeasuredRequest,
-    MeasuredRun,
-    PrefixBucket,
-    ResultFileError,
+from radixsched.sim.calibrate.readers.cost_note import unknown_structure
+from radixsched.sim.calibrate.readers.fields import (
     _conc,
     _count,
     _list,
@@ -38,7 +35,12 @@ from radixsched.sim.calibrate.measured import (
     _request,
     _show,
 )
-from radixsched.sim.calibrate.readers.cost_note import unknown_structure
+from radixsched.sim.calibrate.runs import (
+    MeasuredRequest,
+    MeasuredRun,
+    PrefixBucket,
+    ResultFileError,
+)
 
 SUPPORTED = "0.2-0.8"
 _SUPPORTED_MINORS = range(2, 9)

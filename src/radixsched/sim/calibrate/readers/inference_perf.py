@@ -14,11 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from radixsched.sim.calibrate.measured import (
-    MeasuredRequest,
-    MeasuredRun,
-    PrefixBucket,
-    ResultFileError,
+from radixsched.sim.calibrate.readers.cost_note import unknown_structure
+from radixsched.sim.calibrate.readers.fields import (
     _count,
     _list,
     _number,
@@ -27,7 +24,12 @@ from radixsched.sim.calibrate.measured import (
     _request,
     _show,
 )
-from radixsched.sim.calibrate.readers.cost_note import unknown_structure
+from radixsched.sim.calibrate.runs import (
+    MeasuredRequest,
+    MeasuredRun,
+    PrefixBucket,
+    ResultFileError,
+)
 
 _WHO = "inference-perf report"
 

@@ -7,9 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from radixsched.sim.calibrate.measured import (
-    MeasuredRun,
-    ResultFileError,
+from radixsched.sim.calibrate.readers.fields import (
     _bad,
     _conc,
     _count,
@@ -18,6 +16,10 @@ from radixsched.sim.calibrate.measured import (
     _object,
     _rate,
     _request,
+)
+from radixsched.sim.calibrate.runs import (
+    MeasuredRun,
+    ResultFileError,
 )
 
 

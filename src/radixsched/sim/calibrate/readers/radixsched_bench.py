@@ -9,9 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from radixsched.sim.calibrate.measured import (
-    MeasuredRun,
-    ResultFileError,
+from radixsched.sim.calibrate.readers.fields import (
     _conc,
     _count,
     _list,
@@ -21,6 +19,10 @@ from radixsched.sim.calibrate.measured import (
     _rate,
     _request,
     _show,
+)
+from radixsched.sim.calibrate.runs import (
+    MeasuredRun,
+    ResultFileError,
 )
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from radixsched.sim.calibrate.measured import MeasuredRun
 from radixsched.sim.calibrate.readers.cost_note import unknown_structure
 from radixsched.sim.calibrate.readers.lists import lists_run
+from radixsched.sim.calibrate.runs import MeasuredRun
 
 # Datasets whose prompts share no prefixes by construction (random text, random ids, one
 # conversation turn each).

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from radixsched.sim.calibrate.measured import MeasuredRun
 from radixsched.sim.calibrate.readers.cost_note import unknown_structure
 from radixsched.sim.calibrate.readers.lists import lists_run
+from radixsched.sim.calibrate.runs import MeasuredRun
 
 NOTE = unknown_structure(
     "vLLM's bench result records neither its dataset nor a prefix length (--random-prefix-len)"
