@@ -35,9 +35,10 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
         "calibrate",
         help=COMMAND_HELP["calibrate"],
         description="Fit the cost model's constants to client-side benchmark results "
-        "(radixsched bench, sglang.bench_serving JSONL, vLLM benchmark_serving JSON, GuideLLM "
-        "JSON) and write a calibration file for 'simulate --calibration'. With --profile, "
-        "time the local engine over a grid of batch shapes instead.",
+        "(radixsched bench, sglang.bench_serving JSONL, vLLM bench serve / benchmark_serving "
+        "JSON, GuideLLM 0.2-0.8 JSON, inference-perf per-request reports) and write a "
+        "calibration file for 'simulate --calibration'. With --profile, time the local engine "
+        "over a grid of batch shapes instead.",
     )
     p.add_argument("results", nargs="*", metavar="RESULTS", help="result files to fit on")
     p.add_argument(
@@ -97,6 +98,14 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="skip the leave-one-run-out fits (each run predicted by a fit on the others; "
         "they cost one fit per run)",
+    )
+    p.add_argument(
+        "--workload",
+        default=None,
+        metavar="SPEC",
+        help="the prompts the benchmark sent (a workload spec or trace, as 'simulate' takes): "
+        "each measured request replays the trace's next prompt of its length, so the replay "
+        "shares the prefixes the server saw (default: what the result files record)",
     )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     prof = p.add_argument_group("profile")
@@ -271,6 +280,43 @@ def _replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig
         raise CliError(f"{run.path}: {run.name}: cannot replay its requests: {e}") from e
 
 
+def _note_structure(runs: list[MeasuredRun]) -> None:
+    """One line per file whose prompts' prefix structure is unknown: what the replay assumes
+    and what that may cost."""
+    notes = ((r.path.split(":")[0], r.structure_note) for r in runs if r.prompts is None)
+    for path, note in dict.fromkeys(notes):
+        if note:
+            logger.warning("%s: %s", path, note)
+
+
+def _with_workload(spec: str, runs: list[MeasuredRun]) -> list[MeasuredRun]:
+    """The runs with their prompts taken from the user's trace ``spec`` (matched by send
+    order and prompt length); a spec that cannot be loaded is a flag error."""
+    from radixsched.sim.calibrate.prompts import with_trace
+    from radixsched.sim.workloads.load import load_workload
+
+    try:
+        trace = [r.prompt_ids for r in load_workload(spec).requests]
+    except (ValueError, OSError) as e:
+        raise CliError(f"--workload {spec}: {e}") from e
+    if not trace:
+        raise CliError(f"--workload {spec}: no requests")
+    out = []
+    for run in runs:
+        matched, exact = with_trace(run, trace)
+        if exact < len(run.requests):
+            logger.warning(
+                "%s: %s: %d of %d requests match a --workload prompt of their length; the "
+                "others replay the trace's next prompt cut or extended to it",
+                run.path,
+                run.name,
+                exact,
+                len(run.requests),
+            )
+        out.append(matched)
+    return out
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.profile:
         return _cmd_profile(args)
@@ -295,6 +341,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise CliError("\n".join(["no run in these files has a successful request:", *unused]))
     for line in unused:
         logger.warning("%s, none succeeded: not fitted on", line)
+    if args.workload:
+        runs = _with_workload(args.workload, runs)
+    _note_structure(runs)
     model = args.model or next((r.model for r in runs if r.model), None)
     if model is None:
         raise CliError("the results do not name their model: give --model")

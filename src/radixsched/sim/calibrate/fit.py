@@ -1,7 +1,8 @@
 """Fit the cost model's constants to measured runs (``radixsched calibrate``).
 
-Each measured run (``sim.result_files``) is replayed through the simulator: the same
-requests (prompt lengths, output lengths; radixsched runs regenerate the very prompts), sent
+Each measured run (``sim.calibrate.measured``) is replayed through the simulator: the same
+requests (prompt lengths, output lengths; radixsched runs regenerate the very prompts, others
+share the prefixes their file records, ``sim.calibrate.prompts``), sent
 when the client sent them where the file records it, else by the run's arrival process
 (closed loop at its max concurrency, or Poisson at its rate). The scheduler is stepped one
 forward at a time with a recording runner, so every step's shape is known.
@@ -47,6 +48,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, StepResult
 from radixsched.sim.calibrate.measured import MeasuredRun
+from radixsched.sim.calibrate.prompts import replay_prompts
 from radixsched.sim.cost.build import resolve_specs
 from radixsched.sim.cost.roofline import CONSTANTS, CostModel, shape_of
 from radixsched.sim.cost.runner import CostModelRunner
@@ -231,8 +233,7 @@ def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
     from radixsched.sim.workloads.load import load_workload
 
     wl = run.workload
-    rng = np.random.default_rng([index, 0xCA11])
-    if run.source == "radixsched" and wl.get("spec"):
+    if run.prompts is None and run.source == "radixsched" and wl.get("spec"):
         rate = wl.get("request_rate")
         # The params bench recorded, so the spec's left-out params take bench's values.
         params = wl.get("params")
@@ -270,17 +271,7 @@ def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
             run.name,
             wl["spec"],
         )
-    out = []
-    for i, m in enumerate(run.requests):
-        prompt = rng.integers(0, 32000, size=m.prompt_len, dtype=np.int32)
-        out.append(
-            Req(
-                rid=f"{run.name}-{i}",
-                prompt_ids=prompt,
-                sampling=SamplingParams(max_new_tokens=m.output_len, ignore_eos=True),
-            )
-        )
-    return out
+    return replay_prompts(run, index)
 
 
 def build_replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig) -> Replay:
@@ -839,7 +830,7 @@ def _robust_solve(
 def fitted_on(
     runs: Sequence[MeasuredRun], *, model: str, gpu: str, tp: int, engine_mode: str
 ) -> dict[str, Any]:
-    from radixsched.sim.calibrate.measured import _radixsched_version
+    from radixsched.sim.calibrate.readers.radixsched_bench import _radixsched_version
 
     engines = sorted({r.engine for r in runs if r.engine})
     versions = sorted({str(r.engine_version) for r in runs if r.engine_version})
