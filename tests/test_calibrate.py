@@ -18,8 +18,9 @@ import pytest
 
 from radixsched.cli.main import main
 from radixsched.config import SchedulerConfig
-from radixsched.sim.calibrate.fit import build_replay, fit, predict
+from radixsched.sim.calibrate.fit import fit
 from radixsched.sim.calibrate.measured import MeasuredRun, ResultFileError, read_result_file
+from radixsched.sim.calibrate.replay import build_replay, predict
 from radixsched.sim.cost.build import load_cost_model
 from radixsched.sim.cost.calibration_file import check_fitted_on, read_calibration
 from radixsched.sim.cost.roofline import CostModel

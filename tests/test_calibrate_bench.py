@@ -18,8 +18,8 @@ from radixsched.config import SchedulerConfig
 from radixsched.engine.loader import load_model
 from radixsched.server.app import ServerThread, create_app
 from radixsched.server.build import engine_for_model
-from radixsched.sim.calibrate.fit import build_replay
 from radixsched.sim.calibrate.measured import read_result_file
+from radixsched.sim.calibrate.replay import build_replay
 from radixsched.sim.cost.build import load_cost_model
 from radixsched.sim.cost.table import CalibratedCostModel
 from radixsched.sim.settings.simconfig import SimConfig

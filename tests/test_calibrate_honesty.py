@@ -12,8 +12,8 @@ import pytest
 from radixsched.cli.calibrate import render_errors, render_honesty
 from radixsched.cli.main import main
 from radixsched.sim.calibrate.diagnose import at_bounds
-from radixsched.sim.calibrate.fit import CalibrateError, FitResult, param_bounds, upper_bounds
 from radixsched.sim.calibrate.holdout import leave_one_out, summarise
+from radixsched.sim.calibrate.params import CalibrateError, FitResult, param_bounds, upper_bounds
 from radixsched.sim.cost.calibration_file import read_calibration, write_calibration
 from radixsched.sim.cost.roofline import CONSTANTS
 from radixsched.sim.cost.table import CalibrationError

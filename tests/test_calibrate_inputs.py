@@ -274,7 +274,7 @@ def test_bad_sweep_documents(tmp_path: Path, doc: dict[str, Any], match: str) ->
 def test_a_request_without_tokens_or_error_keeps_the_prompts_regenerated(tmp_path: Path) -> None:
     """The ids of the successful requests line up with them, so the replay still regenerates
     the very prompts bench sent (shared prefixes), not request-unique ones."""
-    from radixsched.sim.calibrate.fit import _replay_requests
+    from radixsched.sim.calibrate.replay import _replay_requests
 
     doc = _bench_run(_set("requests.3.token_times", []))
     (run,) = read_result_file(_write(tmp_path / "b.json", doc))
@@ -287,7 +287,7 @@ def test_a_request_without_tokens_or_error_keeps_the_prompts_regenerated(tmp_pat
 def test_a_workload_that_does_not_regenerate_the_prompts_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from radixsched.sim.calibrate.fit import _replay_requests
+    from radixsched.sim.calibrate.replay import _replay_requests
 
     spec = "shared-prefix:groups=2,prompts=2"
     (run,) = read_result_file(

@@ -23,8 +23,8 @@ from radixsched.cli.common import COMMAND_HELP, CliError, scheduler_choices
 from radixsched.config import SchedulerConfig, add_config_args, config_from_args
 
 if TYPE_CHECKING:
-    from radixsched.sim.calibrate.fit import Replay
     from radixsched.sim.calibrate.measured import MeasuredRun
+    from radixsched.sim.calibrate.replay import Replay
     from radixsched.sim.settings.simconfig import SimConfig
 
 logger = logging.getLogger(__name__)
@@ -270,7 +270,8 @@ def _check_output(output: str, results: list[str]) -> None:
 
 def _replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig) -> Replay:
     """``build_replay``; an error it raises names the run and its file."""
-    from radixsched.sim.calibrate.fit import CalibrateError, build_replay
+    from radixsched.sim.calibrate.params import CalibrateError
+    from radixsched.sim.calibrate.replay import build_replay
 
     try:
         return build_replay(run, index, sched, sim)
@@ -320,8 +321,9 @@ def _with_workload(spec: str, runs: list[MeasuredRun]) -> list[MeasuredRun]:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.profile:
         return _cmd_profile(args)
-    from radixsched.sim.calibrate.fit import CalibrateError, fit, fitted_on
+    from radixsched.sim.calibrate.fit import fit, fitted_on
     from radixsched.sim.calibrate.measured import ResultFileError, read_result_files
+    from radixsched.sim.calibrate.params import CalibrateError
     from radixsched.sim.cost.build import resolve_specs
     from radixsched.sim.cost.calibration_file import write_calibration
     from radixsched.sim.cost.roofline import CostModelError

@@ -75,7 +75,7 @@ def at_bounds(constants: dict[str, float], max_efficiency: float) -> list[Mismat
     """Every fitted constant that ended at the upper bound the fit allowed it (within
     ``AT_BOUND_TOLERANCE``): efficiencies at ``max_efficiency``, times and the prefill size
     term at their largest. A time at 0 is no mismatch: the runs did not need it."""
-    from radixsched.sim.calibrate.fit import upper_bounds
+    from radixsched.sim.calibrate.params import upper_bounds
 
     out = []
     for name, bound in upper_bounds(max_efficiency).items():

@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from radixsched.sim.calibrate.fit import FitResult, Replay, fit, predict
+from radixsched.sim.calibrate.fit import fit
+from radixsched.sim.calibrate.params import FitResult
+from radixsched.sim.calibrate.replay import Replay, predict
 
 METRICS = ("ttft_s", "itl_s", "e2e_s")
 

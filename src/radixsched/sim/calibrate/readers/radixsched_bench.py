@@ -92,8 +92,12 @@ def _radixsched_run(doc: Mapping[str, Any], path: str, name: str) -> MeasuredRun
         "num_requests": _concurrency(bench.get("num_requests"), at, "num_requests"),
         "seed": _optional(bench, "seed", at, int) or 0,
         "request_rate": _rate(bench.get("request_rate"), at, "request_rate"),
-        "vocab_size": _concurrency(limits.get("vocab_size"), f"{where}: config: limits", "vocab_size"),
-        "context_len": _concurrency(limits.get("context_len"), f"{where}: config: limits", "context_len"),
+        "vocab_size": _concurrency(
+            limits.get("vocab_size"), f"{where}: config: limits", "vocab_size"
+        ),
+        "context_len": _concurrency(
+            limits.get("context_len"), f"{where}: config: limits", "context_len"
+        ),
         # The successful requests' ids, in the order of ``requests``.
         "rids": rids,
         "scheduler": dict(scheduler) or None,
