@@ -20,10 +20,9 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from radixsched.cache.base import Namespace
+# ``cache.base.Namespace``, spelled out: this module is imported by the caches, never the reverse.
+Namespace = tuple[str | None, str | None] | None
 
 ENV = "RADIXSCHED_NATIVE"
 LIB_ENV = "RADIXSCHED_NATIVE_LIB"

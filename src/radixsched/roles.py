@@ -76,6 +76,3 @@ class Role:
 
 class CoLocated(Role):
     """Prefill and decode on one instance: every hook as ``Role`` defines it."""
-
-
-__all__ = ["CoLocated", "Role"]

@@ -24,9 +24,8 @@ class RunningBatch:
         self.reqs[:] = [r for r in self.reqs if id(r) not in gone]  # in place: the adder holds it
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
-        """(ignore_eos, other) sums of the clipped decode tokens each request may still
-        generate: the adder reserves the first in full and discounts the second by the
-        new-token ratio."""
+        """(ignore_eos, other) sums of the clipped decode tokens still to come: the adder
+        reserves the first in full, the second discounted by the new-token ratio."""
         full = discounted = 0
         for r in self.reqs:
             rem = min(r.sampling.max_new_tokens - len(r.output_ids), clip)
@@ -47,8 +46,7 @@ class RunningBatch:
         return [max(ceil_page(r.fill_len, page) - len(r.kv_row), 0) for r in self.reqs]
 
     def retraction_order(self, policy: str, sign: int) -> list[Req]:
-        """Running requests sorted so that ``pop()`` yields the next retraction victim under
-        ``--retraction-policy`` ``policy`` (``RETRACTION_ORDERS``)."""
+        """The running requests in ``policy``'s victim order: ``pop()`` is the next victim."""
         return retraction_order(self.reqs, [len(r.output_ids) for r in self.reqs], policy, sign)
 
 
@@ -60,14 +58,9 @@ def _by_length(reqs: list[Req], out_lens: list[int], by_priority: bool, sign: in
     return [reqs[i] for i in sorted(range(len(reqs)), key=key, reverse=True)]
 
 
-# Victim orders by ``--retraction-policy`` name; each returns the running requests (in the
-# order they joined, with these output lengths) so that ``pop()`` is the next victim.
-# - length: SGLang's (spec 4.6): the fewest output tokens, then the longest prompt;
-# - priority: the least important first, then as ``length``;
-# - newest: vLLM's recompute preemption: the request that joined the running batch last
-#   (vLLM V1 pops the tail of its running list; the victim's KV is freed and its tokens
-#   recomputed when it is scheduled again; freed blocks stay matchable until evicted, as a
-#   retracted request's KV stays in the radix cache here).
+# ``--retraction-policy``: length (SGLang's): the fewest output tokens, then the longest prompt;
+# priority: the least important first, then as length; newest (vLLM's recompute preemption):
+# the request that joined the batch last, its KV left matchable in the cache until evicted.
 RETRACTION_ORDERS: dict[str, Callable[[list[Req], list[int], int], list[Req]]] = {
     "length": lambda reqs, out, sign: _by_length(reqs, out, False, sign),
     "priority": lambda reqs, out, sign: _by_length(reqs, out, True, sign),
@@ -76,6 +69,4 @@ RETRACTION_ORDERS: dict[str, Callable[[list[Req], list[int], int], list[Req]]] =
 
 
 def retraction_order(reqs: list[Req], out_lens: list[int], policy: str, sign: int) -> list[Req]:
-    """``reqs`` (with these output lengths) in ``policy``'s retraction order: ``pop()`` is the
-    next victim."""
-    return RETRACTION_ORDERS[policy](reqs, out_lens, sign)
+    return RETRACTION_ORDERS[policy](reqs, out_lens, sign)  # ``pop()`` is the next victim

@@ -208,8 +208,7 @@ class Scheduler:
         return cand if sign * prio_value(incoming, sign) < sign * prio_value(cand, sign) else None
 
     def _requeue(self, reqs: list[Req]) -> None:
-        """Retracted or preempted requests go where the role puts them."""
-        if reqs:
+        if reqs:  # retracted or preempted requests go where the role puts them
             self.role.requeue(reqs)
 
     # ==== abort ==============================================================================
@@ -233,8 +232,7 @@ class Scheduler:
             self._finish_aborted(req, status_code, message)
 
     def _detach(self, req: Req, *, cache_kv: bool) -> None:
-        """Take ``req`` out of the queue, the chunked slot, the running batch or a role's
-        queues; release it."""
+        """Take ``req`` out of the queue, the chunked slot, the batch or a role's; release it."""
         if req in self.waiting:
             self.queue.remove(req)
             return
