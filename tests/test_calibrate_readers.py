@@ -250,7 +250,21 @@ def test_calibrate_notes_an_unknown_structure_once_per_file(
     out = tmp_path / "cal.json"
     src = str(TOOLS / "sglang-0.5.23/gsp.jsonl")
     with caplog.at_level("WARNING"):
-        rc = main(["calibrate", src, "--gpu", "cpu", "-o", str(out), "--iterations", "1"])
+        rc = main(
+            [
+                "calibrate",
+                src,
+                "--gpu",
+                "cpu",
+                "-o",
+                str(out),
+                "--iterations",
+                "1",
+                "--no-holdout",
+                "--max-total-tokens",
+                "65536",
+            ]
+        )
     assert rc == 0
     notes = [r.getMessage() for r in caplog.records if "--gsp-*" in r.getMessage()]
     assert len(notes) == 1 and "request-unique prompts" in notes[0]
