@@ -17,7 +17,7 @@ Mooncake synthetic trace (3,993 requests, 61.2M prompt tokens, arrivals at the t
 Goals (issue "One readable scheduling core"): synthetic and shared-first-block at most 1.5 s
 per policy, the 3x trace at most 4 s and under 1 GB peak RSS; over 10 s is a defect.
 
-Each repeat runs the command twice with a new, empty prompt cache (``sim.prompt_cache``): the
+Each repeat runs the command twice with a new, empty prompt cache (``sim.workloads.prompt_cache``): the
 first run builds the trace's prompts and stores them (``first s``), the second maps them
 (``wall s``, ``CPU s``, ``sim s``), as a user's second run of a trace does. The verdict is
 "goal" when the first run meets it, "goal (cached)" when only the later runs do. Each cell

@@ -1,5 +1,5 @@
 """The model-runner contract: the only part of the loop that differs between the simulator
-(``sim.costmodel.CostModelRunner``: modelled time, no tensors) and the real engine
+(``sim.cost.runner.CostModelRunner``: modelled time, no tensors) and the real engine
 (``engine.runner.TorchRunner``: a PyTorch model over a KV pool tensor).
 
 Contract for implementers:

@@ -5,7 +5,7 @@ Generated workloads take bench's own sizes (``BENCH_WORKLOAD_DEFAULTS``) for eve
 spec leaves out, so ``--workload shared-prefix:groups=4`` stays small. Any failed request makes
 the command exit 1 after a summary of the failures by reason; a server that cannot be
 benchmarked, or a usage error, exits 2. ``--sweep`` runs the calibrating sweep
-(``server.bench.run_sweep``) into one file for ``radixsched calibrate``."""
+(``client.bench.run_sweep``) into one file for ``radixsched calibrate``."""
 
 from __future__ import annotations
 

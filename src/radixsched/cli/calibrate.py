@@ -2,7 +2,7 @@
 
 ``radixsched calibrate RESULTS... --output cal.json`` reads client-side results
 (``radixsched bench [--sweep]``, ``sglang.bench_serving``, vLLM's ``benchmark_serving``,
-GuideLLM; ``sim.result_files``), fits the cost model's constants (``sim.calibrate``), prints
+GuideLLM; ``sim.calibrate.readers``), fits the cost model's constants (``sim.calibrate.fit``), prints
 the fit's error per run and writes a calibration file for ``simulate --calibration``.
 
 ``radixsched calibrate --profile --model NAME --output table.json`` times the real engine's

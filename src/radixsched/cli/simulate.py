@@ -2,7 +2,7 @@
 
 Scheduler flags carry SGLang's names and come from ``SchedulerConfig``; simulator flags come from
 ``SimConfig``: the help text and defaults are generated from the dataclasses, so they never drift.
-``simulate --config run.yaml`` takes the same keys as the flags (``sim.runconfig``, the schema
+``simulate --config run.yaml`` takes the same keys as the flags (``sim.settings.runconfig``, the schema
 sweep configs use too); flags given on the command line override the file. Every setting and
 output path is checked before any work starts. Heavy modules (torch, FastAPI, ray, plotly) are
 imported only by the subcommand that needs them."""

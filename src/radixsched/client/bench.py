@@ -2,7 +2,7 @@
 
 Requests come from the simulator's registry (``radixsched.sim.workloads.load.load_workload``), are
 sent as token ids to ``POST /generate`` with ``stream: true`` at their arrival times (Poisson
-or trace timestamps; ``inf`` = all at once; no rate: ``sim.runconfig.RATE_RULE``), at most
+or trace timestamps; ``inf`` = all at once; no rate: ``sim.settings.runconfig.RATE_RULE``), at most
 ``max_concurrency`` in flight. Generated workloads take ``BENCH_WORKLOAD_DEFAULTS`` for every
 param the spec does not set: sizes a small model on a CPU serves in seconds, not the
 simulator's (a 2,048-token system prompt, 256 output tokens). The result
@@ -113,7 +113,7 @@ class BenchError(Exception):
 class BenchConfig:
     url: str
     workload: str = DEFAULT_BENCH_WORKLOAD
-    request_rate: float | None = None  # None: sim.runconfig.RATE_RULE
+    request_rate: float | None = None  # None: sim.settings.runconfig.RATE_RULE
     num_requests: int | None = None
     max_concurrency: int | None = None
     api_key: str | None = None

@@ -5,7 +5,7 @@ SGLang's ``--disaggregation-mode`` (``SchedulerConfig.disaggregation_mode``) nam
 looks it up). Each role overrides the hooks of ``radixsched.roles.Role`` where its side
 differs from a co-located scheduler, so the same scheduler loop runs every role and only the
 places a request waits at differ. A request of a split deployment has one copy on a prefill
-instance and one on a decode instance; whoever drives them (``sim.disagg``) carries the
+instance and one on a decode instance; whoever drives them (``sim.deploy.disagg``) carries the
 handshake and the KV between the two.
 
 Prefill role (``PrefillRole``):

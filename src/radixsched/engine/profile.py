@@ -1,7 +1,7 @@
 """Profile the real engine: forward-pass times over a grid of batch shapes
 (``radixsched calibrate --profile``), as the step-time table ``simulate --calibration`` reads.
 
-Rows (``sim.costmodel``'s table format): ``prefill`` batches of ``batch_size`` requests with
+Rows (``sim.cost.table``'s format): ``prefill`` batches of ``batch_size`` requests with
 ``num_tokens`` new tokens in all and no cached prefix; ``decode`` batches of ``batch_size``
 requests reading ``num_tokens`` context tokens in all. Each shape is run once to warm up, then
 ``repeats`` times; the median is kept. KV slots are the pool's first ones (their contents do

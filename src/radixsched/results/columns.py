@@ -161,7 +161,7 @@ def _role_latency(key: str, header: str, field: str, hint: str, terminal: int) -
     )
 
 
-# Shown when a run split prefill and decode onto their own instances (``sim.disagg``).
+# Shown when a run split prefill and decode onto their own instances (``sim.deploy.disagg``).
 DISAGG_COLUMNS: tuple[Column, ...] = (
     _role_latency(
         "bootstrap_wait_p99",

@@ -1,4 +1,4 @@
-"""The HTML report's section on split prefill/decode deployments (``sim.disagg``): where each
+"""The HTML report's section on split prefill/decode deployments (``sim.deploy.disagg``): where each
 request's time to first token went, stage by stage, and how busy every instance was."""
 
 from __future__ import annotations

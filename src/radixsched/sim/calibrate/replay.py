@@ -93,7 +93,7 @@ def _weight(replay: Replay) -> float:
 
 
 def _fit_to_limits(req: Req, vocab: int | None, context: int | None) -> Req:
-    """The request as ``radixsched bench`` sent it (``server.bench.fit_request``'s rule)."""
+    """The request as ``radixsched bench`` sent it (``client.bench.fit_request``'s rule)."""
     ids = req.prompt_ids
     max_new = req.sampling.max_new_tokens
     if context:

@@ -2,7 +2,7 @@
 
 Two kinds of file are accepted by ``--calibration``:
 
-- a step-time table (CSV, JSON list or ``{"rows": [...]}``, JSON Lines; ``sim.costmodel``);
+- a step-time table (CSV, JSON list or ``{"rows": [...]}``, JSON Lines; ``sim.cost.table``);
 - a calibration document, a JSON object::
 
     {"format": "radixsched-calibration", "version": 2,
@@ -60,7 +60,7 @@ class Calibration:
 _MAX_SECONDS = 3600.0
 _MAX_CONSTANT = {"mfu": 1.0, "mbu": 1.0, "prefill_eff_tokens": 1e7}
 _GZIP_MAGIC = b"\x1f\x8b"
-# Keys of the result files ``radixsched calibrate`` reads (``sim.result_files``).
+# Keys of the result files ``radixsched calibrate`` reads (``sim.calibrate.readers``).
 _RESULT_KEYS = ("ttfts", "input_lens", "benchmarks", "requests", "results", "runs")
 
 
@@ -161,7 +161,7 @@ def _check_table(table: CalibrationTable) -> CalibrationTable:
 
 
 def _table_file(p: Path, text: str) -> CalibrationTable:
-    """A step-time table in a CSV or JSON Lines file (``sim.costmodel.load_calibration``)."""
+    """A step-time table in a CSV or JSON Lines file (``sim.cost.table.load_calibration``)."""
     if p.suffix.lower() == ".jsonl":
         first = next((line for line in text.splitlines() if line.strip()), "")
         try:

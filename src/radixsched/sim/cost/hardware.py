@@ -20,7 +20,7 @@ HBM bandwidth) except those that datasheets do not give directly:
 
 Model shapes are those of the published Hugging Face ``config.json`` files; parameter counts
 are the published totals (``tests/test_costmodel.py`` checks them against the shapes). Any
-other model: ``--model path/to/config.json`` (``sim.hfconfig``).
+other model: ``--model path/to/config.json`` (``sim.cost.hfconfig``).
 
 Names are matched case-insensitively, ignoring ``-``, ``_`` and spaces, with the common
 spellings in ``GPU_ALIASES`` / ``MODEL_ALIASES`` (``a100`` is A100-80G, ``h100-sxm`` is H100)

@@ -1,6 +1,6 @@
 """Model shapes from a Hugging Face ``config.json`` (read offline), for ``--model PATH``.
 
-``resolve_model(name)`` takes a preset name (``sim.presets``), a ``config.json`` file, or a
+``resolve_model(name)`` takes a preset name (``sim.cost.hardware``), a ``config.json`` file, or a
 model directory holding one. Fields read (missing ones take the Llama defaults in brackets):
 
 - ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``

@@ -39,7 +39,7 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
 - Host-tier load-back overlaps nothing: its copy time is added to the step.
 - ``request_latency_s`` (HTTP, tokenization, detokenization, first-chunk flush) is no part of
   a step: the simulator delays each request's arrival at the scheduler by it and reports
-  client-side TTFT and E2E (``sim.arrivals``).
+  client-side TTFT and E2E (``sim.deploy.closed_loop``).
 - ``request_serial_s``: the front end handles one request at a time, so requests sent
   together reach the scheduler that far apart: a closed loop's clients, whose requests all
   finish in one step, send again together, and the first of them is prefilled alone while the
@@ -48,7 +48,7 @@ Symbols: ``L`` layers, ``H`` attention heads, ``D`` head dim, ``A`` active param
 - Not modelled: activations' memory traffic, sampling, CUDA-graph padding, the LM head being
   run only on the last prefill token, all-reduce overlap with compute.
 
-Constants (``CostModel`` fields; hardware numbers are in ``sim/presets.py``)
+Constants (``CostModel`` fields; hardware numbers are in ``sim/cost/hardware.py``)
 ---------------------------------------------------------------------------
 - ``mfu = 0.55``: achievable fraction of dense bf16 peak in prefill, for GPUs without a
   measured curve. A rounded choice: large bf16 GEMMs run at roughly 70-80% of peak on
@@ -248,7 +248,7 @@ class CostModel:
     # every request's TTFT and E2E by the simulator, not to any step.
     request_latency_s: float = DEFAULT_REQUEST_LATENCY_S
     # The server's front end (HTTP parsing, tokenization) takes each request for this long, one
-    # at a time: requests reach the scheduler no closer together (``sim.arrivals``).
+    # at a time: requests reach the scheduler no closer together (``sim.deploy.closed_loop``).
     request_serial_s: float = DEFAULT_REQUEST_SERIAL_S
 
     def __post_init__(self) -> None:
@@ -556,7 +556,7 @@ class CostModel:
         }
 
 
-# Constants a calibration file may set (``sim.calibration_file``), by ``CostModel`` field.
+# Constants a calibration file may set (``sim.cost.calibration_file``), by ``CostModel`` field.
 CONSTANTS: dict[str, float] = {
     "mfu": DEFAULT_MFU,
     "mbu": DEFAULT_MBU,

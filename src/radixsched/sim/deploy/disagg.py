@@ -24,7 +24,7 @@ decode instances match nothing). One request's life (``Leg``), SGLang's and Moon
 TTFT is therefore bootstrap wait + prefill queue wait + prefill + transfer + decode queue
 wait, each reported by role (``disagg_stats``), with TPOT and every instance's utilisation.
 
-The event loop (``sim.disagg_loop``) is the co-located one's, each instance stepping up to its
+The event loop (``sim.deploy.disagg_loop``) is the co-located one's, each instance stepping up to its
 own horizon: the earliest time an event could still reach it. A prefill instance whose waiting
 requests cannot be admitted while its memory is held by in-flight KV waits for its next event.
 The simulator path never imports torch."""

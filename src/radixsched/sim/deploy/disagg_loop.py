@@ -1,4 +1,4 @@
-"""The event loop of a split prefill/decode deployment (``sim.disagg``).
+"""The event loop of a split prefill/decode deployment (``sim.deploy.disagg``).
 
 Events, each on one request's ``Leg``: the handshake reaching the prefill instance (BOOT), the
 prefilled KV being ready to send (READY: the links serve transfers in the order they become

@@ -142,7 +142,7 @@ def step_earliest(
 
 
 # (cost model, seed, the replica's clock) -> the replica's runner, called once per replica
-# before its scheduler is built (calibration's step recorder, ``sim.calibrate``).
+# before its scheduler is built (calibration's step recorder, ``sim.calibrate.fit``).
 RunnerFactory = Callable[[Any, int, VirtualClock], Any]
 
 
@@ -194,7 +194,7 @@ def _build_replica(
     runner: Any
     if runner_factory is None:
         runner = CostModelRunner(cost, seed=sched_cfg.seed)
-    else:  # e.g. calibration's step recorder (``sim.calibrate``)
+    else:  # e.g. calibration's step recorder (``sim.calibrate.fit``)
         runner = runner_factory(cost, sched_cfg.seed, clock)
     if single_step:
         runner = SingleStepRunner(runner)

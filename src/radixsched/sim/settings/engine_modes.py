@@ -2,8 +2,8 @@
 
 The scheduler is SGLang's; in ``vllm`` mode the settings where vLLM's V1 scheduler behaves
 differently and an equivalent exists take vLLM's values. Settings given explicitly (a flag,
-a ``--config`` or sweep key) always win; ``sim.runconfig.RunSettings.scheduler_config`` applies
-the mode and ``sim.runconfig.check`` validates it.
+a ``--config`` or sweep key) always win; ``sim.settings.runconfig.RunSettings.scheduler_config`` applies
+the mode and ``sim.preflight.check`` validates it.
 
 =====================  ===============================  ===================================
 behaviour              sglang (default)                 vllm

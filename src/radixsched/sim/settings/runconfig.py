@@ -13,7 +13,7 @@ prefixed to be explicit:
   ``policy`` (a list or comma-separated names, or ``all``), ``json``, ``csv``, ``report``,
   ``requests_csv``, ``quiet``, ``jobs``.
 
-Arrivals follow one rule everywhere (``RATE_RULE``). ``engine_mode`` (``sim.engine_modes``)
+Arrivals follow one rule everywhere (``RATE_RULE``). ``engine_mode`` (``sim.settings.engine_modes``)
 supplies the scheduler settings a run does not give. ``check`` validates a resolved run
 without running anything, so a typo fails before any work starts, one line per problem.
 Numeric values are resolved within ``LIMITS`` (no NaN; no infinity but where it means

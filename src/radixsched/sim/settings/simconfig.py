@@ -2,7 +2,7 @@
 
 Every field is a ``simulate`` flag (``--field-name``) and is recorded in ``--json`` output.
 Cost-model constants default to None: the calibration file's value when one is given, else
-the documented default (``sim.costmodel``); the constants the run used are recorded under
+the documented default (``sim.cost.roofline``); the constants the run used are recorded under
 ``config.cost_model``."""
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class SimConfig:
     prefill_delayer_queue_min_ratio: float | None = field(
         default=None, metadata={"help": "delayer: queue trigger ratio (opt-in)"}
     )
-    # ---- prefill/decode disaggregation (sim.disagg) -------------------------------------
+    # ---- prefill/decode disaggregation (sim.deploy.disagg) -------------------------------------
     disaggregation: bool = field(
         default=False,
         metadata={

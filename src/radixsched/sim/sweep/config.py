@@ -218,7 +218,7 @@ ResolvedPoint = RunSettings
 
 def resolve_settings(settings: Mapping[str, Any]) -> RunSettings:
     """Split one point's settings into SchedulerConfig, SimConfig, workload and SLO settings
-    (``sim.runconfig.resolve``); ``SweepError`` names the bad key."""
+    (``sim.settings.runconfig.resolve``); ``SweepError`` names the bad key."""
     try:
         return resolve(settings)
     except SweepError:
@@ -295,7 +295,7 @@ def _runs_text(runs: Sequence[int], points: Sequence[Settings], varied: Sequence
 def validate_points(
     points: Sequence[Settings], varied: Sequence[str] = (), labels: Sequence[str] = ()
 ) -> None:
-    """Check every point before any run starts (``sim.runconfig.check``): one line per
+    """Check every point before any run starts (``sim.preflight.check``): one line per
     problem, naming the runs it affects. ``labels``: case keys, which are not settings."""
     from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD
 

@@ -240,7 +240,7 @@ def _fill_kept(
 
 
 def optimal_hit_rate(reqs: Sequence[Req], page_size: int = 1) -> float:
-    """Share of prompt tokens an infinite prefix cache could serve (``sim.optimal``)."""
+    """Share of prompt tokens an infinite prefix cache could serve (``results.optimal``)."""
     from radixsched.results.optimal import optimal_hit_rate as optimal
 
     return optimal(reqs, page_size)

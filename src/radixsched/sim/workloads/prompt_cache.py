@@ -15,7 +15,7 @@ map that file read-only and hand each request a view of it: no token is generate
 pages come in from the page cache as the simulation first reads them, and forked workers
 share them. Linux only (elsewhere the prompts are built every time).
 
-Where: ``prompts/`` under the cache root (``cli_common.cache_root``: ``$RADIXSCHED_CACHE_DIR``,
+Where: ``prompts/`` under the cache root (``paths.cache_root``: ``$RADIXSCHED_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/radixsched``, else ``~/.cache/radixsched``); ``RADIXSCHED_PROMPT_CACHE=off``
 disables it. The folder is kept under ``$RADIXSCHED_CACHE_MAX_GB`` (default 8) by removing the
 least recently used files, and nothing is written when the disk would keep less than 1 GiB

@@ -74,7 +74,7 @@ KV (prompt plus scripted output but its last token, which is never fed back) is 
 request in arrival order: the longest common prefix with any earlier request in the same
 namespace, capped at ``prompt_len - 1`` (one token is always computed), rounded down to whole
 pages; summed over requests and divided by all prompt tokens. Exact: the sequences go into a
-radix tree of their own (``sim.optimal``). ``mooncake_block_hit_rate(path)`` is
+radix tree of their own (``results.optimal``). ``mooncake_block_hit_rate(path)`` is
 the Mooncake README's block-level figure instead (leading ids already seen x 512, capped at
 ``input_length``, no ``-1`` cap): 65.1% on the synthetic trace."""
 
@@ -192,7 +192,7 @@ WORKLOADS: dict[str, WorkloadKind] = {
         ),
         WorkloadKind(
             "jsonl",
-            "radixsched JSONL trace (format in sim/workloads.py)",
+            "radixsched JSONL trace (format in sim/workloads/traces.py)",
             (_PATH, _VOCAB),
             _build_jsonl,
             is_trace=True,
