@@ -166,10 +166,15 @@ class ModelSpec:
 # GEMM of ``M`` tokens by ``N`` outputs fills the 132 SMs (108 on A100) only once its
 # ``M * N / (128 * 256)`` tiles reach a wave:
 # ``M`` >= ~1,000 for ``N`` = 4,096 (NVIDIA, "Matrix Multiplication Background User's Guide",
-# tile and wave quantisation). 128 tokens: a step of 128 tokens reaches half of ``mfu``,
-# 4,096 tokens 97% of it (below ~300 tokens an H100 step is memory-bound anyway).
+# tile and wave quantisation). 128 tokens on A100: a step of 128 tokens reaches half of
+# ``mfu``, 4,096 tokens 97% of it (below ~300 tokens a step is memory-bound anyway).
+# H100: 64, measured. ``bench/gpu_step_bench.py --compile`` ran whole-model steps (bf16, CUDA
+# graphs, torch.compile'd as vLLM V1 runs them) of Llama-3.1-8B, Llama-2-13B, CodeLlama-34B
+# (one TP2 shard) and Llama-3.1-70B (one TP4 shard) on an H100 80GB HBM3 (2026-12-05, data in
+# bench/data/h100-2026-12-05/): over the 44 prefills of 128 to 16,384 tokens, (0.68, 64)
+# predicts within 5.5% on average (bias -1%, worst 13%); (0.68, 128) was 9.8% pessimistic.
 # GPUs without a published measurement keep the generic constants.
-_HOPPER_CURVE = (0.68, 128.0)
+_HOPPER_CURVE = (0.68, 64.0)
 _AMPERE_CURVE = (0.74, 128.0)
 PREFILL_CURVES: dict[str, tuple[float, float]] = {
     "H100": _HOPPER_CURVE,

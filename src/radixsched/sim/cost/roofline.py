@@ -63,8 +63,9 @@ Constants (``CostModel`` fields; hardware numbers are in ``sim/cost/hardware.py`
   defaults a batch-1 Llama-3.1-8B decode step on an H100 takes 7.0 ms (143 tokens/s), of
   which the weight read at full datasheet bandwidth is 4.8 ms. Use ``--calibration`` when
   measured numbers are at hand.
-- ``prefill_eff_tokens = 0`` (off) for GPUs without a measured curve; 128 on H100, H200
-  and A100 (``PREFILL_CURVES``). GEMMs below a few hundred rows lose tiles and waves;
+- ``prefill_eff_tokens = 0`` (off) for GPUs without a measured curve; 64 on H100 and H200
+  (measured: ``bench/gpu_step_bench.py``), 128 on A100 (``PREFILL_CURVES``). GEMMs below a
+  few hundred rows lose tiles and waves;
   ``radixsched calibrate`` fits it. ``tests/test_golden.py`` replays release 0.1.0's step
   times with that release's constants (``mfu`` 0.55, no size term, no front-end latency)
   given explicitly.
