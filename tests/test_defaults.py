@@ -24,7 +24,7 @@ def _cost(**kw: object) -> CostModel:
 
 def test_each_gpu_has_its_curve_and_each_engine_mode_its_front_end() -> None:
     h100 = _cost(gpu="H100", engine_mode="vllm")
-    assert (h100.mfu, h100.prefill_eff_tokens, h100.request_latency_s) == (0.68, 128.0, 0.010)
+    assert (h100.mfu, h100.prefill_eff_tokens, h100.request_latency_s) == (0.68, 64.0, 0.010)
     assert _cost(gpu="A100", engine_mode="sglang").mfu == 0.74
     assert _cost(gpu="H200", engine_mode="sglang").request_latency_s == 0.0085
     # A GPU without a published measurement keeps the generic constants; no mode, no front end.
@@ -34,7 +34,7 @@ def test_each_gpu_has_its_curve_and_each_engine_mode_its_front_end() -> None:
 
 def test_flags_and_calibration_files_win_over_the_defaults(tmp_path: Path) -> None:
     given = _cost(gpu="H100", engine_mode="vllm", mfu=0.5, request_latency_s=0.002)
-    assert (given.mfu, given.request_latency_s, given.prefill_eff_tokens) == (0.5, 0.002, 128.0)
+    assert (given.mfu, given.request_latency_s, given.prefill_eff_tokens) == (0.5, 0.002, 64.0)
     cal = tmp_path / "cal.json"
     doc = {
         "format": "radixsched-calibration",

@@ -136,6 +136,12 @@ SIDE_BY_SIDE: dict[str, tuple[Callable[[], Workload], dict[str, Any], dict[str, 
         {"page_size": 16, "chunked_prefill_size": 256},
         {"max_total_tokens": 9000},
     ),
+    # Hits in whole 16-token blocks over 4-token pages: every admission cuts its match.
+    "agentic-p4-blocks16": (
+        lambda: load_workload(AGENTIC, request_rate=40.0),
+        {"page_size": 4, "cache_block_size": 16, "chunked_prefill_size": 256},
+        {"max_total_tokens": 9000},
+    ),
     # Requests that stop early on a stop id: no decode jump may run past one.
     "stop-tokens": (
         lambda: _with_stops(
@@ -392,3 +398,17 @@ def test_decode_jumps_and_fused_chunks_fire() -> None:
     assert any(out.num_steps > 1 for out in multi), "no decode jump"
     assert len(chunks) > 0, "no fused middle chunk"
     assert run.result.num_completed > 0.9 * run.result.num_requests
+
+
+@pytest.mark.parametrize("shape", ["vllm-mode-agentic", "agentic-p4-blocks16"])
+def test_block_hits_are_cut_in_the_block_shapes(shape: str) -> None:
+    """The block shapes do cut matches (a shape whose hits all fell on block edges would prove
+    nothing): every hit is whole blocks, and fewer tokens hit than with token-granular hits."""
+    build, sched, sim = SIDE_BY_SIDE[shape]
+    w = build()
+    blocks = _run(w, False, {"schedule_policy": "fcfs", **sched}, sim)
+    tokens = _run(w, False, {"schedule_policy": "fcfs", **sched, "cache_block_size": 1}, sim)
+    block = sched["cache_block_size"]
+    assert all(r.cached_tokens % block == 0 for r in blocks.requests)
+    hits = sum(r.cached_tokens for r in blocks.requests)
+    assert 0 < hits < sum(r.cached_tokens for r in tokens.requests)

@@ -154,6 +154,8 @@ def sched_configs(draw: st.DrawFn) -> dict[str, Any]:
         "page_size": page,
         "chunked_prefill_size": chunk if chunk in (None, -1) else max(page, chunk // page * page),
         "seed": draw(st.integers(0, 3)),
+        # Hits in whole blocks (vLLM) over pages: 1 (off) or a multiple of the page.
+        "cache_block_size": draw(st.sampled_from([1, 1, 1, 16 // page * page, 32])),
     }
     optional = {
         "max_prefill_tokens": st.sampled_from([128, 1024, 16384]),
@@ -172,7 +174,7 @@ def sched_configs(draw: st.DrawFn) -> dict[str, Any]:
         "lpm_max_wait_s": st.sampled_from([0.0, 0.05, 1.0]),
         "lpm_max_wait_tokens": st.sampled_from([0, 500, 5000]),
         "enable_waiting_prefix_refresh": st.booleans(),
-        "retraction_policy": st.sampled_from(["length", "priority"]),
+        "retraction_policy": st.sampled_from(["length", "priority", "newest"]),
         "radix_eviction_policy": st.sampled_from(["lru", "lfu", "fifo", "filo", "mru", "priority"]),
         "disable_radix_cache": st.booleans(),
         "max_queued_requests": st.integers(1, 30),

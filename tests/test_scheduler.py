@@ -90,6 +90,42 @@ def test_identical_prompt_leaves_one_token_to_compute() -> None:
     assert b.cached_tokens == 39 and b.computed_prefill_tokens == 1
 
 
+@pytest.mark.parametrize(
+    ("shared", "block", "hit"),
+    [(64, 1, 64), (70, 16, 64), (70, 1, 70), (63, 16, 48), (15, 16, 0), (64, 16, 64)],
+)
+def test_a_hit_counts_whole_cache_blocks(shared: int, block: int, hit: int) -> None:
+    """vLLM's prefix cache: only whole blocks hit; the rest of the shared prefix is computed
+    again, and its duplicate KV is freed when the request is cached (integrity holds)."""
+    s = make_sched(cache_block_size=block)
+    p = prompt(shared)
+    s.add_request(req("a", p, n=3))
+    run_all(s)
+    b = req("b", np.concatenate([p, prompt(8, 1)]), n=3)
+    s.add_request(b)
+    run_all(s)
+    assert b.cached_tokens == hit and b.computed_prefill_tokens == shared + 8 - hit
+    assert b.output_ids == reference_output(b.prompt_ids, 3, s.runner)  # type: ignore[arg-type]
+
+
+def test_a_whole_prompt_hit_in_blocks_still_computes_its_last_token() -> None:
+    """48 cached tokens of a 48-token prompt: capped at 47, then cut to whole 16-token blocks."""
+    s = make_sched(cache_block_size=16)
+    p = prompt(48)
+    s.add_request(req("a", p, n=1))
+    run_all(s)
+    b = req("b", p, n=1)
+    s.add_request(b)
+    run_all(s)
+    assert b.cached_tokens == 32 and b.computed_prefill_tokens == 16
+
+
+def test_cache_block_size_must_be_whole_pages() -> None:
+    with pytest.raises(ValueError, match="cache_block_size must be 1 or a multiple of page_size"):
+        SchedulerConfig(page_size=16, cache_block_size=24)
+    assert SchedulerConfig(page_size=16, cache_block_size=32).cache_block_size == 32
+
+
 def test_stop_token_and_eos() -> None:
     runner = FakeRunner(1000)
     p = prompt(20)

@@ -25,9 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from radixsched.cache.base import BasePrefixCache
+from radixsched.cache.base import BasePrefixCache, ceil_page, floor_page
 from radixsched.config import SchedulerConfig
-from radixsched.kv import ceil_page, floor_page
 from radixsched.policies import prio_value
 from radixsched.request import Req
 

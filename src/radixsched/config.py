@@ -159,6 +159,13 @@ class SchedulerConfig:
     )
     # ---- cache ------------------------------------------------------------------------
     page_size: int = field(default=1, metadata=_meta("tokens per KV page"))
+    cache_block_size: int = field(
+        default=1,
+        metadata=_meta(
+            "a prefix-cache hit counts whole blocks of this many tokens (1 or a multiple of the "
+            "page size; --engine-mode vllm: 16, vLLM's block size); KV stays in pages"
+        ),
+    )
     disable_radix_cache: bool = field(default=False, metadata=_meta("no prefix reuse"))
     radix_eviction_policy: str = field(
         default="lru", metadata=_meta("eviction strategy (lru, lfu, fifo, filo, mru, priority)")
@@ -197,6 +204,13 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.cache_block_size < 1 or (
+            self.cache_block_size > 1 and self.cache_block_size % self.page_size
+        ):
+            raise ValueError(
+                f"cache_block_size must be 1 or a multiple of page_size ({self.page_size}), "
+                f"got {self.cache_block_size}"
+            )
         if self.schedule_conservativeness < 0:
             raise ValueError("schedule_conservativeness must be >= 0")
         if self.chunk_size is not None and self.chunk_size % self.page_size:

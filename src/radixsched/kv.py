@@ -14,18 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from radixsched.cache import CacheKey, TokenAllocator
-from radixsched.cache.base import BasePrefixCache, IntegrityError
+from radixsched.cache.base import BasePrefixCache, IntegrityError, ceil_page, floor_page
 from radixsched.config import SchedulerConfig
 from radixsched.request import EMPTY_SLOTS, Req, SlotArray
 from radixsched.runner import DecodeEntry, ExtendEntry
-
-
-def ceil_page(n: int, page: int) -> int:
-    return -(-n // page) * page
-
-
-def floor_page(n: int, page: int) -> int:
-    return n // page * page
 
 
 class KVManager:
@@ -40,6 +32,7 @@ class KVManager:
         self.cache = cache
         self.allocator = allocator
         self.page = allocator.page_size
+        self.hit_unit = max(self.page, config.cache_block_size)  # a hit is whole blocks
         self.host_tier = host_tier
         self.priority_sign = config.priority_sign
         self.compat = config.sglang_compat
@@ -60,13 +53,17 @@ class KVManager:
     def borrow(self, req: Req, key: CacheKey, device_len: int, last_node: object) -> None:
         """The admission's match of ``key`` is ``device_len`` tokens ending at ``last_node``."""
         cap = len(key.tokens)
+        if device_len % self.hit_unit:  # vLLM's blocks: the hit ends at the last whole one
+            device_len -= device_len % self.hit_unit
+            short = key._replace(tokens=key.tokens[:device_len])
+            last_node = self.cache.match_node(short).last_node
         req.prefix_len = req.kv_len = req.cache_protected_len = device_len
         req.last_node = last_node
         req.kv_row = req.kv_buf = EMPTY_SLOTS
         req.host_hit_len = 0
         if self.host_tier is not None:
             host = self.host_tier.host_len(key, device_len)  # type: ignore[attr-defined]
-            end = floor_page(min(device_len + host, cap), self.page)
+            end = floor_page(min(device_len + host, cap), self.hit_unit)
             req.host_hit_len = max(0, end - device_len)
         req.num_matched_prefix_tokens = min(device_len + req.host_hit_len, cap)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from radixsched.kv import ceil_page
+from radixsched.cache.base import ceil_page
 from radixsched.policies import prio_value
 from radixsched.request import Req
 

@@ -33,11 +33,11 @@ from typing import Any, NamedTuple
 
 from radixsched.adder import AddReqResult, Admission, PrefillAdder, PrefillGate
 from radixsched.cache import CacheKey, TokenAllocator, make_cache
-from radixsched.cache.base import BasePrefixCache, IntegrityError
+from radixsched.cache.base import BasePrefixCache, IntegrityError, ceil_page
 from radixsched.cache.radix import longest_common_prefix
 from radixsched.clock import Clock, VirtualClock
 from radixsched.config import SchedulerConfig, resolve_max_running_requests
-from radixsched.kv import KVManager, ceil_page
+from radixsched.kv import KVManager
 from radixsched.policies import prio_value, validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker

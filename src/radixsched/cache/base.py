@@ -27,6 +27,14 @@ from radixsched.request import SlotArray, TokenArray
 Namespace = tuple[str | None, str | None] | None
 
 
+def ceil_page(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+def floor_page(n: int, page: int) -> int:
+    return n // page * page
+
+
 class CacheKey(NamedTuple):
     """Token ids plus a namespace ``(extra_key, cache_salt)``; None = the default namespace."""
 

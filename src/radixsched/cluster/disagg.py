@@ -52,9 +52,9 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from radixsched.cache.base import IntegrityError
+from radixsched.cache.base import IntegrityError, ceil_page
 from radixsched.config import SchedulerConfig
-from radixsched.kv import ceil_page, row_capacity
+from radixsched.kv import row_capacity
 from radixsched.request import Req, SlotArray
 from radixsched.roles import CoLocated, Role
 from radixsched.running import prio_value

@@ -21,11 +21,15 @@ preemption victim      fewest output tokens first       the request that joined 
                                                         preemption; ``--retraction-policy
                                                         newest``), its KV freed to the cache
 front-end latency      8.5 ms per request               10 ms (``FRONTEND_LATENCY_S``)
+prefix-cache hits      whole pages (``--page-size``,    whole 16-token blocks
+                       1 by default)                    (``--cache-block-size 16``: vLLM's
+                                                        ``--block-size``), capped so that
+                                                        the last prompt token is computed
 =====================  ===============================  ===================================
 
-Not modelled in either mode: vLLM's prefix cache matches whole 16-token blocks only (the
-simulated cache in ``vllm`` mode matches tokens, ``--page-size 1``: hits are overestimated by
-under 16 tokens per request), CUDA-graph batch-size padding."""
+In ``vllm`` mode KV is held token by token (``--page-size 1``) while hits count whole blocks:
+vLLM allocates whole blocks, so its pool holds up to 15 tokens per running request fewer than
+the simulated one. Not modelled in either mode: CUDA-graph batch-size padding."""
 
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ ENGINE_MODES: dict[str, dict[str, Any]] = {
         "schedule_conservativeness": 0.0,
         "max_running_requests": 256,
         "retraction_policy": "newest",
+        "cache_block_size": 16,
     },
 }
 CHUNK_ALIGNMENT = {"sglang": "page", "vllm": "none"}
@@ -89,5 +94,6 @@ def check_alignment(alignment: str, page_size: int) -> None:
     if alignment == "none" and page_size != 1:
         raise EngineModeError(
             f"--chunk-alignment none (vLLM's chunks) needs --page-size 1 in the simulator, "
-            f"got --page-size {page_size}"
+            f"got --page-size {page_size} (vLLM's --block-size is --cache-block-size here: "
+            "16 by default in --engine-mode vllm)"
         )
