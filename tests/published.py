@@ -118,10 +118,16 @@ def _load_text(row: dict[str, Any]) -> str:
     return "all at t=0" if row["request_rate"] == "inf" else f"{row['request_rate']} req/s"
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _cell(row: dict[str, Any], p: dict[str, float], m: str) -> str:
+    """Published / predicted (error); a known miss (outside the test's band) marked †."""
     if m not in row:
         return "—"
-    return f"{row[m]:,.4g} / {p[m]:,.4g} ({error(p[m], row[m]):+.0f}%)"
+    mark = " †" if m in row.get("known_miss", {}) else ""
+    return f"{_num(row[m])} / {_num(p[m])} ({error(p[m], row[m]):+.0f}%){mark}"
 
 
 def table(doc: dict[str, Any], predictions: list[dict[str, float]]) -> str:
