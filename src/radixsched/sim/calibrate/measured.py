@@ -1,8 +1,8 @@
 """Measured runs, the input of ``radixsched calibrate``, and the reading of result files.
 
 ``read_result_file`` detects the tool that wrote a file from its content and hands it to that
-tool's reader (``sim.calibrate.readers``: radixsched bench, GuideLLM 0.2-0.8, vLLM's bench
-client, sglang.bench_serving, inference-perf). Every reader returns ``MeasuredRun``s: per
+tool's reader (``sim.calibrate.readers``: radixsched bench, GuideLLM 0.2-0.8, vLLM's
+benchmark_serving.py and vllm bench serve, sglang.bench_serving, inference-perf). Every reader returns ``MeasuredRun``s: per
 successful request its prompt and output lengths, TTFT and E2E (seconds), its send time and
 cached prompt tokens when the tool records them, plus the run's arrival process (a request
 rate, ``inf`` for all at once, and a max concurrency) and what is known of how its prompts
@@ -130,6 +130,8 @@ def _document_runs(doc: Mapping[str, Any], p: Path) -> list[MeasuredRun]:
         return radixsched_bench.radixsched_runs(doc, p)
     if guidellm.is_guidellm(doc):
         return guidellm.guidellm_runs(doc, str(p))
+    if sglang_bench.is_sglang(doc):  # one run's line, in a file not named .jsonl
+        return sglang_bench.sglang_runs([(1, dict(doc))], p)
     if vllm_bench.is_vllm(doc):
         return vllm_bench.vllm_runs(doc, p)
     if doc.get("format") == "radixsched-calibration":

@@ -22,17 +22,28 @@ from radixsched.sim.calibrate.runs import (
     ResultFileError,
 )
 
+# The per-request lists a run needs, in the order of their fields.
+LISTS = ("input_lens", "output_lens", "ttfts", "itls")
+
 
 def lists_run(
-    doc: Mapping[str, Any], path: str, source: str, *, note: str | None, tool_version: str | None
+    doc: Mapping[str, Any],
+    path: str,
+    source: str,
+    *,
+    note: str | None,
+    tool_version: str | None,
+    label: str | None = None,
 ) -> MeasuredRun:
     """The run of one detail-lists document; ``note``: what its unknown prompt structure may
-    cost (None: the prompts are known to share no prefixes)."""
-    rate = _rate(doc.get("request_rate"), path, "request_rate")
-    conc = _concurrency(doc.get("max_concurrency"), path, "max_concurrency")
+    cost (None: the prompts are known to share no prefixes); ``label``: the layout, named in
+    every message after the path."""
+    head = path if label is None else f"{path}: {label}"
+    rate = _rate(doc.get("request_rate"), head, "request_rate")
+    conc = _concurrency(doc.get("max_concurrency"), head, "max_concurrency")
     name = run_name(doc.get("request_rate"), rate, conc)
-    where = f"{path}: {name}"
-    need = ("input_lens", "output_lens", "ttfts", "itls")
+    where = f"{head}: {name}"
+    need = LISTS
     missing = [k for k in need if not isinstance(doc.get(k), list)]
     if missing:
         flag = "--output-details" if source == "sglang" else "--save-result --save-detailed"

@@ -5,6 +5,7 @@ send times, and none of the generated-shared-prefix arguments (``--gsp-*``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ def _note(dataset: Any) -> str | None:
             "--gsp-* arguments (groups, system prompt length)"
         )
     return unknown_structure(f"sglang.bench_serving dataset {dataset!r}: prompts not recorded")
+
+
+def is_sglang(doc: Mapping[str, Any]) -> bool:
+    """sglang's line names its dataset; vLLM's results name their model instead."""
+    return "dataset_name" in doc and "model_id" not in doc
 
 
 def sglang_runs(lines: list[tuple[int, dict[str, Any]]], p: Path) -> list[MeasuredRun]:
