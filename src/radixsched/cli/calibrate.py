@@ -107,6 +107,13 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
         "each measured request replays the trace's next prompt of its length, so the replay "
         "shares the prefixes the server saw (default: what the result files record)",
     )
+    p.add_argument(
+        "--check",
+        default=None,
+        metavar="FILE|default",
+        help="fit nothing: predict the runs with a calibration file's constants (fitted on "
+        "other runs) or with the uncalibrated defaults ('default'), and print the errors",
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     prof = p.add_argument_group("profile")
     prof.add_argument("--profile", action="store_true", help="profile the local engine")
@@ -157,9 +164,15 @@ def _percent(x: float) -> str:
     return f"{x * 100:+6.1f}%"
 
 
-def render_errors(errors: list[dict[str, Any]], holdout: list[dict[str, Any]] | None = None) -> str:
-    """Per run: the fit's predicted/measured means and errors, and beside them (``holdout``)
-    the errors of the run predicted by a fit on the other runs."""
+def render_errors(
+    errors: list[dict[str, Any]],
+    holdout: list[dict[str, Any]] | None = None,
+    *,
+    how: str = "in-sample",
+) -> str:
+    """Per run: the fit's predicted/measured means and errors (``how`` says whose constants
+    predicted them), and beside them (``holdout``) the errors of the run predicted by a fit
+    on the other runs."""
     held = holdout or []
     extra = f" {'held-out TTFT':>13} {'E2E':>7}" if held else ""
     lines = [
@@ -182,7 +195,7 @@ def render_errors(errors: list[dict[str, Any]], holdout: list[dict[str, Any]] | 
             f"{_percent(d['error']['mean'])} {_percent(d['error']['p90'])}{out}"
         )
     note = "; held-out = predicted by a fit without that run" if held else ""
-    lines.append(f"(predicted/measured means; err = relative error, in-sample{note})")
+    lines.append(f"(predicted/measured means; err = relative error, {how}{note})")
     return "\n".join(lines)
 
 
@@ -332,7 +345,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not args.results:
         raise CliError("give result files to fit on (or --profile)")
     _check_max_efficiency(args.max_efficiency)
-    _check_output(args.output, args.results)
+    if args.check is None:
+        _check_output(args.output, args.results)
+    else:  # a file that cannot be used fails before the results are read
+        _check_constants(args, None)
     try:
         every = read_result_files(args.results)
     except ResultFileError as e:
@@ -364,6 +380,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             engine_mode=args.engine_mode,
         )
         replays = [_replay(r, i, sched, sim) for i, r in enumerate(runs)]
+        if args.check is not None:
+            return _report_check(args, replays, model_spec.name)
 
         def progress(it: int, obj: float, consts: dict[str, float]) -> None:
             if not args.quiet:
@@ -413,6 +431,40 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             + f"\nwrote {args.output} (use: radixsched simulate --model {model_spec.name} "
             f"--gpu {gpu_spec.name} --calibration {args.output})"
         )
+    return 0
+
+
+def _check_constants(args: argparse.Namespace, model: str | None) -> dict[str, float]:
+    """``--check``'s constants; a file that cannot be used is a one-line error. With the
+    model known, a file fitted on another model or GPU is warned about."""
+    from radixsched.sim.calibrate.check import check_constants
+    from radixsched.sim.cost.hardware import get_gpu
+
+    try:
+        constants, warnings = check_constants(
+            args.check, get_gpu(args.gpu), model or "", args.engine_mode
+        )
+    except (ValueError, OSError) as e:  # (CalibrationError and PresetError are ValueErrors)
+        raise CliError(f"--check {e}") from e
+    for line in warnings if model else []:
+        logger.warning("%s", line)
+    return constants
+
+
+def _report_check(args: argparse.Namespace, replays: list[Replay], model: str) -> int:
+    """``--check``: each run predicted with fixed constants, then the mean errors."""
+    from radixsched.sim.calibrate.check import predict_runs
+    from radixsched.sim.calibrate.holdout import summarise
+
+    errors = predict_runs(replays, _check_constants(args, model))
+    s = summarise(errors)
+    source = "the defaults" if args.check == "default" else args.check
+    if not args.quiet:
+        print(render_errors(errors, how=f"constants of {source}, not fitted to these runs"))
+    print(
+        f"mean absolute error over {s.runs} runs: TTFT {s.ttft:.1%}  ITL {s.itl:.1%}  "
+        f"E2E {s.e2e:.1%}"
+    )
     return 0
 
 
