@@ -114,3 +114,50 @@ def failures(report: Mapping[str, Stats]) -> list[str]:
         for key, bound in BOUNDS.items()
         if abs(errs[key]) > bound
     ]
+
+
+# ---- the same loop with GuideLLM as the client (test_calibrate_guidellm*) -------------------
+
+# GuideLLM's synthetic data shaped like WORKLOAD: 512-token prompts behind one of 8 shared
+# 192-token prefixes, 32 output tokens.
+GUIDELLM_DATA = (
+    "kind=synthetic_text,prompt_tokens=512,output_tokens=32,prefix_tokens=192,prefix_count=8"
+)
+STAT_KEYS = {"e2e_mean": ("e2e_s", "mean"), "itl_mean": ("itl_s", "mean")}
+STAT_KEYS |= {"ttft_mean": ("ttft_s", "mean"), "e2e_p90": ("e2e_s", "p90")}
+
+
+def check_held_out_files(
+    sweeps: Sequence[Path],
+    held_out: Mapping[str, Sequence[Path]],
+    server: Mapping[str, Any],
+    cal: Path,
+) -> dict[str, Stats]:
+    """Calibrate on ``sweeps`` (result files of any client) into ``cal``, then replay each
+    held-out file's run with the fitted constants (``calibrate --check``'s path): per held-out
+    process, each statistic's error as its median over the rounds' files."""
+    from radixsched.sim.calibrate.check import check_constants, predict_runs
+    from radixsched.sim.calibrate.replay import build_replay
+    from radixsched.sim.cost.hardware import get_gpu
+
+    slots = ["--max-total-tokens", str(server["kv_slots"])]
+    args = ["calibrate", *map(str, sweeps), "--gpu", "cpu", *slots, "-o", str(cal)]
+    assert main([*args, "--no-holdout", "--quiet"]) == 0
+    constants, _ = check_constants(str(cal), get_gpu("cpu"), "tiny-random", None)
+    sched = SchedulerConfig(**server["scheduler"])
+    sim = SimConfig(
+        model="tiny-random",
+        gpu="cpu",
+        max_total_tokens=server["kv_slots"],
+        context_length=server["context_len"],
+    )
+    report = {}
+    for name, files in held_out.items():
+        runs = [run for f in files for run in read_result_file(f)]
+        replays = [build_replay(run, i, sched, sim) for i, run in enumerate(runs)]
+        errors = predict_runs(replays, constants)
+        report[name] = {
+            key: statistics.median(float(e[metric]["error"][stat]) for e in errors)
+            for key, (metric, stat) in STAT_KEYS.items()
+        }
+    return report

@@ -83,7 +83,7 @@ def predict(row: dict[str, Any]) -> dict[str, float]:
     """The metrics ``row`` publishes, as the simulator predicts them for its setup."""
     from radixsched.config import SchedulerConfig
     from radixsched.results.requests import tpot_samples, ttft_samples
-    from radixsched.sim.settings.engine_modes import ENGINE_MODES
+    from radixsched.sim.settings.engine_modes import scheduler_defaults
     from radixsched.sim.settings.simconfig import SimConfig
     from radixsched.sim.simulate import simulate
 
@@ -95,7 +95,8 @@ def predict(row: dict[str, Any]) -> dict[str, float]:
         engine_mode=mode,
         max_concurrency=row.get("concurrency"),
     )
-    run = simulate(_workload(row), SchedulerConfig(**ENGINE_MODES[mode]), sim, optimal_hit_rate=0.0)
+    sched = SchedulerConfig(**scheduler_defaults(mode, set(), row["gpu"]))
+    run = simulate(_workload(row), sched, sim, optimal_hit_rate=0.0)
     stat = np.median if row.get("stat") == "median" else np.mean
     done = [r for r in run.requests if r.times.finish is not None]
     span = max(r.times.finish for r in done) - min(r.times.arrival for r in done)

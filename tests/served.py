@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -23,3 +27,30 @@ def wait_healthy(url: str, proc: subprocess.Popen[str] | subprocess.Popen[bytes]
             pass
         assert time.monotonic() < deadline, "server did not come up"
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def tiny_random_server(port: int) -> Iterator[str]:
+    """``radixsched serve --model tiny-random`` as a user starts it, its engine on one torch
+    thread (the fidelity loops' server); yields its URL and stops it after."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "radixsched", "serve", "--model", "tiny-random"),
+            *("--port", str(port), "--log-level", "warning"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

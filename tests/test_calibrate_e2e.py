@@ -16,8 +16,6 @@ import gzip
 import json
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ pytest.importorskip("fastapi")
 from fidelity import WORKLOAD, failures, held_out_processes, predict_held_out, stats_of
 from radixsched.cli.main import main
 from radixsched.client.bench import BenchConfig, run_bench
-from served import wait_healthy
+from served import tiny_random_server
 
 # Opt-in: the bounds hold only where nothing else competes for the CPUs. On the project's
 # shared 2-core VM a fixed CPU task runs up to 72% slower for minutes at a time with nothing
@@ -57,30 +55,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            *("-m", "radixsched", "serve", "--model", "tiny-random"),
-            *("--port", str(port), "--log-level", "warning"),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
-    except AssertionError:
-        proc.kill()
-        raise
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with tiny_random_server(_free_port()) as url:
+        yield url
 
 
 @pytest.mark.slow

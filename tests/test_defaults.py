@@ -14,6 +14,7 @@ from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, ExtendEntry
 from radixsched.sim.cost.build import load_cost_model
 from radixsched.sim.cost.roofline import CostModel
+from radixsched.sim.settings.engine_modes import scheduler_defaults
 
 
 def _cost(**kw: object) -> CostModel:
@@ -77,3 +78,30 @@ def test_the_front_end_is_in_ttft_at_zero_load() -> None:
         return (t.first_token or 0.0) - t.arrival
 
     assert ttft() - ttft(request_latency_ms=0.0) == pytest.approx(0.010, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "budget", "seqs"),
+    [("H100", 8192, 1024), ("H200", 8192, 1024), ("MI300X", 8192, 1024), ("A100", 2048, 256),
+     ("A100-40G", 2048, 256), ("L40S", 2048, 256), ("not-a-gpu", 2048, 256)],
+)  # fmt: skip
+def test_vllm_mode_takes_vllm_serve_batch_defaults_for_the_gpu(
+    gpu: str, budget: int, seqs: int
+) -> None:
+    """vLLM V1's ``vllm serve`` defaults: max_num_batched_tokens 8192 and max_num_seqs 1024 on
+    GPUs of 70 GiB or more that are not A100s, 2048 and 256 on the others; a flag wins."""
+    got = scheduler_defaults("vllm", set(), gpu)
+    assert (got["chunked_prefill_size"], got["max_prefill_tokens"]) == (budget, budget)
+    assert got["max_running_requests"] == seqs
+    assert "max_running_requests" not in scheduler_defaults("vllm", {"max_running_requests"}, gpu)
+    assert "max_running_requests" not in scheduler_defaults("sglang", set(), gpu)
+
+
+def test_a_run_config_gets_the_batch_defaults_of_its_gpu() -> None:
+    from radixsched.sim.settings.runconfig import resolve
+
+    h100 = resolve({"engine_mode": "vllm", "gpu": "H100"}).scheduler_config()
+    a100 = resolve({"engine_mode": "vllm", "gpu": "A100"}).scheduler_config()
+    given = resolve({"engine_mode": "vllm", "gpu": "H100", "max_running_requests": 64})
+    assert (h100.max_running_requests, a100.max_running_requests) == (1024, 256)
+    assert given.scheduler_config().max_running_requests == 64

@@ -33,7 +33,7 @@ from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.deploy import replicas
 from radixsched.sim.deploy.run import SimRun
-from radixsched.sim.settings.engine_modes import ENGINE_MODES
+from radixsched.sim.settings.engine_modes import scheduler_defaults
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
 from simcases import random_lengths
@@ -241,7 +241,7 @@ SIDE_BY_SIDE: dict[str, tuple[Callable[[], Workload], dict[str, Any], dict[str, 
 }
 # ``--engine-mode vllm``'s scheduler settings (mixed steps, admission on the prompt alone,
 # newest-first recompute preemption), in pools tight enough to preempt.
-_VLLM = dict(ENGINE_MODES["vllm"])
+_VLLM = scheduler_defaults("vllm", set(), "A100")  # 256 running requests at most
 SIDE_BY_SIDE["vllm-mode-preempt"] = (
     lambda: load_workload(
         "shared-prefix:groups=4,prompts=8,system_len=512,question_len=64,output_len=400",

@@ -253,7 +253,7 @@ def _replay_configs(
                 )
     else:
         sched = config_from_args(
-            SchedulerConfig, args, **scheduler_defaults(args.engine_mode, given)
+            SchedulerConfig, args, **scheduler_defaults(args.engine_mode, given, args.gpu)
         )
     slots = args.max_total_tokens or next(
         (r.workload.get("kv_slots") for r in runs if r.workload.get("kv_slots")), None

@@ -10,12 +10,16 @@ behaviour              sglang (default)                 vllm
 =====================  ===============================  ===================================
 chunk alignment        a chunk is rounded down to       chunks end anywhere (modelled with
                        whole pages (``page``)           token-granular KV: ``--page-size 1``)
-prefill budget         ``--chunked-prefill-size`` 8192  ``max_num_batched_tokens`` 8192 for
-                       for the prefill batch; decode    the whole step, decodes included
-                       runs in its own step             (``--enable-mixed-chunk``)
+prefill budget         ``--chunked-prefill-size`` 8192  ``max_num_batched_tokens`` for the
+                       for the prefill batch; decode    whole step, decodes included
+                       runs in its own step             (``--enable-mixed-chunk``): 8192 on
+                                                        GPUs of 70 GiB or more but A100s,
+                                                        2048 on the others (``VLLM_BATCH``)
 admission              reserves ``new_token_ratio`` of  needs only the prompt's KV
                        each request's remaining output  (``--schedule-conservativeness 0``)
-running requests       from KV capacity                 ``max_num_seqs`` 256
+running requests       from KV capacity                 ``max_num_seqs``: 1024 on GPUs of
+                                                        70 GiB or more but A100s, 256 on
+                                                        the others
 preemption victim      fewest output tokens first       the request that joined the running
                        (retract, KV kept in the cache)  batch last (vLLM's recompute
                                                         preemption; ``--retraction-policy
@@ -38,16 +42,44 @@ from typing import Any
 ENGINE_MODES: dict[str, dict[str, Any]] = {
     "sglang": {},
     "vllm": {
-        "chunked_prefill_size": 8192,
-        "max_prefill_tokens": 8192,
         "enable_mixed_chunk": True,
         "schedule_conservativeness": 0.0,
-        "max_running_requests": 256,
         "retraction_policy": "newest",
         "cache_block_size": 16,
     },
 }
 CHUNK_ALIGNMENT = {"sglang": "page", "vllm": "none"}
+
+# ``vllm serve``'s step budget and running-request cap by GPU (vLLM V1's
+# ``EngineArgs.get_batch_defaults``, OpenAI server): large ones on GPUs of 70 GiB or more whose
+# name is not an A100 (larger budgets lowered throughput on A100s, vLLM PR #17885), small ones
+# on every other GPU.
+_VLLM_LARGE_GPU_BYTES = 70 * 2**30
+VLLM_BATCH = {
+    "large": {
+        "chunked_prefill_size": 8192,
+        "max_prefill_tokens": 8192,
+        "max_running_requests": 1024,
+    },
+    "other": {
+        "chunked_prefill_size": 2048,
+        "max_prefill_tokens": 2048,
+        "max_running_requests": 256,
+    },
+}
+
+
+def vllm_batch(gpu: str | None) -> dict[str, Any]:
+    """``VLLM_BATCH``'s row for GPU preset ``gpu`` (an unknown or no GPU: the other GPUs')."""
+    from radixsched.sim.cost.hardware import PresetError, get_gpu
+
+    try:
+        spec = get_gpu(gpu) if gpu else None
+    except PresetError:  # (preflight names it)
+        spec = None
+    large = spec is not None and spec.memory_bytes >= _VLLM_LARGE_GPU_BYTES
+    return VLLM_BATCH["large" if large and "a100" not in spec.name.lower() else "other"]
+
 
 # Per-request front-end time (``request_latency_s``) by engine mode: the HTTP request, chat
 # template and tokenisation, hand-off to the scheduler process, detokenisation and the first
@@ -74,14 +106,17 @@ class EngineModeError(ValueError):
     pass
 
 
-def scheduler_defaults(mode: str, given: set[str]) -> dict[str, Any]:
-    """Scheduler settings ``mode`` changes, less those the user gave (``given``)."""
+def scheduler_defaults(mode: str, given: set[str], gpu: str | None = None) -> dict[str, Any]:
+    """Scheduler settings ``mode`` changes on GPU preset ``gpu``, less those the user gave
+    (``given``)."""
     try:
-        defaults = ENGINE_MODES[mode]
+        defaults = dict(ENGINE_MODES[mode])
     except KeyError:
         raise EngineModeError(
             f"unknown engine mode {mode!r}; valid: {', '.join(ENGINE_MODES)}"
         ) from None
+    if mode == "vllm":
+        defaults.update(vllm_batch(gpu))
     return {k: v for k, v in defaults.items() if k not in given}
 
 

@@ -80,7 +80,9 @@ class RunSettings:
         from radixsched.sim.settings.engine_modes import ENGINE_MODES, scheduler_defaults
 
         mode = str(self.sim.get("engine_mode", "sglang"))
-        defaults = scheduler_defaults(mode, set(self.sched)) if mode in ENGINE_MODES else {}
+        gpu = self.sim.get("gpu", SimConfig.gpu)
+        known = mode in ENGINE_MODES
+        defaults = scheduler_defaults(mode, set(self.sched), str(gpu)) if known else {}
         return SchedulerConfig(**{**defaults, **self.sched})
 
     def sim_config(self) -> SimConfig:
