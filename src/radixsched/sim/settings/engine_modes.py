@@ -77,8 +77,9 @@ def vllm_batch(gpu: str | None) -> dict[str, Any]:
         spec = get_gpu(gpu) if gpu else None
     except PresetError:  # (preflight names it)
         spec = None
-    large = spec is not None and spec.memory_bytes >= _VLLM_LARGE_GPU_BYTES
-    return VLLM_BATCH["large" if large and "a100" not in spec.name.lower() else "other"]
+    if spec is None or spec.memory_bytes < _VLLM_LARGE_GPU_BYTES or "a100" in spec.name.lower():
+        return VLLM_BATCH["other"]
+    return VLLM_BATCH["large"]
 
 
 # Per-request front-end time (``request_latency_s``) by engine mode: the HTTP request, chat
