@@ -169,6 +169,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         choices=ROUTER_POLICIES,
         help="sglang-router's routing policy with --dp-size (default: cache_aware)",
     )
+    _add_metrics_port(p)
+
+
+def _add_metrics_port(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -203,14 +207,7 @@ def add_router_parser(sub: Any) -> argparse.ArgumentParser:
         choices=ROUTER_POLICIES,
         help="routing policy (default: cache_aware)",
     )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        metavar="PORT",
-        help="where the cluster's metrics are scraped: every worker's /metrics with a worker "
-        "label, and their totals (default: 0, a free port, printed at start)",
-    )
+    _add_metrics_port(p)
     p.set_defaults(func=cmd_router)
     return p
 

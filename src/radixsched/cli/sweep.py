@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from radixsched.cli.common import usable_cpus as _usable_cpus
 from radixsched.paths import same_file
 from radixsched.sim.sweep.config import (
     MAX_RUNS,
@@ -88,13 +89,6 @@ def _error(message: str) -> int:
     for line in message.splitlines():
         print(f"radixsched sweep: error: {line}", file=sys.stderr)
     return 2
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _previous_sweep(path: Path) -> dict[str, Any] | None:
