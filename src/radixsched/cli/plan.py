@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixsched.cli.common import COMMAND_HELP, CliError, output_errors, run_metadata
 from radixsched.config import SchedulerConfig, add_config_args
-from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD
+from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, load_yaml
 
 if TYPE_CHECKING:
     from radixsched.sim.plan.result import CandidateResult
@@ -166,7 +166,6 @@ def _merged(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
     """Settings of --config and the flags (flags win), and the flag labels of given keys."""
     from radixsched.cli.simulate import _normalise_keys
     from radixsched.sim.settings.limits import RunConfigError
-    from radixsched.sim.settings.runconfig import load_yaml
     from radixsched.sim.settings.simconfig import SimConfig
 
     names = {f.name for c in (SchedulerConfig, SimConfig) for f in dataclasses.fields(c)}
