@@ -69,9 +69,8 @@ class SimConfig:
     )
     request_serial_ms: float | None = _opt(
         None,
-        "front-end time per request in ms, one request at a time (HTTP parsing, "
-        "tokenization): requests sent together reach the scheduler this far apart "
-        "(default: 0)",
+        "front-end time per request in ms, one request at a time (HTTP parsing, tokenization): "
+        "requests sent together reach the scheduler this far apart (default: 0)",
     )
     engine_mode: str = _opt(
         "sglang",
@@ -108,9 +107,8 @@ class SimConfig:
     # ---- prefill/decode disaggregation (sim.deploy.disagg) -------------------------------------
     disaggregation: bool = _opt(
         False,
-        "split prefill and decode onto their own instances (SGLang's PD "
-        "disaggregation): requests are prefilled on a prefill instance and their KV "
-        "shipped to a decode instance",
+        "split prefill and decode onto their own instances (SGLang's PD disaggregation): requests "
+        "are prefilled on a prefill instance and their KV shipped to a decode instance",
     )
     prefill_instances: int = _opt(1, "with --disaggregation: prefill instances")
     decode_instances: int = _opt(1, "with --disaggregation: decode instances")
