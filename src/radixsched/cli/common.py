@@ -36,6 +36,10 @@ COMMAND_HELP = {
 }
 
 
+# --model of the torch commands (generate, serve).
+MODEL_HELP = "tiny-random, <shape>-random, smollm2-135m, a model directory or a .gguf file"
+
+
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
@@ -77,6 +81,17 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    """``--threads`` of the torch commands."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
+        f"{default_threads()} here)",
+    )
 
 
 def threads_error(threads: int | None) -> str | None:
