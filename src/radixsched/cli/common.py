@@ -19,6 +19,7 @@ from radixsched.paths import same_file
 
 if TYPE_CHECKING:
     import torch
+    from rich.console import Console
 
     from radixsched.config import SchedulerConfig
 
@@ -92,6 +93,14 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
         help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
         f"{default_threads()} here)",
     )
+
+
+def rich_console(width: int) -> Console:
+    """Rich's console on stdout; ``width`` columns when stdout is not a terminal (a file or a
+    pipe), so that a table never splits there."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else width)
 
 
 def threads_error(threads: int | None) -> str | None:
