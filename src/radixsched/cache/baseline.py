@@ -71,16 +71,9 @@ class NoReuseCache(BasePrefixCache):
         return EMPTY_SLOTS.copy() if out is None else out
 
     def insert(
-        self,
-        key: CacheKey,
-        values: SlotArray,
-        priority: int = 0,
-        *,
-        inserted_len: int = 0,
-        start: Any = None,
-        from_start: bool = False,
-        adopt: bool = False,
+        self, key: CacheKey, values: SlotArray, priority: int = 0, **options: Any
     ) -> InsertResult:
+        """Keeps nothing, whatever the options (``BasePrefixCache.insert``'s)."""
         return InsertResult(0, self._root)
 
     def touch_prefix(self, key: CacheKey) -> None:

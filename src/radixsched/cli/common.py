@@ -19,6 +19,7 @@ from radixsched.paths import same_file
 
 if TYPE_CHECKING:
     import torch
+    from rich.console import Console
 
     from radixsched.config import SchedulerConfig
 
@@ -34,6 +35,10 @@ COMMAND_HELP = {
     "calibrate": "fit the simulator's cost model to measured runs (or profile the local engine)",
     "plan": "find the cheapest deployment that meets latency SLOs on a workload",
 }
+
+
+# --model of the torch commands (generate, serve).
+MODEL_HELP = "tiny-random, <shape>-random, smollm2-135m, a model directory or a .gguf file"
 
 
 class CliError(Exception):
@@ -77,6 +82,25 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    """``--threads`` of the torch commands."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
+        f"{default_threads()} here)",
+    )
+
+
+def rich_console(width: int) -> Console:
+    """Rich's console on stdout; ``width`` columns when stdout is not a terminal (a file or a
+    pipe), so that a table never splits there."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else width)
 
 
 def threads_error(threads: int | None) -> str | None:

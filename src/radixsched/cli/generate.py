@@ -22,7 +22,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from radixsched.cli.common import (
     COMMAND_HELP,
+    MODEL_HELP,
     CliError,
+    add_threads_arg,
     default_threads,
     model_error,
     scheduler_choices,
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
 
     from radixsched.engine.loader import LoadedModel
 
-MODEL_HELP = "tiny-random, <shape>-random, smollm2-135m, a model directory or a .gguf file"
 MAX_SEED = 2**63 - 1  # torch's generators take a 64-bit seed
 # The sampling field each flag sets (its errors name the field; the message adds the flag).
 _SAMPLING_FLAGS = {
@@ -99,13 +100,7 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
-        f"{default_threads()} here)",
-    )
+    add_threads_arg(p)
     p.add_argument(
         "--verbose",
         dest="show_stats",

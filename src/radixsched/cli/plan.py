@@ -15,9 +15,9 @@ import time
 import typing
 from typing import TYPE_CHECKING, Any
 
-from radixsched.cli.common import COMMAND_HELP, CliError, output_errors, run_metadata
+from radixsched.cli.common import COMMAND_HELP, CliError, output_errors, rich_console, run_metadata
 from radixsched.config import SchedulerConfig, add_config_args
-from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD
+from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, load_yaml
 
 if TYPE_CHECKING:
     from radixsched.sim.plan.result import CandidateResult
@@ -166,7 +166,6 @@ def _merged(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
     """Settings of --config and the flags (flags win), and the flag labels of given keys."""
     from radixsched.cli.simulate import _normalise_keys
     from radixsched.sim.settings.limits import RunConfigError
-    from radixsched.sim.settings.runconfig import load_yaml
     from radixsched.sim.settings.simconfig import SimConfig
 
     names = {f.name for c in (SchedulerConfig, SimConfig) for f in dataclasses.fields(c)}
@@ -325,7 +324,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     meta = run_metadata(getattr(args, "_argv", None))
     inputs = _inputs(args)
     spec, own = inputs.spec, inputs.own
-    console = _console(own)
+    console = rich_console(160)  # the plan's table is wide
     try:
         loaded = load_for(spec)
     except WorkloadError as e:
@@ -354,18 +353,6 @@ def _default_jobs(inputs: PlanInputs) -> int:
     if inputs.own.get("ray"):
         return 0  # the cluster's CPUs
     return default_jobs(len(inputs.candidates))
-
-
-def _console(own: dict[str, Any]) -> Any:
-    """Rich's console on stdout; 160 columns when stdout is not a terminal (the plan's table
-    is wide)."""
-    import os
-    import sys
-
-    from rich.console import Console
-
-    width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-    return Console(width=width)
 
 
 def _progress(console: Any, total: int, quiet: bool) -> tuple[Any, Any]:

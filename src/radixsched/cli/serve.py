@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from radixsched.cli.common import (
     COMMAND_HELP,
+    MODEL_HELP,
     CliError,
+    add_threads_arg,
     default_threads,
     model_error,
     scheduler_choices,
@@ -56,11 +58,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "/v1/chat/completions, /generate, /v1/models, /server_info, /health, /metrics, "
         "/flush_cache. Scheduler flags carry SGLang's names.",
     )
-    p.add_argument(
-        "--model",
-        required=True,
-        help="tiny-random, <shape>-random, smollm2-135m, a model directory or a .gguf file",
-    )
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--served-model-name", default=None, help="name clients send (default: --model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port (default: 30000)")
@@ -140,13 +138,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "own, so HTTP and detokenization never hold the interpreter lock the engine's steps "
         "need)",
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
-        f"{default_threads()} here)",
-    )
+    add_threads_arg(p)
     _add_cluster_args(p)
     add_config_args(p, SchedulerConfig, choices=scheduler_choices())
     p.set_defaults(func=cmd_serve)
@@ -169,6 +161,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         choices=ROUTER_POLICIES,
         help="sglang-router's routing policy with --dp-size (default: cache_aware)",
     )
+    _add_metrics_port(p)
+
+
+def _add_metrics_port(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -203,14 +199,7 @@ def add_router_parser(sub: Any) -> argparse.ArgumentParser:
         choices=ROUTER_POLICIES,
         help="routing policy (default: cache_aware)",
     )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        metavar="PORT",
-        help="where the cluster's metrics are scraped: every worker's /metrics with a worker "
-        "label, and their totals (default: 0, a free port, printed at start)",
-    )
+    _add_metrics_port(p)
     p.set_defaults(func=cmd_router)
     return p
 

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from radixsched.cli.common import CliError, output_errors, run_metadata, scheduler_choices
+from radixsched.cli.common import (
+    CliError,
+    output_errors,
+    rich_console,
+    run_metadata,
+    scheduler_choices,
+)
 from radixsched.config import SchedulerConfig, add_config_args
+from radixsched.sim.plan.space import gpu_name
 from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, MAIN_POLICIES
 
 if TYPE_CHECKING:
@@ -37,16 +42,6 @@ def _policy_names() -> list[str]:
     from radixsched.policies import POLICIES
 
     return list(POLICIES)
-
-
-def _gpu_name(text: str) -> str:
-    """A GPU preset's name for any case or common spelling (h200 = H200, a100 = A100-80G)."""
-    from radixsched.sim.cost.hardware import PresetError, get_gpu
-
-    try:
-        return get_gpu(text).name
-    except PresetError:
-        return text  # argparse then reports the invalid choice, with the valid ones
 
 
 # ---- simulate ---------------------------------------------------------------------------------
@@ -182,7 +177,7 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
         choices=_sim_choices(),
         overrides={
             "gpu": {
-                "type": _gpu_name,
+                "type": gpu_name,
                 "help": "GPU preset (any case and common spellings: a100 = A100-80G)",
             },
             "model": {
@@ -193,8 +188,8 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
             "calibration": {"metavar": "PATH"},
             "dp": {"aliases": ["--dp-size"]},
             "decode_tp": {"aliases": ["--disaggregation-decode-tp"]},
-            "prefill_gpu": {"type": _gpu_name},
-            "decode_gpu": {"type": _gpu_name},
+            "prefill_gpu": {"type": gpu_name},
+            "decode_gpu": {"type": gpu_name},
         },
     )
 
@@ -380,15 +375,6 @@ def _slo(rs: RunSettings) -> Any:
     )
 
 
-def _console() -> Console:
-    """Rich's console on stdout; 100 columns when stdout is not a terminal (a file or a
-    pipe), so the table never splits there."""
-    from rich.console import Console
-
-    width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 100
-    return Console(width=width)
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
@@ -413,7 +399,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cost = build_cost_model(sim_cfg)
     slo = _slo(rs)
     quiet = bool(rs.cli.get("quiet"))
-    console = _console()
+    console = rich_console(100)
     wl = rs.workload
     spec = wl.spec or DEFAULT_WORKLOAD
     try:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from radixsched.cli.common import COMMAND_HELP, Parser, run_metadata
+from radixsched.cli.common import usable_cpus as _usable_cpus
 from radixsched.paths import same_file
 from radixsched.sim.sweep.config import (
     MAX_RUNS,
@@ -31,7 +33,6 @@ from radixsched.sim.sweep.result import _json_value, run_sweep
 
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``sweep`` on a subparsers object (``radixsched sweep``)."""
-    from radixsched.cli.common import COMMAND_HELP
     from radixsched.sim.settings.runconfig import RATE_RULE
 
     p: argparse.ArgumentParser = sub.add_parser(
@@ -90,13 +91,6 @@ def _error(message: str) -> int:
     return 2
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def _previous_sweep(path: Path) -> dict[str, Any] | None:
     """The ``sweep`` section of an earlier ``sweep.json`` (None: unreadable or not one)."""
     try:
@@ -147,8 +141,6 @@ def check_out_dir(
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from radixsched.cli.common import run_metadata
-
     if args.jobs is not None and args.jobs < 1:
         return _error(f"--jobs must be >= 1, got {args.jobs}")
     if args.jobs is not None and args.ray is not None:
@@ -232,8 +224,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from radixsched.cli.common import Parser
-
     parser = Parser(prog="radixsched sweep", description=(__doc__ or "").split("\n")[0])
     add_sweep_args(parser)
     return cmd_sweep(parser.parse_args(argv))

@@ -62,6 +62,7 @@ from radixsched.client.workers import (
 from radixsched.request import FinishReason, FinishState, Req, SamplingParams
 from radixsched.results.metrics import PolicyResult, summarize
 from radixsched.results.requests import SloTargets, failure_reasons
+from radixsched.results.writers import to_jsonable, write_document
 from radixsched.server.metrics import CACHED_PROMPT_TOKENS, PROMPT_TOKENS
 from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
 
@@ -191,8 +192,6 @@ class BenchResult:
         """``{"meta", "workload", "config", "results": [one result], "requests": [...]}``, as
         ``simulate --json`` plus one record per request (``request_records``), which
         ``radixsched calibrate`` replays."""
-        from radixsched.results.writers import to_jsonable
-
         cfg = dataclasses.asdict(self.config)
         cfg.pop("api_key", None)
         limits = {"vocab_size": self.server.vocab_size, "context_len": self.server.context_len}
@@ -215,7 +214,7 @@ class BenchResult:
         return lines
 
     def render(self) -> str:
-        from radixsched.results.format import fmt_percent, fmt_rate, fmt_seconds
+        from radixsched.results.format import aligned_rows, fmt_percent, fmt_rate, fmt_seconds
 
         r = self.result
         info = self.workload_info
@@ -241,14 +240,7 @@ class BenchResult:
         ):
             s = getattr(r, name)
             rows.append([label, *(fmt_seconds(getattr(s, k)) if s.n else "-" for k in stats)])
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            lines.append(
-                "  ".join(
-                    c.ljust(w) if i == 0 else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
-                )
-            )
+        lines.extend(aligned_rows(rows))
         t = r.throughput
         lines.append(
             f"throughput {fmt_rate(t.requests_per_s)} req/s, {fmt_rate(t.input_tokens_per_s)} "
@@ -286,9 +278,7 @@ def request_records(records: tuple[RequestRecord, ...]) -> list[dict[str, Any]]:
 
 
 def write_json(path: str, result: BenchResult, meta: dict[str, Any] | None = None) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(result.to_document(meta), f, indent=2, allow_nan=False)
-        f.write("\n")
+    write_document(path, result.to_document(meta))
 
 
 # ---- talking to the server -----------------------------------------------------------------
@@ -751,8 +741,6 @@ class SweepResult:
 
     def to_document(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """``{"format", "version", "meta", "runs": [{"stage", <a bench document less meta>}]}``."""
-        from radixsched.results.writers import to_jsonable
-
         runs = []
         for name, r in self.runs:
             doc = r.to_document()
@@ -775,7 +763,7 @@ class SweepResult:
         return lines
 
     def render(self) -> str:
-        from radixsched.results.format import fmt_rate, fmt_seconds
+        from radixsched.results.format import aligned_rows, fmt_rate, fmt_seconds
 
         rows = [
             ["stage", "sent/s", "conc", "served/s", "TTFT mean", "ITL mean", "E2E mean", "failed"]
@@ -793,14 +781,7 @@ class SweepResult:
                     f"{b.num_failed:,}",
                 ]
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        return "\n".join(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-            for row in rows
-        )
+        return "\n".join(aligned_rows(rows))
 
 
 def sweep_rates(sync_rps: float, max_rps: float, between: int) -> list[float]:
@@ -836,9 +817,7 @@ async def run_sweep(cfg: BenchConfig, *, between: int = 3, warmup: bool = True) 
 
 
 def write_sweep_json(path: str, sweep: SweepResult, meta: dict[str, Any] | None = None) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(sweep.to_document(meta), f, indent=2, allow_nan=False)
-        f.write("\n")
+    write_document(path, sweep.to_document(meta))
 
 
 __all__ = [

@@ -323,7 +323,6 @@ SHAPE_PRESETS: dict[str, ModelConfig] = {
 }
 
 RANDOM_SUFFIX = "-random"
-TINY_RANDOM = "tiny-random"
 
 
 def random_preset_config(name: str) -> ModelConfig | None:

@@ -124,6 +124,20 @@ class HFTokenizer(Tokenizer):
     def save(self, path: Path) -> None:
         self._tok.save(str(path))
 
+    def config_json(self, **extra: Any) -> dict[str, Any]:
+        """Its ``tokenizer_config.json``: the class and ``add_bos_token``, then ``extra``, then
+        the names of its BOS and first EOS token (when it has them)."""
+        config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.add_bos,
+            **extra,
+        }
+        if self.bos_token_id is not None:
+            config["bos_token"] = self.token_text(self.bos_token_id)
+        if self.eos_token_ids:
+            config["eos_token"] = self.token_text(self.eos_token_ids[0])
+        return config
+
     @classmethod
     def from_dir(cls, path: Path, *, eos_token_ids: tuple[int, ...] = ()) -> HFTokenizer:
         """``tokenizer.json`` plus special-token names from ``tokenizer_config.json``; EOS ids
@@ -131,7 +145,7 @@ class HFTokenizer(Tokenizer):
         from tokenizers import Tokenizer as RawTokenizer
 
         tok = RawTokenizer.from_file(str(path / "tokenizer.json"))
-        cfg = _read_json(path / "tokenizer_config.json")
+        cfg = read_json(path / "tokenizer_config.json")
         bos_name = _token_name(cfg.get("bos_token"))
         eos_name = _token_name(cfg.get("eos_token"))
         bos = tok.token_to_id(bos_name) if bos_name else None
@@ -216,7 +230,8 @@ _QWEN2_PATTERN = (
 _GGUF_PRE_PATTERNS: dict[str, str] = {"llama-bpe": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file's object ({} when the file is absent)."""
     if not path.exists():
         return {}
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))

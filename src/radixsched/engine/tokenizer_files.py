@@ -107,13 +107,5 @@ def _stand_in_byte(char: str) -> int:
 
 def _hf_tokenizer_files(tokenizer: HFTokenizer, out: Path) -> None:
     tokenizer.save(out / "tokenizer.json")
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": tokenizer.add_bos,
-        "clean_up_tokenization_spaces": False,
-    }
-    if tokenizer.bos_token_id is not None:
-        config["bos_token"] = tokenizer.token_text(tokenizer.bos_token_id)
-    if tokenizer.eos_token_ids:
-        config["eos_token"] = tokenizer.token_text(tokenizer.eos_token_ids[0])
+    config = tokenizer.config_json(clean_up_tokenization_spaces=False)
     _write_json(out / "tokenizer_config.json", config)

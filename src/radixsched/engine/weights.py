@@ -18,7 +18,7 @@ import torch
 
 from radixsched.engine.config import Architecture, ModelConfig, RopeScaling, RopeScalingKind
 from radixsched.engine.model import CausalLM, rope_inv_freq
-from radixsched.engine.tokenizer import HFTokenizer
+from radixsched.engine.tokenizer import HFTokenizer, read_json
 
 ROPE_FACTORS_KEY = "rope_freq_factors"
 
@@ -103,13 +103,6 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
-
-
 def read_hf_config(path: Path) -> ModelConfig:
     """``config.json``, with EOS ids from ``generation_config.json`` merged in."""
     cfg = read_json(path / "config.json")
@@ -175,12 +168,7 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _gguf_metadata(reader: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = field.contents()
-    return meta
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
 def _f32(value: Any) -> float:
@@ -310,13 +298,5 @@ def convert_gguf_to_dir(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.json + tokenizer_config.json (with the chat template)."""
     g = read_gguf(gguf_path)
     tokenizer = HFTokenizer.from_gguf_metadata(g.metadata)
-    tok_config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": tokenizer.add_bos,
-        "chat_template": g.chat_template,
-    }
-    if tokenizer.bos_token_id is not None:
-        tok_config["bos_token"] = tokenizer.token_text(tokenizer.bos_token_id)
-    if tokenizer.eos_token_ids:
-        tok_config["eos_token"] = tokenizer.token_text(tokenizer.eos_token_ids[0])
+    tok_config = tokenizer.config_json(chat_template=g.chat_template)
     write_model_dir(out_dir, g.config, g.tensors, tokenizer, tok_config)

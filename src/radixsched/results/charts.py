@@ -1,9 +1,13 @@
-"""What every chart of the HTML report shares: plotly.js inlined once, one layout, one figure
-wrapper, policy colours and dashes."""
+"""What every chart and table of the HTML report shares: plotly.js inlined once, one layout,
+one figure wrapper, policy colours and dashes, one table layout."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from html import escape
 from typing import TYPE_CHECKING, Any
+
+from radixsched.results.format import policy_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -11,6 +15,21 @@ if TYPE_CHECKING:
 
 def policy_dash(index: int) -> str:
     return DASHES[(index // 2) % len(DASHES)] if index >= 2 else "solid"
+
+
+def policy_swatch(index: int, name: str) -> str:
+    """A policy's name after a square of its colour (HTML)."""
+    return f'<span class="swatch" style="background:{policy_color(index)}"></span>{escape(name)}'
+
+
+def html_table(table_id: str, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A scrolling table: ``headers`` are escaped here, the rows' cells are HTML already."""
+    head = "".join(f'<th scope="col">{escape(h)}</th>' for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return (
+        f'<div class="scroll"><table id="{table_id}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 def plotly_js() -> str:

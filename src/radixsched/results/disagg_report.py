@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from radixsched.results.charts import base_layout, figure_html, html_table, policy_swatch
 from radixsched.results.format import fmt_percent, fmt_seconds, policy_color
 from radixsched.results.metrics import PolicyResult
 
@@ -30,52 +31,28 @@ def _split(results: Sequence[PolicyResult]) -> list[tuple[int, PolicyResult, Map
     return out
 
 
-def _swatch(i: int, name: str) -> str:
-    return f'<span class="swatch" style="background:{policy_color(i)}"></span>{escape(name)}'
-
-
 def _stage_table(split: Sequence[tuple[int, PolicyResult, Mapping[str, Any]]]) -> str:
-    head = "".join(
-        f'<th scope="col">{escape(h)}</th>'
-        for h in ("policy", "stage", "mean", "p50", "p90", "p99", "max")
-    )
     rows = []
     for i, r, d in split:
         stages = [(label, d.get(key, {})) for key, label in STAGE_ROWS]
         stages += [("TTFT", r.ttft_s.to_json()), ("TPOT", r.tpot_s.to_json())]
         for label, st in stages:
-            cells = [_swatch(i, r.policy), escape(label)]
+            cells = [policy_swatch(i, r.policy), escape(label)]
             cells += [
                 escape(fmt_seconds(float(st.get(k, 0.0))))
                 for k in ("mean", "p50", "p90", "p99", "max")
             ]
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (
-        '<div class="scroll"><table id="disagg-stages"><thead><tr>'
-        f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-    )
+            rows.append(cells)
+    headers = ("policy", "stage", "mean", "p50", "p90", "p99", "max")
+    return html_table("disagg-stages", headers, rows)
 
 
 def _instance_table(split: Sequence[tuple[int, PolicyResult, Mapping[str, Any]]]) -> str:
-    head = "".join(
-        f'<th scope="col">{escape(h)}</th>'
-        for h in (
-            "policy",
-            "instance",
-            "GPU",
-            "requests",
-            "busy",
-            "utilisation",
-            "peak KV",
-            "hit rate",
-            "retractions",
-        )
-    )
     rows = []
     for i, r, d in split:
         for x in d.get("instances", []):
             cells = (
-                _swatch(i, r.policy),
+                policy_swatch(i, r.policy),
                 escape(f"{x['role']} {x['index']}"),
                 escape(f"{x['gpu']} x tp{x['tp']}"),
                 f"{int(x['num_requests']):,}",
@@ -85,17 +62,23 @@ def _instance_table(split: Sequence[tuple[int, PolicyResult, Mapping[str, Any]]]
                 escape(fmt_percent(float(x["hit_rate"]))) if x["role"] == "prefill" else "-",
                 f"{int(x['retractions']):,}",
             )
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (
-        '<div class="scroll"><table id="disagg-instances"><thead><tr>'
-        f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+            rows.append(cells)
+    headers = (
+        "policy",
+        "instance",
+        "GPU",
+        "requests",
+        "busy",
+        "utilisation",
+        "peak KV",
+        "hit rate",
+        "retractions",
     )
+    return html_table("disagg-instances", headers, rows)
 
 
 def _utilisation_figure(split: Sequence[tuple[int, PolicyResult, Mapping[str, Any]]]) -> Any:
     import plotly.graph_objects as go
-
-    from radixsched.results.charts import base_layout
 
     fig = go.Figure()
     for i, r, d in split:
@@ -126,8 +109,6 @@ def _utilisation_figure(split: Sequence[tuple[int, PolicyResult, Mapping[str, An
 
 def disagg_section(results: Sequence[PolicyResult]) -> str:
     """The section (empty when no result comes from a split deployment)."""
-    from radixsched.results.charts import figure_html
-
     split = _split(results)
     if not split:
         return ""

@@ -27,6 +27,19 @@ def policy_color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+def aligned_rows(rows: list[list[str]]) -> list[str]:
+    """A plain-text table: each column as wide as its widest cell, the first column
+    left-aligned, the others right-aligned, two spaces between columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+
+
 class Better(enum.Enum):
     HIGHER = "higher"
     LOWER = "lower"

@@ -28,7 +28,7 @@ from radixsched.results.service import (
     slo_result,
     tenant_results,
 )
-from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio
+from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json
 
 # ---------------------------------------------------------------------------------------------
 # The result of one policy
@@ -41,11 +41,7 @@ class Throughput(NamedTuple):
     output_tokens_per_s: float
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "requests_per_s": self.requests_per_s,
-            "input_tokens_per_s": self.input_tokens_per_s,
-            "output_tokens_per_s": self.output_tokens_per_s,
-        }
+        return dict(self._asdict())
 
 
 # Keys of ``PolicyResult.to_json``, in order. The first block is the stable contract; the second
@@ -155,40 +151,9 @@ class PolicyResult:
         return _ratio(self.num_requests, self.wall_s)
 
     def to_json(self) -> dict[str, JSONValue]:
-        out: dict[str, JSONValue] = {
-            "policy": self.policy,
-            "hit_rate": self.hit_rate,
-            "optimal_hit_rate": self.optimal_hit_rate,
-            "prefill_tokens_computed": self.prefill_tokens_computed,
-            "num_requests": self.num_requests,
-            "ttft_s": self.ttft_s.to_json(),
-            "tpot_s": self.tpot_s.to_json(),
-            "itl_s": self.itl_s.to_json(),
-            "e2e_s": self.e2e_s.to_json(),
-            "queue_wait_s": self.queue_wait_s.to_json(),
-            "throughput": self.throughput.to_json(),
-            "makespan_s": self.makespan_s,
-            "retractions": self.retractions,
-            "preemptions": self.preemptions,
-            "wall_s": self.wall_s,
-            "hit_rate_gap": self.hit_rate_gap,
-            "device_hit_rate": self.device_hit_rate,
-            "host_hit_rate": self.host_hit_rate,
-            "cached_tokens": self.cached_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "num_completed": self.num_completed,
-            "num_aborted": self.num_aborted,
-            "requests_per_wall_s": self.requests_per_wall_s,
-            "fairness_jain": self.fairness_jain,
-            "fairness_horizon_s": self.fairness_horizon_s,
-            "peak_queue_len": self.peak_queue_len,
-            "mean_running": self.mean_running,
-            "peak_kv_usage": self.peak_kv_usage,
-            "load": None if self.load is None else self.load.to_json(),
-            "slo": None if self.slo is None else self.slo.to_json(),
-            "tenants": [t.to_json() for t in self.tenants],
-        }
+        """``REQUIRED_KEYS`` then ``ADDITIONAL_KEYS`` (nested results as their own JSON), then
+        ``extra``."""
+        out = {key: as_json(getattr(self, key)) for key in (*REQUIRED_KEYS, *ADDITIONAL_KEYS)}
         out.update(self.extra)
         return out
 

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from radixsched.results.charts import base_layout, figure_html, plotly_js, policy_dash
+from radixsched.results.charts import (
+    base_layout,
+    figure_html,
+    html_table,
+    plotly_js,
+    policy_dash,
+    policy_swatch,
+)
 from radixsched.results.columns import best_rows, columns_for
 from radixsched.results.disagg_report import disagg_section
 from radixsched.results.format import Better, fmt_percent, fmt_seconds, policy_color
@@ -336,10 +343,7 @@ def _comparison_table(results: Sequence[PolicyResult]) -> str:
     best = [best_rows(results, c) for c in cols]
     rows = []
     for i, r in enumerate(results):
-        cells = [
-            f'<td><span class="swatch" style="background:{policy_color(i)}"></span>'
-            f"{escape(r.policy)}</td>"
-        ]
+        cells = [f"<td>{policy_swatch(i, r.policy)}</td>"]
         for c, b in zip(cols, best, strict=True):
             cls = ' class="best"' if i in b else ""
             empty = r.served_nothing and c.key not in ("failed", "retractions")
@@ -355,19 +359,6 @@ def _comparison_table(results: Sequence[PolicyResult]) -> str:
 def _tenant_table(results: Sequence[PolicyResult]) -> str:
     if not any(r.tenants for r in results):
         return ""
-    head = "".join(
-        f'<th scope="col">{escape(h)}</th>'
-        for h in (
-            "policy",
-            "tenant",
-            "requests",
-            "hit rate",
-            "p50 TTFT",
-            "p99 TTFT",
-            "p99 queue wait",
-            "served / demanded",
-        )
-    )
     rows = []
     cut = False
     for i, r in enumerate(results):
@@ -378,8 +369,7 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
             cut = True
         for t in shown:
             cells = (
-                f'<span class="swatch" style="background:{policy_color(i)}"></span>'
-                f"{escape(r.policy)}",
+                policy_swatch(i, r.policy),
                 escape(t.tenant or "(none)"),
                 f"{t.num_requests:,}",
                 escape(fmt_percent(t.hit_rate)),
@@ -388,12 +378,21 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
                 escape(fmt_seconds(t.queue_wait_s.p99)),
                 escape(fmt_percent(t.service_share)),
             )
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            rows.append(cells)
+    headers = (
+        "policy",
+        "tenant",
+        "requests",
+        "hit rate",
+        "p50 TTFT",
+        "p99 TTFT",
+        "p99 queue wait",
+        "served / demanded",
+    )
     return (
         "<h2>Tenants</h2>"
-        '<div class="scroll"><table id="tenants"><thead><tr>'
-        f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-        '<p class="note">Served / demanded: prompt and output tokens a tenant had received by '
+        + html_table("tenants", headers, rows)
+        + '<p class="note">Served / demanded: prompt and output tokens a tenant had received by '
         "the fairness horizon (when half the requests had finished) over the tokens its arrived "
         "requests asked for. The fairness column of the comparison is Jain's index over these "
         "shares (1 = all tenants equally served)."

@@ -97,10 +97,6 @@ def itl_samples(reqs: Iterable[Req]) -> FloatArray:
     return _itl(_completed(reqs))
 
 
-def e2e_samples(reqs: Iterable[Req]) -> FloatArray:
-    return _e2e(_completed(reqs))
-
-
 def queue_wait_samples(reqs: Iterable[Req]) -> FloatArray:
     return _queue_wait(_completed(reqs))
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
 
 from radixsched.request import FinishReason, Req
 from radixsched.results.requests import SloTargets, _completed, _queue_wait, _ttft, hit_rates
-from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, jain_index
+from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json, jain_index
 
 
 def fairness_horizon(reqs: Iterable[Req]) -> float:
@@ -39,16 +39,7 @@ class TenantResult:
     service_share: float
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
-            "tenant": self.tenant,
-            "num_requests": self.num_requests,
-            "hit_rate": self.hit_rate,
-            "ttft_s": self.ttft_s.to_json(),
-            "queue_wait_s": self.queue_wait_s.to_json(),
-            "demand_tokens": self.demand_tokens,
-            "served_tokens": self.served_tokens,
-            "service_share": self.service_share,
-        }
+        return {f.name: as_json(getattr(self, f.name)) for f in fields(self)}
 
 
 def _service_by(reqs: Sequence[Req], horizon: float) -> tuple[int, int]:

@@ -27,6 +27,15 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else 0.0
 
 
+def as_json(value: Any) -> JSONValue:
+    """A result's field as JSON: a nested result by its ``to_json``, a tuple of them as a list."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [v.to_json() for v in value]
+    return value
+
+
 # ---------------------------------------------------------------------------------------------
 # Distribution statistics
 # ---------------------------------------------------------------------------------------------

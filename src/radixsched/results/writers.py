@@ -84,6 +84,12 @@ def write_json(
         "config": to_jsonable(config),
         "results": [to_jsonable(r.to_json()) for r in results],
     }
+    write_document(path, doc)
+
+
+def write_document(path: str | Path, doc: Mapping[str, Any]) -> None:
+    """``doc`` as indented JSON ending in a newline; NaN and infinities are refused (strict
+    JSON readers reject them)."""
     with Path(path).open("w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2, allow_nan=False)
         f.write("\n")

@@ -41,7 +41,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
@@ -175,12 +175,6 @@ class ServerThread:
         self.stop()
 
 
-@contextlib.contextmanager
-def serving(app: Any) -> Iterator[ServerThread]:
-    with ServerThread(app) as st:
-        yield st
-
-
 def run_server(app: Any, host: str, port: int, *, log_level: str = "info") -> None:
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5
@@ -206,5 +200,4 @@ __all__ = [
     "ServerThread",
     "create_app",
     "run_server",
-    "serving",
 ]

@@ -29,7 +29,7 @@ import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -157,7 +157,6 @@ class AccessPolicy:
     bind_host: str = "127.0.0.1"
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
-    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def host_allowed(self, host: str) -> bool:
         """``host``: a Host header value (name or address, port optional)."""
@@ -185,21 +184,15 @@ class AccessPolicy:
             return True
         if any(h.startswith(".") and (name == h[1:] or name.endswith(h)) for h in extra):
             return True
-        if name in self._names():
+        if name in self._names:
             return True
         return self._wildcard() and _is_local_address(name)
 
     def _wildcard(self) -> bool:
         return self.bind_host.strip("[]") in WILDCARD_BINDS
 
+    @functools.cached_property
     def _names(self) -> frozenset[str]:
-        names: frozenset[str] | None = self._cache.get("names")
-        if names is None:
-            names = self._compute_names()
-            self._cache["names"] = names
-        return names
-
-    def _compute_names(self) -> frozenset[str]:
         bind = self.bind_host.strip("[]").lower()
         if self._wildcard():
             own = {socket.gethostname(), socket.getfqdn()}

@@ -525,7 +525,7 @@ class EngineLoop:
             victims += [e.req for e in batch.extend] + [d.req for d in batch.decode]
         for req in dict.fromkeys(victims):
             if not req.finished:
-                discard_request(sched, req, 500, message)
+                sched.discard(req, 500, message)
         self._deliver_aborted()
         try:
             sched.check_integrity()
@@ -553,14 +553,8 @@ class EngineLoop:
             if req in sched.waiting:
                 sched.abort(req.rid, message, status)
             else:
-                discard_request(sched, req, status, message)
+                sched.discard(req, status, message)
         self._deliver_aborted()
-
-
-def discard_request(sched: Scheduler, req: Req, status: int, message: str) -> None:
-    """Abort a request that may sit in a half-built batch, dropping (never caching) its KV
-    (``Scheduler.discard``)."""
-    sched.discard(req, status, message)
 
 
 def finish_label(fin: FinishState) -> str:
@@ -594,6 +588,5 @@ __all__ = [
     "RequestHandle",
     "Subscriber",
     "TokenDelta",
-    "discard_request",
     "flush_cache",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import numpy as np
@@ -45,6 +45,19 @@ router = APIRouter()
 State = Annotated[ServerState, Depends(server_state)]
 
 
+def _get_at(paths: tuple[str, ...], endpoint: Callable[..., Any], model: type[Any]) -> None:
+    """Answer GET at each of ``paths`` (SGLang's names for one endpoint, new and old)."""
+    for path in paths:
+        router.add_api_route(
+            path,
+            endpoint,
+            methods=["GET"],
+            response_model=model,
+            responses=ERROR_RESPONSES,
+            name=path.strip("/"),
+        )
+
+
 def server_info(srv: State) -> ServerInfo:
     info = srv.engine.info
     model = srv.model
@@ -68,15 +81,7 @@ def server_info(srv: State) -> ServerInfo:
     )
 
 
-for _path in ("/server_info", "/get_server_info"):  # the second is SGLang's older name
-    router.add_api_route(
-        _path,
-        server_info,
-        methods=["GET"],
-        response_model=ServerInfo,
-        responses=ERROR_RESPONSES,
-        name=_path.strip("/"),
-    )
+_get_at(("/server_info", "/get_server_info"), server_info, ServerInfo)
 
 
 def model_info(srv: State) -> ModelInfo:
@@ -89,15 +94,7 @@ def model_info(srv: State) -> ModelInfo:
     )
 
 
-for _path in ("/model_info", "/get_model_info"):  # SGLang's names, new and old
-    router.add_api_route(
-        _path,
-        model_info,
-        methods=["GET"],
-        response_model=ModelInfo,
-        responses=ERROR_RESPONSES,
-        name=_path.strip("/"),
-    )
+_get_at(("/model_info", "/get_model_info"), model_info, ModelInfo)
 
 
 @router.get("/get_load", response_model=list[WorkerLoad], responses=ERROR_RESPONSES)

@@ -24,8 +24,6 @@ from radixsched.sim.calibrate.fit import fit
 from radixsched.sim.calibrate.params import FitResult
 from radixsched.sim.calibrate.replay import Replay, predict
 
-METRICS = ("ttft_s", "itl_s", "e2e_s")
-
 
 @dataclass(frozen=True)
 class ErrorSummary:

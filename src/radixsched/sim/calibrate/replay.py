@@ -23,7 +23,7 @@ from radixsched.sim.cost.build import resolve_specs
 from radixsched.sim.cost.roofline import CostModel, shape_of
 from radixsched.sim.cost.runner import CostModelRunner
 from radixsched.sim.settings.simconfig import SimConfig
-from radixsched.sim.workloads.load import Workload
+from radixsched.sim.workloads.load import Workload, load_workload
 
 # ---- replay --------------------------------------------------------------------------------
 
@@ -108,8 +108,6 @@ def _fit_to_limits(req: Req, vocab: int | None, context: int | None) -> Req:
 
 def _replay_requests(run: MeasuredRun, index: int) -> list[Req]:
     """The run's successful requests, each with its measured output length."""
-    from radixsched.sim.workloads.load import load_workload
-
     wl = run.workload
     if run.prompts is None and run.source == "radixsched" and wl.get("spec"):
         rate = wl.get("request_rate")

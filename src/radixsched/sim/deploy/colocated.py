@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixsched.clock import VirtualClock
-from radixsched.config import SchedulerConfig
+from radixsched.config import SchedulerConfig, resolve_max_running_requests
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 from radixsched.sim.cost.build import build_cost_model
@@ -65,7 +65,6 @@ def _lockstep_gates(
     """The prefill delayer's gates of ``--enable-dp-attention`` ranks, or None."""
     if not (sim_cfg.enable_dp_attention and sim_cfg.dp > 1):
         return None
-    from radixsched.config import resolve_max_running_requests
     from radixsched.sim.deploy.lockstep import lockstep_gates
 
     capacity = int(cost.kv_capacity_tokens())

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,8 +153,6 @@ def evaluate(spec: PlanSpec, cand: Candidate, give_up_below: float | None) -> Ca
 
 # ---- running candidates ------------------------------------------------------------------
 
-Done = Callable[[CandidateResult], None]
-
 
 @dataclass
 class Job:
@@ -275,7 +272,3 @@ def drain(
         i, capacity = pool.wait_one([h for _, h in running])
         job, _ = running.pop(i)
         finish(job, capacity)
-
-
-def elapsed_since(start: float) -> float:
-    return time.perf_counter() - start

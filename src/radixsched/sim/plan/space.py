@@ -218,7 +218,7 @@ def _candidate(
         rs = dataclasses.replace(rs, sim={k: v for k, v in rs.sim.items() if k != "router"})
     return Candidate(
         index=index,
-        gpu=_gpu_name(sim.gpu),
+        gpu=gpu_name(sim.gpu),
         tp=sim.tp,
         dp=sim.dp if dep is None else units,
         policy=str(rs.sched.get("schedule_policy", "fcfs")),
@@ -241,10 +241,11 @@ def _router(given: str | None, dp: int, dep: Deployment) -> str | None:
     return None
 
 
-def _gpu_name(name: str) -> str:
+def gpu_name(text: str) -> str:
+    """A GPU preset's name for any case or common spelling (h200 = H200, a100 = A100-80G)."""
     from radixsched.sim.cost.hardware import PresetError, get_gpu
 
     try:
-        return get_gpu(name).name
+        return get_gpu(text).name
     except PresetError:
-        return name  # reported by the preflight
+        return text  # the caller's checks report it (argparse's choices, the preflight)

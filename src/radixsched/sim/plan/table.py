@@ -97,14 +97,6 @@ def render(
         console.print(line, highlight=False, markup=False)
 
 
-def markdown(ranked: Sequence[CandidateResult], target: float | None, tolerance: float) -> str:
-    """The table as Markdown (for a README)."""
-    cols, rows = table_rows(ranked, target, tolerance)
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
-    return "\n".join(out)
-
-
 def calibration_error(path: str) -> str:
     """What a calibration file records of its error: the worst relative error of its
     replayed runs per latency ("" when it records none, or is a step-time table)."""

@@ -212,9 +212,6 @@ def _cases(key: str, values: Sequence[Any]) -> dict[str, Mapping[str, Any]]:
 
 # ---- settings -> simulator configs -----------------------------------------------------------
 
-# ``resolve_settings`` returns this (the shared run schema's type).
-ResolvedPoint = RunSettings
-
 
 def resolve_settings(settings: Mapping[str, Any]) -> RunSettings:
     """Split one point's settings into SchedulerConfig, SimConfig, workload and SLO settings

@@ -38,7 +38,6 @@ from radixsched.sim.workloads.tokens import (
 
 # Compressed traces, by file suffix: gzip from the standard library; zstandard from the
 # ``zstandard`` package (or the standard library's ``compression.zstd`` from Python 3.14).
-COMPRESSED_SUFFIXES = (".gz", ".zst")
 
 
 def _open_zstd(path: Path) -> BinaryIO:
