@@ -12,18 +12,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
+from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.kv import FastKVManager
-from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import StableOrder
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.kv import KVManager
+from radixsched.native import core
 from radixsched.policies import Round, policy_names
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req, SamplingParams
 
 VOCAB = 4  # a tiny vocabulary: many shared prefixes, splits and partial matches
+# The accelerated parts run over the native core only: their tests need it built.
+native = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 
 
 def _req(i: int, tokens: list[int], ns: str | None = None) -> Req:
@@ -43,12 +47,13 @@ ops = st.lists(
 )
 
 
+@native
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, page=st.sampled_from([1, 2, 4]))
 def test_matcher_memos_equal_a_fresh_match_after_every_operation(ops: list[Any], page: int) -> None:
     alloc = TokenAllocator(4096, page)
-    cache = RadixCache(alloc, page_size=page)
-    matcher = IncrementalMatcher(cache)
+    cache = NativeRadixCache(alloc, page_size=page)
+    matcher = NativeMatcher(cache)
     tracked: list[Req] = []
     n = 0
     for op, arg, flag in ops:
@@ -76,17 +81,18 @@ def test_matcher_memos_equal_a_fresh_match_after_every_operation(ops: list[Any],
             m = matcher.memo[id(r)]
             want = cache.match_end(CacheKey(r.fill_ids(), r.namespace))
             assert m.n == want.length, (op, r.rid)
-            assert m.node is want.node, (op, r.rid)
-            assert (len(m.node.key) if m.full else m.offset) == want.offset, (op, r.rid)
+            assert m.node.id == want.node.id, (op, r.rid)
+            assert (len(m.node) if m.full else m.offset) == want.offset, (op, r.rid)
 
 
+@native
 def test_matcher_dirties_only_the_branch_a_new_child_continues() -> None:
     """Under one shared prefix, inserting a new branch re-matches only the requests whose next
     page is that branch's first page."""
-    cache = RadixCache(None, page_size=1)
+    cache = NativeRadixCache(None, page_size=1)
     shared = list(range(100, 164))
     cache.insert(CacheKey(np.asarray(shared, dtype=np.int32)), np.arange(1, 65))
-    matcher = IncrementalMatcher(cache)
+    matcher = NativeMatcher(cache)
     reqs = [_req(i, [*shared, 1000 + i, 7, 7]) for i in range(50)]
     for r in reqs:
         matcher.track(r)
@@ -226,33 +232,35 @@ def test_match_end_agrees_with_match_len_and_match_node(page: int) -> None:
         assert node.device_len == end.length
 
 
+@native
 @pytest.mark.parametrize("page", [1, 2])
 def test_matcher_follows_a_split_at_the_match_end_without_a_walk(page: int) -> None:
     """A request whose match ends inside a node is re-pointed when that node splits there, so
     the branch that then grows at the split point reaches it."""
-    cache = RadixCache(None, page_size=page)
+    cache = NativeRadixCache(None, page_size=page)
     seq = [1, 2, 3, 4, 5, 6, 7, 8]
     cache.insert(CacheKey(np.asarray(seq, dtype=np.int32)), np.arange(1, 9))
-    matcher = IncrementalMatcher(cache)
+    matcher = NativeMatcher(cache)
     r = _req(0, [1, 2, 3, 4, 9, 9, 9, 9])
     matcher.track(r)
     assert matcher.memo[id(r)].n == 4 and not matcher.memo[id(r)].full
     cache.insert(CacheKey(np.asarray([1, 2, 3, 4, 7, 7], dtype=np.int32)), np.arange(10, 16))
     assert not matcher.dirty  # the new branch is 7, not r's next page: no re-match
     m = matcher.memo[id(r)]
-    assert m.full and m.n == 4 and m.node is cache.match_end(CacheKey(r.prompt_ids)).node
+    assert m.full and m.n == 4 and m.node.id == cache.match_end(CacheKey(r.prompt_ids)).node.id
     cache.insert(CacheKey(np.asarray([1, 2, 3, 4, 9, 9], dtype=np.int32)), np.arange(20, 26))
     assert matcher.refresh() == [r]
     assert matcher.memo[id(r)].n == 6
 
 
+@native
 def test_matcher_rematches_what_an_eviction_cuts() -> None:
     alloc = TokenAllocator(64)
-    cache = RadixCache(alloc)
+    cache = NativeRadixCache(alloc)
     slots = alloc.alloc(8)
     assert slots is not None
     cache.insert(CacheKey(np.arange(1, 9, dtype=np.int32)), slots)
-    matcher = IncrementalMatcher(cache)
+    matcher = NativeMatcher(cache)
     inside, whole, short = (
         _req(0, [1, 2, 3, 4, 5, 6, 0]),
         _req(1, [*range(1, 9), 0]),
@@ -294,7 +302,7 @@ def _first(order: Any) -> int:
     return int(pos)
 
 
-def _tree(cache: RadixCache) -> list[tuple[int, int, int]]:
+def _tree(cache: Any) -> list[tuple[int, int, int]]:
     return [(n.id, n.last_access_time, len(n.key)) for n in cache._iter_nodes()]
 
 
@@ -390,8 +398,11 @@ def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ord
             out.append((taken[0], taken[1]))
 
 
-def _twins(policy: str, page: int = 1) -> tuple[list[RadixCache], WaitingQueue, FastWaitingQueue]:
-    caches = [RadixCache(None, page_size=page) for _ in range(2)]
+def _twins(policy: str, page: int = 1) -> tuple[list[Any], WaitingQueue, FastWaitingQueue]:
+    """The reference queue over the Python tree, the fast one over the native tree."""
+    if core() is None:
+        pytest.skip("the accelerated queue runs over the native core, which is not built or off")
+    caches = [RadixCache(None, page_size=page), NativeRadixCache(None, page_size=page)]
     cfg = SchedulerConfig(schedule_policy=policy, page_size=page)
     return caches, WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
 
