@@ -330,6 +330,13 @@ def _core() -> ModuleType:
     return mod
 
 
+def make_pool(size: int, page_size: int = 1) -> Any:
+    """The native KV slot pool (``_native/pool.cpp``): ``TokenAllocator``'s free list, the same
+    slots in the same order, in C++, which the native tree's ``alloc_into`` and ``checkpoint``
+    allocate from and free to without a call into Python."""
+    return _core().Pool(size, page_size)
+
+
 def make_cache(
     config: SchedulerConfig,
     allocator: SlotFreer | None,
