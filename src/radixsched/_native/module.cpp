@@ -284,6 +284,12 @@ void bind_tree_kv(nb::class_<PyTree>& c) {
             "priority"_a, "inserted_len"_a, "lock"_a.none());
 }
 
+std::invalid_argument negative_alloc(int64_t n, const Pool& p) {  // TokenAllocator's message
+    return std::invalid_argument("alloc(" + std::to_string(n) +
+                                 "): must be a non-negative multiple of page_size (" +
+                                 std::to_string(p.page_size()) + ")");
+}
+
 void pool_free(Pool& p, AnySlots slots, bool checked) {
     const auto n = static_cast<int64_t>(slots.size());
     if (slots.ndim() != 1 && n != 0)  // TokenAllocator's message for a non-row
@@ -312,7 +318,7 @@ void bind_pool(nb::module_& m) {
         .def("reset", &Pool::reset)
         .def("alloc",
              [](Pool& p, int64_t n) -> nb::object {
-                 if (n < 0) throw std::invalid_argument("alloc(" + std::to_string(n) + ")");
+                 if (n < 0) throw negative_alloc(n, p);
                  std::vector<int64_t> out(static_cast<size_t>(n));
                  if (!p.alloc_into(out.data(), n)) return nb::none();
                  return nb::cast(to_numpy(std::move(out)));
@@ -339,7 +345,7 @@ void bind_pool(nb::module_& m) {
              "freed"_a, "out"_a.noconvert())
         .def("recycle",
              [](Pool& p, nb::handle freed, int64_t n) -> nb::object {
-                 if (n < 0) throw std::invalid_argument("alloc(" + std::to_string(n) + ")");
+                 if (n < 0) throw negative_alloc(n, p);
                  std::vector<std::vector<int64_t>> segs;
                  if (nb::isinstance<Slots>(freed))
                      segs.push_back(from_array<int64_t>(nb::cast<Slots>(freed)));
