@@ -12,7 +12,8 @@ TORCH_SPEC ?= torch==2.13.0
 
 NATIVE_SRC := CMakeLists.txt $(wildcard src/radixsched/_native/*.cpp src/radixsched/_native/*.hpp)
 # The tests that compare the native core with the Python reference, bit for bit.
-EQUIV_TESTS := tests/test_native_radix.py tests/test_radix_cache.py tests/test_radix_stateful.py \
+EQUIV_TESTS := tests/test_native_radix.py tests/test_allocator.py tests/test_radix_cache.py \
+	tests/test_radix_stateful.py \
 	tests/test_evict_heap.py tests/test_fast_parts.py tests/test_equivalence.py \
 	tests/test_equivalence_fuzz.py tests/test_golden.py tests/test_simulate.py
 GCC ?= gcc

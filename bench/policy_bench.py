@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixsched.cache import CacheKey, RadixCache
+from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.queue import WaitingQueue
@@ -68,7 +69,8 @@ class Row(NamedTuple):
 
 
 class Setup(NamedTuple):
-    cache: RadixCache
+    cache: RadixCache  # the reference queue's
+    native: NativeRadixCache  # the fast queue's: the same tree in C++
     prefixes: np.ndarray
     head: np.ndarray  # the shared block (empty without --shared)
     rng: np.random.Generator
@@ -79,13 +81,14 @@ def build(shared: bool, seed: int = 0) -> Setup:
     prefixes = rng.integers(0, VOCAB, size=(GROUPS, PREFIX_LEN), dtype=np.int32)
     suffixes = rng.integers(0, VOCAB, size=(GROUPS * PER_GROUP, SUFFIX_LEN), dtype=np.int32)
     head = rng.integers(0, VOCAB, size=SHARED_LEN if shared else 0, dtype=np.int32)
-    cache = RadixCache(None, page_size=1)
+    cache, native = RadixCache(None, page_size=1), NativeRadixCache(None, page_size=1)
     slot = 1
     for i in rng.permutation(GROUPS * PER_GROUP):
         seq = np.concatenate([head, prefixes[i // PER_GROUP], suffixes[i]])
-        cache.insert(CacheKey(seq), np.arange(slot, slot + len(seq), dtype=np.int64))
+        for tree in (cache, native):
+            tree.insert(CacheKey(seq), np.arange(slot, slot + len(seq), dtype=np.int64))
         slot += len(seq)
-    return Setup(cache, prefixes, head, rng)
+    return Setup(cache, native, prefixes, head, rng)
 
 
 def waiting(n: int, s: Setup, tag: str, first_arrival: float = 0.0) -> list[Req]:
@@ -123,7 +126,7 @@ def time_policy(name: str, s: Setup, queue: list[Req], arrivals: list[Req], budg
     ref.begin_round([], 0, 0.0)  # the first round settles the list's order
     reference = _median_ms(lambda: ref.begin_round([], 10_000, 1.0), budget_s)
 
-    fast = FastWaitingQueue(cfg, s.cache)
+    fast = FastWaitingQueue(cfg, s.native)
     for r in _fresh(queue):
         fast.add(r)
     fast.begin_round([], 0, 0.0)
@@ -146,7 +149,7 @@ def time_policy(name: str, s: Setup, queue: list[Req], arrivals: list[Req], budg
         fast.begin_round([], 10_000, 1.0)
 
     churn_ms = _median_ms(churn, budget_s)
-    s.cache.listener = None  # the last fast queue stops listening
+    s.native.listener = None  # the last fast queue stops listening
     return Row(name, len(queue), reference, cold_ms, warm_ms, churn_ms, _burst_ms(cfg, s, queue))
 
 
@@ -156,12 +159,12 @@ def _burst_ms(cfg: SchedulerConfig, s: Setup, queue: list[Req], samples: int = 7
     for _ in range(samples):
         reqs = _fresh(queue)
         t0 = time.perf_counter()
-        fast = FastWaitingQueue(cfg, s.cache)
+        fast = FastWaitingQueue(cfg, s.native)
         for r in reqs:
             fast.add(r)
         fast.begin_round([], 10_000, 1.0)
         times.append(time.perf_counter() - t0)
-        s.cache.listener = None
+        s.native.listener = None
     return statistics.median(times) * 1e3
 
 

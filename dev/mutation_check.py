@@ -1,9 +1,12 @@
 """Mutation check of the accelerators: does the equivalence suite notice a broken fast path?
 
-Each mutant below is a plausible bug in ``radixsched/fast`` or in the simulator's scalar fast
-paths (``sim/cost/``): a memo not re-pointed, a flag that says "in order" when the list
-is not, a tie number on the wrong side, a jump that ignores a stop... For each one, a copy of the package with that one change is put first on
-``PYTHONPATH`` and the accelerator tests run against it (``-x``: the first failure kills the
+Each mutant below is a plausible bug in ``radixsched/fast``, in the native matcher
+(``radixsched/_native``) or in the simulator's scalar fast paths (``sim/cost/``): a memo not
+re-pointed, a flag that says "in order" when the list is not, a tie number on the wrong side, a
+jump that ignores a stop... For each one, a copy of the package with that one change is put
+first on ``PYTHONPATH`` (a C++ mutant's copy is built, in a few seconds, and loaded through
+``RADIXSCHED_NATIVE_LIB``; the others load the built extension) and the accelerator tests run
+against it (``-x``: the first failure kills the
 mutant). A mutant that survives is a fast-path bug the tests would not catch: add the test that
 fails on it. The source tree is never modified.
 
@@ -23,6 +26,7 @@ Run: ``.venv/bin/python dev/mutation_check.py [--only ID ...] [--list] [--tests 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -106,27 +110,39 @@ MUTANTS = (
     ),
     Mutant(
         "split-not-repointed",
-        "fast/matching.py",
-        "            if m.node is not lower or k in self.dirty:",
-        "            if True:",
+        "_native/matcher.cpp",
+        "        if (m.node.get() != &lower || dirty_.contains(k)) continue;",
+        "        continue;",
     ),
     Mutant(
         "partial-evict-ignored",
-        "fast/matching.py",
-        "            if m.full or m.offset >= keep:",
-        "            if m.full:",
+        "_native/matcher.cpp",
+        "        if (m.full || m.offset >= keep)",
+        "        if (m.full)",
     ),
     Mutant(
         "new-child-ignored",
-        "fast/matching.py",
-        "        regs = self.edges.get(parent, {}).get(child_key)\n",
-        "        regs = None\n",
+        "_native/matcher.cpp",
+        "    Bucket* regs = by_node->second.get(key);\n",
+        "    Bucket* regs = nullptr;\n",
     ),
     Mutant(
         "shortened-hint-trusted",
-        "fast/matching.py",
-        "(node.parent is not None and len(node) == klen):",
-        "node.parent is not None:",
+        "_native/matcher.cpp",
+        "(node->parent != nullptr && node->size() == hint->klen)",
+        "node->parent != nullptr",
+    ),
+    Mutant(
+        "recycle-drops-the-excess",
+        "_native/pool.cpp",
+        "            free_all(i, take);\n",
+        "            free_all(i + 1, 0);\n",
+    ),
+    Mutant(
+        "pool-frees-a-group-reversed",
+        "_native/pool.cpp",
+        "    std::copy(pages.begin(), pages.end(), stack_.begin() + lo);",
+        "    std::copy(pages.rbegin(), pages.rend(), stack_.begin() + lo);",
     ),
     Mutant(
         "dedup-leaver-stays",
@@ -208,15 +224,15 @@ MUTANTS = (
     ),
     Mutant(
         "checkpoint-duplicates-kept",
-        "fast/kv.py",
-        "            if dup_end > lo:\n",
-        "            if False:\n",
+        "_native/kv.cpp",
+        "        if (dup_end > c.lo) {",
+        "        if (false) {",
     ),
     Mutant(
         "checkpoint-rematch-skipped",
-        "fast/kv.py",
-        "        if res.prefix_len == lo and self.cache.supports_prefix_sharing():",
-        "        if self.cache.supports_prefix_sharing():",
+        "_native/kv.cpp",
+        "    if (res.length != c.lo || tree.disabled()) {",
+        "    if (tree.disabled()) {",
     ),
     Mutant(
         "checkpoint-inserted-length-stale",
@@ -232,9 +248,9 @@ MUTANTS = (
     ),
     Mutant(
         "evicts-one-slot-short",
-        "fast/kv.py",
-        "        short = n - self.allocator.available_size()\n",
-        "        short = n - self.allocator.available_size() - 1\n",
+        "_native/kv.cpp",
+        "    const int64_t short_by = n - pool.available_size();",
+        "    const int64_t short_by = n - pool.available_size() - 1;",
     ),
     Mutant(
         "decode-loop-context-stride-one",
@@ -360,38 +376,92 @@ class Verdict(NamedTuple):
     by: str  # the first failing test
 
 
-def _check(m: Mutant, copy: Path, tests: list[str]) -> Verdict:
+def _native_lib() -> str:
+    """The built extension the unmutated runs load (``RADIXSCHED_NATIVE_LIB``, else the
+    installed one)."""
+    path = os.environ.get("RADIXSCHED_NATIVE_LIB")
+    if not path:
+        spec = importlib.util.find_spec("radixsched._native._core")
+        path = spec.origin if spec is not None else None
+    if not path:
+        raise SystemExit("the mutation check needs the native core built (pip install -e .)")
+    return path
+
+
+def _build(copy: Path) -> str:
+    """The copy's (mutated) native sources built in Release into ``copy``/build; the module."""
+    root = copy / "native-src"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "src").mkdir(parents=True)
+    shutil.copy(ROOT / "CMakeLists.txt", root)
+    shutil.copytree(copy / "radixsched", root / "src" / "radixsched")
+    build = copy / "build"
+    bindir = Path(sys.executable).parent
+    cmake = shutil.which("cmake", path=str(bindir)) or "cmake"
+    ninja = shutil.which("ninja", path=str(bindir)) or "ninja"
+    for cmd in (
+        [cmake, "-S", str(root), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+         f"-DPython_EXECUTABLE={sys.executable}", f"-DCMAKE_MAKE_PROGRAM={ninja}"],
+        [cmake, "--build", str(build)],
+    ):  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True)
+    return str(next(build.glob("_core*.so")))
+
+
+# Put first in the copy's folder (on PYTHONPATH): an editable install's import hook would
+# otherwise import the checkout's radixsched, not the mutated copy.
+_SITECUSTOMIZE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+"""
+
+
+def _env(copy: Path, native_lib: str) -> dict[str, str]:
+    (copy / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(copy),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "RADIXSCHED_NATIVE": "1",
+        "RADIXSCHED_NATIVE_LIB": native_lib,
+    }
+    probe = "import radixsched; print(radixsched.__file__)"
+    where = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if not where.startswith(str(copy)):
+        raise SystemExit(f"the mutated copy is not what Python imports ({where})")
+    return env
+
+
+def _check(m: Mutant, copy: Path, tests: list[str], native_lib: str) -> Verdict:
     path = copy / "radixsched" / m.file
     source = path.read_text()
     if source.count(m.original) != 1:
         raise SystemExit(f"{m.id}: its original text occurs {source.count(m.original)} times")
     path.write_text(source.replace(m.original, m.mutated))
-    # The mutants are planted in Python: the accelerated core runs its Python parts
-    # (RADIXSCHED_NATIVE=0), which the native core replaces part by part.
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(copy),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "RADIXSCHED_NATIVE": "0",
-    }
+    # The accelerated core runs over the native core only: a Python mutant runs with the built
+    # extension, a C++ one with the mutated sources built into a scratch folder.
     t0 = time.monotonic()
     try:
+        lib = _build(copy) if m.file.startswith("_native/") else native_lib
         run = subprocess.run(
             [
                 *(sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"),
                 *("--hypothesis-seed", "0", *tests),
             ],
             cwd=ROOT,
-            env=env,
+            env=_env(copy, lib),
             capture_output=True,
             text=True,
         )
     finally:
         path.write_text(source)
+    if run.returncode not in (0, 1):  # not a test failure: a collection error, a crash...
+        raise SystemExit(f"{m.id}: pytest exited {run.returncode}\n{run.stdout[-3000:]}")
     failed = [
         ln.removeprefix("FAILED ") for ln in run.stdout.splitlines() if ln.startswith("FAILED")
     ]
-    return Verdict(m, run.returncode != 0, time.monotonic() - t0, failed[0] if failed else "")
+    return Verdict(m, run.returncode == 1, time.monotonic() - t0, failed[0] if failed else "")
 
 
 def main() -> int:
@@ -407,11 +477,12 @@ def main() -> int:
             console.print(f"{m.id:40s} {m.file}")
         return 0
     verdicts = []
+    native_lib = _native_lib()
     with tempfile.TemporaryDirectory() as d:
         copy = Path(d)
         shutil.copytree(PACKAGE, copy / "radixsched", ignore=shutil.ignore_patterns("__pycache__"))
         for m in chosen:
-            v = _check(m, copy, args.tests)
+            v = _check(m, copy, args.tests, native_lib)
             verdicts.append(v)
             console.print(
                 f"{m.id}: {'killed' if v.killed else '[red]SURVIVED[/]'} ({v.seconds:.0f} s)"

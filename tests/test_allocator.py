@@ -1,4 +1,6 @@
-"""KV slot allocator: layout, exhaustion, misuse, conservation checks."""
+"""KV slot allocator: layout, exhaustion, misuse, conservation checks, for the Python allocator
+(the reference's) and the native pool (the accelerated core's, ``_native/pool.cpp``): every
+test runs on both."""
 
 from __future__ import annotations
 
@@ -6,6 +8,18 @@ import numpy as np
 import pytest
 
 from radixsched.cache import IntegrityError, TokenAllocator
+from radixsched.native import core
+
+
+@pytest.fixture(autouse=True, params=["python", "native"])
+def allocator_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``native`` rebinds this module's ``TokenAllocator`` to the native pool."""
+    if request.param == "native":
+        mod = core()
+        if mod is None:
+            pytest.skip("the native core is not built, or is off")
+        monkeypatch.setitem(globals(), "TokenAllocator", mod.Pool)
+    return str(request.param)
 
 
 def test_page1_layout_and_order() -> None:

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import golden
 from radixsched.config import SchedulerConfig
+from radixsched.native import core
 from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
@@ -216,6 +217,8 @@ def sim_configs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _run(w: Workload, accelerate: bool, sched: dict[str, Any], sim: dict[str, Any]) -> SimRun:
+    if accelerate and core() is None:  # build_scheduler would give the reference: no comparison
+        pytest.skip(NO_NATIVE)
     return simulate(
         w,
         SchedulerConfig(**sched),
@@ -235,7 +238,11 @@ def _outcome(w: Workload, accelerate: bool, sched: dict[str, Any], sim: dict[str
     return (obs["trace"], obs["finished"], obs["replicas"], obs["lockstep"], golden.comparable(obs))
 
 
+NO_NATIVE = "the accelerated core runs over the native core, which is not built or is off"
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(core() is None, reason=NO_NATIVE)
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -12,18 +12,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
+from radixsched.cache.native_radix import NativeRadixCache, make_pool
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.kv import FastKVManager
-from radixsched.fast.matching import IncrementalMatcher
+from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import StableOrder
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.kv import KVManager
+from radixsched.native import core
 from radixsched.policies import Round, policy_names
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req, SamplingParams
 
 VOCAB = 4  # a tiny vocabulary: many shared prefixes, splits and partial matches
+# The accelerated parts run over the native core only: their tests need it built.
+native = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 
 
 def _req(i: int, tokens: list[int], ns: str | None = None) -> Req:
@@ -43,12 +47,13 @@ ops = st.lists(
 )
 
 
+@native
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, page=st.sampled_from([1, 2, 4]))
 def test_matcher_memos_equal_a_fresh_match_after_every_operation(ops: list[Any], page: int) -> None:
     alloc = TokenAllocator(4096, page)
-    cache = RadixCache(alloc, page_size=page)
-    matcher = IncrementalMatcher(cache)
+    cache = NativeRadixCache(alloc, page_size=page)
+    matcher = NativeMatcher(cache)
     tracked: list[Req] = []
     n = 0
     for op, arg, flag in ops:
@@ -76,17 +81,18 @@ def test_matcher_memos_equal_a_fresh_match_after_every_operation(ops: list[Any],
             m = matcher.memo[id(r)]
             want = cache.match_end(CacheKey(r.fill_ids(), r.namespace))
             assert m.n == want.length, (op, r.rid)
-            assert m.node is want.node, (op, r.rid)
-            assert (len(m.node.key) if m.full else m.offset) == want.offset, (op, r.rid)
+            assert m.node.id == want.node.id, (op, r.rid)
+            assert (len(m.node) if m.full else m.offset) == want.offset, (op, r.rid)
 
 
+@native
 def test_matcher_dirties_only_the_branch_a_new_child_continues() -> None:
     """Under one shared prefix, inserting a new branch re-matches only the requests whose next
     page is that branch's first page."""
-    cache = RadixCache(None, page_size=1)
+    cache = NativeRadixCache(None, page_size=1)
     shared = list(range(100, 164))
     cache.insert(CacheKey(np.asarray(shared, dtype=np.int32)), np.arange(1, 65))
-    matcher = IncrementalMatcher(cache)
+    matcher = NativeMatcher(cache)
     reqs = [_req(i, [*shared, 1000 + i, 7, 7]) for i in range(50)]
     for r in reqs:
         matcher.track(r)
@@ -226,33 +232,35 @@ def test_match_end_agrees_with_match_len_and_match_node(page: int) -> None:
         assert node.device_len == end.length
 
 
+@native
 @pytest.mark.parametrize("page", [1, 2])
 def test_matcher_follows_a_split_at_the_match_end_without_a_walk(page: int) -> None:
     """A request whose match ends inside a node is re-pointed when that node splits there, so
     the branch that then grows at the split point reaches it."""
-    cache = RadixCache(None, page_size=page)
+    cache = NativeRadixCache(None, page_size=page)
     seq = [1, 2, 3, 4, 5, 6, 7, 8]
     cache.insert(CacheKey(np.asarray(seq, dtype=np.int32)), np.arange(1, 9))
-    matcher = IncrementalMatcher(cache)
+    matcher = NativeMatcher(cache)
     r = _req(0, [1, 2, 3, 4, 9, 9, 9, 9])
     matcher.track(r)
     assert matcher.memo[id(r)].n == 4 and not matcher.memo[id(r)].full
     cache.insert(CacheKey(np.asarray([1, 2, 3, 4, 7, 7], dtype=np.int32)), np.arange(10, 16))
     assert not matcher.dirty  # the new branch is 7, not r's next page: no re-match
     m = matcher.memo[id(r)]
-    assert m.full and m.n == 4 and m.node is cache.match_end(CacheKey(r.prompt_ids)).node
+    assert m.full and m.n == 4 and m.node.id == cache.match_end(CacheKey(r.prompt_ids)).node.id
     cache.insert(CacheKey(np.asarray([1, 2, 3, 4, 9, 9], dtype=np.int32)), np.arange(20, 26))
     assert matcher.refresh() == [r]
     assert matcher.memo[id(r)].n == 6
 
 
+@native
 def test_matcher_rematches_what_an_eviction_cuts() -> None:
     alloc = TokenAllocator(64)
-    cache = RadixCache(alloc)
+    cache = NativeRadixCache(alloc)
     slots = alloc.alloc(8)
     assert slots is not None
     cache.insert(CacheKey(np.arange(1, 9, dtype=np.int32)), slots)
-    matcher = IncrementalMatcher(cache)
+    matcher = NativeMatcher(cache)
     inside, whole, short = (
         _req(0, [1, 2, 3, 4, 5, 6, 0]),
         _req(1, [*range(1, 9), 0]),
@@ -294,7 +302,7 @@ def _first(order: Any) -> int:
     return int(pos)
 
 
-def _tree(cache: RadixCache) -> list[tuple[int, int, int]]:
+def _tree(cache: Any) -> list[tuple[int, int, int]]:
     return [(n.id, n.last_access_time, len(n.key)) for n in cache._iter_nodes()]
 
 
@@ -390,8 +398,11 @@ def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ord
             out.append((taken[0], taken[1]))
 
 
-def _twins(policy: str, page: int = 1) -> tuple[list[RadixCache], WaitingQueue, FastWaitingQueue]:
-    caches = [RadixCache(None, page_size=page) for _ in range(2)]
+def _twins(policy: str, page: int = 1) -> tuple[list[Any], WaitingQueue, FastWaitingQueue]:
+    """The reference queue over the Python tree, the fast one over the native tree."""
+    if core() is None:
+        pytest.skip("the accelerated queue runs over the native core, which is not built or off")
+    caches = [RadixCache(None, page_size=page), NativeRadixCache(None, page_size=page)]
     cfg = SchedulerConfig(schedule_policy=policy, page_size=page)
     return caches, WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
 
@@ -501,20 +512,136 @@ def test_a_request_no_longer_deferred_moves_up_when_its_groups_representative_le
     assert _order(ref, 2) == _order(fast, 2)
 
 
+def _kv_twins(page: int, size: int) -> list[KVManager]:
+    """The reference KV manager (Python tree and allocator) and the fast one (native tree and
+    pool)."""
+    if core() is None:
+        pytest.skip("the fast KV manager runs over the native core, which is not built or off")
+    ref_alloc, pool = TokenAllocator(size, page), make_pool(size, page)
+    return [
+        KVManager(RadixCache(ref_alloc, page_size=page), ref_alloc),
+        FastKVManager(NativeRadixCache(pool, page_size=page), pool),
+    ]
+
+
 @pytest.mark.parametrize("page", [1, 4])
 def test_fast_grow_past_a_rows_planned_capacity_keeps_its_slots(page: int) -> None:
     """A row grown past its buffer moves to a bigger one: the slots it had come along, then
     the new ones, the same as the reference's grow (and the same free list)."""
     rows, alive = [], []  # both requests stay alive: no buffer is reused between the two
-    for cls in (KVManager, FastKVManager):
-        alloc = TokenAllocator(256, page)
-        kv = cls(RadixCache(alloc, page_size=page), alloc)
+    for kv in _kv_twins(page, 256):
         r = Req("g", np.arange(40, dtype=np.int32))
         r.kv_buf = np.empty(8, dtype=np.int64)
         r.kv_buf[:8] = kv.alloc(8)
         r.kv_row = r.kv_buf[:8]
         kv.grow([r], [30])
-        rows.append((r.kv_row.tolist(), alloc.available_size()))
+        rows.append((r.kv_row.tolist(), kv.allocator.available_size()))
         alive.append(r)
     assert rows[0] == rows[1]
     assert len(rows[1][0]) == -(-30 // page) * page
+
+
+kv_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("admit"), st.lists(st.integers(0, 2), min_size=2, max_size=40), st.none()
+        ),
+        st.tuples(st.just("grow"), st.integers(0, 9), st.integers(1, 24)),
+        st.tuples(st.just("checkpoint"), st.integers(0, 9), st.integers(0, 24)),
+        st.tuples(st.just("release"), st.integers(0, 9), st.booleans()),
+        st.tuples(st.just("evict"), st.integers(1, 40), st.booleans()),
+    ),
+    max_size=40,
+)
+
+
+def _admit(kv: KVManager, r: Req) -> bool:
+    """What the scheduler's admission does to a request's KV (match, lock, prefix, its rows)."""
+    kv.match_for_admission(r)
+    r.lock_node = r.last_node
+    kv.cache.inc_lock_ref(r.lock_node)
+    kv.take_prefix(r)
+    need = -(-r.fill_len // kv.page) * kv.page - len(r.kv_row)
+    room = kv.allocator.available_size() + kv.cache.evictable_size()
+    if need > room:
+        kv.release(r, cache_kv=False)
+        return False
+    kv.grow([r], [r.fill_len])
+    r.kv_len = r.fill_len
+    return True
+
+
+@native
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=kv_ops, page=st.sampled_from([1, 2, 4]))
+def test_fast_kv_equals_the_reference_kv(ops: list[Any], page: int) -> None:
+    """Admissions (match, lock, prefix), grows past the buffer, checkpoints (duplicates of
+    what another request cached included), releases and evictions: the fast KV manager over
+    the native tree and pool leaves every row, lock, free list and tree as the reference's."""
+    sides = _kv_twins(page, 160)
+    live: list[list[Req]] = [[], []]
+    n = 0
+    for op, a, b in ops:
+        for kv, reqs in zip(sides, live, strict=True):
+            if op == "admit":
+                r = Req(f"k{n}", np.asarray(a, dtype=np.int32), SamplingParams(max_new_tokens=8))
+                if _admit(kv, r):
+                    reqs.append(r)
+            elif op == "grow" and reqs:
+                r = reqs[a % len(reqs)]
+                end = len(r.kv_row) + b
+                if end - len(r.kv_row) <= kv.allocator.available_size() + kv.cache.evictable_size():
+                    r.output_ids.extend([b % 3] * (end - r.fill_len))
+                    kv.grow([r], [end])
+                    r.kv_len = end
+            elif op == "checkpoint" and reqs:
+                r = reqs[a % len(reqs)]
+                kv.checkpoint(r, min(r.cache_protected_len + b, r.kv_len))
+            elif op == "release" and reqs:
+                kv.release(reqs.pop(a % len(reqs)), cache_kv=bool(b))
+            elif op == "evict":
+                kv.cache.evict(a)
+        n += op == "admit"
+        got = [
+            (
+                [(r.rid, r.kv_row.tolist(), r.cache_protected_len, r.prefix_len) for r in reqs],
+                [None if r.lock_node is None else r.lock_node.id for r in reqs],
+                kv.allocator.free_slots().tolist(),
+                sorted((nd.id, nd.lock_ref, len(nd)) for nd in kv.cache._iter_nodes()),
+            )
+            for kv, reqs in zip(sides, live, strict=True)
+        ]
+        assert got[0] == got[1], op
+        for kv, reqs in zip(sides, live, strict=True):
+            kv.allocator.check_integrity(
+                cache_slots=kv.cache.all_values(), request_slots=KVManager.owned_slots(reqs)
+            )
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_fast_checkpoint_of_what_another_request_cached_frees_the_copies(page: int) -> None:
+    """Two requests compute the same prompt side by side; the second's checkpoint finds part
+    of it cached by the first: its own copies go back to the pool and its row points at the
+    cache's, the same in both cores (and a release caches the rest)."""
+    out = []
+    for kv in _kv_twins(page, 256):
+        shared = np.arange(1, 33, dtype=np.int32)
+        a = Req("a", shared.copy(), SamplingParams(max_new_tokens=4))
+        b = Req("b", np.concatenate([shared, [7, 7, 7, 7]]).astype(np.int32))
+        assert _admit(kv, a) and _admit(kv, b)
+        kv.checkpoint(a, 16)
+        kv.checkpoint(b, 24)  # [0, 16) cached by a: b's copies freed
+        kv.checkpoint(a, 32)
+        kv.release(b, cache_kv=True)  # [16, 32) cached by a meanwhile
+        out.append(
+            (
+                a.kv_row.tolist(),
+                kv.allocator.free_slots().tolist(),
+                sorted((nd.id, nd.lock_ref, len(nd)) for nd in kv.cache._iter_nodes()),
+            )
+        )
+        kv.allocator.check_integrity(
+            cache_slots=kv.cache.all_values(), request_slots=KVManager.owned_slots([a])
+        )
+    assert out[0] == out[1]
+    assert len(out[0][1]) > 256 - 2 * 36  # b's duplicate slots came back

@@ -1,6 +1,6 @@
-"""Which core runs: the native parts when the extension is built and on, the Python parts with
-one notice when ``RADIXSCHED_NATIVE=0``, and the reference core, with one notice, for a policy
-registered from outside the package."""
+"""Which core runs: the accelerated core over the native parts when the extension is built and
+on; the reference core, with one notice, when ``RADIXSCHED_NATIVE=0``, when the extension is
+missing, and for a policy or an eviction strategy registered from outside the package."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from fakes import FakeRunner
 from radixsched import native
 from radixsched.cache import RadixCache, TokenAllocator, native_radix
+from radixsched.cache.evict import EVICTION_STRATEGIES
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast import FastScheduler, build_scheduler, built_in
@@ -23,15 +24,40 @@ def fresh_notices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "_said", set())
 
 
-def test_off_switch_selects_the_python_tree_and_says_so_once(
+def test_off_switch_selects_the_reference_core_and_says_so_once(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fresh_notices: None
 ) -> None:
     monkeypatch.setenv(native.ENV, "0")
-    alloc = TokenAllocator(64)
     for _ in range(2):
-        assert isinstance(native_radix.make_cache(SchedulerConfig(), alloc), RadixCache)
+        sched = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
+        assert type(sched) is Scheduler and isinstance(sched.cache, RadixCache)
     err = capsys.readouterr().err
     assert err.count("RADIXSCHED_NATIVE=0") == 1 and len(err.splitlines()) == 1
+    assert "reference core" in err
+
+
+def test_a_missing_extension_selects_the_reference_core(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fresh_notices: None
+) -> None:
+    monkeypatch.delenv(native.ENV, raising=False)
+    monkeypatch.setenv(native.LIB_ENV, "/nonexistent/_core.so")
+    monkeypatch.setattr(native, "_loaded", [])
+    for _ in range(2):
+        sched = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
+        assert type(sched) is Scheduler and isinstance(sched.cache, RadixCache)
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "native core not available" in err
+
+
+@pytest.mark.skipif(native.core() is None, reason="the native core is not built, or is off")
+def test_an_eviction_strategy_from_outside_runs_on_the_reference_core(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fresh_notices: None
+) -> None:
+    monkeypatch.setitem(EVICTION_STRATEGIES, "outside-evict", EVICTION_STRATEGIES["lru"])
+    config = SchedulerConfig(radix_eviction_policy="outside-evict")
+    for _ in range(2):
+        assert type(build_scheduler(config, FakeRunner(256), kv_slots=256)) is Scheduler
+    assert capsys.readouterr().err.count("'outside-evict' is not built in") == 1
 
 
 @pytest.mark.skipif(native.core() is None, reason="the native core is not built, or is off")
@@ -41,6 +67,8 @@ def test_built_extension_selects_the_native_tree(monkeypatch: pytest.MonkeyPatch
         SchedulerConfig(radix_eviction_policy="slru"), TokenAllocator(64)
     )
     assert isinstance(cache, NativeRadixCache) and cache.eviction_policy == "slru"
+    sched = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
+    assert isinstance(sched, FastScheduler) and isinstance(sched.cache, NativeRadixCache)
 
 
 def _outside_key(req: Any, rnd: Any) -> tuple[int]:
@@ -60,7 +88,8 @@ def test_a_policy_from_outside_runs_on_the_reference_core(
             assert type(sched) is Scheduler and not isinstance(sched, FastScheduler)
         err = capsys.readouterr().err
         assert err.count("outside-test-policy") == 1
-        fast = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
-        assert isinstance(fast, FastScheduler)
+        if native.core() is not None:
+            fast = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
+            assert isinstance(fast, FastScheduler)
     finally:
         del POLICIES.by_name["outside-test-policy"]

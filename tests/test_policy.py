@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from radixsched.cache import CacheKey, NoReuseCache, RadixCache, TokenAllocator
 from radixsched.cache.base import BasePrefixCache
+from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
@@ -39,6 +40,7 @@ from radixsched.fast.orders import (
     RoutingKeyEngine,
 )
 from radixsched.fast.queue import FastWaitingQueue
+from radixsched.native import core
 from radixsched.policies import (
     POLICIES,
     SGLANG_PREFIX_MATCH_CAP,
@@ -59,12 +61,30 @@ from radixsched.sim.workloads.load import load_workload
 # ---- helpers ------------------------------------------------------------------------------
 
 KINDS: dict[str, type[WaitingQueue]] = {"reference": WaitingQueue, "fast": FastWaitingQueue}
+TREES = (RadixCache, NativeRadixCache)
+
+
+NO_NATIVE = "the accelerated queue runs over the native tree, which is not built or is off"
+
+
+def tree_class(kind: type[WaitingQueue]) -> type[Any]:
+    """The radix tree a queue of ``kind`` runs over: the fast queue's is the native one."""
+    if kind is not FastWaitingQueue:
+        return RadixCache
+    if core() is None:
+        pytest.skip(NO_NATIVE)
+    return NativeRadixCache
 
 
 @pytest.fixture(params=list(KINDS))
-def kind(request: pytest.FixtureRequest) -> type[WaitingQueue]:
-    """The queue under test: every queue-level case runs on both."""
-    return KINDS[request.param]
+def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type[WaitingQueue]:
+    """The queue under test: every queue-level case runs on both, the fast one over the native
+    tree (the test's ``RadixCache`` and ``SpyCache`` are the native tree's then)."""
+    kind = KINDS[request.param]
+    if tree_class(kind) is NativeRadixCache:
+        monkeypatch.setitem(globals(), "RadixCache", NativeRadixCache)
+        monkeypatch.setitem(globals(), "SpyCache", NativeSpyCache)
+    return kind
 
 
 def mk(
@@ -105,8 +125,11 @@ def put(cache: RadixCache, seq: Sequence[int], extra_key: str | None = None) -> 
     cache.insert(CacheKey(arr, None if extra_key is None else (extra_key, None)), slots)
 
 
-def cache_with(*seqs: Sequence[int], extra_key: str | None = None) -> RadixCache:
-    cache = RadixCache(None, page_size=1)
+def cache_with(
+    *seqs: Sequence[int], extra_key: str | None = None, kind: type[WaitingQueue] | None = None
+) -> Any:
+    """A page-1 tree holding ``seqs`` (``kind``: the tree its queues run over)."""
+    cache = (RadixCache if kind is None else tree_class(kind))(None, page_size=1)
     for s in seqs:
         put(cache, s, extra_key)
     return cache
@@ -121,7 +144,7 @@ def make_queue(
 ) -> WaitingQueue:
     """A queue of ``kind`` running policy ``name``, with ``reqs`` added in order."""
     config = SchedulerConfig(schedule_policy=name, **cfg)
-    queue = kind(config, cache if cache is not None else cache_with())
+    queue = kind(config, cache if cache is not None else cache_with(kind=kind))
     for r in reqs:
         queue.add(r)
     return queue
@@ -1140,13 +1163,13 @@ def test_dedup_matches_temporary_radix_tree(
     device = {r.rid: probe.match_len(CacheKey(r.fill_ids(), r.namespace)) for r in queue()}
     # compat: first in list order wins (identical to SGLang's temporary tree)
     q = queue()
-    wq = make_queue(kind, "lpm", cache_with(cached), q, compat="sglang", **cfg)
+    wq = make_queue(kind, "lpm", cache_with(cached, kind=kind), q, compat="sglang", **cfg)
     round_order(wq)
     expected = set() if check < 0 else _reference_dedup(q, device, check, threshold)
     assert wq.deprioritized == expected and not wq.deferred
     # radixsched: the same algorithm over candidates in (work, entry, arrival, rid) order
     q = queue()
-    wq = make_queue(kind, "lpm", cache_with(cached), q, **cfg)
+    wq = make_queue(kind, "lpm", cache_with(cached, kind=kind), q, **cfg)
     round_order(wq)
     order = sorted(q, key=lambda r: (prefill_work(r), r.queue_entry_time, r.arrival_time, r.rid))
     if threshold <= 0:  # radixsched: one representative per namespace
@@ -1395,31 +1418,43 @@ def test_fair_multi_step_decode_charge_equals_single_steps(
 # ---- waiting-prefix touch -----------------------------------------------------------------------
 
 
-class SpyCache(RadixCache):
-    """Records the first token of every key the queue asks it to touch (the refresh)."""
+class _Spy:
+    """Records the first token of every key the queue asks it to touch (the refresh); mixed
+    into either tree."""
+
+    touched: list[int]
+    _batch: bool
 
     def __init__(self, **kw: Any) -> None:
-        super().__init__(None, page_size=1, **kw)
-        self.touched: list[int] = []
+        super().__init__(None, page_size=1, **kw)  # type: ignore[call-arg]
+        self.touched = []
         self._batch = False
 
     def touch_prefix(self, key: CacheKey) -> None:
         if not self._batch:
             self.touched.append(int(key.tokens[0]))
-        super().touch_prefix(key)
+        super().touch_prefix(key)  # type: ignore[misc]
 
     def touch_at(self, node: Any, offset: int) -> Any:  # the fast queue's touch (no key)
         self.touched.append(-1)
-        return super().touch_at(node, offset)
+        return super().touch_at(node, offset)  # type: ignore[misc]
 
     def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
         keys = list(keys)
         self.touched.extend(int(k.tokens[0]) for k in keys)
         self._batch = True
         try:
-            super().touch_prefixes(keys)
+            super().touch_prefixes(keys)  # type: ignore[misc]
         finally:
             self._batch = False
+
+
+class SpyCache(_Spy, RadixCache):
+    pass
+
+
+class NativeSpyCache(_Spy, NativeRadixCache):
+    pass
 
 
 def _touch_counts(
@@ -1503,7 +1538,7 @@ class Side:
         self.order: list[Req] = []  # the last computed round's order
 
     def insert(self, tokens: Sequence[int], ns: Any = None) -> None:
-        if not isinstance(self.cache, RadixCache) or self.alloc is None or self.cache.disabled:
+        if not isinstance(self.cache, TREES) or self.alloc is None or self.cache.disabled:
             return
         p = self.cache.page_size
         arr = np.asarray(tokens, dtype=np.int32)
@@ -1531,7 +1566,7 @@ class Side:
 
 def cache_dump(cache: BasePrefixCache) -> list[tuple[Any, ...]]:
     """The tree (paths, recency, hits) in child order: equal for equal histories."""
-    if not isinstance(cache, RadixCache):
+    if not isinstance(cache, TREES):
         return []
     out: list[tuple[Any, ...]] = []
     stack = [(cache.root, ())]
@@ -1562,11 +1597,11 @@ class Twin:
     def __init__(
         self,
         config: SchedulerConfig,
-        new_cache: Callable[[], tuple[BasePrefixCache, TokenAllocator | None]],
+        new_cache: Callable[..., tuple[BasePrefixCache, TokenAllocator | None]],
         cached: Iterable[Sequence[int]] = (),
     ) -> None:
         self.ref = Side(WaitingQueue, config, *new_cache())
-        self.fast = Side(FastWaitingQueue, config, *new_cache())
+        self.fast = Side(FastWaitingQueue, config, *new_cache(native=True))
         self.sides = (self.ref, self.fast)
         for s in self.sides:
             for seq in cached:
@@ -1698,7 +1733,7 @@ def test_skipped_round_leaves_ties_where_the_reference_round_puts_them(name: str
     (y first); x's match then catches up, and the next round, a stable sort, keeps y first."""
     orders = {}
     for label, kind in KINDS.items():
-        cache = cache_with()
+        cache = cache_with(kind=kind)
         queue = make_queue(kind, name, cache, [mk("x", [5, 6, 6]), mk("y", [7, 8, 8])])
         assert rids(round_order(queue)) == ["x", "y"]
         put(cache, [7])
@@ -1716,7 +1751,7 @@ def test_requeue_after_a_skipped_round_goes_where_the_reference_puts_it() -> Non
     appends it, and c then ties with b (same match, same arrival): b stays first."""
     orders = {}
     for label, kind in KINDS.items():
-        cache = cache_with([7])
+        cache = cache_with([7], kind=kind)
         c, a, b = mk("c", [7, 9]), mk("a", [5, 6]), mk("b", [8, 6])
         queue = make_queue(kind, "lpm", cache, [c, a, b])
         assert rids(round_order(queue)) == ["c", "a", "b"]
@@ -1807,12 +1842,15 @@ def _perm_req(rid: str, spec: PermSpec) -> Req:
 
 def _new_cache(
     page: int = 1, eviction: str = "lru", disabled: bool = False
-) -> Callable[[], tuple[BasePrefixCache, TokenAllocator | None]]:
-    def make() -> tuple[BasePrefixCache, TokenAllocator | None]:
+) -> Callable[..., tuple[BasePrefixCache, TokenAllocator | None]]:
+    """The trees of a twin's sides: ``native`` for the fast queue's."""
+
+    def make(native: bool = False) -> tuple[BasePrefixCache, TokenAllocator | None]:
+        tree = tree_class(FastWaitingQueue if native else WaitingQueue)
         if disabled:
-            return RadixCache(None, disable=True), None
+            return tree(None, disable=True), None
         alloc = TokenAllocator(1 << 14, page)
-        return RadixCache(alloc, page_size=page, eviction_policy=eviction), alloc
+        return tree(alloc, page_size=page, eviction_policy=eviction), alloc
 
     return make
 
@@ -1931,7 +1969,7 @@ def test_cache_aware_orders_equal_the_spec_keys(
     queue = make_queue(
         kind,
         name,
-        cache_with(*cached),
+        cache_with(*cached, kind=kind),
         reqs,
         compat=compat,
         in_batch_prefix_deprioritize_threshold=threshold,

@@ -2,11 +2,13 @@
 from C++ by the package's build) is used, decided when a scheduler's parts are built.
 
 ``core()`` is the extension module, or None when ``RADIXSCHED_NATIVE=0`` or the extension is
-missing (a source checkout on ``PYTHONPATH`` without a build): then the accelerated core runs
-its Python parts (``radixsched.fast`` over the Python radix tree), and one line on stderr says
-so, once per process and reason. What is native today: the radix tree and the waiting queue's
-incremental matcher; the rest of the accelerated core is still ``radixsched.fast``. ``RADIXSCHED_NATIVE_LIB=PATH``
-loads the extension from a file instead (the sanitizer and debug builds of ``make sanitize``).
+missing (a source checkout on ``PYTHONPATH`` without a build): then every scheduler is built on
+the Python reference core, and one line on stderr says so, once per process and reason. What
+is native today: the radix tree, the waiting queue's incremental matcher, the KV slot pool and
+the KV accounting around the tree (an allocation that evicts, a request's checkpoint); the rest
+of the accelerated core is still ``radixsched.fast``, which runs only over the native parts.
+``RADIXSCHED_NATIVE_LIB=PATH`` loads the extension from a file instead (the sanitizer and debug
+builds of ``make sanitize``).
 
 Namespaces cross into C++ as small ids: ``NAMESPACES[i]`` is the normalised namespace of id
 ``i`` (0: the default, None), shared by every native tree of the process.
@@ -57,7 +59,7 @@ def _load() -> ModuleType | None:
         else:
             module = importlib.import_module("radixsched._native._core")
     except ImportError as exc:
-        notice(f"native core not available ({exc}); its parts run in Python: {_BUILD_HINT}")
+        notice(f"native core not available ({exc}); the reference core runs: {_BUILD_HINT}")
         return None
     module.set_namespaces(NAMESPACES)
     return module
@@ -66,7 +68,7 @@ def _load() -> ModuleType | None:
 def core() -> ModuleType | None:
     """The native extension, or None (turned off, or not built: a notice says which)."""
     if os.environ.get(ENV, "1") == "0":
-        notice(f"{ENV}=0: the native core is off; its parts run in Python")
+        notice(f"{ENV}=0: the native core is off; the reference core runs")
         return None
     if not _loaded:
         _loaded.append(_load())

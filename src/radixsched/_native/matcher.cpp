@@ -1,4 +1,4 @@
-// See matcher.hpp; each method mirrors the method of the same name in fast/matching.py.
+// See matcher.hpp.
 #include "matcher.hpp"
 
 namespace radixsched {

@@ -1,7 +1,7 @@
-// The incremental matcher of radixsched/fast/matching.py in C++, fed by the native tree's
-// events directly (no call into Python per tree change). Same registrations, same dirty
-// order, same hints, same re-matches: a waiting request is re-matched only when the tree
-// changed at its edge (see matching.py's docstring for the invariant).
+// The incremental matcher of the waiting queue (its Python face: fast/native_matching.py), fed
+// by the native tree's events directly (no call into Python per tree change): a waiting request
+// is re-matched only when the tree changed at its edge (native_matching.py's docstring states
+// the invariant); every memo equals a fresh match_end on the Python reference tree.
 //
 // Requests are keyed by an integer chosen by the caller (Python's id(req)). Their fill tokens
 // are borrowed: the caller keeps each tracked request's token array alive and unchanged

@@ -16,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "kv.hpp"
 #include "matcher.hpp"
+#include "pool.hpp"
 #include "radix.hpp"
 
 namespace nb = nanobind;
@@ -24,6 +26,7 @@ using namespace nb::literals;
 using radixsched::IntegrityFailure;
 using radixsched::Node;
 using radixsched::NodePtr;
+using radixsched::Pool;
 using radixsched::Tree;
 
 namespace {
@@ -33,6 +36,7 @@ using Array = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
 using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Slots = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using SlotsOut = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using AnySlots = nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>;  // any shape
 
 // A numpy array that owns `v` (the capsule frees it with the array).
 template <class T>
@@ -255,6 +259,122 @@ nb::list dfs_order(PyTree& t, nb::handle ends) {
     return out;
 }
 
+// The KV accounting around the tree (kv.hpp): the accelerated KV manager's hot calls.
+void bind_tree_kv(nb::class_<PyTree>& c) {
+    c.def(
+         "alloc_into",
+         [](PyTree& t, Pool& pool, SlotsOut out) {
+             return radixsched::alloc_evicting(t, pool, out.data(),
+                                               static_cast<int64_t>(out.shape(0)));
+         },
+         "pool"_a, "out"_a.noconvert())
+        .def(
+            "checkpoint",
+            [](PyTree& t, Pool& pool, Tokens tok, int64_t start, int32_t ns, SlotsOut row,
+               int64_t lo, int64_t aligned, int64_t priority, int64_t inserted_len,
+               Node* lock) -> nb::object {
+                const radixsched::Checkpoint c{
+                    tok.data(), static_cast<int64_t>(tok.shape(0)), start, ns, row.data(),
+                    static_cast<int64_t>(row.shape(0)), lo, aligned, priority, inserted_len,
+                    lock};
+                NodePtr node = radixsched::checkpoint(t, pool, c);
+                return node ? nb::cast(node) : nb::none();
+            },
+            "pool"_a, "tokens"_a, "start"_a, "ns"_a, "row"_a.noconvert(), "lo"_a, "aligned"_a,
+            "priority"_a, "inserted_len"_a, "lock"_a.none());
+}
+
+std::invalid_argument negative_alloc(int64_t n, const Pool& p) {  // TokenAllocator's message
+    return std::invalid_argument("alloc(" + std::to_string(n) +
+                                 "): must be a non-negative multiple of page_size (" +
+                                 std::to_string(p.page_size()) + ")");
+}
+
+void pool_free(Pool& p, AnySlots slots, bool checked) {
+    const auto n = static_cast<int64_t>(slots.size());
+    if (slots.ndim() != 1 && n != 0)  // TokenAllocator's message for a non-row
+        throw std::invalid_argument("free: " + std::to_string(n) +
+                                    " slots is not a whole number of pages (p=" +
+                                    std::to_string(p.page_size()) + ")");
+    p.free(slots.data(), n, checked);
+}
+
+std::vector<std::vector<int64_t>> segments_of(nb::handle freed) {
+    std::vector<std::vector<int64_t>> segs;
+    for (nb::handle seg : freed) segs.push_back(from_array<int64_t>(nb::cast<Slots>(seg)));
+    return segs;
+}
+
+// The KV slot pool (pool.hpp), with TokenAllocator's Python face.
+void bind_pool(nb::module_& m) {
+    nb::class_<Pool>(m, "Pool")
+        .def(nb::init<int64_t, int64_t>(), "size"_a, "page_size"_a = 1)
+        .def_prop_ro("page_size", &Pool::page_size)
+        .def_prop_ro("num_pages", &Pool::num_pages)
+        .def_prop_ro("total_size", &Pool::total_size)
+        .def_prop_ro("pool_size", &Pool::pool_size)
+        .def("available_size", &Pool::available_size)
+        .def("reserved_size", &Pool::reserved_size)
+        .def("reset", &Pool::reset)
+        .def("alloc",
+             [](Pool& p, int64_t n) -> nb::object {
+                 if (n < 0) throw negative_alloc(n, p);
+                 std::vector<int64_t> out(static_cast<size_t>(n));
+                 if (!p.alloc_into(out.data(), n)) return nb::none();
+                 return nb::cast(to_numpy(std::move(out)));
+             })
+        .def("alloc_into",
+             [](Pool& p, SlotsOut out) {
+                 return p.alloc_into(out.data(), static_cast<int64_t>(out.shape(0)));
+             },
+             "out"_a.noconvert())
+        .def("free", &pool_free, "slots"_a, nb::kw_only(), "checked"_a = true)
+        .def(  // anything else numpy reads as integers (a list): converted first
+            "free",
+            [](Pool& p, nb::handle slots, bool checked) {
+                nb::object a = nb::module_::import_("numpy").attr("ascontiguousarray")(
+                    slots, "dtype"_a = "int64");
+                pool_free(p, nb::cast<AnySlots>(a), checked);
+            },
+            "slots"_a, nb::kw_only(), "checked"_a = true)
+        .def("recycle_into",
+             [](Pool& p, nb::handle freed, SlotsOut out) {
+                 return p.recycle_into(segments_of(freed), out.data(),
+                                       static_cast<int64_t>(out.shape(0)));
+             },
+             "freed"_a, "out"_a.noconvert())
+        .def("recycle",
+             [](Pool& p, nb::handle freed, int64_t n) -> nb::object {
+                 if (n < 0) throw negative_alloc(n, p);
+                 std::vector<std::vector<int64_t>> segs;
+                 if (nb::isinstance<Slots>(freed))
+                     segs.push_back(from_array<int64_t>(nb::cast<Slots>(freed)));
+                 else
+                     segs = segments_of(freed);
+                 std::vector<int64_t> out(static_cast<size_t>(n));
+                 if (!p.recycle_into(segs, out.data(), n)) return nb::none();
+                 return nb::cast(to_numpy(std::move(out)));
+             })
+        .def("reserve", &Pool::reserve)
+        .def("claim", [](Pool& p, int64_t n) { return to_numpy(p.claim(n)); })
+        .def("free_slots", [](const Pool& p) { return to_numpy(p.free_slots()); })
+        .def(
+            "check_integrity",
+            [](const Pool& p, nb::object cache_slots, nb::object request_slots) {
+                p.check_free_list();
+                nb::module_::import_("radixsched.cache.allocator")
+                    .attr("check_conservation")(to_numpy(p.free_slots()), cache_slots,
+                                                request_slots, p.page_size(), p.pool_size(),
+                                                p.total_size());
+            },
+            nb::kw_only(), "cache_slots"_a = nb::none(), "request_slots"_a = nb::tuple())
+        .def("__repr__", [](const Pool& p) {
+            return "NativePool(total=" + std::to_string(p.total_size()) + ", page_size=" +
+                   std::to_string(p.page_size()) + ", available=" +
+                   std::to_string(p.available_size()) + ")";
+        });
+}
+
 void bind_tree(nb::module_& m) {
     nb::class_<PyTree> tree(m, "Tree", nb::type_slots(tree_slots));
     bind_matcher(tree);
@@ -311,6 +431,7 @@ void bind_tree(nb::module_& m) {
         .def("add_evictable_size", &Tree::add_evictable_size)
         .def("leaf_set", &Tree::leaf_set)
         .def("leaf_member", &Tree::leaf_member);
+    bind_tree_kv(tree);
 }
 
 }  // namespace
@@ -330,5 +451,6 @@ NB_MODULE(_core, m) {
         g_namespaces = table.inc_ref().ptr();
     });
     bind_node(m);
+    bind_pool(m);
     bind_tree(m);
 }

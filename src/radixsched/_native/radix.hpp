@@ -122,6 +122,7 @@ public:
 
     std::string page_key(const int32_t* page, Node* parent, int32_t ns) const;
     static std::vector<NodePtr> children_in_order(const Node& node);
+    std::vector<int32_t> path_key(const Node& node) const;  // its tokens from the root
 
 private:
     struct HeapEntry {
@@ -148,7 +149,6 @@ private:
     NodePtr make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
                       int32_t ns, int64_t now, int64_t priority);
     void check_attached(const Node& node) const;
-    std::vector<int32_t> path_key(const Node& node) const;
     void evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed);
     void detach_all();
 

@@ -277,14 +277,6 @@ class TokenAllocator:
         request_slots: SlotArray | Sequence[SlotArray] = (),
     ) -> None:
         """free + cache + requests == total, and no slot is in two places (or none)."""
-        if isinstance(request_slots, np.ndarray):
-            req = request_slots.astype(np.int64, copy=False)
-        elif len(request_slots):
-            req = np.concatenate([np.asarray(r, dtype=np.int64) for r in request_slots])
-        else:
-            req = EMPTY_SLOTS
-        cache = np.asarray(cache_slots, dtype=np.int64)
-        free = self.free_slots()
         lo = self._first_free
         n_stack = self.num_pages - lo
         n_marked = int(np.count_nonzero(self._stack_pos[1:-1] > 0))
@@ -297,24 +289,14 @@ class TokenAllocator:
             raise IntegrityError(
                 f"allocator free-list corrupt: {n_stack} pages on the stack, {n_marked} marked free"
             )
-        everything = np.concatenate([free, cache, req])
-        n_free, n_cache, n_req = free.size, cache.size, req.size
-        if everything.size and (
-            everything.min() < self.page_size or everything.max() >= self.pool_size
-        ):
-            raise IntegrityError(
-                f"slot out of usable range [{self.page_size}, {self.pool_size}): "
-                f"min {int(everything.min())}, max {int(everything.max())}"
-            )
-        counts = np.bincount(everything, minlength=self.pool_size)
-        dup = int(np.count_nonzero(counts > 1))
-        missing = int(np.count_nonzero(counts[self.page_size :] == 0))
-        if dup or n_free + n_cache + n_req != self.total_size:
-            raise IntegrityError(
-                f"KV slot conservation violated: free {n_free} + cache {n_cache} + requests "
-                f"{n_req} = {n_free + n_cache + n_req} != total {self.total_size}; "
-                f"{dup} slot(s) in two places, {missing} slot(s) unaccounted for"
-            )
+        check_conservation(
+            self.free_slots(),
+            cache_slots,
+            request_slots,
+            self.page_size,
+            self.pool_size,
+            self.total_size,
+        )
 
     # ---- helpers ------------------------------------------------------------------------
     def _pages_to_slots(self, pages: PageArray) -> SlotArray:
@@ -327,4 +309,39 @@ class TokenAllocator:
         return (
             f"TokenAllocator(total={self.total_size}, page_size={self.page_size}, "
             f"available={self.available_size()})"
+        )
+
+
+def check_conservation(
+    free: SlotArray,
+    cache_slots: SlotArray | None,
+    request_slots: SlotArray | Sequence[SlotArray],
+    page_size: int,
+    pool_size: int,
+    total_size: int,
+) -> None:
+    """free + cache + requests == total, and no slot is in two places (or none): the check of
+    ``TokenAllocator`` and of the native pool (``radixsched._native``'s ``Pool``)."""
+    if isinstance(request_slots, np.ndarray):
+        req = request_slots.astype(np.int64, copy=False)
+    elif len(request_slots):
+        req = np.concatenate([np.asarray(r, dtype=np.int64) for r in request_slots])
+    else:
+        req = EMPTY_SLOTS
+    cache = EMPTY_SLOTS if cache_slots is None else np.asarray(cache_slots, dtype=np.int64)
+    everything = np.concatenate([free, cache, req])
+    n_free, n_cache, n_req = free.size, cache.size, req.size
+    if everything.size and (everything.min() < page_size or everything.max() >= pool_size):
+        raise IntegrityError(
+            f"slot out of usable range [{page_size}, {pool_size}): "
+            f"min {int(everything.min())}, max {int(everything.max())}"
+        )
+    counts = np.bincount(everything, minlength=pool_size)
+    dup = int(np.count_nonzero(counts > 1))
+    missing = int(np.count_nonzero(counts[page_size:] == 0))
+    if dup or n_free + n_cache + n_req != total_size:
+        raise IntegrityError(
+            f"KV slot conservation violated: free {n_free} + cache {n_cache} + requests "
+            f"{n_req} = {n_free + n_cache + n_req} != total {total_size}; "
+            f"{dup} slot(s) in two places, {missing} slot(s) unaccounted for"
         )

@@ -30,8 +30,7 @@ from radixsched.cache.base import (
     SlotFreer,
 )
 from radixsched.cache.evict import DEFAULT_EVICTION_POLICY, EvictionStrategy, get_strategy
-from radixsched.cache.radix import RadixCache
-from radixsched.native import NAMESPACES, core, namespace_id, notice
+from radixsched.native import NAMESPACES, core, namespace_id
 from radixsched.request import EMPTY_SLOTS, SlotArray, TokenArray
 
 if TYPE_CHECKING:
@@ -331,9 +330,11 @@ def _core() -> ModuleType:
     return mod
 
 
-# The radix trees: the Python reference's and the native one (same contract, same results).
-RadixTree = RadixCache | NativeRadixCache
-RADIX_TREES = (RadixCache, NativeRadixCache)
+def make_pool(size: int, page_size: int = 1) -> Any:
+    """The native KV slot pool (``_native/pool.cpp``): ``TokenAllocator``'s free list, the same
+    slots in the same order, in C++, which the native tree's ``alloc_into`` and ``checkpoint``
+    allocate from and free to without a call into Python."""
+    return _core().Pool(size, page_size)
 
 
 def make_cache(
@@ -341,19 +342,10 @@ def make_cache(
     allocator: SlotFreer | None,
     *,
     on_evict: Callable[[CacheKey, int], None] | None = None,
-) -> BasePrefixCache:
-    """The accelerated core's cache: the native radix tree when the extension is on and the
-    eviction policy is a built-in one, else the Python tree of ``radixsched.cache.make_cache``
-    (an eviction strategy registered from outside runs there, and says so once)."""
-    from radixsched.cache import make_cache as python_cache
-
-    mod = core()
-    if mod is None:
-        return python_cache(config, allocator, on_evict=on_evict)
-    policy = config.radix_eviction_policy.lower()
-    if policy not in NATIVE_EVICTION:
-        notice(f"eviction policy {policy!r} is not built in: its cache runs in Python")
-        return python_cache(config, allocator, on_evict=on_evict)
+) -> NativeRadixCache:
+    """The accelerated core's cache: the native radix tree (``radixsched.fast.build_scheduler``
+    builds the accelerated core only where the extension is on and the eviction policy is a
+    built-in one; anywhere else this raises)."""
     return NativeRadixCache(
         allocator,
         page_size=config.page_size,
@@ -361,5 +353,4 @@ def make_cache(
         disable=config.disable_radix_cache,
         compat_sglang=config.sglang_compat,
         on_evict=on_evict,
-        core=mod,
     )

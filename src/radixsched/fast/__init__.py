@@ -5,17 +5,19 @@
 an incremental dedup), whose decode runs on columns and jumps over steps in which only lengths
 change, and whose middle chunks run back to back. Every one gives the reference's schedule
 bit for bit (tests/test_equivalence.py); the simulator uses them, the engine and the server
-run the reference.
+run the reference. It runs only over the native core (``radixsched.native``): without it
+(``RADIXSCHED_NATIVE=0``, or no build) every scheduler is the reference, with one notice.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from radixsched.cache.native_radix import NATIVE_EVICTION
 from radixsched.cluster.disagg import ROLES
 from radixsched.config import SchedulerConfig
 from radixsched.fast.scheduler import FastScheduler
-from radixsched.native import notice
+from radixsched.native import core, notice
 from radixsched.policies import POLICIES
 from radixsched.runner import ModelRunner
 from radixsched.scheduler import Scheduler
@@ -24,18 +26,29 @@ from radixsched.scheduler import Scheduler
 def build_scheduler(
     config: SchedulerConfig, runner: ModelRunner, *, accelerate: bool = True, **kw: Any
 ) -> Scheduler:
-    """A scheduler for ``runner``: the accelerated one, or the reference (``accelerate=False``,
-    or a policy registered from outside the package: it runs on the reference, which says so
-    once on stderr), in the role its ``disaggregation_mode`` names."""
-    if accelerate and not built_in(config.schedule_policy):
+    """A scheduler for ``runner``: the accelerated one, or the reference (``accelerate=False``;
+    the native core off or not built; a policy or an eviction strategy registered from outside
+    the package: each says so once on stderr), in the role its ``disaggregation_mode`` names."""
+    cls = FastScheduler if accelerate and _accelerates(config) else Scheduler
+    kw.setdefault("role", ROLES[config.disaggregation_mode])
+    return cls(config, runner, **kw)
+
+
+def _accelerates(config: SchedulerConfig) -> bool:
+    """Whether the accelerated core can run ``config`` (else a notice says why not, once)."""
+    if core() is None:  # core() gave the notice
+        return False
+    if not built_in(config.schedule_policy):
         notice(
             f"policy {config.schedule_policy!r} is registered outside radixsched: it runs on "
             "the reference core"
         )
-        accelerate = False
-    cls = FastScheduler if accelerate else Scheduler
-    kw.setdefault("role", ROLES[config.disaggregation_mode])
-    return cls(config, runner, **kw)
+        return False
+    eviction = config.radix_eviction_policy.lower()
+    if eviction not in NATIVE_EVICTION:
+        notice(f"eviction policy {eviction!r} is not built in: it runs on the reference core")
+        return False
+    return True
 
 
 def built_in(policy_name: str) -> bool:

@@ -1,13 +1,16 @@
-"""``NativeMatcher``: the incremental matcher of ``matching.py`` run in C++ inside the native
-tree (``radixsched/_native/matcher.cpp``), for a ``NativeRadixCache``. The tree tells it of
-every change directly, without a call into Python; the queue reads it through the same face
-as ``IncrementalMatcher`` (``track``, ``untrack``, ``refresh``, ``memo[id(r)]``, ``dirty``),
-and it gives the same memos, the same dirty sets and the same re-match order
-(tests/test_native_radix.py drives both side by side).
+"""``NativeMatcher``: incremental matching of the waiting queue, run in C++ inside the native
+tree (``radixsched/_native/matcher.cpp``, where the invariants are spelled out).
+
+Each waiting request is re-matched only when its own match can have changed: a match ends at a
+point of the tree, and it can change only when the tree changes at the edge where it would
+continue (a new child there, an eviction of the node it ends in or past, a split of the node
+it ends inside, a reset). The tree tells the matcher of every change directly, without a call
+into Python; the queue reads it through ``track``, ``untrack``, ``refresh``, ``memo[id(r)]``
+and ``dirty``. Every memo equals what ``match_end`` of the request's fill returns on the
+Python reference tree (tests/test_native_radix.py, tests/test_fast_parts.py).
 
 The C++ side borrows each tracked request's fill tokens: ``_fills`` keeps them alive until the
-request is untracked or tracked again.
-"""
+request is untracked or tracked again."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from radixsched.cache.native_radix import RadixTree
+from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.policies import Key, Policy, Round, priority_term
 from radixsched.request import Req
 
@@ -475,7 +475,7 @@ class DfsWeightEngine(StableEngine):
     def __init__(
         self,
         pol: Policy,
-        cache: RadixTree,
+        cache: NativeRadixCache,
         end: Callable[[Req], tuple[Any, int]],
         depth: Callable[[Req], int],
     ) -> None:

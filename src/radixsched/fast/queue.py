@@ -3,8 +3,8 @@
 Same list, same order, same fields on every request as the reference round leaves them (the
 equivalence suite checks it bit for bit); a round costs what changed since the last one:
 
-- matching: ``IncrementalMatcher`` re-matches a request only when the cache changed at its
-  match's edge; the matched lengths of requests an admission attempt rewrote are restored;
+- matching: ``NativeMatcher`` (in C++, inside the native tree) re-matches a request only when
+  the cache changed at its match's edge; the matched lengths of requests an admission attempt rewrote are restored;
 - the dedup: ``DedupIndex`` re-decides only the groups whose members changed;
 - the order: the policy's ``Engine`` (``orders.py``) re-places only the requests whose key
   inputs changed (matched length, dedup status), plus the arrivals; requests the reference
@@ -26,10 +26,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.native_radix import RADIX_TREES, NativeRadixCache
+from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
-from radixsched.fast.matching import IncrementalMatcher
 from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import (
     DfsWeightEngine,
@@ -52,13 +51,6 @@ ENGINES: dict[str, Any] = {
     "fair": FairEngine,
 }
 _KEYED_READS = Reads.MATCH | Reads.DEDUP
-Matcher = IncrementalMatcher | NativeMatcher
-
-
-def matcher_class(cache: Any) -> type[Matcher]:
-    """The incremental matcher for ``cache``: in C++ inside a native tree, else in Python."""
-    return NativeMatcher if isinstance(cache, NativeRadixCache) else IncrementalMatcher
-
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 
@@ -66,10 +58,12 @@ _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 class FastWaitingQueue(WaitingQueue):
     def __init__(self, config: SchedulerConfig, cache: Any) -> None:
         super().__init__(config, cache)
-        self.fast = not config.sglang_compat and isinstance(cache, RADIX_TREES) and self.matches
+        # Accelerated over the native tree only (any other cache: the reference's rounds).
+        native = isinstance(cache, NativeRadixCache)
+        self.fast = not config.sglang_compat and native and self.matches
         # Only a policy that reads matches needs them kept (the door's is one walk).
         wants = Reads.MATCH in self.policy.reads
-        self.matcher = matcher_class(cache)(cache) if self.fast and wants else None
+        self.matcher = NativeMatcher(cache) if self.fast and wants else None
         reads = self.policy.reads_for(config)
         bounded = self.policy.bounded(config)
         check, width = (
@@ -97,7 +91,7 @@ class FastWaitingQueue(WaitingQueue):
         pol = self.policy
         factory = ENGINES.get(pol.name)
         if factory is DfsWeightEngine:
-            assert isinstance(self.cache, RADIX_TREES)
+            assert isinstance(self.cache, NativeRadixCache)
             return DfsWeightEngine(pol, self.cache, self._match_end, self._device_match_len)
         if factory is HrrnEngine:  # lazy unless a capped fallback round may read the list
             return HrrnEngine(pol, lazy=self.cap is None)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from radixsched.adder import AddReqResult, PrefillAdder
-from radixsched.cache import native_radix
+from radixsched.cache import TokenAllocator, native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.fast.decode import DecodeCols, FastRunningBatch
@@ -86,6 +86,20 @@ class FastScheduler(Scheduler):
     queue_class = FastWaitingQueue
     queue: FastWaitingQueue
     batch: FastRunningBatch
+
+    @property
+    def allocator(self) -> Any:
+        """The native slot pool (``native_radix.make_pool``): ``TokenAllocator``'s interface
+        and free list, in C++."""
+        return self._pool
+
+    @allocator.setter
+    def allocator(self, alloc: Any) -> None:
+        # The reference's __init__ builds a TokenAllocator before the cache and the KV manager
+        # take it: they get the native pool of the same size and pages instead.
+        if isinstance(alloc, TokenAllocator):
+            alloc = native_radix.make_pool(alloc.total_size, alloc.page_size)
+        self._pool = alloc
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)

@@ -1,0 +1,38 @@
+// KV accounting around the native tree (FastKVManager's hot calls, one native call each): an
+// allocation that evicts cache leaves when the pool is short, and a request's checkpoint
+// (insert its computed KV, free the copies the cache already held, move its lock). Each does
+// what radixsched/kv.py's KVManager does, with the same slots in the same places.
+#pragma once
+
+#include <cstdint>
+
+#include "pool.hpp"
+#include "radix.hpp"
+
+namespace radixsched {
+
+// `n` slots into `out`, evicting unlocked leaves first when the pool is short (the evicted
+// slots go straight to the allocation: the same slots and free list as free, then alloc).
+// False when even that is not enough (the pool then holds what was evicted).
+bool alloc_evicting(Tree& tree, Pool& pool, int64_t* out, int64_t n);
+
+struct Checkpoint {
+    const int32_t* tokens;  // the request's fill from position `start` up to `aligned`
+    int64_t n_tokens;
+    int64_t start;          // lo when `lock` is a node below the root, else 0
+    int32_t ns;
+    int64_t* row;           // the request's KV row (at least `aligned` slots)
+    int64_t row_len;
+    int64_t lo;             // cache_protected_len: row[:lo] are the cache's slots
+    int64_t aligned;        // whole pages of computed KV to cache (> lo)
+    int64_t priority;
+    int64_t inserted_len;
+    Node* lock;             // the node the request holds its lock on (may be null)
+};
+
+// Insert row[:aligned] under the request's key, point row[lo:dup_end] at the cache's copies
+// of what it already held (freeing the request's own), and move the lock to the deepest node.
+// Null when the cache did not keep the key (nothing moved then).
+NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c);
+
+}  // namespace radixsched

@@ -1,0 +1,199 @@
+// See pool.hpp. Each method mirrors TokenAllocator's method of the same name
+// (radixsched/cache/allocator.py), messages included.
+#include "pool.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "radix.hpp"  // IntegrityFailure
+
+namespace radixsched {
+
+namespace {
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+}  // namespace
+
+Pool::Pool(int64_t size, int64_t page_size) : page_(page_size) {
+    if (page_size < 1)
+        throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
+    if (size < 0) throw std::invalid_argument("size must be >= 0, got " + std::to_string(size));
+    num_pages_ = size / page_size;
+    reset();
+}
+
+void Pool::reset() {
+    const int64_t n = num_pages_;
+    stack_.resize(static_cast<size_t>(n));
+    stack_pos_.assign(static_cast<size_t>(n + 2), 0);
+    for (int64_t i = 0; i < n; ++i) {
+        stack_[i] = i + 1;
+        stack_pos_[i + 1] = i + 1;
+    }
+    stack_pos_[0] = stack_pos_[n + 1] = -1;
+    first_free_ = 0;
+    reserved_ = 0;
+}
+
+int64_t Pool::pages_for(int64_t n, const char* what) const {
+    if (n < 0 || n % page_ != 0)
+        throw std::invalid_argument(std::string(what) + "(" + std::to_string(n) +
+                                    "): must be a non-negative multiple of page_size (" +
+                                    std::to_string(page_) + ")");
+    return n / page_;
+}
+
+void Pool::write_pages(const int64_t* pages, int64_t k, int64_t* out) const {
+    for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < page_; ++j) out[i * page_ + j] = pages[i] * page_ + j;
+}
+
+bool Pool::alloc_into(int64_t* out, int64_t n) {
+    const int64_t k = pages_for(n, "alloc");
+    const int64_t lo = first_free_;
+    if (k > num_pages_ - lo - reserved_) return false;
+    if (k == 0) return true;
+    first_free_ = lo + k;
+    const int64_t* pages = stack_.data() + lo;
+    for (int64_t i = 0; i < k; ++i) stack_pos_.at(pages[i]) = 0;
+    write_pages(pages, k, out);
+    return true;
+}
+
+void Pool::reject(const std::vector<int64_t>& pages) const {
+    const auto [lo, hi] = std::minmax_element(pages.begin(), pages.end());
+    if (*lo < 1) throw std::invalid_argument("free: refusing to free the padding page (slot 0)");
+    if (*hi > num_pages_)
+        throw std::invalid_argument("free: refusing to free page " + std::to_string(*hi) +
+                                    " (out of range)");
+    int64_t count = 0, first = -1;
+    for (int64_t p : pages) {
+        if (stack_pos_[p] > 0) {
+            if (count++ == 0) first = p;
+        }
+    }
+    throw std::invalid_argument("free: double free of " + std::to_string(count) +
+                                " page(s), first page " + std::to_string(first));
+}
+
+void Pool::free(const int64_t* slots, int64_t n, bool checked) {
+    if (n == 0) return;
+    const int64_t p = page_;
+    if (n % p != 0)
+        throw std::invalid_argument("free: " + std::to_string(n) +
+                                    " slots is not a whole number of pages (p=" +
+                                    std::to_string(p) + ")");
+    const int64_t k = n / p;
+    std::vector<int64_t> pages(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+        pages[i] = floor_div(slots[i * p], p);
+        if (checked)
+            for (int64_t j = 0; j < p; ++j)
+                if (slots[i * p + j] != pages[i] * p + j)
+                    throw std::invalid_argument("free: slots are not page-aligned groups of " +
+                                                std::to_string(p));
+    }
+    bool bad = false;
+    for (int64_t page : pages) {
+        const int64_t clipped = std::clamp<int64_t>(page, 0, num_pages_ + 1);
+        // Unchecked frees still never write outside the stack (range only).
+        if (checked ? stack_pos_[clipped] != 0 : clipped != page || page == 0) bad = true;
+    }
+    if (bad) reject(pages);
+    const int64_t lo = first_free_ - k;
+    if (lo < 0) throw std::invalid_argument("free: the same page appears twice in one call");
+    for (int64_t i = 0; i < k; ++i) stack_pos_[pages[i]] = lo + 1 + i;
+    if (checked && k > 1) {
+        for (int64_t i = 0; i < k; ++i) {
+            if (stack_pos_[pages[i]] != lo + 1 + i) {  // a page given twice kept its later place
+                for (int64_t q : pages) stack_pos_[q] = 0;  // every page was allocated: undo
+                throw std::invalid_argument("free: the same page appears twice in one call");
+            }
+        }
+    }
+    std::copy(pages.begin(), pages.end(), stack_.begin() + lo);
+    first_free_ = lo;
+}
+
+bool Pool::recycle_into(const std::vector<std::vector<int64_t>>& segs, int64_t* out, int64_t n) {
+    pages_for(n, "alloc");
+    int64_t g = 0;
+    for (const auto& seg : segs) {
+        const int64_t len = static_cast<int64_t>(seg.size());
+        if (len % page_ != 0)
+            throw std::invalid_argument("free: " + std::to_string(len) +
+                                        " slots is not a whole number of pages (p=" +
+                                        std::to_string(page_) + ")");
+        g += len;
+    }
+    auto free_all = [&](size_t from_seg, int64_t from_pos) {
+        std::vector<int64_t> rest;
+        for (size_t i = from_seg; i < segs.size(); ++i)
+            rest.insert(rest.end(), segs[i].begin() + (i == from_seg ? from_pos : 0),
+                        segs[i].end());
+        free(rest.data(), static_cast<int64_t>(rest.size()), false);
+    };
+    if (n > g && (n - g) / page_ > num_pages_ - first_free_ - reserved_) {
+        if (g) free_all(0, 0);
+        return false;
+    }
+    int64_t pos = 0;
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const auto& seg = segs[i];
+        const int64_t len = static_cast<int64_t>(seg.size());
+        const int64_t take = std::min(len, n - pos);
+        std::copy(seg.begin(), seg.begin() + take, out + pos);
+        pos += take;
+        if (take < len) {  // the excess, freed as one group: what free-all-then-alloc leaves
+            free_all(i, take);
+            return true;
+        }
+    }
+    if (pos < n && !alloc_into(out + pos, n - pos))
+        throw IntegrityFailure("recycle: the free list lost pages it counted");
+    return true;
+}
+
+bool Pool::reserve(int64_t n) {
+    const int64_t k = pages_for(n, "reserve");
+    if (k > num_pages_ - first_free_ - reserved_) return false;
+    reserved_ += k;
+    return true;
+}
+
+std::vector<int64_t> Pool::claim(int64_t n) {
+    const int64_t k = n / page_;
+    if (n < 0 || n % page_ != 0 || k > reserved_)
+        throw std::invalid_argument("claim(" + std::to_string(n) + "): " +
+                                    std::to_string(reserved_ * page_) + " reserved, page_size " +
+                                    std::to_string(page_));
+    reserved_ -= k;
+    std::vector<int64_t> out(static_cast<size_t>(n));
+    if (!alloc_into(out.data(), n))
+        throw IntegrityFailure("claim: reserved pages left the stack");
+    return out;
+}
+
+std::vector<int64_t> Pool::free_slots() const {
+    std::vector<int64_t> pages(stack_.rbegin(), stack_.rend() - first_free_);
+    std::vector<int64_t> out(pages.size() * static_cast<size_t>(page_));
+    write_pages(pages.data(), static_cast<int64_t>(pages.size()), out.data());
+    return out;
+}
+
+void Pool::check_free_list() const {
+    const int64_t lo = first_free_, n_stack = num_pages_ - first_free_;
+    int64_t n_marked = 0;
+    for (int64_t i = 1; i <= num_pages_; ++i) n_marked += stack_pos_[i] > 0;
+    bool ok = n_marked == n_stack && stack_pos_.front() == -1 && stack_pos_.back() == -1;
+    for (int64_t i = lo; ok && i < num_pages_; ++i) {
+        const int64_t page = stack_[i];
+        ok = page >= 1 && page <= num_pages_ && stack_pos_[page] == i + 1;
+    }
+    if (!ok)
+        throw IntegrityFailure("allocator free-list corrupt: " + std::to_string(n_stack) +
+                               " pages on the stack, " + std::to_string(n_marked) +
+                               " marked free");
+}
+
+}  // namespace radixsched
