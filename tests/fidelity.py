@@ -107,16 +107,24 @@ def read_text(path: Path) -> str:
     return path.read_text()
 
 
-def failures(report: Mapping[str, Stats]) -> list[str]:
+def failures(report: Mapping[str, Stats], bounds: Mapping[str, float] = BOUNDS) -> list[str]:
     return [
         f"{name} {key} {errs[key]:+.1%} (bound {bound:.0%})"
         for name, errs in report.items()
-        for key, bound in BOUNDS.items()
+        for key, bound in bounds.items()
         if abs(errs[key]) > bound
     ]
 
 
 # ---- the same loop with GuideLLM as the client (test_calibrate_guidellm*) -------------------
+
+# What the GuideLLM loop is held to, on the 2-core machine: the means of E2E and ITL within
+# 10%. Its TTFT is each stream's first chunk, and with tiny-random's byte tokenizer a chunk
+# carries ~3.8 tokens (random bytes wait for whole UTF-8 characters): the measured TTFT is a
+# few decode steps in, which the per-token replay cannot see (calibrate says so). Its client
+# (httpx, one worker process) also shares the two cores with the server; the recording misses
+# the 5% bounds of the loop above (held out: E2E -9% and +7%, ITL -8% and +0.5%).
+GUIDELLM_BOUNDS = {"e2e_mean": 0.10, "itl_mean": 0.10}
 
 # GuideLLM's synthetic data shaped like WORKLOAD: 512-token prompts behind one of 8 shared
 # 192-token prefixes, 32 output tokens.

@@ -373,3 +373,27 @@ def test_inference_perf_without_its_stage_files_says_so(tmp_path: Path) -> None:
     lone.write_bytes((IPERF / "per_request_lifecycle_metrics.json.gz").read_bytes())
     with pytest.raises(ResultFileError, match=r"inference-perf report: no stage_0_lifecycle"):
         read_result_file(lone)
+
+
+def test_guidellm_chunks_that_carry_several_tokens_are_measured_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GuideLLM 0.6+ counts the streamed chunks that carried tokens: tiny-random's random
+    bytes wait for whole UTF-8 characters, so its chunks carry several tokens, and calibrate
+    says that the measured TTFT is a first chunk's. A layout without the count says nothing."""
+    import logging
+
+    from radixsched.cli.main import main
+
+    path = TOOLS / "guidellm-0.8.1" / "benchmarks.json.gz"
+    runs = read_result_file(path)
+    assert all(r.tokens_per_chunk is not None and 3.0 < r.tokens_per_chunk < 5.0 for r in runs)
+    assert all(
+        r.tokens_per_chunk is None
+        for r in read_result_file(TOOLS / "guidellm-0.3.1" / "benchmarks.json")
+    )
+    argv = ["calibrate", str(path), "--gpu", "cpu", "--max-total-tokens", "4096"]
+    with caplog.at_level(logging.WARNING):
+        assert main([*argv, "--check", "default", "--quiet"]) == 0
+    said = [m for m in caplog.messages if "streamed chunks carried" in m]
+    assert len(said) == 1 and f"({len(runs)} of its runs)" in said[0]

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Output tokens per streamed chunk from which a run's TTFT is said to be its first chunk's,
+# several tokens in.
+COALESCED = 1.5
+
 
 def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
@@ -295,12 +299,25 @@ def _replay(run: MeasuredRun, index: int, sched: SchedulerConfig, sim: SimConfig
 
 
 def _note_structure(runs: list[MeasuredRun]) -> None:
-    """One line per file whose prompts' prefix structure is unknown: what the replay assumes
-    and what that may cost."""
+    """One line per file whose prompts' prefix structure is unknown (what the replay assumes
+    and what that may cost), and one per run whose timings the replay cannot reproduce."""
     notes = ((r.path.split(":")[0], r.structure_note) for r in runs if r.prompts is None)
     for path, note in dict.fromkeys(notes):
         if note:
             logger.warning("%s: %s", path, note)
+    per_file: dict[str, list[float]] = {}
+    for r in runs:
+        if r.tokens_per_chunk is not None and r.tokens_per_chunk >= COALESCED:
+            per_file.setdefault(r.path.split(":")[0], []).append(r.tokens_per_chunk)
+    for path, ks in per_file.items():
+        span = f"{min(ks):.1f}" + ("" if max(ks) - min(ks) < 0.05 else f"-{max(ks):.1f}")
+        logger.warning(
+            "%s: streamed chunks carried %s tokens each on average (%d of its runs): a run's "
+            "TTFT is its first chunk's, which waited for all of that chunk's tokens (a "
+            "tokenizer holding back partial characters, a stream interval), so it reads high "
+            "against the replay's first token",
+            path, span, len(ks),
+        )  # fmt: skip
 
 
 def _with_workload(spec: str, runs: list[MeasuredRun]) -> list[MeasuredRun]:

@@ -60,6 +60,9 @@ class MeasuredRun:
     # replayed, and ``structure_note`` says what that may cost).
     prefixes: tuple[PrefixBucket, ...] | None = ()
     structure_note: str | None = None
+    # Output tokens per streamed chunk, on average (GuideLLM 0.6+ counts the chunks); None: not
+    # recorded. Above about 1.5 the measured TTFT is the first chunk's, several tokens in.
+    tokens_per_chunk: float | None = None
     tool_version: str | None = None  # the client's version, when the file names it
     # Each request's prompt ids, from the user's trace (``calibrate --workload``); None: not
     # known, the replay builds them from ``prefixes``.

@@ -146,6 +146,7 @@ def _run(
         else:
             reqs.append(got)
     first_send = min((s for s, _ in reqs), default=0.0)
+    chunks = [_token_chunks(r) for r in successful if isinstance(r, Mapping)]
     return MeasuredRun(
         name=label,
         source="guidellm",
@@ -158,8 +159,23 @@ def _run(
         num_failed=failed,
         prefixes=prefixes,
         structure_note=note,
+        tokens_per_chunk=_per_chunk(reqs, chunks),
         tool_version=layout.version,
     )
+
+
+def _token_chunks(r: Mapping[str, Any]) -> int | None:
+    """The streamed chunks that carried tokens (GuideLLM 0.6+: ``info.timings.token_iterations``)."""
+    info = r.get("info")
+    timings = info.get("timings") if isinstance(info, Mapping) else None
+    n = timings.get("token_iterations") if isinstance(timings, Mapping) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def _per_chunk(reqs: list[tuple[float, MeasuredRequest]], chunks: list[int | None]) -> float | None:
+    """Output tokens per streamed chunk over the requests that recorded their chunks."""
+    pairs = [(m.output_len, c) for (_, m), c in zip(reqs, chunks, strict=False) if c]
+    return sum(o for o, _ in pairs) / sum(c for _, c in pairs) if pairs else None
 
 
 def _legacy_request(r: Mapping[str, Any], at: str) -> tuple[float, MeasuredRequest] | None:
