@@ -349,7 +349,8 @@ def test_every_constant_is_a_flag_recorded_in_the_json(tmp_path: Path) -> None:
 
 def test_engine_mode_vllm_takes_vllms_defaults_unless_a_flag_is_given(tmp_path: Path) -> None:
     sched = _simulate_json(tmp_path, "--engine-mode", "vllm")["config"]["scheduler"]
-    assert sched["enable_mixed_chunk"] is True and sched["max_running_requests"] == 256
+    # The default GPU, an H200: vllm serve's max_num_seqs there is 1024 (256 on an A100).
+    assert sched["enable_mixed_chunk"] is True and sched["max_running_requests"] == 1024
     assert sched["schedule_conservativeness"] == 0.0
     sched = _simulate_json(tmp_path, "--engine-mode", "vllm", "--max-running-requests", "64")[
         "config"
