@@ -55,6 +55,7 @@ CHUNK_ALIGNMENT = {"sglang": "page", "vllm": "none"}
 # name is not an A100 (larger budgets lowered throughput on A100s, vLLM PR #17885), small ones
 # on every other GPU.
 _VLLM_LARGE_GPU_BYTES = 70 * 2**30
+_A100_PRESETS = frozenset({"A100-40G", "A100-80G"})  # (sim.cost.hardware.GPUS names)
 VLLM_BATCH = {
     "large": {
         "chunked_prefill_size": 8192,
@@ -77,7 +78,7 @@ def vllm_batch(gpu: str | None) -> dict[str, Any]:
         spec = get_gpu(gpu) if gpu else None
     except PresetError:  # (preflight names it)
         spec = None
-    if spec is None or spec.memory_bytes < _VLLM_LARGE_GPU_BYTES or "a100" in spec.name.lower():
+    if spec is None or spec.memory_bytes < _VLLM_LARGE_GPU_BYTES or spec.name in _A100_PRESETS:
         return VLLM_BATCH["other"]
     return VLLM_BATCH["large"]
 
