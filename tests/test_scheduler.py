@@ -642,3 +642,18 @@ def test_retraction_orders_newest_pops_the_last_joined_length_the_fewest_outputs
 
     field = {f.name: f for f in dataclasses.fields(SchedulerConfig)}["retraction_policy"]
     assert field.metadata["choices"] == list(RETRACTION_ORDERS) == ["length", "priority", "newest"]
+
+
+def test_the_optimal_bound_counts_hits_in_the_same_blocks() -> None:
+    """With hits in whole blocks, the optimal hit rate (the bound a run is shown against) is
+    cut to the same blocks."""
+    from radixsched.results.optimal import optimal_hit_rate
+
+    p = prompt(40)
+    reqs = [req("a", p), req("b", np.concatenate([p, prompt(8, 1)]))]
+    for i, r in enumerate(reqs):
+        r.arrival_time = float(i)
+    config = SchedulerConfig(cache_block_size=16)
+    assert config.hit_unit == 16 and SchedulerConfig(page_size=4).hit_unit == 4
+    assert optimal_hit_rate(reqs, SchedulerConfig().hit_unit) == 40 / 88
+    assert optimal_hit_rate(reqs, config.hit_unit) == 32 / 88

@@ -242,6 +242,12 @@ class SchedulerConfig:
         return None if c is None or c <= 0 else c
 
     @property
+    def hit_unit(self) -> int:
+        """Tokens a prefix-cache hit is counted in: whole pages, or whole blocks when hits
+        count blocks (a block is whole pages)."""
+        return max(self.page_size, self.cache_block_size)
+
+    @property
     def sglang_compat(self) -> bool:
         return self.compat == "sglang"
 

@@ -32,7 +32,7 @@ class KVManager:
         self.cache = cache
         self.allocator = allocator
         self.page = allocator.page_size
-        self.hit_unit = max(self.page, config.cache_block_size)  # a hit is whole blocks
+        self.hit_unit = max(self.page, config.hit_unit)  # a hit is whole pages or blocks
         self.host_tier = host_tier
         self.priority_sign = config.priority_sign
         self.compat = config.sglang_compat

@@ -261,7 +261,7 @@ def _inputs(args: argparse.Namespace) -> PlanInputs:
         workload=rs.workload.spec or DEFAULT_WORKLOAD,
         num_requests=rs.workload.num_requests,
         seed=sched.seed if rs.workload.seed is None else rs.workload.seed,
-        page_size=sched.page_size,
+        hit_unit=sched.hit_unit,
         slo=slo,
         tolerance=_number(own, "tolerance", 0.05, 0.0, 1.0),
         target_rate=target,

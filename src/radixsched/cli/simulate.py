@@ -414,7 +414,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # After the load: the heap setting is for the simulation's churn; under it the load's
     # thousands of prompt-sized arrays fault in more pages (3x-shared: 302k against 195k).
     tune_heap()
-    opt = workload_optimal_hit_rate(workload, page_size=base.page_size)
+    opt = workload_optimal_hit_rate(workload, page_size=base.hit_unit)
     config_info = _config_info(base, sim_cfg, cost, policies, slo)
     workload_info = _workload_info(spec, workload, rs, opt)
     for line in _header(meta, workload, workload_info, config_info):

@@ -129,7 +129,7 @@ def run_policies(
     once the workers exist: a process must not fork while a display's thread runs."""
     shown = display if display is not None else nullcontext()
     if runs.optimal_hit_rate is None:
-        opt = workload_optimal_hit_rate(runs.workload, page_size=runs.base.page_size)
+        opt = workload_optimal_hit_rate(runs.workload, page_size=runs.base.hit_unit)
         runs = dataclasses.replace(runs, optimal_hit_rate=opt)
     if jobs <= 1 or len(policies) <= 1 or not can_fork():
         with shown:

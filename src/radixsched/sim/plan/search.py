@@ -38,7 +38,7 @@ class PlanSpec:
     workload: str
     num_requests: int | None
     seed: int
-    page_size: int
+    hit_unit: int  # tokens a cache hit is counted in (SchedulerConfig.hit_unit)
     slo: Slo
     tolerance: float
     target_rate: float | None
@@ -91,7 +91,7 @@ def load_for(spec: PlanSpec) -> LoadedWorkload:
     from radixsched.sim.workloads.spec import parse_workload_spec, trace_version
 
     version = trace_version(*parse_workload_spec(spec.workload))  # a changed trace is reread
-    key = (spec.workload, spec.num_requests, spec.seed, spec.page_size, version)
+    key = (spec.workload, spec.num_requests, spec.seed, spec.hit_unit, version)
     if key in _LOADED:
         return _LOADED[key]
     _LOADED.clear()
@@ -109,7 +109,7 @@ def load_for(spec: PlanSpec) -> LoadedWorkload:
             seed=spec.seed,
             memo=memo,
         )
-    opt = workload_optimal_hit_rate(base, page_size=spec.page_size)
+    opt = workload_optimal_hit_rate(base, page_size=spec.hit_unit)
     n = max(len(base.requests), 1)
     tokens = TraceTokens(
         len(base.requests), base.num_prompt_tokens / n, base.num_output_tokens / n, opt

@@ -48,7 +48,7 @@ def simulate_point(settings: Settings) -> Metrics:
         workload = load_workload(
             key[0], request_rate=key[1], num_requests=key[2], seed=key[3], memo=_prompts
         )
-        _last_workload = (key, workload, workload_optimal_hit_rate(workload, sched.page_size))
+        _last_workload = (key, workload, workload_optimal_hit_rate(workload, sched.hit_unit))
     _, workload, optimal = _last_workload
     run = simulate(workload, sched, sim, optimal_hit_rate=optimal)
     result = run.result
