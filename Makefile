@@ -38,7 +38,8 @@ $(VENV)/.all-installed: $(BIN)/python pyproject.toml $(NATIVE_SRC)
 # a load one H200 sustains, near enough its capacity for the policies to differ. Measured with
 # `radixsched plan --policy fcfs,lpm --slo-ttft-ms 2000 --slo-tpot-ms 100`: both serve 11.1 req/s
 # (within 5%) with 90% of requests inside those SLOs; at 10 req/s lpm's p99 TTFT is 1.09 s against
-# fcfs's 1.91 s (2026-12-05, the H100-measured prefill curve). At 64 req/s every latency was queueing. `radixsched plan`: "how many GPUs".
+# fcfs's 1.91 s (2026-12-05, the H100-measured prefill curve). At 64 req/s every latency was
+# queueing. `radixsched plan`: "how many GPUs".
 run: $(VENV)/.core-installed
 	$(BIN)/radixsched simulate --request-rate 10 --slo-ttft-ms 2000 --slo-tpot-ms 100
 
