@@ -1,5 +1,11 @@
 """The offline engine: ``Engine(runner, config).generate(requests)`` runs exactly the scheduler
-loop the simulator and the HTTP server run, on whatever ``ModelRunner`` it is given."""
+loop the simulator and the HTTP server run, on whatever ``ModelRunner`` it is given.
+
+Its scheduler is built by ``radixsched.fast.build_scheduler``, as the simulator's and the
+server's are: the native core where the extension is on, the reference otherwise
+(``RADIXSCHED_NATIVE=0``, no build, or ``accelerate=False``); chosen once, never rewired. A
+runner without ``supports_multi_step`` (a real model) decodes one step at a time on either.
+The engine is co-located: a config naming a split prefill/decode role is refused."""
 
 from __future__ import annotations
 
@@ -8,9 +14,11 @@ from dataclasses import dataclass
 
 from radixsched.clock import Clock, WallClock
 from radixsched.config import SchedulerConfig
+from radixsched.fast import build_scheduler
 from radixsched.request import FinishState, Req
+from radixsched.roles import CoLocated
 from radixsched.runner import ModelRunner
-from radixsched.scheduler import AdmitResult, Scheduler, StepOutcome
+from radixsched.scheduler import AdmitResult, StepOutcome
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class Engine:
         kv_slots: int | None = None,
         clock: Clock | None = None,
         context_len: int | None = None,
+        accelerate: bool = True,
     ) -> None:
         self.config = config or SchedulerConfig()
         if kv_slots is None:
@@ -43,12 +52,14 @@ class Engine:
             # The runner's pool holds the reserved padding page too.
             kv_slots = int(pool) - self.config.page_size
         ctx = context_len or int(getattr(runner, "max_context_len", 131072))
-        self.scheduler = Scheduler(
+        self.scheduler = build_scheduler(
             self.config,
             runner,
+            accelerate=accelerate,
             kv_slots=kv_slots,
             clock=clock if clock is not None else WallClock(),
             context_len=ctx,
+            role=CoLocated,
         )
 
     def generate(

@@ -4,9 +4,11 @@
 ``Scheduler`` whose rounds do only the work that changed (incremental matching, kept orders,
 an incremental dedup), whose decode runs on columns and jumps over steps in which only lengths
 change, and whose middle chunks run back to back. Every one gives the reference's schedule
-bit for bit (tests/test_equivalence.py); the simulator uses them, the engine and the server
-run the reference. It runs only over the native core (``radixsched.native``): without it
-(``RADIXSCHED_NATIVE=0``, or no build) every scheduler is the reference, with one notice.
+bit for bit (tests/test_equivalence.py). The simulator, the offline engine and the server all
+build their schedulers here (a real model's runner has no ``supports_multi_step``: its decode
+runs one step at a time, on the requests). It runs only over the native core
+(``radixsched.native``): without it (``RADIXSCHED_NATIVE=0``, or no build) every scheduler is
+the reference, with one notice.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
-"""Engines for the server: a model under a wall-clock ``Scheduler`` in an (unstarted)
+"""Engines for the server: a model under a wall-clock scheduler in an (unstarted)
 ``EngineLoop``, and the ``ServedModel`` the HTTP layer reports. No FastAPI here: the engine's
-child process builds its loop with ``engine_for_runner``."""
+child process builds its loop with ``engine_for_runner``.
+
+The scheduler is ``radixsched.fast.build_scheduler``'s, as the simulator's and the offline
+engine's: the native core where the extension is on, else the reference (one notice); chosen
+when built, never rewired. The server is co-located: a split prefill/decode role is refused."""
 
 from __future__ import annotations
 
@@ -59,7 +63,7 @@ def engine_for_model(
     served_model_name: str | None = None,
     tokenizer_path: str | None = None,
 ) -> tuple[EngineLoop, ServedModel]:
-    """A ``TorchRunner`` over a fresh KV pool under a wall-clock ``Scheduler``, in an
+    """A ``TorchRunner`` over a fresh KV pool under a wall-clock scheduler, in an
     (unstarted) loop. Several engines may share one loaded model (the weights are read-only).
 
     KV pool: ``kv_slots`` tokens, else as many as fit in ``kv_cache_mb`` (at most
@@ -89,14 +93,18 @@ def engine_for_runner(
     sink: Sink = post_to_event_loops,
     on_unhealthy: Callable[[], None] | None = None,
 ) -> EngineLoop:
-    """A wall-clock ``Scheduler`` over ``runner`` in an (unstarted) ``EngineLoop`` whose posts
-    go to ``sink`` (default: the event loops of the requests' handles)."""
+    """A wall-clock scheduler (``build_scheduler``'s) over ``runner`` in an (unstarted)
+    ``EngineLoop`` whose posts go to ``sink`` (default: the event loops of the requests'
+    handles)."""
     from radixsched.clock import WallClock
-    from radixsched.scheduler import Scheduler
+    from radixsched.fast import build_scheduler
+    from radixsched.roles import CoLocated
 
     clock = clock if clock is not None else WallClock()
     recorder = BatchRecorder(runner)  # the scheduler is built on it: nothing is rewired later
-    sched = Scheduler(config, recorder, kv_slots=kv_slots, clock=clock, context_len=context_len)
+    sched = build_scheduler(
+        config, recorder, kv_slots=kv_slots, clock=clock, context_len=context_len, role=CoLocated
+    )
     return EngineLoop(
         sched, metrics=ServerMetrics(), clock=clock, sink=sink, on_unhealthy=on_unhealthy
     )
