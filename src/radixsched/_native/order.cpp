@@ -186,7 +186,12 @@ namespace {
 int compare_stored(const Atoms& a, const Atoms& b) {
     return compare(a.data(), a.size(), b.data(), b.size());
 }
+
 }  // namespace
+
+bool StableOrder::less(const Stored* x, const Stored* y) {
+    return compare_stored(x->atoms, y->atoms) < 0;
+}
 
 bool StableOrder::key_equal(const Stored& s, const Atoms& key) {
     return compare(s.atoms.data(), s.atoms.size() - 1, key.data(), key.size()) == 0;
@@ -194,9 +199,7 @@ bool StableOrder::key_equal(const Stored& s, const Atoms& key) {
 
 size_t StableOrder::find(const Stored& s) const {
     // bisect_left finds it: stored keys are unique.
-    auto it = std::lower_bound(keys_.begin(), keys_.end(), &s, [](const Stored* x, const Stored* y) {
-        return compare_stored(x->atoms, y->atoms) < 0;
-    });
+    auto it = std::lower_bound(keys_.begin(), keys_.end(), &s, less);
     if (it != keys_.end() && *it == &s) return static_cast<size_t>(it - keys_.begin());
     for (size_t i = 0; i < keys_.size(); ++i)  // keys that compare inconsistently (Obj atoms)
         if (keys_[i] == &s) return i;
@@ -204,9 +207,7 @@ size_t StableOrder::find(const Stored& s) const {
 }
 
 size_t StableOrder::bisect_right(const Stored& s) const {
-    auto it = std::upper_bound(keys_.begin(), keys_.end(), &s, [](const Stored* x, const Stored* y) {
-        return compare_stored(x->atoms, y->atoms) < 0;
-    });
+    auto it = std::upper_bound(keys_.begin(), keys_.end(), &s, less);
     return static_cast<size_t>(it - keys_.begin());
 }
 
@@ -453,29 +454,28 @@ void HrrnColumns::erase_at(size_t i) {
     list_delete(reqs, i);
 }
 
+size_t HrrnColumns::listed_at(nb::handle r) const {
+    PyObject* list = reqs.ptr();
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i)
+        if (PyList_GET_ITEM(list, i) == r.ptr()) return static_cast<size_t>(i);
+    throw nb::value_error("HrrnColumns: not a member");
+}
+
 void HrrnColumns::remove(nb::handle r) {
     if (held_.erase(r.ptr()) == 0) return;
-    PyObject* list = reqs.ptr();
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
-        if (PyList_GET_ITEM(list, i) == r.ptr()) {
-            erase_at(static_cast<size_t>(i));
-            return;
-        }
-    }
-    throw std::runtime_error("HrrnColumns: a held request is not listed");
+    erase_at(listed_at(r));
 }
 
 HrrnRound HrrnColumns::advance(nb::handle changed, nb::handle arrivals, nb::handle deferred,
                                nb::handle processed_tokens) {
     Items moved(changed), news(arrivals);
-    std::unordered_map<PyObject*, size_t> index;
-    PyObject* list = reqs.ptr();
-    for (Py_ssize_t i = 0; moved.size() > 0 && i < PyList_GET_SIZE(list); ++i)
-        index.emplace(PyList_GET_ITEM(list, i), static_cast<size_t>(i));
+    std::unordered_map<PyObject*, size_t> index;  // for many changed: one pass over the list
+    if (moved.size() > 8)
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(reqs.ptr()); ++i)
+            index.emplace(PyList_GET_ITEM(reqs.ptr(), i), static_cast<size_t>(i));
     for (size_t k = 0; k < moved.size(); ++k) {
         auto it = index.find(moved[k].ptr());
-        if (it == index.end()) throw nb::value_error("HrrnColumns.advance: not a member");
-        fill_key(moved[k], deferred, it->second);
+        fill_key(moved[k], deferred, it != index.end() ? it->second : listed_at(moved[k]));
     }
     for (size_t k = 0; k < news.size(); ++k) append(news[k], deferred);
     // -(max(waited, 0) / work) in float64, as numpy computes it (the processed-token count

@@ -72,6 +72,7 @@ private:
     void insert(nanobind::handle r, Atoms key, double t, nanobind::handle mirror);
     void erase_at(size_t i, PyObject* r, nanobind::handle mirror);
     static bool key_equal(const Stored& s, const Atoms& key);
+    static bool less(const Stored* x, const Stored* y);
 
     std::vector<const Stored*> keys_;                 // point into key_of_'s nodes
     std::unordered_map<PyObject*, Stored> key_of_;  // member -> its stored key
@@ -120,6 +121,7 @@ private:
     void fill_key(nanobind::handle r, nanobind::handle deferred, size_t i);
     void append(nanobind::handle r, nanobind::handle deferred);
     void erase_at(size_t i);
+    size_t listed_at(nanobind::handle r) const;  // identity, as list.index (Req has no __eq__)
 
     std::unordered_set<PyObject*> held_;
     std::vector<double> q_, work_, override_, entry_, arrival_;
