@@ -229,6 +229,7 @@ bool StableOrder::remove(nb::handle r, nb::handle mirror) {
 void StableOrder::insert(nb::handle r, Atoms key, double t, nb::handle mirror) {
     if (key_of_.count(r.ptr()) != 0) throw nb::value_error("StableOrder: already a member");
     Stored s;
+    s.req = nb::borrow(r);
     s.atoms = std::move(key);
     s.atoms.push_back(Atom::tie(t));
     const size_t i = bisect_right(s);
@@ -258,6 +259,7 @@ void StableOrder::reset(nb::handle pre, nb::handle keys) {
         const size_t i = perm[t];
         sorted.append(members[i]);
         Stored s;
+        s.req = nb::borrow(members[i]);
         s.atoms = std::move(atoms[i]);
         s.atoms.push_back(Atom::tie(static_cast<double>(t)));
         Stored& at = key_of.insert_or_assign(members[i].ptr(), std::move(s)).first->second;
@@ -291,6 +293,7 @@ bool StableOrder::place(nb::handle r, int64_t j) {
     }
     if (lo_ <= -kExactTie || hi_ >= kExactTie) throw std::overflow_error("tie numbers");
     Stored s;
+    s.req = nb::borrow(r);
     s.atoms = std::move(key);
     s.atoms.push_back(Atom::tie(t));
     auto placed = key_of_.emplace(r.ptr(), std::move(s)).first;

@@ -58,7 +58,8 @@ public:
 
 private:
     struct Stored {
-        Atoms atoms;  // the key, then the tie number
+        nanobind::object req;  // keeps the member (the map's key) alive whatever edits `reqs`
+        Atoms atoms;           // the key, then the tie number
         double tie() const { return atoms.back().d; }
     };
     struct Mover {
