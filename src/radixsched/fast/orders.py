@@ -15,6 +15,7 @@ as it stands, its order being total), which tests/test_equivalence.py checks bit
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +25,8 @@ from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.native import core
 from radixsched.policies import Key, Policy, Round, priority_term
 from radixsched.request import Req
+
+_TENANT = operator.attrgetter("tenant_key")
 
 # Re-keying more than this many requests, and more than a quarter of the list, in one round:
 # one stable sort of the list is cheaper.
@@ -447,8 +450,9 @@ class FairEngine(Engine):
 
     def _observe(self, queue: list[Req], rnd: Round) -> None:
         assert rnd.fair is not None
-        tenants = set(self.by_tenant) | {r.tenant_key for r in rnd.running}
-        tenants.update(r.tenant_key for r in queue[len(self.out) :])
+        tenants = set(self.by_tenant)
+        tenants.update(map(_TENANT, rnd.running))
+        tenants.update(map(_TENANT, queue[len(self.out) :]))
         rnd.fair.observe_active(frozenset(tenants))
 
     def _merge(self, tenant_order: Sequence[str], queue: list[Req], rnd: Round) -> Iterator[int]:
@@ -463,7 +467,8 @@ class FairEngine(Engine):
 
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
         assert rnd.fair is not None
-        tenants = {r.tenant_key for r in queue} | {r.tenant_key for r in rnd.running}
+        tenants = set(map(_TENANT, queue))
+        tenants.update(map(_TENANT, rnd.running))
         rnd.fair.observe_active(frozenset(tenants))
         return self.rebuild_observed(queue, rnd)
 
