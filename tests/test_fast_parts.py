@@ -17,7 +17,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.native_matching import NativeMatcher
-from radixsched.fast.orders import StableOrder
+from radixsched.fast.orders import stable_order
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.kv import KVManager
 from radixsched.native import core
@@ -106,6 +106,7 @@ def test_matcher_dirties_only_the_branch_a_new_child_continues() -> None:
 keys = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=0, max_size=30)
 
 
+@native
 @settings(max_examples=300, deadline=None)
 @given(
     initial=keys,
@@ -128,7 +129,7 @@ def test_stable_order_equals_a_full_stable_sort(
     re-keyed, lands where the stable sort of the list with it at that place puts it."""
     reqs = [_req(i, [1]) for i in range(len(initial))]
     key_of = {id(r): k for r, k in zip(reqs, initial, strict=True)}
-    order = StableOrder()
+    order = stable_order()
     order.reset(reqs, [key_of[id(r)] for r in reqs])
     listed = sorted(reqs, key=lambda r: key_of[id(r)])
     nxt = len(reqs)

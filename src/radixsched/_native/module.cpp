@@ -18,6 +18,7 @@
 
 #include "kv.hpp"
 #include "matcher.hpp"
+#include "order.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
 
@@ -453,4 +454,5 @@ NB_MODULE(_core, m) {
     bind_node(m);
     bind_pool(m);
     bind_tree(m);
+    radixsched::bind_order(m);
 }

@@ -2,11 +2,11 @@
 
 Every radixsched key policy is a stable sort of the waiting list by a per-request key. Requests
 with equal keys keep their order in the list being sorted, which is the previous round's
-result, minus the requests that left, plus the arrivals at the back. ``StableOrder`` keeps that
-result between rounds and moves only the requests whose key changed, giving exactly the list a
-full stable sort gives. ``KeyedEngine`` serves any key policy whose key reads only the request
+result, minus the requests that left, plus the arrivals at the back. The native ``StableOrder``
+(``_native/order.hpp``) keeps that result between rounds and moves only the requests whose key
+changed, giving exactly the list a full stable sort gives, in one native call per round. ``KeyedEngine`` serves any key policy whose key reads only the request
 and its match and dedup status (a user's policy included); the other engines serve the
-policies whose order depends on more: hrrn (the clock, in numpy, handed out lazily), routing-key
+policies whose order depends on more: hrrn (the clock; native columns, handed out lazily), routing-key
 (the running batch), dfs-weight (the cache tree) and fair (tenant counters).
 
 Every engine leaves the scheduler's list exactly as the reference round would (hrrn: the list
@@ -15,21 +15,19 @@ as it stands, its order being total), which tests/test_equivalence.py checks bit
 
 from __future__ import annotations
 
-import bisect
 import operator
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.native import core
 from radixsched.policies import Key, Policy, Round, priority_term
 from radixsched.request import Req
 
-_FIRST = operator.itemgetter(0)
+_TENANT = operator.attrgetter("tenant_key")
+
 # Re-keying more than this many requests, and more than a quarter of the list, in one round:
 # one stable sort of the list is cheaper.
 _REBUILD_MIN = 32
@@ -40,134 +38,19 @@ def _worth_rebuilding(moving: int, total: int) -> bool:
     return moving > _REBUILD_MIN and _REBUILD_SHARE * moving > total
 
 
-def reorder(items: Sequence[Any], perm: Sequence[int]) -> list[Any]:
-    """``[items[i] for i in perm]`` at C speed."""
-    if len(perm) == 0:
-        return []
-    if len(perm) == 1:
-        return [items[perm[0]]]
-    return list(operator.itemgetter(*perm)(items))
+def _core() -> Any:
+    """The native extension (the accelerated core runs only when it is loaded)."""
+    mod = core()
+    if mod is None:
+        raise RuntimeError("the kept orders need the native core (radixsched.native)")
+    return mod
 
 
-class StableOrder:
-    """Requests in the order a stable sort by a key leaves them, maintained across rounds.
-
-    Stored keys are ``(*key, t)`` with a unique tie number ``t``. Invariants: ``reqs`` is sorted
-    by ``keys``, ``key_of`` maps ``id(req)`` to ``(key, stored key)``, and every stored ``t``
-    lies strictly between ``lo`` and ``hi``. Why the tie numbers reproduce stability: among
-    requests that end up with equal keys, a stable sort keeps their order in the list being
-    sorted (this order, with arrivals appended). A request whose key grew stood before every
-    request that already had its new key, so it gets a ``t`` below all others; one whose key
-    shrank stood after them, so it gets one above all; arrivals come last, in append order.
-    Several movers are numbered in their old order, so they keep their order among themselves.
-    """
-
-    def __init__(self) -> None:
-        self.reqs: list[Req] = []
-        self.keys: list[Key] = []
-        self.key_of: dict[int, tuple[Key, Key]] = {}
-        self.lo = 0
-        self.hi = 0
-
-    def __len__(self) -> int:
-        return len(self.reqs)
-
-    def __contains__(self, r: Req) -> bool:
-        return id(r) in self.key_of
-
-    def stored(self, r: Req) -> Key:
-        """``r``'s place in the order (its key and tie number)."""
-        return self.key_of[id(r)][1]
-
-    def remove(self, r: Req, mirror: list[Req] | None = None) -> bool:
-        entry = self.key_of.pop(id(r), None)
-        if entry is None:
-            return False
-        i = bisect.bisect_left(self.keys, entry[1])
-        del self.keys[i], self.reqs[i]
-        if mirror is not None:
-            del mirror[i]
-        return True
-
-    def _insert(self, r: Req, key: Key, t: int, mirror: list[Req] | None) -> None:
-        k = (*key, t)
-        i = bisect.bisect_right(self.keys, k)
-        self.keys.insert(i, k)
-        self.reqs.insert(i, r)
-        if mirror is not None:
-            mirror.insert(i, r)
-        self.key_of[id(r)] = (key, k)
-
-    def reset(self, pre: Sequence[Req], keys: Sequence[Key]) -> None:
-        """Stable-sort ``pre`` (the list as it stands) by ``keys`` (``keys[i]`` is ``pre[i]``'s)."""
-        perm = sorted(range(len(pre)), key=keys.__getitem__)
-        self.reqs = reorder(pre, perm)
-        self.keys = [(*keys[i], t) for t, i in enumerate(perm)]
-        self.key_of = {id(pre[i]): (keys[i], k) for i, k in zip(perm, self.keys, strict=True)}
-        self.lo, self.hi = -1, len(self.reqs)
-
-    def place(self, r: Req, j: int) -> bool:
-        """Insert ``r`` at position ``j`` of the order as if it had stood there when the order
-        was sorted (a request put back into the sorted list at a place of its own): it takes the
-        key of its left neighbour (the right one's at the front) and a tie number between its
-        neighbours'. Its key proper is computed when the next round re-keys it. False (nothing
-        changed) when no tie number fits between two neighbours of one key."""
-        keys = self.keys
-        if j == 0 or j == len(keys):
-            edge = keys[0] if j == 0 else keys[-1]
-            key = edge[:-1]
-            if j == 0:
-                self.lo -= 1
-                t: float = self.lo
-            else:
-                self.hi += 1
-                t = self.hi
-        else:
-            left, right = keys[j - 1], keys[j]
-            key = left[:-1]
-            if right[:-1] != key:
-                self.hi += 1  # above every tie number of ``key``: still below ``right``
-                t = self.hi
-            else:
-                t = (left[-1] + right[-1]) / 2
-                if not left[-1] < t < right[-1]:
-                    return False
-        stored = (*key, t)
-        keys.insert(j, stored)
-        self.reqs.insert(j, r)
-        self.key_of[id(r)] = (key, stored)
-        return True
-
-    def update(
-        self,
-        changed: Sequence[tuple[Req, Key]],
-        arrivals: Sequence[tuple[Req, Key]],
-        mirror: list[Req] | None = None,
-    ) -> None:
-        """Re-key members (each at most once) and insert arrivals (in append order).
-        ``mirror``: a list equal to ``reqs`` followed by the arrivals (the scheduler's queue);
-        it receives the same edits, so it ends equal to ``reqs`` without being rewritten."""
-        if mirror is not None and arrivals:
-            del mirror[len(self.reqs) :]
-        grew: list[tuple[Key, Req, Key]] = []
-        shrank: list[tuple[Key, Req, Key]] = []
-        for r, new in changed:
-            key, old = self.key_of[id(r)]
-            if key == new:
-                continue
-            self.remove(r, mirror)
-            (grew if key < new else shrank).append((old, r, new))
-        grew.sort(key=_FIRST, reverse=True)  # the last of them in the old order numbered first
-        for _, r, new in grew:
-            self.lo -= 1
-            self._insert(r, new, self.lo, mirror)
-        shrank.sort(key=_FIRST)
-        for _, r, new in shrank:
-            self.hi += 1
-            self._insert(r, new, self.hi, mirror)
-        for r, new in arrivals:
-            self.hi += 1
-            self._insert(r, new, self.hi, mirror)
+def stable_order() -> Any:
+    """A new native ``StableOrder`` (``_native/order.hpp``): requests in the order a stable sort
+    by a key leaves them, kept across rounds (``reset``, ``update``, ``place``, ``remove``;
+    ``reqs`` is the sorted list, one Python list object that the native code edits)."""
+    return _core().StableOrder()
 
 
 class Engine(ABC):
@@ -207,7 +90,7 @@ class Engine(ABC):
 
 
 class StableEngine(Engine):
-    order: StableOrder
+    order: Any  # a native StableOrder
 
     def members(self) -> list[Req]:
         return self.order.reqs
@@ -235,7 +118,7 @@ class KeyedEngine(StableEngine):
 
     def __init__(self, pol: Policy) -> None:
         self.pol = pol
-        self.order = StableOrder()
+        self.order = stable_order()
 
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
         key = key_fn(self.pol, rnd)
@@ -258,7 +141,7 @@ class RoutingKeyEngine(StableEngine):
     A round without running keys leaves the list as it is and drops the sync."""
 
     def __init__(self, pol: Policy) -> None:
-        self.order = StableOrder()
+        self.order = stable_order()
         self.counts: Counter[str] = Counter()  # the counts the stored keys were computed with
         self.by_key: dict[str, dict[int, Req]] = {}
 
@@ -317,146 +200,40 @@ class RoutingKeyEngine(StableEngine):
         return iter(range(len(queue)))
 
 
-class HrrnRound:
-    """One hrrn round's order over ``reqs`` (the list as it stands): ascending ``(ratio, entry,
-    arrival, rid)``, a total order. The head is selected with ``argpartition`` (every request
-    tied with the last one selected included, so the selection is a prefix of the order) and
-    sorted; a reader that gets past it doubles it. Columns are aligned with ``reqs``."""
-
-    FIRST = 16  # the first selection: most rounds admit a handful of requests
-
-    def __init__(
-        self,
-        reqs: list[Req],
-        ratio: npt.NDArray[np.float64],
-        entry: npt.NDArray[np.float64],
-        arrival: npt.NDArray[np.float64],
-    ) -> None:
-        self.reqs = reqs
-        self.ratio, self.entry, self.arrival = ratio, entry, arrival
-        self.picked: list[int] = []
-
-    def _select(self, need: int) -> None:
-        n = len(self.reqs)
-        k = min(n, max(need, 2 * len(self.picked), self.FIRST))
-        if k >= n:
-            cand = np.arange(n)
-        else:
-            bound = self.ratio[np.argpartition(self.ratio, k - 1)[k - 1]]
-            cand = np.flatnonzero(self.ratio <= bound)
-        r, e, a = self.ratio[cand], self.entry[cand], self.arrival[cand]
-        perm = np.lexsort((a, e, r))
-        out: list[int] = cand[perm].tolist()
-        r, e, a = r[perm], e[perm], a[perm]
-        tied = ((r[1:] == r[:-1]) & (e[1:] == e[:-1]) & (a[1:] == a[:-1])).tolist()
-        i = 0
-        while i < len(tied):  # equal (ratio, entry, arrival): by request id
-            if not tied[i]:
-                i += 1
-                continue
-            j = i
-            while j < len(tied) and tied[j]:
-                j += 1
-            out[i : j + 1] = sorted(out[i : j + 1], key=lambda x: self.reqs[x].rid)
-            i = j
-        self.picked = out
-
-    def __iter__(self) -> Iterator[int]:
-        i = 0
-        while i < len(self.reqs):
-            if i >= len(self.picked):
-                self._select(i + 1)
-            yield self.picked[i]
-            i += 1
-
-
 class HrrnEngine(Engine):
-    """hrrn: per-request columns aligned with the list, changed only for the requests whose
-    match, dedup status or membership changed; each round computes every ratio in a few
-    whole-column operations and hands its order out lazily. ``lazy``: the list is left as it
-    stands (the order is total, and nothing else reads the list's order); else it is sorted
-    as the reference sorts it."""
-
-    _Q, _WORK, _OVERRIDE, _ENTRY, _ARRIVAL = range(5)
+    """hrrn: per-request columns aligned with the list (native ``HrrnColumns``), changed only
+    for the requests whose match, dedup status or membership changed; each round computes
+    every ratio in one native pass and hands its order out lazily (native ``HrrnRound``:
+    ascending (ratio, entry, arrival, rid), a total order). ``lazy``: the list is left as it
+    stands (nothing else reads the list's order); else it is sorted as the reference sorts
+    it."""
 
     def __init__(self, pol: Policy, *, lazy: bool = True) -> None:
         self.lazy = lazy
-        self.reqs: list[Req] = []
-        self.held: set[int] = set()
-        self.cols = np.zeros((5, 64), dtype=np.float64)
-        self.fixed = np.zeros(64, dtype=bool)
+        self.cols = _core().HrrnColumns()
 
     def members(self) -> list[Req]:
-        return self.reqs
-
-    def _fill_key_columns(self, r: Req, deferred: frozenset[str], i: int) -> None:
-        work = r.fill_len - r.num_matched_prefix_tokens
-        self.cols[self._WORK, i] = work if work > 0 else 1
-        if r.rid in deferred:
-            self.cols[self._OVERRIDE, i] = np.inf
-        elif work <= 0:
-            self.cols[self._OVERRIDE, i] = -np.inf
-        self.fixed[i] = r.rid in deferred or work <= 0
-
-    def _append(self, arrivals: Sequence[Req], deferred: frozenset[str]) -> None:
-        n = len(self.reqs)
-        need = n + len(arrivals)
-        if need > self.cols.shape[1]:
-            cap = max(2 * self.cols.shape[1], need)
-            cols = np.zeros((5, cap))
-            cols[:, :n] = self.cols[:, :n]
-            fixed = np.zeros(cap, dtype=bool)
-            fixed[:n] = self.fixed[:n]
-            self.cols, self.fixed = cols, fixed
-        for i, r in enumerate(arrivals, n):
-            self.held.add(id(r))
-            self.cols[self._Q, i] = r.queue_entry_processed_tokens
-            self.cols[self._ENTRY, i] = r.queue_entry_time
-            self.cols[self._ARRIVAL, i] = r.arrival_time
-            self._fill_key_columns(r, deferred, i)
-        self.reqs.extend(arrivals)
+        reqs: list[Req] = self.cols.reqs
+        return reqs
 
     def remove(self, r: Req) -> None:
-        if id(r) not in self.held:
-            return
-        self.held.discard(id(r))
-        i = self.reqs.index(r)  # identity compares at C speed (Req has no __eq__)
-        n = len(self.reqs)
-        del self.reqs[i]
-        self.cols[:, i : n - 1] = self.cols[:, i + 1 : n]
-        self.fixed[i : n - 1] = self.fixed[i + 1 : n]
+        self.cols.remove(r)
 
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
-        self.reqs, self.held = [], set()
+        self.cols.clear()
         return self.advance([], list(queue), rnd, queue)
 
     def advance(
         self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
     ) -> Iterator[int]:
-        index = {id(r): i for i, r in enumerate(self.reqs)} if len(changed) > 8 else None
-        for r in changed:
-            i = index[id(r)] if index is not None else self.reqs.index(r)
-            self._fill_key_columns(r, rnd.deferred, i)
-        self._append(arrivals, rnd.deferred)
-        n = len(self.reqs)
-        cols = self.cols[:, :n]
-        # -(max(waited, 0) / work): the correctly rounded quotient of exact integers, as the
-        # reference's int / int; a request that has not waited scores -0.0 == 0.0.
-        ratio = rnd.processed_tokens - cols[self._Q]
-        np.maximum(ratio, 0.0, out=ratio)
-        np.divide(ratio, cols[self._WORK], out=ratio)
-        np.negative(ratio, out=ratio)
-        np.copyto(ratio, cols[self._OVERRIDE], where=self.fixed[:n])
-        rnd_order = HrrnRound(self.reqs, ratio, cols[self._ENTRY], cols[self._ARRIVAL])
+        rnd_order: Iterator[int] = self.cols.advance(
+            changed, arrivals, rnd.deferred, rnd.processed_tokens
+        )
         if self.lazy:
-            return iter(rnd_order)
-        perm = list(rnd_order)
-        self.reqs = reorder(self.reqs, perm)
-        idx = np.asarray(perm, dtype=np.int64)
-        self.cols[:, :n] = self.cols[:, idx]
-        self.fixed[:n] = self.fixed[idx]
-        queue[:] = self.reqs
-        return iter(range(n))
+            return rnd_order
+        self.cols.apply(rnd_order)
+        queue[:] = self.cols.reqs
+        return iter(range(len(queue)))
 
 
 class DfsWeightEngine(StableEngine):
@@ -482,7 +259,7 @@ class DfsWeightEngine(StableEngine):
         self.cache = cache
         self.end = end
         self.depth = depth  # the matched length: the depth at which the match ends
-        self.order = StableOrder()
+        self.order = stable_order()
         self.base: Any = cache.root
         # id(member) -> the slot of the base's child its match goes through (None: at or above)
         self.top_of: dict[int, Any] = {}
@@ -618,7 +395,7 @@ class DfsWeightEngine(StableEngine):
             if group is None:
                 self.count.pop(top, None)
                 continue
-            olds = sorted((r for k, r in group.items() if k not in fresh), key=self.order.stored)
+            olds = sorted((r for k, r in group.items() if k not in fresh), key=self.order.position)
             news = [r for r in arrivals if id(r) in group]
             self._segment(top, olds + news)
             rekey.update((id(r), r) for r in olds)
@@ -637,7 +414,7 @@ class FairEngine(Engine):
     is that tenant's order itself."""
 
     def __init__(self, pol: Policy) -> None:
-        self.by_tenant: dict[str, StableOrder] = {}
+        self.by_tenant: dict[str, Any] = {}  # native StableOrders
         self.tenant_of: dict[int, str] = {}
         self.out: list[Req] = []
 
@@ -673,8 +450,9 @@ class FairEngine(Engine):
 
     def _observe(self, queue: list[Req], rnd: Round) -> None:
         assert rnd.fair is not None
-        tenants = set(self.by_tenant) | {r.tenant_key for r in rnd.running}
-        tenants.update(r.tenant_key for r in queue[len(self.out) :])
+        tenants = set(self.by_tenant)
+        tenants.update(map(_TENANT, rnd.running))
+        tenants.update(map(_TENANT, queue[len(self.out) :]))
         rnd.fair.observe_active(frozenset(tenants))
 
     def _merge(self, tenant_order: Sequence[str], queue: list[Req], rnd: Round) -> Iterator[int]:
@@ -689,7 +467,8 @@ class FairEngine(Engine):
 
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
         assert rnd.fair is not None
-        tenants = {r.tenant_key for r in queue} | {r.tenant_key for r in rnd.running}
+        tenants = set(map(_TENANT, queue))
+        tenants.update(map(_TENANT, rnd.running))
         rnd.fair.observe_active(frozenset(tenants))
         return self.rebuild_observed(queue, rnd)
 
@@ -708,7 +487,7 @@ class FairEngine(Engine):
             per.setdefault(self.tenant_of[id(r)], ([], []))[0].append((r, self._key(r)))
         for r in arrivals:
             if r.tenant_key not in self.by_tenant:
-                self.by_tenant[r.tenant_key] = StableOrder()
+                self.by_tenant[r.tenant_key] = stable_order()
                 tenant_order.append(r.tenant_key)
             self.tenant_of[id(r)] = r.tenant_key
             per.setdefault(r.tenant_key, ([], []))[1].append((r, self._key(r)))
@@ -729,7 +508,7 @@ class FairEngine(Engine):
             groups.setdefault(r.tenant_key, []).append(r)
         self.by_tenant, self.tenant_of = {}, {}
         for tenant, reqs in groups.items():
-            order = self.by_tenant[tenant] = StableOrder()
+            order = self.by_tenant[tenant] = stable_order()
             order.reset(reqs, [self._key(r) for r in reqs])
             self.tenant_of.update((id(r), tenant) for r in reqs)
         return self._merge(list(groups), queue, rnd)
