@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <stdexcept>
 #include <utility>
 
 namespace radixsched {
@@ -126,6 +127,7 @@ DedupOutcome Dedup::decide(bool afresh) {
                                       now.back().end(), std::back_inserter(flips));
         for (int64_t k : g->dup) {
             auto it = deferred_.find(k);
+            if (it == deferred_.end()) throw std::logic_error("dedup: a deferred key is lost");
             out_of.emplace(k, std::move(it->second));
             deferred_.erase(it);
         }

@@ -100,8 +100,11 @@ class NativeMatcher:
         left, entered, flipped = self._tree.dedup_round(afresh)
         if afresh:
             self.deferred = frozenset(entered)
-        elif left or entered:
-            self.deferred = self.deferred.difference(left).union(entered)
+        else:  # a new set only when the verdict changed (each copy keeps the rids' hashes)
+            if left:
+                self.deferred = self.deferred.difference(left)
+            if entered:
+                self.deferred = self.deferred.union(entered)
         reqs = self.reqs
         return self.deferred, [reqs[k] for k in flipped]
 
