@@ -314,6 +314,8 @@ class FastWaitingQueue(WaitingQueue):
         return list(self.moved.values())
 
     def _dedup(self, rnd: Round) -> tuple[frozenset[str], list[Req]]:
+        if self.config.in_batch_prefix_check_threshold < 0:
+            return frozenset(), []  # off
         if not self.native_dedup:  # the starvation bound picks representatives by the clock
             device = [self._device_match_len(r) for r in self.reqs]
             return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
