@@ -146,15 +146,21 @@ MUTANTS = (
     ),
     Mutant(
         "dedup-leaver-stays",
-        "fast/dedup.py",
-        "        for r in gone:\n            self._leave(r.rid, touched)",
-        "        for r in gone:\n            pass",
+        "_native/dedup.cpp",
+        "    if (it == members_.end()) return;\n    leave(k, it->second);",
+        "    if (it == members_.end()) return;\n    if (it->second.group == nullptr) leave(k, it->second);",
     ),
     Mutant(
         "dedup-flips-not-reported",
-        "fast/dedup.py",
-        "            self.flipped = [self.groups[self.group_of[k]][k] for k in flips if k in",
-        "            self.flipped = [] and [self.groups[self.group_of[k]][k] for k in flips if k in",
+        "_native/dedup.cpp",
+        "it->second.group != nullptr) out.flipped.push_back(k);",
+        "it->second.group == nullptr) out.flipped.push_back(k);",
+    ),
+    Mutant(
+        "dedup-rematch-ignored",
+        "_native/dedup.cpp",
+        "    if (m.n == n) return;",
+        "    if (m.n >= 0) return;",
     ),
     Mutant(
         "grown-key-numbered-last",

@@ -1,6 +1,6 @@
 """The accelerators' parts against naive references: the incremental matcher against a fresh
 ``match_end`` after every cache operation, kept orders against a full stable sort, the
-incremental dedup against the reference queue's dedup."""
+native incremental dedup against the reference queue's dedup."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
 from radixsched.cache.native_radix import NativeRadixCache, make_pool
 from radixsched.config import SchedulerConfig
-from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import stable_order
@@ -171,44 +170,169 @@ def test_stable_order_equals_a_full_stable_sort(
         assert [r.rid for r in mirror] == [r.rid for r in listed]
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    prompts=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), max_size=25),
-    device=st.lists(st.integers(0, 6), max_size=25),
-    steps=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 6), st.booleans()), max_size=15),
-    check=st.integers(0, 5),
-    width=st.integers(0, 4),
+dedup_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("arrive"), st.lists(st.integers(0, 2), min_size=1, max_size=8), st.just(0)
+        ),
+        st.tuples(st.just("cache"), st.integers(0, 40), st.integers(0, 8)),  # a fill's head
+        st.tuples(st.just("evict"), st.integers(1, 12), st.just(0)),
+        st.tuples(st.just("leave"), st.integers(0, 40), st.just(0)),
+        st.tuples(st.just("requeue"), st.integers(0, 40), st.integers(0, 2)),  # new output
+        st.tuples(st.just("round"), st.booleans(), st.just(0)),  # afresh?
+    ),
+    max_size=40,
 )
-def test_dedup_index_equals_the_reference_dedup(
-    prompts: list[list[int]], device: list[int], steps: list[Any], check: int, width: int
+
+
+def _dedup_round(
+    matcher: NativeMatcher, live: list[Req], cfg: SchedulerConfig, afresh: bool, was: frozenset[str]
+) -> frozenset[str]:
+    """One round of the native dedup, checked against the reference queue's dedup of ``live``
+    (on the same matches) and against the statuses of the last round ``was``."""
+    matcher.refresh()
+    device = [matcher.memo[id(r)].n for r in live]
+    for r, n in zip(live, device, strict=True):  # as the queue sets them from the memos
+        r.num_matched_prefix_tokens = min(n, r.fill_len - 1)
+    got, flipped = matcher.dedup_round(afresh)
+    ref = WaitingQueue(cfg, RadixCache(None))
+    ref.reqs = list(live)
+    assert got == ref.dedup(device, Round(cfg))
+    width = max(cfg.in_batch_prefix_deprioritize_threshold, 0)
+    check = cfg.in_batch_prefix_check_threshold
+    grouped = {
+        r.rid for r, n in zip(live, device, strict=True) if n <= check and r.fill_len >= width
+    }
+    before = frozenset() if afresh else was
+    assert {r.rid for r in flipped} == {k for k in grouped if (k in got) != (k in before)}
+    return got
+
+
+@native
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=dedup_ops,
+    check=st.integers(0, 5),
+    width=st.integers(-1, 4),
+    times=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)), min_size=1, max_size=6),
+    ns=st.lists(st.sampled_from([None, "x", "y"]), min_size=1, max_size=4),
+)
+def test_native_dedup_equals_the_reference_dedup(
+    ops: list[Any], check: int, width: int, times: list[Any], ns: list[Any]
 ) -> None:
+    """Arrivals, cache growth and eviction (re-matches), departures and requeues with new
+    output, in any order; at each round the deferred rids are the reference dedup's, and the
+    flipped requests are the grouped ones whose status changed."""
     cfg = SchedulerConfig(
         schedule_policy="lpm",
         in_batch_prefix_check_threshold=check,
         in_batch_prefix_deprioritize_threshold=width,
     )
-    ref = WaitingQueue(cfg, RadixCache(None))
-    reqs = [_req(i, p) for i, p in enumerate(prompts)]
-    dev = {id(r): device[i % len(device)] if device else 0 for i, r in enumerate(reqs)}
-    for r in reqs:
-        r.num_matched_prefix_tokens = min(dev[id(r)], r.fill_len - 1)
-    index = DedupIndex(check, width, lambda r: dev[id(r)])
-    index.update(reqs, [])
-    live = list(reqs)
-    for i, d, leave in steps:
-        if not live:
-            break
-        r = live[i % len(live)]
-        if leave:
+    cache = NativeRadixCache(None, page_size=1)
+    matcher = NativeMatcher(cache)
+    matcher.dedup_on(check, max(width, 0))
+    live: list[Req] = []
+    was: frozenset[str] = frozenset()
+    for n, (op, a, b) in enumerate([*ops, ("round", False, 0)]):
+        r = live[a % len(live)] if live and op in ("cache", "leave", "requeue") else None
+        if op == "arrive":
+            r = _req(n, a, ns[n % len(ns)])
+            r.queue_entry_time, r.arrival_time = map(float, times[n % len(times)])
+            matcher.track(r)
+            live.append(r)
+        elif op == "cache" and r is not None:
+            head = r.fill_ids()[:b]
+            cache.insert(CacheKey(head, r.namespace), np.arange(1, len(head) + 1))
+        elif op == "evict":
+            cache.evict(a)
+        elif op == "leave" and r is not None:
+            matcher.untrack(r)
             live.remove(r)
-            got = index.update([], [r])
-        else:
-            dev[id(r)] = d
-            r.num_matched_prefix_tokens = min(d, r.fill_len - 1)
-            got = index.update([r], [])
-        ref.reqs = live
-        want = ref.dedup([dev[id(q)] for q in live], Round(cfg))
-        assert got == want
+        elif op == "requeue" and r is not None:
+            matcher.untrack(r)
+            r.output_ids.extend([b] * (1 + b))
+            matcher.track(r)
+        elif op == "round":
+            was = _dedup_round(matcher, live, cfg, bool(a), was)
+
+
+def _tracked(matcher: NativeMatcher, reqs: list[Req]) -> list[Req]:
+    for r in reqs:
+        matcher.track(r)
+    return reqs
+
+
+@native
+def test_native_dedup_picks_the_least_work_then_oldest_then_rid() -> None:
+    cache = NativeRadixCache(None, page_size=1)
+    matcher = NativeMatcher(cache)
+    matcher.dedup_on(0, 2)
+    a, b, c, d = (_req(i, [1, 2, 3]) for i in range(4))
+    short = _req(9, [1, 2])  # least uncached work
+    a.rid, b.rid, c.rid, d.rid = "z", "\u00e9", "\ud800", "\ue000"  # code point order
+    for r in (a, b, c, d):
+        r.queue_entry_time = r.arrival_time = 1.0
+    c.arrival_time = 0.5  # the oldest of equal entry times
+    _tracked(matcher, [a, b, c, d])
+    got, flipped = matcher.dedup_round(False)
+    assert got == {"z", "\u00e9", "\ue000"} and {r.rid for r in flipped} == set(got)
+    matcher.untrack(c)  # the representative leaves: the least rid by code point takes over
+    got, flipped = matcher.dedup_round(False)
+    assert got == {"\u00e9", "\ue000"} and flipped == [a]
+    matcher.track(short)
+    got, flipped = matcher.dedup_round(False)
+    assert got == {"z", "\u00e9", "\ue000"} and flipped == [a]
+    assert matcher.dedup_round(False) == (got, [])  # nothing changed: the same answer
+
+
+@native
+def test_native_dedup_groups_by_namespace_and_width() -> None:
+    cache = NativeRadixCache(None, page_size=1)
+    matcher = NativeMatcher(cache)
+    matcher.dedup_on(1, 0)  # width 0: one group per namespace
+    reqs = _tracked(matcher, [_req(0, [1]), _req(1, [2, 2]), _req(2, [3], "x"), _req(3, [4], "x")])
+    got, _ = matcher.dedup_round(False)
+    assert got == {"r1", "r3"}
+    cache.insert(CacheKey(np.asarray([2, 2], dtype=np.int32)), np.arange(1, 3))
+    assert matcher.refresh() == [reqs[1]]
+    got, flipped = matcher.dedup_round(False)  # r1 now matches 2 > check tokens: out
+    assert (got, flipped) == (frozenset({"r3"}), [])
+    matcher.untrack(reqs[2])
+    got, flipped = matcher.dedup_round(True)  # afresh: every deferred one counts as flipped
+    assert (got, flipped) == (frozenset(), [])
+    wide = NativeMatcher(NativeRadixCache(None, page_size=1))
+    wide.dedup_on(0, 3)  # requests shorter than the width share nothing
+    _tracked(wide, [_req(0, [1, 1]), _req(1, [1, 1]), _req(2, [1, 1, 1]), _req(3, [1, 1, 1, 5])])
+    assert wide.dedup_round(False)[0] == {"r3"}
+
+
+@native
+def test_native_dedup_follows_a_requeue_with_new_output() -> None:
+    cache = NativeRadixCache(None, page_size=1)
+    matcher = NativeMatcher(cache)
+    matcher.dedup_on(0, 1)
+    a, _ = _tracked(matcher, [_req(0, [1, 2]), _req(1, [1, 2])])
+    assert matcher.dedup_round(False)[0] == {"r1"}
+    matcher.untrack(a)  # taken for a prefill, retracted with one more token: more work
+    a.output_ids.append(3)
+    matcher.track(a)
+    got, flipped = matcher.dedup_round(False)
+    assert got == {"r0"} and {r.rid for r in flipped} == {"r0", "r1"}
+
+
+@native
+def test_native_dedup_is_off_when_the_check_is_negative() -> None:
+    cfg = SchedulerConfig(schedule_policy="lpm", in_batch_prefix_check_threshold=-1)
+    q = FastWaitingQueue(cfg, NativeRadixCache(None, page_size=1))
+    assert q.matcher is not None and not q.native_dedup
+    for i in range(3):
+        q.add(_req(i, [1, 2, 3]))
+    q.begin_round([], 0, 0.0)
+    assert q.deferred == frozenset()
+    with pytest.raises(RuntimeError):
+        q.matcher.dedup_round(False)
+    with pytest.raises(RuntimeError):
+        q.matcher.dedup_on(0, 1)  # only before any tracking
 
 
 @pytest.mark.parametrize("page", [1, 16])

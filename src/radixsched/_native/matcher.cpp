@@ -1,6 +1,8 @@
 // See matcher.hpp.
 #include "matcher.hpp"
 
+#include <stdexcept>
+
 namespace radixsched {
 
 Matcher::Matcher(Tree& tree) : tree_(&tree) {
@@ -19,17 +21,30 @@ void Matcher::detach() {
     tree_ = nullptr;
 }
 
-const Memo& Matcher::track(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns) {
+const Memo& Matcher::track(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns,
+                           RepInputs rep) {
     untrack(k);
     entries_.emplace(k, Entry{tokens, fill_len, ns, Memo{}});
     order_.put(k);
+    if (dedup_) dedup_->put(k, tokens, fill_len, ns, std::move(rep));
     return match(k, nullptr);
+}
+
+void Matcher::dedup_on(int64_t check, int64_t width) {
+    if (!entries_.empty()) throw std::runtime_error("the dedup must start before any tracking");
+    dedup_ = std::make_unique<Dedup>(check, width);
+}
+
+Dedup& Matcher::dedup() {
+    if (!dedup_) throw std::runtime_error("the native dedup is off on this matcher");
+    return *dedup_;
 }
 
 void Matcher::untrack(int64_t k) {
     auto it = entries_.find(k);
     dirty_.erase(k);
     hints_.erase(k);
+    if (dedup_) dedup_->drop(k);
     if (it == entries_.end()) return;
     unreg(k, it->second.memo);
     entries_.erase(it);
@@ -79,6 +94,7 @@ const Memo& Matcher::match(int64_t k, const Hint* hint) {
     unreg(k, e.memo);
     e.memo = std::move(m);
     reg(k, e.memo);
+    if (dedup_) dedup_->matched(k, e.memo.n);
     return e.memo;
 }
 

@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "dedup.hpp"
 #include "radix.hpp"
 
 namespace radixsched {
@@ -79,7 +81,9 @@ public:
     Matcher(const Matcher&) = delete;
     Matcher& operator=(const Matcher&) = delete;
 
-    const Memo& track(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns);
+    // `rep`: what the dedup's representative choice reads (when the dedup is on).
+    const Memo& track(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns,
+                      RepInputs rep = {});
     void untrack(int64_t k);
     std::vector<int64_t> refresh();  // the requests whose match moved, in dirty order
     const Memo* memo(int64_t k) const;
@@ -88,6 +92,11 @@ public:
     std::vector<int64_t> dirty_keys() const { return dirty_.keys(); }
     void on_reset();
     void detach();  // the tree goes away: stop listening
+    // The in-batch dedup over the tracked requests (dedup.hpp), kept from now on: turned on
+    // while nothing is tracked; it sees every track, untrack and re-match.
+    void dedup_on(int64_t check, int64_t width);
+    bool has_dedup() const { return dedup_ != nullptr; }
+    Dedup& dedup();
 
 private:
     struct Entry {
@@ -118,6 +127,7 @@ private:
     std::unordered_map<Node*, OrderedMap<std::string, Bucket>> edges_;
     OrderedMap<int64_t, char> dirty_;
     std::unordered_map<int64_t, Hint> hints_;
+    std::unique_ptr<Dedup> dedup_;  // null: off
 };
 
 }  // namespace radixsched

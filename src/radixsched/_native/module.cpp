@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "dedup_bind.hpp"
 #include "kv.hpp"
 #include "matcher.hpp"
 #include "order.hpp"
@@ -161,9 +162,15 @@ void matcher_on(PyTree& t) {
 void bind_matcher(nb::class_<PyTree>& c) {
     c.def("matcher_on", &matcher_on)
         .def("track",
-             [](PyTree& t, int64_t k, Tokens tok, int32_t ns) {
-                 return memo_tuple(&t.the_matcher().track(k, tok.data(), tok.shape(0), ns));
-             })
+             [](PyTree& t, int64_t k, Tokens tok, int32_t ns, double entry, double arrival,
+                nb::handle rid) {
+                 radixsched::Matcher& m = t.the_matcher();  // the dedup's inputs, when it is on
+                 auto rep = m.has_dedup() ? radixsched::rep_inputs(entry, arrival, rid)
+                                          : radixsched::RepInputs{};
+                 return memo_tuple(&m.track(k, tok.data(), tok.shape(0), ns, std::move(rep)));
+             },
+             "k"_a, "tokens"_a, "ns"_a, "entry"_a = 0.0, "arrival"_a = 0.0,
+             "rid"_a = nb::none())
         .def("untrack", [](PyTree& t, int64_t k) { t.the_matcher().untrack(k); })
         .def("refresh", [](PyTree& t) { return t.the_matcher().refresh(); })
         .def("memo", [](PyTree& t, int64_t k) { return memo_tuple(t.the_matcher().memo(k)); })
@@ -379,6 +386,7 @@ void bind_pool(nb::module_& m) {
 void bind_tree(nb::module_& m) {
     nb::class_<PyTree> tree(m, "Tree", nb::type_slots(tree_slots));
     bind_matcher(tree);
+    radixsched::bind_dedup(tree);
     tree.def(
             "__init__",
             [](PyTree* t, int64_t page, const std::string& policy, int64_t slru, bool disabled,

@@ -10,7 +10,11 @@ and ``dirty``. Every memo equals what ``match_end`` of the request's fill return
 Python reference tree (tests/test_native_radix.py, tests/test_fast_parts.py).
 
 The C++ side borrows each tracked request's fill tokens: ``_fills`` keeps them alive until the
-request is untracked or tracked again."""
+request is untracked or tracked again.
+
+The in-batch prefix dedup (the reference's ``WaitingQueue.dedup``) lives there too
+(``radixsched/_native/dedup.cpp``), when ``dedup_on`` turned it on: it follows every track,
+untrack and re-match, and ``dedup_round`` re-decides only the groups whose members changed."""
 
 from __future__ import annotations
 
@@ -82,6 +86,27 @@ class NativeMatcher:
         self._fills: dict[int, TokenArray] = {}
         self.memo = _Memos(tree)
         self.dirty = _Dirty(tree)
+        self.deferred: frozenset[str] = frozenset()  # the dedup's last verdict
+
+    def dedup_on(self, check: int, width: int) -> None:
+        """Keep the in-batch dedup of requests matching at most ``check`` tokens, grouped by
+        their first ``width`` fill tokens (before any request is tracked)."""
+        self._tree.dedup_on(check, width)
+
+    def dedup_round(self, afresh: bool) -> tuple[frozenset[str], list[Req]]:
+        """The deferred rids (the reference dedup's answer for the tracked requests) and the
+        grouped requests whose status flipped since the last round (``afresh``: every
+        deferred one, as if none was before)."""
+        left, entered, flipped = self._tree.dedup_round(afresh)
+        if afresh:
+            self.deferred = frozenset(entered)
+        else:  # a new set only when the verdict changed (each copy keeps the rids' hashes)
+            if left:
+                self.deferred = self.deferred.difference(left)
+            if entered:
+                self.deferred = self.deferred.union(entered)
+        reqs = self.reqs
+        return self.deferred, [reqs[k] for k in flipped]
 
     def track(self, r: Req) -> NativeMemo:
         """Start tracking ``r`` (new to the queue, or back with new output): match it now."""
@@ -90,7 +115,10 @@ class NativeMatcher:
         self._fills[k] = fill
         self.reqs.pop(k, None)
         self.reqs[k] = r
-        return NativeMemo(*self._tree.track(k, fill, namespace_id(r.namespace)))
+        got = self._tree.track(
+            k, fill, namespace_id(r.namespace), r.queue_entry_time, r.arrival_time, r.rid
+        )
+        return NativeMemo(*got)
 
     def untrack(self, r: Req) -> None:
         k = id(r)

@@ -5,7 +5,8 @@ equivalence suite checks it bit for bit); a round costs what changed since the l
 
 - matching: ``NativeMatcher`` (in C++, inside the native tree) re-matches a request only when
   the cache changed at its match's edge; the matched lengths of requests an admission attempt rewrote are restored;
-- the dedup: ``DedupIndex`` re-decides only the groups whose members changed;
+- the dedup: kept by the matcher (``_native/dedup.cpp``), it re-decides only the groups whose
+  members changed;
 - the order: the policy's ``Engine`` (``orders.py``) re-places only the requests whose key
   inputs changed (matched length, dedup status), plus the arrivals; requests the reference
   puts back at their places in arrival order (a retraction) take those places in a key
@@ -28,7 +29,6 @@ from typing import Any
 from radixsched.cache.base import CacheKey
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.dedup import DedupIndex
 from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import (
     DfsWeightEngine,
@@ -70,18 +70,19 @@ class FastWaitingQueue(WaitingQueue):
             config.in_batch_prefix_check_threshold,
             config.in_batch_prefix_deprioritize_threshold,
         )
-        self.dedup_index = (
-            DedupIndex(check, max(width, 0), self._device_match_len)
-            if self.fast and check >= 0 and not bounded and Reads.DEDUP in reads
-            else None
+        # The native dedup (else: the reference's, as the starvation bound picks by the clock).
+        self.native_dedup = (
+            self.matcher is not None and check >= 0 and not bounded and Reads.DEDUP in reads
         )
+        if self.native_dedup:
+            assert self.matcher is not None
+            self.matcher.dedup_on(check, max(width, 0))
         self.engine = self._make_engine(reads) if self.fast and not bounded else None
         self.synced = False  # the engine's members + ``added`` are the list
         self.matched = False  # every waiting request's matched length is current but ``moved``,
-        # ``tried`` and ``added``; and the dedup index holds every waiting request
+        # ``tried`` and ``added``; and the dedup's statuses are the last round's
         self.added: list[Req] = []  # arrivals since the last engine round, in append order
         self.moved: dict[int, Req] = {}  # re-matched since the last engine round
-        self.gone: list[Req] = []  # left since the last dedup update
         self.tried: dict[int, Req] = {}  # matched lengths an admission attempt rewrote
         self.entry_ordered = True  # the list is in (queue entry, arrival) order
         self._last_entry = (float("-inf"), float("-inf"))
@@ -146,8 +147,6 @@ class FastWaitingQueue(WaitingQueue):
             self.matcher.untrack(r)
         self.moved.pop(id(r), None)
         self.tried.pop(id(r), None)
-        if self.dedup_index is not None:
-            self.gone.append(r)
         for i, a in enumerate(self.added):
             if a is r:
                 del self.added[i]
@@ -281,10 +280,11 @@ class FastWaitingQueue(WaitingQueue):
             return super().begin_round(running, processed_tokens, now)
         reads = base.reads_for(self.config)
         rnd = Round(self.config, processed_tokens=processed_tokens, now=now, running=running)
-        changed = self._sync_matches() if Reads.MATCH in reads else []
+        if Reads.MATCH in reads:
+            self._sync_matches()
         flipped: list[Req] = []
         if Reads.DEDUP in reads:
-            rnd.deferred, flipped = self._dedup(changed, rnd)
+            rnd.deferred, flipped = self._dedup(rnd)
         self.matched = Reads.MATCH in reads
         if Reads.TREE in reads:  # for a policy without an engine (built when it asks)
             rnd.tree_order = lambda: self.cache.dfs_weight_order_at(
@@ -313,18 +313,14 @@ class FastWaitingQueue(WaitingQueue):
         self.tried.clear()
         return list(self.moved.values())
 
-    def _dedup(self, changed: list[Req], rnd: Round) -> tuple[frozenset[str], list[Req]]:
-        index = self.dedup_index
-        if index is None:  # the starvation bound picks representatives by the clock
+    def _dedup(self, rnd: Round) -> tuple[frozenset[str], list[Req]]:
+        if self.config.in_batch_prefix_check_threshold < 0:
+            return frozenset(), []  # off
+        if not self.native_dedup:  # the starvation bound picks representatives by the clock
             device = [self._device_match_len(r) for r in self.reqs]
             return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
-        if not self.matched:
-            index.reset()
-            deferred = index.update(self.reqs, [])
-        else:
-            deferred = index.update([*changed, *self.added], self.gone)
-        self.gone = []
-        return deferred, index.flipped
+        assert self.matcher is not None  # it saw every change: afresh when rounds were skipped
+        return self.matcher.dedup_round(afresh=not self.matched)
 
     def _order(self, pol: Policy, reads: Reads, rnd: Round, flipped: list[Req]) -> Iterator[int]:
         rnd.rng, rnd.fair = self.rng, self.fair
