@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "decode.hpp"
 #include "kv.hpp"
 #include "matcher.hpp"
 #include "pool.hpp"
@@ -453,4 +454,5 @@ NB_MODULE(_core, m) {
     bind_node(m);
     bind_pool(m);
     bind_tree(m);
+    bind_decode(m);
 }
