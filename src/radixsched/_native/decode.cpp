@@ -239,37 +239,43 @@ struct DecodeBatch {
         return out;
     }
 
-    // What settling `rows` writes: (requests, tokens owed, slots owed, fills, positions), the
-    // owed amounts from the requests' state; positions is [len(rows), K] (K the most tokens
-    // owed), row j ending at fill_j - 1 (its last k_j entries are the owed positions; earlier
-    // ones are clamped at 0 and unused), or None when no token is owed.
+    // What settling `rows` writes: (requests, tokens owed, slots owed, fills, groups), the
+    // owed amounts from the requests' state. Rows owing the same k > 0 tokens form a group
+    // (indices into `rows`, their requests, positions [m, k]: the owed positions
+    // [fill - k, fill) of each), so that the runner is asked once per distinct k.
     nb::tuple owed(const std::vector<int64_t>& rows) const {
-        std::vector<int64_t> ks, slots, fills;
-        int64_t most = 0;
+        std::vector<int64_t> ks, slots, fills, distinct;
         for (int64_t i : rows) {
             const nb::object& r = reqs.at(size_t(i));
             const DecodeRow now = cols.row(size_t(i)), was = row_of(r);
             ks.push_back(now.fill - was.fill);
             slots.push_back(now.have - was.have);
             fills.push_back(now.fill);
-            most = std::max(most, ks.back());
+            if (ks.back() > 0 && std::find(distinct.begin(), distinct.end(), ks.back()) ==
+                                     distinct.end())
+                distinct.push_back(ks.back());
         }
-        nb::object positions = nb::none();
-        if (most > 0) {
-            auto grid = std::make_unique<std::vector<int64_t>>(rows.size() * size_t(most));
+        nb::list groups;
+        for (int64_t k : distinct) {
+            std::vector<int64_t> idx;
             for (size_t j = 0; j < rows.size(); ++j)
-                for (int64_t c = 0; c < most; ++c)
-                    (*grid)[j * size_t(most) + size_t(c)] =
-                        std::max<int64_t>(fills[j] - most + c, 0);
-            int64_t* data = grid->data();
-            nb::capsule owner(grid.get(), [](void* p) noexcept {
-                delete static_cast<std::vector<int64_t>*>(p);
-            });
-            grid.release();
-            positions = nb::cast(Grid(data, {rows.size(), size_t(most)}, owner));
+                if (ks[j] == k) idx.push_back(int64_t(j));
+            nb::list sub;
+            auto grid = std::make_unique<int64_t[]>(idx.size() * size_t(k));
+            for (size_t g = 0; g < idx.size(); ++g) {
+                const size_t j = size_t(idx[g]);
+                sub.append(reqs.at(size_t(rows[j])));
+                for (int64_t c = 0; c < k; ++c) grid[g * size_t(k) + size_t(c)] = fills[j] - k + c;
+            }
+            int64_t* data = grid.get();
+            nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+            grid.release();  // the capsule owns it now
+            groups.append(nb::make_tuple(nb::cast(idx), sub,
+                                         nb::cast(Grid(data, {idx.size(), size_t(k)}, owner),
+                                                  nb::rv_policy::move)));
         }
         return nb::make_tuple(req_list(&rows), nb::cast(ks), nb::cast(slots), nb::cast(fills),
-                              positions);
+                              groups);
     }
 
     bool same_as(const DecodeBatch& o) const {

@@ -191,14 +191,16 @@ class FastScheduler(Scheduler):
         cols = self.batch.cols
         if cols is None or not rows:
             return
-        reqs, ks, owed, fills, positions = cols.owed(rows)
-        toks = [] if positions is None else self.jumper.tokens_at(reqs, positions).tolist()
+        reqs, ks, owed, fills, groups = cols.owed(rows)
+        toks: list[list[int]] = [[]] * len(reqs)
+        for idx, sub, positions in groups:  # one runner call per distinct number owed
+            for j, row in zip(idx, self.jumper.tokens_at(sub, positions).tolist(), strict=True):
+                toks[j] = row
         log, n = self.decode_log, len(self.decode_log)
         for j, r in enumerate(reqs):
             k = ks[j]
             if k > 0:
-                row = toks[j]
-                r.output_ids.extend(row[len(row) - k :])
+                r.output_ids.extend(toks[j])
                 r.times.token_times.extend(log[n - k :])
                 r.kv_len = fills[j] - 1
             if owed[j] > 0:
