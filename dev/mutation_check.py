@@ -291,9 +291,9 @@ MUTANTS = (
     ),
     Mutant(
         "settled-kv-len-off-by-one",
-        "fast/scheduler.py",
-        "                r.kv_len = fills[j] - 1\n",
-        "                r.kv_len = fills[j]\n",
+        "_native/decode.cpp",
+        'nb::setattr(r, "kv_len", nb::int_(fills[j] - 1));',
+        'nb::setattr(r, "kv_len", nb::int_(fills[j]));',
     ),
     Mutant(
         "jump-past-horizon",

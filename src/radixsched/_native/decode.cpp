@@ -2,6 +2,8 @@
 // radixsched.fast.scheduler's FastRunningBatch keeps one in step with the running batch.
 #include "decode.hpp"
 
+#include "pool.hpp"
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -178,6 +180,34 @@ bool truthy(nb::handle h) {
     return t != 0;
 }
 
+nb::object slice_of(nb::handle a, int64_t lo, int64_t hi) {
+    const nb::object sl = nb::steal(PySlice_New(nb::int_(lo).ptr(), nb::int_(hi).ptr(), nullptr));
+    if (!sl.is_valid()) throw nb::python_error();
+    const nb::object out = nb::steal(PyObject_GetItem(a.ptr(), sl.ptr()));
+    if (!out.is_valid()) throw nb::python_error();
+    return out;
+}
+
+// `slots` appended to r.kv_row, which is the head of r.kv_buf: written past it, the buffer
+// grown (to twice the need, at least 64) when too short, as FastScheduler's eager path does.
+void append_slots(nb::handle r, const std::vector<int64_t>& slots) {
+    using Buf = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+    const int64_t have = length(r, "kv_row"), n = int64_t(slots.size());
+    nb::object buf = r.attr("kv_buf");
+    if (int64_t(nb::len(buf)) < have + n) {
+        const nb::object np = nb::module_::import_("numpy");
+        buf = np.attr("empty")(std::max<int64_t>(2 * (have + n), 64), "dtype"_a = "int64");
+        const nb::object head = nb::steal(PySlice_New(nullptr, nb::int_(have).ptr(), nullptr));
+        if (!head.is_valid() ||
+            PyObject_SetItem(buf.ptr(), head.ptr(), r.attr("kv_row").ptr()) < 0)
+            throw nb::python_error();
+        nb::setattr(r, "kv_buf", buf);
+    }
+    Buf out = nb::cast<Buf>(buf);
+    std::copy(slots.begin(), slots.end(), out.data() + have);
+    nb::setattr(r, "kv_row", slice_of(buf, 0, have + n));
+}
+
 // The columns with the requests of their rows (held, compared by identity).
 struct DecodeBatch {
     explicit DecodeBatch(bool has_eos) : has_eos(has_eos) {}
@@ -278,6 +308,41 @@ struct DecodeBatch {
                               groups);
     }
 
+    // Settles `rows` (ascending): each request gets the tokens its row is ahead by (asked of
+    // `tokens_at(reqs, positions)` once per distinct number owed: they depend only on request
+    // and position), the last that many end times of `log`, kv_len = fill - 1, and the slots
+    // it is owed, claimed from `pool` in row order and appended to its KV row.
+    void settle(const std::vector<int64_t>& rows, nb::handle tokens_at, nb::handle log,
+                radixsched::Pool& pool) const {
+        const nb::tuple plan = owed(rows);
+        const auto ks = nb::cast<std::vector<int64_t>>(plan[1]);
+        const auto slots = nb::cast<std::vector<int64_t>>(plan[2]);
+        const auto fills = nb::cast<std::vector<int64_t>>(plan[3]);
+        std::vector<nb::object> toks(rows.size());
+        for (nb::handle group : nb::borrow<nb::list>(plan[4])) {
+            const nb::tuple g = nb::borrow<nb::tuple>(group);
+            const auto idx = nb::cast<std::vector<int64_t>>(g[0]);
+            const nb::object got = tokens_at(g[1], g[2]).attr("tolist")();
+            for (size_t i = 0; i < idx.size(); ++i) toks.at(size_t(idx[i])) = got[i];
+        }
+        const Py_ssize_t n = PyList_Size(log.ptr());
+        if (n < 0) throw nb::python_error();
+        for (size_t j = 0; j < rows.size(); ++j) {
+            const nb::object& r = reqs.at(size_t(rows[j]));
+            if (ks[j] > 0) {
+                r.attr("output_ids").attr("extend")(toks[j]);
+                const nb::object times = nb::steal(PyList_GetSlice(log.ptr(), n - ks[j], n));
+                if (!times.is_valid()) throw nb::python_error();
+                r.attr("times").attr("token_times").attr("extend")(times);
+                nb::setattr(r, "kv_len", nb::int_(fills[j] - 1));
+            }
+            if (slots[j] > 0) {
+                const std::vector<int64_t> got = pool.claim(slots[j]);
+                append_slots(r, got);
+            }
+        }
+    }
+
     bool same_as(const DecodeBatch& o) const {
         if (reqs.size() != o.reqs.size()) return false;
         for (size_t i = 0; i < reqs.size(); ++i)
@@ -363,6 +428,7 @@ void bind_decode(nb::module_& m) {
              [](DecodeBatch& b, int64_t k, int64_t page) { return b.cols.advance(k, page); },
              "k"_a, "page"_a)
         .def("owed", &DecodeBatch::owed, "rows"_a)
+        .def("settle", &DecodeBatch::settle, "rows"_a, "tokens_at"_a, "log"_a, "pool"_a)
         .def("same_as", &DecodeBatch::same_as, "other"_a)
         .def("deferred_error", &DecodeBatch::deferred_error, "fresh"_a, "log_len"_a,
              "reserved"_a);

@@ -185,26 +185,13 @@ class FastScheduler(Scheduler):
     # ---- deferred decode state ------------------------------------------------------------------
     def settle(self, rows: list[int]) -> None:
         """Write the deferred decode steps of the batch's ``rows`` (ascending) into their
-        requests: tokens (asked of the runner again, all rows in one call: they depend only on
-        request and position), token times (the last entries of the decode log), their
-        reserved slots (claimed in row order) and ``kv_len``."""
+        requests, natively (``DecodeBatch.settle``): tokens (asked of the runner again, once
+        per distinct number owed: they depend only on request and position), token times (the
+        last entries of the decode log), ``kv_len`` and their reserved slots, claimed in row
+        order. Nothing is owed unless ``unsettled``."""
         cols = self.batch.cols
-        if cols is None or not rows:
-            return
-        reqs, ks, owed, fills, groups = cols.owed(rows)
-        toks: list[list[int]] = [[]] * len(reqs)
-        for idx, sub, positions in groups:  # one runner call per distinct number owed
-            for j, row in zip(idx, self.jumper.tokens_at(sub, positions).tolist(), strict=True):
-                toks[j] = row
-        log, n = self.decode_log, len(self.decode_log)
-        for j, r in enumerate(reqs):
-            k = ks[j]
-            if k > 0:
-                r.output_ids.extend(toks[j])
-                r.times.token_times.extend(log[n - k :])
-                r.kv_len = fills[j] - 1
-            if owed[j] > 0:
-                _append(r, self.allocator.claim(owed[j]))
+        if self.unsettled and cols is not None and rows:
+            cols.settle(rows, self.jumper.tokens_at, self.decode_log, self.allocator)
 
     def sync_running(self) -> None:
         if self.unsettled:
