@@ -315,6 +315,12 @@ class FastScheduler(Scheduler):
         out.retracted = retracted
         return out
 
+    def _decode_fits(self) -> bool:
+        """The reference's test (the next step's slots fit in free + evictable memory), summed
+        natively."""
+        need = self.batch.columns().need_total(1, self.page_size) if self.running else 0
+        return bool(need <= self._room())
+
     def _jump_steps(self, horizon: float | None, cols: Any) -> tuple[int, Timed | None]:
         """How many decode steps can run at once with nothing but lengths changing: no chunked
         request, no prefill possible (an empty queue, or a full batch without preemption), no
