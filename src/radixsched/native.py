@@ -5,7 +5,8 @@ from C++ by the package's build) is used, decided when a scheduler's parts are b
 missing (a source checkout on ``PYTHONPATH`` without a build): then every scheduler is built on
 the Python reference core, and one line on stderr says so, once per process and reason. What
 is native today: the radix tree, the waiting queue's incremental matcher, the KV slot pool and
-the KV accounting around the tree (an allocation that evicts, a request's checkpoint); the rest
+the KV accounting around the tree (an allocation that evicts, a request's checkpoint), the
+running batch's decode columns and jump arithmetic (``_native/decode.cpp``); the rest
 of the accelerated core is still ``radixsched.fast``, which runs only over the native parts.
 ``RADIXSCHED_NATIVE_LIB=PATH`` loads the extension from a file instead (the sanitizer and debug
 builds of ``make sanitize``).

@@ -2,8 +2,6 @@
 // radixsched.fast.scheduler's FastRunningBatch keeps one in step with the running batch.
 #include "decode.hpp"
 
-#include "pool.hpp"
-
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -14,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
+
+#include "pool.hpp"
 
 namespace radixsched {
 
@@ -153,8 +153,6 @@ using radixsched::DecodeRow;
 
 namespace {
 
-using I64Array = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
-using BoolArray = nb::ndarray<nb::numpy, bool, nb::ndim<1>>;
 using Grid = nb::ndarray<nb::numpy, int64_t, nb::ndim<2>>;
 
 // A numpy array that owns a copy of `v` (as `Out`: bytes read as bools).

@@ -129,7 +129,10 @@ class FastRunningBatch(RunningBatch):
             self.cols.remove_at(positions)
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
-        return cast(tuple[int, int], self.columns().decode_tokens(clip)) if self.reqs else (0, 0)
+        if not self.reqs:
+            return (0, 0)
+        # A clip past int64 clips nothing (each row's tokens to go are int64).
+        return cast(tuple[int, int], self.columns().decode_tokens(min(clip, _INT64_MAX)))
 
     def progress(self) -> tuple[int, int]:
         return cast(tuple[int, int], self.columns().progress()) if self.reqs else (0, 0)
@@ -501,6 +504,7 @@ def _append(r: Req, slots: np.ndarray) -> None:
     r.kv_row = r.kv_buf[: have + n]
 
 
+_INT64_MAX = (1 << 63) - 1
 _PROBE_STEPS = 8  # steps timed before a whole jump is (``_steps_to``)
 
 
