@@ -42,6 +42,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
+    "tests/test_decode_native.py",
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
     "tests/test_costmodel.py",
@@ -290,15 +291,15 @@ MUTANTS = (
     ),
     Mutant(
         "jump-one-step-too-many",
-        "fast/scheduler.py",
-        "                return max(1, min(limit, (room - int(short.sum())) // len(short)))",
-        "                return max(1, min(limit, (room - int(short.sum())) // len(short) + 1))",
+        "_native/decode.cpp",
+        "std::min(limit, floor_div(room - sum, int64_t(n)))",
+        "std::min(limit, floor_div(room - sum, int64_t(n)) + 1)",
     ),
     Mutant(
         "settled-kv-len-off-by-one",
-        "fast/scheduler.py",
-        "            r.kv_len = fill - 1\n",
-        "            r.kv_len = fill\n",
+        "_native/decode.cpp",
+        'nb::setattr(r, "kv_len", nb::int_(fills[j] - 1));',
+        'nb::setattr(r, "kv_len", nb::int_(fills[j]));',
     ),
     Mutant(
         "jump-past-horizon",
@@ -350,9 +351,9 @@ MUTANTS = (
     ),
     Mutant(
         "finish-check-skips-stops",
-        "fast/scheduler.py",
-        "        if after.can_stop:\n            maybe = list(range(len(after.reqs)))",
-        "        if False:\n            maybe = list(range(len(after.reqs)))",
+        "_native/decode.cpp",
+        "if (can_stop() || out_len_[i] >= max_new_[i])",
+        "if (out_len_[i] >= max_new_[i])",
     ),
     Mutant(
         "chunks-fused-with-mixed-batches",
@@ -362,15 +363,15 @@ MUTANTS = (
     ),
     Mutant(
         "decode-need-rounds-down",
-        "fast/decode.py",
-        "            ends = -(-ends // page) * page",
-        "            ends = ends // page * page",
+        "_native/decode.cpp",
+        "if (page > 1) end = -floor_div(-end, page) * page;",
+        "if (page > 1) end = floor_div(end, page) * page;",
     ),
     Mutant(
         "decode-tokens-unclipped",
-        "fast/decode.py",
-        "        rem = np.minimum(np.maximum(self.max_new - self.out_len, 0), clip)",
-        "        rem = np.maximum(self.max_new - self.out_len, 0)",
+        "_native/decode.cpp",
+        "const int64_t rem = std::min(to_go(i), clip);",
+        "const int64_t rem = to_go(i);",
     ),
 )
 

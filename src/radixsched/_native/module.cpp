@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "decode.hpp"
 #include "dedup_bind.hpp"
 #include "kv.hpp"
 #include "matcher.hpp"
@@ -463,4 +464,5 @@ NB_MODULE(_core, m) {
     bind_pool(m);
     bind_tree(m);
     radixsched::bind_order(m);
+    bind_decode(m);
 }

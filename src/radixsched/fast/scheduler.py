@@ -4,7 +4,8 @@ Chosen when the scheduler is built (``radixsched.fast.build_scheduler``), never 
 override gives exactly the reference's schedule (tests/test_equivalence.py, bit for bit):
 
 - the waiting queue is a ``FastWaitingQueue`` (incremental matching, dedup and kept orders);
-- decode runs on the running batch's columns (``DecodeCols``) and jumps over the steps in which
+- decode runs on the running batch's native columns (``_core.DecodeBatch``,
+  ``radixsched/_native/decode.cpp``) and jumps over the steps in which
   nothing but lengths can change (no admission possible, no stop token, enough memory, before
   the next external event), with one vectorised cost-model call; the requests' tokens, token
   times and KV slots are written when they leave the batch or are read (deferred state);
@@ -29,12 +30,13 @@ from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache import TokenAllocator, native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
-from radixsched.fast.decode import DecodeCols, FastRunningBatch
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.fast.runner import MultiStepRunner
+from radixsched.native import core
 from radixsched.request import Req
 from radixsched.runner import Batch
+from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
 
 
@@ -80,6 +82,69 @@ class JumpOutcome(StepOutcome):
         return self._tokens
 
 
+def decode_batch(reqs: list[Req], has_eos: bool) -> Any:
+    """The native columns (``_core.DecodeBatch``) of ``reqs`` as their state gives them."""
+    cols = cast(Any, core()).DecodeBatch(has_eos)
+    cols.extend(reqs)
+    return cols
+
+
+class FastRunningBatch(RunningBatch):
+    """The running batch with its native columns (``cols``, None until a decode step builds
+    them). Invariant: ``cols`` is None or lists exactly ``reqs``, in order, with their lengths
+    as the requests will have them once settled."""
+
+    def __init__(self, has_eos: bool, settle: Callable[[list[int]], None]) -> None:
+        """``has_eos``: the model has EOS tokens; ``settle(rows)`` writes those rows' deferred
+        decode state into their requests (``FastScheduler.settle``)."""
+        super().__init__()
+        self.has_eos, self.settle = has_eos, settle
+        self.cols: Any = None
+
+    def columns(self) -> Any:
+        if self.cols is None:
+            self.cols = decode_batch(self.reqs, self.has_eos)
+        return self.cols
+
+    def extend(self, reqs: list[Req]) -> None:
+        super().extend(reqs)
+        if self.cols is not None and reqs:
+            self.cols.extend(reqs)
+
+    def remove(self, reqs: list[Req]) -> None:
+        """Requests leave; their deferred state is written first, the survivors keep theirs."""
+        if not reqs:
+            return
+        if self.cols is not None:
+            rows = self.cols.positions_of(reqs)
+            self.settle(rows)
+            self.cols.remove_at(rows)
+        super().remove(reqs)
+
+    def remove_at(self, positions: list[int]) -> None:
+        """Remove the (settled) requests at ``positions`` (ascending)."""
+        for i in reversed(positions):
+            del self.reqs[i]
+        if self.cols is not None:
+            self.cols.remove_at(positions)
+
+    def decode_tokens(self, clip: int) -> tuple[int, int]:
+        if not self.reqs:
+            return (0, 0)
+        # A clip past int64 clips nothing (each row's tokens to go are int64).
+        return cast(tuple[int, int], self.columns().decode_tokens(min(clip, _INT64_MAX)))
+
+    def progress(self) -> tuple[int, int]:
+        return cast(tuple[int, int], self.columns().progress()) if self.reqs else (0, 0)
+
+    def retraction_order(self, policy: str, sign: int) -> list[Req]:
+        out = self.columns().out_len.tolist() if self.reqs else []
+        return retraction_order(self.reqs, out, policy, sign)
+
+    def step_need(self, page: int) -> list[int]:
+        return cast(list[int], self.columns().need(1, page)) if self.reqs else []
+
+
 class FastScheduler(Scheduler):
     cache_factory = staticmethod(native_radix.make_cache)
     kv_class = FastKVManager
@@ -121,27 +186,19 @@ class FastScheduler(Scheduler):
         return cast(MultiStepRunner, self.runner)
 
     # ---- deferred decode state ------------------------------------------------------------------
-    def settle(self, cols: DecodeCols, i: int) -> None:
-        """Write row ``i``'s deferred decode steps into its request: tokens (asked of the
-        runner again: they depend only on request and position), token times (the last
-        entries of the decode log), its reserved slots and ``kv_len``."""
-        r = cols.reqs[i]
-        fill, done = int(cols.fill[i]), r.fill_len
-        k = fill - done
-        if k > 0:
-            positions = np.arange(done, fill, dtype=np.int64)[None, :]
-            r.output_ids.extend(self.jumper.tokens_at([r], positions)[0].tolist())
-            r.times.token_times.extend(self.decode_log[len(self.decode_log) - k :])
-            r.kv_len = fill - 1
-        owed = int(cols.have[i]) - len(r.kv_row)
-        if owed > 0:
-            _append(r, self.allocator.claim(owed))
+    def settle(self, rows: list[int]) -> None:
+        """Write the deferred decode steps of the batch's ``rows`` (ascending) into their
+        requests, natively (``DecodeBatch.settle``): tokens (asked of the runner again, once
+        per distinct number owed: they depend only on request and position), token times (the
+        last entries of the decode log), ``kv_len`` and their reserved slots, claimed in row
+        order. Nothing is owed unless ``unsettled``."""
+        cols = self.batch.cols
+        if self.unsettled and cols is not None and rows:
+            cols.settle(rows, self.jumper.tokens_at, self.decode_log, self.allocator)
 
     def sync_running(self) -> None:
         if self.unsettled:
-            cols = self.batch.columns()
-            for i in range(len(cols.reqs)):
-                self.settle(cols, i)
+            self.settle(list(range(len(self.batch.columns()))))
             self.unsettled = False
 
     def _running_changed(self) -> None:
@@ -152,8 +209,7 @@ class FastScheduler(Scheduler):
     def decode_tokens_to_go(self) -> list[int]:
         if not self.running:
             return []
-        cols = self.batch.columns()
-        return cast(list[int], np.maximum(cols.max_new - cols.out_len, 0).tolist())
+        return cast(list[int], self.batch.columns().to_go())
 
     def abort(self, rid: str, message: str = "aborted by client", status_code: int = 499) -> bool:
         self._running_changed()
@@ -262,7 +318,13 @@ class FastScheduler(Scheduler):
         out.retracted = retracted
         return out
 
-    def _jump_steps(self, horizon: float | None, cols: DecodeCols) -> tuple[int, Timed | None]:
+    def _decode_fits(self) -> bool:
+        """The reference's test (the next step's slots fit in free + evictable memory), summed
+        natively."""
+        need = self.batch.columns().need_total(1, self.page_size) if self.running else 0
+        return bool(need <= self._room())
+
+    def _jump_steps(self, horizon: float | None, cols: Any) -> tuple[int, Timed | None]:
         """How many decode steps can run at once with nothing but lengths changing: no chunked
         request, no prefill possible (an empty queue, or a full batch without preemption), no
         stop token that could end a request early, enough memory for every step. The jump ends
@@ -273,63 +335,48 @@ class FastScheduler(Scheduler):
             return 1, None
         if self.waiting and not (self.batch_is_full and not self.config.enable_priority_preemption):
             return 1, None
-        k = int((cols.max_new - cols.out_len).min())
+        k = cols.min_left()
         if k <= 1:
             return 1, None
-        k = self._max_steps_that_fit(cols, k, self._room())
+        # The largest k whose KV fits in free + evictable memory (1 when none does: one step
+        # fits, the caller checked): closed form on page-1 pools, else a binary search.
+        k = cols.max_steps_that_fit(k, self._room(), self.page_size)
         if horizon is not None and k > 1:
             return self._steps_to(horizon, cols, k)
         return max(k, 1), None
 
-    def _steps_to(self, horizon: float, cols: DecodeCols, k: int) -> tuple[int, Timed]:
+    def _steps_to(self, horizon: float, cols: Any, k: int) -> tuple[int, Timed]:
         """At most ``k`` steps, through the first that ends at or after ``horizon``, with their
         durations and end times. A few steps are timed first: replicas that take turns
         (closed-loop clients) bound each other's jumps to a step or two, and timing all ``k``
         would cost more than the steps."""
-        now = self.clock.now()
+        now, reqs, fill = self.clock.now(), self.running, cols.fill
         for n in (min(k, _PROBE_STEPS), k):
-            durations = self.jumper.decode_durations(cols.reqs, cols.fill, n)
+            durations = self.jumper.decode_durations(reqs, fill, n)
             ends = _step_ends(now, durations)
             if ends[-1] >= horizon or n == k:
                 m = min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)
                 return m, Timed(durations[:m], ends[:m])
         raise AssertionError("unreachable: the last probe times all k steps")
 
-    def _max_steps_that_fit(self, cols: DecodeCols, limit: int, room: int) -> int:
-        """The largest ``k <= limit`` whose KV fits in ``room`` (1 when none does: one step
-        fits, the caller checked). On page-1 pools whose rows end where their next token goes
-        the need is ``sum(fill - 1 - have) + n * k``, solved directly; else a binary search."""
-        if self.page_size == 1:
-            short = cols.fill - 1 - cols.have
-            if len(short) and int(short.min()) >= 0:
-                return max(1, min(limit, (room - int(short.sum())) // len(short)))
-        lo, hi = 1, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if int(cols.need(mid, self.page_size).sum()) <= room:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _decode_multi(self, k: int, cols: DecodeCols, timed: Timed | None = None) -> StepOutcome:
+    def _decode_multi(self, k: int, cols: Any, timed: Timed | None = None) -> StepOutcome:
         """``k`` decode steps of the running batch, as ``k`` reference decode rounds (``timed``:
         their durations and end times, when ``_steps_to`` computed them)."""
-        reqs = cols.reqs
+        reqs, fill0 = list(self.running), cols.fill  # before the steps: the outcome's tokens
         defer = self.defers and not cols.can_stop  # tokens cannot end a request early
         if not defer:
             self.sync_running()
         if defer:
             if timed is None:
-                durations = self.jumper.decode_durations(reqs, cols.fill, k)
+                durations = self.jumper.decode_durations(reqs, fill0, k)
             else:
                 durations = timed.durations
             toks: list[list[int]] = []
         else:
-            res = self.jumper.decode_multi(reqs, cols.fill, k)
+            res = self.jumper.decode_multi(reqs, fill0, k)
             durations, toks = res.step_durations_s, res.tokens.tolist()
-        needs = cols.need(k, self.page_size)
-        total = int(needs.sum())
+        needs = None if defer else cols.need(k, self.page_size)
+        total = cols.need_total(k, self.page_size) if needs is None else sum(needs)
         slots = None
         if defer and total and not self._reserve(total):
             raise self._alloc_failed(total)
@@ -346,7 +393,7 @@ class FastScheduler(Scheduler):
         if defer:
             self.decode_log.extend(times)
             self.unsettled = True
-            runner, fill0 = self.jumper, cols.fill
+            runner = self.jumper
             out.batch_tokens = lambda: (
                 reqs,
                 runner.tokens_at(
@@ -354,13 +401,13 @@ class FastScheduler(Scheduler):
                 ).tolist(),
             )
         else:
-            self._write_steps(cols, toks, times, needs, slots, k)
+            assert needs is not None
+            self._write_steps(reqs, (fill0 + (k - 1)).tolist(), toks, times, needs, slots)
             out.batch_tokens = lambda: (reqs, toks)
         if self.policy.charges_service:
             self._charge_decode(reqs, k)
-        after = cols._replace(fill=cols.fill + k, have=cols.have + needs, out_len=cols.out_len + k)
-        self.batch.cols = after
-        self._retire_finished(after, out)
+        cols.advance(k, self.page_size)
+        self._retire_finished(cols, out)
         return out
 
     def _advance_to(self, end: float, total: float) -> None:
@@ -383,18 +430,16 @@ class FastScheduler(Scheduler):
 
     def _write_steps(
         self,
-        cols: DecodeCols,
+        reqs: list[Req],
+        ends: list[int],
         toks: list[list[int]],
         times: list[float],
-        needs: np.ndarray,
+        needs: list[int],
         slots: np.ndarray | None,
-        k: int,
     ) -> None:
         """Eager decode state: every request's tokens, times, slots and ``kv_len`` now."""
         off = 0
-        for r, tk, n, end in zip(
-            cols.reqs, toks, needs.tolist(), (cols.fill + k - 1).tolist(), strict=True
-        ):
+        for r, tk, n, end in zip(reqs, toks, needs, ends, strict=True):
             if n:
                 assert slots is not None
                 _append(r, slots[off : off + n])
@@ -410,17 +455,16 @@ class FastScheduler(Scheduler):
         for r in reqs:
             fair.charge(r.tenant_key, 0, k)
 
-    def _retire_finished(self, after: DecodeCols, out: StepOutcome) -> None:
+    def _retire_finished(self, cols: Any, out: StepOutcome) -> None:
         """Only a request that can have finished is checked (a jump never spans a stop)."""
-        if after.can_stop:
-            maybe = list(range(len(after.reqs)))
-        else:
-            maybe = np.flatnonzero(after.out_len >= after.max_new).tolist()
-        gone = []
+        maybe = cols.maybe_finished()
+        if not maybe:
+            return
+        if self.unsettled:
+            self.settle(maybe)
+        running, gone = self.running, []
         for i in maybe:
-            r = after.reqs[i]
-            if self.unsettled:
-                self.settle(after, i)
+            r = running[i]
             self.check_finish(r)
             if r.finished:
                 out.finished.append(r)
@@ -435,30 +479,19 @@ class FastScheduler(Scheduler):
         whole decode steps of the log with its slots exactly the allocator's reservation."""
         super().check_integrity()
         cols = self.batch.cols
-        fresh = DecodeCols.of(self.running, bool(self.eos_ids))
+        fresh = decode_batch(self.running, bool(self.eos_ids))
+        reserved = self.allocator.reserved_size()
         if not self.unsettled:
-            if self.allocator.reserved_size():
-                raise IntegrityError(
-                    f"{self.allocator.reserved_size()} KV slots reserved, none owed"
-                )
+            if reserved:
+                raise IntegrityError(f"{reserved} KV slots reserved, none owed")
             if cols is not None and not cols.same_as(fresh):
                 raise IntegrityError("stale running-batch columns")
             return
-        if cols is None or len(cols.reqs) != len(fresh.reqs):
+        if cols is None:
             raise IntegrityError("deferred columns do not list the running batch")
-        behind, owed = cols.fill - fresh.fill, cols.have - fresh.have
-        if (
-            any(a is not b for a, b in zip(cols.reqs, fresh.reqs, strict=True))
-            or (behind < 0).any()
-            or int(behind.max(initial=0)) > len(self.decode_log)
-            or not np.array_equal(cols.out_len - fresh.out_len, behind)
-            or (owed < 0).any()
-            or int(owed.sum()) != self.allocator.reserved_size()
-        ):
-            raise IntegrityError(
-                f"deferred decode state inconsistent: {int(behind.sum())} tokens and "
-                f"{int(owed.sum())} slots owed, {self.allocator.reserved_size()} reserved"
-            )
+        err = cols.deferred_error(fresh, len(self.decode_log), reserved)
+        if err is not None:
+            raise IntegrityError(err)
 
 
 def _append(r: Req, slots: np.ndarray) -> None:
@@ -471,6 +504,7 @@ def _append(r: Req, slots: np.ndarray) -> None:
     r.kv_row = r.kv_buf[: have + n]
 
 
+_INT64_MAX = (1 << 63) - 1
 _PROBE_STEPS = 8  # steps timed before a whole jump is (``_steps_to``)
 
 

@@ -1,0 +1,433 @@
+// See decode.hpp. The binding, `DecodeBatch`, is those columns with the requests of their rows:
+// radixsched.fast.scheduler's FastRunningBatch keeps one in step with the running batch.
+#include "decode.hpp"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+#include "pool.hpp"
+
+namespace radixsched {
+
+namespace {
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+}  // namespace
+
+DecodeRow DecodeCols::row(size_t i) const {
+    return {fill_.at(i), have_.at(i), out_len_.at(i), max_new_.at(i), ignore_eos_.at(i) != 0,
+            stops_.at(i) != 0};
+}
+
+void DecodeCols::push(const DecodeRow& r) {
+    fill_.push_back(r.fill);
+    have_.push_back(r.have);
+    out_len_.push_back(r.out_len);
+    max_new_.push_back(r.max_new);
+    ignore_eos_.push_back(r.ignore_eos);
+    stops_.push_back(r.stops);
+    stopping_ += r.stops;
+}
+
+void DecodeCols::remove_at(const std::vector<int64_t>& positions) {
+    const size_t n = size();
+    size_t w = 0, p = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (p < positions.size() && static_cast<size_t>(positions[p]) == i) {
+            stopping_ -= stops_[i];
+            ++p;
+            continue;
+        }
+        fill_[w] = fill_[i];
+        have_[w] = have_[i];
+        out_len_[w] = out_len_[i];
+        max_new_[w] = max_new_[i];
+        ignore_eos_[w] = ignore_eos_[i];
+        stops_[w] = stops_[i];
+        ++w;
+    }
+    if (p != positions.size())
+        throw std::invalid_argument("remove_at: positions must be ascending rows of the batch");
+    for (auto* c : {&fill_, &have_, &out_len_, &max_new_}) c->resize(w);
+    ignore_eos_.resize(w);
+    stops_.resize(w);
+}
+
+int64_t DecodeCols::need(size_t i, int64_t steps, int64_t page) const {
+    int64_t end = fill_.at(i) + (steps - 1);
+    if (page > 1) end = -floor_div(-end, page) * page;
+    return std::max<int64_t>(end - have_.at(i), 0);
+}
+
+int64_t DecodeCols::need_total(int64_t steps, int64_t page) const {
+    int64_t total = 0;
+    for (size_t i = 0; i < size(); ++i) total += need(i, steps, page);
+    return total;
+}
+
+int64_t DecodeCols::max_steps_that_fit(int64_t limit, int64_t room, int64_t page) const {
+    const size_t n = size();
+    if (page == 1 && n > 0) {
+        int64_t least = fill_[0] - 1 - have_[0], sum = 0;
+        for (size_t i = 0; i < n; ++i) {
+            const int64_t short_ = fill_[i] - 1 - have_[i];
+            least = std::min(least, short_);
+            sum += short_;
+        }
+        if (least >= 0)
+            return std::max<int64_t>(1, std::min(limit, floor_div(room - sum, int64_t(n))));
+    }
+    int64_t lo = 1, hi = limit;
+    while (lo < hi) {
+        const int64_t mid = floor_div(lo + hi + 1, 2);
+        if (need_total(mid, page) <= room)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+std::pair<int64_t, int64_t> DecodeCols::decode_tokens(int64_t clip) const {
+    int64_t full = 0, all = 0;
+    for (size_t i = 0; i < size(); ++i) {
+        const int64_t rem = std::min(to_go(i), clip);
+        all += rem;
+        if (ignore_eos_[i]) full += rem;
+    }
+    return {full, all - full};
+}
+
+std::pair<int64_t, int64_t> DecodeCols::progress() const {
+    int64_t out = 0, most = 0;
+    for (size_t i = 0; i < size(); ++i) {
+        out += out_len_[i];
+        most += max_new_[i];
+    }
+    return {out, most};
+}
+
+int64_t DecodeCols::to_go(size_t i) const {
+    return std::max<int64_t>(max_new_.at(i) - out_len_.at(i), 0);
+}
+
+int64_t DecodeCols::min_left() const {
+    if (size() == 0) throw std::invalid_argument("min_left: no rows");
+    int64_t least = max_new_[0] - out_len_[0];
+    for (size_t i = 1; i < size(); ++i) least = std::min(least, max_new_[i] - out_len_[i]);
+    return least;
+}
+
+std::vector<int64_t> DecodeCols::maybe_finished() const {
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < size(); ++i)
+        if (can_stop() || out_len_[i] >= max_new_[i]) rows.push_back(int64_t(i));
+    return rows;
+}
+
+int64_t DecodeCols::advance(int64_t k, int64_t page) {
+    int64_t total = 0;
+    for (size_t i = 0; i < size(); ++i) {
+        const int64_t n = need(i, k, page);
+        total += n;
+        have_[i] += n;
+        fill_[i] += k;
+        out_len_[i] += k;
+    }
+    return total;
+}
+
+}  // namespace radixsched
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using radixsched::DecodeCols;
+using radixsched::DecodeRow;
+
+namespace {
+
+using Grid = nb::ndarray<nb::numpy, int64_t, nb::ndim<2>>;
+
+// A numpy array that owns a copy of `v` (as `Out`: bytes read as bools).
+template <class Out, class T>
+nb::ndarray<nb::numpy, Out, nb::ndim<1>> copy_out(const std::vector<T>& v) {
+    const size_t n = v.size();
+    auto holder = std::make_unique<Out[]>(std::max<size_t>(n, 1));
+    for (size_t i = 0; i < n; ++i) holder[i] = static_cast<Out>(v[i]);
+    Out* data = holder.get();
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<Out*>(p); });
+    holder.release();  // the capsule owns it now
+    return nb::ndarray<nb::numpy, Out, nb::ndim<1>>(data, {n}, owner);
+}
+
+int64_t length(nb::handle h, const char* name) {
+    const nb::object a = h.attr(name);
+    return int64_t(nb::len(a));
+}
+
+bool truthy(nb::handle h) {
+    const int t = PyObject_IsTrue(h.ptr());
+    if (t < 0) throw nb::python_error();
+    return t != 0;
+}
+
+nb::object slice_of(nb::handle a, int64_t lo, int64_t hi) {
+    const nb::object sl = nb::steal(PySlice_New(nb::int_(lo).ptr(), nb::int_(hi).ptr(), nullptr));
+    if (!sl.is_valid()) throw nb::python_error();
+    const nb::object out = nb::steal(PyObject_GetItem(a.ptr(), sl.ptr()));
+    if (!out.is_valid()) throw nb::python_error();
+    return out;
+}
+
+// `slots` appended to r.kv_row, which is the head of r.kv_buf: written past it, the buffer
+// grown (to twice the need, at least 64) when too short, as FastScheduler's eager path does.
+void append_slots(nb::handle r, const std::vector<int64_t>& slots) {
+    using Buf = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+    const int64_t have = length(r, "kv_row"), n = int64_t(slots.size());
+    nb::object buf = r.attr("kv_buf");
+    if (int64_t(nb::len(buf)) < have + n) {
+        const nb::object np = nb::module_::import_("numpy");
+        buf = np.attr("empty")(std::max<int64_t>(2 * (have + n), 64), "dtype"_a = "int64");
+        const nb::object head = nb::steal(PySlice_New(nullptr, nb::int_(have).ptr(), nullptr));
+        if (!head.is_valid() ||
+            PyObject_SetItem(buf.ptr(), head.ptr(), r.attr("kv_row").ptr()) < 0)
+            throw nb::python_error();
+        nb::setattr(r, "kv_buf", buf);
+    }
+    Buf out = nb::cast<Buf>(buf);
+    std::copy(slots.begin(), slots.end(), out.data() + have);
+    nb::setattr(r, "kv_row", slice_of(buf, 0, have + n));
+}
+
+// The columns with the requests of their rows (held, compared by identity).
+struct DecodeBatch {
+    explicit DecodeBatch(bool has_eos) : has_eos(has_eos) {}
+
+    bool has_eos;
+    DecodeCols cols;
+    std::vector<nb::object> reqs;
+
+    // A request's row as its Python state gives it (DecodeCols.of of the Python columns).
+    DecodeRow row_of(nb::handle r) const {
+        const nb::object s = r.attr("sampling");
+        const int64_t out = length(r, "output_ids");
+        const bool ignore = truthy(s.attr("ignore_eos"));
+        return {length(r, "prompt_ids") + out,
+                length(r, "kv_row"),
+                out,
+                nb::cast<int64_t>(s.attr("max_new_tokens")),
+                ignore,
+                truthy(s.attr("stop_token_ids")) || (has_eos && !ignore)};
+    }
+
+    void extend(nb::handle more) {
+        for (nb::handle r : more) {
+            cols.push(row_of(r));
+            reqs.push_back(nb::borrow(r));
+        }
+    }
+
+    void remove_at(const std::vector<int64_t>& positions) {
+        cols.remove_at(positions);  // checks the positions first
+        size_t w = 0, p = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            if (p < positions.size() && static_cast<size_t>(positions[p]) == i) {
+                ++p;
+                continue;
+            }
+            if (w != i) reqs[w] = std::move(reqs[i]);  // never onto itself: that drops it
+            ++w;
+        }
+        reqs.resize(w);
+    }
+
+    // Ascending rows of the requests in `gone` (by identity).
+    std::vector<int64_t> positions_of(nb::handle gone) const {
+        std::unordered_set<PyObject*> ids;
+        for (nb::handle r : gone) ids.insert(r.ptr());
+        std::vector<int64_t> rows;
+        for (size_t i = 0; i < reqs.size(); ++i)
+            if (ids.count(reqs[i].ptr())) rows.push_back(int64_t(i));
+        return rows;
+    }
+
+    nb::list req_list(const std::vector<int64_t>* rows) const {
+        nb::list out;
+        if (rows == nullptr)
+            for (const auto& r : reqs) out.append(r);
+        else
+            for (int64_t i : *rows) out.append(reqs.at(size_t(i)));
+        return out;
+    }
+
+    // What settling `rows` writes: (requests, tokens owed, slots owed, fills, groups), the
+    // owed amounts from the requests' state. Rows owing the same k > 0 tokens form a group
+    // (indices into `rows`, their requests, positions [m, k]: the owed positions
+    // [fill - k, fill) of each), so that the runner is asked once per distinct k.
+    nb::tuple owed(const std::vector<int64_t>& rows) const {
+        std::vector<int64_t> ks, slots, fills, distinct;
+        for (int64_t i : rows) {
+            const nb::object& r = reqs.at(size_t(i));
+            const DecodeRow now = cols.row(size_t(i)), was = row_of(r);
+            ks.push_back(now.fill - was.fill);
+            slots.push_back(now.have - was.have);
+            fills.push_back(now.fill);
+            if (ks.back() > 0 && std::find(distinct.begin(), distinct.end(), ks.back()) ==
+                                     distinct.end())
+                distinct.push_back(ks.back());
+        }
+        nb::list groups;
+        for (int64_t k : distinct) {
+            std::vector<int64_t> idx;
+            for (size_t j = 0; j < rows.size(); ++j)
+                if (ks[j] == k) idx.push_back(int64_t(j));
+            nb::list sub;
+            auto grid = std::make_unique<int64_t[]>(idx.size() * size_t(k));
+            for (size_t g = 0; g < idx.size(); ++g) {
+                const size_t j = size_t(idx[g]);
+                sub.append(reqs.at(size_t(rows[j])));
+                for (int64_t c = 0; c < k; ++c) grid[g * size_t(k) + size_t(c)] = fills[j] - k + c;
+            }
+            int64_t* data = grid.get();
+            nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+            grid.release();  // the capsule owns it now
+            groups.append(nb::make_tuple(nb::cast(idx), sub,
+                                         nb::cast(Grid(data, {idx.size(), size_t(k)}, owner),
+                                                  nb::rv_policy::move)));
+        }
+        return nb::make_tuple(req_list(&rows), nb::cast(ks), nb::cast(slots), nb::cast(fills),
+                              groups);
+    }
+
+    // Settles `rows` (ascending): each request gets the tokens its row is ahead by (asked of
+    // `tokens_at(reqs, positions)` once per distinct number owed: they depend only on request
+    // and position), the last that many end times of `log`, kv_len = fill - 1, and the slots
+    // it is owed, claimed from `pool` in row order and appended to its KV row.
+    void settle(const std::vector<int64_t>& rows, nb::handle tokens_at, nb::handle log,
+                radixsched::Pool& pool) const {
+        const nb::tuple plan = owed(rows);
+        const auto ks = nb::cast<std::vector<int64_t>>(plan[1]);
+        const auto slots = nb::cast<std::vector<int64_t>>(plan[2]);
+        const auto fills = nb::cast<std::vector<int64_t>>(plan[3]);
+        std::vector<nb::object> toks(rows.size());
+        for (nb::handle group : nb::borrow<nb::list>(plan[4])) {
+            const nb::tuple g = nb::borrow<nb::tuple>(group);
+            const auto idx = nb::cast<std::vector<int64_t>>(g[0]);
+            const nb::object got = tokens_at(g[1], g[2]).attr("tolist")();
+            for (size_t i = 0; i < idx.size(); ++i) toks.at(size_t(idx[i])) = got[i];
+        }
+        const Py_ssize_t n = PyList_Size(log.ptr());
+        if (n < 0) throw nb::python_error();
+        for (size_t j = 0; j < rows.size(); ++j) {
+            const nb::object& r = reqs.at(size_t(rows[j]));
+            if (ks[j] > 0) {
+                r.attr("output_ids").attr("extend")(toks[j]);
+                const nb::object times = nb::steal(PyList_GetSlice(log.ptr(), n - ks[j], n));
+                if (!times.is_valid()) throw nb::python_error();
+                r.attr("times").attr("token_times").attr("extend")(times);
+                nb::setattr(r, "kv_len", nb::int_(fills[j] - 1));
+            }
+            if (slots[j] > 0) {
+                const std::vector<int64_t> got = pool.claim(slots[j]);
+                append_slots(r, got);
+            }
+        }
+    }
+
+    bool same_as(const DecodeBatch& o) const {
+        if (reqs.size() != o.reqs.size()) return false;
+        for (size_t i = 0; i < reqs.size(); ++i)
+            if (reqs[i].ptr() != o.reqs[i].ptr()) return false;
+        return cols.fill() == o.cols.fill() && cols.have() == o.cols.have() &&
+               cols.out_len() == o.cols.out_len() && cols.max_new() == o.cols.max_new() &&
+               cols.ignore_eos() == o.cols.ignore_eos() && cols.stops() == o.cols.stops();
+    }
+
+    // None when these deferred columns are `fresh` (the requests' own state) ahead by whole
+    // decode steps (at most `log_len`), owing slots that sum to `reserved`; else the message.
+    nb::object deferred_error(const DecodeBatch& fresh, int64_t log_len, int64_t reserved) const {
+        if (reqs.size() != fresh.reqs.size())
+            return nb::str("deferred columns do not list the running batch");
+        bool bad = false;
+        int64_t behind_sum = 0, owed_sum = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            const DecodeRow a = cols.row(i), b = fresh.cols.row(i);
+            const int64_t behind = a.fill - b.fill, owe = a.have - b.have;
+            behind_sum += behind;
+            owed_sum += owe;
+            bad = bad || reqs[i].ptr() != fresh.reqs[i].ptr() || behind < 0 || behind > log_len ||
+                  a.out_len - b.out_len != behind || owe < 0 || a.max_new != b.max_new ||
+                  a.ignore_eos != b.ignore_eos || a.stops != b.stops;
+        }
+        if (!bad && owed_sum == reserved) return nb::none();
+        return nb::str(("deferred decode state inconsistent: " + std::to_string(behind_sum) +
+                        " tokens and " + std::to_string(owed_sum) + " slots owed, " +
+                        std::to_string(reserved) + " reserved")
+                           .c_str());
+    }
+};
+
+}  // namespace
+
+void bind_decode(nb::module_& m) {
+    nb::class_<DecodeBatch>(m, "DecodeBatch")
+        .def(nb::init<bool>(), "has_eos"_a)
+        .def("__len__", [](const DecodeBatch& b) { return b.cols.size(); })
+        .def("extend", &DecodeBatch::extend, "reqs"_a)
+        .def("remove_at", &DecodeBatch::remove_at, "positions"_a)
+        .def("positions_of", &DecodeBatch::positions_of, "reqs"_a)
+        .def_prop_ro("reqs", [](const DecodeBatch& b) { return b.req_list(nullptr); })
+        .def_prop_ro("can_stop", [](const DecodeBatch& b) { return b.cols.can_stop(); })
+        .def_prop_ro("fill", [](const DecodeBatch& b) { return copy_out<int64_t>(b.cols.fill()); }, nb::rv_policy::move)
+        .def_prop_ro("have", [](const DecodeBatch& b) { return copy_out<int64_t>(b.cols.have()); }, nb::rv_policy::move)
+        .def_prop_ro("out_len", [](const DecodeBatch& b) { return copy_out<int64_t>(b.cols.out_len()); }, nb::rv_policy::move)
+        .def_prop_ro("max_new", [](const DecodeBatch& b) { return copy_out<int64_t>(b.cols.max_new()); }, nb::rv_policy::move)
+        .def_prop_ro("ignore_eos",
+                     [](const DecodeBatch& b) { return copy_out<bool>(b.cols.ignore_eos()); }, nb::rv_policy::move)
+        .def_prop_ro("stops",
+                     [](const DecodeBatch& b) { return copy_out<bool>(b.cols.stops()); }, nb::rv_policy::move)
+        .def("need",
+             [](const DecodeBatch& b, int64_t steps, int64_t page) {
+                 std::vector<int64_t> out(b.cols.size());
+                 for (size_t i = 0; i < out.size(); ++i) out[i] = b.cols.need(i, steps, page);
+                 return out;
+             },
+             "steps"_a, "page"_a)
+        .def("need_total",
+             [](const DecodeBatch& b, int64_t steps, int64_t page) {
+                 return b.cols.need_total(steps, page);
+             },
+             "steps"_a, "page"_a)
+        .def("max_steps_that_fit",
+             [](const DecodeBatch& b, int64_t limit, int64_t room, int64_t page) {
+                 return b.cols.max_steps_that_fit(limit, room, page);
+             },
+             "limit"_a, "room"_a, "page"_a)
+        .def("decode_tokens",
+             [](const DecodeBatch& b, int64_t clip) { return b.cols.decode_tokens(clip); },
+             "clip"_a)
+        .def("progress", [](const DecodeBatch& b) { return b.cols.progress(); })
+        .def("to_go",
+             [](const DecodeBatch& b) {
+                 std::vector<int64_t> out(b.cols.size());
+                 for (size_t i = 0; i < out.size(); ++i) out[i] = b.cols.to_go(i);
+                 return out;
+             })
+        .def("min_left", [](const DecodeBatch& b) { return b.cols.min_left(); })
+        .def("maybe_finished", [](const DecodeBatch& b) { return b.cols.maybe_finished(); })
+        .def("advance",
+             [](DecodeBatch& b, int64_t k, int64_t page) { return b.cols.advance(k, page); },
+             "k"_a, "page"_a)
+        .def("owed", &DecodeBatch::owed, "rows"_a)
+        .def("settle", &DecodeBatch::settle, "rows"_a, "tokens_at"_a, "log"_a, "pool"_a)
+        .def("same_as", &DecodeBatch::same_as, "other"_a)
+        .def("deferred_error", &DecodeBatch::deferred_error, "fresh"_a, "log_len"_a,
+             "reserved"_a);
+}

@@ -1,0 +1,257 @@
+"""The native decode columns (``_core.DecodeBatch``, ``_native/decode.cpp``) against plain Python
+arithmetic on the same rows, and the accelerated scheduler's integrity check catching stale
+columns and inconsistent deferred decode state."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixsched.cache.base import IntegrityError
+from radixsched.config import SchedulerConfig
+from radixsched.native import core
+from radixsched.request import Req, SamplingParams
+from radixsched.sim.simulate import SimConfig
+
+pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+
+
+class Row(SimpleNamespace):
+    """What DecodeBatch reads of a request."""
+
+
+def _row(prompt: int, out: int, have: int, max_new: int, ignore: bool, stops: bool) -> Row:
+    sampling = SamplingParams(
+        max_new_tokens=max_new, ignore_eos=ignore, stop_token_ids=(7,) if stops else ()
+    )
+    return Row(prompt_ids=[0] * prompt, output_ids=[1] * out, kv_row=[0] * have, sampling=sampling)
+
+
+def _batch(rows: list[Row], has_eos: bool = False) -> Any:
+    b = core().DecodeBatch(has_eos)  # type: ignore[union-attr]
+    b.extend(rows)
+    return b
+
+
+# ---- plain Python: what the columns must give -------------------------------------------------
+def _fill(r: Row) -> int:
+    return len(r.prompt_ids) + len(r.output_ids)
+
+
+def _need(r: Row, steps: int, page: int) -> int:
+    end = _fill(r) + steps - 1
+    end = -(-end // page) * page
+    return max(end - len(r.kv_row), 0)
+
+
+def _fits(rows: list[Row], limit: int, room: int, page: int) -> int:
+    """The largest k in [1, limit] whose need fits in room, by trying every k (1 if none)."""
+    ok = [k for k in range(1, limit + 1) if sum(_need(r, k, page) for r in rows) <= room]
+    return max(ok, default=1)
+
+
+def _to_go(r: Row) -> int:
+    return max(r.sampling.max_new_tokens - len(r.output_ids), 0)
+
+
+rows_st = st.lists(
+    st.builds(
+        _row,
+        prompt=st.integers(1, 40),
+        out=st.integers(0, 30),
+        have=st.integers(0, 80),
+        max_new=st.integers(0, 40),
+        ignore=st.booleans(),
+        stops=st.booleans(),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=rows_st, has_eos=st.booleans(), page=st.sampled_from([1, 2, 4, 16]))
+def test_columns_equal_plain_python(rows: list[Row], has_eos: bool, page: int) -> None:
+    b = _batch(rows, has_eos)
+    assert len(b) == len(rows) and all(a is r for a, r in zip(b.reqs, rows, strict=True))
+    assert b.fill.tolist() == [_fill(r) for r in rows]
+    assert b.have.tolist() == [len(r.kv_row) for r in rows]
+    stops = [
+        bool(r.sampling.stop_token_ids) or (has_eos and not r.sampling.ignore_eos) for r in rows
+    ]
+    assert b.stops.tolist() == stops and b.can_stop == any(stops)
+    for steps in (1, 2, 5):
+        assert b.need(steps, page) == [_need(r, steps, page) for r in rows]
+        assert b.need_total(steps, page) == sum(_need(r, steps, page) for r in rows)
+    for clip in (0, 3, 1 << 40):
+        rem = [min(_to_go(r), clip) for r in rows]
+        full = sum(x for x, r in zip(rem, rows, strict=True) if r.sampling.ignore_eos)
+        assert b.decode_tokens(clip) == (full, sum(rem) - full)
+    assert b.progress() == (
+        sum(len(r.output_ids) for r in rows),
+        sum(r.sampling.max_new_tokens for r in rows),
+    )
+    assert b.to_go() == [_to_go(r) for r in rows]
+    assert b.min_left() == min(r.sampling.max_new_tokens - len(r.output_ids) for r in rows)
+    done = [i for i, r in enumerate(rows) if len(r.output_ids) >= r.sampling.max_new_tokens]
+    assert b.maybe_finished() == (list(range(len(rows))) if any(stops) else done)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=rows_st,
+    page=st.sampled_from([1, 2, 4]),
+    limit=st.integers(1, 60),
+    room=st.integers(-20, 400),
+)
+def test_max_steps_that_fit_is_the_largest_k_that_fits(
+    rows: list[Row], page: int, limit: int, room: int
+) -> None:
+    """Both the page-1 closed form and the binary search give the largest fitting k (when
+    one step fits: the scheduler asks only then)."""
+    if sum(_need(r, 1, page) for r in rows) > room:
+        return
+    assert _batch(rows).max_steps_that_fit(limit, room, page) == _fits(rows, limit, room, page)
+
+
+def test_the_page_1_closed_form_solves_rows_ending_where_their_next_token_goes() -> None:
+    rows = [_row(10, 2, 11, 50, True, False), _row(5, 0, 4, 50, True, False)]  # short 0 and 0
+    b = _batch(rows)
+    # need(k) = 2 * k: room 7 fits k = 3 (need 6), not 4 (need 8).
+    assert b.max_steps_that_fit(30, 7, 1) == 3 == _fits(rows, 30, 7, 1)
+    assert b.max_steps_that_fit(2, 7, 1) == 2  # the limit
+    assert b.max_steps_that_fit(30, 0, 1) == 1
+
+
+def test_need_rounds_up_to_whole_pages() -> None:
+    b = _batch([_row(5, 0, 4, 9, True, False), _row(8, 0, 8, 9, True, False)])
+    assert b.need(1, 4) == [4, 0]  # fill 5: positions [0, 5) are two pages, it holds one
+    assert b.need(2, 4) == [4, 4]
+    assert b.need(1, 1) == [1, 0]
+
+
+def test_decode_tokens_clip_each_request_and_split_by_ignore_eos() -> None:
+    b = _batch([_row(3, 1, 3, 10, True, False), _row(3, 8, 3, 10, False, False)])
+    assert b.decode_tokens(4) == (4, 2)  # 9 clipped to 4; 2
+    assert b.decode_tokens(100) == (9, 2)
+    assert _batch([_row(3, 12, 3, 10, True, False)]).decode_tokens(5) == (0, 0)  # past max
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=rows_st,
+    gone=st.lists(st.integers(0, 7), unique=True),
+    k=st.integers(1, 9),
+    page=st.sampled_from([1, 4]),
+)
+def test_membership_edits_and_advance_keep_rows_in_order(
+    rows: list[Row], gone: list[int], k: int, page: int
+) -> None:
+    b = _batch(rows)
+    fill, have, out = b.fill, b.have, b.out_len
+    total = b.need_total(k, page)
+    needs = b.need(k, page)
+    assert b.advance(k, page) == total
+    assert b.fill.tolist() == (fill + k).tolist()
+    assert b.out_len.tolist() == (out + k).tolist()
+    assert b.have.tolist() == (have + np.array(needs)).tolist()
+    positions = sorted(i for i in gone if i < len(rows))
+    assert b.positions_of([rows[i] for i in reversed(positions)]) == positions
+    keep = [i for i in range(len(rows)) if i not in positions]
+    before = b.fill.tolist()
+    b.remove_at(positions)
+    assert [id(r) for r in b.reqs] == [id(rows[i]) for i in keep]
+    assert b.fill.tolist() == [before[i] for i in keep]
+    more = _row(4, 0, 4, 3, False, True)
+    b.extend([more])
+    assert b.reqs[-1] is more and b.can_stop and b.fill.tolist()[-1] == 4
+    b.remove_at([len(b) - 1])
+    assert b.can_stop == any(rows[i].sampling.stop_token_ids for i in keep)
+
+
+def test_owed_is_what_the_columns_are_ahead_of_the_requests() -> None:
+    a, c = _row(4, 1, 4, 20, True, False), _row(6, 0, 8, 20, True, False)
+    b = _batch([a, c])
+    b.advance(3, 4)  # a: fill 5 -> 8, KV [0, 7): 2 pages, it has 1; c: [0, 8), it has 2
+    c.output_ids.append(1)  # c settled one of its tokens already
+    reqs, ks, owed, fills, groups = b.owed([0, 1])
+    assert reqs == [a, c] and ks == [3, 2] and owed == [4, 0] and fills == [8, 9]
+    assert [(idx, sub, pos.tolist()) for idx, sub, pos in groups] == [
+        ([0], [a], [[5, 6, 7]]),
+        ([1], [c], [[7, 8]]),
+    ]
+
+
+def test_remove_at_refuses_rows_out_of_order() -> None:
+    b = _batch([_row(3, 0, 3, 5, True, False)] * 3)
+    with pytest.raises(ValueError):
+        b.remove_at([2, 1])
+
+
+# ---- the accelerated scheduler's integrity check -------------------------------------------------
+def _scheduler() -> Any:
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.deploy.replicas import _build_replica
+
+    sim = SimConfig(max_total_tokens=20_000)
+    rep = _build_replica(0, SchedulerConfig(), sim, build_cost_model(sim), 20_000)
+    sched = rep.sched
+    for i, out in enumerate((40, 30)):
+        sampling = SamplingParams(max_new_tokens=out, ignore_eos=True)
+        sched.add_request(Req(f"r{i}", np.arange(64, dtype=np.int32) + i, sampling), now=0.0)
+    while sched.waiting:
+        sched.step()
+    return sched
+
+
+def test_a_deferred_jump_passes_the_check_and_settles_to_the_columns() -> None:
+    sched = _scheduler()
+    sched.step()  # a jump: nothing waits, nothing can stop
+    assert sched.unsettled and sched.allocator.reserved_size() > 0
+    sched.check_integrity()
+    cols = sched.batch.cols
+    sched.sync_running()
+    assert not sched.unsettled and sched.allocator.reserved_size() == 0
+    assert [r.fill_len for r in sched.running] == cols.fill.tolist()
+    sched.check_integrity()
+
+
+def test_integrity_catches_inconsistent_deferred_state() -> None:
+    sched = _scheduler()
+    sched.step()
+    sched.batch.cols.advance(1, sched.page_size)  # a step the log and the pool never saw
+    with pytest.raises(IntegrityError, match="deferred decode state inconsistent"):
+        sched.check_integrity()
+
+
+def test_integrity_catches_a_deferred_row_that_is_not_whole_steps_behind() -> None:
+    sched = _scheduler()
+    sched.step()
+    r = sched.running[0]
+    r.prompt_ids = np.append(r.prompt_ids, 0)  # ahead in fill but not in output: no step
+    with pytest.raises(IntegrityError, match="deferred decode state inconsistent"):
+        sched.check_integrity()
+
+
+def test_integrity_catches_stale_columns() -> None:
+    sched = _scheduler()
+    sched.step()
+    sched.sync_running()
+    sched.check_integrity()
+    sched.running[-1].output_ids.append(0)  # written without the columns following
+    with pytest.raises(IntegrityError, match="stale running-batch columns"):
+        sched.check_integrity()
+
+
+def test_integrity_catches_columns_that_list_other_requests() -> None:
+    sched = _scheduler()
+    sched.step()
+    sched.sync_running()
+    sched.batch.cols.remove_at([0])
+    with pytest.raises(IntegrityError, match="stale running-batch columns"):
+        sched.check_integrity()
