@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "adder.hpp"
 #include "kv.hpp"
 #include "matcher.hpp"
 #include "pool.hpp"
@@ -453,4 +454,5 @@ NB_MODULE(_core, m) {
     bind_node(m);
     bind_pool(m);
     bind_tree(m);
+    radixsched::bind_adder(m, [](nb::handle h) { auto& t = nb::cast<PyTree&>(h); return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get()); });
 }

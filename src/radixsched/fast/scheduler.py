@@ -29,10 +29,12 @@ from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache import TokenAllocator, native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
+from radixsched.fast import admit as admission
 from radixsched.fast.decode import DecodeCols, FastRunningBatch
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.fast.runner import MultiStepRunner
+from radixsched.queue import RoundOrder
 from radixsched.request import Req
 from radixsched.runner import Batch
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -109,6 +111,7 @@ class FastScheduler(Scheduler):
         # instance's cache is off, but it admits nothing: its preallocation counts requests).
         admits = self.cache.disabled and self.role.prefills
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
+        self.native_adder = admission.native_adder(self)  # the admission loop's, in C++
         self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
 
@@ -175,6 +178,12 @@ class FastScheduler(Scheduler):
         assert self.queue.matcher is not None
         last = self.queue.matcher.cache.touch_at(node, offset)
         self.kv.borrow(req, self.kv.admission_key(req), length, last)
+
+    def _admit(self, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
+        """The admission loop in C++ where it covers the round (``fast/admit.py``)."""
+        if admission.covers(self, adder):
+            return admission.admit(self, adder, order, slots)
+        return super()._admit(adder, order, slots)
 
     def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
         ok, res = super()._try_admit(adder, req)
