@@ -4,9 +4,10 @@ from C++ by the package's build) is used, decided when a scheduler's parts are b
 ``core()`` is the extension module, or None when ``RADIXSCHED_NATIVE=0`` or the extension is
 missing (a source checkout on ``PYTHONPATH`` without a build): then every scheduler is built on
 the Python reference core, and one line on stderr says so, once per process and reason. What
-is native today: the radix tree, the waiting queue's incremental matcher, the KV slot pool and
-the KV accounting around the tree (an allocation that evicts, a request's checkpoint); the rest
-of the accelerated core is still ``radixsched.fast``, which runs only over the native parts.
+is native today: the radix tree, the waiting queue's incremental matcher, the KV slot pool, the
+KV accounting around the tree (an allocation that evicts, a request's checkpoint) and the
+prefill admission loop (``radixsched.fast.admit``); the rest of the accelerated core is still
+``radixsched.fast``, which runs only over the native parts.
 ``RADIXSCHED_NATIVE_LIB=PATH`` loads the extension from a file instead (the sanitizer and debug
 builds of ``make sanitize``).
 
