@@ -356,14 +356,9 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
     return nb::make_tuple(admitted, failed);
 }
 
-}  // namespace
-
-void bind_adder(nb::module_& m, TreeOf tree_of) {
-    g_tree_of = tree_of;
-    init_names();
-    nb::class_<NativeAdder>(m, "Adder")
-        .def(nb::init<>())
-        .def_prop_rw(
+// The config and the budgets as properties (the tests set them and compare with PrefillAdder).
+void bind_budget(nb::class_<NativeAdder>& c) {
+    c.def_prop_rw(
             "page", [](NativeAdder& a) { return a.cfg.page; },
             [](NativeAdder& a, int64_t v) {
                 if (v <= 0) throw std::invalid_argument("page must be positive");
@@ -407,7 +402,17 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
             "has_new_chunked", [](NativeAdder& a) { return a.b.has_new_chunked; },
             [](NativeAdder& a, bool v) { a.b.has_new_chunked = v; })
         .def_prop_ro("log_hit_tokens", [](NativeAdder& a) { return a.b.log_hit_tokens; })
-        .def_prop_ro("log_input_tokens", [](NativeAdder& a) { return a.b.log_input_tokens; })
+        .def_prop_ro("log_input_tokens", [](NativeAdder& a) { return a.b.log_input_tokens; });
+}
+
+}  // namespace
+
+void bind_adder(nb::module_& m, TreeOf tree_of) {
+    g_tree_of = tree_of;
+    init_names();
+    nb::class_<NativeAdder> c(m, "Adder");
+    bind_budget(c);
+    c.def(nb::init<>())
         .def_rw("guard", &NativeAdder::guard)
         .def_rw("threshold", &NativeAdder::threshold)
         .def_rw("slots", &NativeAdder::slots)
