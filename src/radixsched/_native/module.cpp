@@ -454,5 +454,8 @@ NB_MODULE(_core, m) {
     bind_node(m);
     bind_pool(m);
     bind_tree(m);
-    radixsched::bind_adder(m, [](nb::handle h) { auto& t = nb::cast<PyTree&>(h); return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get()); });
+    radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
+        auto& t = nb::cast<PyTree&>(h);
+        return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
+    });
 }

@@ -105,13 +105,13 @@ class FastScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
+        self.native_adder = admission.native_adder(self)  # the admission loop's, in C++
         cfg = self.config
         # Deferral needs nothing to read running requests mid-flight: priority preemption and
         # mixed chunks do, and so does the ignore-eos admission of a disabled cache (a decode
         # instance's cache is off, but it admits nothing: its preallocation counts requests).
         admits = self.cache.disabled and self.role.prefills
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
-        self.native_adder = admission.native_adder(self)  # the admission loop's, in C++
         self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
 
