@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "adder.hpp"
 #include "decode.hpp"
 #include "dedup_bind.hpp"
 #include "kv.hpp"
@@ -465,4 +466,8 @@ NB_MODULE(_core, m) {
     bind_tree(m);
     radixsched::bind_order(m);
     bind_decode(m);
+    radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
+        auto& t = nb::cast<PyTree&>(h);
+        return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
+    });
 }

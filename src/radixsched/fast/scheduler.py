@@ -30,10 +30,12 @@ from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.cache import TokenAllocator, native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
+from radixsched.fast import admit as admission
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
+from radixsched.queue import RoundOrder
 from radixsched.request import Req
 from radixsched.runner import Batch
 from radixsched.running import RunningBatch, retraction_order
@@ -168,6 +170,7 @@ class FastScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
+        self.native_adder = admission.native_adder(self)  # the admission loop's, in C++
         cfg = self.config
         # Deferral needs nothing to read running requests mid-flight: priority preemption and
         # mixed chunks do, and so does the ignore-eos admission of a disabled cache (a decode
@@ -231,6 +234,12 @@ class FastScheduler(Scheduler):
         assert self.queue.matcher is not None
         last = self.queue.matcher.cache.touch_at(node, offset)
         self.kv.borrow(req, self.kv.admission_key(req), length, last)
+
+    def _admit(self, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
+        """The admission loop in C++ where it covers the round (``fast/admit.py``)."""
+        if admission.covers(self, adder):
+            return admission.admit(self, adder, order, slots)
+        return super()._admit(adder, order, slots)
 
     def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
         ok, res = super()._try_admit(adder, req)

@@ -1,0 +1,455 @@
+// See adder.hpp. The admission loop here is Scheduler._admit / _try_admit /
+// _recomputes_in_flight with FastScheduler.match_for_admission and PrefillAdder.add_one_req
+// (radixsched/scheduler.py, fast/scheduler.py, adder.py) for the common case the caller checked
+// (FastScheduler._native_admits): no SGLang compat, no priority preemption, no prefill gate, an
+// enabled cache, no host tier, hits in whole pages. It makes the same tree calls in the same
+// order (touch, walk, lock, unlock) and sets the same request fields.
+#include "adder.hpp"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "matcher.hpp"
+#include "pool.hpp"
+#include "radix.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace radixsched {
+
+Verdict budget_state(const Budget& b, int64_t room) {
+    const double r = static_cast<double>(room);
+    if (!(r - b.total_offset > 0 && r - b.current_offset > 0)) return Verdict::NoToken;
+    if (b.rem_input_tokens <= 0) return Verdict::Other;
+    if (b.has_chunk && b.rem_chunk_tokens <= 0) return Verdict::Other;
+    return Verdict::Continue;
+}
+
+double reservation(const AdderConfig& c, int64_t remaining_new_tokens, bool ignore_eos) {
+    const double ratio = ignore_eos ? 1.0 : c.new_token_ratio;
+    return static_cast<double>(std::min(remaining_new_tokens, c.clip_max_new_tokens)) * ratio;
+}
+
+Shape select(const Budget& b, const AdderConfig& c, int64_t room, int64_t cand, int64_t prefix_len,
+             double max_new_check, bool has_chunked_req) {
+    const int64_t p = c.page;
+    const int64_t input_tokens = ceil_page(cand, p);
+    int64_t rem_chunk = b.rem_chunk_tokens;
+    if (b.has_chunk && b.n_admitted > 0) rem_chunk = std::min(rem_chunk, b.rem_input_tokens);
+    const bool will_chunk = b.has_chunk && input_tokens > rem_chunk;
+    const int64_t first = will_chunk ? floor_page(rem_chunk, p) : cand;
+    const double total_tokens =
+        (static_cast<double>(first) + max_new_check) + static_cast<double>(p);
+    if (!(total_tokens < static_cast<double>(room) - b.total_offset))
+        return {false, Verdict::NoToken, 0, false};
+    if (!b.has_chunk) {
+        if (b.n_admitted > 0 && input_tokens >= b.rem_input_tokens)
+            return {false, Verdict::Other, 0, false};
+        return {true, Verdict::Continue, cand, false};
+    }
+    if (!will_chunk) return {true, Verdict::Continue, cand, false};
+    if ((has_chunked_req && c.exclusive_chunking) || b.has_new_chunked)
+        return {false, Verdict::Other, 0, false};  // one chunked request at a time
+    const int64_t chunk = floor_page(prefix_len + floor_page(rem_chunk, p), p) - prefix_len;
+    if (chunk <= 0) return {false, Verdict::Other, 0, false};
+    return {true, Verdict::Continue, chunk, true};
+}
+
+void charge(Budget& b, int64_t page, int64_t prefix_len, int64_t extend_len, double reservation) {
+    const int64_t paged = ceil_page(extend_len, page);
+    const int64_t immediate = paged + page;
+    b.total_offset += static_cast<double>(immediate) + reservation;
+    b.current_offset += static_cast<double>(immediate);
+    b.rem_input_tokens -= paged;
+    if (b.has_chunk) b.rem_chunk_tokens -= paged;
+    b.log_hit_tokens += prefix_len;
+    b.log_input_tokens += extend_len;
+}
+
+int64_t common_prefix(const int32_t* a, int64_t na, const int32_t* b, int64_t nb_) {
+    const int64_t n = std::min(na, nb_);
+    return std::mismatch(a, a + n, b).first - a;
+}
+
+namespace {
+
+TreeOf g_tree_of = nullptr;
+
+using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Interned attribute names, created once and never released (like module.cpp's namespaces).
+struct Names {
+    PyObject *rid, *sampling, *max_new_tokens, *ignore_eos, *output_ids, *prompt_ids, *fill_ids,
+        *extra_key, *cache_salt, *prefix_len, *kv_len, *cache_protected_len, *last_node,
+        *kv_row, *kv_buf, *host_hit_len, *num_matched, *extend_end, *lock_node;
+};
+Names* g_names = nullptr;
+
+PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
+
+void init_names() {
+    if (g_names != nullptr) return;
+    static Names n{intern("rid"), intern("sampling"), intern("max_new_tokens"),
+                   intern("ignore_eos"), intern("output_ids"), intern("prompt_ids"),
+                   intern("fill_ids"), intern("extra_key"), intern("cache_salt"),
+                   intern("prefix_len"), intern("kv_len"), intern("cache_protected_len"),
+                   intern("last_node"), intern("kv_row"), intern("kv_buf"),
+                   intern("host_hit_len"), intern("num_matched_prefix_tokens"),
+                   intern("extend_end"), intern("lock_node")};
+    g_names = &n;
+}
+
+nb::object get(nb::handle o, PyObject* name) { return nb::steal(PyObject_GetAttr(o.ptr(), name)); }
+void set(nb::handle o, PyObject* name, nb::handle v) {
+    if (PyObject_SetAttr(o.ptr(), name, v.ptr()) != 0) throw nb::python_error();
+}
+void set_int(nb::handle o, PyObject* name, int64_t v) { set(o, name, nb::int_(v)); }
+int64_t len_of(nb::handle o) {
+    const Py_ssize_t n = PyObject_Length(o.ptr());
+    if (n < 0) throw nb::python_error();
+    return n;
+}
+
+// A request (or an admitted member) as the loop reads it; tokens and namespace on demand.
+struct Seen {
+    nb::object req;
+    nb::object tokens;  // fill_ids(), kept alive while read
+    int32_t ns = -1;
+    int64_t prefix_len = 0, extend_len = 0;
+
+    const Tokens& fill(Tokens& out) {
+        if (!tokens.is_valid()) tokens = req.attr(nb::handle(g_names->fill_ids))();
+        out = nb::cast<Tokens>(tokens);
+        return out;
+    }
+};
+
+class NativeAdder {
+public:
+    AdderConfig cfg;
+    Budget b;
+    bool guard = false;      // the in-flight recompute guard is on
+    int64_t threshold = 1;   // max(in_batch_prefix_deprioritize_threshold, 1)
+    int64_t slots = 0;       // request slots this round
+    bool running = false;    // the running batch is not empty
+    bool has_chunked_req = false;
+    bool batch_is_full = false;
+    nb::object empty_slots;  // request.EMPTY_SLOTS
+    nb::object ns_of;        // namespace id of a request (radixsched.native.namespace_id)
+    std::vector<Seen> members;  // can_run_list, for the guard
+
+    // A round's start: the Python adder's budgets, and the scheduler's state.
+    void begin(double ratio, double total_offset, double current_offset, int64_t rem_input,
+               nb::object rem_chunk, int64_t n_admitted, bool has_new_chunked, bool exclusive,
+               int64_t slots_, bool running_, bool has_chunked, bool full) {
+        cfg.new_token_ratio = ratio;
+        cfg.exclusive_chunking = exclusive;
+        b = Budget{};
+        b.total_offset = total_offset;
+        b.current_offset = current_offset;
+        b.rem_input_tokens = rem_input;
+        b.has_chunk = !rem_chunk.is_none();
+        b.rem_chunk_tokens = b.has_chunk ? nb::cast<int64_t>(rem_chunk) : 0;
+        b.n_admitted = n_admitted;
+        b.has_new_chunked = has_new_chunked;
+        slots = slots_;
+        running = running_;
+        has_chunked_req = has_chunked;
+        batch_is_full = full;
+        members.clear();
+    }
+
+    // The budgets for the Python adder: (total_offset, current_offset, rem_input_tokens,
+    // rem_chunk_tokens, log_hit_tokens, log_input_tokens, batch_is_full).
+    nb::tuple budgets() const {
+        return nb::make_tuple(
+            b.total_offset, b.current_offset, b.rem_input_tokens,
+            b.has_chunk ? nb::object(nb::int_(b.rem_chunk_tokens)) : nb::none(),
+            b.log_hit_tokens, b.log_input_tokens, batch_is_full);
+    }
+
+    void add_member(nb::object req, int64_t prefix_len, int64_t extend_len) {
+        members.push_back(Seen{std::move(req), nb::object(), -1, prefix_len, extend_len});
+    }
+
+    nb::tuple admit(nb::handle tree_h, Pool& pool, nb::handle order, nb::list waiting,
+                    nb::handle deferred);
+
+private:
+    int32_t ns(Seen& s);
+    bool recomputes(Tree& tree, Seen& s);
+    bool try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, Verdict& verdict);
+    NodePtr borrow(Tree& tree, Matcher* matcher, Seen& s, int64_t fill_len);
+};
+
+int32_t NativeAdder::ns(Seen& s) {
+    if (s.ns < 0) {
+        const bool plain = get(s.req, g_names->extra_key).is_none() &&
+                           get(s.req, g_names->cache_salt).is_none();
+        s.ns = plain ? 0 : nb::cast<int32_t>(ns_of(s.req));
+    }
+    return s.ns;
+}
+
+// Scheduler._recomputes_in_flight.
+bool NativeAdder::recomputes(Tree& tree, Seen& s) {
+    if (members.empty()) return false;
+    Tokens fill_arr;
+    s.fill(fill_arr);
+    const int32_t* fill = fill_arr.data();
+    const int64_t n = static_cast<int64_t>(fill_arr.shape(0));
+    const int64_t cap = std::max<int64_t>(n - 1, 0);
+    const int32_t my_ns = ns(s);
+    int64_t cached = -1;
+    for (Seen& a : members) {
+        if (ns(a) != my_ns) continue;
+        const int64_t end = std::min(cap, a.prefix_len + a.extend_len);
+        if (end - a.prefix_len < threshold) continue;
+        Tokens other;
+        a.fill(other);
+        const int64_t shared = common_prefix(fill, std::min(end, n), other.data(),
+                                             std::min<int64_t>(end, other.shape(0)));
+        if (shared - a.prefix_len < threshold) continue;
+        if (cached < 0) cached = tree.match_len(fill, cap, my_ns);
+        const int64_t start = std::max(cached, a.prefix_len);
+        if (end - start >= threshold && shared - start >= threshold) return true;
+    }
+    return false;
+}
+
+// FastScheduler.match_for_admission + KVManager.borrow: the admission's match, from the matcher's
+// memo when it is current (FastWaitingQueue.admission_end), else a walk (match_node).
+NodePtr NativeAdder::borrow(Tree& tree, Matcher* matcher, Seen& s, int64_t fill_len) {
+    const int64_t cap_key = std::max<int64_t>(fill_len - 1, 0);
+    const auto k = static_cast<int64_t>(reinterpret_cast<intptr_t>(s.req.ptr()));  // id(req)
+    const Memo* m = (matcher != nullptr && !matcher->is_dirty(k)) ? matcher->memo(k) : nullptr;
+    NodePtr last;
+    int64_t length = 0;
+    if (m != nullptr) {
+        NodePtr node = m->node;
+        int64_t offset = m->full ? node->size() : m->offset;
+        const int64_t cap = floor_page(cap_key, tree.page_size());
+        int64_t extra = m->n - cap;  // the whole fill is cached: step back to the cap
+        while (extra > 0) {
+            if (offset > extra) {
+                offset -= extra;
+                extra = 0;
+            } else {
+                extra -= offset;
+                if (node->parent == nullptr) throw IntegrityFailure("admission: memo above root");
+                node = node->parent->shared_from_this();
+                offset = node->size();
+            }
+        }
+        length = std::min(m->n, cap);
+        last = tree.touch_at(*node, offset);
+    } else if (cap_key == 0) {
+        last = tree.root();
+    } else {
+        Tokens fill;
+        s.fill(fill);
+        const WalkResult w = tree.walk(fill.data(), cap_key, ns(s), nullptr);
+        last = w.node;
+        length = w.length;
+    }
+    const Names& n = *g_names;
+    nb::int_ len(length);
+    set(s.req, n.prefix_len, len);
+    set(s.req, n.kv_len, len);
+    set(s.req, n.cache_protected_len, len);
+    set(s.req, n.last_node, nb::cast(last));
+    set(s.req, n.kv_row, empty_slots);
+    set(s.req, n.kv_buf, empty_slots);
+    set_int(s.req, n.host_hit_len, 0);
+    set_int(s.req, n.num_matched, std::min(length, cap_key));
+    s.prefix_len = length;
+    return last;
+}
+
+// Scheduler._try_admit with PrefillAdder.add_one_req; `verdict`: the adder's on the round.
+bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, Verdict& verdict) {
+    const Names& n = *g_names;
+    nb::object sampling = get(s.req, n.sampling);
+    const int64_t max_new = nb::cast<int64_t>(get(sampling, n.max_new_tokens));
+    const int64_t out_len = len_of(get(s.req, n.output_ids));
+    const int64_t fill_len = len_of(get(s.req, n.prompt_ids)) + out_len;
+    NodePtr last = borrow(tree, matcher, s, fill_len);
+    bool ok = false;
+    if (cfg.prefill_max_requests >= 0 && b.n_admitted >= cfg.prefill_max_requests) {
+        verdict = Verdict::Other;
+    } else {
+        const bool ignore_eos = nb::cast<bool>(get(sampling, n.ignore_eos));
+        const double resv = reservation(cfg, std::max<int64_t>(max_new - out_len, 0), ignore_eos);
+        tree.inc_lock_ref(*last);  // the request's own prefix is not evictable during the checks
+        const Shape sh = select(b, cfg, pool.available_size() + tree.evictable_size(),
+                                fill_len - s.prefix_len, s.prefix_len, resv, has_chunked_req);
+        if (sh.ok) {
+            set_int(s.req, n.extend_end, s.prefix_len + sh.extend_len);
+            set(s.req, n.lock_node, nb::cast(last));
+            tree.inc_lock_ref(*last);
+            b.n_admitted += 1;
+            b.has_new_chunked = b.has_new_chunked || sh.chunked;
+            charge(b, cfg.page, s.prefix_len, sh.extend_len, sh.chunked ? 0.0 : resv);
+            s.extend_len = sh.extend_len;
+            ok = true;
+        }
+        tree.dec_lock_ref(*last);
+        verdict = ok ? budget_state(b, pool.available_size() + tree.evictable_size()) : sh.verdict;
+    }
+    if (!ok) {  // the match was only borrowed for the checks
+        set_int(s.req, n.kv_len, 0);
+        set_int(s.req, n.cache_protected_len, 0);
+    }
+    return ok;
+}
+
+// Scheduler._admit: the round's order read as the reference reads it (`order.position(i)` only
+// once the loop's checks pass: an order may draw random numbers and permute the list lazily).
+// Returns (admitted [(position, request, prefix_len, extend_len, chunked)], the request tried
+// and not admitted or None).
+nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb::list waiting,
+                             nb::handle deferred) {
+    auto [tree, matcher] = g_tree_of(tree_h);
+    const bool any_deferred = len_of(deferred) > 0;
+    nb::object position = order.attr("position");
+    nb::list admitted;
+    nb::object failed = nb::none();
+    for (int64_t i = 0;; ++i) {
+        if (budget_state(b, pool.available_size() + tree->evictable_size()) == Verdict::Other ||
+            batch_is_full)
+            break;
+        nb::object pos = position(i);
+        if (pos.is_none()) break;
+        nb::object req = nb::steal(PyObject_GetItem(waiting.ptr(), pos.ptr()));
+        if (!req.is_valid()) throw nb::python_error();
+        Seen s{req, nb::object(), -1, 0, 0};
+        if (any_deferred) {
+            const int got = PySequence_Contains(deferred.ptr(), get(s.req, g_names->rid).ptr());
+            if (got < 0) throw nb::python_error();
+            if (got == 1) continue;
+        }
+        if (guard && recomputes(*tree, s)) continue;
+        if (b.n_admitted >= slots) {
+            batch_is_full = true;
+            break;
+        }
+        Verdict verdict = Verdict::Continue;
+        const bool chunked_before = b.has_new_chunked;
+        if (try_admit(*tree, matcher, pool, s, verdict)) {
+            const bool chunked = b.has_new_chunked && !chunked_before;
+            admitted.append(nb::make_tuple(pos, s.req, s.prefix_len, s.extend_len, chunked));
+            members.push_back(std::move(s));
+        } else {
+            failed = s.req;
+        }
+        if (verdict != Verdict::Continue) {
+            if (verdict == Verdict::NoToken) batch_is_full = b.n_admitted > 0 || running;
+            break;
+        }
+    }
+    members.clear();  // no request outlives its round here
+    return nb::make_tuple(admitted, failed);
+}
+
+// The config and the budgets as properties (the tests set them and compare with PrefillAdder).
+void bind_budget(nb::class_<NativeAdder>& c) {
+    c.def_prop_rw(
+            "page", [](NativeAdder& a) { return a.cfg.page; },
+            [](NativeAdder& a, int64_t v) {
+                if (v <= 0) throw std::invalid_argument("page must be positive");
+                a.cfg.page = v;
+            })
+        .def_prop_rw(
+            "clip_max_new_tokens", [](NativeAdder& a) { return a.cfg.clip_max_new_tokens; },
+            [](NativeAdder& a, int64_t v) { a.cfg.clip_max_new_tokens = v; })
+        .def_prop_rw(
+            "new_token_ratio", [](NativeAdder& a) { return a.cfg.new_token_ratio; },
+            [](NativeAdder& a, double v) { a.cfg.new_token_ratio = v; })
+        .def_prop_rw(
+            "prefill_max_requests", [](NativeAdder& a) { return a.cfg.prefill_max_requests; },
+            [](NativeAdder& a, int64_t v) { a.cfg.prefill_max_requests = v; })
+        .def_prop_rw(
+            "exclusive_chunking", [](NativeAdder& a) { return a.cfg.exclusive_chunking; },
+            [](NativeAdder& a, bool v) { a.cfg.exclusive_chunking = v; })
+        .def_prop_rw(
+            "total_offset", [](NativeAdder& a) { return a.b.total_offset; },
+            [](NativeAdder& a, double v) { a.b.total_offset = v; })
+        .def_prop_rw(
+            "current_offset", [](NativeAdder& a) { return a.b.current_offset; },
+            [](NativeAdder& a, double v) { a.b.current_offset = v; })
+        .def_prop_rw(
+            "rem_input_tokens", [](NativeAdder& a) { return a.b.rem_input_tokens; },
+            [](NativeAdder& a, int64_t v) { a.b.rem_input_tokens = v; })
+        .def_prop_rw(
+            "rem_chunk_tokens",
+            [](NativeAdder& a) -> nb::object {
+                return a.b.has_chunk ? nb::object(nb::int_(a.b.rem_chunk_tokens)) : nb::none();
+            },
+            [](NativeAdder& a, nb::object v) {
+                a.b.has_chunk = !v.is_none();
+                a.b.rem_chunk_tokens = a.b.has_chunk ? nb::cast<int64_t>(v) : 0;
+            },
+            nb::arg("v").none())
+        .def_prop_rw(
+            "n_admitted", [](NativeAdder& a) { return a.b.n_admitted; },
+            [](NativeAdder& a, int64_t v) { a.b.n_admitted = v; })
+        .def_prop_rw(
+            "has_new_chunked", [](NativeAdder& a) { return a.b.has_new_chunked; },
+            [](NativeAdder& a, bool v) { a.b.has_new_chunked = v; })
+        .def_prop_ro("log_hit_tokens", [](NativeAdder& a) { return a.b.log_hit_tokens; })
+        .def_prop_ro("log_input_tokens", [](NativeAdder& a) { return a.b.log_input_tokens; });
+}
+
+}  // namespace
+
+void bind_adder(nb::module_& m, TreeOf tree_of) {
+    g_tree_of = tree_of;
+    init_names();
+    nb::class_<NativeAdder> c(m, "Adder");
+    bind_budget(c);
+    c.def(nb::init<>())
+        .def_rw("guard", &NativeAdder::guard)
+        .def_rw("threshold", &NativeAdder::threshold)
+        .def_rw("slots", &NativeAdder::slots)
+        .def_rw("running", &NativeAdder::running)
+        .def_rw("has_chunked_req", &NativeAdder::has_chunked_req)
+        .def_rw("batch_is_full", &NativeAdder::batch_is_full)
+        .def_rw("empty_slots", &NativeAdder::empty_slots)
+        .def_rw("ns_of", &NativeAdder::ns_of)
+        .def("begin", &NativeAdder::begin, "new_token_ratio"_a, "total_offset"_a,
+             "current_offset"_a, "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(),
+             "n_admitted"_a, "has_new_chunked"_a, "exclusive_chunking"_a, "slots"_a,
+             "running"_a, "has_chunked_req"_a, "batch_is_full"_a)
+        .def("budgets", &NativeAdder::budgets)
+        .def("add_member", &NativeAdder::add_member, "req"_a, "prefix_len"_a, "extend_len"_a)
+        .def("budget_state",
+             [](NativeAdder& a, int64_t room) { return static_cast<int>(budget_state(a.b, room)); })
+        .def("select",
+             [](NativeAdder& a, int64_t room, int64_t cand, int64_t prefix_len,
+                double max_new_check, bool has_chunked_req) {
+                 const Shape s = select(a.b, a.cfg, room, cand, prefix_len, max_new_check,
+                                        has_chunked_req);
+                 return nb::make_tuple(s.ok, static_cast<int>(s.verdict), s.extend_len,
+                                       s.chunked);
+             })
+        .def("reservation",
+             [](NativeAdder& a, int64_t remaining, bool ignore_eos) {
+                 return reservation(a.cfg, remaining, ignore_eos);
+             })
+        .def("charge",
+             [](NativeAdder& a, int64_t prefix_len, int64_t extend_len, double resv) {
+                 charge(a.b, a.cfg.page, prefix_len, extend_len, resv);
+             })
+        .def("admit", &NativeAdder::admit, "tree"_a, "pool"_a, "order"_a, "waiting"_a,
+             "deferred"_a);
+    m.def("common_prefix", [](Tokens a, Tokens b) {
+        return common_prefix(a.data(), a.shape(0), b.data(), b.shape(0));
+    });
+}
+
+}  // namespace radixsched

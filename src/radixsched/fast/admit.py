@@ -1,0 +1,106 @@
+"""The accelerated scheduler's admission loop in C++ (``radixsched/_native/adder.cpp``): one
+native call walks the round's order (the in-flight recompute guard, the admission's match from
+the matcher's memo, the adder's budgets, locks), reading ``order.position(i)`` exactly when the
+reference loop would (an order may draw random numbers and permute the list as it is read).
+
+It covers the common case (``covers``): no SGLang compat, no priority preemption, no prefill
+gate (delayer), an enabled cache (so no ignore-eos admission of a disabled cache), no host
+tier, hits in whole pages. Elsewhere the reference loop runs; decided per round from the
+config and the round's adder. Bit for bit the reference's admission: the same budgets (the same
+floats), the same tree calls in the same order, the same request fields
+(tests/test_equivalence.py, tests/test_native_adder.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from radixsched.adder import Admission, PrefillAdder
+from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.native import core, namespace_id
+from radixsched.queue import RoundOrder
+from radixsched.request import EMPTY_SLOTS, Req
+
+if TYPE_CHECKING:
+    from radixsched.fast.scheduler import FastScheduler
+
+
+def covers(s: FastScheduler, adder: PrefillAdder) -> bool:
+    """Whether the native loop does what the reference loop does for this round."""
+    cfg = s.config
+    return not (
+        cfg.sglang_compat
+        or cfg.enable_priority_preemption
+        or adder.gate is not None
+        or adder.compat
+        or s.cache.disabled
+        or s.kv.host_tier is not None
+        or s.kv.hit_unit != s.page_size
+    )
+
+
+def _namespace_of(r: Req) -> int:
+    return namespace_id(r.namespace)
+
+
+def native_adder(s: FastScheduler) -> Any:
+    """The scheduler's C++ adder: its config set once, each round's budgets by ``begin``."""
+    native = core()
+    assert native is not None, "the accelerated scheduler runs over the native core"
+    a = native.Adder()
+    cfg = s.config
+    a.page = s.page_size
+    a.clip_max_new_tokens = cfg.clip_max_new_tokens
+    a.prefill_max_requests = -1 if cfg.prefill_max_requests is None else cfg.prefill_max_requests
+    a.guard = s.cache.supports_prefix_sharing()
+    a.threshold = max(cfg.in_batch_prefix_deprioritize_threshold, 1)
+    a.empty_slots = EMPTY_SLOTS
+    a.ns_of = _namespace_of
+    return a
+
+
+def admit(s: FastScheduler, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
+    """``Scheduler._admit`` in one native call; the admitted requests then take their prefixes
+    (a later admission's touch may split the node a prefix ends at: its path keeps its slots)
+    and join ``adder`` as the reference's would."""
+    a = s.native_adder
+    a.begin(
+        adder.new_token_ratio,
+        adder.total_offset,
+        adder.current_offset,
+        adder.rem_input_tokens,
+        adder.rem_chunk_tokens,
+        len(adder.can_run_list),
+        adder.new_chunked_req is not None,
+        adder.exclusive_chunking,
+        slots,
+        bool(s.running),
+        s.chunked_req is not None,
+        s.batch_is_full,
+    )
+    for m in adder.can_run_list:  # the continued chunk, for the in-flight guard
+        a.add_member(m.req, m.prefix_len, m.extend_len)
+    cache = s.cache
+    assert isinstance(cache, NativeRadixCache)
+    got, failed = a.admit(cache.tree, s.allocator, order, s.waiting, s.queue.deferred)
+    positions: list[int] = []
+    for pos, req, prefix_len, extend_len, chunked in got:
+        positions.append(pos)
+        s.kv.take_prefix(req)
+        adder.can_run_list.append(Admission(req, prefix_len, extend_len, chunked))
+        if chunked:
+            adder.new_chunked_req = req
+    if failed is not None:
+        s.queue.note_tried(failed)
+    (
+        adder.total_offset,
+        adder.current_offset,
+        adder.rem_input_tokens,
+        adder.rem_chunk_tokens,
+        hit,
+        computed,
+        s.batch_is_full,
+    ) = a.budgets()
+    adder.log_hit_tokens += hit
+    adder.log_input_tokens += computed
+    return positions
