@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
     "tests/test_decode_native.py",
+    "tests/test_native_order.py",
+    "tests/test_native_adder.py",
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
     "tests/test_costmodel.py",
@@ -165,21 +167,21 @@ MUTANTS = (
     ),
     Mutant(
         "grown-key-numbered-last",
-        "fast/orders.py",
-        "        for _, r, new in grew:\n            self.lo -= 1\n            self._insert(r, new, self.lo, mirror)",
-        "        for _, r, new in grew:\n            self.hi += 1\n            self._insert(r, new, self.hi, mirror)",
+        "_native/order.cpp",
+        "    for (Mover& m : grew) insert(m.req, std::move(m.key), static_cast<double>(--lo_), mirror);",
+        "    for (Mover& m : grew) insert(m.req, std::move(m.key), static_cast<double>(++hi_), mirror);",
     ),
     Mutant(
         "shrunk-keys-unordered",
-        "fast/orders.py",
-        "        shrank.sort(key=_FIRST)\n",
-        "        shrank.reverse()\n",
+        "_native/order.cpp",
+        "    std::sort(shrank.begin(), shrank.end(), by_old);",
+        "    std::reverse(shrank.begin(), shrank.end());",
     ),
     Mutant(
         "placed-tie-above-right-neighbour",
-        "fast/orders.py",
-        "                t = (left[-1] + right[-1]) / 2",
-        "                t = left[-1] + 1",
+        "_native/order.cpp",
+        "        t = (left + right) / 2;",
+        "        t = left + 1;",
     ),
     Mutant(
         "routing-key-count-change-not-rekeyed",
@@ -195,21 +197,21 @@ MUTANTS = (
     ),
     Mutant(
         "hrrn-ties-not-by-rid",
-        "fast/orders.py",
-        "            out[i : j + 1] = sorted(out[i : j + 1], key=lambda x: self.reqs[x].rid)",
-        "            pass",
+        "_native/order.cpp",
+        "    if (arrival_.at(i) != arrival_.at(j)) return arrival_[i] < arrival_[j];",
+        "    return arrival_.at(i) < arrival_.at(j);",
     ),
     Mutant(
         "hrrn-deferred-not-fixed",
-        "fast/orders.py",
-        "        self.fixed[i] = r.rid in deferred or work <= 0",
-        "        self.fixed[i] = work <= 0",
+        "_native/order.cpp",
+        "    fixed_.at(i) = dep || work <= 0;",
+        "    fixed_.at(i) = work <= 0;",
     ),
     Mutant(
-        "hrrn-head-misses-ties",
-        "fast/orders.py",
-        "            cand = np.flatnonzero(self.ratio <= bound)",
-        "            cand = np.flatnonzero(self.ratio < bound)",
+        "hrrn-head-last-unsorted",
+        "_native/order.cpp",
+        "    std::sort(from, upto, cmp);",
+        "    std::sort(from, upto - 1, cmp);",
     ),
     Mutant(
         "dfs-touched-branch-not-resorted",
@@ -372,6 +374,36 @@ MUTANTS = (
         "_native/decode.cpp",
         "const int64_t rem = std::min(to_go(i), clip);",
         "const int64_t rem = to_go(i);",
+    ),
+    Mutant(
+        "adder-memory-check-inclusive",
+        "_native/adder.cpp",
+        "    if (!(total_tokens < static_cast<double>(room) - b.total_offset))",
+        "    if (!(total_tokens <= static_cast<double>(room) - b.total_offset))",
+    ),
+    Mutant(
+        "adder-chunk-ignores-input-budget",
+        "_native/adder.cpp",
+        "    if (b.has_chunk && b.n_admitted > 0) rem_chunk = std::min(rem_chunk, b.rem_input_tokens);",
+        "    if (b.has_chunk && b.n_admitted < 0) rem_chunk = std::min(rem_chunk, b.rem_input_tokens);",
+    ),
+    Mutant(
+        "adder-charge-forgets-page",
+        "_native/adder.cpp",
+        "    const int64_t immediate = paged + page;",
+        "    const int64_t immediate = paged;",
+    ),
+    Mutant(
+        "adder-guard-ignores-cached-prefix",
+        "_native/adder.cpp",
+        "        const int64_t start = std::max(cached, a.prefix_len);",
+        "        const int64_t start = a.prefix_len;",
+    ),
+    Mutant(
+        "adder-memo-cap-not-applied",
+        "_native/adder.cpp",
+        "        length = std::min(m->n, cap);",
+        "        length = m->n;",
     ),
 )
 

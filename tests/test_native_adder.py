@@ -6,10 +6,12 @@ cover the round."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +23,7 @@ from radixsched.fast import admit as admission
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.simulate import SimConfig, simulate
-from radixsched.sim.workloads.load import load_workload
+from radixsched.sim.workloads.load import Workload, load_workload
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built or is off")
 
@@ -237,3 +239,39 @@ def test_native_loop_equals_the_reference_across_namespaces(policy: str) -> None
     assert a["finished"] == b["finished"] == len(w.requests)
     assert golden.comparable(a) == golden.comparable(b)
     assert a["trace"] == b["trace"]
+
+
+def test_a_chunk_is_cut_at_the_input_budget_once_a_request_is_in() -> None:
+    """With ``--max-prefill-tokens`` below ``--chunked-prefill-size``, a second admission's
+    chunk ends where the round's input budget does (the adder cuts the chunk budget to it)."""
+    case = {**BASE, "chunk": 2048, "admitted": 1, "rem_input": 100}
+    _check(case, (500, 0, 128, 0, False), has_chunked=False)
+    _, na = _pair(**case)
+    ok, _, extend_len, chunked = na.select(case["room"], 500, 0, na.reservation(128, False), False)
+    assert (ok, extend_len, chunked) == (True, 100, True)
+
+
+def test_the_guard_counts_only_what_the_cache_lacks() -> None:
+    """A (the prompt X, cached whole: its last token computed again) and B (X + Y) arrive in
+    one round behind a finished X + Z. A recomputes a token B has cached, so B is admitted
+    beside A, not held back a round: on both cores, with the guard at 1 token."""
+    x = np.arange(100, dtype=np.int32)
+
+    def req(rid: str, tokens: np.ndarray, at: float) -> Req:
+        return Req(rid, tokens, SamplingParams(max_new_tokens=4), arrival_time=at)
+
+    reqs = [
+        req("xz", np.concatenate([x, np.arange(500, 540, dtype=np.int32)]), 0.0),
+        req("a", x.copy(), 5.0),
+        req("b", np.concatenate([x, np.arange(900, 950, dtype=np.int32)]), 5.0),
+    ]
+    w = Workload("explicit", {}, reqs, has_timestamps=True)
+    sched = SchedulerConfig(schedule_policy="fcfs", in_batch_prefix_deprioritize_threshold=1)
+    sim = SimConfig(max_total_tokens=4000)
+    fast = simulate(w, sched, sim, accelerate=True, check_integrity=True)
+    ref = simulate(copy.deepcopy(w), sched, sim, accelerate=False)
+    a, b = golden.observe(fast), golden.observe(ref)
+    assert a["finished"] == b["finished"] == 3
+    assert a["trace"] == b["trace"]
+    starts = {r.rid: r.times.first_scheduled for r in fast.requests}
+    assert starts["a"] == starts["b"]  # admitted in the same round
