@@ -41,7 +41,10 @@ between sessions, while a same-minute ratio holds. ``sim s`` and ``baseline sim 
 event loop alone (each JSON's ``wall_s``, fastest of the runs): the whole command's ratio and
 the loop's can differ (the release computed its optimal bound much more slowly). ``CPU
 speed-up`` is the same ratio on CPU time, which a busy host's stolen cycles do not inflate
-(its faults and cache misses still do): the steadier of the two on a shared VM.
+(its faults and cache misses still do): the steadier of the two on a shared VM. The baseline
+runs from its tree even under an editable install (``python -S``, the site-packages after it on
+the path), on the native core that ``$RADIXSCHED_BASELINE_NATIVE_LIB`` names (a build of that
+tree: ``cmake -S TREE -B BUILD && cmake --build BUILD``), else on this checkout's.
 """
 
 from __future__ import annotations
@@ -154,6 +157,22 @@ def _byte_compile(trees: list[Path]) -> None:
         compileall.compile_dir(str(root), quiet=1)
 
 
+BASELINE_LIB_ENV = "RADIXSCHED_BASELINE_NATIVE_LIB"
+
+
+def _from_tree(src: Path, args: list[str]) -> list[str]:
+    """The command line running ``radixsched`` from the source tree ``src``. ``-S`` skips the
+    site-packages' ``.pth`` files, so an editable install's import hook (which wins over
+    ``PYTHONPATH``) cannot load this checkout's package instead; the site-packages come after
+    ``src`` on the path, for the dependencies."""
+    site = [p for p in sys.path if p.endswith("-packages")]
+    boot = (
+        f"import sys, runpy; sys.path[:0] = {[str(src), *site]!r}; sys.argv[1:] = {args!r}; "
+        "runpy.run_module('radixsched', run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-S", "-c", boot]
+
+
 def _run(
     kind: str,
     path: Path,
@@ -168,16 +187,17 @@ def _run(
     ``policy`` may list several. ``cache``: the prompt cache's folder (None: off)."""
     out = tmp / "result.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "radixsched", "simulate", "--workload", f"{kind}:{path}",
-           "--policy", policy, "--json", str(out), *extra]  # fmt: skip
+    args = ["simulate", "--workload", f"{kind}:{path}", "--policy", policy, "--json", str(out),
+            *extra]  # fmt: skip
+    cmd = [sys.executable, "-m", "radixsched", *args] if src is None else _from_tree(src, args)
     env = dict(os.environ)
     if cache is not None:
         env["RADIXSCHED_CACHE_DIR"] = str(cache)
         env.pop("RADIXSCHED_PROMPT_CACHE", None)
     else:
         env["RADIXSCHED_PROMPT_CACHE"] = "off"
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
+    if src is not None and BASELINE_LIB_ENV in os.environ:
+        env["RADIXSCHED_NATIVE_LIB"] = os.environ[BASELINE_LIB_ENV]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -332,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         type=Path,
         default=None,
-        help="another source tree (its src/) to time alongside, run by run",
+        help="another source tree (its src/) to time alongside, run by run; its native core "
+        f"from ${BASELINE_LIB_ENV} where set (a build of that tree), else this one's",
     )
     args = p.parse_args(argv)
     console = Console(width=max(Console().size.width, 120))
