@@ -54,7 +54,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        default=None,
         metavar="NAME",
         help="model preset or config.json (default: the model the results name)",
     )
@@ -70,7 +69,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-total-tokens",
         type=int,
-        default=None,
         metavar="N",
         help="the server's KV capacity in tokens (default: from the results, else the model)",
     )
@@ -105,7 +103,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workload",
-        default=None,
         metavar="SPEC",
         help="the prompts the benchmark sent (a workload spec or trace, as 'simulate' takes): "
         "each measured request replays the trace's next prompt of its length, so the replay "
@@ -113,7 +110,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--check",
-        default=None,
         metavar="FILE|default",
         help="fit nothing: predict the runs with a calibration file's constants (fitted on "
         "other runs) or with the uncalibrated defaults ('default'), and print the errors",
@@ -124,7 +120,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     prof.add_argument("--device", default="cpu", metavar="NAME", help="torch device (default: cpu)")
     prof.add_argument(
         "--dtype",
-        default=None,
         metavar="NAME",
         help="float32, bfloat16, float16 (default: by device)",
     )

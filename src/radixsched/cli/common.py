@@ -89,7 +89,6 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        default=None,
         help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
         f"{default_threads()} here)",
     )
