@@ -30,9 +30,7 @@ from radixsched.results.service import (
 )
 from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json
 
-# ---------------------------------------------------------------------------------------------
-# The result of one policy
-# ---------------------------------------------------------------------------------------------
+# ---- The result of one policy --------------------------------------------------------------------
 
 
 class Throughput(NamedTuple):

@@ -28,7 +28,7 @@ and Hugging Face ids (``meta-llama/Llama-3.1-8B-Instruct``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 MIB = 1 << 20
@@ -188,17 +188,7 @@ def _with_curve(g: GPUSpec) -> GPUSpec:
     curve = PREFILL_CURVES.get(g.name)
     if curve is None:
         return g
-    return GPUSpec(
-        g.name,
-        g.memory_bytes,
-        g.peak_flops,
-        g.hbm_bw,
-        g.pcie_bw,
-        g.link_bw,
-        g.link_latency_s,
-        mfu=curve[0],
-        prefill_eff_tokens=curve[1],
-    )
+    return replace(g, mfu=curve[0], prefill_eff_tokens=curve[1])
 
 
 GPUS: dict[str, GPUSpec] = {
