@@ -7,7 +7,6 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -247,9 +246,7 @@ def engine_cpus(text: str | None, *, single_process: bool) -> tuple[int, ...] | 
     return tuple(sorted(cpus))
 
 
-def resolve_api_key(
-    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
-) -> str | None:
+def resolve_api_key(args: argparse.Namespace) -> str | None:
     """The key from --api-key, --api-key-file or $RADIXSCHED_API_KEY (in that order; the two
     flags exclude each other); None when none is given. An empty key is an error: it would
     silently turn authentication off (``--api-key "$KEY"`` with KEY unset)."""
@@ -267,8 +264,8 @@ def resolve_api_key(
         if not key:
             raise _UsageError(f"--api-key-file {args.api_key_file} is empty")
         return key
-    if API_KEY_ENV in environ:
-        key = environ[API_KEY_ENV]
+    if API_KEY_ENV in os.environ:
+        key = os.environ[API_KEY_ENV]
         if not key.strip():
             raise _UsageError(f"${API_KEY_ENV} is set but empty")
         return key

@@ -27,6 +27,21 @@ def _completed(reqs: Iterable[Req]) -> list[Req]:
     ]
 
 
+def meets_slo(
+    done: Req, ttft_s: float | None, tpot_s: float | None, e2e_s: float | None = None
+) -> bool:
+    """Whether ``done`` (a completed request) met every target given (seconds; None: no
+    target). A request with one output token has no TPOT and meets any TPOT target."""
+    t, n = done.times, done.output_len
+    if t.first_token is None or t.finish is None:
+        return False
+    return not (
+        (ttft_s is not None and t.first_token - t.arrival > ttft_s)
+        or (e2e_s is not None and t.finish - t.arrival > e2e_s)
+        or (tpot_s is not None and n > 1 and (t.finish - t.first_token) / (n - 1) > tpot_s)
+    )
+
+
 # The ``_x(done)`` helpers take an already-filtered list (``_completed``), so that summarize
 # filters once; the public ``x_samples(reqs)`` wrappers filter themselves.
 
