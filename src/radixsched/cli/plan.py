@@ -28,18 +28,9 @@ PLAN_HELP = COMMAND_HELP["plan"]
 DEFAULT_POLICIES = ("fcfs", "lpm")
 # Plan's own settings (flags, or keys of --config), beside simulate's.
 OWN_KEYS = (
-    "policy",
-    "slo_e2e_ms",
-    "slo_attainment",
-    "tolerance",
-    "deployments",
-    "gpu_price",
-    "jobs",
-    "ray",
-    "json",
-    "report",
-    "quiet",
-)
+    "policy", "slo_e2e_ms", "slo_attainment", "tolerance", "deployments", "gpu_price", "jobs",
+    "ray", "json", "report", "quiet",
+)  # fmt: skip
 
 
 def add_plan_parser(sub: Any) -> Any:

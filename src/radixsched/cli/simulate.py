@@ -202,20 +202,9 @@ def _sim_choices() -> dict[str, list[str]]:
 
 # Simulate's own flags (not config fields): their argparse dests.
 _OWN_FLAGS = (
-    "workload",
-    "policy",
-    "request_rate",
-    "num_requests",
-    "workload_seed",
-    "slo_ttft_ms",
-    "slo_tpot_ms",
-    "json",
-    "csv",
-    "report",
-    "requests_csv",
-    "quiet",
-    "jobs",
-)
+    "workload", "policy", "request_rate", "num_requests", "workload_seed", "slo_ttft_ms",
+    "slo_tpot_ms", "json", "csv", "report", "requests_csv", "quiet", "jobs",
+)  # fmt: skip
 
 
 def _given_flags(args: argparse.Namespace) -> dict[str, Any]:

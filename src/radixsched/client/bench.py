@@ -71,37 +71,14 @@ MAX_ERRORS_KEPT = 20
 # bench's sizes for generated workloads, for every param a spec leaves out: a small model on
 # a CPU (SmolLM2-135M) serves each of them in seconds. Traces are sent as they are.
 BENCH_WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "shared-prefix": {
-        "groups": 8,
-        "prompts": 8,
-        "system_len": 256,
-        "question_len": 32,
-        "output_len": 32,
-    },
-    "multi-turn": {
-        "conversations": 8,
-        "turns": 3,
-        "first_len": 128,
-        "turn_len": 32,
-        "output_len": 32,
-        "think_time_s": 0.5,
-    },
-    "tree-of-thought": {
-        "trees": 4,
-        "depth": 3,
-        "branching": 2,
-        "root_len": 128,
-        "step_len": 32,
-        "output_len": 32,
-        "think_time_s": 0.5,
-    },
-    "few-shot": {
-        "questions": 64,
-        "shots": 3,
-        "shot_len": 64,
-        "question_len": 32,
-        "num_subjects": 8,
-    },
+    "shared-prefix": dict(groups=8, prompts=8, system_len=256, question_len=32, output_len=32),
+    "multi-turn": dict(
+        conversations=8, turns=3, first_len=128, turn_len=32, output_len=32, think_time_s=0.5
+    ),
+    "tree-of-thought": dict(
+        trees=4, depth=3, branching=2, root_len=128, step_len=32, output_len=32, think_time_s=0.5
+    ),
+    "few-shot": dict(questions=64, shots=3, shot_len=64, question_len=32, num_subjects=8),
 }
 DEFAULT_BENCH_WORKLOAD = "shared-prefix"
 

@@ -118,31 +118,11 @@ def queue_wait_samples(reqs: Iterable[Req]) -> FloatArray:
 # policy, as Vidur's request_metrics.csv and bench_serving's --output-details give. Times are
 # seconds on the run's clock; a latency a request never reached is empty.
 REQUEST_COLUMNS: tuple[str, ...] = (
-    "policy",
-    "request_id",
-    "tenant",
-    "routing_key",
-    "priority",
-    "replica",
-    "arrival_s",
-    "first_scheduled_s",
-    "first_token_s",
-    "finish_s",
-    "queue_wait_s",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "prompt_tokens",
-    "cached_tokens",
-    "host_cached_tokens",
-    "computed_prefill_tokens",
-    "output_tokens",
-    "retractions",
-    "preemptions",
-    "finish_reason",
-    "error",
-    "slo_met",
-)
+    "policy", "request_id", "tenant", "routing_key", "priority", "replica", "arrival_s",
+    "first_scheduled_s", "first_token_s", "finish_s", "queue_wait_s", "ttft_s", "tpot_s", "e2e_s",
+    "prompt_tokens", "cached_tokens", "host_cached_tokens", "computed_prefill_tokens",
+    "output_tokens", "retractions", "preemptions", "finish_reason", "error", "slo_met",
+)  # fmt: skip
 RequestRow: TypeAlias = dict[str, str | int | float | bool | None]
 
 
