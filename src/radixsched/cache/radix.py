@@ -612,15 +612,7 @@ class RadixCache(BasePrefixCache):
             leaf_key = leaf_key.copy()
             leaf_value = np.array(leaf_value, dtype=np.int64)
         leaf = TreeNode(
-            next(self._ids),
-            leaf_key,
-            leaf_value,
-            node,
-            ns,
-            now,
-            priority,
-            ckey,
-            top_key,
+            next(self._ids), leaf_key, leaf_value, node, ns, now, priority, ckey, top_key
         )
         if n > inserted_len:
             leaf.hit_count = 1

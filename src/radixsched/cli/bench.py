@@ -67,10 +67,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--num-requests", type=int, metavar="N", help="take the first N requests")
     p.add_argument(
-        "--max-concurrency",
-        type=int,
-        metavar="N",
-        help="requests in flight at most (default: all)",
+        "--max-concurrency", type=int, metavar="N", help="requests in flight at most (default: all)"
     )
     p.add_argument("--api-key", help="bearer token for a server run with --api-key")
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default: 0)")

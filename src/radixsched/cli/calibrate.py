@@ -119,9 +119,7 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     prof.add_argument("--profile", action="store_true", help="profile the local engine")
     prof.add_argument("--device", default="cpu", metavar="NAME", help="torch device (default: cpu)")
     prof.add_argument(
-        "--dtype",
-        metavar="NAME",
-        help="float32, bfloat16, float16 (default: by device)",
+        "--dtype", metavar="NAME", help="float32, bfloat16, float16 (default: by device)"
     )
     prof.add_argument(
         "--batch-sizes",
@@ -386,8 +384,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             tp=args.tp,
             max_total_tokens=extra["max_total_tokens"],
             context_length=next(
-                (r.workload.get("context_len") for r in runs if r.workload.get("context_len")),
-                None,
+                (r.workload.get("context_len") for r in runs if r.workload.get("context_len")), None
             ),
             engine_mode=args.engine_mode,
         )

@@ -176,10 +176,7 @@ def scheduler_choices() -> dict[str, list[str]]:
     from radixsched.cache.evict import EVICTION_STRATEGIES
     from radixsched.policies import POLICIES
 
-    return {
-        "schedule_policy": list(POLICIES),
-        "radix_eviction_policy": list(EVICTION_STRATEGIES),
-    }
+    return {"schedule_policy": list(POLICIES), "radix_eviction_policy": list(EVICTION_STRATEGIES)}
 
 
 # ---- the parser ------------------------------------------------------------------------------

@@ -62,9 +62,7 @@ def _add_own_args(p: argparse.ArgumentParser) -> None:
         help=f"workload spec, as simulate takes it (default: {DEFAULT_WORKLOAD})",
     )
     run.add_argument(
-        "--policy",
-        metavar="A,B",
-        help=f"policies to try (default: {','.join(DEFAULT_POLICIES)})",
+        "--policy", metavar="A,B", help=f"policies to try (default: {','.join(DEFAULT_POLICIES)})"
     )
     run.add_argument(
         "--request-rate",
@@ -90,9 +88,7 @@ def _add_own_args(p: argparse.ArgumentParser) -> None:
         help="dollars per GPU-hour, over the presets' list prices (h100=2.5)",
     )
     run.add_argument(
-        "--jobs",
-        metavar="N",
-        help="candidates at once, in forked processes (default: one per CPU)",
+        "--jobs", metavar="N", help="candidates at once, in forked processes (default: one per CPU)"
     )
     run.add_argument(
         "--ray",

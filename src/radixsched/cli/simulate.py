@@ -128,9 +128,7 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     out.add_argument("--json", metavar="PATH", help="results and settings as JSON")
     out.add_argument("--csv", metavar="PATH", help="one CSV row per policy")
     out.add_argument(
-        "--report",
-        metavar="PATH",
-        help="a self-contained HTML report with interactive charts",
+        "--report", metavar="PATH", help="a self-contained HTML report with interactive charts"
     )
     out.add_argument(
         "--requests-csv",
@@ -567,10 +565,7 @@ _EXTRA_TERMS = (
 
 
 def _header(
-    meta: Mapping[str, Any],
-    workload: Workload,
-    winfo: Mapping[str, Any],
-    cinfo: Mapping[str, Any],
+    meta: Mapping[str, Any], workload: Workload, winfo: Mapping[str, Any], cinfo: Mapping[str, Any]
 ) -> list[str]:
     """What is being run, before it runs: version and time, the workload with every param,
     the simulated system and cost model, the policies."""

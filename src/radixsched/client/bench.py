@@ -723,12 +723,7 @@ class SweepResult:
             doc = r.to_document()
             doc.pop("meta")
             runs.append({"stage": name, **doc})
-        return {
-            "format": SWEEP_FORMAT,
-            "version": 1,
-            "meta": to_jsonable(meta or {}),
-            "runs": runs,
-        }
+        return {"format": SWEEP_FORMAT, "version": 1, "meta": to_jsonable(meta or {}), "runs": runs}
 
     def failure_lines(self) -> list[str]:
         """Each stage's failures grouped by reason (empty when none failed)."""

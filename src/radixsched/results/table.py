@@ -83,10 +83,7 @@ def runtime_line(results: Sequence[PolicyResult], runtime: Runtime | None = None
 
 
 def render_comparison(
-    results: Sequence[PolicyResult],
-    console: Console,
-    *,
-    runtime: Runtime | None = None,
+    results: Sequence[PolicyResult], console: Console, *, runtime: Runtime | None = None
 ) -> Recommendation:
     """Print the comparison as one table that fits the console (the least important columns
     dropped on a narrow one, and named), a legend line, the simulator's own runtime once

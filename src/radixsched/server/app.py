@@ -192,9 +192,4 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-__all__ = [
-    "GracefulServer",
-    "ServerThread",
-    "create_app",
-    "run_server",
-]
+__all__ = ["GracefulServer", "ServerThread", "create_app", "run_server"]
