@@ -445,16 +445,7 @@ async def _drain(receive: Receive, declared: int) -> bool:
 
 
 __all__ = [
-    "ARRIVAL_SCOPE_KEY",
-    "DEFAULT_MAX_COMPLETION_TOKENS",
-    "AccessPolicy",
-    "ApiKeyMiddleware",
-    "BodyLimitMiddleware",
-    "CatchAllMiddleware",
-    "GuardMiddleware",
-    "HeadMiddleware",
-    "RequestLimits",
-    "error_body",
-    "error_kind",
-    "send_error",
-]
+    "ARRIVAL_SCOPE_KEY", "DEFAULT_MAX_COMPLETION_TOKENS", "AccessPolicy", "ApiKeyMiddleware",
+    "BodyLimitMiddleware", "CatchAllMiddleware", "GuardMiddleware", "HeadMiddleware",
+    "RequestLimits", "error_body", "error_kind", "send_error",
+]  # fmt: skip
