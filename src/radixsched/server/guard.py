@@ -85,11 +85,10 @@ async def send_error(
     status: int,
     message: str,
     *,
-    param: str | None = None,
     code: str | None = None,
     headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
-    body = error_body(status, message, param=param, code=code)
+    body = error_body(status, message, code=code)
     extra = list(headers)
     if status == 503:
         extra.append((b"retry-after", str(RETRY_AFTER_S).encode()))

@@ -339,9 +339,9 @@ def parse_workload_spec(
     return kind, params
 
 
-def check_workload_spec(spec: str, defaults: Defaults | None = None) -> None:
+def check_workload_spec(spec: str) -> None:
     """Fail now, in one line, on a bad spec or a trace that cannot be read (nothing built)."""
-    kind, params = parse_workload_spec(spec, defaults)
+    kind, params = parse_workload_spec(spec)
     if kind.is_trace:
         check_trace(params["path"])
 
