@@ -121,24 +121,14 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     prof.add_argument(
         "--dtype", metavar="NAME", help="float32, bfloat16, float16 (default: by device)"
     )
-    prof.add_argument(
-        "--batch-sizes",
-        default="1,2,4,8,16",
-        metavar="N,N,...",
-        help="batch sizes (default: 1,2,4,8,16)",
-    )
-    prof.add_argument(
-        "--prefill-tokens",
-        default="16,64,256,1024",
-        metavar="N,N,...",
-        help="new tokens per prefill request (default: 16,64,256,1024)",
-    )
-    prof.add_argument(
-        "--decode-context",
-        default="64,256,1024",
-        metavar="N,N,...",
-        help="context tokens per decode request (default: 64,256,1024)",
-    )
+    for flag, default, what in (
+        ("--batch-sizes", "1,2,4,8,16", "batch sizes"),
+        ("--prefill-tokens", "16,64,256,1024", "new tokens per prefill request"),
+        ("--decode-context", "64,256,1024", "context tokens per decode request"),
+    ):
+        prof.add_argument(
+            flag, default=default, metavar="N,N,...", help=f"{what} (default: {default})"
+        )
     prof.add_argument(
         "--repeats", type=int, default=5, metavar="N", help="timed repeats per shape (default: 5)"
     )
