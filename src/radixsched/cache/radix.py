@@ -81,21 +81,9 @@ class TreeNode:
     """A tree segment. ``parent is None`` for the root and for nodes no longer in the tree."""
 
     __slots__ = (
-        "child_key",
-        "children",
-        "creation_time",
-        "hit_count",
-        "id",
-        "key",
-        "last_access_time",
-        "lock_ref",
-        "namespace",
-        "parent",
-        "priority",
-        "slot",
-        "subtree_key",
-        "value",
-    )
+        "child_key", "children", "creation_time", "hit_count", "id", "key", "last_access_time",
+        "lock_ref", "namespace", "parent", "priority", "slot", "subtree_key", "value",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -612,15 +600,7 @@ class RadixCache(BasePrefixCache):
             leaf_key = leaf_key.copy()
             leaf_value = np.array(leaf_value, dtype=np.int64)
         leaf = TreeNode(
-            next(self._ids),
-            leaf_key,
-            leaf_value,
-            node,
-            ns,
-            now,
-            priority,
-            ckey,
-            top_key,
+            next(self._ids), leaf_key, leaf_value, node, ns, now, priority, ckey, top_key
         )
         if n > inserted_len:
             leaf.hit_count = 1

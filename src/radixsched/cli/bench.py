@@ -61,22 +61,15 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--request-rate",
-        default=None,
         metavar="R",
         help="Poisson arrivals per second, or 'inf' to send every request at once (default: "
         "the trace's timestamps; generated workloads: inf); --max-concurrency still applies",
     )
+    p.add_argument("--num-requests", type=int, metavar="N", help="take the first N requests")
     p.add_argument(
-        "--num-requests", type=int, default=None, metavar="N", help="take the first N requests"
+        "--max-concurrency", type=int, metavar="N", help="requests in flight at most (default: all)"
     )
-    p.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=None,
-        metavar="N",
-        help="requests in flight at most (default: all)",
-    )
-    p.add_argument("--api-key", default=None, help="bearer token for a server run with --api-key")
+    p.add_argument("--api-key", help="bearer token for a server run with --api-key")
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default: 0)")
     p.add_argument(
         "--timeout",
@@ -85,18 +78,11 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="S",
         help="seconds a request may wait for its next data before it fails (default: 600)",
     )
-    p.add_argument(
-        "--slo-ttft-ms", type=float, default=None, metavar="MS", help="TTFT target for SLO goodput"
-    )
-    p.add_argument(
-        "--slo-tpot-ms", type=float, default=None, metavar="MS", help="TPOT target for SLO goodput"
-    )
-    p.add_argument(
-        "--json", dest="json_path", default=None, metavar="PATH", help="write the result as JSON"
-    )
+    p.add_argument("--slo-ttft-ms", type=float, metavar="MS", help="TTFT target for SLO goodput")
+    p.add_argument("--slo-tpot-ms", type=float, metavar="MS", help="TPOT target for SLO goodput")
+    p.add_argument("--json", dest="json_path", metavar="PATH", help="write the result as JSON")
     p.add_argument(
         "--requests-csv",
-        default=None,
         metavar="PATH",
         help="one row per request (CSV; Parquet if PATH ends in .parquet, needs pyarrow)",
     )
@@ -117,7 +103,6 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     sweep.add_argument(
         "--sweep-rates",
         type=int,
-        default=None,
         metavar="K",
         help="with --sweep: Poisson rates between synchronous and throughput, 0 to "
         f"{MAX_SWEEP_RATES} (default: {SWEEP_RATES})",

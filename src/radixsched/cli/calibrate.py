@@ -54,7 +54,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        default=None,
         metavar="NAME",
         help="model preset or config.json (default: the model the results name)",
     )
@@ -70,7 +69,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-total-tokens",
         type=int,
-        default=None,
         metavar="N",
         help="the server's KV capacity in tokens (default: from the results, else the model)",
     )
@@ -105,7 +103,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workload",
-        default=None,
         metavar="SPEC",
         help="the prompts the benchmark sent (a workload spec or trace, as 'simulate' takes): "
         "each measured request replays the trace's next prompt of its length, so the replay "
@@ -113,7 +110,6 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--check",
-        default=None,
         metavar="FILE|default",
         help="fit nothing: predict the runs with a calibration file's constants (fitted on "
         "other runs) or with the uncalibrated defaults ('default'), and print the errors",
@@ -123,29 +119,16 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     prof.add_argument("--profile", action="store_true", help="profile the local engine")
     prof.add_argument("--device", default="cpu", metavar="NAME", help="torch device (default: cpu)")
     prof.add_argument(
-        "--dtype",
-        default=None,
-        metavar="NAME",
-        help="float32, bfloat16, float16 (default: by device)",
+        "--dtype", metavar="NAME", help="float32, bfloat16, float16 (default: by device)"
     )
-    prof.add_argument(
-        "--batch-sizes",
-        default="1,2,4,8,16",
-        metavar="N,N,...",
-        help="batch sizes (default: 1,2,4,8,16)",
-    )
-    prof.add_argument(
-        "--prefill-tokens",
-        default="16,64,256,1024",
-        metavar="N,N,...",
-        help="new tokens per prefill request (default: 16,64,256,1024)",
-    )
-    prof.add_argument(
-        "--decode-context",
-        default="64,256,1024",
-        metavar="N,N,...",
-        help="context tokens per decode request (default: 64,256,1024)",
-    )
+    for flag, default, what in (
+        ("--batch-sizes", "1,2,4,8,16", "batch sizes"),
+        ("--prefill-tokens", "16,64,256,1024", "new tokens per prefill request"),
+        ("--decode-context", "64,256,1024", "context tokens per decode request"),
+    ):
+        prof.add_argument(
+            flag, default=default, metavar="N,N,...", help=f"{what} (default: {default})"
+        )
     prof.add_argument(
         "--repeats", type=int, default=5, metavar="N", help="timed repeats per shape (default: 5)"
     )
@@ -391,8 +374,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             tp=args.tp,
             max_total_tokens=extra["max_total_tokens"],
             context_length=next(
-                (r.workload.get("context_len") for r in runs if r.workload.get("context_len")),
-                None,
+                (r.workload.get("context_len") for r in runs if r.workload.get("context_len")), None
             ),
             engine_mode=args.engine_mode,
         )

@@ -89,7 +89,6 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        default=None,
         help="torch CPU threads (default: the usable CPUs less one, 1 to 8: "
         f"{default_threads()} here)",
     )
@@ -177,10 +176,7 @@ def scheduler_choices() -> dict[str, list[str]]:
     from radixsched.cache.evict import EVICTION_STRATEGIES
     from radixsched.policies import POLICIES
 
-    return {
-        "schedule_policy": list(POLICIES),
-        "radix_eviction_policy": list(EVICTION_STRATEGIES),
-    }
+    return {"schedule_policy": list(POLICIES), "radix_eviction_policy": list(EVICTION_STRATEGIES)}
 
 
 # ---- the parser ------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="use the chat template even for a model without one (random models: ChatML)",
     )
-    p.add_argument("--system", default=None, help="system message of the chat template")
+    p.add_argument("--system", help="system message of the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128, help="(default: 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="(default: 1.0, off)")
@@ -92,14 +92,11 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-slots",
         type=int,
-        default=None,
         help="KV pool size in tokens (default: every prompt plus its max-new-tokens)",
     )
-    p.add_argument(
-        "--context-len", type=int, default=None, help="context length (default: the model's)"
-    )
+    p.add_argument("--context-len", type=int, help="context length (default: the model's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    p.add_argument("--dtype", help="float32, bfloat16, float16 (default: by device)")
     add_threads_arg(p)
     p.add_argument(
         "--verbose",
@@ -112,7 +109,6 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
         dest="json_path",
         nargs="?",
         const="-",
-        default=None,
         metavar="PATH",
         help="write completions, counts and timings as JSON to PATH (no PATH: stdout, "
         "instead of the text output)",

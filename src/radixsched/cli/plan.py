@@ -28,18 +28,9 @@ PLAN_HELP = COMMAND_HELP["plan"]
 DEFAULT_POLICIES = ("fcfs", "lpm")
 # Plan's own settings (flags, or keys of --config), beside simulate's.
 OWN_KEYS = (
-    "policy",
-    "slo_e2e_ms",
-    "slo_attainment",
-    "tolerance",
-    "deployments",
-    "gpu_price",
-    "jobs",
-    "ray",
-    "json",
-    "report",
-    "quiet",
-)
+    "policy", "slo_e2e_ms", "slo_attainment", "tolerance", "deployments", "gpu_price", "jobs",
+    "ray", "json", "report", "quiet",
+)  # fmt: skip
 
 
 def add_plan_parser(sub: Any) -> Any:
@@ -62,74 +53,60 @@ def _add_own_args(p: argparse.ArgumentParser) -> None:
     run = p.add_argument_group("workload and search")
     run.add_argument(
         "--config",
-        default=None,
         metavar="RUN.yaml",
         help="YAML settings file (simulate's keys; lists vary a setting); flags override it",
     )
     run.add_argument(
         "--workload",
-        default=None,
         metavar="SPEC",
         help=f"workload spec, as simulate takes it (default: {DEFAULT_WORKLOAD})",
     )
     run.add_argument(
-        "--policy",
-        default=None,
-        metavar="A,B",
-        help=f"policies to try (default: {','.join(DEFAULT_POLICIES)})",
+        "--policy", metavar="A,B", help=f"policies to try (default: {','.join(DEFAULT_POLICIES)})"
     )
     run.add_argument(
         "--request-rate",
-        default=None,
         metavar="R",
         help="a target rate (req/s): find the fewest GPUs that sustain it "
         "(default: each candidate's capacity, ranked per dollar)",
     )
-    run.add_argument("--num-requests", default=None, metavar="N", help="first N requests")
-    run.add_argument("--workload-seed", default=None, metavar="N", help="workload seed")
+    run.add_argument("--num-requests", metavar="N", help="first N requests")
+    run.add_argument("--workload-seed", metavar="N", help="workload seed")
     run.add_argument(
         "--deployments",
-        default=None,
         metavar="colocated,P:D",
         help="co-located, and/or prefill:decode splits per --dp unit (default: colocated)",
     )
     run.add_argument(
         "--tolerance",
-        default=None,
         metavar="F",
         help="bisection stops when the bracket is within this share (default 0.05)",
     )
     run.add_argument(
         "--gpu-price",
-        default=None,
         metavar="GPU=$,...",
         help="dollars per GPU-hour, over the presets' list prices (h100=2.5)",
     )
     run.add_argument(
-        "--jobs",
-        default=None,
-        metavar="N",
-        help="candidates at once, in forked processes (default: one per CPU)",
+        "--jobs", metavar="N", help="candidates at once, in forked processes (default: one per CPU)"
     )
     run.add_argument(
         "--ray",
-        default=None,
         metavar="ADDRESS",
         help="run candidates as tasks on this Ray cluster ('auto': the local one)",
     )
     slo = p.add_argument_group("SLOs (at least one latency target)")
-    slo.add_argument("--slo-ttft-ms", default=None, metavar="MS", help="TTFT target")
-    slo.add_argument("--slo-tpot-ms", default=None, metavar="MS", help="TPOT target")
-    slo.add_argument("--slo-e2e-ms", default=None, metavar="MS", help="end-to-end target")
+    slo.add_argument("--slo-ttft-ms", metavar="MS", help="TTFT target")
+    slo.add_argument("--slo-tpot-ms", metavar="MS", help="TPOT target")
+    slo.add_argument("--slo-e2e-ms", metavar="MS", help="end-to-end target")
     slo.add_argument(
         "--slo-attainment",
-        default=None,
         metavar="F",
         help="share of requests that must meet every target (default 0.9)",
     )
     out = p.add_argument_group("outputs")
-    out.add_argument("--json", default=None, metavar="PATH", help="one object per candidate")
-    out.add_argument("--report", default=None, metavar="PATH", help="HTML report with charts")
+    out.add_argument("--json", metavar="PATH", help="one object per candidate")
+    out.add_argument("--report", metavar="PATH", help="HTML report with charts")
     out.add_argument("--quiet", action="store_true", default=None, help="no progress display")
 
 

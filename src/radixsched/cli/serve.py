@@ -7,7 +7,6 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,19 +58,17 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "/flush_cache. Scheduler flags carry SGLang's names.",
     )
     p.add_argument("--model", required=True, help=MODEL_HELP)
-    p.add_argument("--served-model-name", default=None, help="name clients send (default: --model)")
+    p.add_argument("--served-model-name", help="name clients send (default: --model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port (default: 30000)")
     p.add_argument(
         "--api-key",
-        default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health. A key given "
         "here is visible to every user of the machine (ps, /proc/PID/cmdline): prefer "
         f"--api-key-file or ${API_KEY_ENV}. An empty key is refused.",
     )
     p.add_argument(
         "--api-key-file",
-        default=None,
         metavar="PATH",
         help="read the API key from this file (surrounding whitespace stripped)",
     )
@@ -94,7 +91,6 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-request-bytes",
         type=int,
-        default=None,
         metavar="N",
         help=f"request body limit, 413 above it (default: {BODY_BYTES_PER_CONTEXT_TOKEN} bytes "
         f"per context token, at least {MIN_BODY_LIMIT >> 20} MiB)",
@@ -108,24 +104,19 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "max_completion_tokens (OpenAI's default is the rest of the context: 0 restores it; "
         f"default: {DEFAULT_MAX_COMPLETION_TOKENS}). Explicit limits are honoured as sent",
     )
-    p.add_argument(
-        "--kv-slots", type=int, default=None, help="KV pool size in tokens (default: --kv-cache-mb)"
-    )
+    p.add_argument("--kv-slots", type=int, help="KV pool size in tokens (default: --kv-cache-mb)")
     p.add_argument(
         "--kv-cache-mb",
         type=float,
         default=256.0,
         help="KV pool memory when --kv-slots is not given (default: 256, at most 131072 slots)",
     )
-    p.add_argument(
-        "--context-len", type=int, default=None, help="context length (default: the model's)"
-    )
+    p.add_argument("--context-len", type=int, help="context length (default: the model's)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    p.add_argument("--dtype", help="float32, bfloat16, float16 (default: by device)")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     p.add_argument(
         "--engine-cpus",
-        default=None,
         metavar="LIST",
         help="bind the engine process to these CPUs (e.g. 1 or 2-5,7) and the HTTP process to "
         "the others, so neither takes the other's cores (default: unbound; --threads then "
@@ -255,9 +246,7 @@ def engine_cpus(text: str | None, *, single_process: bool) -> tuple[int, ...] | 
     return tuple(sorted(cpus))
 
 
-def resolve_api_key(
-    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
-) -> str | None:
+def resolve_api_key(args: argparse.Namespace) -> str | None:
     """The key from --api-key, --api-key-file or $RADIXSCHED_API_KEY (in that order; the two
     flags exclude each other); None when none is given. An empty key is an error: it would
     silently turn authentication off (``--api-key "$KEY"`` with KEY unset)."""
@@ -275,8 +264,8 @@ def resolve_api_key(
         if not key:
             raise _UsageError(f"--api-key-file {args.api_key_file} is empty")
         return key
-    if API_KEY_ENV in environ:
-        key = environ[API_KEY_ENV]
+    if API_KEY_ENV in os.environ:
+        key = os.environ[API_KEY_ENV]
         if not key.strip():
             raise _UsageError(f"${API_KEY_ENV} is set but empty")
         return key

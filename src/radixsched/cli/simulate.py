@@ -82,20 +82,17 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     run = p.add_argument_group("workload and policies")
     run.add_argument(
         "--config",
-        default=None,
         metavar="RUN.yaml",
         help="YAML file of settings with the flags' names (request_rate: 8, gpu: h100, "
         "policy: [fcfs, lpm], ...); flags given here override it",
     )
     run.add_argument(
         "--workload",
-        default=None,
         metavar="SPEC",
         help=f"workload spec, listed below (default: {DEFAULT_WORKLOAD})",
     )
     run.add_argument(
         "--policy",
-        default=None,
         metavar="A,B|all",
         help="policies to compare, comma-separated, or 'all' (default: "
         + ",".join(MAIN_POLICIES)
@@ -103,7 +100,6 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--request-rate",
-        default=None,
         metavar="R",
         help="Poisson arrivals per second, or 'inf' for all at once (default: the trace's "
         "timestamps; generated workloads: inf)",
@@ -111,14 +107,12 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--num-requests",
         type=int,
-        default=None,
         metavar="N",
         help="take the first N requests by arrival (a trace builds only their prompts)",
     )
     run.add_argument(
         "--workload-seed",
         type=int,
-        default=None,
         metavar="N",
         help="seed of the workload generator and of Poisson arrivals (default: --seed)",
     )
@@ -126,23 +120,18 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     slo.add_argument(
         "--slo-ttft-ms",
         type=float,
-        default=None,
         metavar="MS",
         help="TTFT target: report the share of requests meeting every target, and goodput",
     )
-    slo.add_argument("--slo-tpot-ms", type=float, default=None, metavar="MS", help="TPOT target")
+    slo.add_argument("--slo-tpot-ms", type=float, metavar="MS", help="TPOT target")
     out = p.add_argument_group("outputs (every path is checked before the run starts)")
-    out.add_argument("--json", default=None, metavar="PATH", help="results and settings as JSON")
-    out.add_argument("--csv", default=None, metavar="PATH", help="one CSV row per policy")
+    out.add_argument("--json", metavar="PATH", help="results and settings as JSON")
+    out.add_argument("--csv", metavar="PATH", help="one CSV row per policy")
     out.add_argument(
-        "--report",
-        default=None,
-        metavar="PATH",
-        help="a self-contained HTML report with interactive charts",
+        "--report", metavar="PATH", help="a self-contained HTML report with interactive charts"
     )
     out.add_argument(
         "--requests-csv",
-        default=None,
         metavar="PATH",
         help="one row per request and policy (CSV; Parquet if PATH ends in .parquet, "
         "needs pyarrow)",
@@ -151,7 +140,6 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--jobs",
         type=int,
-        default=None,
         metavar="N",
         help="policies simulated at once, each in a process of its own (forked after the "
         "load; the same results as one at a time). Default on Linux: one per CPU, at most one "
@@ -212,20 +200,9 @@ def _sim_choices() -> dict[str, list[str]]:
 
 # Simulate's own flags (not config fields): their argparse dests.
 _OWN_FLAGS = (
-    "workload",
-    "policy",
-    "request_rate",
-    "num_requests",
-    "workload_seed",
-    "slo_ttft_ms",
-    "slo_tpot_ms",
-    "json",
-    "csv",
-    "report",
-    "requests_csv",
-    "quiet",
-    "jobs",
-)
+    "workload", "policy", "request_rate", "num_requests", "workload_seed", "slo_ttft_ms",
+    "slo_tpot_ms", "json", "csv", "report", "requests_csv", "quiet", "jobs",
+)  # fmt: skip
 
 
 def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -588,10 +565,7 @@ _EXTRA_TERMS = (
 
 
 def _header(
-    meta: Mapping[str, Any],
-    workload: Workload,
-    winfo: Mapping[str, Any],
-    cinfo: Mapping[str, Any],
+    meta: Mapping[str, Any], workload: Workload, winfo: Mapping[str, Any], cinfo: Mapping[str, Any]
 ) -> list[str]:
     """What is being run, before it runs: version and time, the workload with every param,
     the simulated system and cost model, the policies."""

@@ -54,17 +54,13 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="sweep YAML: base settings and a 'vary' mapping")
     p.add_argument(
         "--ray",
-        default=None,
         metavar="ADDRESS",
         help="run on Ray (ray.init address, e.g. auto or ray://host:10001)",
     )
-    p.add_argument(
-        "--out", default=None, metavar="DIR", help="output folder (default: sweep-<name>)"
-    )
+    p.add_argument("--out", metavar="DIR", help="output folder (default: sweep-<name>)")
     p.add_argument(
         "--jobs",
         type=int,
-        default=None,
         metavar="N",
         help="local worker processes (default: CPU count; 1 = in-process; at most the CPU "
         "count is used)",

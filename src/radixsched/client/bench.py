@@ -71,37 +71,14 @@ MAX_ERRORS_KEPT = 20
 # bench's sizes for generated workloads, for every param a spec leaves out: a small model on
 # a CPU (SmolLM2-135M) serves each of them in seconds. Traces are sent as they are.
 BENCH_WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "shared-prefix": {
-        "groups": 8,
-        "prompts": 8,
-        "system_len": 256,
-        "question_len": 32,
-        "output_len": 32,
-    },
-    "multi-turn": {
-        "conversations": 8,
-        "turns": 3,
-        "first_len": 128,
-        "turn_len": 32,
-        "output_len": 32,
-        "think_time_s": 0.5,
-    },
-    "tree-of-thought": {
-        "trees": 4,
-        "depth": 3,
-        "branching": 2,
-        "root_len": 128,
-        "step_len": 32,
-        "output_len": 32,
-        "think_time_s": 0.5,
-    },
-    "few-shot": {
-        "questions": 64,
-        "shots": 3,
-        "shot_len": 64,
-        "question_len": 32,
-        "num_subjects": 8,
-    },
+    "shared-prefix": dict(groups=8, prompts=8, system_len=256, question_len=32, output_len=32),
+    "multi-turn": dict(
+        conversations=8, turns=3, first_len=128, turn_len=32, output_len=32, think_time_s=0.5
+    ),
+    "tree-of-thought": dict(
+        trees=4, depth=3, branching=2, root_len=128, step_len=32, output_len=32, think_time_s=0.5
+    ),
+    "few-shot": dict(questions=64, shots=3, shot_len=64, question_len=32, num_subjects=8),
 }
 DEFAULT_BENCH_WORKLOAD = "shared-prefix"
 
@@ -746,12 +723,7 @@ class SweepResult:
             doc = r.to_document()
             doc.pop("meta")
             runs.append({"stage": name, **doc})
-        return {
-            "format": SWEEP_FORMAT,
-            "version": 1,
-            "meta": to_jsonable(meta or {}),
-            "runs": runs,
-        }
+        return {"format": SWEEP_FORMAT, "version": 1, "meta": to_jsonable(meta or {}), "runs": runs}
 
     def failure_lines(self) -> list[str]:
         """Each stage's failures grouped by reason (empty when none failed)."""
@@ -821,15 +793,7 @@ def write_sweep_json(path: str, sweep: SweepResult, meta: dict[str, Any] | None 
 
 
 __all__ = [
-    "BENCH_WORKLOAD_DEFAULTS",
-    "BenchConfig",
-    "BenchError",
-    "BenchResult",
-    "SweepResult",
-    "load_bench_workload",
-    "run_bench",
-    "run_sweep",
-    "url_problem",
-    "write_json",
+    "BENCH_WORKLOAD_DEFAULTS", "BenchConfig", "BenchError", "BenchResult", "SweepResult",
+    "load_bench_workload", "run_bench", "run_sweep", "url_problem", "write_json",
     "write_sweep_json",
-]
+]  # fmt: skip

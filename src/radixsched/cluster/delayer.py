@@ -475,10 +475,7 @@ class PrefillDelayerPass:
         self.finalized = False
 
     def negotiate(
-        self,
-        local_prefillable: bool,
-        running_bs: int | None = None,
-        waiting_len: int | None = None,
+        self, local_prefillable: bool, running_bs: int | None = None, waiting_len: int | None = None
     ) -> bool:
         """May this rank prefill? The first call of the pass runs the collective; later calls
         return the same answer whatever their arguments. ``running_bs``/``waiting_len``

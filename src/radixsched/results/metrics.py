@@ -30,9 +30,7 @@ from radixsched.results.service import (
 )
 from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json
 
-# ---------------------------------------------------------------------------------------------
-# The result of one policy
-# ---------------------------------------------------------------------------------------------
+# ---- The result of one policy --------------------------------------------------------------------
 
 
 class Throughput(NamedTuple):
@@ -47,41 +45,16 @@ class Throughput(NamedTuple):
 # Keys of ``PolicyResult.to_json``, in order. The first block is the stable contract; the second
 # holds additions. ``extra`` from the driver is appended after both and may not shadow them.
 REQUIRED_KEYS: tuple[str, ...] = (
-    "policy",
-    "hit_rate",
-    "optimal_hit_rate",
-    "prefill_tokens_computed",
-    "num_requests",
-    "ttft_s",
-    "tpot_s",
-    "itl_s",
-    "e2e_s",
-    "queue_wait_s",
-    "throughput",
-    "makespan_s",
-    "retractions",
-    "preemptions",
-    "wall_s",
-)
+    "policy", "hit_rate", "optimal_hit_rate", "prefill_tokens_computed", "num_requests", "ttft_s",
+    "tpot_s", "itl_s", "e2e_s", "queue_wait_s", "throughput", "makespan_s", "retractions",
+    "preemptions", "wall_s",
+)  # fmt: skip
 ADDITIONAL_KEYS: tuple[str, ...] = (
-    "hit_rate_gap",
-    "device_hit_rate",
-    "host_hit_rate",
-    "cached_tokens",
-    "prompt_tokens",
-    "output_tokens",
-    "num_completed",
-    "num_aborted",
-    "requests_per_wall_s",
-    "fairness_jain",
-    "fairness_horizon_s",
-    "peak_queue_len",
-    "mean_running",
-    "peak_kv_usage",
-    "load",
-    "slo",
+    "hit_rate_gap", "device_hit_rate", "host_hit_rate", "cached_tokens", "prompt_tokens",
+    "output_tokens", "num_completed", "num_aborted", "requests_per_wall_s", "fairness_jain",
+    "fairness_horizon_s", "peak_queue_len", "mean_running", "peak_kv_usage", "load", "slo",
     "tenants",
-)
+)  # fmt: skip
 THROUGHPUT_KEYS: tuple[str, ...] = Throughput._fields
 
 

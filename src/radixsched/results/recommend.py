@@ -18,9 +18,7 @@ from radixsched.results.format import (
 )
 from radixsched.results.metrics import PolicyResult
 
-# ---------------------------------------------------------------------------------------------
-# Recommendation
-# ---------------------------------------------------------------------------------------------
+# ---- Recommendation ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -135,9 +133,7 @@ def dominates(a: PolicyResult, b: PolicyResult) -> bool:
 
 
 def _pick(
-    results: Sequence[PolicyResult],
-    primary: Objective,
-    order: Sequence[Objective] = OBJECTIVES,
+    results: Sequence[PolicyResult], primary: Objective, order: Sequence[Objective] = OBJECTIVES
 ) -> Pick:
     # The candidates are every policy equal to the best on the primary objective (within
     # TIE_REL_TOL); among them the other objectives decide in ``order``, then input order
@@ -316,9 +312,7 @@ def recommend(results: Sequence[PolicyResult]) -> Recommendation:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Warnings
-# ---------------------------------------------------------------------------------------------
+# ---- Warnings ------------------------------------------------------------------------------------
 
 
 def load_warnings(results: Sequence[PolicyResult]) -> list[str]:

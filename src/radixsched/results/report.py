@@ -81,9 +81,7 @@ def _identical_note(groups: list[list[str]]) -> str:
     return f"Identical curves, drawn on top of each other: {text}."
 
 
-# ---------------------------------------------------------------------------------------------
-# Charts
-# ---------------------------------------------------------------------------------------------
+# ---- Charts --------------------------------------------------------------------------------------
 
 
 def _trace_style(i: int) -> dict[str, Any]:
@@ -231,9 +229,7 @@ def kv_figure(names: Sequence[str], sampled: Mapping[str, Any]) -> go.Figure:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# Page
-# ---------------------------------------------------------------------------------------------
+# ---- Page ----------------------------------------------------------------------------------------
 
 _CSS = """
 :root { --fg:#1d2430; --muted:#5b6573; --line:#e3e7ee; --bg:#ffffff; --panel:#f7f9fc;
@@ -380,15 +376,9 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
             )
             rows.append(cells)
     headers = (
-        "policy",
-        "tenant",
-        "requests",
-        "hit rate",
-        "p50 TTFT",
-        "p99 TTFT",
-        "p99 queue wait",
+        "policy", "tenant", "requests", "hit rate", "p50 TTFT", "p99 TTFT", "p99 queue wait",
         "served / demanded",
-    )
+    )  # fmt: skip
     return (
         "<h2>Tenants</h2>"
         + html_table("tenants", headers, rows)

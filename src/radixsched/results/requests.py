@@ -14,9 +14,7 @@ import numpy as np
 from radixsched.request import FinishReason, Req
 from radixsched.results.stats import FloatArray, _ratio
 
-# ---------------------------------------------------------------------------------------------
-# Per-request samples
-# ---------------------------------------------------------------------------------------------
+# ---- Per-request samples -------------------------------------------------------------------------
 
 
 def _completed(reqs: Iterable[Req]) -> list[Req]:
@@ -27,6 +25,21 @@ def _completed(reqs: Iterable[Req]) -> list[Req]:
         for r in reqs
         if r.finish is not None and r.finish.reason is not abort and r.times.finish is not None
     ]
+
+
+def meets_slo(
+    done: Req, ttft_s: float | None, tpot_s: float | None, e2e_s: float | None = None
+) -> bool:
+    """Whether ``done`` (a completed request) met every target given (seconds; None: no
+    target). A request with one output token has no TPOT and meets any TPOT target."""
+    t, n = done.times, done.output_len
+    if t.first_token is None or t.finish is None:
+        return False
+    return not (
+        (ttft_s is not None and t.first_token - t.arrival > ttft_s)
+        or (e2e_s is not None and t.finish - t.arrival > e2e_s)
+        or (tpot_s is not None and n > 1 and (t.finish - t.first_token) / (n - 1) > tpot_s)
+    )
 
 
 # The ``_x(done)`` helpers take an already-filtered list (``_completed``), so that summarize
@@ -105,31 +118,11 @@ def queue_wait_samples(reqs: Iterable[Req]) -> FloatArray:
 # policy, as Vidur's request_metrics.csv and bench_serving's --output-details give. Times are
 # seconds on the run's clock; a latency a request never reached is empty.
 REQUEST_COLUMNS: tuple[str, ...] = (
-    "policy",
-    "request_id",
-    "tenant",
-    "routing_key",
-    "priority",
-    "replica",
-    "arrival_s",
-    "first_scheduled_s",
-    "first_token_s",
-    "finish_s",
-    "queue_wait_s",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "prompt_tokens",
-    "cached_tokens",
-    "host_cached_tokens",
-    "computed_prefill_tokens",
-    "output_tokens",
-    "retractions",
-    "preemptions",
-    "finish_reason",
-    "error",
-    "slo_met",
-)
+    "policy", "request_id", "tenant", "routing_key", "priority", "replica", "arrival_s",
+    "first_scheduled_s", "first_token_s", "finish_s", "queue_wait_s", "ttft_s", "tpot_s", "e2e_s",
+    "prompt_tokens", "cached_tokens", "host_cached_tokens", "computed_prefill_tokens",
+    "output_tokens", "retractions", "preemptions", "finish_reason", "error", "slo_met",
+)  # fmt: skip
 RequestRow: TypeAlias = dict[str, str | int | float | bool | None]
 
 
@@ -192,9 +185,7 @@ def request_rows(
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
-# Cache and fairness
-# ---------------------------------------------------------------------------------------------
+# ---- Cache and fairness --------------------------------------------------------------------------
 
 
 class HitRates(NamedTuple):
@@ -261,9 +252,7 @@ def failure_summary(reqs: Sequence[Req]) -> str:
     return text
 
 
-# ---------------------------------------------------------------------------------------------
-# SLO goodput and load
-# ---------------------------------------------------------------------------------------------
+# ---- SLO goodput and load ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

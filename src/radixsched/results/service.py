@@ -11,7 +11,14 @@ from typing import NamedTuple
 import numpy as np
 
 from radixsched.request import FinishReason, Req
-from radixsched.results.requests import SloTargets, _completed, _queue_wait, _ttft, hit_rates
+from radixsched.results.requests import (
+    SloTargets,
+    _completed,
+    _queue_wait,
+    _ttft,
+    hit_rates,
+    meets_slo,
+)
 from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json, jain_index
 
 
@@ -101,23 +108,8 @@ class SloResult(NamedTuple):
 
 
 def slo_result(reqs: Sequence[Req], targets: SloTargets, makespan_s: float) -> SloResult:
-    """Requests meeting ``targets``. A request with one output token has no TPOT and meets
-    any TPOT target."""
-    met = 0
-    for r in _completed(reqs):
-        t = r.times
-        if t.first_token is None:
-            continue
-        if targets.ttft_s is not None and t.first_token - t.arrival > targets.ttft_s:
-            continue
-        if (
-            targets.tpot_s is not None
-            and r.output_len > 1
-            and t.finish is not None
-            and (t.finish - t.first_token) / (r.output_len - 1) > targets.tpot_s
-        ):
-            continue
-        met += 1
+    """Requests meeting ``targets`` (``meets_slo``)."""
+    met = sum(meets_slo(r, targets.ttft_s, targets.tpot_s) for r in _completed(reqs))
     return SloResult(
         ttft_ms=None if targets.ttft_s is None else targets.ttft_s * 1e3,
         tpot_ms=None if targets.tpot_s is None else targets.tpot_s * 1e3,

@@ -36,9 +36,7 @@ def as_json(value: Any) -> JSONValue:
     return value
 
 
-# ---------------------------------------------------------------------------------------------
-# Distribution statistics
-# ---------------------------------------------------------------------------------------------
+# ---- Distribution statistics ---------------------------------------------------------------------
 
 
 class Stats(NamedTuple):
@@ -65,16 +63,8 @@ class Stats(NamedTuple):
             return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
         mean, std, top = arr.mean(), arr.std(), arr.max()  # before any reordering
         p50, p90, p95, p99 = np.percentile(arr, [50.0, 90.0, 95.0, 99.0], overwrite_input=consume)
-        return cls(
-            mean=_as_float(mean),
-            std=_as_float(std),
-            p50=_as_float(p50),
-            p90=_as_float(p90),
-            p95=_as_float(p95),
-            p99=_as_float(p99),
-            max=_as_float(top),
-            n=int(arr.size),
-        )
+        mean, std, p50, p90, p95, p99, top = map(_as_float, (mean, std, p50, p90, p95, p99, top))
+        return cls(mean, std, p50, p90, p95, p99, top, int(arr.size))
 
     def to_json(self) -> dict[str, JSONValue]:
         return {k: getattr(self, k) for k in STATS_KEYS}

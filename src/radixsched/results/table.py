@@ -23,9 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-# ---------------------------------------------------------------------------------------------
-# Rendering and files
-# ---------------------------------------------------------------------------------------------
+# ---- Rendering and files -------------------------------------------------------------------------
 
 
 def _arrow(better: Better) -> str:
@@ -85,12 +83,7 @@ def runtime_line(results: Sequence[PolicyResult], runtime: Runtime | None = None
 
 
 def render_comparison(
-    results: Sequence[PolicyResult],
-    console: Console,
-    *,
-    title: str | None = None,
-    show_wall: bool = True,
-    runtime: Runtime | None = None,
+    results: Sequence[PolicyResult], console: Console, *, runtime: Runtime | None = None
 ) -> Recommendation:
     """Print the comparison as one table that fits the console (the least important columns
     dropped on a narrow one, and named), a legend line, the simulator's own runtime once
@@ -103,7 +96,7 @@ def render_comparison(
     dropped = [c for c in columns_for(results) if c.terminal and c not in cols]
     best = [best_rows(results, c) for c in cols]
     table = Table(
-        title=title or "Policy comparison",
+        title="Policy comparison",
         header_style="bold",
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -129,7 +122,7 @@ def render_comparison(
     if dropped:
         legend += f" Not shown at this width: {', '.join(c.header for c in dropped)} (see --json)."
     console.print(_rich_escape(legend), style="dim")
-    if show_wall and results:
+    if results:
         console.print(_rich_escape(runtime_line(results, runtime)), style="dim")
     rec = recommend(results)
     for line in rec.lines():

@@ -71,10 +71,9 @@ def create_app(
     api_key: str | None = None,
     limits: RequestLimits | None = None,
     access: AccessPolicy | None = None,
-    manage_engine: bool = True,
 ) -> FastAPI:
-    """The app over a (not yet started) ``EngineLoop``. With ``manage_engine`` the app's
-    lifespan starts the loop and stops it on shutdown. ``api_key=""`` is refused (it would
+    """The app over a (not yet started) ``EngineLoop``: the app's lifespan starts the loop
+    and stops it on shutdown. ``api_key=""`` is refused (it would
     silently turn authentication off); ``access`` says which Host headers and Origins are
     accepted (default: a server bound to 127.0.0.1)."""
     if api_key is not None and not api_key:
@@ -87,13 +86,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if manage_engine:
-            engine.start()
+        engine.start()
         try:
             yield
         finally:
-            if manage_engine:
-                await asyncio.to_thread(engine.stop)
+            await asyncio.to_thread(engine.stop)
 
     app = FastAPI(
         title="radixsched",
@@ -195,9 +192,4 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-__all__ = [
-    "GracefulServer",
-    "ServerThread",
-    "create_app",
-    "run_server",
-]
+__all__ = ["GracefulServer", "ServerThread", "create_app", "run_server"]

@@ -85,11 +85,10 @@ async def send_error(
     status: int,
     message: str,
     *,
-    param: str | None = None,
     code: str | None = None,
     headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
-    body = error_body(status, message, param=param, code=code)
+    body = error_body(status, message, code=code)
     extra = list(headers)
     if status == 503:
         extra.append((b"retry-after", str(RETRY_AFTER_S).encode()))
@@ -445,16 +444,7 @@ async def _drain(receive: Receive, declared: int) -> bool:
 
 
 __all__ = [
-    "ARRIVAL_SCOPE_KEY",
-    "DEFAULT_MAX_COMPLETION_TOKENS",
-    "AccessPolicy",
-    "ApiKeyMiddleware",
-    "BodyLimitMiddleware",
-    "CatchAllMiddleware",
-    "GuardMiddleware",
-    "HeadMiddleware",
-    "RequestLimits",
-    "error_body",
-    "error_kind",
-    "send_error",
-]
+    "ARRIVAL_SCOPE_KEY", "DEFAULT_MAX_COMPLETION_TOKENS", "AccessPolicy", "ApiKeyMiddleware",
+    "BodyLimitMiddleware", "CatchAllMiddleware", "GuardMiddleware", "HeadMiddleware",
+    "RequestLimits", "error_body", "error_kind", "send_error",
+]  # fmt: skip

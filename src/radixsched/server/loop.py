@@ -581,12 +581,6 @@ def finish_info(req: Req, fin: FinishState) -> FinishInfo:
 
 
 __all__ = [
-    "Engine",
-    "EngineInfo",
-    "EngineLoop",
-    "FinishInfo",
-    "RequestHandle",
-    "Subscriber",
-    "TokenDelta",
-    "flush_cache",
-]
+    "Engine", "EngineInfo", "EngineLoop", "FinishInfo", "RequestHandle", "Subscriber",
+    "TokenDelta", "flush_cache",
+]  # fmt: skip

@@ -66,10 +66,7 @@ def leave_one_out(
             on_run(i, held.run.name)
         train = [rp for j, rp in enumerate(replays) if j != i]
         result = fit(
-            train,
-            start=start,
-            max_iterations=max_iterations,
-            max_efficiency=full.max_efficiency,
+            train, start=start, max_iterations=max_iterations, max_efficiency=full.max_efficiency
         )
         out.append(predict(held, result.constants))
     return out

@@ -233,13 +233,7 @@ def _simulate_one(replay: Replay, workload: Workload, constants: dict[str, float
         request_serial_ms=constants["request_serial_s"] * 1e3,
         calibration=None,
     )
-    run = simulate(
-        workload,
-        replay.sched,
-        sim,
-        optimal_hit_rate=0.0,
-        runner_factory=factory,
-    )
+    run = simulate(workload, replay.sched, sim, optimal_hit_rate=0.0, runner_factory=factory)
     return Simulated(
         run.requests, log, constants["request_latency_s"], constants["request_serial_s"]
     )

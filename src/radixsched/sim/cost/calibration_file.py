@@ -229,10 +229,7 @@ def _document(doc: Mapping[str, Any], p: Path) -> Calibration:
     if not isinstance(fitted, Mapping):
         raise CalibrationError(f"{p}: 'fitted_on' must be an object")
     return Calibration(
-        str(p),
-        constants=_constants(doc, str(p)),
-        table=table,
-        fitted_on=dict(fitted),
+        str(p), constants=_constants(doc, str(p)), table=table, fitted_on=dict(fitted)
     )
 
 

@@ -28,7 +28,7 @@ and Hugging Face ids (``meta-llama/Llama-3.1-8B-Instruct``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 MIB = 1 << 20
@@ -188,17 +188,7 @@ def _with_curve(g: GPUSpec) -> GPUSpec:
     curve = PREFILL_CURVES.get(g.name)
     if curve is None:
         return g
-    return GPUSpec(
-        g.name,
-        g.memory_bytes,
-        g.peak_flops,
-        g.hbm_bw,
-        g.pcie_bw,
-        g.link_bw,
-        g.link_latency_s,
-        mfu=curve[0],
-        prefill_eff_tokens=curve[1],
-    )
+    return replace(g, mfu=curve[0], prefill_eff_tokens=curve[1])
 
 
 GPUS: dict[str, GPUSpec] = {
@@ -267,21 +257,8 @@ def _dense(
     tied: bool = False,
     dtype_bytes: int = 2,
 ) -> ModelSpec:
-    return ModelSpec(
-        name,
-        layers,
-        hidden,
-        heads,
-        kv_heads,
-        head_dim,
-        inter,
-        vocab,
-        dtype_bytes,
-        params,
-        params,
-        ctx,
-        tied_embeddings=tied,
-    )
+    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, inter, vocab, dtype_bytes,
+                     params, params, ctx, tied_embeddings=tied)  # fmt: skip
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -302,79 +279,23 @@ MODELS: dict[str, ModelSpec] = {
         _dense("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151_936, 8.19e9, 40_960),
         _dense("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151_936, 14.8e9, 40_960),
         _dense("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151_936, 32.8e9, 40_960),
-        ModelSpec(
-            "mixtral-8x7b",
-            32,
-            4096,
-            32,
-            8,
-            128,
-            14336,
-            32_000,
-            2,
-            46.7e9,
-            12.9e9,
-            32_768,
-            num_experts=8,
-            experts_per_token=2,
-        ),
-        ModelSpec(
-            "mixtral-8x22b",
-            56,
-            6144,
-            48,
-            8,
-            128,
-            16384,
-            32_768,
-            2,
-            140.6e9,
-            39.2e9,
-            65_536,
-            num_experts=8,
-            experts_per_token=2,
-        ),
+        # MoE: name, layers, hidden, heads, KV heads, head dim, intermediate size per expert,
+        # vocabulary, weight bytes, total and active parameters, context, experts.
+        ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32_000, 2, 46.7e9, 12.9e9,
+                  32_768, num_experts=8, experts_per_token=2),
+        ModelSpec("mixtral-8x22b", 56, 6144, 48, 8, 128, 16384, 32_768, 2, 140.6e9, 39.2e9,
+                  65_536, num_experts=8, experts_per_token=2),
         # DeepSeek MoE with multi-head latent attention: the KV cache holds one compressed
         # latent (kv_lora_rank + rope dims = 576 values) per token and layer, the same on every
         # tensor-parallel rank. Attention FLOPs use head_dim = qk dims (128 nope + 64 rope).
-        ModelSpec(
-            "deepseek-v2-lite",
-            27,
-            2048,
-            16,
-            16,
-            192,
-            1408,
-            102_400,
-            2,
-            15.7e9,
-            2.66e9,
-            163_840,
-            num_experts=64,
-            experts_per_token=6,
-            mla_kv_dim=576,
-        ),
+        ModelSpec("deepseek-v2-lite", 27, 2048, 16, 16, 192, 1408, 102_400, 2, 15.7e9, 2.66e9,
+                  163_840, num_experts=64, experts_per_token=6, mla_kv_dim=576),
         # Served in FP8 (1-byte weights); the KV cache stays bf16.
-        ModelSpec(
-            "deepseek-v3",
-            61,
-            7168,
-            128,
-            128,
-            192,
-            2048,
-            129_280,
-            1,
-            671e9,
-            37.6e9,
-            163_840,
-            num_experts=256,
-            experts_per_token=8,
-            mla_kv_dim=576,
-            kv_dtype_bytes=2,
-        ),
+        ModelSpec("deepseek-v3", 61, 7168, 128, 128, 192, 2048, 129_280, 1, 671e9, 37.6e9,
+                  163_840, num_experts=256, experts_per_token=8, mla_kv_dim=576,
+                  kv_dtype_bytes=2),
     )
-}
+}  # fmt: skip
 
 MODEL_ALIASES: dict[str, tuple[str, ...]] = {
     "llama-2-7b": ("llama2-7b", "llama-2-7b-hf", "llama-2-7b-chat-hf", "meta-llama/llama-2-7b-hf"),

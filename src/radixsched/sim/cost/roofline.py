@@ -491,9 +491,6 @@ class CostModel:
         other = self.allreduce_s(tokens) + host + self.sched_step_s
         return compute, memory, tokens, shape.num_extend + shape.num_decode, other
 
-    def step_extends(self, shape: StepShape) -> int:
-        return shape.num_extend
-
     def reference_times(
         self, kind: StepKind, batch_size: int, num_tokens: FloatArray
     ) -> FloatArray:

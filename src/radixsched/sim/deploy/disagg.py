@@ -43,10 +43,7 @@ from radixsched.request import FinishReason, Req
 from radixsched.results.stats import JSONValue, Stats
 from radixsched.sim.deploy.legs import DECODE, PREFILL, Instance, Leg
 from radixsched.sim.deploy.run import SimRun, assemble, end_run
-from radixsched.sim.settings.deployment import (
-    check_disaggregation,
-    role_specs,
-)
+from radixsched.sim.settings.deployment import check_disaggregation, role_specs
 from radixsched.sim.settings.simconfig import SimConfig
 
 DEFAULT_DECODE_ROUTER = "least-load"

@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixsched.request import FinishReason, Req
+from radixsched.request import Req
+from radixsched.results.requests import _completed, meets_slo
 
 STATUSES = ("ok", "above range", "below range", "stopped early")
 
@@ -39,27 +40,9 @@ class Slo:
     attainment: float = 0.9
 
     def met_share(self, reqs: Sequence[Req]) -> float:
-        """Share of ``reqs`` that completed within every target (a failed request misses;
-        a request with one output token has no TPOT and meets any TPOT target)."""
-        abort, met = FinishReason.ABORT, 0
-        for r in reqs:
-            t = r.times
-            if r.finish is None or r.finish.reason is abort or t.first_token is None:
-                continue
-            if t.finish is None:
-                continue
-            if self.ttft_s is not None and t.first_token - t.arrival > self.ttft_s:
-                continue
-            if self.e2e_s is not None and t.finish - t.arrival > self.e2e_s:
-                continue
-            n = r.output_len
-            if (
-                self.tpot_s is not None
-                and n > 1
-                and (t.finish - t.first_token) / (n - 1) > (self.tpot_s)
-            ):
-                continue
-            met += 1
+        """Share of ``reqs`` that completed within every target (``meets_slo``; a failed
+        request misses)."""
+        met = sum(meets_slo(r, self.ttft_s, self.tpot_s, self.e2e_s) for r in _completed(reqs))
         return met / len(reqs) if reqs else 0.0
 
     def step_errors(self, fastest: tuple[float, str] | None) -> list[str]:

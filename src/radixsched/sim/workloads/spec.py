@@ -69,14 +69,10 @@ first N requests in arrival order.
 
 Optimal hit rate
 ----------------
-``optimal_hit_rate(reqs, page_size)``: an infinite cache in which every earlier request's
-KV (prompt plus scripted output but its last token, which is never fed back) is present. Per
-request in arrival order: the longest common prefix with any earlier request in the same
-namespace, capped at ``prompt_len - 1`` (one token is always computed), rounded down to whole
-pages; summed over requests and divided by all prompt tokens. Exact: the sequences go into a
-radix tree of their own (``results.optimal``). ``mooncake_block_hit_rate(path)`` is
-the Mooncake README's block-level figure instead (leading ids already seen x 512, capped at
-``input_length``, no ``-1`` cap): 65.1% on the synthetic trace."""
+``optimal_hit_rate(reqs, page_size)``: what an infinite cache could serve (its rule is in
+``results.optimal``). ``mooncake_block_hit_rate(path)`` is the Mooncake README's block-level
+figure instead (leading ids already seen x 512, capped at ``input_length``, no ``-1`` cap):
+65.1% on the synthetic trace."""
 
 from __future__ import annotations
 
@@ -343,9 +339,9 @@ def parse_workload_spec(
     return kind, params
 
 
-def check_workload_spec(spec: str, defaults: Defaults | None = None) -> None:
+def check_workload_spec(spec: str) -> None:
     """Fail now, in one line, on a bad spec or a trace that cannot be read (nothing built)."""
-    kind, params = parse_workload_spec(spec, defaults)
+    kind, params = parse_workload_spec(spec)
     if kind.is_trace:
         check_trace(params["path"])
 

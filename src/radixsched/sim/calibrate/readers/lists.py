@@ -17,10 +17,7 @@ from radixsched.sim.calibrate.readers.fields import (
     _rate,
     _request,
 )
-from radixsched.sim.calibrate.runs import (
-    MeasuredRun,
-    ResultFileError,
-)
+from radixsched.sim.calibrate.runs import MeasuredRun, ResultFileError
 
 # The per-request lists a run needs, in the order of their fields.
 LISTS = ("input_lens", "output_lens", "ttfts", "itls")

@@ -20,10 +20,7 @@ from radixsched.sim.calibrate.readers.fields import (
     _request,
     _show,
 )
-from radixsched.sim.calibrate.runs import (
-    MeasuredRun,
-    ResultFileError,
-)
+from radixsched.sim.calibrate.runs import MeasuredRun, ResultFileError
 
 
 def is_radixsched(doc: Mapping[str, Any]) -> bool:

@@ -36,12 +36,6 @@ def is_sglang(doc: Mapping[str, Any]) -> bool:
 
 def sglang_runs(lines: list[tuple[int, dict[str, Any]]], p: Path) -> list[MeasuredRun]:
     return [
-        lists_run(
-            obj,
-            f"{p}:{i}",
-            "sglang",
-            note=_note(obj.get("dataset_name")),
-            tool_version=None,
-        )
+        lists_run(obj, f"{p}:{i}", "sglang", note=_note(obj.get("dataset_name")), tool_version=None)
         for i, obj in lines
     ]
