@@ -81,9 +81,21 @@ class TreeNode:
     """A tree segment. ``parent is None`` for the root and for nodes no longer in the tree."""
 
     __slots__ = (
-        "child_key", "children", "creation_time", "hit_count", "id", "key", "last_access_time",
-        "lock_ref", "namespace", "parent", "priority", "slot", "subtree_key", "value",
-    )  # fmt: skip
+        "child_key",
+        "children",
+        "creation_time",
+        "hit_count",
+        "id",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "namespace",
+        "parent",
+        "priority",
+        "slot",
+        "subtree_key",
+        "value",
+    )
 
     def __init__(
         self,

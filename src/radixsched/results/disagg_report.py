@@ -64,9 +64,16 @@ def _instance_table(split: Sequence[tuple[int, PolicyResult, Mapping[str, Any]]]
             )
             rows.append(cells)
     headers = (
-        "policy", "instance", "GPU", "requests", "busy", "utilisation", "peak KV", "hit rate",
+        "policy",
+        "instance",
+        "GPU",
+        "requests",
+        "busy",
+        "utilisation",
+        "peak KV",
+        "hit rate",
         "retractions",
-    )  # fmt: skip
+    )
     return html_table("disagg-instances", headers, rows)
 
 

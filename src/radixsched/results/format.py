@@ -10,9 +10,17 @@ import math
 # policies take colours by their position in the result list, so table, legend and charts
 # agree, and charts add a dash pattern per position so that no two series look alike.
 PALETTE: tuple[str, ...] = (
-    "#4E79A7", "#F28E2B", "#59A14F", "#E15759", "#B07AA1", "#9C755F", "#B6992D", "#76B7B2",
-    "#FF9DA7", "#79706E",
-)  # fmt: skip
+    "#4E79A7",
+    "#F28E2B",
+    "#59A14F",
+    "#E15759",
+    "#B07AA1",
+    "#9C755F",
+    "#B6992D",
+    "#76B7B2",
+    "#FF9DA7",
+    "#79706E",
+)
 
 
 def policy_color(index: int) -> str:

@@ -376,9 +376,15 @@ def _tenant_table(results: Sequence[PolicyResult]) -> str:
             )
             rows.append(cells)
     headers = (
-        "policy", "tenant", "requests", "hit rate", "p50 TTFT", "p99 TTFT", "p99 queue wait",
+        "policy",
+        "tenant",
+        "requests",
+        "hit rate",
+        "p50 TTFT",
+        "p99 TTFT",
+        "p99 queue wait",
         "served / demanded",
-    )  # fmt: skip
+    )
     return (
         "<h2>Tenants</h2>"
         + html_table("tenants", headers, rows)

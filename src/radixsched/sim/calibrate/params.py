@@ -16,9 +16,15 @@ logger = logging.getLogger(__name__)
 
 # Fitted parameters: a = 1/mfu, b = prefill_eff_tokens/mfu, c = 1/mbu, o, q, L, p, s (seconds).
 _NAMES = (
-    "a", "b", "c", "step_overhead_s", "sched_per_req_s", "request_latency_s",
-    "sched_per_prefill_s", "request_serial_s",
-)  # fmt: skip
+    "a",
+    "b",
+    "c",
+    "step_overhead_s",
+    "sched_per_req_s",
+    "request_latency_s",
+    "sched_per_prefill_s",
+    "request_serial_s",
+)
 _LOWER = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 _UPPER = np.array([1e4, 1e8, 1e4, 1.0, 0.1, 10.0, 1.0, 0.05])
 # The most of the GPU's datasheet peak (mfu) and bandwidth (mbu) a fit may credit it with:

@@ -62,11 +62,20 @@ def deployment_label(sim: SimConfig) -> str:
 
 # Settings of the split deployment alone: set without --disaggregation, they would be ignored.
 _SPLIT_ONLY = (
-    "prefill_instances", "decode_instances", "prefill_gpu", "prefill_tp", "decode_gpu",
-    "decode_tp", "prefill_max_total_tokens", "decode_max_total_tokens", "decode_router",
-    "disaggregation_link", "disaggregation_link_bandwidth_gb_s", "disaggregation_link_latency_ms",
+    "prefill_instances",
+    "decode_instances",
+    "prefill_gpu",
+    "prefill_tp",
+    "decode_gpu",
+    "decode_tp",
+    "prefill_max_total_tokens",
+    "decode_max_total_tokens",
+    "decode_router",
+    "disaggregation_link",
+    "disaggregation_link_bandwidth_gb_s",
+    "disaggregation_link_latency_ms",
     "disaggregation_bootstrap_ms",
-)  # fmt: skip
+)
 
 _SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 

@@ -318,9 +318,19 @@ def mooncake_block_hit_rate(path: str | Path, block_size: int = 512) -> float:
 
 
 _JSONL_FIELDS = (
-    "input_ids", "input_length", "prefix_group", "prefix_length", "output_length", "output_ids",
-    "arrival_time", "timestamp", "priority", "routing_key", "tenant", "extra_key",
-)  # fmt: skip
+    "input_ids",
+    "input_length",
+    "prefix_group",
+    "prefix_length",
+    "output_length",
+    "output_ids",
+    "arrival_time",
+    "timestamp",
+    "priority",
+    "routing_key",
+    "tenant",
+    "extra_key",
+)
 
 
 def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Draft:
