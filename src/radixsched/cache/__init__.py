@@ -23,10 +23,22 @@ if TYPE_CHECKING:
     from radixsched.config import SchedulerConfig
 
 __all__ = [
-    "EVICTION_STRATEGIES", "BasePrefixCache", "CacheKey", "EvictionStrategy", "InsertResult",
-    "IntegrityError", "MatchResult", "NoReuseCache", "RadixCache", "SlotFreer", "TokenAllocator",
-    "TreeNode", "get_strategy", "longest_common_prefix", "make_cache",
-]  # fmt: skip
+    "EVICTION_STRATEGIES",
+    "BasePrefixCache",
+    "CacheKey",
+    "EvictionStrategy",
+    "InsertResult",
+    "IntegrityError",
+    "MatchResult",
+    "NoReuseCache",
+    "RadixCache",
+    "SlotFreer",
+    "TokenAllocator",
+    "TreeNode",
+    "get_strategy",
+    "longest_common_prefix",
+    "make_cache",
+]
 
 
 def make_cache(

@@ -793,7 +793,15 @@ def write_sweep_json(path: str, sweep: SweepResult, meta: dict[str, Any] | None 
 
 
 __all__ = [
-    "BENCH_WORKLOAD_DEFAULTS", "BenchConfig", "BenchError", "BenchResult", "SweepResult",
-    "load_bench_workload", "run_bench", "run_sweep", "url_problem", "write_json",
+    "BENCH_WORKLOAD_DEFAULTS",
+    "BenchConfig",
+    "BenchError",
+    "BenchResult",
+    "SweepResult",
+    "load_bench_workload",
+    "run_bench",
+    "run_sweep",
+    "url_problem",
+    "write_json",
     "write_sweep_json",
-]  # fmt: skip
+]

@@ -25,8 +25,23 @@ from radixsched.cluster.routers import (
 )
 
 __all__ = [
-    "DEFAULT_ROUTER", "ROUTERS", "AllGather", "DelayReason", "DelayerConfig", "HostKVTier",
-    "LocalAllGather", "LockstepRunner", "PrefillDelayer", "PrefillDelayerPass", "PrefillStatus",
-    "RankInfo", "RecentPrefillBatchSizeTracker", "ReplicaLoad", "Router", "Verdict",
-    "create_router", "default_router_name", "host_capacity_tokens",
-]  # fmt: skip
+    "DEFAULT_ROUTER",
+    "ROUTERS",
+    "AllGather",
+    "DelayReason",
+    "DelayerConfig",
+    "HostKVTier",
+    "LocalAllGather",
+    "LockstepRunner",
+    "PrefillDelayer",
+    "PrefillDelayerPass",
+    "PrefillStatus",
+    "RankInfo",
+    "RecentPrefillBatchSizeTracker",
+    "ReplicaLoad",
+    "Router",
+    "Verdict",
+    "create_router",
+    "default_router_name",
+    "host_capacity_tokens",
+]

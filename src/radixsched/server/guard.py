@@ -444,7 +444,16 @@ async def _drain(receive: Receive, declared: int) -> bool:
 
 
 __all__ = [
-    "ARRIVAL_SCOPE_KEY", "DEFAULT_MAX_COMPLETION_TOKENS", "AccessPolicy", "ApiKeyMiddleware",
-    "BodyLimitMiddleware", "CatchAllMiddleware", "GuardMiddleware", "HeadMiddleware",
-    "RequestLimits", "error_body", "error_kind", "send_error",
-]  # fmt: skip
+    "ARRIVAL_SCOPE_KEY",
+    "DEFAULT_MAX_COMPLETION_TOKENS",
+    "AccessPolicy",
+    "ApiKeyMiddleware",
+    "BodyLimitMiddleware",
+    "CatchAllMiddleware",
+    "GuardMiddleware",
+    "HeadMiddleware",
+    "RequestLimits",
+    "error_body",
+    "error_kind",
+    "send_error",
+]

@@ -581,6 +581,12 @@ def finish_info(req: Req, fin: FinishState) -> FinishInfo:
 
 
 __all__ = [
-    "Engine", "EngineInfo", "EngineLoop", "FinishInfo", "RequestHandle", "Subscriber",
-    "TokenDelta", "flush_cache",
-]  # fmt: skip
+    "Engine",
+    "EngineInfo",
+    "EngineLoop",
+    "FinishInfo",
+    "RequestHandle",
+    "Subscriber",
+    "TokenDelta",
+    "flush_cache",
+]

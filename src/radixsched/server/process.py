@@ -576,6 +576,11 @@ def _gone_finish(handle: RequestHandle, message: str, tokens: int, now: float) -
 
 
 __all__ = [
-    "MIN_TOKENS_PER_RUNNING", "EngineProcess", "EngineSpec", "EngineStartError",
-    "build_engine_loop", "engine_main", "freeze_startup_heap",
-]  # fmt: skip
+    "MIN_TOKENS_PER_RUNNING",
+    "EngineProcess",
+    "EngineSpec",
+    "EngineStartError",
+    "build_engine_loop",
+    "engine_main",
+    "freeze_startup_heap",
+]

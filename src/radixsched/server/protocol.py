@@ -401,7 +401,20 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 __all__ = [
-    "MAX_STOP_CHARS", "CachedTokensDetails", "ChatCompletionRequest", "ChatCompletionResponse",
-    "CompletionRequest", "CompletionResponse", "ErrorBody", "ErrorResponse", "GenerateRequest",
-    "GenerateResponse", "ModelInfo", "ModelList", "ServerInfo", "SglExt", "Usage", "stop_strings",
-]  # fmt: skip
+    "MAX_STOP_CHARS",
+    "CachedTokensDetails",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "CompletionRequest",
+    "CompletionResponse",
+    "ErrorBody",
+    "ErrorResponse",
+    "GenerateRequest",
+    "GenerateResponse",
+    "ModelInfo",
+    "ModelList",
+    "ServerInfo",
+    "SglExt",
+    "Usage",
+    "stop_strings",
+]

@@ -34,9 +34,13 @@ from radixsched.sim.calibrate.runs import (
 )
 
 __all__ = [
-    "MeasuredRequest", "MeasuredRun", "PrefixBucket", "ResultFileError", "read_result_file",
+    "MeasuredRequest",
+    "MeasuredRun",
+    "PrefixBucket",
+    "ResultFileError",
+    "read_result_file",
     "read_result_files",
-]  # fmt: skip
+]
 
 # ---- dispatch --------------------------------------------------------------------------------
 
