@@ -23,6 +23,7 @@
 #include "order.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
+#include "radix_match.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -407,6 +408,10 @@ void bind_tree(nb::module_& m) {
                  auto r = t.walk(tok.data(), tok.shape(0), ns, collect ? &values : nullptr);
                  return nb::make_tuple(r.node, r.length, to_numpy(std::move(values)));
              })
+        .def("match_prefix",
+             [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::match_prefix(t, tok, ns); })
+        .def("walk_node",
+             [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::walk_node(t, tok, ns); })
         .def("match_len",
              [](PyTree& t, Tokens tok, int32_t ns) { return t.match_len(tok.data(), tok.shape(0), ns); })
         .def("match_end",

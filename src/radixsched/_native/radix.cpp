@@ -117,6 +117,11 @@ NodePtr Tree::find_child(Node& node, const int32_t* page, int32_t ns) {
     return it == node.children.end() ? nullptr : it->second;
 }
 
+Node* Tree::find_child_ptr(Node& node, const int32_t* page, int32_t ns) const {
+    auto it = node.children.find(page_key(page, &node, ns));
+    return it == node.children.end() ? nullptr : it->second.get();
+}
+
 bool Tree::covers(const int32_t* tokens, int64_t avail, const Node& node) const {
     const int64_t k = node.size();
     return avail >= k && std::memcmp(tokens, node.key.data(), k * sizeof(int32_t)) == 0;
@@ -167,44 +172,55 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
 
 WalkResult Tree::walk(const int32_t* tokens, int64_t n, int32_t ns,
                       std::vector<int64_t>* values) {
+    std::vector<Node*> path;
+    const WalkResult r = walk_path(tokens, n, ns, path);
+    if (values) {
+        values->reserve(values->size() + static_cast<size_t>(r.length));
+        for (const Node* p : path) values->insert(values->end(), p->value.begin(), p->value.end());
+    }
+    return r;
+}
+
+WalkResult Tree::walk_path(const int32_t* tokens, int64_t n, int32_t ns,
+                           std::vector<Node*>& path) {
     n -= n % page_;
     const int64_t now = ++clock_;
     root_->last_access_time = now;
     if (n == 0) return {root_, 0};
-    NodePtr node = root_;
-    NodePtr child = find_child(*root_, tokens, ns);
+    Node* node = root_.get();
+    Node* child = find_child_ptr(*root_, tokens, ns);
     int64_t pos = 0;
     while (child) {
         child->last_access_time = now;
         if (covers(tokens + pos, n - pos, *child)) {
             node = child;
             pos += child->size();
-            if (values) values->insert(values->end(), node->value.begin(), node->value.end());
+            path.push_back(node);
             if (pos == n) break;
-            child = find_child(*node, tokens + pos, ns);
+            child = find_child_ptr(*node, tokens + pos, ns);
         } else {
             const int64_t m = mismatch(tokens + pos, n - pos, *child);
-            node = split(*child, m, now);
+            node = split(*child, m, now).get();  // its parent owns it
             pos += m;
-            if (values) values->insert(values->end(), node->value.begin(), node->value.end());
+            path.push_back(node);
             break;
         }
     }
-    return {node, pos};
+    return {node->shared_from_this(), pos};
 }
 
 int64_t Tree::match_len(const int32_t* tokens, int64_t n, int32_t ns) {
     if (disabled_) return 0;
     n -= n % page_;
     if (n == 0) return 0;
-    NodePtr child = find_child(*root_, tokens, ns);
+    Node* child = find_child_ptr(*root_, tokens, ns);
     int64_t pos = 0;
     while (child) {
         if (!covers(tokens + pos, n - pos, *child))
             return pos + mismatch(tokens + pos, n - pos, *child);
         pos += child->size();
         if (pos == n) return pos;
-        child = find_child(*child, tokens + pos, ns);
+        child = find_child_ptr(*child, tokens + pos, ns);
     }
     return pos;
 }

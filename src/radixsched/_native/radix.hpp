@@ -92,6 +92,10 @@ public:
     // The Python methods of the same names; token spans are already page-trimmed by nothing:
     // each trims its own query (n - n % page).
     WalkResult walk(const int32_t* tokens, int64_t n, int32_t ns, std::vector<int64_t>* values);
+    // walk() that lists the matched nodes (root excluded, top down) in `path` instead of
+    // copying their slots: the matched slots are exactly the concatenation of their `value`s
+    // (a split's upper part holds only the matched tokens).
+    WalkResult walk_path(const int32_t* tokens, int64_t n, int32_t ns, std::vector<Node*>& path);
     int64_t match_len(const int32_t* tokens, int64_t n, int32_t ns);
     MatchEndResult match_end(const int32_t* tokens, int64_t n, int32_t ns, Node* start,
                              int64_t depth);
@@ -141,6 +145,7 @@ private:
     void push(Node& n);
     void pop_heap_entry();
     NodePtr find_child(Node& node, const int32_t* page, int32_t ns);
+    Node* find_child_ptr(Node& node, const int32_t* page, int32_t ns) const;
     int64_t mismatch(const int32_t* tokens, int64_t avail, const Node& node) const;
     bool covers(const int32_t* tokens, int64_t avail, const Node& node) const;
     NodePtr split(Node& child, int64_t m, int64_t now);

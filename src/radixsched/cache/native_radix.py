@@ -36,6 +36,9 @@ from radixsched.request import EMPTY_SLOTS, SlotArray, TokenArray
 if TYPE_CHECKING:
     from radixsched.config import SchedulerConfig
 
+# MatchResult from the native call's 4-tuple of its fields, without a Python-level __new__.
+_new_tuple = tuple.__new__
+
 NATIVE_EVICTION = frozenset({"lru", "mru", "fifo", "filo", "lfu", "priority", "slru"})
 
 
@@ -156,15 +159,19 @@ class NativeRadixCache(BasePrefixCache):
 
     # ---- match / touch / insert --------------------------------------------------------------
     def match_prefix(self, key: CacheKey) -> MatchResult:
-        if self.disabled or len(key.tokens) == 0:
+        # The hot path: one native call builds MatchResult's fields (tokens of any int dtype
+        # are read or converted natively, as ``as_tokens`` would); id 0 is the default namespace.
+        tokens, ns = key
+        if self.disabled or len(tokens) == 0:
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        node, pos, values = self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), True)
-        return MatchResult(values, pos, node)
+        fields = self.tree.match_prefix(tokens, 0 if ns is None else namespace_id(ns))
+        return _new_tuple(MatchResult, fields)
 
     def match_node(self, key: CacheKey) -> MatchResult:
-        if self.disabled or len(key.tokens) == 0:
+        tokens, ns = key
+        if self.disabled or len(tokens) == 0:
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        node, pos, _ = self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), False)
+        node, pos = self.tree.walk_node(tokens, 0 if ns is None else namespace_id(ns))
         return MatchResult(EMPTY_SLOTS, pos, node)
 
     def prefix_slots(self, node: Any, length: int, out: SlotArray | None = None) -> SlotArray:
@@ -185,9 +192,10 @@ class NativeRadixCache(BasePrefixCache):
         return self.tree.touch_at(node, offset)
 
     def touch_prefix(self, key: CacheKey) -> None:
-        if self.disabled or len(key.tokens) == 0:
+        tokens, ns = key
+        if self.disabled or len(tokens) == 0:
             return
-        self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), False)
+        self.tree.walk_node(tokens, 0 if ns is None else namespace_id(ns))
 
     def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
         # A key whose first page is not cached only ticks the clock: what its walk does.

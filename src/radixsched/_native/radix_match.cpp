@@ -1,0 +1,120 @@
+// See radix_match.hpp.
+#include "radix_match.hpp"
+
+#include <nanobind/stl/shared_ptr.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+namespace nb = nanobind;
+
+namespace radixsched {
+namespace {
+
+// numpy's functions, looked up once and held for the life of the process (never released:
+// Python objects must not be touched after interpreter shutdown, when statics are destroyed).
+struct Numpy {
+    PyObject* empty;
+    PyObject* ascontiguousarray;
+    PyObject* int32;
+    PyObject* int64;
+};
+
+const Numpy& numpy() {
+    static const Numpy np = [] {
+        nb::module_ m = nb::module_::import_("numpy");
+        return Numpy{m.attr("empty").inc_ref().ptr(), m.attr("ascontiguousarray").inc_ref().ptr(),
+                     m.attr("dtype")("int32").inc_ref().ptr(),
+                     m.attr("dtype")("int64").inc_ref().ptr()};
+    }();
+    return np;
+}
+
+// A buffer's format names a native-order 4-byte signed int.
+bool int32_format(const char* f) {
+    if (f == nullptr) return false;
+    if (*f == '@' || *f == '=' || *f == '<') ++f;  // x86-64 and aarch64 are little-endian
+    return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
+}
+
+// Tokens read in place: a held buffer over an int32, 1-d, C-contiguous array (the input itself,
+// or its int32 copy).
+class TokenView {
+public:
+    explicit TokenView(nb::handle obj) {
+        if (take(obj)) return;
+        PyObject* args[] = {obj.ptr(), numpy().int32};
+        copy_ = nb::steal(PyObject_Vectorcall(numpy().ascontiguousarray, args, 2, nullptr));
+        if (!copy_.is_valid()) throw nb::python_error();
+        if (!take(copy_)) throw nb::type_error("tokens must be a 1-d sequence of ints");
+    }
+    ~TokenView() { PyBuffer_Release(&view_); }
+    TokenView(const TokenView&) = delete;
+    TokenView& operator=(const TokenView&) = delete;
+
+    const int32_t* data() const { return static_cast<const int32_t*>(view_.buf); }
+    int64_t size() const { return static_cast<int64_t>(view_.len / sizeof(int32_t)); }
+
+private:
+    bool take(nb::handle obj) {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+            PyErr_Clear();
+            view_ = Py_buffer{};
+            return false;
+        }
+        if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) return true;
+        PyBuffer_Release(&view_);
+        view_ = Py_buffer{};
+        return false;
+    }
+
+    Py_buffer view_{};  // obj == nullptr while nothing is held (PyBuffer_Release ignores it)
+    nb::object copy_;
+};
+
+// A new int64 numpy array of the path's slots, in order (`total` of them).
+nb::object slots_of(const std::vector<Node*>& path, int64_t total) {
+    nb::object n = nb::int_(total);
+    PyObject* args[] = {n.ptr(), numpy().int64};
+    nb::object arr = nb::steal(PyObject_Vectorcall(numpy().empty, args, 2, nullptr));
+    if (!arr.is_valid()) throw nb::python_error();
+    if (total == 0) return arr;
+    Py_buffer out;
+    if (PyObject_GetBuffer(arr.ptr(), &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0)
+        throw nb::python_error();
+    auto* dst = static_cast<int64_t*>(out.buf);
+    int64_t at = 0;
+    for (const Node* p : path) {
+        const int64_t k = p->size();
+        if (at + k > total) {
+            PyBuffer_Release(&out);
+            throw std::logic_error("walk_path: matched nodes hold more slots than matched");
+        }
+        std::memcpy(dst + at, p->value.data(), static_cast<size_t>(k) * sizeof(int64_t));
+        at += k;
+    }
+    PyBuffer_Release(&out);
+    if (at != total) throw std::logic_error("walk_path: matched nodes hold fewer slots");
+    return arr;
+}
+
+}  // namespace
+
+nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns) {
+    const TokenView tok(tokens);
+    std::vector<Node*> path;
+    path.reserve(8);
+    const WalkResult r = tree.walk_path(tok.data(), tok.size(), ns, path);
+    nb::object slots = slots_of(path, r.length);
+    return nb::make_tuple(slots, r.length, r.node, 0);
+}
+
+nb::object walk_node(Tree& tree, nb::handle tokens, int32_t ns) {
+    const TokenView tok(tokens);
+    std::vector<Node*> path;
+    const WalkResult r = tree.walk_path(tok.data(), tok.size(), ns, path);
+    return nb::make_tuple(r.node, r.length);
+}
+
+}  // namespace radixsched

@@ -1,0 +1,22 @@
+// The radix tree's hot match calls for Python (Tree.match_prefix / Tree.walk_node): tokens are
+// read through the buffer protocol and the matched slots are written straight into one new
+// numpy array, so that a match costs one native call and no intermediate copies.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+
+#include "radix.hpp"
+
+namespace radixsched {
+
+// Tree::walk over `tokens` (any 1-d sequence of ints; int32 C-contiguous arrays are read in
+// place, anything else is converted as numpy.ascontiguousarray(tokens, dtype=int32) would):
+// the tuple (slots: int64 array, matched length, last node, 0), MatchResult's fields in order.
+nanobind::object match_prefix(Tree& tree, nanobind::handle tokens, int32_t ns);
+
+// The same walk (same clock tick, same touches and splits) without the slots: (node, length).
+nanobind::object walk_node(Tree& tree, nanobind::handle tokens, int32_t ns);
+
+}  // namespace radixsched
