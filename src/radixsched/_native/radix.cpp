@@ -127,6 +127,22 @@ bool Tree::covers(const int32_t* tokens, int64_t avail, const Node& node) const 
     return avail >= k && std::memcmp(tokens, node.key.data(), k * sizeof(int32_t)) == 0;
 }
 
+bool Tree::covers_copy(const int32_t* tokens, int64_t avail, const Node& node,
+                       int64_t* out) const {
+    // In chunks, so that the reads of the query, the key and the slots overlap.
+    constexpr int64_t kChunk = 256;
+    const int64_t k = node.size();
+    if (avail < k) return false;
+    const int32_t* key = node.key.data();
+    const int64_t* value = node.value.data();
+    for (int64_t i = 0; i < k; i += kChunk) {
+        const int64_t c = std::min(kChunk, k - i);
+        if (std::memcmp(tokens + i, key + i, c * sizeof(int32_t)) != 0) return false;
+        if (out) std::memcpy(out + i, value + i, c * sizeof(int64_t));
+    }
+    return true;
+}
+
 int64_t Tree::mismatch(const int32_t* tokens, int64_t avail, const Node& node) const {
     const int64_t n = std::min(avail, node.size());
     int64_t m = 0;
@@ -172,17 +188,15 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
 
 WalkResult Tree::walk(const int32_t* tokens, int64_t n, int32_t ns,
                       std::vector<int64_t>* values) {
-    std::vector<Node*> path;
-    const WalkResult r = walk_path(tokens, n, ns, path);
-    if (values) {
-        values->reserve(values->size() + static_cast<size_t>(r.length));
-        for (const Node* p : path) values->insert(values->end(), p->value.begin(), p->value.end());
-    }
+    if (values == nullptr) return walk_into(tokens, n, ns, nullptr);
+    const size_t base = values->size();
+    values->resize(base + static_cast<size_t>(n - n % page_));
+    const WalkResult r = walk_into(tokens, n, ns, values->data() + base);
+    values->resize(base + static_cast<size_t>(r.length));
     return r;
 }
 
-WalkResult Tree::walk_path(const int32_t* tokens, int64_t n, int32_t ns,
-                           std::vector<Node*>& path) {
+WalkResult Tree::walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t* out) {
     n -= n % page_;
     const int64_t now = ++clock_;
     root_->last_access_time = now;
@@ -192,17 +206,16 @@ WalkResult Tree::walk_path(const int32_t* tokens, int64_t n, int32_t ns,
     int64_t pos = 0;
     while (child) {
         child->last_access_time = now;
-        if (covers(tokens + pos, n - pos, *child)) {
+        if (covers_copy(tokens + pos, n - pos, *child, out ? out + pos : nullptr)) {
             node = child;
             pos += child->size();
-            path.push_back(node);
             if (pos == n) break;
             child = find_child_ptr(*node, tokens + pos, ns);
         } else {
             const int64_t m = mismatch(tokens + pos, n - pos, *child);
             node = split(*child, m, now).get();  // its parent owns it
+            if (out) std::memcpy(out + pos, node->value.data(), m * sizeof(int64_t));
             pos += m;
-            path.push_back(node);
             break;
         }
     }

@@ -4,7 +4,7 @@
 #include <nanobind/stl/shared_ptr.h>
 
 #include <cstring>
-#include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace nb = nanobind;
@@ -73,47 +73,38 @@ private:
     nb::object copy_;
 };
 
-// A new int64 numpy array of the path's slots, in order (`total` of them).
-nb::object slots_of(const std::vector<Node*>& path, int64_t total) {
-    nb::object n = nb::int_(total);
-    PyObject* args[] = {n.ptr(), numpy().int64};
+// A new int64 numpy array of `n` slots and its writable data (valid while the array lives).
+std::pair<nb::object, int64_t*> new_slots(int64_t n) {
+    nb::object len = nb::int_(n);
+    PyObject* args[] = {len.ptr(), numpy().int64};
     nb::object arr = nb::steal(PyObject_Vectorcall(numpy().empty, args, 2, nullptr));
     if (!arr.is_valid()) throw nb::python_error();
-    if (total == 0) return arr;
     Py_buffer out;
     if (PyObject_GetBuffer(arr.ptr(), &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0)
         throw nb::python_error();
-    auto* dst = static_cast<int64_t*>(out.buf);
-    int64_t at = 0;
-    for (const Node* p : path) {
-        const int64_t k = p->size();
-        if (at + k > total) {
-            PyBuffer_Release(&out);
-            throw std::logic_error("walk_path: matched nodes hold more slots than matched");
-        }
-        std::memcpy(dst + at, p->value.data(), static_cast<size_t>(k) * sizeof(int64_t));
-        at += k;
-    }
-    PyBuffer_Release(&out);
-    if (at != total) throw std::logic_error("walk_path: matched nodes hold fewer slots");
-    return arr;
+    auto* data = static_cast<int64_t*>(out.buf);
+    PyBuffer_Release(&out);  // numpy's buffer is the array's own memory
+    return {std::move(arr), data};
 }
 
 }  // namespace
 
 nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns) {
     const TokenView tok(tokens);
-    std::vector<Node*> path;
-    path.reserve(8);
-    const WalkResult r = tree.walk_path(tok.data(), tok.size(), ns, path);
-    nb::object slots = slots_of(path, r.length);
-    return nb::make_tuple(slots, r.length, r.node, 0);
+    const int64_t n = tok.size() - tok.size() % tree.page_size();
+    auto [arr, out] = new_slots(n);
+    const WalkResult r = tree.walk_into(tok.data(), tok.size(), ns, out);
+    if (r.length < n) {  // a partial match: its own exact-size array
+        auto [exact, dst] = new_slots(r.length);
+        std::memcpy(dst, out, static_cast<size_t>(r.length) * sizeof(int64_t));
+        arr = std::move(exact);
+    }
+    return nb::make_tuple(arr, r.length, r.node, 0);
 }
 
 nb::object walk_node(Tree& tree, nb::handle tokens, int32_t ns) {
     const TokenView tok(tokens);
-    std::vector<Node*> path;
-    const WalkResult r = tree.walk_path(tok.data(), tok.size(), ns, path);
+    const WalkResult r = tree.walk_into(tok.data(), tok.size(), ns, nullptr);
     return nb::make_tuple(r.node, r.length);
 }
 

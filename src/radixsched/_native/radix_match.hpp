@@ -1,6 +1,6 @@
 // The radix tree's hot match calls for Python (Tree.match_prefix / Tree.walk_node): tokens are
-// read through the buffer protocol and the matched slots are written straight into one new
-// numpy array, so that a match costs one native call and no intermediate copies.
+// read through the buffer protocol and the matched slots are copied into one new numpy array
+// as the walk compares tokens, so that a match costs one native call and no intermediate copies.
 #pragma once
 
 #include <nanobind/nanobind.h>
