@@ -409,7 +409,9 @@ void bind_tree(nb::module_& m) {
                  return nb::make_tuple(r.node, r.length, to_numpy(std::move(values)));
              })
         .def("match_prefix",
-             [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::match_prefix(t, tok, ns); })
+             [](PyTree& t, nb::handle tok, int32_t ns, nb::handle result) {
+                 return radixsched::match_prefix(t, tok, ns, result);
+             })
         .def("walk_node",
              [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::walk_node(t, tok, ns); })
         .def("match_len",

@@ -89,7 +89,10 @@ std::pair<nb::object, int64_t*> new_slots(int64_t n) {
 
 }  // namespace
 
-nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns) {
+nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns, nb::handle result) {
+    auto* type = reinterpret_cast<PyTypeObject*>(result.ptr());
+    if (!PyType_Check(result.ptr()) || !PyType_IsSubtype(type, &PyTuple_Type))
+        throw nb::type_error("match_prefix: result must be a tuple type");
     const TokenView tok(tokens);
     const int64_t n = tok.size() - tok.size() % tree.page_size();
     auto [arr, out] = new_slots(n);
@@ -99,7 +102,10 @@ nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns) {
         std::memcpy(dst, out, static_cast<size_t>(r.length) * sizeof(int64_t));
         arr = std::move(exact);
     }
-    return nb::make_tuple(arr, r.length, r.node, 0);
+    nb::object args = nb::make_tuple(nb::make_tuple(arr, r.length, r.node, 0));
+    PyObject* res = PyTuple_Type.tp_new(type, args.ptr(), nullptr);  // tuple.__new__(type, fields)
+    if (res == nullptr) throw nb::python_error();
+    return nb::steal(res);
 }
 
 nb::object walk_node(Tree& tree, nb::handle tokens, int32_t ns) {

@@ -36,9 +36,6 @@ from radixsched.request import EMPTY_SLOTS, SlotArray, TokenArray
 if TYPE_CHECKING:
     from radixsched.config import SchedulerConfig
 
-# MatchResult from the native call's 4-tuple of its fields, without a Python-level __new__.
-_new_tuple = tuple.__new__
-
 NATIVE_EVICTION = frozenset({"lru", "mru", "fifo", "filo", "lfu", "priority", "slru"})
 
 
@@ -159,13 +156,15 @@ class NativeRadixCache(BasePrefixCache):
 
     # ---- match / touch / insert --------------------------------------------------------------
     def match_prefix(self, key: CacheKey) -> MatchResult:
-        # The hot path: one native call builds MatchResult's fields (tokens of any int dtype
+        # The hot path: one native call builds the MatchResult (tokens of any int dtype
         # are read or converted natively, as ``as_tokens`` would); id 0 is the default namespace.
         tokens, ns = key
         if self.disabled or len(tokens) == 0:
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        fields = self.tree.match_prefix(tokens, 0 if ns is None else namespace_id(ns))
-        return _new_tuple(MatchResult, fields)
+        res: MatchResult = self.tree.match_prefix(
+            tokens, 0 if ns is None else namespace_id(ns), MatchResult
+        )
+        return res
 
     def match_node(self, key: CacheKey) -> MatchResult:
         tokens, ns = key
