@@ -24,6 +24,7 @@
 #include "order.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
+#include "radix_match.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -408,6 +409,12 @@ void bind_tree(nb::module_& m) {
                  auto r = t.walk(tok.data(), tok.shape(0), ns, collect ? &values : nullptr);
                  return nb::make_tuple(r.node, r.length, to_numpy(std::move(values)));
              })
+        .def("match_prefix",
+             [](PyTree& t, nb::handle tok, int32_t ns, nb::handle result) {
+                 return radixsched::match_prefix(t, tok, ns, result);
+             })
+        .def("walk_node",
+             [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::walk_node(t, tok, ns); })
         .def("match_len",
              [](PyTree& t, Tokens tok, int32_t ns) { return t.match_len(tok.data(), tok.shape(0), ns); })
         .def("match_end",

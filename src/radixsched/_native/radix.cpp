@@ -117,9 +117,30 @@ NodePtr Tree::find_child(Node& node, const int32_t* page, int32_t ns) {
     return it == node.children.end() ? nullptr : it->second;
 }
 
+Node* Tree::find_child_ptr(Node& node, const int32_t* page, int32_t ns) const {
+    auto it = node.children.find(page_key(page, &node, ns));
+    return it == node.children.end() ? nullptr : it->second.get();
+}
+
 bool Tree::covers(const int32_t* tokens, int64_t avail, const Node& node) const {
     const int64_t k = node.size();
     return avail >= k && std::memcmp(tokens, node.key.data(), k * sizeof(int32_t)) == 0;
+}
+
+bool Tree::covers_copy(const int32_t* tokens, int64_t avail, const Node& node,
+                       int64_t* out) const {
+    // In chunks, so that the reads of the query, the key and the slots overlap.
+    constexpr int64_t kChunk = 256;
+    const int64_t k = node.size();
+    if (avail < k) return false;
+    const int32_t* key = node.key.data();
+    const int64_t* value = node.value.data();
+    for (int64_t i = 0; i < k; i += kChunk) {
+        const int64_t c = std::min(kChunk, k - i);
+        if (std::memcmp(tokens + i, key + i, c * sizeof(int32_t)) != 0) return false;
+        if (out) std::memcpy(out + i, value + i, c * sizeof(int64_t));
+    }
+    return true;
 }
 
 int64_t Tree::mismatch(const int32_t* tokens, int64_t avail, const Node& node) const {
@@ -167,44 +188,52 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
 
 WalkResult Tree::walk(const int32_t* tokens, int64_t n, int32_t ns,
                       std::vector<int64_t>* values) {
+    if (values == nullptr) return walk_into(tokens, n, ns, nullptr);
+    const size_t base = values->size();
+    values->resize(base + static_cast<size_t>(n - n % page_));
+    const WalkResult r = walk_into(tokens, n, ns, values->data() + base);
+    values->resize(base + static_cast<size_t>(r.length));
+    return r;
+}
+
+WalkResult Tree::walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t* out) {
     n -= n % page_;
     const int64_t now = ++clock_;
     root_->last_access_time = now;
     if (n == 0) return {root_, 0};
-    NodePtr node = root_;
-    NodePtr child = find_child(*root_, tokens, ns);
+    Node* node = root_.get();
+    Node* child = find_child_ptr(*root_, tokens, ns);
     int64_t pos = 0;
     while (child) {
         child->last_access_time = now;
-        if (covers(tokens + pos, n - pos, *child)) {
+        if (covers_copy(tokens + pos, n - pos, *child, out ? out + pos : nullptr)) {
             node = child;
             pos += child->size();
-            if (values) values->insert(values->end(), node->value.begin(), node->value.end());
             if (pos == n) break;
-            child = find_child(*node, tokens + pos, ns);
+            child = find_child_ptr(*node, tokens + pos, ns);
         } else {
             const int64_t m = mismatch(tokens + pos, n - pos, *child);
-            node = split(*child, m, now);
+            node = split(*child, m, now).get();  // its parent owns it
+            if (out) std::memcpy(out + pos, node->value.data(), m * sizeof(int64_t));
             pos += m;
-            if (values) values->insert(values->end(), node->value.begin(), node->value.end());
             break;
         }
     }
-    return {node, pos};
+    return {node->shared_from_this(), pos};
 }
 
 int64_t Tree::match_len(const int32_t* tokens, int64_t n, int32_t ns) {
     if (disabled_) return 0;
     n -= n % page_;
     if (n == 0) return 0;
-    NodePtr child = find_child(*root_, tokens, ns);
+    Node* child = find_child_ptr(*root_, tokens, ns);
     int64_t pos = 0;
     while (child) {
         if (!covers(tokens + pos, n - pos, *child))
             return pos + mismatch(tokens + pos, n - pos, *child);
         pos += child->size();
         if (pos == n) return pos;
-        child = find_child(*child, tokens + pos, ns);
+        child = find_child_ptr(*child, tokens + pos, ns);
     }
     return pos;
 }

@@ -92,6 +92,9 @@ public:
     // The Python methods of the same names; token spans are already page-trimmed by nothing:
     // each trims its own query (n - n % page).
     WalkResult walk(const int32_t* tokens, int64_t n, int32_t ns, std::vector<int64_t>* values);
+    // walk() that writes the matched slots to out[0, length) as it compares (out, when not
+    // null, holds at least n - n % page slots; past `length` its contents are unspecified).
+    WalkResult walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t* out);
     int64_t match_len(const int32_t* tokens, int64_t n, int32_t ns);
     MatchEndResult match_end(const int32_t* tokens, int64_t n, int32_t ns, Node* start,
                              int64_t depth);
@@ -141,8 +144,11 @@ private:
     void push(Node& n);
     void pop_heap_entry();
     NodePtr find_child(Node& node, const int32_t* page, int32_t ns);
+    Node* find_child_ptr(Node& node, const int32_t* page, int32_t ns) const;
     int64_t mismatch(const int32_t* tokens, int64_t avail, const Node& node) const;
     bool covers(const int32_t* tokens, int64_t avail, const Node& node) const;
+    // covers(), copying the node's slots to `out` (when not null) as it compares.
+    bool covers_copy(const int32_t* tokens, int64_t avail, const Node& node, int64_t* out) const;
     NodePtr split(Node& child, int64_t m, int64_t now);
     void touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priority,
                        int64_t inserted_len);

@@ -156,15 +156,21 @@ class NativeRadixCache(BasePrefixCache):
 
     # ---- match / touch / insert --------------------------------------------------------------
     def match_prefix(self, key: CacheKey) -> MatchResult:
-        if self.disabled or len(key.tokens) == 0:
+        # The hot path: one native call builds the MatchResult (tokens of any int dtype
+        # are read or converted natively, as ``as_tokens`` would); id 0 is the default namespace.
+        tokens, ns = key
+        if self.disabled or len(tokens) == 0:
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        node, pos, values = self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), True)
-        return MatchResult(values, pos, node)
+        res: MatchResult = self.tree.match_prefix(
+            tokens, 0 if ns is None else namespace_id(ns), MatchResult
+        )
+        return res
 
     def match_node(self, key: CacheKey) -> MatchResult:
-        if self.disabled or len(key.tokens) == 0:
+        tokens, ns = key
+        if self.disabled or len(tokens) == 0:
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        node, pos, _ = self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), False)
+        node, pos = self.tree.walk_node(tokens, 0 if ns is None else namespace_id(ns))
         return MatchResult(EMPTY_SLOTS, pos, node)
 
     def prefix_slots(self, node: Any, length: int, out: SlotArray | None = None) -> SlotArray:
@@ -185,9 +191,10 @@ class NativeRadixCache(BasePrefixCache):
         return self.tree.touch_at(node, offset)
 
     def touch_prefix(self, key: CacheKey) -> None:
-        if self.disabled or len(key.tokens) == 0:
+        tokens, ns = key
+        if self.disabled or len(tokens) == 0:
             return
-        self.tree.walk(as_tokens(key.tokens), namespace_id(key.namespace), False)
+        self.tree.walk_node(tokens, 0 if ns is None else namespace_id(ns))
 
     def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
         # A key whose first page is not cached only ticks the clock: what its walk does.

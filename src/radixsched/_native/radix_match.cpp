@@ -1,0 +1,117 @@
+// See radix_match.hpp.
+#include "radix_match.hpp"
+
+#include <nanobind/stl/shared_ptr.h>
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace nb = nanobind;
+
+namespace radixsched {
+namespace {
+
+// numpy's functions, looked up once and held for the life of the process (never released:
+// Python objects must not be touched after interpreter shutdown, when statics are destroyed).
+struct Numpy {
+    PyObject* empty;
+    PyObject* ascontiguousarray;
+    PyObject* int32;
+    PyObject* int64;
+};
+
+const Numpy& numpy() {
+    static const Numpy np = [] {
+        nb::module_ m = nb::module_::import_("numpy");
+        return Numpy{m.attr("empty").inc_ref().ptr(), m.attr("ascontiguousarray").inc_ref().ptr(),
+                     m.attr("dtype")("int32").inc_ref().ptr(),
+                     m.attr("dtype")("int64").inc_ref().ptr()};
+    }();
+    return np;
+}
+
+// A buffer's format names a native-order 4-byte signed int.
+bool int32_format(const char* f) {
+    if (f == nullptr) return false;
+    if (*f == '@' || *f == '=' || *f == '<') ++f;  // x86-64 and aarch64 are little-endian
+    return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
+}
+
+// Tokens read in place: a held buffer over an int32, 1-d, C-contiguous array (the input itself,
+// or its int32 copy).
+class TokenView {
+public:
+    explicit TokenView(nb::handle obj) {
+        if (take(obj)) return;
+        PyObject* args[] = {obj.ptr(), numpy().int32};
+        copy_ = nb::steal(PyObject_Vectorcall(numpy().ascontiguousarray, args, 2, nullptr));
+        if (!copy_.is_valid()) throw nb::python_error();
+        if (!take(copy_)) throw nb::type_error("tokens must be a 1-d sequence of ints");
+    }
+    ~TokenView() { PyBuffer_Release(&view_); }
+    TokenView(const TokenView&) = delete;
+    TokenView& operator=(const TokenView&) = delete;
+
+    const int32_t* data() const { return static_cast<const int32_t*>(view_.buf); }
+    int64_t size() const { return static_cast<int64_t>(view_.len / sizeof(int32_t)); }
+
+private:
+    bool take(nb::handle obj) {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+            PyErr_Clear();
+            view_ = Py_buffer{};
+            return false;
+        }
+        if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) return true;
+        PyBuffer_Release(&view_);
+        view_ = Py_buffer{};
+        return false;
+    }
+
+    Py_buffer view_{};  // obj == nullptr while nothing is held (PyBuffer_Release ignores it)
+    nb::object copy_;
+};
+
+// A new int64 numpy array of `n` slots and its writable data (valid while the array lives).
+std::pair<nb::object, int64_t*> new_slots(int64_t n) {
+    nb::object len = nb::int_(n);
+    PyObject* args[] = {len.ptr(), numpy().int64};
+    nb::object arr = nb::steal(PyObject_Vectorcall(numpy().empty, args, 2, nullptr));
+    if (!arr.is_valid()) throw nb::python_error();
+    Py_buffer out;
+    if (PyObject_GetBuffer(arr.ptr(), &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0)
+        throw nb::python_error();
+    auto* data = static_cast<int64_t*>(out.buf);
+    PyBuffer_Release(&out);  // numpy's buffer is the array's own memory
+    return {std::move(arr), data};
+}
+
+}  // namespace
+
+nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns, nb::handle result) {
+    auto* type = reinterpret_cast<PyTypeObject*>(result.ptr());
+    if (!PyType_Check(result.ptr()) || !PyType_IsSubtype(type, &PyTuple_Type))
+        throw nb::type_error("match_prefix: result must be a tuple type");
+    const TokenView tok(tokens);
+    const int64_t n = tok.size() - tok.size() % tree.page_size();
+    auto [arr, out] = new_slots(n);
+    const WalkResult r = tree.walk_into(tok.data(), tok.size(), ns, out);
+    if (r.length < n) {  // a partial match: its own exact-size array
+        auto [exact, dst] = new_slots(r.length);
+        std::memcpy(dst, out, static_cast<size_t>(r.length) * sizeof(int64_t));
+        arr = std::move(exact);
+    }
+    nb::object args = nb::make_tuple(nb::make_tuple(arr, r.length, r.node, 0));
+    PyObject* res = PyTuple_Type.tp_new(type, args.ptr(), nullptr);  // tuple.__new__(type, fields)
+    if (res == nullptr) throw nb::python_error();
+    return nb::steal(res);
+}
+
+nb::object walk_node(Tree& tree, nb::handle tokens, int32_t ns) {
+    const TokenView tok(tokens);
+    const WalkResult r = tree.walk_into(tok.data(), tok.size(), ns, nullptr);
+    return nb::make_tuple(r.node, r.length);
+}
+
+}  // namespace radixsched
