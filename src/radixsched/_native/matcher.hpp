@@ -45,6 +45,11 @@ public:
         index_.erase(it);
         return true;
     }
+    // Moves a present key to the end (as erase then put would, without reallocating).
+    void to_back(const K& k) {
+        auto it = index_.find(k);
+        if (it != index_.end()) items_.splice(items_.end(), items_, it->second);
+    }
     bool contains(const K& k) const { return index_.count(k) != 0; }
     bool empty() const { return items_.empty(); }
     size_t size() const { return items_.size(); }
@@ -87,6 +92,8 @@ public:
     void untrack(int64_t k);
     std::vector<int64_t> refresh();  // the requests whose match moved, in dirty order
     const Memo* memo(int64_t k) const;
+    // min(memo n, fill_len - 1): the matched length a prefill reads (k must be tracked).
+    int64_t prefill_match(int64_t k) const;
     bool is_dirty(int64_t k) const { return dirty_.contains(k); }
     bool any_dirty() const { return !dirty_.empty(); }
     std::vector<int64_t> dirty_keys() const { return dirty_.keys(); }
@@ -114,6 +121,9 @@ private:
 
     const Memo& match(int64_t k, const Hint* hint);
     void reg(int64_t k, Memo& m);
+    void set_edge(const Entry& e, Memo& m) const;  // where `m` registers (m.edge_node, edge_key)
+    void file(int64_t k, const Memo& m);  // registers k at m's edge
+    void refile(int64_t k, const Memo& m);  // k stays at m's edge: moved last, as unreg + reg
     void unreg(int64_t k, Memo& m);
     void mark(int64_t k, Node& node, int64_t depth);
     static int64_t edge_depth(const Memo& m) { return m.full ? m.n : m.n - m.offset; }
