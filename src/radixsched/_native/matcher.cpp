@@ -102,8 +102,11 @@ const Memo& Matcher::match(int64_t k, const Hint* hint) {
     m.offset = end.offset;
     set_edge(e, m);
     if (e.memo.edge_node && e.memo.edge_node == m.edge_node && e.memo.edge_key == m.edge_key) {
-        refile(k, m);  // the same edge (a cold round over an unchanged tree): no reallocation
+        m.edge_keys = e.memo.edge_keys;  // the same edge (a cold round over an unchanged tree)
+        m.key_at = e.memo.key_at;
+        m.reg_at = e.memo.reg_at;
         e.memo = std::move(m);
+        refile(e.memo);
     } else {
         unreg(k, e.memo);
         e.memo = std::move(m);
@@ -118,15 +121,19 @@ void Matcher::reg(int64_t k, Memo& m) {
     file(k, m);
 }
 
-void Matcher::file(int64_t k, const Memo& m) { edges_[m.edge_node.get()].put(m.edge_key).put(k); }
+void Matcher::file(int64_t k, Memo& m) {
+    m.edge_keys = &edges_[m.edge_node.get()];
+    m.key_at = m.edge_keys->put_at(m.edge_key);
+    m.reg_at = m.key_at->second.put_at(k);
+}
 
-void Matcher::refile(int64_t k, const Memo& m) {
-    auto& keys = edges_.at(m.edge_node.get());
-    Bucket* regs = keys.get(m.edge_key);
-    if (regs == nullptr || !regs->contains(k))
-        throw std::logic_error("matcher: a registered memo is missing from its edge");
-    regs->to_back(k);
-    if (regs->size() == 1) keys.to_back(m.edge_key);  // unreg would drop the key, reg re-add it
+void Matcher::refile(const Memo& m) {
+    Bucket& regs = m.key_at->second;
+    if (regs.size() > 1) {
+        regs.to_back(m.reg_at);
+    } else {  // a lone registrant: unreg drops its key, reg puts it back last
+        m.edge_keys->to_back(m.key_at);
+    }
 }
 
 void Matcher::set_edge(const Entry& e, Memo& m) const {
@@ -158,6 +165,7 @@ void Matcher::unreg(int64_t k, Memo& m) {
     }
     m.edge_node.reset();
     m.edge_key.clear();
+    m.edge_keys = nullptr;
 }
 
 void Matcher::mark(int64_t k, Node& node, int64_t depth) {
