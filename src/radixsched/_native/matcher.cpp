@@ -228,6 +228,7 @@ void Matcher::on_evict(Node& leaf, int64_t keep) {
 }
 
 void Matcher::on_reset() {
+    dirty_.reserve(order_.size());
     for (const auto& item : order_.items()) dirty_.put(item.first);
     hints_.clear();
 }

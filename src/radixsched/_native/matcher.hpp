@@ -50,6 +50,7 @@ public:
         return true;
     }
     bool contains(const K& k) const { return index_.count(k) != 0; }
+    void reserve(size_t n) { index_.reserve(n); }
     bool empty() const { return items_.empty(); }
     size_t size() const { return items_.size(); }
     void clear() {
