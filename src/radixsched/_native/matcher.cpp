@@ -1,6 +1,7 @@
 // See matcher.hpp.
 #include "matcher.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace radixsched {
@@ -59,11 +60,14 @@ std::vector<int64_t> Matcher::refresh() {
     std::swap(hints, hints_);
     for (const auto& item : dirty.items()) {
         const int64_t k = item.first;
-        const Memo old = entries_.at(k).memo;
+        const Memo& was = entries_.at(k).memo;  // its fields, not its registration
+        const int64_t n = was.n, offset = was.offset;
+        const Node* node = was.node.get();  // alive: `hold` keeps it
+        const NodePtr hold = was.node;
+        const bool full = was.full;
         auto h = hints.find(k);
         const Memo& now = match(k, h == hints.end() ? nullptr : &h->second);
-        if (old.n != now.n || old.node != now.node || old.offset != now.offset ||
-            old.full != now.full)
+        if (n != now.n || node != now.node.get() || offset != now.offset || full != now.full)
             moved.push_back(k);
     }
     return moved;
@@ -72,6 +76,11 @@ std::vector<int64_t> Matcher::refresh() {
 const Memo* Matcher::memo(int64_t k) const {
     auto it = entries_.find(k);
     return it == entries_.end() ? nullptr : &it->second.memo;
+}
+
+int64_t Matcher::prefill_match(int64_t k) const {
+    const Entry& e = entries_.at(k);
+    return std::min(e.memo.n, e.fill_len - 1);
 }
 
 const Memo& Matcher::match(int64_t k, const Hint* hint) {
@@ -91,15 +100,43 @@ const Memo& Matcher::match(int64_t k, const Hint* hint) {
     m.full = end.offset >= end.node->size();
     m.node = std::move(end.node);
     m.offset = end.offset;
-    unreg(k, e.memo);
-    e.memo = std::move(m);
-    reg(k, e.memo);
+    set_edge(e, m);
+    if (e.memo.edge_node && e.memo.edge_node == m.edge_node && e.memo.edge_key == m.edge_key) {
+        m.edge_keys = e.memo.edge_keys;  // the same edge (a cold round over an unchanged tree)
+        m.key_at = e.memo.key_at;
+        m.reg_at = e.memo.reg_at;
+        e.memo = std::move(m);
+        refile(e.memo);
+    } else {
+        unreg(k, e.memo);
+        e.memo = std::move(m);
+        file(k, e.memo);
+    }
     if (dedup_) dedup_->matched(k, e.memo.n);
     return e.memo;
 }
 
 void Matcher::reg(int64_t k, Memo& m) {
-    const Entry& e = entries_.at(k);
+    set_edge(entries_.at(k), m);
+    file(k, m);
+}
+
+void Matcher::file(int64_t k, Memo& m) {
+    m.edge_keys = &edges_[m.edge_node.get()];
+    m.key_at = m.edge_keys->put_at(m.edge_key);
+    m.reg_at = m.key_at->second.put_at(k);
+}
+
+void Matcher::refile(const Memo& m) {
+    Bucket& regs = m.key_at->second;
+    if (regs.size() > 1) {
+        regs.to_back(m.reg_at);
+    } else {  // a lone registrant: unreg drops its key, reg puts it back last
+        m.edge_keys->to_back(m.key_at);
+    }
+}
+
+void Matcher::set_edge(const Entry& e, Memo& m) const {
     if (m.full) {
         const int64_t p = tree_->page_size();
         m.edge_node = m.node;
@@ -112,7 +149,6 @@ void Matcher::reg(int64_t k, Memo& m) {
         m.edge_node = m.node->parent->shared_from_this();
         m.edge_key = m.node->child_key;
     }
-    edges_[m.edge_node.get()].put(m.edge_key).put(k);
 }
 
 void Matcher::unreg(int64_t k, Memo& m) {
@@ -129,6 +165,7 @@ void Matcher::unreg(int64_t k, Memo& m) {
     }
     m.edge_node.reset();
     m.edge_key.clear();
+    m.edge_keys = nullptr;
 }
 
 void Matcher::mark(int64_t k, Node& node, int64_t depth) {
@@ -191,6 +228,7 @@ void Matcher::on_evict(Node& leaf, int64_t keep) {
 }
 
 void Matcher::on_reset() {
+    dirty_.reserve(order_.size());
     for (const auto& item : order_.items()) dirty_.put(item.first);
     hints_.clear();
 }

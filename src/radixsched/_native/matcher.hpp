@@ -26,14 +26,18 @@ template <class K, class V>
 class OrderedMap {
 public:
     using Item = std::pair<K, V>;
-    V& put(const K& k, V v = V{}) {  // inserts at the end when absent
+    using iterator = typename std::list<Item>::iterator;  // valid until its key is erased
+    V& put(const K& k, V v = V{}) { return put_at(k, std::move(v))->second; }
+    iterator put_at(const K& k, V v = V{}) {  // inserts at the end when absent
         auto it = index_.find(k);
-        if (it != index_.end()) return it->second->second;
+        if (it != index_.end()) return it->second;
         items_.emplace_back(k, std::move(v));
         auto last = std::prev(items_.end());
         index_.emplace(k, last);
-        return last->second;
+        return last;
     }
+    // Moves the item at `it` to the end (as erase then put would), without a lookup.
+    void to_back(iterator it) { items_.splice(items_.end(), items_, it); }
     V* get(const K& k) {
         auto it = index_.find(k);
         return it == index_.end() ? nullptr : &it->second->second;
@@ -46,6 +50,7 @@ public:
         return true;
     }
     bool contains(const K& k) const { return index_.count(k) != 0; }
+    void reserve(size_t n) { index_.reserve(n); }
     bool empty() const { return items_.empty(); }
     size_t size() const { return items_.size(); }
     void clear() {
@@ -65,6 +70,9 @@ private:
     std::unordered_map<K, typename std::list<Item>::iterator> index_;
 };
 
+using Bucket = OrderedMap<int64_t, char>;  // an edge's registrants, in registration order
+using EdgeKeys = OrderedMap<std::string, Bucket>;  // a node's edges, by the next page's key
+
 struct Memo {
     int64_t n = 0;
     NodePtr node;  // where the match ends
@@ -72,6 +80,11 @@ struct Memo {
     bool full = false;  // ends at node's end
     NodePtr edge_node;  // registered at (edge_node, edge_key); null: not registered
     std::string edge_key;  // "" : the whole aligned fill matched (only an eviction moves it)
+    // While registered: where (edges_[edge_node], its edge_key item, this request's item in
+    // that bucket), so that a re-match at the same edge moves it last without a lookup.
+    EdgeKeys* edge_keys = nullptr;
+    EdgeKeys::iterator key_at{};
+    Bucket::iterator reg_at{};
 };
 
 class Matcher {
@@ -87,6 +100,8 @@ public:
     void untrack(int64_t k);
     std::vector<int64_t> refresh();  // the requests whose match moved, in dirty order
     const Memo* memo(int64_t k) const;
+    // min(memo n, fill_len - 1): the matched length a prefill reads (k must be tracked).
+    int64_t prefill_match(int64_t k) const;
     bool is_dirty(int64_t k) const { return dirty_.contains(k); }
     bool any_dirty() const { return !dirty_.empty(); }
     std::vector<int64_t> dirty_keys() const { return dirty_.keys(); }
@@ -110,10 +125,12 @@ private:
         int64_t depth;
         int64_t klen;
     };
-    using Bucket = OrderedMap<int64_t, char>;  // registrants, in registration order
 
     const Memo& match(int64_t k, const Hint* hint);
     void reg(int64_t k, Memo& m);
+    void set_edge(const Entry& e, Memo& m) const;  // where `m` registers (m.edge_node, edge_key)
+    void file(int64_t k, Memo& m);  // registers k at m's edge
+    static void refile(const Memo& m);  // k stays at m's edge: moved last, as unreg + reg do
     void unreg(int64_t k, Memo& m);
     void mark(int64_t k, Node& node, int64_t depth);
     static int64_t edge_depth(const Memo& m) { return m.full ? m.n : m.n - m.offset; }
@@ -124,7 +141,7 @@ private:
     Tree* tree_;
     std::unordered_map<int64_t, Entry> entries_;
     OrderedMap<int64_t, char> order_;  // tracked requests, in tracking order
-    std::unordered_map<Node*, OrderedMap<std::string, Bucket>> edges_;
+    std::unordered_map<Node*, EdgeKeys> edges_;  // node-based: items keep their addresses
     OrderedMap<int64_t, char> dirty_;
     std::unordered_map<int64_t, Hint> hints_;
     std::unique_ptr<Dedup> dedup_;  // null: off

@@ -248,11 +248,15 @@ void StableOrder::reset(nb::handle pre, nb::handle keys) {
     for (size_t i = 0; i < n; ++i) atoms.push_back(atoms_of(key_items[i]));
     std::vector<size_t> perm(n);
     std::iota(perm.begin(), perm.end(), size_t{0});
-    std::stable_sort(perm.begin(), perm.end(), [&atoms](size_t a, size_t b) {
+    const auto less = [&atoms](size_t a, size_t b) {
         return compare_stored(atoms[a], atoms[b]) < 0;
-    });
+    };
+    // Already in order (a rebuild over an unchanged list): a stable sort leaves it as it is.
+    if (!std::is_sorted(perm.begin(), perm.end(), less))
+        std::stable_sort(perm.begin(), perm.end(), less);
     nb::list sorted;
     std::unordered_map<PyObject*, Stored> key_of;
+    key_of.reserve(n);
     std::vector<const Stored*> ptrs;
     ptrs.reserve(n);
     for (size_t t = 0; t < n; ++t) {

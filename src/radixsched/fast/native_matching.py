@@ -120,6 +120,11 @@ class NativeMatcher:
         )
         return NativeMemo(*got)
 
+    def set_matched(self, reqs: list[Req]) -> None:
+        """Set each of ``reqs``' (tracked) ``num_matched_prefix_tokens`` to its memo's length
+        capped at its fill length less one (what the reference's round sets)."""
+        self._tree.set_matched(reqs, "num_matched_prefix_tokens")
+
     def untrack(self, r: Req) -> None:
         k = id(r)
         self._tree.untrack(k)

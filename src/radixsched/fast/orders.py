@@ -23,7 +23,7 @@ from typing import Any
 
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.native import core
-from radixsched.policies import Key, Policy, Round, priority_term
+from radixsched.policies import Key, Policy, Round, lpm, priority_term
 from radixsched.request import Req
 
 _TENANT = operator.attrgetter("tenant_key")
@@ -111,6 +111,26 @@ def key_fn(pol: Policy, rnd: Round) -> Callable[[Req], Key]:
     return lambda r: key(r, rnd)
 
 
+def _lpm_keys(queue: list[Req], rnd: Round) -> list[Key]:
+    """lpm's keys of ``queue`` in one comprehension: ``policies.lpm``'s key, term for term, for
+    a round where nobody is overdue (no starvation bound configured)."""
+    deferred = rnd.deferred
+    return [
+        (1, r.rid in deferred, -r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time)
+        for r in queue
+    ]
+
+
+def keys_of(pol: Policy, queue: list[Req], rnd: Round) -> list[Key]:
+    """Every request's full sort key (``key_fn``'s), built without a call per request where
+    the key is a built-in one that a batch builder mirrors."""
+    cfg = rnd.config
+    unbounded = cfg.lpm_max_wait_s is None and cfg.lpm_max_wait_tokens is None  # none overdue
+    if pol.key is lpm.key and unbounded and not cfg.enable_priority_scheduling:
+        return _lpm_keys(queue, rnd)
+    return list(map(key_fn(pol, rnd), queue))
+
+
 class KeyedEngine(StableEngine):
     """A key policy whose key reads the request, its match and its dedup status."""
 
@@ -121,8 +141,7 @@ class KeyedEngine(StableEngine):
         self.order = stable_order()
 
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
-        key = key_fn(self.pol, rnd)
-        self.order.reset(queue, [key(r) for r in queue])
+        self.order.reset(queue, keys_of(self.pol, queue, rnd))
         queue[:] = self.order.reqs
         return iter(range(len(queue)))
 

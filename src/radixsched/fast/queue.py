@@ -304,12 +304,10 @@ class FastWaitingQueue(WaitingQueue):
             return []
         for r in self.matcher.refresh():
             self.moved[id(r)] = r
-        memo = self.matcher.memo
         todo = (
             [*self.moved.values(), *self.tried.values(), *self.added] if self.matched else self.reqs
         )
-        for r in todo:
-            r.num_matched_prefix_tokens = min(memo[id(r)].n, r.fill_len - 1)
+        self.matcher.set_matched(todo)  # min(memo n, fill_len - 1) each, in one native call
         self.tried.clear()
         return list(self.moved.values())
 

@@ -1,0 +1,119 @@
+"""The cold round's shortcuts: lpm's batch keys equal its key function's, ``set_matched`` sets
+what the reference round sets, and a re-match at an unchanged edge leaves the matcher's
+registrations in the order a re-track gives (what a later cache change marks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixsched.cache import CacheKey
+from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.config import SchedulerConfig
+from radixsched.fast.native_matching import NativeMatcher
+from radixsched.fast.orders import key_fn, keys_of
+from radixsched.native import core
+from radixsched.policies import Round, get_policy
+from radixsched.request import Req
+
+native = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+
+
+def _req(i: int, tokens: list[int]) -> Req:
+    return Req(f"r{i}", np.asarray(tokens, dtype=np.int32), arrival_time=float(i % 3))
+
+
+def _queue() -> list[Req]:
+    reqs = [_req(i, [1, 2, i % 4, i]) for i in range(8)]
+    for i, r in enumerate(reqs):
+        r.num_matched_prefix_tokens = (5 * i) % 3
+        r.queue_entry_time = float(i % 2)
+    return reqs
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"enable_priority_scheduling": True},
+        {"lpm_max_wait_s": 0.5},
+        {"lpm_max_wait_tokens": 3},
+    ],
+)
+@pytest.mark.parametrize("name", ["lpm", "shortest-prefill-first"])
+def test_batch_keys_equal_the_policy_key(name: str, extra: dict[str, object]) -> None:
+    cfg = SchedulerConfig(schedule_policy=name, **extra)  # type: ignore[arg-type]
+    pol = get_policy(name)
+    queue = _queue()
+    rnd = Round(cfg, deferred=frozenset({"r1", "r4"}), now=2.0, processed_tokens=7)
+    got, want = keys_of(pol, queue, rnd), [key_fn(pol, rnd)(r) for r in queue]
+    assert got == want
+    assert [list(map(type, k)) for k in got] == [list(map(type, k)) for k in want]
+
+
+def _tree(seqs: list[list[int]]) -> NativeRadixCache:
+    cache = NativeRadixCache(None, page_size=1)
+    for s in seqs:
+        cache.insert(CacheKey(np.asarray(s, dtype=np.int32)), np.arange(1, len(s) + 1))
+    return cache
+
+
+SEQS = [[1, 2, 3, 4], [1, 2, 5], [7, 8]]
+FILLS = [[1, 2, 3, 9], [1, 2, 3, 9, 9], [1, 2, 6], [1, 2, 3, 4, 5], [7, 8, 1], [1, 2, 3, 9]]
+
+
+@native
+def test_set_matched_sets_the_capped_memo_length() -> None:
+    m = NativeMatcher(_tree(SEQS))
+    reqs = [_req(i, f) for i, f in enumerate(FILLS)]
+    for r in reqs:
+        m.track(r)
+    m.set_matched(reqs)
+    assert [r.num_matched_prefix_tokens for r in reqs] == [
+        min(m.memo[id(r)].n, r.fill_len - 1) for r in reqs
+    ]
+
+
+tokens = st.lists(st.integers(0, 3), min_size=1, max_size=6)
+
+
+@native
+@settings(max_examples=150, deadline=None)
+@given(
+    fills=st.lists(tokens, min_size=1, max_size=8),
+    before=st.lists(st.tuples(tokens, st.integers(0, 4)), max_size=8),
+    after=st.lists(tokens, min_size=1, max_size=4),
+)
+def test_a_cold_rematch_registers_as_a_retrack_does(
+    fills: list[list[int]], before: list[tuple[list[int], int]], after: list[list[int]]
+) -> None:
+    """Inserts and evictions move matches between edges; then one matcher re-matches all after
+    a memo drop and the other re-tracks each in tracking order (unregistered, registered);
+    the same later inserts then mark the same requests dirty in the same order."""
+    orders = []
+    for cold in (True, False):
+        cache = _tree([[0, 1]])
+        m = NativeMatcher(cache)
+        reqs = [_req(i, f) for i, f in enumerate(fills)]
+        for r in reqs:
+            m.track(r)
+        for seq, evict in before:
+            cache.insert(CacheKey(np.asarray(seq, dtype=np.int32)), np.arange(1, len(seq) + 1))
+            cache.evict(evict)
+            m.refresh()
+        if cold:
+            m.on_reset()
+            m.refresh()
+        else:
+            for r in reqs:
+                m.track(r)
+        names = {id(r): r.rid for r in reqs}
+        got = []
+        for seq in after:
+            cache.insert(CacheKey(np.asarray(seq, dtype=np.int32)), np.arange(1, len(seq) + 1))
+            got.append([names[k] for k in m.dirty])
+            m.refresh()
+        orders.append(got)
+    assert orders[0] == orders[1]
