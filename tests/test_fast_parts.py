@@ -256,6 +256,25 @@ def test_native_dedup_equals_the_reference_dedup(
             was = _dedup_round(matcher, live, cfg, bool(a), was)
 
 
+@native
+def test_native_dedup_tells_apart_a_leaver_and_an_arrival_under_its_key() -> None:
+    """The matcher's keys are ``id(req)``, which CPython gives again once a request is gone:
+    a request that leaves and another tracked under the same key before the round are two
+    members, so the round's verdict names the arrival, not the leaver."""
+    cache = NativeRadixCache(None, page_size=1)
+    matcher = NativeMatcher(cache)
+    matcher.dedup_on(0, 2)
+    tree, fill = matcher._tree, np.array([5, 6, 7], dtype=np.int32)
+    tree.track(1, fill, 0, 0.0, 0.0, "a")
+    tree.track(2, fill, 0, 0.0, 0.0, "b")
+    assert tree.dedup_round(False) == ([], ["b"], [2])  # "a" represents the group
+    tree.untrack(2)
+    tree.track(2, fill, 0, 0.0, 0.0, "c")  # key 2 again, another request
+    assert tree.dedup_round(False) == (["b"], ["c"], [2])  # "c" is deferred now: a flip
+    tree.untrack(1)
+    assert tree.dedup_round(False) == (["c"], [], [2])  # "c" alone: kept
+
+
 def _tracked(matcher: NativeMatcher, reqs: list[Req]) -> list[Req]:
     for r in reqs:
         matcher.track(r)

@@ -36,23 +36,29 @@ void Dedup::put(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns, 
     m.tokens = tokens;
     m.fill_len = fill_len;
     m.ns = ns;
+    m.k = k;
     m.rep = std::move(rep);
-    members_.emplace(k, std::move(m));
+    const uint64_t u = next_uid_++;
+    uid_of_.emplace(k, u);
+    members_.emplace(u, std::move(m));
 }
 
 void Dedup::matched(int64_t k, int64_t n) {
-    Member& m = members_.at(k);
+    const uint64_t u = uid_of_.at(k);
+    Member& m = members_.at(u);
     if (m.n == n) return;  // neither its membership nor its representative key moved
-    leave(k, m);
+    leave(u, m);
     m.n = n;
-    join(k, m);
+    join(u, m);
 }
 
 void Dedup::drop(int64_t k) {
-    auto it = members_.find(k);
-    if (it == members_.end()) return;
-    leave(k, it->second);
+    auto at = uid_of_.find(k);
+    if (at == uid_of_.end()) return;
+    auto it = members_.find(at->second);
+    leave(at->second, it->second);
     members_.erase(it);
+    uid_of_.erase(at);
 }
 
 void Dedup::touch(Group& g) {
@@ -61,20 +67,20 @@ void Dedup::touch(Group& g) {
     touched_.push_back(&g);
 }
 
-void Dedup::leave(int64_t k, Member& m) {
+void Dedup::leave(uint64_t u, Member& m) {
     if (m.group == nullptr) return;
-    m.group->members.erase(k);
+    m.group->members.erase(u);
     touch(*m.group);  // an emptied group lives on until decide() reads its last verdict
     m.group = nullptr;
 }
 
-void Dedup::join(int64_t k, Member& m) {
+void Dedup::join(uint64_t u, Member& m) {
     if (m.n > check_ || m.fill_len < width_) return;  // shares fewer than width tokens
     GroupKey key{m.ns, std::vector<int32_t>(m.tokens, m.tokens + width_)};
     auto it = groups_.try_emplace(std::move(key)).first;
     Group& g = it->second;
     g.key = &it->first;
-    g.members.insert(k);
+    g.members.insert(u);
     m.group = &g;
     touch(g);
 }
@@ -88,21 +94,21 @@ bool Dedup::less(const Member& a, const Member& b) const {
     return a.rep.rid < b.rep.rid;  // bytewise: code point order
 }
 
-std::vector<int64_t> Dedup::non_reps(const Group& g) const {
-    std::vector<int64_t> out;
+std::vector<uint64_t> Dedup::non_reps(const Group& g) const {
+    std::vector<uint64_t> out;
     if (g.members.size() < 2) return out;
-    int64_t rep = 0;
+    uint64_t rep = 0;
     const Member* best = nullptr;
-    for (int64_t k : g.members) {
-        const Member& m = members_.at(k);
+    for (uint64_t u : g.members) {
+        const Member& m = members_.at(u);
         if (best == nullptr || less(m, *best)) {
             best = &m;
-            rep = k;
+            rep = u;
         }
     }
     out.reserve(g.members.size() - 1);
-    for (int64_t k : g.members)
-        if (k != rep) out.push_back(k);
+    for (uint64_t u : g.members)
+        if (u != rep) out.push_back(u);
     std::sort(out.begin(), out.end());
     return out;
 }
@@ -116,19 +122,19 @@ DedupOutcome Dedup::decide(bool afresh) {
         }
         deferred_.clear();
     }
-    std::vector<std::vector<int64_t>> now;
+    std::vector<std::vector<uint64_t>> now;
     now.reserve(touched_.size());
-    std::vector<int64_t> flips;
-    std::unordered_map<int64_t, std::string> out_of;  // old verdicts out first: a member may
+    std::vector<uint64_t> flips;
+    std::unordered_map<uint64_t, std::string> out_of;  // old verdicts out first: a member may
     for (Group* g : touched_) {                        // change groups
         now.push_back(non_reps(*g));
         if (now.back() == g->dup) continue;
         std::set_symmetric_difference(g->dup.begin(), g->dup.end(), now.back().begin(),
                                       now.back().end(), std::back_inserter(flips));
-        for (int64_t k : g->dup) {
-            auto it = deferred_.find(k);
+        for (uint64_t u : g->dup) {
+            auto it = deferred_.find(u);
             if (it == deferred_.end()) throw std::logic_error("dedup: a deferred key is lost");
-            out_of.emplace(k, std::move(it->second));
+            out_of.emplace(u, std::move(it->second));
             deferred_.erase(it);
         }
     }
@@ -136,7 +142,7 @@ DedupOutcome Dedup::decide(bool afresh) {
         Group* g = touched_[i];
         g->touched = false;
         if (now[i] != g->dup) {
-            for (int64_t k : now[i]) enter(k, out_of, out);
+            for (uint64_t u : now[i]) enter(u, out_of, out);
             g->dup = std::move(now[i]);
         }
         if (g->members.empty()) groups_.erase(groups_.find(*g->key));
@@ -145,24 +151,25 @@ DedupOutcome Dedup::decide(bool afresh) {
     for (auto& item : out_of) out.left.push_back(std::move(item.second));
     std::sort(flips.begin(), flips.end());
     flips.erase(std::unique(flips.begin(), flips.end()), flips.end());
-    for (int64_t k : flips) {  // those still in a group (as the Python index reported them)
-        auto it = members_.find(k);
-        if (it != members_.end() && it->second.group != nullptr) out.flipped.push_back(k);
+    for (uint64_t u : flips) {  // those still in a group (as the Python index reported them)
+        auto it = members_.find(u);
+        if (it != members_.end() && it->second.group != nullptr) out.flipped.push_back(it->second.k);
     }
+    std::sort(out.flipped.begin(), out.flipped.end());
     return out;
 }
 
-void Dedup::enter(int64_t k, std::unordered_map<int64_t, std::string>& out_of,
+void Dedup::enter(uint64_t u, std::unordered_map<uint64_t, std::string>& out_of,
                   DedupOutcome& out) {
-    const std::string& rid = members_.at(k).rep.rid;
-    auto was = out_of.find(k);
+    const std::string& rid = members_.at(u).rep.rid;
+    auto was = out_of.find(u);
     if (was != out_of.end() && was->second == rid) {  // deferred before and now: no change
-        deferred_.emplace(k, std::move(was->second));
+        deferred_.emplace(u, std::move(was->second));
         out_of.erase(was);
         return;
     }
     out.entered.push_back(&rid);
-    deferred_.emplace(k, rid);
+    deferred_.emplace(u, rid);
 }
 
 }  // namespace radixsched

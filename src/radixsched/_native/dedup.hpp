@@ -70,30 +70,36 @@ private:
         int64_t fill_len = 0;
         int32_t ns = 0;
         int64_t n = -1;  // -1: not matched yet
+        int64_t k = 0;  // the caller's key (id(req)): reused once the request is gone
         RepInputs rep;
         Group* group = nullptr;  // null: in no group
     };
     struct Group {
-        std::unordered_set<int64_t> members;
-        std::vector<int64_t> dup;  // the last round's non-representatives, ascending
+        std::unordered_set<uint64_t> members;  // uids
+        std::vector<uint64_t> dup;  // the last round's non-representatives (uids), ascending
         const GroupKey* key = nullptr;  // its key in groups_
         bool touched = false;
     };
     using Groups = std::unordered_map<GroupKey, Group, KeyHash>;  // nodes: stable addresses
 
     bool less(const Member& a, const Member& b) const;
-    std::vector<int64_t> non_reps(const Group& g) const;
+    std::vector<uint64_t> non_reps(const Group& g) const;
     void touch(Group& g);
-    void leave(int64_t k, Member& m);
-    void join(int64_t k, Member& m);
-    void enter(int64_t k, std::unordered_map<int64_t, std::string>& out_of, DedupOutcome& out);
+    void leave(uint64_t u, Member& m);
+    void join(uint64_t u, Member& m);
+    void enter(uint64_t u, std::unordered_map<uint64_t, std::string>& out_of, DedupOutcome& out);
 
     int64_t check_;
     int64_t width_;
-    std::unordered_map<int64_t, Member> members_;
+    // Members by a serial number of their own, given at put(): the caller's key may come back
+    // for another request before the round that lets the first one go (CPython reuses ids), and
+    // a group's last verdict must still name the one that left.
+    uint64_t next_uid_ = 0;
+    std::unordered_map<int64_t, uint64_t> uid_of_;  // caller's key -> its member's uid
+    std::unordered_map<uint64_t, Member> members_;
     Groups groups_;
     std::vector<Group*> touched_;
-    std::unordered_map<int64_t, std::string> deferred_;  // key -> rid (it may have left since)
+    std::unordered_map<uint64_t, std::string> deferred_;  // uid -> rid (it may have left since)
 };
 
 }  // namespace radixsched
