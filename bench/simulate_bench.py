@@ -35,7 +35,8 @@ Run: ``.venv/bin/python bench/simulate_bench.py [--traces synthetic,shared-first
 ``tests/data`` stands in, with a note: its numbers are not comparable with the goals.
 
 ``--baseline SRC`` (a source tree, e.g. a worktree of the previous release's ``src``) runs every
-cell with that tree too, alternating run by run so both see the same load, and adds the
+cell with that tree too, alternating run by run so both see the same load, timed as the later
+runs are (its own prompt cache filled by an untimed run, then mapped), and adds the
 baseline's fastest wall time and the speed-up: on a shared machine, absolute seconds drift
 between sessions, while a same-minute ratio holds. ``sim s`` and ``baseline sim s`` are the
 event loop alone (each JSON's ``wall_s``, fastest of the runs): the whole command's ratio and
@@ -85,7 +86,7 @@ class Cell:
     requests: int
     hit_rate: float
     ttft_p99_s: float
-    baseline_s: float | None = None  # the --baseline tree's fastest wall time, same runs
+    baseline_s: float | None = None  # the --baseline tree's fastest wall time, prompts mapped
     baseline_sim_s: float | None = None  # and its fastest event loop (its JSON's wall_s)
     baseline_cpu_s: float | None = None  # and its least CPU time
 
@@ -219,8 +220,13 @@ def measure(
     res: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as d:
         for i in range(max(repeat, 1)):
-            if baseline is not None:
-                base_wall, base_cpu, _, base_res = _run(kind, path, policy, Path(d), baseline)
+            if baseline is not None:  # run as the measured tree is: its prompts stored, then mapped
+                base_cache = Path(d) / f"base{i}"
+                _run(kind, path, policy, Path(d), baseline, cache=base_cache)
+                base_wall, base_cpu, _, base_res = _run(
+                    kind, path, policy, Path(d), baseline, cache=base_cache
+                )
+                shutil.rmtree(base_cache, ignore_errors=True)
                 base_walls.append(base_wall)
                 base_cpus.append(base_cpu)
                 base_sims.append(float(base_res.get("wall_s", 0.0)))  # type: ignore[arg-type]
