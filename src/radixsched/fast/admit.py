@@ -13,19 +13,38 @@ floats), the same tree calls in the same order, the same request fields
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixsched.adder import Admission, PrefillAdder
 from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.config import SchedulerConfig
+from radixsched.kv import KVManager
 from radixsched.native import core, namespace_id
 from radixsched.queue import RoundOrder
 from radixsched.request import EMPTY_SLOTS, Req
 
-if TYPE_CHECKING:
-    from radixsched.fast.scheduler import FastScheduler
+
+class Admitting(Protocol):
+    """What of the accelerated scheduler (``fast.scheduler.FastScheduler``) the loop reads and
+    sets (spelled out here: that module imports this one)."""
+
+    config: SchedulerConfig
+    page_size: int
+    cache: Any
+    kv: KVManager
+    allocator: Any
+    queue: Any  # its FastWaitingQueue
+    chunked_req: Req | None
+    batch_is_full: bool
+    native_adder: Any
+
+    @property
+    def waiting(self) -> list[Req]: ...
+    @property
+    def running(self) -> list[Req]: ...
 
 
-def covers(s: FastScheduler, adder: PrefillAdder) -> bool:
+def covers(s: Admitting, adder: PrefillAdder) -> bool:
     """Whether the native loop does what the reference loop does for this round."""
     cfg = s.config
     return not (
@@ -43,7 +62,7 @@ def _namespace_of(r: Req) -> int:
     return namespace_id(r.namespace)
 
 
-def native_adder(s: FastScheduler) -> Any:
+def native_adder(s: Admitting) -> Any:
     """The scheduler's C++ adder: its config set once, each round's budgets by ``begin``."""
     native = core()
     assert native is not None, "the accelerated scheduler runs over the native core"
@@ -59,7 +78,7 @@ def native_adder(s: FastScheduler) -> Any:
     return a
 
 
-def admit(s: FastScheduler, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
+def admit(s: Admitting, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
     """``Scheduler._admit`` in one native call; the admitted requests then take their prefixes
     (a later admission's touch may split the node a prefix ends at: its path keeps its slots)
     and join ``adder`` as the reference's would."""
