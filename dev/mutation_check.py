@@ -150,14 +150,20 @@ MUTANTS = (
     Mutant(
         "dedup-leaver-stays",
         "_native/dedup.cpp",
-        "    if (it == members_.end()) return;\n    leave(k, it->second);",
-        "    if (it == members_.end()) return;\n    if (it->second.group == nullptr) leave(k, it->second);",
+        "    auto it = members_.find(at->second);\n    leave(at->second, it->second);",
+        "    auto it = members_.find(at->second);\n    if (it->second.group == nullptr) leave(at->second, it->second);",
+    ),
+    Mutant(
+        "dedup-members-by-callers-key",
+        "_native/dedup.cpp",
+        "    const uint64_t u = next_uid_++;",
+        "    const uint64_t u = static_cast<uint64_t>(k);",
     ),
     Mutant(
         "dedup-flips-not-reported",
         "_native/dedup.cpp",
-        "it->second.group != nullptr) out.flipped.push_back(k);",
-        "it->second.group == nullptr) out.flipped.push_back(k);",
+        "it->second.group != nullptr) out.flipped.push_back(it->second.k);",
+        "it->second.group == nullptr) out.flipped.push_back(it->second.k);",
     ),
     Mutant(
         "dedup-rematch-ignored",

@@ -152,6 +152,11 @@ def test_serving_is_the_same_on_both_cores(page: int, monkeypatch: pytest.Monkey
     monkeypatch.setenv(native.ENV, "0")
     kind, ref = run_server(page)
     assert kind is Scheduler
+    # How many tokens the aborted request decoded before its abort reached the loop's thread
+    # is timing, not the core: the cache it leaves (and the flush) is compared by its bounds.
+    for got in (fast, ref):
+        gauges, flushed = got.pop("gauges"), got.pop("flushed")
+        assert flushed == gauges["cache"] >= SYSTEM.size // page * page
     assert fast == ref
     cached = SYSTEM.size // page * page
     assert fast["a"][1] == 0 and fast["b"][1] == cached
