@@ -275,3 +275,27 @@ def test_the_guard_counts_only_what_the_cache_lacks() -> None:
     assert a["trace"] == b["trace"]
     starts = {r.rid: r.times.first_scheduled for r in fast.requests}
     assert starts["a"] == starts["b"]  # admitted in the same round
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_the_reference_loop_steps_back_from_a_prompt_cached_whole(page: int) -> None:
+    """Rounds the native loop does not cover (here: hits counted in 16-token blocks) run the
+    reference loop on the queue's memos: a prompt cached whole is matched to its cap (one token
+    short, whole pages), where its memo is stepped back to. Same schedule as the reference."""
+    prompt = np.arange(65, dtype=np.int32)  # its cap, 64 tokens, is whole blocks
+
+    def req(rid: str, at: float) -> Req:
+        return Req(rid, prompt.copy(), SamplingParams(max_new_tokens=4), arrival_time=at)
+
+    reqs = [req("a", 0.0), req("b", 5.0), req("c", 5.0)]
+    w = Workload("explicit", {}, reqs, has_timestamps=True)
+    sched = SchedulerConfig(schedule_policy="lpm", cache_block_size=16, page_size=page)
+    sim = SimConfig(max_total_tokens=4000)
+    fast = simulate(w, sched, sim, accelerate=True, check_integrity=True)
+    ref = simulate(copy.deepcopy(w), sched, sim, accelerate=False)
+    a, b = golden.observe(fast), golden.observe(ref)
+    assert a["finished"] == b["finished"] == 3
+    assert a["trace"] == b["trace"]
+    assert golden.comparable(a) == golden.comparable(b)
+    cached = {r.rid: r.cached_tokens for r in fast.requests}
+    assert cached["b"] == 64  # the whole prompt but its last token
