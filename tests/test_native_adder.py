@@ -241,6 +241,20 @@ def test_native_loop_equals_the_reference_across_namespaces(policy: str) -> None
     assert a["trace"] == b["trace"]
 
 
+def _same_on_both_cores(reqs: list[Req], sched: SchedulerConfig) -> Any:
+    """``reqs`` simulated on the native core (integrity checked each step) and on the
+    reference: every request finishes, with the same schedule; the native run."""
+    w = Workload("explicit", {}, reqs, has_timestamps=True)
+    sim = SimConfig(max_total_tokens=4000)
+    fast = simulate(w, sched, sim, accelerate=True, check_integrity=True)
+    ref = simulate(copy.deepcopy(w), sched, sim, accelerate=False)
+    a, b = golden.observe(fast), golden.observe(ref)
+    assert a["finished"] == b["finished"] == len(reqs)
+    assert a["trace"] == b["trace"]
+    assert golden.comparable(a) == golden.comparable(b)
+    return fast
+
+
 def test_a_chunk_is_cut_at_the_input_budget_once_a_request_is_in() -> None:
     """With ``--max-prefill-tokens`` below ``--chunked-prefill-size``, a second admission's
     chunk ends where the round's input budget does (the adder cuts the chunk budget to it)."""
@@ -265,14 +279,8 @@ def test_the_guard_counts_only_what_the_cache_lacks() -> None:
         req("a", x.copy(), 5.0),
         req("b", np.concatenate([x, np.arange(900, 950, dtype=np.int32)]), 5.0),
     ]
-    w = Workload("explicit", {}, reqs, has_timestamps=True)
     sched = SchedulerConfig(schedule_policy="fcfs", in_batch_prefix_deprioritize_threshold=1)
-    sim = SimConfig(max_total_tokens=4000)
-    fast = simulate(w, sched, sim, accelerate=True, check_integrity=True)
-    ref = simulate(copy.deepcopy(w), sched, sim, accelerate=False)
-    a, b = golden.observe(fast), golden.observe(ref)
-    assert a["finished"] == b["finished"] == 3
-    assert a["trace"] == b["trace"]
+    fast = _same_on_both_cores(reqs, sched)
     starts = {r.rid: r.times.first_scheduled for r in fast.requests}
     assert starts["a"] == starts["b"]  # admitted in the same round
 
@@ -288,14 +296,7 @@ def test_the_reference_loop_steps_back_from_a_prompt_cached_whole(page: int) -> 
         return Req(rid, prompt.copy(), SamplingParams(max_new_tokens=4), arrival_time=at)
 
     reqs = [req("a", 0.0), req("b", 5.0), req("c", 5.0)]
-    w = Workload("explicit", {}, reqs, has_timestamps=True)
     sched = SchedulerConfig(schedule_policy="lpm", cache_block_size=16, page_size=page)
-    sim = SimConfig(max_total_tokens=4000)
-    fast = simulate(w, sched, sim, accelerate=True, check_integrity=True)
-    ref = simulate(copy.deepcopy(w), sched, sim, accelerate=False)
-    a, b = golden.observe(fast), golden.observe(ref)
-    assert a["finished"] == b["finished"] == 3
-    assert a["trace"] == b["trace"]
-    assert golden.comparable(a) == golden.comparable(b)
+    fast = _same_on_both_cores(reqs, sched)
     cached = {r.rid: r.cached_tokens for r in fast.requests}
     assert cached["b"] == 64  # the whole prompt but its last token
