@@ -297,11 +297,11 @@ class FastWaitingQueue(WaitingQueue):
         self.refresh(order)
         return order
 
-    def _sync_matches(self) -> list[Req]:
-        """Bring every waiting request's matched length to the reference's value; return the
-        requests whose key inputs may have changed (arrivals are placed, not re-keyed)."""
+    def _sync_matches(self) -> None:
+        """Bring every waiting request's matched length to the reference's value; the requests
+        whose key inputs may have changed join ``moved`` (arrivals are placed, not re-keyed)."""
         if self.matcher is None:
-            return []
+            return
         for r in self.matcher.refresh():
             self.moved[id(r)] = r
         todo = (
@@ -309,7 +309,6 @@ class FastWaitingQueue(WaitingQueue):
         )
         self.matcher.set_matched(todo)  # min(memo n, fill_len - 1) each, in one native call
         self.tried.clear()
-        return list(self.moved.values())
 
     def _dedup(self, rnd: Round) -> tuple[frozenset[str], list[Req]]:
         if self.config.in_batch_prefix_check_threshold < 0:
