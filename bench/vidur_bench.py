@@ -48,11 +48,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -87,9 +88,10 @@ class Side:
 
     name: str
     simulates: str
-    loops: list[float]
-    processes: list[float]
     requests: int
+    loops: list[float] = field(default_factory=list)  # the event loop alone
+    processes: list[float] = field(default_factory=list)  # the whole process, wall
+    cpus: list[float] = field(default_factory=list)  # the whole process, user + system
     first_process_s: float | None = None  # radixsched: the run that built its prompt cache
 
     @property
@@ -99,6 +101,11 @@ class Side:
     @property
     def process_s(self) -> float:
         return min(self.processes)
+
+    def add(self, timed: tuple[float, float], loop_s: float) -> None:
+        self.processes.append(timed[0])
+        self.cpus.append(timed[1])
+        self.loops.append(loop_s)
 
 
 # ---- the requests -------------------------------------------------------------------------------
@@ -115,14 +122,11 @@ def read_lengths(path: Path) -> list[Lengths]:
         except json.JSONDecodeError as e:
             raise TraceError(f"{path}:{no}: not JSON ({e.msg})") from None
         vals = []
-        for field in FIELDS:
-            v = rec.get(field) if isinstance(rec, dict) else None
-            if (
-                not isinstance(v, int)
-                or isinstance(v, bool)
-                or v < (1 if field != "timestamp" else 0)
-            ):
-                raise TraceError(f"{path}:{no}: field {field!r} must be a non-negative integer")
+        for name in FIELDS:
+            v = rec.get(name) if isinstance(rec, dict) else None
+            least = 0 if name == "timestamp" else 1
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise TraceError(f"{path}:{no}: field {name!r} must be an integer >= {least}")
             vals.append(v)
         out.append(Lengths(arrival_ms=vals[2], prompt=vals[0], output=vals[1]))
     if not out:
@@ -148,18 +152,24 @@ def write_vidur(reqs: list[Lengths], path: Path) -> Path:
 # ---- one run of each ----------------------------------------------------------------------------
 
 
-def _timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
-    t = time.perf_counter()
+def _children_cpu_s() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def _timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(wall s, CPU s) of one process run to its end."""
+    cpu, t = _children_cpu_s(), time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, _children_cpu_s() - cpu
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"{cmd[0]} {cmd[1]} exited {proc.returncode}: " + " | ".join(tail))
-    return wall
+    return wall, cpu
 
 
-def run_vidur(python: str, csv: Path, tmp: Path) -> tuple[float, dict[str, object]]:
-    """(whole process s, the driver's JSON) of one fresh Vidur process."""
+def run_vidur(python: str, csv: Path, tmp: Path) -> tuple[tuple[float, float], dict[str, object]]:
+    """((wall s, CPU s), the driver's JSON) of one fresh Vidur process."""
     out = tmp / "vidur.json"
     out.unlink(missing_ok=True)
     out_dir = tempfile.mkdtemp(dir=tmp, prefix="vidur-out-")
@@ -167,8 +177,8 @@ def run_vidur(python: str, csv: Path, tmp: Path) -> tuple[float, dict[str, objec
     return wall, json.loads(out.read_text())
 
 
-def run_ours(jsonl: Path, tmp: Path, cache: Path) -> tuple[float, dict[str, object]]:
-    """(whole process s, the first policy's JSON result) of one ``radixsched simulate``."""
+def run_ours(jsonl: Path, tmp: Path, cache: Path) -> tuple[tuple[float, float], dict[str, object]]:
+    """((wall s, CPU s), the first policy's JSON result) of one ``radixsched simulate``."""
     out = tmp / "ours.json"
     out.unlink(missing_ok=True)
     env = dict(os.environ, RADIXSCHED_CACHE_DIR=str(cache))
@@ -176,7 +186,9 @@ def run_ours(jsonl: Path, tmp: Path, cache: Path) -> tuple[float, dict[str, obje
     cmd = [sys.executable, "-m", "radixsched", "simulate", "--workload", f"jsonl:{jsonl}",
            *OUR_FLAGS, "--json", str(out)]  # fmt: skip
     wall = _timed(cmd, env)
-    result: dict[str, object] = json.loads(out.read_text())["results"][0]
+    data = json.loads(out.read_text())
+    cost = data["config"]["cost_model"]
+    result: dict[str, object] = {**data["results"][0], "model": cost["model"], "gpu": cost["gpu"]}
     return wall, result
 
 
@@ -202,22 +214,23 @@ def _byte_compile() -> None:
 
 def measure(python: str, reqs: list[Lengths], repeat: int) -> tuple[Side, Side]:
     """Alternate Vidur and radixsched ``repeat`` times on the same requests."""
-    vidur = Side("Vidur 0.0.26", "", [], [], len(reqs))
-    ours = Side("radixsched", "llama-3.1-8b, 1x H100, SGLang scheduler (fcfs)", [], [], len(reqs))
+    vidur = Side("Vidur 0.0.26", "", len(reqs))
+    ours = Side("radixsched", "", len(reqs))
     with tempfile.TemporaryDirectory(prefix="vidur-bench-") as d:
         tmp = Path(d)
         csv, jsonl = write_vidur(reqs, tmp / "trace.csv"), write_ours(reqs, tmp / "lengths.jsonl")
         for _ in range(repeat):
-            wall, res = run_vidur(python, csv, tmp)
-            vidur.processes.append(wall)
-            vidur.loops.append(float(res["loop_s"]))  # type: ignore[arg-type]
-            vidur.simulates = (f"{res['model']}, 1x {str(res['device']).upper()}, Sarathi "
-                               f"chunk {res['chunk']} ({res['batches']} batches)")  # fmt: skip
-            wall, out = run_ours(jsonl, tmp, tmp / "cache")
+            timed, res = run_vidur(python, csv, tmp)
+            vidur.add(timed, float(res["loop_s"]))  # type: ignore[arg-type]
+            vidur.simulates = (f"{res['model']} on 1x {str(res['device']).upper()}, Sarathi chunks "
+                               f"of {res['chunk']}, KV {int(res['kv_blocks']) * 16:,} tokens "  # type: ignore[call-overload]
+                               f"({res['batches']:,} batches)")  # fmt: skip
+            timed, out = run_ours(jsonl, tmp, tmp / "cache")
             if ours.first_process_s is None:
-                ours.first_process_s = wall
-            ours.processes.append(wall)
-            ours.loops.append(float(out["wall_s"]))  # type: ignore[arg-type]
+                ours.first_process_s = timed[0]
+            ours.add(timed, float(out["wall_s"]))  # type: ignore[arg-type]
+            ours.simulates = (f"{out['model']} on 1x {out['gpu']}, SGLang's scheduler (fcfs), KV "
+                              f"{out['kv_capacity_tokens']:,} tokens")  # fmt: skip
             if out["num_completed"] != len(reqs):
                 print(f"note: radixsched completed {out['num_completed']} of {len(reqs)}")
     return vidur, ours
@@ -230,18 +243,20 @@ def _row(s: Side) -> list[str]:
     n = s.requests
     first = f" (first {s.first_process_s:.2f})" if s.first_process_s is not None else ""
     return [s.name, f"{s.loop_s:.2f} / {max(s.loops):.2f}", f"{n / s.loop_s:,.0f}",
-            f"{s.process_s:.2f} / {max(s.processes):.2f}{first}", f"{n / s.process_s:,.0f}"]  # fmt: skip
+            f"{s.process_s:.2f} / {max(s.processes):.2f}{first}", f"{n / s.process_s:,.0f}",
+            f"{min(s.cpus):.2f}"]  # fmt: skip
 
 
 def report(vidur: Side, ours: Side, trace: Path) -> dict[str, object]:
     table = Table(title=f"Lengths-only requests: {ours.requests:,} from {trace.name}")
     for col in ("simulator", "event loop s (fastest / slowest)", "loop req/s",
-                "whole process s", "process req/s"):  # fmt: skip
+                "whole process s", "process req/s", "process CPU s"):  # fmt: skip
         table.add_column(col)
     table.add_row(*_row(vidur))
     table.add_row(*_row(ours))
     loop_x, proc_x = vidur.loop_s / ours.loop_s, vidur.process_s / ours.process_s
-    table.add_row("radixsched / Vidur", "", f"{loop_x:.2f}x", "", f"{proc_x:.2f}x")
+    cpu_x = min(vidur.cpus) / min(ours.cpus)
+    table.add_row("radixsched / Vidur", "", f"{loop_x:.2f}x", "", f"{proc_x:.2f}x", f"{cpu_x:.2f}x")
     Console(width=max(100, Console().width)).print(table)
     for side in (vidur, ours):
         print(f"{side.name} simulates {side.simulates}")
@@ -250,7 +265,7 @@ def report(vidur: Side, ours: Side, trace: Path) -> dict[str, object]:
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return {"trace": str(trace), "requests": ours.requests, "vidur": asdict(vidur),
             "radixsched": asdict(ours), "loop_speedup": loop_x, "process_speedup": proc_x,
-            "load_average": os.getloadavg()}  # fmt: skip
+            "process_cpu_speedup": cpu_x, "load_average": os.getloadavg()}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
