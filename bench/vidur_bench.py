@@ -92,6 +92,7 @@ class Side:
     loops: list[float] = field(default_factory=list)  # the event loop alone
     processes: list[float] = field(default_factory=list)  # the whole process, wall
     cpus: list[float] = field(default_factory=list)  # the whole process, user + system
+    runs: list[dict[str, object]] = field(default_factory=list)  # each run's own report
     first_process_s: float | None = None  # radixsched: the run that built its prompt cache
 
     @property
@@ -222,6 +223,7 @@ def measure(python: str, reqs: list[Lengths], repeat: int) -> tuple[Side, Side]:
         for _ in range(repeat):
             timed, res = run_vidur(python, csv, tmp)
             vidur.add(timed, float(res["loop_s"]))  # type: ignore[arg-type]
+            vidur.runs.append(res)
             vidur.simulates = (f"{res['model']} on 1x {str(res['device']).upper()}, Sarathi chunks "
                                f"of {res['chunk']}, KV {int(res['kv_blocks']) * 16:,} tokens "  # type: ignore[call-overload]
                                f"({res['batches']:,} batches)")  # fmt: skip
@@ -229,6 +231,7 @@ def measure(python: str, reqs: list[Lengths], repeat: int) -> tuple[Side, Side]:
             if ours.first_process_s is None:
                 ours.first_process_s = timed[0]
             ours.add(timed, float(out["wall_s"]))  # type: ignore[arg-type]
+            ours.runs.append({k: out[k] for k in ("num_completed", "makespan_s", "retractions")})
             ours.simulates = (f"{out['model']} on 1x {out['gpu']}, SGLang's scheduler (fcfs), KV "
                               f"{out['kv_capacity_tokens']:,} tokens")  # fmt: skip
             if out["num_completed"] != len(reqs):
@@ -260,6 +263,9 @@ def report(vidur: Side, ours: Side, trace: Path) -> dict[str, object]:
     Console(width=max(100, Console().width)).print(table)
     for side in (vidur, ours):
         print(f"{side.name} simulates {side.simulates}")
+    part = {k: min(float(r[k]) for r in vidur.runs) for k in ("setup_s", "tables_s", "write_s")}  # type: ignore[arg-type]
+    print(f"Vidur outside its loop (fastest): start-up {part['setup_s']:.2f} s (the stand-in's "
+          f"tables {part['tables_s']:.2f} s of it), metrics written after it {part['write_s']:.2f} s")  # fmt: skip
     print("Different cost models (Vidur: tables filled by a roofline stand-in, see the docstring;")
     print("radixsched: its roofline) and schedulers: the same requests, not the same simulation.")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
