@@ -10,9 +10,9 @@ of 128, KV blocks of 16 tokens for all of the KV memory Vidur's memory planner f
 would reserve a whole longest request per slot: two slots here). Chrome and JSON event traces off,
 plots and request metrics as Vidur stores them by default.
 
-The cost model: Vidur's execution-time predictor looks batch times up in tables that it trains
-from profiling data fetched from the Hugging Face hub at start-up; the wheel ships none and this
-machine cannot fetch them. The driver fills the same tables (same keys, the lookups in the loop
+The cost model: Vidur's execution-time predictor looks batch times up in tables that it downloads
+from the Hugging Face hub at start-up, or else trains from profiling data downloaded from there;
+the wheel ships neither and this machine cannot fetch them. The driver fills the same tables (same keys, the lookups in the loop
 unchanged) from a roofline of the model on the device instead (``_roofline_tables``), so the event
 loop is Vidur's own, and the simulated seconds are this stand-in's, not Vidur's trained models'.
 
