@@ -134,3 +134,21 @@ def test_scaled_trace_shape(tmp_path: Path) -> None:
         assert (r["input_length"], r["output_length"]) == (s["input_length"], s["output_length"])
     ids = [set(h for r in recs[k * n : (k + 1) * n] for h in r["hash_ids"]) for k in range(3)]
     assert not ids[0] & ids[1] and not ids[1] & ids[2]  # copies share no block
+
+
+def test_the_command_says_the_bound_was_not_computed(
+    defer_all: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from radixsched.cli.main import main
+
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--quiet", "--workload", SPEC, "--policy", "fcfs", "--num-requests",
+                 "40", "--json", str(out)]) == 0  # fmt: skip
+    text = " ".join(capsys.readouterr().out.split())
+    assert "optimal hit rate not computed" in text and "(optimal not computed)" in text
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["prompts"] == "built at arrival"
+    assert doc["workload"]["optimal_hit_rate"] is None
+    res = doc["results"][0]
+    assert res["optimal_hit_rate"] is None and res["hit_rate_gap"] is None
+    assert res["num_requests"] == 40
