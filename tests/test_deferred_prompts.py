@@ -104,6 +104,26 @@ def test_a_deferred_run_is_the_eager_run(defer_all: None, policy: str) -> None:
     assert lazy.requests.live == 0  # every request finished: no prompt is held
 
 
+@pytest.mark.parametrize(
+    "sim",
+    [
+        SimConfig(max_total_tokens=60_000, max_concurrency=8),
+        SimConfig(max_total_tokens=60_000, dp=2),
+        SimConfig(max_total_tokens=60_000, dp=2, enable_dp_attention=True),
+        SimConfig(max_total_tokens=120_000, disaggregation=True),
+    ],
+    ids=["closed-loop", "dp2", "dp-attention", "disaggregation"],
+)
+def test_every_deployment_runs_deferred_as_eager(defer_all: None, sim: SimConfig) -> None:
+    cfg = SchedulerConfig(schedule_policy="lpm")
+    eager = simulate(load_workload(SPEC, num_requests=120), cfg, sim, optimal_hit_rate=0.5)
+    lazy_wl = load_workload(SPEC, num_requests=120, defer_prompts=True)
+    lazy = simulate(lazy_wl, cfg, sim, optimal_hit_rate=0.5)
+    assert dataclasses.replace(eager.result, wall_s=0.0) == dataclasses.replace(
+        lazy.result, wall_s=0.0
+    )
+
+
 def _bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         "million_bench", ROOT / "bench" / "million_bench.py"
