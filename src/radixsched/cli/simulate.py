@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -385,6 +386,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             request_rate=wl.request_rate,
             num_requests=wl.num_requests,
             seed=base.seed if wl.seed is None else wl.seed,
+            defer_prompts=True,
         )
     except WorkloadError as e:
         raise CliError(str(e)) from e
@@ -571,8 +573,6 @@ def _header(
     the simulated system and cost model, the policies."""
     from rich.markup import escape
 
-    from radixsched.results.format import fmt_percent
-
     cm = cinfo["cost_model"]
     sim = cinfo["sim"]
     router = f", router {cinfo['router']}" if cinfo["router"] else ""
@@ -602,9 +602,17 @@ def _header(
         _system_line(cinfo, cm, sim, router, engine),
         f"          cost model {escape(roofline)}",
         f"[bold]policies[/]  {', '.join(cinfo['policies'])}; optimal hit rate "
-        f"{fmt_percent(winfo['optimal_hit_rate'])}",
+        + _optimal_text(winfo["optimal_hit_rate"]),
     ]
     return lines
+
+
+def _optimal_text(opt: float) -> str:
+    from radixsched.results.format import fmt_percent
+
+    if math.isnan(opt):  # prompts deferred (``load_workload``): the bound would hold them all
+        return "not computed (prompts built at arrival: the bound would hold every prompt)"
+    return fmt_percent(opt)
 
 
 def _system_line(

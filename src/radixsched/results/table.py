@@ -3,6 +3,7 @@ a legend line, the runtime line."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -41,9 +42,9 @@ def legend_line(cols: Sequence[Column], results: Sequence[PolicyResult]) -> str:
     higher = [c.header for c in cols if c.better is Better.HIGHER]
     parts = [f"higher is better for {', '.join(higher)}, lower for the rest; best in green"]
     if "hit_rate" in keys and results:
-        parts.append(
-            f"hit rate = cached/prompt tokens (optimal {fmt_percent(results[0].optimal_hit_rate)})"
-        )
+        opt = results[0].optimal_hit_rate
+        best = "not computed" if math.isnan(opt) else fmt_percent(opt)
+        parts.append(f"hit rate = cached/prompt tokens (optimal {best})")
     if "tpot_p50" in keys:
         parts.append("TPOT = time per output token after the first")
     if "retractions" in keys:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
+import math
 import multiprocessing
 import os
 import queue as queue_mod
@@ -80,6 +81,9 @@ class PolicyRuns:
 
     def _outcome(self, run: SimRun) -> PolicyOutcome:
         result = run.result
+        if self.optimal_hit_rate is not None and math.isnan(self.optimal_hit_rate):
+            # Not computed (deferred prompts): the summary's 0.0 stand-in would read as a bound.
+            result = dataclasses.replace(result, optimal_hit_rate=math.nan)
         if self.slo.active:
             result = dataclasses.replace(
                 result, slo=slo_result(run.requests, self.slo, result.makespan_s)

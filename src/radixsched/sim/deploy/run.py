@@ -7,7 +7,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -59,8 +59,17 @@ class SimRun:
 
 
 def client_requests(workload: Any) -> list[Req]:
-    """Fresh, unscheduled copies of the workload's requests in arrival order."""
-    return sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+    """Fresh, unscheduled copies of the workload's requests in arrival order; with deferred
+    prompts (``workload.drafts``), a sequence that builds each prompt as the run reaches it
+    (``sim.workloads.deferred``)."""
+    drafts = getattr(workload, "drafts", None)
+    if drafts is None:
+        return sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+    from radixsched.sim.workloads.deferred import ArrivingRequests
+
+    order = sorted(range(len(workload.requests)), key=lambda i: workload.requests[i].arrival_time)
+    reqs = [clone_request(workload.requests[i]) for i in order]
+    return cast(list[Req], ArrivingRequests(reqs, [drafts[i] for i in order]))
 
 
 def _ratio(num: float, den: float) -> float:

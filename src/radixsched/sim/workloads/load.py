@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.workloads import prompt_cache
+from radixsched.sim.workloads.deferred import should_defer, stand_in
 from radixsched.sim.workloads.spec import (
     WORKLOADS,
     Defaults,
@@ -40,6 +41,9 @@ class Workload:
     # The prompt cache's key when the prompts are read-only views of its file (so they cannot
     # change in place: a request's prompt is its trace line's, whatever the run did since).
     prompt_key: str | None = None
+    # Deferred prompts (``deferred``): ``drafts[i]`` builds ``requests[i]``'s prompt when the
+    # run reaches it; the requests hold stand-ins until then. None: every prompt is built.
+    drafts: list[_Draft] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -121,11 +125,14 @@ def load_workload(
     default_rate: float | None = None,
     defaults: Defaults | None = None,
     memo: DraftMemo | None = None,
+    defer_prompts: bool = False,
 ) -> Workload:
     """Build the workload ``spec`` names (see the module docstring). ``default_rate`` is the
     request rate used when ``request_rate`` is None and the workload has no timestamps
     (None: all at t=0); ``defaults`` replaces generators' param defaults (see ``Defaults``);
-    ``memo`` lends the prompts an earlier load of the same spec built."""
+    ``memo`` lends the prompts an earlier load of the same spec built; ``defer_prompts``: a
+    trace whose prompts exceed ``deferred.eager_limit_bytes`` builds none now (the run builds
+    each when its request arrives, ``deferred.ArrivingRequests``; no prompt cache)."""
     kind, params = parse_workload_spec(spec, defaults)
     if num_requests is not None and num_requests < 1:
         raise WorkloadError(f"num_requests must be >= 1, got {num_requests}")
@@ -144,14 +151,19 @@ def load_workload(
     if num_requests is not None:
         order = order[:num_requests]
     kept = order.tolist()
-    source, key = _fill_kept(kind, params, drafts, kept, before)
+    deferred = [drafts[i] for i in kept] if defer_prompts else []
+    if deferred and should_defer(deferred):
+        source, key = PROMPT_SOURCES[3], None
+    else:
+        deferred = []
+        source, key = _fill_kept(kind, params, drafts, kept, before)
     reqs = []
     for i in kept:
         d = drafts[i]
         reqs.append(
             Req(
                 rid=f"{kind.name}-{i}",
-                prompt_ids=d.prompt,
+                prompt_ids=stand_in(d.length) if deferred else d.prompt,
                 sampling=SamplingParams(max_new_tokens=d.output_len, ignore_eos=True),
                 priority=d.priority,
                 routing_key=d.routing_key,
@@ -171,10 +183,11 @@ def load_workload(
         arrivals=how,
         prompts=source,
         prompt_key=key,
+        drafts=deferred or None,
     )
 
 
-PROMPT_SOURCES = ("built", "built, cached", "from the cache")
+PROMPT_SOURCES = ("built", "built, cached", "from the cache", "built at arrival")
 
 
 def _prompt_key(
@@ -248,7 +261,10 @@ def optimal_hit_rate(reqs: Sequence[Req], page_size: int = 1) -> float:
 
 def workload_optimal_hit_rate(workload: Workload, page_size: int = 1) -> float:
     """``optimal_hit_rate`` of the workload's requests, kept beside the trace's prompts in
-    the prompt cache: a later run of the same requests reads it instead."""
+    the prompt cache: a later run of the same requests reads it instead. NaN (not computed)
+    when the prompts are deferred: the bound's tree would hold every prompt at once."""
+    if workload.drafts is not None:
+        return math.nan
     folder, key = prompt_cache.cache_dir(), workload.prompt_key
     if folder is None or key is None:
         return optimal_hit_rate(workload.requests, page_size)

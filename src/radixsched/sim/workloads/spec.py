@@ -19,7 +19,9 @@ blocks. The last block is cut to ``input_length``; prompt positions beyond
 is generated once into a table (vectorised); the others are generated with the rest of their
 batch of 256 requests, and each prompt is gathered from its batch's rows. Memory is therefore
 the prompts themselves, 4 bytes a token (the 3,993-request synthetic trace: 61M tokens, 245 MB),
-plus the shared blocks' table while loading.
+plus the shared blocks' table while loading. A trace whose prompts exceed 2 GiB
+(``$RADIXSCHED_EAGER_PROMPTS_GB``) loaded by ``simulate`` builds them as its requests arrive and
+drops them as they finish instead (``deferred``; no prompt cache, no optimal bound).
 Params: ``vocab`` (128000), ``block_size`` (512).
 
 ``jsonl:PATH`` reads radixsched's own format, one JSON object a line (unknown fields are an

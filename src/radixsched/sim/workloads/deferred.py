@@ -1,0 +1,146 @@
+"""Prompts built when their requests arrive and dropped when they finish: a trace too large to
+hold every prompt at once (a million Mooncake requests: 61 GB of tokens) runs in the memory of
+the requests in flight.
+
+A deferred request carries a stand-in prompt (``stand_in``: the right length, zero tokens, no
+memory: one int32 broadcast to that length) until the simulation reaches it. ``ArrivingRequests``
+is the run's request sequence: indexing it (as the event loops do, arrival by arrival) builds
+the prompts of that request's batch of ``BATCH`` requests first, and each build first reduces
+the requests that have finished since to what the summary reads (``compact``: their prompts
+and outputs back to stand-ins, their token times packed). Iterating it reads the
+requests as they are and builds nothing (the run's set-up and its summary iterate, and read
+only lengths and times).
+
+A prompt is its trace line's whichever requests are built with it (``traces._fill_mooncake``),
+so a deferred run schedules exactly the tokens an eager one does: the same results, bit for
+bit (``tests/test_deferred_prompts.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Any, cast, overload
+
+import numpy as np
+
+from radixsched.request import Req, TokenArray
+from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft
+
+BATCH = 256  # requests whose prompts are built together (the trace reader's batch)
+DEFAULT_EAGER_GB = 2.0
+_ZERO = np.zeros(1, dtype=np.int32)
+
+
+def stand_in(n: int) -> TokenArray:
+    """A read-only int32 array of length ``n`` holding no memory of its own (stride 0)."""
+    return np.broadcast_to(_ZERO, (n,))
+
+
+def is_stand_in(prompt: TokenArray) -> bool:
+    return len(prompt) > 1 and prompt.strides == (0,)
+
+
+def eager_limit_bytes() -> int:
+    """Prompt bytes above which a trace's prompts are deferred: ``$RADIXSCHED_EAGER_PROMPTS_GB``
+    GiB (unset, unparsable, negative or NaN: ``DEFAULT_EAGER_GB``)."""
+    text = os.environ.get("RADIXSCHED_EAGER_PROMPTS_GB", "")
+    try:
+        gb = float(text) if text.strip() else DEFAULT_EAGER_GB
+    except ValueError:
+        gb = DEFAULT_EAGER_GB
+    if not 0 <= gb < 1e9:
+        gb = DEFAULT_EAGER_GB
+    return int(gb * (1 << 30))
+
+
+def should_defer(drafts: Sequence[_Draft]) -> bool:
+    """Whether these drafts' prompts are deferred: every one is still to build (a trace whose
+    prompts come from its lines) and together they exceed ``eager_limit_bytes``."""
+    if not drafts or any(d.fill is None for d in drafts):
+        return False
+    return 4 * sum(d.length for d in drafts) > eager_limit_bytes()
+
+
+def build_prompts(drafts: Sequence[_Draft]) -> list[TokenArray]:
+    """The prompts of ``drafts`` (in order), built on copies: the drafts keep their sources, so
+    each run of a command builds them again."""
+    copies = [dataclasses.replace(d, prompt=_NO_TOKENS) for d in drafts]
+    pending: dict[Any, list[_Draft]] = {}
+    for c in copies:
+        assert c.fill is not None  # should_defer: every draft is deferred
+        pending.setdefault(c.fill, []).append(c)
+    for fill, group in pending.items():
+        fill(group)
+    for c in copies:
+        c.prompt.flags.writeable = False  # as the prompt cache's views: never written
+    return [c.prompt for c in copies]
+
+
+class ArrivingRequests(Sequence[Req]):
+    """A run's requests (arrival order) whose prompts are built as the loop reaches them (see
+    the module). ``drafts[i]`` builds ``reqs[i]``'s prompt."""
+
+    def __init__(self, reqs: list[Req], drafts: Sequence[_Draft], batch: int | None = None) -> None:
+        assert len(reqs) == len(drafts)
+        self._reqs, self._drafts = reqs, drafts
+        self._batch = max(BATCH if batch is None else batch, 1)
+        self._built = 0  # reqs[:_built] have had their prompts built (and maybe dropped since)
+        self._live: list[Req] = []  # built requests whose prompts are still held
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    @overload
+    def __getitem__(self, i: int) -> Req: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Req]: ...
+    def __getitem__(self, i: int | slice) -> Req | list[Req]:
+        if isinstance(i, slice):
+            return self._reqs[i]
+        if i < 0:
+            i += len(self._reqs)
+        if i >= self._built:
+            self._build_through(i)
+        return self._reqs[i]
+
+    def __iter__(self) -> Iterator[Req]:
+        return iter(self._reqs)
+
+    @property
+    def live(self) -> int:
+        """Requests whose prompts are held now."""
+        return len(self._live)
+
+    def _build_through(self, i: int) -> None:
+        """Build the batches up to the one holding ``i``, after dropping finished prompts."""
+        self.release_finished()
+        while self._built <= i:
+            lo, hi = self._built, min(self._built + self._batch, len(self._reqs))
+            for r, p in zip(self._reqs[lo:hi], build_prompts(self._drafts[lo:hi]), strict=True):
+                r.prompt_ids = p
+                self._live.append(r)
+            self._built = hi
+
+    def release_finished(self) -> None:
+        """Reduce each finished request to what the summary reads (``compact``)."""
+        keep = []
+        for r in self._live:
+            if r.finish is None:
+                keep.append(r)
+            else:
+                compact(r)
+        self._live = keep
+
+
+def compact(r: Req) -> None:
+    """A finished request reduced to the numbers the summary reads: its prompt and its output
+    become stand-ins of their lengths (the summary counts tokens, never reads them) and its
+    token times a float64 ``array`` (8 bytes a token, not a list's 32: the gaps between tokens
+    are the summary's inter-token latencies). The scheduler is done with it: a finished
+    request is never scheduled again."""
+    r.prompt_ids = stand_in(len(r.prompt_ids))
+    r.output_ids = cast(list[int], stand_in(len(r.output_ids)))
+    r.times.token_times = cast(list[float], array("d", r.times.token_times))

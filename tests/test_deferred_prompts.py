@@ -1,0 +1,174 @@
+"""Deferred prompts (``sim.workloads.deferred``): a trace's prompts built as its requests arrive
+and dropped as they finish give the same requests and the same run as prompts built up front;
+and the scaled trace of ``bench/million_bench.py`` has the shape its docstring states."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+import weakref
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from radixsched.config import SchedulerConfig
+from radixsched.request import FinishReason, FinishState
+from radixsched.sim.deploy.run import client_requests
+from radixsched.sim.settings.simconfig import SimConfig
+from radixsched.sim.simulate import simulate
+from radixsched.sim.workloads import deferred
+from radixsched.sim.workloads.load import load_workload, workload_optimal_hit_rate
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "tests" / "data" / "mooncake_sample.jsonl"
+SPEC = f"mooncake:{SAMPLE}"
+
+
+@pytest.fixture
+def defer_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every trace is over the eager limit, and prompts are built 16 requests at a time."""
+    monkeypatch.setenv("RADIXSCHED_EAGER_PROMPTS_GB", "0")
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    monkeypatch.setattr(deferred, "BATCH", 16)
+
+
+def test_stand_in_has_the_length_and_no_memory() -> None:
+    s = deferred.stand_in(1000)
+    assert len(s) == 1000 and s.dtype == np.int32 and not s.flags.writeable
+    assert deferred.is_stand_in(s) and s.base is not None and s.base.nbytes == 4
+
+
+def test_small_traces_and_generators_stay_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    assert load_workload(SPEC, defer_prompts=True).drafts is None  # under the 2 GiB default
+    monkeypatch.setenv("RADIXSCHED_EAGER_PROMPTS_GB", "0")
+    assert load_workload("shared-prefix:groups=2,prompts=2", defer_prompts=True).drafts is None
+    assert load_workload(SPEC).drafts is None  # only a caller that asks defers
+
+
+def test_deferred_requests_get_the_eager_prompts(defer_all: None) -> None:
+    eager = load_workload(SPEC, defer_prompts=False)
+    lazy = load_workload(SPEC, defer_prompts=True, num_requests=150)
+    assert lazy.drafts is not None and lazy.prompts == "built at arrival"
+    assert all(deferred.is_stand_in(r.prompt_ids) for r in lazy.requests)
+    assert math.isnan(workload_optimal_hit_rate(lazy))
+    reqs = client_requests(lazy)
+    assert isinstance(reqs, deferred.ArrivingRequests) and reqs.live == 0
+    for i, want in enumerate(eager.requests[:150]):
+        got = reqs[i]
+        assert (got.rid, got.arrival_time, got.max_new_tokens) == (
+            want.rid,
+            want.arrival_time,
+            want.max_new_tokens,
+        )
+        assert np.array_equal(got.prompt_ids, want.prompt_ids)
+    assert reqs.live == 150  # nothing finished: every prompt is held
+
+
+def test_a_finished_request_drops_its_prompt_and_output(defer_all: None) -> None:
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True))
+    first = reqs[0]
+    held = weakref.ref(first.prompt_ids)
+    n = first.prompt_len
+    first.output_ids = [7, 8, 9]
+    first.times.token_times = [1.0, 2.0, 3.5]
+    first.finish = FinishState(FinishReason.LENGTH)
+    _ = reqs[15]  # same batch: nothing is built, nothing released
+    assert held() is not None
+    _ = reqs[16]  # the next batch's build releases the finished prompt first
+    assert held() is None
+    assert deferred.is_stand_in(first.prompt_ids) and first.prompt_len == n
+    assert first.output_len == 3 and list(first.times.token_times) == [1.0, 2.0, 3.5]
+    assert reqs.live == 31
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_a_deferred_run_is_the_eager_run(defer_all: None, policy: str) -> None:
+    cfg = SchedulerConfig(schedule_policy=policy)
+    sim = SimConfig(max_total_tokens=60_000)  # a small cache: eviction, a queue, retractions
+    eager = simulate(load_workload(SPEC), cfg, sim, optimal_hit_rate=0.5)
+    lazy = simulate(load_workload(SPEC, defer_prompts=True), cfg, sim, optimal_hit_rate=0.5)
+    a = dataclasses.replace(eager.result, wall_s=0.0)
+    b = dataclasses.replace(lazy.result, wall_s=0.0)
+    assert a == b
+    assert [(r.rid, r.output_len, r.times.token_times) for r in eager.requests] == [
+        (r.rid, r.output_len, list(r.times.token_times)) for r in lazy.requests
+    ]
+    assert isinstance(lazy.requests, deferred.ArrivingRequests)
+    lazy.requests.release_finished()
+    assert lazy.requests.live == 0  # every request finished: no prompt is held
+
+
+@pytest.mark.parametrize(
+    "sim",
+    [
+        SimConfig(max_total_tokens=60_000, max_concurrency=8),
+        SimConfig(max_total_tokens=60_000, dp=2),
+        SimConfig(max_total_tokens=60_000, dp=2, enable_dp_attention=True),
+        SimConfig(max_total_tokens=120_000, disaggregation=True),
+    ],
+    ids=["closed-loop", "dp2", "dp-attention", "disaggregation"],
+)
+def test_every_deployment_runs_deferred_as_eager(defer_all: None, sim: SimConfig) -> None:
+    cfg = SchedulerConfig(schedule_policy="lpm")
+    eager = simulate(load_workload(SPEC, num_requests=120), cfg, sim, optimal_hit_rate=0.5)
+    lazy_wl = load_workload(SPEC, num_requests=120, defer_prompts=True)
+    lazy = simulate(lazy_wl, cfg, sim, optimal_hit_rate=0.5)
+    assert dataclasses.replace(eager.result, wall_s=0.0) == dataclasses.replace(
+        lazy.result, wall_s=0.0
+    )
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "million_bench", ROOT / "bench" / "million_bench.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_scaled_trace_shape(tmp_path: Path) -> None:
+    src = [json.loads(x) for x in SAMPLE.read_text().splitlines() if x.strip()]
+    n = len(src)
+    out = tmp_path / "scaled.jsonl"
+    shape = _bench().write_scaled(SAMPLE, out, 2 * n + 7)
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    stamps = [r["timestamp"] for r in src]
+    span = max(stamps) - min(stamps)
+    stride = 1 + max(max(r["hash_ids"]) for r in src)
+    assert shape == {"copies": 3, "period_ms": span + round(span / (n - 1)), "id_stride": stride}
+    assert len(recs) == 2 * n + 7
+    for j, r in enumerate(recs):
+        k, base = divmod(j, n)
+        s = src[base]
+        assert r["timestamp"] == s["timestamp"] + k * shape["period_ms"]
+        assert r["hash_ids"] == [h + k * stride for h in s["hash_ids"]]
+        assert (r["input_length"], r["output_length"]) == (s["input_length"], s["output_length"])
+    ids = [set(h for r in recs[k * n : (k + 1) * n] for h in r["hash_ids"]) for k in range(3)]
+    assert not ids[0] & ids[1] and not ids[1] & ids[2]  # copies share no block
+
+
+def test_the_command_says_the_bound_was_not_computed(
+    defer_all: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from radixsched.cli.main import main
+
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--quiet", "--workload", SPEC, "--policy", "fcfs", "--num-requests",
+                 "40", "--json", str(out)]) == 0  # fmt: skip
+    text = " ".join(capsys.readouterr().out.split())
+    assert "optimal hit rate not computed" in text and "(optimal not computed)" in text
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["prompts"] == "built at arrival"
+    assert doc["workload"]["optimal_hit_rate"] is None
+    res = doc["results"][0]
+    assert res["optimal_hit_rate"] is None and res["hit_rate_gap"] is None
+    assert res["num_requests"] == 40
