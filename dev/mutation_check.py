@@ -411,6 +411,42 @@ MUTANTS = (
         "        length = std::min(m->n, cap);",
         "        length = m->n;",
     ),
+    Mutant(
+        "adder-input-budget-spent-below-zero",
+        "_native/adder.cpp",
+        "    if (b.rem_input_tokens <= 0) return Verdict::Other;",
+        "    if (b.rem_input_tokens < 0) return Verdict::Other;",
+    ),
+    Mutant(
+        "adder-input-tokens-unpaged",
+        "_native/adder.cpp",
+        "    const int64_t input_tokens = ceil_page(cand, p);",
+        "    const int64_t input_tokens = cand;",
+    ),
+    Mutant(
+        "adder-check-lock-not-released",
+        "_native/adder.cpp",
+        "        tree.dec_lock_ref(*last);\n        verdict",
+        "        verdict",
+    ),
+    Mutant(
+        "int-float-negative-fraction-equal",
+        "_native/order.cpp",
+        "    return frac > 0 ? -1 : (frac < 0 ? 1 : 0);",
+        "    return frac > 0 ? -1 : 0;",
+    ),
+    Mutant(
+        "evict-drops-a-stale-leaf",
+        "_native/radix.cpp",
+        "            push(leaf);\n            continue;",
+        "            continue;",
+    ),
+    Mutant(
+        "decode-paged-fit-exclusive",
+        "_native/decode.cpp",
+        "        if (need_total(mid, page) <= room)",
+        "        if (need_total(mid, page) < room)",
+    ),
 )
 
 

@@ -130,6 +130,8 @@ BASE: dict[str, Any] = dict(
         ({"room": 491}, (500, 100, 128, 0, False), (True, 400, False)),  # 400 + 89.6 + 1 < 491
         ({"room": 490}, (500, 100, 128, 0, False), (False, 1, 0)),  # not < 490: no token
         ({"admitted": 1, "rem_input": 300}, (500, 100, 128, 0, False), (False, 2, 0)),
+        # The input budget counts whole pages: 404 tokens take 416 of the 416 left.
+        ({"page": 16, "admitted": 1, "rem_input": 416}, (500, 96, 128, 0, False), (False, 2, 0)),
         ({"chunk": 256, "page": 16}, (500, 100, 128, 0, False), (True, 252, True)),  # page cut
         ({"chunk": 256, "new_chunked": True}, (500, 100, 128, 0, False), (False, 2, 0)),
         ({"chunk": 256, "exclusive": True}, (500, 100, 128, 0, False), (True, 256, True)),

@@ -39,6 +39,7 @@ def _python_sort(keys: list[tuple[Any, ...]]) -> list[int]:
     [
         [(2**53 + 1,), (float(2**53),), (2**53,), (2**53 - 1,)],  # past float precision
         [(True,), (1,), (1.0,), (0.5,), (False,), (-0.0,), (0,)],  # bools are ints; -0.0 == 0
+        [(0,), (-0.5,), (-1,), (-1.5,), (2,), (2.5,)],  # int against a fraction either side
         [(float("inf"),), (2**62,), (float("-inf"),), (-(2**63),), (float(-(2**63)),)],
         [(2**70,), (2**64 + 0.0,), (2**63,), (float(2**63),), (2**63 - 1,)],  # past int64
         [("b",), ("a",), ("é",), ("\U0001f600",), ("\uffff",), ("",), ("ab",)],  # code points
