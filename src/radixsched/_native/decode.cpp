@@ -311,7 +311,10 @@ struct DecodeBatch {
     bool has_eos;
     DecodeCols cols;
     std::vector<nb::object> reqs;
-    std::vector<double> log_;          // end time of every deferred decode step
+    // End time of every deferred decode step, as Python floats: a settled request's token
+    // times are these objects, shared by every row of the step (one float per step, not per
+    // token: the memory of a long trace's token times).
+    nb::list log_;
     std::vector<double> durs_, ends_;  // the steps the last `steps` or `jump` timed
 
     // A request's row as its Python state gives it (DecodeCols.of of the Python columns).
@@ -466,17 +469,12 @@ struct DecodeBatch {
         }
     }
 
-    // The last `k` end times of the log, as a list.
+    // The last `k` end times of the log, as a list (of the log's float objects).
     nb::object log_tail(int64_t k) const {
-        const size_t n = log_.size();
-        if (size_t(k) > n) throw std::logic_error("settle: a row is ahead of the decode log");
-        nb::object out = nb::steal(PyList_New(k));
+        const Py_ssize_t n = PyList_GET_SIZE(log_.ptr());
+        if (k > n) throw std::logic_error("settle: a row is ahead of the decode log");
+        nb::object out = nb::steal(PyList_GetSlice(log_.ptr(), n - k, n));
         if (!out.is_valid()) throw nb::python_error();
-        for (size_t t = 0; t < size_t(k); ++t) {
-            PyObject* f = PyFloat_FromDouble(log_[n - size_t(k) + t]);
-            if (f == nullptr) throw nb::python_error();
-            PyList_SET_ITEM(out.ptr(), Py_ssize_t(t), f);  // steals f
-        }
         return out;
     }
 
@@ -549,7 +547,10 @@ struct DecodeBatch {
             if (short_by > 0) evict(short_by);
             if (!pool.reserve(total)) return nb::make_tuple(0, total);
         }
-        log_.insert(log_.end(), ends_.begin(), ends_.end());
+        for (double e : ends_) {
+            const nb::object f = nb::steal(PyFloat_FromDouble(e));
+            if (!f.is_valid() || PyList_Append(log_.ptr(), f.ptr()) < 0) throw nb::python_error();
+        }
         const double b = double(cols.size());
         for (double d : durs_) {  // step by step, as single steps are accounted
             busy += d;
@@ -661,7 +662,7 @@ void bind_decode(nb::module_& m) {
              "horizon"_a.none(), "times"_a)
         .def("jump", &DecodeBatch::jump, "free"_a, "room"_a, "page"_a, "t0"_a,
              "horizon"_a.none(), "times"_a, "pool"_a, "evict"_a, "busy"_a, "running_x"_a)
-        .def_prop_ro("log_len", [](const DecodeBatch& b) { return b.log_.size(); })
+        .def_prop_ro("log_len", [](const DecodeBatch& b) { return nb::len(b.log_); })
         .def("clear_log", [](DecodeBatch& b) { b.log_.clear(); })
         .def("same_as", &DecodeBatch::same_as, "other"_a)
         .def("deferred_error", &DecodeBatch::deferred_error, "fresh"_a, "log_len"_a,
