@@ -269,9 +269,9 @@ MUTANTS = (
     ),
     Mutant(
         "decode-loop-context-stride-one",
-        "sim/cost/roofline.py",
-        "            ctxs = [total_ctx + k * b for k in range(num_steps)]",
-        "            ctxs = [total_ctx + k for k in range(num_steps)]",
+        "_native/decode.cpp",
+        "            const int64_t ctx = total_ctx + k * b;",
+        "            const int64_t ctx = total_ctx + k;",
     ),
     Mutant(
         "scalar-step-drops-host-load",
@@ -280,10 +280,10 @@ MUTANTS = (
         "                new + len(decode), attn + ctx, kv + ctx, 0, entries, len(extend)",
     ),
     Mutant(
-        "single-decode-step-one-entry-short",
-        "sim/cost/roofline.py",
-        "            return np.array([step(b, total_ctx, total_ctx, 0, b)], dtype=np.float64)",
-        "            return np.array([step(b, total_ctx, total_ctx, 0, b - 1)], dtype=np.float64)",
+        "decode-step-one-entry-short",
+        "sim/cost/runner.py",
+        "    return cost._efficiency_factor(b), cost._fixed_s(b, b, 0)",
+        "    return cost._efficiency_factor(b), cost._fixed_s(b, b - 1, 0)",
     ),
     Mutant(
         "scalar-tokens-ignore-stop-ids",
@@ -293,9 +293,9 @@ MUTANTS = (
     ),
     Mutant(
         "jump-ignores-stop-tokens",
-        "fast/scheduler.py",
-        "        if self.chunked_req is not None or cols.can_stop:\n            return 1",
-        "        if self.chunked_req is not None:\n            return 1",
+        "_native/decode.cpp",
+        "        if (!free || cols.can_stop()) return 1;",
+        "        if (!free) return 1;",
     ),
     Mutant(
         "jump-one-step-too-many",
@@ -311,15 +311,15 @@ MUTANTS = (
     ),
     Mutant(
         "jump-past-horizon",
-        "fast/scheduler.py",
-        '                m = min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)',
-        "                m = n",
+        "_native/decode.cpp",
+        "const int64_t m = std::min(n, int64_t(at) + 1);",
+        "const int64_t m = n;",
     ),
     Mutant(
         "jump-past-horizon-while-waiting",
         "fast/scheduler.py",
-        "        if horizon is not None and k > 1:",
-        "        if horizon is not None and not self.waiting and k > 1:",
+        "            horizon,\n            self._step_timer(),",
+        "            None if self.waiting else horizon,\n            self._step_timer(),",
     ),
     Mutant(
         "closed-loop-jumps-past-other-replicas",

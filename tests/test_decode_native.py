@@ -255,3 +255,52 @@ def test_integrity_catches_columns_that_list_other_requests() -> None:
     sched.batch.cols.remove_at([0])
     with pytest.raises(IntegrityError, match="stale running-batch columns"):
         sched.check_integrity()
+
+
+# ---- the runner's stand-in tokens, computed natively when settling ------------------------------
+@settings(max_examples=300, deadline=None)
+@given(
+    h=st.integers(0, (1 << 64) - 1),
+    first=st.integers(0, 1 << 40),
+    count=st.integers(1, 30),
+    vocab=st.integers(2, 1 << 31),
+)
+def test_native_stand_ins_equal_the_runners(h: int, first: int, count: int, vocab: int) -> None:
+    from radixsched.sim.cost.runner import _stand_ins
+
+    got = core().stand_ins(h, first, count, vocab)  # type: ignore[union-attr]
+    assert got == _stand_ins(h, range(first, first + count), vocab)
+
+
+def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
+    """A plain request's tokens come from the stand-in recipe, a scripted one's from
+    ``tokens_at``: both what the runner gives for them."""
+    from radixsched.cache import native_radix
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner
+
+    runner = CostModelRunner(build_cost_model(SimConfig()))
+    pool = native_radix.make_pool(1000, 1)
+    sampling = SamplingParams(max_new_tokens=9, ignore_eos=True)
+    plain = Req("p", np.arange(5, dtype=np.int32), sampling)
+    script = np.arange(100, 109, dtype=np.int32)
+    scripted = Req("s", np.arange(5, dtype=np.int32), sampling, scripted_output=script)
+    b = core().DecodeBatch(False)  # type: ignore[union-attr]
+    b.extend([plain, scripted])
+    asked: list[list[str]] = []
+
+    def tokens_at(reqs: list[Req], positions: np.ndarray) -> np.ndarray:
+        asked.append([r.rid for r in reqs])
+        return runner.tokens_at(reqs, positions)
+
+    res = b.jump(True, 1000, 1, 0.0, None, runner.native_decode_cost(), pool, print, 0.0, 0.0)
+    assert res is not None and res[0] == 9 and pool.reserved_size() == 2 * 13
+    b.settle([0, 1], tokens_at, runner.native_tokens(), pool)
+    assert asked == [["s"]] and scripted.output_ids == script.tolist()
+    positions = np.arange(5, 14, dtype=np.int64)[None, :]
+    assert plain.output_ids == runner.tokens_at([plain], positions).ravel().tolist()
+    durations = runner.decode_durations([], np.array([5, 5]), 9)
+    ends = np.cumsum(np.concatenate([[0.0], durations]))[1:].tolist()  # from t0 = 0.0
+    assert res[1] == ends[-1]
+    for r in (plain, scripted):
+        assert r.kv_len == 13 and len(r.kv_row) == 13 and r.times.token_times == ends

@@ -4,13 +4,16 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "pool.hpp"
@@ -144,6 +147,25 @@ int64_t DecodeCols::advance(int64_t k, int64_t page) {
     return total;
 }
 
+int64_t DecodeCols::total_fill() const {
+    int64_t total = 0;
+    for (int64_t f : fill_) total += f;
+    return total;
+}
+
+size_t search_left(const std::vector<double>& ends, size_t n, double key) {
+    const auto less = [](double a, double b) { return a < b || (b != b && a == a); };
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        const size_t mid = lo + ((hi - lo) >> 1);
+        if (less(ends.at(mid), key))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 }  // namespace radixsched
 
 namespace nb = nanobind;
@@ -206,6 +228,82 @@ void append_slots(nb::handle r, const std::vector<int64_t>& slots) {
     nb::setattr(r, "kv_row", slice_of(buf, 0, have + n));
 }
 
+// A request whose tokens are pure stand-ins: no stop ids, no script (CostModelRunner.tokens_at).
+bool plain(nb::handle r) {
+    return !truthy(r.attr("sampling").attr("stop_token_ids")) && r.attr("scripted_output").is_none();
+}
+
+// SplitMix64 (sim/cost/splitmix.py), wrapping uint64 arithmetic.
+uint64_t splitmix64(uint64_t x) {
+    uint64_t z = x + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// The stand-in tokens at positions [first, first + k) of a plain request whose rid hashes to
+// `h` (sim/cost/runner.py's _stand_in: splitmix64(h ^ p * golden) mod vocab), as a list.
+nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
+    nb::object out = nb::steal(PyList_New(k));
+    if (!out.is_valid()) throw nb::python_error();
+    for (int64_t c = 0; c < k; ++c) {
+        const uint64_t p = static_cast<uint64_t>(first + c);
+        PyObject* t = PyLong_FromUnsignedLongLong(splitmix64(h ^ (p * 0x9E3779B97F4A7C15ULL)) % vocab);
+        if (t == nullptr) throw nb::python_error();
+        PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
+    }
+    return out;
+}
+
+// `dst.extend(items)`, without the method call when dst is a list.
+void extend_list(nb::handle dst, nb::handle items) {
+    if (PyList_CheckExact(dst.ptr())) {
+        const Py_ssize_t n = PyList_GET_SIZE(dst.ptr());
+        if (PyList_SetSlice(dst.ptr(), n, n, items.ptr()) < 0) throw nb::python_error();
+    } else {
+        dst.attr("extend")(items);
+    }
+}
+
+// The dense roofline's decode step (sim/cost/roofline.py: CostModel._dense_step_s of `b` decode
+// entries, no extend, context `ctx`), its operations in their order on doubles, so each step is
+// the float Python gives. What depends only on the batch size (the efficiency factor, the fixed
+// seconds) is asked of Python once per size (`per_batch(b) -> (factor, fixed)`) and kept.
+struct DecodeCost {
+    DecodeCost(double lin, double attn, double flops, double weight, double kv, double bytes,
+               nb::object per_batch)
+        : lin(lin), attn(attn), flops(flops), weight(weight), kv(kv), bytes(bytes),
+          per_batch(std::move(per_batch)) {}
+
+    double lin, attn, flops, weight, kv, bytes;
+    nb::object per_batch;
+    std::unordered_map<int64_t, std::pair<double, double>> memo;
+
+    std::pair<double, double> of_batch(int64_t b) {
+        const auto it = memo.find(b);
+        if (it != memo.end()) return it->second;
+        const nb::tuple t = nb::cast<nb::tuple>(per_batch(b));
+        const std::pair<double, double> v{nb::cast<double>(t[0]), nb::cast<double>(t[1])};
+        memo.emplace(b, v);
+        return v;
+    }
+
+    // Appends the durations of steps [out.size(), to) of `b` entries whose contexts sum to
+    // `total_ctx` before step 0 (step k reads k more tokens per entry).
+    void extend(std::vector<double>& out, int64_t b, int64_t total_ctx, int64_t to) {
+        const auto [factor, fixed] = of_batch(b);
+        for (int64_t k = int64_t(out.size()); k < to; ++k) {
+            const int64_t ctx = total_ctx + k * b;
+            double compute = (lin * double(b) + attn * double(ctx)) / flops;
+            compute = compute * factor;
+            const double memory = (weight + double(ctx) * kv) / bytes;
+            out.push_back((memory > compute ? memory : compute) + fixed);
+        }
+    }
+};
+
+constexpr int64_t kProbeSteps = 8;  // steps timed before a whole jump is (DecodeBatch::steps)
+
 // The columns with the requests of their rows (held, compared by identity).
 struct DecodeBatch {
     explicit DecodeBatch(bool has_eos) : has_eos(has_eos) {}
@@ -213,6 +311,11 @@ struct DecodeBatch {
     bool has_eos;
     DecodeCols cols;
     std::vector<nb::object> reqs;
+    // End time of every deferred decode step, as Python floats: a settled request's token
+    // times are these objects, shared by every row of the step (one float per step, not per
+    // token: the memory of a long trace's token times).
+    nb::list log_;
+    std::vector<double> durs_, ends_;  // the steps the last `steps` or `jump` timed
 
     // A request's row as its Python state gives it (DecodeCols.of of the Python columns).
     DecodeRow row_of(nb::handle r) const {
@@ -267,33 +370,42 @@ struct DecodeBatch {
         return out;
     }
 
-    // What settling `rows` writes: (requests, tokens owed, slots owed, fills, groups), the
-    // owed amounts from the requests' state. Rows owing the same k > 0 tokens form a group
-    // (indices into `rows`, their requests, positions [m, k]: the owed positions
-    // [fill - k, fill) of each), so that the runner is asked once per distinct k.
-    nb::tuple owed(const std::vector<int64_t>& rows) const {
-        std::vector<int64_t> ks, slots, fills, distinct;
+    // What settling `rows` owes each (from the requests' state): tokens, slots, the fill.
+    struct Owed {
+        std::vector<int64_t> ks, slots, fills;
+    };
+    Owed owed_of(const std::vector<int64_t>& rows) const {
+        Owed o;
         for (int64_t i : rows) {
-            const nb::object& r = reqs.at(size_t(i));
-            const DecodeRow now = cols.row(size_t(i)), was = row_of(r);
-            ks.push_back(now.fill - was.fill);
-            slots.push_back(now.have - was.have);
-            fills.push_back(now.fill);
-            if (ks.back() > 0 && std::find(distinct.begin(), distinct.end(), ks.back()) ==
-                                     distinct.end())
-                distinct.push_back(ks.back());
+            const DecodeRow now = cols.row(size_t(i)), was = row_of(reqs.at(size_t(i)));
+            o.ks.push_back(now.fill - was.fill);
+            o.slots.push_back(now.have - was.have);
+            o.fills.push_back(now.fill);
         }
+        return o;
+    }
+
+    // Rows (indices into `rows`) owing the same k > 0 tokens, not `done`, form a group:
+    // (indices, their requests, positions [m, k]: the owed positions [fill - k, fill) of each),
+    // so that the runner is asked once per distinct k.
+    nb::list groups_of(const std::vector<int64_t>& rows, const Owed& o,
+                       const std::vector<uint8_t>& done) const {
+        std::vector<int64_t> distinct;
+        for (size_t j = 0; j < rows.size(); ++j)
+            if (o.ks[j] > 0 && !done.at(j) &&
+                std::find(distinct.begin(), distinct.end(), o.ks[j]) == distinct.end())
+                distinct.push_back(o.ks[j]);
         nb::list groups;
         for (int64_t k : distinct) {
             std::vector<int64_t> idx;
             for (size_t j = 0; j < rows.size(); ++j)
-                if (ks[j] == k) idx.push_back(int64_t(j));
+                if (o.ks[j] == k && !done[j]) idx.push_back(int64_t(j));
             nb::list sub;
             auto grid = std::make_unique<int64_t[]>(idx.size() * size_t(k));
             for (size_t g = 0; g < idx.size(); ++g) {
                 const size_t j = size_t(idx[g]);
                 sub.append(reqs.at(size_t(rows[j])));
-                for (int64_t c = 0; c < k; ++c) grid[g * size_t(k) + size_t(c)] = fills[j] - k + c;
+                for (int64_t c = 0; c < k; ++c) grid[g * size_t(k) + size_t(c)] = o.fills[j] - k + c;
             }
             int64_t* data = grid.get();
             nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
@@ -302,43 +414,151 @@ struct DecodeBatch {
                                          nb::cast(Grid(data, {idx.size(), size_t(k)}, owner),
                                                   nb::rv_policy::move)));
         }
-        return nb::make_tuple(req_list(&rows), nb::cast(ks), nb::cast(slots), nb::cast(fills),
-                              groups);
+        return groups;
     }
 
-    // Settles `rows` (ascending): each request gets the tokens its row is ahead by (asked of
-    // `tokens_at(reqs, positions)` once per distinct number owed: they depend only on request
-    // and position), the last that many end times of `log`, kv_len = fill - 1, and the slots
-    // it is owed, claimed from `pool` in row order and appended to its KV row.
-    void settle(const std::vector<int64_t>& rows, nb::handle tokens_at, nb::handle log,
+    // What settling `rows` writes: (requests, tokens owed, slots owed, fills, groups).
+    nb::tuple owed(const std::vector<int64_t>& rows) const {
+        const Owed o = owed_of(rows);
+        return nb::make_tuple(req_list(&rows), nb::cast(o.ks), nb::cast(o.slots),
+                              nb::cast(o.fills), groups_of(rows, o, std::vector<uint8_t>(rows.size())));
+    }
+
+    // Settles `rows` (ascending): each request gets the tokens its row is ahead by, the last
+    // that many end times of the log, kv_len = fill - 1, and the slots it is owed, claimed
+    // from `pool` in row order and appended to its KV row. Tokens: a plain request's (no stop
+    // ids, no script) are the runner's stand-ins when `stand_in` is its (rid -> hash memo,
+    // vocabulary) (CostModelRunner.native_tokens), computed here; the others are asked of
+    // `tokens_at(reqs, positions)` once per distinct number owed (they depend only on request
+    // and position).
+    void settle(const std::vector<int64_t>& rows, nb::handle tokens_at, nb::handle stand_in,
                 radixsched::Pool& pool) const {
-        const nb::tuple plan = owed(rows);
-        const auto ks = nb::cast<std::vector<int64_t>>(plan[1]);
-        const auto slots = nb::cast<std::vector<int64_t>>(plan[2]);
-        const auto fills = nb::cast<std::vector<int64_t>>(plan[3]);
+        const Owed o = owed_of(rows);
         std::vector<nb::object> toks(rows.size());
-        for (nb::handle group : nb::borrow<nb::list>(plan[4])) {
+        std::vector<uint8_t> done(rows.size(), 0);
+        if (!stand_in.is_none()) {
+            const nb::handle hashes = stand_in[0];
+            const uint64_t vocab = nb::cast<uint64_t>(stand_in[1]);
+            if (vocab == 0) throw std::invalid_argument("settle: an empty vocabulary");
+            for (size_t j = 0; j < rows.size(); ++j) {
+                const nb::object& r = reqs.at(size_t(rows[j]));
+                if (o.ks[j] <= 0 || !plain(r)) continue;
+                const uint64_t h = nb::cast<uint64_t>(hashes[r.attr("rid")]);
+                toks[j] = stand_ins(h, o.fills[j] - o.ks[j], o.ks[j], vocab);
+                done[j] = 1;
+            }
+        }
+        for (nb::handle group : groups_of(rows, o, done)) {
             const nb::tuple g = nb::borrow<nb::tuple>(group);
             const auto idx = nb::cast<std::vector<int64_t>>(g[0]);
             const nb::object got = tokens_at(g[1], g[2]).attr("tolist")();
             for (size_t i = 0; i < idx.size(); ++i) toks.at(size_t(idx[i])) = got[i];
         }
-        const Py_ssize_t n = PyList_Size(log.ptr());
-        if (n < 0) throw nb::python_error();
+        const std::vector<int64_t>& fills = o.fills;
         for (size_t j = 0; j < rows.size(); ++j) {
             const nb::object& r = reqs.at(size_t(rows[j]));
-            if (ks[j] > 0) {
-                r.attr("output_ids").attr("extend")(toks[j]);
-                const nb::object times = nb::steal(PyList_GetSlice(log.ptr(), n - ks[j], n));
-                if (!times.is_valid()) throw nb::python_error();
-                r.attr("times").attr("token_times").attr("extend")(times);
+            if (o.ks[j] > 0) {
+                extend_list(r.attr("output_ids"), toks[j]);
+                extend_list(r.attr("times").attr("token_times"), log_tail(o.ks[j]));
                 nb::setattr(r, "kv_len", nb::int_(fills[j] - 1));
             }
-            if (slots[j] > 0) {
-                const std::vector<int64_t> got = pool.claim(slots[j]);
+            if (o.slots[j] > 0) {
+                const std::vector<int64_t> got = pool.claim(o.slots[j]);
                 append_slots(r, got);
             }
         }
+    }
+
+    // The last `k` end times of the log, as a list (of the log's float objects).
+    nb::object log_tail(int64_t k) const {
+        const Py_ssize_t n = PyList_GET_SIZE(log_.ptr());
+        if (k > n) throw std::logic_error("settle: a row is ahead of the decode log");
+        nb::object out = nb::steal(PyList_GetSlice(log_.ptr(), n - k, n));
+        if (!out.is_valid()) throw nb::python_error();
+        return out;
+    }
+
+    // Times the first `n` steps of the batch as it stands into durs_, their end times from `t0`
+    // into ends_, accumulated left to right as a clock stepped one step at a time would be.
+    // `times`: a DecodeCost (its steps already timed are kept: a step's time depends only on
+    // its index) or the runner (`decode_durations(reqs, fills, n)`, all n asked again).
+    void time_steps(nb::handle times, int64_t n, double t0) {
+        if (nb::isinstance<DecodeCost>(times)) {
+            nb::cast<DecodeCost&>(times).extend(durs_, int64_t(cols.size()), cols.total_fill(), n);
+        } else {
+            const nb::object fills = nb::cast(copy_out<int64_t>(cols.fill()), nb::rv_policy::move);
+            const nb::object got = times.attr("decode_durations")(req_list(nullptr), fills, n);
+            durs_.clear();
+            for (nb::handle d : got) durs_.push_back(nb::cast<double>(d));
+            if (int64_t(durs_.size()) != n)
+                throw std::length_error("decode_durations gave " + std::to_string(durs_.size()) +
+                                        " durations for " + std::to_string(n) + " steps");
+        }
+        ends_.clear();
+        double end = t0;
+        for (double d : durs_) ends_.push_back(end += d);
+    }
+
+    // How many decode steps run at once with nothing but lengths changing: 1 unless `free`
+    // (no chunked request, no prefill possible) and no row can stop early; else every row's
+    // tokens to go, the KV that fits in `room`, and through the first step that ends at or
+    // after `horizon` (the next arrival), timed: a few steps first (replicas that take turns
+    // bound each other's jumps to a step or two), then all. Timed steps stay in durs_/ends_.
+    int64_t steps(bool free, int64_t room, int64_t page, double t0, std::optional<double> horizon,
+                  nb::handle times) {
+        durs_.clear();
+        ends_.clear();
+        if (!free || cols.can_stop()) return 1;
+        int64_t k = cols.min_left();
+        if (k <= 1) return 1;
+        k = cols.max_steps_that_fit(k, room, page);
+        if (horizon && k > 1) {
+            for (const int64_t n : {std::min(k, kProbeSteps), k}) {
+                time_steps(times, n, t0);
+                if (ends_.back() >= *horizon || n == k) {
+                    const size_t at = radixsched::search_left(ends_, size_t(n), *horizon);
+                    const int64_t m = std::min(n, int64_t(at) + 1);
+                    durs_.resize(size_t(m));
+                    ends_.resize(size_t(m));
+                    return m;
+                }
+            }
+        }
+        return std::max<int64_t>(k, 1);
+    }
+
+    // A deferred decode round: None when one step's KV does not fit in `room`; else `steps`
+    // steps, timed, their slots reserved in `pool` (`evict(n)` first when it is n short),
+    // their end times logged, `busy` and `running_x` accumulated step by step, the columns
+    // advanced: (k, end time, busy, running_x, fills before, rows that may have finished).
+    // k == 0 when the reservation failed: the second item is then the slots asked for.
+    nb::object jump(bool free, int64_t room, int64_t page, double t0,
+                    std::optional<double> horizon, nb::handle times, radixsched::Pool& pool,
+                    nb::handle evict, double busy, double running_x) {
+        if (cols.size() == 0 || cols.need_total(1, page) > room) return nb::none();
+        const int64_t k = steps(free, room, page, t0, horizon, times);
+        if (int64_t(durs_.size()) != k) {
+            durs_.clear();
+            time_steps(times, k, t0);
+        }
+        const int64_t total = cols.need_total(k, page);
+        if (total > 0) {
+            const int64_t short_by = total - pool.available_size();
+            if (short_by > 0) evict(short_by);
+            if (!pool.reserve(total)) return nb::make_tuple(0, total);
+        }
+        for (double e : ends_) {
+            const nb::object f = nb::steal(PyFloat_FromDouble(e));
+            if (!f.is_valid() || PyList_Append(log_.ptr(), f.ptr()) < 0) throw nb::python_error();
+        }
+        const double b = double(cols.size());
+        for (double d : durs_) {  // step by step, as single steps are accounted
+            busy += d;
+            running_x += b * d;
+        }
+        nb::object fills = nb::cast(copy_out<int64_t>(cols.fill()), nb::rv_policy::move);
+        cols.advance(k, page);
+        return nb::make_tuple(k, ends_.back(), busy, running_x, fills, cols.maybe_finished());
     }
 
     bool same_as(const DecodeBatch& o) const {
@@ -377,6 +597,16 @@ struct DecodeBatch {
 }  // namespace
 
 void bind_decode(nb::module_& m) {
+    nb::class_<DecodeCost>(m, "DecodeCost")
+        .def(nb::init<double, double, double, double, double, double, nb::object>(), "lin"_a, "attn"_a, "flops"_a, "weight"_a, "kv"_a, "bytes"_a, "per_batch"_a)
+        .def("durations",
+             [](DecodeCost& c, int64_t b, int64_t total_ctx, int64_t steps) {
+                 std::vector<double> out;
+                 c.extend(out, b, total_ctx, steps);
+                 return copy_out<double>(out);
+             },
+             "b"_a, "total_ctx"_a, "steps"_a, nb::rv_policy::move);
+    m.def("stand_ins", &stand_ins, "rid_hash"_a, "first"_a, "count"_a, "vocab"_a);
     nb::class_<DecodeBatch>(m, "DecodeBatch")
         .def(nb::init<bool>(), "has_eos"_a)
         .def("__len__", [](const DecodeBatch& b) { return b.cols.size(); })
@@ -426,7 +656,14 @@ void bind_decode(nb::module_& m) {
              [](DecodeBatch& b, int64_t k, int64_t page) { return b.cols.advance(k, page); },
              "k"_a, "page"_a)
         .def("owed", &DecodeBatch::owed, "rows"_a)
-        .def("settle", &DecodeBatch::settle, "rows"_a, "tokens_at"_a, "log"_a, "pool"_a)
+        .def("settle", &DecodeBatch::settle, "rows"_a, "tokens_at"_a, "stand_in"_a.none(),
+             "pool"_a)
+        .def("steps", &DecodeBatch::steps, "free"_a, "room"_a, "page"_a, "t0"_a,
+             "horizon"_a.none(), "times"_a)
+        .def("jump", &DecodeBatch::jump, "free"_a, "room"_a, "page"_a, "t0"_a,
+             "horizon"_a.none(), "times"_a, "pool"_a, "evict"_a, "busy"_a, "running_x"_a)
+        .def_prop_ro("log_len", [](const DecodeBatch& b) { return nb::len(b.log_); })
+        .def("clear_log", [](DecodeBatch& b) { b.log_.clear(); })
         .def("same_as", &DecodeBatch::same_as, "other"_a)
         .def("deferred_error", &DecodeBatch::deferred_error, "fresh"_a, "log_len"_a,
              "reserved"_a);

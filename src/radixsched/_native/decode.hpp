@@ -58,6 +58,8 @@ public:
     std::vector<int64_t> maybe_finished() const;
     // k decode steps: fill and out_len grow by k, have by need(i, k, page). Returns the total.
     int64_t advance(int64_t k, int64_t page);
+    int64_t total_fill() const;  // sum(fill): the decode context of the next step
+
 
     const std::vector<int64_t>& fill() const { return fill_; }
     const std::vector<int64_t>& have() const { return have_; }
@@ -71,5 +73,9 @@ private:
     std::vector<uint8_t> ignore_eos_, stops_;
     int64_t stopping_ = 0;
 };
+
+// Index of the first of `ends` at or after `key`: numpy's searchsorted(ends, key, "left"), its
+// binary search and its NaN order (NaN last) included, so that it agrees on any array.
+std::size_t search_left(const std::vector<double>& ends, std::size_t n, double key);
 
 }  // namespace radixsched

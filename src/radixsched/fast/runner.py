@@ -10,8 +10,9 @@ decode tokens into requests only when they leave the batch. The simulator's
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,18 @@ class MultiStepRunner(ModelRunner):
         """The step times ``decode_multi`` would report, without running it (the scheduler
         asks how far a jump may go before committing to it)."""
         return self.decode_multi(reqs, seq_lens, num_steps).step_durations_s
+
+    def native_decode_cost(self) -> Any | None:
+        """A native step timer (``_core.DecodeCost``) giving exactly ``decode_durations``'s
+        floats without a call into Python per jump, or None (the default: the scheduler asks
+        ``decode_durations``)."""
+        return None
+
+    def native_tokens(self) -> tuple[Mapping[str, int], int] | None:
+        """``(hashes, vocab)`` when a request without stop ids or script generates, at position
+        ``p``, ``splitmix64(hashes[rid] ^ (p * golden mod 2**64)) mod vocab`` (``sim/cost/splitmix.py``):
+        the native core then computes those tokens itself. None (the default): ``tokens_at``."""
+        return None
 
     @abstractmethod
     def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:

@@ -5,17 +5,19 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
 
 - the waiting queue is a ``FastWaitingQueue`` (incremental matching, dedup and kept orders);
 - decode runs on the running batch's native columns (``_core.DecodeBatch``,
-  ``radixsched/_native/decode.cpp``) and jumps over the steps in which
-  nothing but lengths can change (no admission possible, no stop token, enough memory, before
-  the next external event), with one vectorised cost-model call; the requests' tokens, token
-  times and KV slots are written when they leave the batch or are read (deferred state);
+  ``radixsched/_native/decode.cpp``) and jumps over the steps in which nothing but lengths can
+  change (no admission possible, no stop token, enough memory, before the next external
+  event): one native call (``DecodeBatch.jump``) finds the steps, times them (the roofline's
+  decode step in C++ where the runner offers it, ``_core.DecodeCost``), reserves their slots
+  and advances the columns; the requests' tokens, token times and KV slots are written when
+  they leave the batch or are read (deferred state);
 - a middle chunk of a chunked prefill that fills the round's budget runs as the step alone,
   and the next ones back to back up to the next event, where no round between could do
   anything else; decided per step, from the runner and the gates actually present.
 
 Deferred state invariant: while ``unsettled``, the batch's columns are ahead of its requests by
-whole decode steps, the last entries of ``decode_log``, and the slots they are owed are exactly
-the allocator's reservation.
+whole decode steps, the last entries of the columns' log (the end time of each deferred step),
+and the slots they are owed are exactly the allocator's reservation.
 """
 
 from __future__ import annotations
@@ -40,13 +42,6 @@ from radixsched.request import Req
 from radixsched.runner import Batch
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
-
-
-class Timed(NamedTuple):
-    """Consecutive decode steps' durations and end times, as the cost model gave them."""
-
-    durations: np.ndarray
-    ends: np.ndarray
 
 
 class ChunkPlan(NamedTuple):
@@ -177,7 +172,6 @@ class FastScheduler(Scheduler):
         # instance's cache is off, but it admits nothing: its preallocation counts requests).
         admits = self.cache.disabled and self.role.prefills
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
-        self.decode_log: list[float] = []  # end time of every deferred decode step
         self.unsettled = False
 
     def _make_running(self) -> FastRunningBatch:
@@ -191,17 +185,21 @@ class FastScheduler(Scheduler):
     # ---- deferred decode state ------------------------------------------------------------------
     def settle(self, rows: list[int]) -> None:
         """Write the deferred decode steps of the batch's ``rows`` (ascending) into their
-        requests, natively (``DecodeBatch.settle``): tokens (asked of the runner again, once
-        per distinct number owed: they depend only on request and position), token times (the
-        last entries of the decode log), ``kv_len`` and their reserved slots, claimed in row
+        requests, natively (``DecodeBatch.settle``): tokens (a plain request's stand-ins
+        computed there, the others asked of the runner again, once per distinct number owed:
+        they depend only on request and position), token times (the last entries of the
+        columns' log), ``kv_len`` and their reserved slots, claimed in row
         order. Nothing is owed unless ``unsettled``."""
         cols = self.batch.cols
         if self.unsettled and cols is not None and rows:
-            cols.settle(rows, self.jumper.tokens_at, self.decode_log, self.allocator)
+            runner = self.jumper
+            cols.settle(rows, runner.tokens_at, runner.native_tokens(), self.allocator)
 
     def sync_running(self) -> None:
         if self.unsettled:
-            self.settle(list(range(len(self.batch.columns()))))
+            cols = self.batch.columns()
+            self.settle(list(range(len(cols))))
+            cols.clear_log()  # nothing is owed any more
             self.unsettled = False
 
     def _running_changed(self) -> None:
@@ -318,12 +316,24 @@ class FastScheduler(Scheduler):
             if self.is_idle:
                 self.ratio.reset()
             return None
+        cols = self.batch.columns()
+        if self.defers and not cols.can_stop:  # the common case: one native call
+            jumped = self._jump(cols, self._may_jump(), horizon)
+            if jumped is not None:
+                return jumped
         retracted = self._make_room_for_decode()
         if not self.running:
             return StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
         cols = self.batch.columns()
-        k, timed = (1, None) if retracted else self._jump_steps(horizon, cols)
-        out = self._decode_multi(k, cols, timed)
+        free = not retracted and self._may_jump()
+        out: StepOutcome | None
+        if self.defers and not cols.can_stop:
+            out = self._jump(cols, free, horizon)
+            assert out is not None, "a decode step fits once room is made"
+        else:
+            t0 = self.clock.now()
+            k = cols.steps(free, self._room(), self.page_size, t0, horizon, self._step_timer())
+            out = self._decode_eager(k, cols)
         out.retracted = retracted
         return out
 
@@ -333,90 +343,91 @@ class FastScheduler(Scheduler):
         need = self.batch.columns().need_total(1, self.page_size) if self.running else 0
         return bool(need <= self._room())
 
-    def _jump_steps(self, horizon: float | None, cols: Any) -> tuple[int, Timed | None]:
-        """How many decode steps can run at once with nothing but lengths changing: no chunked
-        request, no prefill possible (an empty queue, or a full batch without preemption), no
-        stop token that could end a request early, enough memory for every step. The jump ends
-        with the step that reaches ``horizon`` (the next arrival), queue or not: whoever looks
-        at the scheduler then (a router reading each replica's load) sees what single steps
-        leave. With the count, the steps' durations and end times when finding it timed them."""
-        if self.chunked_req is not None or cols.can_stop:
-            return 1, None
-        if self.waiting and not (self.batch_is_full and not self.config.enable_priority_preemption):
-            return 1, None
-        k = cols.min_left()
-        if k <= 1:
-            return 1, None
-        # The largest k whose KV fits in free + evictable memory (1 when none does: one step
-        # fits, the caller checked): closed form on page-1 pools, else a binary search.
-        k = cols.max_steps_that_fit(k, self._room(), self.page_size)
-        if horizon is not None and k > 1:
-            return self._steps_to(horizon, cols, k)
-        return max(k, 1), None
+    def _may_jump(self) -> bool:
+        """Nothing but lengths can change over several decode steps: no chunked request and no
+        prefill possible (an empty queue, or a full batch without preemption). The columns add
+        the rest (``DecodeBatch.steps``): no stop token that could end a request early, enough
+        memory for every step, and the jump ends with the step that reaches the horizon (the
+        next arrival), queue or not: whoever looks at the scheduler then (a router reading each
+        replica's load) sees what single steps leave."""
+        if self.chunked_req is not None:
+            return False
+        return not self.waiting or (
+            self.batch_is_full and not self.config.enable_priority_preemption
+        )
 
-    def _steps_to(self, horizon: float, cols: Any, k: int) -> tuple[int, Timed]:
-        """At most ``k`` steps, through the first that ends at or after ``horizon``, with their
-        durations and end times. A few steps are timed first: replicas that take turns
-        (closed-loop clients) bound each other's jumps to a step or two, and timing all ``k``
-        would cost more than the steps."""
-        now, reqs, fill = self.clock.now(), self.running, cols.fill
-        for n in (min(k, _PROBE_STEPS), k):
-            durations = self.jumper.decode_durations(reqs, fill, n)
-            ends = _step_ends(now, durations)
-            if ends[-1] >= horizon or n == k:
-                m = min(n, int(np.searchsorted(ends, horizon, side="left")) + 1)
-                return m, Timed(durations[:m], ends[:m])
-        raise AssertionError("unreachable: the last probe times all k steps")
+    def _step_timer(self) -> Any:
+        """What times decode steps: the runner's native ``DecodeCost`` where it has one, else
+        the runner itself (``decode_durations``)."""
+        runner = self.jumper
+        native = runner.native_decode_cost()
+        return runner if native is None else native
 
-    def _decode_multi(self, k: int, cols: Any, timed: Timed | None = None) -> StepOutcome:
-        """``k`` decode steps of the running batch, as ``k`` reference decode rounds (``timed``:
-        their durations and end times, when ``_steps_to`` computed them)."""
+    def _jump(self, cols: Any, free: bool, horizon: float | None) -> JumpOutcome | None:
+        """Deferred decode steps (``DecodeBatch.jump``: how many, their times, their slots
+        reserved, the log and the columns advanced, in one native call), as that many
+        reference decode rounds; None when one step does not fit (room must be made first)."""
+        st, t0, reqs = self.stats, self.clock.now(), list(self.running)
+        res = cols.jump(
+            free,
+            self._room(),
+            self.page_size,
+            t0,
+            horizon,
+            self._step_timer(),
+            self.allocator,
+            self.cache.evict,
+            st.busy_s,
+            st.running_x_s,
+        )
+        if res is None:
+            return None
+        if res[0] == 0:  # the reservation failed
+            raise self._alloc_failed(res[1])
+        k, end, st.busy_s, st.running_x_s, fill0, maybe = res
+        self._advance_to(end, end - t0)
+        self.ratio.decay_steps(k)
+        st.decode_steps += k
+        st.peak_kv_usage = max(st.peak_kv_usage, self.kv_usage())
+        out = JumpOutcome("decode", end - t0, len(reqs), num_steps=k)
+        self.unsettled = True
+        runner = self.jumper
+        out.batch_tokens = lambda: (
+            reqs,
+            runner.tokens_at(reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]).tolist(),
+        )
+        if self.policy.charges_service:
+            self._charge_decode(reqs, k)
+        if maybe:
+            self._retire_finished(maybe, out)
+        return out
+
+    def _decode_eager(self, k: int, cols: Any) -> StepOutcome:
+        """``k`` decode steps of the running batch written into the requests now (a request
+        that can stop, or a configuration that reads running requests mid-flight)."""
         reqs, fill0 = list(self.running), cols.fill  # before the steps: the outcome's tokens
-        defer = self.defers and not cols.can_stop  # tokens cannot end a request early
-        if not defer:
-            self.sync_running()
-        if defer:
-            if timed is None:
-                durations = self.jumper.decode_durations(reqs, fill0, k)
-            else:
-                durations = timed.durations
-            toks: list[list[int]] = []
-        else:
-            res = self.jumper.decode_multi(reqs, fill0, k)
-            durations, toks = res.step_durations_s, res.tokens.tolist()
-        needs = None if defer else cols.need(k, self.page_size)
-        total = cols.need_total(k, self.page_size) if needs is None else sum(needs)
-        slots = None
-        if defer and total and not self._reserve(total):
-            raise self._alloc_failed(total)
-        if not defer and total:
-            slots = self.kv.alloc(total)
+        self.sync_running()
+        res = self.jumper.decode_multi(reqs, fill0, k)
+        durations, toks = res.step_durations_s, res.tokens.tolist()
+        needs = cols.need(k, self.page_size)
+        total = sum(needs)
+        slots = self.kv.alloc(total) if total else None
         t0 = self.clock.now()
-        ends = timed.ends if defer and timed is not None else _step_ends(t0, durations)
+        ends = _step_ends(t0, durations)
         self._advance_to(float(ends[-1]), float(ends[-1] - t0))
         self.ratio.decay_steps(k)
         self.stats.decode_steps += k
         self.account(len(reqs), durations.tolist())
         out = JumpOutcome("decode", float(ends[-1] - t0), len(reqs), num_steps=k)
         times = ends.tolist()
-        if defer:
-            self.decode_log.extend(times)
-            self.unsettled = True
-            runner = self.jumper
-            out.batch_tokens = lambda: (
-                reqs,
-                runner.tokens_at(
-                    reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]
-                ).tolist(),
-            )
-        else:
-            assert needs is not None
-            self._write_steps(reqs, (fill0 + (k - 1)).tolist(), toks, times, needs, slots)
-            out.batch_tokens = lambda: (reqs, toks)
+        self._write_steps(reqs, (fill0 + (k - 1)).tolist(), toks, times, needs, slots)
+        out.batch_tokens = lambda: (reqs, toks)
         if self.policy.charges_service:
             self._charge_decode(reqs, k)
         cols.advance(k, self.page_size)
-        self._retire_finished(cols, out)
+        maybe = cols.maybe_finished()
+        if maybe:
+            self._retire_finished(maybe, out)
         return out
 
     def _advance_to(self, end: float, total: float) -> None:
@@ -424,12 +435,6 @@ class FastScheduler(Scheduler):
             self.clock.jump_to(end)  # exactly where k single steps would end
         else:
             self.clock.advance(total)
-
-    def _reserve(self, n: int) -> bool:
-        short = n - self.allocator.available_size()
-        if short > 0:
-            self.cache.evict(short)
-        return self.allocator.reserve(n)
 
     def _alloc_failed(self, n: int) -> IntegrityError:
         return IntegrityError(
@@ -464,11 +469,9 @@ class FastScheduler(Scheduler):
         for r in reqs:
             fair.charge(r.tenant_key, 0, k)
 
-    def _retire_finished(self, cols: Any, out: StepOutcome) -> None:
-        """Only a request that can have finished is checked (a jump never spans a stop)."""
-        maybe = cols.maybe_finished()
-        if not maybe:
-            return
+    def _retire_finished(self, maybe: list[int], out: StepOutcome) -> None:
+        """Only the rows that can have finished (``maybe``) are checked (a jump never spans a
+        stop)."""
         if self.unsettled:
             self.settle(maybe)
         running, gone = self.running, []
@@ -498,7 +501,7 @@ class FastScheduler(Scheduler):
             return
         if cols is None:
             raise IntegrityError("deferred columns do not list the running batch")
-        err = cols.deferred_error(fresh, len(self.decode_log), reserved)
+        err = cols.deferred_error(fresh, cols.log_len, reserved)
         if err is not None:
             raise IntegrityError(err)
 
@@ -514,7 +517,6 @@ def _append(r: Req, slots: np.ndarray) -> None:
 
 
 _INT64_MAX = (1 << 63) - 1
-_PROBE_STEPS = 8  # steps timed before a whole jump is (``_steps_to``)
 
 
 def _step_ends(t0: float, durations: np.ndarray) -> np.ndarray:

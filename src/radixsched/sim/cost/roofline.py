@@ -130,10 +130,6 @@ DEFAULT_SCHED_PER_PREFILL_S = 0.0
 DEFAULT_REQUEST_LATENCY_S = 0.0
 DEFAULT_REQUEST_SERIAL_S = 0.0
 
-# Up to this many decode steps, a dense model's step times are a Python loop (cheaper than
-# the arrays' fixed cost); more steps are evaluated on arrays. Both give the same floats.
-_DECODE_LOOP_MAX_STEPS = 16
-
 
 class CostModelError(ValueError):
     """The configuration cannot run (bad numbers, a model that does not fit)."""
@@ -442,8 +438,8 @@ class CostModel:
     def _finite_rates(self) -> bool:
         """Every constant of ``_dense_step_s`` finite and both rates positive: no division by
         zero (an error on Python floats, ``inf`` on arrays) and no NaN (which ``max`` and
-        ``np.maximum`` treat differently), so a loop of ``_dense_step_s`` over several steps
-        gives the array path's floats."""
+        ``np.maximum`` treat differently), so ``_dense_step_s`` on doubles, step after step,
+        gives the array path's floats (``CostModelRunner.native_decode_cost``)."""
         consts = (
             self._flops_per_s,
             self._bytes_per_s,
@@ -454,20 +450,6 @@ class CostModel:
         )
         positive = self._flops_per_s > 0 and self._bytes_per_s > 0
         return positive and all(math.isfinite(c) for c in consts)
-
-    def _decode_times(self, num_decode: int, total_ctx: int, num_steps: int) -> FloatArray:
-        """``step_times(decode_shape(seq_lens, num_steps))`` for ``num_decode`` requests whose
-        lengths sum to ``total_ctx``: for a dense model one step is ``step_times``' own
-        scalar branch, a few steps a loop of it when ``_finite_rates`` (the same floats,
-        without the arrays' fixed cost)."""
-        step, b = self._dense_step_s, num_decode
-        if self._dense and num_steps == 1:
-            return np.array([step(b, total_ctx, total_ctx, 0, b)], dtype=np.float64)
-        if self._dense and self._finite_rates and num_steps <= _DECODE_LOOP_MAX_STEPS:
-            ctxs = [total_ctx + k * b for k in range(num_steps)]
-            return np.array([step(b, c, c, 0, b) for c in ctxs], dtype=np.float64)
-        ctx = total_ctx + np.arange(num_steps, dtype=np.int64) * b
-        return self.step_times(StepShape(num_decode=b, decode_ctx=ctx))
 
     def _host_s(self, shape: StepShape) -> float:
         return shape.host_load_tokens * self.kv_bytes_per_token_per_gpu / self.gpu.pcie_bw

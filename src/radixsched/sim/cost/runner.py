@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from radixsched.fast.runner import MultiDecodeResult, MultiStepRunner
+from radixsched.native import core
 from radixsched.request import Req, SlotArray
 from radixsched.runner import Batch, StepResult
 from radixsched.sim.cost.roofline import (
@@ -73,6 +75,30 @@ class _RidHashes(dict[str, int]):
         return h
 
 
+def _per_batch(cost: CostModel, b: int) -> tuple[float, float]:
+    """What a decode step of ``b`` entries adds to its context's terms in ``_dense_step_s``:
+    the efficiency factor and the fixed seconds (``tokens = entries = b``, nothing loaded back,
+    no extend)."""
+    return cost._efficiency_factor(b), cost._fixed_s(b, b, 0)
+
+
+def _native_decode_cost(cost: StepCostModel) -> Any | None:
+    """``cost``'s decode steps in C++ (``_core.DecodeCost``: ``_dense_step_s`` on doubles, the
+    same floats) where it is a dense roofline ``CostModel`` with ``_finite_rates``; else None."""
+    lib = core()
+    if lib is None or type(cost) is not CostModel or not cost._dense or not cost._finite_rates:
+        return None
+    return lib.DecodeCost(
+        cost._linear_flops_per_token,
+        cost._attn_flops_per_pair,
+        cost._flops_per_s,
+        float(cost._dense_weight_bytes),
+        cost._kv_bytes_all_gpus,
+        cost._bytes_per_s,
+        partial(_per_batch, cost),  # the cost, not the runner: no reference cycle
+    )
+
+
 class CostModelRunner(MultiStepRunner):
     """Modelled time, plausible tokens: a request's ``scripted_output`` where it has one,
     else a deterministic stand-in drawn from ``hash(seed, rid, position)``, never one of its
@@ -95,6 +121,22 @@ class CostModelRunner(MultiStepRunner):
         if self.vocab_size < 2:
             raise ValueError("vocab_size must be >= 2")
         self._rid_hashes = _RidHashes(seed)
+        self._native_for: StepCostModel | None = None  # the cost model _native_cost is of
+        self._native_cost: Any = None
+
+    def native_decode_cost(self) -> Any | None:
+        """The cost model's decode steps in C++ where it is a dense roofline (built once per
+        cost model: ``cost`` may be reassigned), else None."""
+        cost = self.cost
+        if cost is not self._native_for:
+            self._native_for, self._native_cost = cost, _native_decode_cost(cost)
+        return self._native_cost
+
+    def native_tokens(self) -> tuple[_RidHashes, int] | None:
+        """The stand-ins' recipe for the native core (``MultiStepRunner.native_tokens``): what
+        ``_stand_in`` computes, where every token fits an int32 as ``tokens_at``'s do."""
+        vocab = int(self.vocab_size)
+        return (self._hashes(), vocab) if vocab <= _INT32_VOCAB else None
 
     def _hashes(self) -> _RidHashes:
         memo = self._rid_hashes
@@ -217,9 +259,12 @@ class CostModelRunner(MultiStepRunner):
         self, reqs: Sequence[Req], seq_lens: npt.NDArray[np.int64], num_steps: int
     ) -> npt.NDArray[np.float64]:
         lens = np.asarray(seq_lens, dtype=np.int64)
-        cost = self._dense_roofline()
-        if cost is not None:  # decode_shape's total context, then the steps on Python floats
-            return cost._decode_times(len(lens), int(np.add.reduce(lens, axis=None)), num_steps)
+        native = self.native_decode_cost()
+        if native is not None:  # decode_shape's total context, then the steps in C++
+            durations: npt.NDArray[np.float64] = native.durations(
+                len(lens), int(np.add.reduce(lens, axis=None)), num_steps
+            )
+            return durations
         return self.cost.step_times(decode_shape(lens, num_steps)).astype(np.float64)
 
     def eos_token_ids(self) -> tuple[int, ...]:
