@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dedup.hpp"
+#include "matcher_walk.hpp"
 #include "radix.hpp"
 
 namespace radixsched {
@@ -102,9 +103,9 @@ public:
     const Memo* memo(int64_t k) const;
     // min(memo n, fill_len - 1): the matched length a prefill reads (k must be tracked).
     int64_t prefill_match(int64_t k) const;
-    bool is_dirty(int64_t k) const { return dirty_.contains(k); }
-    bool any_dirty() const { return !dirty_.empty(); }
-    std::vector<int64_t> dirty_keys() const { return dirty_.keys(); }
+    bool is_dirty(int64_t k) const;
+    bool any_dirty() const { return dirty_count_ != 0; }
+    std::vector<int64_t> dirty_keys() const;  // in the order they became dirty
     void on_reset();
     void detach();  // the tree goes away: stop listening
     // The in-batch dedup over the tracked requests (dedup.hpp), kept from now on: turned on
@@ -119,6 +120,7 @@ private:
         int64_t fill_len;
         int32_t ns;
         Memo memo;
+        int64_t dirty_at = -1;  // its index in dirty_list_ while dirty, else -1
     };
     struct Hint {
         NodePtr node;
@@ -126,23 +128,32 @@ private:
         int64_t klen;
     };
 
-    const Memo& match(int64_t k, const Hint* hint);
+    Walk walk_of(const Entry& e, const Hint* hint) const;  // e's walk (from the hint's node)
+    void match(int64_t k, Entry& e);  // matches e (k's entry) afresh
+    // Sets e's memo to the match ending at `end` (re-registered where it continues); true
+    // when the match (length or end) moved.
+    bool settle(int64_t k, Entry& e, const WalkEnd& end);
     void reg(int64_t k, Memo& m);
     void set_edge(const Entry& e, Memo& m) const;  // where `m` registers (m.edge_node, edge_key)
     void file(int64_t k, Memo& m);  // registers k at m's edge
     static void refile(const Memo& m);  // k stays at m's edge: moved last, as unreg + reg do
     void unreg(int64_t k, Memo& m);
-    void mark(int64_t k, Node& node, int64_t depth);
+    void mark(int64_t k, Entry& e, Node& node, int64_t depth);
+    void put_dirty(int64_t k, Entry& e);  // dirty, last unless it already is
     static int64_t edge_depth(const Memo& m) { return m.full ? m.n : m.n - m.offset; }
     void on_child(Node& parent, const std::string& key);
     void on_split(Node& upper, Node& lower);
     void on_evict(Node& leaf, int64_t keep);
 
     Tree* tree_;
-    std::unordered_map<int64_t, Entry> entries_;
-    OrderedMap<int64_t, char> order_;  // tracked requests, in tracking order
+    std::unordered_map<int64_t, Entry> entries_;  // node-based: entries keep their addresses
+    OrderedMap<int64_t, Entry*> order_;  // tracked requests, in tracking order
     std::unordered_map<Node*, EdgeKeys> edges_;  // node-based: items keep their addresses
-    OrderedMap<int64_t, char> dirty_;
+    // The dirty requests in the order they became dirty: k at i is dirty when its entry's
+    // dirty_at is i (else a stale slot, left by an untrack); dirty_count_ counts the dirty.
+    std::vector<int64_t> dirty_list_;
+    size_t dirty_count_ = 0;
+    std::string key_buf_;  // a page key being compared
     std::unordered_map<int64_t, Hint> hints_;
     std::unique_ptr<Dedup> dedup_;  // null: off
 };
