@@ -27,8 +27,8 @@ const Memo& Matcher::track(int64_t k, const int32_t* tokens, int64_t fill_len, i
     untrack(k);
     Memo unmatched;
     unmatched.n = -1;  // so that match() tells the dedup its first length
-    Entry& e = entries_.emplace(k, Entry{tokens, fill_len, ns, std::move(unmatched)}).first->second;
-    order_.put(k, &e);
+    Entry& e = entries_.emplace(k, Entry{tokens, fill_len, ns, std::move(unmatched), k}).first->second;
+    tracked_.push(e);
     if (dedup_) dedup_->put(k, tokens, fill_len, ns, std::move(rep));
     match(k, e);
     return e.memo;
@@ -49,67 +49,40 @@ void Matcher::untrack(int64_t k) {
     hints_.erase(k);
     if (dedup_) dedup_->drop(k);
     if (it == entries_.end()) return;
-    if (it->second.dirty_at >= 0) --dirty_count_;  // its slot in dirty_list_ goes stale
+    dirty_.drop(it->second);
+    tracked_.drop(it->second);
     unreg(k, it->second.memo);
     entries_.erase(it);
-    order_.erase(k);
 }
 
 std::vector<int64_t> Matcher::refresh() {
-    std::vector<int64_t> dirty;
-    std::swap(dirty, dirty_list_);
-    dirty_count_ = 0;
+    const std::vector<Entry*> dirty = dirty_.take();
     std::unordered_map<int64_t, Hint> hints;
     std::swap(hints, hints_);
     // Every walk first (re-matching changes nothing in the tree), then the memos in dirty order.
-    std::vector<std::pair<int64_t, Entry*>> todo;
-    todo.reserve(dirty.size());
     std::vector<Walk> walks;
     walks.reserve(dirty.size());
-    for (size_t i = 0; i < dirty.size(); ++i) {
-        const int64_t k = dirty[i];
-        auto at = entries_.find(k);
-        if (at == entries_.end() || at->second.dirty_at != static_cast<int64_t>(i)) continue;
-        Entry& e = at->second;
-        e.dirty_at = -1;
-        auto h = hints.empty() ? hints.end() : hints.find(k);
-        todo.emplace_back(k, &e);
-        walks.push_back(walk_of(e, h == hints.end() ? nullptr : &h->second));
+    for (Entry* e : dirty) {
+        auto h = hints.empty() ? hints.end() : hints.find(e->k);
+        walks.push_back(walk_of(*e, h == hints.end() ? nullptr : &h->second));
     }
     walk_all(*tree_, walks);
     std::vector<int64_t> moved;
-    for (size_t i = 0; i < todo.size(); ++i)
-        if (settle(todo[i].first, *todo[i].second, walks[i].end)) moved.push_back(todo[i].first);
+    for (size_t i = 0; i < dirty.size(); ++i)
+        if (settle(dirty[i]->k, *dirty[i], walks[i].end)) moved.push_back(dirty[i]->k);
     return moved;
 }
 
 bool Matcher::is_dirty(int64_t k) const {
     auto it = entries_.find(k);
-    return it != entries_.end() && it->second.dirty_at >= 0;
+    return it != entries_.end() && dirty_.has(it->second);
 }
 
 std::vector<int64_t> Matcher::dirty_keys() const {
     std::vector<int64_t> out;
-    out.reserve(dirty_count_);
-    for (size_t i = 0; i < dirty_list_.size(); ++i) {
-        auto it = entries_.find(dirty_list_[i]);
-        if (it != entries_.end() && it->second.dirty_at == static_cast<int64_t>(i))
-            out.push_back(dirty_list_[i]);
-    }
+    out.reserve(dirty_.size());
+    dirty_.each([&out](const Entry& e) { out.push_back(e.k); });
     return out;
-}
-
-void Matcher::put_dirty(int64_t k, Entry& e) {
-    if (e.dirty_at >= 0) return;  // keeps its place
-    if (dirty_list_.size() > 2 * dirty_count_ + 64) {  // mostly stale slots: drop them
-        std::vector<int64_t> live = dirty_keys();
-        for (size_t i = 0; i < live.size(); ++i)
-            entries_.at(live[i]).dirty_at = static_cast<int64_t>(i);
-        dirty_list_ = std::move(live);
-    }
-    e.dirty_at = static_cast<int64_t>(dirty_list_.size());
-    dirty_list_.push_back(k);
-    ++dirty_count_;
 }
 
 const Memo* Matcher::memo(int64_t k) const {
@@ -236,7 +209,7 @@ void Matcher::unreg(int64_t k, Memo& m) {
 }
 
 void Matcher::mark(int64_t k, Entry& e, Node& node, int64_t depth) {
-    put_dirty(k, e);
+    dirty_.push(e);
     auto it = hints_.find(k);
     if (it == hints_.end()) {
         hints_.emplace(k, Hint{node.shared_from_this(), depth, node.size()});
@@ -265,7 +238,7 @@ void Matcher::on_split(Node& upper, Node& lower) {
     for (int64_t k : regs->keys()) {  // a snapshot: re-registration appends to this bucket
         Entry& e = entries_.at(k);
         Memo& m = e.memo;
-        if (m.node.get() != &lower || e.dirty_at >= 0) continue;
+        if (m.node.get() != &lower || dirty_.has(e)) continue;
         unreg(k, m);
         if (m.offset < cut) {
             m.node = upper.shared_from_this();
@@ -300,8 +273,8 @@ void Matcher::on_evict(Node& leaf, int64_t keep) {
 }
 
 void Matcher::on_reset() {
-    dirty_list_.reserve(dirty_list_.size() + order_.size());
-    for (const auto& item : order_.items()) put_dirty(item.first, *item.second);
+    dirty_.reserve(tracked_.size());
+    tracked_.each([this](Entry& e) { dirty_.push(e); });
     hints_.clear();
 }
 
