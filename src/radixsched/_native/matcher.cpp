@@ -59,6 +59,7 @@ std::vector<int64_t> Matcher::refresh() {
     const std::vector<Entry*> dirty = dirty_.take();
     std::unordered_map<int64_t, Hint> hints;
     std::swap(hints, hints_);
+    if (dirty.empty()) return {};
     // Every walk first (re-matching changes nothing in the tree), then the memos in dirty order.
     std::vector<Walk> walks;
     walks.reserve(dirty.size());

@@ -153,6 +153,10 @@ void walk_one(const Tree& tree, Walk& w) {
 
 void walk_all(const Tree& tree, std::vector<Walk>& walks) {
     constexpr size_t kAhead = 8;  // lookups in flight
+    if (walks.size() <= 2) {  // too few to share lookups: not worth a cache
+        for (Walk& w : walks) walk_one(tree, w);
+        return;
+    }
     ChildCache cache;
     std::vector<Walk*> waiting;
     for (Walk& w : walks) {
