@@ -24,7 +24,10 @@ one numpy pass comparing the tokens such a match must read (each request's match
 against the cache's copy, two 20 MB arrays), with no per-request work at all.
 
 SGLang 0.5.23 with its 128-request cap lifted took 70 ms per lpm round at 2,048 waiting
-requests on this machine kind (issue "One readable scheduling core").
+requests on this machine kind (issue "One readable scheduling core"). The cold lpm round at
+2,048 waiting (``--queues 2048 --policies lpm``) read 2.55-2.73 ms shared (26-27x SGLang) and
+2.06-2.54 ms without ``--shared`` (28-34x) at load 3-4 on 2026-12-06, 4.35-4.53 and 3.89-4.10 ms
+before the matcher's batched walks in the same minutes (docs/benchmarks).
 
 Run: ``.venv/bin/python bench/policy_bench.py [--shared] [--queues 512 2048] [--policies ...]
 [--json PATH]``.

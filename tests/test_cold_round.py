@@ -117,3 +117,40 @@ def test_a_cold_rematch_registers_as_a_retrack_does(
             m.refresh()
         orders.append(got)
     assert orders[0] == orders[1]
+
+
+@native
+@pytest.mark.parametrize("page", [1, 2])
+def test_a_cold_refresh_of_many_requests_ends_where_a_fresh_match_does(page: int) -> None:
+    """After a memo drop, the requests are re-matched together (lookups shared across them,
+    the same first page under the root kept apart by namespace): each memo ends where a
+    fresh match of its fill ends, and none moved over an unchanged tree."""
+    cache = NativeRadixCache(None, page_size=page)
+    head = [1, 2, 3, 4, 5, 6]
+    for ns in (None, ("x", None)):
+        for g in range(3):
+            for i in range(2):
+                seq = np.asarray(head + [20 + g] * 4 + [40 + i, 41], dtype=np.int32)
+                cache.insert(CacheKey(seq, ns), np.arange(1, len(seq) + 1))
+        cache.insert(CacheKey(np.asarray([9, 9, 9, 9], dtype=np.int32), ns), np.arange(1, 5))
+    fills = [
+        head + [20 + g] * 4 + tail
+        for g in range(4)
+        for tail in ([40, 41], [40, 42, 7], [], [41, 41, 41])
+    ]
+    fills += [[1], [1, 2], head[:3], [9, 9, 8, 8], [5, 5, 5, 5], [*head, 20, 20, 7]]
+    m = NativeMatcher(cache)
+    reqs = [
+        Req(f"r{i}-{ns}", np.asarray(f, dtype=np.int32), extra_key=ns)
+        for ns in (None, "x", "y")
+        for i, f in enumerate(fills)
+    ]
+    for r in reqs:
+        m.track(r)
+    m.on_reset()
+    assert m.refresh() == []
+    for r in reqs:
+        got = m.memo[id(r)]
+        want = cache.match_end(CacheKey(r.fill_ids(), r.namespace))
+        assert (got.n, got.node.id) == (want.length, want.node.id), r.rid
+        assert (len(got.node) if got.full else got.offset) == want.offset, r.rid

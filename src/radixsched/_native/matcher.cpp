@@ -25,10 +25,13 @@ void Matcher::detach() {
 const Memo& Matcher::track(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns,
                            RepInputs rep) {
     untrack(k);
-    entries_.emplace(k, Entry{tokens, fill_len, ns, Memo{}});
-    order_.put(k);
+    Memo unmatched;
+    unmatched.n = -1;  // so that match() tells the dedup its first length
+    Entry& e = entries_.emplace(k, Entry{tokens, fill_len, ns, std::move(unmatched), k}).first->second;
+    tracked_.push(e);
     if (dedup_) dedup_->put(k, tokens, fill_len, ns, std::move(rep));
-    return match(k, nullptr);
+    match(k, e);
+    return e.memo;
 }
 
 void Matcher::dedup_on(int64_t check, int64_t width) {
@@ -43,34 +46,44 @@ Dedup& Matcher::dedup() {
 
 void Matcher::untrack(int64_t k) {
     auto it = entries_.find(k);
-    dirty_.erase(k);
     hints_.erase(k);
     if (dedup_) dedup_->drop(k);
     if (it == entries_.end()) return;
+    dirty_.drop(it->second);
+    tracked_.drop(it->second);
     unreg(k, it->second.memo);
     entries_.erase(it);
-    order_.erase(k);
 }
 
 std::vector<int64_t> Matcher::refresh() {
-    std::vector<int64_t> moved;
-    OrderedMap<int64_t, char> dirty;
-    std::swap(dirty, dirty_);
+    const std::vector<Entry*> dirty = dirty_.take();
     std::unordered_map<int64_t, Hint> hints;
     std::swap(hints, hints_);
-    for (const auto& item : dirty.items()) {
-        const int64_t k = item.first;
-        const Memo& was = entries_.at(k).memo;  // its fields, not its registration
-        const int64_t n = was.n, offset = was.offset;
-        const Node* node = was.node.get();  // alive: `hold` keeps it
-        const NodePtr hold = was.node;
-        const bool full = was.full;
-        auto h = hints.find(k);
-        const Memo& now = match(k, h == hints.end() ? nullptr : &h->second);
-        if (n != now.n || node != now.node.get() || offset != now.offset || full != now.full)
-            moved.push_back(k);
+    if (dirty.empty()) return {};
+    // Every walk first (re-matching changes nothing in the tree), then the memos in dirty order.
+    std::vector<Walk> walks;
+    walks.reserve(dirty.size());
+    for (Entry* e : dirty) {
+        auto h = hints.empty() ? hints.end() : hints.find(e->k);
+        walks.push_back(walk_of(*e, h == hints.end() ? nullptr : &h->second));
     }
+    walk_all(*tree_, walks);
+    std::vector<int64_t> moved;
+    for (size_t i = 0; i < dirty.size(); ++i)
+        if (settle(dirty[i]->k, *dirty[i], walks[i].end)) moved.push_back(dirty[i]->k);
     return moved;
+}
+
+bool Matcher::is_dirty(int64_t k) const {
+    auto it = entries_.find(k);
+    return it != entries_.end() && dirty_.has(it->second);
+}
+
+std::vector<int64_t> Matcher::dirty_keys() const {
+    std::vector<int64_t> out;
+    out.reserve(dirty_.size());
+    dirty_.each([&out](const Entry& e) { out.push_back(e.k); });
+    return out;
 }
 
 const Memo* Matcher::memo(int64_t k) const {
@@ -83,37 +96,65 @@ int64_t Matcher::prefill_match(int64_t k) const {
     return std::min(e.memo.n, e.fill_len - 1);
 }
 
-const Memo& Matcher::match(int64_t k, const Hint* hint) {
-    Entry& e = entries_.at(k);
-    Node* start = nullptr;
-    int64_t depth = 0;
+Walk Matcher::walk_of(const Entry& e, const Hint* hint) const {
+    Walk w;
+    w.tokens = e.tokens;
+    w.n = e.fill_len;
+    w.ns = e.ns;
     if (hint != nullptr) {
         Node* node = hint->node.get();
         if (node == tree_->root().get() || (node->parent != nullptr && node->size() == hint->klen)) {
-            start = node;
-            depth = hint->depth;
+            w.start = node;
+            w.depth = hint->depth;
         }
     }
-    MatchEndResult end = tree_->match_end(e.tokens, e.fill_len, e.ns, start, depth);
-    Memo m;
-    m.n = end.length;
-    m.full = end.offset >= end.node->size();
-    m.node = std::move(end.node);
-    m.offset = end.offset;
-    set_edge(e, m);
-    if (e.memo.edge_node && e.memo.edge_node == m.edge_node && e.memo.edge_key == m.edge_key) {
-        m.edge_keys = e.memo.edge_keys;  // the same edge (a cold round over an unchanged tree)
-        m.key_at = e.memo.key_at;
-        m.reg_at = e.memo.reg_at;
-        e.memo = std::move(m);
-        refile(e.memo);
-    } else {
-        unreg(k, e.memo);
-        e.memo = std::move(m);
-        file(k, e.memo);
+    return w;
+}
+
+void Matcher::match(int64_t k, Entry& e) {
+    Walk w = walk_of(e, nullptr);
+    walk_one(*tree_, w);
+    settle(k, e, w.end);
+}
+
+bool Matcher::settle(int64_t k, Entry& e, const WalkEnd& end) {
+    Memo& m = e.memo;
+    const bool full = end.offset >= end.node->size();
+    const bool same_node = end.node == m.node.get();  // m.node keeps the old node alive
+    const bool moved = end.length != m.n || !same_node || end.offset != m.offset || full != m.full;
+    const int64_t old_n = m.n;
+    // Where it registers: after the node when the match ends at its end, else at the node's
+    // place under its parent (set_edge's rule).
+    Node* edge = full ? end.node : end.node->parent;
+    bool same_edge = m.edge_node.get() == edge;
+    if (same_edge) {
+        if (!full) {
+            same_edge = m.edge_key == end.node->child_key;
+        } else if (end.length + tree_->page_size() > e.fill_len) {
+            same_edge = m.edge_key.empty();
+        } else {
+            page_key_into(*tree_, key_buf_, e.tokens + end.length, end.node, e.ns);
+            same_edge = m.edge_key == key_buf_;
+        }
     }
-    if (dedup_) dedup_->matched(k, e.memo.n);
-    return e.memo;
+    if (same_edge) {  // the same edge (a cold round over an unchanged tree): moved last
+        m.n = end.length;
+        if (!same_node) m.node = end.node->shared_from_this();
+        m.offset = end.offset;
+        m.full = full;
+        refile(m);
+    } else {
+        unreg(k, m);
+        m.n = end.length;
+        if (!same_node) m.node = end.node->shared_from_this();
+        m.offset = end.offset;
+        m.full = full;
+        set_edge(e, m);
+        file(k, m);
+    }
+    // The dedup's member holds the memo's n (track() told it the first one).
+    if (dedup_ && m.n != old_n) dedup_->matched(k, m.n);
+    return moved;
 }
 
 void Matcher::reg(int64_t k, Memo& m) {
@@ -168,8 +209,8 @@ void Matcher::unreg(int64_t k, Memo& m) {
     m.edge_keys = nullptr;
 }
 
-void Matcher::mark(int64_t k, Node& node, int64_t depth) {
-    dirty_.put(k);
+void Matcher::mark(int64_t k, Entry& e, Node& node, int64_t depth) {
+    dirty_.push(e);
     auto it = hints_.find(k);
     if (it == hints_.end()) {
         hints_.emplace(k, Hint{node.shared_from_this(), depth, node.size()});
@@ -183,8 +224,10 @@ void Matcher::on_child(Node& parent, const std::string& key) {
     if (by_node == edges_.end()) return;
     Bucket* regs = by_node->second.get(key);
     if (regs == nullptr) return;
-    for (const auto& item : regs->items())
-        mark(item.first, parent, edge_depth(entries_.at(item.first).memo));
+    for (const auto& item : regs->items()) {
+        Entry& e = entries_.at(item.first);
+        mark(item.first, e, parent, edge_depth(e.memo));
+    }
 }
 
 void Matcher::on_split(Node& upper, Node& lower) {
@@ -194,8 +237,9 @@ void Matcher::on_split(Node& upper, Node& lower) {
     if (regs == nullptr || regs->empty()) return;
     const int64_t cut = upper.size();
     for (int64_t k : regs->keys()) {  // a snapshot: re-registration appends to this bucket
-        Memo& m = entries_.at(k).memo;
-        if (m.node.get() != &lower || dirty_.contains(k)) continue;
+        Entry& e = entries_.at(k);
+        Memo& m = e.memo;
+        if (m.node.get() != &lower || dirty_.has(e)) continue;
         unreg(k, m);
         if (m.offset < cut) {
             m.node = upper.shared_from_this();
@@ -214,22 +258,24 @@ void Matcher::on_evict(Node& leaf, int64_t keep) {
     const int64_t size = leaf.size();
     if (auto at = edges_.find(&leaf); at != edges_.end()) {  // matches through the whole leaf
         for (const auto& by_key : at->second.items())
-            for (const auto& item : by_key.second.items())
-                mark(item.first, *parent, edge_depth(entries_.at(item.first).memo) - size);
+            for (const auto& item : by_key.second.items()) {
+                Entry& e = entries_.at(item.first);
+                mark(item.first, e, *parent, edge_depth(e.memo) - size);
+            }
     }
     auto by_node = edges_.find(parent);
     if (by_node == edges_.end()) return;
     Bucket* inside = by_node->second.get(leaf.child_key);
     if (inside == nullptr) return;
     for (const auto& item : inside->items()) {  // matches inside the leaf, past what it keeps
-        const Memo& m = entries_.at(item.first).memo;
-        if (m.full || m.offset >= keep) mark(item.first, *parent, edge_depth(m));
+        Entry& e = entries_.at(item.first);
+        if (e.memo.full || e.memo.offset >= keep) mark(item.first, e, *parent, edge_depth(e.memo));
     }
 }
 
 void Matcher::on_reset() {
-    dirty_.reserve(order_.size());
-    for (const auto& item : order_.items()) dirty_.put(item.first);
+    dirty_.reserve(tracked_.size());
+    tracked_.each([this](Entry& e) { dirty_.push(e); });
     hints_.clear();
 }
 

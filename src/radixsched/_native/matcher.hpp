@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dedup.hpp"
+#include "matcher_walk.hpp"
 #include "radix.hpp"
 
 namespace radixsched {
@@ -70,6 +71,54 @@ private:
     std::unordered_map<K, typename std::list<Item>::iterator> index_;
 };
 
+// Entries in the order they joined, each holding its slot's index in its field `At` (-1: not
+// listed); a left entry's slot is null until the next compaction. No allocation per entry.
+template <class E, int64_t E::*At>
+class SlotList {
+public:
+    bool has(const E& e) const { return e.*At >= 0; }
+    size_t size() const { return live_; }
+    void push(E& e) {  // last, unless listed (it keeps its place)
+        if (has(e)) return;
+        if (items_.size() > 2 * live_ + 64) compact();
+        e.*At = static_cast<int64_t>(items_.size());
+        items_.push_back(&e);
+        ++live_;
+    }
+    void drop(E& e) {
+        if (!has(e)) return;
+        items_.at(static_cast<size_t>(e.*At)) = nullptr;
+        e.*At = -1;
+        --live_;
+    }
+    template <class F>
+    void each(F&& f) const {
+        for (E* e : items_)
+            if (e != nullptr) f(*e);
+    }
+    std::vector<E*> take() {  // every listed entry, in order; the list is then empty
+        std::vector<E*> out;
+        out.reserve(live_);
+        for (E* e : items_) {
+            if (e == nullptr) continue;
+            e->*At = -1;
+            out.push_back(e);
+        }
+        items_.clear();
+        live_ = 0;
+        return out;
+    }
+    void reserve(size_t more) { items_.reserve(items_.size() + more); }
+
+private:
+    void compact() {
+        std::vector<E*> kept = take();
+        for (E* e : kept) push(*e);
+    }
+    std::vector<E*> items_;
+    size_t live_ = 0;
+};
+
 using Bucket = OrderedMap<int64_t, char>;  // an edge's registrants, in registration order
 using EdgeKeys = OrderedMap<std::string, Bucket>;  // a node's edges, by the next page's key
 
@@ -102,9 +151,9 @@ public:
     const Memo* memo(int64_t k) const;
     // min(memo n, fill_len - 1): the matched length a prefill reads (k must be tracked).
     int64_t prefill_match(int64_t k) const;
-    bool is_dirty(int64_t k) const { return dirty_.contains(k); }
-    bool any_dirty() const { return !dirty_.empty(); }
-    std::vector<int64_t> dirty_keys() const { return dirty_.keys(); }
+    bool is_dirty(int64_t k) const;
+    bool any_dirty() const { return dirty_.size() != 0; }
+    std::vector<int64_t> dirty_keys() const;  // in the order they became dirty
     void on_reset();
     void detach();  // the tree goes away: stop listening
     // The in-batch dedup over the tracked requests (dedup.hpp), kept from now on: turned on
@@ -119,6 +168,9 @@ private:
         int64_t fill_len;
         int32_t ns;
         Memo memo;
+        int64_t k = 0;  // its key
+        int64_t dirty_at = -1;  // its slot in dirty_
+        int64_t tracked_at = -1;  // its slot in tracked_
     };
     struct Hint {
         NodePtr node;
@@ -126,23 +178,28 @@ private:
         int64_t klen;
     };
 
-    const Memo& match(int64_t k, const Hint* hint);
+    Walk walk_of(const Entry& e, const Hint* hint) const;  // e's walk (from the hint's node)
+    void match(int64_t k, Entry& e);  // matches e (k's entry) afresh
+    // Sets e's memo to the match ending at `end` (re-registered where it continues); true
+    // when the match (length or end) moved.
+    bool settle(int64_t k, Entry& e, const WalkEnd& end);
     void reg(int64_t k, Memo& m);
     void set_edge(const Entry& e, Memo& m) const;  // where `m` registers (m.edge_node, edge_key)
     void file(int64_t k, Memo& m);  // registers k at m's edge
     static void refile(const Memo& m);  // k stays at m's edge: moved last, as unreg + reg do
     void unreg(int64_t k, Memo& m);
-    void mark(int64_t k, Node& node, int64_t depth);
+    void mark(int64_t k, Entry& e, Node& node, int64_t depth);
     static int64_t edge_depth(const Memo& m) { return m.full ? m.n : m.n - m.offset; }
     void on_child(Node& parent, const std::string& key);
     void on_split(Node& upper, Node& lower);
     void on_evict(Node& leaf, int64_t keep);
 
     Tree* tree_;
-    std::unordered_map<int64_t, Entry> entries_;
-    OrderedMap<int64_t, char> order_;  // tracked requests, in tracking order
+    std::unordered_map<int64_t, Entry> entries_;  // node-based: entries keep their addresses
+    SlotList<Entry, &Entry::tracked_at> tracked_;  // in tracking order
     std::unordered_map<Node*, EdgeKeys> edges_;  // node-based: items keep their addresses
-    OrderedMap<int64_t, char> dirty_;
+    SlotList<Entry, &Entry::dirty_at> dirty_;  // in the order they became dirty
+    std::string key_buf_;  // a page key being compared
     std::unordered_map<int64_t, Hint> hints_;
     std::unique_ptr<Dedup> dedup_;  // null: off
 };

@@ -243,33 +243,61 @@ void StableOrder::reset(nb::handle pre, nb::handle keys) {
     Items members(pre), key_items(keys);
     const size_t n = members.size();
     if (key_items.size() != n) throw nb::value_error("StableOrder.reset: one key per request");
-    std::vector<Atoms> atoms;
-    atoms.reserve(n);
-    for (size_t i = 0; i < n; ++i) atoms.push_back(atoms_of(key_items[i]));
+    try {
+        rebuild(pre, keys);
+    } catch (...) {  // the old members' stored keys may be gone: an empty order, consistent
+        keys_.clear();
+        key_of_.clear();
+        reqs = nb::list();
+        lo_ = -1;
+        hi_ = 0;
+        throw;
+    }
+}
+
+void StableOrder::rebuild(nb::handle pre, nb::handle keys) {
+    Items members(pre), key_items(keys);
+    const size_t n = members.size();
+    // Each member's stored key, in its old node where it was a member (no allocation: the
+    // node and its atoms' buffer are reused), else in a new one.
+    std::vector<KeyOf::node_type> nodes;
+    nodes.reserve(n);
+    KeyOf fresh;
+    for (size_t i = 0; i < n; ++i) {
+        KeyOf::node_type nh = key_of_.extract(members[i].ptr());
+        if (nh.empty()) {
+            auto made = fresh.try_emplace(members[i].ptr()).first;
+            nh = fresh.extract(made);
+            nh.mapped().req = nb::borrow(members[i]);
+        }
+        Items items(key_items[i]);
+        Atoms& atoms = nh.mapped().atoms;
+        atoms.clear();
+        atoms.reserve(items.size() + 1);
+        for (size_t k = 0; k < items.size(); ++k) atoms.push_back(Atom::of(items[k]));
+        nodes.push_back(std::move(nh));
+    }
     std::vector<size_t> perm(n);
     std::iota(perm.begin(), perm.end(), size_t{0});
-    const auto less = [&atoms](size_t a, size_t b) {
-        return compare_stored(atoms[a], atoms[b]) < 0;
+    const auto less = [&nodes](size_t a, size_t b) {
+        return compare_stored(nodes[a].mapped().atoms, nodes[b].mapped().atoms) < 0;
     };
     // Already in order (a rebuild over an unchanged list): a stable sort leaves it as it is.
     if (!std::is_sorted(perm.begin(), perm.end(), less))
         std::stable_sort(perm.begin(), perm.end(), less);
     nb::list sorted;
-    std::unordered_map<PyObject*, Stored> key_of;
+    KeyOf key_of;
     key_of.reserve(n);
     std::vector<const Stored*> ptrs;
     ptrs.reserve(n);
     for (size_t t = 0; t < n; ++t) {
-        const size_t i = perm[t];
-        sorted.append(members[i]);
-        Stored s;
-        s.req = nb::borrow(members[i]);
-        s.atoms = std::move(atoms[i]);
-        s.atoms.push_back(Atom::tie(static_cast<double>(t)));
-        Stored& at = key_of.insert_or_assign(members[i].ptr(), std::move(s)).first->second;
-        ptrs.push_back(&at);
+        KeyOf::node_type& nh = nodes[perm[t]];
+        sorted.append(nh.mapped().req);
+        nh.mapped().atoms.push_back(Atom::tie(static_cast<double>(t)));
+        auto placed = key_of.insert(std::move(nh));
+        if (!placed.inserted) throw nb::value_error("StableOrder.reset: a request listed twice");
+        ptrs.push_back(&placed.position->second);
     }
-    if (key_of.size() != n) throw nb::value_error("StableOrder.reset: a request listed twice");
     reqs = std::move(sorted);
     key_of_ = std::move(key_of);  // nodes move with the table: the pointers stay valid
     keys_ = std::move(ptrs);

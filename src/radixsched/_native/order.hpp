@@ -68,6 +68,9 @@ private:
         Atoms key;
     };
 
+    using KeyOf = std::unordered_map<PyObject*, Stored>;
+    // reset()'s work (on an exception the order is left empty).
+    void rebuild(nanobind::handle pre, nanobind::handle keys);
     size_t find(const Stored& s) const;  // where `s` (a member's stored key) stands
     size_t bisect_right(const Stored& s) const;
     void insert(nanobind::handle r, Atoms key, double t, nanobind::handle mirror);
