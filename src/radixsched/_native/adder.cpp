@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kv.hpp"
 #include "matcher.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
@@ -121,6 +122,7 @@ struct Seen {
     nb::object tokens;  // fill_ids(), kept alive while read
     int32_t ns = -1;
     int64_t prefix_len = 0, extend_len = 0;
+    bool chunked = false;  // admitted as this round's new chunked request
 
     const Tokens& fill(Tokens& out) {
         if (!tokens.is_valid()) tokens = req.attr(nb::handle(g_names->fill_ids))();
@@ -141,6 +143,7 @@ public:
     bool batch_is_full = false;
     nb::object empty_slots;  // request.EMPTY_SLOTS
     nb::object ns_of;        // namespace id of a request (radixsched.native.namespace_id)
+    nb::object admission;    // adder.Admission: an admitted request's record
     std::vector<Seen> members;  // can_run_list, for the guard
 
     // A round's start: the Python adder's budgets, and the scheduler's state.
@@ -178,7 +181,7 @@ public:
     }
 
     nb::tuple admit(nb::handle tree_h, Pool& pool, nb::handle order, nb::list waiting,
-                    nb::handle deferred);
+                    nb::handle deferred, nb::list can_run);
 
 private:
     int32_t ns(Seen& s);
@@ -310,15 +313,19 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
 
 // Scheduler._admit: the round's order read as the reference reads it (`order.position(i)` only
 // once the loop's checks pass: an order may draw random numbers and permute the list lazily).
-// Returns (admitted [(position, request, prefix_len, extend_len, chunked)], the request tried
-// and not admitted or None).
+// The admitted requests then take their prefixes (KVManager.take_prefix: once the round's
+// admissions are done, a later admission's touch may split the node a prefix ends at, its path
+// keeping its slots) and join `can_run` (the Python adder's can_run_list) as Admission records,
+// in admission order. Returns (the admitted positions, the new chunked request or None, the
+// request tried and not admitted or None).
 nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb::list waiting,
-                             nb::handle deferred) {
+                             nb::handle deferred, nb::list can_run) {
     auto [tree, matcher] = g_tree_of(tree_h);
     const bool any_deferred = len_of(deferred) > 0;
     nb::object position = order.attr("position");
-    nb::list admitted;
+    nb::list positions;
     nb::object failed = nb::none();
+    const size_t first_new = members.size();  // members before it: the continued chunk
     for (int64_t i = 0;; ++i) {
         if (budget_state(b, pool.available_size() + tree->evictable_size()) == Verdict::Other ||
             batch_is_full)
@@ -341,8 +348,8 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
         Verdict verdict = Verdict::Continue;
         const bool chunked_before = b.has_new_chunked;
         if (try_admit(*tree, matcher, pool, s, verdict)) {
-            const bool chunked = b.has_new_chunked && !chunked_before;
-            admitted.append(nb::make_tuple(pos, s.req, s.prefix_len, s.extend_len, chunked));
+            s.chunked = b.has_new_chunked && !chunked_before;
+            positions.append(pos);
             members.push_back(std::move(s));
         } else {
             failed = s.req;
@@ -352,8 +359,15 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
             break;
         }
     }
+    nb::object new_chunked = nb::none();
+    for (size_t j = first_new; j < members.size(); ++j) {
+        const Seen& s = members[j];
+        take_prefix(*tree, s.req);
+        can_run.append(admission(s.req, s.prefix_len, s.extend_len, s.chunked));
+        if (s.chunked) new_chunked = s.req;
+    }
     members.clear();  // no request outlives its round here
-    return nb::make_tuple(admitted, failed);
+    return nb::make_tuple(positions, new_chunked, failed);
 }
 
 // The config and the budgets as properties (the tests set them and compare with PrefillAdder).
@@ -410,6 +424,7 @@ void bind_budget(nb::class_<NativeAdder>& c) {
 void bind_adder(nb::module_& m, TreeOf tree_of) {
     g_tree_of = tree_of;
     init_names();
+    bind_kv(m, tree_of);  // the KV moves of an admission's requests (kv.cpp), same resolver
     nb::class_<NativeAdder> c(m, "Adder");
     bind_budget(c);
     c.def(nb::init<>())
@@ -421,6 +436,7 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
         .def_rw("batch_is_full", &NativeAdder::batch_is_full)
         .def_rw("empty_slots", &NativeAdder::empty_slots)
         .def_rw("ns_of", &NativeAdder::ns_of)
+        .def_rw("admission", &NativeAdder::admission)
         .def("begin", &NativeAdder::begin, "new_token_ratio"_a, "total_offset"_a,
              "current_offset"_a, "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(),
              "n_admitted"_a, "has_new_chunked"_a, "exclusive_chunking"_a, "slots"_a,
@@ -446,7 +462,7 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
                  charge(a.b, a.cfg.page, prefix_len, extend_len, resv);
              })
         .def("admit", &NativeAdder::admit, "tree"_a, "pool"_a, "order"_a, "waiting"_a,
-             "deferred"_a);
+             "deferred"_a, "can_run"_a);
     m.def("common_prefix", [](Tokens a, Tokens b) {
         return common_prefix(a.data(), a.shape(0), b.data(), b.shape(0));
     });

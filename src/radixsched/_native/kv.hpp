@@ -36,3 +36,21 @@ struct Checkpoint {
 NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c);
 
 }  // namespace radixsched
+
+// ---- the binding (kv.cpp) ------------------------------------------------------------------
+// radixsched._core.KV: FastKVManager's per-request moves on a request object, one native call
+// each (checkpoint, grow, extend_entry, take_prefix, alloc), reading and writing the request's
+// fields as radixsched/kv.py's KVManager does, the row written in place into its buffer.
+#include <nanobind/nanobind.h>
+
+#include "adder.hpp"
+
+namespace radixsched {
+
+// KVManager.take_prefix: `req`'s row starts with its cached prefix (prefix_len slots from its
+// last_node), in a fresh buffer sized for every position it can reach.
+void take_prefix(Tree& tree, nanobind::handle req);
+
+void bind_kv(nanobind::module_& m, TreeOf tree_of);
+
+}  // namespace radixsched
