@@ -131,6 +131,40 @@ struct Seen {
     }
 };
 
+// RoundOrder.position(i) (radixsched/queue.py): read in place when the order is exactly a
+// RoundOrder (its positions produced so far, `_seen`, then the rest drawn from its iterator,
+// `_positions`, one at a time as position() draws them); any other order's own method.
+class Positions {
+public:
+    Positions(nb::handle order, nb::handle round_order) {
+        if (round_order.is_valid() && order.type().is(round_order)) {
+            seen_ = order.attr("_seen");
+            it_ = order.attr("_positions");
+            if (!PyList_CheckExact(seen_.ptr())) throw std::invalid_argument("RoundOrder._seen");
+        } else {
+            method_ = order.attr("position");
+        }
+    }
+
+    nb::object at(int64_t i) {
+        if (method_.is_valid()) return method_(i);
+        while (PyList_GET_SIZE(seen_.ptr()) <= i) {
+            PyObject* nxt = PyIter_Next(it_.ptr());  // next(positions, None)
+            if (nxt == nullptr) {
+                if (PyErr_Occurred() != nullptr) throw nb::python_error();
+                return nb::none();
+            }
+            nb::object got = nb::steal(nxt);
+            if (got.is_none()) return got;
+            if (PyList_Append(seen_.ptr(), got.ptr()) != 0) throw nb::python_error();
+        }
+        return nb::borrow(PyList_GET_ITEM(seen_.ptr(), i));
+    }
+
+private:
+    nb::object seen_, it_, method_;
+};
+
 class NativeAdder {
 public:
     AdderConfig cfg;
@@ -144,7 +178,18 @@ public:
     nb::object empty_slots;  // request.EMPTY_SLOTS
     nb::object ns_of;        // namespace id of a request (radixsched.native.namespace_id)
     nb::object admission;    // adder.Admission: an admitted request's record
+    nb::object round_order;  // queue.RoundOrder: an order read in place (Positions)
+
+    const Record& admission_record() {  // adder.Admission(req, prefix_len, extend_len, chunked)
+        if (!admission_rec.valid() || !admission_cls.is(admission)) {
+            admission_rec = Record(admission, {"req", "prefix_len", "extend_len", "chunked"});
+            admission_cls = admission;
+        }
+        return admission_rec;
+    }
     std::vector<Seen> members;  // can_run_list, for the guard
+    Record admission_rec;       // of admission_cls, the admission when it was built
+    nb::object admission_cls;
 
     // A round's start: the Python adder's budgets, and the scheduler's state.
     void begin(double ratio, double total_offset, double current_offset, int64_t rem_input,
@@ -322,7 +367,7 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
                              nb::handle deferred, nb::list can_run) {
     auto [tree, matcher] = g_tree_of(tree_h);
     const bool any_deferred = len_of(deferred) > 0;
-    nb::object position = order.attr("position");
+    Positions position(order, round_order);
     nb::list positions;
     nb::object failed = nb::none();
     const size_t first_new = members.size();  // members before it: the continued chunk
@@ -330,7 +375,7 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
         if (budget_state(b, pool.available_size() + tree->evictable_size()) == Verdict::Other ||
             batch_is_full)
             break;
-        nb::object pos = position(i);
+        nb::object pos = position.at(i);
         if (pos.is_none()) break;
         nb::object req = nb::steal(PyObject_GetItem(waiting.ptr(), pos.ptr()));
         if (!req.is_valid()) throw nb::python_error();
@@ -363,7 +408,9 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
     for (size_t j = first_new; j < members.size(); ++j) {
         const Seen& s = members[j];
         take_prefix(*tree, s.req);
-        can_run.append(admission(s.req, s.prefix_len, s.extend_len, s.chunked));
+        nb::object prefix = nb::int_(s.prefix_len), extend = nb::int_(s.extend_len);
+        can_run.append(admission_record().make(
+            {s.req, prefix, extend, s.chunked ? Py_True : Py_False}));
         if (s.chunked) new_chunked = s.req;
     }
     members.clear();  // no request outlives its round here
@@ -437,6 +484,7 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
         .def_rw("empty_slots", &NativeAdder::empty_slots)
         .def_rw("ns_of", &NativeAdder::ns_of)
         .def_rw("admission", &NativeAdder::admission)
+        .def_rw("round_order", &NativeAdder::round_order)
         .def("begin", &NativeAdder::begin, "new_token_ratio"_a, "total_offset"_a,
              "current_offset"_a, "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(),
              "n_admitted"_a, "has_new_chunked"_a, "exclusive_chunking"_a, "slots"_a,

@@ -153,6 +153,9 @@ int64_t row_capacity(nb::handle req) {
 
 TreeOf g_tree_of = nullptr;
 
+const char* const kExtendFields[] = {"req",       "prefix_len",     "new_token_ids", "prefix_slots",
+                                     "new_slots", "produces_token", "host_load_len"};
+
 // FastKVManager's native half: the tree and pool it moves slots between, and its config.
 class NativeKV {
 public:
@@ -225,13 +228,11 @@ public:
                    fresh = slice(row, prefix_len, end), start = nb::int_(prefix_len),
                    load = nb::int_(host_load);
         nb::handle produces = (end == len_of(prompt) + outputs) ? Py_True : Py_False;
-        PyObject* args[] = {req.ptr(),   start.ptr(),    ids.ptr(), prefix.ptr(),
-                            fresh.ptr(), produces.ptr(), load.ptr()};
-        PyObject* e = PyObject_Vectorcall(imported(g_extend_entry, "radixsched.runner",
-                                                   "ExtendEntry"),
-                                          args, 7, nullptr);
-        if (e == nullptr) throw nb::python_error();
-        return nb::steal(e);
+        if (!entry_.valid())
+            entry_ = Record(imported(g_extend_entry, "radixsched.runner", "ExtendEntry"),
+                            std::vector<const char*>(std::begin(kExtendFields),
+                                                     std::end(kExtendFields)));
+        return entry_.make({req, start, ids, prefix, fresh, produces, load});
     }
 
     // FastKVManager.checkpoint (KVManager.checkpoint): insert the request's computed KV
@@ -356,9 +357,33 @@ private:
     bool negate_;  // a priority inserts negated (not compat, priority_sign >= 0)
     nb::object ns_of_;
     nb::object empty_;  // request.EMPTY_SLOTS: a released request's row
+    Record entry_;      // runner.ExtendEntry
 };
 
 }  // namespace
+
+Record::Record(nb::handle cls, std::vector<const char*> fields)
+    : cls_(nb::borrow(cls)), call_(nb::hasattr(cls, "__post_init__")) {
+    for (const char* f : fields) fields_.push_back(nb::steal(intern(f)));
+}
+
+nb::object Record::make(std::initializer_list<nb::handle> values) const {
+    if (values.size() != fields_.size()) throw std::invalid_argument("Record: field count");
+    if (call_) {
+        std::vector<PyObject*> args;
+        for (nb::handle v : values) args.push_back(v.ptr());
+        PyObject* o = PyObject_Vectorcall(cls_.ptr(), args.data(), args.size(), nullptr);
+        if (o == nullptr) throw nb::python_error();
+        return nb::steal(o);
+    }
+    auto* type = reinterpret_cast<PyTypeObject*>(cls_.ptr());
+    nb::object none_args = nb::steal(PyTuple_New(0));
+    nb::object o = nb::steal(type->tp_new(type, none_args.ptr(), nullptr));
+    if (!o.is_valid()) throw nb::python_error();
+    size_t i = 0;
+    for (nb::handle v : values) set(o, fields_[i++].ptr(), v);
+    return o;
+}
 
 void take_prefix(Tree& tree, nb::handle req) {
     const ReqNames& n = names();

@@ -76,6 +76,7 @@ def native_adder(s: Admitting) -> Any:
     a.empty_slots = EMPTY_SLOTS
     a.ns_of = _namespace_of
     a.admission = Admission
+    a.round_order = RoundOrder
     return a
 
 
