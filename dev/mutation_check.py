@@ -251,14 +251,14 @@ MUTANTS = (
     ),
     Mutant(
         "checkpoint-inserted-length-stale",
-        "fast/kv.py",
-        "        req.cache_protected_len = req.cache_inserted_len = aligned",
-        "        req.cache_protected_len = aligned",
+        "_native/kv.cpp",
+        "            set(req, n.cache_inserted_len, a);\n",
+        "\n",
     ),
     Mutant(
         "grown-row-not-copied",
-        "fast/kv.py",
-        "            buf[:have] = r.kv_row\n",
+        "_native/kv.cpp",
+        "            std::copy(old.data(), old.data() + have, to.data());\n",
         "\n",
     ),
     Mutant(

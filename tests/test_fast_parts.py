@@ -789,3 +789,99 @@ def test_fast_checkpoint_of_what_another_request_cached_frees_the_copies(page: i
         )
     assert out[0] == out[1]
     assert len(out[0][1]) > 256 - 2 * 36  # b's duplicate slots came back
+
+
+def _entry_fields(e: Any) -> tuple[Any, ...]:
+    return (
+        e.req.rid,
+        e.prefix_len,
+        e.new_token_ids.tolist(),
+        e.prefix_slots.tolist(),
+        e.new_slots.tolist(),
+        e.produces_token,
+        e.host_load_len,
+    )
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_fast_extend_entries_equal_the_reference(page: int) -> None:
+    """A prefill in chunks (checkpointed between them), a second request sharing its head, and
+    a retracted request prefilled again over its output: the native extend entries, rows,
+    stats sums and free lists are the reference's, and so is what a release leaves."""
+    out = []
+    for kv in _kv_twins(page, 256):
+        shared = np.arange(1, 41, dtype=np.int32)
+        a = Req("a", shared.copy(), SamplingParams(max_new_tokens=4))
+        b = Req("b", np.concatenate([shared[:24], [9] * 9]).astype(np.int32))
+        got = []
+        for r in (a, b):
+            assert _admit_prefix(kv, r)
+        got.append(_entry_fields(kv.extend_entry(a, a.prefix_len, 16)))
+        kv.checkpoint(a, 16)
+        got.append(_entry_fields(kv.extend_entry(a, a.prefix_len, a.fill_len)))
+        kv.checkpoint(a, a.fill_len)
+        got.append(_entry_fields(kv.extend_entry(b, b.prefix_len, b.fill_len)))
+        b.output_ids.extend([5, 6, 7])  # retracted after three tokens: prefilled again
+        kv.release(b, cache_kv=True)
+        assert _admit_prefix(kv, b)
+        got.append(_entry_fields(kv.extend_entry(b, b.prefix_len, b.fill_len)))
+        kv.release(a, cache_kv=True)
+        got.append((b.kv_row.tolist(), b.kv_len, a.kv_row.tolist(), a.lock_node, a.prefix_len))
+        got.append(kv.allocator.free_slots().tolist())
+        kv.allocator.check_integrity(
+            cache_slots=kv.cache.all_values(), request_slots=KVManager.owned_slots([b])
+        )
+        out.append(got)
+    assert out[0] == out[1]
+
+
+def _admit_prefix(kv: KVManager, r: Req) -> bool:
+    """Admission's match, lock and prefix (no allocation: the extend entries allocate)."""
+    kv.match_for_admission(r)
+    r.lock_node = r.last_node
+    kv.cache.inc_lock_ref(r.lock_node)
+    kv.take_prefix(r)
+    return True
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_fast_extend_batch_equals_the_reference_extends(page: int) -> None:
+    """``KV.extend_batch`` over admissions (one with nothing to extend, one scheduled before)
+    gives the reference ``_extend``'s entries, first-schedule stamps and stats sums."""
+    from radixsched.adder import Admission
+
+    results = []
+    for kv in _kv_twins(page, 256):
+        reqs = [Req(f"e{i}", np.arange(i, i + 20, dtype=np.int32)) for i in range(3)]
+        for r in reqs:
+            _admit_prefix(kv, r)
+            r.extend_end = r.fill_len
+        reqs[1].times.first_scheduled = 0.5
+        adm = [Admission(r, r.prefix_len, r.extend_end - r.prefix_len, False) for r in reqs]
+        adm.insert(1, Admission(reqs[0], 0, 0, False))
+        clock = iter([1.0, 2.0, 3.0])
+        if isinstance(kv, FastKVManager):
+            entries, *sums = kv.native.extend_batch(adm, clock.__next__)
+        else:
+            sums, entries = [0, 0, 0], []
+            for a in adm:
+                if not a.extend_len:
+                    continue
+                r = a.req
+                if r.times.first_scheduled is None:
+                    r.times.first_scheduled = next(clock)
+                    r.cached_tokens = r.prefix_len + r.host_hit_len
+                    r.host_cached_tokens = r.host_hit_len
+                    sums[0] += min(r.cached_tokens, r.prompt_len)
+                    sums[1] += min(r.host_hit_len, r.prompt_len)
+                    sums[2] += r.prompt_len
+                entries.append(kv.extend_entry(r, a.prefix_len, r.extend_end))
+        results.append(
+            (
+                [_entry_fields(e) for e in entries],
+                list(sums),
+                [(r.times.first_scheduled, r.cached_tokens, r.kv_len) for r in reqs],
+                kv.allocator.free_slots().tolist(),
+            )
+        )
+    assert results[0] == results[1]

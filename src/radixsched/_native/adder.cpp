@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kv.hpp"
 #include "matcher.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
@@ -121,12 +122,47 @@ struct Seen {
     nb::object tokens;  // fill_ids(), kept alive while read
     int32_t ns = -1;
     int64_t prefix_len = 0, extend_len = 0;
+    bool chunked = false;  // admitted as this round's new chunked request
 
     const Tokens& fill(Tokens& out) {
         if (!tokens.is_valid()) tokens = req.attr(nb::handle(g_names->fill_ids))();
         out = nb::cast<Tokens>(tokens);
         return out;
     }
+};
+
+// RoundOrder.position(i) (radixsched/queue.py): read in place when the order is exactly a
+// RoundOrder (its positions produced so far, `_seen`, then the rest drawn from its iterator,
+// `_positions`, one at a time as position() draws them); any other order's own method.
+class Positions {
+public:
+    Positions(nb::handle order, nb::handle round_order) {
+        if (round_order.is_valid() && order.type().is(round_order)) {
+            seen_ = order.attr("_seen");
+            it_ = order.attr("_positions");
+            if (!PyList_CheckExact(seen_.ptr())) throw std::invalid_argument("RoundOrder._seen");
+        } else {
+            method_ = order.attr("position");
+        }
+    }
+
+    nb::object at(int64_t i) {
+        if (method_.is_valid()) return method_(i);
+        while (PyList_GET_SIZE(seen_.ptr()) <= i) {
+            PyObject* nxt = PyIter_Next(it_.ptr());  // next(positions, None)
+            if (nxt == nullptr) {
+                if (PyErr_Occurred() != nullptr) throw nb::python_error();
+                return nb::none();
+            }
+            nb::object got = nb::steal(nxt);
+            if (got.is_none()) return got;
+            if (PyList_Append(seen_.ptr(), got.ptr()) != 0) throw nb::python_error();
+        }
+        return nb::borrow(PyList_GET_ITEM(seen_.ptr(), i));
+    }
+
+private:
+    nb::object seen_, it_, method_;
 };
 
 class NativeAdder {
@@ -141,7 +177,19 @@ public:
     bool batch_is_full = false;
     nb::object empty_slots;  // request.EMPTY_SLOTS
     nb::object ns_of;        // namespace id of a request (radixsched.native.namespace_id)
+    nb::object admission;    // adder.Admission: an admitted request's record
+    nb::object round_order;  // queue.RoundOrder: an order read in place (Positions)
+
+    const Record& admission_record() {  // adder.Admission(req, prefix_len, extend_len, chunked)
+        if (!admission_rec.valid() || !admission_cls.is(admission)) {
+            admission_rec = Record(admission, {"req", "prefix_len", "extend_len", "chunked"});
+            admission_cls = admission;
+        }
+        return admission_rec;
+    }
     std::vector<Seen> members;  // can_run_list, for the guard
+    Record admission_rec;       // of admission_cls, the admission when it was built
+    nb::object admission_cls;
 
     // A round's start: the Python adder's budgets, and the scheduler's state.
     void begin(double ratio, double total_offset, double current_offset, int64_t rem_input,
@@ -178,7 +226,7 @@ public:
     }
 
     nb::tuple admit(nb::handle tree_h, Pool& pool, nb::handle order, nb::list waiting,
-                    nb::handle deferred);
+                    nb::handle deferred, nb::list can_run);
 
 private:
     int32_t ns(Seen& s);
@@ -310,20 +358,24 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
 
 // Scheduler._admit: the round's order read as the reference reads it (`order.position(i)` only
 // once the loop's checks pass: an order may draw random numbers and permute the list lazily).
-// Returns (admitted [(position, request, prefix_len, extend_len, chunked)], the request tried
-// and not admitted or None).
+// The admitted requests then take their prefixes (KVManager.take_prefix: once the round's
+// admissions are done, a later admission's touch may split the node a prefix ends at, its path
+// keeping its slots) and join `can_run` (the Python adder's can_run_list) as Admission records,
+// in admission order. Returns (the admitted positions, the new chunked request or None, the
+// request tried and not admitted or None).
 nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb::list waiting,
-                             nb::handle deferred) {
+                             nb::handle deferred, nb::list can_run) {
     auto [tree, matcher] = g_tree_of(tree_h);
     const bool any_deferred = len_of(deferred) > 0;
-    nb::object position = order.attr("position");
-    nb::list admitted;
+    Positions position(order, round_order);
+    nb::list positions;
     nb::object failed = nb::none();
+    const size_t first_new = members.size();  // members before it: the continued chunk
     for (int64_t i = 0;; ++i) {
         if (budget_state(b, pool.available_size() + tree->evictable_size()) == Verdict::Other ||
             batch_is_full)
             break;
-        nb::object pos = position(i);
+        nb::object pos = position.at(i);
         if (pos.is_none()) break;
         nb::object req = nb::steal(PyObject_GetItem(waiting.ptr(), pos.ptr()));
         if (!req.is_valid()) throw nb::python_error();
@@ -341,8 +393,8 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
         Verdict verdict = Verdict::Continue;
         const bool chunked_before = b.has_new_chunked;
         if (try_admit(*tree, matcher, pool, s, verdict)) {
-            const bool chunked = b.has_new_chunked && !chunked_before;
-            admitted.append(nb::make_tuple(pos, s.req, s.prefix_len, s.extend_len, chunked));
+            s.chunked = b.has_new_chunked && !chunked_before;
+            positions.append(pos);
             members.push_back(std::move(s));
         } else {
             failed = s.req;
@@ -352,8 +404,17 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
             break;
         }
     }
+    nb::object new_chunked = nb::none();
+    for (size_t j = first_new; j < members.size(); ++j) {
+        const Seen& s = members[j];
+        take_prefix(*tree, s.req);
+        nb::object prefix = nb::int_(s.prefix_len), extend = nb::int_(s.extend_len);
+        can_run.append(admission_record().make(
+            {s.req, prefix, extend, s.chunked ? Py_True : Py_False}));
+        if (s.chunked) new_chunked = s.req;
+    }
     members.clear();  // no request outlives its round here
-    return nb::make_tuple(admitted, failed);
+    return nb::make_tuple(positions, new_chunked, failed);
 }
 
 // The config and the budgets as properties (the tests set them and compare with PrefillAdder).
@@ -410,6 +471,7 @@ void bind_budget(nb::class_<NativeAdder>& c) {
 void bind_adder(nb::module_& m, TreeOf tree_of) {
     g_tree_of = tree_of;
     init_names();
+    bind_kv(m, tree_of);  // the KV moves of an admission's requests (kv.cpp), same resolver
     nb::class_<NativeAdder> c(m, "Adder");
     bind_budget(c);
     c.def(nb::init<>())
@@ -421,6 +483,8 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
         .def_rw("batch_is_full", &NativeAdder::batch_is_full)
         .def_rw("empty_slots", &NativeAdder::empty_slots)
         .def_rw("ns_of", &NativeAdder::ns_of)
+        .def_rw("admission", &NativeAdder::admission)
+        .def_rw("round_order", &NativeAdder::round_order)
         .def("begin", &NativeAdder::begin, "new_token_ratio"_a, "total_offset"_a,
              "current_offset"_a, "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(),
              "n_admitted"_a, "has_new_chunked"_a, "exclusive_chunking"_a, "slots"_a,
@@ -446,7 +510,7 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
                  charge(a.b, a.cfg.page, prefix_len, extend_len, resv);
              })
         .def("admit", &NativeAdder::admit, "tree"_a, "pool"_a, "order"_a, "waiting"_a,
-             "deferred"_a);
+             "deferred"_a, "can_run"_a);
     m.def("common_prefix", [](Tokens a, Tokens b) {
         return common_prefix(a.data(), a.shape(0), b.data(), b.shape(0));
     });

@@ -54,3 +54,361 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
 }
 
 }  // namespace radixsched
+
+// ---- FastKVManager's moves on request objects (the binding) --------------------------------
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace radixsched {
+namespace {
+
+using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Row = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Slots = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Interned names of the request fields read and written here, created once and never released
+// (Python objects must not be touched after interpreter shutdown, when statics are destroyed).
+struct ReqNames {
+    PyObject *prompt_ids, *output_ids, *sampling, *max_new_tokens, *priority, *extra_key,
+        *cache_salt, *kv_len, *prefix_len, *cache_protected_len, *cache_inserted_len,
+        *lock_node, *last_node, *kv_row, *kv_buf, *host_hit_len, *fill_ids, *extend_end,
+        *times, *first_scheduled, *cached_tokens, *host_cached_tokens, *req, *extend_len;
+};
+const ReqNames* g_req = nullptr;
+PyObject* g_np_empty = nullptr;      // numpy.empty
+PyObject* g_np_int64 = nullptr;      // numpy.int64
+PyObject* g_extend_entry = nullptr;  // radixsched.runner.ExtendEntry
+
+PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
+
+const ReqNames& names() {
+    if (g_req == nullptr) {
+        static const ReqNames n{
+            intern("prompt_ids"),   intern("output_ids"),  intern("sampling"),
+            intern("max_new_tokens"), intern("priority"),  intern("extra_key"),
+            intern("cache_salt"),   intern("kv_len"),      intern("prefix_len"),
+            intern("cache_protected_len"), intern("cache_inserted_len"), intern("lock_node"),
+            intern("last_node"),    intern("kv_row"),      intern("kv_buf"),
+            intern("host_hit_len"), intern("fill_ids"), intern("extend_end"),
+            intern("times"), intern("first_scheduled"), intern("cached_tokens"),
+            intern("host_cached_tokens"), intern("req"), intern("extend_len")};
+        g_req = &n;
+    }
+    return *g_req;
+}
+
+PyObject* imported(PyObject*& slot, const char* module, const char* attr) {
+    if (slot == nullptr) slot = nb::object(nb::module_::import_(module).attr(attr)).release().ptr();
+    return slot;
+}
+
+nb::object get(nb::handle o, PyObject* name) {
+    PyObject* v = PyObject_GetAttr(o.ptr(), name);
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+int64_t get_int(nb::handle o, PyObject* name) { return nb::cast<int64_t>(get(o, name)); }
+void set(nb::handle o, PyObject* name, nb::handle v) {
+    if (PyObject_SetAttr(o.ptr(), name, v.ptr()) != 0) throw nb::python_error();
+}
+void set_int(nb::handle o, PyObject* name, int64_t v) { set(o, name, nb::int_(v)); }
+int64_t len_of(nb::handle o) {
+    const Py_ssize_t n = PyObject_Length(o.ptr());
+    if (n < 0) throw nb::python_error();
+    return n;
+}
+nb::object slice(nb::handle o, int64_t lo, int64_t hi) {  // o[lo:hi]
+    PyObject* v = PySequence_GetSlice(o.ptr(), lo, hi);
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+// numpy.empty(n, numpy.int64)
+nb::object empty_slots(int64_t n) {
+    nb::object size = nb::int_(n);
+    PyObject* args[] = {size.ptr(), imported(g_np_int64, "numpy", "int64")};
+    PyObject* v = PyObject_Vectorcall(imported(g_np_empty, "numpy", "empty"), args, 2, nullptr);
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+Row row_of(nb::handle arr) { return nb::cast<Row>(arr, false); }
+
+// kv.row_capacity: every position the request can reach, plus a page.
+int64_t row_capacity(nb::handle req) {
+    const ReqNames& n = names();
+    return len_of(get(req, n.prompt_ids)) +
+           get_int(get(req, n.sampling), n.max_new_tokens) + 64;
+}
+
+[[noreturn]] void alloc_failed(const Tree& tree, const Pool& pool, int64_t n) {
+    throw IntegrityFailure("KV allocation of " + std::to_string(n) + " slots failed: available " +
+                           std::to_string(pool.available_size()) + ", evictable " +
+                           std::to_string(tree.evictable_size()) +
+                           " (the admission budget was violated)");
+}
+
+TreeOf g_tree_of = nullptr;
+
+const char* const kExtendFields[] = {"req",       "prefix_len",     "new_token_ids", "prefix_slots",
+                                     "new_slots", "produces_token", "host_load_len"};
+
+// FastKVManager's native half: the tree and pool it moves slots between, and its config.
+class NativeKV {
+public:
+    NativeKV(nb::object tree, nb::object pool, int64_t priority_sign, bool compat,
+             nb::object ns_of, nb::object empty)
+        : tree_obj_(std::move(tree)),
+          pool_obj_(std::move(pool)),
+          tree_(g_tree_of(tree_obj_).first),
+          pool_(nb::cast<Pool*>(pool_obj_)),
+          page_(pool_->page_size()),
+          negate_(!compat && priority_sign >= 0),
+          ns_of_(std::move(ns_of)),
+          empty_(std::move(empty)) {
+        names();
+    }
+
+    // KVManager.alloc: `n` new slots, evicting cache leaves when the free list is short.
+    nb::object alloc(int64_t n) {
+        nb::object out = empty_slots(n);
+        if (!alloc_evicting(*tree_, *pool_, row_of(out).data(), n)) alloc_failed(*tree_, *pool_, n);
+        return out;
+    }
+
+    // KVManager.grow of one request: its row covers [0, end) (whole pages), grown in place
+    // in its buffer (moved to one twice the size when it outgrows it).
+    void grow(nb::handle req, int64_t end) {
+        const ReqNames& n = names();
+        nb::object row = get(req, n.kv_row);
+        const int64_t have = len_of(row);
+        const int64_t new_len = ceil_page(end, page_);
+        if (new_len <= have) return;
+        nb::object buf = get(req, n.kv_buf);
+        if (len_of(buf) < new_len) {
+            nb::object fresh = empty_slots(2 * new_len);
+            Row old = row_of(row), to = row_of(fresh);
+            std::copy(old.data(), old.data() + have, to.data());
+            set(req, n.kv_buf, fresh);
+            buf = std::move(fresh);
+        }
+        if (!alloc_evicting(*tree_, *pool_, row_of(buf).data() + have, new_len - have))
+            alloc_failed(*tree_, *pool_, new_len - have);
+        set(req, n.kv_row, slice(buf, 0, new_len));
+    }
+
+    // KVManager.extend_entry without a host tier: positions [prefix_len, end) allocated, the
+    // extend described (runner.ExtendEntry).
+    nb::object extend_entry(nb::handle req, int64_t prefix_len, int64_t end) {
+        const ReqNames& n = names();
+        if (len_of(get(req, n.kv_buf)) == 0) {
+            nb::object buf = empty_slots(row_capacity(req));
+            set(req, n.kv_buf, buf);
+            set(req, n.kv_row, slice(buf, 0, 0));
+        }
+        grow(req, end);
+        nb::object prompt = get(req, n.prompt_ids);
+        const int64_t outputs = len_of(get(req, n.output_ids));
+        nb::object fill = outputs == 0 ? prompt : nb::steal(PyObject_CallMethodNoArgs(
+                                                      req.ptr(), n.fill_ids));
+        if (!fill.is_valid()) throw nb::python_error();
+        int64_t host_load = 0;
+        const int64_t host_hit = get_int(req, n.host_hit_len);
+        if (host_hit != 0 && prefix_len == get_int(req, n.cache_protected_len) &&
+            prefix_len == get_int(req, n.prefix_len)) {
+            host_load = std::min(host_hit, end - prefix_len);
+            set_int(req, n.host_hit_len, 0);
+        }
+        set_int(req, n.kv_len, end);
+        nb::object row = get(req, n.kv_row);
+        nb::object ids = slice(fill, prefix_len, end), prefix = slice(row, 0, prefix_len),
+                   fresh = slice(row, prefix_len, end), start = nb::int_(prefix_len),
+                   load = nb::int_(host_load);
+        nb::handle produces = (end == len_of(prompt) + outputs) ? Py_True : Py_False;
+        if (!entry_.valid())
+            entry_ = Record(imported(g_extend_entry, "radixsched.runner", "ExtendEntry"),
+                            std::vector<const char*>(std::begin(kExtendFields),
+                                                     std::end(kExtendFields)));
+        return entry_.make({req, start, ids, prefix, fresh, produces, load});
+    }
+
+    // FastKVManager.checkpoint (KVManager.checkpoint): insert the request's computed KV
+    // [0, up_to) (whole pages) from its locked node, point its row at the cache's copies of
+    // what was cached already, move its lock to the new deepest node.
+    void checkpoint(nb::handle req, int64_t up_to) {
+        const ReqNames& n = names();
+        const int64_t aligned = floor_page(std::min(up_to, get_int(req, n.kv_len)), page_);
+        const int64_t lo = get_int(req, n.cache_protected_len);
+        if (tree_->disabled() || aligned <= lo) {
+            set_int(req, n.prefix_len, up_to);
+            return;
+        }
+        nb::object lock_obj = get(req, n.lock_node);
+        Node* lock = lock_obj.is_none() ? nullptr : nb::cast<Node*>(lock_obj);
+        // The key from the lock's depth (lo; the root's is 0), or whole without a lock.
+        const int64_t start = lock != nullptr ? lo : 0;
+        Tokens prompt = nb::cast<Tokens>(get(req, n.prompt_ids));
+        const auto np = static_cast<int64_t>(prompt.shape(0));
+        std::vector<int32_t> joined;  // fill_slice(start, aligned) past the prompt
+        const int32_t* tokens = prompt.data() + start;
+        if (aligned > np) {
+            joined.assign(prompt.data() + std::min(start, np), prompt.data() + np);
+            nb::object outs = get(req, n.output_ids);
+            const int64_t stop = std::min(aligned - np, len_of(outs));
+            for (int64_t i = std::max<int64_t>(start - np, 0); i < stop; ++i)
+                joined.push_back(nb::cast<int32_t>(outs[i]));
+            tokens = joined.data();
+        }
+        nb::object row_obj = get(req, n.kv_row);
+        Row row = row_of(row_obj);
+        const Checkpoint c{tokens, aligned - start, start, ns(req), row.data(),
+                           static_cast<int64_t>(row.shape(0)), lo, aligned, priority(req),
+                           get_int(req, n.cache_inserted_len), lock};
+        NodePtr node = radixsched::checkpoint(*tree_, *pool_, c);
+        if (node) {  // else the cache did not keep it (nothing moved)
+            nb::object a = nb::int_(aligned), h = nb::cast(node);
+            set(req, n.cache_protected_len, a);
+            set(req, n.cache_inserted_len, a);
+            set(req, n.lock_node, h);
+            set(req, n.last_node, h);
+        }
+        set_int(req, n.prefix_len, up_to);
+    }
+
+    void take(nb::handle req) { take_prefix(*tree_, req); }
+
+    // KVManager.release: everything the request holds given back (its computed KV cached
+    // first when `cache_kv`), its own slots and its lock; its KV fields reset.
+    void release(nb::handle req, bool cache_kv) {
+        const ReqNames& n = names();
+        const int64_t kv_len = get_int(req, n.kv_len);
+        if (cache_kv && kv_len > get_int(req, n.cache_protected_len)) checkpoint(req, kv_len);
+        const int64_t lo = get_int(req, n.cache_protected_len);
+        nb::object row_obj = get(req, n.kv_row);
+        const auto row = nb::cast<Slots>(row_obj);
+        if (static_cast<int64_t>(row.shape(0)) > lo)
+            pool_->free(row.data() + lo, static_cast<int64_t>(row.shape(0)) - lo, true);
+        nb::object lock = get(req, n.lock_node);
+        if (!lock.is_none()) tree_->dec_lock_ref(*nb::cast<Node*>(lock));
+        nb::object zero = nb::int_(0);
+        set(req, n.lock_node, Py_None);
+        set(req, n.last_node, Py_None);
+        set(req, n.kv_row, empty_);
+        set(req, n.kv_buf, empty_);
+        for (PyObject* f : {n.kv_len, n.cache_protected_len, n.cache_inserted_len, n.prefix_len,
+                            n.extend_end, n.host_hit_len})
+            set(req, f, zero);
+    }
+
+    // Scheduler._extend over a round's admissions (adder.Admission, those with tokens to
+    // extend, in order): each request's first-schedule stamp (`now()`, read only for a request
+    // never scheduled before) and cache counters, then its extend entry. Returns (the entries,
+    // and the sums the scheduler's stats add: cached, host-cached and prompt tokens of the
+    // requests scheduled for the first time).
+    nb::tuple extend_batch(nb::handle admissions, nb::handle now) {
+        const ReqNames& n = names();
+        nb::list entries;
+        int64_t cached_sum = 0, host_sum = 0, prompt_sum = 0;
+        for (nb::handle a : admissions) {
+            if (get_int(a, n.extend_len) == 0) continue;
+            nb::object req = get(a, n.req);
+            nb::object times = get(req, n.times);
+            if (get(times, n.first_scheduled).is_none()) {
+                nb::object t = nb::steal(PyObject_CallNoArgs(now.ptr()));
+                if (!t.is_valid()) throw nb::python_error();
+                set(times, n.first_scheduled, t);
+                const int64_t host = get_int(req, n.host_hit_len);
+                const int64_t cached = get_int(req, n.prefix_len) + host;
+                const int64_t prompt = len_of(get(req, n.prompt_ids));
+                set_int(req, n.cached_tokens, cached);
+                set_int(req, n.host_cached_tokens, host);
+                cached_sum += std::min(cached, prompt);
+                host_sum += std::min(host, prompt);
+                prompt_sum += prompt;
+            }
+            entries.append(
+                extend_entry(req, get_int(a, n.prefix_len), get_int(req, n.extend_end)));
+        }
+        return nb::make_tuple(entries, cached_sum, host_sum, prompt_sum);
+    }
+
+private:
+    int32_t ns(nb::handle req) {
+        const ReqNames& n = names();
+        if (get(req, n.extra_key).is_none() && get(req, n.cache_salt).is_none()) return 0;
+        return nb::cast<int32_t>(ns_of_(req));
+    }
+
+    // KVManager._insert_priority: no priority inserts as 0; more important is kept longer.
+    int64_t priority(nb::handle req) {
+        nb::object p = get(req, names().priority);
+        if (p.is_none()) return 0;
+        const auto v = nb::cast<int64_t>(p);
+        return negate_ ? -v : v;
+    }
+
+    nb::object tree_obj_, pool_obj_;  // kept alive: tree_ and pool_ point into them
+    Tree* tree_;
+    Pool* pool_;
+    int64_t page_;
+    bool negate_;  // a priority inserts negated (not compat, priority_sign >= 0)
+    nb::object ns_of_;
+    nb::object empty_;  // request.EMPTY_SLOTS: a released request's row
+    Record entry_;      // runner.ExtendEntry
+};
+
+}  // namespace
+
+Record::Record(nb::handle cls, std::vector<const char*> fields)
+    : cls_(nb::borrow(cls)), call_(nb::hasattr(cls, "__post_init__")) {
+    for (const char* f : fields) fields_.push_back(nb::steal(intern(f)));
+}
+
+nb::object Record::make(std::initializer_list<nb::handle> values) const {
+    if (values.size() != fields_.size()) throw std::invalid_argument("Record: field count");
+    if (call_) {
+        std::vector<PyObject*> args;
+        for (nb::handle v : values) args.push_back(v.ptr());
+        PyObject* o = PyObject_Vectorcall(cls_.ptr(), args.data(), args.size(), nullptr);
+        if (o == nullptr) throw nb::python_error();
+        return nb::steal(o);
+    }
+    auto* type = reinterpret_cast<PyTypeObject*>(cls_.ptr());
+    nb::object none_args = nb::steal(PyTuple_New(0));
+    nb::object o = nb::steal(type->tp_new(type, none_args.ptr(), nullptr));
+    if (!o.is_valid()) throw nb::python_error();
+    size_t i = 0;
+    for (nb::handle v : values) set(o, fields_[i++].ptr(), v);
+    return o;
+}
+
+void take_prefix(Tree& tree, nb::handle req) {
+    const ReqNames& n = names();
+    const int64_t len = get_int(req, n.prefix_len);
+    nb::object buf = empty_slots(std::max(row_capacity(req), len));
+    if (len != 0) {
+        nb::object last = get(req, n.last_node);
+        tree.prefix_slots(*nb::cast<Node*>(last), len, row_of(buf).data());
+    }
+    set(req, n.kv_buf, buf);
+    set(req, n.kv_row, slice(buf, 0, len));
+}
+
+void bind_kv(nb::module_& m, TreeOf tree_of) {
+    g_tree_of = tree_of;
+    nb::class_<NativeKV>(m, "KV")
+        .def(nb::init<nb::object, nb::object, int64_t, bool, nb::object, nb::object>(),
+             "tree"_a, "pool"_a, "priority_sign"_a, "compat"_a, "ns_of"_a, "empty_slots"_a)
+        .def("release", &NativeKV::release, "req"_a, nb::kw_only(), "cache_kv"_a)
+        .def("extend_batch", &NativeKV::extend_batch, "admissions"_a, "now"_a)
+        .def("alloc", &NativeKV::alloc, "n"_a)
+        .def("grow", &NativeKV::grow, "req"_a, "end"_a)
+        .def("extend_entry", &NativeKV::extend_entry, "req"_a, "prefix_len"_a, "end"_a)
+        .def("checkpoint", &NativeKV::checkpoint, "req"_a, "up_to"_a)
+        .def("take_prefix", &NativeKV::take, "req"_a);
+}
+
+}  // namespace radixsched

@@ -36,3 +36,41 @@ struct Checkpoint {
 NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c);
 
 }  // namespace radixsched
+
+// ---- the binding (kv.cpp) ------------------------------------------------------------------
+// radixsched._core.KV: FastKVManager's per-request moves on a request object, one native call
+// each (checkpoint, grow, extend_entry, take_prefix, alloc), reading and writing the request's
+// fields as radixsched/kv.py's KVManager does, the row written in place into its buffer.
+#include <nanobind/nanobind.h>
+
+#include <initializer_list>
+#include <vector>
+
+#include "adder.hpp"
+
+namespace radixsched {
+
+// An instance of a Python slots dataclass built as `cls(*values)` builds it (its generated
+// __init__ assigns the fields in order), without running that __init__: `cls.__new__(cls)`,
+// then each field set. A class with a __post_init__ (or without its own __init__'s plain
+// assignments, which the caller vouches for) is called instead.
+class Record {
+public:
+    Record() = default;
+    Record(nanobind::handle cls, std::vector<const char*> fields);
+    nanobind::object make(std::initializer_list<nanobind::handle> values) const;
+    bool valid() const { return cls_.is_valid(); }
+
+private:
+    nanobind::object cls_;
+    std::vector<nanobind::object> fields_;  // interned names
+    bool call_ = false;                     // call the class (it has a __post_init__)
+};
+
+// KVManager.take_prefix: `req`'s row starts with its cached prefix (prefix_len slots from its
+// last_node), in a fresh buffer sized for every position it can reach.
+void take_prefix(Tree& tree, nanobind::handle req);
+
+void bind_kv(nanobind::module_& m, TreeOf tree_of);
+
+}  // namespace radixsched

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from radixsched.adder import Admission, PrefillAdder
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.kv import KVManager
+from radixsched.fast.kv import FastKVManager
 from radixsched.native import core, namespace_id
 from radixsched.queue import RoundOrder
 from radixsched.request import EMPTY_SLOTS, Req
@@ -31,7 +31,7 @@ class Admitting(Protocol):
     config: SchedulerConfig
     page_size: int
     cache: Any
-    kv: KVManager
+    kv: FastKVManager
     allocator: Any
     queue: Any  # its FastWaitingQueue
     chunked_req: Req | None
@@ -75,13 +75,16 @@ def native_adder(s: Admitting) -> Any:
     a.threshold = max(cfg.in_batch_prefix_deprioritize_threshold, 1)
     a.empty_slots = EMPTY_SLOTS
     a.ns_of = _namespace_of
+    a.admission = Admission
+    a.round_order = RoundOrder
     return a
 
 
 def admit(s: Admitting, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
-    """``Scheduler._admit`` in one native call; the admitted requests then take their prefixes
-    (a later admission's touch may split the node a prefix ends at: its path keeps its slots)
-    and join ``adder`` as the reference's would."""
+    """``Scheduler._admit`` in one native call, which also gives the admitted requests their
+    prefixes (``take_prefix``, once the round's admissions are done: a later admission's touch
+    may split the node a prefix ends at, its path keeping its slots) and appends them to
+    ``adder.can_run_list`` as the reference's would."""
     a = s.native_adder
     a.begin(
         adder.new_token_ratio,
@@ -101,14 +104,11 @@ def admit(s: Admitting, adder: PrefillAdder, order: RoundOrder, slots: int) -> l
         a.add_member(m.req, m.prefix_len, m.extend_len)
     cache = s.cache
     assert isinstance(cache, NativeRadixCache)
-    got, failed = a.admit(cache.tree, s.allocator, order, s.waiting, s.queue.deferred)
-    positions: list[int] = []
-    for pos, req, prefix_len, extend_len, chunked in got:
-        positions.append(pos)
-        s.kv.take_prefix(req)
-        adder.can_run_list.append(Admission(req, prefix_len, extend_len, chunked))
-        if chunked:
-            adder.new_chunked_req = req
+    positions, chunked, failed = a.admit(
+        cache.tree, s.allocator, order, s.waiting, s.queue.deferred, adder.can_run_list
+    )
+    if chunked is not None:
+        adder.new_chunked_req = chunked
     if failed is not None:
         s.queue.note_tried(failed)
     (

@@ -148,6 +148,7 @@ class FastScheduler(Scheduler):
     queue_class = FastWaitingQueue
     queue: FastWaitingQueue
     batch: FastRunningBatch
+    kv: FastKVManager
 
     @property
     def allocator(self) -> Any:
@@ -244,6 +245,32 @@ class FastScheduler(Scheduler):
         if not ok:
             self.queue.note_tried(req)  # its matched length is the admission's now
         return ok, res
+
+    def _prefill_batch(self, adder: PrefillAdder, admitted: list[int], mixed: bool) -> Batch | None:
+        """The reference's, its extend entries (``_extend``: first-schedule stamps and stats,
+        rows and slots) made in one native call (``KV.extend_batch``) where no host tier loads
+        prefixes back."""
+        kv = self.kv
+        if kv.host_tier is not None:
+            return super()._prefill_batch(adder, admitted, mixed)
+        run = adder.can_run_list
+        if all(a.extend_len == 0 for a in run):  # nothing to run (or empty)
+            self._requeue(adder.preempt_list)
+            return None
+        self.queue.take(admitted)
+        self._requeue(adder.preempt_list)
+        if adder.new_chunked_req is not None:
+            assert self.chunked_req is None, "only one chunked request at a time"
+            self.chunked_req = adder.new_chunked_req
+        entries, cached, host, prompt = kv.native.extend_batch(run, self.clock.now)
+        st = self.stats
+        st.cached_prompt_tokens += cached
+        st.host_cached_prompt_tokens += host
+        st.prompt_tokens += prompt
+        decode = []
+        if mixed and self.running and self._decode_fits():
+            decode = kv.decode_entries(self.running)
+        return Batch(entries, decode)
 
     def run(self, batch: Batch) -> StepOutcome:
         if batch.decode:  # a mixed batch grew the running requests' rows
