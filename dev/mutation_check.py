@@ -114,14 +114,14 @@ MUTANTS = (
     Mutant(
         "split-not-repointed",
         "_native/matcher.cpp",
-        "        if (m.node.get() != &lower || dirty_.contains(k)) continue;",
+        "        if (m.node.get() != &lower || dirty_.has(e)) continue;",
         "        continue;",
     ),
     Mutant(
         "partial-evict-ignored",
         "_native/matcher.cpp",
-        "        if (m.full || m.offset >= keep)",
-        "        if (m.full)",
+        "        if (e.memo.full || e.memo.offset >= keep)",
+        "        if (e.memo.full)",
     ),
     Mutant(
         "new-child-ignored",
