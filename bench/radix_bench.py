@@ -25,7 +25,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
+import os
 import time
+from collections.abc import Callable
+from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
@@ -128,6 +132,55 @@ def run(page_size: int, seqs: list[np.ndarray], tree: type[RadixCache | NativeRa
     )
 
 
+def run_sglang_rust(page_size: int, seqs: list[np.ndarray], mod: ModuleType) -> Row:
+    """``run`` for SGLang's Rust tree core: the same workload and timers. Its ``match`` is the
+    walk plus ``collect_full_device_indices`` (the slots, as ``match_prefix`` returns them
+    here); its ``match_len`` is the walk alone (length and node ids, the core's
+    ``match_prefix``). Eviction is not timed (NaN): the core evicts node by node under the
+    cache's allocator protocol, which has no counterpart here."""
+    from sglang_rust_tree import RustTree
+
+    p = page_size
+    padded = -(-(PREFIX_LEN + SUFFIX_LEN) // p) * p
+    tree = RustTree(mod, p)
+    keys = [RustTree.key(s) for s in seqs]
+    values = [RustTree.value(np.arange(i * padded, (i + 1) * padded)) for i in range(len(seqs))]
+    aligned = (len(seqs[0]) // p) * p
+    n_tok = aligned * len(seqs)
+
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for k, v in zip(keys, values, strict=True):
+            tree.insert(k, v)
+        t_insert = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        matched = [len(tree.match_slots(k)) for k in keys]
+        t_match = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        matched_len = [tree.match(k).device_prefix_len for k in keys]
+        t_match_len = time.perf_counter() - t0
+    finally:
+        gc.enable()
+    assert matched == matched_len == [aligned] * len(seqs), "every sequence must match whole"
+    n = len(seqs)
+    return Row(
+        page_size=p,
+        insert_tokens_per_s=n_tok / t_insert,
+        insert_seqs_per_s=n / t_insert,
+        match_tokens_per_s=n_tok / t_match,
+        match_seqs_per_s=n / t_match,
+        match_len_tokens_per_s=n_tok / t_match_len,
+        match_len_seqs_per_s=n / t_match_len,
+        evict_half_s=float("nan"),
+        evicted_tokens=0,
+        tree_tokens=tree.total_size(),
+    )
+
+
 def best_of(runs: list[Row]) -> Row:
     """Best value of each metric over repeated runs (the machine may be shared)."""
     return Row(
@@ -144,6 +197,31 @@ def best_of(runs: list[Row]) -> Row:
     )
 
 
+TREES = {
+    "native": "NativeRadixCache",
+    "python": "RadixCache",
+    "sglang-rust": "SGLang RustUnifiedTreeCore (match = walk + slots, match_len = walk)",
+}
+
+
+def tree_runner(
+    ap: argparse.ArgumentParser, name: str, so: str | None
+) -> Callable[[int, list[np.ndarray]], Row]:
+    """One run per page size of the tree named ``name`` (bad flags: one error line, exit 2)."""
+    if name != "sglang-rust":
+        cls = NativeRadixCache if name == "native" else RadixCache
+        return lambda p, seqs: run(p, seqs, cls)
+    if not so or not os.path.isfile(so):
+        ap.error(f"--sglang-tree-core: {so!r} is not a file (see bench/sglang_rust_tree.py)")
+    from sglang_rust_tree import load
+
+    try:
+        mod = load(so)
+    except ImportError as e:
+        ap.error(f"--sglang-tree-core {so}: {e}")
+    return lambda p, seqs: run_sglang_rust(p, seqs, mod)
+
+
 def main(argv: list[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
@@ -153,20 +231,24 @@ def main(argv: list[str] | None = None) -> list[Row]:
     )
     ap.add_argument(
         "--tree",
-        choices=["native", "python"],
+        choices=list(TREES),
         default="native" if core() is not None else "python",
         help="which radix tree (default: native when built)",
     )
+    ap.add_argument(
+        "--sglang-tree-core",
+        metavar="SO",
+        default=os.environ.get("RADIXSCHED_SGLANG_TREE_CORE"),
+        help="SGLang's Rust tree core extension, for --tree sglang-rust (see sglang_rust_tree.py)",
+    )
     args = ap.parse_args(argv)
-    tree = NativeRadixCache if args.tree == "native" else RadixCache
+    runner = tree_runner(ap, args.tree, args.sglang_tree_core)
 
     seqs = make_workload()
-    rows = [
-        best_of([run(p, seqs, tree) for _ in range(max(args.repeat, 1))]) for p in args.page_sizes
-    ]
+    rows = [best_of([runner(p, seqs) for _ in range(max(args.repeat, 1))]) for p in args.page_sizes]
 
     table = Table(
-        title=f"{tree.__name__}: {GROUPS}x{PER_GROUP} seqs, {PREFIX_LEN}+{SUFFIX_LEN} tokens"
+        title=f"{TREES[args.tree]}: {GROUPS}x{PER_GROUP} seqs, {PREFIX_LEN}+{SUFFIX_LEN} tokens"
     )
     for col in (
         "page",
@@ -189,7 +271,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             f"{r.match_seqs_per_s / 1e3:.1f}",
             f"{r.match_len_tokens_per_s / 1e6:.1f}",
             f"{r.match_len_seqs_per_s / 1e3:.1f}",
-            f"{r.evict_half_s * 1e3:.1f} ms",
+            "—" if math.isnan(r.evict_half_s) else f"{r.evict_half_s * 1e3:.1f} ms",
             f"{r.evicted_tokens / 1e6:.2f}M",
         )
     Console(width=max(Console().width, 130)).print(table)
@@ -202,7 +284,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
                     "insert_tokens_per_s": r.insert_tokens_per_s,
                     "match_tokens_per_s": r.match_tokens_per_s,
                     "match_len_tokens_per_s": r.match_len_tokens_per_s,
-                    "evict_half_s": r.evict_half_s,
+                    "evict_half_s": None if math.isnan(r.evict_half_s) else r.evict_half_s,
                     "insert_seqs_per_s": r.insert_seqs_per_s,
                     "match_seqs_per_s": r.match_seqs_per_s,
                     "match_len_seqs_per_s": r.match_len_seqs_per_s,
