@@ -426,6 +426,7 @@ void bind_tree(nb::module_& m) {
              [](PyTree& t, nb::handle tok, int32_t ns, nb::handle result) {
                  return radixsched::match_prefix(t, tok, ns, result);
              })
+        .def("match_key", [](PyTree& t, nb::handle key) { return radixsched::match_key(t, key); })
         .def("walk_node",
              [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::walk_node(t, tok, ns); })
         .def("match_len",
@@ -477,6 +478,7 @@ NB_MODULE(_core, m) {
             PyErr_SetString(cls.ptr(), e.what());
         }
     });
+    m.def("set_match_types", &radixsched::set_match_types);
     m.def("set_namespaces", [](nb::list table) {
         if (g_namespaces != nullptr) throw std::runtime_error("namespaces already set");
         g_namespaces = table.inc_ref().ptr();

@@ -28,6 +28,39 @@ struct IntegrityFailure : std::runtime_error {
 // Built-in eviction strategies (radixsched.cache.evict), by their sort keys.
 enum class Strategy { Lru, Mru, Fifo, Filo, Lfu, Priority, Slru };
 
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+// An index of a node's children (Node::children) by their key: the child's first page, with
+// its namespace id when it hangs under the root in a non-default namespace (the key `page_key`
+// spells as bytes). An open-addressing table (linear probing, power-of-two capacity, at most
+// 3/4 full) of non-owning pointers and their keys' hashes: a lookup hashes the query's page in
+// place and checks the candidate against the child's own first page, so that it builds no key
+// string and follows no bucket chain. It holds exactly the children that `children` holds.
+class ChildIndex {
+public:
+    struct Entry {
+        uint64_t hash = 0;
+        Node* node = nullptr;  // null: a free entry
+    };
+    // The hash of a key: `n` tokens of `page`, and `nsp` (the namespace id under the root, 0
+    // anywhere else and for the default namespace).
+    static uint64_t hash(const int32_t* page, int64_t n, int32_t nsp);
+    // The child under that key (null when none): its hash, first page and namespace agree.
+    Node* get(const int32_t* page, int64_t n, int32_t nsp) const;
+    void add(Node& child);  // its key_hash is set; no child holds that key yet
+    void replace(const Node& old, Node& now);  // `now` takes `old`'s key and entry
+    void remove(const Node& child);
+    size_t size() const { return size_; }
+
+private:
+    size_t find_entry(const Node& child) const;  // its index (the child must be here)
+    void grow();
+
+    std::vector<Entry> table_;
+    size_t size_ = 0;
+};
+
 struct Node : std::enable_shared_from_this<Node> {
     std::vector<int32_t> key;
     std::vector<int64_t> value;  // one KV slot per token of `key`
@@ -35,6 +68,8 @@ struct Node : std::enable_shared_from_this<Node> {
     // child key (bytes of the child's first page, prefixed by the namespace id for a child
     // of the root in a non-default namespace) -> child
     std::unordered_map<std::string, std::shared_ptr<Node>> children;
+    ChildIndex index;  // the same children, for lookups by a page in place
+    uint64_t key_hash = 0;  // ChildIndex::hash of its key in its parent (kept once detached)
     int64_t lock_ref = 0;
     int64_t last_access_time = 0;
     int64_t creation_time = 0;
@@ -50,8 +85,6 @@ struct Node : std::enable_shared_from_this<Node> {
 
     int64_t size() const { return static_cast<int64_t>(key.size()); }
 };
-
-using NodePtr = std::shared_ptr<Node>;
 
 struct WalkResult {
     NodePtr node;
