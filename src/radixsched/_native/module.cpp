@@ -452,6 +452,7 @@ void bind_tree(nb::module_& m) {
         .def("dec_lock_ref", &Tree::dec_lock_ref)
         .def("move_lock", &Tree::move_lock, "old"_a.none(), "node"_a)
         .def("evict", [](PyTree& t, int64_t n) { return segments(t.evict(n)); })
+        .def("evict_flat", [](PyTree& t, int64_t n) { return to_numpy(t.evict_flat(n)); })
         .def("reset", [](PyTree& t) { return to_numpy(t.reset()); })
         .def("evictable_size", &Tree::evictable_size)
         .def("protected_size", &Tree::protected_size)

@@ -102,6 +102,10 @@ size_t ChildIndex::find_entry(const Node& child) const {
 
 void ChildIndex::replace(const Node& old, Node& now) { table_[find_entry(old)].node = &now; }
 
+void ChildIndex::prefetch(const Node& child) const {
+    if (!table_.empty()) __builtin_prefetch(&table_[child.key_hash & (table_.size() - 1)]);
+}
+
 void ChildIndex::remove(const Node& child) {
     // Backward-shift deletion: every entry stays reachable from its home slot.
     const size_t mask = table_.size() - 1;
@@ -531,17 +535,37 @@ std::vector<int32_t> Tree::path_key(const Node& node) const {
     return out;
 }
 
-void Tree::evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed) {
+void Tree::Freed::take(std::vector<int64_t>&& v) {
+    if (segments) {
+        segments->push_back(std::move(v));
+    } else {
+        flat->insert(flat->end(), v.begin(), v.end());
+        std::vector<int64_t>().swap(v);  // emptied and released, as a move leaves it
+    }
+}
+
+void Tree::Freed::copy(const int64_t* begin, const int64_t* end) {
+    if (segments) {
+        segments->emplace_back(begin, end);
+    } else {
+        flat->insert(flat->end(), begin, end);
+    }
+}
+
+void Tree::evict_whole(Node& leaf, Freed& freed) {
+    leaf.parent->index.prefetch(leaf);  // its miss overlaps the map's below
     const int64_t length = leaf.size();
     if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, length);
     if (events.on_evict) events.on_evict(leaf, 0);
     // The slots move out: a detached node keeps its key (handles may still ask its length),
     // not its slots, which the caller now owns.
-    freed.push_back(std::move(leaf.value));
+    freed.take(std::move(leaf.value));
     leaf.value.clear();
     Node* parent = leaf.parent;
-    NodePtr hold = parent->children.at(leaf.child_key);  // alive until this returns
-    parent->children.erase(leaf.child_key);
+    auto it = parent->children.find(leaf.child_key);
+    if (it == parent->children.end()) throw IntegrityFailure(node_desc(leaf) + " not in its parent");
+    NodePtr hold = std::move(it->second);  // alive until this returns
+    parent->children.erase(it);
     parent->index.remove(leaf);
     leaf.parent = nullptr;
     leaves_.erase(&leaf);
@@ -553,8 +577,21 @@ void Tree::evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed) {
 }
 
 std::vector<std::vector<int64_t>> Tree::evict(int64_t num_tokens) {
-    std::vector<std::vector<int64_t>> freed;
-    if (disabled_ || num_tokens <= 0 || leaves_.empty()) return freed;
+    std::vector<std::vector<int64_t>> segments;
+    Freed freed{&segments, nullptr};
+    evict_into(num_tokens, freed);
+    return segments;
+}
+
+std::vector<int64_t> Tree::evict_flat(int64_t num_tokens) {
+    std::vector<int64_t> flat;
+    Freed freed{nullptr, &flat};
+    evict_into(num_tokens, freed);
+    return flat;
+}
+
+void Tree::evict_into(int64_t num_tokens, Freed& freed) {
+    if (disabled_ || num_tokens <= 0 || leaves_.empty()) return;
     if (!heap_persistent || heap_.size() > 4 * leaves_.size() + 64) {
         heap_.clear();
         for (Node* leaf : leaves_) {
@@ -584,7 +621,7 @@ std::vector<std::vector<int64_t>> Tree::evict(int64_t num_tokens) {
                 if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, cut);
                 const int64_t keep = length - cut;
                 if (events.on_evict) events.on_evict(leaf, keep);
-                freed.emplace_back(leaf.value.begin() + keep, leaf.value.end());
+                freed.copy(leaf.value.data() + keep, leaf.value.data() + leaf.value.size());
                 leaf.key.resize(keep);
                 leaf.value.resize(keep);
                 evictable_ -= cut;
@@ -597,7 +634,6 @@ std::vector<std::vector<int64_t>> Tree::evict(int64_t num_tokens) {
         evicted += length;
     }
     if (!heap_persistent) heap_.clear();
-    return freed;
 }
 
 std::vector<int64_t> Tree::reset() {

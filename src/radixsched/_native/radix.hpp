@@ -51,6 +51,8 @@ public:
     void add(Node& child);  // its key_hash is set; no child holds that key yet
     void replace(const Node& old, Node& now);  // `now` takes `old`'s key and entry
     void remove(const Node& child);
+    // A hint: asks for the cache line of `child`'s home entry (before a remove).
+    void prefetch(const Node& child) const;
     size_t size() const { return size_; }
 
 private:
@@ -68,8 +70,6 @@ struct Node : std::enable_shared_from_this<Node> {
     // child key (bytes of the child's first page, prefixed by the namespace id for a child
     // of the root in a non-default namespace) -> child
     std::unordered_map<std::string, std::shared_ptr<Node>> children;
-    ChildIndex index;  // the same children, for lookups by a page in place
-    uint64_t key_hash = 0;  // ChildIndex::hash of its key in its parent (kept once detached)
     int64_t lock_ref = 0;
     int64_t last_access_time = 0;
     int64_t creation_time = 0;
@@ -82,6 +82,9 @@ struct Node : std::enable_shared_from_this<Node> {
     int32_t ns = 0;  // namespace id (0: the default namespace)
     bool top = false;  // hangs (or hung, once detached) directly under the root
     std::string child_key;  // its key in its parent's children (kept once detached)
+    // Last, so that the fields above keep their cache lines (eviction reads them per leaf).
+    ChildIndex index;  // the same children, for lookups by a page in place
+    uint64_t key_hash = 0;  // ChildIndex::hash of its key in its parent (kept once detached)
 
     int64_t size() const { return static_cast<int64_t>(key.size()); }
 };
@@ -141,6 +144,8 @@ public:
     void move_lock(Node* old, Node& node);
     // Evicted slots as segments in eviction order.
     std::vector<std::vector<int64_t>> evict(int64_t num_tokens);
+    // The same eviction, its segments concatenated (one array for the allocator).
+    std::vector<int64_t> evict_flat(int64_t num_tokens);
     std::vector<int64_t> reset();  // the slots the tree held
 
     int64_t evictable_size() const { return evictable_; }
@@ -188,7 +193,15 @@ private:
     NodePtr make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
                       int32_t ns, int64_t now, int64_t priority);
     void check_attached(const Node& node) const;
-    void evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed);
+    // Where evicted slots go: whole segments (moved), or appended to one flat array.
+    struct Freed {
+        std::vector<std::vector<int64_t>>* segments = nullptr;
+        std::vector<int64_t>* flat = nullptr;
+        void take(std::vector<int64_t>&& v);
+        void copy(const int64_t* begin, const int64_t* end);
+    };
+    void evict_into(int64_t num_tokens, Freed& freed);
+    void evict_whole(Node& leaf, Freed& freed);
     void detach_all();
 
     int64_t page_;

@@ -245,10 +245,11 @@ class NativeRadixCache(BasePrefixCache):
 
     # ---- eviction ------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
-        freed = self.tree.evict(num_tokens)
-        if not freed:
+        # One array of the evicted slots in eviction order (evict_reclaim's segments, joined
+        # natively: no array per evicted leaf).
+        out = self.tree.evict_flat(num_tokens)
+        if not len(out):
             return 0
-        out = freed[0] if len(freed) == 1 else np.concatenate(freed)
         if self.allocator is not None:
             self.allocator.free(out, checked=False)
         return len(out)
