@@ -8,16 +8,23 @@ slots, allocated before the timer starts; duplicates are freed after it stops), 
 Throughput counts the page-aligned key tokens of every call. Each page size runs ``--repeat``
 times on a fresh cache (default 3) and the best value of each metric is reported.
 
-Run: ``.venv/bin/python bench/radix_bench.py [--json PATH] [--page-sizes 1 16] [--tree T]``;
-``--tree native`` (the default where the native core is built) times the C++ tree through its
-Python face (``NativeRadixCache``), ``--tree python`` the Python reference tree.
+Run: ``.venv/bin/python bench/radix_bench.py [--json PATH] [--page-sizes 1 16] [--tree T]
+[--clock wall|cpu]``; ``--tree native`` (the default where the native core is built) times the
+C++ tree through its Python face (``NativeRadixCache``), ``--tree python`` the Python reference
+tree, ``--tree sglang-rust --sglang-tree-core SO`` SGLang 0.5.23's Rust tree core, from its
+wheel, as its adapter calls it (``bench/sglang_rust_tree.py``: its ``match`` is the walk plus the
+slots, ``collect_full_device_indices``; its ``match_len`` the walk alone, lengths and node ids;
+eviction not timed). ``--clock cpu`` times this thread's CPU time instead of wall time.
 
-SGLang 0.5.23 reference on the same machine class (2 cores, measured 2026-11-30): Python tree
-inserts 18.8k seq/s, matches 26.3k seq/s (58M tok/s), evicts half (1.2M tokens) in 62 ms; its
-Rust tree core matches 71-73k seq/s (156-160M tok/s). This tree (``--tree native``, commit
-6ac9a40, 2026-12-05, load average 3-4, median of 5 runs): match_prefix 259k / 256k seq/s
-(571M / 563M tok/s) at page 1 / 16, insert 160k / 158k seq/s, match_len 347k / 337k seq/s,
-evict half 22.7 / 18.7 ms (the tree before the native match path, same minutes: 171k seq/s).
+Measured 2026-12-06 01:40-01:42 UTC, load average 2.2-3.9, median of 5 runs of each tree
+alternated in the same minutes (``--tree native`` at commit 23c314e; before: d7598f0):
+match_prefix 282.5k / 289.5k seq/s (622M / 635M tok/s) at page 1 / 16 (before: 231.1k /
+227.6k), match_len 380k / 388k (before: 314k / 306k), evict half 21.5 / 15.4 ms (before: 26.5 /
+19.3), insert 126k / 152k (before: 144k / 143k; page 1's gap is run-to-run noise: by CPU time
+the two inserts are within 4%). SGLang's Rust tree core in the same runs: walk 191.7k / 189.1k
+seq/s, walk + slots 110.3k / 107.3k, insert 75k / 74k. This tree's match_prefix (with slots) is
+2.6x / 2.7x the Rust core's walk + slots and 1.5x its bare walk. SGLang's Python tree (measured
+2026-11-30, not again): inserts 18.8k seq/s, matches 26.3k, evicts half in 62 ms.
 """
 
 from __future__ import annotations
