@@ -20,8 +20,9 @@ Measured 2026-12-06 01:40-01:42 UTC, load average 2.2-3.9, median of 5 runs of e
 alternated in the same minutes (``--tree native`` at commit 23c314e; before: d7598f0):
 match_prefix 282.5k / 289.5k seq/s (622M / 635M tok/s) at page 1 / 16 (before: 231.1k /
 227.6k), match_len 380k / 388k (before: 314k / 306k), evict half 21.5 / 15.4 ms (before: 26.5 /
-19.3), insert 126k / 152k (before: 144k / 143k; page 1's gap is run-to-run noise: by CPU time
-the two inserts are within 4%). SGLang's Rust tree core in the same runs: walk 191.7k / 189.1k
+19.3), insert 126k / 152k (before: 144k / 143k; page 1's gap is in the 2nd and 3rd repeats, which
+reuse the heap the previous repeat's tree freed; a first repeat in a fresh process, --repeat 1
+--clock cpu, inserts 125-131k against 120-126k before). SGLang's Rust tree core in the same runs: walk 191.7k / 189.1k
 seq/s, walk + slots 110.3k / 107.3k, insert 75k / 74k. This tree's match_prefix (with slots) is
 2.6x / 2.7x the Rust core's walk + slots and 1.5x its bare walk. SGLang's Python tree (measured
 2026-11-30, not again): inserts 18.8k seq/s, matches 26.3k, evicts half in 62 ms.
