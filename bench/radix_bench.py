@@ -8,16 +8,24 @@ slots, allocated before the timer starts; duplicates are freed after it stops), 
 Throughput counts the page-aligned key tokens of every call. Each page size runs ``--repeat``
 times on a fresh cache (default 3) and the best value of each metric is reported.
 
-Run: ``.venv/bin/python bench/radix_bench.py [--json PATH] [--page-sizes 1 16] [--tree T]``;
-``--tree native`` (the default where the native core is built) times the C++ tree through its
-Python face (``NativeRadixCache``), ``--tree python`` the Python reference tree.
+Run: ``.venv/bin/python bench/radix_bench.py [--json PATH] [--page-sizes 1 16] [--tree T]
+[--clock wall|cpu]``; ``--tree native`` (the default where the native core is built) times the
+C++ tree through its Python face (``NativeRadixCache``), ``--tree python`` the Python reference
+tree, ``--tree sglang-rust --sglang-tree-core SO`` SGLang 0.5.23's Rust tree core, from its
+wheel, as its adapter calls it (``bench/sglang_rust_tree.py``: its ``match`` is the walk plus the
+slots, ``collect_full_device_indices``; its ``match_len`` the walk alone, lengths and node ids;
+eviction not timed). ``--clock cpu`` times this thread's CPU time instead of wall time.
 
-SGLang 0.5.23 reference on the same machine class (2 cores, measured 2026-11-30): Python tree
-inserts 18.8k seq/s, matches 26.3k seq/s (58M tok/s), evicts half (1.2M tokens) in 62 ms; its
-Rust tree core matches 71-73k seq/s (156-160M tok/s). This tree (``--tree native``, commit
-6ac9a40, 2026-12-05, load average 3-4, median of 5 runs): match_prefix 259k / 256k seq/s
-(571M / 563M tok/s) at page 1 / 16, insert 160k / 158k seq/s, match_len 347k / 337k seq/s,
-evict half 22.7 / 18.7 ms (the tree before the native match path, same minutes: 171k seq/s).
+Measured 2026-12-06 01:40-01:42 UTC, load average 2.2-3.9, median of 5 runs of each tree
+alternated in the same minutes (``--tree native`` at commit 23c314e; before: d7598f0):
+match_prefix 282.5k / 289.5k seq/s (622M / 635M tok/s) at page 1 / 16 (before: 231.1k /
+227.6k), match_len 380k / 388k (before: 314k / 306k), evict half 21.5 / 15.4 ms (before: 26.5 /
+19.3), insert 126k / 152k (before: 144k / 143k; page 1's gap is in the 2nd and 3rd repeats, which
+reuse the heap the previous repeat's tree freed; a first repeat in a fresh process, --repeat 1
+--clock cpu, inserts 125-131k against 120-126k before). SGLang's Rust tree core in the same runs: walk 191.7k / 189.1k
+seq/s, walk + slots 110.3k / 107.3k, insert 75k / 74k. This tree's match_prefix (with slots) is
+2.6x / 2.7x the Rust core's walk + slots and 1.5x its bare walk. SGLang's Python tree (measured
+2026-11-30, not again): inserts 18.8k seq/s, matches 26.3k, evicts half in 62 ms.
 """
 
 from __future__ import annotations
@@ -25,7 +33,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
+import os
 import time
+from collections.abc import Callable
+from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
@@ -41,6 +53,16 @@ PER_GROUP = 50
 PREFIX_LEN = 2000
 SUFFIX_LEN = 200
 VOCAB = 128_000
+
+
+# The timers' clock (--clock): wall time, or this thread's CPU time, which a shared, loaded
+# machine's other processes do not inflate (they still share its caches and memory bandwidth).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+_clock: list[Callable[[], float]] = [time.perf_counter]
+
+
+def now() -> float:
+    return _clock[0]()
 
 
 class Row(NamedTuple):
@@ -84,17 +106,17 @@ def run(page_size: int, seqs: list[np.ndarray], tree: type[RadixCache | NativeRa
     gc.collect()
     gc.disable()
     try:
-        t0 = time.perf_counter()
+        t0 = now()
         results = [cache.insert(k, v) for k, v in zip(keys, values, strict=True)]
-        t_insert = time.perf_counter() - t0
+        t_insert = now() - t0
 
-        t0 = time.perf_counter()
+        t0 = now()
         matched = [cache.match_prefix(k).device_len for k in keys]
-        t_match = time.perf_counter() - t0
+        t_match = now() - t0
 
-        t0 = time.perf_counter()
+        t0 = now()
         matched_len = [cache.match_len(k) for k in keys]
-        t_match_len = time.perf_counter() - t0
+        t_match_len = now() - t0
     finally:
         gc.enable()
     assert matched == matched_len == [aligned] * len(seqs), "every sequence must match whole"
@@ -106,9 +128,9 @@ def run(page_size: int, seqs: list[np.ndarray], tree: type[RadixCache | NativeRa
     tree_tokens = cache.total_size()
     allocator.check_integrity(cache_slots=cache.all_values())
 
-    t0 = time.perf_counter()
+    t0 = now()
     evicted = cache.evict(tree_tokens // 2)
-    t_evict = time.perf_counter() - t0
+    t_evict = now() - t0
     cache.check_integrity()
     allocator.check_integrity(cache_slots=cache.all_values())
     assert tree_tokens // 2 <= evicted < tree_tokens // 2 + p
@@ -128,6 +150,55 @@ def run(page_size: int, seqs: list[np.ndarray], tree: type[RadixCache | NativeRa
     )
 
 
+def run_sglang_rust(page_size: int, seqs: list[np.ndarray], mod: ModuleType) -> Row:
+    """``run`` for SGLang's Rust tree core: the same workload and timers. Its ``match`` is the
+    walk plus ``collect_full_device_indices`` (the slots, as ``match_prefix`` returns them
+    here); its ``match_len`` is the walk alone (length and node ids, the core's
+    ``match_prefix``). Eviction is not timed (NaN): the core evicts node by node under the
+    cache's allocator protocol, which has no counterpart here."""
+    from sglang_rust_tree import RustTree
+
+    p = page_size
+    padded = -(-(PREFIX_LEN + SUFFIX_LEN) // p) * p
+    tree = RustTree(mod, p)
+    keys = [RustTree.key(s) for s in seqs]
+    values = [RustTree.value(np.arange(i * padded, (i + 1) * padded)) for i in range(len(seqs))]
+    aligned = (len(seqs[0]) // p) * p
+    n_tok = aligned * len(seqs)
+
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = now()
+        for k, v in zip(keys, values, strict=True):
+            tree.insert(k, v)
+        t_insert = now() - t0
+
+        t0 = now()
+        matched = [len(tree.match_slots(k)) for k in keys]
+        t_match = now() - t0
+
+        t0 = now()
+        matched_len = [tree.match(k).device_prefix_len for k in keys]
+        t_match_len = now() - t0
+    finally:
+        gc.enable()
+    assert matched == matched_len == [aligned] * len(seqs), "every sequence must match whole"
+    n = len(seqs)
+    return Row(
+        page_size=p,
+        insert_tokens_per_s=n_tok / t_insert,
+        insert_seqs_per_s=n / t_insert,
+        match_tokens_per_s=n_tok / t_match,
+        match_seqs_per_s=n / t_match,
+        match_len_tokens_per_s=n_tok / t_match_len,
+        match_len_seqs_per_s=n / t_match_len,
+        evict_half_s=float("nan"),
+        evicted_tokens=0,
+        tree_tokens=tree.total_size(),
+    )
+
+
 def best_of(runs: list[Row]) -> Row:
     """Best value of each metric over repeated runs (the machine may be shared)."""
     return Row(
@@ -144,6 +215,31 @@ def best_of(runs: list[Row]) -> Row:
     )
 
 
+TREES = {
+    "native": "NativeRadixCache",
+    "python": "RadixCache",
+    "sglang-rust": "SGLang RustUnifiedTreeCore (match = walk + slots, match_len = walk)",
+}
+
+
+def tree_runner(
+    ap: argparse.ArgumentParser, name: str, so: str | None
+) -> Callable[[int, list[np.ndarray]], Row]:
+    """One run per page size of the tree named ``name`` (bad flags: one error line, exit 2)."""
+    if name != "sglang-rust":
+        cls = NativeRadixCache if name == "native" else RadixCache
+        return lambda p, seqs: run(p, seqs, cls)
+    if not so or not os.path.isfile(so):
+        ap.error(f"--sglang-tree-core: {so!r} is not a file (see bench/sglang_rust_tree.py)")
+    from sglang_rust_tree import load
+
+    try:
+        mod = load(so)
+    except ImportError as e:
+        ap.error(f"--sglang-tree-core {so}: {e}")
+    return lambda p, seqs: run_sglang_rust(p, seqs, mod)
+
+
 def main(argv: list[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
@@ -153,20 +249,32 @@ def main(argv: list[str] | None = None) -> list[Row]:
     )
     ap.add_argument(
         "--tree",
-        choices=["native", "python"],
+        choices=list(TREES),
         default="native" if core() is not None else "python",
         help="which radix tree (default: native when built)",
     )
+    ap.add_argument(
+        "--sglang-tree-core",
+        metavar="SO",
+        default=os.environ.get("RADIXSCHED_SGLANG_TREE_CORE"),
+        help="SGLang's Rust tree core extension, for --tree sglang-rust (see sglang_rust_tree.py)",
+    )
+    ap.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="wall time (default) or this thread's CPU time (for a loaded machine)",
+    )
     args = ap.parse_args(argv)
-    tree = NativeRadixCache if args.tree == "native" else RadixCache
+    _clock[0] = CLOCKS[args.clock]
+    runner = tree_runner(ap, args.tree, args.sglang_tree_core)
 
     seqs = make_workload()
-    rows = [
-        best_of([run(p, seqs, tree) for _ in range(max(args.repeat, 1))]) for p in args.page_sizes
-    ]
+    rows = [best_of([runner(p, seqs) for _ in range(max(args.repeat, 1))]) for p in args.page_sizes]
 
     table = Table(
-        title=f"{tree.__name__}: {GROUPS}x{PER_GROUP} seqs, {PREFIX_LEN}+{SUFFIX_LEN} tokens"
+        title=f"{TREES[args.tree]}: {GROUPS}x{PER_GROUP} seqs, {PREFIX_LEN}+{SUFFIX_LEN} tokens"
+        f" ({args.clock} clock)"
     )
     for col in (
         "page",
@@ -189,27 +297,29 @@ def main(argv: list[str] | None = None) -> list[Row]:
             f"{r.match_seqs_per_s / 1e3:.1f}",
             f"{r.match_len_tokens_per_s / 1e6:.1f}",
             f"{r.match_len_seqs_per_s / 1e3:.1f}",
-            f"{r.evict_half_s * 1e3:.1f} ms",
+            "—" if math.isnan(r.evict_half_s) else f"{r.evict_half_s * 1e3:.1f} ms",
             f"{r.evicted_tokens / 1e6:.2f}M",
         )
     Console(width=max(Console().width, 130)).print(table)
 
     if args.json:
         payload = {
+            "tree": args.tree,
+            "clock": args.clock,
             "rows": [
                 {
                     "page_size": r.page_size,
                     "insert_tokens_per_s": r.insert_tokens_per_s,
                     "match_tokens_per_s": r.match_tokens_per_s,
                     "match_len_tokens_per_s": r.match_len_tokens_per_s,
-                    "evict_half_s": r.evict_half_s,
+                    "evict_half_s": None if math.isnan(r.evict_half_s) else r.evict_half_s,
                     "insert_seqs_per_s": r.insert_seqs_per_s,
                     "match_seqs_per_s": r.match_seqs_per_s,
                     "match_len_seqs_per_s": r.match_len_seqs_per_s,
                     "evicted_tokens": r.evicted_tokens,
                 }
                 for r in rows
-            ]
+            ],
         }
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2)

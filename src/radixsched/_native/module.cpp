@@ -426,6 +426,7 @@ void bind_tree(nb::module_& m) {
              [](PyTree& t, nb::handle tok, int32_t ns, nb::handle result) {
                  return radixsched::match_prefix(t, tok, ns, result);
              })
+        .def("match_key", [](PyTree& t, nb::handle key) { return radixsched::match_key(t, key); })
         .def("walk_node",
              [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::walk_node(t, tok, ns); })
         .def("match_len",
@@ -451,6 +452,7 @@ void bind_tree(nb::module_& m) {
         .def("dec_lock_ref", &Tree::dec_lock_ref)
         .def("move_lock", &Tree::move_lock, "old"_a.none(), "node"_a)
         .def("evict", [](PyTree& t, int64_t n) { return segments(t.evict(n)); })
+        .def("evict_flat", [](PyTree& t, int64_t n) { return to_numpy(t.evict_flat(n)); })
         .def("reset", [](PyTree& t) { return to_numpy(t.reset()); })
         .def("evictable_size", &Tree::evictable_size)
         .def("protected_size", &Tree::protected_size)
@@ -477,6 +479,7 @@ NB_MODULE(_core, m) {
             PyErr_SetString(cls.ptr(), e.what());
         }
     });
+    m.def("set_match_types", &radixsched::set_match_types);
     m.def("set_namespaces", [](nb::list table) {
         if (g_namespaces != nullptr) throw std::runtime_error("namespaces already set");
         g_namespaces = table.inc_ref().ptr();

@@ -13,6 +13,20 @@ namespace radixsched {
 namespace {
 constexpr int64_t kRootPriority = INT64_MIN;
 
+// Asks for the cache lines of the next chunk [from, from + 256) (clipped to `k`) of the query,
+// the key and the slots (when not null) while the current one is compared: a hint only.
+inline void prefetch_chunk(const int32_t* tokens, const int32_t* key, const int64_t* value,
+                           int64_t from, int64_t k) {
+    constexpr int64_t kChunk = 256;
+    const int64_t to = std::min(from + kChunk, k);
+    for (int64_t j = from; j < to; j += 16) {
+        __builtin_prefetch(tokens + j);
+        __builtin_prefetch(key + j);
+    }
+    if (value)
+        for (int64_t j = from; j < to; j += 8) __builtin_prefetch(value + j);
+}
+
 std::string node_desc(const Node& n) {
     return "TreeNode(id=" + std::to_string(n.id) + ", len=" + std::to_string(n.size()) +
            ", lock=" + std::to_string(n.lock_ref) + ")";
@@ -32,6 +46,81 @@ Strategy strategy_from_name(const std::string& name) {
 }
 
 bool strategy_monotone(Strategy s) { return s != Strategy::Mru; }
+
+uint64_t ChildIndex::hash(const int32_t* page, int64_t n, int32_t nsp) {
+    uint64_t h = 0x243F6A8885A308D3ULL ^ (static_cast<uint64_t>(static_cast<uint32_t>(nsp)) << 17);
+    for (int64_t i = 0; i < n; ++i)
+        h = (h ^ static_cast<uint32_t>(page[i])) * 0xFF51AFD7ED558CCDULL;
+    return h ^ (h >> 29) ^ (h >> 47);
+}
+
+Node* ChildIndex::get(const int32_t* page, int64_t n, int32_t nsp) const {
+    if (size_ == 0) return nullptr;
+    const uint64_t h = hash(page, n, nsp);
+    const size_t mask = table_.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const Entry& e = table_[i];
+        Node* c = e.node;
+        if (c == nullptr) return nullptr;
+        // The key's namespace: a child of the root carries its own (top), others none.
+        if (e.hash == h && (!c->top || c->ns == nsp) &&
+            std::memcmp(c->key.data(), page, static_cast<size_t>(n) * sizeof(int32_t)) == 0)
+            return c;
+    }
+}
+
+void ChildIndex::grow() {
+    std::vector<Entry> old = std::move(table_);
+    table_.assign(old.empty() ? 2 : old.size() * 2, Entry{});
+    const size_t mask = table_.size() - 1;
+    for (Entry& e : old) {
+        if (!e.node) continue;
+        size_t i = e.hash & mask;
+        while (table_[i].node) i = (i + 1) & mask;
+        table_[i] = e;
+    }
+}
+
+void ChildIndex::add(Node& child) {
+    if ((size_ + 1) * 4 > table_.size() * 3) grow();
+    const size_t mask = table_.size() - 1;
+    size_t i = child.key_hash & mask;
+    while (table_[i].node) i = (i + 1) & mask;
+    table_[i] = Entry{child.key_hash, &child};
+    ++size_;
+}
+
+size_t ChildIndex::find_entry(const Node& child) const {
+    const size_t mask = table_.size() - 1;
+    for (size_t i = child.key_hash & mask, probes = 0; probes < table_.size();
+         i = (i + 1) & mask, ++probes) {
+        if (table_[i].node == &child) return i;
+        if (!table_[i].node) break;
+    }
+    throw IntegrityFailure("a child is missing from its parent's children");
+}
+
+void ChildIndex::replace(const Node& old, Node& now) { table_[find_entry(old)].node = &now; }
+
+void ChildIndex::prefetch(const Node& child) const {
+    if (!table_.empty()) __builtin_prefetch(&table_[child.key_hash & (table_.size() - 1)]);
+}
+
+void ChildIndex::remove(const Node& child) {
+    // Backward-shift deletion: every entry stays reachable from its home slot.
+    const size_t mask = table_.size() - 1;
+    size_t hole = find_entry(child);
+    for (size_t j = (hole + 1) & mask; table_[j].node; j = (j + 1) & mask) {
+        const size_t home = table_[j].hash & mask;
+        // Entry j may move into the hole unless its home lies cyclically in (hole, j].
+        const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+        if (stays) continue;
+        table_[hole] = table_[j];
+        hole = j;
+    }
+    table_[hole] = Entry{};
+    --size_;
+}
 
 Tree::Tree(int64_t page_size, Strategy strategy, int64_t slru_threshold, bool disabled,
            bool compat_sglang)
@@ -113,13 +202,12 @@ std::string Tree::page_key(const int32_t* page, Node* parent, int32_t ns) const 
 }
 
 NodePtr Tree::find_child(Node& node, const int32_t* page, int32_t ns) {
-    auto it = node.children.find(page_key(page, &node, ns));
-    return it == node.children.end() ? nullptr : it->second;
+    Node* c = find_child_ptr(node, page, ns);
+    return c ? c->shared_from_this() : nullptr;
 }
 
 Node* Tree::find_child_ptr(Node& node, const int32_t* page, int32_t ns) const {
-    auto it = node.children.find(page_key(page, &node, ns));
-    return it == node.children.end() ? nullptr : it->second.get();
+    return node.index.get(page, page_, &node == root_.get() ? ns : 0);
 }
 
 bool Tree::covers(const int32_t* tokens, int64_t avail, const Node& node) const {
@@ -135,8 +223,10 @@ bool Tree::covers_copy(const int32_t* tokens, int64_t avail, const Node& node,
     if (avail < k) return false;
     const int32_t* key = node.key.data();
     const int64_t* value = node.value.data();
+    prefetch_chunk(tokens, key, out ? value : nullptr, 0, k);
     for (int64_t i = 0; i < k; i += kChunk) {
         const int64_t c = std::min(kChunk, k - i);
+        prefetch_chunk(tokens, key, out ? value : nullptr, i + kChunk, k);
         if (std::memcmp(tokens + i, key + i, c * sizeof(int32_t)) != 0) return false;
         if (out) std::memcpy(out + i, value + i, c * sizeof(int64_t));
     }
@@ -174,13 +264,17 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     up->slot = child.slot;
     up->top = child.top;
     up->child_key = child.child_key;
+    up->key_hash = child.key_hash;
     if (!compat_) up->creation_time = child.creation_time;
     parent->children[child.child_key] = up;  // the same key: the same place
+    parent->index.replace(child, *up);
     child.key.erase(child.key.begin(), child.key.begin() + m);
     child.value.erase(child.value.begin(), child.value.begin() + m);
     child.parent = up.get();
     child.top = false;
     child.child_key = page_key(child.key.data(), up.get(), child.ns);
+    child.key_hash = ChildIndex::hash(child.key.data(), page_, 0);
+    up->index.add(child);
     up->children.emplace(child.child_key, std::move(lower));
     if (events.on_split) events.on_split(*up, child);
     return up;
@@ -317,53 +411,51 @@ WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns,
     root_->last_access_time = now;
     if (priority > root_->priority) root_->priority = priority;
     if (n == 0) return {root_, 0};
-    NodePtr node;
+    Node* node;
     int64_t pos;
-    std::string ckey;
     if (start != nullptr && start != root_.get() && start_depth <= n) {
         pos = start_depth;
         if (pos < base)
             throw std::invalid_argument("insert: the key starts at " + std::to_string(base) +
                                         ", past the start depth " + std::to_string(pos));
         touch_path_up(*start, pos, now, priority, inserted_len);
-        node = start->shared_from_this();
-        if (pos == n) return {node, pos};
-        ckey = page_key(tokens + (pos - base), node.get(), ns);
+        node = start;
+        if (pos == n) return {node->shared_from_this(), pos};
     } else if (base) {
         throw std::invalid_argument("insert: a key starting at " + std::to_string(base) +
                                     " needs a start node at that depth");
     } else {
-        node = root_;
+        node = root_.get();
         pos = 0;
-        ckey = page_key(tokens, root_.get(), ns);
     }
-    auto it = node->children.find(ckey);
-    NodePtr child = it == node->children.end() ? nullptr : it->second;
+    // Raw pointers below: every node on the path is owned by its attached parent.
+    Node* child = find_child_ptr(*node, tokens + (pos - base), ns);
     while (child) {
         child->last_access_time = now;
         const int64_t rel = pos - base;
         const bool whole = covers(tokens + rel, n - pos, *child);
         const int64_t m = whole ? child->size() : mismatch(tokens + rel, n - pos, *child);
-        node = whole ? child : split(*child, m, now);
+        node = whole ? child : split(*child, m, now).get();
         pos += m;
         if (priority > node->priority) node->priority = priority;
         if (pos > inserted_len) node->hit_count += 1;
-        if (pos == n) return {node, pos};
-        ckey = page_key(tokens + rel + m, node.get(), ns);
+        if (pos == n) return {node->shared_from_this(), pos};
         if (!whole) break;  // the remainder's first page differs from the split-off child's
-        auto next = node->children.find(ckey);
-        child = next == node->children.end() ? nullptr : next->second;
+        child = find_child_ptr(*node, tokens + rel + m, ns);
     }
     const int64_t rel = pos - base;
+    const bool top = node == root_.get();
     NodePtr leaf = make_node(std::vector<int32_t>(tokens + rel, tokens + n_tokens),
-                             std::vector<int64_t>(values + rel, values + n_tokens), node.get(),
-                             ns, now, priority);
-    leaf->child_key = ckey;
-    leaf->top = node == root_;
+                             std::vector<int64_t>(values + rel, values + n_tokens), node, ns,
+                             now, priority);
+    leaf->child_key = page_key(tokens + rel, node, ns);
+    leaf->key_hash = ChildIndex::hash(tokens + rel, page_, top ? ns : 0);
+    leaf->top = top;
     if (n > inserted_len) leaf->hit_count = 1;
-    if (node->children.empty() && node->lock_ref == 0) leaves_.erase(node.get());
-    node->children.emplace(ckey, leaf);
-    if (events.on_child) events.on_child(*node, ckey);
+    if (node->children.empty() && node->lock_ref == 0) leaves_.erase(node);
+    node->index.add(*leaf);
+    node->children.emplace(leaf->child_key, leaf);
+    if (events.on_child) events.on_child(*node, leaf->child_key);
     evictable_ += n - pos;
     mark_evictable(*leaf);
     return {leaf, pos};
@@ -443,17 +535,38 @@ std::vector<int32_t> Tree::path_key(const Node& node) const {
     return out;
 }
 
-void Tree::evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed) {
+void Tree::Freed::take(std::vector<int64_t>&& v) {
+    if (segments) {
+        segments->push_back(std::move(v));
+    } else {
+        flat->insert(flat->end(), v.begin(), v.end());
+        std::vector<int64_t>().swap(v);  // emptied and released, as a move leaves it
+    }
+}
+
+void Tree::Freed::copy(const int64_t* begin, const int64_t* end) {
+    if (segments) {
+        segments->emplace_back(begin, end);
+    } else {
+        flat->insert(flat->end(), begin, end);
+    }
+}
+
+void Tree::evict_whole(Node& leaf, Freed& freed) {
+    leaf.parent->index.prefetch(leaf);  // its miss overlaps the map's below
     const int64_t length = leaf.size();
     if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, length);
     if (events.on_evict) events.on_evict(leaf, 0);
     // The slots move out: a detached node keeps its key (handles may still ask its length),
     // not its slots, which the caller now owns.
-    freed.push_back(std::move(leaf.value));
+    freed.take(std::move(leaf.value));
     leaf.value.clear();
     Node* parent = leaf.parent;
-    NodePtr hold = parent->children.at(leaf.child_key);  // alive until this returns
-    parent->children.erase(leaf.child_key);
+    auto it = parent->children.find(leaf.child_key);
+    if (it == parent->children.end()) throw IntegrityFailure(node_desc(leaf) + " not in its parent");
+    NodePtr hold = std::move(it->second);  // alive until this returns
+    parent->children.erase(it);
+    parent->index.remove(leaf);
     leaf.parent = nullptr;
     leaves_.erase(&leaf);
     evictable_ -= length;
@@ -464,8 +577,21 @@ void Tree::evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed) {
 }
 
 std::vector<std::vector<int64_t>> Tree::evict(int64_t num_tokens) {
-    std::vector<std::vector<int64_t>> freed;
-    if (disabled_ || num_tokens <= 0 || leaves_.empty()) return freed;
+    std::vector<std::vector<int64_t>> segments;
+    Freed freed{&segments, nullptr};
+    evict_into(num_tokens, freed);
+    return segments;
+}
+
+std::vector<int64_t> Tree::evict_flat(int64_t num_tokens) {
+    std::vector<int64_t> flat;
+    Freed freed{nullptr, &flat};
+    evict_into(num_tokens, freed);
+    return flat;
+}
+
+void Tree::evict_into(int64_t num_tokens, Freed& freed) {
+    if (disabled_ || num_tokens <= 0 || leaves_.empty()) return;
     if (!heap_persistent || heap_.size() > 4 * leaves_.size() + 64) {
         heap_.clear();
         for (Node* leaf : leaves_) {
@@ -495,7 +621,7 @@ std::vector<std::vector<int64_t>> Tree::evict(int64_t num_tokens) {
                 if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, cut);
                 const int64_t keep = length - cut;
                 if (events.on_evict) events.on_evict(leaf, keep);
-                freed.emplace_back(leaf.value.begin() + keep, leaf.value.end());
+                freed.copy(leaf.value.data() + keep, leaf.value.data() + leaf.value.size());
                 leaf.key.resize(keep);
                 leaf.value.resize(keep);
                 evictable_ -= cut;
@@ -508,7 +634,6 @@ std::vector<std::vector<int64_t>> Tree::evict(int64_t num_tokens) {
         evicted += length;
     }
     if (!heap_persistent) heap_.clear();
-    return freed;
 }
 
 std::vector<int64_t> Tree::reset() {
@@ -636,6 +761,11 @@ void Tree::check_integrity() const {
         auto it = parent->children.find(ck);
         if (it == parent->children.end() || it->second.get() != &node)
             throw IntegrityFailure(d + " not under its own first-page key in its parent");
+        const int32_t nsp = parent == root_.get() ? node.ns : 0;
+        if (node.key_hash != ChildIndex::hash(node.key.data(), page_, nsp) ||
+            find_child_ptr(*const_cast<Node*>(parent), node.key.data(), node.ns) != &node ||
+            parent->index.size() != parent->children.size())
+            throw IntegrityFailure(d + " not in its parent's child index under its key");
         if (node.child_key != ck)
             throw IntegrityFailure(d + ": stored child_key differs from its first page");
         if (node.top != (parent == root_.get()))

@@ -28,6 +28,41 @@ struct IntegrityFailure : std::runtime_error {
 // Built-in eviction strategies (radixsched.cache.evict), by their sort keys.
 enum class Strategy { Lru, Mru, Fifo, Filo, Lfu, Priority, Slru };
 
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+// An index of a node's children (Node::children) by their key: the child's first page, with
+// its namespace id when it hangs under the root in a non-default namespace (the key `page_key`
+// spells as bytes). An open-addressing table (linear probing, power-of-two capacity, at most
+// 3/4 full) of non-owning pointers and their keys' hashes: a lookup hashes the query's page in
+// place and checks the candidate against the child's own first page, so that it builds no key
+// string and follows no bucket chain. It holds exactly the children that `children` holds.
+class ChildIndex {
+public:
+    struct Entry {
+        uint64_t hash = 0;
+        Node* node = nullptr;  // null: a free entry
+    };
+    // The hash of a key: `n` tokens of `page`, and `nsp` (the namespace id under the root, 0
+    // anywhere else and for the default namespace).
+    static uint64_t hash(const int32_t* page, int64_t n, int32_t nsp);
+    // The child under that key (null when none): its hash, first page and namespace agree.
+    Node* get(const int32_t* page, int64_t n, int32_t nsp) const;
+    void add(Node& child);  // its key_hash is set; no child holds that key yet
+    void replace(const Node& old, Node& now);  // `now` takes `old`'s key and entry
+    void remove(const Node& child);
+    // A hint: asks for the cache line of `child`'s home entry (before a remove).
+    void prefetch(const Node& child) const;
+    size_t size() const { return size_; }
+
+private:
+    size_t find_entry(const Node& child) const;  // its index (the child must be here)
+    void grow();
+
+    std::vector<Entry> table_;
+    size_t size_ = 0;
+};
+
 struct Node : std::enable_shared_from_this<Node> {
     std::vector<int32_t> key;
     std::vector<int64_t> value;  // one KV slot per token of `key`
@@ -47,11 +82,12 @@ struct Node : std::enable_shared_from_this<Node> {
     int32_t ns = 0;  // namespace id (0: the default namespace)
     bool top = false;  // hangs (or hung, once detached) directly under the root
     std::string child_key;  // its key in its parent's children (kept once detached)
+    // Last, so that the fields above keep their cache lines (eviction reads them per leaf).
+    ChildIndex index;  // the same children, for lookups by a page in place
+    uint64_t key_hash = 0;  // ChildIndex::hash of its key in its parent (kept once detached)
 
     int64_t size() const { return static_cast<int64_t>(key.size()); }
 };
-
-using NodePtr = std::shared_ptr<Node>;
 
 struct WalkResult {
     NodePtr node;
@@ -108,6 +144,8 @@ public:
     void move_lock(Node* old, Node& node);
     // Evicted slots as segments in eviction order.
     std::vector<std::vector<int64_t>> evict(int64_t num_tokens);
+    // The same eviction, its segments concatenated (one array for the allocator).
+    std::vector<int64_t> evict_flat(int64_t num_tokens);
     std::vector<int64_t> reset();  // the slots the tree held
 
     int64_t evictable_size() const { return evictable_; }
@@ -155,7 +193,15 @@ private:
     NodePtr make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
                       int32_t ns, int64_t now, int64_t priority);
     void check_attached(const Node& node) const;
-    void evict_whole(Node& leaf, std::vector<std::vector<int64_t>>& freed);
+    // Where evicted slots go: whole segments (moved), or appended to one flat array.
+    struct Freed {
+        std::vector<std::vector<int64_t>>* segments = nullptr;
+        std::vector<int64_t>* flat = nullptr;
+        void take(std::vector<int64_t>&& v);
+        void copy(const int64_t* begin, const int64_t* end);
+    };
+    void evict_into(int64_t num_tokens, Freed& freed);
+    void evict_whole(Node& leaf, Freed& freed);
     void detach_all();
 
     int64_t page_;

@@ -87,13 +87,25 @@ std::pair<nb::object, int64_t*> new_slots(int64_t n) {
     return {std::move(arr), data};
 }
 
-}  // namespace
+// A new instance of the tuple type `type` holding (slots, length, node, 0), as
+// tuple.__new__(type, (slots, length, node, 0)) makes it.
+nb::object result_of(PyTypeObject* type, nb::object slots, int64_t length, const NodePtr& node) {
+    nb::object fields[4] = {std::move(slots), nb::int_(length), nb::cast(node), nb::int_(0)};
+    PyObject* res = type->tp_alloc(type, 4);
+    if (res == nullptr) throw nb::python_error();
+    for (Py_ssize_t i = 0; i < 4; ++i) PyTuple_SET_ITEM(res, i, fields[i].release().ptr());
+    return nb::steal(res);
+}
 
-nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns, nb::handle result) {
+PyTypeObject* tuple_type(nb::handle result) {
     auto* type = reinterpret_cast<PyTypeObject*>(result.ptr());
     if (!PyType_Check(result.ptr()) || !PyType_IsSubtype(type, &PyTuple_Type))
         throw nb::type_error("match_prefix: result must be a tuple type");
-    const TokenView tok(tokens);
+    return type;
+}
+
+// The walk over `tok` in namespace `ns`, as a `type` instance holding the matched slots.
+nb::object walk_result(Tree& tree, const TokenView& tok, int32_t ns, PyTypeObject* type) {
     const int64_t n = tok.size() - tok.size() % tree.page_size();
     auto [arr, out] = new_slots(n);
     const WalkResult r = tree.walk_into(tok.data(), tok.size(), ns, out);
@@ -102,10 +114,64 @@ nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns, nb::handle re
         std::memcpy(dst, out, static_cast<size_t>(r.length) * sizeof(int64_t));
         arr = std::move(exact);
     }
-    nb::object args = nb::make_tuple(nb::make_tuple(arr, r.length, r.node, 0));
-    PyObject* res = PyTuple_Type.tp_new(type, args.ptr(), nullptr);  // tuple.__new__(type, fields)
-    if (res == nullptr) throw nb::python_error();
-    return nb::steal(res);
+    return result_of(type, std::move(arr), r.length, r.node);
+}
+
+// set_match_types' objects (held for the life of the process, as numpy()'s).
+struct MatchTypes {
+    PyTypeObject* result = nullptr;
+    PyObject* empty_slots = nullptr;
+    PyObject* namespace_id = nullptr;
+};
+
+MatchTypes& match_types() {
+    static MatchTypes t;
+    return t;
+}
+
+}  // namespace
+
+nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns, nb::handle result) {
+    PyTypeObject* type = tuple_type(result);
+    const TokenView tok(tokens);
+    return walk_result(tree, tok, ns, type);
+}
+
+void set_match_types(nb::handle result, nb::handle empty_slots, nb::handle namespace_id) {
+    PyTypeObject* type = tuple_type(result);
+    if (!PyCallable_Check(namespace_id.ptr()))
+        throw nb::type_error("set_match_types: namespace_id must be callable");
+    MatchTypes& t = match_types();
+    // Replaced references are dropped: a holder of the old ones holds its own.
+    Py_INCREF(type);
+    Py_XDECREF(reinterpret_cast<PyObject*>(t.result));
+    t.result = type;
+    Py_XSETREF(t.empty_slots, Py_NewRef(empty_slots.ptr()));
+    Py_XSETREF(t.namespace_id, Py_NewRef(namespace_id.ptr()));
+}
+
+nb::object match_key(Tree& tree, nb::handle key) {
+    const MatchTypes& t = match_types();
+    if (t.result == nullptr) throw std::logic_error("match_key before set_match_types");
+    PyObject* k = key.ptr();
+    if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 2)
+        throw nb::type_error("match_prefix: the key must be a (tokens, namespace) tuple");
+    PyObject* tokens = PyTuple_GET_ITEM(k, 0);
+    PyObject* nsobj = PyTuple_GET_ITEM(k, 1);
+    if (tree.disabled())
+        return result_of(t.result, nb::borrow(t.empty_slots), 0, tree.root());
+    const Py_ssize_t len = PyObject_Size(tokens);
+    if (len < 0) throw nb::python_error();
+    if (len == 0) return result_of(t.result, nb::borrow(t.empty_slots), 0, tree.root());
+    int32_t ns = 0;
+    if (nsobj != Py_None) {
+        PyObject* args[] = {nsobj};
+        nb::object id = nb::steal(PyObject_Vectorcall(t.namespace_id, args, 1, nullptr));
+        if (!id.is_valid()) throw nb::python_error();
+        ns = nb::cast<int32_t>(id);
+    }
+    const TokenView tok(nb::handle{tokens});
+    return walk_result(tree, tok, ns, t.result);
 }
 
 nb::object walk_node(Tree& tree, nb::handle tokens, int32_t ns) {

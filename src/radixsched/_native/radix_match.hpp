@@ -18,6 +18,16 @@ namespace radixsched {
 nanobind::object match_prefix(Tree& tree, nanobind::handle tokens, int32_t ns,
                               nanobind::handle result);
 
+// Where NativeRadixCache.match_prefix's result comes from: its tuple type (MatchResult), the
+// empty slot array of a match that never walks, and the namespace -> id function.
+void set_match_types(nanobind::handle result, nanobind::handle empty_slots,
+                     nanobind::handle namespace_id);
+
+// NativeRadixCache.match_prefix(key) in one native call: `key` is a (tokens, namespace) tuple
+// (CacheKey). A disabled tree or an empty key: (empty slots, 0, root, 0), no clock tick; else
+// match_prefix(tree, tokens, namespace_id(namespace) (0 for None), result type).
+nanobind::object match_key(Tree& tree, nanobind::handle key);
+
 // The same walk (same clock tick, same touches and splits) without the slots: (node, length).
 nanobind::object walk_node(Tree& tree, nanobind::handle tokens, int32_t ns);
 

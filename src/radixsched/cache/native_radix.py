@@ -94,6 +94,8 @@ class NativeRadixCache(BasePrefixCache):
             raise ValueError(f"eviction policy {self.eviction_policy!r} has no native version")
         slru = int(getattr(self.strategy, "protected_threshold", 2))
         self.tree: Any = mod.Tree(page_size, self.eviction_policy, slru, disable, compat_sglang)
+        mod.set_match_types(MatchResult, EMPTY_SLOTS, namespace_id)
+        self._match: Callable[[CacheKey], MatchResult] = self.tree.match_key
         self.allocator = allocator
         self.page_size = page_size
         self.disabled = disable
@@ -156,15 +158,10 @@ class NativeRadixCache(BasePrefixCache):
 
     # ---- match / touch / insert --------------------------------------------------------------
     def match_prefix(self, key: CacheKey) -> MatchResult:
-        # The hot path: one native call builds the MatchResult (tokens of any int dtype
-        # are read or converted natively, as ``as_tokens`` would); id 0 is the default namespace.
-        tokens, ns = key
-        if self.disabled or len(tokens) == 0:
-            return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
-        res: MatchResult = self.tree.match_prefix(
-            tokens, 0 if ns is None else namespace_id(ns), MatchResult
-        )
-        return res
+        # The hot path: one native call (``Tree.match_key``, bound once) builds the MatchResult:
+        # a disabled tree or an empty key gives (EMPTY_SLOTS, 0, root) without a clock tick;
+        # tokens of any int dtype are read or converted natively, as ``as_tokens`` would.
+        return self._match(key)
 
     def match_node(self, key: CacheKey) -> MatchResult:
         tokens, ns = key
@@ -248,10 +245,11 @@ class NativeRadixCache(BasePrefixCache):
 
     # ---- eviction ------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
-        freed = self.tree.evict(num_tokens)
-        if not freed:
+        # One array of the evicted slots in eviction order (evict_reclaim's segments, joined
+        # natively: no array per evicted leaf).
+        out = self.tree.evict_flat(num_tokens)
+        if not len(out):
             return 0
-        out = freed[0] if len(freed) == 1 else np.concatenate(freed)
         if self.allocator is not None:
             self.allocator.free(out, checked=False)
         return len(out)
