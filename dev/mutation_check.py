@@ -156,8 +156,14 @@ MUTANTS = (
     Mutant(
         "dedup-members-by-callers-key",
         "_native/dedup.cpp",
-        "    const uint64_t u = next_uid_++;",
+        "    const uint64_t u = back ? was->second.first : next_uid_++;",
         "    const uint64_t u = static_cast<uint64_t>(k);",
+    ),
+    Mutant(
+        "dedup-requeue-is-a-stranger",
+        "_native/dedup.cpp",
+        "    const bool back = was != gone_.end() && was->second.second == rep.rid;",
+        "    const bool back = false;",
     ),
     Mutant(
         "dedup-flips-not-reported",

@@ -257,6 +257,32 @@ def test_native_dedup_equals_the_reference_dedup(
 
 
 @native
+def test_native_dedup_keeps_a_requeued_members_status() -> None:
+    """A request untracked and tracked again with new output (a requeue) before the round is the
+    same member: deferred in both rounds, its status did not flip (Hypothesis' minimal case);
+    the one whose requeue makes it the duplicate does flip, with the new representative."""
+    cache = NativeRadixCache(None, page_size=1)
+    matcher = NativeMatcher(cache)
+    matcher.dedup_on(0, 0)  # every request is a member of one group
+    r0, r1 = _req(0, [0]), _req(1, [0])
+    for r in (r0, r1):
+        matcher.track(r)
+    matcher.refresh()
+    assert matcher.dedup_round(False) == (frozenset({"r1"}), [r1])
+    matcher.untrack(r1)
+    r1.output_ids.append(0)
+    matcher.track(r1)
+    matcher.refresh()
+    assert matcher.dedup_round(False) == (frozenset({"r1"}), [])
+    matcher.untrack(r0)
+    r0.output_ids.extend([0, 0])  # more uncached work than r1: r0 is deferred now
+    matcher.track(r0)
+    matcher.refresh()
+    got, flipped = matcher.dedup_round(False)
+    assert (got, {r.rid for r in flipped}) == (frozenset({"r0"}), {"r0", "r1"})
+
+
+@native
 def test_native_dedup_tells_apart_a_leaver_and_an_arrival_under_its_key() -> None:
     """The matcher's keys are ``id(req)``, which CPython gives again once a request is gone:
     a request that leaves and another tracked under the same key before the round are two

@@ -37,8 +37,10 @@ void Dedup::put(int64_t k, const int32_t* tokens, int64_t fill_len, int32_t ns, 
     m.fill_len = fill_len;
     m.ns = ns;
     m.k = k;
+    auto was = gone_.find(k);  // the same request back (same rid) keeps its uid
+    const bool back = was != gone_.end() && was->second.second == rep.rid;
     m.rep = std::move(rep);
-    const uint64_t u = next_uid_++;
+    const uint64_t u = back ? was->second.first : next_uid_++;
     uid_of_.emplace(k, u);
     members_.emplace(u, std::move(m));
 }
@@ -57,6 +59,7 @@ void Dedup::drop(int64_t k) {
     if (at == uid_of_.end()) return;
     auto it = members_.find(at->second);
     leave(at->second, it->second);
+    gone_.insert_or_assign(k, std::make_pair(at->second, std::move(it->second.rep.rid)));
     members_.erase(it);
     uid_of_.erase(at);
 }
@@ -148,6 +151,7 @@ DedupOutcome Dedup::decide(bool afresh) {
         if (g->members.empty()) groups_.erase(groups_.find(*g->key));
     }
     touched_.clear();
+    gone_.clear();
     for (auto& item : out_of) out.left.push_back(std::move(item.second));
     std::sort(flips.begin(), flips.end());
     flips.erase(std::unique(flips.begin(), flips.end()), flips.end());

@@ -20,6 +20,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace radixsched {
@@ -96,6 +97,10 @@ private:
     // a group's last verdict must still name the one that left.
     uint64_t next_uid_ = 0;
     std::unordered_map<int64_t, uint64_t> uid_of_;  // caller's key -> its member's uid
+    // Members dropped since the last round: caller's key -> (uid, rid). A request tracked again
+    // under its key before the round (a requeue) is the same member: it gets its uid back, so
+    // that the round compares its status with its own last one (not a stranger's).
+    std::unordered_map<int64_t, std::pair<uint64_t, std::string>> gone_;
     std::unordered_map<uint64_t, Member> members_;
     Groups groups_;
     std::vector<Group*> touched_;
