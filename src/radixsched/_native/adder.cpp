@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kv.hpp"
+#include "py_attr.hpp"
 #include "matcher.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
@@ -105,16 +106,10 @@ void init_names() {
     g_names = &n;
 }
 
-nb::object get(nb::handle o, PyObject* name) { return nb::steal(PyObject_GetAttr(o.ptr(), name)); }
-void set(nb::handle o, PyObject* name, nb::handle v) {
-    if (PyObject_SetAttr(o.ptr(), name, v.ptr()) != 0) throw nb::python_error();
-}
-void set_int(nb::handle o, PyObject* name, int64_t v) { set(o, name, nb::int_(v)); }
-int64_t len_of(nb::handle o) {
-    const Py_ssize_t n = PyObject_Length(o.ptr());
-    if (n < 0) throw nb::python_error();
-    return n;
-}
+using py::get;
+using py::len_of;
+using py::set;
+using py::set_int;
 
 // A request (or an admitted member) as the loop reads it; tokens and namespace on demand.
 struct Seen {

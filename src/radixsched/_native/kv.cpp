@@ -59,6 +59,8 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 
+#include "py_attr.hpp"
+
 namespace nb = nanobind;
 using namespace nb::literals;
 
@@ -105,26 +107,12 @@ PyObject* imported(PyObject*& slot, const char* module, const char* attr) {
     return slot;
 }
 
-nb::object get(nb::handle o, PyObject* name) {
-    PyObject* v = PyObject_GetAttr(o.ptr(), name);
-    if (v == nullptr) throw nb::python_error();
-    return nb::steal(v);
-}
-int64_t get_int(nb::handle o, PyObject* name) { return nb::cast<int64_t>(get(o, name)); }
-void set(nb::handle o, PyObject* name, nb::handle v) {
-    if (PyObject_SetAttr(o.ptr(), name, v.ptr()) != 0) throw nb::python_error();
-}
-void set_int(nb::handle o, PyObject* name, int64_t v) { set(o, name, nb::int_(v)); }
-int64_t len_of(nb::handle o) {
-    const Py_ssize_t n = PyObject_Length(o.ptr());
-    if (n < 0) throw nb::python_error();
-    return n;
-}
-nb::object slice(nb::handle o, int64_t lo, int64_t hi) {  // o[lo:hi]
-    PyObject* v = PySequence_GetSlice(o.ptr(), lo, hi);
-    if (v == nullptr) throw nb::python_error();
-    return nb::steal(v);
-}
+using py::get;
+using py::get_int;
+using py::len_of;
+using py::set;
+using py::set_int;
+using py::slice;
 
 // numpy.empty(n, numpy.int64)
 nb::object empty_slots(int64_t n) {
