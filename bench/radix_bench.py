@@ -78,6 +78,31 @@ class Row(NamedTuple):
     tree_tokens: int
 
 
+def _row(
+    p: int,
+    n: int,
+    n_tok: int,
+    times: tuple[float, float, float],
+    t_evict: float,
+    evicted: int,
+    tree_tokens: int,
+) -> Row:
+    """A row from the insert, match and match_len timings of ``n`` sequences of ``n_tok`` tokens."""
+    t_insert, t_match, t_match_len = times
+    return Row(
+        page_size=p,
+        insert_tokens_per_s=n_tok / t_insert,
+        insert_seqs_per_s=n / t_insert,
+        match_tokens_per_s=n_tok / t_match,
+        match_seqs_per_s=n / t_match,
+        match_len_tokens_per_s=n_tok / t_match_len,
+        match_len_seqs_per_s=n / t_match_len,
+        evict_half_s=t_evict,
+        evicted_tokens=evicted,
+        tree_tokens=tree_tokens,
+    )
+
+
 def make_workload(seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     prefixes = rng.integers(0, VOCAB, size=(GROUPS, PREFIX_LEN), dtype=np.int32)
@@ -135,18 +160,8 @@ def run(page_size: int, seqs: list[np.ndarray], tree: type[RadixCache | NativeRa
     allocator.check_integrity(cache_slots=cache.all_values())
     assert tree_tokens // 2 <= evicted < tree_tokens // 2 + p
 
-    n = len(seqs)
-    return Row(
-        page_size=p,
-        insert_tokens_per_s=n_tok / t_insert,
-        insert_seqs_per_s=n / t_insert,
-        match_tokens_per_s=n_tok / t_match,
-        match_seqs_per_s=n / t_match,
-        match_len_tokens_per_s=n_tok / t_match_len,
-        match_len_seqs_per_s=n / t_match_len,
-        evict_half_s=t_evict,
-        evicted_tokens=evicted,
-        tree_tokens=tree_tokens,
+    return _row(
+        p, len(seqs), n_tok, (t_insert, t_match, t_match_len), t_evict, evicted, tree_tokens
     )
 
 
@@ -184,19 +199,8 @@ def run_sglang_rust(page_size: int, seqs: list[np.ndarray], mod: ModuleType) -> 
     finally:
         gc.enable()
     assert matched == matched_len == [aligned] * len(seqs), "every sequence must match whole"
-    n = len(seqs)
-    return Row(
-        page_size=p,
-        insert_tokens_per_s=n_tok / t_insert,
-        insert_seqs_per_s=n / t_insert,
-        match_tokens_per_s=n_tok / t_match,
-        match_seqs_per_s=n / t_match,
-        match_len_tokens_per_s=n_tok / t_match_len,
-        match_len_seqs_per_s=n / t_match_len,
-        evict_half_s=float("nan"),
-        evicted_tokens=0,
-        tree_tokens=tree.total_size(),
-    )
+    times = (t_insert, t_match, t_match_len)
+    return _row(p, len(seqs), n_tok, times, float("nan"), 0, tree.total_size())
 
 
 def best_of(runs: list[Row]) -> Row:
