@@ -6,6 +6,7 @@ for every built-in kind of model."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +17,11 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from radixsched.config import SchedulerConfig
-from radixsched.engine.build import tokenizer_dir
+from radixsched.engine.build import tokenizer_dir, torch_runner
 from radixsched.engine.loader import LoadedModel, load_model, load_tokenizer
 from radixsched.server.app import ServerThread, create_app
-from radixsched.server.build import engine_for_model
+from radixsched.server.build import engine_for_model, engine_for_runner
+from radixsched.server.model import served_model
 
 MODEL = "tiny-random"
 SERVED = "my-model"
@@ -56,14 +58,33 @@ def test_server_info_names_the_model_as_sglang_router_reads_it(server: ServerThr
         assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "model_not_found"
 
 
-def test_get_load_has_sglangs_shape_and_counts_running_requests(server: ServerThread) -> None:
-    with httpx.Client(base_url=server.url, timeout=30) as c:
+@pytest.fixture
+def slow_server(loaded: LoadedModel) -> Iterator[ServerThread]:
+    """A server whose forward passes take at least 20 ms each: a request of 120 new tokens
+    then runs for over two seconds, however fast or loaded the machine is."""
+    runner = torch_runner(loaded, SchedulerConfig(), 2048, context_len=256, seed=0)
+    forward = runner.forward
+
+    def slow_forward(batch: object) -> object:
+        time.sleep(0.02)
+        return forward(batch)  # type: ignore[arg-type]
+
+    runner.forward = slow_forward  # type: ignore[method-assign,assignment]
+    engine = engine_for_runner(runner, SchedulerConfig(), kv_slots=2048, context_len=256)
+    served = served_model(loaded, runner.max_context_len)
+    with ServerThread(create_app(engine, served)) as st:
+        yield st
+
+
+def test_get_load_has_sglangs_shape_and_counts_running_requests(slow_server: ServerThread) -> None:
+    with httpx.Client(base_url=slow_server.url, timeout=30) as c:
         idle = c.get("/get_load")
         assert idle.status_code == 200
         assert idle.json() == [
             {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
         ]
-        body = {"input_ids": list(range(1, 101)), "sampling_params": {"max_new_tokens": 120}}
+        body: dict[str, object] = {"input_ids": list(range(1, 101))}
+        body |= {"sampling_params": {"max_new_tokens": 120}}
         body |= {"stream": True}
         seen: list[dict[str, int]] = []
         with c.stream("POST", "/generate", json=body) as r:
