@@ -19,7 +19,6 @@ bit (``tests/test_deferred_prompts.py``).
 from __future__ import annotations
 
 import dataclasses
-import os
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, cast, overload
@@ -27,6 +26,7 @@ from typing import Any, cast, overload
 import numpy as np
 
 from radixsched.request import Req, TokenArray
+from radixsched.sim.workloads.prompt_cache import gib_setting
 from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft
 
 BATCH = 256  # requests whose prompts are built together (the trace reader's batch)
@@ -45,15 +45,8 @@ def is_stand_in(prompt: TokenArray) -> bool:
 
 def eager_limit_bytes() -> int:
     """Prompt bytes above which a trace's prompts are deferred: ``$RADIXSCHED_EAGER_PROMPTS_GB``
-    GiB (unset, unparsable, negative or NaN: ``DEFAULT_EAGER_GB``)."""
-    text = os.environ.get("RADIXSCHED_EAGER_PROMPTS_GB", "")
-    try:
-        gb = float(text) if text.strip() else DEFAULT_EAGER_GB
-    except ValueError:
-        gb = DEFAULT_EAGER_GB
-    if not 0 <= gb < 1e9:
-        gb = DEFAULT_EAGER_GB
-    return int(gb * (1 << 30))
+    GiB (unset or not a size: ``DEFAULT_EAGER_GB``)."""
+    return gib_setting("RADIXSCHED_EAGER_PROMPTS_GB", DEFAULT_EAGER_GB)
 
 
 def should_defer(drafts: Sequence[_Draft]) -> bool:

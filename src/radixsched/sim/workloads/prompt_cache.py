@@ -77,17 +77,22 @@ def cache_dir() -> Path | None:
     return cache_root() / "prompts"
 
 
-def max_bytes() -> int:
-    """The folder's cap in bytes: ``$RADIXSCHED_CACHE_MAX_GB`` GiB (0: nothing is stored;
-    unset, unparsable, negative or NaN: the default)."""
-    text = os.environ.get("RADIXSCHED_CACHE_MAX_GB", "")
+def gib_setting(name: str, default_gb: float) -> int:
+    """Bytes of the environment variable ``name``, in GiB (unset, unparsable, negative, NaN or
+    absurd: ``default_gb``)."""
+    text = os.environ.get(name, "")
     try:
-        gb = float(text) if text.strip() else DEFAULT_MAX_GB
+        gb = float(text) if text.strip() else default_gb
     except ValueError:
-        gb = DEFAULT_MAX_GB
-    if not 0 <= gb < 1e9:  # NaN, negative or absurd: the default
-        gb = DEFAULT_MAX_GB
+        gb = default_gb
+    if not 0 <= gb < 1e9:
+        gb = default_gb
     return int(gb * (1 << 30))
+
+
+def max_bytes() -> int:
+    """The folder's cap in bytes: ``$RADIXSCHED_CACHE_MAX_GB`` GiB (0: nothing is stored)."""
+    return gib_setting("RADIXSCHED_CACHE_MAX_GB", DEFAULT_MAX_GB)
 
 
 def file_id(path: Path) -> tuple[int, ...] | None:
