@@ -14,7 +14,7 @@ strategies exist natively (``NATIVE_EVICTION``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -191,12 +191,8 @@ class NativeRadixCache(BasePrefixCache):
         tokens, ns = key
         if self.disabled or len(tokens) == 0:
             return
-        self.tree.walk_node(tokens, 0 if ns is None else namespace_id(ns))
-
-    def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
         # A key whose first page is not cached only ticks the clock: what its walk does.
-        for key in keys:
-            self.touch_prefix(key)
+        self.tree.walk_node(tokens, 0 if ns is None else namespace_id(ns))
 
     def insert(
         self,
