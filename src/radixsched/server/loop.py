@@ -187,7 +187,9 @@ class _Add:
 
 
 @dataclass(frozen=True)
-class _Abort:
+class Abort:
+    """End request ``rid`` (a command here, and the engine process's pipe message)."""
+
     rid: str
     message: str
     status_code: int
@@ -199,7 +201,7 @@ class _Call:
     future: concurrent.futures.Future[object]
 
 
-_Command = _Add | _Abort | _Call
+_Command = _Add | Abort | _Call
 
 
 def _deliver(items: list[tuple[RequestHandle, AdmitResult | TokenDelta]]) -> None:
@@ -350,11 +352,11 @@ class EngineLoop:
     def abort(
         self, rid: str, message: str = "client disconnected", status_code: int = CLIENT_GONE_STATUS
     ) -> None:
-        self._submit(_Abort(rid, message, status_code))
+        self._submit(Abort(rid, message, status_code))
 
     def stop_request(self, rid: str) -> None:
         """End a request whose text reached a stop string (counts as finish reason "stop")."""
-        self._submit(_Abort(rid, "stop string matched", STOP_STRING_STATUS))
+        self._submit(Abort(rid, "stop string matched", STOP_STRING_STATUS))
 
     def call(self, fn: Callable[[Scheduler], T]) -> concurrent.futures.Future[T]:
         """Run ``fn(scheduler)`` on the scheduler thread between steps."""
@@ -428,7 +430,7 @@ class EngineLoop:
     def _handle_command(self, cmd: _Command) -> None:
         if isinstance(cmd, _Add):
             self._admit(cmd.handle)
-        elif isinstance(cmd, _Abort):
+        elif isinstance(cmd, Abort):
             if self.scheduler.abort(cmd.rid, cmd.message, cmd.status_code):
                 handle = self._handles.get(cmd.rid)
                 if handle is not None:

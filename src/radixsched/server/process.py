@@ -48,6 +48,7 @@ from radixsched.scheduler import AdmitResult
 from radixsched.server.loop import (
     CLIENT_GONE_STATUS,
     STOP_STRING_STATUS,
+    Abort,
     EngineInfo,
     EngineLoop,
     FinishInfo,
@@ -122,13 +123,6 @@ class NewRequest:
             extra_key=self.extra_key,
             cache_salt=self.cache_salt,
         )
-
-
-@dataclass(frozen=True)
-class Abort:
-    rid: str
-    message: str
-    status_code: int
 
 
 @dataclass(frozen=True)
