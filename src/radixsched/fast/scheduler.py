@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -175,6 +174,12 @@ class FastScheduler(Scheduler):
         admits = self.cache.disabled and self.role.prefills
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
         self.unsettled = False
+        # The native prefill step (``run``) over the pool, the tree and the KV checkpoint. Set
+        # here, not on first use: a cached_property writes through the instance's __dict__,
+        # which CPython 3.11 then materializes, and every ``self.x`` read gets slower.
+        self.prefill_run = cast(Any, core()).PrefillRun(
+            self.allocator, self.kv.cache.tree.evictable_size, self.capacity, self.kv.checkpoint
+        )
 
     def _make_running(self) -> FastRunningBatch:
         return FastRunningBatch(bool(self.eos_ids), self.settle)
@@ -279,7 +284,7 @@ class FastScheduler(Scheduler):
         ``_native_prefill`` offers it and the call does not decline (it then changed nothing)."""
         native = self._native_prefill(batch)
         if native is not None:
-            res = self._prefill_run.run(batch.extend, *native, self, self.clock.now())
+            res = self.prefill_run.run(batch.extend, *native, self, self.clock.now())
             if res is not None:
                 d, n, tokens, finished, joined = res
                 self.batch.extend(joined)
@@ -306,14 +311,6 @@ class FastScheduler(Scheduler):
         if cost is None or tokens is None:
             return None
         return cost, tokens[0], tokens[1]
-
-    @cached_property
-    def _prefill_run(self) -> Any:
-        """The native prefill step (``_core.PrefillRun``) over this scheduler's pool, tree
-        and KV checkpoint."""
-        return cast(Any, core()).PrefillRun(
-            self.allocator, self.kv.cache.tree.evictable_size, self.capacity, self.kv.checkpoint
-        )
 
     def _finish_prefill(self, r: Req) -> bool:
         """``r`` reached its ``max_new_tokens`` in a native prefill step: the reference's
