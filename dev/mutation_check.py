@@ -47,6 +47,7 @@ TESTS = (
     "tests/test_native_adder.py",
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
+    "tests/test_native_run.py",
     "tests/test_costmodel.py",
     "tests/test_equivalence.py",
     "tests/test_golden.py",
@@ -276,8 +277,8 @@ MUTANTS = (
     Mutant(
         "decode-loop-context-stride-one",
         "_native/decode.cpp",
-        "            const int64_t ctx = total_ctx + k * b;",
-        "            const int64_t ctx = total_ctx + k;",
+        "            const auto ctx = double(total_ctx + k * b);",
+        "            const auto ctx = double(total_ctx + k);",
     ),
     Mutant(
         "scalar-step-drops-host-load",
@@ -452,6 +453,18 @@ MUTANTS = (
         "_native/decode.cpp",
         "        if (need_total(mid, page) <= room)",
         "        if (need_total(mid, page) < room)",
+    ),
+    Mutant(
+        "prefill-token-one-position-early",
+        "_native/prefill.cpp",
+        "stand_in(nb::cast<uint64_t>(h), uint64_t(prefix + it.num_new), vocab);",
+        "stand_in(nb::cast<uint64_t>(h), uint64_t(prefix + it.num_new - 1), vocab);",
+    ),
+    Mutant(
+        "prefill-running-x-unscaled",
+        "_native/prefill.cpp",
+        "get(st, n.running_x_s)) + double(size) * d));",
+        "get(st, n.running_x_s)) + d));",
     ),
 )
 

@@ -17,6 +17,7 @@
 #include <unordered_set>
 
 #include "pool.hpp"
+#include "stepcost.hpp"
 
 namespace radixsched {
 
@@ -233,14 +234,6 @@ bool plain(nb::handle r) {
     return !truthy(r.attr("sampling").attr("stop_token_ids")) && r.attr("scripted_output").is_none();
 }
 
-// SplitMix64 (sim/cost/splitmix.py), wrapping uint64 arithmetic.
-uint64_t splitmix64(uint64_t x) {
-    uint64_t z = x + 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 // The stand-in tokens at positions [first, first + k) of a plain request whose rid hashes to
 // `h` (sim/cost/runner.py's _stand_in: splitmix64(h ^ p * golden) mod vocab), as a list.
 nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
@@ -248,7 +241,7 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     if (!out.is_valid()) throw nb::python_error();
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
-        PyObject* t = PyLong_FromUnsignedLongLong(splitmix64(h ^ (p * 0x9E3779B97F4A7C15ULL)) % vocab);
+        PyObject* t = PyLong_FromUnsignedLongLong(radixsched::stand_in(h, p, vocab));
         if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }
@@ -272,10 +265,9 @@ void extend_list(nb::handle dst, nb::handle items) {
 struct DecodeCost {
     DecodeCost(double lin, double attn, double flops, double weight, double kv, double bytes,
                nb::object per_batch)
-        : lin(lin), attn(attn), flops(flops), weight(weight), kv(kv), bytes(bytes),
-          per_batch(std::move(per_batch)) {}
+        : rates{lin, attn, flops, weight, kv, bytes}, per_batch(std::move(per_batch)) {}
 
-    double lin, attn, flops, weight, kv, bytes;
+    radixsched::DenseRates rates;
     nb::object per_batch;
     std::unordered_map<int64_t, std::pair<double, double>> memo;
 
@@ -293,11 +285,8 @@ struct DecodeCost {
     void extend(std::vector<double>& out, int64_t b, int64_t total_ctx, int64_t to) {
         const auto [factor, fixed] = of_batch(b);
         for (int64_t k = int64_t(out.size()); k < to; ++k) {
-            const int64_t ctx = total_ctx + k * b;
-            double compute = (lin * double(b) + attn * double(ctx)) / flops;
-            compute = compute * factor;
-            const double memory = (weight + double(ctx) * kv) / bytes;
-            out.push_back((memory > compute ? memory : compute) + fixed);
+            const auto ctx = double(total_ctx + k * b);
+            out.push_back(rates.step(double(b), ctx, ctx, factor, fixed));
         }
     }
 };

@@ -22,6 +22,7 @@
 #include "kv.hpp"
 #include "matcher.hpp"
 #include "order.hpp"
+#include "prefill.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
 #include "radix_match.hpp"
@@ -489,6 +490,7 @@ NB_MODULE(_core, m) {
     bind_tree(m);
     radixsched::bind_order(m);
     bind_decode(m);
+    bind_prefill(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());

@@ -52,6 +52,12 @@ class MultiStepRunner(ModelRunner):
         ``decode_durations``)."""
         return None
 
+    def native_prefill_cost(self) -> Any | None:
+        """A native timer (``_core.PrefillCost``) of an extend-only step that loads nothing
+        back from the host tier, giving exactly ``forward``'s duration, or None (the default:
+        the scheduler runs ``forward``)."""
+        return None
+
     def native_tokens(self) -> tuple[Mapping[str, int], int] | None:
         """``(hashes, vocab)`` when a request without stop ids or script generates, at position
         ``p``, ``splitmix64(hashes[rid] ^ (p * golden mod 2**64)) mod vocab`` (``sim/cost/splitmix.py``):

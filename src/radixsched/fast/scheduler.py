@@ -22,7 +22,7 @@ and the slots they are owed are exactly the allocator's reservation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
@@ -174,6 +174,12 @@ class FastScheduler(Scheduler):
         admits = self.cache.disabled and self.role.prefills
         self.defers = not (cfg.enable_priority_preemption or cfg.enable_mixed_chunk or admits)
         self.unsettled = False
+        # The native prefill step (``run``) over the pool, the tree and the KV checkpoint. Set
+        # here, not on first use: a cached_property writes through the instance's __dict__,
+        # which CPython 3.11 then materializes, and every ``self.x`` read gets slower.
+        self.prefill_run = cast(Any, core()).PrefillRun(
+            self.allocator, self.kv.cache.tree.evictable_size, self.capacity, self.kv.checkpoint
+        )
 
     def _make_running(self) -> FastRunningBatch:
         return FastRunningBatch(bool(self.eos_ids), self.settle)
@@ -273,9 +279,46 @@ class FastScheduler(Scheduler):
         return Batch(entries, decode)
 
     def run(self, batch: Batch) -> StepOutcome:
+        """The reference's; an extend-only step in one native call (``_core.PrefillRun``: the
+        step's time, statistics, clock, stand-in tokens and checkpoints) where
+        ``_native_prefill`` offers it and the call does not decline (it then changed nothing)."""
+        native = self._native_prefill(batch)
+        if native is not None:
+            res = self.prefill_run.run(batch.extend, *native, self, self.clock.now())
+            if res is not None:
+                d, n, tokens, finished, joined = res
+                self.batch.extend(joined)
+                size = len(batch.extend)
+                return StepOutcome(
+                    "extend", d, size, prefill_tokens=n, finished=finished, _tokens=tokens
+                )
         if batch.decode:  # a mixed batch grew the running requests' rows
             self._running_changed()
         return super().run(batch)
+
+    def _native_prefill(self, batch: Batch) -> tuple[Any, Mapping[str, int], int] | None:
+        """(step timer, stand-ins' hashes, vocabulary) where the step can run natively: an
+        extend-only batch, no host tier, no tenant to charge, no EOS ids, virtual time, and a
+        runner with native prefill times and tokens."""
+        if batch.decode or self.eos_ids or self.kv.host_tier is not None:
+            return None
+        if self.policy.charges_service or type(self.clock) is not VirtualClock:
+            return None
+        if not self.runner.supports_multi_step:
+            return None
+        runner = self.jumper
+        cost, tokens = runner.native_prefill_cost(), runner.native_tokens()
+        if cost is None or tokens is None:
+            return None
+        return cost, tokens[0], tokens[1]
+
+    def _finish_prefill(self, r: Req) -> bool:
+        """``r`` reached its ``max_new_tokens`` in a native prefill step: the reference's
+        finish check and, finished, the role's hand-off (``Scheduler.run``)."""
+        self.check_finish(r)
+        if r.finished:
+            self.role.prefilled(r)
+        return r.finished
 
     # ---- middle chunks --------------------------------------------------------------------------
     def _fuses_chunks(self) -> bool:

@@ -99,6 +99,32 @@ def _native_decode_cost(cost: StepCostModel) -> Any | None:
     )
 
 
+def _native_prefill_cost(cost: StepCostModel) -> Any | None:
+    """``cost``'s extend-only steps that load nothing back in C++ (``_core.PrefillCost``:
+    ``_dense_step_s`` with ``_efficiency_factor`` and ``_fixed_s`` on doubles, the same floats)
+    where ``_native_decode_cost`` applies and a host term of no tokens is 0.0 (a positive PCIe
+    rate); else None."""
+    lib = core()
+    if lib is None or type(cost) is not CostModel or not cost._dense or not cost._finite_rates:
+        return None
+    if not cost.gpu.pcie_bw > 0:
+        return None
+    return lib.PrefillCost(
+        cost._linear_flops_per_token,
+        cost._attn_flops_per_pair,
+        cost._flops_per_s,
+        float(cost._dense_weight_bytes),
+        cost._kv_bytes_all_gpus,
+        cost._bytes_per_s,
+        cost.prefill_eff_tokens,
+        cost.step_overhead_s,
+        cost.sched_step_s,
+        cost.sched_per_req_s,
+        cost.sched_per_prefill_s,
+        None if cost.tp == 1 else cost.allreduce_s,  # allreduce_s is 0.0 at tp 1
+    )
+
+
 class CostModelRunner(MultiStepRunner):
     """Modelled time, plausible tokens: a request's ``scripted_output`` where it has one,
     else a deterministic stand-in drawn from ``hash(seed, rid, position)``, never one of its
@@ -122,15 +148,24 @@ class CostModelRunner(MultiStepRunner):
             raise ValueError("vocab_size must be >= 2")
         self._rid_hashes = _RidHashes(seed)
         self._native_for: StepCostModel | None = None  # the cost model _native_cost is of
-        self._native_cost: Any = None
+        self._native_cost: tuple[Any, Any] = (None, None)  # (decode, prefill)
 
-    def native_decode_cost(self) -> Any | None:
-        """The cost model's decode steps in C++ where it is a dense roofline (built once per
-        cost model: ``cost`` may be reassigned), else None."""
+    def _natives(self) -> tuple[Any, Any]:
+        """The cost model's native step timers, built once per cost model (``cost`` may be
+        reassigned)."""
         cost = self.cost
         if cost is not self._native_for:
-            self._native_for, self._native_cost = cost, _native_decode_cost(cost)
+            self._native_for = cost
+            self._native_cost = (_native_decode_cost(cost), _native_prefill_cost(cost))
         return self._native_cost
+
+    def native_decode_cost(self) -> Any | None:
+        """The cost model's decode steps in C++ where it is a dense roofline, else None."""
+        return self._natives()[0]
+
+    def native_prefill_cost(self) -> Any | None:
+        """The cost model's extend-only steps in C++ (``_native_prefill_cost``), else None."""
+        return self._natives()[1]
 
     def native_tokens(self) -> tuple[_RidHashes, int] | None:
         """The stand-ins' recipe for the native core (``MultiStepRunner.native_tokens``): what

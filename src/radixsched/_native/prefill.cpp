@@ -1,0 +1,265 @@
+// See prefill.hpp. Each piece names the reference it follows (radixsched/scheduler.py's run,
+// account, _count_tokens, _emit; sim/cost/runner.py's forward), in the reference's order: the
+// floats are the same because the operations and their order are.
+#include "prefill.hpp"
+
+#include <nanobind/nanobind.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "pool.hpp"
+#include "py_attr.hpp"
+#include "stepcost.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace radixsched {
+namespace {
+
+using py::get;
+using py::get_int;
+using py::len_of;
+using py::set;
+using py::set_int;
+
+// Interned names, created once and never released (no Python object is touched at exit).
+struct Names {
+    PyObject *req, *prefix_len, *new_token_ids, *produces_token, *host_load_len, *sampling,
+        *stop_token_ids, *scripted_output, *rid, *max_new_tokens, *output_ids, *times,
+        *token_times, *first_token, *computed_prefill_tokens, *kv_len, *stats, *chunked_req,
+        *processed_tokens, *clock, *jump_to, *finish_prefill, *busy_s, *running_x_s,
+        *peak_kv_usage, *prefill_steps, *prefill_tokens_computed;
+};
+
+const Names& names() {
+    static const Names n = [] {
+        auto i = [](const char* s) { return PyUnicode_InternFromString(s); };
+        return Names{i("req"), i("prefix_len"), i("new_token_ids"), i("produces_token"),
+                     i("host_load_len"), i("sampling"), i("stop_token_ids"),
+                     i("scripted_output"), i("rid"), i("max_new_tokens"), i("output_ids"),
+                     i("times"), i("token_times"), i("first_token"),
+                     i("computed_prefill_tokens"), i("kv_len"), i("stats"), i("chunked_req"),
+                     i("processed_tokens"), i("clock"), i("jump_to"), i("_finish_prefill"),
+                     i("busy_s"), i("running_x_s"), i("peak_kv_usage"), i("prefill_steps"),
+                     i("prefill_tokens_computed")};
+    }();
+    return n;
+}
+
+bool truthy(nb::handle h) {
+    const int t = PyObject_IsTrue(h.ptr());
+    if (t < 0) throw nb::python_error();
+    return t != 0;
+}
+
+void append(nb::handle list, nb::handle v) {
+    if (PyList_Check(list.ptr())) {
+        if (PyList_Append(list.ptr(), v.ptr()) < 0) throw nb::python_error();
+    } else {
+        list.attr("append")(v);
+    }
+}
+
+void add_int(nb::handle o, PyObject* name, int64_t v) { set_int(o, name, get_int(o, name) + v); }
+
+// CostModel._dense_step_s of an extend-only step that loads nothing back from the host tier,
+// its efficiency factor and fixed seconds (_efficiency_factor, _fixed_s) computed here.
+struct PrefillCost {
+    PrefillCost(double lin, double attn, double flops, double weight, double kv, double bytes,
+                double eff_tokens, double overhead, double sched_step, double sched_req,
+                double sched_prefill, nb::object allreduce)
+        : rates{lin, attn, flops, weight, kv, bytes}, eff_tokens(eff_tokens),
+          overhead(overhead), sched_step(sched_step), sched_req(sched_req),
+          sched_prefill(sched_prefill), allreduce(std::move(allreduce)) {}
+
+    DenseRates rates;
+    double eff_tokens, overhead, sched_step, sched_req, sched_prefill;
+    nb::object allreduce;  // CostModel.allreduce_s, or None where it is 0.0 (tp == 1)
+
+    double step(int64_t tokens, int64_t pairs, int64_t kv_tokens, int64_t entries,
+                int64_t extends) const {
+        const double factor = 1.0 + eff_tokens / double(std::max<int64_t>(tokens, 1));
+        const double sched = sched_step + sched_req * double(entries) +
+                             sched_prefill * double(extends);
+        const double allred = allreduce.is_none() ? 0.0 : nb::cast<double>(allreduce(tokens));
+        const double host = 0.0;  // 0 tokens * bytes / pcie_bw, with pcie_bw > 0
+        const double fixed = overhead + sched + allred + host;
+        return rates.step(double(tokens), double(pairs), double(kv_tokens), factor, fixed);
+    }
+};
+
+struct Item {
+    nb::object req;
+    int64_t num_new;
+    bool produces;
+    int64_t max_new;  // of a producing request
+    uint64_t token;   // its stand-in next token
+};
+
+// _extend_sums without host loads: new tokens, attention pairs, KV tokens.
+struct Shape {
+    int64_t tokens = 0, pairs = 0, kv = 0;
+
+    // False when a sum would leave int64 (Python's ints would not: the reference runs).
+    bool add(int64_t n, int64_t p) {
+        int64_t cross, tri, pairs_n, kv_n;
+        if (n < 0 || p < 0 || __builtin_mul_overflow(n, p, &cross) ||
+            __builtin_mul_overflow(n, n + 1, &tri) ||
+            __builtin_add_overflow(cross, tri / 2, &pairs_n) ||
+            __builtin_add_overflow(p, n, &kv_n))
+            return false;
+        return !__builtin_add_overflow(tokens, n, &tokens) &&
+               !__builtin_add_overflow(pairs, pairs_n, &pairs) &&
+               !__builtin_add_overflow(kv, kv_n, &kv);
+    }
+};
+
+// The entries as items with their shape; false where the reference must run: an entry loads
+// from the host tier, a producing request has stop ids or a script (CostModelRunner.forward's
+// scalar path: tokens at prefix_len + num_new), or a sum leaves int64. Changes nothing.
+bool scan(nb::handle entries, nb::handle hashes, uint64_t vocab, std::vector<Item>& items,
+          Shape& shape) {
+    const Names& n = names();
+    for (nb::handle e : entries) {
+        if (get_int(e, n.host_load_len) != 0) return false;
+        Item it{get(e, n.req), len_of(get(e, n.new_token_ids)),
+                truthy(get(e, n.produces_token)), 0, 0};
+        const int64_t prefix = get_int(e, n.prefix_len);
+        if (!shape.add(it.num_new, prefix)) return false;
+        if (it.produces) {
+            const nb::object s = get(it.req, n.sampling);
+            if (truthy(get(s, n.stop_token_ids)) || !get(it.req, n.scripted_output).is_none())
+                return false;
+            it.max_new = get_int(s, n.max_new_tokens);
+            const nb::object rid = get(it.req, n.rid);
+            const nb::object h = nb::steal(PyObject_GetItem(hashes.ptr(), rid.ptr()));
+            if (!h.is_valid()) throw nb::python_error();
+            it.token = stand_in(nb::cast<uint64_t>(h), uint64_t(prefix + it.num_new), vocab);
+        }
+        items.push_back(std::move(it));
+    }
+    return !items.empty();
+}
+
+// Scheduler.run's extend-only path over one native object per scheduler: the slot pool and
+// the tree's evictable count (kv_usage), the capacity, and the KV manager's checkpoint.
+class PrefillRun {
+public:
+    PrefillRun(nb::object pool, nb::object evictable, int64_t capacity, nb::object checkpoint)
+        : pool_obj_(std::move(pool)), pool_(nb::cast<Pool*>(pool_obj_)),
+          evictable_(std::move(evictable)), capacity_(capacity),
+          checkpoint_(std::move(checkpoint)) {
+        if (capacity_ <= 0) throw std::invalid_argument("PrefillRun: capacity must be > 0");
+        names();
+    }
+
+    // (duration, prefill tokens, new tokens [(req, [token])], finished, joined) of the step
+    // over `entries` started at `t0` (the clock's now), or None: the reference runs.
+    nb::object run(nb::handle entries, const PrefillCost& cost, nb::handle hashes,
+                   uint64_t vocab, nb::handle sched, double t0) {
+        if (vocab == 0) throw std::invalid_argument("PrefillRun: an empty vocabulary");
+        std::vector<Item> items;
+        Shape shape;
+        if (!scan(entries, hashes, vocab, items, shape)) return nb::none();
+        const Names& n = names();
+        const auto size = int64_t(items.size());
+        const double d = cost.step(shape.tokens, shape.pairs, shape.kv, size, size);
+        const nb::object stats = get(sched, n.stats);
+        account(stats, size, d);
+        const nb::object now = nb::float_(t0 + d);  // VirtualClock.advance(d): _t + d
+        get(get(sched, n.clock), n.jump_to)(now);
+        add_int(stats, n.prefill_steps, 1);  // _count_tokens (nothing loaded back)
+        add_int(sched, n.processed_tokens, shape.tokens);
+        add_int(stats, n.prefill_tokens_computed, shape.tokens);
+        for (const Item& it : items) add_int(it.req, n.computed_prefill_tokens, it.num_new);
+        auto [tokens, finished, joined] = emit(items, sched, now);
+        return nb::make_tuple(nb::float_(d), shape.tokens, tokens, finished, joined);
+    }
+
+private:
+    // Scheduler.account(size, [d]): after the forward, before anything is checkpointed.
+    void account(nb::handle st, int64_t size, double d) {
+        const Names& n = names();
+        set(st, n.busy_s, nb::float_(nb::cast<double>(get(st, n.busy_s)) + d));
+        set(st, n.running_x_s,
+            nb::float_(nb::cast<double>(get(st, n.running_x_s)) + double(size) * d));
+        const int64_t room = pool_->available_size() + nb::cast<int64_t>(evictable_());
+        const double usage = double(capacity_ - room) / double(capacity_);  // kv_usage
+        if (usage > nb::cast<double>(get(st, n.peak_kv_usage)))  // max(peak, usage)
+            set(st, n.peak_kv_usage, nb::float_(usage));
+    }
+
+    // Scheduler.run's loop over the producing entries: the chunked request let go, _emit
+    // (the token, its time, the first-token time), then a request at max_new_tokens finishes
+    // through the scheduler (check_finish and role.prefilled: _finish_prefill) and the others
+    // are checkpointed and join the running batch.
+    std::tuple<nb::list, nb::list, nb::list> emit(const std::vector<Item>& items,
+                                                  nb::handle sched, nb::handle now) {
+        const Names& n = names();
+        nb::list tokens, finished, joined;
+        nb::object chunked = get(sched, n.chunked_req);
+        for (const Item& it : items) {
+            if (!it.produces) continue;  // a middle chunk: checkpointed at the next step
+            const nb::handle r = it.req;
+            if (chunked.is(r)) {
+                set(sched, n.chunked_req, Py_None);
+                chunked = nb::none();
+            }
+            const nb::object tok = nb::steal(PyLong_FromUnsignedLongLong(it.token));
+            if (!tok.is_valid()) throw nb::python_error();
+            const nb::object outs = get(r, n.output_ids), times = get(r, n.times);
+            append(outs, tok);
+            append(get(times, n.token_times), now);
+            if (get(times, n.first_token).is_none()) set(times, n.first_token, now);
+            nb::list one;
+            one.append(tok);
+            tokens.append(nb::make_tuple(r, one));
+            if (len_of(outs) >= it.max_new && finishes(sched, r)) {
+                finished.append(r);
+            } else {
+                checkpoint_(r, get(r, n.kv_len));
+                joined.append(r);
+            }
+        }
+        return {tokens, finished, joined};
+    }
+
+    static bool finishes(nb::handle sched, nb::handle r) {
+        PyObject* v = PyObject_CallMethodOneArg(sched.ptr(), names().finish_prefill, r.ptr());
+        if (v == nullptr) throw nb::python_error();
+        return truthy(nb::steal(v));
+    }
+
+    nb::object pool_obj_;  // kept alive: pool_ points into it
+    Pool* pool_;
+    nb::object evictable_;  // the tree's evictable_size
+    int64_t capacity_;
+    nb::object checkpoint_;  // FastKVManager.checkpoint (kv.cpp)
+};
+
+}  // namespace
+}  // namespace radixsched
+
+void bind_prefill(nb::module_& m) {
+    using radixsched::PrefillCost;
+    using radixsched::PrefillRun;
+    nb::class_<PrefillCost>(m, "PrefillCost")
+        .def(nb::init<double, double, double, double, double, double, double, double, double,
+                      double, double, nb::object>(),
+             "lin"_a, "attn"_a, "flops"_a, "weight"_a, "kv"_a, "bytes"_a, "eff_tokens"_a,
+             "overhead"_a, "sched_step"_a, "sched_req"_a, "sched_prefill"_a,
+             "allreduce"_a.none())
+        .def("step", &PrefillCost::step, "tokens"_a, "pairs"_a, "kv_tokens"_a, "entries"_a,
+             "extends"_a);
+    nb::class_<PrefillRun>(m, "PrefillRun")
+        .def(nb::init<nb::object, nb::object, int64_t, nb::object>(), "pool"_a, "evictable"_a,
+             "capacity"_a, "checkpoint"_a)
+        .def("run", &PrefillRun::run, "entries"_a, "cost"_a, "hashes"_a, "vocab"_a, "sched"_a,
+             "t0"_a);
+}

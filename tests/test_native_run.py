@@ -1,0 +1,192 @@
+"""The native prefill step (``_core.PrefillCost``, ``_core.PrefillRun``, ``_native/prefill.cpp``):
+its time equals the dense roofline's ``_dense_step_s`` float for float, and a ``FastScheduler``
+whose extend-only steps run natively ends in exactly the reference scheduler's state; where
+the reference needs Python (stop ids, tenant charges, a host load) the native call declines
+before it changes anything and the reference runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixsched.config import SchedulerConfig
+from radixsched.fast import build_scheduler
+from radixsched.fast.scheduler import FastScheduler
+from radixsched.native import core
+from radixsched.request import Req, SamplingParams
+from radixsched.scheduler import Scheduler
+from radixsched.sim.cost.build import load_cost_model
+from radixsched.sim.cost.roofline import CostModel
+from radixsched.sim.cost.runner import CostModelRunner, _native_prefill_cost
+
+pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+
+
+# ---- the step's time ----------------------------------------------------------------------------
+def _cost(tp: int, eff: float, sched: float, per_req: float, per_prefill: float) -> CostModel:
+    return dataclasses.replace(
+        load_cost_model(model="llama-3.1-8b", tp=tp),
+        prefill_eff_tokens=eff,
+        sched_step_s=sched,
+        sched_per_req_s=per_req,
+        sched_per_prefill_s=per_prefill,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2]),
+    eff=st.sampled_from([0.0, 64.0, 128, 17.3]),
+    consts=st.tuples(*[st.sampled_from([0.0, 1e-4, 3.7e-5, 2]) for _ in range(3)]),
+    tokens=st.integers(0, 200_000),
+    pairs=st.integers(0, 10**12),
+    kv=st.integers(0, 10**7),
+    entries=st.integers(1, 300),
+)
+def test_prefill_cost_equals_dense_step_s(
+    tp: int,
+    eff: float,
+    consts: tuple[float, float, float],
+    tokens: int,
+    pairs: int,
+    kv: int,
+    entries: int,
+) -> None:
+    cost = _cost(tp, eff, *consts)
+    native = _native_prefill_cost(cost)
+    assert native is not None
+    want = cost._dense_step_s(tokens, pairs, kv, 0, entries, entries)
+    assert native.step(tokens, pairs, kv, entries, entries) == want
+
+
+def test_no_native_prefill_cost_without_a_dense_roofline_or_a_pcie_rate() -> None:
+    cost = load_cost_model(model="llama-3.1-8b")
+    no_pcie = dataclasses.replace(cost, gpu=dataclasses.replace(cost.gpu, pcie_bw=0.0))
+    assert _native_prefill_cost(no_pcie) is None
+    assert _native_prefill_cost(load_cost_model(model="mixtral-8x7b", tp=2)) is None
+    runner = CostModelRunner(cost)
+    first = runner.native_prefill_cost()
+    assert first is not None and runner.native_prefill_cost() is first  # built once per cost
+    runner.cost = no_pcie
+    assert runner.native_prefill_cost() is None
+
+
+# ---- the step's bookkeeping: the reference scheduler's final state --------------------------------
+def _reqs(stops: bool = False, tenants: bool = False) -> list[Req]:
+    """Shared prefixes, a request that finishes with its first token, a retracted-free pool."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 1000, 96).astype(np.int32)
+    out = []
+    for i, n in enumerate([4, 1, 6, 1, 3, 5]):
+        prompt = np.concatenate([base[: 32 + 16 * (i % 3)], rng.integers(0, 1000, 20 + i)])
+        stop = (7,) if stops and i == 2 else ()
+        out.append(
+            Req(
+                f"q{i}",
+                prompt.astype(np.int32),
+                SamplingParams(max_new_tokens=n, stop_token_ids=stop),
+                extra_key=None,
+                tenant=f"t{i % 2}" if tenants else None,
+            )
+        )
+    return out
+
+
+def _drive(accelerate: bool, policy: str, reqs: list[Req]) -> Scheduler:
+    cfg = SchedulerConfig(schedule_policy=policy, chunked_prefill_size=64, page_size=1)
+    runner = CostModelRunner(load_cost_model(model="llama-3.1-8b"), seed=5)
+    s = build_scheduler(cfg, runner, accelerate=accelerate, kv_slots=4096)
+    assert isinstance(s, FastScheduler) == accelerate
+    for k, r in enumerate(reqs):
+        s.add_request(r, now=0.001 * k)
+    for _ in range(500):
+        if s.is_idle:
+            break
+        s.step()
+        if isinstance(s, FastScheduler):
+            s.check_integrity()
+    assert s.is_idle
+    return s
+
+
+def _state(s: Scheduler, reqs: list[Req]) -> Any:
+    per = [
+        (
+            r.rid,
+            list(r.output_ids),
+            list(r.times.token_times),
+            r.times.first_token,
+            r.times.finish,
+            r.computed_prefill_tokens,
+            r.finish,
+        )
+        for r in reqs
+    ]
+    return per, dataclasses.asdict(s.stats), s.processed_tokens, s.clock.now()
+
+
+def _compare(policy: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> int:
+    """Both cores from fresh requests; returns how often the fast one ran the reference's
+    ``Scheduler.run``."""
+    ref_reqs = _reqs(**kw)
+    ref = _drive(False, policy, ref_reqs)
+    calls: list[int] = []
+    orig = Scheduler.run
+
+    def counting(self: Scheduler, batch: Any) -> Any:
+        calls.append(1)
+        return orig(self, batch)
+
+    monkeypatch.setattr(Scheduler, "run", counting)
+    fast_reqs = _reqs(**kw)
+    fast = _drive(True, policy, fast_reqs)
+    assert _state(fast, fast_reqs) == _state(ref, ref_reqs)
+    assert fast.stats.prefill_steps > 3
+    assert any(r.output_len == 1 for r in fast_reqs)  # finished at its prefill
+    return len(calls)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_native_prefill_steps_end_in_the_reference_state(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _compare(policy, monkeypatch) == 0  # every prefill step ran natively
+
+
+def test_a_request_with_stop_ids_runs_its_step_on_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _compare("fcfs", monkeypatch, stops=True) > 0
+
+
+def test_tenant_charges_run_on_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _compare("fair", monkeypatch, tenants=True) > 0
+
+
+def test_the_native_call_declines_before_changing_anything() -> None:
+    """An entry the reference must run (here a host load after a plain entry): None, and
+    neither the plain entry's request nor the scheduler is touched."""
+    lib: Any = core()
+    cost = _native_prefill_cost(load_cost_model(model="llama-3.1-8b"))
+    pool = lib.Pool(64, 1)
+    run = lib.PrefillRun(pool, lambda: 0, 64, lambda r, n: pytest.fail("checkpointed"))
+    req = SimpleNamespace(
+        rid="a",
+        sampling=SamplingParams(max_new_tokens=4),
+        scripted_output=None,
+        output_ids=[],
+        kv_len=8,
+    )
+    plain = SimpleNamespace(
+        req=req, prefix_len=0, new_token_ids=[1] * 8, produces_token=True, host_load_len=0
+    )
+    hosted = SimpleNamespace(**{**vars(plain), "host_load_len": 4})
+    sched = SimpleNamespace()
+    assert run.run([plain, hosted], cost, {"a": 1}, 100, sched, 0.0) is None
+    assert req.output_ids == [] and vars(sched) == {}
