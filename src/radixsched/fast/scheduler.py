@@ -11,6 +11,10 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
   decode step in C++ where the runner offers it, ``_core.DecodeCost``), reserves their slots
   and advances the columns; the requests' tokens, token times and KV slots are written when
   they leave the batch or are read (deferred state);
+- an extend-only step runs in one native call (``_core.PrefillRun``, ``_native/prefill.cpp``:
+  its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
+  checkpoints) where the runner offers native prefill times and tokens and nothing in the
+  batch needs Python (stop ids, scripts, host loads, tenant charges); decided per step;
 - a middle chunk of a chunked prefill that fills the round's budget runs as the step alone,
   and the next ones back to back up to the next event, where no round between could do
   anything else; decided per step, from the runner and the gates actually present.
