@@ -301,10 +301,10 @@ class FastWaitingQueue(WaitingQueue):
         if not self.fast or base is not self.policy:
             self.synced = self.matched = False
             return super().begin_round(running, processed_tokens, now)
-        rnd = Round(self.config, processed_tokens=processed_tokens, now=now, running=running)
+        deferred: frozenset[str] = frozenset()
         flipped: list[Req] = []
         if self.matcher is not None:  # the policy reads matches: the native round
-            rnd.deferred, flipped, done = self.matcher.round(
+            deferred, flipped, done = self.matcher.round(
                 self.reqs,
                 self.added,
                 self.moved,
@@ -316,10 +316,11 @@ class FastWaitingQueue(WaitingQueue):
             self.matched = True
             if done:  # lpm's kept order advanced there: the list is the round's order
                 self.added, self.moved = [], {}
-                self.deprioritized = self.deferred = rnd.deferred
+                self.deprioritized = self.deferred = deferred
                 order = RoundOrder(self.reqs, iter(range(len(self.reqs))))
                 self.refresh(order, head=self.reqs)
                 return order
+        rnd = Round(self.config, deferred, processed_tokens, now, running)
         if self.dedup_in_python:
             rnd.deferred, flipped = self._dedup(rnd)
         if Reads.TREE in self.reads:  # for a policy without an engine (built when it asks)
