@@ -176,7 +176,7 @@ bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list fl
     Py_ssize_t pos = 0;
     PyObject *key = nullptr, *value = nullptr;
     while (PyDict_Next(moved.ptr(), &pos, &key, &value)) note(value);
-    const size_t moving = changed.size() + fresh.size();
+    const size_t moving = changed.size() + static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
     const auto total = static_cast<size_t>(PyList_GET_SIZE(queue.ptr()));
     if (moving > kRebuildMin && kRebuildShare * moving > total) return false;
     nb::list rekey, news;
