@@ -83,6 +83,7 @@ class FastWaitingQueue(WaitingQueue):
         self.engine = self._make_engine(reads) if self.fast and not bounded else None
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
+        self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
@@ -284,9 +285,15 @@ class FastWaitingQueue(WaitingQueue):
                 self.cache.touch_prefixes(
                     CacheKey(r.fill_ids(), r.namespace) for r in reversed(ahead)
                 )
-            # Head last, each at its memo's end.
+            # Head last, each at its memo's end (in one native call unless the cache hooks its
+            # touches: a subclass's touch_at is called for each).
             span = order.head(REFRESH_SPAN) if head is None else head[:REFRESH_SPAN]
-            matcher.touch_ends(span)
+            if self.native_touch:
+                matcher.touch_ends(span)
+                return
+            for r in reversed(span):
+                m = matcher.memo[id(r)]
+                matcher.cache.touch_at(m.node, len(m.node) if m.full else m.offset)
 
     def note_tried(self, req: Req) -> None:
         """An admission attempt that failed rewrote ``req``'s matched length."""
