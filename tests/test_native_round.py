@@ -158,3 +158,16 @@ def test_native_touches_equal_the_python_loops() -> None:
     stranger = Req("x", np.asarray([1], dtype=np.int32))
     with pytest.raises(KeyError):
         matchers[1].touch_ends([stranger])
+
+
+def test_in_sync_compares_identities_members_then_arrivals() -> None:
+    """The queue's sync check: the list is the members, then the arrivals, object for object."""
+    mod = core()
+    a, b, c = (Req(f"r{i}", np.asarray([1], dtype=np.int32)) for i in range(3))
+    twin = Req("r0", np.asarray([1], dtype=np.int32))  # the same fields, another request
+    assert mod.in_sync([a, b, c], [a, b], [c])
+    assert mod.in_sync([], [], [])
+    assert not mod.in_sync([a, b, c], [a, b], [])  # a request neither member nor arrival
+    assert not mod.in_sync([a, c, b], [a, b], [c])
+    assert not mod.in_sync([twin, b, c], [a, b], [c])
+    assert not mod.in_sync([a, b], [a, b], [c])

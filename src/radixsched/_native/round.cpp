@@ -146,10 +146,11 @@ nb::object lpm_key(PyObject* r, nb::handle deferred) {
                           attr(r, n.arrival));
 }
 
-// Whether the list is the order's members followed by the arrivals (identity: Req has no __eq__).
-bool in_sync(const StableOrder& order, nb::list queue, nb::list added) {
+// Whether the list is a kept order's members followed by the arrivals (the queue's _in_sync;
+// identity, as the lists' == compares requests: Req has no __eq__).
+bool in_sync(nb::list queue, nb::list members_list, nb::list added) {
     PyObject* q = queue.ptr();
-    PyObject* members = order.reqs.ptr();
+    PyObject* members = members_list.ptr();
     const Py_ssize_t n = PyList_GET_SIZE(members), na = PyList_GET_SIZE(added.ptr());
     if (PyList_GET_SIZE(q) != n + na) return false;
     for (Py_ssize_t i = 0; i < n; ++i)
@@ -164,7 +165,7 @@ bool in_sync(const StableOrder& order, nb::list queue, nb::list added) {
 // done): the Python round orders (out of sync, or so many moving that it rebuilds).
 bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
                  nb::dict moved, nb::handle deferred) {
-    if (!in_sync(order, queue, added)) return false;
+    if (!in_sync(queue, order.reqs, added)) return false;
     std::unordered_set<PyObject*> fresh;
     for (nb::handle r : added) fresh.insert(r.ptr());
     std::unordered_set<PyObject*> seen;
@@ -236,6 +237,7 @@ void bind_round(nb::module_& m, TreeOf tree_of) {
           },
           "tree"_a, "reqs_of"_a, "afresh"_a, "deferred"_a);
     m.def("touch_memos", &touch_memos, "tree"_a, "reqs"_a);
+    m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
 }
 
 }  // namespace radixsched

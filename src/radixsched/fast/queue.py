@@ -41,6 +41,7 @@ from radixsched.fast.orders import (
     KeyedEngine,
     RoutingKeyEngine,
 )
+from radixsched.native import core
 from radixsched.policies import FCFS, Policy, Reads, Round, lpm
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
 from radixsched.request import Req
@@ -84,6 +85,7 @@ class FastWaitingQueue(WaitingQueue):
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
         self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
+        self._core: Any = core() if self.fast else None
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
@@ -367,10 +369,10 @@ class FastWaitingQueue(WaitingQueue):
         return positions
 
     def _in_sync(self, engine: Engine) -> bool:
-        members, n = engine.members(), len(engine.members())
-        if len(self.reqs) != n + len(self.added):
-            return False
-        return self.reqs[:n] == members and self.reqs[n:] == self.added
+        """Whether the list is the engine's members followed by the arrivals (identity compares,
+        in one native pass)."""
+        in_sync: bool = self._core.in_sync(self.reqs, engine.members(), self.added)
+        return in_sync
 
     def _reference_order(self, pol: Policy, rnd: Round) -> Iterator[int]:
         if self._plain_fcfs():
