@@ -65,15 +65,21 @@ class Mutant(NamedTuple):
 MUTANTS = (
     Mutant(
         "refresh-touches-nothing",
-        "fast/queue.py",
-        "                matcher.cache.touch_at(m.node, len(m.node) if m.full else m.offset)",
-        "                pass",
+        "_native/round.cpp",
+        "        t->touch_at(*memo->node, memo->full ? memo->node->size() : memo->offset);",
+        "        (void)t;",
     ),
     Mutant(
         "tried-match-not-restored",
-        "fast/queue.py",
-        "[*self.moved.values(), *self.tried.values(), *self.added] if self.matched else",
-        "[*self.moved.values(), *self.added] if self.matched else",
+        "_native/round.cpp",
+        "        for (const nb::object& r : values_of(tried)) set_matched(m, r.ptr());\n",
+        "\n",
+    ),
+    Mutant(
+        "round-flipped-not-rekeyed",
+        "_native/round.cpp",
+        "    for (nb::handle r : flipped) note(r.ptr());\n",
+        "\n",
     ),
     Mutant(
         "entry-order-kept-after-requeue",

@@ -1,4 +1,4 @@
-"""The cold round's shortcuts: lpm's batch keys equal its key function's, ``set_matched`` sets
+"""The cold round's shortcuts: lpm's batch keys equal its key function's, the native round sets
 what the reference round sets, and a re-match at an unchanged edge leaves the matcher's
 registrations in the order a re-track gives (what a later cache change marks)."""
 
@@ -70,7 +70,7 @@ def test_set_matched_sets_the_capped_memo_length() -> None:
     reqs = [_req(i, f) for i, f in enumerate(FILLS)]
     for r in reqs:
         m.track(r)
-    m.set_matched(reqs)
+    m.round(reqs, [], {}, {}, matched=False, dedup=False, order=None)  # the whole queue's
     assert [r.num_matched_prefix_tokens for r in reqs] == [
         min(m.memo[id(r)].n, r.fill_len - 1) for r in reqs
     ]

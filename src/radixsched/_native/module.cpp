@@ -26,6 +26,7 @@
 #include "pool.hpp"
 #include "radix.hpp"
 #include "radix_match.hpp"
+#include "round.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -154,18 +155,6 @@ nb::object memo_tuple(const radixsched::Memo* m) {
     return nb::make_tuple(m->n, m->node, m->offset, m->full);
 }
 
-// Sets `attr` of each of `reqs` (tracked, keyed by id()) to its prefill_match: one call for
-// the whole list instead of a memo tuple per request.
-void set_matched(PyTree& t, nb::list reqs, nb::str attr) {
-    const radixsched::Matcher& m = t.the_matcher();
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(reqs.ptr()); ++i) {
-        nb::object r = nb::borrow(PyList_GET_ITEM(reqs.ptr(), i));
-        const int64_t k = static_cast<int64_t>(reinterpret_cast<intptr_t>(r.ptr()));  // id(r)
-        nb::object v = nb::int_(m.prefill_match(k));
-        if (PyObject_SetAttr(r.ptr(), attr.ptr(), v.ptr()) != 0) throw nb::python_error();
-    }
-}
-
 void matcher_on(PyTree& t) {
     nb::object host = t.host;
     auto host_hook = std::move(t.events.host_evict);
@@ -190,7 +179,6 @@ void bind_matcher(nb::class_<PyTree>& c) {
         .def("untrack", [](PyTree& t, int64_t k) { t.the_matcher().untrack(k); })
         .def("refresh", [](PyTree& t) { return t.the_matcher().refresh(); })
         .def("memo", [](PyTree& t, int64_t k) { return memo_tuple(t.the_matcher().memo(k)); })
-        .def("set_matched", &set_matched, "reqs"_a, "attr"_a)
         .def("is_dirty", [](PyTree& t, int64_t k) { return t.the_matcher().is_dirty(k); })
         .def("any_dirty", [](PyTree& t) { return t.the_matcher().any_dirty(); })
         .def("dirty_keys", [](PyTree& t) { return t.the_matcher().dirty_keys(); })
@@ -492,6 +480,10 @@ NB_MODULE(_core, m) {
     bind_decode(m);
     bind_prefill(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
+        auto& t = nb::cast<PyTree&>(h);
+        return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
+    });
+    radixsched::bind_round(m, [](nb::handle h) {  // the queue's round, the same resolver
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
     });

@@ -5,8 +5,9 @@ Each waiting request is re-matched only when its own match can have changed: a m
 point of the tree, and it can change only when the tree changes at the edge where it would
 continue (a new child there, an eviction of the node it ends in or past, a split of the node
 it ends inside, a reset). The tree tells the matcher of every change directly, without a call
-into Python; the queue reads it through ``track``, ``untrack``, ``refresh``, ``memo[id(r)]``
-and ``dirty``. Every memo equals what ``match_end`` of the request's fill returns on the
+into Python; the queue reads it through ``track``, ``untrack``, ``round`` (a round's
+re-matching, matched lengths, dedup and, for lpm, its kept order's advance, in one call:
+``_native/round.cpp``), ``memo[id(r)]`` and ``dirty``. Every memo equals what ``match_end`` of the request's fill returns on the
 Python reference tree (tests/test_native_radix.py, tests/test_fast_parts.py).
 
 The C++ side borrows each tracked request's fill tokens: ``_fills`` keeps them alive until the
@@ -14,15 +15,23 @@ request is untracked or tracked again.
 
 The in-batch prefix dedup (the reference's ``WaitingQueue.dedup``) lives there too
 (``radixsched/_native/dedup.cpp``), when ``dedup_on`` turned it on: it follows every track,
-untrack and re-match, and ``dedup_round`` re-decides only the groups whose members changed."""
+untrack and re-match, and a round re-decides only the groups whose members changed."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 from radixsched.cache.native_radix import NativeRadixCache, as_tokens
-from radixsched.native import namespace_id
+from radixsched.native import core, namespace_id
 from radixsched.request import Req, TokenArray
+
+
+def _native() -> Any:
+    """The native extension (the matcher runs only when it is loaded)."""
+    mod = core()
+    if mod is None:
+        raise RuntimeError("the native matcher needs the native core (radixsched.native)")
+    return mod
 
 
 class NativeMemo(NamedTuple):
@@ -87,6 +96,7 @@ class NativeMatcher:
         self.memo = _Memos(tree)
         self.dirty = _Dirty(tree)
         self.deferred: frozenset[str] = frozenset()  # the dedup's last verdict
+        self._core = _native()
 
     def dedup_on(self, check: int, width: int) -> None:
         """Keep the in-batch dedup of requests matching at most ``check`` tokens, grouped by
@@ -97,16 +107,38 @@ class NativeMatcher:
         """The deferred rids (the reference dedup's answer for the tracked requests) and the
         grouped requests whose status flipped since the last round (``afresh``: every
         deferred one, as if none was before)."""
-        left, entered, flipped = self._tree.dedup_round(afresh)
-        if afresh:
-            self.deferred = frozenset(entered)
-        else:  # a new set only when the verdict changed (each copy keeps the rids' hashes)
-            if left:
-                self.deferred = self.deferred.difference(left)
-            if entered:
-                self.deferred = self.deferred.union(entered)
-        reqs = self.reqs
-        return self.deferred, [reqs[k] for k in flipped]
+        self.deferred, flipped = self._core.dedup_verdict(
+            self._tree, self.reqs, afresh, self.deferred
+        )
+        return self.deferred, flipped
+
+    def round(
+        self,
+        queue: list[Req],
+        added: list[Req],
+        moved: dict[int, Req],
+        tried: dict[int, Req],
+        *,
+        matched: bool,
+        dedup: bool,
+        order: Any,
+    ) -> tuple[frozenset[str], list[Req], bool]:
+        """The queue's round up to its order, in one native call (``_native/round.cpp``):
+        re-match the dirty requests (those whose match moved join ``moved``); set the matched
+        length of the requests whose key inputs may have changed (``matched``: ``moved``,
+        ``tried`` (then emptied) and ``added``; else all of ``queue``); with ``dedup``, the
+        dedup's verdict; with ``order`` (lpm's kept ``StableOrder``), the order advanced when
+        the list is in sync with it and few requests move. Returns (the deferred rids, the
+        requests whose dedup status flipped, whether the order was advanced)."""
+        deferred, flipped, done = self._core.queue_round(
+            self._tree, self.reqs, queue, added, moved, tried, matched, dedup, self.deferred, order
+        )
+        self.deferred = deferred
+        return deferred, flipped, done
+
+    def touch_ends(self, reqs: list[Req]) -> None:
+        """Touch the tree where each of ``reqs``' memos ends, last to first (one native call)."""
+        self._core.touch_memos(self._tree, reqs)
 
     def track(self, r: Req) -> NativeMemo:
         """Start tracking ``r`` (new to the queue, or back with new output): match it now."""
@@ -119,11 +151,6 @@ class NativeMatcher:
             k, fill, namespace_id(r.namespace), r.queue_entry_time, r.arrival_time, r.rid
         )
         return NativeMemo(*got)
-
-    def set_matched(self, reqs: list[Req]) -> None:
-        """Set each of ``reqs``' (tracked) ``num_matched_prefix_tokens`` to its memo's length
-        capped at its fill length less one (what the reference's round sets)."""
-        self._tree.set_matched(reqs, "num_matched_prefix_tokens")
 
     def untrack(self, r: Req) -> None:
         k = id(r)

@@ -1,7 +1,10 @@
 """``FastWaitingQueue``: the reference ``WaitingQueue`` with its round's work made incremental.
 
 Same list, same order, same fields on every request as the reference round leaves them (the
-equivalence suite checks it bit for bit); a round costs what changed since the last one:
+equivalence suite checks it bit for bit); a round costs what changed since the last one, and
+for a policy that reads matches its matching, matched lengths and dedup take one native call
+(``NativeMatcher.round``, ``_native/round.cpp``), which also advances lpm's kept order when the
+list is in sync with it (else the engines below order the list, decided per round):
 
 - matching: ``NativeMatcher`` (in C++, inside the native tree) re-matches a request only when
   the cache changed at its match's edge; the matched lengths of requests an admission attempt rewrote are restored;
@@ -38,7 +41,8 @@ from radixsched.fast.orders import (
     KeyedEngine,
     RoutingKeyEngine,
 )
-from radixsched.policies import FCFS, Policy, Reads, Round
+from radixsched.native import core
+from radixsched.policies import FCFS, Policy, Reads, Round, lpm
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
 from radixsched.request import Req
 
@@ -78,6 +82,12 @@ class FastWaitingQueue(WaitingQueue):
             assert self.matcher is not None
             self.matcher.dedup_on(check, max(width, 0))
         self.engine = self._make_engine(reads) if self.fast and not bounded else None
+        self.reads = reads  # a fast round's (its policy is the configured one)
+        self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
+        self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
+        self._core: Any = core() if self.fast else None
+        # lpm's kept order, advanced inside the native round (None: the engine's own advance).
+        self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
         self.matched = False  # every waiting request's matched length is current but ``moved``,
         # ``tried`` and ``added``; and the dedup's statuses are the last round's
@@ -101,6 +111,20 @@ class FastWaitingQueue(WaitingQueue):
             return engine
         if pol.key is not None and reads & ~_KEYED_READS == Reads.NONE and not self._plain_fcfs():
             return KeyedEngine(pol)
+        return None
+
+    def _lpm_order(self) -> Any:
+        engine, cfg = self.engine, self.config
+        unbounded = cfg.lpm_max_wait_s is None and cfg.lpm_max_wait_tokens is None
+        lpm_keys = isinstance(engine, KeyedEngine) and engine.pol.key is lpm.key
+        if (
+            lpm_keys
+            and unbounded
+            and not cfg.enable_priority_scheduling
+            and self.matcher is not None
+        ):
+            assert isinstance(engine, KeyedEngine)
+            return engine.order
         return None
 
     def _plain_fcfs(self) -> bool:
@@ -244,24 +268,32 @@ class FastWaitingQueue(WaitingQueue):
                 offset = len(node)
         return node, offset, min(m.n, cap)
 
-    def refresh(self, order: RoundOrder) -> None:
+    def refresh(self, order: RoundOrder, head: list[Req] | None = None) -> None:
         """The reference's refresh, touching each request where its memo says its match ends
-        (the walk's side effects, without the walk)."""
-        matcher = self.matcher
-        if matcher is None or not self.matched or matcher.dirty:
-            super().refresh(order)
-            return
+        (the walk's side effects, without the walk). ``head``: the order's head, when it is
+        the list's (the round's positions are the list's)."""
         if not (self.refresh_on and self.matches and self.reqs):
             return
+        matcher = self.matcher
         due = self._refresh_rounds % REFRESH_INTERVAL == 0
+        if due and (matcher is None or not self.matched or matcher.dirty):
+            super().refresh(order)  # (a round that is not due only counts, there as here)
+            return
         self._refresh_rounds += 1
         if due:
+            assert matcher is not None
             ahead = self.ahead_of_refresh()
             if ahead:  # not waiting, so not matched: walked (a split keeps the memos current)
                 self.cache.touch_prefixes(
                     CacheKey(r.fill_ids(), r.namespace) for r in reversed(ahead)
                 )
-            for r in reversed(order.head(REFRESH_SPAN)):
+            # Head last, each at its memo's end (in one native call unless the cache hooks its
+            # touches: a subclass's touch_at is called for each).
+            span = order.head(REFRESH_SPAN) if head is None else head[:REFRESH_SPAN]
+            if self.native_touch:
+                matcher.touch_ends(span)
+                return
+            for r in reversed(span):
                 m = matcher.memo[id(r)]
                 matcher.cache.touch_at(m.node, len(m.node) if m.full else m.offset)
 
@@ -278,46 +310,46 @@ class FastWaitingQueue(WaitingQueue):
         if not self.fast or base is not self.policy:
             self.synced = self.matched = False
             return super().begin_round(running, processed_tokens, now)
-        reads = base.reads_for(self.config)
-        rnd = Round(self.config, processed_tokens=processed_tokens, now=now, running=running)
-        if Reads.MATCH in reads:
-            self._sync_matches()
+        deferred: frozenset[str] = frozenset()
         flipped: list[Req] = []
-        if Reads.DEDUP in reads:
+        if self.matcher is not None:  # the policy reads matches: the native round
+            deferred, flipped, done = self.matcher.round(
+                self.reqs,
+                self.added,
+                self.moved,
+                self.tried,
+                matched=self.matched,
+                dedup=self.native_dedup,
+                order=self.lpm_order if self.synced else None,
+            )
+            self.matched = True
+            if done:  # lpm's kept order advanced there: the list is the round's order
+                self.added, self.moved = [], {}
+                self.deprioritized = self.deferred = deferred
+                order = RoundOrder(self.reqs, iter(range(len(self.reqs))))
+                self.refresh(order, head=self.reqs)
+                return order
+        rnd = Round(self.config, deferred, processed_tokens, now, running)
+        if self.dedup_in_python:
             rnd.deferred, flipped = self._dedup(rnd)
-        self.matched = Reads.MATCH in reads
-        if Reads.TREE in reads:  # for a policy without an engine (built when it asks)
+        if Reads.TREE in self.reads:  # for a policy without an engine (built when it asks)
             rnd.tree_order = lambda: self.cache.dfs_weight_order_at(
                 list(map(self._match_end, self.reqs))
             )
         self.deprioritized = self.deferred = rnd.deferred
-        order = RoundOrder(self.reqs, self._order(base, reads, rnd, flipped))
+        order = RoundOrder(self.reqs, self._order(base, self.reads, rnd, flipped))
         if self.engine is not None and not self.engine.permutes:
             self._arrival_known = known  # the engine left the list as it stood
         self.refresh(order)
         return order
 
-    def _sync_matches(self) -> None:
-        """Bring every waiting request's matched length to the reference's value; the requests
-        whose key inputs may have changed join ``moved`` (arrivals are placed, not re-keyed)."""
-        if self.matcher is None:
-            return
-        for r in self.matcher.refresh():
-            self.moved[id(r)] = r
-        todo = (
-            [*self.moved.values(), *self.tried.values(), *self.added] if self.matched else self.reqs
-        )
-        self.matcher.set_matched(todo)  # min(memo n, fill_len - 1) each, in one native call
-        self.tried.clear()
-
     def _dedup(self, rnd: Round) -> tuple[frozenset[str], list[Req]]:
+        """The reference's dedup where the native one is off (the starvation bound picks
+        representatives by the clock)."""
         if self.config.in_batch_prefix_check_threshold < 0:
             return frozenset(), []  # off
-        if not self.native_dedup:  # the starvation bound picks representatives by the clock
-            device = [self._device_match_len(r) for r in self.reqs]
-            return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
-        assert self.matcher is not None  # it saw every change: afresh when rounds were skipped
-        return self.matcher.dedup_round(afresh=not self.matched)
+        device = [self._device_match_len(r) for r in self.reqs]
+        return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
 
     def _order(self, pol: Policy, reads: Reads, rnd: Round, flipped: list[Req]) -> Iterator[int]:
         rnd.rng, rnd.fair = self.rng, self.fair
@@ -337,10 +369,10 @@ class FastWaitingQueue(WaitingQueue):
         return positions
 
     def _in_sync(self, engine: Engine) -> bool:
-        members, n = engine.members(), len(engine.members())
-        if len(self.reqs) != n + len(self.added):
-            return False
-        return self.reqs[:n] == members and self.reqs[n:] == self.added
+        """Whether the list is the engine's members followed by the arrivals (identity compares,
+        in one native pass)."""
+        in_sync: bool = self._core.in_sync(self.reqs, engine.members(), self.added)
+        return in_sync
 
     def _reference_order(self, pol: Policy, rnd: Round) -> Iterator[int]:
         if self._plain_fcfs():

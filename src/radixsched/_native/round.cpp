@@ -1,0 +1,243 @@
+// See round.hpp. Bit for bit what fast/queue.py's Python round did: the same fields set to the
+// same values, the same frozenset operations for the deferred rids, the same keys (Python
+// tuples, built as policies.lpm builds them) handed to the same StableOrder update.
+#include "round.hpp"
+
+#include <nanobind/stl/pair.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_set>
+#include <vector>
+
+#include "dedup.hpp"
+#include "dedup_bind.hpp"
+#include "matcher.hpp"
+#include "order.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace radixsched {
+
+namespace {
+
+TreeOf g_tree_of = nullptr;
+
+// Kept orders re-key at most this many requests, or a quarter of the list, before a rebuild
+// is cheaper (fast/orders.py's _worth_rebuilding: the Python round rebuilds).
+constexpr size_t kRebuildMin = 32;
+constexpr size_t kRebuildShare = 4;
+
+PyObject* intern(const char* s) {
+    // One reference per name for the life of the process, never released.
+    PyObject* o = PyUnicode_InternFromString(s);
+    if (o == nullptr) throw nb::python_error();
+    return o;
+}
+
+struct Names {
+    PyObject* matched = intern("num_matched_prefix_tokens");
+    PyObject* rid = intern("rid");
+    PyObject* entry = intern("queue_entry_time");
+    PyObject* arrival = intern("arrival_time");
+    PyObject* difference = intern("difference");
+    PyObject* union_ = intern("union");
+};
+
+const Names& names() {
+    static const Names n;
+    return n;
+}
+
+void check(int rc) {
+    if (rc < 0) throw nb::python_error();
+}
+
+nb::object attr(PyObject* o, PyObject* name) {
+    PyObject* v = PyObject_GetAttr(o, name);
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+int64_t id_of(PyObject* r) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(r)); }
+
+// reqs_of[k] (NativeMatcher.reqs: the tracked requests by id), KeyError when absent.
+nb::object tracked(nb::handle reqs_of, int64_t k) {
+    nb::object key = nb::int_(k);
+    PyObject* r = PyDict_GetItemWithError(reqs_of.ptr(), key.ptr());  // borrowed
+    if (r == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
+        throw nb::python_error();
+    }
+    return nb::borrow(r);
+}
+
+std::vector<nb::object> values_of(nb::handle dict) {
+    std::vector<nb::object> out;
+    Py_ssize_t pos = 0;
+    PyObject *key = nullptr, *value = nullptr;
+    while (PyDict_Next(dict.ptr(), &pos, &key, &value)) out.push_back(nb::borrow(value));
+    return out;
+}
+
+void set_matched(const Matcher& m, PyObject* r) {  // min(memo n, fill_len - 1)
+    nb::object v = nb::int_(m.prefill_match(id_of(r)));
+    check(PyObject_SetAttr(r, names().matched, v.ptr()));
+}
+
+// The queue's _sync_matches: re-match the dirty requests (those whose match moved join
+// `moved`), then set the matched length of every request whose key inputs may have changed
+// (`matched`: moved, tried and the arrivals; else the whole list); `tried` is emptied.
+void sync(Matcher& m, nb::handle reqs_of, nb::list queue, nb::list added, nb::dict moved,
+          nb::dict tried, bool matched) {
+    for (int64_t k : m.refresh()) {
+        nb::object r = tracked(reqs_of, k);
+        check(PyDict_SetItem(moved.ptr(), nb::int_(k).ptr(), r.ptr()));
+    }
+    if (!matched) {
+        for (nb::handle r : queue) set_matched(m, r.ptr());
+    } else {
+        for (const nb::object& r : values_of(moved)) set_matched(m, r.ptr());
+        for (const nb::object& r : values_of(tried)) set_matched(m, r.ptr());
+        for (nb::handle r : added) set_matched(m, r.ptr());
+    }
+    PyDict_Clear(tried.ptr());
+}
+
+nb::object call_method(nb::handle o, PyObject* name, nb::handle arg) {
+    PyObject* v = PyObject_CallMethodOneArg(o.ptr(), name, arg.ptr());
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+// The dedup's verdict: the deferred rids (the last verdict `deferred` changed as the round
+// changed it; a new set only where it changed, as sets are copied whole) and the grouped
+// requests whose status flipped (`afresh`: every deferred one).
+std::pair<nb::object, nb::list> verdict(Matcher& m, nb::handle reqs_of, bool afresh,
+                                        nb::object deferred) {
+    DedupOutcome got = m.dedup().decide(afresh);
+    nb::list left, entered;
+    for (const std::string& rid : got.left) left.append(str_of(rid));
+    for (const std::string* rid : got.entered) entered.append(str_of(*rid));
+    if (afresh) {
+        PyObject* s = PyFrozenSet_New(entered.ptr());
+        if (s == nullptr) throw nb::python_error();
+        deferred = nb::steal(s);
+    } else {
+        if (nb::len(left) != 0) deferred = call_method(deferred, names().difference, left);
+        if (nb::len(entered) != 0) deferred = call_method(deferred, names().union_, entered);
+    }
+    nb::list flipped;
+    for (int64_t k : got.flipped) flipped.append(tracked(reqs_of, k));
+    return {deferred, flipped};
+}
+
+// lpm's key with nobody overdue: (1, rid in deferred, -matched, entry, arrival).
+nb::object lpm_key(PyObject* r, nb::handle deferred) {
+    const Names& n = names();
+    nb::object rid = attr(r, n.rid);
+    const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
+    check(dep);
+    PyObject* neg = PyNumber_Negative(attr(r, n.matched).ptr());
+    if (neg == nullptr) throw nb::python_error();
+    return nb::make_tuple(1, nb::bool_(dep != 0), nb::steal(neg), attr(r, n.entry),
+                          attr(r, n.arrival));
+}
+
+// Whether the list is a kept order's members followed by the arrivals (the queue's _in_sync;
+// identity, as the lists' == compares requests: Req has no __eq__).
+bool in_sync(nb::list queue, nb::list members_list, nb::list added) {
+    PyObject* q = queue.ptr();
+    PyObject* members = members_list.ptr();
+    const Py_ssize_t n = PyList_GET_SIZE(members), na = PyList_GET_SIZE(added.ptr());
+    if (PyList_GET_SIZE(q) != n + na) return false;
+    for (Py_ssize_t i = 0; i < n; ++i)
+        if (PyList_GET_ITEM(q, i) != PyList_GET_ITEM(members, i)) return false;
+    for (Py_ssize_t j = 0; j < na; ++j)
+        if (PyList_GET_ITEM(q, n + j) != PyList_GET_ITEM(added.ptr(), j)) return false;
+    return true;
+}
+
+// KeyedEngine.advance for lpm, from the queue's _order: the changed members (flipped, then
+// moved, each once, the arrivals not among them) re-keyed and the arrivals placed. False (nothing
+// done): the Python round orders (out of sync, or so many moving that it rebuilds).
+bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
+                 nb::dict moved, nb::handle deferred) {
+    if (!in_sync(queue, order.reqs, added)) return false;
+    std::unordered_set<PyObject*> fresh;
+    for (nb::handle r : added) fresh.insert(r.ptr());
+    std::unordered_set<PyObject*> seen;
+    std::vector<PyObject*> changed;
+    auto note = [&](PyObject* r) {
+        if (fresh.count(r) == 0 && seen.insert(r).second) changed.push_back(r);
+    };
+    for (nb::handle r : flipped) note(r.ptr());
+    Py_ssize_t pos = 0;
+    PyObject *key = nullptr, *value = nullptr;
+    while (PyDict_Next(moved.ptr(), &pos, &key, &value)) note(value);
+    const size_t moving = changed.size() + static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
+    const auto total = static_cast<size_t>(PyList_GET_SIZE(queue.ptr()));
+    if (moving > kRebuildMin && kRebuildShare * moving > total) return false;
+    nb::list rekey, news;
+    for (PyObject* r : changed) rekey.append(nb::make_tuple(nb::handle(r), lpm_key(r, deferred)));
+    for (nb::handle r : added) news.append(nb::make_tuple(r, lpm_key(r.ptr(), deferred)));
+    order.update(rekey, news, queue);
+    return true;
+}
+
+Matcher& matcher_of(nb::handle tree) {
+    Matcher* m = g_tree_of(tree).second;
+    if (m == nullptr) throw std::runtime_error("no native matcher listens to this tree");
+    return *m;
+}
+
+// tree.queue_round(reqs_of, queue, added, moved, tried, matched, dedup, deferred, order):
+// the sync, then (`dedup`) the dedup's verdict, then (`order`: lpm's StableOrder, or None)
+// the order's advance. Returns (deferred, flipped, whether the order was advanced); moved
+// keeps what the Python round's _order reads when it was not.
+nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::list added,
+                      nb::dict moved, nb::dict tried, bool matched, bool dedup,
+                      nb::object deferred, nb::handle order) {
+    Matcher& m = matcher_of(tree);
+    sync(m, reqs_of, queue, added, moved, tried, matched);
+    nb::list flipped;
+    if (dedup) std::tie(deferred, flipped) = verdict(m, reqs_of, !matched, deferred);
+    bool done = false;
+    if (!order.is_none())
+        done = advance_lpm(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred);
+    return nb::make_tuple(deferred, flipped, done);
+}
+
+// tree.touch_memos(reqs): touch the tree where each request's memo ends, last to first (the
+// queue's waiting-prefix refresh); each memo is read just before its touch (a touch may split
+// the node another memo ends in, which re-points that memo).
+void touch_memos(nb::handle tree, nb::list reqs) {
+    auto [t, m] = g_tree_of(tree);
+    if (m == nullptr) throw std::runtime_error("no native matcher listens to this tree");
+    for (Py_ssize_t i = PyList_GET_SIZE(reqs.ptr()) - 1; i >= 0; --i) {
+        PyObject* r = PyList_GET_ITEM(reqs.ptr(), i);
+        const Memo* memo = m->memo(id_of(r));
+        if (memo == nullptr) throw nb::key_error("touch_memos: a request is not tracked");
+        t->touch_at(*memo->node, memo->full ? memo->node->size() : memo->offset);
+    }
+}
+
+}  // namespace
+
+void bind_round(nb::module_& m, TreeOf tree_of) {
+    g_tree_of = tree_of;
+    m.def("queue_round", &queue_round, "tree"_a, "reqs_of"_a, "queue"_a, "added"_a, "moved"_a,
+          "tried"_a, "matched"_a, "dedup"_a, "deferred"_a, "order"_a.none());
+    m.def("dedup_verdict",
+          [](nb::handle tree, nb::handle reqs_of, bool afresh, nb::object deferred) {
+              auto [d, flipped] = verdict(matcher_of(tree), reqs_of, afresh, std::move(deferred));
+              return nb::make_tuple(d, flipped);
+          },
+          "tree"_a, "reqs_of"_a, "afresh"_a, "deferred"_a);
+    m.def("touch_memos", &touch_memos, "tree"_a, "reqs"_a);
+    m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
+}
+
+}  // namespace radixsched

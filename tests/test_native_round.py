@@ -1,0 +1,173 @@
+"""The waiting queue's round in one native call (``_native/round.cpp``): lpm's kept order
+advanced there while the list is in sync with it, the Python round everywhere else (decided per
+round), each round's order the reference's; the refresh's native touches equal the Python
+loop's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from radixsched.cache import CacheKey, RadixCache
+from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.config import SchedulerConfig
+from radixsched.fast.native_matching import NativeMatcher
+from radixsched.fast.queue import FastWaitingQueue
+from radixsched.native import core
+from radixsched.policies import Reads
+from radixsched.queue import WaitingQueue
+from radixsched.request import Req
+
+pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+
+
+def _twins(page: int = 1, **cfg: Any) -> tuple[list[Any], WaitingQueue, FastWaitingQueue]:
+    caches = [RadixCache(None, page_size=page), NativeRadixCache(None, page_size=page)]
+    config = SchedulerConfig(schedule_policy=cfg.pop("policy", "lpm"), page_size=page, **cfg)
+    return caches, WaitingQueue(config, caches[0]), FastWaitingQueue(config, caches[1])
+
+
+class _Rounds:
+    """Records each native round's ``done`` (whether it advanced lpm's order)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.done: list[bool] = []
+        orig = NativeMatcher.round
+
+        def recording(m: NativeMatcher, *a: Any, **kw: Any) -> Any:
+            out = orig(m, *a, **kw)
+            self.done.append(out[2])
+            return out
+
+        monkeypatch.setattr(NativeMatcher, "round", recording)
+
+
+def _add(queues: tuple[WaitingQueue, ...], rid: str, tokens: list[int], t: float) -> None:
+    for q in queues:
+        q.add(Req(rid, np.asarray(tokens, dtype=np.int32), arrival_time=t))
+
+
+def _heads(queues: tuple[WaitingQueue, ...], rnd: int, take: bool = False) -> list[list[str]]:
+    """Each queue's whole order this round (``take``: then its head is admitted)."""
+    orders = [q.begin_round([], 10 * rnd, float(rnd)) for q in queues]
+    heads = [[r.rid for r in o.head(len(q) + 1)] for q, o in zip(queues, orders, strict=True)]
+    for q, o in zip(queues, orders, strict=True):
+        if take:
+            q.take([o.position(0) or 0])
+    return heads
+
+
+def test_lpm_round_advances_natively_in_sync_and_falls_back_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rounds = _Rounds(monkeypatch)
+    caches, ref, fast = _twins()
+    assert fast.lpm_order is not None
+    qs = (ref, fast)
+    shared = [1, 2, 3, 4, 5, 6]
+    for c in caches:
+        c.insert(CacheKey(np.asarray(shared, dtype=np.int32)), np.arange(6))
+    for i in range(6):  # the first round: no kept order yet, the Python round builds it
+        _add(qs, f"a{i}", (shared[: i + 1] if i % 2 else [9, i]) + [7, 8], float(i))
+    heads = _heads(qs, 0)
+    assert heads[0] == heads[1]
+    _add(qs, "b0", [*shared, 9, 9], 10.0)  # one arrival, tied with a5 (older: first)
+    heads = _heads(qs, 1)
+    assert heads[0] == heads[1] and heads[1][:2] == ["a5", "b0"]
+    assert rounds.done[-1] is True  # in sync, few moving: advanced natively
+    for c in caches:  # the cache grows under a waiting request: it moves up
+        c.insert(CacheKey(np.asarray([9, 3, 7, 8], dtype=np.int32)), np.arange(4))
+    heads = _heads(qs, 2)
+    assert heads[0] == heads[1] and rounds.done[-1] is True
+    for q in qs:  # the list edited behind the order's back: out of sync, rebuilt in Python
+        q.reqs.reverse()
+    heads = _heads(qs, 3)
+    assert heads[0] == heads[1] and rounds.done[-1] is False
+    heads = _heads(qs, 4)
+    assert heads[0] == heads[1] and rounds.done[-1] is True  # in sync again
+    for i in range(40):  # more than 32 and a quarter of the list arrive: a rebuild
+        _add(qs, f"c{i}", [5, i, i], 20.0 + i)
+    heads = _heads(qs, 5)
+    assert heads[0] == heads[1] and rounds.done[-1] is False
+
+
+@pytest.mark.parametrize(
+    ("cfg", "native_order"),
+    [
+        ({}, True),
+        ({"in_batch_prefix_check_threshold": -1}, True),  # no dedup: nothing deferred
+        ({"lpm_max_wait_s": 5.0}, False),  # the starvation bound reads the clock
+        ({"enable_priority_scheduling": True, "policy": "fcfs"}, False),  # lpm refuses them
+        ({"policy": "shortest-prefill-first"}, False),  # a key policy, not lpm's key
+        ({"policy": "hrrn"}, False),
+    ],
+)
+def test_only_lpms_kept_order_is_advanced_natively(
+    cfg: dict[str, Any], native_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rounds = _Rounds(monkeypatch)
+    caches, ref, fast = _twins(**{"in_batch_prefix_deprioritize_threshold": 2, **cfg})
+    assert (fast.lpm_order is not None) is native_order
+    qs = (ref, fast)
+    for c in caches:
+        c.insert(CacheKey(np.asarray([1, 2, 3, 4], dtype=np.int32)), np.arange(4))
+    rng = np.random.default_rng(3)
+    deferred = 0
+    for rnd in range(30):
+        for _ in range(int(rng.integers(0, 3))):
+            n = int(rng.integers(2, 9))
+            _add(qs, f"r{rnd}.{_}", list(rng.integers(1, 5, n)), float(rnd))
+        heads = _heads(qs, rnd, take=len(ref) > 3 and rng.random() < 0.5)
+        assert heads[0] == heads[1], rnd
+        assert ref.deferred == fast.deferred, rnd
+        deferred += len(ref.deferred)
+    assert any(rounds.done) is native_order
+    dedups = Reads.DEDUP in fast.reads and cfg.get("in_batch_prefix_check_threshold", 0) >= 0
+    assert (deferred > 0) is dedups
+
+
+def test_native_touches_equal_the_python_loops() -> None:
+    """touch_memos: each request's memo read just before its touch, last to first (a touch's
+    split re-points the memos ending in the split node): the same clock, access times and
+    splits as touching each memo from Python."""
+    rng = np.random.default_rng(13)
+    caches = [NativeRadixCache(None, page_size=1) for _ in range(2)]
+    matchers = [NativeMatcher(c) for c in caches]
+    for i in range(30):
+        seq = rng.integers(0, 3, int(rng.integers(1, 20))).astype(np.int32)
+        for c in caches:
+            c.insert(CacheKey(seq), np.arange(100 * i, 100 * i + len(seq)))
+    reqs: list[list[Req]] = [[], []]
+    for i in range(25):
+        t = rng.integers(0, 3, int(rng.integers(1, 25))).astype(np.int32)
+        for m, rs in zip(matchers, reqs, strict=True):
+            r = Req(f"r{i}", t.copy())
+            m.track(r)
+            rs.append(r)
+    for r in reversed(reqs[0]):
+        memo = matchers[0].memo[id(r)]
+        caches[0].touch_at(memo.node, len(memo.node) if memo.full else memo.offset)
+    matchers[1].touch_ends(reqs[1])
+
+    def state(c: Any) -> list[tuple[int, int, int]]:
+        return [(n.id, n.last_access_time, len(n.key)) for n in c._iter_nodes()]
+
+    assert state(caches[0]) == state(caches[1])
+    stranger = Req("x", np.asarray([1], dtype=np.int32))
+    with pytest.raises(KeyError):
+        matchers[1].touch_ends([stranger])
+
+
+def test_in_sync_compares_identities_members_then_arrivals() -> None:
+    """The queue's sync check: the list is the members, then the arrivals, object for object."""
+    mod = core()
+    a, b, c = (Req(f"r{i}", np.asarray([1], dtype=np.int32)) for i in range(3))
+    twin = Req("r0", np.asarray([1], dtype=np.int32))  # the same fields, another request
+    assert mod.in_sync([a, b, c], [a, b], [c])
+    assert mod.in_sync([], [], [])
+    assert not mod.in_sync([a, b, c], [a, b], [])  # a request neither member nor arrival
+    assert not mod.in_sync([a, c, b], [a, b], [c])
+    assert not mod.in_sync([twin, b, c], [a, b], [c])
+    assert not mod.in_sync([a, b], [a, b], [c])
