@@ -467,6 +467,18 @@ MUTANTS = (
         "stand_in(nb::cast<uint64_t>(h), uint64_t(prefix + it.num_new - 1), vocab);",
     ),
     Mutant(
+        "prefill-middle-chunk-emits",
+        "_native/prefill.cpp",
+        "if (!it.produces) continue;  // a middle chunk: checkpointed at the next step",
+        "// a middle chunk emitted like a last one",
+    ),
+    Mutant(
+        "native-chunk-skips-tenant-charges",
+        "fast/scheduler.py",
+        "        if self.policy.charges_service or type(self.clock) is not VirtualClock:",
+        "        if type(self.clock) is not VirtualClock:",
+    ),
+    Mutant(
         "prefill-running-x-unscaled",
         "_native/prefill.cpp",
         "get(st, n.running_x_s)) + double(size) * d));",

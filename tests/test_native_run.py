@@ -190,3 +190,71 @@ def test_the_native_call_declines_before_changing_anything() -> None:
     sched = SimpleNamespace()
     assert run.run([plain, hosted], cost, {"a": 1}, 100, sched, 0.0) is None
     assert req.output_ids == [] and vars(sched) == {}
+
+
+# ---- fused middle chunks of a chunked prefill -----------------------------------------------------
+def _long_reqs(tenants: bool) -> list[Req]:
+    """A prompt of six 64-token chunks and more (five middle chunks), and two short ones."""
+    rng = np.random.default_rng(11)
+    out = []
+    for i, n in enumerate([400, 40, 70]):
+        out.append(
+            Req(
+                f"c{i}",
+                rng.integers(0, 1000, n).astype(np.int32),
+                SamplingParams(max_new_tokens=3),
+                extra_key=None,
+                tenant=f"t{i % 2}" if tenants else None,
+            )
+        )
+    return out
+
+
+def _drive_chunks(accelerate: bool, policy: str, reqs: list[Req]) -> tuple[Scheduler, int]:
+    """Every step given a far horizon, so that fused middle chunks run back to back; returns
+    the scheduler and the most chunks one step ran."""
+    cfg = SchedulerConfig(schedule_policy=policy, chunked_prefill_size=64, page_size=1)
+    runner = CostModelRunner(load_cost_model(model="llama-3.1-8b"), seed=7)
+    s = build_scheduler(cfg, runner, accelerate=accelerate, kv_slots=4096)
+    for r in reqs:
+        s.add_request(r, now=0.0)
+    most = 0
+    for _ in range(200):
+        if s.is_idle:
+            break
+        out = s.step(horizon=5.0)
+        most = max(most, out.num_steps if out is not None else 0)
+        if isinstance(s, FastScheduler):
+            s.check_integrity()
+    assert s.is_idle
+    return s, most
+
+
+def _compare_chunks(policy: str, tenants: bool, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Both cores; returns how often the fast one asked the runner's Python ``forward``."""
+    ref_reqs = _long_reqs(tenants)
+    ref, _ = _drive_chunks(False, policy, ref_reqs)
+    calls: list[int] = []
+    orig = CostModelRunner.forward
+
+    def counting(self: CostModelRunner, batch: Any) -> Any:
+        calls.append(len(batch.extend))
+        return orig(self, batch)
+
+    monkeypatch.setattr(CostModelRunner, "forward", counting)
+    fast_reqs = _long_reqs(tenants)
+    fast, most = _drive_chunks(True, policy, fast_reqs)
+    assert _state(fast, fast_reqs) == _state(ref, ref_reqs)
+    assert most >= 4  # the middle chunks of the long prompt ran in one step
+    return len(calls)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_fused_middle_chunks_run_natively(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _compare_chunks(policy, False, monkeypatch) == 0
+
+
+def test_middle_chunks_charging_tenants_run_on_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _compare_chunks("fair", True, monkeypatch) >= 4

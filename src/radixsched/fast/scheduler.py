@@ -47,6 +47,9 @@ from radixsched.runner import Batch
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
 
+# What a native prefill step needs (``PrefillRun.run``): step timer, stand-ins' hashes, vocabulary.
+NativeStep = tuple[Any, Mapping[str, int], int]
+
 
 class ChunkPlan(NamedTuple):
     """A step opened by continuing the chunked request."""
@@ -300,11 +303,18 @@ class FastScheduler(Scheduler):
             self._running_changed()
         return super().run(batch)
 
-    def _native_prefill(self, batch: Batch) -> tuple[Any, Mapping[str, int], int] | None:
+    def _native_prefill(self, batch: Batch) -> NativeStep | None:
         """(step timer, stand-ins' hashes, vocabulary) where the step can run natively: an
-        extend-only batch, no host tier, no tenant to charge, no EOS ids, virtual time, and a
-        runner with native prefill times and tokens."""
-        if batch.decode or self.eos_ids or self.kv.host_tier is not None:
+        extend-only batch, no EOS ids, and what ``_native_step`` asks."""
+        if batch.decode or self.eos_ids:
+            return None
+        return self._native_step()
+
+    def _native_step(self) -> NativeStep | None:
+        """``_native_prefill``'s answer for a step whose entries produce no token (EOS ids
+        then matter not): no host tier, no tenant to charge, virtual time, and a runner with
+        native prefill times and tokens."""
+        if self.kv.host_tier is not None:
             return None
         if self.policy.charges_service or type(self.clock) is not VirtualClock:
             return None
@@ -344,13 +354,14 @@ class FastScheduler(Scheduler):
         plan = self._plan_continuation()
         if plan.is_middle:
             out = StepOutcome("extend", 0.0, 1, num_steps=0)
-            self._run_chunk(plan, out)
+            native = self._native_step()  # fixed while the step lasts
+            self._run_chunk(plan, out, native)
             while horizon is not None and self.clock.now() < horizon and self.chunked_req:
                 plan = self._plan_continuation()
                 if not plan.is_middle:
                     plan.req.extend_end = plan.req.prefix_len  # the next step plans it again
                     break
-                self._run_chunk(plan, out)
+                self._run_chunk(plan, out, native)
             return out
         self.chunked_req = plan.still_chunked
         adder = plan.adder
@@ -369,10 +380,21 @@ class FastScheduler(Scheduler):
         adder = self.new_adder()
         return ChunkPlan(adder, adder.add_chunked_req(req), req)
 
-    def _run_chunk(self, plan: ChunkPlan, out: StepOutcome) -> None:
-        """A middle chunk exactly as a step whose batch is that chunk alone, added to ``out``."""
+    def _run_chunk(self, plan: ChunkPlan, out: StepOutcome, native: NativeStep | None) -> None:
+        """A middle chunk exactly as a step whose batch is that chunk alone, added to ``out``:
+        in one native call (``PrefillRun.run``: its time, statistics and clock; it produces
+        no token, so nothing is emitted or checkpointed) where ``native`` is offered and the
+        call does not decline (a host load: it then changed nothing), else in Python."""
         req = plan.req
-        batch = Batch([self.kv.extend_entry(req, req.prefix_len, req.extend_end)], [])
+        entry = self.kv.extend_entry(req, req.prefix_len, req.extend_end)
+        if native is not None:
+            res = self.prefill_run.run([entry], *native, self, self.clock.now())
+            if res is not None:
+                out.duration_s += res[0]
+                out.prefill_tokens = res[1]  # as _count_tokens: this chunk's
+                out.num_steps += 1
+                return
+        batch = Batch([entry], [])
         result = self.runner.forward(batch)
         d = result.duration_s
         self.account(1, [d])
