@@ -15,9 +15,10 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
   its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
   checkpoints) where the runner offers native prefill times and tokens and nothing in the
   batch needs Python (stop ids, scripts, host loads, tenant charges); decided per step;
-- a middle chunk of a chunked prefill that fills the round's budget runs as the step alone,
-  and the next ones back to back up to the next event, where no round between could do
-  anything else; decided per step, from the runner and the gates actually present.
+- a middle chunk of a chunked prefill that fills the round's budget runs as the step alone
+  (in the native prefill step where the runner and the policy allow it), and the next ones
+  back to back up to the next event, where no round between could do anything else; decided
+  per step, from the runner and the gates actually present.
 
 Deferred state invariant: while ``unsettled``, the batch's columns are ahead of its requests by
 whole decode steps, the last entries of the columns' log (the end time of each deferred step),
