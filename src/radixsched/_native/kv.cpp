@@ -16,9 +16,9 @@ bool alloc_evicting(Tree& tree, Pool& pool, int64_t* out, int64_t n) {
     if (n % pool.page_size() != 0 || tree.evictable_size() < short_by)
         return pool.recycle_into(tree.evict(short_by), out, n);
     // Else the evicted slots go straight into `out` in eviction order (no copy in between),
-    // any excess past n into a reused buffer: recycle_into's result and free list.
-    static thread_local std::vector<int64_t> excess;
-    excess.clear();
+    // any excess past n (only when a whole leaf overshoots: no allocation otherwise) into
+    // `excess`: recycle_into's result and free list.
+    std::vector<int64_t> excess;
     const int64_t got = tree.evict_to(short_by, out, n, excess);
     return pool.recycle_placed(out, n, got, excess);
 }
