@@ -52,6 +52,7 @@ TESTS = (
     "tests/test_equivalence.py",
     "tests/test_golden.py",
     "tests/test_equivalence_fuzz.py",
+    "tests/test_native_alloc_evicting.py",
 )
 
 
@@ -147,6 +148,18 @@ MUTANTS = (
         "_native/pool.cpp",
         "            free_all(i, take);\n",
         "            free_all(i + 1, 0);\n",
+    ),
+    Mutant(
+        "recycle-placed-drops-the-excess",
+        "_native/pool.cpp",
+        "        free(excess.data(), static_cast<int64_t>(excess.size()), false);\n",
+        "\n",
+    ),
+    Mutant(
+        "evicted-slots-not-placed",
+        "_native/radix.cpp",
+        "        std::copy(begin, begin + k, out + pos);\n",
+        "\n",
     ),
     Mutant(
         "pool-frees-a-group-reversed",

@@ -10,8 +10,17 @@ namespace radixsched {
 
 bool alloc_evicting(Tree& tree, Pool& pool, int64_t* out, int64_t n) {
     const int64_t short_by = n - pool.available_size();
-    if (short_by > 0) return pool.recycle_into(tree.evict(short_by), out, n);
-    return pool.alloc_into(out, n);
+    if (short_by <= 0) return pool.alloc_into(out, n);
+    // A bad `n`, or a cache too small to cover it: through segments, as the Python does
+    // (`out` stays untouched when it fails).
+    if (n % pool.page_size() != 0 || tree.evictable_size() < short_by)
+        return pool.recycle_into(tree.evict(short_by), out, n);
+    // Else the evicted slots go straight into `out` in eviction order (no copy in between),
+    // any excess past n (only when a whole leaf overshoots: no allocation otherwise) into
+    // `excess`: recycle_into's result and free list.
+    std::vector<int64_t> excess;
+    const int64_t got = tree.evict_to(short_by, out, n, excess);
+    return pool.recycle_placed(out, n, got, excess);
 }
 
 NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {

@@ -84,7 +84,8 @@ void Pool::free(const int64_t* slots, int64_t n, bool checked) {
                                     " slots is not a whole number of pages (p=" +
                                     std::to_string(p) + ")");
     const int64_t k = n / p;
-    std::vector<int64_t> pages(static_cast<size_t>(k));
+    std::vector<int64_t>& pages = pages_;  // every entry written below before it is read
+    pages.resize(static_cast<size_t>(k));
     for (int64_t i = 0; i < k; ++i) {
         pages[i] = floor_div(slots[i * p], p);
         if (checked)
@@ -150,6 +151,31 @@ bool Pool::recycle_into(const std::vector<std::vector<int64_t>>& segs, int64_t* 
         }
     }
     if (pos < n && !alloc_into(out + pos, n - pos))
+        throw IntegrityFailure("recycle: the free list lost pages it counted");
+    return true;
+}
+
+bool Pool::recycle_placed(int64_t* out, int64_t n, int64_t got,
+                          const std::vector<int64_t>& excess) {
+    pages_for(n, "alloc");
+    const int64_t g = got + static_cast<int64_t>(excess.size());
+    if (got < 0 || got > n || (!excess.empty() && got != n))
+        throw std::invalid_argument("recycle: " + std::to_string(got) + " slots placed of " +
+                                    std::to_string(n) + " with " +
+                                    std::to_string(excess.size()) + " more");
+    if (g % page_ != 0)
+        throw std::invalid_argument("free: " + std::to_string(g) +
+                                    " slots is not a whole number of pages (p=" +
+                                    std::to_string(page_) + ")");
+    if (n > g && (n - g) / page_ > num_pages_ - first_free_ - reserved_) {
+        free(out, g, false);  // all of it sits in out (g < n)
+        return false;
+    }
+    if (!excess.empty()) {  // the excess, freed as one group
+        free(excess.data(), static_cast<int64_t>(excess.size()), false);
+        return true;
+    }
+    if (got < n && !alloc_into(out + got, n - got))
         throw IntegrityFailure("recycle: the free list lost pages it counted");
     return true;
 }

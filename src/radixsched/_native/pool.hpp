@@ -33,6 +33,10 @@ public:
     void free(const int64_t* slots, int64_t n, bool checked);
     // free(concatenation of segs) then alloc_into(out, n), without building the concatenation.
     bool recycle_into(const std::vector<std::vector<int64_t>>& segs, int64_t* out, int64_t n);
+    // recycle_into(segs, out, n) where the concatenation of segs is already in place: its
+    // first `got` slots in out[0, got) and the rest in `excess` (got == n when excess is not
+    // empty; Tree::evict_to lays them out so). The same free list and result.
+    bool recycle_placed(int64_t* out, int64_t n, int64_t got, const std::vector<int64_t>& excess);
     bool reserve(int64_t n);
     std::vector<int64_t> claim(int64_t n);
     std::vector<int64_t> free_slots() const;  // every free slot, bottom of the stack first
@@ -47,6 +51,7 @@ private:
     int64_t num_pages_;
     std::vector<int64_t> stack_;
     std::vector<int64_t> stack_pos_;
+    std::vector<int64_t> pages_;  // free()'s scratch: the pages of its slots (reused, no state)
     int64_t first_free_ = 0;
     int64_t reserved_ = 0;
 };

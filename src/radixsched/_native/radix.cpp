@@ -539,7 +539,7 @@ void Tree::Freed::take(std::vector<int64_t>&& v) {
     if (segments) {
         segments->push_back(std::move(v));
     } else {
-        flat->insert(flat->end(), v.begin(), v.end());
+        copy(v.data(), v.data() + v.size());
         std::vector<int64_t>().swap(v);  // emptied and released, as a move leaves it
     }
 }
@@ -547,9 +547,15 @@ void Tree::Freed::take(std::vector<int64_t>&& v) {
 void Tree::Freed::copy(const int64_t* begin, const int64_t* end) {
     if (segments) {
         segments->emplace_back(begin, end);
-    } else {
-        flat->insert(flat->end(), begin, end);
+        return;
     }
+    if (out != nullptr) {
+        const int64_t k = std::min<int64_t>(cap - pos, end - begin);
+        std::copy(begin, begin + k, out + pos);
+        pos += k;
+        begin += k;
+    }
+    if (begin != end) flat->insert(flat->end(), begin, end);
 }
 
 void Tree::evict_whole(Node& leaf, Freed& freed) {
@@ -588,6 +594,13 @@ std::vector<int64_t> Tree::evict_flat(int64_t num_tokens) {
     Freed freed{nullptr, &flat};
     evict_into(num_tokens, freed);
     return flat;
+}
+
+int64_t Tree::evict_to(int64_t num_tokens, int64_t* out, int64_t cap,
+                       std::vector<int64_t>& excess) {
+    Freed freed{nullptr, &excess, out, cap, 0};
+    evict_into(num_tokens, freed);
+    return freed.pos;
 }
 
 void Tree::evict_into(int64_t num_tokens, Freed& freed) {

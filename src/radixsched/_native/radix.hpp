@@ -146,6 +146,9 @@ public:
     std::vector<std::vector<int64_t>> evict(int64_t num_tokens);
     // The same eviction, its segments concatenated (one array for the allocator).
     std::vector<int64_t> evict_flat(int64_t num_tokens);
+    // The same eviction, its concatenation written in place: the first `cap` slots to
+    // out[0, cap), the rest appended to `excess`. Returns how many went to `out`.
+    int64_t evict_to(int64_t num_tokens, int64_t* out, int64_t cap, std::vector<int64_t>& excess);
     std::vector<int64_t> reset();  // the slots the tree held
 
     int64_t evictable_size() const { return evictable_; }
@@ -193,10 +196,14 @@ private:
     NodePtr make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
                       int32_t ns, int64_t now, int64_t priority);
     void check_attached(const Node& node) const;
-    // Where evicted slots go: whole segments (moved), or appended to one flat array.
+    // Where evicted slots go: whole segments (moved), or appended to one flat array; with
+    // `out`, out[pos, cap) is filled first (in eviction order) and only the rest goes to flat.
     struct Freed {
         std::vector<std::vector<int64_t>>* segments = nullptr;
         std::vector<int64_t>* flat = nullptr;
+        int64_t* out = nullptr;
+        int64_t cap = 0;
+        int64_t pos = 0;  // slots written to out
         void take(std::vector<int64_t>&& v);
         void copy(const int64_t* begin, const int64_t* end);
     };
