@@ -82,40 +82,47 @@ def _per_batch(cost: CostModel, b: int) -> tuple[float, float]:
     return cost._efficiency_factor(b), cost._fixed_s(b, b, 0)
 
 
-def _native_decode_cost(cost: StepCostModel) -> Any | None:
-    """``cost``'s decode steps in C++ (``_core.DecodeCost``: ``_dense_step_s`` on doubles, the
-    same floats) where it is a dense roofline ``CostModel`` with ``_finite_rates``; else None."""
+def _dense_rates(cost: StepCostModel) -> tuple[Any, tuple[float, ...]] | None:
+    """(the native core, the dense roofline's six rates as ``_core.DecodeCost`` and
+    ``_core.PrefillCost`` take them first) where ``cost`` is a dense roofline ``CostModel``
+    with ``_finite_rates`` and the core is built; else None."""
     lib = core()
     if lib is None or type(cost) is not CostModel or not cost._dense or not cost._finite_rates:
         return None
-    return lib.DecodeCost(
+    rates = (
         cost._linear_flops_per_token,
         cost._attn_flops_per_pair,
         cost._flops_per_s,
         float(cost._dense_weight_bytes),
         cost._kv_bytes_all_gpus,
         cost._bytes_per_s,
-        partial(_per_batch, cost),  # the cost, not the runner: no reference cycle
     )
+    return lib, rates
+
+
+def _native_decode_cost(cost: StepCostModel) -> Any | None:
+    """``cost``'s decode steps in C++ (``_core.DecodeCost``: ``_dense_step_s`` on doubles, the
+    same floats) where ``_dense_rates`` applies; else None."""
+    dense = _dense_rates(cost)
+    if dense is None:
+        return None
+    lib, rates = dense
+    assert isinstance(cost, CostModel)
+    return lib.DecodeCost(*rates, partial(_per_batch, cost))  # the cost: no reference cycle
 
 
 def _native_prefill_cost(cost: StepCostModel) -> Any | None:
     """``cost``'s extend-only steps that load nothing back in C++ (``_core.PrefillCost``:
     ``_dense_step_s`` with ``_efficiency_factor`` and ``_fixed_s`` on doubles, the same floats)
-    where ``_native_decode_cost`` applies and a host term of no tokens is 0.0 (a positive PCIe
+    where ``_dense_rates`` applies and a host term of no tokens is 0.0 (a positive PCIe
     rate); else None."""
-    lib = core()
-    if lib is None or type(cost) is not CostModel or not cost._dense or not cost._finite_rates:
+    dense = _dense_rates(cost)
+    if dense is None or not cost.gpu.pcie_bw > 0:
         return None
-    if not cost.gpu.pcie_bw > 0:
-        return None
+    lib, rates = dense
+    assert isinstance(cost, CostModel)
     return lib.PrefillCost(
-        cost._linear_flops_per_token,
-        cost._attn_flops_per_pair,
-        cost._flops_per_s,
-        float(cost._dense_weight_bytes),
-        cost._kv_bytes_all_gpus,
-        cost._bytes_per_s,
+        *rates,
         cost.prefill_eff_tokens,
         cost.step_overhead_s,
         cost.sched_step_s,
