@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,16 @@ def tokenizer_files_dir(model_name: str, tokenizer: Tokenizer) -> Path | None:
     if own.is_dir() and (own / "tokenizer.json").is_file():
         return own.resolve()
     if isinstance(tokenizer, ByteTokenizer):
-        return _written(BYTE_TOKENIZER_FOLDER, _byte_tokenizer_files)
+        return _write_folder_once(BYTE_TOKENIZER_FOLDER, _byte_tokenizer_files)
     if isinstance(tokenizer, HFTokenizer):
         backend_json = tokenizer.backend.to_str()
         digest = hashlib.sha256(backend_json.encode()).hexdigest()[:16]
         folder = f"{Path(model_name).stem}-{digest}"
-        return _written(folder, lambda out: _hf_tokenizer_files(tokenizer, out))
+        return _write_folder_once(folder, lambda out: _hf_tokenizer_files(tokenizer, out))
     return None
 
 
-def _written(folder: str, write: Any) -> Path:
+def _write_folder_once(folder: str, write: Callable[[Path], None]) -> Path:
     """``cache_root()/tokenizers/folder``, written by ``write(tmp)`` into a sibling temporary
     folder and renamed into place (a reader never sees half a folder)."""
     out = cache_root() / TOKENIZERS_FOLDER / folder
