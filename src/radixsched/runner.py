@@ -68,10 +68,6 @@ class Batch:
         return ForwardMode.EXTEND if self.extend else ForwardMode.DECODE
 
     @property
-    def extend_num_tokens(self) -> int:
-        return sum(e.num_new for e in self.extend)
-
-    @property
     def batch_size(self) -> int:
         return len(self.extend) + len(self.decode)
 
