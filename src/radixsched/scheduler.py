@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from radixsched.adder import AddReqResult, Admission, PrefillAdder, PrefillGate
@@ -43,7 +43,7 @@ from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.roles import CoLocated, Role
-from radixsched.runner import Batch, ExtendEntry, ModelRunner
+from radixsched.runner import Batch, ExtendEntry, ModelRunner, StepOutcome
 from radixsched.running import RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -55,23 +55,6 @@ class AdmitResult(NamedTuple):
     accepted: bool
     status_code: int | None = None  # HTTP status a server maps a rejection to
     message: str = ""
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    mode: str  # "extend", "decode", "mixed"
-    duration_s: float
-    batch_size: int
-    num_steps: int = 1  # > 1 when several forward passes ran in one step (accelerators)
-    prefill_tokens: int = 0
-    finished: list[Req] = field(default_factory=list)
-    retracted: list[Req] = field(default_factory=list)
-    _tokens: list[tuple[Req, list[int]]] = field(default_factory=list, repr=False)
-
-    @property
-    def new_tokens(self) -> list[tuple[Req, list[int]]]:
-        """Tokens produced this step, per request, in batch order."""
-        return self._tokens
 
 
 @dataclass
