@@ -434,11 +434,14 @@ class Scheduler:
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None, "only one chunked request at a time"
             self.chunked_req = adder.new_chunked_req
-        entries = [self._extend(a) for a in adder.can_run_list if a.extend_len]
+        entries = self._extend_entries(adder.can_run_list)
         decode = []
         if mixed and self.running and self._decode_fits():
             decode = self.kv.decode_entries(self.running)
         return Batch(entries, decode)
+
+    def _extend_entries(self, run: list[Admission]) -> list[ExtendEntry]:
+        return [self._extend(a) for a in run if a.extend_len]
 
     def _extend(self, a: Admission) -> ExtendEntry:
         r, st = a.req, self.stats
