@@ -125,8 +125,7 @@ class PrefillAdder:
         )
         self.total_offset: float = float(num_mixed_decode_tokens)
         self.current_offset: float = float(num_mixed_decode_tokens)
-        # Decode reservations of the running batch (``RunningBatch.decode_tokens``: the sums of
-        # ``running_reservation`` with and without ignore_eos).
+        # Decode reservations of the running batch (``RunningBatch.decode_tokens`` says how).
         full, discounted = running_tokens
         self.total_offset += full + discounted * new_token_ratio
 

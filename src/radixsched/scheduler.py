@@ -630,8 +630,7 @@ class Scheduler:
         return [*self.running, *chunked, *self.role.holders()]
 
     def check_integrity(self) -> None:
-        """Every KV slot is free, cached or owned by exactly one request; every lock is held by
-        a live request; raises ``IntegrityError`` with numbers."""
+        """Check the module docstring's ownership rules; raise ``IntegrityError`` with numbers."""
         self.cache.check_integrity()
         holders = self.holders()
         self.allocator.check_integrity(
