@@ -81,7 +81,7 @@ class FakeRunner(ModelRunner):
             want = r.fill_ids()
             assert np.array_equal(ctx, want), f"{r.rid}: decode context KV does not match"
             out[r.rid] = self.next_token(ctx)
-        dur = self.prefill_s_per_token * batch.extend_num_tokens + (
+        dur = self.prefill_s_per_token * sum(e.num_new for e in batch.extend) + (
             self.decode_s if batch.decode else 0.0
         )
         return StepResult(out, dur + 0.001)

@@ -125,8 +125,7 @@ class PrefillAdder:
         )
         self.total_offset: float = float(num_mixed_decode_tokens)
         self.current_offset: float = float(num_mixed_decode_tokens)
-        # Decode reservations of the running batch (``RunningBatch.decode_tokens``: the sums of
-        # ``running_reservation`` with and without ignore_eos).
+        # Decode reservations of the running batch (``RunningBatch.decode_tokens`` says how).
         full, discounted = running_tokens
         self.total_offset += full + discounted * new_token_ratio
 
@@ -252,14 +251,19 @@ class PrefillAdder:
             if not self._negotiate():
                 return AddReqResult.OTHER
             extend_len, chunked = shape
-            req.extend_end = req.prefix_len + extend_len
-            req.lock_node = req.last_node
-            self.cache.inc_lock_ref(req.lock_node)
-            self.can_run_list.append(Admission(req, req.prefix_len, extend_len, chunked))
-            if chunked:
-                self.new_chunked_req = req
-            self._charge(req.prefix_len, extend_len, 0.0 if chunked else reservation)
+            self._take(req, extend_len, chunked, reservation, hit=req.prefix_len)
         return self.budget_state()
+
+    def _take(self, req: Req, extend_len: int, chunked: bool, reservation: float, hit: int) -> None:
+        """Admit ``req``: lock its prefix, list it and charge the budgets (``hit`` cached tokens
+        logged; a chunk reserves no decode tokens)."""
+        req.extend_end = req.prefix_len + extend_len
+        req.lock_node = req.last_node
+        self.cache.inc_lock_ref(req.lock_node)
+        self.can_run_list.append(Admission(req, req.prefix_len, extend_len, chunked))
+        if chunked:
+            self.new_chunked_req = req
+        self._charge(hit, extend_len, 0.0 if chunked else reservation)
 
     def _select(
         self, req: Req, cand: int, max_new_check: float, has_chunked_req: bool
@@ -336,11 +340,7 @@ class PrefillAdder:
         rem_chunk = self.rem_chunk_tokens
         reservation = float(min(req.max_new_tokens, self.config.clip_max_new_tokens))
         if rem_chunk is None or cand <= rem_chunk:
-            req.extend_end = req.fill_len
-            req.lock_node = req.last_node
-            self.cache.inc_lock_ref(req.lock_node)
-            self.can_run_list.append(Admission(req, req.prefix_len, cand, False))
-            self._charge(0, cand, reservation)
+            self._take(req, cand, False, reservation, hit=0)
         else:
             # One chunked request: a continuation cut to pages or memory can leave chunk budget.
             if rem_chunk <= 0 or self.new_chunked_req is not None or has_chunked_req:
@@ -348,12 +348,7 @@ class PrefillAdder:
             trunc = floor_page(rem_chunk, p) if not self.compat else rem_chunk
             if trunc <= 0:
                 return AddReqResult.OTHER
-            req.extend_end = req.prefix_len + trunc
-            req.lock_node = req.last_node
-            self.cache.inc_lock_ref(req.lock_node)
-            self.can_run_list.append(Admission(req, req.prefix_len, trunc, True))
-            self.new_chunked_req = req
-            self._charge(0, trunc, 0.0)
+            self._take(req, trunc, True, 0.0, hit=0)
         return self.budget_state()
 
     # ---- priority preemption --------------------------------------------------------------

@@ -119,10 +119,6 @@ class Round:
     # TREE: the DFS order of the queue's positions over the cache tree (built by the queue).
     tree_order: Callable[[], list[int]] | None = None
 
-    @property
-    def compat(self) -> bool:
-        return self.config.sglang_compat
-
     def running_keys(self) -> Counter[str]:
         """Routing-key counts of the running batch."""
         return Counter(filter(None, map(operator.attrgetter("routing_key"), self.running)))
@@ -163,8 +159,6 @@ class Policy:
     # The order does not depend on the list's order (a total order, or uniform): re-queued
     # requests simply go to the back.
     list_order_free: bool = False
-    # An optional whole-queue form of ``key`` (numpy), for accelerators: same order.
-    columns: Any = None
 
     @property
     def charges_service(self) -> bool:

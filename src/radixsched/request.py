@@ -162,10 +162,6 @@ class Req:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def extend_len(self) -> int:
-        return self.extend_end - self.prefix_len
-
-    @property
     def remaining_new_tokens(self) -> int:
         return max(self.sampling.max_new_tokens - len(self.output_ids), 0)
 

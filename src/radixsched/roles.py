@@ -4,13 +4,31 @@ scheduler does, a split role overrides those its side changes; built last, never
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req
 
 if TYPE_CHECKING:
-    from radixsched.scheduler import Scheduler, StepOutcome
+    from radixsched.clock import Clock
+    from radixsched.kv import KVManager
+    from radixsched.queue import WaitingQueue
+    from radixsched.runner import Batch, StepOutcome
+
+
+class Host(Protocol):
+    """What these hooks use of their scheduler (``scheduler.Scheduler``, which imports them)."""
+
+    config: SchedulerConfig
+    queue: WaitingQueue
+    clock: Clock
+    kv: KVManager
+    processed_tokens: int
+
+    def _forget(self, req: Req) -> None: ...
+    def prefill_round(self) -> Batch | None: ...
+    def run(self, batch: Batch) -> StepOutcome: ...
+    def decode_round(self, horizon: float | None) -> StepOutcome | None: ...
 
 
 class Role:
@@ -19,7 +37,7 @@ class Role:
     mode: ClassVar[str] = "null"  # the ``disaggregation_mode`` this role serves
     prefills: ClassVar[bool] = True  # False: the instance never runs a prefill
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: Host) -> None:
         self.sched = sched
 
     @classmethod

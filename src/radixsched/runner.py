@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixsched.request import Req, SlotArray, TokenArray
 
@@ -68,10 +68,6 @@ class Batch:
         return ForwardMode.EXTEND if self.extend else ForwardMode.DECODE
 
     @property
-    def extend_num_tokens(self) -> int:
-        return sum(e.num_new for e in self.extend)
-
-    @property
     def batch_size(self) -> int:
         return len(self.extend) + len(self.decode)
 
@@ -81,6 +77,23 @@ class StepResult:
     # Next token per producing entry, keyed by request id.
     next_tokens: dict[str, int]
     duration_s: float
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    mode: str  # "extend", "decode", "mixed"
+    duration_s: float
+    batch_size: int
+    num_steps: int = 1  # > 1 when several forward passes ran in one step (accelerators)
+    prefill_tokens: int = 0
+    finished: list[Req] = field(default_factory=list)
+    retracted: list[Req] = field(default_factory=list)
+    _tokens: list[tuple[Req, list[int]]] = field(default_factory=list, repr=False)
+
+    @property
+    def new_tokens(self) -> list[tuple[Req, list[int]]]:
+        """Tokens produced this step, per request, in batch order."""
+        return self._tokens
 
 
 class ModelRunner(ABC):

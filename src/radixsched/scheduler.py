@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from radixsched.adder import AddReqResult, Admission, PrefillAdder, PrefillGate
@@ -43,7 +43,7 @@ from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.roles import CoLocated, Role
-from radixsched.runner import Batch, ExtendEntry, ModelRunner
+from radixsched.runner import Batch, ExtendEntry, ModelRunner, StepOutcome
 from radixsched.running import RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -55,23 +55,6 @@ class AdmitResult(NamedTuple):
     accepted: bool
     status_code: int | None = None  # HTTP status a server maps a rejection to
     message: str = ""
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    mode: str  # "extend", "decode", "mixed"
-    duration_s: float
-    batch_size: int
-    num_steps: int = 1  # > 1 when several forward passes ran in one step (accelerators)
-    prefill_tokens: int = 0
-    finished: list[Req] = field(default_factory=list)
-    retracted: list[Req] = field(default_factory=list)
-    _tokens: list[tuple[Req, list[int]]] = field(default_factory=list, repr=False)
-
-    @property
-    def new_tokens(self) -> list[tuple[Req, list[int]]]:
-        """Tokens produced this step, per request, in batch order."""
-        return self._tokens
 
 
 @dataclass
@@ -451,11 +434,14 @@ class Scheduler:
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None, "only one chunked request at a time"
             self.chunked_req = adder.new_chunked_req
-        entries = [self._extend(a) for a in adder.can_run_list if a.extend_len]
+        entries = self._extend_entries(adder.can_run_list)
         decode = []
         if mixed and self.running and self._decode_fits():
             decode = self.kv.decode_entries(self.running)
         return Batch(entries, decode)
+
+    def _extend_entries(self, run: list[Admission]) -> list[ExtendEntry]:
+        return [self._extend(a) for a in run if a.extend_len]
 
     def _extend(self, a: Admission) -> ExtendEntry:
         r, st = a.req, self.stats
@@ -644,8 +630,7 @@ class Scheduler:
         return [*self.running, *chunked, *self.role.holders()]
 
     def check_integrity(self) -> None:
-        """Every KV slot is free, cached or owned by exactly one request; every lock is held by
-        a live request; raises ``IntegrityError`` with numbers."""
+        """Check the module docstring's ownership rules; raise ``IntegrityError`` with numbers."""
         self.cache.check_integrity()
         holders = self.holders()
         self.allocator.check_integrity(

@@ -91,16 +91,19 @@ class TokenAllocator:
         """Every free slot (for conservation checks; allocates)."""
         return self._pages_to_slots(self._stack[self._first_free :][::-1])
 
+    def _whole_pages(self, what: str, n: int) -> int:
+        """``n`` tokens in pages; ``what`` (the call) raises unless ``n`` is whole pages, >= 0."""
+        p = self.page_size
+        if n < 0 or n % p:
+            raise ValueError(f"{what}({n}): must be a non-negative multiple of page_size ({p})")
+        return n // p
+
     # ---- alloc / free -------------------------------------------------------------------
     def alloc(self, num_tokens: int) -> SlotArray | None:
         """Slots of ``num_tokens / page_size`` whole pages, or None when not enough are free
         (never a partial allocation). The returned array is new (the caller owns it)."""
         p = self.page_size
-        if num_tokens < 0 or num_tokens % p:
-            raise ValueError(
-                f"alloc({num_tokens}): must be a non-negative multiple of page_size ({p})"
-            )
-        k = num_tokens // p
+        k = self._whole_pages("alloc", num_tokens)
         lo = self._first_free
         if k > self.num_pages - lo - self._reserved:
             return None
@@ -120,10 +123,7 @@ class TokenAllocator:
         new array; False, with nothing allocated and ``out`` untouched, when not enough are
         free."""
         p = self.page_size
-        n = len(out)
-        if n % p:
-            raise ValueError(f"alloc({n}): must be a non-negative multiple of page_size ({p})")
-        k = n // p
+        k = self._whole_pages("alloc", len(out))
         lo = self._first_free
         if k > self.num_pages - lo - self._reserved:
             return False
@@ -146,8 +146,7 @@ class TokenAllocator:
         enough are free."""
         p = self.page_size
         n = len(out)
-        if n % p:
-            raise ValueError(f"alloc({n}): must be a non-negative multiple of page_size ({p})")
+        self._whole_pages("alloc", n)
         g = 0
         for seg in freed:
             if len(seg) % p:
@@ -179,11 +178,7 @@ class TokenAllocator:
         top of the stack after that free), and those never pass through the free list. For
         slots just reclaimed from the cache (``evict_reclaim``: an array or its segments),
         which the caller owns. None when not enough are free."""
-        p = self.page_size
-        if num_tokens < 0 or num_tokens % p:
-            raise ValueError(
-                f"alloc({num_tokens}): must be a non-negative multiple of page_size ({p})"
-            )
+        self._whole_pages("alloc", num_tokens)
         parts = [freed] if isinstance(freed, np.ndarray) else list(freed)
         out = np.empty(num_tokens, dtype=np.int64)
         return out if self.recycle_into(parts, out) else None
@@ -193,12 +188,7 @@ class TokenAllocator:
         available, but no slot is chosen until they are claimed. False, and nothing reserved,
         when not enough are available. Which slots a claim returns depends on the stack at
         claim time (slots are interchangeable; only their number matters to callers)."""
-        p = self.page_size
-        if num_tokens < 0 or num_tokens % p:
-            raise ValueError(
-                f"reserve({num_tokens}): must be a non-negative multiple of page_size ({p})"
-            )
-        k = num_tokens // p
+        k = self._whole_pages("reserve", num_tokens)
         if k > self.num_pages - self._first_free - self._reserved:
             return False
         self._reserved += k

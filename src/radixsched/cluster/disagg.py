@@ -167,6 +167,7 @@ class DecodeRole(Role):
 
     mode = "decode"
     prefills = False
+    sched: Scheduler
 
     def __init__(self, sched: Scheduler) -> None:
         super().__init__(sched)

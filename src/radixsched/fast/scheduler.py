@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from radixsched.adder import AddReqResult, PrefillAdder
+from radixsched.adder import AddReqResult, Admission, PrefillAdder
 from radixsched.cache import TokenAllocator, native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
@@ -44,7 +44,7 @@ from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
 from radixsched.queue import RoundOrder
 from radixsched.request import Req
-from radixsched.runner import Batch
+from radixsched.runner import Batch, ExtendEntry
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
 
@@ -260,31 +260,17 @@ class FastScheduler(Scheduler):
             self.queue.note_tried(req)  # its matched length is the admission's now
         return ok, res
 
-    def _prefill_batch(self, adder: PrefillAdder, admitted: list[int], mixed: bool) -> Batch | None:
-        """The reference's, its extend entries (``_extend``: first-schedule stamps and stats,
-        rows and slots) made in one native call (``KV.extend_batch``) where no host tier loads
-        prefixes back."""
-        kv = self.kv
-        if kv.host_tier is not None:
-            return super()._prefill_batch(adder, admitted, mixed)
-        run = adder.can_run_list
-        if all(a.extend_len == 0 for a in run):  # nothing to run (or empty)
-            self._requeue(adder.preempt_list)
-            return None
-        self.queue.take(admitted)
-        self._requeue(adder.preempt_list)
-        if adder.new_chunked_req is not None:
-            assert self.chunked_req is None, "only one chunked request at a time"
-            self.chunked_req = adder.new_chunked_req
-        entries, cached, host, prompt = kv.native.extend_batch(run, self.clock.now)
+    def _extend_entries(self, run: list[Admission]) -> list[ExtendEntry]:
+        """The reference's (``_extend``: first-schedule stamps and stats, rows and slots) in one
+        native call (``KV.extend_batch``) where no host tier loads prefixes back."""
+        if self.kv.host_tier is not None:
+            return super()._extend_entries(run)
+        entries, cached, host, prompt = self.kv.native.extend_batch(run, self.clock.now)
         st = self.stats
         st.cached_prompt_tokens += cached
         st.host_cached_prompt_tokens += host
         st.prompt_tokens += prompt
-        decode = []
-        if mixed and self.running and self._decode_fits():
-            decode = kv.decode_entries(self.running)
-        return Batch(entries, decode)
+        return cast(list[ExtendEntry], entries)
 
     def run(self, batch: Batch) -> StepOutcome:
         """The reference's; an extend-only step in one native call (``_core.PrefillRun``: the
