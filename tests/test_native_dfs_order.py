@@ -275,22 +275,33 @@ def test_a_requeued_request_is_placed_then_re_keyed(page: int) -> None:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_deferred_members_go_last_in_their_dfs_order(page: int) -> None:
-    """Every request under P matches 2 to 5 pages (at most the check) and shares P's two
-    pages: one group of the in-batch dedup, all but its representative deferred."""
-    cfg = {
-        "in_batch_prefix_check_threshold": 8 * page,
-        "in_batch_prefix_deprioritize_threshold": 2 * page,
-    }
-    tw = _branches(page, **cfg)
-    order = _first_round(tw)
-    assert tw.fast.deferred and len(tw.fast.deferred) == 5
-    assert order[0] not in tw.fast.deferred
-    tw.add("e1", [1, 2, 3, 4])
-    tw.insert([1, 2, 3, 4, 5])
+    """Every request under P matches 2 to 4 pages (at most the check) and shares P's two
+    pages: one group of the in-batch dedup. Its representative (the cheapest, then the
+    oldest: c1) leads; the others follow in their DFS order."""
+    tw = Twins(
+        page,
+        in_batch_prefix_check_threshold=8 * page,
+        in_batch_prefix_deprioritize_threshold=2 * page,
+    )
+    for pages in ([1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 7]):
+        tw.insert(pages)
+    for rid, pages in [
+        ("c1", [1, 2, 7]),
+        ("a1", [1, 2, 3, 4]),
+        ("b1", [1, 2, 5, 6]),
+        ("a2", [1, 2, 3]),
+        ("p1", [1, 2, 8]),
+        ("b2", [1, 2, 5, 6, 8]),
+    ]:
+        tw.add(rid, pages)
+    assert tw.round() == ["c1", "a1", "a2", "b1", "b2", "p1"]
+    assert tw.fast.deferred == frozenset({"a1", "a2", "b1", "b2", "p1"})
+    tw.add("e1", [1, 2, 3, 4])  # deferred too: A's group grows to 3
+    tw.insert([1, 2, 7, 9])
+    tw.add("c2", [1, 2, 7, 9])  # as cheap as c1 and newer: deferred
     with tw.calls() as calls:
-        order = tw.round()
+        assert tw.round() == ["c1", "a1", "e1", "a2", "b1", "b2", "c2", "p1"]
     assert calls == {"advance": 1, "rebuild": 0, "place": 0}
-    assert order[0] not in tw.fast.deferred and set(order[1:]) == set(tw.fast.deferred)
 
 
 # ---- random rounds against the reference ------------------------------------------------------
