@@ -44,6 +44,7 @@ PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
     "tests/test_decode_native.py",
     "tests/test_native_order.py",
+    "tests/test_native_dfs_order.py",
     "tests/test_native_adder.py",
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
@@ -108,9 +109,9 @@ MUTANTS = (
     ),
     Mutant(
         "dfs-placed-request-not-a-member",
-        "fast/orders.py",
-        "        if not self.order.place(r, j):\n            return False\n        self._join(r, None)",
-        "        if not self.order.place(r, j):\n            return False",
+        "_native/dfs_order.cpp",
+        "    if (!order_.place(r, j)) return false;\n    join(r.ptr(), false, 0);",
+        "    if (!order_.place(r, j)) return false;",
     ),
     Mutant(
         "fair-placed-one-late",
@@ -247,15 +248,27 @@ MUTANTS = (
     ),
     Mutant(
         "dfs-touched-branch-not-resorted",
-        "fast/orders.py",
-        "        for top in self.touched:\n            group = self.groups.get(top)",
-        "        for top in ():\n            group = self.groups.get(top)",
+        "_native/dfs_order.cpp",
+        "    for (int64_t top : touched_) {\n        auto g = groups_.find(top);",
+        "    for (int64_t top : std::vector<int64_t>{}) {\n        auto g = groups_.find(top);",
     ),
     Mutant(
         "dfs-deferred-ignored",
-        "fast/orders.py",
-        "        dep = r.rid in rnd.deferred\n",
-        "        dep = False\n",
+        "_native/dfs_order.cpp",
+        "    const int64_t dep = is_deferred(r, deferred) ? 1 : 0;",
+        "    const int64_t dep = 0;",
+    ),
+    Mutant(
+        "dfs-outside-base-fits",
+        "_native/dfs_order.cpp",
+        "            return Fit{is_above_base(start), false, 0};",
+        "            return Fit{true, false, 0};",
+    ),
+    Mutant(
+        "dfs-old-members-unsorted",
+        "_native/dfs_order.cpp",
+        "        std::sort(olds.begin(), olds.end());  // positions are distinct",
+        "        std::sort(olds.rbegin(), olds.rend());  // the old members backwards",
     ),
     Mutant(
         "fair-round-not-observed",

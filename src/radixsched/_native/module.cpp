@@ -18,6 +18,7 @@
 
 #include "adder.hpp"
 #include "decode.hpp"
+#include "dfs_order.hpp"
 #include "dedup_bind.hpp"
 #include "kv.hpp"
 #include "matcher.hpp"
@@ -484,6 +485,10 @@ NB_MODULE(_core, m) {
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
     });
     radixsched::bind_round(m, [](nb::handle h) {  // the queue's round, the same resolver
+        auto& t = nb::cast<PyTree&>(h);
+        return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
+    });
+    radixsched::bind_dfs_order(m, [](nb::handle h) {  // dfs-weight's kept order, the same
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
     });

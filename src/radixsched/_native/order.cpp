@@ -243,8 +243,16 @@ void StableOrder::reset(nb::handle pre, nb::handle keys) {
     Items members(pre), key_items(keys);
     const size_t n = members.size();
     if (key_items.size() != n) throw nb::value_error("StableOrder.reset: one key per request");
+    reset_atoms(pre, [&key_items](size_t i, Atoms& atoms) {
+        Items items(key_items[i]);
+        atoms.reserve(items.size() + 1);
+        for (size_t k = 0; k < items.size(); ++k) atoms.push_back(Atom::of(items[k]));
+    });
+}
+
+void StableOrder::reset_atoms(nb::handle pre, const KeyFill& fill) {
     try {
-        rebuild(pre, keys);
+        rebuild(pre, fill);
     } catch (...) {  // the old members' stored keys may be gone: an empty order, consistent
         keys_.clear();
         key_of_.clear();
@@ -255,8 +263,8 @@ void StableOrder::reset(nb::handle pre, nb::handle keys) {
     }
 }
 
-void StableOrder::rebuild(nb::handle pre, nb::handle keys) {
-    Items members(pre), key_items(keys);
+void StableOrder::rebuild(nb::handle pre, const KeyFill& fill) {
+    Items members(pre);
     const size_t n = members.size();
     // Each member's stored key, in its old node where it was a member (no allocation: the
     // node and its atoms' buffer are reused), else in a new one.
@@ -270,11 +278,9 @@ void StableOrder::rebuild(nb::handle pre, nb::handle keys) {
             nh = fresh.extract(made);
             nh.mapped().req = nb::borrow(members[i]);
         }
-        Items items(key_items[i]);
         Atoms& atoms = nh.mapped().atoms;
         atoms.clear();
-        atoms.reserve(items.size() + 1);
-        for (size_t k = 0; k < items.size(); ++k) atoms.push_back(Atom::of(items[k]));
+        fill(i, atoms);
         nodes.push_back(std::move(nh));
     }
     std::vector<size_t> perm(n);
@@ -335,18 +341,28 @@ bool StableOrder::place(nb::handle r, int64_t j) {
 }
 
 void StableOrder::update(nb::handle changed, nb::handle arrivals, nb::handle mirror) {
+    auto keyed = [](nb::handle pairs) {
+        Items items(pairs);
+        Keyed out;
+        out.reserve(items.size());
+        for (size_t k = 0; k < items.size(); ++k) {
+            Items pair(items[k]);
+            out.emplace_back(nb::borrow(pair[0]), atoms_of(pair[1]));
+        }
+        return out;
+    };
+    update_atoms(keyed(changed), keyed(arrivals), mirror);
+}
+
+void StableOrder::update_atoms(Keyed changed, Keyed arrivals, nb::handle mirror) {
     if (!mirror.is_none()) list_of(mirror);
-    Items moves(changed), news(arrivals);
-    if (!mirror.is_none() && news.size() > 0)  // the arrivals are re-inserted at their places
+    if (!mirror.is_none() && !arrivals.empty())  // the arrivals are re-inserted at their places
         check(PyList_SetSlice(mirror.ptr(), static_cast<Py_ssize_t>(keys_.size()),
                               PY_SSIZE_T_MAX, nullptr));
     std::vector<Mover> grew, shrank;
-    for (size_t k = 0; k < moves.size(); ++k) {
-        Items pair(moves[k]);
-        nb::object r = nb::borrow(pair[0]);
+    for (auto& [r, key] : changed) {
         auto it = key_of_.find(r.ptr());
         if (it == key_of_.end()) throw nb::key_error("StableOrder.update: not a member");
-        Atoms key = atoms_of(pair[1]);
         if (key_equal(it->second, key)) continue;
         const size_t i = find(it->second);
         const bool up = compare(it->second.atoms.data(), it->second.atoms.size() - 1,
@@ -365,10 +381,7 @@ void StableOrder::update(nb::handle changed, nb::handle arrivals, nb::handle mir
     for (Mover& m : grew) insert(m.req, std::move(m.key), static_cast<double>(--lo_), mirror);
     std::sort(shrank.begin(), shrank.end(), by_old);
     for (Mover& m : shrank) insert(m.req, std::move(m.key), static_cast<double>(++hi_), mirror);
-    for (size_t k = 0; k < news.size(); ++k) {
-        Items pair(news[k]);
-        insert(pair[0], atoms_of(pair[1]), static_cast<double>(++hi_), mirror);
-    }
+    for (auto& [r, key] : arrivals) insert(r, std::move(key), static_cast<double>(++hi_), mirror);
     if (lo_ <= -kExactTie || hi_ >= kExactTie) throw std::overflow_error("tie numbers");
 }
 

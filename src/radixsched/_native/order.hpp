@@ -9,8 +9,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace radixsched {
@@ -56,6 +58,13 @@ public:
     size_t position(nanobind::handle r) const;
     nanobind::tuple stored(nanobind::handle r) const;
 
+    // The same for a kept order built in C++ (dfs_order.cpp), its keys given as atoms:
+    // `fill(i, key)` writes the key of `pre`'s i-th request into the empty `key`.
+    using KeyFill = std::function<void(size_t, Atoms&)>;
+    using Keyed = std::vector<std::pair<nanobind::object, Atoms>>;  // (request, key)
+    void reset_atoms(nanobind::handle pre, const KeyFill& fill);
+    void update_atoms(Keyed changed, Keyed arrivals, nanobind::handle mirror);
+
 private:
     struct Stored {
         nanobind::object req;  // keeps the member (the map's key) alive whatever edits `reqs`
@@ -70,7 +79,7 @@ private:
 
     using KeyOf = std::unordered_map<PyObject*, Stored>;
     // reset()'s work (on an exception the order is left empty).
-    void rebuild(nanobind::handle pre, nanobind::handle keys);
+    void rebuild(nanobind::handle pre, const KeyFill& fill);
     size_t find(const Stored& s) const;  // where `s` (a member's stored key) stands
     size_t bisect_right(const Stored& s) const;
     void insert(nanobind::handle r, Atoms key, double t, nanobind::handle mirror);

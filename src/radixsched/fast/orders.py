@@ -256,174 +256,29 @@ class HrrnEngine(Engine):
 
 
 class DfsWeightEngine(StableEngine):
-    """dfs-weight as a kept order. Below a *base* node B that every member's match passes
-    through or ends above (the deepest such node when the engine last rebuilt; the root at
-    worst), the DFS visits B's children by descending member count, ties by their place in
-    B's dict (``TreeNode.slot``), each child's subtree as a DFS of its own members, then the
-    members whose match ends at or above B, deepest first; deferred members go last. So the
-    order is a stable sort by ``(deferred, 0, -count(C), C.slot, position in C's own DFS)``
-    for a member under child C of B and ``(deferred, 1, -matched length)`` for the others.
-    A child's own order is recomputed only when a member joined, left or moved under it; a
-    member outside B's subtree rebuilds everything around a new base. Under one shared
-    system prompt the base is the prompt's node, so a change re-sorts one branch, not the
-    queue. ``end(r)``: where the member's match ends (the matcher's memo)."""
+    """dfs-weight as a kept order: the native ``DfsWeightOrder`` (``_native/dfs_order.hpp``
+    states its invariants). Below a *base* node B that every member's match passes through or
+    ends above, the order is a stable sort by ``(deferred, 0, -count(C), C.slot, position in
+    C's own DFS)`` for a member under child C of B and ``(deferred, 1, -matched length)`` for
+    the others; a child's own order is recomputed only when a member joined, left or moved
+    under it. The native side reads each member's match end from the matcher's memo and keeps
+    the whole bookkeeping; a member outside B's subtree, a detached B or a re-key of much of
+    the list makes its ``advance`` decline, and the list is rebuilt around a new base."""
 
-    def __init__(
-        self,
-        pol: Policy,
-        cache: NativeRadixCache,
-        end: Callable[[Req], tuple[Any, int]],
-        depth: Callable[[Req], int],
-    ) -> None:
-        self.cache = cache
-        self.end = end
-        self.depth = depth  # the matched length: the depth at which the match ends
-        self.order = stable_order()
-        self.base: Any = cache.root
-        # id(member) -> the slot of the base's child its match goes through (None: at or above)
-        self.top_of: dict[int, Any] = {}
-        self.groups: dict[Any, dict[int, Req]] = {}  # members per child of the base (by slot)
-        self.segpos: dict[int, int] = {}
-        self.count: dict[Any, int] = {}  # the member count each child's keys were made with
-        self.touched: set[Any] = set()
+    placeable = True  # placed above the base, of no child's group: the next advance re-keys it
 
-    def _child_of_base(self, r: Req) -> tuple[bool, Any]:
-        """(whether ``r`` fits the base, the child of the base its match goes through: None
-        when it ends at or above the base)."""
-        node, below = self.end(r)[0], None
-        root = self.cache.root
-        while node is not self.base:
-            if node is root or node.parent is None:  # not under the base: above it, or not
-                return self._is_above_base(self.end(r)[0]), None
-            node, below = node.parent, node
-        # A child's slot names it across splits (the upper part of a split takes its place).
-        return True, None if below is None else below.slot
-
-    def _is_above_base(self, node: Any) -> bool:
-        cur = self.base
-        while cur is not None:
-            if cur is node:
-                return True
-            cur = cur.parent
-        return False
-
-    placeable = True
-
-    def place(self, r: Req, j: int) -> bool:
-        """Placed as a member above the base, of no child's group: the next ``advance``
-        re-keys it (it leaves, finds its child and joins that group, re-segmented)."""
-        if not self.order.place(r, j):
-            return False
-        self._join(r, None)
-        return True
-
-    def _key(self, r: Req, rnd: Round) -> Key:
-        dep = r.rid in rnd.deferred
-        top = self.top_of[id(r)]
-        if top is None:
-            return (dep, 1, -self.depth(r))
-        return (dep, 0, -self.count[top], top, self.segpos[id(r)])
-
-    def _join(self, r: Req, top: Any) -> None:
-        self.top_of[id(r)] = top
-        if top is not None:
-            self.groups.setdefault(top, {})[id(r)] = r
-            self.touched.add(top)
-
-    def _leave(self, r: Req) -> None:
-        top = self.top_of.pop(id(r))
-        self.segpos.pop(id(r), None)
-        if top is not None:
-            group = self.groups[top]
-            del group[id(r)]
-            self.touched.add(top)
-            if not group:
-                del self.groups[top]
-
-    def _segment(self, top: Any, reqs: list[Req]) -> None:
-        """Child ``top``'s own DFS order over its members (given in list order)."""
-        perm = self.cache.dfs_weight_order_at([self.end(r) for r in reqs])
-        for j, i in enumerate(perm):
-            self.segpos[id(reqs[i])] = j
-        self.count[top] = len(reqs)
-
-    def remove(self, r: Req) -> None:
-        if self.order.remove(r):
-            self._leave(r)
-
-    def _lca(self, queue: list[Req]) -> Any:
-        """The deepest node on every member's path (the base of a rebuild)."""
-        root = self.cache.root
-        common: list[Any] | None = None
-        for r in queue:
-            node, path = self.end(r)[0], []
-            while node is not None:
-                path.append(node)
-                node = node.parent
-            path.reverse()  # root first
-            if common is None:
-                common = path
-            else:
-                k = 0
-                while k < min(len(common), len(path)) and common[k] is path[k]:
-                    k += 1
-                common = common[:k]
-            if len(common) <= 1:
-                return root
-        return common[-1] if common else root
+    def __init__(self, pol: Policy, cache: NativeRadixCache) -> None:
+        self.order = _core().DfsWeightOrder(cache.tree)
 
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
-        self.base = self._lca(queue)
-        self.top_of, self.groups, self.segpos, self.count = {}, {}, {}, {}
-        for r in queue:
-            self._join(r, self._child_of_base(r)[1])
-        for top, group in self.groups.items():
-            self._segment(top, list(group.values()))  # joined in list order
-        self.touched = set()
-        self.order.reset(queue, [self._key(r, rnd) for r in queue])
-        queue[:] = self.order.reqs
+        self.order.rebuild(queue, rnd.deferred)
         return iter(range(len(queue)))
 
     def advance(
         self, changed: list[Req], arrivals: list[Req], rnd: Round, queue: list[Req]
     ) -> Iterator[int]:
-        detached = self.base.parent is None and self.base is not self.cache.root
-        if detached or _worth_rebuilding(len(changed) + len(arrivals), len(queue)):
+        if not self.order.advance(changed, arrivals, rnd.deferred, queue):
             return self.rebuild(queue, rnd)
-        for r in changed:
-            self._leave(r)
-        placed = []
-        for r in [*changed, *arrivals]:
-            fits, top = self._child_of_base(r)
-            if not fits:
-                return self.rebuild(queue, rnd)
-            placed.append((r, top))
-        for r, top in placed:
-            self._join(r, top)
-        # A touched branch re-keys all its members: when that is much of the queue, one
-        # sort of the whole queue is cheaper than moving them one by one.
-        moving = (
-            len(changed) + len(arrivals) + sum(len(self.groups.get(t, ())) for t in self.touched)
-        )
-        if _worth_rebuilding(moving, len(queue)):
-            return self.rebuild(queue, rnd)
-        rekey = {id(r): r for r in changed}
-        fresh = {id(r) for r in arrivals}
-        for top in self.touched:
-            group = self.groups.get(top)
-            if group is None:
-                self.count.pop(top, None)
-                continue
-            olds = sorted((r for k, r in group.items() if k not in fresh), key=self.order.position)
-            news = [r for r in arrivals if id(r) in group]
-            self._segment(top, olds + news)
-            rekey.update((id(r), r) for r in olds)
-        self.touched = set()
-        self.order.update(
-            [(r, self._key(r, rnd)) for r in rekey.values()],
-            [(r, self._key(r, rnd)) for r in arrivals],
-            queue,
-        )
         return iter(range(len(queue)))
 
 

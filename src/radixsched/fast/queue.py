@@ -103,7 +103,7 @@ class FastWaitingQueue(WaitingQueue):
         factory = ENGINES.get(pol.name)
         if factory is DfsWeightEngine:
             assert isinstance(self.cache, NativeRadixCache)
-            return DfsWeightEngine(pol, self.cache, self._match_end, self._device_match_len)
+            return DfsWeightEngine(pol, self.cache)
         if factory is HrrnEngine:  # lazy unless a capped fallback round may read the list
             return HrrnEngine(pol, lazy=self.cap is None)
         if factory is not None:
