@@ -195,6 +195,22 @@ def _align_checkpoint(fast: Scheduler, ref: Scheduler) -> None:
         ref.kv.checkpoint(r, r.extend_end)
 
 
+class _Spy:
+    """The fast scheduler's ``PrefillRun``, its ``chunks`` calls logged: (done, chunks run,
+    stopped by the horizon: the next continuation not yet planned)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.log = inner, []
+
+    def run(self, *args: Any) -> Any:
+        return self.inner.run(*args)
+
+    def chunks(self, kv: Any, req: Req, *args: Any) -> Any:
+        res = self.inner.chunks(kv, req, *args)
+        self.log.append((res[0], res[3], req.extend_end > req.prefix_len))
+        return res
+
+
 class Lockstep:
     """Both cores from the same requests; each fast step is matched by as many reference steps
     as it ran forward passes, then the states compare. Counts what the fast core did."""
@@ -211,22 +227,13 @@ class Lockstep:
         (self.fast, self.fast_reqs), (self.ref, self.ref_reqs) = make(True), make(False)
         assert isinstance(self.fast, FastScheduler) and not isinstance(self.ref, FastScheduler)
         self.horizon = horizon  # (now) -> the step's horizon
-        self.native: list[tuple[bool, int, bool]] = []  # (done, chunks, horizon-stopped)
+        spy = _Spy(self.fast.prefill_run)
+        self.fast.prefill_run = spy
+        self.native: list[tuple[bool, int, bool]] = spy.log  # (done, chunks, horizon-stopped)
         self.outs: list[StepOutcome | None] = []
         self.chunking: list[bool] = []  # a chunked request before each step
-        self._orig = FastScheduler._native_chunks
 
-    def _record(self, sched: FastScheduler, cost: Any, horizon: Any, out: StepOutcome) -> bool:
-        done = self._orig(sched, cost, horizon, out)
-        r = sched.chunked_req
-        self.native.append((done, out.num_steps, r is not None and r.extend_end > r.prefix_len))
-        return done
-
-    def run(self, monkeypatch: pytest.MonkeyPatch, steps: int = 400) -> Lockstep:
-        def record(sched: FastScheduler, cost: Any, horizon: Any, out: StepOutcome) -> bool:
-            return self._record(sched, cost, horizon, out)
-
-        monkeypatch.setattr(FastScheduler, "_native_chunks", record)
+    def run(self, steps: int = 400) -> Lockstep:
         for _ in range(steps):
             if self.fast.is_idle and self.ref.is_idle:
                 break
@@ -263,46 +270,39 @@ def _far(now: float) -> float:
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])
-def test_several_middle_chunks_in_one_call_then_a_last_one(
-    page: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_several_middle_chunks_in_one_call_then_a_last_one(page: int) -> None:
     """A prompt of many chunks alone: one native call runs its middle chunks, the last
     chunk's continuation ends the call (its extend_end back at prefix_len), then Python."""
     n = 16 * page * 9 + 5 * page + 3  # eight middle chunks after the first, a short last one
-    run = Lockstep(_config(page), 8192 * page, lambda: _reqs([n, 30], [4, 3], 1), _far).run(
-        monkeypatch
-    )
+    run = Lockstep(_config(page), 8192 * page, lambda: _reqs([n, 30], [4, 3], 1), _far).run()
     assert max(run.fused()) >= 6
     ended = [(done, k) for done, k, stopped in run.native if k > 0 and not stopped]
     assert (True, max(run.fused())) in ended  # ended by a continuation that is not a middle one
-    assert any(not done and k == 0 for done, k, _ in run.native)  # the last chunk: Python's
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])
-def test_the_horizon_stops_the_call(page: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_horizon_stops_the_call(page: int) -> None:
     """A horizon a little past now: each call runs a chunk or two and stops with the next
     continuation unplanned (extend_end ahead of prefix_len, checkpointed next step)."""
     n = 16 * page * 12
     run = Lockstep(
         _config(page), 8192 * page, lambda: _reqs([n, 40, 50], [3, 5, 2], 2), lambda t: t + 0.03
-    ).run(monkeypatch)
+    ).run()
     stopped = [k for done, k, s in run.native if done and s]
     assert stopped and max(stopped) >= 2  # several chunks, then the horizon
     assert sum(run.fused()) >= 8
 
 
 @pytest.mark.parametrize("page", [1, 16])
-def test_no_horizon_runs_one_chunk(page: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_horizon_runs_one_chunk(page: int) -> None:
     run = Lockstep(
         _config(page), 8192 * page, lambda: _reqs([16 * page * 6], [2], 3), lambda t: None
-    ).run(monkeypatch)
+    ).run()
     assert run.fused() and set(run.fused()) == {1}
 
 
 @pytest.mark.parametrize("page", [4, 16])
-def test_a_continuation_without_room_for_a_page_stalls(
-    page: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_continuation_without_room_for_a_page_stalls(page: int) -> None:
     """Decoding requests hold nearly all memory: the continuation gets less than a page, the
     native call hands it to Python untouched (which stalls it), until memory frees up."""
     slots = 64 * page
@@ -312,13 +312,14 @@ def test_a_continuation_without_room_for_a_page_stalls(
         slots,
         lambda: _reqs([12 * page, 12 * page, long], [8 * page, 6 * page, 2], 4),
         _far,
-    ).run(monkeypatch)
+    ).run()
     stalls = [
         c
         for o, c in zip(run.outs, run.chunking, strict=True)
         if c and (o is None or o.mode == "decode")
     ]
     assert run.fused() and len(stalls) >= 2  # steps with a chunked request and no prefill
+    assert any(not done and k == 0 for done, k, _ in run.native)  # the stall: Python's
 
 
 @pytest.mark.parametrize(
@@ -330,11 +331,7 @@ def test_a_continuation_without_room_for_a_page_stalls(
         {"enable_mixed_chunk": True},  # decode tokens in prefill batches: no fused chunks
     ],
 )
-def test_where_the_native_call_must_not_run(
-    kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run = Lockstep(_config(4, **kw), 8192, lambda: _reqs([16 * 4 * 8, 40], [3, 3], 5), _far).run(
-        monkeypatch
-    )
+def test_where_the_native_call_must_not_run(kw: dict[str, Any]) -> None:
+    run = Lockstep(_config(4, **kw), 8192, lambda: _reqs([16 * 4 * 8, 40], [3, 3], 5), _far).run()
     assert run.native == []
     assert run.fast.stats.prefill_steps >= 9

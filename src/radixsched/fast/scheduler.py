@@ -354,11 +354,10 @@ class FastScheduler(Scheduler):
             return super().step(horizon)
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
         out = StepOutcome("extend", 0.0, 1, num_steps=0)
-        native = self._native_step()  # fixed while the step lasts
-        if native is not None and self._native_chunks(native[0], horizon, out):
+        if self._native_chunks(horizon, out):
             return out
         plan = self._plan_continuation()
-        if plan.is_middle:  # no native step, or Python goes on where the native call stopped
+        if plan.is_middle:  # no native call, or Python goes on where it stopped
             self._run_chunk(plan, out)
             while horizon is not None and self.clock.now() < horizon and self.chunked_req:
                 plan = self._plan_continuation()
@@ -373,26 +372,38 @@ class FastScheduler(Scheduler):
         batch = self.fill_round(adder, order, False, True)
         return self.run(batch) if batch is not None else self.decode_round(horizon)
 
-    def _native_chunks(self, cost: Any, horizon: float | None, out: StepOutcome) -> bool:
+    def _native_chunks(self, horizon: float | None, out: StepOutcome) -> bool:
         """The run of middle chunks that opens the step, in one native call where the step's
-        prefill is native (``cost``: ``_native_step``'s timer) and chunking is on
+        prefill is native (``_native_step``) and the continuation may be a middle chunk
         (``PrefillRun.chunks``, ``_native/chunks.hpp``: what ``_plan_continuation``,
         ``ChunkPlan.is_middle`` and ``_run_chunk`` do, chunk after chunk up to the horizon),
         its time, last chunk's tokens and count written into ``out``. True: the step is over;
-        False: the continuation (checkpointed, nothing else changed since) is Python's to
+        False: the continuation (checkpointed or not, nothing else changed) is Python's to
         plan. The adder's inputs are read once: no middle chunk changes the running batch or
         the new-token ratio."""
-        cfg = self.config
+        cfg, req = self.config, self.chunked_req
         chunk = cfg.chunk_size
-        if chunk is None:
+        assert req is not None
+        # A middle chunk (from extend_end, where the checkpoint leaves prefix_len) is cut
+        # short of what is left (new_len < left) and spends the chunk or the prefill budget
+        # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
+        # left than that the continuation is not one (a last chunk: the common case), and
+        # Python plans it without a native call. Only speed depends on this test.
+        if (
+            chunk is None
+            or req.fill_len - req.extend_end <= min(chunk, cfg.max_prefill_tokens) - cfg.page_size
+        ):
+            return False
+        native = self._native_step()
+        if native is None:
             return False
         if not self.running:
             self.batch_is_full = False
         full, discounted = self.batch.decode_tokens(cfg.clip_max_new_tokens)
         done, out.duration_s, out.prefill_tokens, out.num_steps = self.prefill_run.chunks(
             self.kv.native,
-            self.chunked_req,
-            cost,
+            req,
+            native[0],
             self,
             horizon,
             cfg.page_size,
