@@ -54,6 +54,7 @@ TESTS = (
     "tests/test_golden.py",
     "tests/test_equivalence_fuzz.py",
     "tests/test_native_alloc_evicting.py",
+    "tests/test_native_chunks.py",
 )
 
 
@@ -503,6 +504,18 @@ MUTANTS = (
         "fast/scheduler.py",
         "        if self.policy.charges_service or type(self.clock) is not VirtualClock:",
         "        if type(self.clock) is not VirtualClock:",
+    ),
+    Mutant(
+        "chunk-end-off-the-pages",
+        "_native/chunks.cpp",
+        "    const int64_t end = floor_page(prefix_len + rem, b.page);",
+        "    const int64_t end = prefix_len + rem;",
+    ),
+    Mutant(
+        "fused-chunks-past-the-horizon",
+        "_native/prefill.cpp",
+        "if (steps > 0 && (horizon.is_none() || !less(now, horizon) ||",
+        "if (steps > 0 && (horizon.is_none() || false ||",
     ),
     Mutant(
         "prefill-running-x-unscaled",

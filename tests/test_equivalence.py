@@ -436,9 +436,10 @@ def test_kept_orders_advance_rather_than_rebuild(policy: str) -> None:
 
 def test_decode_jumps_and_fused_chunks_fire() -> None:
     sched = fast_scheduler.FastScheduler
-    with _count(sched, "_jump") as multi, _count(sched, "_run_chunk") as chunks:
+    with _count(sched, "_jump") as multi, _count(sched, "_native_chunks") as fused:
         run = _shared_block("lpm")
     assert any(out is not None and out.num_steps > 1 for out in multi), "no decode jump"
+    chunks = [done for done in fused if done]  # native calls that ran middle chunks
     assert len(chunks) > 0, "no fused middle chunk"
     assert run.result.num_completed > 0.9 * run.result.num_requests
 

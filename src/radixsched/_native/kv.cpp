@@ -201,12 +201,7 @@ public:
     // extend described (runner.ExtendEntry).
     nb::object extend_entry(nb::handle req, int64_t prefix_len, int64_t end) {
         const ReqNames& n = names();
-        if (len_of(get(req, n.kv_buf)) == 0) {
-            nb::object buf = empty_slots(row_capacity(req));
-            set(req, n.kv_buf, buf);
-            set(req, n.kv_row, slice(buf, 0, 0));
-        }
-        grow(req, end);
+        reserve(req, end);
         nb::object prompt = get(req, n.prompt_ids);
         const int64_t outputs = len_of(get(req, n.output_ids));
         nb::object fill = outputs == 0 ? prompt : nb::steal(PyObject_CallMethodNoArgs(
@@ -231,6 +226,20 @@ public:
                                                      std::end(kExtendFields)));
         return entry_.make({req, start, ids, prefix, fresh, produces, load});
     }
+
+    // extend_entry's slots: the request's row covers [0, end) (a first extend gets its buffer).
+    void reserve(nb::handle req, int64_t end) {
+        const ReqNames& n = names();
+        if (len_of(get(req, n.kv_buf)) == 0) {
+            nb::object buf = empty_slots(row_capacity(req));
+            set(req, n.kv_buf, buf);
+            set(req, n.kv_row, slice(buf, 0, 0));
+        }
+        grow(req, end);
+    }
+
+    // free + evictable slots (allocator.available_size() + cache.evictable_size()).
+    int64_t room() const { return pool_->available_size() + tree_->evictable_size(); }
 
     // FastKVManager.checkpoint (KVManager.checkpoint): insert the request's computed KV
     // [0, up_to) (whole pages) from its locked node, point its row at the cache's copies of
@@ -358,6 +367,21 @@ private:
 };
 
 }  // namespace
+
+int64_t kv_room(nb::handle kv) { return nb::cast<NativeKV&>(kv).room(); }
+
+void kv_checkpoint(nb::handle kv, nb::handle req, int64_t up_to) {
+    nb::cast<NativeKV&>(kv).checkpoint(req, up_to);
+}
+
+void kv_extend_slots(nb::handle kv, nb::handle req, int64_t end) {
+    NativeKV& k = nb::cast<NativeKV&>(kv);
+    const ReqNames& n = names();
+    if (get_int(req, n.host_hit_len) != 0)
+        throw std::invalid_argument("kv_extend_slots: a request with host hits to load");
+    k.reserve(req, end);
+    set_int(req, n.kv_len, end);
+}
 
 Record::Record(nb::handle cls, std::vector<const char*> fields)
     : cls_(nb::borrow(cls)), call_(nb::hasattr(cls, "__post_init__")) {

@@ -73,4 +73,15 @@ void take_prefix(Tree& tree, nanobind::handle req);
 
 void bind_kv(nanobind::module_& m, TreeOf tree_of);
 
+// A _core.KV's moves for other native calls (prefill.cpp's fused middle chunks); `kv` must be
+// a _core.KV (the cast raises otherwise).
+// Free + evictable slots: allocator.available_size() + cache.evictable_size().
+int64_t kv_room(nanobind::handle kv);
+// FastKVManager.checkpoint(req, up_to).
+void kv_checkpoint(nanobind::handle kv, nanobind::handle req, int64_t up_to);
+// What FastKVManager.extend_entry(req, prefix_len, end) changes for a request with no host hits
+// to load (host_hit_len 0, else this raises): its row's slots up to `end` and its kv_len; the
+// entry itself is not built.
+void kv_extend_slots(nanobind::handle kv, nanobind::handle req, int64_t end);
+
 }  // namespace radixsched

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "adder.hpp"
+#include "chunks.hpp"
 #include "decode.hpp"
 #include "dfs_order.hpp"
 #include "dedup_bind.hpp"
@@ -480,6 +481,7 @@ NB_MODULE(_core, m) {
     radixsched::bind_order(m);
     bind_decode(m);
     bind_prefill(m);
+    radixsched::bind_chunks(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "chunks.hpp"
+#include "kv.hpp"
 #include "pool.hpp"
 #include "py_attr.hpp"
 #include "stepcost.hpp"
@@ -34,7 +36,8 @@ struct Names {
         *stop_token_ids, *scripted_output, *rid, *max_new_tokens, *output_ids, *times,
         *token_times, *first_token, *computed_prefill_tokens, *kv_len, *stats, *chunked_req,
         *processed_tokens, *clock, *jump_to, *finish_prefill, *busy_s, *running_x_s,
-        *peak_kv_usage, *prefill_steps, *prefill_tokens_computed;
+        *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
+        *now, *host_hit_len;
 };
 
 const Names& names() {
@@ -47,7 +50,8 @@ const Names& names() {
                      i("computed_prefill_tokens"), i("kv_len"), i("stats"), i("chunked_req"),
                      i("processed_tokens"), i("clock"), i("jump_to"), i("_finish_prefill"),
                      i("busy_s"), i("running_x_s"), i("peak_kv_usage"), i("prefill_steps"),
-                     i("prefill_tokens_computed")};
+                     i("prefill_tokens_computed"), i("extend_end"), i("prompt_ids"),
+                     i("now"), i("host_hit_len")};
     }();
     return n;
 }
@@ -103,7 +107,7 @@ struct Item {
 };
 
 // _extend_sums without host loads: new tokens, attention pairs, KV tokens.
-struct Shape {
+struct Sums {
     int64_t tokens = 0, pairs = 0, kv = 0;
 
     // False when a sum would leave int64 (Python's ints would not: the reference runs).
@@ -124,7 +128,7 @@ struct Shape {
 // from the host tier, a producing request has stop ids or a script (CostModelRunner.forward's
 // scalar path: tokens at prefix_len + num_new), or a sum leaves int64. Changes nothing.
 bool scan(nb::handle entries, nb::handle hashes, uint64_t vocab, std::vector<Item>& items,
-          Shape& shape) {
+          Sums& shape) {
     const Names& n = names();
     for (nb::handle e : entries) {
         if (get_int(e, n.host_load_len) != 0) return false;
@@ -165,24 +169,98 @@ public:
                    uint64_t vocab, nb::handle sched, double t0) {
         if (vocab == 0) throw std::invalid_argument("PrefillRun: an empty vocabulary");
         std::vector<Item> items;
-        Shape shape;
+        Sums shape;
         if (!scan(entries, hashes, vocab, items, shape)) return nb::none();
         const Names& n = names();
-        const auto size = int64_t(items.size());
-        const double d = cost.step(shape.tokens, shape.pairs, shape.kv, size, size);
-        const nb::object stats = get(sched, n.stats);
-        account(stats, size, d);
-        const nb::object now = nb::float_(t0 + d);  // VirtualClock.advance(d): _t + d
-        get(get(sched, n.clock), n.jump_to)(now);
-        add_int(stats, n.prefill_steps, 1);  // _count_tokens (nothing loaded back)
-        add_int(sched, n.processed_tokens, shape.tokens);
-        add_int(stats, n.prefill_tokens_computed, shape.tokens);
+        const auto [d, now] = forward(cost, shape, int64_t(items.size()), sched, t0);
         for (const Item& it : items) add_int(it.req, n.computed_prefill_tokens, it.num_new);
         auto [tokens, finished, joined] = emit(items, sched, now);
         return nb::make_tuple(nb::float_(d), shape.tokens, tokens, finished, joined);
     }
 
+    // FastScheduler.step's run of middle chunks (fast/scheduler.py's _plan_continuation,
+    // ChunkPlan.is_middle and _run_chunk; chunks.hpp plans each): the chunked request `req`'s
+    // previous chunk checkpointed (`kv`: the scheduler's _core.KV), its continuation planned
+    // over the budgets (page, max_prefill_tokens, chunk_size; the running batch's decode
+    // tokens (full, discounted) and the new-token ratio: constant while only middle chunks
+    // run), and, a middle chunk, its slots allocated and its step run as run() runs a batch of
+    // that chunk alone (it produces no token), again while the clock is before `horizon`
+    // (None: one chunk). Returns (done, seconds, the last chunk's tokens, chunks run): done,
+    // the step is over (the horizon reached, or the next continuation is not a middle chunk:
+    // its extend_end back at prefix_len, the next step plans it); not done, the continuation
+    // from here is checkpointed and Python plans it (nothing ran and it is not a middle
+    // chunk, or this call cannot run it: host hits to load, a sum past int64, a float
+    // math.floor rejects).
+    nb::tuple chunks(nb::handle kv, nb::handle req, const PrefillCost& cost, nb::handle sched,
+                     nb::handle horizon, int64_t page, int64_t max_prefill_tokens,
+                     int64_t chunk_size, int64_t full, int64_t discounted, double ratio) {
+        const Names& n = names();
+        const ChunkBudget budget{page, max_prefill_tokens, chunk_size,
+                                 running_offset(full, discounted, ratio)};
+        const nb::object clock = get(sched, n.clock);
+        double seconds = 0.0;
+        int64_t tokens = 0, steps = 0;
+        const auto result = [&](bool done) {
+            return nb::make_tuple(done, nb::float_(seconds), tokens, steps);
+        };
+        for (;;) {
+            const nb::object now = call_now(clock);
+            if (steps > 0 && (horizon.is_none() || !less(now, horizon) ||
+                              !truthy(get(sched, n.chunked_req))))
+                return result(true);
+            const int64_t ended = get_int(req, n.extend_end);
+            if (ended > get_int(req, n.prefix_len)) kv_checkpoint(kv, req, ended);
+            const int64_t prefix = get_int(req, n.prefix_len);
+            const int64_t fill =
+                len_of(get(req, n.prompt_ids)) + len_of(get(req, n.output_ids));
+            const ChunkStep plan = plan_chunk(budget, kv_room(kv), prefix, fill);
+            if (plan.kind != ChunkKind::Middle) {
+                if (steps == 0 || plan.kind == ChunkKind::Python) return result(false);
+                set_int(req, n.extend_end, prefix);  // the next step plans it again
+                return result(true);
+            }
+            Sums shape;
+            if (get_int(req, n.host_hit_len) != 0 || !shape.add(plan.len, prefix))
+                return result(false);
+            set_int(req, n.extend_end, prefix + plan.len);  // add_chunked_req
+            kv_extend_slots(kv, req, prefix + plan.len);    // extend_entry
+            const double d = forward(cost, shape, 1, sched, nb::cast<double>(now)).first;
+            add_int(req, n.computed_prefill_tokens, shape.tokens);
+            seconds += d;  // out.duration_s += d
+            tokens = shape.tokens;
+            ++steps;
+        }
+    }
+
 private:
+    // A step of `size` entries of `shape` started at `t0`, as Scheduler.run times and counts
+    // it: its duration and the clock's new time (a Python float).
+    std::pair<double, nb::object> forward(const PrefillCost& cost, const Sums& shape,
+                                          int64_t size, nb::handle sched, double t0) {
+        const Names& n = names();
+        const double d = cost.step(shape.tokens, shape.pairs, shape.kv, size, size);
+        const nb::object stats = get(sched, n.stats);
+        account(stats, size, d);
+        nb::object now = nb::float_(t0 + d);  // VirtualClock.advance(d): _t + d
+        get(get(sched, n.clock), n.jump_to)(now);
+        add_int(stats, n.prefill_steps, 1);  // _count_tokens (nothing loaded back)
+        add_int(sched, n.processed_tokens, shape.tokens);
+        add_int(stats, n.prefill_tokens_computed, shape.tokens);
+        return {d, std::move(now)};
+    }
+
+    static nb::object call_now(nb::handle clock) {  // clock.now()
+        PyObject* v = PyObject_CallMethodNoArgs(clock.ptr(), names().now);
+        if (v == nullptr) throw nb::python_error();
+        return nb::steal(v);
+    }
+
+    static bool less(nb::handle a, nb::handle b) {  // a < b, as Python compares them
+        const int lt = PyObject_RichCompareBool(a.ptr(), b.ptr(), Py_LT);
+        if (lt < 0) throw nb::python_error();
+        return lt != 0;
+    }
+
     // Scheduler.account(size, [d]): after the forward, before anything is checkpointed.
     void account(nb::handle st, int64_t size, double d) {
         const Names& n = names();
@@ -261,5 +339,8 @@ void bind_prefill(nb::module_& m) {
         .def(nb::init<nb::object, nb::object, int64_t, nb::object>(), "pool"_a, "evictable"_a,
              "capacity"_a, "checkpoint"_a)
         .def("run", &PrefillRun::run, "entries"_a, "cost"_a, "hashes"_a, "vocab"_a, "sched"_a,
-             "t0"_a);
+             "t0"_a)
+        .def("chunks", &PrefillRun::chunks, "kv"_a, "req"_a, "cost"_a, "sched"_a,
+             "horizon"_a.none(), "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a,
+             "discounted"_a, "ratio"_a);
 }

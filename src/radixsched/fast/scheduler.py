@@ -15,10 +15,11 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
   its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
   checkpoints) where the runner offers native prefill times and tokens and nothing in the
   batch needs Python (stop ids, scripts, host loads, tenant charges); decided per step;
-- a middle chunk of a chunked prefill that fills the round's budget runs as the step alone
-  (in the native prefill step where the runner and the policy allow it), and the next ones
-  back to back up to the next event, where no round between could do anything else; decided
-  per step, from the runner and the gates actually present.
+- a middle chunk of a chunked prefill that fills the round's budget runs as the step alone,
+  and the next ones back to back up to the next event, where no round between could do
+  anything else: where the prefill step is native, the whole run in one native call
+  (``PrefillRun.chunks``, ``_native/chunks.hpp``: checkpoint, budgets, chunk, clock, again);
+  decided per step, from the runner and the gates actually present.
 
 Deferred state invariant: while ``unsettled``, the batch's columns are ahead of its requests by
 whole decode steps, the last entries of the columns' log (the end time of each deferred step),
@@ -338,23 +339,67 @@ class FastScheduler(Scheduler):
         if not self._fuses_chunks():
             return super().step(horizon)
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
+        out = StepOutcome("extend", 0.0, 1, num_steps=0)
+        if self._native_chunks(horizon, out):
+            return out
         plan = self._plan_continuation()
-        if plan.is_middle:
-            out = StepOutcome("extend", 0.0, 1, num_steps=0)
-            native = self._native_step()  # fixed while the step lasts
-            self._run_chunk(plan, out, native)
+        if plan.is_middle:  # no native call, or Python goes on where it stopped
+            self._run_chunk(plan, out)
             while horizon is not None and self.clock.now() < horizon and self.chunked_req:
                 plan = self._plan_continuation()
                 if not plan.is_middle:
                     plan.req.extend_end = plan.req.prefix_len  # the next step plans it again
                     break
-                self._run_chunk(plan, out, native)
+                self._run_chunk(plan, out)
             return out
         self.chunked_req = plan.still_chunked
         adder = plan.adder
         order = None if adder.budget_state() is AddReqResult.OTHER else self.order_round()
         batch = self.fill_round(adder, order, False, True)
         return self.run(batch) if batch is not None else self.decode_round(horizon)
+
+    def _native_chunks(self, horizon: float | None, out: StepOutcome) -> bool:
+        """The run of middle chunks that opens the step, in one native call where the step's
+        prefill is native (``_native_step``) and the continuation may be a middle chunk
+        (``PrefillRun.chunks``, ``_native/chunks.hpp``: what ``_plan_continuation``,
+        ``ChunkPlan.is_middle`` and ``_run_chunk`` do, chunk after chunk up to the horizon),
+        its time, last chunk's tokens and count written into ``out``. True: the step is over;
+        False: the continuation (checkpointed or not, nothing else changed) is Python's to
+        plan. The adder's inputs are read once: no middle chunk changes the running batch or
+        the new-token ratio."""
+        cfg, req = self.config, self.chunked_req
+        chunk = cfg.chunk_size
+        assert req is not None
+        # A middle chunk (from extend_end, where the checkpoint leaves prefix_len) is cut
+        # short of what is left (new_len < left) and spends the chunk or the prefill budget
+        # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
+        # left than that the continuation is not one (a last chunk: the common case), and
+        # Python plans it without a native call. Only speed depends on this test.
+        if (
+            chunk is None
+            or req.fill_len - req.extend_end <= min(chunk, cfg.max_prefill_tokens) - cfg.page_size
+        ):
+            return False
+        native = self._native_step()
+        if native is None:
+            return False
+        if not self.running:
+            self.batch_is_full = False
+        full, discounted = self.batch.decode_tokens(cfg.clip_max_new_tokens)
+        done, out.duration_s, out.prefill_tokens, out.num_steps = self.prefill_run.chunks(
+            self.kv.native,
+            req,
+            native[0],
+            self,
+            horizon,
+            cfg.page_size,
+            cfg.max_prefill_tokens,
+            chunk,
+            full,
+            discounted,
+            self.ratio.current,
+        )
+        return cast(bool, done)
 
     def _plan_continuation(self) -> ChunkPlan:
         """What ``prefill_round`` does up to the continuation (no gate: fusion needs none)."""
@@ -367,20 +412,11 @@ class FastScheduler(Scheduler):
         adder = self.new_adder()
         return ChunkPlan(adder, adder.add_chunked_req(req), req)
 
-    def _run_chunk(self, plan: ChunkPlan, out: StepOutcome, native: NativeStep | None) -> None:
-        """A middle chunk exactly as a step whose batch is that chunk alone, added to ``out``:
-        in one native call (``PrefillRun.run``: its time, statistics and clock; it produces
-        no token, so nothing is emitted or checkpointed) where ``native`` is offered and the
-        call does not decline (a host load: it then changed nothing), else in Python."""
+    def _run_chunk(self, plan: ChunkPlan, out: StepOutcome) -> None:
+        """A middle chunk exactly as a step whose batch is that chunk alone, added to ``out``,
+        in Python (a native step runs it in ``_native_chunks``)."""
         req = plan.req
         entry = self.kv.extend_entry(req, req.prefix_len, req.extend_end)
-        if native is not None:
-            res = self.prefill_run.run([entry], *native, self, self.clock.now())
-            if res is not None:
-                out.duration_s += res[0]
-                out.prefill_tokens = res[1]  # as _count_tokens: this chunk's
-                out.num_steps += 1
-                return
         batch = Batch([entry], [])
         result = self.runner.forward(batch)
         d = result.duration_s
