@@ -337,3 +337,34 @@ def test_where_the_native_call_must_not_run(kw: dict[str, Any]) -> None:
     run = Lockstep(_config(4, **kw), 8192, lambda: _reqs([16 * 4 * 8, 40], [3, 3], 5), _far).run()
     assert run.native == []
     assert run.fast.stats.prefill_steps >= 9
+
+
+class _HandsBack(_Spy):
+    """A native run that stops inside the run after its first chunk (as one that meets a chunk
+    it cannot run does: past its horizon check, that chunk checkpointed by the next plan) and
+    hands the rest to Python."""
+
+    def chunks(self, kv: Any, req: Req, *args: Any) -> Any:
+        sched, horizon = args[1], args[2]
+        done, d, tokens, k = self.inner.chunks(kv, req, args[0], sched, None, *args[3:])
+        if k == 0 or not (
+            horizon is not None and sched.clock.now() < horizon and sched.chunked_req
+        ):
+            return done, d, tokens, k
+        self.log.append((False, k, True))
+        return False, d, tokens, k
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_python_goes_on_where_a_native_run_stopped(page: int) -> None:
+    """After a native run that stopped inside the run, Python runs the rest of the run of
+    middle chunks (and ends it at a continuation that is not one) within the same step: the
+    schedule stays the reference's."""
+    n = 16 * page * 9 + 5 * page + 3
+    run = Lockstep(_config(page), 8192 * page, lambda: _reqs([n, 30], [4, 3], 1), _far)
+    run.fast.prefill_run = _HandsBack(run.fast.prefill_run.inner)
+    run.native = run.fast.prefill_run.log
+    run.run()
+    handed = [k for done, k, _ in run.native if not done]
+    assert handed  # the hand-back happened ...
+    assert max(out.num_steps for out in run.outs if out is not None) >= 6  # ... and Python went on

@@ -343,14 +343,15 @@ class FastScheduler(Scheduler):
         if self._native_chunks(horizon, out):
             return out
         plan = self._plan_continuation()
-        if plan.is_middle:  # no native call, or Python goes on where it stopped
-            self._run_chunk(plan, out)
-            while horizon is not None and self.clock.now() < horizon and self.chunked_req:
-                plan = self._plan_continuation()
-                if not plan.is_middle:
-                    plan.req.extend_end = plan.req.prefix_len  # the next step plans it again
-                    break
+        # A run of middle chunks: none ran natively and this is one, or the native run stopped
+        # inside the run (past its horizon check) and Python goes on where it stopped.
+        if plan.is_middle or out.num_steps:
+            while plan.is_middle:
                 self._run_chunk(plan, out)
+                if not (horizon is not None and self.clock.now() < horizon and self.chunked_req):
+                    return out
+                plan = self._plan_continuation()
+            plan.req.extend_end = plan.req.prefix_len  # not a middle chunk: the next step plans it
             return out
         self.chunked_req = plan.still_chunked
         adder = plan.adder
