@@ -42,6 +42,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
+    "tests/test_native_compat_match.py",
     "tests/test_decode_native.py",
     "tests/test_native_order.py",
     "tests/test_native_dfs_order.py",
@@ -522,6 +523,18 @@ MUTANTS = (
         "_native/prefill.cpp",
         "get(st, n.running_x_s)) + double(size) * d));",
         "get(st, n.running_x_s)) + d));",
+    ),
+    Mutant(
+        "compat-match-uncapped",
+        "_native/compat_match.cpp",
+        "        if (total <= f.n - 1)\n",
+        "        if (true)\n",
+    ),
+    Mutant(
+        "compat-match-drops-outputs",
+        "_native/compat_match.cpp",
+        "    if (no == 0) return Fill{prompt.data(), np};\n",
+        "    if (no >= 0) return Fill{prompt.data(), np};\n",
     ),
 )
 

@@ -18,6 +18,7 @@
 
 #include "adder.hpp"
 #include "chunks.hpp"
+#include "compat_match.hpp"
 #include "decode.hpp"
 #include "dfs_order.hpp"
 #include "dedup_bind.hpp"
@@ -494,4 +495,5 @@ NB_MODULE(_core, m) {
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
     });
+    radixsched::bind_compat_match(m, [](nb::handle h) -> Tree* { return &nb::cast<PyTree&>(h); });
 }

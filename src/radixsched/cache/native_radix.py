@@ -35,6 +35,7 @@ from radixsched.request import EMPTY_SLOTS, SlotArray, TokenArray
 
 if TYPE_CHECKING:
     from radixsched.config import SchedulerConfig
+    from radixsched.request import Req
 
 NATIVE_EVICTION = frozenset({"lru", "mru", "fifo", "filo", "lfu", "priority", "slru"})
 
@@ -96,6 +97,9 @@ class NativeRadixCache(BasePrefixCache):
         self.tree: Any = mod.Tree(page_size, self.eviction_policy, slru, disable, compat_sglang)
         mod.set_match_types(MatchResult, EMPTY_SLOTS, namespace_id)
         self._match: Callable[[CacheKey], MatchResult] = self.tree.match_key
+        self._match_nodes: Callable[..., tuple[list[int], list[tuple[Any, int]] | None]] = (
+            mod.match_nodes
+        )
         self.allocator = allocator
         self.page_size = page_size
         self.disabled = disable
@@ -169,6 +173,17 @@ class NativeRadixCache(BasePrefixCache):
             return MatchResult(EMPTY_SLOTS, 0, self.tree.root)
         node, pos = self.tree.walk_node(tokens, 0 if ns is None else namespace_id(ns))
         return MatchResult(EMPTY_SLOTS, pos, node)
+
+    def match_nodes(
+        self, reqs: list[Req], ends: bool
+    ) -> tuple[list[int], list[tuple[Any, int]] | None]:
+        """``match_node`` of every request's ``CacheKey(r.fill_ids(), r.namespace)``, in list
+        order, in one native call (``_native/compat_match.cpp``): the same walks (clock ticks,
+        touches, splits), and each request's ``prefix_len``, ``last_node``, ``host_hit_len``
+        (0) and ``num_matched_prefix_tokens`` (capped at ``fill_len - 1``) set as the reference
+        queue's ``match_all`` sets them. Returns the device lengths and, with ``ends``, each
+        match's ``(last_node, len(last_node))`` (else None)."""
+        return self._match_nodes(self.tree, reqs, ends, self.disabled, namespace_id)
 
     def prefix_slots(self, node: Any, length: int, out: SlotArray | None = None) -> SlotArray:
         slots: SlotArray = self.tree.prefix_slots(node, length, out)

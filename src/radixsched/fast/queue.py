@@ -85,6 +85,8 @@ class FastWaitingQueue(WaitingQueue):
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
         self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
+        # SGLang-compat rounds match the whole list natively (a subclass's match_node: Python).
+        self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
         self._core: Any = core() if self.fast else None
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
@@ -342,6 +344,18 @@ class FastWaitingQueue(WaitingQueue):
             self._arrival_known = known  # the engine left the list as it stood
         self.refresh(order)
         return order
+
+    def match_all(self, rnd: Round, node_matching: bool, tree: bool) -> list[int]:
+        """The reference's ``match_all``; its node matching (SGLang compat) in one native call
+        over the native tree (the same walks, fields and ends as its loop)."""
+        if not (node_matching and self.native_nodes):
+            return super().match_all(rnd, node_matching, tree)
+        cache = self.cache
+        assert isinstance(cache, NativeRadixCache)
+        device, ends = cache.match_nodes(self.reqs, tree)
+        if ends is not None:
+            rnd.tree_order = lambda: cache.dfs_weight_order_at(ends)
+        return device
 
     def _dedup(self, rnd: Round) -> tuple[frozenset[str], list[Req]]:
         """The reference's dedup where the native one is off (the starvation bound picks

@@ -1,0 +1,159 @@
+// See compat_match.hpp. Bit for bit what the Python loop did: the same walk per request
+// (Tree::walk_into, as Tree.walk_node makes it: the same clock tick, touches and splits), in
+// list order, and the same Python values set on each request (ints, the node's own object).
+#include "compat_match.hpp"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "py_attr.hpp"
+#include "radix.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace radixsched {
+namespace {
+
+using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Interned attribute names, created once and never released (like adder.cpp's).
+struct Names {
+    PyObject *prompt_ids, *output_ids, *extra_key, *cache_salt, *prefix_len, *last_node,
+        *host_hit_len, *num_matched;
+};
+
+const Names& names() {
+    static const Names n{
+        PyUnicode_InternFromString("prompt_ids"),   PyUnicode_InternFromString("output_ids"),
+        PyUnicode_InternFromString("extra_key"),    PyUnicode_InternFromString("cache_salt"),
+        PyUnicode_InternFromString("prefix_len"),   PyUnicode_InternFromString("last_node"),
+        PyUnicode_InternFromString("host_hit_len"),
+        PyUnicode_InternFromString("num_matched_prefix_tokens")};
+    return n;
+}
+
+// A request's prompt, read in place through the buffer protocol when it is an int32, 1-d,
+// C-contiguous array (as_tokens makes it one), else converted as the other bindings convert it.
+class Prompt {
+public:
+    explicit Prompt(nb::object obj) : obj_(std::move(obj)) {
+        if (PyObject_GetBuffer(obj_.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+            held_ = true;
+            if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) {
+                data_ = static_cast<const int32_t*>(view_.buf);
+                n_ = static_cast<int64_t>(view_.len / 4);
+                return;
+            }
+        } else {
+            PyErr_Clear();
+        }
+        arr_ = nb::cast<Tokens>(obj_);
+        data_ = arr_.data();
+        n_ = static_cast<int64_t>(arr_.shape(0));
+    }
+    ~Prompt() {
+        if (held_) PyBuffer_Release(&view_);
+    }
+    Prompt(const Prompt&) = delete;
+    Prompt& operator=(const Prompt&) = delete;
+
+    const int32_t* data() const { return data_; }
+    int64_t size() const { return n_; }
+
+private:
+    // A native-order 4-byte signed int (x86-64 and aarch64 are little-endian).
+    static bool int32_format(const char* f) {
+        if (f == nullptr) return false;
+        if (*f == '@' || *f == '=' || *f == '<') ++f;
+        return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
+    }
+
+    nb::object obj_;
+    Py_buffer view_{};
+    bool held_ = false;
+    Tokens arr_;
+    const int32_t* data_ = nullptr;
+    int64_t n_ = 0;
+};
+
+// A request's fill tokens (Req.fill_ids()): the prompt read in place, or the prompt and the
+// outputs joined into `joined` (int32, as np.asarray(output_ids, dtype=np.int32) makes them).
+struct Fill {
+    const int32_t* data = nullptr;
+    int64_t n = 0;
+};
+
+Fill fill_of(const Prompt& prompt, nb::handle req, std::vector<int32_t>& joined) {
+    nb::object outs = py::get(req, names().output_ids);
+    const int64_t no = py::len_of(outs);
+    const int64_t np = prompt.size();
+    if (no == 0) return Fill{prompt.data(), np};
+    joined.assign(prompt.data(), prompt.data() + np);
+    for (int64_t i = 0; i < no; ++i) {
+        const auto v = nb::cast<int64_t>(outs[i]);
+        if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
+            throw nb::value_error("an output token id does not fit in int32");
+        joined.push_back(static_cast<int32_t>(v));
+    }
+    return Fill{joined.data(), np + no};
+}
+
+// radixsched.native.namespace_id(req.namespace) (0 for the default namespace, None).
+int32_t ns_of(nb::handle req, nb::handle namespace_id) {
+    const Names& k = names();
+    nb::object extra = py::get(req, k.extra_key), salt = py::get(req, k.cache_salt);
+    if (extra.is_none() && salt.is_none()) return 0;
+    return nb::cast<int32_t>(namespace_id(nb::make_tuple(extra, salt)));
+}
+
+nb::tuple match_nodes(Tree& tree, nb::list reqs, bool want_ends, bool disabled,
+                      nb::handle namespace_id) {
+    const Names& k = names();
+    nb::list device, ends;
+    const nb::object zero = nb::int_(0);
+    std::vector<int32_t> joined;
+    for (size_t i = 0; i < nb::len(reqs); ++i) {  // as `for r in reqs` reads a list
+        nb::object req = reqs[i];
+        const Prompt prompt(py::get(req, k.prompt_ids));
+        const Fill f = fill_of(prompt, req, joined);
+        WalkResult w{tree.root(), 0};
+        if (!disabled && f.n > 0) {  // NativeRadixCache.match_node's walk (ticks the clock)
+            const int32_t ns = ns_of(req, namespace_id);
+            w = tree.walk_into(f.data, f.n, ns, nullptr);
+        }
+        nb::object node = nb::cast(w.node), length = nb::int_(w.length);
+        py::set(req, k.prefix_len, length);
+        py::set(req, k.last_node, node);
+        py::set(req, k.host_hit_len, zero);
+        const int64_t total = w.length;  // + host_len, always 0 on the native tree
+        if (total <= f.n - 1)
+            py::set(req, k.num_matched, length);
+        else
+            py::set_int(req, k.num_matched, f.n - 1);
+        device.append(length);
+        if (want_ends) ends.append(nb::make_tuple(node, nb::int_(w.node->size())));
+    }
+    return nb::make_tuple(device, want_ends ? nb::object(ends) : nb::none());
+}
+
+}  // namespace
+
+void bind_compat_match(nb::module_& m, TreeRef tree_of) {
+    static TreeRef resolve = tree_of;
+    m.def(
+        "match_nodes",
+        [](nb::handle tree, nb::list reqs, bool ends, bool disabled, nb::handle namespace_id) {
+            return match_nodes(*resolve(tree), std::move(reqs), ends, disabled, namespace_id);
+        },
+        "tree"_a, "reqs"_a, "ends"_a, "disabled"_a, "namespace_id"_a,
+        "A waiting queue's SGLang-compat matching in one call (see compat_match.hpp).");
+}
+
+}  // namespace radixsched

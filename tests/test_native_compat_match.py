@@ -1,0 +1,173 @@
+"""SGLang-compat matching of a whole waiting queue in one native call
+(``NativeRadixCache.match_nodes``, behind ``FastWaitingQueue.match_all``) against the reference
+queue's Python loop (``WaitingQueue.match_all``'s node matching) over the reference
+``RadixCache`` and over ``NativeRadixCache``: the same request fields (values and types), the
+same device lengths and DFS order, and the same tree after (nodes, splits, access times, clock).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from radixsched.cache import CacheKey, RadixCache
+from radixsched.config import SchedulerConfig
+from radixsched.native import core
+from radixsched.policies import Round
+from radixsched.queue import WaitingQueue
+from radixsched.request import Req
+
+pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+
+Spec = tuple[list[int], list[int], str | None, str | None]  # prompt, outputs, extra_key, salt
+
+
+def _req(i: int, spec: Spec) -> Req:
+    prompt, outputs, extra, salt = spec
+    r = Req(f"r{i}", np.asarray(prompt, dtype=np.int32), extra_key=extra, cache_salt=salt)
+    r.output_ids.extend(outputs)
+    return r
+
+
+def _snapshot(cache: Any) -> list[Any]:
+    nodes = [
+        (n.id, None if n.parent is None else n.parent.id, n.key.tolist(), n.last_access_time)
+        for n in cache._iter_nodes()
+    ]
+    return [cache._clock, len(nodes), nodes]
+
+
+def _fields(r: Req) -> tuple[Any, ...]:
+    vals = (r.prefix_len, r.host_hit_len, r.num_matched_prefix_tokens)
+    return (*vals, tuple(map(type, vals)), r.last_node.id, len(r.last_node))
+
+
+def _rounds(
+    queue: WaitingQueue, cached: list[tuple[list[int], Any]], specs: list[Spec], tree: bool
+) -> list[Any]:
+    """Fill the queue's cache, then two rounds of matching (the second over the first's
+    splits and refreshed times): what each round gives and leaves."""
+    cache, page = queue.cache, queue.cache.page_size
+    for tokens, ns in cached:
+        n = len(tokens) - len(tokens) % page
+        cache.insert(CacheKey(np.asarray(tokens[:n], dtype=np.int32), ns), np.arange(1, n + 1))
+    queue.reqs = [_req(i, s) for i, s in enumerate(specs)]
+    seen: list[Any] = []
+    for _ in range(2):
+        rnd = Round(queue.config)
+        device = queue.match_all(rnd, True, tree)
+        order = rnd.tree_order() if rnd.tree_order is not None else None
+        seen.append((device, order, [_fields(r) for r in queue.reqs], _snapshot(cache)))
+    return seen
+
+
+def _check(
+    cached: list[tuple[list[int], Any]],
+    specs: list[Spec],
+    page: int = 1,
+    tree: bool = True,
+    disable: bool = False,
+) -> list[Any]:
+    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.fast.queue import FastWaitingQueue
+
+    cfg = SchedulerConfig(schedule_policy="dfs-weight", compat="sglang", page_size=page)
+    kw: dict[str, Any] = {"page_size": page, "disable": disable, "compat_sglang": True}
+    ref = _rounds(WaitingQueue(cfg, RadixCache(None, **kw)), cached, specs, tree)
+    loop = _rounds(WaitingQueue(cfg, NativeRadixCache(None, **kw)), cached, specs, tree)
+    fast = FastWaitingQueue(cfg, NativeRadixCache(None, **kw))
+    assert fast.native_nodes  # the native call, not the inherited loop
+    got = _rounds(fast, cached, specs, tree)
+    assert got == ref
+    assert got == loop
+    return got
+
+
+def test_a_partial_match_splits_a_node_and_ticks_the_clock() -> None:
+    got = _check([([1, 2, 3, 4, 5, 6, 7, 8], None)], [([1, 2, 3, 9], [], None, None)])
+    device, _, fields, (clock, count, _) = got[0]
+    assert device == [3]
+    assert fields[0][:3] == (3, 0, 3) and fields[0][-1] == 3  # ends at the split's upper part
+    assert count == 2  # [1 2 3] and [4 .. 8] (the root is not listed)
+    assert got[1][3][0] > clock  # the second round's walk ticked it again
+
+
+def test_the_cap_at_fill_len_minus_one_and_a_miss() -> None:
+    got = _check(
+        [([1, 2, 3, 4], None)],
+        [([1, 2, 3, 4], [], None, None), ([7, 7], [], None, None), ([1, 2], [], None, None)],
+    )
+    assert got[0][0] == [4, 0, 2]
+    assert [f[2] for f in got[0][2]] == [3, 0, 1]  # num_matched_prefix_tokens, capped
+
+
+def test_short_keys_under_page_size_16() -> None:
+    head = list(range(100, 132))
+    specs: list[Spec] = [
+        (head[:10], [], None, None),  # shorter than a page: nothing to match
+        (head[:20], [], None, None),  # one whole page
+        (head, [], None, None),  # the whole cached run: capped at 31
+        ([*head[:16], 5, 5], [], None, None),
+    ]
+    got = _check([(head, None)], specs, page=16)
+    assert got[0][0] == [0, 16, 32, 16]
+    assert got[0][2][2][2] == 31
+
+
+def test_output_tokens_are_appended_to_the_prompt() -> None:
+    cached = [([1, 2, 3, 4, 5, 6], None)]
+    got = _check(cached, [([1, 2, 3], [4, 5], None, None), ([1, 2], [9], None, None)])
+    assert got[0][0] == [5, 2]
+    assert got[0][2][0][2] == 4  # min(5, fill_len 5 - 1)
+
+
+def test_namespaces_never_share_a_prefix() -> None:
+    tokens = [1, 2, 3, 4, 5]
+    cached = [(tokens, None), (tokens[:3], ("a", None)), (tokens[:2], (None, "s"))]
+    specs: list[Spec] = [
+        (tokens, [], "a", None),
+        (tokens, [], None, "s"),
+        (tokens, [], None, ""),  # an empty salt is the default namespace
+        (tokens, [], "b", None),  # a namespace nothing was cached in
+    ]
+    got = _check(cached, specs)
+    assert got[0][0] == [3, 2, 5, 0]
+
+
+def test_a_disabled_cache_matches_nothing_and_never_ticks() -> None:
+    got = _check([([1, 2, 3], None)], [([1, 2, 3, 4], [], None, None)], disable=True)
+    device, _, fields, (clock, _, _) = got[0]
+    assert device == [0] and fields[0][:3] == (0, 0, 0)
+    assert got[1][3][0] == clock
+
+
+def test_the_ends_order_the_dfs_and_are_none_without_tree() -> None:
+    from radixsched.cache.native_radix import NativeRadixCache
+
+    cached = [([1, 2, 3, 4], None), ([1, 2, 5, 6], None), ([8, 9], None)]
+    specs: list[Spec] = [([8, 9, 9], [], None, None), ([1, 2, 5], [], None, None)]
+    specs += [([1, 2, 3, 4, 4], [], None, None), ([1, 7], [], None, None)]
+    got = _check(cached, specs)
+    assert got[0][1] is not None and sorted(got[0][1]) == [0, 1, 2, 3]
+    _check(cached, specs, tree=False)  # no DFS: the same fields and tree
+    cache = NativeRadixCache(None)
+    for tokens, ns in cached:
+        cache.insert(CacheKey(np.asarray(tokens, dtype=np.int32), ns), np.arange(1, 5))
+    reqs = [_req(i, s) for i, s in enumerate(specs)]
+    device, ends = cache.match_nodes(reqs, True)
+    assert ends == [(r.last_node, len(r.last_node)) for r in reqs]
+    assert device == [r.prefix_len for r in reqs]
+    assert cache.match_nodes(reqs, False)[1] is None
+
+
+def test_a_strided_prompt_is_read_as_its_tokens() -> None:
+    from radixsched.cache.native_radix import NativeRadixCache
+
+    cache = NativeRadixCache(None)
+    cache.insert(CacheKey(np.asarray([0, 2, 4, 6], dtype=np.int32)), np.arange(1, 5))
+    r = Req("s", np.arange(10, dtype=np.int32)[::2])  # a view, not C-contiguous
+    assert not r.prompt_ids.flags.c_contiguous
+    assert cache.match_nodes([r], False)[0] == [4]
+    assert r.num_matched_prefix_tokens == 4
