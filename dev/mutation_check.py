@@ -536,6 +536,12 @@ MUTANTS = (
         "    if (no == 0) return Fill{prompt.data(), np};\n",
         "    if (no >= 0) return Fill{prompt.data(), np};\n",
     ),
+    Mutant(
+        "compat-fcfs-keeps-list-under-priorities",
+        "fast/queue.py",
+        "        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:\n",
+        "        if pol.key is fcfs_sglang:\n",
+    ),
 )
 
 

@@ -42,7 +42,7 @@ from radixsched.fast.orders import (
     RoutingKeyEngine,
 )
 from radixsched.native import core
-from radixsched.policies import FCFS, Policy, Reads, Round, lpm
+from radixsched.policies import FCFS, Policy, Reads, Round, fcfs_sglang, lpm
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
 from radixsched.request import Req
 
@@ -364,6 +364,13 @@ class FastWaitingQueue(WaitingQueue):
             return frozenset(), []  # off
         device = [self._device_match_len(r) for r in self.reqs]
         return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
+
+    def order(self, pol: Policy, rnd: Round) -> Iterator[int]:
+        # SGLang's fcfs without priorities sorts by an empty key: the stable sort moves nothing,
+        # so the list stands as it is, without a key call per request (the compat rounds).
+        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:
+            return iter(range(len(self.reqs)))
+        return super().order(pol, rnd)
 
     def _order(self, pol: Policy, reads: Reads, rnd: Round, flipped: list[Req]) -> Iterator[int]:
         rnd.rng, rnd.fair = self.rng, self.fair
