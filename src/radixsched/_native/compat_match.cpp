@@ -3,7 +3,6 @@
 // list order, and the same Python values set on each request (ints, the node's own object).
 #include "compat_match.hpp"
 
-#include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 
 #include <algorithm>
@@ -14,14 +13,13 @@
 
 #include "py_attr.hpp"
 #include "radix.hpp"
+#include "radix_match.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace radixsched {
 namespace {
-
-using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // Interned attribute names, created once and never released (like adder.cpp's).
 struct Names {
@@ -39,50 +37,6 @@ const Names& names() {
     return n;
 }
 
-// A request's prompt, read in place through the buffer protocol when it is an int32, 1-d,
-// C-contiguous array (as_tokens makes it one), else converted as the other bindings convert it.
-class Prompt {
-public:
-    explicit Prompt(nb::object obj) : obj_(std::move(obj)) {
-        if (PyObject_GetBuffer(obj_.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
-            held_ = true;
-            if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) {
-                data_ = static_cast<const int32_t*>(view_.buf);
-                n_ = static_cast<int64_t>(view_.len / 4);
-                return;
-            }
-        } else {
-            PyErr_Clear();
-        }
-        arr_ = nb::cast<Tokens>(obj_);
-        data_ = arr_.data();
-        n_ = static_cast<int64_t>(arr_.shape(0));
-    }
-    ~Prompt() {
-        if (held_) PyBuffer_Release(&view_);
-    }
-    Prompt(const Prompt&) = delete;
-    Prompt& operator=(const Prompt&) = delete;
-
-    const int32_t* data() const { return data_; }
-    int64_t size() const { return n_; }
-
-private:
-    // A native-order 4-byte signed int (x86-64 and aarch64 are little-endian).
-    static bool int32_format(const char* f) {
-        if (f == nullptr) return false;
-        if (*f == '@' || *f == '=' || *f == '<') ++f;
-        return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
-    }
-
-    nb::object obj_;
-    Py_buffer view_{};
-    bool held_ = false;
-    Tokens arr_;
-    const int32_t* data_ = nullptr;
-    int64_t n_ = 0;
-};
-
 // A request's fill tokens (Req.fill_ids()): the prompt read in place, or the prompt and the
 // outputs joined into `joined` (int32, as np.asarray(output_ids, dtype=np.int32) makes them).
 struct Fill {
@@ -90,7 +44,7 @@ struct Fill {
     int64_t n = 0;
 };
 
-Fill fill_of(const Prompt& prompt, nb::handle req, std::vector<int32_t>& joined) {
+Fill fill_of(const TokenView& prompt, nb::handle req, std::vector<int32_t>& joined) {
     nb::object outs = py::get(req, names().output_ids);
     const int64_t no = py::len_of(outs);
     const int64_t np = prompt.size();
@@ -121,7 +75,7 @@ nb::tuple match_nodes(Tree& tree, nb::list reqs, bool want_ends, bool disabled,
     std::vector<int32_t> joined;
     for (size_t i = 0; i < nb::len(reqs); ++i) {  // as `for r in reqs` reads a list
         nb::object req = reqs[i];
-        const Prompt prompt(py::get(req, k.prompt_ids));
+        const TokenView prompt(py::get(req, k.prompt_ids));  // its buffer holds the array
         const Fill f = fill_of(prompt, req, joined);
         WalkResult w{tree.root(), 0};
         if (!disabled && f.n > 0) {  // NativeRadixCache.match_node's walk (ticks the clock)

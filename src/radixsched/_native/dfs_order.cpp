@@ -21,15 +21,6 @@ namespace {
 
 TreeOf g_tree_of = nullptr;
 
-// Re-keying more than this many requests, and more than a quarter of the list, in one round:
-// one stable sort of the list is cheaper (fast/orders.py's _worth_rebuilding).
-constexpr size_t kRebuildMin = 32;
-constexpr size_t kRebuildShare = 4;
-
-bool worth_rebuilding(size_t moving, size_t total) {
-    return moving > kRebuildMin && kRebuildShare * moving > total;
-}
-
 void check(int rc) {
     if (rc < 0) throw nb::python_error();
 }

@@ -38,6 +38,14 @@ int compare(const Atom& a, const Atom& b);
 // Python's tuple comparison over atoms [a, a + na) and [b, b + nb).
 int compare(const Atom* a, size_t na, const Atom* b, size_t nb);
 
+// Whether re-keying `moving` of a kept order's `total` requests costs more than one stable
+// sort of the list: more than 32 of them and more than a quarter of the list (the Python
+// round's fast/orders.py _worth_rebuilding; a native round then declines, Python rebuilds).
+inline bool worth_rebuilding(size_t moving, size_t total) {
+    constexpr size_t kMin = 32, kShare = 4;
+    return moving > kMin && kShare * moving > total;
+}
+
 // Requests in the order a stable sort by a key leaves them, maintained across rounds.
 // Invariants: `reqs[i]`'s stored key is `*keys[i]` (its key, then its tie number, a unique
 // number per member), `keys` ascends strictly, and every tie number lies strictly between

@@ -38,41 +38,6 @@ bool int32_format(const char* f) {
     return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
 }
 
-// Tokens read in place: a held buffer over an int32, 1-d, C-contiguous array (the input itself,
-// or its int32 copy).
-class TokenView {
-public:
-    explicit TokenView(nb::handle obj) {
-        if (take(obj)) return;
-        PyObject* args[] = {obj.ptr(), numpy().int32};
-        copy_ = nb::steal(PyObject_Vectorcall(numpy().ascontiguousarray, args, 2, nullptr));
-        if (!copy_.is_valid()) throw nb::python_error();
-        if (!take(copy_)) throw nb::type_error("tokens must be a 1-d sequence of ints");
-    }
-    ~TokenView() { PyBuffer_Release(&view_); }
-    TokenView(const TokenView&) = delete;
-    TokenView& operator=(const TokenView&) = delete;
-
-    const int32_t* data() const { return static_cast<const int32_t*>(view_.buf); }
-    int64_t size() const { return static_cast<int64_t>(view_.len / sizeof(int32_t)); }
-
-private:
-    bool take(nb::handle obj) {
-        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
-            PyErr_Clear();
-            view_ = Py_buffer{};
-            return false;
-        }
-        if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) return true;
-        PyBuffer_Release(&view_);
-        view_ = Py_buffer{};
-        return false;
-    }
-
-    Py_buffer view_{};  // obj == nullptr while nothing is held (PyBuffer_Release ignores it)
-    nb::object copy_;
-};
-
 // A new int64 numpy array of `n` slots and its writable data (valid while the array lives).
 std::pair<nb::object, int64_t*> new_slots(int64_t n) {
     nb::object len = nb::int_(n);
@@ -130,6 +95,26 @@ MatchTypes& match_types() {
 }
 
 }  // namespace
+
+TokenView::TokenView(nb::handle obj) {
+    if (take(obj)) return;
+    PyObject* args[] = {obj.ptr(), numpy().int32};
+    copy_ = nb::steal(PyObject_Vectorcall(numpy().ascontiguousarray, args, 2, nullptr));
+    if (!copy_.is_valid()) throw nb::python_error();
+    if (!take(copy_)) throw nb::type_error("tokens must be a 1-d sequence of ints");
+}
+
+bool TokenView::take(nb::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        view_ = Py_buffer{};
+        return false;
+    }
+    if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) return true;
+    PyBuffer_Release(&view_);
+    view_ = Py_buffer{};
+    return false;
+}
 
 nb::object match_prefix(Tree& tree, nb::handle tokens, int32_t ns, nb::handle result) {
     PyTypeObject* type = tuple_type(result);

@@ -11,6 +11,26 @@
 
 namespace radixsched {
 
+// Tokens read in place: a held buffer over an int32, 1-d, C-contiguous array (the input itself,
+// or its copy as numpy.ascontiguousarray(obj, dtype=int32) makes it); valid while it lives
+// (the buffer holds its array).
+class TokenView {
+public:
+    explicit TokenView(nanobind::handle obj);
+    ~TokenView() { PyBuffer_Release(&view_); }
+    TokenView(const TokenView&) = delete;
+    TokenView& operator=(const TokenView&) = delete;
+
+    const int32_t* data() const { return static_cast<const int32_t*>(view_.buf); }
+    int64_t size() const { return static_cast<int64_t>(view_.len / sizeof(int32_t)); }
+
+private:
+    bool take(nanobind::handle obj);
+
+    Py_buffer view_{};  // obj == nullptr while nothing is held (PyBuffer_Release ignores it)
+    nanobind::object copy_;
+};
+
 // Tree::walk over `tokens` (any 1-d sequence of ints; int32 C-contiguous arrays are read in
 // place, anything else is converted as numpy.ascontiguousarray(tokens, dtype=int32) would):
 // (slots: int64 array, matched length, last node, 0) as an instance of `result`, a tuple type

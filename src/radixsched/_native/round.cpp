@@ -25,11 +25,6 @@ namespace {
 
 TreeOf g_tree_of = nullptr;
 
-// Kept orders re-key at most this many requests, or a quarter of the list, before a rebuild
-// is cheaper (fast/orders.py's _worth_rebuilding: the Python round rebuilds).
-constexpr size_t kRebuildMin = 32;
-constexpr size_t kRebuildShare = 4;
-
 PyObject* intern(const char* s) {
     // One reference per name for the life of the process, never released.
     PyObject* o = PyUnicode_InternFromString(s);
@@ -179,7 +174,7 @@ bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list fl
     while (PyDict_Next(moved.ptr(), &pos, &key, &value)) note(value);
     const size_t moving = changed.size() + static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
     const auto total = static_cast<size_t>(PyList_GET_SIZE(queue.ptr()));
-    if (moving > kRebuildMin && kRebuildShare * moving > total) return false;
+    if (worth_rebuilding(moving, total)) return false;
     nb::list rekey, news;
     for (PyObject* r : changed) rekey.append(nb::make_tuple(nb::handle(r), lpm_key(r, deferred)));
     for (nb::handle r : added) news.append(nb::make_tuple(r, lpm_key(r.ptr(), deferred)));
