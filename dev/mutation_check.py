@@ -537,6 +537,12 @@ MUTANTS = (
         "    if (no >= 0) return Fill{prompt.data(), np};\n",
     ),
     Mutant(
+        "touch-keys-walks-empty-keys",
+        "_native/radix_match.cpp",
+        "        if (kp.len == 0) continue;\n",
+        "        if (kp.len < 0) continue;\n",
+    ),
+    Mutant(
         "compat-fcfs-keeps-list-under-priorities",
         "fast/queue.py",
         "        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:\n",

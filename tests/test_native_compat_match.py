@@ -171,3 +171,44 @@ def test_a_strided_prompt_is_read_as_its_tokens() -> None:
     assert not r.prompt_ids.flags.c_contiguous
     assert cache.match_nodes([r], False)[0] == [4]
     assert r.num_matched_prefix_tokens == 4
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("disable", [False, True])
+def test_touch_prefixes_walks_each_key_as_touch_prefix_does(page: int, disable: bool) -> None:
+    """``NativeRadixCache.touch_prefixes`` (one native call) leaves the tree as
+    ``touch_prefix`` of each key in order leaves it, and as the reference tree's own: the
+    clock, the access times and the splits (a partial match splits; an empty or short key,
+    a miss and another namespace only tick or skip as their walk would)."""
+    from radixsched.cache.native_radix import NativeRadixCache
+
+    p = page
+    cached = [(list(range(1, 8 * p + 1)), None), (list(range(1, 4 * p + 1)), ("x", None))]
+    keys = [
+        CacheKey(np.arange(1, 3 * p + 2, dtype=np.int32), None),  # splits at 3 pages
+        CacheKey(np.zeros(0, dtype=np.int32), None),  # empty: skipped, no tick
+        CacheKey(np.arange(1, p, dtype=np.int32), None),  # under a page: a tick only
+        CacheKey(np.arange(50, 50 + 2 * p, dtype=np.int32), None),  # a miss
+        CacheKey(np.arange(1, 2 * p + 1, dtype=np.int32), ("x", None)),  # its own namespace
+        CacheKey(np.arange(1, 8 * p + 1, dtype=np.int64), None),  # converted, whole match
+    ]
+    kw: dict[str, Any] = {"page_size": p, "disable": disable}
+    trees = [RadixCache(None, **kw), NativeRadixCache(None, **kw), NativeRadixCache(None, **kw)]
+    for cache in trees:
+        for tokens, ns in cached:
+            cache.insert(CacheKey(np.asarray(tokens, dtype=np.int32), ns), np.arange(len(tokens)))
+    ref, each, batch = trees
+    ref.touch_prefixes(iter(keys))
+    for key in keys:
+        each.touch_prefix(key)
+    batch.touch_prefixes(iter(keys))
+    assert _snapshot(batch) == _snapshot(each) == _snapshot(ref)
+    walks = 5 if p > 1 else 4  # at page 1 the short key is empty too
+    assert _snapshot(batch)[0] == (0 if disable else 2 + walks)  # the inserts tick too
+
+
+def test_touch_prefixes_refuses_a_key_that_is_not_a_pair() -> None:
+    from radixsched.cache.native_radix import NativeRadixCache
+
+    with pytest.raises(TypeError, match="touch_prefixes: the key must be"):
+        NativeRadixCache(None).touch_prefixes([np.arange(3, dtype=np.int32)])  # type: ignore[list-item]

@@ -419,6 +419,7 @@ void bind_tree(nb::module_& m) {
                  return radixsched::match_prefix(t, tok, ns, result);
              })
         .def("match_key", [](PyTree& t, nb::handle key) { return radixsched::match_key(t, key); })
+        .def("touch_keys", [](PyTree& t, nb::handle keys) { radixsched::touch_keys(t, keys); })
         .def("walk_node",
              [](PyTree& t, nb::handle tok, int32_t ns) { return radixsched::walk_node(t, tok, ns); })
         .def("match_len",

@@ -4,6 +4,7 @@
 #include <nanobind/stl/shared_ptr.h>
 
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -135,28 +136,65 @@ void set_match_types(nb::handle result, nb::handle empty_slots, nb::handle names
     Py_XSETREF(t.namespace_id, Py_NewRef(namespace_id.ptr()));
 }
 
-nb::object match_key(Tree& tree, nb::handle key) {
-    const MatchTypes& t = match_types();
-    if (t.result == nullptr) throw std::logic_error("match_key before set_match_types");
+namespace {
+
+// A CacheKey (tokens, namespace): its tokens, their number, and the namespace's id (0 for None,
+// else namespace_id(namespace), set_match_types' function).
+struct KeyParts {
+    PyObject* tokens;
+    Py_ssize_t len;
+    int32_t ns;
+};
+
+// The key's two items (a type error naming `who` unless it is a pair).
+std::pair<PyObject*, PyObject*> key_items(nb::handle key, const char* who) {
     PyObject* k = key.ptr();
     if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 2)
-        throw nb::type_error("match_prefix: the key must be a (tokens, namespace) tuple");
-    PyObject* tokens = PyTuple_GET_ITEM(k, 0);
-    PyObject* nsobj = PyTuple_GET_ITEM(k, 1);
-    if (tree.disabled())
-        return result_of(t.result, nb::borrow(t.empty_slots), 0, tree.root());
+        throw nb::type_error(
+            (std::string(who) + ": the key must be a (tokens, namespace) tuple").c_str());
+    return {PyTuple_GET_ITEM(k, 0), PyTuple_GET_ITEM(k, 1)};
+}
+
+KeyParts key_parts(nb::handle key, const char* who) {
+    const auto [tokens, nsobj] = key_items(key, who);
     const Py_ssize_t len = PyObject_Size(tokens);
     if (len < 0) throw nb::python_error();
-    if (len == 0) return result_of(t.result, nb::borrow(t.empty_slots), 0, tree.root());
     int32_t ns = 0;
-    if (nsobj != Py_None) {
+    if (len > 0 && nsobj != Py_None) {  // (an empty key is never walked: no id asked)
         PyObject* args[] = {nsobj};
-        nb::object id = nb::steal(PyObject_Vectorcall(t.namespace_id, args, 1, nullptr));
+        nb::object id =
+            nb::steal(PyObject_Vectorcall(match_types().namespace_id, args, 1, nullptr));
         if (!id.is_valid()) throw nb::python_error();
         ns = nb::cast<int32_t>(id);
     }
-    const TokenView tok(nb::handle{tokens});
-    return walk_result(tree, tok, ns, t.result);
+    return {tokens, len, ns};
+}
+
+}  // namespace
+
+nb::object match_key(Tree& tree, nb::handle key) {
+    const MatchTypes& t = match_types();
+    if (t.result == nullptr) throw std::logic_error("match_key before set_match_types");
+    if (tree.disabled()) {
+        key_items(key, "match_prefix");  // the key's shape is checked all the same
+        return result_of(t.result, nb::borrow(t.empty_slots), 0, tree.root());
+    }
+    const KeyParts kp = key_parts(key, "match_prefix");
+    if (kp.len == 0) return result_of(t.result, nb::borrow(t.empty_slots), 0, tree.root());
+    const TokenView tok(nb::handle{kp.tokens});
+    return walk_result(tree, tok, kp.ns, t.result);
+}
+
+void touch_keys(Tree& tree, nb::handle keys) {
+    if (match_types().namespace_id == nullptr)
+        throw std::logic_error("touch_prefixes before set_match_types");
+    if (tree.disabled()) return;
+    for (nb::handle key : keys) {  // in order, each walked before the next is read
+        const KeyParts kp = key_parts(key, "touch_prefixes");
+        if (kp.len == 0) continue;
+        const TokenView tok(nb::handle{kp.tokens});
+        tree.walk_into(tok.data(), tok.size(), kp.ns, nullptr);
+    }
 }
 
 nb::object walk_node(Tree& tree, nb::handle tokens, int32_t ns) {

@@ -48,6 +48,11 @@ void set_match_types(nanobind::handle result, nanobind::handle empty_slots,
 // match_prefix(tree, tokens, namespace_id(namespace) (0 for None), result type).
 nanobind::object match_key(Tree& tree, nanobind::handle key);
 
+// NativeRadixCache.touch_prefix of each key of `keys` (an iterable of CacheKeys), in order, in
+// one native call: nothing on a disabled tree; an empty key skipped; else the walk of
+// walk_node (its clock tick, touches and splits) in the key's namespace.
+void touch_keys(Tree& tree, nanobind::handle keys);
+
 // The same walk (same clock tick, same touches and splits) without the slots: (node, length).
 nanobind::object walk_node(Tree& tree, nanobind::handle tokens, int32_t ns);
 
