@@ -543,6 +543,12 @@ MUTANTS = (
         "        if (kp.len < 0) continue;\n",
     ),
     Mutant(
+        "fair-decode-charged-once-per-tenant",
+        "fast/scheduler.py",
+        "            for _ in range(n):\n",
+        "            for _ in range(min(n, 1)):\n",
+    ),
+    Mutant(
         "compat-fcfs-keeps-list-under-priorities",
         "fast/queue.py",
         "        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:\n",

@@ -28,6 +28,8 @@ and the slots they are owed are exactly the allocator's reservation.
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
@@ -48,6 +50,8 @@ from radixsched.request import Req
 from radixsched.runner import Batch, ExtendEntry
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
+
+_TENANT = operator.attrgetter("tenant_key")
 
 # What a native prefill step needs (``PrefillRun.run``): step timer, stand-ins' hashes, vocabulary.
 NativeStep = tuple[Any, Mapping[str, int], int]
@@ -584,10 +588,17 @@ class FastScheduler(Scheduler):
 
     def _charge_decode(self, reqs: list[Req], k: int) -> None:
         """Each request's tenant charged for ``k`` decode tokens, as ``k`` single steps would:
-        counters are integral, so the sums are exact either way."""
+        counters are integral, so the sums are exact either way. Tenant by tenant, each
+        request's ``VirtualTokenCounter.charge(tenant, 0, k)`` in batch order (its float
+        additions, in its order: only a tenant's own charges touch its counter)."""
         fair = self.queue.fair
-        for r in reqs:
-            fair.charge(r.tenant_key, 0, k)
+        counters = fair.counters
+        none, inc = fair.prefill_weight * 0, fair.decode_weight * k
+        for tenant, n in Counter(map(_TENANT, reqs)).items():
+            c = counters.get(tenant, 0.0)
+            for _ in range(n):
+                c = c + none + inc
+            counters[tenant] = c
 
     def _retire_finished(self, maybe: list[int], out: StepOutcome) -> None:
         """Only the rows that can have finished (``maybe``) are checked (a jump never spans a
