@@ -537,6 +537,12 @@ MUTANTS = (
         "    if (no >= 0) return Fill{prompt.data(), np};\n",
     ),
     Mutant(
+        "compat-match-lens-uncapped",
+        "_native/compat_match.cpp",
+        "        if (n <= f.n - 1)\n",
+        "        if (true)\n",
+    ),
+    Mutant(
         "touch-keys-walks-empty-keys",
         "_native/radix_match.cpp",
         "        if (kp.len == 0) continue;\n",

@@ -212,3 +212,48 @@ def test_touch_prefixes_refuses_a_key_that_is_not_a_pair() -> None:
 
     with pytest.raises(TypeError, match="touch_prefixes: the key must be"):
         NativeRadixCache(None).touch_prefixes([np.arange(3, dtype=np.int32)])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("disable", [False, True])
+def test_read_only_matching_in_one_call_is_the_loops(page: int, disable: bool) -> None:
+    """The loop's read-only branch (a policy that reads matches but does not walk: fair, spf
+    under compat): the same device lengths and capped matches as the reference loop on
+    either tree, and the tree untouched (no tick, no touch, no split)."""
+    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.fast.queue import FastWaitingQueue
+
+    p = page
+    cached = [(list(range(1, 8 * p + 1)), None), (list(range(1, 4 * p + 1)), ("x", None))]
+    specs: list[Spec] = [
+        (list(range(1, 3 * p + 2)), [], None, None),  # a partial match: no split here
+        (list(range(1, 8 * p + 1)), [], None, None),  # all cached: capped at fill_len - 1
+        (list(range(1, 6 * p + 1)), list(range(6 * p + 1, 8 * p + 1)), None, None),  # outputs
+        (list(range(1, 2 * p + 1)), [], "x", None),  # its own namespace
+        (list(range(1, 2 * p + 1)), [], "x", ""),  # an empty salt: the same namespace
+        (list(range(90, 90 + p)), [], None, None),  # a miss
+    ]
+    cfg = SchedulerConfig(schedule_policy="fair", compat="sglang", page_size=p)
+    kw: dict[str, Any] = {"page_size": p, "disable": disable, "compat_sglang": True}
+    seen = []
+    for queue in (
+        WaitingQueue(cfg, RadixCache(None, **kw)),
+        WaitingQueue(cfg, NativeRadixCache(None, **kw)),
+        FastWaitingQueue(cfg, NativeRadixCache(None, **kw)),
+    ):
+        cache = queue.cache
+        for tokens, ns in cached:
+            n = len(tokens) - len(tokens) % p
+            key = CacheKey(np.asarray(tokens[:n], dtype=np.int32), ns)
+            cache.insert(key, np.arange(1, n + 1))
+        before = _snapshot(cache)
+        queue.reqs = [_req(i, s) for i, s in enumerate(specs)]
+        rnd = Round(queue.config)
+        device = queue.match_all(rnd, False, False)
+        assert _snapshot(cache) == before  # read-only
+        got = [(r.num_matched_prefix_tokens, type(r.num_matched_prefix_tokens)) for r in queue.reqs]
+        seen.append((device, got, rnd.tree_order))
+    assert seen[0] == seen[1] == seen[2]
+    if not disable:
+        whole = (3 * p + 1) // p * p  # the partial key's whole pages, all cached
+        assert seen[2][0][:2] == [whole, 8 * p] and seen[2][1][1][0] == 8 * p - 1

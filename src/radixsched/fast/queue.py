@@ -87,6 +87,7 @@ class FastWaitingQueue(WaitingQueue):
         self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
         # SGLang-compat rounds match the whole list natively (a subclass's match_node: Python).
         self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
+        self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
         self._core: Any = core() if self.fast else None
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
@@ -346,11 +347,15 @@ class FastWaitingQueue(WaitingQueue):
         return order
 
     def match_all(self, rnd: Round, node_matching: bool, tree: bool) -> list[int]:
-        """The reference's ``match_all``; its node matching (SGLang compat) in one native call
-        over the native tree (the same walks, fields and ends as its loop)."""
+        """The reference's ``match_all``; over the native tree its node matching (SGLang compat)
+        and its read-only matching each in one native call (the same walks, fields and ends as
+        its loop)."""
+        cache = self.cache
+        if not node_matching and not tree and self.native_lens:
+            assert isinstance(cache, NativeRadixCache)
+            return cache.match_lens(self.reqs)
         if not (node_matching and self.native_nodes):
             return super().match_all(rnd, node_matching, tree)
-        cache = self.cache
         assert isinstance(cache, NativeRadixCache)
         device, ends = cache.match_nodes(self.reqs, tree)
         if ends is not None:
