@@ -543,6 +543,12 @@ MUTANTS = (
         "        if (true)\n",
     ),
     Mutant(
+        "compat-dedup-ignores-namespaces",
+        "_native/compat_match.cpp",
+        "        std::string key(reinterpret_cast<const char*>(&id), sizeof id);\n",
+        "        std::string key;\n",
+    ),
+    Mutant(
         "touch-keys-walks-empty-keys",
         "_native/radix_match.cpp",
         "        if (kp.len == 0) continue;\n",

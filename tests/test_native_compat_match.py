@@ -257,3 +257,44 @@ def test_read_only_matching_in_one_call_is_the_loops(page: int, disable: bool) -
     if not disable:
         whole = (3 * p + 1) // p * p  # the partial key's whole pages, all cached
         assert seen[2][0][:2] == [whole, 8 * p] and seen[2][1][1][0] == 8 * p - 1
+
+
+@pytest.mark.parametrize("threshold", [-1, 0, 4, 6])
+@pytest.mark.parametrize("check", [-1, 0, 3, 100])
+def test_compat_dedup_in_one_call_is_the_loops(threshold: int, check: int) -> None:
+    """SGLang's dedup (a group's first member represents it) in one native call: the same
+    deferred ids as the reference's for every threshold and check, with groups split by
+    namespace (an empty salt is the default one, as ``Req`` normalises it),
+    output tokens in the group's key, fills shorter than the threshold left out, and the
+    device match above the check excluding a request."""
+    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.fast.queue import FastWaitingQueue
+
+    base = [1, 2, 3, 4, 5, 6, 7, 8]
+    specs: list[Spec] = [
+        (base, [], None, None),
+        ([*base[:5], 9], [], None, None),  # shares 5 tokens with the first
+        (base, [], "x", None),  # another namespace
+        (base, [], None, ""),  # an empty salt: the default namespace
+        (base[:3], [7], None, None),  # outputs: 4 tokens
+        (base[:2], [], None, None),  # shorter than the threshold
+        (base, [], None, None),
+        (base[:4], [5, 6], None, None),  # its outputs complete the first's 6 tokens
+    ]
+    device = [0, 2, 1, 0, 5, 0, 3, 0]
+    cfg = SchedulerConfig(
+        schedule_policy="fair",
+        compat="sglang",
+        in_batch_prefix_check_threshold=check,
+        in_batch_prefix_deprioritize_threshold=threshold,
+    )
+    got = []
+    for queue in (
+        WaitingQueue(cfg, NativeRadixCache(None)),
+        FastWaitingQueue(cfg, NativeRadixCache(None)),
+    ):
+        queue.reqs = [_req(i, s) for i, s in enumerate(specs)]
+        got.append(queue.dedup(device, Round(cfg)))
+    assert got[0] == got[1]
+    if check == 100 and threshold == 6:
+        assert got[1] == frozenset({"r3", "r6", "r7"})  # r0 represents them

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -24,7 +26,7 @@ namespace {
 // Interned attribute names, created once and never released (like adder.cpp's).
 struct Names {
     PyObject *prompt_ids, *output_ids, *extra_key, *cache_salt, *prefix_len, *last_node,
-        *host_hit_len, *num_matched;
+        *host_hit_len, *num_matched, *rid;
 };
 
 const Names& names() {
@@ -33,7 +35,8 @@ const Names& names() {
         PyUnicode_InternFromString("extra_key"),    PyUnicode_InternFromString("cache_salt"),
         PyUnicode_InternFromString("prefix_len"),   PyUnicode_InternFromString("last_node"),
         PyUnicode_InternFromString("host_hit_len"),
-        PyUnicode_InternFromString("num_matched_prefix_tokens")};
+        PyUnicode_InternFromString("num_matched_prefix_tokens"),
+        PyUnicode_InternFromString("rid")};
     return n;
 }
 
@@ -118,6 +121,41 @@ nb::list match_lens(Tree& tree, nb::list reqs, nb::handle namespace_id) {
     return device;
 }
 
+// WaitingQueue.dedup under SGLang compat: the candidates are the requests whose device match
+// is at most `check`; with `threshold` <= 0 every candidate is deferred; else candidates whose
+// fill has `threshold` tokens are grouped by (namespace, those first tokens) and every member
+// but a group's first (in list order) is deferred. Their rids, in list order.
+nb::list compat_dedup(nb::list reqs, nb::list device, int64_t check, int64_t threshold) {
+    const Names& k = names();
+    nb::list dup;
+    nb::dict ns_index;  // namespace (None or (extra_key, cache_salt)) -> its number here
+    std::unordered_set<std::string> seen;  // groups with a first member
+    std::vector<int32_t> joined;
+    if (nb::len(device) != nb::len(reqs)) throw nb::value_error("one device length per request");
+    for (size_t i = 0; i < nb::len(reqs); ++i) {
+        if (nb::cast<int64_t>(device[i]) > check) continue;  // not a candidate
+        nb::object req = reqs[i];
+        if (threshold <= 0) {
+            dup.append(py::get(req, k.rid));
+            continue;
+        }
+        const TokenView prompt(py::get(req, k.prompt_ids));
+        const Fill f = fill_of(prompt, req, joined);
+        if (f.n < threshold) continue;
+        nb::object extra = py::get(req, k.extra_key), salt = py::get(req, k.cache_salt);
+        nb::object ns = nb::none();  // Req.namespace
+        if (!extra.is_none() || !salt.is_none()) ns = nb::make_tuple(extra, salt);
+        const auto number = static_cast<int64_t>(nb::len(ns_index));
+        PyObject* idx = PyDict_SetDefault(ns_index.ptr(), ns.ptr(), nb::int_(number).ptr());
+        if (idx == nullptr) throw nb::python_error();
+        const int64_t id = PyLong_AsLongLong(idx);
+        std::string key(reinterpret_cast<const char*>(&id), sizeof id);
+        key.append(reinterpret_cast<const char*>(f.data), size_t(threshold) * sizeof(int32_t));
+        if (!seen.insert(std::move(key)).second) dup.append(py::get(req, k.rid));
+    }
+    return dup;
+}
+
 }  // namespace
 
 void bind_compat_match(nb::module_& m, TreeRef tree_of) {
@@ -136,6 +174,8 @@ void bind_compat_match(nb::module_& m, TreeRef tree_of) {
         },
         "tree"_a, "reqs"_a, "namespace_id"_a,
         "A waiting queue's read-only matching in one call (see compat_match.hpp).");
+    m.def("compat_dedup", &compat_dedup, "reqs"_a, "device"_a, "check"_a, "threshold"_a,
+          "A waiting queue's SGLang-compat dedup in one call (see compat_match.hpp).");
 }
 
 }  // namespace radixsched

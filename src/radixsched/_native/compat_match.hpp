@@ -21,6 +21,10 @@ using TreeRef = Tree* (*)(nanobind::handle);
 // Also binds match_lens(tree, reqs, namespace_id) -> device lengths: the loop's read-only
 // branch (NativeRadixCache.match_len of each request's fill tokens in its namespace: no clock
 // tick, touch or split), setting num_matched_prefix_tokens = min(length, fill_len - 1).
+// And compat_dedup(reqs, device, check, threshold) -> rids: WaitingQueue.dedup under SGLang
+// compat (device: each request's device match; the candidates, those at most `check`; with
+// `threshold` <= 0 all of them, else every member of a (namespace, first `threshold` fill
+// tokens) group but its first, in list order).
 void bind_compat_match(nanobind::module_& m, TreeRef tree_of);
 
 }  // namespace radixsched

@@ -362,6 +362,16 @@ class FastWaitingQueue(WaitingQueue):
             rnd.tree_order = lambda: cache.dfs_weight_order_at(ends)
         return device
 
+    def dedup(self, device: list[int], rnd: Round, *, bounded: bool = False) -> frozenset[str]:
+        """The reference's dedup; under SGLang compat (a group's first member represents it)
+        in one native call over the native tree's queue (``compat_dedup``)."""
+        cfg, native = self.config, core()
+        check = cfg.in_batch_prefix_check_threshold
+        if not (cfg.sglang_compat and self.native_lens and native is not None and check >= 0):
+            return super().dedup(device, rnd, bounded=bounded)
+        threshold = cfg.in_batch_prefix_deprioritize_threshold
+        return frozenset(native.compat_dedup(self.reqs, device, check, threshold))
+
     def _dedup(self, rnd: Round) -> tuple[frozenset[str], list[Req]]:
         """The reference's dedup where the native one is off (the starvation bound picks
         representatives by the clock)."""
