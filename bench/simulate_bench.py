@@ -30,7 +30,8 @@ first ``--jobs 1`` run stores the trace's prompts and every later run maps them:
 ``--repeat 2`` or more, the fastest of each kind is a run with the prompts mapped.
 
 Run: ``.venv/bin/python bench/simulate_bench.py [--traces synthetic,shared-first-block,3x-shared]
-[--policies P,P|all] [--repeat N] [--lengths-only] [--together] [--json PATH]``. Without the full trace
+[--policies P,P|all] [--repeat N] [--lengths-only] [--together] [--compat sglang] [--json PATH]``
+(``--compat``: every cell's runs, both trees', with that ``simulate --compat``). Without the full trace
 (``/work/shared/data/mooncake/synthetic_trace.jsonl``, or ``--trace``) the 200-request sample in
 ``tests/data`` stands in, with a note: its numbers are not comparable with the goals.
 
@@ -213,8 +214,15 @@ def _run(
 
 
 def measure(
-    name: str, kind: str, path: Path, policy: str, repeat: int, baseline: Path | None = None
+    name: str,
+    kind: str,
+    path: Path,
+    policy: str,
+    repeat: int,
+    baseline: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Cell:
+    """One cell; ``extra``: more ``simulate`` flags for every run of it (both trees)."""
     walls, sims, cpus, base_walls, base_sims, base_cpus, rss = [], [], [], [], [], [], 0.0
     firsts: list[float] = []
     res: dict[str, object] = {}
@@ -222,19 +230,19 @@ def measure(
         for i in range(max(repeat, 1)):
             if baseline is not None:  # run as the measured tree is: its prompts stored, then mapped
                 base_cache = Path(d) / f"base{i}"
-                _run(kind, path, policy, Path(d), baseline, cache=base_cache)
+                _run(kind, path, policy, Path(d), baseline, extra, cache=base_cache)
                 base_wall, base_cpu, _, base_res = _run(
-                    kind, path, policy, Path(d), baseline, cache=base_cache
+                    kind, path, policy, Path(d), baseline, extra, cache=base_cache
                 )
                 shutil.rmtree(base_cache, ignore_errors=True)
                 base_walls.append(base_wall)
                 base_cpus.append(base_cpu)
                 base_sims.append(float(base_res.get("wall_s", 0.0)))  # type: ignore[arg-type]
             cache = Path(d) / f"cache{i}"  # empty: this run builds the prompts and stores them
-            first, _, first_peak, _ = _run(kind, path, policy, Path(d), cache=cache)
+            first, _, first_peak, _ = _run(kind, path, policy, Path(d), None, extra, cache=cache)
             firsts.append(first)
             rss = max(rss, first_peak)
-            wall, cpu, peak, res = _run(kind, path, policy, Path(d), cache=cache)  # maps them
+            wall, cpu, peak, res = _run(kind, path, policy, Path(d), None, extra, cache=cache)
             shutil.rmtree(cache, ignore_errors=True)
             walls.append(wall)
             cpus.append(cpu)
@@ -355,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", dest="json_path", type=Path, default=None)
     p.add_argument(
+        "--compat",
+        choices=("radixsched", "sglang"),
+        default=None,
+        help="run every cell with simulate --compat (sglang: SGLang 0.5.23's behaviour)",
+    )
+    p.add_argument(
         "--baseline",
         type=Path,
         default=None,
@@ -382,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             kind, path = traces[name]
             for policy in policies:
-                cell = measure(name, kind, path, policy, args.repeat, args.baseline)
+                extra = () if args.compat is None else ("--compat", args.compat)
+                cell = measure(name, kind, path, policy, args.repeat, args.baseline, extra)
                 cells.append(cell)
                 base = (
                     ""
