@@ -85,7 +85,8 @@ class FastWaitingQueue(WaitingQueue):
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
         self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
-        # SGLang-compat rounds match the whole list natively (a subclass's match_node: Python).
+        # The reference round's matching (SGLang compat; a capped policy's fallback) over the
+        # whole list natively, unless a subclass overrides the cache's match (then: its loop).
         self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
         self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
         self._core: Any = core() if self.fast else None
@@ -364,10 +365,10 @@ class FastWaitingQueue(WaitingQueue):
 
     def dedup(self, device: list[int], rnd: Round, *, bounded: bool = False) -> frozenset[str]:
         """The reference's dedup; under SGLang compat (a group's first member represents it)
-        in one native call over the native tree's queue (``compat_dedup``)."""
+        in one native call (``compat_dedup``: it reads the requests only, not the cache)."""
         cfg, native = self.config, core()
         check = cfg.in_batch_prefix_check_threshold
-        if not (cfg.sglang_compat and self.native_lens and native is not None and check >= 0):
+        if not (cfg.sglang_compat and native is not None and check >= 0):
             return super().dedup(device, rnd, bounded=bounded)
         threshold = cfg.in_batch_prefix_deprioritize_threshold
         return frozenset(native.compat_dedup(self.reqs, device, check, threshold))
