@@ -1,8 +1,8 @@
 # Two commands: `make run` and `make test`. Both create .venv here and install into it
 # idempotently (a stamp file records what was installed; a second run reuses it). The install
 # compiles the native core (src/radixsched/_native, C++17, through CMakeLists.txt): a C++
-# compiler and the Python headers are needed; cmake, ninja and nanobind come from PyPI. A change
-# to its sources reinstalls (rebuilds) at the next make run/test.
+# compiler and the Python headers are needed; cmake, ninja, nanobind and numpy's headers come
+# from PyPI. A change to its sources reinstalls (rebuilds) at the next make run/test.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -16,16 +16,14 @@ wheel, as its adapter calls it (``bench/sglang_rust_tree.py``: its ``match`` is 
 slots, ``collect_full_device_indices``; its ``match_len`` the walk alone, lengths and node ids;
 eviction not timed). ``--clock cpu`` times this thread's CPU time instead of wall time.
 
-Measured 2026-12-06 01:40-01:42 UTC, load average 2.2-3.9, median of 5 runs of each tree
-alternated in the same minutes (``--tree native`` at commit 23c314e; before: d7598f0):
-match_prefix 282.5k / 289.5k seq/s (622M / 635M tok/s) at page 1 / 16 (before: 231.1k /
-227.6k), match_len 380k / 388k (before: 314k / 306k), evict half 21.5 / 15.4 ms (before: 26.5 /
-19.3), insert 126k / 152k (before: 144k / 143k; page 1's gap is in the 2nd and 3rd repeats, which
-reuse the heap the previous repeat's tree freed; a first repeat in a fresh process, --repeat 1
---clock cpu, inserts 125-131k against 120-126k before). SGLang's Rust tree core in the same runs: walk 191.7k / 189.1k
-seq/s, walk + slots 110.3k / 107.3k, insert 75k / 74k. This tree's match_prefix (with slots) is
-2.6x / 2.7x the Rust core's walk + slots and 1.5x its bare walk. SGLang's Python tree (measured
-2026-11-30, not again): inserts 18.8k seq/s, matches 26.3k, evicts half in 62 ms.
+Measured 2026-12-06 09:51-10:04 UTC, load average 2.7-5.4, the three trees' runs alternated in
+the same minutes (``--tree native`` at commit a605db8; before: dab3a53): with ``--clock cpu``
+(median of 5) match_prefix 335k / 336k seq/s at page 1 / 16 (before: 297k / 300k), SGLang's
+Rust tree core's walk + slots 107k / 110k: 3.12x / 3.07x (before: 2.76x / 2.74x); on the wall
+clock (median of 10) 330k / 313k against 79k / 84k (4.2x / 3.7x; the load slowed the Rust core
+more). Insert (136k / 155k), match_len (375k / 380k) and evict half (18 / 12 ms) did not change.
+SGLang's Python tree (measured 2026-11-30, not again): inserts 18.8k seq/s, matches 26.3k,
+evicts half in 62 ms.
 """
 
 from __future__ import annotations

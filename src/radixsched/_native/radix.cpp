@@ -215,6 +215,58 @@ bool Tree::covers(const int32_t* tokens, int64_t avail, const Node& node) const 
     return avail >= k && std::memcmp(tokens, node.key.data(), k * sizeof(int32_t)) == 0;
 }
 
+namespace {
+
+// The lookup of the page after a node's key in that node's children (ChildIndex::get), started
+// a step at a time while the node's key is compared, each step reading only lines the step
+// before asked for: the page's tokens, then its home entry, then the child that entry names,
+// then the start of that child's key and slots. Cache hints only: nothing is written, and a
+// wrong guess (the node does not match, or the entry is another child's) costs a few lines.
+class Lookahead {
+public:
+    Lookahead(const int32_t* page, int64_t page_len, const ChildIndex& index)
+        : page_(page), len_(page_len), index_(index) {
+        if (page_) __builtin_prefetch(page_);
+    }
+    void step() {
+        switch (step_++) {
+            case 0:
+                if (!page_ || index_.size() == 0) return;
+                hash_ = ChildIndex::hash(page_, len_, 0);  // under a non-root node: no namespace
+                entry_ = index_.home(hash_);
+                __builtin_prefetch(entry_);
+                return;
+            case 1:
+                if (!entry_ || entry_->hash != hash_ || !entry_->node) return;
+                child_ = entry_->node;
+                for (size_t b = 0; b < sizeof(Node); b += 64)
+                    __builtin_prefetch(reinterpret_cast<const char*>(child_) + b);
+                return;
+            case 2: {  // the child's first 4 lines of key and of slots
+                if (!child_) return;
+                const int64_t n = child_->size();
+                for (int64_t j = 0; j < std::min<int64_t>(n, 64); j += 16)
+                    __builtin_prefetch(child_->key.data() + j);
+                for (int64_t j = 0; j < std::min<int64_t>(n, 32); j += 8)
+                    __builtin_prefetch(child_->value.data() + j);
+                return;
+            }
+            default: return;
+        }
+    }
+
+private:
+    const int32_t* page_;
+    int64_t len_;
+    const ChildIndex& index_;
+    int step_ = 0;
+    uint64_t hash_ = 0;
+    const ChildIndex::Entry* entry_ = nullptr;
+    const Node* child_ = nullptr;
+};
+
+}  // namespace
+
 bool Tree::covers_copy(const int32_t* tokens, int64_t avail, const Node& node,
                        int64_t* out) const {
     // In chunks, so that the reads of the query, the key and the slots overlap.
@@ -224,11 +276,13 @@ bool Tree::covers_copy(const int32_t* tokens, int64_t avail, const Node& node,
     const int32_t* key = node.key.data();
     const int64_t* value = node.value.data();
     prefetch_chunk(tokens, key, out ? value : nullptr, 0, k);
+    Lookahead next(avail - k >= page_ ? tokens + k : nullptr, page_, node.index);
     for (int64_t i = 0; i < k; i += kChunk) {
         const int64_t c = std::min(kChunk, k - i);
         prefetch_chunk(tokens, key, out ? value : nullptr, i + kChunk, k);
         if (std::memcmp(tokens + i, key + i, c * sizeof(int32_t)) != 0) return false;
         if (out) std::memcpy(out + i, value + i, c * sizeof(int64_t));
+        next.step();
     }
     return true;
 }

@@ -53,6 +53,10 @@ public:
     void remove(const Node& child);
     // A hint: asks for the cache line of `child`'s home entry (before a remove).
     void prefetch(const Node& child) const;
+    // The entry a lookup of a key hashing to `h` reads first (null while the table is empty).
+    const Entry* home(uint64_t h) const {
+        return table_.empty() ? nullptr : &table_[h & (table_.size() - 1)];
+    }
     size_t size() const { return size_; }
 
 private:
@@ -188,7 +192,9 @@ private:
     Node* find_child_ptr(Node& node, const int32_t* page, int32_t ns) const;
     int64_t mismatch(const int32_t* tokens, int64_t avail, const Node& node) const;
     bool covers(const int32_t* tokens, int64_t avail, const Node& node) const;
-    // covers(), copying the node's slots to `out` (when not null) as it compares.
+    // covers(), copying the node's slots to `out` (when not null) as it compares; while it
+    // compares, the lookup of the page after the node's key (if the query has one) in the
+    // node's children is started ahead (cache hints only).
     bool covers_copy(const int32_t* tokens, int64_t avail, const Node& node, int64_t* out) const;
     NodePtr split(Node& child, int64_t m, int64_t now);
     void touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priority,

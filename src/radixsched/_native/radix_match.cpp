@@ -3,6 +3,11 @@
 
 #include <nanobind/stl/shared_ptr.h>
 
+// numpy's C API, this file's own table (imported once, in numpy()): arrays are read and made
+// through it without the buffer protocol's and numpy.empty's argument handling.
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
 #include <cstring>
 #include <string>
 #include <utility>
@@ -16,20 +21,35 @@ namespace {
 // numpy's functions, looked up once and held for the life of the process (never released:
 // Python objects must not be touched after interpreter shutdown, when statics are destroyed).
 struct Numpy {
-    PyObject* empty;
     PyObject* ascontiguousarray;
     PyObject* int32;
-    PyObject* int64;
 };
 
 const Numpy& numpy() {
     static const Numpy np = [] {
+        if (_import_array() < 0) throw nb::python_error();
         nb::module_ m = nb::module_::import_("numpy");
-        return Numpy{m.attr("empty").inc_ref().ptr(), m.attr("ascontiguousarray").inc_ref().ptr(),
-                     m.attr("dtype")("int32").inc_ref().ptr(),
-                     m.attr("dtype")("int64").inc_ref().ptr()};
+        return Numpy{m.attr("ascontiguousarray").inc_ref().ptr(),
+                     m.attr("dtype")("int32").inc_ref().ptr()};
     }();
     return np;
+}
+
+// `obj` is a 1-d, aligned, contiguous numpy.ndarray (not a subclass) of native-order int32,
+// read in place: its data and length. Its first token's line is asked for at once, so that
+// that miss overlaps the length's (both are in blocks of their own, rarely in cache).
+bool plain_int32(PyObject* obj, const int32_t** data, Py_ssize_t* len) {
+    numpy();  // the C API table is imported
+    if (!PyArray_CheckExact(obj)) return false;
+    auto* a = reinterpret_cast<PyArrayObject*>(obj);
+    if (PyArray_TYPE(a) != NPY_INT32 || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
+        PyArray_NDIM(a) != 1)
+        return false;
+    *data = static_cast<const int32_t*>(PyArray_DATA(a));
+    __builtin_prefetch(*data);
+    if (PyArray_STRIDE(a, 0) != sizeof(int32_t) && PyArray_DIM(a, 0) > 1) return false;
+    *len = PyArray_DIM(a, 0);
+    return true;
 }
 
 // A buffer's format names a native-order 4-byte signed int.
@@ -39,17 +59,14 @@ bool int32_format(const char* f) {
     return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
 }
 
-// A new int64 numpy array of `n` slots and its writable data (valid while the array lives).
+// A new int64 numpy array of `n` slots (numpy.empty(n, numpy.int64)) and its writable data
+// (valid while the array lives).
 std::pair<nb::object, int64_t*> new_slots(int64_t n) {
-    nb::object len = nb::int_(n);
-    PyObject* args[] = {len.ptr(), numpy().int64};
-    nb::object arr = nb::steal(PyObject_Vectorcall(numpy().empty, args, 2, nullptr));
+    numpy();  // the C API table is imported
+    npy_intp dims[1] = {static_cast<npy_intp>(n)};
+    nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, NPY_INT64));
     if (!arr.is_valid()) throw nb::python_error();
-    Py_buffer out;
-    if (PyObject_GetBuffer(arr.ptr(), &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0)
-        throw nb::python_error();
-    auto* data = static_cast<int64_t*>(out.buf);
-    PyBuffer_Release(&out);  // numpy's buffer is the array's own memory
+    auto* data = static_cast<int64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr.ptr())));
     return {std::move(arr), data};
 }
 
@@ -98,6 +115,11 @@ MatchTypes& match_types() {
 }  // namespace
 
 TokenView::TokenView(nb::handle obj) {
+    Py_ssize_t len = 0;
+    if (plain_int32(obj.ptr(), &data_, &len)) {
+        size_ = len;
+        return;
+    }
     if (take(obj)) return;
     PyObject* args[] = {obj.ptr(), numpy().int32};
     copy_ = nb::steal(PyObject_Vectorcall(numpy().ascontiguousarray, args, 2, nullptr));
@@ -111,7 +133,11 @@ bool TokenView::take(nb::handle obj) {
         view_ = Py_buffer{};
         return false;
     }
-    if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) return true;
+    if (view_.ndim == 1 && view_.itemsize == 4 && int32_format(view_.format)) {
+        data_ = static_cast<const int32_t*>(view_.buf);
+        size_ = static_cast<int64_t>(view_.len / sizeof(int32_t));
+        return true;
+    }
     PyBuffer_Release(&view_);
     view_ = Py_buffer{};
     return false;
@@ -157,7 +183,9 @@ std::pair<PyObject*, PyObject*> key_items(nb::handle key, const char* who) {
 
 KeyParts key_parts(nb::handle key, const char* who) {
     const auto [tokens, nsobj] = key_items(key, who);
-    const Py_ssize_t len = PyObject_Size(tokens);
+    const int32_t* data = nullptr;
+    Py_ssize_t len = 0;
+    if (!plain_int32(tokens, &data, &len)) len = PyObject_Size(tokens);
     if (len < 0) throw nb::python_error();
     int32_t ns = 0;
     if (len > 0 && nsobj != Py_None) {  // (an empty key is never walked: no id asked)

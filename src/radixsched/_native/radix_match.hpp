@@ -1,6 +1,8 @@
 // The radix tree's hot match calls for Python (Tree.match_prefix / Tree.walk_node): tokens are
-// read through the buffer protocol and the matched slots are copied into one new numpy array
-// as the walk compares tokens, so that a match costs one native call and no intermediate copies.
+// read in place (a plain int32 array through numpy's C API, any other buffer through the buffer
+// protocol) and the matched slots are copied into one new numpy array (made through numpy's C
+// API) as the walk compares tokens, so that a match costs one native call and no intermediate
+// copies.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -11,9 +13,10 @@
 
 namespace radixsched {
 
-// Tokens read in place: a held buffer over an int32, 1-d, C-contiguous array (the input itself,
-// or its copy as numpy.ascontiguousarray(obj, dtype=int32) makes it); valid while it lives
-// (the buffer holds its array).
+// Tokens read in place: an int32, 1-d, contiguous numpy array's data (the input's: valid while
+// the caller holds it), or a held buffer over an int32, 1-d, C-contiguous array (the input
+// itself, or its copy as numpy.ascontiguousarray(obj, dtype=int32) makes it; the buffer holds
+// its array).
 class TokenView {
 public:
     explicit TokenView(nanobind::handle obj);
@@ -21,14 +24,16 @@ public:
     TokenView(const TokenView&) = delete;
     TokenView& operator=(const TokenView&) = delete;
 
-    const int32_t* data() const { return static_cast<const int32_t*>(view_.buf); }
-    int64_t size() const { return static_cast<int64_t>(view_.len / sizeof(int32_t)); }
+    const int32_t* data() const { return data_; }
+    int64_t size() const { return size_; }
 
 private:
     bool take(nanobind::handle obj);
 
     Py_buffer view_{};  // obj == nullptr while nothing is held (PyBuffer_Release ignores it)
     nanobind::object copy_;
+    const int32_t* data_ = nullptr;
+    int64_t size_ = 0;
 };
 
 // Tree::walk over `tokens` (any 1-d sequence of ints; int32 C-contiguous arrays are read in

@@ -97,6 +97,10 @@ class NativeRadixCache(BasePrefixCache):
         self.tree: Any = mod.Tree(page_size, self.eviction_policy, slru, disable, compat_sglang)
         mod.set_match_types(MatchResult, EMPTY_SLOTS, namespace_id)
         self._match: Callable[[CacheKey], MatchResult] = self.tree.match_key
+        if type(self).match_prefix is NativeRadixCache.match_prefix:
+            # Calls skip match_prefix's Python frame: the bound native method, which does all
+            # it does, shadows it on the instance (a subclass's own match_prefix is kept).
+            self.__dict__["match_prefix"] = self._match
         self._match_nodes: Callable[..., tuple[list[int], list[tuple[Any, int]] | None]] = (
             mod.match_nodes
         )
