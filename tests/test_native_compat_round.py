@@ -255,3 +255,34 @@ def test_fair_s_compat_round_is_its_radixsched_round_on_the_accelerated_path() -
         seen.append((rounds, [r.queue_entry_time for r in reqs], queue.fair.counters))
     assert seen[0] == seen[1]
     assert seen[1][0][0] == ["r1", "r2", "r0"]  # equal counters: the older head (b) first
+
+
+class _Watched(Req):
+    """A request whose ``prefix_len`` is a property (no slot): every write goes through it."""
+
+    @property  # type: ignore[override]
+    def prefix_len(self) -> int:
+        got: int = self.__dict__.get("_prefix", 0)
+        return got
+
+    @prefix_len.setter
+    def prefix_len(self, v: int) -> None:
+        self.__dict__.setdefault("writes", []).append(v)
+        self.__dict__["_prefix"] = v
+
+
+def test_attributes_that_are_not_plain_slots_go_through_python() -> None:
+    """The round writes a slot through its descriptor only where the type's attribute is one;
+    a subclass's property is called (and plain requests around it still match)."""
+    from radixsched.cache.native_radix import NativeRadixCache
+
+    cache = NativeRadixCache(None, compat_sglang=True)
+    cache.insert(CacheKey(np.asarray(BASE, dtype=np.int32)), np.arange(1, 9))
+    plain = [_req(i, ([*BASE[:3], 50 + i], [], None, None, 0.0)) for i in range(2)]
+    watched = _Watched("w", np.asarray([*BASE[:5], 60], dtype=np.int32))
+    reqs: list[Req] = [plain[0], watched, plain[1]]
+    mod: Any = core()
+    mod.compat_round(cache.tree, reqs, None, False, lambda ns: 1, False, 0, 0, 0)
+    assert watched.__dict__["writes"] == [0, 5]  # the dataclass's init, then the round's
+    assert [r.prefix_len for r in plain] == [3, 3]
+    assert [r.num_matched_prefix_tokens for r in reqs] == [3, 5, 3]
