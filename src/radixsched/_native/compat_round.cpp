@@ -78,22 +78,21 @@ int64_t id_of(nb::handle r) { return static_cast<int64_t>(reinterpret_cast<intpt
 // A tracked request's node matching from its memo (the match is current: the walk would end
 // there): Tree::touch_at where it ends does what the walk does to the tree (the same tick, the
 // same nodes touched, the same split) and gives the node the walk gives; the request's fields
-// set as compat::match_node sets them. `fill_len`: len(prompt_ids) + len(output_ids).
-compat::NodeMatch match_memo(Tree& tree, const Memo& memo, nb::handle req, int64_t fill_len) {
+// set as compat::match_node sets them. `matched`: min(memo.n, fill_len - 1).
+compat::NodeMatch match_memo(Tree& tree, const Memo& memo, nb::handle req, int64_t matched) {
     compat::Names& k = compat::names();
     const int64_t n = memo.n;  // read before the touch: its split re-points the memo
-    compat::NodeMatch m{WalkResult{nullptr, n}, nb::object(), nb::object(), 0};
+    compat::NodeMatch m{WalkResult{nullptr, n}, nb::object(), nb::object(), matched};
     m.walk.node = tree.touch_at(*memo.node, memo.full ? memo.node->size() : memo.offset);
     m.node = nb::cast(m.walk.node);
     m.length = nb::int_(n);
     k.prefix_len.set(req, m.length);
     k.last_node.set(req, m.node);
     k.host_hit_len.set(req, nb::int_(0));
-    m.matched = std::min(n, fill_len - 1);
-    if (n <= fill_len - 1)
+    if (matched == n)  // n <= fill_len - 1
         k.num_matched.set(req, m.length);
     else
-        k.num_matched.set(req, nb::int_(fill_len - 1));
+        k.num_matched.set(req, nb::int_(matched));
     return m;
 }
 
@@ -108,6 +107,7 @@ struct Matching {
     bool dedup;
     int64_t check;
     int64_t threshold;
+    int order;
     compat::DedupGroups groups;
     nb::list dup;
     std::vector<int32_t> joined;
@@ -129,13 +129,19 @@ Entry match_one(Matching& s, nb::object req) {
     compat::Fill f;
     compat::NodeMatch m;
     if (memo != nullptr) {
+        int64_t matched = 0;
         if (rec != nullptr) {
             f.n = rec->fill_len;
-        } else {
+            matched = std::min(memo->n, f.n - 1);
+        } else if (s.order == kSpf) {  // its key reads fill_len
             nb::object outs = k.output_ids.get(req);
             f.n = py::len_of(k.prompt_ids.get(req)) + py::len_of(outs);
+            matched = std::min(memo->n, f.n - 1);
+        } else {  // the matcher's capped match (the fill it was tracked with)
+            matched = s.matcher->prefill_match(id_of(req));
+            f.n = matched + 1;  // (not read: no key reads it)
         }
-        m = match_memo(s.tree, *memo, req, f.n);
+        m = match_memo(s.tree, *memo, req, matched);
     } else {
         prompt.emplace(k.prompt_ids.get(req));  // its buffer holds the array
         f = compat::fill_of(*prompt, req, s.joined);
@@ -239,8 +245,8 @@ nb::tuple compat_round(Tree& tree, Matcher* matcher, nb::list reqs, nb::handle k
     const CompatKeys* kept = keys.is_none() ? nullptr : nb::cast<const CompatKeys*>(keys);
     if (kept != nullptr && threshold > 0 && kept->width() != threshold)
         throw nb::value_error("compat_round: the kept keys' width is not the threshold");
-    Matching s{tree, matcher, kept, disabled, namespace_id, dedup, check, threshold,
-               compat::DedupGroups(threshold), nb::list(), {}};
+    Matching s{tree,      matcher, kept,  disabled, namespace_id, dedup, check,
+               threshold, order,   compat::DedupGroups(threshold), nb::list(), {}};
     const std::vector<Entry> entries = match_and_dedup(s, reqs);
     nb::list& dup = s.dup;
     nb::object deferred = nb::steal(PyFrozenSet_New(dup.ptr()));

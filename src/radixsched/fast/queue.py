@@ -100,7 +100,7 @@ class FastWaitingQueue(WaitingQueue):
         wants = Reads.MATCH in self.policy.reads
         tracks = (self.fast and wants) or self.compat_kind is not None
         self.matcher = NativeMatcher(cache) if tracks else None
-        if self.matcher is not None and self.compat_kind is not None:
+        if self.matcher is not None and self.compat_kind == COMPAT_SPF:  # its key, its dedup
             self.matcher.compat_keys_on(config.in_batch_prefix_deprioritize_threshold)
         reads = self.policy.reads_for(config)
         bounded = self.policy.bounded(config)
