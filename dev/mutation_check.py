@@ -574,6 +574,12 @@ MUTANTS = (
         "s.groups.duplicate_at(nb::none(), rec->head.data())",
     ),
     Mutant(
+        "compat-round-matcher-cap-ignored",
+        "_native/compat_round.cpp",
+        "            matched = s.matcher->prefill_match(id_of(req));\n",
+        "            matched = memo->n;\n",
+    ),
+    Mutant(
         "compat-round-kept-fill-len-ignored",
         "_native/compat_round.cpp",
         "            f.n = rec->fill_len;\n",
