@@ -113,9 +113,13 @@ def test_spf_sorts_by_deferred_then_work_then_entry_stably() -> None:
         ([*BASE[:3], 40], [], None, None, 2.0),  # work 1, the same entry as r2
         ([*BASE, 21], [], None, None, 3.0),  # r0's twin: kept after it (stable)
         ([50, 51, 52], [], None, None, 0.5),  # a miss: work 3
+        (BASE, [], None, None, 2.5),  # all cached: capped at 7, work 1
+        (BASE[:4], [], None, None, 0.0),  # all cached (inside a node): capped at 3, work 1
     ]
     got = _check("shortest-prefill-first", CACHED, specs, in_batch_prefix_check_threshold=-1)
-    assert got[0][0] == ["r3", "r0", "r4", "r1", "r2", "r5"]
+    assert got[0][0] == ["r7", "r3", "r6", "r0", "r4", "r1", "r2", "r5"]
+    matched = {f[0]: f[3] for f in got[0][2]}  # num_matched_prefix_tokens, by rid
+    assert (matched["r6"], matched["r7"]) == (7, 3)
     assert got[0][1] == (frozenset(), frozenset())
 
 
