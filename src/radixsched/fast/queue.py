@@ -93,6 +93,7 @@ class FastWaitingQueue(WaitingQueue):
         # whole list natively, unless a subclass overrides the cache's match (then: its loop).
         self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
         self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
+        self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
         # SGLang's compat round in one native call (compat_round's order; None: not native).
         self.compat_kind = self._compat_kind(self.policy)
         # Only a policy that reads matches needs them kept (the door's is one walk); a native
@@ -122,7 +123,6 @@ class FastWaitingQueue(WaitingQueue):
         self.engine = self._make_engine(reads) if self.fast and not bounded else None
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
-        self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
         self._core: Any = core() if self.fast else None
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
@@ -415,7 +415,9 @@ class FastWaitingQueue(WaitingQueue):
         native = isinstance(self.cache, NativeRadixCache) and core() is not None
         if not (cfg.sglang_compat and base.cache_aware and self.matches and native):
             return None
-        if not self.native_nodes:  # a subclass's match_node: called for each (its loop)
+        # A subclass's match_node (or touch_at, which admission would call for it from the
+        # matcher's memo): the reference round, each hook called as there.
+        if not (self.native_nodes and self.native_touch):
             return None
         pol = base.variant(cfg)
         if pol.key is spf_sglang and not cfg.enable_priority_scheduling:
