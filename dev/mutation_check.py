@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
     "tests/test_native_compat_match.py",
+    "tests/test_native_compat_round.py",
     "tests/test_decode_native.py",
     "tests/test_native_order.py",
     "tests/test_native_dfs_order.py",
@@ -527,8 +528,8 @@ MUTANTS = (
     Mutant(
         "compat-match-uncapped",
         "_native/compat_match.cpp",
-        "        if (total <= f.n - 1)\n",
-        "        if (true)\n",
+        "    if (total <= f.n - 1)\n",
+        "    if (true)\n",
     ),
     Mutant(
         "compat-match-drops-outputs",
@@ -545,8 +546,44 @@ MUTANTS = (
     Mutant(
         "compat-dedup-ignores-namespaces",
         "_native/compat_match.cpp",
-        "        std::string key(reinterpret_cast<const char*>(&id), sizeof id);\n",
-        "        std::string key;\n",
+        "        number = PyLong_AsLongLong(idx);\n",
+        "        number = -1;\n",
+    ),
+    Mutant(
+        "compat-round-memo-without-touch",
+        "_native/compat_round.cpp",
+        "    m.walk.node = tree.touch_at(*memo.node, memo.full ? memo.node->size() : memo.offset);\n",
+        "    m.walk.node = memo.node;\n",
+    ),
+    Mutant(
+        "compat-round-spf-ignores-entry-time",
+        "_native/compat_round.cpp",
+        "        return x.entry < y.entry;\n",
+        "        return false;\n",
+    ),
+    Mutant(
+        "compat-round-spf-deferred-not-last",
+        "_native/compat_round.cpp",
+        "        if (x.deferred != y.deferred) return x.deferred < y.deferred;\n",
+        "\n",
+    ),
+    Mutant(
+        "compat-round-kept-keys-ignore-namespaces",
+        "_native/compat_round.cpp",
+        "s.groups.duplicate_at(rec->ns, rec->head.data())",
+        "s.groups.duplicate_at(nb::none(), rec->head.data())",
+    ),
+    Mutant(
+        "compat-round-matcher-cap-ignored",
+        "_native/compat_round.cpp",
+        "            matched = s.matcher->prefill_match(id_of(req));\n",
+        "            matched = memo->n;\n",
+    ),
+    Mutant(
+        "compat-round-kept-fill-len-ignored",
+        "_native/compat_round.cpp",
+        "            f.n = rec->fill_len;\n",
+        "            f.n = rec->fill_len + 1;\n",
     ),
     Mutant(
         "touch-keys-walks-empty-keys",

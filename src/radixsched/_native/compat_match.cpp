@@ -4,15 +4,16 @@
 #include "compat_match.hpp"
 
 #include <nanobind/stl/shared_ptr.h>
+#include <structmember.h>  // PyMemberDef, PyMember_GetOne, PyMember_SetOne
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <string>
-#include <unordered_set>
+#include <cstring>
 #include <utility>
 #include <vector>
 
+#include "compat_fill.hpp"
 #include "py_attr.hpp"
 #include "radix.hpp"
 #include "radix_match.hpp"
@@ -21,34 +22,50 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace radixsched {
-namespace {
+namespace compat {
 
-// Interned attribute names, created once and never released (like adder.cpp's).
-struct Names {
-    PyObject *prompt_ids, *output_ids, *extra_key, *cache_salt, *prefix_len, *last_node,
-        *host_hit_len, *num_matched, *rid;
-};
-
-const Names& names() {
-    static const Names n{
-        PyUnicode_InternFromString("prompt_ids"),   PyUnicode_InternFromString("output_ids"),
-        PyUnicode_InternFromString("extra_key"),    PyUnicode_InternFromString("cache_salt"),
-        PyUnicode_InternFromString("prefix_len"),   PyUnicode_InternFromString("last_node"),
-        PyUnicode_InternFromString("host_hit_len"),
-        PyUnicode_InternFromString("num_matched_prefix_tokens"),
-        PyUnicode_InternFromString("rid")};
+Names& names() {
+    static Names n;  // never destroyed before Python's end matters: it holds no references
     return n;
 }
 
-// A request's fill tokens (Req.fill_ids()): the prompt read in place, or the prompt and the
-// outputs joined into `joined` (int32, as np.asarray(output_ids, dtype=np.int32) makes them).
-struct Fill {
-    const int32_t* data = nullptr;
-    int64_t n = 0;
-};
+PyMemberDef* Attr::member(PyTypeObject* t) {
+    if (t == type_ && tag_ != 0 && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
+        t->tp_version_tag == tag_)
+        return def_;
+    Py_INCREF(t);  // held: a freed type's address must not pass for it
+    Py_XDECREF(type_);
+    type_ = t;
+    tag_ = 0;
+    def_ = nullptr;
+    if (t->tp_getattro != PyObject_GenericGetAttr || t->tp_setattro != PyObject_GenericSetAttr)
+        return nullptr;
+    PyObject* d = _PyType_Lookup(t, name_);  // borrowed; gives t a version tag
+    if (d == nullptr || Py_TYPE(d) != &PyMemberDescr_Type) return nullptr;
+    PyMemberDef* def = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+    if (def->flags != 0 || !PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG)) return nullptr;
+    tag_ = t->tp_version_tag;
+    def_ = def;
+    return def_;
+}
+
+nb::object Attr::get(nb::handle o) {
+    PyMemberDef* def = member(Py_TYPE(o.ptr()));
+    if (def == nullptr) return py::get(o, name_);
+    PyObject* v = PyMember_GetOne(reinterpret_cast<const char*>(o.ptr()), def);
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+void Attr::set(nb::handle o, nb::handle v) {
+    PyMemberDef* def = member(Py_TYPE(o.ptr()));
+    if (def == nullptr) return py::set(o, name_, v);
+    if (PyMember_SetOne(reinterpret_cast<char*>(o.ptr()), def, v.ptr()) != 0)
+        throw nb::python_error();
+}
 
 Fill fill_of(const TokenView& prompt, nb::handle req, std::vector<int32_t>& joined) {
-    nb::object outs = py::get(req, names().output_ids);
+    nb::object outs = names().output_ids.get(req);
     const int64_t no = py::len_of(outs);
     const int64_t np = prompt.size();
     if (no == 0) return Fill{prompt.data(), np};
@@ -62,40 +79,120 @@ Fill fill_of(const TokenView& prompt, nb::handle req, std::vector<int32_t>& join
     return Fill{joined.data(), np + no};
 }
 
-// radixsched.native.namespace_id(req.namespace) (0 for the default namespace, None).
-int32_t ns_of(nb::handle req, nb::handle namespace_id) {
-    const Names& k = names();
-    nb::object extra = py::get(req, k.extra_key), salt = py::get(req, k.cache_salt);
-    if (extra.is_none() && salt.is_none()) return 0;
-    return nb::cast<int32_t>(namespace_id(nb::make_tuple(extra, salt)));
+nb::object namespace_of(nb::handle req) {
+    Names& k = names();
+    nb::object extra = k.extra_key.get(req), salt = k.cache_salt.get(req);
+    if (extra.is_none() && salt.is_none()) return nb::none();
+    return nb::make_tuple(extra, salt);
 }
+
+int32_t ns_of(nb::handle req, nb::handle namespace_id) {
+    nb::object ns = namespace_of(req);
+    return ns.is_none() ? 0 : nb::cast<int32_t>(namespace_id(ns));
+}
+
+NodeMatch match_node(Tree& tree, nb::handle req, const Fill& f, bool disabled,
+                     nb::handle namespace_id) {
+    Names& k = names();
+    NodeMatch m{WalkResult{tree.root(), 0}, nb::object(), nb::object(), 0};
+    if (!disabled && f.n > 0)  // NativeRadixCache.match_node's walk (ticks the clock)
+        m.walk = tree.walk_into(f.data, f.n, ns_of(req, namespace_id), nullptr);
+    m.node = nb::cast(m.walk.node);
+    m.length = nb::int_(m.walk.length);
+    k.prefix_len.set(req, m.length);
+    k.last_node.set(req, m.node);
+    k.host_hit_len.set(req, nb::int_(0));
+    const int64_t total = m.walk.length;  // + host_len, always 0 on the native tree
+    m.matched = std::min(total, f.n - 1);
+    if (total <= f.n - 1)
+        k.num_matched.set(req, m.length);
+    else
+        k.num_matched.set(req, nb::int_(f.n - 1));
+    return m;
+}
+
+bool DedupGroups::duplicate(nb::handle req, const Fill& f) {
+    if (f.n < width_) return false;  // not grouped
+    return duplicate_at(namespace_of(req), f.data);
+}
+
+bool DedupGroups::duplicate_at(nb::handle ns, const int32_t* head) {
+    int64_t number = -1;  // the default namespace (None)
+    if (!ns.is_none()) {  // (extra_key, cache_salt): numbered here by tuple equality
+        nb::object next = nb::int_(nb::len(ns_index_));
+        PyObject* idx = PyDict_SetDefault(ns_index_.ptr(), ns.ptr(), next.ptr());
+        if (idx == nullptr) throw nb::python_error();
+        number = PyLong_AsLongLong(idx);
+    }
+    return !add(number, head);
+}
+
+// A group key's hash: its namespace and up to 4 tokens from each end (equal keys hash alike;
+// the table compares whole keys).
+uint64_t key_hash(int64_t ns, const int32_t* tokens, int64_t width) {
+    uint64_t h = static_cast<uint64_t>(ns) * 0x9E3779B97F4A7C15ULL;
+    const int64_t head = std::min<int64_t>(width, 4);
+    const int64_t tail = std::max<int64_t>(head, width - 4);
+    auto mix = [&h](int32_t t) {
+        h ^= static_cast<uint32_t>(t);
+        h *= 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 29;
+    };
+    for (int64_t i = 0; i < head; ++i) mix(tokens[i]);
+    for (int64_t i = tail; i < width; ++i) mix(tokens[i]);
+    return h;
+}
+
+bool DedupGroups::add(int64_t ns, const int32_t* tokens) {
+    const size_t bytes = static_cast<size_t>(width_) * sizeof(int32_t);
+    const uint64_t h = key_hash(ns, tokens, width_);
+    if (2 * (ns_.size() + 1) > table_.size()) grow();
+    const size_t mask = table_.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const uint32_t slot = table_.at(i);
+        if (slot == 0) {
+            table_.at(i) = static_cast<uint32_t>(ns_.size() + 1);
+            ns_.push_back(ns);
+            hash_.push_back(h);
+            tokens_.insert(tokens_.end(), tokens, tokens + width_);
+            return true;
+        }
+        const size_t g = slot - 1;
+        if (hash_.at(g) == h && ns_.at(g) == ns &&
+            std::memcmp(tokens_.data() + g * static_cast<size_t>(width_), tokens, bytes) == 0)
+            return false;
+    }
+}
+
+void DedupGroups::grow() {
+    table_.assign(std::max<size_t>(64, 2 * table_.size()), 0);
+    const size_t mask = table_.size() - 1;
+    for (size_t g = 0; g < ns_.size(); ++g) {
+        size_t i = hash_.at(g) & mask;
+        while (table_.at(i) != 0) i = (i + 1) & mask;
+        table_.at(i) = static_cast<uint32_t>(g + 1);
+    }
+}
+
+}  // namespace compat
+
+namespace {
+
+using compat::Fill;
+using compat::Names;
+using compat::names;
 
 nb::tuple match_nodes(Tree& tree, nb::list reqs, bool want_ends, bool disabled,
                       nb::handle namespace_id) {
-    const Names& k = names();
     nb::list device, ends;
-    const nb::object zero = nb::int_(0);
     std::vector<int32_t> joined;
     for (size_t i = 0; i < nb::len(reqs); ++i) {  // as `for r in reqs` reads a list
         nb::object req = reqs[i];
-        const TokenView prompt(py::get(req, k.prompt_ids));  // its buffer holds the array
-        const Fill f = fill_of(prompt, req, joined);
-        WalkResult w{tree.root(), 0};
-        if (!disabled && f.n > 0) {  // NativeRadixCache.match_node's walk (ticks the clock)
-            const int32_t ns = ns_of(req, namespace_id);
-            w = tree.walk_into(f.data, f.n, ns, nullptr);
-        }
-        nb::object node = nb::cast(w.node), length = nb::int_(w.length);
-        py::set(req, k.prefix_len, length);
-        py::set(req, k.last_node, node);
-        py::set(req, k.host_hit_len, zero);
-        const int64_t total = w.length;  // + host_len, always 0 on the native tree
-        if (total <= f.n - 1)
-            py::set(req, k.num_matched, length);
-        else
-            py::set_int(req, k.num_matched, f.n - 1);
-        device.append(length);
-        if (want_ends) ends.append(nb::make_tuple(node, nb::int_(w.node->size())));
+        const TokenView prompt(names().prompt_ids.get(req));  // its buffer holds the array
+        const Fill f = compat::fill_of(prompt, req, joined);
+        const compat::NodeMatch m = compat::match_node(tree, req, f, disabled, namespace_id);
+        device.append(m.length);
+        if (want_ends) ends.append(nb::make_tuple(m.node, nb::int_(m.walk.node->size())));
     }
     return nb::make_tuple(device, want_ends ? nb::object(ends) : nb::none());
 }
@@ -103,19 +200,19 @@ nb::tuple match_nodes(Tree& tree, nb::list reqs, bool want_ends, bool disabled,
 // The reference loop's read-only branch (NativeRadixCache.match_len per request): no walk
 // side effect; num_matched_prefix_tokens = min(length, fill_len - 1) set on each.
 nb::list match_lens(Tree& tree, nb::list reqs, nb::handle namespace_id) {
-    const Names& k = names();
+    Names& k = names();
     nb::list device;
     std::vector<int32_t> joined;
     for (size_t i = 0; i < nb::len(reqs); ++i) {  // as `for r in reqs` reads a list
         nb::object req = reqs[i];
-        const TokenView prompt(py::get(req, k.prompt_ids));  // its buffer holds the array
-        const Fill f = fill_of(prompt, req, joined);
-        const int64_t n = tree.match_len(f.data, f.n, ns_of(req, namespace_id));
+        const TokenView prompt(k.prompt_ids.get(req));  // its buffer holds the array
+        const Fill f = compat::fill_of(prompt, req, joined);
+        const int64_t n = tree.match_len(f.data, f.n, compat::ns_of(req, namespace_id));
         nb::object length = nb::int_(n);
         if (n <= f.n - 1)
-            py::set(req, k.num_matched, length);
+            k.num_matched.set(req, length);
         else
-            py::set_int(req, k.num_matched, f.n - 1);
+            k.num_matched.set(req, nb::int_(f.n - 1));
         device.append(length);
     }
     return device;
@@ -126,32 +223,21 @@ nb::list match_lens(Tree& tree, nb::list reqs, nb::handle namespace_id) {
 // fill has `threshold` tokens are grouped by (namespace, those first tokens) and every member
 // but a group's first (in list order) is deferred. Their rids, in list order.
 nb::list compat_dedup(nb::list reqs, nb::list device, int64_t check, int64_t threshold) {
-    const Names& k = names();
+    Names& k = names();
     nb::list dup;
-    nb::dict ns_index;  // namespace (None or (extra_key, cache_salt)) -> its number here
-    std::unordered_set<std::string> seen;  // groups with a first member
+    compat::DedupGroups groups(threshold);
     std::vector<int32_t> joined;
     if (nb::len(device) != nb::len(reqs)) throw nb::value_error("one device length per request");
     for (size_t i = 0; i < nb::len(reqs); ++i) {
         if (nb::cast<int64_t>(device[i]) > check) continue;  // not a candidate
         nb::object req = reqs[i];
         if (threshold <= 0) {
-            dup.append(py::get(req, k.rid));
+            dup.append(k.rid.get(req));
             continue;
         }
-        const TokenView prompt(py::get(req, k.prompt_ids));
-        const Fill f = fill_of(prompt, req, joined);
-        if (f.n < threshold) continue;
-        nb::object extra = py::get(req, k.extra_key), salt = py::get(req, k.cache_salt);
-        nb::object ns = nb::none();  // Req.namespace
-        if (!extra.is_none() || !salt.is_none()) ns = nb::make_tuple(extra, salt);
-        const auto number = static_cast<int64_t>(nb::len(ns_index));
-        PyObject* idx = PyDict_SetDefault(ns_index.ptr(), ns.ptr(), nb::int_(number).ptr());
-        if (idx == nullptr) throw nb::python_error();
-        const int64_t id = PyLong_AsLongLong(idx);
-        std::string key(reinterpret_cast<const char*>(&id), sizeof id);
-        key.append(reinterpret_cast<const char*>(f.data), size_t(threshold) * sizeof(int32_t));
-        if (!seen.insert(std::move(key)).second) dup.append(py::get(req, k.rid));
+        const TokenView prompt(k.prompt_ids.get(req));
+        if (groups.duplicate(req, compat::fill_of(prompt, req, joined)))
+            dup.append(k.rid.get(req));
     }
     return dup;
 }

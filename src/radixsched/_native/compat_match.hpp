@@ -5,6 +5,8 @@
 
 #include <nanobind/nanobind.h>
 
+#include <utility>
+
 namespace radixsched {
 
 class Tree;
@@ -26,5 +28,11 @@ using TreeRef = Tree* (*)(nanobind::handle);
 // `threshold` <= 0 all of them, else every member of a (namespace, first `threshold` fill
 // tokens) group but its first, in list order).
 void bind_compat_match(nanobind::module_& m, TreeRef tree_of);
+
+// Binds compat_round: SGLang's whole compat round of spf or dfs-weight (compat_round.hpp);
+// `tree_of`: a Python Tree's native tree and the matcher listening to it (null: none).
+class Matcher;
+void bind_compat_round(nanobind::module_& m,
+                       std::pair<Tree*, Matcher*> (*tree_of)(nanobind::handle));
 
 }  // namespace radixsched

@@ -497,4 +497,8 @@ NB_MODULE(_core, m) {
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
     });
     radixsched::bind_compat_match(m, [](nb::handle h) -> Tree* { return &nb::cast<PyTree&>(h); });
+    radixsched::bind_compat_round(m, [](nb::handle h) {  // SGLang's compat round, the same
+        auto& t = nb::cast<PyTree&>(h);
+        return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());
+    });
 }

@@ -97,11 +97,19 @@ class NativeMatcher:
         self.dirty = _Dirty(tree)
         self.deferred: frozenset[str] = frozenset()  # the dedup's last verdict
         self._core = _native()
+        # What SGLang's compat round reads of each tracked request's fill (its length,
+        # namespace and first tokens: ``compat_keys_on``), kept with the memos; None: not kept.
+        self.keys: Any = None
 
     def dedup_on(self, check: int, width: int) -> None:
         """Keep the in-batch dedup of requests matching at most ``check`` tokens, grouped by
         their first ``width`` fill tokens (before any request is tracked)."""
         self._tree.dedup_on(check, width)
+
+    def compat_keys_on(self, width: int) -> None:
+        """Keep, for each tracked request, what ``compat_round`` reads of its fill (the compat
+        dedup's groups: its first ``width`` tokens), from its next track on."""
+        self.keys = self._core.CompatKeys(width)
 
     def dedup_round(self, afresh: bool) -> tuple[frozenset[str], list[Req]]:
         """The deferred rids (the reference dedup's answer for the tracked requests) and the
@@ -147,6 +155,8 @@ class NativeMatcher:
         self._fills[k] = fill
         self.reqs.pop(k, None)
         self.reqs[k] = r
+        if self.keys is not None:
+            self.keys.put(k, fill, r.namespace)
         got = self._tree.track(
             k, fill, namespace_id(r.namespace), r.queue_entry_time, r.arrival_time, r.rid
         )
@@ -155,6 +165,8 @@ class NativeMatcher:
     def untrack(self, r: Req) -> None:
         k = id(r)
         self._tree.untrack(k)
+        if self.keys is not None:
+            self.keys.drop(k)
         self._fills.pop(k, None)
         self.reqs.pop(k, None)
 

@@ -15,9 +15,13 @@ list is in sync with it (else the engines below order the list, decided per roun
   puts back at their places in arrival order (a retraction) take those places in a key
   policy's kept order; fcfs skips its sort while the list is known to be in entry order.
 
-Where an accelerator does not apply (``--compat sglang``, lpm's starvation bound, a clock-
-reading policy without an engine, a capped policy's fcfs rounds) the reference round runs,
-on matches the matcher keeps current. Membership changes come through the queue's own
+Under ``--compat sglang`` a policy whose compat round is its radixsched round (fair: no SGLang
+variant, read-only matching, no dedup) runs the rounds above; spf's and dfs-weight's compat
+rounds (SGLang's node matching of every request, its dedup, the order) run in one native call
+(``compat_round``, ``_native/compat_round.cpp``), each match a touch where the matcher's memo
+ends. Where an accelerator does not apply (any other compat round, lpm's starvation bound, a
+clock-reading policy without an engine, a capped policy's fcfs rounds) the reference round
+runs, on matches the matcher keeps current. Membership changes come through the queue's own
 methods, so the engines see every arrival and departure; a round checks (identity compares)
 that the list is what they describe and rebuilds when it is not.
 """
@@ -41,8 +45,17 @@ from radixsched.fast.orders import (
     KeyedEngine,
     RoutingKeyEngine,
 )
-from radixsched.native import core
-from radixsched.policies import FCFS, Policy, Reads, Round, fcfs_sglang, lpm
+from radixsched.native import core, namespace_id
+from radixsched.policies import (
+    FCFS,
+    Policy,
+    Reads,
+    Round,
+    dfs_weight_sglang,
+    fcfs_sglang,
+    lpm,
+    spf_sglang,
+)
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
 from radixsched.request import Req
 
@@ -55,8 +68,18 @@ ENGINES: dict[str, Any] = {
     "fair": FairEngine,
 }
 _KEYED_READS = Reads.MATCH | Reads.DEDUP
+COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp)
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
+
+
+def _compat_is_plain(pol: Policy) -> bool:
+    """Whether SGLang's compat round of ``pol`` is its radixsched round (so the accelerators
+    apply): no SGLang variant (the same order), no node matching (not cache-aware: its
+    matching is read-only there too), no dedup (compat defers none) and no queue cap (compat
+    caps at its own bound). Requeues differ, and ``requeue`` follows the reference there."""
+    reads_dedup = Reads.DEDUP in pol.reads
+    return pol.sglang is None and not (pol.cache_aware or pol.capped or reads_dedup)
 
 
 class FastWaitingQueue(WaitingQueue):
@@ -64,10 +87,22 @@ class FastWaitingQueue(WaitingQueue):
         super().__init__(config, cache)
         # Accelerated over the native tree only (any other cache: the reference's rounds).
         native = isinstance(cache, NativeRadixCache)
-        self.fast = not config.sglang_compat and native and self.matches
-        # Only a policy that reads matches needs them kept (the door's is one walk).
+        same = not config.sglang_compat or _compat_is_plain(self.policy)
+        self.fast = same and native and self.matches
+        # The reference round's matching (SGLang compat; a capped policy's fallback) over the
+        # whole list natively, unless a subclass overrides the cache's match (then: its loop).
+        self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
+        self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
+        self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
+        # SGLang's compat round in one native call (compat_round's order; None: not native).
+        self.compat_kind = self._compat_kind(self.policy)
+        # Only a policy that reads matches needs them kept (the door's is one walk); a native
+        # compat round reads them too (its node matching: a touch where each memo ends).
         wants = Reads.MATCH in self.policy.reads
-        self.matcher = NativeMatcher(cache) if self.fast and wants else None
+        tracks = (self.fast and wants) or self.compat_kind is not None
+        self.matcher = NativeMatcher(cache) if tracks else None
+        if self.matcher is not None and self.compat_kind == COMPAT_SPF:  # its key, its dedup
+            self.matcher.compat_keys_on(config.in_batch_prefix_deprioritize_threshold)
         reads = self.policy.reads_for(config)
         bounded = self.policy.bounded(config)
         check, width = (
@@ -76,7 +111,11 @@ class FastWaitingQueue(WaitingQueue):
         )
         # The native dedup (else: the reference's, as the starvation bound picks by the clock).
         self.native_dedup = (
-            self.matcher is not None and check >= 0 and not bounded and Reads.DEDUP in reads
+            self.fast
+            and self.matcher is not None
+            and check >= 0
+            and not bounded
+            and Reads.DEDUP in reads
         )
         if self.native_dedup:
             assert self.matcher is not None
@@ -84,11 +123,6 @@ class FastWaitingQueue(WaitingQueue):
         self.engine = self._make_engine(reads) if self.fast and not bounded else None
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
-        self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
-        # The reference round's matching (SGLang compat; a capped policy's fallback) over the
-        # whole list natively, unless a subclass overrides the cache's match (then: its loop).
-        self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
-        self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
         self._core: Any = core() if self.fast else None
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
@@ -313,7 +347,8 @@ class FastWaitingQueue(WaitingQueue):
             self._arrival_known = False  # the round's order may permute the list
         if not self.fast or base is not self.policy:
             self.synced = self.matched = False
-            return super().begin_round(running, processed_tokens, now)
+            compat = self._compat_round(base, running, processed_tokens, now)
+            return compat or super().begin_round(running, processed_tokens, now)
         deferred: frozenset[str] = frozenset()
         flipped: list[Req] = []
         if self.matcher is not None:  # the policy reads matches: the native round
@@ -346,6 +381,48 @@ class FastWaitingQueue(WaitingQueue):
             self._arrival_known = known  # the engine left the list as it stood
         self.refresh(order)
         return order
+
+    def _compat_round(
+        self, base: Policy, running: Sequence[Req], processed_tokens: int, now: float
+    ) -> RoundOrder | None:
+        """The reference's round under SGLang compat for a cache-aware policy whose order is
+        native (spf's sort, dfs-weight's tree order) in one native call (``compat_round``,
+        ``_native/compat_round.cpp``: its node matching, dedup and order); None elsewhere."""
+        kind = self.compat_kind
+        if kind is None or base is not self.policy:
+            return None
+        cfg, cache = self.config, self.cache
+        assert isinstance(cache, NativeRadixCache)
+        check = cfg.in_batch_prefix_check_threshold
+        dedup = Reads.DEDUP in base.reads_for(cfg) and check >= 0
+        threshold = cfg.in_batch_prefix_deprioritize_threshold
+        native: Any = core()
+        keys = None if self.matcher is None else self.matcher.keys
+        deferred, ordered = native.compat_round(
+            cache.tree, self.reqs, keys, cache.disabled, namespace_id, dedup, check, threshold, kind
+        )
+        self.deprioritized, self.deferred = deferred, frozenset()
+        if ordered:
+            return RoundOrder(self.reqs, iter(range(len(self.reqs))))
+        # A queue entry time Python compares unlike a double: the reference's sort.
+        rnd = Round(cfg, deferred, processed_tokens, now, running)
+        return RoundOrder(self.reqs, self.order(base.variant(cfg), rnd))
+
+    def _compat_kind(self, base: Policy) -> int | None:
+        """``compat_round``'s order for ``base``'s compat round (1: spf's sort, 2: dfs-weight's
+        tree order), or None where it does not apply (the reference round runs)."""
+        cfg = self.config
+        native = isinstance(self.cache, NativeRadixCache) and core() is not None
+        if not (cfg.sglang_compat and base.cache_aware and self.matches and native):
+            return None
+        # A subclass's match_node (or touch_at, which admission would call for it from the
+        # matcher's memo): the reference round, each hook called as there.
+        if not (self.native_nodes and self.native_touch):
+            return None
+        pol = base.variant(cfg)
+        if pol.key is spf_sglang and not cfg.enable_priority_scheduling:
+            return COMPAT_SPF
+        return COMPAT_DFS if pol.order is dfs_weight_sglang else None
 
     def match_all(self, rnd: Round, node_matching: bool, tree: bool) -> list[int]:
         """The reference's ``match_all``; over the native tree its node matching (SGLang compat)

@@ -1,0 +1,99 @@
+// What the SGLang-compat queue calls (compat_match.cpp, compat_round.cpp) read of a request
+// and do for each: its fill tokens, its namespace, and the reference loop's node matching of
+// one request (WaitingQueue.match_all's node-matching branch over NativeRadixCache).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "radix.hpp"
+#include "radix_match.hpp"
+
+namespace radixsched::compat {
+
+// One attribute of a request, read and written as getattr and setattr do it. Where the
+// object's type is the one this attribute last resolved, unchanged since (the same version
+// tag), with the generic attribute protocol, and the name resolves there to a plain member
+// descriptor (a __slots__ entry, no flags): through that descriptor's member, as its __get__ and
+// __set__ do (PyMember_GetOne, PyMember_SetOne), without the lookup; else PyObject_GetAttr and
+// PyObject_SetAttr. The name and the type are held for the life of the process.
+class Attr {
+public:
+    explicit Attr(const char* name) : name_(PyUnicode_InternFromString(name)) {}
+    nanobind::object get(nanobind::handle o);
+    void set(nanobind::handle o, nanobind::handle v);
+
+private:
+    PyMemberDef* member(PyTypeObject* t);
+
+    PyObject* name_;
+    PyTypeObject* type_ = nullptr;
+    unsigned int tag_ = 0;  // type_'s version tag when resolved (0: not resolved)
+    PyMemberDef* def_ = nullptr;
+};
+
+// The attributes these calls read and write, created once.
+struct Names {
+    Attr prompt_ids{"prompt_ids"}, output_ids{"output_ids"}, extra_key{"extra_key"},
+        cache_salt{"cache_salt"}, prefix_len{"prefix_len"}, last_node{"last_node"},
+        host_hit_len{"host_hit_len"}, num_matched{"num_matched_prefix_tokens"}, rid{"rid"},
+        queue_entry_time{"queue_entry_time"};
+};
+Names& names();
+
+// A request's fill tokens (Req.fill_ids()): the prompt read in place, or the prompt and the
+// outputs joined into `joined` (int32, as np.asarray(output_ids, dtype=np.int32) makes them).
+struct Fill {
+    const int32_t* data = nullptr;
+    int64_t n = 0;
+};
+Fill fill_of(const TokenView& prompt, nanobind::handle req, std::vector<int32_t>& joined);
+
+// radixsched.native.namespace_id(req.namespace) (0 for the default namespace, None).
+int32_t ns_of(nanobind::handle req, nanobind::handle namespace_id);
+
+// Req.namespace: None, or (extra_key, cache_salt).
+nanobind::object namespace_of(nanobind::handle req);
+
+// One request's node matching, as the reference loop does it: Tree::walk_into over its fill
+// (a disabled cache or an empty fill: (root, 0) without a walk, no clock tick), then
+// prefix_len = the length, last_node = the node, host_hit_len = 0 and
+// num_matched_prefix_tokens = min(length, fill_len - 1) set on it. `node` is the node's object.
+struct NodeMatch {
+    WalkResult walk;
+    nanobind::object node, length;
+    int64_t matched = 0;  // the num_matched_prefix_tokens set
+};
+NodeMatch match_node(Tree& tree, nanobind::handle req, const Fill& f, bool disabled,
+                     nanobind::handle namespace_id);
+
+// The compat dedup's groups (WaitingQueue.dedup under SGLang compat, threshold > 0): a
+// candidate whose fill has `width` tokens belongs to the group (its namespace, its first
+// `width` fill tokens); `duplicate` says whether that group had a member already (then it is
+// deferred; a group's first member, in list order, represents it).
+class DedupGroups {
+public:
+    explicit DedupGroups(int64_t width) : width_(width) {}
+    bool duplicate(nanobind::handle req, const Fill& f);
+    // The same for a candidate of namespace `ns` (Req.namespace) whose fill has at least
+    // `width` tokens, `head` its first ones.
+    bool duplicate_at(nanobind::handle ns, const int32_t* head);
+
+private:
+    bool add(int64_t ns, const int32_t* tokens);  // true: a new group
+    void grow();
+
+    int64_t width_;
+    nanobind::dict ns_index_;  // a namespace (extra_key, cache_salt) -> its number here
+    // The groups, in the order they were found: namespace number (-1: the default), hash, and
+    // first `width_` tokens (group after group); an open-addressing table of group + 1 (0:
+    // empty), at most half full.
+    std::vector<int64_t> ns_;
+    std::vector<uint64_t> hash_;
+    std::vector<int32_t> tokens_;
+    std::vector<uint32_t> table_;
+};
+
+}  // namespace radixsched::compat
