@@ -197,27 +197,6 @@ nb::tuple match_nodes(Tree& tree, nb::list reqs, bool want_ends, bool disabled,
     return nb::make_tuple(device, want_ends ? nb::object(ends) : nb::none());
 }
 
-// The reference loop's read-only branch (NativeRadixCache.match_len per request): no walk
-// side effect; num_matched_prefix_tokens = min(length, fill_len - 1) set on each.
-nb::list match_lens(Tree& tree, nb::list reqs, nb::handle namespace_id) {
-    Names& k = names();
-    nb::list device;
-    std::vector<int32_t> joined;
-    for (size_t i = 0; i < nb::len(reqs); ++i) {  // as `for r in reqs` reads a list
-        nb::object req = reqs[i];
-        const TokenView prompt(k.prompt_ids.get(req));  // its buffer holds the array
-        const Fill f = compat::fill_of(prompt, req, joined);
-        const int64_t n = tree.match_len(f.data, f.n, compat::ns_of(req, namespace_id));
-        nb::object length = nb::int_(n);
-        if (n <= f.n - 1)
-            k.num_matched.set(req, length);
-        else
-            k.num_matched.set(req, nb::int_(f.n - 1));
-        device.append(length);
-    }
-    return device;
-}
-
 // WaitingQueue.dedup under SGLang compat: the candidates are the requests whose device match
 // is at most `check`; with `threshold` <= 0 every candidate is deferred; else candidates whose
 // fill has `threshold` tokens are grouped by (namespace, those first tokens) and every member
@@ -253,13 +232,6 @@ void bind_compat_match(nb::module_& m, TreeRef tree_of) {
         },
         "tree"_a, "reqs"_a, "ends"_a, "disabled"_a, "namespace_id"_a,
         "A waiting queue's SGLang-compat matching in one call (see compat_match.hpp).");
-    m.def(
-        "match_lens",
-        [](nb::handle tree, nb::list reqs, nb::handle namespace_id) {
-            return match_lens(*resolve(tree), std::move(reqs), namespace_id);
-        },
-        "tree"_a, "reqs"_a, "namespace_id"_a,
-        "A waiting queue's read-only matching in one call (see compat_match.hpp).");
     m.def("compat_dedup", &compat_dedup, "reqs"_a, "device"_a, "check"_a, "threshold"_a,
           "A waiting queue's SGLang-compat dedup in one call (see compat_match.hpp).");
 }

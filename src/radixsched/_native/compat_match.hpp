@@ -20,10 +20,7 @@ using TreeRef = Tree* (*)(nanobind::handle);
 // namespace_id((extra_key, cache_salt))); a disabled cache or an empty key: (root, 0) without a
 // walk (no clock tick). Sets prefix_len = the length, last_node = the node, host_hit_len = 0,
 // num_matched_prefix_tokens = min(length, fill_len - 1); `ends`: also (node, len(node)) each.
-// Also binds match_lens(tree, reqs, namespace_id) -> device lengths: the loop's read-only
-// branch (NativeRadixCache.match_len of each request's fill tokens in its namespace: no clock
-// tick, touch or split), setting num_matched_prefix_tokens = min(length, fill_len - 1).
-// And compat_dedup(reqs, device, check, threshold) -> rids: WaitingQueue.dedup under SGLang
+// Also binds compat_dedup(reqs, device, check, threshold) -> rids: WaitingQueue.dedup under SGLang
 // compat (device: each request's device match; the candidates, those at most `check`; with
 // `threshold` <= 0 all of them, else every member of a (namespace, first `threshold` fill
 // tokens) group but its first, in list order).

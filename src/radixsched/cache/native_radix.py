@@ -104,7 +104,6 @@ class NativeRadixCache(BasePrefixCache):
         self._match_nodes: Callable[..., tuple[list[int], list[tuple[Any, int]] | None]] = (
             mod.match_nodes
         )
-        self._match_lens: Callable[..., list[int]] = mod.match_lens
         self.allocator = allocator
         self.page_size = page_size
         self.disabled = disable
@@ -189,13 +188,6 @@ class NativeRadixCache(BasePrefixCache):
         queue's ``match_all`` sets them. Returns the device lengths and, with ``ends``, each
         match's ``(last_node, len(last_node))`` (else None)."""
         return self._match_nodes(self.tree, reqs, ends, self.disabled, namespace_id)
-
-    def match_lens(self, reqs: list[Req]) -> list[int]:
-        """``match_len`` of every request's ``CacheKey(r.fill_ids(), r.namespace)``, in list
-        order, in one native call, each request's ``num_matched_prefix_tokens`` set (capped at
-        ``fill_len - 1``) as the reference queue's ``match_all`` sets it: the device lengths."""
-        lens: list[int] = self._match_lens(self.tree, reqs, namespace_id)
-        return lens
 
     def prefix_slots(self, node: Any, length: int, out: SlotArray | None = None) -> SlotArray:
         slots: SlotArray = self.tree.prefix_slots(node, length, out)

@@ -92,7 +92,6 @@ class FastWaitingQueue(WaitingQueue):
         # The reference round's matching (SGLang compat; a capped policy's fallback) over the
         # whole list natively, unless a subclass overrides the cache's match (then: its loop).
         self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
-        self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
         self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
         # SGLang's compat round in one native call (compat_round's order; None: not native).
         self.compat_kind = self._compat_kind(self.policy)
@@ -425,13 +424,11 @@ class FastWaitingQueue(WaitingQueue):
         return COMPAT_DFS if pol.order is dfs_weight_sglang else None
 
     def match_all(self, rnd: Round, node_matching: bool, tree: bool) -> list[int]:
-        """The reference's ``match_all``; over the native tree its node matching (SGLang compat)
-        and its read-only matching each in one native call (the same walks, fields and ends as
-        its loop)."""
+        """The reference's ``match_all``; over the native tree its node matching (SGLang compat:
+        lpm's and hrrn's rounds) in one native call (the same walks, fields and ends as its
+        loop). The read-only matching is the reference's: no built-in policy's accelerated
+        queue reaches it (fair's compat round is its accelerated round)."""
         cache = self.cache
-        if not node_matching and not tree and self.native_lens:
-            assert isinstance(cache, NativeRadixCache)
-            return cache.match_lens(self.reqs)
         if not (node_matching and self.native_nodes):
             return super().match_all(rnd, node_matching, tree)
         assert isinstance(cache, NativeRadixCache)
