@@ -91,3 +91,13 @@ def test_a_load_builds_the_same_prompts_natively(monkeypatch: pytest.MonkeyPatch
     assert [r.rid for r in native.requests] == [r.rid for r in numpy.requests]
     for a, b in zip(native.requests, numpy.requests, strict=True):
         assert np.array_equal(a.prompt_ids, b.prompt_ids)
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 5, 6, 7, 10, 11, 12, 13, 100, 1000, 128_000, 2**20 - 1])
+def test_every_remainder_is_exact(vocab: int) -> None:
+    # 4,096 tokens of padding and two blocks per vocabulary: remainders of every size, and
+    # (for divisors whose reciprocal rounds down, as 1/3's does) the quotients one short.
+    drafts = [_draft([], 4096, 1), _draft([3, 2**50], 4096, 2)]
+    got = _build(drafts, 1024, vocab, native=True)
+    want = _build(drafts, 1024, vocab, native=False)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
