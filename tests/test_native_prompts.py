@@ -20,7 +20,9 @@ from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
 
-pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built")
+needs_native = pytest.mark.skipif(
+    getattr(core(), "mooncake_prompt", None) is None, reason="no native prompt builder built"
+)
 
 
 def _draft(ids: list[int], n: int, line: int) -> _Draft:
@@ -40,6 +42,7 @@ def _build(drafts: Sequence[_Draft], block: int, vocab: int, native: bool) -> li
     return [c.prompt for c in copies]
 
 
+@needs_native
 @settings(max_examples=200, deadline=None)
 @given(
     block=st.integers(1, 40),
@@ -62,6 +65,7 @@ def test_native_prompts_match_numpy(block: int, vocab: int, reqs: list) -> None:
         assert np.array_equal(g, w)
 
 
+@needs_native
 def test_a_partial_last_block_and_padding() -> None:
     # 3 ids of 4 tokens for 10 tokens: two whole blocks, half the third; 2 ids: 8, then padding.
     cut, padded = _draft([5, 9, 2**40], 10, 3), _draft([5, 9], 10, 3)
@@ -71,6 +75,7 @@ def test_a_partial_last_block_and_padding() -> None:
     assert np.array_equal(got[0][:8], got[1][:8]) and not np.array_equal(got[0], got[1])
 
 
+@needs_native
 def test_a_bad_shape_is_refused_not_written() -> None:
     lib = core()
     assert lib is not None
@@ -83,6 +88,7 @@ def test_a_bad_shape_is_refused_not_written() -> None:
     assert not out.any()
 
 
+@needs_native
 def test_a_load_builds_the_same_prompts_natively(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
     native = load_workload(f"mooncake:{SAMPLE}", num_requests=60)
@@ -93,6 +99,7 @@ def test_a_load_builds_the_same_prompts_natively(monkeypatch: pytest.MonkeyPatch
         assert np.array_equal(a.prompt_ids, b.prompt_ids)
 
 
+@needs_native
 @pytest.mark.parametrize("vocab", [2, 3, 5, 6, 7, 10, 11, 12, 13, 100, 1000, 128_000, 2**20 - 1])
 def test_every_remainder_is_exact(vocab: int) -> None:
     # 4,096 tokens of padding and two blocks per vocabulary: remainders of every size, and
@@ -101,3 +108,17 @@ def test_every_remainder_is_exact(vocab: int) -> None:
     got = _build(drafts, 1024, vocab, native=True)
     want = _build(drafts, 1024, vocab, native=False)
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_an_extension_without_the_builder_falls_back_to_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import radixsched.native as native
+
+    monkeypatch.setattr(native, "core", lambda: object())  # an older build: no mooncake_prompt
+    assert traces._native_prompt(512, 128_000) is None
+    monkeypatch.setattr(native, "core", lambda: None)
+    assert traces._native_prompt(512, 128_000) is None
+    drafts = [_draft([1, 2], 700, 0)]
+    (prompt,) = _build(drafts, 512, 128_000, native=True)  # the numpy path, no native call
+    assert len(prompt) == 700 and prompt.dtype == np.int32

@@ -273,13 +273,14 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
 
 def _native_prompt(block: int, vocab: int) -> Callable[..., None] | None:
     """The native core's ``mooncake_prompt`` (``_native/prompts.hpp``), or None: no native
-    core, or a shape it does not take (the numpy path then raises or builds as before)."""
+    core (or one built before it), or a shape it does not take (the numpy path then raises
+    or builds as before)."""
     if not (block >= 1 and 1 <= vocab < 2**31):
         return None
     from radixsched.native import core
 
-    lib = core()
-    return None if lib is None else cast(Callable[..., None], lib.mooncake_prompt)
+    fn = getattr(core(), "mooncake_prompt", None)
+    return None if fn is None else cast(Callable[..., None], fn)
 
 
 def _prompt_buffer(d: _Draft) -> TokenArray:
