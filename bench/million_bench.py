@@ -28,30 +28,31 @@ the event loop's (the JSON's ``wall_s``), the rest (start, trace load, summary),
 Run: ``.venv/bin/python bench/million_bench.py [--requests 100000,1000000] [--policies lpm,fcfs]
 [--trace PATH] [--json PATH]``; ``--requests 25000`` for a quick run.
 
-Measured 2026-12-06 00:56-01:30 UTC on the project's CI kind (2 cores, 23 GB), shared: load
-average 4-14 during the runs (other sessions' tests), so wall times are 3-6x the CPU times;
-``python bench/million_bench.py --requests 100000,1000000 --policies lpm`` and
-``--requests 100000 --policies fcfs`` (simulate of commits 2785a36 and e0ce7ff):
+Measured 2026-12-06 09:58-10:11 UTC on the project's CI kind (2 cores, 23 GB), shared: load
+average 2.4-5.4 (other sessions' tests); ``--requests 100000 --policies lpm`` (then fcfs)
+alternately on simulate of commit 0755dd8 and of main's dab3a53, ``--requests 1000000
+--policies lpm`` once on 0755dd8 (the same results JSON as main's at 100k):
 
-=========  ======  =======  =======  ======  ======  ========  =====  =========
-requests   policy  wall s   loop s   rest s  CPU s   peak RSS  hit    peak queue
-=========  ======  =======  =======  ======  ======  ========  =====  =========
-100,000    lpm     155.9    134.2    21.8    49.8    974 MB    28.2%  10
-100,000    fcfs    313.9    279.8    34.2    50.1    982 MB    28.2%  11
-1,000,000  lpm     1,820.1  1,644.8  175.3   513.1   8,346 MB  28.2%  11
-=========  ======  =======  =======  ======  ======  ========  =====  =========
+=========  ======  =======  =====  =====  =====  =====  ========  =====  =========
+requests   policy  tree     wall   loop   rest   CPU s  peak RSS  hit    peak queue
+=========  ======  =======  =====  =====  =====  =====  ========  =====  =========
+100,000    lpm     main     51.9   43.5   8.4    36.2   963 MB    28.2%  10
+100,000    lpm     0755dd8  42.6   35.9   6.7    28.4   928 MB    28.2%  10
+100,000    lpm     main     54.0   46.4   7.7    36.1   960 MB    28.2%  10
+100,000    lpm     0755dd8  31.6   26.2   5.5    25.0   951 MB    28.2%  10
+100,000    fcfs    main     43.6   36.4   7.2    36.7   944 MB    28.2%  11
+100,000    fcfs    0755dd8  26.6   22.1   4.5    25.4   932 MB    28.2%  11
+1,000,000  lpm     0755dd8  345.8  293.2  52.6   260.8  7,940 MB  28.2%  11
+=========  ======  =======  =====  =====  =====  =====  ========  =====  =========
 
-The goal (1M requests in under a minute) is not met: 513 s of CPU for 1M requests (about 0.5 ms
-a request, the same per request as at 100k, so about 8.5 minutes on an idle VM), nine times
-the goal. Where it goes: the trace load is 26 s of CPU at 1M (measured alone: 1.96 GB peak
-while it parses; 2.6 s at 100k), the interpreter and imports under 1 s, and the event loop 90%
-of the wall time (cProfile on 8k requests: KV allocation and checkpoints, the decode jumps,
-the cost model, and about a tenth of the loop building prompts as requests arrive); the
-summary takes the rest. Memory grows with the trace still, at about 8 KB a request
-(before: 1,862 MB at 25k requests with every prompt built up front, about 75 KB a request;
-1,587 MB at 100k with prompts deferred but output lists kept): the trace's records and each
-request's two objects (the workload's and the run's), its token times (8 bytes a token, for
-the inter-token latencies), and at the end the summary's one array of every gap.
+The goal (1M requests in under a minute) is not met: 261 s of CPU for 1M requests (about
+0.26 ms a request), four times the goal. The prompts are written natively
+(``_native/prompts.cpp``, about 20 us a request) and the garbage collector stays out of the
+load and the loop (``sim/heap.py``); what is left is the scheduler's per-step Python (about
+three ``step`` calls a request; perf: 56% interpreter, 18% libc copies and malloc, 15% native).
+Memory still grows with the trace, at about 8 KB a request: the load's records, drafts and
+requests (1.8 KB), the run's copies (1.5 KB), each finished request's token times and objects
+(3.4 KB with the heap the allocator keeps), and at the end the summary's array of every gap.
 """
 
 from __future__ import annotations

@@ -46,18 +46,18 @@ def torch_one_thread() -> Iterator[None]:
 
 @pytest.fixture
 def built_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Records how many token blocks each Mooncake prompt build generates (one entry a call):
-    a test of prompt reuse counts the builds."""
+    """Records how many prompts each Mooncake prompt build writes (one entry a call, on the
+    numpy path and the native one alike): a test of prompt reuse counts the builds."""
     from radixsched.sim.workloads import traces
 
     built: list[int] = []
-    real = traces._block_table
+    real = traces._fill_mooncake
 
-    def counting(ids: Any, block: int, vocab: int) -> Any:
-        built.append(len(ids))
-        return real(ids, block, vocab)
+    def counting(drafts: Any, block: int, vocab: int) -> Any:
+        built.append(len(drafts))
+        return real(drafts, block, vocab)
 
-    monkeypatch.setattr(traces, "_block_table", counting)
+    monkeypatch.setattr(traces, "_fill_mooncake", counting)
     return built
 
 

@@ -25,3 +25,55 @@ def test_tune_heap_takes_effect_on_glibc() -> None:
 def test_tune_heap_is_a_no_op_off_linux(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "platform", "darwin")
     assert tune_heap() is False
+
+
+def test_paused_gc_pauses_and_restores_even_on_error() -> None:
+    import gc
+
+    from radixsched.sim.heap import paused_gc
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), paused_gc():
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()  # a caller's own pause stays
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_frozen_heap_freezes_then_thaws_but_keeps_a_callers_freeze() -> None:
+    import gc
+
+    from radixsched.sim.heap import frozen_heap
+
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_a_simulation_leaves_the_collector_as_it_found_it() -> None:
+    import gc
+    from pathlib import Path
+
+    from radixsched.config import SchedulerConfig
+    from radixsched.sim.simulate import simulate
+    from radixsched.sim.workloads.load import load_workload
+
+    sample = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
+    w = load_workload(f"mooncake:{sample}", num_requests=20)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    simulate(w, SchedulerConfig(schedule_policy="lpm"), optimal_hit_rate=0.0)
+    assert gc.isenabled() and gc.get_freeze_count() == 0

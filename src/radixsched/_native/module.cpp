@@ -26,6 +26,7 @@
 #include "matcher.hpp"
 #include "order.hpp"
 #include "prefill.hpp"
+#include "prompts.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
 #include "radix_match.hpp"
@@ -484,6 +485,7 @@ NB_MODULE(_core, m) {
     bind_decode(m);
     bind_prefill(m);
     radixsched::bind_chunks(m);
+    radixsched::bind_prompts(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());

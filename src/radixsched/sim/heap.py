@@ -12,12 +12,21 @@ Raising ``M_MMAP_THRESHOLD`` keeps such blocks in the heap, where freed ones are
 simulates: under the setting the load's thousands of prompt-sized arrays fault in more pages
 (3x-shared: 302k minor faults, against 195k). The library's ``simulate()`` never changes
 process-wide settings on its own.
+
+The cyclic garbage collector, for the length of one phase and restored after (these change no
+result: reference counting frees as ever): a load of a large trace creates several objects a
+request and no garbage cycle, yet each of the collector's full passes walks every object made
+so far (``paused_gc``: 9 passes, 0.9 s of a 100k-request load, none collecting anything); a
+run's loop starts with all of them alive (``frozen_heap``: left out of its passes).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
 MMAP_THRESHOLD_BYTES = 256 << 20  # blocks below this come from the heap
@@ -35,3 +44,31 @@ def tune_heap() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic collection inside the block (a bulk load: objects that all stay alive); the
+    collector's state is restored after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The objects alive when the block starts (a run's workload, requests and replicas) are
+    left out of the collector's passes inside it (``gc.freeze``) and handed back after
+    (``gc.unfreeze``); a cycle among them waits for the block's end. A caller's own frozen
+    heap stays frozen."""
+    thaw = gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if thaw:
+            gc.unfreeze()

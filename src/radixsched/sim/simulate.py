@@ -18,6 +18,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.sim.deploy.colocated import run_colocated
 from radixsched.sim.deploy.replicas import RunnerFactory
 from radixsched.sim.deploy.run import SimRun, client_requests
+from radixsched.sim.heap import frozen_heap, paused_gc
 from radixsched.sim.settings.simconfig import SimConfig
 
 
@@ -49,13 +50,18 @@ def simulate(
         from radixsched.sim.deploy.disagg import run_disaggregated as run
     else:
         run = run_colocated
-    return run(
-        client_requests(workload),
-        sched_cfg,
-        sim_cfg,
-        optimal_hit_rate=optimal_hit_rate,
-        on_progress=on_progress,
-        check_integrity=check_integrity,
-        accelerate=accelerate,
-        runner_factory=runner_factory,
-    )
+    # The workload's objects are left out of the collector's passes for the run, and the
+    # clients' copies made without any (sim.heap: a million requests are millions of objects).
+    with frozen_heap():
+        with paused_gc():
+            reqs = client_requests(workload)
+        return run(
+            reqs,
+            sched_cfg,
+            sim_cfg,
+            optimal_hit_rate=optimal_hit_rate,
+            on_progress=on_progress,
+            check_integrity=check_integrity,
+            accelerate=accelerate,
+            runner_factory=runner_factory,
+        )

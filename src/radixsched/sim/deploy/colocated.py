@@ -19,6 +19,7 @@ from radixsched.sim.deploy.closed_loop import run_closed_loop, shift_to_schedule
 from radixsched.sim.deploy.open_loop import run_open_loop
 from radixsched.sim.deploy.replicas import Replica, RunnerFactory, _build_replica
 from radixsched.sim.deploy.run import SimRun, assemble, end_run, replica_summary
+from radixsched.sim.heap import frozen_heap
 from radixsched.sim.settings.simconfig import SimConfig
 
 Progress = Callable[[int, int], None]
@@ -100,19 +101,20 @@ def run_colocated(
     router, series = _router(sched_cfg, sim_cfg), TimeSeries()
     started = time.perf_counter()
     lockstep = None
-    if gates is not None:
-        from radixsched.sim.deploy.lockstep import run_lockstep
+    with frozen_heap():
+        if gates is not None:
+            from radixsched.sim.deploy.lockstep import run_lockstep
 
-        args = (replicas, gates, reqs, router, sim_cfg, series, on_progress, check_integrity)
-        lockstep = run_lockstep(*args)
-    elif closed:
-        clients = int(sim_cfg.max_concurrency or 1)
-        sends = run_closed_loop(
-            replicas, reqs, router, series, on_progress, check_integrity,
-            max_concurrency=clients, latency_s=latency, serial_s=serial,
-        )  # fmt: skip
-    else:
-        run_open_loop(replicas, reqs, router, series, on_progress, check_integrity)
+            args = (replicas, gates, reqs, router, sim_cfg, series, on_progress, check_integrity)
+            lockstep = run_lockstep(*args)
+        elif closed:
+            clients = int(sim_cfg.max_concurrency or 1)
+            sends = run_closed_loop(
+                replicas, reqs, router, series, on_progress, check_integrity,
+                max_concurrency=clients, latency_s=latency, serial_s=serial,
+            )  # fmt: skip
+        else:
+            run_open_loop(replicas, reqs, router, series, on_progress, check_integrity)
     end_run(replicas, reqs, sends)
     extra: dict[str, Any] = {}
     if sim_cfg.dp > 1:

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.request import Req, SamplingParams
+from radixsched.sim.heap import paused_gc
 from radixsched.sim.workloads import prompt_cache
 from radixsched.sim.workloads.deferred import should_defer, stand_in
 from radixsched.sim.workloads.spec import (
@@ -116,6 +117,7 @@ class DraftMemo:
         return self._drafts
 
 
+@paused_gc()  # a large trace: millions of objects that all stay (sim.heap)
 def load_workload(
     spec: str,
     *,

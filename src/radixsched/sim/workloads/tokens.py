@@ -93,7 +93,7 @@ def _block_table(ids: npt.NDArray[np.int64], block: int, vocab: int) -> TokenArr
     return table
 
 
-@dataclass
+@dataclass(slots=True)  # one a trace line: a million of them
 class _Draft:
     """One request before arrival times and ids are assigned."""
 

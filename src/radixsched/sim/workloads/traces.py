@@ -8,7 +8,7 @@ import gzip
 import io
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, cast
@@ -20,6 +20,7 @@ from radixsched.request import TokenArray
 from radixsched.sim.workloads.tokens import (
     _INT64,
     _NO_TOKENS,
+    _SALT_BLOCK,
     _SALT_GROUP,
     _SALT_PAD,
     _SALT_UNIQUE,
@@ -174,7 +175,7 @@ def _opt_str(obj: dict[str, Any], name: str, where: str) -> str | None:
     return v
 
 
-@dataclass
+@dataclass(slots=True)  # one a trace line: a million of them
 class _MooncakeRecord:
     where: str
     timestamp_ms: float
@@ -243,7 +244,17 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
     table; the blocks only one prompt uses are generated a batch of requests at a time into
     its tail, so the table (the load's peak memory beside the prompts) holds the shared blocks
     and one batch's own. A block's tokens depend on its id only, a short id list's padding on
-    the request's line: the same prompts whichever requests are built together."""
+    the request's line: the same prompts whichever requests are built together. With the
+    native core each prompt is written in one pass instead (``_native_prompt``: the same
+    tokens, computed per position, no table)."""
+    native = _native_prompt(block, vocab)
+    if native is not None:
+        salt = _key(_SALT_BLOCK)
+        for d in drafts:
+            out = _prompt_buffer(d)
+            native(out, d.source.hash_ids, salt, _key(_SALT_PAD, d.session), block, vocab)
+            d.prompt = out
+        return
     records: list[_MooncakeRecord] = [d.source for d in drafts]
     distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
     shared = distinct[uses > 1]
@@ -258,6 +269,18 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
         for j, rows in zip(batch, _rows(recs, shared, table, vocab), strict=True):
             d = drafts[j]
             d.prompt = _gather(table, rows, _prompt_buffer(d), d.session, vocab)
+
+
+def _native_prompt(block: int, vocab: int) -> Callable[..., None] | None:
+    """The native core's ``mooncake_prompt`` (``_native/prompts.hpp``), or None: no native
+    core (or one built before it), or a shape it does not take (the numpy path then raises
+    or builds as before)."""
+    if not (block >= 1 and 1 <= vocab < 2**31):
+        return None
+    from radixsched.native import core
+
+    fn = getattr(core(), "mooncake_prompt", None)
+    return None if fn is None else cast(Callable[..., None], fn)
 
 
 def _prompt_buffer(d: _Draft) -> TokenArray:

@@ -1,0 +1,124 @@
+"""The native Mooncake prompt builder (``_native/prompts.hpp``) writes the tokens the numpy
+path writes (``traces._fill_mooncake``'s block table, gather and padding), for any block size,
+vocabulary, id list and prompt length; and a load builds the same prompts with it as without."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixsched.native import core
+from radixsched.sim.workloads import traces
+from radixsched.sim.workloads.load import load_workload
+from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft
+
+SAMPLE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
+
+needs_native = pytest.mark.skipif(
+    getattr(core(), "mooncake_prompt", None) is None, reason="no native prompt builder built"
+)
+
+
+def _draft(ids: list[int], n: int, line: int) -> _Draft:
+    rec = traces._MooncakeRecord("t:1", 0.0, n, 1, np.array(ids, dtype=np.int64))
+    return _Draft(_NO_TOKENS, 1, line, source=rec, length=n)
+
+
+def _build(drafts: Sequence[_Draft], block: int, vocab: int, native: bool) -> list[np.ndarray]:
+    copies = [dataclasses.replace(d, prompt=_NO_TOKENS) for d in drafts]
+    real = traces._native_prompt
+    try:
+        if not native:
+            traces._native_prompt = lambda b, v: None  # type: ignore[assignment]
+        traces._fill_mooncake(copies, block, vocab)
+    finally:
+        traces._native_prompt = real  # type: ignore[assignment]
+    return [c.prompt for c in copies]
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(
+    block=st.integers(1, 40),
+    vocab=st.sampled_from([1, 2, 7, 128_000, 1_000_003, 2**31 - 1]),
+    reqs=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 2**62), max_size=6), st.integers(1, 200), st.integers(0, 9)
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_native_prompts_match_numpy(block: int, vocab: int, reqs: list) -> None:
+    # Ids cut to the prompt's blocks as the reader cuts them, or shorter (padding follows).
+    drafts = [_draft(ids[: -(-n // block)], n, line) for ids, n, line in reqs]
+    got = _build(drafts, block, vocab, native=True)
+    want = _build(drafts, block, vocab, native=False)
+    for g, w, d in zip(got, want, drafts, strict=True):
+        assert g.dtype == np.int32 and len(g) == d.length
+        assert np.array_equal(g, w)
+
+
+@needs_native
+def test_a_partial_last_block_and_padding() -> None:
+    # 3 ids of 4 tokens for 10 tokens: two whole blocks, half the third; 2 ids: 8, then padding.
+    cut, padded = _draft([5, 9, 2**40], 10, 3), _draft([5, 9], 10, 3)
+    got = _build([cut, padded], 4, 128_000, native=True)
+    want = _build([cut, padded], 4, 128_000, native=False)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert np.array_equal(got[0][:8], got[1][:8]) and not np.array_equal(got[0], got[1])
+
+
+@needs_native
+def test_a_bad_shape_is_refused_not_written() -> None:
+    lib = core()
+    assert lib is not None
+    out = np.zeros(4, dtype=np.int32)
+    ids = np.zeros(1, dtype=np.int64)
+    with pytest.raises(ValueError):
+        lib.mooncake_prompt(out, ids, 0, 0, 0, 128_000)
+    with pytest.raises(ValueError):
+        lib.mooncake_prompt(out, ids, 0, 0, 4, 0)
+    assert not out.any()
+
+
+@needs_native
+def test_a_load_builds_the_same_prompts_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    native = load_workload(f"mooncake:{SAMPLE}", num_requests=60)
+    monkeypatch.setattr(traces, "_native_prompt", lambda b, v: None)
+    numpy = load_workload(f"mooncake:{SAMPLE}", num_requests=60)
+    assert [r.rid for r in native.requests] == [r.rid for r in numpy.requests]
+    for a, b in zip(native.requests, numpy.requests, strict=True):
+        assert np.array_equal(a.prompt_ids, b.prompt_ids)
+
+
+@needs_native
+@pytest.mark.parametrize("vocab", [2, 3, 5, 6, 7, 10, 11, 12, 13, 100, 1000, 128_000, 2**20 - 1])
+def test_every_remainder_is_exact(vocab: int) -> None:
+    # 4,096 tokens of padding and two blocks per vocabulary: remainders of every size, and
+    # (for divisors whose reciprocal rounds down, as 1/3's does) the quotients one short.
+    drafts = [_draft([], 4096, 1), _draft([3, 2**50], 4096, 2)]
+    got = _build(drafts, 1024, vocab, native=True)
+    want = _build(drafts, 1024, vocab, native=False)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_an_extension_without_the_builder_falls_back_to_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import radixsched.native as native
+
+    monkeypatch.setattr(native, "core", lambda: object())  # an older build: no mooncake_prompt
+    assert traces._native_prompt(512, 128_000) is None
+    monkeypatch.setattr(native, "core", lambda: None)
+    assert traces._native_prompt(512, 128_000) is None
+    drafts = [_draft([1, 2], 700, 0)]
+    (prompt,) = _build(drafts, 512, 128_000, native=True)  # the numpy path, no native call
+    assert len(prompt) == 700 and prompt.dtype == np.int32
