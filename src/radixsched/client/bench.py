@@ -39,13 +39,11 @@ timeout cuts a long generation; ``timeout_s`` bounds each wait for data (a stall
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import gc
 import json
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +62,7 @@ from radixsched.results.metrics import PolicyResult, summarize
 from radixsched.results.requests import SloTargets, failure_reasons
 from radixsched.results.writers import to_jsonable, write_document
 from radixsched.server.metrics import CACHED_PROMPT_TOKENS, PROMPT_TOKENS
+from radixsched.sim.heap import frozen_heap
 from radixsched.sim.workloads.load import Workload, load_workload, optimal_hit_rate
 
 MAX_ERRORS_KEPT = 20
@@ -555,19 +554,6 @@ def _as_finished_req(rec: RequestRecord) -> Req:
     return done
 
 
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Keep the garbage collector off the client's existing heap while it measures: a full
-    collection of a large process (a test runner's) took 100-180 ms, a stall that lands in the
-    latencies of every request in flight. What the run allocates is still collected."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> BenchResult:
     wl = workload or load_bench_workload(cfg)
     n = len(wl.requests)
@@ -590,6 +576,10 @@ async def run_bench(cfg: BenchConfig, workload: Workload | None = None) -> Bench
             async with sem:
                 await send_one(client, rec, t0, cfg.temperature, cfg.timeout_s)
 
+        # The collector off the client's existing heap while it measures: a full collection
+        # of a large process (a test runner's) took 100-180 ms, a stall in the latencies of
+        # every request in flight (what the run allocates is still collected).
+        gc.collect()
         with frozen_heap():
             t0 = time.perf_counter()
             await asyncio.gather(*(one(rec) for rec in records))
