@@ -244,19 +244,28 @@ def test_a_build_that_fails_leaves_no_file_and_the_next_load_builds(
     prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _copy(tmp_path)
-    real, calls = traces._gather, []
+    real_gather, real_native, calls = traces._gather, traces._native_prompt, []
 
-    def failing(*args: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 50:
-            raise MemoryError("out of memory")
-        return real(*args)
+    def failing(fn: Any) -> Any:  # the 50th prompt written, on either path, runs out of memory
+        def call(*args: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 50:
+                raise MemoryError("out of memory")
+            return fn(*args)
 
-    monkeypatch.setattr(traces, "_gather", failing)
+        return call
+
+    def native(block: int, vocab: int) -> Any:
+        fn = real_native(block, vocab)
+        return None if fn is None else failing(fn)
+
+    monkeypatch.setattr(traces, "_gather", failing(real_gather))
+    monkeypatch.setattr(traces, "_native_prompt", native)
     with pytest.raises(MemoryError):
         _load(path)
     assert not list(prompts_dir.iterdir())  # neither an entry nor a temporary file
-    monkeypatch.setattr(traces, "_gather", real)
+    monkeypatch.setattr(traces, "_gather", real_gather)
+    monkeypatch.setattr(traces, "_native_prompt", real_native)
     assert _load(path).prompts == "built, cached"
 
 

@@ -64,8 +64,13 @@ def frozen_heap() -> Iterator[None]:
     """The objects alive when the block starts (a run's workload, requests and replicas) are
     left out of the collector's passes inside it (``gc.freeze``) and handed back after
     (``gc.unfreeze``); a cycle among them waits for the block's end. A caller's own frozen
-    heap stays frozen."""
+    heap stays frozen. The outermost block collects first: garbage frozen with the heap would
+    outlive the run, and, handed back into the oldest generation, wait for a full pass that a
+    large heap makes rare (a process running simulation after simulation, as calibration does,
+    grew from 5.7 to 19 GB)."""
     thaw = gc.get_freeze_count() == 0
+    if thaw:
+        gc.collect()
     gc.freeze()
     try:
         yield
