@@ -185,6 +185,112 @@ class _MooncakeRecord:
 
 
 def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
+    out = _fast_mooncake_records(path, block)
+    if out is None:  # anything the fast reader does not take: the per-line checks decide
+        out = _checked_mooncake_records(path, block)
+    if not out:
+        raise WorkloadError(f"{path}: no requests")
+    t0 = min(r.timestamp_ms for r in out)
+    late = next((r for r in out if (r.timestamp_ms - t0) / 1e3 > MAX_ARRIVAL_S), None)
+    if late is not None:
+        raise _late(late.where, "timestamp", late.timestamp_ms, (late.timestamp_ms - t0) / 1e3)
+    return out
+
+
+class _Irregular(Exception):
+    """A line the fast Mooncake reader leaves to the checked one."""
+
+
+class _MooncakeColumns(NamedTuple):
+    """A Mooncake trace's lines as columns: line numbers, fields, and every line's whole
+    ``hash_ids`` list, the lists one after another."""
+
+    lines: list[int]
+    stamps: list[float]
+    inputs: list[int]
+    outputs: list[int]
+    counts: list[int]  # each line's len(hash_ids)
+    ids: list[int]
+
+
+def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | None:
+    """``_checked_mooncake_records``'s records, read with orjson and the hash ids checked in
+    one array; None where the trace has anything this reader does not take (then the checked
+    reader reads it again: the same records, or its error for the first bad line)."""
+    try:
+        import orjson
+    except ImportError:  # a declared dependency; without it the checked reader serves
+        return None
+    try:
+        cols = _mooncake_columns(path, orjson.loads)
+    except Exception:  # anything unexpected (bad JSON, a read error, ...): checked reader
+        return None
+    ids = _checked_ids(cols.ids)
+    if ids is None or not cols.lines:
+        return None
+    out, at, name = [], 0, str(path)
+    columns = (cols.lines, cols.stamps, cols.inputs, cols.outputs, cols.counts)
+    for i, ts, n, o, c in zip(*columns, strict=True):
+        used = min(c, -(-n // block))  # the ids the prompt uses: a view, as ids[: -(-n // block)]
+        out.append(_MooncakeRecord(f"{name}:{i}", ts, n, o, ids[at : at + used]))
+        at += c
+    return out
+
+
+def _mooncake_columns(path: Path, loads: Callable[[bytes], Any]) -> _MooncakeColumns:
+    """The trace's columns; ``_Irregular`` (or the decoder's error) at the first line that is
+    not plainly good: a JSON object with a timestamp that is an int or float >= 0, int
+    lengths in range and a list of hash ids (checked later, together). No ``true``/``false``
+    anywhere on the line: numpy would read a bool among the ids as an int."""
+    cols = _MooncakeColumns([], [], [], [], [], [])
+    for i, raw in _lines(path):
+        if not raw.strip():  # blank in ASCII, so blank for the checked reader too
+            continue
+        if b"true" in raw or b"false" in raw:
+            raise _Irregular
+        obj = loads(raw)
+        if type(obj) is not dict:
+            raise _Irregular
+        ts, n = obj["timestamp"], obj["input_length"]
+        o, h = obj["output_length"], obj["hash_ids"]
+        if type(n) is not int or type(o) is not int or type(h) is not list:
+            raise _Irregular
+        if not (0 < n <= MAX_PROMPT_TOKENS and o > 0):
+            raise _Irregular
+        if type(ts) is int:
+            ts = float(ts)  # orjson's ints fit 64 bits: no OverflowError
+        # orjson gives no inf or nan; -0.0 passes, as in _nonneg_number
+        if type(ts) is not float or not ts >= 0:
+            raise _Irregular
+        cols.lines.append(i)
+        cols.stamps.append(ts)
+        cols.inputs.append(n)
+        cols.outputs.append(o)
+        cols.counts.append(len(h))
+        cols.ids.extend(h)
+    return cols
+
+
+def _checked_ids(ids: list[int]) -> npt.NDArray[np.int64] | None:
+    """All lines' hash ids as one int64 array, or None unless every id is an int in
+    [0, 2^31) (what ``_int_list`` takes; floats, strings, nulls, lists or ints past 64 bits
+    among them give numpy another dtype or shape, or an error)."""
+    if not ids:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        arr = np.array(ids)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        return None
+    if int(arr.min()) < 0 or int(arr.max()) >= 2**31:
+        return None
+    return arr
+
+
+def _checked_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
+    """Every line checked field by field: the reference reader, whose first bad line's error
+    is the trace's error (the fast reader only ever takes traces this one accepts)."""
     out = []
     for where, obj in _json_lines(path):
         for name in ("timestamp", "input_length", "output_length", "hash_ids"):
@@ -195,12 +301,6 @@ def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
         o = _pos_int(obj, "output_length", where)
         ids = _int_list(obj, "hash_ids", where, nonempty=False).astype(np.int64)
         out.append(_MooncakeRecord(where, ts, n, o, ids[: -(-n // block)]))
-    if not out:
-        raise WorkloadError(f"{path}: no requests")
-    t0 = min(r.timestamp_ms for r in out)
-    late = next((r for r in out if (r.timestamp_ms - t0) / 1e3 > MAX_ARRIVAL_S), None)
-    if late is not None:
-        raise _late(late.where, "timestamp", late.timestamp_ms, (late.timestamp_ms - t0) / 1e3)
     return out
 
 

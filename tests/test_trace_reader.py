@@ -1,0 +1,217 @@
+"""The fast Mooncake reader (orjson, hash ids checked in one array) against the checked,
+line-by-line reader: the same records for every trace it takes, and for everything else the
+checked reader's records or its error, word for word."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixsched.sim.workloads import traces
+from radixsched.sim.workloads.tokens import MAX_PROMPT_TOKENS, WorkloadError
+
+DATA = Path(__file__).parent / "data"
+FULL_TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
+
+
+def _reference(path: Path, block: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """What the checked reader alone gives: its records, or its error's text."""
+    with monkeypatch.context() as m:
+        m.setattr(traces, "_fast_mooncake_records", lambda p, b: None)
+        return _outcome(path, block)
+
+
+def _outcome(path: Path, block: int) -> Any:
+    try:
+        recs = traces._mooncake_records(path, block)
+    except WorkloadError as exc:
+        return ("error", str(exc))
+    except ValueError as exc:  # the checked reader's crash on [1, [2]] (kept as it was)
+        return ("crash", type(exc).__name__, str(exc))
+    return [
+        (r.where, r.timestamp_ms.hex(), r.input_length, r.output_length, *_ids(r.hash_ids))
+        for r in recs
+    ]
+
+
+def _ids(ids: np.ndarray) -> tuple[Any, ...]:
+    return (ids.dtype, ids.tolist())
+
+
+def _line(ts: str, n: Any, o: Any, ids: Any, extra: str = "") -> str:
+    return (
+        f'{{"timestamp": {ts}, "input_length": {json.dumps(n)}, '
+        f'"output_length": {json.dumps(o)}, "hash_ids": {json.dumps(ids)}{extra}}}\n'
+    )
+
+
+def _write(tmp: Path, text: str | bytes, name: str = "t.jsonl") -> Path:
+    path = tmp / name
+    if isinstance(text, str):
+        text = text.encode()
+    if name.endswith(".gz"):
+        text = gzip.compress(text)
+    path.write_bytes(text)
+    return path
+
+
+GOOD = (
+    _line("0", 1000, 5, [0, 1])
+    + "\n  \t\n"  # blank lines are skipped
+    + _line("12.5", 513, 1, [2, 3, 4, 5], ', "extra": {"deep": [1.5, null, "x"]}')
+    + _line("-0.0", 600, 2, [])  # no ids: all padding; -0.0 is non-negative
+    + _line("1e3", 4, 3, [2**31 - 1])
+    + " "
+    + _line("7", MAX_PROMPT_TOKENS, 9, [0] * 3)
+)
+
+
+@pytest.mark.parametrize("name", ["t.jsonl", "t.jsonl.gz"])
+def test_fast_reader_takes_plain_traces_and_gives_the_checked_records(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path, GOOD, name)
+    assert traces._fast_mooncake_records(path, 512) is not None  # the fast path served
+    got = _outcome(path, 512)
+    assert got == _reference(path, 512, monkeypatch)
+    assert [r[0] for r in got] == [f"{path}:{i}" for i in (1, 4, 5, 6, 7)]
+    assert got[1][-1] == [2, 3]  # the ids the prompt uses: ceil(513 / 512)
+    assert got[2][1] == (-0.0).hex()
+
+
+def test_fast_reader_gives_the_full_trace_as_the_checked_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for path in (FULL_TRACE, DATA / "mooncake_sample.jsonl"):
+        if not path.exists():
+            continue
+        assert traces._fast_mooncake_records(path, 512) is not None
+        assert _outcome(path, 512) == _reference(path, 512, monkeypatch)
+
+
+BAD_LINES = [
+    '{"timestamp": 1, "input_length": 10, "output_length": 1}\n',  # missing hash_ids
+    '{"timestamp": 1, "input_length": null, "output_length": 1, "hash_ids": []}\n',
+    _line("1", 10, 1, [True, 1]),  # numpy would read this bool as 1: the checked reader takes it
+    _line("1", 10, 1, [True]),
+    _line("true", 10, 1, [1]),
+    _line("1", True, 1, [1]),
+    _line("1", 10, 1, [1.0]),
+    _line("1", 10, 1, [-1]),
+    _line("1", 10, 1, [2**31]),
+    _line("1", 10, 1, [2**63]),
+    _line("1", 10, 1, [2**64]),
+    _line("1", 10, 1, [[1]]),
+    _line("1", 10, 1, [1, [2]]),
+    _line("1", 10, 1, [None]),
+    _line("1", 10, 1, ["1"]),
+    _line("1", 10, 1, {"a": 1}),
+    _line("1", 0, 1, [1]),
+    _line("1", MAX_PROMPT_TOKENS + 1, 1, [1]),
+    _line("1", 10, 0, [1]),
+    _line("1", 10, 2**64, [1]),
+    _line("-1", 10, 1, [1]),
+    _line("-1e-300", 10, 1, [1]),
+    _line("1e400", 10, 1, [1]),
+    _line("NaN", 10, 1, [1]),
+    _line("Infinity", 10, 1, [1]),
+    _line('"5"', 10, 1, [1]),
+    _line("18446744073709551616", 10, 1, [1]),  # past 64 bits: orjson reads a float
+    _line("1" + "0" * 400, 10, 1, [1]),
+    _line("1e18", 10, 1, [1]),  # too late after the first request
+    "[1, 2]\n",
+    '"text"\n',
+    "not json\n",
+    '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1],}\n',
+    '{"timestamp": 1, "timestamp": 2, "input_length": 10, "output_length": 1, "hash_ids": []}\n',
+    '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [], "s": "\\ud800"}\n',
+    "\u3000\n",  # blank for str.strip, not for bytes.strip
+    "\ufeff" + _line("1", 10, 1, [1]),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_LINES)
+@pytest.mark.parametrize("at", [0, 1])
+def test_lines_the_fast_reader_declines_give_the_checked_readers_outcome(
+    tmp_path: Path, bad: str, at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [_line("0", 600, 1, [0, 1]), _line("3", 10, 1, [5])]
+    lines.insert(at + 1, bad)
+    path = _write(tmp_path, "".join(lines))
+    assert _outcome(path, 512) == _reference(path, 512, monkeypatch)
+
+
+def test_the_first_bad_line_is_reported_even_when_a_later_one_is_bad_too(
+    tmp_path: Path,
+) -> None:
+    text = _line("0", 10, 1, [1]) + _line("1", 10, 1, [-5]) + "{oops\n"
+    path = _write(tmp_path, text)
+    assert _outcome(path, 512) == (
+        "error",
+        f"{path}:2: field 'hash_ids': expected integers in [0, 2^31), got '[-5]'",
+    )
+    path = _write(tmp_path, b'{"timestamp": 0, "input_length": 9}\n\xff\n', "u.jsonl")
+    assert _outcome(path, 512) == ("error", f"{path}:1: missing field 'output_length'")
+
+
+def test_a_corrupt_gzip_tail_after_a_bad_line_reports_the_bad_line(tmp_path: Path) -> None:
+    body = _line("0", 10, 1, [-1]) + _line("1", 10, 1, [1]) * 20000
+    data = gzip.compress(body.encode())
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    got = _outcome(path, 512)
+    assert got == (
+        "error",
+        f"{path}:1: field 'hash_ids': expected integers in [0, 2^31), got '[-1]'",
+    )
+
+
+def test_without_orjson_the_checked_reader_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path, GOOD)
+    want = _outcome(path, 512)
+    monkeypatch.setitem(sys.modules, "orjson", None)  # import orjson now raises ImportError
+    assert traces._fast_mooncake_records(path, 512) is None
+    assert _outcome(path, 512) == want
+
+
+_NUMBER_TEXT = st.one_of(
+    st.integers(-5, 2**70).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.floats(min_value=0, max_value=1e12).map(lambda x: f"{x:.25e}"),
+    st.floats(min_value=0, max_value=1e6).map(lambda x: f"{x:.30f}"),
+    st.sampled_from(["true", "null", '"1"', "[]", "1e400", "-0", "0.0e-0"]),
+)
+_IDS = st.one_of(
+    st.lists(st.integers(0, 2**31 - 1), max_size=6),
+    st.lists(st.one_of(st.integers(-3, 2**65), st.booleans(), st.floats(0, 9)), max_size=4),
+)
+_LENGTH = st.one_of(st.integers(1, 5000), st.sampled_from([0, -1, True, 1.0, None, 2**64]))
+_ROW = st.tuples(_NUMBER_TEXT, _LENGTH, _LENGTH, _IDS)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.lists(_ROW, min_size=0, max_size=5), block=st.sampled_from([1, 16, 512]))
+def test_any_trace_reads_as_the_checked_reader_reads_it(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[Any], block: int
+) -> None:
+    tmp = tmp_path_factory.mktemp("trace")
+    path = _write(tmp, "".join(_line(ts, n, o, ids) for ts, n, o, ids in rows))
+    with pytest.MonkeyPatch.context() as m:
+        assert _outcome(path, block) == _reference(path, block, m)
+
+
+def test_fast_records_share_one_int64_array(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    recs = traces._fast_mooncake_records(path, 512)
+    assert recs is not None
+    assert all(r.hash_ids.dtype == np.int64 and r.hash_ids.flags.c_contiguous for r in recs)
