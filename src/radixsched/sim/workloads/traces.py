@@ -153,7 +153,10 @@ def _int_list(obj: dict[str, Any], name: str, where: str, *, nonempty: bool) -> 
     v = obj[name]
     if not isinstance(v, list) or (nonempty and not v):
         raise _bad(where, name, "a non-empty list of token ids" if nonempty else "a list", v)
-    arr = np.asarray(v) if v else np.zeros(0, dtype=np.int64)
+    try:
+        arr = np.asarray(v) if v else np.zeros(0, dtype=np.int64)
+    except (ValueError, TypeError):  # ragged, e.g. [1, [2]]
+        raise _bad(where, name, "a list of non-negative integers", _clip(v)) from None
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise _bad(where, name, "a list of non-negative integers", _clip(v))
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= 2**31):
