@@ -193,6 +193,9 @@ class FastScheduler(Scheduler):
         self.prefill_run = cast(Any, core()).PrefillRun(
             self.allocator, self.kv.cache.tree.evictable_size, self.capacity, self.kv.checkpoint
         )
+        # The pool's and the tree's counters, bound once (``_room`` runs several times a step).
+        self._free_size = self._pool.available_size
+        self._evictable_size = self.kv.cache.tree.evictable_size
 
     def _make_running(self) -> FastRunningBatch:
         return FastRunningBatch(bool(self.eos_ids), self.settle)
@@ -339,8 +342,11 @@ class FastScheduler(Scheduler):
             and self.policy.chunk_limit is None
         )
 
+    def _room(self) -> int:
+        return cast(int, self._free_size() + self._evictable_size())
+
     def step(self, horizon: float | None = None) -> StepOutcome | None:
-        if not self._fuses_chunks():
+        if self.chunked_req is None or not self._fuses_chunks():  # the first test: the common case
             return super().step(horizon)
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
         out = StepOutcome("extend", 0.0, 1, num_steps=0)
