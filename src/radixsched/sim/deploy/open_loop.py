@@ -78,8 +78,10 @@ def _run_one_replica(
     for i in range(n + 1):
         ta = reqs[i].arrival_time if i < n else math.inf
         horizon = None if i == n else ta
-        while not sched.is_idle and clock.now() < ta:
+        while not sched.is_idle:
             start = clock.now()
+            if not start < ta:
+                break
             out = sched.step(horizon)
             if check_integrity:
                 sched.check_integrity()
