@@ -254,6 +254,18 @@ def test_time_series_hit_rate_and_order() -> None:
     assert len(ts) == 3
     with pytest.raises(ValueError, match="back in time"):
         ts.append(1.5, 0, 0, 0.0, 30, 60)
+    assert len(ts) == 3  # the refused sample left nothing behind
+    assert [c.tolist() for c in ts.arrays()] == [
+        [0.0, 1.0, 2.0],
+        [3.0, 2.0, 0.0],
+        [0.0, 1.0, 2.0],
+        [0.0, 0.5, 0.25],
+        [0.0, 10.0, 30.0],
+        [0.0, 40.0, 60.0],
+    ]
+    kept = ts.arrays()
+    ts.append(2.0, 1, 1, 0.75, 31, 61)  # an equal time is fine; earlier arrays are copies
+    assert kept.t.tolist() == [0.0, 1.0, 2.0] and ts.arrays().kv_usage[-1] == 0.75
 
 
 def test_downsample_bounds_points_and_keeps_spikes() -> None:

@@ -193,6 +193,19 @@ class FastScheduler(Scheduler):
         self.prefill_run = cast(Any, core()).PrefillRun(
             self.allocator, self.kv.cache.tree.evictable_size, self.capacity, self.kv.checkpoint
         )
+        # The pool's and the tree's counters, bound once (``_room`` runs several times a step).
+        self._free_size = self._pool.available_size
+        self._evictable_size = self.kv.cache.tree.evictable_size
+        self._fusion = self._fuses_chunks()
+        # ``_native_step``'s tests that hold for the whole run (the KV manager's host tier, the
+        # frozen policy, the clock and the runner are set once); the runner's timer and
+        # stand-ins' recipe can change (a cost model or seed reassigned) and are asked each time.
+        self._native_steps = (
+            self.kv.host_tier is None
+            and not self.policy.charges_service
+            and type(self.clock) is VirtualClock
+            and self.runner.supports_multi_step
+        )
 
     def _make_running(self) -> FastRunningBatch:
         return FastRunningBatch(bool(self.eos_ids), self.settle)
@@ -306,11 +319,7 @@ class FastScheduler(Scheduler):
         """``_native_prefill``'s answer for a step whose entries produce no token (EOS ids
         then matter not): no host tier, no tenant to charge, virtual time, and a runner with
         native prefill times and tokens."""
-        if self.kv.host_tier is not None:
-            return None
-        if self.policy.charges_service or type(self.clock) is not VirtualClock:
-            return None
-        if not self.runner.supports_multi_step:
+        if not self._native_steps:
             return None
         runner = self.jumper
         cost, tokens = runner.native_prefill_cost(), runner.native_tokens()
@@ -328,10 +337,12 @@ class FastScheduler(Scheduler):
 
     # ---- middle chunks --------------------------------------------------------------------------
     def _fuses_chunks(self) -> bool:
+        """Whether a step that continues a chunked request may fuse its middle chunks: fixed
+        for the run (the config and the policy are frozen, the runner and the gate are set
+        once), so ``__init__`` asks it once (``_fusion``)."""
         cfg = self.config
         return (
-            self.chunked_req is not None
-            and self.gate_factory is None
+            self.gate_factory is None
             and self.runner.supports_multi_step
             and not cfg.enable_mixed_chunk
             and not cfg.enable_priority_preemption
@@ -339,8 +350,11 @@ class FastScheduler(Scheduler):
             and self.policy.chunk_limit is None
         )
 
+    def _room(self) -> int:
+        return cast(int, self._free_size() + self._evictable_size())
+
     def step(self, horizon: float | None = None) -> StepOutcome | None:
-        if not self._fuses_chunks():
+        if self.chunked_req is None or not self._fusion:
             return super().step(horizon)
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
         out = StepOutcome("extend", 0.0, 1, num_steps=0)

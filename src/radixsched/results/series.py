@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 from typing import NamedTuple
 
@@ -11,6 +12,8 @@ from radixsched.results.stats import FloatArray
 
 # Points a report chart gets per series; more would only bloat the HTML.
 REPORT_MAX_POINTS = 2000
+# Values a sample holds (``SeriesArrays``' fields, in order).
+_COLS = 6
 
 
 # ---- Time series ---------------------------------------------------------------------------------
@@ -36,19 +39,16 @@ class SeriesArrays(NamedTuple):
 class TimeSeries:
     """Scheduler state sampled by the driver; append-only, times non-decreasing.
 
-    Columns are ``array('d')`` buffers: O(1) append, 8 bytes a value (a million samples take
-    48 MB, not the ~200 MB of lists of floats); ``arrays()`` copies them into numpy once.
+    Samples are rows of ``_COLS`` values in one ``array('d')`` buffer: O(1) append in one call
+    (it runs once per scheduler step), 8 bytes a value (a million samples take 48 MB, not the
+    ~200 MB of lists of floats); ``arrays()`` copies the columns into numpy once.
     """
 
-    __slots__ = ("_cached", "_kv", "_prompt", "_queue", "_running", "_t")
+    __slots__ = ("_last", "_rows")
 
     def __init__(self) -> None:
-        self._t = array("d")
-        self._queue = array("d")
-        self._running = array("d")
-        self._kv = array("d")
-        self._cached = array("d")
-        self._prompt = array("d")
+        self._rows = array("d")
+        self._last = -math.inf  # the latest sample's time (invariant: _rows[-_COLS] if any)
 
     def append(
         self,
@@ -59,33 +59,20 @@ class TimeSeries:
         cumulative_cached_tokens: int,
         cumulative_prompt_tokens: int,
     ) -> None:
-        if self._t and t < self._t[-1]:
-            raise ValueError(f"time series must not go back in time: {t} after {self._t[-1]}")
-        self._t.append(t)
-        self._queue.append(queue_len)
-        self._running.append(running)
-        self._kv.append(kv_usage)
-        self._cached.append(cumulative_cached_tokens)
-        self._prompt.append(cumulative_prompt_tokens)
+        if t < self._last:
+            raise ValueError(f"time series must not go back in time: {t} after {self._last}")
+        self._last = t
+        self._rows.extend(
+            (t, queue_len, running, kv_usage, cumulative_cached_tokens, cumulative_prompt_tokens)
+        )
 
     def __len__(self) -> int:
-        return len(self._t)
+        return len(self._rows) // _COLS
 
     def arrays(self) -> SeriesArrays:
         # Copies, never views: a live view would pin the buffer and make the next append fail.
-        return SeriesArrays(
-            *(
-                np.array(col, dtype=np.float64)
-                for col in (
-                    self._t,
-                    self._queue,
-                    self._running,
-                    self._kv,
-                    self._cached,
-                    self._prompt,
-                )
-            )
-        )
+        rows = np.array(self._rows, dtype=np.float64).reshape(-1, _COLS)
+        return SeriesArrays(*(np.ascontiguousarray(rows[:, j]) for j in range(_COLS)))
 
     def downsampled(self, max_points: int = REPORT_MAX_POINTS) -> SeriesArrays:
         """At most ``max_points`` real samples, first and last always kept.

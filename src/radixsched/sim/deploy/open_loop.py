@@ -72,14 +72,16 @@ def _run_one_replica(
 ) -> None:
     """``run_open_loop`` for one replica without a router (the common case, kept lean: it
     runs once per scheduler step). Steps until the next arrival, then delivers it."""
-    sched, clock = rep.sched, rep.clock
+    sched, clock, append = rep.sched, rep.clock, series.append
     n = len(reqs)
     done = 0
     for i in range(n + 1):
         ta = reqs[i].arrival_time if i < n else math.inf
         horizon = None if i == n else ta
-        while not sched.is_idle and clock.now() < ta:
+        while not sched.is_idle:
             start = clock.now()
+            if not start < ta:
+                break
             out = sched.step(horizon)
             if check_integrity:
                 sched.check_integrity()
@@ -88,7 +90,15 @@ def _run_one_replica(
                     f"replica {rep.idx} has work but could not schedule it "
                     f"(waiting={len(sched.waiting)}, running={len(sched.running)})"
                 )
-            sample_series(series, start, (rep,))
+            st = sched.stats  # ``sample_series`` for one replica, inlined
+            append(
+                start,
+                len(sched.waiting),
+                sched.num_running(),
+                sched.kv_usage(),
+                st.cached_prompt_tokens,
+                st.prompt_tokens,
+            )
             if out.finished and on_progress is not None:
                 done += len(out.finished)
                 on_progress(done, n)
