@@ -1,8 +1,9 @@
 // See adder.hpp. The admission loop here is Scheduler._admit / _try_admit /
 // _recomputes_in_flight with FastScheduler.match_for_admission and PrefillAdder.add_one_req
 // (radixsched/scheduler.py, fast/scheduler.py, adder.py) for the common case the caller checked
-// (FastScheduler._native_admits): no SGLang compat, no priority preemption, no prefill gate, an
-// enabled cache, no host tier, hits in whole pages. It makes the same tree calls in the same
+// (fast/admit.py's covers): no priority preemption, no prefill gate, an enabled cache, no host
+// tier, hits in whole pages; SGLang compat's rounds too (its budgets, `cfg.compat`, and no
+// in-flight guard: the caller clears `guard`). It makes the same tree calls in the same
 // order (touch, walk, lock, unlock) and sets the same request fields.
 #include "adder.hpp"
 
@@ -42,9 +43,11 @@ Shape select(const Budget& b, const AdderConfig& c, int64_t room, int64_t cand, 
     const int64_t p = c.page;
     const int64_t input_tokens = ceil_page(cand, p);
     int64_t rem_chunk = b.rem_chunk_tokens;
-    if (b.has_chunk && b.n_admitted > 0) rem_chunk = std::min(rem_chunk, b.rem_input_tokens);
+    if (b.has_chunk && !c.compat && b.n_admitted > 0)
+        rem_chunk = std::min(rem_chunk, b.rem_input_tokens);
     const bool will_chunk = b.has_chunk && input_tokens > rem_chunk;
-    const int64_t first = will_chunk ? floor_page(rem_chunk, p) : cand;
+    // SGLang checks the whole request's tokens even where it chunks (compat).
+    const int64_t first = (will_chunk && !c.compat) ? floor_page(rem_chunk, p) : cand;
     const double total_tokens =
         (static_cast<double>(first) + max_new_check) + static_cast<double>(p);
     if (!(total_tokens < static_cast<double>(room) - b.total_offset))
@@ -326,11 +329,20 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
     if (cfg.prefill_max_requests >= 0 && b.n_admitted >= cfg.prefill_max_requests) {
         verdict = Verdict::Other;
     } else {
-        const bool ignore_eos = nb::cast<bool>(get(sampling, n.ignore_eos));
-        const double resv = reservation(cfg, std::max<int64_t>(max_new - out_len, 0), ignore_eos);
+        const int64_t remaining = std::max<int64_t>(max_new - out_len, 0);
+        // admission_reservation and add_one_req's max_new_check: SGLang's (compat) reserves the
+        // whole clipped max_new_tokens and checks the clipped remaining ones (an int there).
+        double resv = 0.0, check = 0.0;
+        if (cfg.compat) {
+            resv = static_cast<double>(std::min(max_new, cfg.clip_max_new_tokens));
+            check = static_cast<double>(std::min(remaining, cfg.clip_max_new_tokens));
+        } else {
+            resv = reservation(cfg, remaining, nb::cast<bool>(get(sampling, n.ignore_eos)));
+            check = resv;
+        }
         tree.inc_lock_ref(*last);  // the request's own prefix is not evictable during the checks
         const Shape sh = select(b, cfg, pool.available_size() + tree.evictable_size(),
-                                fill_len - s.prefix_len, s.prefix_len, resv, has_chunked_req);
+                                fill_len - s.prefix_len, s.prefix_len, check, has_chunked_req);
         if (sh.ok) {
             set_int(s.req, n.extend_end, s.prefix_len + sh.extend_len);
             set(s.req, n.lock_node, nb::cast(last));
@@ -432,6 +444,9 @@ void bind_budget(nb::class_<NativeAdder>& c) {
         .def_prop_rw(
             "exclusive_chunking", [](NativeAdder& a) { return a.cfg.exclusive_chunking; },
             [](NativeAdder& a, bool v) { a.cfg.exclusive_chunking = v; })
+        .def_prop_rw(
+            "compat", [](NativeAdder& a) { return a.cfg.compat; },
+            [](NativeAdder& a, bool v) { a.cfg.compat = v; })
         .def_prop_rw(
             "total_offset", [](NativeAdder& a) { return a.b.total_offset; },
             [](NativeAdder& a, double v) { a.b.total_offset = v; })

@@ -3,10 +3,14 @@ native call walks the round's order (the in-flight recompute guard, the admissio
 the matcher's memo, the adder's budgets, locks), reading ``order.position(i)`` exactly when the
 reference loop would (an order may draw random numbers and permute the list as it is read).
 
-It covers the common case (``covers``): no SGLang compat, no priority preemption, no prefill
-gate (delayer), an enabled cache (so no ignore-eos admission of a disabled cache), no host
-tier, hits in whole pages. Elsewhere the reference loop runs; decided per round from the
-config and the round's adder. Bit for bit the reference's admission: the same budgets (the same
+It covers the common case (``covers``): no priority preemption, no prefill gate (delayer), an
+enabled cache (so no ignore-eos admission of a disabled cache), no host tier, hits in whole
+pages, the native tree's own match and touch (no subclass hook the reference would call).
+SGLang compat's rounds too: its budgets (``Adder.compat``: the whole clipped ``max_new_tokens``
+reserved, no chunk cap by the input budget, the whole request checked against memory) and no
+in-flight recompute guard (SGLang's in-batch dedup is the queue's, in ``deferred``, read as
+the reference reads it). Elsewhere the reference loop runs; decided per round from the config
+and the round's adder. Bit for bit the reference's admission: the same budgets (the same
 floats), the same tree calls in the same order, the same request fields
 (tests/test_equivalence.py, tests/test_native_adder.py).
 """
@@ -46,15 +50,16 @@ class Admitting(Protocol):
 
 def covers(s: Admitting, adder: PrefillAdder) -> bool:
     """Whether the native loop does what the reference loop does for this round."""
-    cfg = s.config
+    cfg, q = s.config, s.queue
     return not (
-        cfg.sglang_compat
-        or cfg.enable_priority_preemption
+        cfg.enable_priority_preemption
         or adder.gate is not None
-        or adder.compat
+        or adder.compat != cfg.sglang_compat  # the native adder's is the config's
         or s.cache.disabled
         or s.kv.host_tier is not None
         or s.kv.hit_unit != s.page_size
+        or not (q.native_nodes and q.native_touch)
+        or (s.native_adder.guard and not q.native_lens)
     )
 
 
@@ -71,7 +76,8 @@ def native_adder(s: Admitting) -> Any:
     a.page = s.page_size
     a.clip_max_new_tokens = cfg.clip_max_new_tokens
     a.prefill_max_requests = -1 if cfg.prefill_max_requests is None else cfg.prefill_max_requests
-    a.guard = s.cache.supports_prefix_sharing()
+    a.compat = cfg.sglang_compat
+    a.guard = not cfg.sglang_compat and s.cache.supports_prefix_sharing()
     a.threshold = max(cfg.in_batch_prefix_deprioritize_threshold, 1)
     a.empty_slots = EMPTY_SLOTS
     a.ns_of = _namespace_of
