@@ -449,6 +449,12 @@ MUTANTS = (
         "    const int64_t first = will_chunk ? floor_page(rem_chunk, p) : cand;",
     ),
     Mutant(
+        "adder-preempts-nothing-once-full",
+        "_native/adder.cpp",
+        "            (batch_is_full && !preemption))\n",
+        "            batch_is_full)\n",
+    ),
+    Mutant(
         "adder-compat-reserves-discounted",
         "_native/adder.cpp",
         "        if (cfg.compat) {\n",

@@ -220,13 +220,49 @@ def test_covers_a_compat_round_but_not_a_hooked_cache() -> None:
     assert admission.covers(_stand_in(native_lens=False), adder)  # type: ignore[arg-type]
 
 
-def test_compat_leaves_priority_preemption_to_the_reference() -> None:
-    w = load_workload(
-        "shared-prefix:groups=2,prompts=6,system_len=200,question_len=30,output_len=8",
-        request_rate=60.0,
-    )
+@pytest.mark.parametrize("compat", ["sglang", None])
+def test_priority_preemption_goes_native_with_the_reference_schedule(compat: str | None) -> None:
+    """Two running low-priority requests fill the batch (two slots); a high-priority one
+    arrives and preempts one of them from inside the native loop (``_preempter``)."""
+
+    def req(rid: str, n: int, prio: int, at: float, out: int) -> Req:
+        tokens = np.arange(n, dtype=np.int32) + 1000 * len(rid) + ord(rid[0])
+        sp = SamplingParams(max_new_tokens=out)
+        return Req(rid, tokens, sp, arrival_time=at, priority=prio)
+
+    reqs = [req("a", 300, 0, 0.0, 200), req("b", 280, 0, 0.0, 200), req("c", 150, 50, 0.05, 8)]
+    reqs += [req("dd", 120, 5, 0.06, 8)]
+    w = Workload("explicit", {}, reqs, has_timestamps=True)
     sched = SchedulerConfig(
-        schedule_policy="fcfs", compat="sglang", enable_priority_scheduling=True
+        schedule_policy="fcfs",
+        compat=compat,
+        enable_priority_scheduling=True,
+        max_running_requests=2,
     )
-    seen = _both(w, sched, SimConfig(max_total_tokens=3000))
-    assert seen["native"] == 0 and seen["reference"] > 0
+    seen = _both(w, sched, SimConfig(max_total_tokens=4000))
+    assert seen["native"] > 0 and seen["reference"] == 0
+    run = simulate(copy.deepcopy(w), sched, SimConfig(max_total_tokens=4000), accelerate=True)
+    assert sum(r.preemption_count for r in run.requests) > 0
+
+
+def test_compat_reserves_the_whole_clipped_output() -> None:
+    """Eight requests of 100 prompt and 1,500 output tokens in 5,000 tokens of KV: SGLang's
+    admission reserves all 1,500 of each (radixsched's, the ratio's share), so the first
+    round admits fewer requests than radixsched's; natively as in the reference."""
+
+    def req(i: int) -> Req:
+        tokens = np.arange(100, dtype=np.int32) + 1000 * i
+        return Req(f"r{i}", tokens, SamplingParams(max_new_tokens=1500), arrival_time=0.0)
+
+    reqs = [req(i) for i in range(8)]
+    w = Workload("explicit", {}, reqs, has_timestamps=True)
+    sim = SimConfig(max_total_tokens=5000)
+    first = {}
+    for compat in ("sglang", None):
+        sched = SchedulerConfig(schedule_policy="fcfs", compat=compat)
+        seen = _both(copy.deepcopy(w), sched, sim)
+        assert seen["native"] > 0 and seen["reference"] == 0
+        run = simulate(copy.deepcopy(w), sched, sim, accelerate=True)
+        t0 = min(r.times.first_scheduled for r in run.requests)
+        first[compat] = sum(r.times.first_scheduled == t0 for r in run.requests)
+    assert first["sglang"] < first[None]

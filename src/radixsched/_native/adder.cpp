@@ -1,10 +1,11 @@
 // See adder.hpp. The admission loop here is Scheduler._admit / _try_admit /
 // _recomputes_in_flight with FastScheduler.match_for_admission and PrefillAdder.add_one_req
 // (radixsched/scheduler.py, fast/scheduler.py, adder.py) for the common case the caller checked
-// (fast/admit.py's covers): no priority preemption, no prefill gate, an enabled cache, no host
-// tier, hits in whole pages; SGLang compat's rounds too (its budgets, `cfg.compat`, and no
-// in-flight guard: the caller clears `guard`). It makes the same tree calls in the same
-// order (touch, walk, lock, unlock) and sets the same request fields.
+// (fast/admit.py's covers): no prefill gate, an enabled cache, no host tier, hits in whole
+// pages; SGLang compat's rounds too (its budgets, `cfg.compat`, and no in-flight guard: the
+// caller clears `guard`), and priority preemption (`preempt`: PrefillAdder.preempt_to_schedule,
+// called back where the batch is full). It makes the same tree calls in the same order (touch,
+// walk, lock, unlock) and sets the same request fields.
 #include "adder.hpp"
 
 #include <nanobind/ndarray.h>
@@ -177,6 +178,10 @@ public:
     nb::object ns_of;        // namespace id of a request (radixsched.native.namespace_id)
     nb::object admission;    // adder.Admission: an admitted request's record
     nb::object round_order;  // queue.RoundOrder: an order read in place (Positions)
+    // Priority preemption (None: off): preempt(req, admitted, total_offset) runs
+    // PrefillAdder.preempt_to_schedule for `req` with this round's admissions so far and the
+    // live budget, and returns (preempted, total_offset, running: the running batch not empty).
+    nb::object preempt;
 
     const Record& admission_record() {  // adder.Admission(req, prefix_len, extend_len, chunked)
         if (!admission_rec.valid() || !admission_cls.is(admission)) {
@@ -227,6 +232,7 @@ public:
                     nb::handle deferred, nb::list can_run);
 
 private:
+    bool preempt_for(Seen& s, size_t first_new);
     int32_t ns(Seen& s);
     bool recomputes(Tree& tree, Seen& s);
     bool try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, Verdict& verdict);
@@ -363,6 +369,19 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
     return ok;
 }
 
+// PrefillAdder.preempt_to_schedule through the Python callback: it reads the round's admitted
+// requests (members from `first_new`; the continued chunk is in the Python adder's list
+// already) and the total budget, and may release running requests (the pool and the tree are
+// read live here, so their memory counts at once).
+bool NativeAdder::preempt_for(Seen& s, size_t first_new) {
+    nb::list admitted;
+    for (size_t j = first_new; j < members.size(); ++j) admitted.append(members.at(j).req);
+    nb::tuple got = nb::cast<nb::tuple>(preempt(s.req, admitted, b.total_offset));
+    b.total_offset = nb::cast<double>(got[1]);
+    running = nb::cast<bool>(got[2]);
+    return nb::cast<bool>(got[0]);
+}
+
 // Scheduler._admit: the round's order read as the reference reads it (`order.position(i)` only
 // once the loop's checks pass: an order may draw random numbers and permute the list lazily).
 // The admitted requests then take their prefixes (KVManager.take_prefix: once the round's
@@ -378,9 +397,10 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
     nb::list positions;
     nb::object failed = nb::none();
     const size_t first_new = members.size();  // members before it: the continued chunk
+    const bool preemption = preempt.is_valid() && !preempt.is_none();
     for (int64_t i = 0;; ++i) {
         if (budget_state(b, pool.available_size() + tree->evictable_size()) == Verdict::Other ||
-            batch_is_full)
+            (batch_is_full && !preemption))
             break;
         nb::object pos = position.at(i);
         if (pos.is_none()) break;
@@ -393,10 +413,9 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
             if (got == 1) continue;
         }
         if (guard && recomputes(*tree, s)) continue;
-        if (b.n_admitted >= slots) {
-            batch_is_full = true;
-            break;
-        }
+        if (b.n_admitted >= slots) batch_is_full = true;
+        // A full batch admits only over running requests preempted for it (priority).
+        if (batch_is_full && (!preemption || !preempt_for(s, first_new))) break;
         Verdict verdict = Verdict::Continue;
         const bool chunked_before = b.has_new_chunked;
         if (try_admit(*tree, matcher, pool, s, verdict)) {
@@ -495,6 +514,7 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
         .def_rw("ns_of", &NativeAdder::ns_of)
         .def_rw("admission", &NativeAdder::admission)
         .def_rw("round_order", &NativeAdder::round_order)
+        .def_rw("preempt", &NativeAdder::preempt, nb::arg("preempt").none())
         .def("begin", &NativeAdder::begin, "new_token_ratio"_a, "total_offset"_a,
              "current_offset"_a, "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(),
              "n_admitted"_a, "has_new_chunked"_a, "exclusive_chunking"_a, "slots"_a,
