@@ -48,6 +48,7 @@ TESTS = (
     "tests/test_native_order.py",
     "tests/test_native_dfs_order.py",
     "tests/test_native_adder.py",
+    "tests/test_native_admit_compat.py",
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
     "tests/test_native_run.py",
@@ -432,8 +433,32 @@ MUTANTS = (
     Mutant(
         "adder-chunk-ignores-input-budget",
         "_native/adder.cpp",
-        "    if (b.has_chunk && b.n_admitted > 0) rem_chunk = std::min(rem_chunk, b.rem_input_tokens);",
-        "    if (b.has_chunk && b.n_admitted < 0) rem_chunk = std::min(rem_chunk, b.rem_input_tokens);",
+        "    if (b.has_chunk && !c.compat && b.n_admitted > 0)\n",
+        "    if (b.has_chunk && !c.compat && b.n_admitted < 0)\n",
+    ),
+    Mutant(
+        "adder-compat-chunk-cut-at-input-budget",
+        "_native/adder.cpp",
+        "    if (b.has_chunk && !c.compat && b.n_admitted > 0)\n",
+        "    if (b.has_chunk && b.n_admitted > 0)\n",
+    ),
+    Mutant(
+        "adder-compat-checks-first-chunk",
+        "_native/adder.cpp",
+        "    const int64_t first = (will_chunk && !c.compat) ? floor_page(rem_chunk, p) : cand;",
+        "    const int64_t first = will_chunk ? floor_page(rem_chunk, p) : cand;",
+    ),
+    Mutant(
+        "adder-preempts-nothing-once-full",
+        "_native/adder.cpp",
+        "            (batch_is_full && !preemption))\n",
+        "            batch_is_full)\n",
+    ),
+    Mutant(
+        "adder-compat-reserves-discounted",
+        "_native/adder.cpp",
+        "        if (cfg.compat) {\n",
+        "        if (false) {\n",
     ),
     Mutant(
         "adder-charge-forgets-page",

@@ -1,9 +1,11 @@
 // See adder.hpp. The admission loop here is Scheduler._admit / _try_admit /
 // _recomputes_in_flight with FastScheduler.match_for_admission and PrefillAdder.add_one_req
 // (radixsched/scheduler.py, fast/scheduler.py, adder.py) for the common case the caller checked
-// (FastScheduler._native_admits): no SGLang compat, no priority preemption, no prefill gate, an
-// enabled cache, no host tier, hits in whole pages. It makes the same tree calls in the same
-// order (touch, walk, lock, unlock) and sets the same request fields.
+// (fast/admit.py's covers): no prefill gate, an enabled cache, no host tier, hits in whole
+// pages; SGLang compat's rounds too (its budgets, `cfg.compat`, and no in-flight guard: the
+// caller clears `guard`), and priority preemption (`preempt`: PrefillAdder.preempt_to_schedule,
+// called back where the batch is full). It makes the same tree calls in the same order (touch,
+// walk, lock, unlock) and sets the same request fields.
 #include "adder.hpp"
 
 #include <nanobind/ndarray.h>
@@ -42,9 +44,11 @@ Shape select(const Budget& b, const AdderConfig& c, int64_t room, int64_t cand, 
     const int64_t p = c.page;
     const int64_t input_tokens = ceil_page(cand, p);
     int64_t rem_chunk = b.rem_chunk_tokens;
-    if (b.has_chunk && b.n_admitted > 0) rem_chunk = std::min(rem_chunk, b.rem_input_tokens);
+    if (b.has_chunk && !c.compat && b.n_admitted > 0)
+        rem_chunk = std::min(rem_chunk, b.rem_input_tokens);
     const bool will_chunk = b.has_chunk && input_tokens > rem_chunk;
-    const int64_t first = will_chunk ? floor_page(rem_chunk, p) : cand;
+    // SGLang checks the whole request's tokens even where it chunks (compat).
+    const int64_t first = (will_chunk && !c.compat) ? floor_page(rem_chunk, p) : cand;
     const double total_tokens =
         (static_cast<double>(first) + max_new_check) + static_cast<double>(p);
     if (!(total_tokens < static_cast<double>(room) - b.total_offset))
@@ -174,6 +178,10 @@ public:
     nb::object ns_of;        // namespace id of a request (radixsched.native.namespace_id)
     nb::object admission;    // adder.Admission: an admitted request's record
     nb::object round_order;  // queue.RoundOrder: an order read in place (Positions)
+    // Priority preemption (None: off): preempt(req, admitted, total_offset) runs
+    // PrefillAdder.preempt_to_schedule for `req` with this round's admissions so far and the
+    // live budget, and returns (preempted, total_offset, running: the running batch not empty).
+    nb::object preempt;
 
     const Record& admission_record() {  // adder.Admission(req, prefix_len, extend_len, chunked)
         if (!admission_rec.valid() || !admission_cls.is(admission)) {
@@ -224,6 +232,7 @@ public:
                     nb::handle deferred, nb::list can_run);
 
 private:
+    bool preempt_for(Seen& s, size_t first_new);
     int32_t ns(Seen& s);
     bool recomputes(Tree& tree, Seen& s);
     bool try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, Verdict& verdict);
@@ -326,11 +335,20 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
     if (cfg.prefill_max_requests >= 0 && b.n_admitted >= cfg.prefill_max_requests) {
         verdict = Verdict::Other;
     } else {
-        const bool ignore_eos = nb::cast<bool>(get(sampling, n.ignore_eos));
-        const double resv = reservation(cfg, std::max<int64_t>(max_new - out_len, 0), ignore_eos);
+        const int64_t remaining = std::max<int64_t>(max_new - out_len, 0);
+        // admission_reservation and add_one_req's max_new_check: SGLang's (compat) reserves the
+        // whole clipped max_new_tokens and checks the clipped remaining ones (an int there).
+        double resv = 0.0, check = 0.0;
+        if (cfg.compat) {
+            resv = static_cast<double>(std::min(max_new, cfg.clip_max_new_tokens));
+            check = static_cast<double>(std::min(remaining, cfg.clip_max_new_tokens));
+        } else {
+            resv = reservation(cfg, remaining, nb::cast<bool>(get(sampling, n.ignore_eos)));
+            check = resv;
+        }
         tree.inc_lock_ref(*last);  // the request's own prefix is not evictable during the checks
         const Shape sh = select(b, cfg, pool.available_size() + tree.evictable_size(),
-                                fill_len - s.prefix_len, s.prefix_len, resv, has_chunked_req);
+                                fill_len - s.prefix_len, s.prefix_len, check, has_chunked_req);
         if (sh.ok) {
             set_int(s.req, n.extend_end, s.prefix_len + sh.extend_len);
             set(s.req, n.lock_node, nb::cast(last));
@@ -351,6 +369,19 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
     return ok;
 }
 
+// PrefillAdder.preempt_to_schedule through the Python callback: it reads the round's admitted
+// requests (members from `first_new`; the continued chunk is in the Python adder's list
+// already) and the total budget, and may release running requests (the pool and the tree are
+// read live here, so their memory counts at once).
+bool NativeAdder::preempt_for(Seen& s, size_t first_new) {
+    nb::list admitted;
+    for (size_t j = first_new; j < members.size(); ++j) admitted.append(members.at(j).req);
+    nb::tuple got = nb::cast<nb::tuple>(preempt(s.req, admitted, b.total_offset));
+    b.total_offset = nb::cast<double>(got[1]);
+    running = nb::cast<bool>(got[2]);
+    return nb::cast<bool>(got[0]);
+}
+
 // Scheduler._admit: the round's order read as the reference reads it (`order.position(i)` only
 // once the loop's checks pass: an order may draw random numbers and permute the list lazily).
 // The admitted requests then take their prefixes (KVManager.take_prefix: once the round's
@@ -366,9 +397,10 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
     nb::list positions;
     nb::object failed = nb::none();
     const size_t first_new = members.size();  // members before it: the continued chunk
+    const bool preemption = preempt.is_valid() && !preempt.is_none();
     for (int64_t i = 0;; ++i) {
         if (budget_state(b, pool.available_size() + tree->evictable_size()) == Verdict::Other ||
-            batch_is_full)
+            (batch_is_full && !preemption))
             break;
         nb::object pos = position.at(i);
         if (pos.is_none()) break;
@@ -381,10 +413,9 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
             if (got == 1) continue;
         }
         if (guard && recomputes(*tree, s)) continue;
-        if (b.n_admitted >= slots) {
-            batch_is_full = true;
-            break;
-        }
+        if (b.n_admitted >= slots) batch_is_full = true;
+        // A full batch admits only over running requests preempted for it (priority).
+        if (batch_is_full && (!preemption || !preempt_for(s, first_new))) break;
         Verdict verdict = Verdict::Continue;
         const bool chunked_before = b.has_new_chunked;
         if (try_admit(*tree, matcher, pool, s, verdict)) {
@@ -433,6 +464,9 @@ void bind_budget(nb::class_<NativeAdder>& c) {
             "exclusive_chunking", [](NativeAdder& a) { return a.cfg.exclusive_chunking; },
             [](NativeAdder& a, bool v) { a.cfg.exclusive_chunking = v; })
         .def_prop_rw(
+            "compat", [](NativeAdder& a) { return a.cfg.compat; },
+            [](NativeAdder& a, bool v) { a.cfg.compat = v; })
+        .def_prop_rw(
             "total_offset", [](NativeAdder& a) { return a.b.total_offset; },
             [](NativeAdder& a, double v) { a.b.total_offset = v; })
         .def_prop_rw(
@@ -480,6 +514,7 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
         .def_rw("ns_of", &NativeAdder::ns_of)
         .def_rw("admission", &NativeAdder::admission)
         .def_rw("round_order", &NativeAdder::round_order)
+        .def_rw("preempt", &NativeAdder::preempt, nb::arg("preempt").none())
         .def("begin", &NativeAdder::begin, "new_token_ratio"_a, "total_offset"_a,
              "current_offset"_a, "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(),
              "n_admitted"_a, "has_new_chunked"_a, "exclusive_chunking"_a, "slots"_a,

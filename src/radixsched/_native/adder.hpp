@@ -27,6 +27,7 @@ struct AdderConfig {
     double new_token_ratio = 0.0;
     int64_t prefill_max_requests = -1;  // -1: no limit
     bool exclusive_chunking = false;    // no new chunked request while one continues
+    bool compat = false;                // SGLang 0.5.23's budgets (PrefillAdder.compat)
 };
 
 // The adder's mutable budgets (PrefillAdder's fields of the same names).

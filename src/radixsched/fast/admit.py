@@ -3,10 +3,15 @@ native call walks the round's order (the in-flight recompute guard, the admissio
 the matcher's memo, the adder's budgets, locks), reading ``order.position(i)`` exactly when the
 reference loop would (an order may draw random numbers and permute the list as it is read).
 
-It covers the common case (``covers``): no SGLang compat, no priority preemption, no prefill
-gate (delayer), an enabled cache (so no ignore-eos admission of a disabled cache), no host
-tier, hits in whole pages. Elsewhere the reference loop runs; decided per round from the
-config and the round's adder. Bit for bit the reference's admission: the same budgets (the same
+It covers the common case (``covers``): no prefill gate (delayer), an enabled cache (so no
+ignore-eos admission of a disabled cache), no host tier, hits in whole pages, the native
+tree's own match and touch (no subclass hook the reference would call). SGLang compat's rounds
+too: its budgets (``Adder.compat``: the whole clipped ``max_new_tokens`` reserved, no chunk cap
+by the input budget, the whole request checked against memory) and no in-flight recompute
+guard (SGLang's in-batch dedup is the queue's, in ``deferred``, read as the reference reads
+it). Priority preemption calls back into the Python adder (``preempt_to_schedule``, through
+``_preempter``) only where the batch is full. Elsewhere the reference loop runs; decided per
+round from the config and the round's adder. Bit for bit the reference's admission: the same budgets (the same
 floats), the same tree calls in the same order, the same request fields
 (tests/test_equivalence.py, tests/test_native_adder.py).
 """
@@ -46,16 +51,34 @@ class Admitting(Protocol):
 
 def covers(s: Admitting, adder: PrefillAdder) -> bool:
     """Whether the native loop does what the reference loop does for this round."""
-    cfg = s.config
+    cfg, q = s.config, s.queue
     return not (
-        cfg.sglang_compat
-        or cfg.enable_priority_preemption
-        or adder.gate is not None
-        or adder.compat
+        adder.gate is not None
+        or adder.compat != cfg.sglang_compat  # the native adder's is the config's
         or s.cache.disabled
         or s.kv.host_tier is not None
         or s.kv.hit_unit != s.page_size
+        or not (q.native_nodes and q.native_touch)
+        or (s.native_adder.guard and not q.native_lens)
     )
+
+
+def _preempter(s: Admitting, adder: PrefillAdder) -> Any:
+    """The native loop's priority preemption: ``adder.preempt_to_schedule`` for a request, with
+    the round's admissions so far (only their requests are read) and the loop's live budget;
+    returns (preempted, the budget after, whether requests still run)."""
+
+    def preempt(req: Req, admitted: list[Req], total_offset: float) -> tuple[bool, float, bool]:
+        adder.total_offset = total_offset
+        run = adder.can_run_list
+        adder.can_run_list = run + [Admission(r, 0, 0, False) for r in admitted]
+        try:
+            ok = adder.preempt_to_schedule(req, s.running)
+        finally:
+            adder.can_run_list = run
+        return ok, adder.total_offset, bool(s.running)
+
+    return preempt
 
 
 def _namespace_of(r: Req) -> int:
@@ -71,7 +94,8 @@ def native_adder(s: Admitting) -> Any:
     a.page = s.page_size
     a.clip_max_new_tokens = cfg.clip_max_new_tokens
     a.prefill_max_requests = -1 if cfg.prefill_max_requests is None else cfg.prefill_max_requests
-    a.guard = s.cache.supports_prefix_sharing()
+    a.compat = cfg.sglang_compat
+    a.guard = not cfg.sglang_compat and s.cache.supports_prefix_sharing()
     a.threshold = max(cfg.in_batch_prefix_deprioritize_threshold, 1)
     a.empty_slots = EMPTY_SLOTS
     a.ns_of = _namespace_of
@@ -86,6 +110,7 @@ def admit(s: Admitting, adder: PrefillAdder, order: RoundOrder, slots: int) -> l
     may split the node a prefix ends at, its path keeping its slots) and appends them to
     ``adder.can_run_list`` as the reference's would."""
     a = s.native_adder
+    a.preempt = _preempter(s, adder) if s.config.enable_priority_preemption else None
     a.begin(
         adder.new_token_ratio,
         adder.total_offset,
@@ -109,6 +134,7 @@ def admit(s: Admitting, adder: PrefillAdder, order: RoundOrder, slots: int) -> l
     )
     if chunked is not None:
         adder.new_chunked_req = chunked
+    a.preempt = None  # the round's adder is not kept
     if failed is not None:
         s.queue.note_tried(failed)
     (
