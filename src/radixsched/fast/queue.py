@@ -93,6 +93,8 @@ class FastWaitingQueue(WaitingQueue):
         # whole list natively, unless a subclass overrides the cache's match (then: its loop).
         self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
         self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
+        # (the native admission's in-flight guard matches natively: fast.admit.covers)
+        self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
         # SGLang's compat round in one native call (compat_round's order; None: not native).
         self.compat_kind = self._compat_kind(self.policy)
         # Only a policy that reads matches needs them kept (the door's is one walk); a native
