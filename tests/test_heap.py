@@ -52,12 +52,12 @@ def test_frozen_heap_freezes_then_thaws_but_keeps_a_callers_freeze() -> None:
     from radixsched.sim.heap import frozen_heap
 
     assert gc.get_freeze_count() == 0
-    with frozen_heap():
+    with frozen_heap(None):
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
     gc.freeze()
     try:
-        with frozen_heap():
+        with frozen_heap(None):
             pass
         assert gc.get_freeze_count() > 0
     finally:
@@ -97,7 +97,19 @@ def test_garbage_is_not_frozen_with_the_heap() -> None:
     del a, b
     gc.disable()  # only the block may collect it
     try:
-        with frozen_heap():
+        with frozen_heap(None):
             assert gone() is None
     finally:
         gc.enable()
+
+
+def test_a_small_run_leaves_the_collector_alone() -> None:
+    import gc
+
+    from radixsched.sim.heap import FREEZE_MIN_REQUESTS, frozen_heap
+
+    with frozen_heap(FREEZE_MIN_REQUESTS - 1):
+        assert gc.get_freeze_count() == 0
+    with frozen_heap(FREEZE_MIN_REQUESTS):
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0

@@ -59,15 +59,25 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+# A run of fewer requests leaves the collector alone: its passes are cheap, while a process that
+# simulates again and again (a calibration's fit: hundreds of runs) would pay a full collection
+# of its whole heap per run.
+FREEZE_MIN_REQUESTS = 20_000
+
+
 @contextmanager
-def frozen_heap() -> Iterator[None]:
+def frozen_heap(requests: int | None = None) -> Iterator[None]:
     """The objects alive when the block starts (a run's workload, requests and replicas) are
     left out of the collector's passes inside it (``gc.freeze``) and handed back after
     (``gc.unfreeze``); a cycle among them waits for the block's end. A caller's own frozen
     heap stays frozen. The outermost block collects first: garbage frozen with the heap would
     outlive the run, and, handed back into the oldest generation, wait for a full pass that a
     large heap makes rare (a process running simulation after simulation, as calibration does,
-    grew from 5.7 to 19 GB)."""
+    grew from 5.7 to 19 GB). ``requests``: the run's size (below ``FREEZE_MIN_REQUESTS``
+    nothing is done); None: freeze whatever the size."""
+    if requests is not None and requests < FREEZE_MIN_REQUESTS:
+        yield
+        return
     thaw = gc.get_freeze_count() == 0
     if thaw:
         gc.collect()

@@ -52,7 +52,7 @@ def simulate(
         run = run_colocated
     # The workload's objects are left out of the collector's passes for the run, and the
     # clients' copies made without any (sim.heap: a million requests are millions of objects).
-    with frozen_heap():
+    with frozen_heap(len(workload.requests)):
         with paused_gc():
             reqs = client_requests(workload)
         return run(

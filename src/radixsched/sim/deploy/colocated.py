@@ -101,7 +101,7 @@ def run_colocated(
     router, series = _router(sched_cfg, sim_cfg), TimeSeries()
     started = time.perf_counter()
     lockstep = None
-    with frozen_heap():
+    with frozen_heap(len(reqs)):
         if gates is not None:
             from radixsched.sim.deploy.lockstep import run_lockstep
 
