@@ -8,6 +8,8 @@ so scheduling can never change results unless the KV bookkeeping is wrong.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from radixsched.request import Req
@@ -96,3 +98,28 @@ def reference_output(prompt: list[int] | np.ndarray, n: int, runner: FakeRunner)
         out.append(t)
         ctx.append(t)
     return out
+
+
+class Room:
+    """Free + evictable memory as the prefill adder reads it (all of it free): the native and
+    Python adders' tests give both the same room."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.disabled = False
+
+    def available_size(self) -> int:
+        return self.room
+
+    def evictable_size(self) -> int:
+        return 0
+
+
+def tree_snapshot(cache: Any) -> list[Any]:
+    """A radix cache's clock and every node (id, parent id, key, last access), in its order:
+    two caches that did the same walks, touches and splits give the same snapshot."""
+    nodes = [
+        (n.id, None if n.parent is None else n.parent.id, n.key.tolist(), n.last_access_time)
+        for n in cache._iter_nodes()
+    ]
+    return [cache._clock, len(nodes), nodes]

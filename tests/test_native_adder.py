@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
+from fakes import Room
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
@@ -28,20 +29,6 @@ from radixsched.sim.workloads.load import Workload, load_workload
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built or is off")
 
 VERDICTS = {0: AddReqResult.CONTINUE, 1: AddReqResult.NO_TOKEN, 2: AddReqResult.OTHER}
-
-
-class _Room:
-    """Free + evictable memory, as the adder reads it (all of it free)."""
-
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.disabled = False
-
-    def available_size(self) -> int:
-        return self.room
-
-    def evictable_size(self) -> int:
-        return 0
 
 
 def _pair(
@@ -59,7 +46,7 @@ def _pair(
     exclusive: bool,
 ) -> tuple[PrefillAdder, Any]:
     cfg = SchedulerConfig(page_size=page, chunked_prefill_size=chunk, clip_max_new_tokens=clip)
-    room_ = _Room(room)
+    room_ = Room(room)
     py = PrefillAdder(
         config=cfg,
         cache=room_,  # type: ignore[arg-type]

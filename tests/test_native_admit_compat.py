@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
+from fakes import Room
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
@@ -28,18 +29,6 @@ pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not b
 VERDICTS = {0: AddReqResult.CONTINUE, 1: AddReqResult.NO_TOKEN, 2: AddReqResult.OTHER}
 
 
-class _Room:
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.disabled = False
-
-    def available_size(self) -> int:
-        return self.room
-
-    def evictable_size(self) -> int:
-        return 0
-
-
 def _compat_select(
     page: int, room: int, chunk: int | None, total: float, rem_input: int, admitted: int,
     fill: int, prefix: int, max_new: int, out: int,
@@ -49,7 +38,7 @@ def _compat_select(
     cfg = SchedulerConfig(
         page_size=page, chunked_prefill_size=chunk, clip_max_new_tokens=4096, compat="sglang"
     )
-    room_ = _Room(room)
+    room_ = Room(room)
     py = PrefillAdder(
         config=cfg,
         cache=room_,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fakes import tree_snapshot
 from radixsched.cache import CacheKey, RadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.native import core
@@ -29,14 +30,6 @@ def _req(i: int, spec: Spec) -> Req:
     r = Req(f"r{i}", np.asarray(prompt, dtype=np.int32), extra_key=extra, cache_salt=salt)
     r.output_ids.extend(outputs)
     return r
-
-
-def _snapshot(cache: Any) -> list[Any]:
-    nodes = [
-        (n.id, None if n.parent is None else n.parent.id, n.key.tolist(), n.last_access_time)
-        for n in cache._iter_nodes()
-    ]
-    return [cache._clock, len(nodes), nodes]
 
 
 def _fields(r: Req) -> tuple[Any, ...]:
@@ -59,7 +52,7 @@ def _rounds(
         rnd = Round(queue.config)
         device = queue.match_all(rnd, True, tree)
         order = rnd.tree_order() if rnd.tree_order is not None else None
-        seen.append((device, order, [_fields(r) for r in queue.reqs], _snapshot(cache)))
+        seen.append((device, order, [_fields(r) for r in queue.reqs], tree_snapshot(cache)))
     return seen
 
 
@@ -202,9 +195,9 @@ def test_touch_prefixes_walks_each_key_as_touch_prefix_does(page: int, disable: 
     for key in keys:
         each.touch_prefix(key)
     batch.touch_prefixes(iter(keys))
-    assert _snapshot(batch) == _snapshot(each) == _snapshot(ref)
+    assert tree_snapshot(batch) == tree_snapshot(each) == tree_snapshot(ref)
     walks = 5 if p > 1 else 4  # at page 1 the short key is empty too
-    assert _snapshot(batch)[0] == (0 if disable else 2 + walks)  # the inserts tick too
+    assert tree_snapshot(batch)[0] == (0 if disable else 2 + walks)  # the inserts tick too
 
 
 def test_touch_prefixes_refuses_a_key_that_is_not_a_pair() -> None:
@@ -246,11 +239,11 @@ def test_read_only_matching_in_one_call_is_the_loops(page: int, disable: bool) -
             n = len(tokens) - len(tokens) % p
             key = CacheKey(np.asarray(tokens[:n], dtype=np.int32), ns)
             cache.insert(key, np.arange(1, n + 1))
-        before = _snapshot(cache)
+        before = tree_snapshot(cache)
         queue.reqs = [_req(i, s) for i, s in enumerate(specs)]
         rnd = Round(queue.config)
         device = queue.match_all(rnd, False, False)
-        assert _snapshot(cache) == before  # read-only
+        assert tree_snapshot(cache) == before  # read-only
         got = [(r.num_matched_prefix_tokens, type(r.num_matched_prefix_tokens)) for r in queue.reqs]
         seen.append((device, got, rnd.tree_order))
     assert seen[0] == seen[1] == seen[2]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fakes import tree_snapshot
 from radixsched.cache import CacheKey, RadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.native import core
@@ -32,14 +33,6 @@ def _req(i: int, spec: Spec) -> Req:
     r.output_ids.extend(outputs)
     r.queue_entry_time = entry
     return r
-
-
-def _snapshot(cache: Any) -> list[Any]:
-    nodes = [
-        (n.id, None if n.parent is None else n.parent.id, n.key.tolist(), n.last_access_time)
-        for n in cache._iter_nodes()
-    ]
-    return [cache._clock, len(nodes), nodes]
 
 
 def _fields(r: Req) -> tuple[Any, ...]:
@@ -68,7 +61,7 @@ def _rounds(
         order = queue.begin_round([], 0, 0.0)
         rids = [r.rid for r in order.head(len(queue.reqs))]
         verdict = (queue.deprioritized, queue.deferred)
-        seen.append((rids, verdict, [_fields(r) for r in queue.reqs], _snapshot(cache)))
+        seen.append((rids, verdict, [_fields(r) for r in queue.reqs], tree_snapshot(cache)))
     return seen
 
 
