@@ -563,12 +563,6 @@ MUTANTS = (
         "    if (no >= 0) return Fill{prompt.data(), np};\n",
     ),
     Mutant(
-        "compat-match-lens-uncapped",
-        "_native/compat_match.cpp",
-        "        if (n <= f.n - 1)\n",
-        "        if (true)\n",
-    ),
-    Mutant(
         "compat-dedup-ignores-namespaces",
         "_native/compat_match.cpp",
         "        number = PyLong_AsLongLong(idx);\n",
