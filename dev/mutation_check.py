@@ -529,8 +529,8 @@ MUTANTS = (
     Mutant(
         "native-chunk-skips-tenant-charges",
         "fast/scheduler.py",
-        "        if self.policy.charges_service or type(self.clock) is not VirtualClock:",
-        "        if type(self.clock) is not VirtualClock:",
+        "            and not self.policy.charges_service\n            and type(self.clock) is VirtualClock\n",
+        "            and type(self.clock) is VirtualClock\n",
     ),
     Mutant(
         "chunk-end-off-the-pages",
