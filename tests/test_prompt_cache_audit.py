@@ -183,17 +183,24 @@ from radixsched.sim.workloads import traces
 from radixsched.sim.workloads.load import load_workload
 
 spec = "mooncake:" + sys.argv[1]
-real_gather, real_reserve = traces._gather, os.posix_fallocate
+real_gather, real_native, real_reserve = traces._gather, traces._native_prompt, os.posix_fallocate
 a_waits, b_opened, a_wrote = threading.Event(), threading.Event(), threading.Event()
 
-def gather(*args):
+def gated(write, *args):  # a prompt's write, on the numpy path or the native one
     if threading.current_thread().name == "A" and not a_waits.is_set():
         a_waits.set()  # A has its file and is about to write its first prompt
         b_opened.wait(30)
-        out = real_gather(*args)
+        out = write(*args)
         a_wrote.set()
         return out
-    return real_gather(*args)
+    return write(*args)
+
+def gather(*args):
+    return gated(real_gather, *args)
+
+def native(block, vocab):
+    write = real_native(block, vocab)
+    return None if write is None else (lambda *args: gated(write, *args))
 
 def reserve(fd, offset, length):
     if threading.current_thread().name == "B":
@@ -201,7 +208,7 @@ def reserve(fd, offset, length):
         a_wrote.wait(30)
     real_reserve(fd, offset, length)
 
-traces._gather, os.posix_fallocate = gather, reserve
+traces._gather, traces._native_prompt, os.posix_fallocate = gather, native, reserve
 loaded = {}
 
 def run(name):
@@ -214,7 +221,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-traces._gather, os.posix_fallocate = real_gather, real_reserve
+traces._gather, traces._native_prompt, os.posix_fallocate = real_gather, real_native, real_reserve
 os.environ["RADIXSCHED_PROMPT_CACHE"] = "off"
 want = {r.rid: r.prompt_ids.tobytes() for r in load_workload(spec).requests}
 for name in "AB":
