@@ -221,3 +221,30 @@ def test_a_ragged_id_list_is_one_error_naming_line_and_field(tmp_path: Path) -> 
     path.write_text(_line("1", 10, 1, [1]) + _line("2", 10, 1, [1, [2]]))
     with pytest.raises(WorkloadError, match=r":2: field 'hash_ids': expected a list of non-neg"):
         traces._mooncake_records(path, 16)
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
+def test_a_piped_trace_with_a_line_the_fast_reader_leaves_is_read_once(tmp_path: Path) -> None:
+    # The fast reader would drain part of the pipe before handing the trace to the checked
+    # reader, which would then read from the middle: a pipe goes to the checked reader alone.
+    import os
+    import threading
+
+    text = _line("1", 10, 1, [1]) + _line("2", 10, 1, [2], ', "flag": true') + _line("3", 4, 1, [3])
+    r, w = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(w, "wb") as f:
+            f.write(text.encode())
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        piped = traces._mooncake_records(Path(f"/dev/fd/{r}"), 16)
+    finally:
+        writer.join()
+        os.close(r)
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    assert [r.input_length for r in piped] == [10, 10, 4]
+    assert [r.input_length for r in traces._mooncake_records(path, 16)] == [10, 10, 4]

@@ -219,7 +219,10 @@ class _MooncakeColumns(NamedTuple):
 def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | None:
     """``_checked_mooncake_records``'s records, read with orjson and the hash ids checked in
     one array; None where the trace has anything this reader does not take (then the checked
-    reader reads it again: the same records, or its error for the first bad line)."""
+    reader reads it again: the same records, or its error for the first bad line). Regular
+    files only: a pipe or FIFO cannot be read a second time."""
+    if not path.is_file():
+        return None
     try:
         import orjson
     except ImportError:  # a declared dependency; without it the checked reader serves
