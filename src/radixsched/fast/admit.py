@@ -11,8 +11,8 @@ by the input budget, the whole request checked against memory) and no in-flight 
 guard (SGLang's in-batch dedup is the queue's, in ``deferred``, read as the reference reads
 it). Priority preemption calls back into the Python adder (``preempt_to_schedule``, through
 ``_preempter``) only where the batch is full. Elsewhere the reference loop runs; decided per
-round from the config and the round's adder. Bit for bit the reference's admission: the same budgets (the same
-floats), the same tree calls in the same order, the same request fields
+round from the config and the round's adder. Bit for bit the reference's admission: the same
+budgets (the same floats), the same tree calls in the same order, the same request fields
 (tests/test_equivalence.py, tests/test_native_adder.py).
 """
 
