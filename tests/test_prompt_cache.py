@@ -372,6 +372,26 @@ def test_bounds_of_uncached_or_memo_built_workloads_are_computed(
     assert workloads.workload_optimal_hit_rate(gen) == workloads.optimal_hit_rate(gen.requests)
 
 
+def test_the_file_just_used_is_kept_whatever_its_timestamp(
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = _copy(tmp_path, "a.jsonl"), _copy(tmp_path, "b.jsonl")
+    b.write_text(b.read_text() + "\n")  # other bytes: another key
+    first = _prompts(_load(a))
+    (a_file,) = prompts_dir.glob("*.prompts")
+    _load(b)
+    (b_file,) = set(prompts_dir.glob("*.prompts")) - {a_file}
+    os.utime(a_file, ns=(10**18, 10**18))  # a stamped older than b, as a coarse clock may
+    os.utime(b_file, ns=(10**18 + 1, 10**18 + 1))
+    # a's load below stamps nothing: its timestamp stays the older one
+    monkeypatch.setattr(prompt_cache.os, "utime", lambda *args, **kw: None)
+    monkeypatch.setenv("RADIXSCHED_CACHE_MAX_GB", str(1.5 * a_file.stat().st_size / (1 << 30)))
+    assert _load(a).prompts == "from the cache"  # then the trim: b goes, a stays
+    assert list(prompts_dir.glob("*.prompts")) == [a_file]
+    again = _load(a)
+    assert again.prompts == "from the cache" and _prompts(again) == first
+
+
 def test_a_lowered_cap_applies_at_the_next_load(
     prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -148,7 +148,7 @@ def load(folder: Path, key: str, lengths: Sequence[int]) -> list[TokenArray] | N
         return None
     with contextlib.suppress(OSError):
         os.utime(path)  # recency for the size cap's eviction
-    _trim(folder, max_bytes())  # a cap lowered since the last store (the mapping stays valid)
+    _trim(folder, max_bytes(), path)  # a cap lowered since the last store (mapping stays valid)
     return prompts
 
 
@@ -229,7 +229,7 @@ class PromptFile:
             return False
         finally:
             self.abandon()
-        _trim(self.folder, max_bytes())
+        _trim(self.folder, max_bytes(), self.folder / f"{self.key}.prompts")
         return True
 
     def abandon(self) -> None:
@@ -281,10 +281,12 @@ def _name_unnamed(fd: int, folder: Path, name: str) -> None:
         os.close(at)
 
 
-def _trim(folder: Path, cap: int) -> None:
+def _trim(folder: Path, cap: int, newest: Path) -> None:
     """Remove the least recently used prompt files (with their bounds) until the folder holds
     at most ``cap``, bounds whose prompts are gone, and named temporary files over an hour old
-    (a writer killed between naming its file and renaming it)."""
+    (a writer killed between naming its file and renaming it). ``newest``, the file just
+    stored or used, goes last whatever its timestamp says: the kernel stamps files with a
+    coarse clock (a tick of milliseconds), so one written just before may carry the same."""
     files = []
     for p in folder.glob("*.bounds"):
         if not p.with_suffix(".prompts").exists():
@@ -300,7 +302,7 @@ def _trim(folder: Path, cap: int) -> None:
                 _remove(p)
         else:
             files.append((st, p))
-    files.sort(key=lambda sp: sp[0].st_mtime_ns)
+    files.sort(key=lambda sp: (sp[1] == newest, sp[0].st_mtime_ns))
     held = sum(s.st_size for s, _ in files)
     for s, p in files:
         if held <= cap:
