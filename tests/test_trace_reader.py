@@ -248,3 +248,37 @@ def test_a_piped_trace_with_a_line_the_fast_reader_leaves_is_read_once(tmp_path:
     path.write_text(text)
     assert [r.input_length for r in piped] == [10, 10, 4]
     assert [r.input_length for r in traces._mooncake_records(path, 16)] == [10, 10, 4]
+
+
+@pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 24])
+@pytest.mark.parametrize("name", ["t.jsonl", "t.jsonl.gz"])
+def test_the_fast_reader_reads_lines_split_across_its_blocks(
+    tmp_path: Path, block_bytes: int, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Blocks of whole lines, whatever the read size: a line cut by a read (or a blank line, or
+    # a last line without its newline) gives the line numbers and records of the checked reader.
+    text = GOOD + "\n\n" + _line("9", 70, 2, [8, 9]).rstrip("\n")
+    path = _write(tmp_path, text, name)
+    want = _reference(path, 16, monkeypatch)
+    monkeypatch.setattr(traces, "_BLOCK_BYTES", block_bytes)
+    assert traces._fast_mooncake_records(path, 16) is not None
+    assert _outcome(path, 16) == want
+
+
+@pytest.mark.parametrize("block_bytes", [5, 300])
+def test_a_bad_line_in_any_block_leaves_the_trace_to_the_checked_reader(
+    tmp_path: Path, block_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [_line(str(i), 600, 1, [i, i + 1]) for i in range(12)]
+    lines[9] = _line("9", 600, 1, [True])  # late in the file: a later block than the first
+    path = _write(tmp_path, "".join(lines))
+    monkeypatch.setattr(traces, "_BLOCK_BYTES", block_bytes)
+    assert traces._fast_mooncake_records(path, 512) is None
+    assert _outcome(path, 512) == _reference(path, 512, monkeypatch)
+
+
+def test_the_sample_trace_reads_the_same_in_small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = DATA / "mooncake_sample.jsonl"
+    want = _outcome(path, 512)
+    monkeypatch.setattr(traces, "_BLOCK_BYTES", 4096)
+    assert _outcome(path, 512) == want == _reference(path, 512, monkeypatch)

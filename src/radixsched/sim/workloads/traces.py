@@ -4,8 +4,8 @@ the file, the line and the field."""
 
 from __future__ import annotations
 
-import gzip
 import io
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -64,6 +64,8 @@ def open_trace(path: Path) -> BinaryIO:
     a one-line reason when the file cannot be opened."""
     try:
         if path.suffix == ".gz":
+            import gzip
+
             return cast(BinaryIO, gzip.open(path, "rb"))
         if path.suffix == ".zst":
             return _open_zstd(path)
@@ -234,47 +236,93 @@ def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | No
     ids = _checked_ids(cols.ids)
     if ids is None or not cols.lines:
         return None
-    out, at, name = [], 0, str(path)
-    columns = (cols.lines, cols.stamps, cols.inputs, cols.outputs, cols.counts)
-    for i, ts, n, o, c in zip(*columns, strict=True):
-        used = min(c, -(-n // block))  # the ids the prompt uses: a view, as ids[: -(-n // block)]
-        out.append(_MooncakeRecord(f"{name}:{i}", ts, n, o, ids[at : at + used]))
-        at += c
-    return out
+    name = str(path)
+    starts = [0, *itertools.accumulate(cols.counts)][:-1]  # each line's first id in ``ids``
+    # The ids the prompt uses: a view, as ids[: -(-n // block)].
+    ends = [
+        a + min(c, -(-n // block)) for a, c, n in zip(starts, cols.counts, cols.inputs, strict=True)
+    ]
+    columns = (cols.lines, cols.stamps, cols.inputs, cols.outputs, starts, ends)
+    return [
+        _MooncakeRecord(f"{name}:{i}", ts, n, o, ids[a:e])
+        for i, ts, n, o, a, e in zip(*columns, strict=True)
+    ]
+
+
+_BLOCK_BYTES = 1 << 24  # the fast reader's reads: whole lines, about this many bytes at once
 
 
 def _mooncake_columns(path: Path, loads: Callable[[bytes], Any]) -> _MooncakeColumns:
     """The trace's columns; ``_Irregular`` (or the decoder's error) at the first line that is
     not plainly good: a JSON object with a timestamp that is an int or float >= 0, int
     lengths in range and a list of hash ids (checked later, together). No ``true``/``false``
-    anywhere on the line: numpy would read a bool among the ids as an int."""
+    anywhere on the line: numpy would read a bool among the ids as an int. Read a block of
+    lines at a time, each block's fields checked column by column (any failure: the checked
+    reader decides, so the order of the checks does not matter)."""
     cols = _MooncakeColumns([], [], [], [], [], [])
-    for i, raw in _lines(path):
-        if not raw.strip():  # blank in ASCII, so blank for the checked reader too
-            continue
-        if b"true" in raw or b"false" in raw:
+    for first, block in _line_blocks(path):
+        if b"true" in block or b"false" in block:
             raise _Irregular
-        obj = loads(raw)
-        if type(obj) is not dict:
-            raise _Irregular
-        ts, n = obj["timestamp"], obj["input_length"]
-        o, h = obj["output_length"], obj["hash_ids"]
-        if type(n) is not int or type(o) is not int or type(h) is not list:
-            raise _Irregular
-        if not (0 < n <= MAX_PROMPT_TOKENS and o > 0):
-            raise _Irregular
-        if type(ts) is int:
-            ts = float(ts)  # orjson's ints fit 64 bits: no OverflowError
-        # orjson gives no inf or nan; -0.0 passes, as in _nonneg_number
-        if type(ts) is not float or not ts >= 0:
-            raise _Irregular
-        cols.lines.append(i)
-        cols.stamps.append(ts)
-        cols.inputs.append(n)
-        cols.outputs.append(o)
-        cols.counts.append(len(h))
-        cols.ids.extend(h)
+        lines = block.split(b"\n")
+        numbers: Sequence[int] = range(first, first + len(lines))
+        try:
+            objs = list(map(loads, lines))
+        except Exception:  # a blank line among them (skipped), or a bad one (raises again)
+            kept = [(i, raw) for i, raw in enumerate(lines, first) if raw.strip()]
+            numbers = [i for i, _ in kept]
+            objs = [loads(raw) for _, raw in kept]
+        _add_columns(cols, numbers, objs)
     return cols
+
+
+def _line_blocks(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(number of its first line, block)``: the file's bytes as blocks of whole lines (split
+    at ``\\n``, as ``_lines`` splits them), the last newline of each block left out."""
+    with open_trace(path) as f:
+        first, tail = 1, b""
+        while data := f.read(_BLOCK_BYTES):
+            data = tail + data
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                tail = data
+                continue
+            block, tail = data[:cut], data[cut + 1 :]
+            yield first, block
+            first += block.count(b"\n") + 1
+        if tail:
+            yield first, tail
+
+
+def _add_columns(cols: _MooncakeColumns, numbers: Sequence[int], objs: list[Any]) -> None:
+    """Append the lines ``numbers`` (their decoded ``objs``) to ``cols``; ``_Irregular`` (or a
+    lookup error: not an object, a field missing) unless every line is plainly good."""
+    stamps = [o["timestamp"] for o in objs]
+    inputs = [o["input_length"] for o in objs]
+    outputs = [o["output_length"] for o in objs]
+    hashes = [o["hash_ids"] for o in objs]
+    if not (_all_of(inputs, int) and _all_of(outputs, int) and _all_of(hashes, list)):
+        raise _Irregular
+    if objs and not (min(inputs) > 0 and max(inputs) <= MAX_PROMPT_TOKENS and min(outputs) > 0):
+        raise _Irregular
+    kinds = set(map(type, stamps))
+    if not kinds <= {int, float}:
+        raise _Irregular
+    if int in kinds:
+        stamps = [float(t) for t in stamps]  # orjson's ints fit 64 bits: no OverflowError
+    # orjson gives no inf or nan; -0.0 passes, as in _nonneg_number
+    if objs and not min(stamps) >= 0:
+        raise _Irregular
+    cols.lines.extend(numbers)
+    cols.stamps.extend(stamps)
+    cols.inputs.extend(inputs)
+    cols.outputs.extend(outputs)
+    cols.counts.extend(map(len, hashes))
+    cols.ids.extend(itertools.chain.from_iterable(hashes))
+
+
+def _all_of(values: list[Any], kind: type) -> bool:
+    """Whether every value's type is exactly ``kind`` (a bool is not an int)."""
+    return set(map(type, values)) <= {kind}
 
 
 def _checked_ids(ids: list[int]) -> npt.NDArray[np.int64] | None:
