@@ -159,6 +159,7 @@ def load_workload(
     else:
         deferred = []
         source, key = _fill_kept(kind, params, drafts, kept, before)
+    times = arrival.tolist()  # Python floats: the values float(arrival[i]) gives
     reqs = []
     for i in kept:
         d = drafts[i]
@@ -171,7 +172,7 @@ def load_workload(
                 routing_key=d.routing_key,
                 extra_key=d.extra_key,
                 tenant=d.tenant,
-                arrival_time=float(arrival[i]),
+                arrival_time=times[i],
                 scripted_output=d.scripted,
             )
         )
@@ -282,10 +283,12 @@ def _bound_key(reqs: Sequence[Req], page_size: int) -> str:
     """What the bound depends on beyond the trace's bytes (the cache key): which lines, in
     which order, when, and how much of each is prompt and fed-back output, in which
     namespace. A prompt's tokens are its line's (the key's file), named by the request id."""
+    # One update of the lines joined: the digest of the concatenation, as a line at a time.
+    lines = [
+        f"{r.rid}\0{r.arrival_time!r}\0{r.prompt_len}\0{r.sampling.max_new_tokens}\0"
+        f"{r.namespace!r}\0{r.scripted_output is not None}\n"
+        for r in reqs
+    ]
     h = hashlib.sha256(f"optimal\0{page_size}\0".encode())
-    for r in reqs:
-        h.update(
-            f"{r.rid}\0{r.arrival_time!r}\0{r.prompt_len}\0{r.sampling.max_new_tokens}\0"
-            f"{r.namespace!r}\0{r.scripted_output is not None}\n".encode()
-        )
+    h.update("".join(lines).encode())
     return h.hexdigest()[:32]
