@@ -3,8 +3,10 @@ server, the engine or the sweep, and every command's help still lists all comman
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +57,27 @@ def test_unknown_command_is_a_usage_error_with_a_suggestion(
 ) -> None:
     assert main(["simulat"]) == 2
     assert "simulate" in capsys.readouterr().err
+
+
+SAMPLE = Path(__file__).parent / "data" / "mooncake_sample.jsonl"
+
+
+def test_a_simulate_run_imports_only_what_it_uses(tmp_path: Path) -> None:
+    # The whole command on a plain trace: no gzip (a .gz trace's), no difflib (a typo's
+    # suggestion), nothing of the other commands.
+    code = (
+        "import sys\nfrom radixsched.cli.main import main\n"
+        f"rc = main(['simulate', '--workload', 'mooncake:{SAMPLE}', '--policy', 'lpm', "
+        "'--num-requests', '20', '--quiet'])\n"
+        "print('\\n'.join(['rc=%d' % rc, *sys.modules]))"
+    )
+    env = {**os.environ, "RADIXSCHED_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    mods = set(out.stdout.split())
+    assert "rc=0" in mods
+    assert "radixsched.sim.workloads.traces" in mods  # the trace was read
+    for unused in ("gzip", "difflib", "radixsched.cli.serve", "radixsched.sim.sweep.config"):
+        assert unused not in mods, unused
+    assert "torch" not in mods

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import difflib
 import os
 import platform
 import re
@@ -197,6 +196,8 @@ def _terminal_width() -> int:
 
 
 def _close(word: str, choices: Sequence[str]) -> str | None:
+    import difflib
+
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return found[0] if found else None
 

@@ -3,7 +3,6 @@ file and flag values to their fields' types, and output paths. Below everything 
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import types
@@ -242,5 +241,7 @@ def check_output_path(key: str, path: str) -> str | None:
 
 def suggest(word: str, choices: Sequence[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest choice, or nothing."""
+    import difflib  # here: only a mistake needs it
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
