@@ -81,3 +81,18 @@ def test_a_simulate_run_imports_only_what_it_uses(tmp_path: Path) -> None:
     for unused in ("gzip", "difflib", "radixsched.cli.serve", "radixsched.sim.sweep.config"):
         assert unused not in mods, unused
     assert "torch" not in mods
+
+
+def test_the_program_leaves_its_objects_to_the_exit_and_a_call_does_not() -> None:
+    # As the program (no argv: radixsched, python -m radixsched) the heap is frozen at the end,
+    # so the interpreter's shutdown does not walk it for cycles; a call with argv (a test, a
+    # caller's process that goes on) leaves the collector as it was.
+    code = (
+        "import gc, sys\nfrom radixsched.cli.main import main\n"
+        "assert main(['--version']) == 0 and gc.get_freeze_count() == 0\n"
+        "sys.argv = ['radixsched', 'simulat']\n"
+        "rc = main()\n"
+        "print(rc, gc.get_freeze_count() > 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == ["2", "True"]  # after --version's line
