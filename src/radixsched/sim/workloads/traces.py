@@ -249,7 +249,9 @@ def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | No
     ]
 
 
-_BLOCK_BYTES = 1 << 24  # the fast reader's reads: whole lines, about this many bytes at once
+# The fast reader reads whole lines about 4 MiB at once: a block's lines and decoded objects
+# (about 6x its bytes) are all it holds beyond the columns.
+_BLOCK_BYTES = 1 << 22
 
 
 def _mooncake_columns(path: Path, loads: Callable[[bytes], Any]) -> _MooncakeColumns:
