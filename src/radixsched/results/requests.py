@@ -3,6 +3,7 @@ and why requests failed."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,16 +66,30 @@ def _tpot(done: Sequence[Req]) -> FloatArray:
 
 
 def _itl(done: Sequence[Req]) -> FloatArray:
-    """Every gap between consecutive tokens of one request, request by request, written into
-    one array: a long trace has millions of tokens, and the gaps are its only large copy."""
-    times = [r.times.token_times for r in done if len(r.times.token_times) > 1]
-    out = np.empty(sum(map(len, times)) - len(times), dtype=np.float64)
-    at = 0
-    for tt in times:
-        t = np.asarray(tt, dtype=np.float64)
-        np.subtract(t[1:], t[:-1], out=out[at : at + len(t) - 1])
-        at += len(t) - 1
-    return out
+    """Every gap between consecutive tokens of one request, request by request."""
+    return token_gaps([r.times.token_times for r in done])
+
+
+def token_gaps(token_times: Sequence[Sequence[float]]) -> FloatArray:
+    """Every gap between consecutive token times within each sequence, sequence by sequence, in
+    one array: ``later - earlier`` in float64, as a loop over them gives it. The sequences are
+    joined into one array (one conversion, not one per request) and the gaps that span two of
+    them dropped; a long trace has millions of tokens, and this peaks at two such arrays."""
+    seqs = [tt for tt in token_times if len(tt) > 1]
+    lens = np.fromiter(map(len, seqs), dtype=np.intp, count=len(seqs))
+    flat = _joined(seqs, int(lens.sum()))
+    gaps = flat[1:] - flat[:-1]
+    del flat
+    # gaps[k] = flat[k + 1] - flat[k]: the gap at (a sequence's end) - 1 runs into the next.
+    return np.delete(gaps, np.cumsum(lens)[:-1] - 1)
+
+
+def _joined(seqs: Sequence[Sequence[float]], total: int) -> FloatArray:
+    """``seqs`` end to end as float64. Lists go through one iterator; a finished request of a
+    deferred run holds its times in an ``array('d')`` (``compact``), read as a buffer."""
+    if all(type(s) is list for s in seqs):
+        return np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.float64, count=total)
+    return np.concatenate([np.asarray(s, dtype=np.float64) for s in seqs])
 
 
 def _e2e(done: Sequence[Req]) -> FloatArray:
