@@ -8,10 +8,12 @@ import itertools
 from array import array
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.request import FinishReason, FinishState, Req
+from radixsched.results import requests as requests_module
 from radixsched.results.metrics import summarize
 from radixsched.results.reqarrays import RequestArrays
 from radixsched.results.requests import (
@@ -174,6 +176,20 @@ def runs(draw: st.DrawFn) -> list[Req]:
 @given(runs())
 def test_random_runs_match_the_per_request_samples(reqs: list[Req]) -> None:
     check_against_naive(reqs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.floats(0.0, 1e4, allow_subnormal=False), max_size=7), max_size=8),
+    st.sampled_from([1, 2, 3, 5, 1 << 20]),
+)
+def test_token_gaps_in_batches_are_the_loops_gaps(lists: list[list[float]], batch: int) -> None:
+    naive = [b - a for tt in lists for a, b in itertools.pairwise(tt)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(requests_module, "_JOIN_TOKENS", batch)  # joined a few tokens at a time
+        got = token_gaps(lists)
+    assert got.dtype == np.float64 and got.tolist() == naive
+    assert got.tobytes() == np.array(naive, dtype=np.float64).tobytes()
 
 
 def test_token_gaps_take_lists_and_packed_arrays_alike() -> None:
