@@ -17,6 +17,7 @@ from radixsched.results import requests as requests_module
 from radixsched.results.metrics import summarize
 from radixsched.results.reqarrays import RequestArrays
 from radixsched.results.requests import (
+    SloTargets,
     _completed,
     _e2e,
     _queue_wait,
@@ -24,6 +25,7 @@ from radixsched.results.requests import (
     _ttft,
     hit_rates,
     itl_samples,
+    request_rows,
     token_gaps,
 )
 from radixsched.results.service import fairness_horizon, load_check, load_check_of
@@ -190,6 +192,45 @@ def test_token_gaps_in_batches_are_the_loops_gaps(lists: list[list[float]], batc
         got = token_gaps(lists)
     assert got.dtype == np.float64 and got.tolist() == naive
     assert got.tobytes() == np.array(naive, dtype=np.float64).tobytes()
+
+
+def _naive_times(r: Req, slo: SloTargets | None) -> tuple[object, ...]:
+    """A row's computed fields, request by request as the row's definition reads."""
+    t = r.times
+    done = r.finish is not None and r.finish.reason is not FinishReason.ABORT
+    ttft = None if t.first_token is None else t.first_token - t.arrival
+    tpot = None
+    if done and r.output_len > 1 and t.finish is not None and t.first_token is not None:
+        tpot = (t.finish - t.first_token) / (r.output_len - 1)
+    met = None
+    if slo is not None and slo.active:
+        met = done and ttft is not None
+        if met and slo.ttft_s is not None and ttft is not None:
+            met = ttft <= slo.ttft_s
+        if met and slo.tpot_s is not None and tpot is not None:
+            met = tpot <= slo.tpot_s
+    wait = None if t.first_scheduled is None else t.first_scheduled - t.arrival
+    e2e = t.finish - t.arrival if done and t.finish is not None else None
+    reason = None if r.finish is None else r.finish.reason.value
+    error = r.finish.message if r.finish is not None and not done else None
+    return wait, ttft, tpot, e2e, met, reason, error, r.output_len
+
+
+ROW_FIELDS = (
+    "queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "slo_met", "finish_reason", "error",
+    "output_tokens",
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(runs(), st.sampled_from([None, SloTargets(), SloTargets(0.5, None), SloTargets(1.0, 0.2)]))
+def test_request_rows_are_the_per_request_values(reqs: list[Req], slo: SloTargets | None) -> None:
+    rows = request_rows("p", reqs, {r.rid: 3 for r in reqs}, slo)
+    ordered = sorted(reqs, key=lambda q: q.times.arrival)
+    assert [row["request_id"] for row in rows] == [r.rid for r in ordered]
+    for row, r in zip(rows, ordered, strict=True):
+        assert repr(tuple(row[k] for k in ROW_FIELDS)) == repr(_naive_times(r, slo))
+        assert row["replica"] == 3 and row["arrival_s"] == r.times.arrival
 
 
 def test_token_gaps_take_lists_and_packed_arrays_alike() -> None:

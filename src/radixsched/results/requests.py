@@ -156,10 +156,6 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 RequestRow: TypeAlias = dict[str, str | int | float | bool | None]
 
 
-def _since(t: float | None, t0: float) -> float | None:
-    return None if t is None else t - t0
-
-
 def request_rows(
     policy: str,
     reqs: Iterable[Req],
@@ -167,23 +163,33 @@ def request_rows(
     slo: SloTargets | None = None,
 ) -> list[RequestRow]:
     """One ``REQUEST_COLUMNS`` row per request, in arrival order."""
+    abort = FinishReason.ABORT  # locals: a row is built per request of every policy
+    active = slo is not None and slo.active
+    ttft_slo = None if slo is None else slo.ttft_s
+    tpot_slo = None if slo is None else slo.tpot_s
     rows: list[RequestRow] = []
     for r in sorted(reqs, key=lambda q: q.times.arrival):
-        t = r.times
-        done = r.finish is not None and r.finish.reason is not FinishReason.ABORT
-        ttft = _since(t.first_token, t.arrival)
+        t, fin, n = r.times, r.finish, r.output_len
+        arrival, scheduled, first_token, finish = (
+            t.arrival,
+            t.first_scheduled,
+            t.first_token,
+            t.finish,
+        )
+        done = fin is not None and fin.reason is not abort
+        ttft = None if first_token is None else first_token - arrival
         tpot = (
-            (t.finish - t.first_token) / (r.output_len - 1)
-            if done and r.output_len > 1 and t.finish is not None and t.first_token is not None
+            (finish - first_token) / (n - 1)
+            if done and n > 1 and finish is not None and first_token is not None
             else None
         )
         met: bool | None = None
-        if slo is not None and slo.active:
+        if active:
             met = done and ttft is not None
-            if met and slo.ttft_s is not None and ttft is not None:
-                met = ttft <= slo.ttft_s
-            if met and slo.tpot_s is not None and tpot is not None:
-                met = tpot <= slo.tpot_s
+            if met and ttft_slo is not None and ttft is not None:
+                met = ttft <= ttft_slo
+            if met and tpot_slo is not None and tpot is not None:
+                met = tpot <= tpot_slo
         rows.append(
             {
                 "policy": policy,
@@ -192,23 +198,23 @@ def request_rows(
                 "routing_key": r.routing_key,
                 "priority": r.priority,
                 "replica": None if replica_of is None else replica_of.get(r.rid),
-                "arrival_s": t.arrival,
-                "first_scheduled_s": t.first_scheduled,
-                "first_token_s": t.first_token,
-                "finish_s": t.finish,
-                "queue_wait_s": _since(t.first_scheduled, t.arrival),
+                "arrival_s": arrival,
+                "first_scheduled_s": scheduled,
+                "first_token_s": first_token,
+                "finish_s": finish,
+                "queue_wait_s": None if scheduled is None else scheduled - arrival,
                 "ttft_s": ttft,
                 "tpot_s": tpot,
-                "e2e_s": _since(t.finish, t.arrival) if done else None,
+                "e2e_s": finish - arrival if done and finish is not None else None,
                 "prompt_tokens": r.prompt_len,
                 "cached_tokens": r.cached_tokens,
                 "host_cached_tokens": r.host_cached_tokens,
                 "computed_prefill_tokens": r.computed_prefill_tokens,
-                "output_tokens": r.output_len,
+                "output_tokens": n,
                 "retractions": r.retraction_count,
                 "preemptions": r.preemption_count,
-                "finish_reason": None if r.finish is None else r.finish.reason.value,
-                "error": r.finish.message if r.finish is not None and not done else None,
+                "finish_reason": None if fin is None else fin.reason.value,
+                "error": fin.message if fin is not None and not done else None,
                 "slo_met": met,
             }
         )
