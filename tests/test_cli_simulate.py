@@ -5,6 +5,7 @@ status 2, no traceback, nothing simulated)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -161,6 +162,37 @@ def test_table_and_recommendation_are_printed(capsys: pytest.CaptureFixture[str]
     assert "fcfs" in out and "lpm" in out
     assert "optimal hit rate" in out
     assert "Recommended: " in out or "perform alike" in out
+
+
+def _count_refresh_threads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The progress display's redraw timers started from now on (recorded, never run)."""
+    started: list[object] = []
+    monkeypatch.setattr("rich.live._RefreshThread.start", lambda self: started.append(self))
+    return started
+
+
+def test_progress_into_a_file_is_written_once_without_a_timer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = _count_refresh_threads(monkeypatch)
+    assert main(["simulate", "--workload", SMALL, "--policy", "fcfs,lpm", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in ("fcfs", "lpm"):  # the display's final state, once
+        assert len(re.findall(rf"^{name} .* 16/16 requests", out, flags=re.M)) == 1
+    assert started == []  # a redraw timer would only take the GIL from the run
+
+
+def test_progress_on_a_terminal_redraws_on_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(
+        "radixsched.cli.simulate.rich_console",
+        lambda width: Console(file=screen, force_terminal=True, width=width),
+    )
+    started = _count_refresh_threads(monkeypatch)
+    assert main(["simulate", "--workload", SMALL, "--policy", "fcfs", "--jobs", "1"]) == 0
+    assert len(started) == 1 and "16/16 requests" in screen.getvalue()
 
 
 def test_scheduler_flags_reach_the_scheduler(tmp_path: Path) -> None:

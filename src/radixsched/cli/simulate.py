@@ -406,6 +406,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         console=console,
         disable=quiet,
         transient=False,
+        # Redrawn on a timer only where a redraw shows: into a file or a pipe the display is
+        # written once, when it stops, so a timer thread there would only take the GIL (and a
+        # core) from the run.
+        auto_refresh=console.is_jupyter or (console.is_terminal and not console.is_dumb_terminal),
     )
     tasks = [progress.add_task(name, total=len(workload.requests)) for name in policies]
 

@@ -7,28 +7,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from radixsched.request import FinishReason, Req
-from radixsched.results.requests import (
-    SloTargets,
-    _completed,
-    _e2e,
-    _itl,
-    _queue_wait,
-    _tpot,
-    _ttft,
-    hit_rates,
-)
+import numpy as np
+
+from radixsched.request import Req
+from radixsched.results.reqarrays import RequestArrays
+from radixsched.results.requests import SloTargets
 from radixsched.results.series import TimeSeries
 from radixsched.results.service import (
     LoadCheck,
     SloResult,
     TenantResult,
-    fairness_horizon,
-    load_check,
+    load_check_of,
     slo_result,
     tenant_results,
 )
-from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json
+from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json, median
 
 # ---- The result of one policy --------------------------------------------------------------------
 
@@ -143,6 +136,7 @@ def summarize(
     extra: Mapping[str, JSONValue] | None = None,
     fairness_at: float | None = None,
     slo: SloTargets | None = None,
+    arrays: RequestArrays | None = None,
 ) -> PolicyResult:
     """Summarise one policy's run. ``reqs`` are the finished requests (aborted ones included:
     they count in ``num_requests``/``num_aborted`` and, if scheduled, in the hit rate).
@@ -150,33 +144,37 @@ def summarize(
     Latency, cache and throughput numbers come from the requests (the source of truth);
     ``series`` only adds peak queue length, mean running batch and peak KV usage.
     ``fairness_at`` overrides the fairness horizon (see ``fairness_horizon``); ``slo`` adds
-    SLO attainment and goodput (see ``slo_result``).
+    SLO attainment and goodput (see ``slo_result``). ``arrays``: ``RequestArrays.of(reqs)``,
+    when the caller has read them already.
     """
+    a = RequestArrays.of(reqs) if arrays is None else arrays
     sampled = series.arrays() if series is not None and len(series) else None
-    completed = _completed(reqs)
-    hits = hit_rates(reqs)
-    arrivals = [r.times.arrival for r in reqs]
-    finishes = [r.times.finish for r in completed if r.times.finish is not None]
-    makespan = max(finishes) - min(arrivals) if finishes and arrivals else 0.0
-    input_tokens = sum(r.prompt_len for r in completed)
-    output_tokens = sum(r.output_len for r in completed)
-    horizon = fairness_horizon(completed) if fairness_at is None else fairness_at
+    num_completed = a.num_completed
+    hits = a.hit_rates()
+    makespan = a.makespan()
+    done = a.completed
+    input_tokens = int(a.prompt_len[done].sum())
+    output_tokens = int(a.output_len[done].sum())
+    finishes = a.completed_finishes()
+    if fairness_at is not None:
+        horizon = fairness_at
+    else:  # ``fairness_horizon``: when half the completed requests had finished
+        horizon = median(finishes) if finishes.size else 0.0
     # Per-tenant numbers only mean something with more than one tenant.
-    multi_tenant = len({r.tenant_key for r in reqs}) > 1
-    tenants, jain = tenant_results(reqs, horizon) if multi_tenant else ([], 1.0)
+    tenants, jain = tenant_results(reqs, horizon) if a.num_tenants > 1 else ([], 1.0)
     return PolicyResult(
         policy=policy,
         hit_rate=hits.total,
         optimal_hit_rate=_as_float(optimal_hit_rate),
-        prefill_tokens_computed=sum(r.computed_prefill_tokens for r in reqs),
-        num_requests=len(reqs),
-        ttft_s=Stats.of(_ttft(completed)),
-        tpot_s=Stats.of(_tpot(completed)),
-        itl_s=Stats.of(_itl(completed), consume=True),
-        e2e_s=Stats.of(_e2e(completed)),
-        queue_wait_s=Stats.of(_queue_wait(completed)),
+        prefill_tokens_computed=int(a.computed.sum()),
+        num_requests=a.num_requests,
+        ttft_s=Stats.of(a.ttft()),
+        tpot_s=Stats.of(a.tpot()),
+        itl_s=Stats.of(a.itl(), consume=True),
+        e2e_s=Stats.of(a.e2e()),
+        queue_wait_s=Stats.of(a.queue_wait()),
         throughput=Throughput(
-            requests_per_s=_ratio(len(completed), makespan),
+            requests_per_s=_ratio(num_completed, makespan),
             input_tokens_per_s=_ratio(input_tokens, makespan),
             output_tokens_per_s=_ratio(output_tokens, makespan),
         ),
@@ -189,17 +187,15 @@ def summarize(
         cached_tokens=hits.cached_tokens,
         prompt_tokens=hits.prompt_tokens,
         output_tokens=output_tokens,
-        num_completed=len(completed),
-        num_aborted=sum(
-            1 for r in reqs if r.finish is not None and r.finish.reason is FinishReason.ABORT
-        ),
+        num_completed=num_completed,
+        num_aborted=int(np.count_nonzero(a.aborted)),
         fairness_jain=jain,
         fairness_horizon_s=_as_float(horizon),
         peak_queue_len=int(sampled.queue_len.max()) if sampled is not None else 0,
         mean_running=_as_float(sampled.running.mean()) if sampled is not None else 0.0,
         peak_kv_usage=_as_float(sampled.kv_usage.max()) if sampled is not None else 0.0,
         tenants=tuple(tenants),
-        load=load_check(reqs, _ratio(len(completed), makespan)),
+        load=load_check_of(a, _ratio(num_completed, makespan)),
         slo=slo_result(reqs, slo, makespan) if slo is not None and slo.active else None,
         extra=dict(extra or {}),
     )

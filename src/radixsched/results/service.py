@@ -8,9 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-import numpy as np
-
-from radixsched.request import FinishReason, Req
+from radixsched.request import Req
+from radixsched.results.reqarrays import RequestArrays
 from radixsched.results.requests import (
     SloTargets,
     _completed,
@@ -19,7 +18,15 @@ from radixsched.results.requests import (
     hit_rates,
     meets_slo,
 )
-from radixsched.results.stats import JSONValue, Stats, _as_float, _ratio, as_json, jain_index
+from radixsched.results.stats import (
+    JSONValue,
+    Stats,
+    _as_float,
+    _ratio,
+    as_json,
+    jain_index,
+    median,
+)
 
 
 def fairness_horizon(reqs: Iterable[Req]) -> float:
@@ -27,7 +34,7 @@ def fairness_horizon(reqs: Iterable[Req]) -> float:
     had finished. The system is still loaded then, so a policy that starves a tenant shows it,
     whereas at the end of a drained run every tenant has been fully served."""
     finishes = [r.times.finish for r in _completed(reqs) if r.times.finish is not None]
-    return float(np.median(finishes)) if finishes else 0.0
+    return median(finishes) if finishes else 0.0
 
 
 @dataclass(frozen=True)
@@ -158,34 +165,27 @@ class LoadCheck(NamedTuple):
 
 
 def load_check(reqs: Sequence[Req], served_requests_per_s: float) -> LoadCheck:
-    arrivals = [r.times.arrival for r in reqs]
-    if not arrivals:
+    return load_check_of(RequestArrays.of(reqs), served_requests_per_s)
+
+
+def load_check_of(arrays: RequestArrays, served_requests_per_s: float) -> LoadCheck:
+    """``load_check`` of requests read into arrays."""
+    if arrays.num_requests == 0:
         return LoadCheck(0.0, _as_float(served_requests_per_s), 0.0, 0, 0.0, False)
-    last = max(arrivals)
-    span = last - min(arrivals)
-    offered = _ratio(len(arrivals) - 1, span)
+    n = arrays.num_requests
+    last = float(arrays.arrival.max())
+    span = last - float(arrays.arrival.min())
+    offered = _ratio(n - 1, span)
     # Started after the last arrival; never started and not aborted (a rejected request
     # never waited).
-    backlog = sum(
-        1
-        for r in reqs
-        if (r.times.first_scheduled is not None and r.times.first_scheduled > last)
-        or (
-            r.times.first_scheduled is None
-            and not (r.finish is not None and r.finish.reason is FinishReason.ABORT)
-        )
-    )
-    service = [
-        t.finish - t.first_scheduled
-        for t in (r.times for r in _completed(reqs))
-        if t.finish is not None and t.first_scheduled is not None
-    ]
-    service_s = float(np.median(service)) if service else 0.0
+    backlog = arrays.backlog(last)
+    service = arrays.service()
+    service_s = median(service) if service.size else 0.0
     overloaded = (
-        len(arrivals) >= LOAD_MIN_REQUESTS
+        n >= LOAD_MIN_REQUESTS
         and span > 0
         and offered > OVERLOAD_RATIO * served_requests_per_s
-        and backlog >= max(LOAD_MIN_REQUESTS, LOAD_MIN_BACKLOG_SHARE * len(arrivals))
+        and backlog >= max(LOAD_MIN_REQUESTS, LOAD_MIN_BACKLOG_SHARE * n)
     )
     return LoadCheck(
         offered_requests_per_s=_as_float(offered),

@@ -62,7 +62,7 @@ class Stats(NamedTuple):
         if arr.size == 0:
             return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
         mean, std, top = arr.mean(), arr.std(), arr.max()  # before any reordering
-        p50, p90, p95, p99 = np.percentile(arr, [50.0, 90.0, 95.0, 99.0], overwrite_input=consume)
+        p50, p90, p95, p99 = percentiles(arr, _QUANTILES, overwrite_input=consume)
         mean, std, p50, p90, p95, p99, top = map(_as_float, (mean, std, p50, p90, p95, p99, top))
         return cls(mean, std, p50, p90, p95, p99, top, int(arr.size))
 
@@ -73,6 +73,55 @@ class Stats(NamedTuple):
     def from_json(cls, data: Mapping[str, Any], n: int = 0) -> Stats:
         values = {k: float(data[k]) for k in STATS_KEYS}
         return cls(**values, n=n)
+
+
+# ---- Order statistics as numpy computes them ---------------------------------------------------
+# ``np.percentile`` and ``np.median`` import ``numpy.ma`` on their first call (8 ms of a short
+# command: np.percentile's ``np.unique`` and np.median's NaN check ask whether an array is
+# masked). These give the same floats on a 1-D float64 array: the same order statistics (a
+# partition puts them in place whatever other positions it fixes), combined by the same
+# operations in the same order (tests/test_order_stats.py compares them bit for bit).
+
+# Stats' percentiles as fractions, divided as np.percentile divides them.
+_QUANTILES = np.true_divide(np.array([50.0, 90.0, 95.0, 99.0]), 100)
+
+
+def percentiles(
+    arr: FloatArray, quantiles: FloatArray, *, overwrite_input: bool = False
+) -> FloatArray:
+    """``np.percentile(arr, 100 * quantiles, overwrite_input=...)`` of a non-empty 1-D float64
+    array, method "linear": between the order statistics around ``(n - 1) * q``, weighted by
+    its fraction. ``overwrite_input``: ``arr`` may be reordered (no copy)."""
+    n = arr.size
+    virtual = (n - 1) * quantiles
+    lower = np.floor(virtual)
+    upper = lower + 1
+    top = virtual >= n - 1  # at or past the last value: the last value
+    lower[top] = -1
+    upper[top] = -1
+    lo, hi = lower.astype(np.intp), upper.astype(np.intp)
+    part = arr if overwrite_input else arr.copy()
+    part.partition(sorted({0, -1, *lo.tolist(), *hi.tolist()}))
+    below, above = part[lo], part[hi]
+    gamma = virtual - lo  # past the end, lo is -1 as in numpy: gamma >= 1 takes ``above``
+    diff = above - below
+    out = np.add(below, diff * gamma)
+    np.subtract(above, diff * (1 - gamma), out=out, where=gamma >= 0.5)
+    if np.isnan(part[-1]):  # NaNs partition last: any NaN makes every percentile NaN
+        out[:] = part[-1]
+    return out
+
+
+def median(values: npt.ArrayLike) -> float:
+    """``float(np.median(values))`` of a non-empty 1-D sample: the mean of its one or two
+    middle order statistics (NaN if any value is NaN)."""
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    n = arr.size
+    lo, hi = (n - 1) // 2, n // 2  # equal when n is odd
+    part = np.partition(arr, sorted({lo, hi, n - 1}))
+    if np.isnan(part[-1]):
+        return float(part[-1])
+    return float(part[lo : hi + 1].mean())  # np.median's mean: (a + b) / 2, or a / 1
 
 
 def jain_index(values: npt.ArrayLike) -> float:

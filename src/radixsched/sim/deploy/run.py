@@ -13,7 +13,7 @@ import numpy as np
 
 from radixsched.request import Req
 from radixsched.results.metrics import PolicyResult, summarize
-from radixsched.results.requests import ttft_samples
+from radixsched.results.reqarrays import RequestArrays
 from radixsched.results.series import TimeSeries
 from radixsched.sim.deploy.closed_loop import restore_send_times
 from radixsched.sim.deploy.replicas import Replica, clone_request
@@ -125,10 +125,12 @@ def assemble(
         "gpus": gpu_count(sim_cfg),
         "deployment": deployment_label(sim_cfg),
     }
+    arrays = RequestArrays.of(reqs)  # read once: the summary's and the TTFT CDF's samples
     result = summarize(
         policy,
         reqs,
         series,
+        arrays=arrays,
         optimal_hit_rate=optimal_hit_rate,
         wall_s=wall,
         retractions=sum(s.retractions for s in stats),
@@ -139,7 +141,7 @@ def assemble(
     return SimRun(
         result,
         series,
-        ttft_samples(reqs),
+        arrays.ttft(),
         reqs,
         summaries,
         capacity,

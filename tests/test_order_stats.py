@@ -1,0 +1,68 @@
+"""``results.stats``' percentiles and median against numpy's, bit for bit: odd and even sizes,
+one value, repeated values, infinities and NaNs, in place or on a copy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixsched.results.stats import _QUANTILES, Stats, median, percentiles
+
+VALUES = st.lists(
+    st.floats(allow_nan=True, allow_infinity=True, width=64)
+    | st.sampled_from([0.1, 0.2, 0.3, 1e-300, -0.0, 0.0]),
+    min_size=1,
+    max_size=40,
+)
+
+
+def _bits(x: float | np.ndarray) -> bytes:
+    return np.asarray(x, dtype=np.float64).tobytes()
+
+
+def _same(got: float | np.ndarray, want: float | np.ndarray) -> bool:
+    """Equal bit for bit, a NaN matching any NaN (its payload never reaches the results)."""
+    g, w = np.atleast_1d(np.asarray(got, dtype=np.float64)), np.atleast_1d(np.asarray(want))
+    return g.shape == w.shape and all(
+        (math.isnan(a) and math.isnan(b)) or _bits(a) == _bits(b) for a, b in zip(g, w, strict=True)
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(VALUES, st.booleans())
+def test_percentiles_are_numpys(values: list[float], in_place: bool) -> None:
+    arr = np.array(values, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        want = np.percentile(arr.copy(), [50.0, 90.0, 95.0, 99.0])
+        got = percentiles(arr, _QUANTILES, overwrite_input=in_place)
+    assert _same(got, want)
+    if not in_place:
+        assert _bits(arr) == _bits(np.array(values, dtype=np.float64))  # left as it was
+
+
+@settings(max_examples=400, deadline=None)
+@given(VALUES)
+def test_median_is_numpys(values: list[float]) -> None:
+    with np.errstate(all="ignore"):
+        assert _same(median(values), float(np.median(values)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=300))
+def test_stats_percentiles_are_numpys(values: list[float]) -> None:
+    s = Stats.of(values)
+    want = np.percentile(np.array(values), [50.0, 90.0, 95.0, 99.0])
+    assert _same(np.array([s.p50, s.p90, s.p95, s.p99]), want)
+
+
+def test_by_hand() -> None:
+    assert median([3.0]) == 3.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert median([0.1, 0.2]) == (0.1 + 0.2) / 2
+    assert math.isnan(median([1.0, float("nan"), 2.0]))
+    arr = np.array([1.0, 2.0, 3.0, 4.0])
+    assert percentiles(arr, np.array([0.5, 0.9, 1.0])).tolist() == [2.5, 3.7, 4.0]
+    assert percentiles(np.array([7.0]), _QUANTILES).tolist() == [7.0] * 4
