@@ -374,6 +374,10 @@ void kv_checkpoint(nb::handle kv, nb::handle req, int64_t up_to) {
     nb::cast<NativeKV&>(kv).checkpoint(req, up_to);
 }
 
+void kv_release(nb::handle kv, nb::handle req, bool cache_kv) {
+    nb::cast<NativeKV&>(kv).release(req, cache_kv);
+}
+
 void kv_extend_slots(nb::handle kv, nb::handle req, int64_t end) {
     NativeKV& k = nb::cast<NativeKV&>(kv);
     const ReqNames& n = names();
