@@ -46,13 +46,14 @@ def _warm(sched: Any) -> None:
 
 def _arrivals(n: int, t0: float) -> list[Req]:
     """``n`` arrivals at ``t0`` on: cached prefixes, a duplicate id, a bad max_new_tokens,
-    a prompt that does not fit, priorities and namespaces."""
+    a prompt that does not fit, one capped to fit, priorities and namespaces."""
     out = []
     for i in range(n):
         prompt = np.concatenate([np.arange(120 + i, dtype=np.int32) + 1000 * (i % 2), [7 + i]])
         if i == 3:
             prompt = np.zeros(30_000, dtype=np.int32)  # does not fit: rejected
-        sampling = SamplingParams(max_new_tokens=0 if i == 4 else 5 + i)
+        max_new = {4: 0, 6: 10**6}.get(i, 5 + i)  # 0: rejected; 10**6: capped
+        sampling = SamplingParams(max_new_tokens=max_new)
         rid = "a1" if i == 2 else f"a{i}"  # a2 takes a1's id: rejected as a duplicate
         r = Req(rid, prompt.astype(np.int32), sampling, priority=i % 3 if i % 2 else None)
         if i == 5:
@@ -123,7 +124,7 @@ def test_batched_arrivals_equal_one_at_a_time(n: int, priority: bool) -> None:
         one.add_request(r, now=r.arrival_time)
     with _calls(NativeMatcher, "track_many") as batched:
         arrive.add_arrivals(many, b)
-    assert len(batched) == (1 if n >= 2 and not priority else 0)  # one call for several
+    assert len(batched) == (1 if n and not priority else 0)  # one call for several
     assert _queue_state(one, a) == _queue_state(many, b)
     assert _served(one, a) == _served(many, b)
 

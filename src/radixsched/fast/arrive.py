@@ -53,12 +53,12 @@ def lean_reads(sched: Scheduler) -> LeanReads | None:
 
 
 def add_arrivals(sched: Scheduler, reqs: Sequence[Req]) -> None:
-    """``sched.add_request(r, now=r.arrival_time)`` for each of ``reqs``, in order; in one
-    native matching call where the role queues arrivals in the fast queue without a limit."""
+    """``sched.add_request(r, now=r.arrival_time)`` for each of ``reqs``, in order; their
+    matching in one native call where the role queues arrivals in the fast queue without a
+    limit."""
     queue = sched.queue
     if (
-        len(reqs) < 2
-        or type(sched).add_request is not Scheduler.add_request
+        type(sched).add_request is not Scheduler.add_request
         or type(sched.role).enqueue is not Role.enqueue
         or sched.role.queue_limit is not None
         or not isinstance(queue, FastWaitingQueue)
@@ -70,13 +70,15 @@ def add_arrivals(sched: Scheduler, reqs: Sequence[Req]) -> None:
     cfg = sched.config
     prio, default = cfg.enable_priority_scheduling, cfg.default_priority_value
     by_rid, processed = sched._by_rid, sched.processed_tokens
+    plain = _plain_door(sched)
     accepted = []
     for r in reqs:  # ``add_request`` up to its enqueue
         t = r.arrival_time
-        err = sched._door_check(r)
-        if err is not None:
-            sched._reject(r, *err)
-            continue
+        if r.rid in by_rid or r.priority is not None or not plain(r):
+            err = sched._door_check(r)
+            if err is not None:
+                sched._reject(r, *err)
+                continue
         if prio and r.priority is None:
             r.priority = default
         r.queue_entry_time = r.arrival_time = r.times.arrival = t
@@ -84,3 +86,22 @@ def add_arrivals(sched: Scheduler, reqs: Sequence[Req]) -> None:
         by_rid[r.rid] = r
         accepted.append(r)
     queue.add_many(accepted)
+
+
+def _plain_door(sched: Scheduler) -> Callable[[Req], bool]:
+    """Whether ``_door_check`` accepts a request with a new rid and no priority without
+    touching it: at least one token to generate, and a prompt that fits with room for all of
+    them (its arithmetic, on the scheduler's constants). False: ``_door_check`` decides."""
+    p, capacity = sched.page_size, sched.capacity
+    max_req_len = min(sched.context_len - 1, capacity - 1)
+
+    def plain(r: Req) -> bool:
+        max_new, n = r.sampling.max_new_tokens, len(r.prompt_ids) + len(r.output_ids)
+        if max_new < 1 or n >= max_req_len:
+            return False
+        ceil = -(-n // p) * p
+        return ceil + p + 1 <= capacity and max_new <= min(
+            max_req_len - n - 1, capacity - ceil - p - 1
+        )
+
+    return plain

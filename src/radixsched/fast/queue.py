@@ -198,7 +198,7 @@ class FastWaitingQueue(WaitingQueue):
     def add_many(self, reqs: list[Req]) -> None:
         """``add`` of each of ``reqs`` in order, their matching in one native call (nothing
         between two arrivals reads the queue, and a track changes only its own request's)."""
-        if self.matcher is None or len(reqs) < 2:
+        if self.matcher is None or not reqs:
             for r in reqs:
                 self.add(r)
             return

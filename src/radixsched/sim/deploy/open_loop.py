@@ -188,8 +188,5 @@ def _deliver_due(rep: Replica, reqs: Sequence[Req], i: int, now: float) -> int:
     j, n = i + 1, len(reqs)
     while j < n and reqs[j].arrival_time <= now:
         j += 1
-    if j == i + 1:
-        deliver(reqs[i], (rep,), None, reqs[i].arrival_time)
-    else:
-        deliver_batch(reqs[i:j], rep)
+    deliver_batch(reqs[i:j], rep)
     return j
