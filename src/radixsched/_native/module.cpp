@@ -172,13 +172,14 @@ void matcher_on(PyTree& t) {
 // fill (its prompt while it has no output, else `fill_ids()`), as `as_tokens` gives it
 // unless it is a C-contiguous int32 array already, kept in `fills` under id(r); r moved to the
 // end of `reqs_of`; then tracked under namespace_id(r.namespace) and its stamps. Returns each
-// memo's matched length.
+// memo's matched length. `namespace_id` is asked once for the default namespace.
 nb::list track_many(PyTree& t, nb::handle reqs, nb::handle fills, nb::handle reqs_of,
                     nb::handle as_tokens, nb::handle namespace_id) {
     radixsched::Matcher& m = t.the_matcher();
     if (!PyDict_CheckExact(fills.ptr()) || !PyDict_CheckExact(reqs_of.ptr()))
         throw std::invalid_argument("track_many: fills and reqs_of must be dicts");
     nb::list out;
+    nb::object none_ns;  // namespace_id(None), asked once
     for (nb::handle r : reqs) {
         const nb::object k = nb::steal(PyLong_FromVoidPtr(r.ptr()));
         nb::object fill = nb::len(nb::object(r.attr("output_ids"))) == 0 ? nb::object(r.attr("prompt_ids"))
@@ -193,7 +194,10 @@ nb::list track_many(PyTree& t, nb::handle reqs, nb::handle fills, nb::handle req
         if (has < 0 || (has == 1 && PyDict_DelItem(reqs_of.ptr(), k.ptr()) < 0) ||
             PyDict_SetItem(reqs_of.ptr(), k.ptr(), r.ptr()) < 0)
             throw nb::python_error();
-        const auto ns = nb::cast<int32_t>(namespace_id(r.attr("namespace")));
+        // r.namespace is None exactly when both its parts are (asked of Python only then).
+        const bool plain_ns = r.attr("extra_key").is_none() && r.attr("cache_salt").is_none();
+        if (plain_ns && !none_ns.is_valid()) none_ns = namespace_id(nb::none());
+        const auto ns = nb::cast<int32_t>(plain_ns ? none_ns : namespace_id(r.attr("namespace")));
         const auto entry = nb::cast<double>(r.attr("queue_entry_time"));
         const auto arrival = nb::cast<double>(r.attr("arrival_time"));
         nb::object rid = r.attr("rid");

@@ -48,8 +48,8 @@ def retire(sched: FastScheduler, maybe: list[int], out: StepOutcome) -> bool:
     unsettled = sched.unsettled
     tokens_at: Any = None
     stand_in: Any = None
-    if unsettled:
-        runner = sched.jumper
+    if unsettled:  # ``settle``'s arguments (the runner is a multi-step one: it jumped)
+        runner: Any = sched.runner  # ``sched.jumper`` (a cast), without its property call
         tokens_at, stand_in = runner.tokens_at, runner.native_tokens()
     n = cols.retire(
         maybe,
