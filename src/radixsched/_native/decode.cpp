@@ -6,6 +6,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -173,6 +174,10 @@ namespace nb = nanobind;
 using namespace nb::literals;
 using radixsched::DecodeCols;
 using radixsched::DecodeRow;
+
+namespace radixsched {
+void kv_release(nb::handle kv, nb::handle req, bool cache_kv);  // kv.hpp (kv.cpp)
+}  // namespace radixsched
 
 namespace {
 
@@ -559,6 +564,91 @@ struct DecodeBatch {
                cols.ignore_eos() == o.cols.ignore_eos() && cols.stops() == o.cols.stops();
     }
 
+    // FastScheduler._retire_finished in one call where no row of `rows` (ascending) can stop
+    // early (`stops` unset: no stop ids, no EOS it heeds), so Scheduler.check_finish is the
+    // length test. In the Python path's order: `rows` settled when `unsettled` (settle's
+    // arguments); each row's request checked as check_finish does (finished: output_len >=
+    // max_new_tokens, finish = `finish_cls(length)`, times.finish its last token time, else
+    // `now()`; an IntegrityError past the max) and the finished appended to `finished`; their
+    // rows removed from `running` (the batch's list, in place) and from the columns; each
+    // released (`kv`'s release, caching its KV) and forgotten (its rid popped from `by_rid`,
+    // its id from `seq_of`), in order. Returns how many finished; None, with nothing changed,
+    // when a row can stop, is past its max_new_tokens or is not `running`'s (Python decides).
+    nb::object retire(const std::vector<int64_t>& rows, bool unsettled, nb::handle tokens_at,
+                      nb::handle stand_in, radixsched::Pool& pool, nb::handle kv,
+                      nb::handle running, nb::handle finished, nb::handle finish_cls,
+                      nb::handle length, nb::handle now, nb::handle by_rid,
+                      nb::handle seq_of) {
+        if (!PyList_CheckExact(running.ptr()) || !PyList_CheckExact(finished.ptr()) ||
+            !PyDict_CheckExact(by_rid.ptr()) || !PyDict_CheckExact(seq_of.ptr()) ||
+            size_t(PyList_GET_SIZE(running.ptr())) != reqs.size())
+            return nb::none();
+        int64_t last = -1;
+        for (int64_t i : rows) {
+            if (i <= last || size_t(i) >= reqs.size()) return nb::none();
+            last = i;
+            const DecodeRow row = cols.row(size_t(i));
+            if (row.stops || row.out_len > row.max_new ||
+                PyList_GET_ITEM(running.ptr(), i) != reqs[size_t(i)].ptr())
+                return nb::none();
+        }
+        if (unsettled && !rows.empty()) settle(rows, tokens_at, stand_in, pool);
+        std::vector<int64_t> gone;
+        std::vector<nb::object> done;
+        for (int64_t i : rows) {
+            const nb::object& r = reqs.at(size_t(i));
+            if (finish_length(r, finish_cls, length, now)) {
+                if (PyList_Append(finished.ptr(), r.ptr()) < 0) throw nb::python_error();
+                gone.push_back(i);
+                done.push_back(r);
+            }
+        }
+        if (gone.empty()) return nb::int_(0);
+        for (auto it = gone.rbegin(); it != gone.rend(); ++it)
+            if (PySequence_DelItem(running.ptr(), Py_ssize_t(*it)) < 0) throw nb::python_error();
+        remove_at(gone);
+        for (const nb::object& r : done) {
+            radixsched::kv_release(kv, r, true);
+            pop_key(by_rid, r.attr("rid"));
+            pop_key(seq_of, nb::steal(PyLong_FromVoidPtr(r.ptr())));
+        }
+        return nb::int_(gone.size());
+    }
+
+    // Scheduler.check_finish of a request that cannot stop early: finished when its output
+    // reached max_new_tokens (or it was already); an IntegrityError past it.
+    static bool finish_length(nb::handle r, nb::handle finish_cls, nb::handle reason,
+                              nb::handle now) {
+        const int64_t out = length(r, "output_ids");
+        const int64_t max_new = nb::cast<int64_t>(r.attr("sampling").attr("max_new_tokens"));
+        if (out >= max_new) {
+            nb::setattr(r, "finish", finish_cls(reason));
+            if (out > max_new) {
+                const nb::object err =
+                    nb::module_::import_("radixsched.cache.base").attr("IntegrityError");
+                const std::string msg = nb::cast<std::string>(nb::str(r.attr("rid"))) +
+                                        " produced " + std::to_string(out) + " > " +
+                                        std::to_string(max_new) + " tokens";
+                PyErr_SetString(err.ptr(), msg.c_str());
+                throw nb::python_error();
+            }
+        }
+        if (r.attr("finish").is_none()) return false;
+        const nb::object times = r.attr("times");
+        const nb::object tt = times.attr("token_times");
+        const Py_ssize_t n = PyObject_Length(tt.ptr());
+        if (n < 0) throw nb::python_error();
+        nb::setattr(times, "finish", n > 0 ? nb::object(tt[n - 1]) : now());
+        return true;
+    }
+
+    // dict.pop(key, None)
+    static void pop_key(nb::handle d, nb::handle key) {
+        const int has = PyDict_Contains(d.ptr(), key.ptr());
+        if (has < 0 || (has == 1 && PyDict_DelItem(d.ptr(), key.ptr()) < 0))
+            throw nb::python_error();
+    }
+
     // None when these deferred columns are `fresh` (the requests' own state) ahead by whole
     // decode steps (at most `log_len`), owing slots that sum to `reserved`; else the message.
     nb::object deferred_error(const DecodeBatch& fresh, int64_t log_len, int64_t reserved) const {
@@ -651,6 +741,9 @@ void bind_decode(nb::module_& m) {
              "horizon"_a.none(), "times"_a)
         .def("jump", &DecodeBatch::jump, "free"_a, "room"_a, "page"_a, "t0"_a,
              "horizon"_a.none(), "times"_a, "pool"_a, "evict"_a, "busy"_a, "running_x"_a)
+        .def("retire", &DecodeBatch::retire, "rows"_a, "unsettled"_a, "tokens_at"_a.none(),
+             "stand_in"_a.none(), "pool"_a, "kv"_a, "running"_a, "finished"_a, "finish_cls"_a,
+             "length"_a, "now"_a, "by_rid"_a, "seq_of"_a)
         .def_prop_ro("log_len", [](const DecodeBatch& b) { return nb::len(b.log_); })
         .def("clear_log", [](DecodeBatch& b) { b.log_.clear(); })
         .def("same_as", &DecodeBatch::same_as, "other"_a)

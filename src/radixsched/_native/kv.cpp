@@ -264,8 +264,13 @@ public:
             joined.assign(prompt.data() + std::min(start, np), prompt.data() + np);
             nb::object outs = get(req, n.output_ids);
             const int64_t stop = std::min(aligned - np, len_of(outs));
-            for (int64_t i = std::max<int64_t>(start - np, 0); i < stop; ++i)
-                joined.push_back(nb::cast<int32_t>(outs[i]));
+            const bool list = PyList_CheckExact(outs.ptr());  // read in place, no index objects
+            for (int64_t i = std::max<int64_t>(start - np, 0); i < stop; ++i) {
+                if (list && i >= PyList_GET_SIZE(outs.ptr()))
+                    throw std::runtime_error("checkpoint: output_ids shrank while read");
+                joined.push_back(list ? nb::cast<int32_t>(nb::handle(PyList_GET_ITEM(outs.ptr(), i)))
+                                      : nb::cast<int32_t>(outs[i]));
+            }
             tokens = joined.data();
         }
         nb::object row_obj = get(req, n.kv_row);
@@ -372,6 +377,10 @@ int64_t kv_room(nb::handle kv) { return nb::cast<NativeKV&>(kv).room(); }
 
 void kv_checkpoint(nb::handle kv, nb::handle req, int64_t up_to) {
     nb::cast<NativeKV&>(kv).checkpoint(req, up_to);
+}
+
+void kv_release(nb::handle kv, nb::handle req, bool cache_kv) {
+    nb::cast<NativeKV&>(kv).release(req, cache_kv);
 }
 
 void kv_extend_slots(nb::handle kv, nb::handle req, int64_t end) {

@@ -83,5 +83,7 @@ void kv_checkpoint(nanobind::handle kv, nanobind::handle req, int64_t up_to);
 // to load (host_hit_len 0, else this raises): its row's slots up to `end` and its kv_len; the
 // entry itself is not built.
 void kv_extend_slots(nanobind::handle kv, nanobind::handle req, int64_t end);
+// FastKVManager.release(req, cache_kv=cache_kv) (decode.cpp's retire of finished rows).
+void kv_release(nanobind::handle kv, nanobind::handle req, bool cache_kv);
 
 }  // namespace radixsched

@@ -168,6 +168,46 @@ void matcher_on(PyTree& t) {
     t.matcher = std::make_unique<radixsched::Matcher>(t);
 }
 
+// NativeMatcher.track of each of `reqs` in order (its keys off), in one call: each request's
+// fill (its prompt while it has no output, else `fill_ids()`), as `as_tokens` gives it
+// unless it is a C-contiguous int32 array already, kept in `fills` under id(r); r moved to the
+// end of `reqs_of`; then tracked under namespace_id(r.namespace) and its stamps. Returns each
+// memo's matched length. `namespace_id` is asked once for the default namespace.
+nb::list track_many(PyTree& t, nb::handle reqs, nb::handle fills, nb::handle reqs_of,
+                    nb::handle as_tokens, nb::handle namespace_id) {
+    radixsched::Matcher& m = t.the_matcher();
+    if (!PyDict_CheckExact(fills.ptr()) || !PyDict_CheckExact(reqs_of.ptr()))
+        throw std::invalid_argument("track_many: fills and reqs_of must be dicts");
+    nb::list out;
+    nb::object none_ns;  // namespace_id(None), asked once
+    for (nb::handle r : reqs) {
+        const nb::object k = nb::steal(PyLong_FromVoidPtr(r.ptr()));
+        nb::object fill = nb::len(nb::object(r.attr("output_ids"))) == 0 ? nb::object(r.attr("prompt_ids"))
+                                                            : nb::object(r.attr("fill_ids")());
+        Tokens tok;
+        if (!nb::try_cast<Tokens>(fill, tok, false)) {
+            fill = as_tokens(fill);
+            tok = nb::cast<Tokens>(fill, false);
+        }
+        if (PyDict_SetItem(fills.ptr(), k.ptr(), fill.ptr()) < 0) throw nb::python_error();
+        const int has = PyDict_Contains(reqs_of.ptr(), k.ptr());
+        if (has < 0 || (has == 1 && PyDict_DelItem(reqs_of.ptr(), k.ptr()) < 0) ||
+            PyDict_SetItem(reqs_of.ptr(), k.ptr(), r.ptr()) < 0)
+            throw nb::python_error();
+        // r.namespace is None exactly when both its parts are (asked of Python only then).
+        const bool plain_ns = r.attr("extra_key").is_none() && r.attr("cache_salt").is_none();
+        if (plain_ns && !none_ns.is_valid()) none_ns = namespace_id(nb::none());
+        const auto ns = nb::cast<int32_t>(plain_ns ? none_ns : namespace_id(r.attr("namespace")));
+        const auto entry = nb::cast<double>(r.attr("queue_entry_time"));
+        const auto arrival = nb::cast<double>(r.attr("arrival_time"));
+        nb::object rid = r.attr("rid");
+        auto rep = m.has_dedup() ? radixsched::rep_inputs(entry, arrival, rid)
+                                 : radixsched::RepInputs{};
+        out.append(m.track(nb::cast<int64_t>(k), tok.data(), tok.shape(0), ns, std::move(rep)).n);
+    }
+    return out;
+}
+
 void bind_matcher(nb::class_<PyTree>& c) {
     c.def("matcher_on", &matcher_on)
         .def("track",
@@ -180,6 +220,8 @@ void bind_matcher(nb::class_<PyTree>& c) {
              },
              "k"_a, "tokens"_a, "ns"_a, "entry"_a = 0.0, "arrival"_a = 0.0,
              "rid"_a = nb::none())
+        .def("track_many", &track_many, "reqs"_a, "fills"_a, "reqs_of"_a, "as_tokens"_a,
+             "namespace_id"_a)
         .def("untrack", [](PyTree& t, int64_t k) { t.the_matcher().untrack(k); })
         .def("refresh", [](PyTree& t) { return t.the_matcher().refresh(); })
         .def("memo", [](PyTree& t, int64_t k) { return memo_tuple(t.the_matcher().memo(k)); })

@@ -43,6 +43,7 @@ from radixsched.clock import VirtualClock
 from radixsched.fast import admit as admission
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
+from radixsched.fast.retire import retire
 from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
 from radixsched.queue import RoundOrder
@@ -616,7 +617,9 @@ class FastScheduler(Scheduler):
 
     def _retire_finished(self, maybe: list[int], out: StepOutcome) -> None:
         """Only the rows that can have finished (``maybe``) are checked (a jump never spans a
-        stop)."""
+        stop): in one native call where no row can stop early (``fast/retire.py``)."""
+        if retire(self, maybe, out):
+            return
         if self.unsettled:
             self.settle(maybe)
         running, gone = self.running, []

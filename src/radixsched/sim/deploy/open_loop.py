@@ -17,9 +17,17 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from radixsched.fast.arrive import LeanReads, lean_reads
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
-from radixsched.sim.deploy.replicas import Replica, deliver, sample_series, step_earliest
+from radixsched.scheduler import StepOutcome
+from radixsched.sim.deploy.replicas import (
+    Replica,
+    deliver,
+    deliver_batch,
+    sample_series,
+    step_earliest,
+)
 
 
 def run_open_loop(
@@ -71,25 +79,24 @@ def _run_one_replica(
     check_integrity: bool,
 ) -> None:
     """``run_open_loop`` for one replica without a router (the common case, kept lean: it
-    runs once per scheduler step). Steps until the next arrival, then delivers it."""
+    runs once per scheduler step). Steps until the next arrival, then delivers it with every
+    later arrival already due (at or before the replica's clock: single deliveries would take
+    no step between them, and an idle replica's jump to each would not move its clock)."""
+    lean = lean_reads(rep.sched)
+    if lean is not None:
+        _run_lean(rep, reqs, series, on_progress, check_integrity, lean)
+        return
     sched, clock, append = rep.sched, rep.clock, series.append
     n = len(reqs)
-    done = 0
-    for i in range(n + 1):
+    done = i = 0
+    while True:
         ta = reqs[i].arrival_time if i < n else math.inf
         horizon = None if i == n else ta
         while not sched.is_idle:
             start = clock.now()
             if not start < ta:
                 break
-            out = sched.step(horizon)
-            if check_integrity:
-                sched.check_integrity()
-            if out is None:
-                raise RuntimeError(
-                    f"replica {rep.idx} has work but could not schedule it "
-                    f"(waiting={len(sched.waiting)}, running={len(sched.running)})"
-                )
+            out = _step(rep, horizon, check_integrity)
             st = sched.stats  # ``sample_series`` for one replica, inlined
             append(
                 start,
@@ -102,9 +109,84 @@ def _run_one_replica(
             if out.finished and on_progress is not None:
                 done += len(out.finished)
                 on_progress(done, n)
-        if i < n:
-            if sched.is_idle:
-                clock.jump_to(ta)
-            deliver(reqs[i], (rep,), None, ta)
+        if i == n:
+            break
+        if sched.is_idle:
+            clock.jump_to(ta)
+        i = _deliver_due(rep, reqs, i, clock.now())
     if on_progress is not None:
         on_progress(n, n)
+
+
+def _run_lean(
+    rep: Replica,
+    reqs: Sequence[Req],
+    series: TimeSeries,
+    on_progress: Callable[[int, int], None] | None,
+    check_integrity: bool,
+    lean: LeanReads,
+) -> None:
+    """``_run_one_replica`` reading the scheduler's state straight from ``lean`` (the same
+    values as its properties: ``fast.arrive.lean_reads``)."""
+    sched, clock, append, st = rep.sched, rep.clock, series.append, rep.sched.stats
+    waiting, running, free, evictable, cap = lean
+    n = len(reqs)
+    done = i = 0
+    while True:
+        ta = reqs[i].arrival_time if i < n else math.inf
+        horizon = None if i == n else ta
+        while waiting or running or sched.chunked_req is not None:  # not ``is_idle``
+            start = clock.now()
+            if not start < ta:
+                break
+            out = sched.step(horizon)
+            if check_integrity:
+                sched.check_integrity()
+            if out is None:
+                raise _cannot_schedule(rep)
+            append(
+                start,
+                len(waiting),
+                len(running) + (1 if sched.chunked_req is not None else 0),
+                (cap - (free() + evictable())) / cap,
+                st.cached_prompt_tokens,
+                st.prompt_tokens,
+            )
+            if out.finished and on_progress is not None:
+                done += len(out.finished)
+                on_progress(done, n)
+        if i == n:
+            break
+        if not (waiting or running or sched.chunked_req is not None):
+            clock.jump_to(ta)
+        i = _deliver_due(rep, reqs, i, clock.now())
+    if on_progress is not None:
+        on_progress(n, n)
+
+
+def _step(rep: Replica, horizon: float | None, check_integrity: bool) -> StepOutcome:
+    sched = rep.sched
+    out = sched.step(horizon)
+    if check_integrity:
+        sched.check_integrity()
+    if out is None:
+        raise _cannot_schedule(rep)
+    return out
+
+
+def _cannot_schedule(rep: Replica) -> RuntimeError:
+    s = rep.sched
+    return RuntimeError(
+        f"replica {rep.idx} has work but could not schedule it "
+        f"(waiting={len(s.waiting)}, running={len(s.running)})"
+    )
+
+
+def _deliver_due(rep: Replica, reqs: Sequence[Req], i: int, now: float) -> int:
+    """Deliver arrival ``i`` and the ones after it due by ``now`` (the replica's clock, at or
+    past arrival ``i``); returns the next arrival's index."""
+    j, n = i + 1, len(reqs)
+    while j < n and reqs[j].arrival_time <= now:
+        j += 1
+    deliver_batch(reqs[i:j], rep)
+    return j

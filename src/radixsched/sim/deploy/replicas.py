@@ -12,6 +12,7 @@ from typing import Any
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
+from radixsched.fast.arrive import add_arrivals
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -103,6 +104,13 @@ def deliver(req: Req, replicas: Sequence[Replica], router: Any, t: float) -> Rep
     rep.reqs.append(req)
     rep.sched.add_request(req, now=t)
     return rep
+
+
+def deliver_batch(reqs: Sequence[Req], rep: Replica) -> None:
+    """``deliver(r, (rep,), None, r.arrival_time)`` for each of ``reqs`` in order, no step
+    between (``fast.arrive.add_arrivals``: their matching in one native call)."""
+    rep.reqs.extend(reqs)
+    add_arrivals(rep.sched, reqs)
 
 
 def step_earliest(

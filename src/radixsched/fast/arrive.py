@@ -1,0 +1,107 @@
+"""The simulator's per-step reads and its arrivals, with fewer Python calls.
+
+- ``add_arrivals``: ``Scheduler.add_request(r, now=r.arrival_time)`` of several requests in a
+  row (arrivals the loop delivers back to back, no step between), their matching in one
+  native call (``FastWaitingQueue.add_many``). Nothing an arrival does reads what a later
+  arrival's door check writes (the rid table aside, updated in order), and no door check reads
+  the queue, so the door checks first, then the queue's adds, give what one request after the
+  other gives.
+- ``lean_reads``: the lists and counters behind ``is_idle``, ``len(waiting)``,
+  ``num_running()`` and ``kv_usage()``, for a scheduler whose properties are the reference's
+  over the fast core's (the same values, read without a method call each)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from radixsched.fast.queue import FastWaitingQueue
+from radixsched.fast.scheduler import FastScheduler
+from radixsched.request import Req
+from radixsched.roles import Role
+from radixsched.scheduler import Scheduler
+
+_READS = ("waiting", "running", "is_idle", "num_running", "kv_usage")
+
+
+class LeanReads(NamedTuple):
+    """What the reference's reads compute from: ``waiting`` is ``queue.reqs``, ``running``
+    is ``batch.reqs`` (neither list is ever rebound), ``is_idle`` is both empty and no chunked
+    request (the role has nothing of its own), ``kv_usage()`` is
+    ``(capacity - (free() + evictable())) / capacity``."""
+
+    waiting: list[Req]
+    running: list[Req]
+    free: Callable[[], int]
+    evictable: Callable[[], int]
+    capacity: int
+
+
+def lean_reads(sched: Scheduler) -> LeanReads | None:
+    """The reads behind ``sched``'s properties where they are the reference's over the fast
+    core's counters (None otherwise: read the properties)."""
+    cls = type(sched)
+    if not isinstance(sched, FastScheduler) or cls._room is not FastScheduler._room:
+        return None
+    if any(getattr(cls, a) is not getattr(Scheduler, a) for a in _READS):
+        return None
+    if type(sched.role).idle is not Role.idle:
+        return None
+    return LeanReads(
+        sched.queue.reqs, sched.batch.reqs, sched._free_size, sched._evictable_size, sched.capacity
+    )
+
+
+def add_arrivals(sched: Scheduler, reqs: Sequence[Req]) -> None:
+    """``sched.add_request(r, now=r.arrival_time)`` for each of ``reqs``, in order; their
+    matching in one native call where the role queues arrivals in the fast queue without a
+    limit."""
+    queue = sched.queue
+    if (
+        type(sched).add_request is not Scheduler.add_request
+        or type(sched.role).enqueue is not Role.enqueue
+        or sched.role.queue_limit is not None
+        or not isinstance(queue, FastWaitingQueue)
+        or type(queue).add is not FastWaitingQueue.add
+    ):
+        for r in reqs:
+            sched.add_request(r, now=r.arrival_time)
+        return
+    cfg = sched.config
+    prio, default = cfg.enable_priority_scheduling, cfg.default_priority_value
+    by_rid, processed = sched._by_rid, sched.processed_tokens
+    plain = _plain_door(sched)
+    accepted = []
+    for r in reqs:  # ``add_request`` up to its enqueue
+        t = r.arrival_time
+        if r.rid in by_rid or r.priority is not None or not plain(r):
+            err = sched._door_check(r)
+            if err is not None:
+                sched._reject(r, *err)
+                continue
+        if prio and r.priority is None:
+            r.priority = default
+        r.queue_entry_time = r.arrival_time = r.times.arrival = t
+        r.queue_entry_processed_tokens = processed
+        by_rid[r.rid] = r
+        accepted.append(r)
+    queue.add_many(accepted)
+
+
+def _plain_door(sched: Scheduler) -> Callable[[Req], bool]:
+    """Whether ``_door_check`` accepts a request with a new rid and no priority without
+    touching it: at least one token to generate, and a prompt that fits with room for all of
+    them (its arithmetic, on the scheduler's constants). False: ``_door_check`` decides."""
+    p, capacity = sched.page_size, sched.capacity
+    max_req_len = min(sched.context_len - 1, capacity - 1)
+
+    def plain(r: Req) -> bool:
+        max_new, n = r.sampling.max_new_tokens, len(r.prompt_ids) + len(r.output_ids)
+        if max_new < 1 or n >= max_req_len:
+            return False
+        ceil = -(-n // p) * p
+        return ceil + p + 1 <= capacity and max_new <= min(
+            max_req_len - n - 1, capacity - ceil - p - 1
+        )
+
+    return plain
