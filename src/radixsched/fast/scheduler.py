@@ -41,12 +41,14 @@ from radixsched.cache import TokenAllocator, native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.fast import admit as admission
+from radixsched.fast import step as steps
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
 from radixsched.queue import RoundOrder
 from radixsched.request import Req
+from radixsched.roles import Role
 from radixsched.runner import Batch, ExtendEntry
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -206,6 +208,23 @@ class FastScheduler(Scheduler):
             and type(self.clock) is VirtualClock
             and self.runner.supports_multi_step
         )
+        # A prefill step in few calls (``fast/step.py``), where the run's setup allows it.
+        self._direct = self._fusion and self._steps_direct()
+
+    def _steps_direct(self) -> bool:
+        """Whether ``fast.step`` may run this scheduler's prefill steps: the reference's step
+        pieces as defined here (a subclass or role that overrides one keeps them), and the
+        native admission's setup (``admission.covers_run``)."""
+        cls = type(self)
+        pieces = (
+            *("prefill_round", "_build_prefill", "new_adder", "fill_round", "_admit"),
+            *("_prefill_batch", "_extend_entries", "run", "_requeue", "order_round"),
+        )
+        return (
+            type(self.role).step is Role.step
+            and all(getattr(cls, p) is getattr(FastScheduler, p) for p in pieces)
+            and admission.covers_run(self)
+        )
 
     def _make_running(self) -> FastRunningBatch:
         return FastRunningBatch(bool(self.eos_ids), self.settle)
@@ -354,7 +373,13 @@ class FastScheduler(Scheduler):
         return cast(int, self._free_size() + self._evictable_size())
 
     def step(self, horizon: float | None = None) -> StepOutcome | None:
-        if self.chunked_req is None or not self._fusion:
+        if self.chunked_req is None:
+            if not self._direct:
+                return super().step(horizon)
+            st = self.stats
+            st.peak_waiting = max(st.peak_waiting, len(self.queue.reqs))
+            return steps.fresh(self, horizon)
+        if not self._fusion:
             return super().step(horizon)
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
         out = StepOutcome("extend", 0.0, 1, num_steps=0)
@@ -374,6 +399,8 @@ class FastScheduler(Scheduler):
         self.chunked_req = plan.still_chunked
         adder = plan.adder
         order = None if adder.budget_state() is AddReqResult.OTHER else self.order_round()
+        if self._direct:
+            return steps.continued(self, adder, order, horizon)
         batch = self.fill_round(adder, order, False, True)
         return self.run(batch) if batch is not None else self.decode_round(horizon)
 
