@@ -12,6 +12,8 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -79,7 +81,14 @@ void charge(Budget& b, int64_t page, int64_t prefix_len, int64_t extend_len, dou
 
 int64_t common_prefix(const int32_t* a, int64_t na, const int32_t* b, int64_t nb_) {
     const int64_t n = std::min(na, nb_);
-    return std::mismatch(a, a + n, b).first - a;
+    // Whole blocks that memcmp (vectorized) finds equal are skipped, then the first mismatch
+    // is searched from the first block that differs (or the tail): the same length as a scan
+    // from the start. Shared prompts agree for thousands of tokens (the in-flight guard).
+    constexpr int64_t kBlock = 128;
+    int64_t i = 0;
+    while (n - i >= kBlock && std::memcmp(a + i, b + i, kBlock * sizeof(int32_t)) == 0)
+        i += kBlock;
+    return std::mismatch(a + i, a + n, b + i).first - a;
 }
 
 namespace {

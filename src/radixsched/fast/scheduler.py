@@ -199,12 +199,19 @@ class FastScheduler(Scheduler):
         self._free_size = self._pool.available_size
         self._evictable_size = self.kv.cache.tree.evictable_size
         self._fusion = self._fuses_chunks()
+        # ``_native_chunks``'s test: more left than this (None: no chunking) may be a middle
+        # chunk (the config is frozen).
+        self._chunk = chunk = cfg.chunk_size
+        self._middle_least = (
+            None if chunk is None else min(chunk, cfg.max_prefill_tokens) - cfg.page_size
+        )
         # ``_native_step``'s tests that hold for the whole run (the KV manager's host tier, the
         # frozen policy, the clock and the runner are set once); the runner's timer and
         # stand-ins' recipe can change (a cost model or seed reassigned) and are asked each time.
+        self._charges = self.policy.charges_service  # the policy is frozen
         self._native_steps = (
             self.kv.host_tier is None
-            and not self.policy.charges_service
+            and not self._charges
             and type(self.clock) is VirtualClock
             and self.runner.supports_multi_step
         )
@@ -413,24 +420,22 @@ class FastScheduler(Scheduler):
         False: the continuation (checkpointed or not, nothing else changed) is Python's to
         plan. The adder's inputs are read once: no middle chunk changes the running batch or
         the new-token ratio."""
-        cfg, req = self.config, self.chunked_req
-        chunk = cfg.chunk_size
+        req, least = self.chunked_req, self._middle_least
         assert req is not None
         # A middle chunk (from extend_end, where the checkpoint leaves prefix_len) is cut
         # short of what is left (new_len < left) and spends the chunk or the prefill budget
         # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
         # left than that the continuation is not one (a last chunk: the common case), and
         # Python plans it without a native call. Only speed depends on this test.
-        if (
-            chunk is None
-            or req.fill_len - req.extend_end <= min(chunk, cfg.max_prefill_tokens) - cfg.page_size
-        ):
+        if least is None or req.fill_len - req.extend_end <= least:
             return False
         native = self._native_step()
         if native is None:
             return False
         if not self.running:
             self.batch_is_full = False
+        cfg, chunk = self.config, self._chunk
+        assert chunk is not None  # least is not None
         full, discounted = self.batch.decode_tokens(cfg.clip_max_new_tokens)
         done, out.duration_s, out.prefill_tokens, out.num_steps = self.prefill_run.chunks(
             self.kv.native,
@@ -532,15 +537,17 @@ class FastScheduler(Scheduler):
         """Deferred decode steps (``DecodeBatch.jump``: how many, their times, their slots
         reserved, the log and the columns advanced, in one native call), as that many
         reference decode rounds; None when one step does not fit (room must be made first)."""
-        st, t0, reqs = self.stats, self.clock.now(), list(self.running)
+        st, t0, reqs, runner = self.stats, self.clock.now(), list(self.batch.reqs), self.jumper
+        free_size, evictable = self._free_size, self._evictable_size
+        timer = runner.native_decode_cost()  # _step_timer
         res = cols.jump(
             free,
-            self._room(),
+            free_size() + evictable(),  # _room
             self.page_size,
             t0,
             horizon,
-            self._step_timer(),
-            self.allocator,
+            runner if timer is None else timer,
+            self._pool,
             self.cache.evict,
             st.busy_s,
             st.running_x_s,
@@ -553,15 +560,15 @@ class FastScheduler(Scheduler):
         self._advance_to(end, end - t0)
         self.ratio.decay_steps(k)
         st.decode_steps += k
-        st.peak_kv_usage = max(st.peak_kv_usage, self.kv_usage())
+        cap = self.capacity
+        st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
         out = JumpOutcome("decode", end - t0, len(reqs), num_steps=k)
         self.unsettled = True
-        runner = self.jumper
         out.batch_tokens = lambda: (
             reqs,
             runner.tokens_at(reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]).tolist(),
         )
-        if self.policy.charges_service:
+        if self._charges:
             self._charge_decode(reqs, k)
         if maybe:
             self._retire_finished(maybe, out)
