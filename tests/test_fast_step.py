@@ -11,13 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import golden
+from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
 from radixsched.fast import build_scheduler
 from radixsched.fast import step as steps
-from radixsched.fast.scheduler import FastScheduler
+from radixsched.fast.scheduler import ChunkPlan, FastScheduler
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.cost.build import load_cost_model
@@ -160,3 +163,149 @@ def test_native_common_prefix_equals_the_python_one(at: int, tail: int) -> None:
         b[at] = -1  # the first difference at ``at``
     for x, y in ((a, b), (b, a), (a, b[:at]), (a[: at // 2], b)):
         assert lib.common_prefix(x, y) == longest_common_prefix(x, y)
+
+
+# ---- the continuation in C++: the Python adder's, value for value --------------------------------
+class _Room:
+    def __init__(self, free: int, evictable: int) -> None:
+        self.free, self.evictable = free, evictable
+
+    def available_size(self) -> int:
+        return self.free
+
+    def evictable_size(self) -> int:
+        return self.evictable
+
+
+def _python_continuation(
+    page: int,
+    max_prefill: int,
+    chunk: int,
+    running: tuple[int, int],
+    ratio: float,
+    room: tuple[int, int],
+    prefix: int,
+    fill: int,
+    left: int,
+    ignore_eos: bool,
+) -> tuple[Any, ...]:
+    """``_adder_plan`` on the Python adder, as ``_core.plan_continuation`` reports it (kind 0)
+    or would decline it (kind 1: a middle chunk)."""
+    cfg = SchedulerConfig(
+        page_size=page, chunked_prefill_size=chunk, max_prefill_tokens=max_prefill
+    )
+    space = _Room(*room)
+    adder = PrefillAdder(
+        config=cfg,
+        cache=space,  # type: ignore[arg-type]
+        allocator=space,
+        running=[],
+        new_token_ratio=ratio,
+        running_tokens=running,
+    )
+    req: Any = SimpleNamespace(
+        prefix_len=prefix,
+        extend_end=prefix,
+        fill_len=fill,
+        remaining_new_tokens=left,
+        sampling=SimpleNamespace(ignore_eos=ignore_eos),
+    )
+    plan = ChunkPlan(adder, adder.add_chunked_req(req), req)
+    n = req.extend_end - prefix
+    assert [(a.prefix_len, a.extend_len) for a in adder.can_run_list] == (
+        [(prefix, n)] if n else []
+    )
+    return (
+        1 if plan.is_middle else 0,
+        n,
+        plan.still_chunked is not None,
+        adder.total_offset,
+        adder.current_offset,
+        adder.rem_input_tokens,
+        adder.rem_chunk_tokens,
+        adder.budget_state() is AddReqResult.OTHER,
+    )
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    page=st.sampled_from([1, 4, 16]),
+    max_prefill=st.integers(1, 300),
+    pages=st.integers(1, 50),
+    running=st.tuples(st.integers(0, 400), st.integers(0, 400)),
+    ratio=st.sampled_from([0.0, 0.1, 0.7, 1.0, 0.333]),
+    room=st.tuples(st.integers(0, 500), st.integers(0, 100)),
+    prefix=st.integers(0, 300),
+    extra=st.integers(1, 400),
+    left=st.integers(0, 5000),
+    clip=st.sampled_from([1, 64, 4096]),
+    ignore_eos=st.booleans(),
+)
+def test_the_native_continuation_is_the_python_adders(
+    page: int,
+    max_prefill: int,
+    pages: int,
+    running: tuple[int, int],
+    ratio: float,
+    room: tuple[int, int],
+    prefix: int,
+    extra: int,
+    left: int,
+    clip: int,
+    ignore_eos: bool,
+) -> None:
+    chunk = pages * page
+    # admission_reservation, as PrefillRun.continuation computes it from the request
+    resv = min(left, clip) * (1.0 if ignore_eos else ratio)
+    want = _python_continuation(
+        page,
+        max_prefill,
+        chunk,
+        running,
+        ratio,
+        room,
+        prefix,
+        prefix + extra,
+        min(left, clip),
+        ignore_eos,
+    )
+    lib: Any = core()
+    got = lib.plan_continuation(
+        page, max_prefill, chunk, *running, ratio, sum(room), prefix, prefix + extra, resv
+    )
+    assert got[0] != 2
+    if got[0] == 1:  # a middle chunk: Python plans it (the rest is what it would find)
+        assert want[0] == 1
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    ("args", "kind"),
+    [
+        ((1, 16384, 64, 0, 0, 0.5, 1000, 0, 64, 3.5), 0),  # the last chunk
+        ((16, 16384, 64, 0, 0, 0.5, 15, 0, 500, 3.5), 0),  # a stall: no room for a page
+        ((4, 16384, 16, 0, 0, 0.5, 1000, 6, 500, 3.5), 1),  # a middle chunk off the pages
+        ((1, 16384, 64, 0, 1, float("nan"), 100, 0, 500, 3.5), 2),  # math.floor would raise
+        ((1, 16384, 64, 0, 0, 0.5, 1000, 10, 10, 3.5), 2),  # nothing left to extend
+    ],
+)
+def test_continuation_cases(args: tuple[Any, ...], kind: int) -> None:
+    lib: Any = core()
+    assert lib.plan_continuation(*args)[0] == kind
+
+
+def test_the_continuation_runs_natively_for_a_chunked_prompt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = {"native": 0, "python": 0}
+    real = steps.continuation
+
+    def counting(s: Any, req: Req) -> Any:
+        got = real(s, req)
+        seen["python" if got is None else "native"] += 1
+        return got
+
+    monkeypatch.setattr(steps, "continuation", counting)
+    w = load_workload(_SHARED, request_rate=50.0)
+    _same(w, SchedulerConfig(schedule_policy="lpm", chunked_prefill_size=128), slots=3000)
+    assert seen["native"] > 0

@@ -38,7 +38,8 @@ struct Names {
         *processed_tokens, *clock, *jump_to, *finish_prefill, *busy_s, *running_x_s,
         *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
         *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
-        *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens;
+        *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
+        *ignore_eos;
 };
 
 const Names& names() {
@@ -54,7 +55,7 @@ const Names& names() {
                      i("prefill_tokens_computed"), i("extend_end"), i("prompt_ids"),
                      i("now"), i("host_hit_len"), i("extend_len"), i("first_scheduled"),
                      i("cached_tokens"), i("host_cached_tokens"), i("cached_prompt_tokens"),
-                     i("host_cached_prompt_tokens"), i("prompt_tokens")};
+                     i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos")};
     }();
     return n;
 }
@@ -306,6 +307,35 @@ public:
         }
     }
 
+    // FastScheduler's continuation of the chunked request `req` (fast/step.py, after its
+    // checkpoint): what _plan_continuation's fresh adder (the budgets as _native_chunks gives
+    // them, clip the clip_max_new_tokens) and its add_chunked_req do, and budget_state() after.
+    // None before anything changes where Python plans it (a middle chunk, or a value it would
+    // raise on); else req.extend_end set as add_chunked_req sets it, and (tokens extended, 0 for
+    // a stall; still chunked; total_offset, current_offset, rem_input_tokens,
+    // rem_chunk_tokens after; budget_state() is OTHER).
+    nb::object continuation(nb::handle kv, nb::handle req, int64_t page,
+                            int64_t max_prefill_tokens, int64_t chunk_size, int64_t clip,
+                            int64_t full, int64_t discounted, double ratio) {
+        const Names& n = names();
+        const int64_t prefix = get_int(req, n.prefix_len);
+        const int64_t outs = len_of(get(req, n.output_ids));
+        const int64_t fill = len_of(get(req, n.prompt_ids)) + outs;
+        const nb::object s = get(req, n.sampling);
+        // admission_reservation: min(remaining_new_tokens, clip) * (1.0 or the ratio)
+        const int64_t remaining = std::max<int64_t>(get_int(s, n.max_new_tokens) - outs, 0);
+        const double resv = static_cast<double>(std::min(remaining, clip)) *
+                            (truthy(get(s, n.ignore_eos)) ? 1.0 : ratio);
+        const ChunkBudget budget{page, max_prefill_tokens, chunk_size,
+                                 running_offset(full, discounted, ratio)};
+        const Continuation c = plan_continuation(budget, kv_room(kv), prefix, fill, resv);
+        if (c.kind != ChunkKind::Other) return nb::none();
+        if (c.len > 0) set_int(req, n.extend_end, prefix + c.len);
+        const Budget& a = c.after;
+        return nb::make_tuple(c.len, c.truncated, a.total_offset, a.current_offset,
+                              a.rem_input_tokens, a.rem_chunk_tokens, c.other);
+    }
+
 private:
     // A step of `size` entries of `shape` started at `t0`, as Scheduler.run times and counts
     // it: its duration and the clock's new time (a Python float).
@@ -416,6 +446,9 @@ void bind_prefill(nb::module_& m) {
              "t0"_a)
         .def("extend_run", &PrefillRun::extend_run, "kv"_a, "admissions"_a, "cost"_a,
              "hashes"_a, "vocab"_a, "sched"_a, "t0"_a)
+        .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
+             "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
+             "ratio"_a)
         .def("chunks", &PrefillRun::chunks, "kv"_a, "req"_a, "cost"_a, "sched"_a,
              "horizon"_a.none(), "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a,
              "discounted"_a, "ratio"_a);

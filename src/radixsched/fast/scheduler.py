@@ -292,10 +292,14 @@ class FastScheduler(Scheduler):
         last = self.queue.matcher.cache.touch_at(node, offset)
         self.kv.borrow(req, self.kv.admission_key(req), length, last)
 
-    def _admit(self, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
-        """The admission loop in C++ where it covers the round (``fast/admit.py``)."""
+    def _admit(
+        self, adder: PrefillAdder | admission.Budgets, order: RoundOrder, slots: int
+    ) -> list[int]:
+        """The admission loop in C++ where it covers the round (``fast/admit.py``; a round of
+        ``Budgets`` only, ``fast/step.py``)."""
         if admission.covers(self, adder):
             return admission.admit(self, adder, order, slots)
+        assert isinstance(adder, PrefillAdder), "the reference loop runs on a PrefillAdder"
         return super()._admit(adder, order, slots)
 
     def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
@@ -392,7 +396,16 @@ class FastScheduler(Scheduler):
         out = StepOutcome("extend", 0.0, 1, num_steps=0)
         if self._native_chunks(horizon, out):
             return out
-        plan = self._plan_continuation()
+        if self._direct and not out.num_steps:  # the continuation natively, unless a middle one
+            req = self._continue_chunked()
+            got = steps.continuation(self, req)
+            if got is not None:
+                budgets, self.chunked_req, other = got
+                order = None if other else self.order_round()
+                return steps.continued(self, budgets, order, horizon)
+            plan = self._adder_plan(req)
+        else:
+            plan = self._plan_continuation()
         # A run of middle chunks: none ran natively and this is one, or the native run stopped
         # inside the run (past its horizon check) and Python goes on where it stopped.
         if plan.is_middle or out.num_steps:
@@ -454,12 +467,21 @@ class FastScheduler(Scheduler):
 
     def _plan_continuation(self) -> ChunkPlan:
         """What ``prefill_round`` does up to the continuation (no gate: fusion needs none)."""
+        return self._adder_plan(self._continue_chunked())
+
+    def _continue_chunked(self) -> Req:
+        """``prefill_round`` up to the round's adder: the chunked request's last chunk
+        checkpointed."""
         req = self.chunked_req
         assert req is not None
         if req.extend_end > req.prefix_len:
             self.kv.checkpoint(req, req.extend_end)
         if not self.running:
             self.batch_is_full = False
+        return req
+
+    def _adder_plan(self, req: Req) -> ChunkPlan:
+        """The round's adder with the chunked request ``req`` continued into it."""
         adder = self.new_adder()
         return ChunkPlan(adder, adder.add_chunked_req(req), req)
 

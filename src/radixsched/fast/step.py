@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from radixsched.adder import Admission, PrefillAdder
 from radixsched.fast import admit as admission
 from radixsched.queue import RoundOrder
+from radixsched.request import Req
 from radixsched.runner import Batch, StepOutcome
 
 if TYPE_CHECKING:
@@ -53,8 +54,49 @@ def fresh(s: FastScheduler, horizon: float | None) -> StepOutcome | None:
     return _batch(s, budgets.can_run_list, positions, budgets.new_chunked_req, horizon)
 
 
+def continuation(s: FastScheduler, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
+    """``_adder_plan`` without the adder, in one native call (``PrefillRun.continuation``):
+    the continued chunk in a fresh round's budgets, the request while still chunked, and
+    whether the budgets are spent (``budget_state()`` is OTHER); None (nothing changed) where
+    Python plans it: a middle chunk, a value the adder would raise on, or a round ``covers``
+    leaves to the reference's loop."""
+    cfg, chunk, ratio = s.config, s._chunk, s.ratio.current
+    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
+    b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk)
+    if not admission.covers(s, b):
+        return None
+    got = s.prefill_run.continuation(
+        s.kv.native,
+        req,
+        cfg.page_size,
+        cfg.max_prefill_tokens,
+        chunk,
+        cfg.clip_max_new_tokens,
+        full,
+        discounted,
+        ratio,
+    )
+    if got is None:
+        return None
+    (
+        n,
+        truncated,
+        b.total_offset,
+        b.current_offset,
+        b.rem_input_tokens,
+        b.rem_chunk_tokens,
+        spent,
+    ) = got
+    if n:  # else a stall: nothing admitted, still chunked
+        b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
+    return b, (req if truncated else None), spent
+
+
 def continued(
-    s: FastScheduler, adder: PrefillAdder, order: RoundOrder | None, horizon: float | None
+    s: FastScheduler,
+    adder: PrefillAdder | admission.Budgets,
+    order: RoundOrder | None,
+    horizon: float | None,
 ) -> StepOutcome | None:
     """The rest of a step that continued the chunked request into ``adder``: ``fill_round``
     (not mixed, had a chunked request) and what runs."""
