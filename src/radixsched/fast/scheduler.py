@@ -15,6 +15,10 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
   its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
   checkpoints) where the runner offers native prefill times and tokens and nothing in the
   batch needs Python (stop ids, scripts, host loads, tenant charges); decided per step;
+- where the run's setup allows it (``_direct``), a prefill step goes through ``fast/step.py``:
+  no ``PrefillAdder`` for a fresh round, the chunked request's continuation planned in one
+  native call (``PrefillRun.continuation``), the admission in one (``Adder.round``), and the
+  admitted requests' slots with the step in one (``PrefillRun.extend_run``, no entries built);
 - a middle chunk of a chunked prefill that fills the round's budget runs as the step alone,
   and the next ones back to back up to the next event, where no round between could do
   anything else: where the prefill step is native, the whole run in one native call
