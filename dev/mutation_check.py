@@ -58,6 +58,7 @@ TESTS = (
     "tests/test_equivalence_fuzz.py",
     "tests/test_native_alloc_evicting.py",
     "tests/test_native_chunks.py",
+    "tests/test_fast_step.py",
 )
 
 
@@ -69,6 +70,24 @@ class Mutant(NamedTuple):
 
 
 MUTANTS = (
+    Mutant(
+        "continuation-end-off-the-pages",
+        "_native/chunks.cpp",
+        "        const int64_t end = floor_page(prefix_len + len, b.page);",
+        "        const int64_t end = prefix_len + len;",
+    ),
+    Mutant(
+        "extend-run-forgets-cached-prompt-tokens",
+        "_native/prefill.cpp",
+        "                cached_sum += std::min(cached, prompt);",
+        "                cached_sum += 0;",
+    ),
+    Mutant(
+        "common-prefix-skips-a-token",
+        "_native/adder.cpp",
+        "        i += kBlock;",
+        "        i += kBlock + 1;",
+    ),
     Mutant(
         "refresh-touches-nothing",
         "_native/round.cpp",
@@ -361,8 +380,8 @@ MUTANTS = (
     Mutant(
         "jump-past-horizon-while-waiting",
         "fast/scheduler.py",
-        "            horizon,\n            self._step_timer(),",
-        "            None if self.waiting else horizon,\n            self._step_timer(),",
+        "            horizon,\n            runner if timer is None else timer,",
+        "            None if self.waiting else horizon,\n            runner if timer is None else timer,",
     ),
     Mutant(
         "closed-loop-jumps-past-other-replicas",
@@ -529,7 +548,7 @@ MUTANTS = (
     Mutant(
         "native-chunk-skips-tenant-charges",
         "fast/scheduler.py",
-        "            and not self.policy.charges_service\n            and type(self.clock) is VirtualClock\n",
+        "            and not self._charges\n            and type(self.clock) is VirtualClock\n",
         "            and type(self.clock) is VirtualClock\n",
     ),
     Mutant(

@@ -12,6 +12,8 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -79,7 +81,14 @@ void charge(Budget& b, int64_t page, int64_t prefix_len, int64_t extend_len, dou
 
 int64_t common_prefix(const int32_t* a, int64_t na, const int32_t* b, int64_t nb_) {
     const int64_t n = std::min(na, nb_);
-    return std::mismatch(a, a + n, b).first - a;
+    // Whole blocks that memcmp (vectorized) finds equal are skipped, then the first mismatch
+    // is searched from the first block that differs (or the tail): the same length as a scan
+    // from the start. Shared prompts agree for thousands of tokens (the in-flight guard).
+    constexpr int64_t kBlock = 128;
+    int64_t i = 0;
+    while (n - i >= kBlock && std::memcmp(a + i, b + i, kBlock * sizeof(int32_t)) == 0)
+        i += kBlock;
+    return std::mismatch(a + i, a + n, b + i).first - a;
 }
 
 namespace {
@@ -540,7 +549,31 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
                  charge(a.b, a.cfg.page, prefix_len, extend_len, resv);
              })
         .def("admit", &NativeAdder::admit, "tree"_a, "pool"_a, "order"_a, "waiting"_a,
-             "deferred"_a, "can_run"_a);
+             "deferred"_a, "can_run"_a)
+        // A round begun and admitted in one call (fast/step.py): begin(ratio, total_offset,
+        // current_offset, rem_input, rem_chunk, len(can_run), has_new_chunked, exclusive,
+        // slots, running, has_chunked_req, batch_is_full), each of `can_run`'s admissions so
+        // far (the continued chunk) added as a member, then admit(...); returns admit's
+        // (positions, chunked, failed) and budgets() after it.
+        .def("round",
+             [](NativeAdder& a, double ratio, double total_offset, double current_offset,
+                int64_t rem_input, nb::object rem_chunk, bool has_new_chunked, bool exclusive,
+                int64_t slots, bool running, bool has_chunked, bool full, nb::handle tree,
+                Pool& pool, nb::handle order, nb::list waiting, nb::handle deferred,
+                nb::list can_run) {
+                 a.begin(ratio, total_offset, current_offset, rem_input, std::move(rem_chunk),
+                         int64_t(nb::len(can_run)), has_new_chunked, exclusive, slots, running,
+                         has_chunked, full);
+                 for (nb::handle m : can_run)
+                     a.add_member(m.attr("req"), nb::cast<int64_t>(m.attr("prefix_len")),
+                                  nb::cast<int64_t>(m.attr("extend_len")));
+                 nb::tuple r = a.admit(tree, pool, order, waiting, deferred, can_run);
+                 return nb::make_tuple(r[0], r[1], r[2], a.budgets());
+             },
+             "new_token_ratio"_a, "total_offset"_a, "current_offset"_a, "rem_input_tokens"_a,
+             "rem_chunk_tokens"_a.none(), "has_new_chunked"_a, "exclusive_chunking"_a,
+             "slots"_a, "running"_a, "has_chunked_req"_a, "batch_is_full"_a, "tree"_a,
+             "pool"_a, "order"_a, "waiting"_a, "deferred"_a, "can_run"_a);
     m.def("common_prefix", [](Tokens a, Tokens b) {
         return common_prefix(a.data(), a.shape(0), b.data(), b.shape(0));
     });

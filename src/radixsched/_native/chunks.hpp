@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "adder.hpp"
+
 namespace nanobind {
 class module_;
 }
@@ -43,6 +45,20 @@ struct ChunkStep {
 // The continuation of a request at `prefix_len` of `fill_len` tokens with `room` free +
 // evictable KV slots (allocator.available_size() + cache.evictable_size()).
 ChunkStep plan_chunk(const ChunkBudget& b, int64_t room, int64_t prefix_len, int64_t fill_len);
+
+// The whole continuation as PrefillAdder.add_chunked_req gives it on a fresh adder (no gate,
+// no chunk limit), then its budget_state(): what fast/step.py's continuation needs, with the
+// last chunk's decode `reservation` (admission_reservation, not compat).
+struct Continuation {
+    ChunkKind kind = ChunkKind::Other;  // Python: a value Python would raise on, or no
+                                        // tokens left (Python plans it)
+    int64_t len = 0;                    // tokens extended now; 0: a stall (nothing admitted)
+    bool truncated = false;             // cut short of the fill: still chunked
+    Budget after;                       // the adder's budgets after it
+    bool other = false;                 // budget_state() after is OTHER
+};
+Continuation plan_continuation(const ChunkBudget& b, int64_t room, int64_t prefix_len,
+                               int64_t fill_len, double reservation);
 
 // radixsched._core.plan_chunk (for tests: the plan against the Python adder's).
 void bind_chunks(nanobind::module_& m);

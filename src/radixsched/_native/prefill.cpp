@@ -37,7 +37,9 @@ struct Names {
         *token_times, *first_token, *computed_prefill_tokens, *kv_len, *stats, *chunked_req,
         *processed_tokens, *clock, *jump_to, *finish_prefill, *busy_s, *running_x_s,
         *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
-        *now, *host_hit_len;
+        *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
+        *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
+        *ignore_eos;
 };
 
 const Names& names() {
@@ -51,7 +53,9 @@ const Names& names() {
                      i("processed_tokens"), i("clock"), i("jump_to"), i("_finish_prefill"),
                      i("busy_s"), i("running_x_s"), i("peak_kv_usage"), i("prefill_steps"),
                      i("prefill_tokens_computed"), i("extend_end"), i("prompt_ids"),
-                     i("now"), i("host_hit_len")};
+                     i("now"), i("host_hit_len"), i("extend_len"), i("first_scheduled"),
+                     i("cached_tokens"), i("host_cached_tokens"), i("cached_prompt_tokens"),
+                     i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos")};
     }();
     return n;
 }
@@ -104,6 +108,7 @@ struct Item {
     bool produces;
     int64_t max_new;  // of a producing request
     uint64_t token;   // its stand-in next token
+    int64_t end = 0;  // extend_run's: the request's extend_end
 };
 
 // _extend_sums without host loads: new tokens, attention pairs, KV tokens.
@@ -124,6 +129,21 @@ struct Sums {
     }
 };
 
+// A producing item's max_new_tokens and stand-in token; false where the reference's scalar
+// path runs (stop ids or a script).
+bool stand_in_of(Item& it, int64_t prefix, nb::handle hashes, uint64_t vocab) {
+    const Names& n = names();
+    const nb::object s = get(it.req, n.sampling);
+    if (truthy(get(s, n.stop_token_ids)) || !get(it.req, n.scripted_output).is_none())
+        return false;
+    it.max_new = get_int(s, n.max_new_tokens);
+    const nb::object rid = get(it.req, n.rid);
+    const nb::object h = nb::steal(PyObject_GetItem(hashes.ptr(), rid.ptr()));
+    if (!h.is_valid()) throw nb::python_error();
+    it.token = stand_in(nb::cast<uint64_t>(h), uint64_t(prefix + it.num_new), vocab);
+    return true;
+}
+
 // The entries as items with their shape; false where the reference must run: an entry loads
 // from the host tier, a producing request has stop ids or a script (CostModelRunner.forward's
 // scalar path: tokens at prefix_len + num_new), or a sum leaves int64. Changes nothing.
@@ -136,16 +156,31 @@ bool scan(nb::handle entries, nb::handle hashes, uint64_t vocab, std::vector<Ite
                 truthy(get(e, n.produces_token)), 0, 0};
         const int64_t prefix = get_int(e, n.prefix_len);
         if (!shape.add(it.num_new, prefix)) return false;
-        if (it.produces) {
-            const nb::object s = get(it.req, n.sampling);
-            if (truthy(get(s, n.stop_token_ids)) || !get(it.req, n.scripted_output).is_none())
-                return false;
-            it.max_new = get_int(s, n.max_new_tokens);
-            const nb::object rid = get(it.req, n.rid);
-            const nb::object h = nb::steal(PyObject_GetItem(hashes.ptr(), rid.ptr()));
-            if (!h.is_valid()) throw nb::python_error();
-            it.token = stand_in(nb::cast<uint64_t>(h), uint64_t(prefix + it.num_new), vocab);
-        }
+        if (it.produces && !stand_in_of(it, prefix, hashes, vocab)) return false;
+        items.push_back(std::move(it));
+    }
+    return !items.empty();
+}
+
+// extend_run's scan: the entries _extend_entries would build from the round's admissions
+// (those extending: prefix_len the admission's, end the request's extend_end, new tokens
+// fill[prefix_len:end], producing at the fill's end) as scan() reads them; false where scan()
+// would be, or a request has host hits (its entry would load them). Changes nothing.
+bool scan_admissions(nb::handle admissions, nb::handle hashes, uint64_t vocab,
+                     std::vector<Item>& items, Sums& shape) {
+    const Names& n = names();
+    for (nb::handle a : admissions) {
+        if (get_int(a, n.extend_len) == 0) continue;
+        nb::object req = get(a, n.req);
+        if (get_int(req, n.host_hit_len) != 0) return false;
+        const int64_t prefix = get_int(a, n.prefix_len), end = get_int(req, n.extend_end);
+        const int64_t fill = len_of(get(req, n.prompt_ids)) + len_of(get(req, n.output_ids));
+        if (prefix < 0 || end < 0) return false;
+        // len(fill[prefix:end]) for non-negative bounds
+        const int64_t num_new = std::max<int64_t>(0, std::min(end, fill) - std::min(prefix, fill));
+        Item it{std::move(req), num_new, end == fill, 0, 0, end};
+        if (!shape.add(it.num_new, prefix)) return false;
+        if (it.produces && !stand_in_of(it, prefix, hashes, vocab)) return false;
         items.push_back(std::move(it));
     }
     return !items.empty();
@@ -176,6 +211,46 @@ public:
         for (const Item& it : items) add_int(it.req, n.computed_prefill_tokens, it.num_new);
         auto [tokens, finished, joined] = emit(items, sched, now);
         return nb::make_tuple(nb::float_(d), shape.tokens, tokens, finished, joined);
+    }
+
+    // _extend_entries (FastScheduler's: KV.extend_batch) over the round's admissions and run()
+    // of the extend-only batch that makes, in one call and without building the entries: each
+    // extending request first scheduled at `t0` (the clock's now: its prompt statistics), its
+    // slots up to extend_end through `kv` (the scheduler's _core.KV), in admission order, the
+    // statistics summed in; then the step as run() runs it. (duration, prefill tokens, new
+    // tokens, finished, joined, entries), or None before anything changes: a request has host
+    // hits to load, or run() would decline (Python builds the entries then).
+    nb::object extend_run(nb::handle kv, nb::handle admissions, const PrefillCost& cost,
+                          nb::handle hashes, uint64_t vocab, nb::handle sched, double t0) {
+        if (vocab == 0) throw std::invalid_argument("PrefillRun: an empty vocabulary");
+        std::vector<Item> items;
+        Sums shape;
+        if (!scan_admissions(admissions, hashes, vocab, items, shape)) return nb::none();
+        const Names& n = names();
+        const nb::object start = nb::float_(t0);
+        int64_t cached_sum = 0, host_sum = 0, prompt_sum = 0;
+        for (const Item& it : items) {  // Scheduler._extend, first schedules only
+            const nb::object times = get(it.req, n.times);
+            if (get(times, n.times_first_scheduled).is_none()) {
+                set(times, n.times_first_scheduled, start);
+                const int64_t cached = get_int(it.req, n.prefix_len);  // + host hits (none)
+                const int64_t prompt = len_of(get(it.req, n.prompt_ids));
+                set_int(it.req, n.cached_tokens, cached);
+                set_int(it.req, n.host_cached_tokens, 0);
+                cached_sum += std::min(cached, prompt);
+                prompt_sum += prompt;  // host_sum += min(0, prompt): 0
+            }
+            kv_extend_slots(kv, it.req, it.end);  // KVManager.extend_entry
+        }
+        const nb::object stats = get(sched, n.stats);
+        add_int(stats, n.cached_prompt_tokens, cached_sum);
+        add_int(stats, n.host_cached_prompt_tokens, host_sum);
+        add_int(stats, n.prompt_tokens, prompt_sum);
+        const auto [d, now] = forward(cost, shape, int64_t(items.size()), sched, t0);
+        for (const Item& it : items) add_int(it.req, n.computed_prefill_tokens, it.num_new);
+        auto [tokens, finished, joined] = emit(items, sched, now);
+        return nb::make_tuple(nb::float_(d), shape.tokens, tokens, finished, joined,
+                              int64_t(items.size()));
     }
 
     // FastScheduler.step's run of middle chunks (fast/scheduler.py's _plan_continuation,
@@ -230,6 +305,35 @@ public:
             tokens = shape.tokens;
             ++steps;
         }
+    }
+
+    // FastScheduler's continuation of the chunked request `req` (fast/step.py, after its
+    // checkpoint): what _plan_continuation's fresh adder (the budgets as _native_chunks gives
+    // them, clip the clip_max_new_tokens) and its add_chunked_req do, and budget_state() after.
+    // None before anything changes where Python plans it (a middle chunk, or a value it would
+    // raise on); else req.extend_end set as add_chunked_req sets it, and (tokens extended, 0 for
+    // a stall; still chunked; total_offset, current_offset, rem_input_tokens,
+    // rem_chunk_tokens after; budget_state() is OTHER).
+    nb::object continuation(nb::handle kv, nb::handle req, int64_t page,
+                            int64_t max_prefill_tokens, int64_t chunk_size, int64_t clip,
+                            int64_t full, int64_t discounted, double ratio) {
+        const Names& n = names();
+        const int64_t prefix = get_int(req, n.prefix_len);
+        const int64_t outs = len_of(get(req, n.output_ids));
+        const int64_t fill = len_of(get(req, n.prompt_ids)) + outs;
+        const nb::object s = get(req, n.sampling);
+        // admission_reservation: min(remaining_new_tokens, clip) * (1.0 or the ratio)
+        const int64_t remaining = std::max<int64_t>(get_int(s, n.max_new_tokens) - outs, 0);
+        const double resv = static_cast<double>(std::min(remaining, clip)) *
+                            (truthy(get(s, n.ignore_eos)) ? 1.0 : ratio);
+        const ChunkBudget budget{page, max_prefill_tokens, chunk_size,
+                                 running_offset(full, discounted, ratio)};
+        const Continuation c = plan_continuation(budget, kv_room(kv), prefix, fill, resv);
+        if (c.kind != ChunkKind::Other) return nb::none();
+        if (c.len > 0) set_int(req, n.extend_end, prefix + c.len);
+        const Budget& a = c.after;
+        return nb::make_tuple(c.len, c.truncated, a.total_offset, a.current_offset,
+                              a.rem_input_tokens, a.rem_chunk_tokens, c.other);
     }
 
 private:
@@ -340,6 +444,11 @@ void bind_prefill(nb::module_& m) {
              "capacity"_a, "checkpoint"_a)
         .def("run", &PrefillRun::run, "entries"_a, "cost"_a, "hashes"_a, "vocab"_a, "sched"_a,
              "t0"_a)
+        .def("extend_run", &PrefillRun::extend_run, "kv"_a, "admissions"_a, "cost"_a,
+             "hashes"_a, "vocab"_a, "sched"_a, "t0"_a)
+        .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
+             "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
+             "ratio"_a)
         .def("chunks", &PrefillRun::chunks, "kv"_a, "req"_a, "cost"_a, "sched"_a,
              "horizon"_a.none(), "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a,
              "discounted"_a, "ratio"_a);

@@ -18,6 +18,7 @@ budgets (the same floats), the same tree calls in the same order, the same reque
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from radixsched.adder import Admission, PrefillAdder
@@ -49,13 +50,20 @@ class Admitting(Protocol):
     def running(self) -> list[Req]: ...
 
 
-def covers(s: Admitting, adder: PrefillAdder) -> bool:
+def covers(s: Admitting, adder: PrefillAdder | Budgets) -> bool:
     """Whether the native loop does what the reference loop does for this round."""
-    cfg, q = s.config, s.queue
+    return (
+        adder.gate is None
+        and adder.compat == s.config.sglang_compat  # the native adder's is the config's
+        and covers_run(s)
+    )
+
+
+def covers_run(s: Admitting) -> bool:
+    """``covers``'s tests of the scheduler's setup (its cache, KV manager and queue)."""
+    q = s.queue
     return not (
-        adder.gate is not None
-        or adder.compat != cfg.sglang_compat  # the native adder's is the config's
-        or s.cache.disabled
+        s.cache.disabled
         or s.kv.host_tier is not None
         or s.kv.hit_unit != s.page_size
         or not (q.native_nodes and q.native_touch)
@@ -104,39 +112,80 @@ def native_adder(s: Admitting) -> Any:
     return a
 
 
-def admit(s: Admitting, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
-    """``Scheduler._admit`` in one native call, which also gives the admitted requests their
-    prefixes (``take_prefix``, once the round's admissions are done: a later admission's touch
-    may split the node a prefix ends at, its path keeping its slots) and appends them to
-    ``adder.can_run_list`` as the reference's would."""
+class RoundBudgets(Protocol):
+    """What ``admit`` reads and writes of the round's adder: a ``PrefillAdder``, or a fresh
+    round's ``Budgets``."""
+
+    new_token_ratio: float
+    total_offset: float
+    current_offset: float
+    rem_input_tokens: int
+    rem_chunk_tokens: int | None
+    exclusive_chunking: bool
+    can_run_list: list[Admission]
+    new_chunked_req: Req | None
+    log_hit_tokens: int
+    log_input_tokens: int
+
+
+@dataclass(slots=True)
+class Budgets:
+    """A round's budgets as ``Scheduler.new_adder`` starts a ``PrefillAdder`` with nothing mixed
+    and no gate (``fast/step.py``: the adder itself is not built), for ``admit``."""
+
+    new_token_ratio: float
+    total_offset: float  # the running batch's decode reservations
+    rem_input_tokens: int
+    rem_chunk_tokens: int | None
+    compat: bool = False
+    gate: None = None
+    exclusive_chunking: bool = False
+    current_offset: float = 0.0
+    can_run_list: list[Admission] = field(default_factory=list)
+    new_chunked_req: Req | None = None
+    log_hit_tokens: int = 0
+    log_input_tokens: int = 0
+
+
+def admit(s: Admitting, adder: RoundBudgets, order: RoundOrder, slots: int) -> list[int]:
+    """``Scheduler._admit`` in one native call (``Adder.round``), which also gives the
+    admitted requests their prefixes (``take_prefix``, once the round's admissions are done:
+    a later admission's touch may split the node a prefix ends at, its path keeping its slots)
+    and appends them to ``adder.can_run_list`` as the reference's would. Priority preemption
+    needs a ``PrefillAdder``."""
     a = s.native_adder
-    a.preempt = _preempter(s, adder) if s.config.enable_priority_preemption else None
-    a.begin(
+    preempt = None
+    if s.config.enable_priority_preemption:
+        assert isinstance(adder, PrefillAdder), "preemption runs through the Python adder"
+        preempt = _preempter(s, adder)
+    a.preempt = preempt
+    cache = s.cache
+    assert isinstance(cache, NativeRadixCache)
+    q = s.queue
+    positions, chunked, failed, budgets = a.round(
         adder.new_token_ratio,
         adder.total_offset,
         adder.current_offset,
         adder.rem_input_tokens,
         adder.rem_chunk_tokens,
-        len(adder.can_run_list),
         adder.new_chunked_req is not None,
         adder.exclusive_chunking,
         slots,
         bool(s.running),
         s.chunked_req is not None,
         s.batch_is_full,
-    )
-    for m in adder.can_run_list:  # the continued chunk, for the in-flight guard
-        a.add_member(m.req, m.prefix_len, m.extend_len)
-    cache = s.cache
-    assert isinstance(cache, NativeRadixCache)
-    positions, chunked, failed = a.admit(
-        cache.tree, s.allocator, order, s.waiting, s.queue.deferred, adder.can_run_list
+        cache.tree,
+        s.allocator,
+        order,
+        s.waiting,
+        q.deferred,
+        adder.can_run_list,  # the continued chunk, for the in-flight guard
     )
     if chunked is not None:
         adder.new_chunked_req = chunked
     a.preempt = None  # the round's adder is not kept
     if failed is not None:
-        s.queue.note_tried(failed)
+        q.note_tried(failed)
     (
         adder.total_offset,
         adder.current_offset,
@@ -145,7 +194,7 @@ def admit(s: Admitting, adder: PrefillAdder, order: RoundOrder, slots: int) -> l
         hit,
         computed,
         s.batch_is_full,
-    ) = a.budgets()
+    ) = budgets
     adder.log_hit_tokens += hit
     adder.log_input_tokens += computed
     return positions

@@ -15,6 +15,10 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
   its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
   checkpoints) where the runner offers native prefill times and tokens and nothing in the
   batch needs Python (stop ids, scripts, host loads, tenant charges); decided per step;
+- where the run's setup allows it (``_direct``), a prefill step goes through ``fast/step.py``:
+  no ``PrefillAdder`` for a fresh round, the chunked request's continuation planned in one
+  native call (``PrefillRun.continuation``), the admission in one (``Adder.round``), and the
+  admitted requests' slots with the step in one (``PrefillRun.extend_run``, no entries built);
 - a middle chunk of a chunked prefill that fills the round's budget runs as the step alone,
   and the next ones back to back up to the next event, where no round between could do
   anything else: where the prefill step is native, the whole run in one native call
@@ -41,6 +45,7 @@ from radixsched.cache import TokenAllocator, native_radix
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.fast import admit as admission
+from radixsched.fast import step as steps
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.fast.retire import retire
@@ -48,6 +53,7 @@ from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
 from radixsched.queue import RoundOrder
 from radixsched.request import Req
+from radixsched.roles import Role
 from radixsched.runner import Batch, ExtendEntry
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -198,14 +204,38 @@ class FastScheduler(Scheduler):
         self._free_size = self._pool.available_size
         self._evictable_size = self.kv.cache.tree.evictable_size
         self._fusion = self._fuses_chunks()
+        # ``_native_chunks``'s test: more left than this (None: no chunking) may be a middle
+        # chunk (the config is frozen).
+        self._chunk = chunk = cfg.chunk_size
+        self._middle_least = (
+            None if chunk is None else min(chunk, cfg.max_prefill_tokens) - cfg.page_size
+        )
         # ``_native_step``'s tests that hold for the whole run (the KV manager's host tier, the
         # frozen policy, the clock and the runner are set once); the runner's timer and
         # stand-ins' recipe can change (a cost model or seed reassigned) and are asked each time.
+        self._charges = self.policy.charges_service  # the policy is frozen
         self._native_steps = (
             self.kv.host_tier is None
-            and not self.policy.charges_service
+            and not self._charges
             and type(self.clock) is VirtualClock
             and self.runner.supports_multi_step
+        )
+        # A prefill step in few calls (``fast/step.py``), where the run's setup allows it.
+        self._direct = self._fusion and self._steps_direct()
+
+    def _steps_direct(self) -> bool:
+        """Whether ``fast.step`` may run this scheduler's prefill steps: the reference's step
+        pieces as defined here (a subclass or role that overrides one keeps them), and the
+        native admission's setup (``admission.covers_run``)."""
+        cls = type(self)
+        pieces = (
+            *("prefill_round", "_build_prefill", "new_adder", "fill_round", "_admit"),
+            *("_prefill_batch", "_extend_entries", "run", "_requeue", "order_round"),
+        )
+        return (
+            type(self.role).step is Role.step
+            and all(getattr(cls, p) is getattr(FastScheduler, p) for p in pieces)
+            and admission.covers_run(self)
         )
 
     def _make_running(self) -> FastRunningBatch:
@@ -267,10 +297,14 @@ class FastScheduler(Scheduler):
         last = self.queue.matcher.cache.touch_at(node, offset)
         self.kv.borrow(req, self.kv.admission_key(req), length, last)
 
-    def _admit(self, adder: PrefillAdder, order: RoundOrder, slots: int) -> list[int]:
-        """The admission loop in C++ where it covers the round (``fast/admit.py``)."""
+    def _admit(
+        self, adder: PrefillAdder | admission.Budgets, order: RoundOrder, slots: int
+    ) -> list[int]:
+        """The admission loop in C++ where it covers the round (``fast/admit.py``; a round of
+        ``Budgets`` only, ``fast/step.py``)."""
         if admission.covers(self, adder):
             return admission.admit(self, adder, order, slots)
+        assert isinstance(adder, PrefillAdder), "the reference loop runs on a PrefillAdder"
         return super()._admit(adder, order, slots)
 
     def _try_admit(self, adder: PrefillAdder, req: Req) -> tuple[bool, AddReqResult]:
@@ -355,13 +389,28 @@ class FastScheduler(Scheduler):
         return cast(int, self._free_size() + self._evictable_size())
 
     def step(self, horizon: float | None = None) -> StepOutcome | None:
-        if self.chunked_req is None or not self._fusion:
+        if self.chunked_req is None:
+            if not self._direct:
+                return super().step(horizon)
+            st = self.stats
+            st.peak_waiting = max(st.peak_waiting, len(self.queue.reqs))
+            return steps.fresh(self, horizon)
+        if not self._fusion:
             return super().step(horizon)
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
         out = StepOutcome("extend", 0.0, 1, num_steps=0)
         if self._native_chunks(horizon, out):
             return out
-        plan = self._plan_continuation()
+        if self._direct and not out.num_steps:  # the continuation natively, unless a middle one
+            req = self._continue_chunked()
+            got = steps.continuation(self, req)
+            if got is not None:
+                budgets, self.chunked_req, other = got
+                order = None if other else self.order_round()
+                return steps.continued(self, budgets, order, horizon)
+            plan = self._adder_plan(req)
+        else:
+            plan = self._plan_continuation()
         # A run of middle chunks: none ran natively and this is one, or the native run stopped
         # inside the run (past its horizon check) and Python goes on where it stopped.
         if plan.is_middle or out.num_steps:
@@ -375,6 +424,8 @@ class FastScheduler(Scheduler):
         self.chunked_req = plan.still_chunked
         adder = plan.adder
         order = None if adder.budget_state() is AddReqResult.OTHER else self.order_round()
+        if self._direct:
+            return steps.continued(self, adder, order, horizon)
         batch = self.fill_round(adder, order, False, True)
         return self.run(batch) if batch is not None else self.decode_round(horizon)
 
@@ -387,24 +438,22 @@ class FastScheduler(Scheduler):
         False: the continuation (checkpointed or not, nothing else changed) is Python's to
         plan. The adder's inputs are read once: no middle chunk changes the running batch or
         the new-token ratio."""
-        cfg, req = self.config, self.chunked_req
-        chunk = cfg.chunk_size
+        req, least = self.chunked_req, self._middle_least
         assert req is not None
         # A middle chunk (from extend_end, where the checkpoint leaves prefix_len) is cut
         # short of what is left (new_len < left) and spends the chunk or the prefill budget
         # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
         # left than that the continuation is not one (a last chunk: the common case), and
         # Python plans it without a native call. Only speed depends on this test.
-        if (
-            chunk is None
-            or req.fill_len - req.extend_end <= min(chunk, cfg.max_prefill_tokens) - cfg.page_size
-        ):
+        if least is None or req.fill_len - req.extend_end <= least:
             return False
         native = self._native_step()
         if native is None:
             return False
         if not self.running:
             self.batch_is_full = False
+        cfg, chunk = self.config, self._chunk
+        assert chunk is not None  # least is not None
         full, discounted = self.batch.decode_tokens(cfg.clip_max_new_tokens)
         done, out.duration_s, out.prefill_tokens, out.num_steps = self.prefill_run.chunks(
             self.kv.native,
@@ -423,12 +472,21 @@ class FastScheduler(Scheduler):
 
     def _plan_continuation(self) -> ChunkPlan:
         """What ``prefill_round`` does up to the continuation (no gate: fusion needs none)."""
+        return self._adder_plan(self._continue_chunked())
+
+    def _continue_chunked(self) -> Req:
+        """``prefill_round`` up to the round's adder: the chunked request's last chunk
+        checkpointed."""
         req = self.chunked_req
         assert req is not None
         if req.extend_end > req.prefix_len:
             self.kv.checkpoint(req, req.extend_end)
         if not self.running:
             self.batch_is_full = False
+        return req
+
+    def _adder_plan(self, req: Req) -> ChunkPlan:
+        """The round's adder with the chunked request ``req`` continued into it."""
         adder = self.new_adder()
         return ChunkPlan(adder, adder.add_chunked_req(req), req)
 
@@ -506,15 +564,17 @@ class FastScheduler(Scheduler):
         """Deferred decode steps (``DecodeBatch.jump``: how many, their times, their slots
         reserved, the log and the columns advanced, in one native call), as that many
         reference decode rounds; None when one step does not fit (room must be made first)."""
-        st, t0, reqs = self.stats, self.clock.now(), list(self.running)
+        st, t0, reqs, runner = self.stats, self.clock.now(), list(self.batch.reqs), self.jumper
+        free_size, evictable = self._free_size, self._evictable_size
+        timer = runner.native_decode_cost()  # _step_timer
         res = cols.jump(
             free,
-            self._room(),
+            free_size() + evictable(),  # _room
             self.page_size,
             t0,
             horizon,
-            self._step_timer(),
-            self.allocator,
+            runner if timer is None else timer,
+            self._pool,
             self.cache.evict,
             st.busy_s,
             st.running_x_s,
@@ -527,15 +587,15 @@ class FastScheduler(Scheduler):
         self._advance_to(end, end - t0)
         self.ratio.decay_steps(k)
         st.decode_steps += k
-        st.peak_kv_usage = max(st.peak_kv_usage, self.kv_usage())
+        cap = self.capacity
+        st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
         out = JumpOutcome("decode", end - t0, len(reqs), num_steps=k)
         self.unsettled = True
-        runner = self.jumper
         out.batch_tokens = lambda: (
             reqs,
             runner.tokens_at(reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]).tolist(),
         )
-        if self.policy.charges_service:
+        if self._charges:
             self._charge_decode(reqs, k)
         if maybe:
             self._retire_finished(maybe, out)

@@ -1,0 +1,136 @@
+"""``FastScheduler``'s prefill step in few calls: where the run's setup allows it (``direct``),
+a step does what ``Role.step``, ``prefill_round``, ``_build_prefill``, ``new_adder``,
+``fill_round``, ``_admit``, ``_prefill_batch``, ``_extend_entries`` and ``run`` do, in that
+order, with two native calls for a round without a continued chunk: the admission from the
+round's budgets (``Adder.round``, no ``PrefillAdder`` built) and the admitted requests' slots
+with the step run on them (``PrefillRun.extend_run``, no ``ExtendEntry`` built). A step the
+calls decline, or a setup they do not cover, runs the reference's pieces.
+
+The setup is fixed for the run: a plain co-located role, no prefill gate, no mixed chunks, no
+priority preemption (no preempted request to requeue: the adder's preempt list stays empty),
+no SGLang compat, no chunk limit, a multi-step runner and the native admission's setup
+(``fast.admit.covers_run``). Bit for bit the reference's schedule (tests/test_equivalence.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from radixsched.adder import Admission, PrefillAdder
+from radixsched.fast import admit as admission
+from radixsched.queue import RoundOrder
+from radixsched.request import Req
+from radixsched.runner import Batch, StepOutcome
+
+if TYPE_CHECKING:
+    from radixsched.fast.scheduler import FastScheduler
+
+
+def fresh(s: FastScheduler, horizon: float | None) -> StepOutcome | None:
+    """A step with no chunked request (``Role.step`` through ``_build_prefill``, its adder's
+    budgets as ``new_adder`` starts them: nothing mixed, no gate)."""
+    running = s.batch.reqs
+    if not running:
+        s.batch_is_full = False
+    if s.batch_is_full or not s.queue.reqs:
+        return s.decode_round(horizon)
+    slots = s.max_running_requests - len(running)
+    if slots <= 0:
+        s.batch_is_full = True
+        return s.decode_round(horizon)
+    cfg = s.config
+    ratio = s.ratio.current
+    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
+    total = 0.0  # PrefillAdder.total_offset: float(0), then the running reservations
+    total += full + discounted * ratio
+    order = s.queue.begin_round(running, s.processed_tokens, s.clock.now())
+    if order is None:  # nothing to admit: an empty batch, nothing preempted
+        return s.decode_round(horizon)
+    budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, cfg.chunk_size)
+    if not admission.covers(s, budgets):  # FastScheduler._admit's test, as each round asks it
+        batch = s.fill_round(s.new_adder(), order, False, False)
+        return s.run(batch) if batch is not None else s.decode_round(horizon)
+    positions = admission.admit(s, budgets, order, slots)
+    return _batch(s, budgets.can_run_list, positions, budgets.new_chunked_req, horizon)
+
+
+def continuation(s: FastScheduler, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
+    """``_adder_plan`` without the adder, in one native call (``PrefillRun.continuation``):
+    the continued chunk in a fresh round's budgets, the request while still chunked, and
+    whether the budgets are spent (``budget_state()`` is OTHER); None (nothing changed) where
+    Python plans it: a middle chunk, a value the adder would raise on, or a round ``covers``
+    leaves to the reference's loop."""
+    cfg, chunk, ratio = s.config, s._chunk, s.ratio.current
+    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
+    b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk)
+    if not admission.covers(s, b):
+        return None
+    got = s.prefill_run.continuation(
+        s.kv.native,
+        req,
+        cfg.page_size,
+        cfg.max_prefill_tokens,
+        chunk,
+        cfg.clip_max_new_tokens,
+        full,
+        discounted,
+        ratio,
+    )
+    if got is None:
+        return None
+    (
+        n,
+        truncated,
+        b.total_offset,
+        b.current_offset,
+        b.rem_input_tokens,
+        b.rem_chunk_tokens,
+        spent,
+    ) = got
+    if n:  # else a stall: nothing admitted, still chunked
+        b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
+    return b, (req if truncated else None), spent
+
+
+def continued(
+    s: FastScheduler,
+    adder: PrefillAdder | admission.Budgets,
+    order: RoundOrder | None,
+    horizon: float | None,
+) -> StepOutcome | None:
+    """The rest of a step that continued the chunked request into ``adder``: ``fill_round``
+    (not mixed, had a chunked request) and what runs."""
+    positions: list[int] = []
+    if order is not None:
+        slots = s.max_running_requests - len(s.batch.reqs) + 1  # a chunked request's too
+        positions = s._admit(adder, order, slots)
+    return _batch(s, adder.can_run_list, positions, adder.new_chunked_req, horizon)
+
+
+def _batch(
+    s: FastScheduler,
+    run: list[Admission],
+    positions: list[int],
+    chunked: Any,
+    horizon: float | None,
+) -> StepOutcome | None:
+    """``_prefill_batch`` with no preempted request and nothing mixed, then the step."""
+    for a in run:
+        if a.extend_len:
+            break
+    else:  # nothing to run (or empty)
+        return s.decode_round(horizon)
+    s.queue.take(positions)
+    if chunked is not None:
+        assert s.chunked_req is None, "only one chunked request at a time"
+        s.chunked_req = chunked
+    native = None if s.eos_ids else s._native_step()
+    if native is not None:
+        res = s.prefill_run.extend_run(s.kv.native, run, *native, s, s.clock.now())
+        if res is not None:
+            d, n, tokens, finished, joined, size = res
+            s.batch.extend(joined)
+            return StepOutcome(
+                "extend", d, size, prefill_tokens=n, finished=finished, _tokens=tokens
+            )
+    return s.run(Batch(s._extend_entries(run), []))
