@@ -59,6 +59,7 @@ TESTS = (
     "tests/test_native_alloc_evicting.py",
     "tests/test_native_chunks.py",
     "tests/test_fast_step.py",
+    "tests/test_arrive.py",
 )
 
 
@@ -640,6 +641,42 @@ MUTANTS = (
         "fast/queue.py",
         "        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:\n",
         "        if pol.key is fcfs_sglang:\n",
+    ),
+    Mutant(
+        "retire-covers-rows-that-can-stop",
+        "_native/decode.cpp",
+        "            if (row.stops || row.out_len > row.max_new ||",
+        "            if (row.out_len > row.max_new ||",
+    ),
+    Mutant(
+        "arrivals-ignore-namespaces",
+        "_native/module.cpp",
+        '        const bool plain_ns = r.attr("extra_key").is_none() && r.attr("cache_salt").is_none();',
+        "        const bool plain_ns = true;",
+    ),
+    Mutant(
+        "arrivals-entry-order-from-last-pair",
+        "fast/queue.py",
+        "            ordered = size == 1 or (ordered and entry >= last)",
+        "            ordered = size == 1 or entry >= last",
+    ),
+    Mutant(
+        "arrivals-door-skips-duplicate-rid",
+        "fast/arrive.py",
+        "        if r.rid in by_rid or r.priority is not None or not plain(r):",
+        "        if r.priority is not None or not plain(r):",
+    ),
+    Mutant(
+        "arrivals-door-cap-forgets-the-page",
+        "fast/arrive.py",
+        "        return max_new <= min(max_req_len - n - 1, capacity - ceil - p - 1)",
+        "        return max_new <= min(max_req_len - n - 1, capacity - ceil - 1)",
+    ),
+    Mutant(
+        "arrivals-delivered-before-due",
+        "sim/deploy/open_loop.py",
+        "    while j < n and reqs[j].arrival_time <= now:",
+        "    while j < n and reqs[j].arrival_time <= now + 0.05:",
     ),
 )
 

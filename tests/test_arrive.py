@@ -129,6 +129,47 @@ def test_batched_arrivals_equal_one_at_a_time(n: int, priority: bool) -> None:
     assert _served(one, a) == _served(many, b)
 
 
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (2, 0, 1, 3), (3, 2, 1, 0), (1, 0, 2, 3)])
+def test_batched_arrivals_keep_the_entry_order_flag(order: tuple[int, ...]) -> None:
+    """Out-of-order entries in a batch: the queue's entry-order flag stays off once broken,
+    as single adds leave it (a later ascending pair does not turn it back on)."""
+    one, many = _replica(schedule_policy="lpm").sched, _replica(schedule_policy="lpm").sched
+
+    def reqs() -> list[Req]:
+        out = []
+        for i, k in enumerate(order):
+            prompt = np.arange(50 + i, dtype=np.int32) + 100 * i
+            r = Req(f"e{i}", prompt, SamplingParams(max_new_tokens=4))
+            r.arrival_time = 1.0 + 0.01 * k
+            out.append(r)
+        return out
+
+    a, b = reqs(), reqs()
+    for r in a:
+        one.add_request(r, now=r.arrival_time)
+    arrive.add_arrivals(many, b)
+    assert one.queue.entry_ordered == (list(order) == sorted(order))
+    assert _queue_state(one, a) == _queue_state(many, b)
+
+
+@pytest.mark.parametrize("max_new", [19_870, 19_871, 19_872, 19_886, 19_887, 19_888])
+def test_batched_arrivals_cap_as_the_door_does_on_pages(max_new: int) -> None:
+    """Pages of 16: a 100-token prompt's cap is what its whole pages and one more leave
+    (20,000 - 112 - 16 - 1 = 19,871), not what the prompt's pages alone leave."""
+    one, many = _replica(page_size=16).sched, _replica(page_size=16).sched
+
+    def req() -> Req:
+        prompt = np.arange(100, dtype=np.int32)
+        r = Req("p", prompt, SamplingParams(max_new_tokens=max_new))
+        r.arrival_time = 0.0
+        return r
+
+    a, b = req(), req()
+    one.add_request(a, now=0.0)
+    arrive.add_arrivals(many, [b])
+    assert a.sampling.max_new_tokens == b.sampling.max_new_tokens == min(max_new, 19_871)
+
+
 def test_batched_arrivals_fall_back_under_a_queue_limit() -> None:
     cfg = {"schedule_policy": "lpm", "max_queued_requests": 2}
     one, many = _replica(**cfg).sched, _replica(**cfg).sched

@@ -99,9 +99,8 @@ def _plain_door(sched: Scheduler) -> Callable[[Req], bool]:
         max_new, n = r.sampling.max_new_tokens, len(r.prompt_ids) + len(r.output_ids)
         if max_new < 1 or n >= max_req_len:
             return False
+        # ``max_new >= 1`` here, so this also says the prompt fits: ceil + p + 1 < capacity.
         ceil = -(-n // p) * p
-        return ceil + p + 1 <= capacity and max_new <= min(
-            max_req_len - n - 1, capacity - ceil - p - 1
-        )
+        return max_new <= min(max_req_len - n - 1, capacity - ceil - p - 1)
 
     return plain
