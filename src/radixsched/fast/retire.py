@@ -11,21 +11,39 @@ a scheduler whose finish hooks are not the reference's (a subclass overriding th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from radixsched.clock import Clock
 from radixsched.fast.kv import FastKVManager
 from radixsched.queue import WaitingQueue
-from radixsched.request import FinishReason, FinishState
+from radixsched.request import FinishReason, FinishState, Req
 from radixsched.scheduler import Scheduler, StepOutcome
 
-if TYPE_CHECKING:
-    from radixsched.fast.scheduler import FastScheduler
+
+class Retiring(Protocol):
+    """What of the accelerated scheduler (``fast.scheduler.FastScheduler``) the call reads and
+    sets (spelled out here: that module imports this one)."""
+
+    batch: Any  # FastRunningBatch: ``cols`` and ``reqs``
+    unsettled: bool
+    runner: Any
+    allocator: Any
+    clock: Clock
+    _by_rid: dict[str, Req]
+    batch_is_full: bool
+
+    @property
+    def kv(self) -> FastKVManager: ...
+
+    @property
+    def queue(self) -> WaitingQueue: ...
+
 
 _HOOKS = ("check_finish", "_release_finished", "_forget")
 _covers: dict[tuple[type, type, type], bool] = {}
 
 
-def _reference_hooks(sched: FastScheduler) -> bool:
+def _reference_hooks(sched: Retiring) -> bool:
     """Whether the native call does what this scheduler's finish hooks do (asked once per
     scheduler, queue and KV manager class)."""
     key = (type(sched), type(sched.queue), type(sched.kv))
@@ -39,7 +57,7 @@ def _reference_hooks(sched: FastScheduler) -> bool:
     return got
 
 
-def retire(sched: FastScheduler, maybe: list[int], out: StepOutcome) -> bool:
+def retire(sched: Retiring, maybe: list[int], out: StepOutcome) -> bool:
     """``_retire_finished(maybe, out)`` in one native call; False when it declined (nothing
     changed: the Python path runs)."""
     cols = sched.batch.cols
