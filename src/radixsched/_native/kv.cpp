@@ -41,19 +41,17 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
     if (res.length != c.lo || tree.disabled()) {
         // Some of it was cached already: re-match the whole key from the root (its path to
         // the lock is the request's first lo tokens) and use the cache's copies. From the lock
-        // on when it is in the key's namespace (the walk from the root finds its path then:
-        // walk_below touches that path without rebuilding its key), else with its path's key.
+        // on when its path is in the key's namespace (the walk from the root finds that path:
+        // walk_below touches it without rebuilding its key), else with its path's key.
         WalkResult m;
-        if (from_lock && c.lock->ns == c.ns) {
-            m = tree.walk_below(*c.lock, c.lo, c.tokens, c.n_tokens, c.ns);
-        } else if (from_lock) {
+        if (!from_lock) {
+            m = tree.walk_into(c.tokens, c.aligned, c.ns, nullptr);  // the whole key
+        } else if (!tree.walk_below(*c.lock, c.lo, c.tokens, c.n_tokens, c.ns, m)) {
             std::vector<int32_t> key = tree.path_key(*c.lock);
             if (static_cast<int64_t>(key.size()) != c.lo)
                 throw IntegrityFailure("checkpoint: the lock's depth is not the protected length");
             key.insert(key.end(), c.tokens, c.tokens + c.n_tokens);
             m = tree.walk_into(key.data(), c.aligned, c.ns, nullptr);
-        } else {
-            m = tree.walk_into(c.tokens, c.aligned, c.ns, nullptr);  // the whole key
         }
         if (m.length < c.aligned) return nullptr;  // the cache did not keep it
         const int64_t dup_end = std::min(res.length, c.aligned);

@@ -355,8 +355,8 @@ WalkResult Tree::walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t
     return descend(root_.get(), 0, tokens, n, ns, now, out);
 }
 
-WalkResult Tree::walk_below(Node& start, int64_t depth, const int32_t* tokens, int64_t n,
-                            int32_t ns) {
+bool Tree::walk_below(Node& start, int64_t depth, const int32_t* tokens, int64_t n, int32_t ns,
+                      WalkResult& res) {
     // The walk of the whole key would find start's path from the root (the path's key is its
     // prefix; a child's first page, with the namespace under the root, names it) and cover
     // every node on it: each is only touched here.
@@ -370,14 +370,14 @@ WalkResult Tree::walk_below(Node& start, int64_t depth, const int32_t* tokens, i
     }
     if (held != depth)
         throw IntegrityFailure("checkpoint: the lock's depth is not the protected length");
-    if (top == nullptr || top->ns != ns)
-        throw std::invalid_argument("walk_below: the start is not in the key's namespace");
+    if (top == nullptr || top->ns != ns) return false;
     n -= n % page_;
     const int64_t now = ++clock_;
     root_->last_access_time = now;
     for (Node* cur = &start; cur != root_.get(); cur = cur->parent) cur->last_access_time = now;
-    if (n == 0) return {start.shared_from_this(), depth};
-    return descend(&start, depth, tokens, depth + n, ns, now, nullptr);
+    res = n == 0 ? WalkResult{start.shared_from_this(), depth}
+                 : descend(&start, depth, tokens, depth + n, ns, now, nullptr);
+    return true;
 }
 
 WalkResult Tree::descend(Node* node, int64_t pos, const int32_t* tokens, int64_t n, int32_t ns,

@@ -136,11 +136,12 @@ public:
     // null, holds at least n - n % page slots; past `length` its contents are unspecified).
     WalkResult walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t* out);
     // walk(path_key(start) + tokens[0, n), ns, nullptr) for an attached `start` below the root
-    // at depth `depth` (a multiple of the page) in namespace `ns`: the same clock, access times
-    // and splits, without rebuilding (or comparing again) the key of start's path. Throws
-    // IntegrityFailure when start's path does not hold `depth` tokens.
-    WalkResult walk_below(Node& start, int64_t depth, const int32_t* tokens, int64_t n,
-                          int32_t ns);
+    // at depth `depth`, into `res`: the same clock, access times and splits, without rebuilding
+    // (or comparing again) the key of start's path. False, touching nothing, when start's path
+    // hangs in another namespace than `ns` (the walk of its key from the root would not find
+    // it). Throws IntegrityFailure when start's path does not hold `depth` tokens.
+    bool walk_below(Node& start, int64_t depth, const int32_t* tokens, int64_t n, int32_t ns,
+                    WalkResult& res);
     int64_t match_len(const int32_t* tokens, int64_t n, int32_t ns);
     MatchEndResult match_end(const int32_t* tokens, int64_t n, int32_t ns, Node* start,
                              int64_t depth);
