@@ -40,21 +40,24 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
     NodePtr node = res.node;
     if (res.length != c.lo || tree.disabled()) {
         // Some of it was cached already: re-match the whole key from the root (its path to
-        // the lock is the request's first lo tokens) and use the cache's copies.
-        std::vector<int32_t> key;
-        if (from_lock) {
-            key = tree.path_key(*c.lock);
+        // the lock is the request's first lo tokens) and use the cache's copies. From the lock
+        // on when its path is in the key's namespace (the walk from the root finds that path:
+        // walk_below touches it without rebuilding its key), else with its path's key.
+        WalkResult m;
+        if (!from_lock) {
+            m = tree.walk_into(c.tokens, c.aligned, c.ns, nullptr);  // the whole key
+        } else if (!tree.walk_below(*c.lock, c.lo, c.tokens, c.n_tokens, c.ns, m)) {
+            std::vector<int32_t> key = tree.path_key(*c.lock);
             if (static_cast<int64_t>(key.size()) != c.lo)
                 throw IntegrityFailure("checkpoint: the lock's depth is not the protected length");
+            key.insert(key.end(), c.tokens, c.tokens + c.n_tokens);
+            m = tree.walk_into(key.data(), c.aligned, c.ns, nullptr);
         }
-        key.insert(key.end(), c.tokens, c.tokens + c.n_tokens);
-        std::vector<int64_t> values;
-        const WalkResult m = tree.walk(key.data(), c.aligned, c.ns, &values);
         if (m.length < c.aligned) return nullptr;  // the cache did not keep it
         const int64_t dup_end = std::min(res.length, c.aligned);
-        if (dup_end > c.lo) {
+        if (dup_end > c.lo) {  // only [lo, dup_end) of the path's slots, straight into the row
             pool.free(c.row + c.lo, dup_end - c.lo, true);
-            std::copy(values.begin() + c.lo, values.begin() + dup_end, c.row + c.lo);
+            tree.path_slots(*m.node, m.length, c.lo, dup_end, c.row + c.lo);
         }
         node = m.node;
     }
@@ -261,6 +264,7 @@ public:
         std::vector<int32_t> joined;  // fill_slice(start, aligned) past the prompt
         const int32_t* tokens = prompt.data() + start;
         if (aligned > np) {
+            joined.reserve(static_cast<size_t>(aligned - start));
             joined.assign(prompt.data() + std::min(start, np), prompt.data() + np);
             nb::object outs = get(req, n.output_ids);
             const int64_t stop = std::min(aligned - np, len_of(outs));

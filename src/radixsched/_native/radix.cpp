@@ -310,9 +310,14 @@ NodePtr Tree::make_node(std::vector<int32_t> key, std::vector<int64_t> value, No
 NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     Node* parent = child.parent;
     NodePtr lower = parent->children.at(child.child_key);  // keeps the child alive
-    NodePtr up = make_node(std::vector<int32_t>(child.key.begin(), child.key.begin() + m),
-                           std::vector<int64_t>(child.value.begin(), child.value.begin() + m),
-                           parent, child.ns, now, child.priority);
+    // The upper part takes the child's arrays (cut to m), the child a copy of their tail: one
+    // copy of the tail, where copying the head and shifting the tail down moved both.
+    NodePtr up = make_node(std::move(child.key), std::move(child.value), parent, child.ns, now,
+                           child.priority);
+    child.key.assign(up->key.begin() + m, up->key.end());
+    child.value.assign(up->value.begin() + m, up->value.end());
+    up->key.resize(static_cast<size_t>(m));
+    up->value.resize(static_cast<size_t>(m));
     up->lock_ref = child.lock_ref;
     up->hit_count = child.hit_count;
     up->slot = child.slot;
@@ -322,8 +327,6 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     if (!compat_) up->creation_time = child.creation_time;
     parent->children[child.child_key] = up;  // the same key: the same place
     parent->index.replace(child, *up);
-    child.key.erase(child.key.begin(), child.key.begin() + m);
-    child.value.erase(child.value.begin(), child.value.begin() + m);
     child.parent = up.get();
     child.top = false;
     child.child_key = page_key(child.key.data(), up.get(), child.ns);
@@ -349,20 +352,50 @@ WalkResult Tree::walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t
     const int64_t now = ++clock_;
     root_->last_access_time = now;
     if (n == 0) return {root_, 0};
-    Node* node = root_.get();
-    Node* child = find_child_ptr(*root_, tokens, ns);
-    int64_t pos = 0;
+    return descend(root_.get(), 0, tokens, n, ns, now, out);
+}
+
+bool Tree::walk_below(Node& start, int64_t depth, const int32_t* tokens, int64_t n, int32_t ns,
+                      WalkResult& res) {
+    // The walk of the whole key would find start's path from the root (the path's key is its
+    // prefix; a child's first page, with the namespace under the root, names it) and cover
+    // every node on it: each is only touched here.
+    int64_t held = 0;
+    const Node* top = nullptr;
+    for (const Node* cur = &start; cur != root_.get(); cur = cur->parent) {
+        if (cur == nullptr)  // detached: its path from the root is not depth tokens long
+            throw IntegrityFailure("checkpoint: the lock's depth is not the protected length");
+        held += cur->size();
+        top = cur;
+    }
+    if (held != depth)
+        throw IntegrityFailure("checkpoint: the lock's depth is not the protected length");
+    if (top == nullptr || top->ns != ns) return false;
+    n -= n % page_;
+    const int64_t now = ++clock_;
+    root_->last_access_time = now;
+    for (Node* cur = &start; cur != root_.get(); cur = cur->parent) cur->last_access_time = now;
+    res = n == 0 ? WalkResult{start.shared_from_this(), depth}
+                 : descend(&start, depth, tokens, depth + n, ns, now, nullptr);
+    return true;
+}
+
+WalkResult Tree::descend(Node* node, int64_t pos, const int32_t* tokens, int64_t n, int32_t ns,
+                         int64_t now, int64_t* out) {
+    const int64_t base = pos;  // tokens[pos - base] is position pos
+    Node* child = find_child_ptr(*node, tokens, ns);
     while (child) {
         child->last_access_time = now;
-        if (covers_copy(tokens + pos, n - pos, *child, out ? out + pos : nullptr)) {
+        const int64_t rel = pos - base;
+        if (covers_copy(tokens + rel, n - pos, *child, out ? out + rel : nullptr)) {
             node = child;
             pos += child->size();
             if (pos == n) break;
-            child = find_child_ptr(*node, tokens + pos, ns);
+            child = find_child_ptr(*node, tokens + (pos - base), ns);
         } else {
-            const int64_t m = mismatch(tokens + pos, n - pos, *child);
+            const int64_t m = mismatch(tokens + rel, n - pos, *child);
             node = split(*child, m, now).get();  // its parent owns it
-            if (out) std::memcpy(out + pos, node->value.data(), m * sizeof(int64_t));
+            if (out) std::memcpy(out + rel, node->value.data(), m * sizeof(int64_t));
             pos += m;
             break;
         }
@@ -434,6 +467,21 @@ void Tree::prefix_slots(Node& node, int64_t length, int64_t* out) {
     for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
         end -= cur->size();
         std::copy(cur->value.begin(), cur->value.end(), out + end);
+    }
+}
+
+void Tree::path_slots(const Node& node, int64_t length, int64_t from, int64_t to,
+                      int64_t* out) const {
+    int64_t end = length;  // the depth at which `cur` ends
+    for (const Node* cur = &node; end > from; cur = cur->parent) {
+        if (cur == nullptr || cur == root_.get())
+            throw IntegrityFailure("path_slots: the path holds fewer than " +
+                                   std::to_string(length) + " tokens");
+        const int64_t begin = end - cur->size();
+        const int64_t a = std::max(begin, from), b = std::min(end, to);
+        if (a < b) std::copy(cur->value.data() + (a - begin), cur->value.data() + (b - begin),
+                             out + (a - from));
+        end = begin;
     }
 }
 

@@ -135,11 +135,22 @@ public:
     // walk() that writes the matched slots to out[0, length) as it compares (out, when not
     // null, holds at least n - n % page slots; past `length` its contents are unspecified).
     WalkResult walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t* out);
+    // walk(path_key(start) + tokens[0, n), ns, nullptr) for an attached `start` below the root
+    // at depth `depth`, into `res`: the same clock, access times and splits, without rebuilding
+    // (or comparing again) the key of start's path. False, touching nothing, when start's path
+    // hangs in another namespace than `ns` (the walk of its key from the root would not find
+    // it). Throws IntegrityFailure when start's path does not hold `depth` tokens.
+    bool walk_below(Node& start, int64_t depth, const int32_t* tokens, int64_t n, int32_t ns,
+                    WalkResult& res);
     int64_t match_len(const int32_t* tokens, int64_t n, int32_t ns);
     MatchEndResult match_end(const int32_t* tokens, int64_t n, int32_t ns, Node* start,
                              int64_t depth);
     NodePtr touch_at(Node& node, int64_t offset);
     void prefix_slots(Node& node, int64_t length, int64_t* out);
+    // The slots of positions [from, to) of the path from the root to `node` (which holds
+    // `length` >= to tokens) to out[0, to - from), reading only the nodes that hold them.
+    void path_slots(const Node& node, int64_t length, int64_t from, int64_t to,
+                    int64_t* out) const;
     WalkResult insert(const int32_t* tokens, int64_t n_tokens, int32_t ns,
                       const int64_t* values, int64_t n_values, int64_t priority,
                       int64_t inserted_len, Node* start, int64_t start_depth, int64_t base);
@@ -197,6 +208,10 @@ private:
     // node's children is started ahead (cache hints only).
     bool covers_copy(const int32_t* tokens, int64_t avail, const Node& node, int64_t* out) const;
     NodePtr split(Node& child, int64_t m, int64_t now);
+    // walk_into's descent from `node` at depth `pos`: tokens[i] (and out[i]) are position
+    // pos + i of the key, `n` its (trimmed) end, past pos; `now` the walk's clock.
+    WalkResult descend(Node* node, int64_t pos, const int32_t* tokens, int64_t n, int32_t ns,
+                       int64_t now, int64_t* out);
     void touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priority,
                        int64_t inserted_len);
     NodePtr make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
