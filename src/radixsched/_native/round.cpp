@@ -5,6 +5,7 @@
 
 #include <nanobind/stl/pair.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <tuple>
@@ -219,6 +220,73 @@ void touch_memos(nb::handle tree, nb::list reqs) {
     }
 }
 
+// dict.pop(key, None).
+void pop_key(nb::handle dict, PyObject* key) {
+    PyObject* v = PyDict_GetItemWithError(dict.ptr(), key);  // borrowed
+    if (v == nullptr) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        return;
+    }
+    check(PyDict_DelItem(dict.ptr(), key));
+}
+
+// queue_take(queue, positions, tree, fills, reqs_of, moved, tried, added, order, remove):
+// FastWaitingQueue.take in one call, its effects in its order. First WaitingQueue.take: the
+// requests at `positions` (list indexing: IndexError as there), then each position deleted,
+// highest first. Then per taken request, in taken order, _untrack: (`tree`, not None: the
+// queue's matcher, whose compat keys are off) the matcher's untrack and its `fills` and
+// `reqs_of` entries dropped; its `moved` and `tried` entries dropped; then its first identity
+// in `added` deleted, or else the kept order's removal: `order.remove(r)` (StableEngine's
+// remove; a StableOrder's natively) or `remove(r)` (another engine's), neither when both None.
+nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::handle fills,
+                    nb::handle reqs_of, nb::dict moved, nb::dict tried, nb::list added,
+                    nb::handle order, nb::handle remove) {
+    std::vector<Py_ssize_t> at;
+    nb::list taken;
+    for (nb::handle p : positions) {
+        const Py_ssize_t i = PyNumber_AsSsize_t(p.ptr(), PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred()) throw nb::python_error();
+        PyObject* r = PySequence_GetItem(queue.ptr(), i);  // new reference
+        if (r == nullptr) throw nb::python_error();
+        taken.append(nb::steal(r));
+        at.push_back(i);
+    }
+    std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a > b; });
+    for (Py_ssize_t i : at) check(PySequence_DelItem(queue.ptr(), i));
+    Matcher* m = tree.is_none() ? nullptr : &matcher_of(tree);
+    StableOrder* kept = nullptr;  // a StableOrder's remove called here, another order's there
+    if (!order.is_none() && nb::isinstance<StableOrder>(order))
+        kept = &nb::cast<StableOrder&>(order);
+    for (nb::handle r : taken) {
+        const int64_t k = id_of(r.ptr());
+        nb::object key = nb::int_(k);
+        if (m != nullptr) {
+            m->untrack(k);
+            pop_key(fills, key.ptr());
+            pop_key(reqs_of, key.ptr());
+        }
+        pop_key(moved, key.ptr());
+        pop_key(tried, key.ptr());
+        bool arrival = false;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(added.ptr()); ++i) {
+            if (PyList_GET_ITEM(added.ptr(), i) == r.ptr()) {
+                check(PySequence_DelItem(added.ptr(), i));
+                arrival = true;
+                break;
+            }
+        }
+        if (arrival) continue;
+        if (kept != nullptr) {
+            kept->remove(r, nb::none());
+        } else if (!order.is_none()) {
+            order.attr("remove")(r);
+        } else if (!remove.is_none()) {
+            remove(r);
+        }
+    }
+    return taken;
+}
+
 }  // namespace
 
 void bind_round(nb::module_& m, TreeOf tree_of) {
@@ -233,6 +301,9 @@ void bind_round(nb::module_& m, TreeOf tree_of) {
           "tree"_a, "reqs_of"_a, "afresh"_a, "deferred"_a);
     m.def("touch_memos", &touch_memos, "tree"_a, "reqs"_a);
     m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
+    m.def("queue_take", &queue_take, "queue"_a, "positions"_a, "tree"_a.none(), "fills"_a.none(),
+          "reqs_of"_a.none(), "moved"_a, "tried"_a, "added"_a, "order"_a.none(),
+          "remove"_a.none());
 }
 
 }  // namespace radixsched

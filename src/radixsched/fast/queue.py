@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from radixsched.cache.base import CacheKey
 from radixsched.cache.native_radix import NativeRadixCache
@@ -44,6 +44,7 @@ from radixsched.fast.orders import (
     HrrnEngine,
     KeyedEngine,
     RoutingKeyEngine,
+    StableEngine,
 )
 from radixsched.native import core, namespace_id
 from radixsched.policies import (
@@ -125,6 +126,8 @@ class FastWaitingQueue(WaitingQueue):
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
         self._core: Any = core() if self.fast else None
+        # ``take`` in one native call (a native tree means the core is loaded).
+        self._native_take = cast(Any, core()).queue_take if native else None
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
@@ -226,10 +229,35 @@ class FastWaitingQueue(WaitingQueue):
         self._untrack(req)
 
     def take(self, positions: Sequence[int]) -> list[Req]:
-        taken = super().take(positions)
-        for r in taken:
-            self._untrack(r)
-        return taken
+        """The reference's take, then each taken request untracked (``_untrack``), in one
+        native call (``queue_take``, ``_native/round.cpp``: the same effects in the same
+        order) unless the matcher keeps compat keys (then: here, request by request)."""
+        m = self.matcher
+        if self._native_take is None or (m is not None and m.keys is not None):
+            taken = super().take(positions)
+            for r in taken:
+                self._untrack(r)
+            return taken
+        engine = self.engine
+        order = remove = None
+        if engine is not None:  # StableEngine's remove is its order's: called natively
+            if isinstance(engine, StableEngine) and type(engine).remove is StableEngine.remove:
+                order = engine.order
+            else:
+                remove = engine.remove
+        got: list[Req] = self._native_take(
+            self.reqs,
+            positions,
+            None if m is None else m._tree,
+            None if m is None else m._fills,
+            None if m is None else m.reqs,
+            self.moved,
+            self.tried,
+            self.added,
+            order,
+            remove,
+        )
+        return got
 
     def _untrack(self, r: Req) -> None:
         if self.matcher is not None:

@@ -356,7 +356,7 @@ class FastScheduler(Scheduler):
         native prefill times and tokens."""
         if not self._native_steps:
             return None
-        runner = self.jumper
+        runner: Any = self.runner  # multi-step (``_native_steps``): ``jumper`` without its calls
         cost, tokens = runner.native_prefill_cost(), runner.native_tokens()
         if cost is None or tokens is None:
             return None
