@@ -128,6 +128,15 @@ class FastWaitingQueue(WaitingQueue):
         self._core: Any = core() if self.fast else None
         # ``take`` in one native call (a native tree means the core is loaded).
         self._native_take = cast(Any, core()).queue_take if native else None
+        # How ``take`` removes a request from the engine: (its order: StableEngine's remove,
+        # called natively, or None; else the engine's remove, or None without an engine). The
+        # engine and its order are set here, once.
+        engine = self.engine
+        self._engine_removal: tuple[Any, Any] = (None, None)
+        if isinstance(engine, StableEngine) and type(engine).remove is StableEngine.remove:
+            self._engine_removal = (engine.order, None)
+        elif engine is not None:
+            self._engine_removal = (None, engine.remove)
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
@@ -238,13 +247,7 @@ class FastWaitingQueue(WaitingQueue):
             for r in taken:
                 self._untrack(r)
             return taken
-        engine = self.engine
-        order = remove = None
-        if engine is not None:  # StableEngine's remove is its order's: called natively
-            if isinstance(engine, StableEngine) and type(engine).remove is StableEngine.remove:
-                order = engine.order
-            else:
-                remove = engine.remove
+        order, remove = self._engine_removal
         got: list[Req] = self._native_take(
             self.reqs,
             positions,
