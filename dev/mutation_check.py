@@ -59,6 +59,7 @@ TESTS = (
     "tests/test_native_alloc_evicting.py",
     "tests/test_native_chunks.py",
     "tests/test_fast_step.py",
+    "tests/test_native_take.py",
 )
 
 
@@ -70,6 +71,18 @@ class Mutant(NamedTuple):
 
 
 MUTANTS = (
+    Mutant(
+        "take-keeps-a-tried-entry",
+        "_native/round.cpp",
+        "        pop_key(tried, key.ptr());\n",
+        "\n",
+    ),
+    Mutant(
+        "take-deletes-lowest-position-first",
+        "_native/round.cpp",
+        "    std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a > b; });",
+        "    std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a < b; });",
+    ),
     Mutant(
         "continuation-end-off-the-pages",
         "_native/chunks.cpp",
