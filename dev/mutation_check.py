@@ -78,6 +78,13 @@ MUTANTS = (
         "\n",
     ),
     Mutant(
+        "refresh-touches-first-to-last",
+        "_native/round.cpp",
+        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of);",
+        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), PySequence_Fast_GET_SIZE("
+        "items.ptr()) - 1 - i), ns_of);",
+    ),
+    Mutant(
         "take-deletes-lowest-position-first",
         "_native/round.cpp",
         "    std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a > b; });",

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from radixsched.cache import CacheKey
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.queue import FastWaitingQueue
@@ -111,3 +112,42 @@ def test_queue_take_without_an_engine_or_matcher_only_edits_the_list() -> None:
     assert [r.rid for r in take(q, [], None, None, None, {}, {}, [], None, None)] == []
     assert [r.rid for r in take(q, [2, 1], None, None, None, {}, {}, [], None, None)] == ["z", "y"]
     assert [r.rid for r in q] == ["x"]
+
+
+def _tree_state(c: Any) -> list[tuple[int, int, int]]:
+    return [(n.id, n.last_access_time, len(n.key)) for n in c._iter_nodes()]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_native_refresh_touches_what_the_reference_refresh_touches(policy: str) -> None:
+    """The reference refresh's touches (``touch_fills``): fills walked last to first, ahead of
+    the queue then the order's head, in namespaces too, the head read from the list where
+    the round's order is the list: the same clock, access times and splits."""
+    rng = np.random.default_rng(5)
+    twins = [_queue(policy, native=True), _queue(policy, native=True)]
+    twins[1]._touch_fills = None  # the reference's refresh
+    ahead = [Req("a0", np.asarray([1, 2, 0], dtype=np.int32))]
+    for q in twins:
+        q.ahead = lambda: ahead
+    for i in range(40):
+        seq = rng.integers(0, 3, int(rng.integers(1, 12))).astype(np.int32)
+        for q in twins:
+            q.cache.insert(CacheKey(seq), np.arange(100 * i, 100 * i + len(seq)))
+        salt = "s" if i % 3 == 0 else None
+        for q in twins:
+            q.add(Req(f"r{i}", seq.copy(), arrival_time=float(i), cache_salt=salt))
+    for rnd in range(70):  # past two refresh intervals
+        for q in twins:
+            q.begin_round([], rnd, float(rnd))
+        assert _tree_state(twins[0].cache) == _tree_state(twins[1].cache)
+    assert twins[0]._refresh_rounds == twins[1]._refresh_rounds > 64
+
+
+def test_touch_fills_walks_nothing_on_a_disabled_tree() -> None:
+    touch = core().touch_fills  # type: ignore[union-attr]
+    cache = NativeRadixCache(None, disable=True)
+    r = Req("x", np.asarray([1, 2], dtype=np.int32))
+    touch(cache.tree, [r], [r], lambda r: 1 / 0)  # nothing read: no namespace asked
+    assert [n.last_access_time for n in cache._iter_nodes()] == [
+        n.last_access_time for n in NativeRadixCache(None, disable=True)._iter_nodes()
+    ]

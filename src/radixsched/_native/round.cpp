@@ -16,6 +16,8 @@
 #include "dedup_bind.hpp"
 #include "matcher.hpp"
 #include "order.hpp"
+#include "radix.hpp"
+#include "radix_match.hpp"  // TokenView
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -40,6 +42,9 @@ struct Names {
     PyObject* arrival = intern("arrival_time");
     PyObject* difference = intern("difference");
     PyObject* union_ = intern("union");
+    PyObject* fill_ids = intern("fill_ids");
+    PyObject* extra_key = intern("extra_key");
+    PyObject* cache_salt = intern("cache_salt");
 };
 
 const Names& names() {
@@ -220,6 +225,39 @@ void touch_memos(nb::handle tree, nb::list reqs) {
     }
 }
 
+// Walk (touch) the tree along `r`'s fill: WaitingQueue.refresh's touch_prefixes of
+// CacheKey(r.fill_ids(), r.namespace), without the key: an empty fill is not walked, and the
+// namespace's id is asked (`ns_of(r)`) only for a non-empty fill outside the default namespace
+// (no extra key, no salt), as touch_keys asks it.
+void touch_fill(Tree& t, PyObject* r, nb::handle ns_of) {
+    PyObject* got = PyObject_CallMethodNoArgs(r, names().fill_ids);
+    if (got == nullptr) throw nb::python_error();
+    nb::object tokens = nb::steal(got);
+    const Py_ssize_t len = PyObject_Size(tokens.ptr());
+    if (len < 0) throw nb::python_error();
+    if (len == 0) return;
+    int32_t ns = 0;
+    if (!attr(r, names().extra_key).is_none() || !attr(r, names().cache_salt).is_none())
+        ns = nb::cast<int32_t>(ns_of(nb::handle(r)));
+    const TokenView tok(tokens);
+    t.walk_into(tok.data(), tok.size(), ns, nullptr);
+}
+
+// tree.touch_fills(ahead, head, ns_of): the reference refresh's touches, last to first of
+// `ahead` (the requests ahead of the queue), then of `head` (the order's head); each fill read
+// just before its walk. A disabled tree walks nothing and reads nothing (touch_keys returns
+// before drawing a key).
+void touch_fills(nb::handle tree, nb::handle ahead, nb::handle head, nb::handle ns_of) {
+    Tree& t = *g_tree_of(tree).first;
+    if (t.disabled()) return;
+    for (nb::handle seq : {ahead, head}) {
+        nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "touch_fills: a sequence"));
+        if (!items.is_valid()) throw nb::python_error();
+        for (Py_ssize_t i = PySequence_Fast_GET_SIZE(items.ptr()) - 1; i >= 0; --i)
+            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of);
+    }
+}
+
 // dict.pop(key, None).
 void pop_key(nb::handle dict, PyObject* key) {
     PyObject* v = PyDict_GetItemWithError(dict.ptr(), key);  // borrowed
@@ -301,6 +339,7 @@ void bind_round(nb::module_& m, TreeOf tree_of) {
           "tree"_a, "reqs_of"_a, "afresh"_a, "deferred"_a);
     m.def("touch_memos", &touch_memos, "tree"_a, "reqs"_a);
     m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
+    m.def("touch_fills", &touch_fills, "tree"_a, "ahead"_a, "head"_a, "ns_of"_a);
     m.def("queue_take", &queue_take, "queue"_a, "positions"_a, "tree"_a.none(), "fills"_a.none(),
           "reqs_of"_a.none(), "moved"_a, "tried"_a, "added"_a, "order"_a.none(),
           "remove"_a.none());

@@ -72,6 +72,17 @@ _KEYED_READS = Reads.MATCH | Reads.DEDUP
 COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp)
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
+_RANGE_ITERATOR = type(iter(range(0)))
+
+
+def _namespace_of(r: Req) -> int:
+    return namespace_id(r.namespace)
+
+
+def _lists(positions: Iterator[int], n: int) -> bool:
+    """Whether ``positions`` is a fresh iterator over ``range(n)``: the round's order is then
+    the list itself (its head is the list's head)."""
+    return type(positions) is _RANGE_ITERATOR and positions.__reduce__()[1:] == ((range(n),), 0)
 
 
 def _compat_is_plain(pol: Policy) -> bool:
@@ -128,6 +139,11 @@ class FastWaitingQueue(WaitingQueue):
         self._core: Any = core() if self.fast else None
         # ``take`` in one native call (a native tree means the core is loaded).
         self._native_take = cast(Any, core()).queue_take if native else None
+        # The reference refresh's touches in one native call, over the native tree's own
+        # touch_prefixes (a subclass's is called as the reference calls it).
+        walks = native and type(cache).touch_prefixes is NativeRadixCache.touch_prefixes
+        self._touch_fills = cast(Any, core()).touch_fills if walks else None
+        self._walked: Any = cache.tree if walks else None  # the tree it walks (the matcher's)
         # How ``take`` removes a request from the engine: (its order: StableEngine's remove,
         # called natively, or None; else the engine's remove, or None without an engine). The
         # engine and its order are set here, once.
@@ -373,7 +389,13 @@ class FastWaitingQueue(WaitingQueue):
         matcher = self.matcher
         due = self._refresh_rounds % REFRESH_INTERVAL == 0
         if due and (matcher is None or not self.matched or matcher.dirty):
-            super().refresh(order)  # (a round that is not due only counts, there as here)
+            if self._touch_fills is None:  # a cache subclass's touch_prefixes: called as there
+                super().refresh(order)  # (a round that is not due only counts, there as here)
+                return
+            # The reference's refresh: the head read first, then the touches in one native call.
+            self._refresh_rounds += 1
+            span = order.head(REFRESH_SPAN) if head is None else head[:REFRESH_SPAN]
+            self._touch_fills(self._walked, self.ahead_of_refresh(), span, _namespace_of)
             return
         self._refresh_rounds += 1
         if due:
@@ -434,10 +456,11 @@ class FastWaitingQueue(WaitingQueue):
                 list(map(self._match_end, self.reqs))
             )
         self.deprioritized = self.deferred = rnd.deferred
-        order = RoundOrder(self.reqs, self._order(base, self.reads, rnd, flipped))
+        positions = self._order(base, self.reads, rnd, flipped)
+        order = RoundOrder(self.reqs, positions)
         if self.engine is not None and not self.engine.permutes:
             self._arrival_known = known  # the engine left the list as it stood
-        self.refresh(order)
+        self.refresh(order, head=self.reqs if _lists(positions, len(self.reqs)) else None)
         return order
 
     def _compat_round(
