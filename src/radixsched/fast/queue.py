@@ -23,7 +23,9 @@ ends. Where an accelerator does not apply (any other compat round, lpm's starvat
 clock-reading policy without an engine, a capped policy's fcfs rounds) the reference round
 runs, on matches the matcher keeps current. Membership changes come through the queue's own
 methods, so the engines see every arrival and departure; a round checks (identity compares)
-that the list is what they describe and rebuilds when it is not.
+that the list is what they describe and rebuilds when it is not. Admission's ``take`` (the
+list edit, the untracking, the kept order's removal) and the reference refresh's touches each
+run in one native call (``queue_take``, ``touch_fills``: ``_native/round.cpp``).
 """
 
 from __future__ import annotations
