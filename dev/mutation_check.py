@@ -60,6 +60,7 @@ TESTS = (
     "tests/test_native_chunks.py",
     "tests/test_fast_step.py",
     "tests/test_arrive.py",
+    "tests/test_native_take.py",
 )
 
 
@@ -71,6 +72,25 @@ class Mutant(NamedTuple):
 
 
 MUTANTS = (
+    Mutant(
+        "take-keeps-a-tried-entry",
+        "_native/round.cpp",
+        "        pop_key(tried, key.ptr());\n",
+        "\n",
+    ),
+    Mutant(
+        "refresh-touches-first-to-last",
+        "_native/round.cpp",
+        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of);",
+        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), PySequence_Fast_GET_SIZE("
+        "items.ptr()) - 1 - i), ns_of);",
+    ),
+    Mutant(
+        "take-deletes-lowest-position-first",
+        "_native/round.cpp",
+        "    std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a > b; });",
+        "    std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a < b; });",
+    ),
     Mutant(
         "continuation-end-off-the-pages",
         "_native/chunks.cpp",

@@ -5,6 +5,7 @@
 
 #include <nanobind/stl/pair.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <tuple>
@@ -15,6 +16,8 @@
 #include "dedup_bind.hpp"
 #include "matcher.hpp"
 #include "order.hpp"
+#include "radix.hpp"
+#include "radix_match.hpp"  // TokenView
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -39,6 +42,9 @@ struct Names {
     PyObject* arrival = intern("arrival_time");
     PyObject* difference = intern("difference");
     PyObject* union_ = intern("union");
+    PyObject* fill_ids = intern("fill_ids");
+    PyObject* extra_key = intern("extra_key");
+    PyObject* cache_salt = intern("cache_salt");
 };
 
 const Names& names() {
@@ -219,6 +225,106 @@ void touch_memos(nb::handle tree, nb::list reqs) {
     }
 }
 
+// Walk (touch) the tree along `r`'s fill: WaitingQueue.refresh's touch_prefixes of
+// CacheKey(r.fill_ids(), r.namespace), without the key: an empty fill is not walked, and the
+// namespace's id is asked (`ns_of(r)`) only for a non-empty fill outside the default namespace
+// (no extra key, no salt), as touch_keys asks it.
+void touch_fill(Tree& t, PyObject* r, nb::handle ns_of) {
+    PyObject* got = PyObject_CallMethodNoArgs(r, names().fill_ids);
+    if (got == nullptr) throw nb::python_error();
+    nb::object tokens = nb::steal(got);
+    const Py_ssize_t len = PyObject_Size(tokens.ptr());
+    if (len < 0) throw nb::python_error();
+    if (len == 0) return;
+    int32_t ns = 0;
+    if (!attr(r, names().extra_key).is_none() || !attr(r, names().cache_salt).is_none())
+        ns = nb::cast<int32_t>(ns_of(nb::handle(r)));
+    const TokenView tok(tokens);
+    t.walk_into(tok.data(), tok.size(), ns, nullptr);
+}
+
+// tree.touch_fills(ahead, head, ns_of): the reference refresh's touches, last to first of
+// `ahead` (the requests ahead of the queue), then of `head` (the order's head); each fill read
+// just before its walk. A disabled tree walks nothing and reads nothing (touch_keys returns
+// before drawing a key).
+void touch_fills(nb::handle tree, nb::handle ahead, nb::handle head, nb::handle ns_of) {
+    Tree& t = *g_tree_of(tree).first;
+    if (t.disabled()) return;
+    for (nb::handle seq : {ahead, head}) {
+        nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "touch_fills: a sequence"));
+        if (!items.is_valid()) throw nb::python_error();
+        for (Py_ssize_t i = PySequence_Fast_GET_SIZE(items.ptr()) - 1; i >= 0; --i)
+            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of);
+    }
+}
+
+// dict.pop(key, None).
+void pop_key(nb::handle dict, PyObject* key) {
+    PyObject* v = PyDict_GetItemWithError(dict.ptr(), key);  // borrowed
+    if (v == nullptr) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        return;
+    }
+    check(PyDict_DelItem(dict.ptr(), key));
+}
+
+// queue_take(queue, positions, tree, fills, reqs_of, moved, tried, added, order, remove):
+// FastWaitingQueue.take in one call, its effects in its order. First WaitingQueue.take: the
+// requests at `positions` (list indexing: IndexError as there), then each position deleted,
+// highest first. Then per taken request, in taken order, _untrack: (`tree`, not None: the
+// queue's matcher, whose compat keys are off) the matcher's untrack and its `fills` and
+// `reqs_of` entries dropped; its `moved` and `tried` entries dropped; then its first identity
+// in `added` deleted, or else the kept order's removal: `order.remove(r)` (StableEngine's
+// remove; a StableOrder's natively) or `remove(r)` (another engine's), neither when both None.
+nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::handle fills,
+                    nb::handle reqs_of, nb::dict moved, nb::dict tried, nb::list added,
+                    nb::handle order, nb::handle remove) {
+    std::vector<Py_ssize_t> at;
+    nb::list taken;
+    for (nb::handle p : positions) {
+        const Py_ssize_t i = PyNumber_AsSsize_t(p.ptr(), PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred()) throw nb::python_error();
+        PyObject* r = PySequence_GetItem(queue.ptr(), i);  // new reference
+        if (r == nullptr) throw nb::python_error();
+        taken.append(nb::steal(r));
+        at.push_back(i);
+    }
+    std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a > b; });
+    for (Py_ssize_t i : at) check(PySequence_DelItem(queue.ptr(), i));
+    Matcher* m = tree.is_none() ? nullptr : &matcher_of(tree);
+    StableOrder* kept = nullptr;  // a StableOrder's remove called here, another order's there
+    if (!order.is_none() && nb::isinstance<StableOrder>(order))
+        kept = &nb::cast<StableOrder&>(order);
+    for (nb::handle r : taken) {
+        const int64_t k = id_of(r.ptr());
+        nb::object key = nb::int_(k);
+        if (m != nullptr) {
+            m->untrack(k);
+            pop_key(fills, key.ptr());
+            pop_key(reqs_of, key.ptr());
+        }
+        pop_key(moved, key.ptr());
+        pop_key(tried, key.ptr());
+        bool arrival = false;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(added.ptr()); ++i) {
+            if (PyList_GET_ITEM(added.ptr(), i) == r.ptr()) {
+                check(PySequence_DelItem(added.ptr(), i));
+                arrival = true;
+                break;
+            }
+        }
+        if (arrival) continue;
+        if (kept != nullptr) {
+            kept->remove(r, nb::none());
+        } else if (!order.is_none()) {
+            order.attr("remove")(r);
+        } else if (!remove.is_none()) {
+            remove(r);
+        }
+    }
+    return taken;
+}
+
 }  // namespace
 
 void bind_round(nb::module_& m, TreeOf tree_of) {
@@ -233,6 +339,10 @@ void bind_round(nb::module_& m, TreeOf tree_of) {
           "tree"_a, "reqs_of"_a, "afresh"_a, "deferred"_a);
     m.def("touch_memos", &touch_memos, "tree"_a, "reqs"_a);
     m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
+    m.def("touch_fills", &touch_fills, "tree"_a, "ahead"_a, "head"_a, "ns_of"_a);
+    m.def("queue_take", &queue_take, "queue"_a, "positions"_a, "tree"_a.none(), "fills"_a.none(),
+          "reqs_of"_a.none(), "moved"_a, "tried"_a, "added"_a, "order"_a.none(),
+          "remove"_a.none());
 }
 
 }  // namespace radixsched

@@ -43,6 +43,7 @@ class Admitting(Protocol):
     chunked_req: Req | None
     batch_is_full: bool
     native_adder: Any
+    batch: Any  # its RunningBatch: ``reqs`` is ``running``
 
     @property
     def waiting(self) -> list[Req]: ...
@@ -171,13 +172,13 @@ def admit(s: Admitting, adder: RoundBudgets, order: RoundOrder, slots: int) -> l
         adder.new_chunked_req is not None,
         adder.exclusive_chunking,
         slots,
-        bool(s.running),
+        bool(s.batch.reqs),  # (the ``running`` and ``waiting`` lists, without their calls)
         s.chunked_req is not None,
         s.batch_is_full,
         cache.tree,
         s.allocator,
         order,
-        s.waiting,
+        q.reqs,
         q.deferred,
         adder.can_run_list,  # the continued chunk, for the in-flight guard
     )

@@ -23,7 +23,9 @@ ends. Where an accelerator does not apply (any other compat round, lpm's starvat
 clock-reading policy without an engine, a capped policy's fcfs rounds) the reference round
 runs, on matches the matcher keeps current. Membership changes come through the queue's own
 methods, so the engines see every arrival and departure; a round checks (identity compares)
-that the list is what they describe and rebuilds when it is not.
+that the list is what they describe and rebuilds when it is not. Admission's ``take`` (the
+list edit, the untracking, the kept order's removal) and the reference refresh's touches each
+run in one native call (``queue_take``, ``touch_fills``: ``_native/round.cpp``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import bisect
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from radixsched.cache.base import CacheKey
 from radixsched.cache.native_radix import NativeRadixCache
@@ -44,6 +46,7 @@ from radixsched.fast.orders import (
     HrrnEngine,
     KeyedEngine,
     RoutingKeyEngine,
+    StableEngine,
 )
 from radixsched.native import core, namespace_id
 from radixsched.policies import (
@@ -71,6 +74,17 @@ _KEYED_READS = Reads.MATCH | Reads.DEDUP
 COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp)
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
+_RANGE_ITERATOR = type(iter(range(0)))
+
+
+def _namespace_of(r: Req) -> int:
+    return namespace_id(r.namespace)
+
+
+def _lists(positions: Iterator[int], n: int) -> bool:
+    """Whether ``positions`` is a fresh iterator over ``range(n)``: the round's order is then
+    the list itself (its head is the list's head)."""
+    return type(positions) is _RANGE_ITERATOR and positions.__reduce__()[1:] == ((range(n),), 0)
 
 
 def _compat_is_plain(pol: Policy) -> bool:
@@ -125,6 +139,22 @@ class FastWaitingQueue(WaitingQueue):
         self.reads = reads  # a fast round's (its policy is the configured one)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
         self._core: Any = core() if self.fast else None
+        # ``take`` in one native call (a native tree means the core is loaded).
+        self._native_take = cast(Any, core()).queue_take if native else None
+        # The reference refresh's touches in one native call, over the native tree's own
+        # touch_prefixes (a subclass's is called as the reference calls it).
+        walks = native and type(cache).touch_prefixes is NativeRadixCache.touch_prefixes
+        self._touch_fills = cast(Any, core()).touch_fills if walks else None
+        self._walked: Any = cache.tree if walks else None  # the tree it walks (the matcher's)
+        # How ``take`` removes a request from the engine: (its order: StableEngine's remove,
+        # called natively, or None; else the engine's remove, or None without an engine). The
+        # engine and its order are set here, once.
+        engine = self.engine
+        self._engine_removal: tuple[Any, Any] = (None, None)
+        if isinstance(engine, StableEngine) and type(engine).remove is StableEngine.remove:
+            self._engine_removal = (engine.order, None)
+        elif engine is not None:
+            self._engine_removal = (None, engine.remove)
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
@@ -226,10 +256,29 @@ class FastWaitingQueue(WaitingQueue):
         self._untrack(req)
 
     def take(self, positions: Sequence[int]) -> list[Req]:
-        taken = super().take(positions)
-        for r in taken:
-            self._untrack(r)
-        return taken
+        """The reference's take, then each taken request untracked (``_untrack``), in one
+        native call (``queue_take``, ``_native/round.cpp``: the same effects in the same
+        order) unless the matcher keeps compat keys (then: here, request by request)."""
+        m = self.matcher
+        if self._native_take is None or (m is not None and m.keys is not None):
+            taken = super().take(positions)
+            for r in taken:
+                self._untrack(r)
+            return taken
+        order, remove = self._engine_removal
+        got: list[Req] = self._native_take(
+            self.reqs,
+            positions,
+            None if m is None else m._tree,
+            None if m is None else m._fills,
+            None if m is None else m.reqs,
+            self.moved,
+            self.tried,
+            self.added,
+            order,
+            remove,
+        )
+        return got
 
     def _untrack(self, r: Req) -> None:
         if self.matcher is not None:
@@ -342,7 +391,13 @@ class FastWaitingQueue(WaitingQueue):
         matcher = self.matcher
         due = self._refresh_rounds % REFRESH_INTERVAL == 0
         if due and (matcher is None or not self.matched or matcher.dirty):
-            super().refresh(order)  # (a round that is not due only counts, there as here)
+            if self._touch_fills is None:  # a cache subclass's touch_prefixes: called as there
+                super().refresh(order)  # (a round that is not due only counts, there as here)
+                return
+            # The reference's refresh: the head read first, then the touches in one native call.
+            self._refresh_rounds += 1
+            span = order.head(REFRESH_SPAN) if head is None else head[:REFRESH_SPAN]
+            self._touch_fills(self._walked, self.ahead_of_refresh(), span, _namespace_of)
             return
         self._refresh_rounds += 1
         if due:
@@ -403,10 +458,11 @@ class FastWaitingQueue(WaitingQueue):
                 list(map(self._match_end, self.reqs))
             )
         self.deprioritized = self.deferred = rnd.deferred
-        order = RoundOrder(self.reqs, self._order(base, self.reads, rnd, flipped))
+        positions = self._order(base, self.reads, rnd, flipped)
+        order = RoundOrder(self.reqs, positions)
         if self.engine is not None and not self.engine.permutes:
             self._arrival_known = known  # the engine left the list as it stood
-        self.refresh(order)
+        self.refresh(order, head=self.reqs if _lists(positions, len(self.reqs)) else None)
         return order
 
     def _compat_round(

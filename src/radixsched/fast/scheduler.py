@@ -148,8 +148,10 @@ class FastRunningBatch(RunningBatch):
     def decode_tokens(self, clip: int) -> tuple[int, int]:
         if not self.reqs:
             return (0, 0)
+        cols = self.cols if self.cols is not None else self.columns()  # (without its call)
         # A clip past int64 clips nothing (each row's tokens to go are int64).
-        return cast(tuple[int, int], self.columns().decode_tokens(min(clip, _INT64_MAX)))
+        got: tuple[int, int] = cols.decode_tokens(min(clip, _INT64_MAX))
+        return got
 
     def progress(self) -> tuple[int, int]:
         return cast(tuple[int, int], self.columns().progress()) if self.reqs else (0, 0)
@@ -356,7 +358,7 @@ class FastScheduler(Scheduler):
         native prefill times and tokens."""
         if not self._native_steps:
             return None
-        runner = self.jumper
+        runner: Any = self.runner  # multi-step (``_native_steps``): ``jumper`` without its calls
         cost, tokens = runner.native_prefill_cost(), runner.native_tokens()
         if cost is None or tokens is None:
             return None
@@ -397,7 +399,7 @@ class FastScheduler(Scheduler):
             return steps.fresh(self, horizon)
         if not self._fusion:
             return super().step(horizon)
-        self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.waiting))
+        self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.queue.reqs))
         out = StepOutcome("extend", 0.0, 1, num_steps=0)
         if self._native_chunks(horizon, out):
             return out
@@ -450,7 +452,7 @@ class FastScheduler(Scheduler):
         native = self._native_step()
         if native is None:
             return False
-        if not self.running:
+        if not self.batch.reqs:
             self.batch_is_full = False
         cfg, chunk = self.config, self._chunk
         assert chunk is not None  # least is not None
@@ -481,7 +483,7 @@ class FastScheduler(Scheduler):
         assert req is not None
         if req.extend_end > req.prefix_len:
             self.kv.checkpoint(req, req.extend_end)
-        if not self.running:
+        if not self.batch.reqs:
             self.batch_is_full = False
         return req
 
@@ -509,7 +511,7 @@ class FastScheduler(Scheduler):
         if not self.runner.supports_multi_step:  # one step at a time, on the requests
             self._running_changed()
             return super().decode_round(horizon)
-        if not self.running:
+        if not self.batch.reqs:
             if self.is_idle:
                 self.ratio.reset()
             return None
@@ -519,7 +521,7 @@ class FastScheduler(Scheduler):
             if jumped is not None:
                 return jumped
         retracted = self._make_room_for_decode()
-        if not self.running:
+        if not self.batch.reqs:
             return StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
         cols = self.batch.columns()
         free = not retracted and self._may_jump()
@@ -549,7 +551,7 @@ class FastScheduler(Scheduler):
         replica's load) sees what single steps leave."""
         if self.chunked_req is not None:
             return False
-        return not self.waiting or (
+        return not self.queue.reqs or (
             self.batch_is_full and not self.config.enable_priority_preemption
         )
 
