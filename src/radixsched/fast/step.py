@@ -14,19 +14,42 @@ no SGLang compat, no chunk limit, a multi-step runner and the native admission's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixsched.adder import Admission, PrefillAdder
+from radixsched.clock import Clock
 from radixsched.fast import admit as admission
 from radixsched.queue import RoundOrder
 from radixsched.request import Req
 from radixsched.runner import Batch, StepOutcome
 
-if TYPE_CHECKING:
-    from radixsched.fast.scheduler import FastScheduler
+
+class Stepping(admission.Admitting, Protocol):
+    """What of the accelerated scheduler (``fast.scheduler.FastScheduler``) a step reads,
+    sets and calls beyond the admission's (spelled out here: that module imports this one)."""
+
+    clock: Clock
+    ratio: Any  # its NewTokenRatio: ``current``
+    prefill_run: Any  # its native PrefillRun
+    max_running_requests: int
+    processed_tokens: int
+    eos_ids: frozenset[int]
+    _chunk: int | None
+
+    def decode_round(self, horizon: float | None = None) -> StepOutcome | None: ...
+    def run(self, batch: Batch) -> StepOutcome: ...
+    def new_adder(self) -> PrefillAdder: ...
+    def fill_round(
+        self, adder: PrefillAdder, order: RoundOrder | None, mixed: bool, had_chunked: bool
+    ) -> Batch | None: ...
+    def _admit(
+        self, adder: PrefillAdder | admission.Budgets, order: RoundOrder, slots: int
+    ) -> list[int]: ...
+    def _native_step(self) -> Any: ...
+    def _extend_entries(self, run: list[Admission]) -> list[Any]: ...
 
 
-def fresh(s: FastScheduler, horizon: float | None) -> StepOutcome | None:
+def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
     """A step with no chunked request (``Role.step`` through ``_build_prefill``, its adder's
     budgets as ``new_adder`` starts them: nothing mixed, no gate)."""
     running = s.batch.reqs
@@ -54,7 +77,7 @@ def fresh(s: FastScheduler, horizon: float | None) -> StepOutcome | None:
     return _batch(s, budgets.can_run_list, positions, budgets.new_chunked_req, horizon)
 
 
-def continuation(s: FastScheduler, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
+def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
     """``_adder_plan`` without the adder, in one native call (``PrefillRun.continuation``):
     the continued chunk in a fresh round's budgets, the request while still chunked, and
     whether the budgets are spent (``budget_state()`` is OTHER); None (nothing changed) where
@@ -93,7 +116,7 @@ def continuation(s: FastScheduler, req: Req) -> tuple[admission.Budgets, Req | N
 
 
 def continued(
-    s: FastScheduler,
+    s: Stepping,
     adder: PrefillAdder | admission.Budgets,
     order: RoundOrder | None,
     horizon: float | None,
@@ -108,7 +131,7 @@ def continued(
 
 
 def _batch(
-    s: FastScheduler,
+    s: Stepping,
     run: list[Admission],
     positions: list[int],
     chunked: Any,
