@@ -61,6 +61,7 @@ TESTS = (
     "tests/test_fast_step.py",
     "tests/test_arrive.py",
     "tests/test_native_take.py",
+    "tests/test_native_checkpoint_rematch.py",
 )
 
 
@@ -697,6 +698,24 @@ MUTANTS = (
         "sim/deploy/open_loop.py",
         "    while j < n and reqs[j].arrival_time <= now:",
         "    while j < n and reqs[j].arrival_time <= now + 0.05:",
+    ),
+    Mutant(
+        "rematch-from-lock-touches-nothing-above",
+        "_native/radix.cpp",
+        "    for (Node* cur = &start; cur != root_.get(); cur = cur->parent) cur->last_access_time = now;\n",
+        "\n",
+    ),
+    Mutant(
+        "rematch-from-lock-ignores-namespace",
+        "_native/radix.cpp",
+        "    if (top == nullptr || top->ns != ns) return false;",
+        "    if (top == nullptr) return false;",
+    ),
+    Mutant(
+        "rematch-copies-one-slot-short",
+        "_native/kv.cpp",
+        "            tree.path_slots(*m.node, m.length, c.lo, dup_end, c.row + c.lo);",
+        "            tree.path_slots(*m.node, m.length, c.lo, dup_end - 1, c.row + c.lo);",
     ),
 )
 
