@@ -101,18 +101,19 @@ def reference_output(prompt: list[int] | np.ndarray, n: int, runner: FakeRunner)
 
 
 class Room:
-    """Free + evictable memory as the prefill adder reads it (all of it free): the native and
-    Python adders' tests give both the same room."""
+    """Free + evictable memory as the prefill adder reads it (allocator and cache at once; all
+    of it free unless ``evictable`` is given): the native and Python adders' tests give both
+    the same room."""
 
-    def __init__(self, room: int) -> None:
-        self.room = room
+    def __init__(self, room: int, evictable: int = 0) -> None:
+        self.room, self.evictable = room, evictable
         self.disabled = False
 
     def available_size(self) -> int:
         return self.room
 
     def evictable_size(self) -> int:
-        return 0
+        return self.evictable
 
 
 def tree_snapshot(cache: Any) -> list[Any]:

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
+from fakes import Room
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
@@ -166,17 +167,6 @@ def test_native_common_prefix_equals_the_python_one(at: int, tail: int) -> None:
 
 
 # ---- the continuation in C++: the Python adder's, value for value --------------------------------
-class _Room:
-    def __init__(self, free: int, evictable: int) -> None:
-        self.free, self.evictable = free, evictable
-
-    def available_size(self) -> int:
-        return self.free
-
-    def evictable_size(self) -> int:
-        return self.evictable
-
-
 def _python_continuation(
     page: int,
     max_prefill: int,
@@ -194,7 +184,7 @@ def _python_continuation(
     cfg = SchedulerConfig(
         page_size=page, chunked_prefill_size=chunk, max_prefill_tokens=max_prefill
     )
-    space = _Room(*room)
+    space = Room(*room)
     adder = PrefillAdder(
         config=cfg,
         cache=space,  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fakes import Room
 from radixsched.adder import PrefillAdder
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
@@ -31,19 +32,6 @@ pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not b
 
 
 # ---- the plan: the Python adder's, value for value ----------------------------------------------
-class _Room:
-    """Free + evictable slots as the adder reads them (allocator and cache at once)."""
-
-    def __init__(self, free: int, evictable: int) -> None:
-        self.free, self.evictable = free, evictable
-
-    def available_size(self) -> int:
-        return self.free
-
-    def evictable_size(self) -> int:
-        return self.evictable
-
-
 def _python_plan(
     page: int,
     max_prefill: int,
@@ -57,7 +45,7 @@ def _python_plan(
     cfg = SchedulerConfig(
         page_size=page, chunked_prefill_size=chunk, max_prefill_tokens=max_prefill
     )
-    space = _Room(*room)
+    space = Room(*room)
     adder = PrefillAdder(
         config=cfg,
         cache=space,  # type: ignore[arg-type]

@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.request import FinishReason, Req
-from radixsched.results.requests import HitRates, token_gaps
-from radixsched.results.stats import FloatArray, _ratio
+from radixsched.results.requests import HitRates, hit_rates_of, token_gaps
+from radixsched.results.stats import FloatArray
 
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -144,13 +144,7 @@ class RequestArrays:
         cached = int(self.cached[s].sum())
         host = int(self.host_cached[s].sum())
         prompt = int(self.prompt_len[s].sum())
-        return HitRates(
-            total=_ratio(cached, prompt),
-            device=_ratio(cached - host, prompt),
-            host=_ratio(host, prompt),
-            cached_tokens=cached,
-            prompt_tokens=prompt,
-        )
+        return hit_rates_of(cached, host, prompt)
 
     def backlog(self, last_arrival: float) -> int:
         """Requests started after ``last_arrival``, or never started and not aborted."""

@@ -239,6 +239,12 @@ def hit_rates(reqs: Iterable[Req]) -> HitRates:
     cached = sum(r.cached_tokens for r in scheduled)
     host = sum(r.host_cached_tokens for r in scheduled)
     prompt = sum(r.prompt_len for r in scheduled)
+    return hit_rates_of(cached, host, prompt)
+
+
+def hit_rates_of(cached: int, host: int, prompt: int) -> HitRates:
+    """The rates of ``cached`` prompt tokens (``host`` of them from the host tier) over
+    ``prompt``, the scheduled requests' sums."""
     return HitRates(
         total=_ratio(cached, prompt),
         device=_ratio(cached - host, prompt),
