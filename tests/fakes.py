@@ -124,3 +124,45 @@ def tree_snapshot(cache: Any) -> list[Any]:
         for n in cache._iter_nodes()
     ]
     return [cache._clock, len(nodes), nodes]
+
+
+def continued_chunk(
+    page: int,
+    max_prefill: int,
+    chunk: int,
+    running: tuple[int, int],
+    ratio: float,
+    room: tuple[int, int],
+    prefix: int,
+    fill: int,
+    left: int = 5,
+    ignore_eos: bool = False,
+) -> tuple[Any, Any]:
+    """The chunked request's continuation on a fresh Python adder (``FastScheduler``'s
+    ``ChunkPlan``): (the plan, the stand-in request), for the native plans' tests."""
+    from types import SimpleNamespace
+
+    from radixsched.adder import PrefillAdder
+    from radixsched.config import SchedulerConfig
+    from radixsched.fast.scheduler import ChunkPlan
+
+    cfg = SchedulerConfig(
+        page_size=page, chunked_prefill_size=chunk, max_prefill_tokens=max_prefill
+    )
+    space = Room(*room)
+    adder = PrefillAdder(
+        config=cfg,
+        cache=space,  # type: ignore[arg-type]
+        allocator=space,
+        running=[],
+        new_token_ratio=ratio,
+        running_tokens=running,
+    )
+    req: Any = SimpleNamespace(
+        prefix_len=prefix,
+        extend_end=prefix,
+        fill_len=fill,
+        remaining_new_tokens=left,
+        sampling=SimpleNamespace(ignore_eos=ignore_eos),
+    )
+    return ChunkPlan(adder, adder.add_chunked_req(req), req), req

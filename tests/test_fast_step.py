@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
-from fakes import Room
-from radixsched.adder import AddReqResult, PrefillAdder
+from fakes import continued_chunk
+from radixsched.adder import AddReqResult
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
 from radixsched.fast import build_scheduler
 from radixsched.fast import step as steps
-from radixsched.fast.scheduler import ChunkPlan, FastScheduler
+from radixsched.fast.scheduler import FastScheduler
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.cost.build import load_cost_model
@@ -181,26 +181,10 @@ def _python_continuation(
 ) -> tuple[Any, ...]:
     """``_adder_plan`` on the Python adder, as ``_core.plan_continuation`` reports it (kind 0)
     or would decline it (kind 1: a middle chunk)."""
-    cfg = SchedulerConfig(
-        page_size=page, chunked_prefill_size=chunk, max_prefill_tokens=max_prefill
+    plan, req = continued_chunk(
+        page, max_prefill, chunk, running, ratio, room, prefix, fill, left, ignore_eos
     )
-    space = Room(*room)
-    adder = PrefillAdder(
-        config=cfg,
-        cache=space,  # type: ignore[arg-type]
-        allocator=space,
-        running=[],
-        new_token_ratio=ratio,
-        running_tokens=running,
-    )
-    req: Any = SimpleNamespace(
-        prefix_len=prefix,
-        extend_end=prefix,
-        fill_len=fill,
-        remaining_new_tokens=left,
-        sampling=SimpleNamespace(ignore_eos=ignore_eos),
-    )
-    plan = ChunkPlan(adder, adder.add_chunked_req(req), req)
+    adder = plan.adder
     n = req.extend_end - prefix
     assert [(a.prefix_len, a.extend_len) for a in adder.can_run_list] == (
         [(prefix, n)] if n else []

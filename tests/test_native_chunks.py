@@ -9,7 +9,6 @@ call must leave to Python."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,11 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import Room
-from radixsched.adder import PrefillAdder
+from fakes import continued_chunk
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
-from radixsched.fast.scheduler import ChunkPlan, FastScheduler
+from radixsched.fast.scheduler import FastScheduler
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -42,26 +40,7 @@ def _python_plan(
     prefix: int,
     fill: int,
 ) -> tuple[int, int]:
-    cfg = SchedulerConfig(
-        page_size=page, chunked_prefill_size=chunk, max_prefill_tokens=max_prefill
-    )
-    space = Room(*room)
-    adder = PrefillAdder(
-        config=cfg,
-        cache=space,  # type: ignore[arg-type]
-        allocator=space,
-        running=[],
-        new_token_ratio=ratio,
-        running_tokens=running,
-    )
-    req: Any = SimpleNamespace(
-        prefix_len=prefix,
-        extend_end=prefix,
-        fill_len=fill,
-        remaining_new_tokens=5,
-        sampling=SimpleNamespace(ignore_eos=False),
-    )
-    plan = ChunkPlan(adder, adder.add_chunked_req(req), req)
+    plan, req = continued_chunk(page, max_prefill, chunk, running, ratio, room, prefix, fill)
     return (1, req.extend_end - prefix) if plan.is_middle else (0, 0)
 
 
