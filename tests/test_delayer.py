@@ -18,7 +18,6 @@ from radixsched.cluster.delayer import (
     PrefillStatus,
     RankInfo,
     RecentPrefillBatchSizeTracker,
-    local_max_running_requests,
     negotiate,
 )
 
@@ -382,11 +381,6 @@ def test_config_validation() -> None:
         DelayerConfig(queue_min_ratio=-0.1)
     assert DelayerConfig().delay_ms_cap == 5000.0
     assert DelayerConfig(max_delay_ms=10).delay_ms_cap == 10
-
-
-def test_local_max_running_requests() -> None:
-    assert local_max_running_requests(10, 4, enable_dp_attention=False) == 3
-    assert local_max_running_requests(10, 4, enable_dp_attention=True) == 10
 
 
 # ---- the delayer over time ------------------------------------------------------------------

@@ -14,10 +14,8 @@ Order is deterministic: the free list is a LIFO stack of page ids. Initially pag
 and a group freed by one ``free`` call comes back in its original order. The slots of each page
 are consecutive.
 
-``reserve(n)`` sets pages aside without choosing them (they stay on the stack, no longer
-available to ``alloc``) and ``claim(n)`` allocates from the reservation later; ``recycle(freed,
-n)`` is ``free(freed)`` followed by ``alloc(n)`` with the same result and state, for slots the
-cache has just evicted for this very allocation.
+``recycle(freed, n)`` is ``free(freed)`` followed by ``alloc(n)`` with the same result and
+state, for slots the cache has just evicted for this very allocation.
 
 Representation (chosen so that ``alloc`` and ``free`` are a handful of numpy calls each): the
 stack grows downwards, ``_stack[_first_free:]`` are the free pages with the top at
@@ -76,16 +74,11 @@ class TokenAllocator:
         self._stack_pos: PosArray = np.empty(n + 2, dtype=self._stamps.dtype)
         self._stack_pos[0] = self._stack_pos[n + 1] = -1
         self._stack_pos[1 : n + 1] = self._stamps
-        self._reserved = 0  # pages set aside by reserve(), still on the stack until claim()
 
     # ---- queries ------------------------------------------------------------------------
     def available_size(self) -> int:
-        """Free slots not set aside by ``reserve`` (a multiple of page_size)."""
-        return (self.num_pages - self._first_free - self._reserved) * self.page_size
-
-    def reserved_size(self) -> int:
-        """Slots reserved and not yet claimed."""
-        return self._reserved * self.page_size
+        """Free slots (a multiple of page_size)."""
+        return (self.num_pages - self._first_free) * self.page_size
 
     def free_slots(self) -> SlotArray:
         """Every free slot (for conservation checks; allocates)."""
@@ -105,7 +98,7 @@ class TokenAllocator:
         p = self.page_size
         k = self._whole_pages("alloc", num_tokens)
         lo = self._first_free
-        if k > self.num_pages - lo - self._reserved:
+        if k > self.num_pages - lo:
             return None
         if k == 0:
             return EMPTY_SLOTS.copy()
@@ -125,7 +118,7 @@ class TokenAllocator:
         p = self.page_size
         k = self._whole_pages("alloc", len(out))
         lo = self._first_free
-        if k > self.num_pages - lo - self._reserved:
+        if k > self.num_pages - lo:
             return False
         if k == 0:
             return True
@@ -152,7 +145,7 @@ class TokenAllocator:
             if len(seg) % p:
                 raise ValueError(f"free: {len(seg)} slots is not a whole number of pages (p={p})")
             g += len(seg)
-        if n > g and (n - g) // p > self.num_pages - self._first_free - self._reserved:
+        if n > g and (n - g) // p > self.num_pages - self._first_free:
             if g:
                 self.free(np.concatenate(freed) if len(freed) > 1 else freed[0], checked=False)
             return False
@@ -182,28 +175,6 @@ class TokenAllocator:
         parts = [freed] if isinstance(freed, np.ndarray) else list(freed)
         out = np.empty(num_tokens, dtype=np.int64)
         return out if self.recycle_into(parts, out) else None
-
-    def reserve(self, num_tokens: int) -> bool:
-        """Set aside ``num_tokens`` (whole pages) for a later ``claim``: they stop counting as
-        available, but no slot is chosen until they are claimed. False, and nothing reserved,
-        when not enough are available. Which slots a claim returns depends on the stack at
-        claim time (slots are interchangeable; only their number matters to callers)."""
-        k = self._whole_pages("reserve", num_tokens)
-        if k > self.num_pages - self._first_free - self._reserved:
-            return False
-        self._reserved += k
-        return True
-
-    def claim(self, num_tokens: int) -> SlotArray:
-        """Allocate ``num_tokens`` of the reserved slots (never fails within the reservation)."""
-        p = self.page_size
-        k = num_tokens // p
-        if num_tokens < 0 or num_tokens % p or k > self._reserved:
-            raise ValueError(f"claim({num_tokens}): {self._reserved * p} reserved, page_size {p}")
-        self._reserved -= k
-        slots = self.alloc(num_tokens)
-        assert slots is not None  # reserved pages stay on the stack
-        return slots
 
     def free(self, slots: SlotArray, *, checked: bool = True) -> None:
         """Return whole pages. ``slots`` must be a concatenation of whole pages, each page's

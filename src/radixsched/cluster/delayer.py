@@ -52,7 +52,6 @@ one-shot exemption, "mixed" ignoring every condition):
 from __future__ import annotations
 
 import enum
-import math
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -515,8 +514,3 @@ class PrefillDelayerPass:
         if observed > 0:
             self.delayer.tracker.observe_attempt(observed)
         return observed
-
-
-def local_max_running_requests(mrr: int, dp: int, enable_dp_attention: bool) -> int:
-    """SGLang's per-rank slot count for the slot condition."""
-    return mrr if enable_dp_attention else math.ceil(mrr / dp)

@@ -254,9 +254,7 @@ class Cluster:
     def preallocate(self, di: Any) -> None:
         now = di.clock.now()
         for r in decode_role(di.sched).pop_preallocated():
-            leg = self.legs[r.rid]
-            leg.preallocated_s = now
-            self.push(now + self.bootstrap, BOOT, leg)
+            self.push(now + self.bootstrap, BOOT, self.legs[r.rid])
 
     def bootstrapped(self, leg: Any, t: float) -> None:
         pi = self.pre[leg.p]

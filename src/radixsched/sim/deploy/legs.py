@@ -23,7 +23,6 @@ class Leg:
     pre: Req  # the prefill instance's copy
     p: int  # prefill instance (index among prefill instances)
     d: int  # decode instance (index among decode instances)
-    preallocated_s: float | None = None
     bootstrapped_s: float | None = None
     sent_s: float | None = None
     landed_s: float | None = None

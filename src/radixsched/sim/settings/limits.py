@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import os
-import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple
+
+from radixsched.config import _unwrap_optional
 
 # Bounds that keep simulated times and sizes representable: a step or delay longer than an
 # hour, an efficiency below the calibrator's smallest fit (1 / 1e4), a host tier over 1 PB.
@@ -120,14 +121,6 @@ def parse_rate(value: Any, name: str = "request_rate") -> float | None:
 # ---- values ----------------------------------------------------------------------------------
 
 
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    if typing.get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return tp, False
-
-
 def coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
     """``value`` as the type of field ``name`` of ``cls`` (YAML gives typed values, flags
     strings), within its ``LIMITS``; ``RunConfigError`` naming ``where`` otherwise."""
@@ -141,7 +134,7 @@ def coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
 
 
 def _coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
-    tp, optional = _unwrap(typing.get_type_hints(cls)[name])
+    tp, optional = _unwrap_optional(typing.get_type_hints(cls)[name])
     if value is None or (isinstance(value, str) and value.lower() == "none" and optional):
         if optional:
             return None

@@ -233,7 +233,7 @@ def _model(
 # ---- the prompts' prefix structure ---------------------------------------------------------
 
 
-def _data_specs(doc: Mapping[str, Any], benchmarks: list[Any], layout: _Layout) -> list[Any]:
+def _data_specs(doc: Mapping[str, Any], benchmarks: list[Any]) -> list[Any]:
     """The data specs the run was given, as recorded (strings or objects)."""
     config = doc.get("config")
     if isinstance(config, Mapping) and isinstance(config.get("spec"), Mapping):
@@ -302,7 +302,7 @@ def _structure(
     """(prefix buckets, note): the synthetic spec's shared prefixes; None and a note when the
     data is not one synthetic spec (its prompts are not recorded)."""
     where = f"GuideLLM {layout.version} data spec"
-    specs = _data_specs(doc, benchmarks, layout)
+    specs = _data_specs(doc, benchmarks)
     parsed = [_synthetic(s) for s in specs]
     if len(parsed) == 1 and parsed[0] is not None:
         return _buckets(parsed[0], where), None
