@@ -269,7 +269,8 @@ class SchedulerConfig:
 C = TypeVar("C")
 
 
-def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+def unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    """(T, True) for ``T | None`` (or ``Optional[T]``), else (tp, False)."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -318,7 +319,7 @@ def add_config_args(
             continue
         extra = dict((overrides or {}).get(f.name, {}))
         flags = ["--" + f.name.replace("_", "-"), *extra.pop("aliases", [])]
-        tp, optional = _unwrap_optional(hints[f.name])
+        tp, optional = unwrap_optional(hints[f.name])
         help_ = str(extra.pop("help", f.metadata.get("help", "")))
         if "(default" not in help_:
             help_ += f" (default: {_default_text(f.default)})"

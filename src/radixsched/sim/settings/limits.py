@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from radixsched.config import _unwrap_optional
+from radixsched.config import unwrap_optional
 
 # Bounds that keep simulated times and sizes representable: a step or delay longer than an
 # hour, an efficiency below the calibrator's smallest fit (1 / 1e4), a host tier over 1 PB.
@@ -134,7 +134,7 @@ def coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
 
 
 def _coerce(cls: type[Any], name: str, value: Any, where: str) -> Any:
-    tp, optional = _unwrap_optional(typing.get_type_hints(cls)[name])
+    tp, optional = unwrap_optional(typing.get_type_hints(cls)[name])
     if value is None or (isinstance(value, str) and value.lower() == "none" and optional):
         if optional:
             return None
