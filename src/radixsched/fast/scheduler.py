@@ -515,7 +515,8 @@ class FastScheduler(Scheduler):
             if self.is_idle:
                 self.ratio.reset()
             return None
-        cols = self.batch.columns()
+        batch = self.batch
+        cols = batch.cols if batch.cols is not None else batch.columns()  # (without its call)
         if self.defers and not cols.can_stop:  # the common case: one native call
             jumped = self._jump(cols, self._may_jump(), horizon)
             if jumped is not None:
@@ -595,7 +596,7 @@ class FastScheduler(Scheduler):
         st.decode_steps += k
         cap = self.capacity
         st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
-        out = JumpOutcome("decode", end - t0, len(reqs), num_steps=k)
+        out = JumpOutcome("decode", end - t0, len(reqs), k)  # num_steps: k (positional: cheaper)
         self.unsettled = True
         out.batch_tokens = lambda: (reqs, _jump_tokens(runner, reqs, fill0, k))
         if self._charges:
