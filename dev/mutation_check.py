@@ -390,8 +390,8 @@ MUTANTS = (
     Mutant(
         "settled-kv-len-off-by-one",
         "_native/decode.cpp",
-        'nb::setattr(r, "kv_len", nb::int_(fills[j] - 1));',
-        'nb::setattr(r, "kv_len", nb::int_(fills[j]));',
+        "py::set_int(r, names_.kv_len, o.fills[j] - 1);",
+        "py::set_int(r, names_.kv_len, o.fills[j]);",
     ),
     Mutant(
         "jump-past-horizon",
@@ -462,8 +462,8 @@ MUTANTS = (
     Mutant(
         "decode-tokens-unclipped",
         "_native/decode.cpp",
-        "const int64_t rem = std::min(to_go(i), clip);",
-        "const int64_t rem = to_go(i);",
+        "std::min(std::max<int64_t>(max_new_[i] - out_len_[i], 0), clip);",
+        "std::max<int64_t>(max_new_[i] - out_len_[i], 0);",
     ),
     Mutant(
         "adder-memory-check-inclusive",
@@ -662,6 +662,24 @@ MUTANTS = (
         "fast/queue.py",
         "        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:\n",
         "        if pol.key is fcfs_sglang:\n",
+    ),
+    Mutant(
+        "decode-need-page-1-one-step-more",
+        "_native/decode.cpp",
+        "            total += std::max<int64_t>(fill_[i] + (steps - 1) - have_[i], 0);",
+        "            total += std::max<int64_t>(fill_[i] + steps - have_[i], 0);",
+    ),
+    Mutant(
+        "retire-drops-the-row-after-each-finished",
+        "_native/decode.cpp",
+        "            if (p < gone.size() && gone[p] == i) {",
+        "            if (p < gone.size() && gone[p] + 1 == i) {",
+    ),
+    Mutant(
+        "decode-remove-keeps-the-first-removed-row",
+        "_native/decode.cpp",
+        "        size_t w = size_t(positions[0]), p = 0;  // the rows before it stay",
+        "        size_t w = size_t(positions[0]) + 1, p = 0;  // the rows before it stay",
     ),
     Mutant(
         "retire-covers-rows-that-can-stop",

@@ -251,3 +251,30 @@ def test_retire_declines_rows_past_their_max_and_changes_nothing() -> None:
 @dataclasses.dataclass
 class _Out:
     finished: list[Req] = dataclasses.field(default_factory=list)
+
+
+def test_retire_drops_finished_rows_anywhere_keeping_the_others_order() -> None:
+    """Rows 0, 2 and 5 finish in the same jump: the native call drops them from the running
+    list and the columns in one pass, the survivors in their order, the state consistent; the
+    jump's tokens (read lazily from the fills it returned) are the ones written."""
+    sched = _replica().sched
+    lens = [4, 9, 4, 9, 9, 4]
+    for i, n in enumerate(lens):
+        sampling = SamplingParams(max_new_tokens=n, ignore_eos=True)
+        sched.add_request(Req(f"r{i}", np.arange(64, dtype=np.int32) + 100 * i, sampling), now=0.0)
+    while sched.waiting:
+        sched.step()
+    assert [r.rid for r in sched.running] == [f"r{i}" for i in range(6)]
+    reqs = list(sched.running)
+    before = [len(r.output_ids) for r in reqs]
+    with _calls(fast_scheduler, "retire") as calls:
+        out = sched.decode_round()
+    assert out is not None and calls and all(took for _, took in calls)
+    assert [r.rid for r in out.finished] == ["r0", "r2", "r5"]
+    assert [r.rid for r in sched.running] == ["r1", "r3", "r4"]
+    assert len(sched.batch.cols) == 3
+    sched.check_integrity()
+    tokens = dict((r.rid, t) for r, t in out.new_tokens)
+    sched.sync_running()
+    for r, had in zip(reqs, before, strict=True):
+        assert r.output_ids[had:] == tokens[r.rid]

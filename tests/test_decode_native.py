@@ -304,3 +304,26 @@ def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
     assert res[1] == ends[-1]
     for r in (plain, scripted):
         assert r.kv_len == 13 and len(r.kv_row) == 13 and r.times.token_times == ends
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_jump_returns_the_fills_before_its_steps_as_int64_bytes(page: int) -> None:
+    """``jump``'s fills are the column as it stood (bytes of int64, read with np.frombuffer),
+    and the columns advance by the steps, each row's slots by its own whole pages."""
+    from radixsched.cache import native_radix
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner
+
+    runner = CostModelRunner(build_cost_model(SimConfig()))
+    pool = native_radix.make_pool(4000, page)
+    rows = [_row(5, 0, 4, 9, True, False), _row(30, 2, 32, 6, True, False)]
+    b = _batch(rows)
+    fill0, have0 = b.fill.tolist(), b.have.tolist()
+    res = b.jump(True, 4000, page, 0.0, None, runner.native_decode_cost(), pool, print, 0.0, 0.0)
+    assert res is not None and isinstance(res[4], bytes)
+    k = res[0]
+    assert k == 4  # the second row's tokens to go
+    assert np.frombuffer(res[4], dtype=np.int64).tolist() == fill0
+    assert b.fill.tolist() == [f + k for f in fill0]
+    want = [h + _need(r, k, page) for r, h in zip(rows, have0, strict=True)]
+    assert b.have.tolist() == want and pool.reserved_size() == sum(want) - sum(have0)

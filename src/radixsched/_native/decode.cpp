@@ -18,12 +18,20 @@
 #include <unordered_set>
 
 #include "pool.hpp"
+#include "py_attr.hpp"
 #include "stepcost.hpp"
 
 namespace radixsched {
 
 namespace {
 int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+// DecodeCols::need of a row holding `have` slots whose next token goes at `fill - 1`.
+inline int64_t need_of(int64_t fill, int64_t have, int64_t steps, int64_t page) {
+    int64_t end = fill + (steps - 1);
+    if (page > 1) end = -floor_div(-end, page) * page;
+    return std::max<int64_t>(end - have, 0);
+}
 }  // namespace
 
 DecodeRow DecodeCols::row(size_t i) const {
@@ -43,8 +51,10 @@ void DecodeCols::push(const DecodeRow& r) {
 
 void DecodeCols::remove_at(const std::vector<int64_t>& positions) {
     const size_t n = size();
-    size_t w = 0, p = 0;
-    for (size_t i = 0; i < n; ++i) {
+    // The rows before the first removed one stay where they are.
+    const size_t first = positions.empty() ? n : std::min(static_cast<size_t>(positions[0]), n);
+    size_t w = first, p = 0;
+    for (size_t i = first; i < n; ++i) {
         if (p < positions.size() && static_cast<size_t>(positions[p]) == i) {
             stopping_ -= stops_[i];
             ++p;
@@ -66,14 +76,20 @@ void DecodeCols::remove_at(const std::vector<int64_t>& positions) {
 }
 
 int64_t DecodeCols::need(size_t i, int64_t steps, int64_t page) const {
-    int64_t end = fill_.at(i) + (steps - 1);
-    if (page > 1) end = -floor_div(-end, page) * page;
-    return std::max<int64_t>(end - have_.at(i), 0);
+    return need_of(fill_.at(i), have_.at(i), steps, page);
 }
 
+// The loops over all rows below index within size() (operator[]: checked where
+// _GLIBCXX_ASSERTIONS is on); page 1, the common case, has no division.
 int64_t DecodeCols::need_total(int64_t steps, int64_t page) const {
+    const size_t n = size();
     int64_t total = 0;
-    for (size_t i = 0; i < size(); ++i) total += need(i, steps, page);
+    if (page == 1) {
+        for (size_t i = 0; i < n; ++i)
+            total += std::max<int64_t>(fill_[i] + (steps - 1) - have_[i], 0);
+    } else {
+        for (size_t i = 0; i < n; ++i) total += need_of(fill_[i], have_[i], steps, page);
+    }
     return total;
 }
 
@@ -103,9 +119,9 @@ int64_t DecodeCols::max_steps_that_fit(int64_t limit, int64_t room, int64_t page
 std::pair<int64_t, int64_t> DecodeCols::decode_tokens(int64_t clip) const {
     int64_t full = 0, all = 0;
     for (size_t i = 0; i < size(); ++i) {
-        const int64_t rem = std::min(to_go(i), clip);
+        const int64_t rem = std::min(std::max<int64_t>(max_new_[i] - out_len_[i], 0), clip);
         all += rem;
-        if (ignore_eos_[i]) full += rem;
+        full += ignore_eos_[i] ? rem : 0;
     }
     return {full, all - full};
 }
@@ -140,7 +156,7 @@ std::vector<int64_t> DecodeCols::maybe_finished() const {
 int64_t DecodeCols::advance(int64_t k, int64_t page) {
     int64_t total = 0;
     for (size_t i = 0; i < size(); ++i) {
-        const int64_t n = need(i, k, page);
+        const int64_t n = need_of(fill_[i], have_[i], k, page);
         total += n;
         have_[i] += n;
         fill_[i] += k;
@@ -195,10 +211,31 @@ nb::ndarray<nb::numpy, Out, nb::ndim<1>> copy_out(const std::vector<T>& v) {
     return nb::ndarray<nb::numpy, Out, nb::ndim<1>>(data, {n}, owner);
 }
 
-int64_t length(nb::handle h, const char* name) {
-    const nb::object a = h.attr(name);
-    return int64_t(nb::len(a));
+namespace py = radixsched::py;
+
+// The attribute names this file reads, interned once (held for the process's life): a lookup
+// by C string would build and hash a new str each time.
+struct Names {
+    PyObject *sampling, *output_ids, *prompt_ids, *kv_row, *kv_buf, *kv_len, *max_new_tokens,
+        *ignore_eos, *stop_token_ids, *scripted_output, *rid, *times, *token_times, *finish;
+};
+const Names& names() {
+    static const Names n = [] {
+        const auto in = [](const char* s) {
+            PyObject* o = PyUnicode_InternFromString(s);
+            if (o == nullptr) throw nb::python_error();
+            return o;
+        };
+        return Names{in("sampling"),       in("output_ids"),     in("prompt_ids"),
+                     in("kv_row"),         in("kv_buf"),         in("kv_len"),
+                     in("max_new_tokens"), in("ignore_eos"),     in("stop_token_ids"),
+                     in("scripted_output"), in("rid"),            in("times"),
+                     in("token_times"),    in("finish")};
+    }();
+    return n;
 }
+
+int64_t length(nb::handle h, PyObject* name) { return py::len_of(py::get(h, name)); }
 
 bool truthy(nb::handle h) {
     const int t = PyObject_IsTrue(h.ptr());
@@ -206,37 +243,68 @@ bool truthy(nb::handle h) {
     return t != 0;
 }
 
-nb::object slice_of(nb::handle a, int64_t lo, int64_t hi) {
-    const nb::object sl = nb::steal(PySlice_New(nb::int_(lo).ptr(), nb::int_(hi).ptr(), nullptr));
-    if (!sl.is_valid()) throw nb::python_error();
-    const nb::object out = nb::steal(PyObject_GetItem(a.ptr(), sl.ptr()));
-    if (!out.is_valid()) throw nb::python_error();
-    return out;
+// numpy.empty, looked up once (held for the process's life: a grown KV buffer is its call).
+PyObject* np_empty() {
+    static PyObject* const f = [] {
+        const nb::object np = nb::module_::import_("numpy");
+        return nb::object(np.attr("empty")).release().ptr();
+    }();
+    return f;
+}
+
+// The int64 buffer of `buf` (a 1-d C-contiguous writable numpy array), where the buffer
+// protocol gives it directly; else nanobind's cast, which checks it and names what is wrong.
+template <class F>
+void with_int64(nb::handle buf, F&& write) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_ND) == 0) {
+        const char f = view.format ? view.format[0] : 0;
+        const bool ok = view.itemsize == 8 && view.ndim == 1 && (f == 'l' || f == 'q') &&
+                        view.format[1] == 0 && PyBuffer_IsContiguous(&view, 'C');
+        if (ok) {
+            try {
+                write(static_cast<int64_t*>(view.buf), int64_t(view.shape[0]));
+            } catch (...) {
+                PyBuffer_Release(&view);
+                throw;
+            }
+            PyBuffer_Release(&view);
+            return;
+        }
+        PyBuffer_Release(&view);
+    } else {
+        PyErr_Clear();
+    }
+    using Buf = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+    Buf out = nb::cast<Buf>(buf);
+    write(out.data(), int64_t(out.shape(0)));
 }
 
 // `slots` appended to r.kv_row, which is the head of r.kv_buf: written past it, the buffer
 // grown (to twice the need, at least 64) when too short, as FastScheduler's eager path does.
 void append_slots(nb::handle r, const std::vector<int64_t>& slots) {
-    using Buf = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-    const int64_t have = length(r, "kv_row"), n = int64_t(slots.size());
-    nb::object buf = r.attr("kv_buf");
-    if (int64_t(nb::len(buf)) < have + n) {
-        const nb::object np = nb::module_::import_("numpy");
-        buf = np.attr("empty")(std::max<int64_t>(2 * (have + n), 64), "dtype"_a = "int64");
-        const nb::object head = nb::steal(PySlice_New(nullptr, nb::int_(have).ptr(), nullptr));
-        if (!head.is_valid() ||
-            PyObject_SetItem(buf.ptr(), head.ptr(), r.attr("kv_row").ptr()) < 0)
-            throw nb::python_error();
-        nb::setattr(r, "kv_buf", buf);
+    const Names& k = names();
+    const nb::object row = py::get(r, k.kv_row);
+    const int64_t have = py::len_of(row), n = int64_t(slots.size());
+    nb::object buf = py::get(r, k.kv_buf);
+    if (py::len_of(buf) < have + n) {
+        const nb::object size = nb::int_(std::max<int64_t>(2 * (have + n), 64));
+        buf = nb::handle(np_empty())(size, "dtype"_a = "int64");
+        if (PySequence_SetSlice(buf.ptr(), 0, have, row.ptr()) < 0) throw nb::python_error();
+        py::set(r, k.kv_buf, buf);
     }
-    Buf out = nb::cast<Buf>(buf);
-    std::copy(slots.begin(), slots.end(), out.data() + have);
-    nb::setattr(r, "kv_row", slice_of(buf, 0, have + n));
+    with_int64(buf, [&](int64_t* data, int64_t len) {
+        if (len < have + n) throw std::logic_error("append_slots: the KV buffer is too short");
+        std::copy(slots.begin(), slots.end(), data + have);
+    });
+    py::set(r, k.kv_row, py::slice(buf, 0, have + n));
 }
 
 // A request whose tokens are pure stand-ins: no stop ids, no script (CostModelRunner.tokens_at).
 bool plain(nb::handle r) {
-    return !truthy(r.attr("sampling").attr("stop_token_ids")) && r.attr("scripted_output").is_none();
+    const Names& k = names();
+    return !truthy(py::get(py::get(r, k.sampling), k.stop_token_ids)) &&
+           py::get(r, k.scripted_output).is_none();
 }
 
 // The stand-in tokens at positions [first, first + k) of a plain request whose rid hashes to
@@ -313,15 +381,22 @@ struct DecodeBatch {
 
     // A request's row as its Python state gives it (DecodeCols.of of the Python columns).
     DecodeRow row_of(nb::handle r) const {
-        const nb::object s = r.attr("sampling");
-        const int64_t out = length(r, "output_ids");
-        const bool ignore = truthy(s.attr("ignore_eos"));
-        return {length(r, "prompt_ids") + out,
-                length(r, "kv_row"),
+        const Names& k = names();
+        const nb::object s = py::get(r, k.sampling);
+        const int64_t out = length(r, k.output_ids);
+        const bool ignore = truthy(py::get(s, k.ignore_eos));
+        return {length(r, k.prompt_ids) + out,
+                length(r, k.kv_row),
                 out,
-                nb::cast<int64_t>(s.attr("max_new_tokens")),
+                py::get_int(s, k.max_new_tokens),
                 ignore,
-                truthy(s.attr("stop_token_ids")) || (has_eos && !ignore)};
+                truthy(py::get(s, k.stop_token_ids)) || (has_eos && !ignore)};
+    }
+
+    // fill and have of a request as its Python state gives them (row_of's first two).
+    static std::pair<int64_t, int64_t> fill_have_of(nb::handle r) {
+        const Names& k = names();
+        return {length(r, k.prompt_ids) + length(r, k.output_ids), length(r, k.kv_row)};
     }
 
     void extend(nb::handle more) {
@@ -333,8 +408,9 @@ struct DecodeBatch {
 
     void remove_at(const std::vector<int64_t>& positions) {
         cols.remove_at(positions);  // checks the positions first
-        size_t w = 0, p = 0;
-        for (size_t i = 0; i < reqs.size(); ++i) {
+        if (positions.empty()) return;
+        size_t w = size_t(positions[0]), p = 0;  // the rows before it stay
+        for (size_t i = w; i < reqs.size(); ++i) {
             if (p < positions.size() && static_cast<size_t>(positions[p]) == i) {
                 ++p;
                 continue;
@@ -370,10 +446,14 @@ struct DecodeBatch {
     };
     Owed owed_of(const std::vector<int64_t>& rows) const {
         Owed o;
+        o.ks.reserve(rows.size());
+        o.slots.reserve(rows.size());
+        o.fills.reserve(rows.size());
         for (int64_t i : rows) {
-            const DecodeRow now = cols.row(size_t(i)), was = row_of(reqs.at(size_t(i)));
-            o.ks.push_back(now.fill - was.fill);
-            o.slots.push_back(now.have - was.have);
+            const DecodeRow now = cols.row(size_t(i));
+            const auto [fill, have] = fill_have_of(reqs.at(size_t(i)));
+            o.ks.push_back(now.fill - fill);
+            o.slots.push_back(now.have - have);
             o.fills.push_back(now.fill);
         }
         return o;
@@ -427,34 +507,47 @@ struct DecodeBatch {
     // and position).
     void settle(const std::vector<int64_t>& rows, nb::handle tokens_at, nb::handle stand_in,
                 radixsched::Pool& pool) const {
+        const Names& names_ = names();
         const Owed o = owed_of(rows);
         std::vector<nb::object> toks(rows.size());
         std::vector<uint8_t> done(rows.size(), 0);
+        std::vector<uint64_t> hash(rows.size(), 0);  // a plain row's rid hash (done)
+        uint64_t vocab = 0;
+        size_t owing = 0, plain_rows = 0;  // rows owing tokens; those of them done here
+        for (size_t j = 0; j < rows.size(); ++j) owing += o.ks[j] > 0;
         if (!stand_in.is_none()) {
             const nb::handle hashes = stand_in[0];
-            const uint64_t vocab = nb::cast<uint64_t>(stand_in[1]);
+            vocab = nb::cast<uint64_t>(stand_in[1]);
             if (vocab == 0) throw std::invalid_argument("settle: an empty vocabulary");
             for (size_t j = 0; j < rows.size(); ++j) {
                 const nb::object& r = reqs.at(size_t(rows[j]));
                 if (o.ks[j] <= 0 || !plain(r)) continue;
-                const uint64_t h = nb::cast<uint64_t>(hashes[r.attr("rid")]);
-                toks[j] = stand_ins(h, o.fills[j] - o.ks[j], o.ks[j], vocab);
+                const nb::object h = nb::steal(
+                    PyObject_GetItem(hashes.ptr(), py::get(r, names_.rid).ptr()));
+                if (!h.is_valid()) throw nb::python_error();
+                hash[j] = nb::cast<uint64_t>(h);
                 done[j] = 1;
+                ++plain_rows;
             }
         }
-        for (nb::handle group : groups_of(rows, o, done)) {
-            const nb::tuple g = nb::borrow<nb::tuple>(group);
-            const auto idx = nb::cast<std::vector<int64_t>>(g[0]);
-            const nb::object got = tokens_at(g[1], g[2]).attr("tolist")();
-            for (size_t i = 0; i < idx.size(); ++i) toks.at(size_t(idx[i])) = got[i];
+        if (plain_rows < owing) {
+            for (nb::handle group : groups_of(rows, o, done)) {
+                const nb::tuple g = nb::borrow<nb::tuple>(group);
+                const auto idx = nb::cast<std::vector<int64_t>>(g[0]);
+                const nb::object got = tokens_at(g[1], g[2]).attr("tolist")();
+                for (size_t i = 0; i < idx.size(); ++i) toks.at(size_t(idx[i])) = got[i];
+            }
         }
-        const std::vector<int64_t>& fills = o.fills;
         for (size_t j = 0; j < rows.size(); ++j) {
             const nb::object& r = reqs.at(size_t(rows[j]));
-            if (o.ks[j] > 0) {
-                extend_list(r.attr("output_ids"), toks[j]);
-                extend_list(r.attr("times").attr("token_times"), log_tail(o.ks[j]));
-                nb::setattr(r, "kv_len", nb::int_(fills[j] - 1));
+            const int64_t k = o.ks[j];
+            if (k > 0) {
+                const nb::object out = py::get(r, names_.output_ids);
+                // A list of the tokens, then one slice assignment: cheaper than an append each.
+                const int64_t first = o.fills[j] - k;
+                extend_list(out, done[j] ? stand_ins(hash[j], first, k, vocab) : toks[j]);
+                extend_log_tail(py::get(py::get(r, names_.times), names_.token_times), k);
+                py::set_int(r, names_.kv_len, o.fills[j] - 1);
             }
             if (o.slots[j] > 0) {
                 const std::vector<int64_t> got = pool.claim(o.slots[j]);
@@ -463,13 +556,14 @@ struct DecodeBatch {
         }
     }
 
-    // The last `k` end times of the log, as a list (of the log's float objects).
-    nb::object log_tail(int64_t k) const {
+    // `dst.extend(the last k end times of the log)` (the log's float objects): one slice, one
+    // slice assignment (cheaper than an append each).
+    void extend_log_tail(nb::handle dst, int64_t k) const {
         const Py_ssize_t n = PyList_GET_SIZE(log_.ptr());
         if (k > n) throw std::logic_error("settle: a row is ahead of the decode log");
-        nb::object out = nb::steal(PyList_GetSlice(log_.ptr(), n - k, n));
-        if (!out.is_valid()) throw nb::python_error();
-        return out;
+        const nb::object tail = nb::steal(PyList_GetSlice(log_.ptr(), n - k, n));
+        if (!tail.is_valid()) throw nb::python_error();
+        extend_list(dst, tail);
     }
 
     // Times the first `n` steps of the batch as it stands into durs_, their end times from `t0`
@@ -524,7 +618,8 @@ struct DecodeBatch {
     // A deferred decode round: None when one step's KV does not fit in `room`; else `steps`
     // steps, timed, their slots reserved in `pool` (`evict(n)` first when it is n short),
     // their end times logged, `busy` and `running_x` accumulated step by step, the columns
-    // advanced: (k, end time, busy, running_x, fills before, rows that may have finished).
+    // advanced: (k, end time, busy, running_x, fills before (bytes of int64, native order),
+    // rows that may have finished).
     // k == 0 when the reservation failed: the second item is then the slots asked for.
     nb::object jump(bool free, int64_t room, int64_t page, double t0,
                     std::optional<double> horizon, nb::handle times, radixsched::Pool& pool,
@@ -550,7 +645,10 @@ struct DecodeBatch {
             busy += d;
             running_x += b * d;
         }
-        nb::object fills = nb::cast(copy_out<int64_t>(cols.fill()), nb::rv_policy::move);
+        // The fills before the steps as int64 bytes (np.frombuffer reads them when the jump's
+        // tokens are asked for, seldom): a numpy array built here costs more than the jump.
+        const std::vector<int64_t>& f = cols.fill();
+        nb::bytes fills(f.data(), f.size() * sizeof(int64_t));
         cols.advance(k, page);
         return nb::make_tuple(k, ends_.back(), busy, running_x, fills, cols.maybe_finished());
     }
@@ -604,41 +702,63 @@ struct DecodeBatch {
             }
         }
         if (gone.empty()) return nb::int_(0);
-        for (auto it = gone.rbegin(); it != gone.rend(); ++it)
-            if (PySequence_DelItem(running.ptr(), Py_ssize_t(*it)) < 0) throw nb::python_error();
+        drop_items(running, gone);
         remove_at(gone);
         for (const nb::object& r : done) {
             radixsched::kv_release(kv, r, true);
-            pop_key(by_rid, r.attr("rid"));
+            pop_key(by_rid, py::get(r, names().rid));
             pop_key(seq_of, nb::steal(PyLong_FromVoidPtr(r.ptr())));
         }
         return nb::int_(gone.size());
+    }
+
+    // Removes the items at `gone` (ascending, in range) from the list `lst`, the others keeping
+    // their order, in one pass: the kept references move down, the tail is cut once.
+    static void drop_items(nb::handle lst, const std::vector<int64_t>& gone) {
+        PyObject* l = lst.ptr();
+        const Py_ssize_t n = PyList_GET_SIZE(l);
+        std::vector<nb::object> dropped;  // the list's references, released after the cut
+        dropped.reserve(gone.size());
+        Py_ssize_t w = 0;
+        size_t p = 0;
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* item = PyList_GET_ITEM(l, i);
+            if (p < gone.size() && gone[p] == i) {
+                dropped.push_back(nb::steal(item));
+                ++p;
+            } else {
+                PyList_SET_ITEM(l, w++, item);  // moved: the list's reference goes with it
+            }
+        }
+        if (p != gone.size()) throw std::logic_error("drop_items: rows out of range");
+        for (Py_ssize_t i = w; i < n; ++i) PyList_SET_ITEM(l, i, Py_NewRef(Py_None));
+        if (PyList_SetSlice(l, w, n, nullptr) < 0) throw nb::python_error();
     }
 
     // Scheduler.check_finish of a request that cannot stop early: finished when its output
     // reached max_new_tokens (or it was already); an IntegrityError past it.
     static bool finish_length(nb::handle r, nb::handle finish_cls, nb::handle reason,
                               nb::handle now) {
-        const int64_t out = length(r, "output_ids");
-        const int64_t max_new = nb::cast<int64_t>(r.attr("sampling").attr("max_new_tokens"));
+        const Names& k = names();
+        const int64_t out = length(r, k.output_ids);
+        const int64_t max_new = py::get_int(py::get(r, k.sampling), k.max_new_tokens);
         if (out >= max_new) {
-            nb::setattr(r, "finish", finish_cls(reason));
+            py::set(r, k.finish, finish_cls(reason));
             if (out > max_new) {
                 const nb::object err =
                     nb::module_::import_("radixsched.cache.base").attr("IntegrityError");
-                const std::string msg = nb::cast<std::string>(nb::str(r.attr("rid"))) +
+                const std::string msg = nb::cast<std::string>(nb::str(py::get(r, k.rid))) +
                                         " produced " + std::to_string(out) + " > " +
                                         std::to_string(max_new) + " tokens";
                 PyErr_SetString(err.ptr(), msg.c_str());
                 throw nb::python_error();
             }
         }
-        if (r.attr("finish").is_none()) return false;
-        const nb::object times = r.attr("times");
-        const nb::object tt = times.attr("token_times");
-        const Py_ssize_t n = PyObject_Length(tt.ptr());
-        if (n < 0) throw nb::python_error();
-        nb::setattr(times, "finish", n > 0 ? nb::object(tt[n - 1]) : now());
+        if (py::get(r, k.finish).is_none()) return false;
+        const nb::object times = py::get(r, k.times);
+        const nb::object tt = py::get(times, k.token_times);
+        const Py_ssize_t n = py::len_of(tt);
+        py::set(times, k.finish, n > 0 ? nb::object(tt[n - 1]) : now());
         return true;
     }
 

@@ -515,7 +515,8 @@ class FastScheduler(Scheduler):
             if self.is_idle:
                 self.ratio.reset()
             return None
-        cols = self.batch.columns()
+        batch = self.batch
+        cols = batch.cols if batch.cols is not None else batch.columns()  # (without its call)
         if self.defers and not cols.can_stop:  # the common case: one native call
             jumped = self._jump(cols, self._may_jump(), horizon)
             if jumped is not None:
@@ -566,8 +567,9 @@ class FastScheduler(Scheduler):
         """Deferred decode steps (``DecodeBatch.jump``: how many, their times, their slots
         reserved, the log and the columns advanced, in one native call), as that many
         reference decode rounds; None when one step does not fit (room must be made first)."""
-        st, t0, reqs, runner = self.stats, self.clock.now(), list(self.batch.reqs), self.jumper
-        free_size, evictable = self._free_size, self._evictable_size
+        st, clock, reqs = self.stats, self.clock, list(self.batch.reqs)
+        runner: Any = self.runner  # ``self.jumper`` (a cast), without its property call
+        t0, free_size, evictable = clock.now(), self._free_size, self._evictable_size
         timer = runner.native_decode_cost()  # _step_timer
         res = cols.jump(
             free,
@@ -586,17 +588,17 @@ class FastScheduler(Scheduler):
         if res[0] == 0:  # the reservation failed
             raise self._alloc_failed(res[1])
         k, end, st.busy_s, st.running_x_s, fill0, maybe = res
-        self._advance_to(end, end - t0)
+        if type(clock) is VirtualClock:  # ``_advance_to``, without its call
+            clock.jump_to(end)
+        else:
+            self._advance_to(end, end - t0)
         self.ratio.decay_steps(k)
         st.decode_steps += k
         cap = self.capacity
         st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
-        out = JumpOutcome("decode", end - t0, len(reqs), num_steps=k)
+        out = JumpOutcome("decode", end - t0, len(reqs), k)  # num_steps: k (positional: cheaper)
         self.unsettled = True
-        out.batch_tokens = lambda: (
-            reqs,
-            runner.tokens_at(reqs, fill0[:, None] + np.arange(k, dtype=np.int64)[None, :]).tolist(),
-        )
+        out.batch_tokens = lambda: (reqs, _jump_tokens(runner, reqs, fill0, k))
         if self._charges:
             self._charge_decode(reqs, k)
         if maybe:
@@ -727,6 +729,16 @@ def _append(r: Req, slots: np.ndarray) -> None:
 
 
 _INT64_MAX = (1 << 63) - 1
+
+
+def _jump_tokens(runner: MultiStepRunner, reqs: list[Req], fill0: bytes, k: int) -> list[list[int]]:
+    """The tokens of a jump's ``k`` steps per request: ``fill0`` is the fills before them, as
+    ``DecodeBatch.jump`` gives them (int64 bytes)."""
+    fills = np.frombuffer(fill0, dtype=np.int64)
+    got: list[list[int]] = runner.tokens_at(
+        reqs, fills[:, None] + np.arange(k, dtype=np.int64)[None, :]
+    ).tolist()
+    return got
 
 
 def _step_ends(t0: float, durations: np.ndarray) -> np.ndarray:
