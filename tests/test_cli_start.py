@@ -179,3 +179,41 @@ def test_a_call_with_arguments_leaves_the_collector_alone(tmp_path: Path) -> Non
         assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+# ---- the exit -----------------------------------------------------------------------------
+
+
+def test_exit_now_runs_the_exit_functions_and_flushes() -> None:
+    code = (
+        "import atexit, sys\nfrom radixsched.cli.main import exit_now\n"
+        "atexit.register(print, 'at exit')\n"
+        "sys.stdout.write('buffered ')\nsys.stderr.write('err')\n"
+        "exit_now(3)\nprint('not reached')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (out.returncode, out.stdout, out.stderr) == (3, "buffered at exit\n", "err")
+
+
+def test_exit_now_leaves_a_running_thread_to_the_interpreter_s_exit() -> None:
+    code = (
+        "import threading, time\nfrom radixsched.cli.main import exit_now\n"
+        "t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread done')))\n"
+        "t.start()\nexit_now(3)\nprint('returned')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split("\n")[:2] == ["returned", "thread done"]
+
+
+def test_a_simulation_s_outputs_are_complete_at_the_quick_exit(tmp_path: Path) -> None:
+    env = {**os.environ, "RADIXSCHED_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "radixsched", "simulate", "--workload", f"mooncake:{SAMPLE}",
+         "--policy", "fcfs,lpm", "--jobs", "2", "--quiet", "--json", str(tmp_path / "r.json"),
+         "--csv", str(tmp_path / "r.csv")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().endswith(f"wrote {tmp_path / 'r.csv'}")
+    assert len((tmp_path / "r.csv").read_text().splitlines()) == 3
+    assert (tmp_path / "r.json").read_text().rstrip().endswith("}")
