@@ -217,3 +217,12 @@ def test_a_simulation_s_outputs_are_complete_at_the_quick_exit(tmp_path: Path) -
     assert out.stdout.rstrip().endswith(f"wrote {tmp_path / 'r.csv'}")
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 3
     assert (tmp_path / "r.json").read_text().rstrip().endswith("}")
+
+
+def test_the_collector_runs_again_after_a_usage_error() -> None:
+    code = (
+        "import gc, sys\nfrom radixsched.cli.main import main\n"
+        "sys.argv = ['radixsched', 'simulate', '--no-such-flag']\n"
+        "rc = main()\nprint(rc, gc.isenabled())\n"
+    )
+    assert _run(code)[-2:] == ["2", "True"]

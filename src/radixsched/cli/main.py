@@ -109,6 +109,7 @@ def _main(argv: list[str], own_process: bool = False) -> int:
     try:
         args = parse_args(parser, argv)
     except SystemExit as e:  # usage error (printed) or --help: an exit status, not a raise
+        end_of_start()
         return e.code if isinstance(e.code, int) else 2
     args._argv = argv
     if not getattr(args, "_ends_start", False):  # else the command calls it after its setup
