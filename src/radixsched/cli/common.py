@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import platform
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from radixsched.paths import same_file
@@ -34,6 +35,36 @@ COMMAND_HELP = {
     "calibrate": "fit the simulator's cost model to measured runs (or profile the local engine)",
     "plan": "find the cheapest deployment that meets latency SLOs on a workload",
 }
+
+
+# Whether ``pause_collection_for_start`` paused the collector and ``end_of_start`` has not yet
+# resumed it.
+_start_paused = False
+
+
+def pause_collection_for_start() -> None:
+    """Pause the cyclic collector for a process's start (``main``): the imports, the parser
+    and a command's setup make objects that live as long as the process, which the young
+    generations' passes (about 90 of them before a simulation of the Mooncake trace) would
+    walk only to find them alive."""
+    global _start_paused
+    gc.disable()
+    _start_paused = True
+
+
+def end_of_start() -> None:
+    """Collection resumes if ``pause_collection_for_start`` paused it (otherwise nothing
+    happens), with what the start made moved to the oldest generation without a pass
+    (``gc.freeze`` then ``gc.unfreeze``), where the young passes would have moved it; only
+    full collections, rare, visit it there. A frozen heap (none at a start) stays frozen."""
+    global _start_paused
+    if not _start_paused:
+        return
+    _start_paused = False
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
+    gc.enable()
 
 
 # --model of the torch commands (generate, serve).
@@ -170,12 +201,77 @@ def model_error(model: str, error: Exception) -> str:
     return f"--model {model}: {text}"
 
 
-def scheduler_choices() -> dict[str, list[str]]:
-    """Valid values of the scheduler flags, from the registries (so --help never goes stale)."""
+def scheduler_choices() -> dict[str, Any]:
+    """Valid values of the scheduler flags (sequences of names), from the registries (so --help
+    never goes stale). Where a package declares plugin policies they are loaded now (a broken
+    one is reported before the command runs); elsewhere their scan waits for a listing or a
+    name that is not built in, which a run of built-in policies never makes."""
     from radixsched.cache.evict import EVICTION_STRATEGIES
-    from radixsched.policies import POLICIES
+    from radixsched.policies import ENTRY_POINT_GROUP, POLICIES
 
-    return {"schedule_policy": list(POLICIES), "radix_eviction_policy": list(EVICTION_STRATEGIES)}
+    policies = list(POLICIES) if entry_points_declared(ENTRY_POINT_GROUP) else PolicyNames()
+    return {"schedule_policy": policies, "radix_eviction_policy": list(EVICTION_STRATEGIES)}
+
+
+def entry_points_declared(group: str) -> bool:
+    """Whether an installed distribution may declare entry points of ``group``: one of the
+    ``*.dist-info`` or ``*.egg-info`` folders in a folder on ``sys.path`` (where
+    ``importlib.metadata`` finds distributions) has an ``entry_points.txt`` naming it. Read
+    without ``importlib.metadata``, whose import and scan take about 20 ms of a command's
+    start; True wherever this reading could miss one (a zip or an egg on the path, another
+    finder of distributions), so that the scan decides there."""
+    from importlib.machinery import PathFinder
+
+    finders = [f for f in sys.meta_path if getattr(f, "find_distributions", None) is not None]
+    if finders != [PathFinder]:
+        return True
+    needle = group.encode()
+    for entry in sys.path:
+        if not isinstance(entry, str) or entry.lower().endswith(".egg"):
+            return True
+        folder = entry or "."
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            if os.path.exists(folder):  # a zip file: importlib.metadata reads inside it
+                return True
+            continue
+        for name in names:
+            if name.lower().endswith((".dist-info", ".egg-info")):
+                try:
+                    with open(os.path.join(folder, name, "entry_points.txt"), "rb") as f:
+                        if needle in f.read():
+                            return True
+                except OSError:  # none (or an egg-info file, which declares none)
+                    continue
+    return False
+
+
+class PolicyNames(Sequence[str]):
+    """The registered policies' names, read when asked: a parser's check of a built-in name
+    finds it without the scan of the installed packages for plugin policies (the registry
+    scans on the first listing or unknown name, ``policies.PolicyRegistry``); a listing (the
+    help, an invalid choice's message) or another name scans first."""
+
+    def __contains__(self, name: object) -> bool:
+        from radixsched.policies import POLICIES
+
+        return isinstance(name, str) and name in POLICIES
+
+    def __iter__(self) -> Iterator[str]:
+        from radixsched.policies import POLICIES
+
+        return iter(POLICIES)
+
+    def __len__(self) -> int:
+        from radixsched.policies import POLICIES
+
+        return len(POLICIES)
+
+    def __getitem__(self, index: Any) -> Any:
+        from radixsched.policies import POLICIES
+
+        return list(POLICIES)[index]
 
 
 # ---- the parser ------------------------------------------------------------------------------

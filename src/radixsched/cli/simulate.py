@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixsched.cli.common import (
     CliError,
+    end_of_start,
     output_errors,
     rich_console,
     run_metadata,
@@ -43,6 +45,14 @@ def _policy_names() -> list[str]:
     from radixsched.policies import POLICIES
 
     return list(POLICIES)
+
+
+def _is_policy(name: str) -> bool:
+    """Whether ``name`` is registered; a built-in name is found without the plugin scan that
+    a listing makes (``policies.PolicyRegistry``)."""
+    from radixsched.policies import POLICIES
+
+    return name in POLICIES
 
 
 # ---- simulate ---------------------------------------------------------------------------------
@@ -240,7 +250,7 @@ def _policies(file: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
                     "compares several)"
                 )
             return [str(one)]
-    return [n for n in MAIN_POLICIES if n in _policy_names()]
+    return [n for n in MAIN_POLICIES if _is_policy(n)]
 
 
 def _policy_list(value: Any, key: str = "--policy") -> list[str]:
@@ -354,8 +364,6 @@ def _slo(rs: RunSettings) -> Any:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from concurrent.futures.process import BrokenProcessPool
-
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from radixsched.results.table import Runtime
@@ -419,16 +427,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     keep_rows = bool(rs.cli.get("requests_csv"))
     runs = PolicyRuns(workload, base, sim_cfg, optimal_hit_rate=opt, slo=slo, keep_rows=keep_rows)
     jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
+    end_of_start()  # the setup's objects (settings, workload, display) stay to the end too
     start = time.perf_counter()
     try:
         outcomes = run_policies(runs, policies, jobs, on_progress, display=progress)
     except PolicyFailed as e:  # a combination only the run itself rejects
         raise CliError(str(e)) from e
-    except BrokenProcessPool as e:
+    except _broken_pool() as e:
         raise CliError(f"a simulation process died ({e}); try --jobs 1") from e
     elapsed = time.perf_counter() - start
     runtime = Runtime(elapsed, min(jobs, len(policies)))
     return _finish(outcomes, console, rs, meta, workload_info, config_info, slo, runtime)
+
+
+def _broken_pool() -> tuple[type[Exception], ...]:
+    """``BrokenProcessPool``, the error of a pool whose worker died, once a pool exists (its
+    module is imported only by a run in workers); before that nothing can raise it."""
+    module = sys.modules.get("concurrent.futures.process")
+    return () if module is None else (module.BrokenProcessPool,)
 
 
 def _finish(

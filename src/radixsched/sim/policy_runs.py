@@ -18,16 +18,14 @@ import ctypes
 import dataclasses
 import gc
 import math
-import multiprocessing
 import os
 import queue as queue_mod
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +38,10 @@ from radixsched.sim.deploy.run import SimRun
 from radixsched.sim.settings.simconfig import SimConfig
 from radixsched.sim.simulate import simulate
 from radixsched.sim.workloads.load import Workload, workload_optimal_hit_rate
+
+if TYPE_CHECKING:
+    import multiprocessing
+    from concurrent.futures import Future
 
 # (policy index, requests done, requests in all): how a run reports its progress.
 Progress = Callable[[int, int, int], None]
@@ -105,8 +107,9 @@ def default_jobs(num_policies: int) -> int:
 
 def can_fork() -> bool:
     """Whether workers may be forked: on Linux. macOS offers fork but its system libraries are
-    not safe across it (Python starts processes afresh there by default)."""
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+    not safe across it (Python starts processes afresh there by default). Linux always offers
+    the fork start method: multiprocessing (imported only by a forking run) is not asked."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
 
 
 class PolicyFailed(Exception):
@@ -138,6 +141,21 @@ def run_policies(
     if jobs <= 1 or len(policies) <= 1 or not can_fork():
         with shown:
             return [_run_here(runs, i, p, progress) for i, p in enumerate(policies)]
+    return _run_forked(runs, policies, jobs, progress, shown)
+
+
+def _run_forked(
+    runs: PolicyRuns,
+    policies: Sequence[str],
+    jobs: int,
+    progress: Progress | None,
+    shown: AbstractContextManager[Any],
+) -> list[PolicyOutcome]:
+    """``run_policies`` in forked workers, at most ``jobs`` at a time."""
+    # Imported here: a run in this process needs neither (about 10 ms of a command's start).
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     ctx = multiprocessing.get_context("fork")
     reports: multiprocessing.Queue[tuple[int, int, int]] = ctx.Queue()
     _INHERITED.update(runs=runs, policies=list(policies), reports=reports)
