@@ -700,6 +700,38 @@ MUTANTS = (
         "    while j < n and reqs[j].arrival_time <= now + 0.05:",
     ),
     Mutant(
+        "lpm-round-skips-the-refresh-count",
+        "fast/queue.py",
+        "                if self._refresh_rounds % REFRESH_INTERVAL and self.refresh_on and self.reqs:\n"
+        "                    self._refresh_rounds += 1\n",
+        "                if self._refresh_rounds % REFRESH_INTERVAL and self.refresh_on and self.reqs:\n"
+        "                    pass\n",
+    ),
+    Mutant(
+        "round-counts-a-refresh-that-is-due",
+        "fast/queue.py",
+        "        if not due and self.refresh_on and self.matches and self.reqs:\n",
+        "        if self.refresh_on and self.matches and self.reqs:\n",
+    ),
+    Mutant(
+        "requeue-knows-the-list-out-of-order",
+        "fast/queue.py",
+        "        self._arrival_off = not self._arrival_known  # (the reference's requeue asks again)\n",
+        "        self._arrival_off = True\n",
+    ),
+    Mutant(
+        "arrival-order-skips-a-pair",
+        "fast/queue.py",
+        "            self._arrival_known = all(map(operator.le, seqs, seqs[1:]))\n",
+        "            self._arrival_known = all(map(operator.le, seqs, seqs[2:]))\n",
+    ),
+    Mutant(
+        "native-admission-never-preempts",
+        "fast/admit.py",
+        "    preempts = type(adder) is not Budgets and s.config.enable_priority_preemption\n",
+        "    preempts = False\n",
+    ),
+    Mutant(
         "rematch-from-lock-touches-nothing-above",
         "_native/radix.cpp",
         "    for (Node* cur = &start; cur != root_.get(); cur = cur->parent) cur->last_access_time = now;\n",
