@@ -42,6 +42,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
+    "tests/test_fast_glue.py",
     "tests/test_native_compat_match.py",
     "tests/test_native_compat_round.py",
     "tests/test_decode_native.py",
@@ -714,10 +715,10 @@ MUTANTS = (
         "        if self.refresh_on and self.matches and self.reqs:\n",
     ),
     Mutant(
-        "requeue-knows-the-list-out-of-order",
+        "requeue-keeps-the-arrival-order-answer",
         "fast/queue.py",
-        "        self._arrival_off = not self._arrival_known  # (the reference's requeue asks again)\n",
-        "        self._arrival_off = True\n",
+        "            self._arrival_settled = False  # the list changed\n",
+        "            pass\n",
     ),
     Mutant(
         "arrival-order-skips-a-pair",

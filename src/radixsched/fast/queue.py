@@ -167,7 +167,7 @@ class FastWaitingQueue(WaitingQueue):
         self.entry_ordered = True  # the list is in (queue entry, arrival) order
         self._last_entry = (float("-inf"), float("-inf"))
         self._arrival_known = True  # the list is known to be in arrival order (else: unknown)
-        self._arrival_off = False  # (inside ``requeue`` only) known not to be in arrival order
+        self._arrival_settled = False  # (inside ``requeue`` only) the test's answer is known
         # ``begin_round``'s reads of the frozen config and policy (``_plain_fcfs``, and whether
         # ``active_policy`` can pick another policy than the configured one).
         self._fcfs = self._plain_fcfs()
@@ -306,14 +306,14 @@ class FastWaitingQueue(WaitingQueue):
         # The reference's branch: placed by arrival (the list stays in arrival order) or appended.
         placed = not self.config.sglang_compat and not self.policy.list_order_free
         placed = placed and self._in_arrival_order()
-        self._arrival_off = not self._arrival_known  # (the reference's requeue asks again)
+        self._arrival_settled = True  # the reference's requeue asks again: the same answer
         ordered = self.entry_ordered
         engine = self.engine
         kept = engine is not None and engine.placeable and self.synced and self._in_sync(engine)
         try:
             super().requeue(reqs, now, processed_tokens)
         finally:
-            self._arrival_off = False  # the list changed
+            self._arrival_settled = False  # the list changed
         self._arrival_known = placed
         self.entry_ordered = ordered and self._fit_entry_order(reqs, placed)
         if self.reqs:
@@ -370,7 +370,7 @@ class FastWaitingQueue(WaitingQueue):
         """The reference's test, in C-level passes (every waiting request has its arrival
         number: ``add`` gives it, only leaving the queue drops it); known while the list keeps
         its order, and inside ``requeue`` when it is not (asked there twice)."""
-        if not self._arrival_known and not self._arrival_off:
+        if not (self._arrival_known or self._arrival_settled):
             seqs = list(map(self._seq_of.__getitem__, map(id, self.reqs)))
             self._arrival_known = all(map(operator.le, seqs, seqs[1:]))
         return self._arrival_known
