@@ -727,6 +727,18 @@ MUTANTS = (
         "            self._arrival_known = all(map(operator.le, seqs, seqs[2:]))\n",
     ),
     Mutant(
+        "door-batch-cap-keeps-the-last-token",
+        "fast/queue.py",
+        "            cap = max(len(r.prompt_ids) + len(r.output_ids) - 1, 0) // page * page\n",
+        "            cap = max(len(r.prompt_ids) + len(r.output_ids), 0) // page * page\n",
+    ),
+    Mutant(
+        "door-batch-matches-outside-the-namespace",
+        "fast/queue.py",
+        "            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]\n",
+        "            lens = [match(as_tokens(r.fill_ids()), 0) for r in reqs]\n",
+    ),
+    Mutant(
         "native-admission-never-preempts",
         "fast/admit.py",
         "    preempts = type(adder) is not Budgets and s.config.enable_priority_preemption\n",

@@ -162,3 +162,32 @@ def test_the_native_admission_preempts_only_where_configured(
     ref = simulate(copy.deepcopy(w), cfg, sim, accelerate=False)
     assert golden.observe(fast)["trace"] == golden.observe(ref)["trace"]
     assert (built["calls"] > 0) == priority
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> None:
+    """fcfs keeps no matcher: the batch's door match is ``add``'s, a whole cached fill capped
+    at ``fill_len - 1`` and cut to whole pages, each in its own namespace."""
+    from radixsched.cache import CacheKey
+
+    def fill(q: FastWaitingQueue) -> list[Req]:
+        cached = np.arange(16, dtype=np.int32)
+        q.cache.insert(CacheKey(cached), np.arange(1, 17, dtype=np.int64))
+        return [
+            Req("whole", cached.copy(), arrival_time=1.0),  # all cached: capped
+            Req("part", np.concatenate([cached[:9], [99, 98]]).astype(np.int32), arrival_time=2.0),
+            Req("other-ns", cached.copy(), arrival_time=3.0, extra_key="x"),
+            Req("none", np.asarray([7, 7, 7], dtype=np.int32), arrival_time=4.0),
+        ]
+
+    config = SchedulerConfig(schedule_policy="fcfs", page_size=page)
+    one, many = (FastWaitingQueue(config, NativeRadixCache(None, page)) for _ in range(2))
+    assert one.matcher is None and many.matcher is None
+    a, b = fill(one), fill(many)
+    for r in a:
+        one.add(r)
+    many.add_many(b)
+    got = [(r.rid, r.num_matched_prefix_tokens) for r in many.reqs]
+    assert got == [(r.rid, r.num_matched_prefix_tokens) for r in one.reqs]
+    assert got[0] == ("whole", 15 // page * page) and got[2][1] == 0 == got[3][1]
+    assert [many._seq_of[id(r)] for r in b] == [0, 1, 2, 3] and many.added == b

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.cache.native_radix import NativeRadixCache, as_tokens
 from radixsched.config import SchedulerConfig
 from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import (
@@ -233,8 +233,11 @@ class FastWaitingQueue(WaitingQueue):
 
     def add_many(self, reqs: list[Req]) -> None:
         """``add`` of each of ``reqs`` in order, their matching in one native call (nothing
-        between two arrivals reads the queue, and a track changes only its own request's)."""
-        if self.matcher is None or not reqs:
+        between two arrivals reads the queue, and a track changes only its own request's);
+        without a matcher, the door's read-only match of each on the native tree (the
+        reference ``add``'s ``match_len``, without its frames)."""
+        m = self.matcher
+        if not reqs or (m is None and not (self.matches and self.native_lens)):
             for r in reqs:
                 self.add(r)
             return
@@ -243,9 +246,16 @@ class FastWaitingQueue(WaitingQueue):
             seq_of[id(r)] = seq
             seq += 1
         self._next_seq = seq
+        if m is not None:
+            lens = m.track_many(reqs)
+        else:  # NativeRadixCache.match_len of each fill (no side effects: in any order)
+            match = cast(NativeRadixCache, self.cache).tree.match_len
+            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]
         page = self.cache.page_size
-        for r, n in zip(reqs, self.matcher.track_many(reqs), strict=True):
-            r.num_matched_prefix_tokens = door_match(r, n, page)
+        for r, n in zip(reqs, lens, strict=True):
+            # door_match: n cut to the whole pages of max_prefix_len() (fill_len - 1, at least 0)
+            cap = max(len(r.prompt_ids) + len(r.output_ids) - 1, 0) // page * page
+            r.num_matched_prefix_tokens = min(n, cap)
         queue = self.reqs
         size, ordered, last = len(queue), self.entry_ordered, self._last_entry
         queue.extend(reqs)

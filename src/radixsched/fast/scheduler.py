@@ -467,6 +467,7 @@ class FastScheduler(Scheduler):
         cfg, chunk = self.config, self._chunk
         assert chunk is not None  # ``step`` asks only where ``_middle_least`` is not None
         full, discounted = self.batch.decode_tokens(cfg.clip_max_new_tokens)
+        done: bool
         done, out.duration_s, out.prefill_tokens, out.num_steps = self.prefill_run.chunks(
             self.kv.native,
             req,
@@ -480,7 +481,7 @@ class FastScheduler(Scheduler):
             discounted,
             self.ratio.current,
         )
-        return cast(bool, done)
+        return done  # (annotated: no ``cast`` call)
 
     def _plan_continuation(self) -> ChunkPlan:
         """What ``prefill_round`` does up to the continuation (no gate: fusion needs none)."""
