@@ -739,6 +739,18 @@ MUTANTS = (
         "            lens = [match(as_tokens(r.fill_ids()), 0) for r in reqs]\n",
     ),
     Mutant(
+        "continuation-skips-the-checkpoint",
+        "fast/step.py",
+        "    if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call\n",
+        "    if False:\n",
+    ),
+    Mutant(
+        "continuation-keeps-an-empty-batch-full",
+        "fast/step.py",
+        "    if not s.batch.reqs:\n        s.batch_is_full = False\n",
+        "    if False:\n        s.batch_is_full = False\n",
+    ),
+    Mutant(
         "native-admission-never-preempts",
         "fast/admit.py",
         "    preempts = type(adder) is not Budgets and s.config.enable_priority_preemption\n",

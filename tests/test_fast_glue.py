@@ -191,3 +191,33 @@ def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> 
     assert got == [(r.rid, r.num_matched_prefix_tokens) for r in one.reqs]
     assert got[0] == ("whole", 15 // page * page) and got[2][1] == 0 == got[3][1]
     assert [many._seq_of[id(r)] for r in b] == [0, 1, 2, 3] and many.added == b
+
+
+@pytest.mark.parametrize(("ahead", "running"), [(0, False), (0, True), (8, False), (8, True)])
+def test_the_continuation_checkpoints_first_as_continue_chunked_does(
+    ahead: int, running: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``steps.continuation`` starts with ``_continue_chunked``'s setup (the last chunk
+    checkpointed where it ran past the prefix; an empty batch is not full), whatever the
+    native plan then says (here: a round ``covers`` leaves to Python, None)."""
+    from types import SimpleNamespace
+
+    from radixsched.fast import admit as admission
+    from radixsched.fast import step as steps
+
+    checkpoints: list[tuple[str, int]] = []
+    monkeypatch.setattr(admission, "covers", lambda s, adder: False)
+    req = Req("c", np.arange(64, dtype=np.int32))
+    req.prefix_len, req.extend_end = 16, 16 + ahead
+    batch = SimpleNamespace(reqs=[req] if running else [], decode_tokens=lambda clip: (0, 0))
+    s = SimpleNamespace(
+        config=SchedulerConfig(chunked_prefill_size=32),
+        _chunk=32,
+        ratio=SimpleNamespace(current=0.5),
+        batch=batch,
+        batch_is_full=True,
+        kv=SimpleNamespace(checkpoint=lambda r, up_to: checkpoints.append((r.rid, up_to))),
+    )
+    assert steps.continuation(s, req) is None  # type: ignore[arg-type]
+    assert checkpoints == ([("c", 16 + ahead)] if ahead else [])
+    assert s.batch_is_full is running

@@ -415,8 +415,7 @@ class FastScheduler(Scheduler):
             if self._native_chunks(horizon, out):
                 return out
         if self._direct and (out is None or not out.num_steps):  # natively, unless a middle one
-            self._continue_chunked()
-            got = steps.continuation(self, req)
+            got = steps.continuation(self, req)  # (``_continue_chunked`` first, there)
             if got is not None:
                 budgets, self.chunked_req, other = got
                 # ``order_round`` (the reference's: ``_direct``), without its calls

@@ -79,11 +79,16 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
 
 
 def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
-    """``_adder_plan`` without the adder, in one native call (``PrefillRun.continuation``):
-    the continued chunk in a fresh round's budgets, the request while still chunked, and
-    whether the budgets are spent (``budget_state()`` is OTHER); None (nothing changed) where
-    Python plans it: a middle chunk, a value the adder would raise on, or a round ``covers``
-    leaves to the reference's loop."""
+    """``_plan_continuation`` without the adder: the chunked request ``req``'s last chunk
+    checkpointed (``_continue_chunked``, always), then in one native call
+    (``PrefillRun.continuation``) the continued chunk in a fresh round's budgets, the request
+    while still chunked, and whether the budgets are spent (``budget_state()`` is OTHER); None
+    (nothing else changed: ``_adder_plan`` goes on) where Python plans it: a middle chunk, a
+    value the adder would raise on, or a round ``covers`` leaves to the reference's loop."""
+    if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call
+        s.kv.checkpoint(req, req.extend_end)
+    if not s.batch.reqs:
+        s.batch_is_full = False
     cfg, chunk, ratio = s.config, s._chunk, s.ratio.current
     full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
     b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk)
