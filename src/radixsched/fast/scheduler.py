@@ -408,7 +408,8 @@ class FastScheduler(Scheduler):
         # short of what is left (new_len < left) and spends the chunk or the prefill budget
         # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
         # left than that the continuation is not one (a last chunk: the common case), and
-        # Python plans it without ``_native_chunks``. Only speed depends on this test.
+        # Python plans it without ``_native_chunks``. Only speed depends on this test (what is
+        # left: fill_len - extend_end, fill_len read without its property call).
         least, out = self._middle_least, None
         if least is not None and len(req.prompt_ids) + len(req.output_ids) - req.extend_end > least:
             out = StepOutcome("extend", 0.0, 1, num_steps=0)
