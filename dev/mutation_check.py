@@ -42,6 +42,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
+    "tests/test_fast_glue.py",
     "tests/test_native_compat_match.py",
     "tests/test_native_compat_round.py",
     "tests/test_decode_native.py",
@@ -716,6 +717,62 @@ MUTANTS = (
         "sim/deploy/open_loop.py",
         "    while j < n and reqs[j].arrival_time <= now:",
         "    while j < n and reqs[j].arrival_time <= now + 0.05:",
+    ),
+    Mutant(
+        "lpm-round-skips-the-refresh-count",
+        "fast/queue.py",
+        "                if self._refresh_rounds % REFRESH_INTERVAL and self.refresh_on and self.reqs:\n"
+        "                    self._refresh_rounds += 1\n",
+        "                if self._refresh_rounds % REFRESH_INTERVAL and self.refresh_on and self.reqs:\n"
+        "                    pass\n",
+    ),
+    Mutant(
+        "round-counts-a-refresh-that-is-due",
+        "fast/queue.py",
+        "        if not due and self.refresh_on and self.matches and self.reqs:\n",
+        "        if self.refresh_on and self.matches and self.reqs:\n",
+    ),
+    Mutant(
+        "requeue-keeps-the-arrival-order-answer",
+        "fast/queue.py",
+        "            self._arrival_settled = False  # the list changed\n",
+        "            pass\n",
+    ),
+    Mutant(
+        "arrival-order-skips-a-pair",
+        "fast/queue.py",
+        "            self._arrival_known = all(map(operator.le, seqs, seqs[1:]))\n",
+        "            self._arrival_known = all(map(operator.le, seqs, seqs[2:]))\n",
+    ),
+    Mutant(
+        "door-batch-cap-keeps-the-last-token",
+        "fast/queue.py",
+        "            cap = max(len(r.prompt_ids) + len(r.output_ids) - 1, 0) // page * page\n",
+        "            cap = max(len(r.prompt_ids) + len(r.output_ids), 0) // page * page\n",
+    ),
+    Mutant(
+        "door-batch-matches-outside-the-namespace",
+        "fast/queue.py",
+        "            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]\n",
+        "            lens = [match(as_tokens(r.fill_ids()), 0) for r in reqs]\n",
+    ),
+    Mutant(
+        "continuation-skips-the-checkpoint",
+        "fast/step.py",
+        "    if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call\n",
+        "    if False:\n",
+    ),
+    Mutant(
+        "continuation-keeps-an-empty-batch-full",
+        "fast/step.py",
+        "    if not s.batch.reqs:\n        s.batch_is_full = False\n",
+        "    if False:\n        s.batch_is_full = False\n",
+    ),
+    Mutant(
+        "native-admission-never-preempts",
+        "fast/admit.py",
+        "    preempts = type(adder) is not Budgets and s.config.enable_priority_preemption\n",
+        "    preempts = False\n",
     ),
     Mutant(
         "rematch-from-lock-touches-nothing-above",

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from radixsched.adder import Admission, PrefillAdder
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.kv import FastKVManager
 from radixsched.native import core, namespace_id
@@ -39,6 +38,7 @@ class Admitting(Protocol):
     cache: Any
     kv: FastKVManager
     allocator: Any
+    _pool: Any  # ``allocator`` (a property there), read without its call
     queue: Any  # its FastWaitingQueue
     chunked_req: Req | None
     batch_is_full: bool
@@ -155,13 +155,12 @@ def admit(s: Admitting, adder: RoundBudgets, order: RoundOrder, slots: int) -> l
     and appends them to ``adder.can_run_list`` as the reference's would. Priority preemption
     needs a ``PrefillAdder``."""
     a = s.native_adder
-    preempt = None
-    if s.config.enable_priority_preemption:
+    # ``a.preempt`` is unset or None outside a round that preempts (a fast step's budgets
+    # never do: ``fast/step.py`` runs without priority preemption).
+    preempts = type(adder) is not Budgets and s.config.enable_priority_preemption
+    if preempts:
         assert isinstance(adder, PrefillAdder), "preemption runs through the Python adder"
-        preempt = _preempter(s, adder)
-    a.preempt = preempt
-    cache = s.cache
-    assert isinstance(cache, NativeRadixCache)
+        a.preempt = _preempter(s, adder)
     q = s.queue
     positions, chunked, failed, budgets = a.round(
         adder.new_token_ratio,
@@ -175,16 +174,17 @@ def admit(s: Admitting, adder: RoundBudgets, order: RoundOrder, slots: int) -> l
         bool(s.batch.reqs),  # (the ``running`` and ``waiting`` lists, without their calls)
         s.chunked_req is not None,
         s.batch_is_full,
-        cache.tree,
-        s.allocator,
+        s.cache.tree,  # the native tree (``covers``: ``native_nodes``)
+        s._pool,
         order,
         q.reqs,
         q.deferred,
         adder.can_run_list,  # the continued chunk, for the in-flight guard
     )
+    if preempts:
+        a.preempt = None  # the round's adder is not kept
     if chunked is not None:
         adder.new_chunked_req = chunked
-    a.preempt = None  # the round's adder is not kept
     if failed is not None:
         q.note_tried(failed)
     (

@@ -1,7 +1,7 @@
 """The simulator's per-step reads and its arrivals, with fewer Python calls.
 
-- ``add_arrivals``: ``Scheduler.add_request(r, now=r.arrival_time)`` of several requests in a
-  row (arrivals the loop delivers back to back, no step between), their matching in one
+- ``add_arrivals`` (``arrivals``: bound to a scheduler once):
+  ``Scheduler.add_request(r, now=r.arrival_time)`` of several requests in a row (arrivals the loop delivers back to back, no step between), their matching in one
   native call (``FastWaitingQueue.add_many``). Nothing an arrival does reads what a later
   arrival's door check writes (the rid table aside, updated in order), and no door check reads
   the queue, so the door checks first, then the queue's adds, give what one request after the
@@ -55,7 +55,13 @@ def lean_reads(sched: Scheduler) -> LeanReads | None:
 def add_arrivals(sched: Scheduler, reqs: Sequence[Req]) -> None:
     """``sched.add_request(r, now=r.arrival_time)`` for each of ``reqs``, in order; their
     matching in one native call where the role queues arrivals in the fast queue without a
-    limit."""
+    limit (``arrivals``)."""
+    arrivals(sched)(reqs)
+
+
+def arrivals(sched: Scheduler) -> Callable[[Sequence[Req]], None]:
+    """``add_arrivals`` bound to ``sched``: what it asks of the setup (the classes, the role's
+    limit, the door's constants: fixed for the run) asked once, here."""
     queue = sched.queue
     if (
         type(sched).add_request is not Scheduler.add_request
@@ -64,28 +70,35 @@ def add_arrivals(sched: Scheduler, reqs: Sequence[Req]) -> None:
         or not isinstance(queue, FastWaitingQueue)
         or type(queue).add is not FastWaitingQueue.add
     ):
-        for r in reqs:
-            sched.add_request(r, now=r.arrival_time)
-        return
+
+        def one_by_one(reqs: Sequence[Req]) -> None:
+            for r in reqs:
+                sched.add_request(r, now=r.arrival_time)
+
+        return one_by_one
     cfg = sched.config
     prio, default = cfg.enable_priority_scheduling, cfg.default_priority_value
-    by_rid, processed = sched._by_rid, sched.processed_tokens
+    by_rid = sched._by_rid
     plain = _plain_door(sched)
-    accepted = []
-    for r in reqs:  # ``add_request`` up to its enqueue
-        t = r.arrival_time
-        if r.rid in by_rid or r.priority is not None or not plain(r):
-            err = sched._door_check(r)
-            if err is not None:
-                sched._reject(r, *err)
-                continue
-        if prio and r.priority is None:
-            r.priority = default
-        r.queue_entry_time = r.arrival_time = r.times.arrival = t
-        r.queue_entry_processed_tokens = processed
-        by_rid[r.rid] = r
-        accepted.append(r)
-    queue.add_many(accepted)
+
+    def arrive(reqs: Sequence[Req]) -> None:
+        processed, accepted = sched.processed_tokens, []
+        for r in reqs:  # ``add_request`` up to its enqueue
+            t = r.arrival_time
+            if r.rid in by_rid or r.priority is not None or not plain(r):
+                err = sched._door_check(r)
+                if err is not None:
+                    sched._reject(r, *err)
+                    continue
+            if prio and r.priority is None:
+                r.priority = default
+            r.queue_entry_time = r.arrival_time = r.times.arrival = t
+            r.queue_entry_processed_tokens = processed
+            by_rid[r.rid] = r
+            accepted.append(r)
+        queue.add_many(accepted)
+
+    return arrive
 
 
 def _plain_door(sched: Scheduler) -> Callable[[Req], bool]:

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.native_radix import NativeRadixCache
+from radixsched.cache.native_radix import NativeRadixCache, as_tokens
 from radixsched.config import SchedulerConfig
 from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.orders import (
@@ -137,6 +137,7 @@ class FastWaitingQueue(WaitingQueue):
             self.matcher.dedup_on(check, max(width, 0))
         self.engine = self._make_engine(reads) if self.fast and not bounded else None
         self.reads = reads  # a fast round's (its policy is the configured one)
+        self._tree_reads = Reads.TREE in reads  # (an enum flag's test is a Python call)
         self.dedup_in_python = Reads.DEDUP in reads and not self.native_dedup
         self._core: Any = core() if self.fast else None
         # ``take`` in one native call (a native tree means the core is loaded).
@@ -166,6 +167,11 @@ class FastWaitingQueue(WaitingQueue):
         self.entry_ordered = True  # the list is in (queue entry, arrival) order
         self._last_entry = (float("-inf"), float("-inf"))
         self._arrival_known = True  # the list is known to be in arrival order (else: unknown)
+        self._arrival_settled = False  # (inside ``requeue`` only) the test's answer is known
+        # ``begin_round``'s reads of the frozen config and policy (``_plain_fcfs``, and whether
+        # ``active_policy`` can pick another policy than the configured one).
+        self._fcfs = self._plain_fcfs()
+        self._capped = self.policy.capped and self.cap is not None
 
     def _make_engine(self, reads: Reads) -> Engine | None:
         pol = self.policy
@@ -227,8 +233,11 @@ class FastWaitingQueue(WaitingQueue):
 
     def add_many(self, reqs: list[Req]) -> None:
         """``add`` of each of ``reqs`` in order, their matching in one native call (nothing
-        between two arrivals reads the queue, and a track changes only its own request's)."""
-        if self.matcher is None or not reqs:
+        between two arrivals reads the queue, and a track changes only its own request's);
+        without a matcher, the door's read-only match of each on the native tree (the
+        reference ``add``'s ``match_len``, without its frames)."""
+        m = self.matcher
+        if not reqs or (m is None and not (self.matches and self.native_lens)):
             for r in reqs:
                 self.add(r)
             return
@@ -237,9 +246,16 @@ class FastWaitingQueue(WaitingQueue):
             seq_of[id(r)] = seq
             seq += 1
         self._next_seq = seq
+        if m is not None:
+            lens = m.track_many(reqs)
+        else:  # NativeRadixCache.match_len of each fill (no side effects: in any order)
+            match = cast(NativeRadixCache, self.cache).tree.match_len
+            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]
         page = self.cache.page_size
-        for r, n in zip(reqs, self.matcher.track_many(reqs), strict=True):
-            r.num_matched_prefix_tokens = door_match(r, n, page)
+        for r, n in zip(reqs, lens, strict=True):
+            # door_match: n cut to the whole pages of max_prefix_len() (fill_len - 1, at least 0)
+            cap = max(len(r.prompt_ids) + len(r.output_ids) - 1, 0) // page * page
+            r.num_matched_prefix_tokens = min(n, cap)
         queue = self.reqs
         size, ordered, last = len(queue), self.entry_ordered, self._last_entry
         queue.extend(reqs)
@@ -300,10 +316,14 @@ class FastWaitingQueue(WaitingQueue):
         # The reference's branch: placed by arrival (the list stays in arrival order) or appended.
         placed = not self.config.sglang_compat and not self.policy.list_order_free
         placed = placed and self._in_arrival_order()
+        self._arrival_settled = True  # the reference's requeue asks again: the same answer
         ordered = self.entry_ordered
         engine = self.engine
         kept = engine is not None and engine.placeable and self.synced and self._in_sync(engine)
-        super().requeue(reqs, now, processed_tokens)
+        try:
+            super().requeue(reqs, now, processed_tokens)
+        finally:
+            self._arrival_settled = False  # the list changed
         self._arrival_known = placed
         self.entry_ordered = ordered and self._fit_entry_order(reqs, placed)
         if self.reqs:
@@ -357,8 +377,12 @@ class FastWaitingQueue(WaitingQueue):
         )
 
     def _in_arrival_order(self) -> bool:
-        if not self._arrival_known:
-            self._arrival_known = super()._in_arrival_order()
+        """The reference's test, in C-level passes (every waiting request has its arrival
+        number: ``add`` gives it, only leaving the queue drops it); known while the list keeps
+        its order, and inside ``requeue`` when it is not (asked there twice)."""
+        if not (self._arrival_known or self._arrival_settled):
+            seqs = list(map(self._seq_of.__getitem__, map(id, self.reqs)))
+            self._arrival_known = all(map(operator.le, seqs, seqs[1:]))
         return self._arrival_known
 
     def admission_end(self, req: Req) -> tuple[Any, int, int] | None:
@@ -423,9 +447,9 @@ class FastWaitingQueue(WaitingQueue):
 
     # ---- a round -----------------------------------------------------------------------------
     def begin_round(self, running: Sequence[Req], processed_tokens: int, now: float) -> RoundOrder:
-        base = self.active_policy()
+        base = self.active_policy() if self._capped else self.policy
         known = self._arrival_known
-        if not (self.fast and base is self.policy and self._plain_fcfs() and self.entry_ordered):
+        if not (self.fast and base is self.policy and self._fcfs and self.entry_ordered):
             self._arrival_known = False  # the round's order may permute the list
         if not self.fast or base is not self.policy:
             self.synced = self.matched = False
@@ -448,12 +472,16 @@ class FastWaitingQueue(WaitingQueue):
                 self.added, self.moved = [], {}
                 self.deprioritized = self.deferred = deferred
                 order = RoundOrder(self.reqs, iter(range(len(self.reqs))))
-                self.refresh(order, head=self.reqs)
+                # (``refresh``'s test below; a matcher means the queue matches)
+                if self._refresh_rounds % REFRESH_INTERVAL and self.refresh_on and self.reqs:
+                    self._refresh_rounds += 1
+                else:
+                    self.refresh(order, head=self.reqs)
                 return order
         rnd = Round(self.config, deferred, processed_tokens, now, running)
         if self.dedup_in_python:
             rnd.deferred, flipped = self._dedup(rnd)
-        if Reads.TREE in self.reads:  # for a policy without an engine (built when it asks)
+        if self._tree_reads:  # for a policy without an engine (built when it asks)
             rnd.tree_order = lambda: self.cache.dfs_weight_order_at(
                 list(map(self._match_end, self.reqs))
             )
@@ -462,7 +490,12 @@ class FastWaitingQueue(WaitingQueue):
         order = RoundOrder(self.reqs, positions)
         if self.engine is not None and not self.engine.permutes:
             self._arrival_known = known  # the engine left the list as it stood
-        self.refresh(order, head=self.reqs if _lists(positions, len(self.reqs)) else None)
+        # A round that is not due: ``refresh`` only counts it (here without its call).
+        due = self._refresh_rounds % REFRESH_INTERVAL == 0
+        if not due and self.refresh_on and self.matches and self.reqs:
+            self._refresh_rounds += 1
+        else:
+            self.refresh(order, head=self.reqs if _lists(positions, len(self.reqs)) else None)
         return order
 
     def _compat_round(
@@ -570,7 +603,7 @@ class FastWaitingQueue(WaitingQueue):
         return in_sync
 
     def _reference_order(self, pol: Policy, rnd: Round) -> Iterator[int]:
-        if self._plain_fcfs():
+        if self._fcfs:  # _plain_fcfs()
             if not self.entry_ordered:
                 keys = list(map(_ENTRY, self.reqs))  # C-level passes, no key tuples built
                 if not all(map(operator.le, keys, keys[1:])):

@@ -232,7 +232,7 @@ class FastScheduler(Scheduler):
         cls = type(self)
         pieces = (
             *("prefill_round", "_build_prefill", "new_adder", "fill_round", "_admit"),
-            *("_prefill_batch", "_extend_entries", "run", "_requeue", "order_round"),
+            *("_prefill_batch", "_extend_entries", "run", "_requeue", "order_round", "running"),
         )
         return (
             type(self.role).step is Role.step
@@ -391,30 +391,47 @@ class FastScheduler(Scheduler):
         return cast(int, self._free_size() + self._evictable_size())
 
     def step(self, horizon: float | None = None) -> StepOutcome | None:
-        if self.chunked_req is None:
+        req = self.chunked_req
+        if req is None:
             if not self._direct:
                 return super().step(horizon)
-            st = self.stats
-            st.peak_waiting = max(st.peak_waiting, len(self.queue.reqs))
+            st, waiting = self.stats, len(self.queue.reqs)
+            if waiting > st.peak_waiting:  # max(peak, waiting): ints, the same value
+                st.peak_waiting = waiting
             return steps.fresh(self, horizon)
         if not self._fusion:
             return super().step(horizon)
-        self.stats.peak_waiting = max(self.stats.peak_waiting, len(self.queue.reqs))
-        out = StepOutcome("extend", 0.0, 1, num_steps=0)
-        if self._native_chunks(horizon, out):
-            return out
-        if self._direct and not out.num_steps:  # the continuation natively, unless a middle one
-            req = self._continue_chunked()
-            got = steps.continuation(self, req)
+        st, waiting = self.stats, len(self.queue.reqs)
+        if waiting > st.peak_waiting:
+            st.peak_waiting = waiting
+        # A middle chunk (from extend_end, where the checkpoint leaves prefix_len) is cut
+        # short of what is left (new_len < left) and spends the chunk or the prefill budget
+        # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
+        # left than that the continuation is not one (a last chunk: the common case), and
+        # Python plans it without ``_native_chunks``. Only speed depends on this test (what is
+        # left: fill_len - extend_end, fill_len read without its property call).
+        least, out = self._middle_least, None
+        if least is not None and len(req.prompt_ids) + len(req.output_ids) - req.extend_end > least:
+            out = StepOutcome("extend", 0.0, 1, num_steps=0)
+            if self._native_chunks(horizon, out):
+                return out
+        if self._direct and (out is None or not out.num_steps):  # natively, unless a middle one
+            got = steps.continuation(self, req)  # (``_continue_chunked`` first, there)
             if got is not None:
                 budgets, self.chunked_req, other = got
-                order = None if other else self.order_round()
-                return steps.continued(self, budgets, order, horizon)
+                # ``order_round`` (the reference's: ``_direct``), without its calls
+                q, now = self.queue, self.clock.now()
+                order = (
+                    None if other else q.begin_round(self.batch.reqs, self.processed_tokens, now)
+                )
+                return steps.continued(self, budgets, order, horizon, True)  # covered
             plan = self._adder_plan(req)
         else:
             plan = self._plan_continuation()
         # A run of middle chunks: none ran natively and this is one, or the native run stopped
         # inside the run (past its horizon check) and Python goes on where it stopped.
+        if out is None:
+            out = StepOutcome("extend", 0.0, 1, num_steps=0)
         if plan.is_middle or out.num_steps:
             while plan.is_middle:
                 self._run_chunk(plan, out)
@@ -439,24 +456,18 @@ class FastScheduler(Scheduler):
         its time, last chunk's tokens and count written into ``out``. True: the step is over;
         False: the continuation (checkpointed or not, nothing else changed) is Python's to
         plan. The adder's inputs are read once: no middle chunk changes the running batch or
-        the new-token ratio."""
-        req, least = self.chunked_req, self._middle_least
+        the new-token ratio. Called only where more is left than ``_middle_least`` (``step``)."""
+        req = self.chunked_req
         assert req is not None
-        # A middle chunk (from extend_end, where the checkpoint leaves prefix_len) is cut
-        # short of what is left (new_len < left) and spends the chunk or the prefill budget
-        # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
-        # left than that the continuation is not one (a last chunk: the common case), and
-        # Python plans it without a native call. Only speed depends on this test.
-        if least is None or req.fill_len - req.extend_end <= least:
-            return False
         native = self._native_step()
         if native is None:
             return False
         if not self.batch.reqs:
             self.batch_is_full = False
         cfg, chunk = self.config, self._chunk
-        assert chunk is not None  # least is not None
+        assert chunk is not None  # ``step`` asks only where ``_middle_least`` is not None
         full, discounted = self.batch.decode_tokens(cfg.clip_max_new_tokens)
+        done: bool
         done, out.duration_s, out.prefill_tokens, out.num_steps = self.prefill_run.chunks(
             self.kv.native,
             req,
@@ -470,7 +481,7 @@ class FastScheduler(Scheduler):
             discounted,
             self.ratio.current,
         )
-        return cast(bool, done)
+        return done  # (annotated: no ``cast`` call)
 
     def _plan_continuation(self) -> ChunkPlan:
         """What ``prefill_round`` does up to the continuation (no gate: fusion needs none)."""

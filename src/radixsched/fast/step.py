@@ -63,13 +63,14 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
         return s.decode_round(horizon)
     cfg = s.config
     ratio = s.ratio.current
-    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
+    # (``decode_tokens`` of an empty batch is (0, 0): not asked)
+    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens) if running else (0, 0)
     total = 0.0  # PrefillAdder.total_offset: float(0), then the running reservations
     total += full + discounted * ratio
     order = s.queue.begin_round(running, s.processed_tokens, s.clock.now())
     if order is None:  # nothing to admit: an empty batch, nothing preempted
         return s.decode_round(horizon)
-    budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, cfg.chunk_size)
+    budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, s._chunk)  # chunk_size
     if not admission.covers(s, budgets):  # FastScheduler._admit's test, as each round asks it
         batch = s.fill_round(s.new_adder(), order, False, False)
         return s.run(batch) if batch is not None else s.decode_round(horizon)
@@ -78,11 +79,16 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
 
 
 def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
-    """``_adder_plan`` without the adder, in one native call (``PrefillRun.continuation``):
-    the continued chunk in a fresh round's budgets, the request while still chunked, and
-    whether the budgets are spent (``budget_state()`` is OTHER); None (nothing changed) where
-    Python plans it: a middle chunk, a value the adder would raise on, or a round ``covers``
-    leaves to the reference's loop."""
+    """``_plan_continuation`` without the adder: the chunked request ``req``'s last chunk
+    checkpointed (``_continue_chunked``, always), then in one native call
+    (``PrefillRun.continuation``) the continued chunk in a fresh round's budgets, the request
+    while still chunked, and whether the budgets are spent (``budget_state()`` is OTHER); None
+    (nothing else changed: ``_adder_plan`` goes on) where Python plans it: a middle chunk, a
+    value the adder would raise on, or a round ``covers`` leaves to the reference's loop."""
+    if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call
+        s.kv.checkpoint(req, req.extend_end)
+    if not s.batch.reqs:
+        s.batch_is_full = False
     cfg, chunk, ratio = s.config, s._chunk, s.ratio.current
     full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
     b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk)
@@ -120,13 +126,20 @@ def continued(
     adder: PrefillAdder | admission.Budgets,
     order: RoundOrder | None,
     horizon: float | None,
+    covered: bool = False,
 ) -> StepOutcome | None:
     """The rest of a step that continued the chunked request into ``adder``: ``fill_round``
-    (not mixed, had a chunked request) and what runs."""
+    (not mixed, had a chunked request) and what runs. ``covered``: ``covers`` said yes to
+    ``adder`` (``continuation``'s budgets: it reads only the setup and the budgets' gate and
+    compat, which nothing changes), so ``_admit`` (``FastScheduler``'s: ``direct``) is the
+    native loop without asking again."""
     positions: list[int] = []
     if order is not None:
         slots = s.max_running_requests - len(s.batch.reqs) + 1  # a chunked request's too
-        positions = s._admit(adder, order, slots)
+        if covered:
+            positions = admission.admit(s, adder, order, slots)
+        else:
+            positions = s._admit(adder, order, slots)
     return _batch(s, adder.can_run_list, positions, adder.new_chunked_req, horizon)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.fast import build_scheduler
-from radixsched.fast.arrive import add_arrivals
+from radixsched.fast.arrive import arrivals
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -29,6 +29,8 @@ class Replica:
         self.reqs: list[Req] = []
         # No step of this replica takes less (0.0: no floor known): see ``earliest_finish``.
         self.min_step_s = min_step_s
+        # ``fast.arrive.add_arrivals`` bound to ``sched`` (``deliver_batch``; None until then).
+        self.arrive: Callable[[Sequence[Req]], None] | None = None
 
     @property
     def busy_s(self) -> float:
@@ -110,7 +112,10 @@ def deliver_batch(reqs: Sequence[Req], rep: Replica) -> None:
     """``deliver(r, (rep,), None, r.arrival_time)`` for each of ``reqs`` in order, no step
     between (``fast.arrive.add_arrivals``: their matching in one native call)."""
     rep.reqs.extend(reqs)
-    add_arrivals(rep.sched, reqs)
+    arrive = rep.arrive
+    if arrive is None:  # bound on first use (the scheduler's setup is fixed for the run)
+        arrive = rep.arrive = arrivals(rep.sched)
+    arrive(reqs)
 
 
 def step_earliest(
