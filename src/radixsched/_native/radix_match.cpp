@@ -59,16 +59,6 @@ bool int32_format(const char* f) {
     return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
 }
 
-// A new int64 numpy array of `n` slots (numpy.empty(n, numpy.int64)) and its writable data
-// (valid while the array lives).
-std::pair<nb::object, int64_t*> new_slots(int64_t n) {
-    numpy();  // the C API table is imported
-    npy_intp dims[1] = {static_cast<npy_intp>(n)};
-    nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, NPY_INT64));
-    if (!arr.is_valid()) throw nb::python_error();
-    auto* data = static_cast<int64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr.ptr())));
-    return {std::move(arr), data};
-}
 
 // A new instance of the tuple type `type` holding (slots, length, node, 0), as
 // tuple.__new__(type, (slots, length, node, 0)) makes it.
@@ -113,6 +103,27 @@ MatchTypes& match_types() {
 }
 
 }  // namespace
+
+std::pair<nb::object, int64_t*> new_slots(int64_t n) {
+    numpy();  // the C API table is imported
+    npy_intp dims[1] = {static_cast<npy_intp>(n)};
+    nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, NPY_INT64));
+    if (!arr.is_valid()) throw nb::python_error();
+    auto* data = static_cast<int64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr.ptr())));
+    return {std::move(arr), data};
+}
+
+int64_t* plain_int64(nb::handle obj, int64_t* len) {
+    numpy();  // the C API table is imported
+    if (!PyArray_CheckExact(obj.ptr())) return nullptr;
+    auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+    if (PyArray_TYPE(a) != NPY_INT64 || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
+        !PyArray_ISWRITEABLE(a) || PyArray_NDIM(a) != 1)
+        return nullptr;
+    if (PyArray_STRIDE(a, 0) != sizeof(int64_t) && PyArray_DIM(a, 0) > 1) return nullptr;
+    *len = PyArray_DIM(a, 0);
+    return static_cast<int64_t*>(PyArray_DATA(a));
+}
 
 TokenView::TokenView(nb::handle obj) {
     Py_ssize_t len = 0;

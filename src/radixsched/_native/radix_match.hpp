@@ -8,6 +8,7 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "radix.hpp"
 
@@ -35,6 +36,15 @@ private:
     const int32_t* data_ = nullptr;
     int64_t size_ = 0;
 };
+
+// numpy.empty(n, numpy.int64), made through numpy's C API: the array and its writable data
+// (valid while the array lives).
+std::pair<nanobind::object, int64_t*> new_slots(int64_t n);
+
+// The writable data of `obj`, and its length in `len`, when it is a plain numpy.ndarray (not a
+// subclass) of native-order int64: 1-d, aligned, contiguous and writable (a request's row, or a
+// slice of its buffer); null otherwise (nothing read). Valid while the caller holds `obj`.
+int64_t* plain_int64(nanobind::handle obj, int64_t* len);
 
 // Tree::walk over `tokens` (any 1-d sequence of ints; int32 C-contiguous arrays are read in
 // place, anything else is converted as numpy.ascontiguousarray(tokens, dtype=int32) would):
