@@ -141,6 +141,46 @@ RowView row_of(nb::handle arr) {
     return {r.data(), static_cast<int64_t>(r.shape(0))};
 }
 
+// Released requests' row buffers, kept for the next rows (a row's buffer is ~8 bytes per
+// position of a request: taking a kept one spares its allocation and the page faults of its
+// first writes). A buffer is kept only when nothing else holds it (no view of it, no other
+// reference: its contents are then nobody's) and handed out only where it is at least the
+// size asked for and at most half again as big. At most kMaxSpare are kept: their references
+// are held for the life of the process (never released, as the interned names).
+class SpareRows {
+public:
+    // A buffer of at least `n` slots (its contents unspecified, as numpy.empty's).
+    std::pair<nb::object, int64_t*> take(int64_t n) {
+        for (size_t i = spare_.size(); i-- > 0;) {
+            int64_t len = 0;
+            int64_t* data = plain_int64(spare_[i], &len);
+            if (data != nullptr && len >= n && len - n <= n / 2) {
+                nb::object buf = nb::steal(spare_[i]);
+                spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
+                return {std::move(buf), data};
+            }
+        }
+        return new_slots(n);
+    }
+    // `buf`, the buffer a request just let go of (`buf` the only reference left).
+    void give(nb::object buf) {
+        PyObject* o = buf.ptr();
+        int64_t len = 0;
+        if (spare_.size() >= kMaxSpare || Py_REFCNT(o) != 1 || !own_int64(buf, &len) || len == 0)
+            return;
+        spare_.push_back(buf.release().ptr());
+    }
+
+private:
+    static constexpr size_t kMaxSpare = 4;
+    std::vector<PyObject*> spare_;  // owned references
+};
+
+SpareRows& spare_rows() {
+    static SpareRows* rows = new SpareRows();  // never destroyed (holds Python objects)
+    return *rows;
+}
+
 // The token of an output id (an int that fits int32, as nb::cast<int32_t> reads it).
 int32_t token_of(PyObject* o) {
     if (PyLong_CheckExact(o)) {
@@ -248,7 +288,7 @@ public:
     void reserve(nb::handle req, int64_t end) {
         const ReqNames& n = names();
         if (len_of(get(req, n.kv_buf)) == 0) {
-            nb::object buf = new_slots(row_capacity(req)).first;
+            nb::object buf = spare_rows().take(row_capacity(req)).first;
             set(req, n.kv_buf, buf);
             set(req, n.kv_row, slice(buf, 0, 0));
         }
@@ -316,16 +356,8 @@ public:
         const int64_t kv_len = get_int(req, n.kv_len);
         if (cache_kv && kv_len > get_int(req, n.cache_protected_len)) checkpoint(req, kv_len);
         const int64_t lo = get_int(req, n.cache_protected_len);
-        nb::object row_obj = get(req, n.kv_row);
-        int64_t len = 0;
-        const int64_t* row = plain_int64(row_obj, &len);
-        Slots any;  // a row that is no plain writable int64 array, as the ndarray cast reads it
-        if (row == nullptr) {
-            any = nb::cast<Slots>(row_obj);
-            row = any.data();
-            len = static_cast<int64_t>(any.shape(0));
-        }
-        if (len > lo) pool_->free(row + lo, len - lo, true);
+        free_row(get(req, n.kv_row), lo);
+        nb::object buf = get(req, n.kv_buf);
         nb::object lock = get(req, n.lock_node);
         if (!lock.is_none()) tree_->dec_lock_ref(*nb::cast<Node*>(lock));
         nb::object zero = nb::int_(0);
@@ -336,6 +368,7 @@ public:
         for (PyObject* f : {n.kv_len, n.cache_protected_len, n.cache_inserted_len, n.prefix_len,
                             n.extend_end, n.host_hit_len})
             set(req, f, zero);
+        spare_rows().give(std::move(buf));  // kept only where nothing else holds it
     }
 
     // Scheduler._extend over a round's admissions (adder.Admission, those with tokens to
@@ -371,6 +404,19 @@ public:
     }
 
 private:
+    // release's slots: row[lo:] back to the pool (the row is let go of on return).
+    void free_row(nb::object row_obj, int64_t lo) {
+        int64_t len = 0;
+        const int64_t* row = plain_int64(row_obj, &len);
+        Slots any;  // a row that is no plain writable int64 array, as the ndarray cast reads it
+        if (row == nullptr) {
+            any = nb::cast<Slots>(row_obj);
+            row = any.data();
+            len = static_cast<int64_t>(any.shape(0));
+        }
+        if (len > lo) pool_->free(row + lo, len - lo, true);
+    }
+
     int32_t ns(nb::handle req) {
         const ReqNames& n = names();
         if (get(req, n.extra_key).is_none() && get(req, n.cache_salt).is_none()) return 0;
@@ -442,7 +488,7 @@ nb::object Record::make(std::initializer_list<nb::handle> values) const {
 void take_prefix(Tree& tree, nb::handle req) {
     const ReqNames& n = names();
     const int64_t len = get_int(req, n.prefix_len);
-    auto [buf, data] = new_slots(std::max(row_capacity(req), len));
+    auto [buf, data] = spare_rows().take(std::max(row_capacity(req), len));
     if (len != 0) {
         nb::object last = get(req, n.last_node);
         tree.prefix_slots(*nb::cast<Node*>(last), len, data);

@@ -125,6 +125,12 @@ int64_t* plain_int64(nb::handle obj, int64_t* len) {
     return static_cast<int64_t*>(PyArray_DATA(a));
 }
 
+bool own_int64(nb::handle obj, int64_t* len) {
+    return plain_int64(obj, len) != nullptr &&
+           PyArray_BASE(reinterpret_cast<PyArrayObject*>(obj.ptr())) == nullptr &&
+           PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(obj.ptr()), NPY_ARRAY_OWNDATA);
+}
+
 TokenView::TokenView(nb::handle obj) {
     Py_ssize_t len = 0;
     if (plain_int32(obj.ptr(), &data_, &len)) {

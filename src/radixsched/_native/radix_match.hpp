@@ -46,6 +46,9 @@ std::pair<nanobind::object, int64_t*> new_slots(int64_t n);
 // slice of its buffer); null otherwise (nothing read). Valid while the caller holds `obj`.
 int64_t* plain_int64(nanobind::handle obj, int64_t* len);
 
+// plain_int64(obj, len), and `obj` owns its data (no view of another array).
+bool own_int64(nanobind::handle obj, int64_t* len);
+
 // Tree::walk over `tokens` (any 1-d sequence of ints; int32 C-contiguous arrays are read in
 // place, anything else is converted as numpy.ascontiguousarray(tokens, dtype=int32) would):
 // (slots: int64 array, matched length, last node, 0) as an instance of `result`, a tuple type
