@@ -145,8 +145,8 @@ RowView row_of(nb::handle arr) {
 // position of a request: taking a kept one spares its allocation and the page faults of its
 // first writes). A buffer is kept only when nothing else holds it (no view of it, no other
 // reference: its contents are then nobody's) and handed out only where it is at least the
-// size asked for and at most half again as big. At most kMaxSpare are kept: their references
-// are held for the life of the process (never released, as the interned names).
+// size asked for and at most twice it. The last kMaxSpare are kept: their references are held
+// for the life of the process (never released at exit, as the interned names).
 class SpareRows {
 public:
     // A buffer of at least `n` slots (its contents unspecified, as numpy.empty's).
@@ -154,7 +154,7 @@ public:
         for (size_t i = spare_.size(); i-- > 0;) {
             int64_t len = 0;
             int64_t* data = plain_int64(spare_[i], &len);
-            if (data != nullptr && len >= n && len - n <= n / 2) {
+            if (data != nullptr && len >= n && len - n <= n) {
                 nb::object buf = nb::steal(spare_[i]);
                 spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
                 return {std::move(buf), data};
@@ -166,13 +166,16 @@ public:
     void give(nb::object buf) {
         PyObject* o = buf.ptr();
         int64_t len = 0;
-        if (spare_.size() >= kMaxSpare || Py_REFCNT(o) != 1 || !own_int64(buf, &len) || len == 0)
-            return;
+        if (Py_REFCNT(o) != 1 || !own_int64(buf, &len) || len == 0) return;
+        if (spare_.size() >= kMaxSpare) {  // the oldest goes (row sizes drift with the load)
+            Py_DECREF(spare_.front());
+            spare_.erase(spare_.begin());
+        }
         spare_.push_back(buf.release().ptr());
     }
 
 private:
-    static constexpr size_t kMaxSpare = 4;
+    static constexpr size_t kMaxSpare = 8;
     std::vector<PyObject*> spare_;  // owned references
 };
 
