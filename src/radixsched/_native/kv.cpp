@@ -180,8 +180,8 @@ private:
 };
 
 SpareRows& spare_rows() {
-    static SpareRows* rows = new SpareRows();  // never destroyed (holds Python objects)
-    return *rows;
+    static SpareRows rows;  // its exit-time destructor only frees the list (no decref)
+    return rows;
 }
 
 // The token of an output id (an int that fits int32, as nb::cast<int32_t> reads it).

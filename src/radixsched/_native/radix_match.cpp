@@ -9,6 +9,7 @@
 #include <numpy/arrayobject.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,6 +124,16 @@ int64_t* plain_int64(nb::handle obj, int64_t* len) {
     if (PyArray_STRIDE(a, 0) != sizeof(int64_t) && PyArray_DIM(a, 0) > 1) return nullptr;
     *len = PyArray_DIM(a, 0);
     return static_cast<int64_t*>(PyArray_DATA(a));
+}
+
+nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> to_numpy(const SlotVec& v) {
+    auto holder = std::make_unique<std::vector<int64_t>>(v.to_vector());
+    int64_t* data = holder->data();
+    const size_t n = holder->size();
+    nb::capsule owner(holder.get(),
+                      [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+    holder.release();  // the capsule owns it now
+    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data, {n}, owner);
 }
 
 bool own_int64(nb::handle obj, int64_t* len) {
