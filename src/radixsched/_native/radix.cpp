@@ -15,7 +15,8 @@
 
 namespace radixsched {
 
-void widen_slots(const int32_t* in, int64_t n, int64_t* out) {
+namespace {
+void widen_block(const int32_t* in, int64_t n, int64_t* out) {
     int64_t i = 0;
 #ifdef __SSE2__
     for (; i + 4 <= n; i += 4) {  // each int32 next to its sign: the int64 it is
@@ -26,6 +27,24 @@ void widen_slots(const int32_t* in, int64_t n, int64_t* out) {
     }
 #endif
     for (; i < n; ++i) out[i] = in[i];
+}
+}  // namespace
+
+void widen_slots(const int32_t* in, int64_t n, int64_t* out) {
+    // A long run goes through an L1-sized scratch block, then one memcpy per block: the copy's
+    // string stores write the destination's lines (a row, rarely in cache) without reading
+    // them in first, as plain stores would (twice the memory traffic on a cold row).
+    constexpr int64_t kBlock = 2048;  // 16 KiB of slots
+    if (n < 2 * kBlock) {
+        widen_block(in, n, out);
+        return;
+    }
+    alignas(64) int64_t block[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+        const int64_t c = std::min(kBlock, n - i);
+        widen_block(in + i, c, block);
+        std::memcpy(out + i, block, static_cast<size_t>(c) * sizeof(int64_t));
+    }
 }
 
 namespace {
