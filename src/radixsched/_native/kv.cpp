@@ -72,6 +72,7 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
 #include <nanobind/stl/shared_ptr.h>
 
 #include "py_attr.hpp"
+#include "radix_match.hpp"  // new_slots, plain_int64
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -92,8 +93,6 @@ struct ReqNames {
         *times, *first_scheduled, *cached_tokens, *host_cached_tokens, *req, *extend_len;
 };
 const ReqNames* g_req = nullptr;
-PyObject* g_np_empty = nullptr;      // numpy.empty
-PyObject* g_np_int64 = nullptr;      // numpy.int64
 PyObject* g_extend_entry = nullptr;  // radixsched.runner.ExtendEntry
 
 PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
@@ -126,16 +125,74 @@ using py::set;
 using py::set_int;
 using py::slice;
 
-// numpy.empty(n, numpy.int64)
-nb::object empty_slots(int64_t n) {
-    nb::object size = nb::int_(n);
-    PyObject* args[] = {size.ptr(), imported(g_np_int64, "numpy", "int64")};
-    PyObject* v = PyObject_Vectorcall(imported(g_np_empty, "numpy", "empty"), args, 2, nullptr);
-    if (v == nullptr) throw nb::python_error();
-    return nb::steal(v);
+// A row's writable slots, read in place (valid while the caller holds `arr`): a plain int64
+// array directly, anything else as the ndarray cast reads it (and fails as it fails).
+struct RowView {
+    int64_t* ptr;
+    int64_t len;
+    int64_t* data() const { return ptr; }
+    int64_t size() const { return len; }
+};
+
+RowView row_of(nb::handle arr) {
+    int64_t len = 0;
+    if (int64_t* p = plain_int64(arr, &len)) return {p, len};
+    Row r = nb::cast<Row>(arr, false);
+    return {r.data(), static_cast<int64_t>(r.shape(0))};
 }
 
-Row row_of(nb::handle arr) { return nb::cast<Row>(arr, false); }
+// Released requests' row buffers, kept for the next rows (a row's buffer is ~8 bytes per
+// position of a request: taking a kept one spares its allocation and the page faults of its
+// first writes). A buffer is kept only when nothing else holds it (no view of it, no other
+// reference: its contents are then nobody's) and handed out only where it is at least the
+// size asked for and at most twice it. The last kMaxSpare are kept: their references are held
+// for the life of the process (never released at exit, as the interned names).
+class SpareRows {
+public:
+    // A buffer of at least `n` slots (its contents unspecified, as numpy.empty's).
+    std::pair<nb::object, int64_t*> take(int64_t n) {
+        for (size_t i = spare_.size(); i-- > 0;) {
+            int64_t len = 0;
+            int64_t* data = plain_int64(spare_[i], &len);
+            if (data != nullptr && len >= n && len - n <= n) {
+                nb::object buf = nb::steal(spare_[i]);
+                spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
+                return {std::move(buf), data};
+            }
+        }
+        return new_slots(n);
+    }
+    // `buf`, the buffer a request just let go of (`buf` the only reference left).
+    void give(nb::object buf) {
+        PyObject* o = buf.ptr();
+        int64_t len = 0;
+        if (Py_REFCNT(o) != 1 || !own_int64(buf, &len) || len == 0) return;
+        if (spare_.size() >= kMaxSpare) {  // the oldest goes (row sizes drift with the load)
+            Py_DECREF(spare_.front());
+            spare_.erase(spare_.begin());
+        }
+        spare_.push_back(buf.release().ptr());
+    }
+
+private:
+    static constexpr size_t kMaxSpare = 8;
+    std::vector<PyObject*> spare_;  // owned references
+};
+
+SpareRows& spare_rows() {
+    static SpareRows rows;  // its exit-time destructor only frees the list (no decref)
+    return rows;
+}
+
+// The token of an output id (an int that fits int32, as nb::cast<int32_t> reads it).
+int32_t token_of(PyObject* o) {
+    if (PyLong_CheckExact(o)) {
+        int overflow = 0;
+        const long v = PyLong_AsLongAndOverflow(o, &overflow);
+        if (!overflow && v >= INT32_MIN && v <= INT32_MAX) return static_cast<int32_t>(v);
+    }
+    return nb::cast<int32_t>(nb::handle(o));
+}
 
 // kv.row_capacity: every position the request can reach, plus a page.
 int64_t row_capacity(nb::handle req) {
@@ -174,9 +231,9 @@ public:
 
     // KVManager.alloc: `n` new slots, evicting cache leaves when the free list is short.
     nb::object alloc(int64_t n) {
-        nb::object out = empty_slots(n);
-        if (!alloc_evicting(*tree_, *pool_, row_of(out).data(), n)) alloc_failed(*tree_, *pool_, n);
-        return out;
+        auto [out, data] = new_slots(n);
+        if (!alloc_evicting(*tree_, *pool_, data, n)) alloc_failed(*tree_, *pool_, n);
+        return std::move(out);
     }
 
     // KVManager.grow of one request: its row covers [0, end) (whole pages), grown in place
@@ -189,9 +246,9 @@ public:
         if (new_len <= have) return;
         nb::object buf = get(req, n.kv_buf);
         if (len_of(buf) < new_len) {
-            nb::object fresh = empty_slots(2 * new_len);
-            Row old = row_of(row), to = row_of(fresh);
-            std::copy(old.data(), old.data() + have, to.data());
+            auto [fresh, to] = new_slots(2 * new_len);
+            const RowView old = row_of(row);
+            std::copy(old.data(), old.data() + have, to);
             set(req, n.kv_buf, fresh);
             buf = std::move(fresh);
         }
@@ -234,7 +291,7 @@ public:
     void reserve(nb::handle req, int64_t end) {
         const ReqNames& n = names();
         if (len_of(get(req, n.kv_buf)) == 0) {
-            nb::object buf = empty_slots(row_capacity(req));
+            nb::object buf = spare_rows().take(row_capacity(req)).first;
             set(req, n.kv_buf, buf);
             set(req, n.kv_row, slice(buf, 0, 0));
         }
@@ -272,15 +329,15 @@ public:
             for (int64_t i = std::max<int64_t>(start - np, 0); i < stop; ++i) {
                 if (list && i >= PyList_GET_SIZE(outs.ptr()))
                     throw std::runtime_error("checkpoint: output_ids shrank while read");
-                joined.push_back(list ? nb::cast<int32_t>(nb::handle(PyList_GET_ITEM(outs.ptr(), i)))
+                joined.push_back(list ? token_of(PyList_GET_ITEM(outs.ptr(), i))
                                       : nb::cast<int32_t>(outs[i]));
             }
             tokens = joined.data();
         }
         nb::object row_obj = get(req, n.kv_row);
-        Row row = row_of(row_obj);
-        const Checkpoint c{tokens, aligned - start, start, ns(req), row.data(),
-                           static_cast<int64_t>(row.shape(0)), lo, aligned, priority(req),
+        const RowView row = row_of(row_obj);
+        const Checkpoint c{tokens, aligned - start, start, ns(req), row.data(), row.size(), lo,
+                           aligned, priority(req),
                            get_int(req, n.cache_inserted_len), lock};
         NodePtr node = radixsched::checkpoint(*tree_, *pool_, c);
         if (node) {  // else the cache did not keep it (nothing moved)
@@ -302,10 +359,8 @@ public:
         const int64_t kv_len = get_int(req, n.kv_len);
         if (cache_kv && kv_len > get_int(req, n.cache_protected_len)) checkpoint(req, kv_len);
         const int64_t lo = get_int(req, n.cache_protected_len);
-        nb::object row_obj = get(req, n.kv_row);
-        const auto row = nb::cast<Slots>(row_obj);
-        if (static_cast<int64_t>(row.shape(0)) > lo)
-            pool_->free(row.data() + lo, static_cast<int64_t>(row.shape(0)) - lo, true);
+        free_row(get(req, n.kv_row), lo);
+        nb::object buf = get(req, n.kv_buf);
         nb::object lock = get(req, n.lock_node);
         if (!lock.is_none()) tree_->dec_lock_ref(*nb::cast<Node*>(lock));
         nb::object zero = nb::int_(0);
@@ -316,6 +371,7 @@ public:
         for (PyObject* f : {n.kv_len, n.cache_protected_len, n.cache_inserted_len, n.prefix_len,
                             n.extend_end, n.host_hit_len})
             set(req, f, zero);
+        spare_rows().give(std::move(buf));  // kept only where nothing else holds it
     }
 
     // Scheduler._extend over a round's admissions (adder.Admission, those with tokens to
@@ -351,6 +407,19 @@ public:
     }
 
 private:
+    // release's slots: row[lo:] back to the pool (the row is let go of on return).
+    void free_row(nb::object row_obj, int64_t lo) {
+        int64_t len = 0;
+        const int64_t* row = plain_int64(row_obj, &len);
+        Slots any;  // a row that is no plain writable int64 array, as the ndarray cast reads it
+        if (row == nullptr) {
+            any = nb::cast<Slots>(row_obj);
+            row = any.data();
+            len = static_cast<int64_t>(any.shape(0));
+        }
+        if (len > lo) pool_->free(row + lo, len - lo, true);
+    }
+
     int32_t ns(nb::handle req) {
         const ReqNames& n = names();
         if (get(req, n.extra_key).is_none() && get(req, n.cache_salt).is_none()) return 0;
@@ -422,10 +491,10 @@ nb::object Record::make(std::initializer_list<nb::handle> values) const {
 void take_prefix(Tree& tree, nb::handle req) {
     const ReqNames& n = names();
     const int64_t len = get_int(req, n.prefix_len);
-    nb::object buf = empty_slots(std::max(row_capacity(req), len));
+    auto [buf, data] = spare_rows().take(std::max(row_capacity(req), len));
     if (len != 0) {
         nb::object last = get(req, n.last_node);
-        tree.prefix_slots(*nb::cast<Node*>(last), len, row_of(buf).data());
+        tree.prefix_slots(*nb::cast<Node*>(last), len, data);
     }
     set(req, n.kv_buf, buf);
     set(req, n.kv_row, slice(buf, 0, len));

@@ -19,14 +19,18 @@ Pool::Pool(int64_t size, int64_t page_size) : page_(page_size) {
         throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
     if (size < 0) throw std::invalid_argument("size must be >= 0, got " + std::to_string(size));
     num_pages_ = size / page_size;
+    if (num_pages_ > kMaxPages)
+        throw std::invalid_argument("size " + std::to_string(size) + " is more than " +
+                                    std::to_string(kMaxPages) + " pages of " +
+                                    std::to_string(page_size));
     reset();
 }
 
 void Pool::reset() {
-    const int64_t n = num_pages_;
+    const auto n = static_cast<int32_t>(num_pages_);  // at most kMaxPages
     stack_.resize(static_cast<size_t>(n));
-    stack_pos_.assign(static_cast<size_t>(n + 2), 0);
-    for (int64_t i = 0; i < n; ++i) {
+    stack_pos_.resize(static_cast<size_t>(n) + 2);  // every entry written below
+    for (int32_t i = 0; i < n; ++i) {
         stack_[i] = i + 1;
         stack_pos_[i + 1] = i + 1;
     }
@@ -43,7 +47,11 @@ int64_t Pool::pages_for(int64_t n, const char* what) const {
     return n / page_;
 }
 
-void Pool::write_pages(const int64_t* pages, int64_t k, int64_t* out) const {
+void Pool::write_pages(const int32_t* pages, int64_t k, int64_t* out) const {
+    if (page_ == 1) {  // a page is its slot
+        std::copy(pages, pages + k, out);
+        return;
+    }
     for (int64_t i = 0; i < k; ++i)
         for (int64_t j = 0; j < page_; ++j) out[i * page_ + j] = pages[i] * page_ + j;
 }
@@ -54,8 +62,9 @@ bool Pool::alloc_into(int64_t* out, int64_t n) {
     if (k > num_pages_ - lo - reserved_) return false;
     if (k == 0) return true;
     first_free_ = lo + k;
-    const int64_t* pages = stack_.data() + lo;
-    for (int64_t i = 0; i < k; ++i) stack_pos_.at(pages[i]) = 0;
+    const int32_t* pages = stack_.data() + lo;
+    // The stack holds pages 1..num_pages only (check_free_list): in range of stack_pos_.
+    for (int64_t i = 0; i < k; ++i) stack_pos_[pages[i]] = 0;
     write_pages(pages, k, out);
     return true;
 }
@@ -84,35 +93,41 @@ void Pool::free(const int64_t* slots, int64_t n, bool checked) {
                                     " slots is not a whole number of pages (p=" +
                                     std::to_string(p) + ")");
     const int64_t k = n / p;
-    std::vector<int64_t>& pages = pages_;  // every entry written below before it is read
-    pages.resize(static_cast<size_t>(k));
-    for (int64_t i = 0; i < k; ++i) {
-        pages[i] = floor_div(slots[i * p], p);
-        if (checked)
-            for (int64_t j = 0; j < p; ++j)
-                if (slots[i * p + j] != pages[i] * p + j)
-                    throw std::invalid_argument("free: slots are not page-aligned groups of " +
-                                                std::to_string(p));
+    // The pages of the slots: the slots themselves when a page is one slot (no scratch copy).
+    const int64_t* pages = slots;
+    if (p != 1) {
+        pages_.resize(static_cast<size_t>(k));  // every entry written below before it is read
+        for (int64_t i = 0; i < k; ++i) {
+            pages_[i] = floor_div(slots[i * p], p);
+            if (checked)
+                for (int64_t j = 0; j < p; ++j)
+                    if (slots[i * p + j] != pages_[i] * p + j)
+                        throw std::invalid_argument("free: slots are not page-aligned groups of " +
+                                                    std::to_string(p));
+        }
+        pages = pages_.data();
     }
     bool bad = false;
-    for (int64_t page : pages) {
+    for (int64_t i = 0; i < k; ++i) {
+        const int64_t page = pages[i];
         const int64_t clipped = std::clamp<int64_t>(page, 0, num_pages_ + 1);
         // Unchecked frees still never write outside the stack (range only).
-        if (checked ? stack_pos_[clipped] != 0 : clipped != page || page == 0) bad = true;
+        bad |= checked ? stack_pos_[clipped] != 0 : clipped != page || page == 0;
     }
-    if (bad) reject(pages);
+    if (bad) reject(std::vector<int64_t>(pages, pages + k));
     const int64_t lo = first_free_ - k;
     if (lo < 0) throw std::invalid_argument("free: the same page appears twice in one call");
-    for (int64_t i = 0; i < k; ++i) stack_pos_[pages[i]] = lo + 1 + i;
+    // Every page is in [1, num_pages] (checked above) and every position at most num_pages.
+    for (int64_t i = 0; i < k; ++i) stack_pos_[pages[i]] = static_cast<int32_t>(lo + 1 + i);
     if (checked && k > 1) {
         for (int64_t i = 0; i < k; ++i) {
             if (stack_pos_[pages[i]] != lo + 1 + i) {  // a page given twice kept its later place
-                for (int64_t q : pages) stack_pos_[q] = 0;  // every page was allocated: undo
+                for (int64_t q = 0; q < k; ++q) stack_pos_[pages[q]] = 0;  // all were allocated
                 throw std::invalid_argument("free: the same page appears twice in one call");
             }
         }
     }
-    std::copy(pages.begin(), pages.end(), stack_.begin() + lo);
+    for (int64_t i = 0; i < k; ++i) stack_[lo + i] = static_cast<int32_t>(pages[i]);
     first_free_ = lo;
 }
 
@@ -201,7 +216,7 @@ std::vector<int64_t> Pool::claim(int64_t n) {
 }
 
 std::vector<int64_t> Pool::free_slots() const {
-    std::vector<int64_t> pages(stack_.rbegin(), stack_.rend() - first_free_);
+    std::vector<int32_t> pages(stack_.rbegin(), stack_.rend() - first_free_);
     std::vector<int64_t> out(pages.size() * static_cast<size_t>(page_));
     write_pages(pages.data(), static_cast<int64_t>(pages.size()), out.data());
     return out;

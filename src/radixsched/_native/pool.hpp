@@ -7,6 +7,9 @@
 // stack_pos_[stack_[i]] == i + 1 for i >= first_free_, 0 for an allocated page, and
 // stack_pos_[0] == stack_pos_[num_pages + 1] == -1 (the padding page and the out-of-range
 // sentinel: never freeable). reserved_ pages stay on the stack until claimed.
+//
+// The stack and the positions are int32 (half the memory of int64 tables: they take 8 bytes a
+// page where int64 took 16), so a pool holds at most kMaxPages pages; slots cross as int64.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +19,8 @@ namespace radixsched {
 
 class Pool {
 public:
+    static constexpr int64_t kMaxPages = INT32_MAX - 2;  // positions up to num_pages + 1
+
     Pool(int64_t size, int64_t page_size);
 
     int64_t page_size() const { return page_; }
@@ -45,12 +50,12 @@ public:
 private:
     int64_t pages_for(int64_t n, const char* what) const;
     [[noreturn]] void reject(const std::vector<int64_t>& pages) const;
-    void write_pages(const int64_t* pages, int64_t k, int64_t* out) const;
+    void write_pages(const int32_t* pages, int64_t k, int64_t* out) const;
 
     int64_t page_;
     int64_t num_pages_;
-    std::vector<int64_t> stack_;
-    std::vector<int64_t> stack_pos_;
+    std::vector<int32_t> stack_;
+    std::vector<int32_t> stack_pos_;
     std::vector<int64_t> pages_;  // free()'s scratch: the pages of its slots (reused, no state)
     int64_t first_free_ = 0;
     int64_t reserved_ = 0;

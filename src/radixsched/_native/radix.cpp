@@ -3,19 +3,89 @@
 #include "radix.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <unordered_map>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 namespace radixsched {
+
+namespace {
+void widen_block(const int32_t* in, int64_t n, int64_t* out) {
+    int64_t i = 0;
+#ifdef __SSE2__
+    for (; i + 4 <= n; i += 4) {  // each int32 next to its sign: the int64 it is
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+        const __m128i sign = _mm_srai_epi32(v, 31);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_unpacklo_epi32(v, sign));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 2), _mm_unpackhi_epi32(v, sign));
+    }
+#endif
+    for (; i < n; ++i) out[i] = in[i];
+}
+}  // namespace
+
+void widen_slots(const int32_t* in, int64_t n, int64_t* out) {
+    // A long run goes through an L1-sized scratch block, then one memcpy per block: the copy's
+    // string stores write the destination's lines (a row, rarely in cache) without reading
+    // them in first, as plain stores would (twice the memory traffic on a cold row).
+    constexpr int64_t kBlock = 2048;  // 16 KiB of slots
+    if (n < 2 * kBlock) {
+        widen_block(in, n, out);
+        return;
+    }
+    alignas(64) int64_t block[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+        const int64_t c = std::min(kBlock, n - i);
+        widen_block(in + i, c, block);
+        std::memcpy(out + i, block, static_cast<size_t>(c) * sizeof(int64_t));
+    }
+}
+
+namespace {
+// in[0, n) narrowed to out[0, n); false (out then unspecified) when one is outside int32.
+bool narrow_slots(const int64_t* in, int64_t n, int32_t* out) {
+    int64_t i = 0;
+    bool ok = true;
+#ifdef __SSE2__
+    __m128i bad = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {  // an int64 fits int32 when its high half is its low's sign
+        const __m128 a = _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+        const __m128 b =
+            _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 2)));
+        const __m128i lo = _mm_castps_si128(_mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+        const __m128i hi = _mm_castps_si128(_mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+        bad = _mm_or_si128(bad, _mm_xor_si128(hi, _mm_srai_epi32(lo, 31)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), lo);
+    }
+    ok = _mm_movemask_epi8(_mm_cmpeq_epi32(bad, _mm_setzero_si128())) == 0xFFFF;
+#endif
+    for (; i < n; ++i) {
+        ok = ok && in[i] >= INT32_MIN && in[i] <= INT32_MAX;
+        out[i] = static_cast<int32_t>(in[i]);
+    }
+    return ok;
+}
+}  // namespace
+
+void SlotVec::assign(const int64_t* first, const int64_t* last) {
+    decltype(v_) v(static_cast<size_t>(last - first));
+    if (!narrow_slots(first, last - first, v.data()))
+        throw std::invalid_argument("a KV slot outside the int32 range");
+    v_ = std::move(v);
+}
 
 namespace {
 constexpr int64_t kRootPriority = INT64_MIN;
 
 // Asks for the cache lines of the next chunk [from, from + 256) (clipped to `k`) of the query,
 // the key and the slots (when not null) while the current one is compared: a hint only.
-inline void prefetch_chunk(const int32_t* tokens, const int32_t* key, const int64_t* value,
+inline void prefetch_chunk(const int32_t* tokens, const int32_t* key, const int32_t* value,
                            int64_t from, int64_t k) {
     constexpr int64_t kChunk = 256;
     const int64_t to = std::min(from + kChunk, k);
@@ -24,7 +94,7 @@ inline void prefetch_chunk(const int32_t* tokens, const int32_t* key, const int6
         __builtin_prefetch(key + j);
     }
     if (value)
-        for (int64_t j = from; j < to; j += 8) __builtin_prefetch(value + j);
+        for (int64_t j = from; j < to; j += 16) __builtin_prefetch(value + j);
 }
 
 std::string node_desc(const Node& n) {
@@ -247,7 +317,7 @@ public:
                 const int64_t n = child_->size();
                 for (int64_t j = 0; j < std::min<int64_t>(n, 64); j += 16)
                     __builtin_prefetch(child_->key.data() + j);
-                for (int64_t j = 0; j < std::min<int64_t>(n, 32); j += 8)
+                for (int64_t j = 0; j < std::min<int64_t>(n, 64); j += 16)
                     __builtin_prefetch(child_->value.data() + j);
                 return;
             }
@@ -274,14 +344,14 @@ bool Tree::covers_copy(const int32_t* tokens, int64_t avail, const Node& node,
     const int64_t k = node.size();
     if (avail < k) return false;
     const int32_t* key = node.key.data();
-    const int64_t* value = node.value.data();
+    const int32_t* value = node.value.data();
     prefetch_chunk(tokens, key, out ? value : nullptr, 0, k);
     Lookahead next(avail - k >= page_ ? tokens + k : nullptr, page_, node.index);
     for (int64_t i = 0; i < k; i += kChunk) {
         const int64_t c = std::min(kChunk, k - i);
         prefetch_chunk(tokens, key, out ? value : nullptr, i + kChunk, k);
         if (std::memcmp(tokens + i, key + i, c * sizeof(int32_t)) != 0) return false;
-        if (out) std::memcpy(out + i, value + i, c * sizeof(int64_t));
+        if (out) widen_slots(value + i, c, out + i);
         next.step();
     }
     return true;
@@ -294,7 +364,7 @@ int64_t Tree::mismatch(const int32_t* tokens, int64_t avail, const Node& node) c
     return m - m % page_;
 }
 
-NodePtr Tree::make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
+NodePtr Tree::make_node(std::vector<int32_t> key, SlotVec value, Node* parent,
                         int32_t ns, int64_t now, int64_t priority) {
     auto n = std::make_shared<Node>();
     n->key = std::move(key);
@@ -315,7 +385,7 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     NodePtr up = make_node(std::move(child.key), std::move(child.value), parent, child.ns, now,
                            child.priority);
     child.key.assign(up->key.begin() + m, up->key.end());
-    child.value.assign(up->value.begin() + m, up->value.end());
+    child.value.assign_tail(up->value, static_cast<size_t>(m));
     up->key.resize(static_cast<size_t>(m));
     up->value.resize(static_cast<size_t>(m));
     up->lock_ref = child.lock_ref;
@@ -395,7 +465,7 @@ WalkResult Tree::descend(Node* node, int64_t pos, const int32_t* tokens, int64_t
         } else {
             const int64_t m = mismatch(tokens + rel, n - pos, *child);
             node = split(*child, m, now).get();  // its parent owns it
-            if (out) std::memcpy(out + rel, node->value.data(), m * sizeof(int64_t));
+            if (out) node->value.copy_to(0, static_cast<size_t>(m), out + rel);
             pos += m;
             break;
         }
@@ -466,7 +536,7 @@ void Tree::prefix_slots(Node& node, int64_t length, int64_t* out) {
     int64_t end = length;
     for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
         end -= cur->size();
-        std::copy(cur->value.begin(), cur->value.end(), out + end);
+        cur->value.copy_to(0, cur->value.size(), out + end);
     }
 }
 
@@ -479,8 +549,9 @@ void Tree::path_slots(const Node& node, int64_t length, int64_t from, int64_t to
                                    std::to_string(length) + " tokens");
         const int64_t begin = end - cur->size();
         const int64_t a = std::max(begin, from), b = std::min(end, to);
-        if (a < b) std::copy(cur->value.data() + (a - begin), cur->value.data() + (b - begin),
-                             out + (a - from));
+        if (a < b)
+            cur->value.copy_to(static_cast<size_t>(a - begin), static_cast<size_t>(b - begin),
+                               out + (a - from));
         end = begin;
     }
 }
@@ -548,7 +619,7 @@ WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns,
     const int64_t rel = pos - base;
     const bool top = node == root_.get();
     NodePtr leaf = make_node(std::vector<int32_t>(tokens + rel, tokens + n_tokens),
-                             std::vector<int64_t>(values + rel, values + n_tokens), node, ns,
+                             SlotVec(values + rel, values + n_tokens), node, ns,
                              now, priority);
     leaf->child_key = page_key(tokens + rel, node, ns);
     leaf->key_hash = ChildIndex::hash(tokens + rel, page_, top ? ns : 0);
@@ -637,27 +708,28 @@ std::vector<int32_t> Tree::path_key(const Node& node) const {
     return out;
 }
 
-void Tree::Freed::take(std::vector<int64_t>&& v) {
-    if (segments) {
-        segments->push_back(std::move(v));
-    } else {
-        copy(v.data(), v.data() + v.size());
-        std::vector<int64_t>().swap(v);  // emptied and released, as a move leaves it
-    }
+void Tree::Freed::take(SlotVec&& v) {
+    copy(v.data(), v.data() + v.size());
+    v.release();  // emptied and given back, as a move leaves it
 }
 
-void Tree::Freed::copy(const int64_t* begin, const int64_t* end) {
+void Tree::Freed::copy(const int32_t* begin, const int32_t* end) {
     if (segments) {
-        segments->emplace_back(begin, end);
+        segments->emplace_back(end - begin);
+        widen_slots(begin, end - begin, segments->back().data());
         return;
     }
     if (out != nullptr) {
         const int64_t k = std::min<int64_t>(cap - pos, end - begin);
-        std::copy(begin, begin + k, out + pos);
+        widen_slots(begin, k, out + pos);
         pos += k;
         begin += k;
     }
-    if (begin != end) flat->insert(flat->end(), begin, end);
+    if (begin != end) {
+        const size_t at = flat->size();
+        flat->resize(at + static_cast<size_t>(end - begin));
+        widen_slots(begin, end - begin, flat->data() + at);
+    }
 }
 
 void Tree::evict_whole(Node& leaf, Freed& freed) {
@@ -789,7 +861,11 @@ std::vector<NodePtr> Tree::nodes() const {
 
 std::vector<int64_t> Tree::all_values() const {
     std::vector<int64_t> out;
-    for (const NodePtr& n : nodes()) out.insert(out.end(), n->value.begin(), n->value.end());
+    for (const NodePtr& n : nodes()) {
+        const size_t at = out.size();
+        out.resize(at + n->value.size());
+        n->value.copy_to(0, n->value.size(), out.data() + at);
+    }
     return out;
 }
 

@@ -67,9 +67,69 @@ private:
     size_t size_ = 0;
 };
 
+// An allocator whose resize leaves new ints uninitialised (a node's slots are always written
+// right after they are sized).
+template <class T>
+struct UninitAlloc : std::allocator<T> {
+    template <class U>
+    struct rebind {
+        using other = UninitAlloc<U>;
+    };
+    UninitAlloc() = default;
+    template <class U>
+    UninitAlloc(const UninitAlloc<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept {
+        ::new (static_cast<void*>(p)) U;
+    }
+    template <class U, class... Args>
+    void construct(U* p, Args&&... args) {
+        ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+};
+
+// `n` slots widened to int64 (out[i] = in[i]).
+void widen_slots(const int32_t* in, int64_t n, int64_t* out);
+
+// A node's KV slots, held as int32: half the bytes of the int64 slots rows and callers use (a
+// node's slots are copied in on every insert and out on every match, prefix take and
+// eviction). They read out as int64; a slot outside int32 (never one of a pool's, which holds
+// at most INT32_MAX - 2 pages) is refused where it comes in, before anything changes.
+class SlotVec {
+public:
+    SlotVec() = default;
+    SlotVec(const int64_t* first, const int64_t* last) { assign(first, last); }
+    SlotVec& operator=(const std::vector<int64_t>& v) {  // the binding's `value` setter
+        assign(v.data(), v.data() + v.size());
+        return *this;
+    }
+    void assign(const int64_t* first, const int64_t* last);  // std::invalid_argument if out of int32
+    // Slots [m, from.size()) of `from`.
+    void assign_tail(const SlotVec& from, size_t m) { v_.assign(from.v_.begin() + m, from.v_.end()); }
+    size_t size() const { return v_.size(); }
+    bool empty() const { return v_.empty(); }
+    void clear() { v_.clear(); }
+    void resize(size_t n) { v_.resize(n); }  // the tree only shrinks a node's slots
+    void release() { decltype(v_)().swap(v_); }  // emptied and its memory given back
+    const int32_t* data() const { return v_.data(); }
+    int64_t operator[](size_t i) const { return v_[i]; }
+    // Slots [from, to) to out[0, to - from).
+    void copy_to(size_t from, size_t to, int64_t* out) const {
+        widen_slots(v_.data() + from, static_cast<int64_t>(to - from), out);
+    }
+    std::vector<int64_t> to_vector() const {
+        std::vector<int64_t> out(v_.size());
+        copy_to(0, v_.size(), out.data());
+        return out;
+    }
+
+private:
+    std::vector<int32_t, UninitAlloc<int32_t>> v_;
+};
+
 struct Node : std::enable_shared_from_this<Node> {
     std::vector<int32_t> key;
-    std::vector<int64_t> value;  // one KV slot per token of `key`
+    SlotVec value;  // one KV slot per token of `key`
     Node* parent = nullptr;
     // child key (bytes of the child's first page, prefixed by the namespace id for a child
     // of the root in a non-default namespace) -> child
@@ -214,7 +274,7 @@ private:
                        int64_t now, int64_t* out);
     void touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priority,
                        int64_t inserted_len);
-    NodePtr make_node(std::vector<int32_t> key, std::vector<int64_t> value, Node* parent,
+    NodePtr make_node(std::vector<int32_t> key, SlotVec value, Node* parent,
                       int32_t ns, int64_t now, int64_t priority);
     void check_attached(const Node& node) const;
     // Where evicted slots go: whole segments (moved), or appended to one flat array; with
@@ -225,8 +285,8 @@ private:
         int64_t* out = nullptr;
         int64_t cap = 0;
         int64_t pos = 0;  // slots written to out
-        void take(std::vector<int64_t>&& v);
-        void copy(const int64_t* begin, const int64_t* end);
+        void take(SlotVec&& v);
+        void copy(const int32_t* begin, const int32_t* end);
     };
     void evict_into(int64_t num_tokens, Freed& freed);
     void evict_whole(Node& leaf, Freed& freed);

@@ -9,6 +9,7 @@
 #include <numpy/arrayobject.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,16 +60,6 @@ bool int32_format(const char* f) {
     return (f[0] == 'i' || f[0] == 'l') && f[1] == '\0';
 }
 
-// A new int64 numpy array of `n` slots (numpy.empty(n, numpy.int64)) and its writable data
-// (valid while the array lives).
-std::pair<nb::object, int64_t*> new_slots(int64_t n) {
-    numpy();  // the C API table is imported
-    npy_intp dims[1] = {static_cast<npy_intp>(n)};
-    nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, NPY_INT64));
-    if (!arr.is_valid()) throw nb::python_error();
-    auto* data = static_cast<int64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr.ptr())));
-    return {std::move(arr), data};
-}
 
 // A new instance of the tuple type `type` holding (slots, length, node, 0), as
 // tuple.__new__(type, (slots, length, node, 0)) makes it.
@@ -113,6 +104,43 @@ MatchTypes& match_types() {
 }
 
 }  // namespace
+
+std::pair<nb::object, int64_t*> new_slots(int64_t n) {
+    numpy();  // the C API table is imported
+    npy_intp dims[1] = {static_cast<npy_intp>(n)};
+    nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, NPY_INT64));
+    if (!arr.is_valid()) throw nb::python_error();
+    auto* data = static_cast<int64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr.ptr())));
+    return {std::move(arr), data};
+}
+
+int64_t* plain_int64(nb::handle obj, int64_t* len) {
+    numpy();  // the C API table is imported
+    if (!PyArray_CheckExact(obj.ptr())) return nullptr;
+    auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+    if (PyArray_TYPE(a) != NPY_INT64 || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
+        !PyArray_ISWRITEABLE(a) || PyArray_NDIM(a) != 1)
+        return nullptr;
+    if (PyArray_STRIDE(a, 0) != sizeof(int64_t) && PyArray_DIM(a, 0) > 1) return nullptr;
+    *len = PyArray_DIM(a, 0);
+    return static_cast<int64_t*>(PyArray_DATA(a));
+}
+
+nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> to_numpy(const SlotVec& v) {
+    auto holder = std::make_unique<std::vector<int64_t>>(v.to_vector());
+    int64_t* data = holder->data();
+    const size_t n = holder->size();
+    nb::capsule owner(holder.get(),
+                      [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+    holder.release();  // the capsule owns it now
+    return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data, {n}, owner);
+}
+
+bool own_int64(nb::handle obj, int64_t* len) {
+    return plain_int64(obj, len) != nullptr &&
+           PyArray_BASE(reinterpret_cast<PyArrayObject*>(obj.ptr())) == nullptr &&
+           PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(obj.ptr()), NPY_ARRAY_OWNDATA);
+}
 
 TokenView::TokenView(nb::handle obj) {
     Py_ssize_t len = 0;
