@@ -181,6 +181,18 @@ def test_a_call_with_arguments_leaves_the_collector_alone(tmp_path: Path) -> Non
         (gc.enable if was else gc.disable)()
 
 
+def test_the_command_s_setup_runs_with_the_collector_on() -> None:
+    # The setup makes cyclic garbage that holds large arrays (the preflight's throw-away
+    # schedulers and their KV pools' tables): paused through it, a run with a 1e8-token pool
+    # peaked at 4.0 GB instead of 2.4 GB.
+    code = (
+        "import gc, sys\nimport radixsched.cli.main as m\n"
+        "def cmd(args):\n    print('enabled', gc.isenabled(), flush=True)\n    return 0\n"
+        "m.cmd_simulate = cmd\nsys.argv = ['radixsched', 'simulate']\nm.main()\n"
+    )
+    assert _run(code) == ["enabled", "True"]
+
+
 # ---- the exit -----------------------------------------------------------------------------
 
 

@@ -43,10 +43,11 @@ _start_paused = False
 
 
 def pause_collection_for_start() -> None:
-    """Pause the cyclic collector for a process's start (``main``): the imports, the parser
-    and a command's setup make objects that live as long as the process, which the young
-    generations' passes (about 90 of them before a simulation of the Mooncake trace) would
-    walk only to find them alive."""
+    """Pause the cyclic collector for a process's start (``main``): the imports and the parser
+    make objects that live as long as the process, which the young generations' passes would
+    walk only to find them alive. Not through a command's setup: that makes cyclic garbage
+    (the preflight's throw-away schedulers with their KV pools' tables) which only a pass
+    frees, and moved to the oldest generation it would stay for the run."""
     global _start_paused
     gc.disable()
     _start_paused = True

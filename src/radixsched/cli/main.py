@@ -52,7 +52,7 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
             epilog=_simulate_epilog(),
         )
         _add_simulate_args(sim)
-        sim.set_defaults(func=cmd_simulate, _parser=sim, _ends_start=True, _exits_now=True)
+        sim.set_defaults(func=cmd_simulate, _parser=sim, _exits_now=True)
     else:
         sub.add_parser("simulate", help=COMMAND_HELP["simulate"])
     from radixsched.cli import commands
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is not None:
         return _main(list(argv))
     os.environ.update(blas_thread_default(_command_in(sys.argv[1:]), os.environ))
-    pause_collection_for_start()  # resumed when the command starts (or its own setup ends)
+    pause_collection_for_start()  # resumed once the arguments are parsed
     status = _main(sys.argv[1:], own_process=True)
     # Everything is written (the streams are flushed at exit, not by the collector). The
     # interpreter's shutdown would otherwise walk every object left for cycles: a run's
@@ -112,8 +112,9 @@ def _main(argv: list[str], own_process: bool = False) -> int:
         end_of_start()
         return e.code if isinstance(e.code, int) else 2
     args._argv = argv
-    if not getattr(args, "_ends_start", False):  # else the command calls it after its setup
-        end_of_start()
+    # Collection resumes before the command's own setup: that makes garbage cycles a young
+    # pass must free (preflight's throw-away schedulers hold their KV pools' tables).
+    end_of_start()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

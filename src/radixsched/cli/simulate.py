@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from radixsched.cli.common import (
     CliError,
-    end_of_start,
     output_errors,
     rich_console,
     run_metadata,
@@ -427,7 +426,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     keep_rows = bool(rs.cli.get("requests_csv"))
     runs = PolicyRuns(workload, base, sim_cfg, optimal_hit_rate=opt, slo=slo, keep_rows=keep_rows)
     jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
-    end_of_start()  # the setup's objects (settings, workload, display) stay to the end too
     start = time.perf_counter()
     try:
         outcomes = run_policies(runs, policies, jobs, on_progress, display=progress)
