@@ -155,7 +155,7 @@ public:
             int64_t len = 0;
             int64_t* data = plain_int64(spare_[i], &len);
             if (data != nullptr && len >= n && len - n <= n) {
-                nb::object buf = nb::steal(spare_[i]);
+                nb::object buf = std::move(spare_[i]);
                 spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
                 return {std::move(buf), data};
             }
@@ -167,20 +167,23 @@ public:
         PyObject* o = buf.ptr();
         int64_t len = 0;
         if (Py_REFCNT(o) != 1 || !own_int64(buf, &len) || len == 0) return;
-        if (spare_.size() >= kMaxSpare) {  // the oldest goes (row sizes drift with the load)
-            Py_DECREF(spare_.front());
+        if (spare_.size() >= kMaxSpare)  // the oldest goes (row sizes drift with the load)
             spare_.erase(spare_.begin());
-        }
-        spare_.push_back(buf.release().ptr());
+        spare_.push_back(std::move(buf));
+    }
+
+    // Destroyed at exit, after the interpreter: the references are let go of, no decref.
+    ~SpareRows() {
+        for (nb::object& o : spare_) o.release();
     }
 
 private:
     static constexpr size_t kMaxSpare = 8;
-    std::vector<PyObject*> spare_;  // owned references
+    std::vector<nb::object> spare_;  // owned references
 };
 
 SpareRows& spare_rows() {
-    static SpareRows rows;  // its exit-time destructor only frees the list (no decref)
+    static SpareRows rows;  // its exit-time destructor drops the references without a decref
     return rows;
 }
 
