@@ -205,14 +205,14 @@ MUTANTS = (
     Mutant(
         "evicted-slots-not-placed",
         "_native/radix.cpp",
-        "        std::copy(begin, begin + k, out + pos);\n",
+        "        widen_slots(begin, k, out + pos);\n",
         "\n",
     ),
     Mutant(
         "pool-frees-a-group-reversed",
         "_native/pool.cpp",
-        "    std::copy(pages.begin(), pages.end(), stack_.begin() + lo);",
-        "    std::copy(pages.rbegin(), pages.rend(), stack_.begin() + lo);",
+        "    for (int64_t i = 0; i < k; ++i) stack_[lo + i] = static_cast<int32_t>(pages[i]);",
+        "    for (int64_t i = 0; i < k; ++i) stack_[lo + i] = static_cast<int32_t>(pages[k - 1 - i]);",
     ),
     Mutant(
         "dedup-leaver-stays",
@@ -343,8 +343,32 @@ MUTANTS = (
     Mutant(
         "grown-row-not-copied",
         "_native/kv.cpp",
-        "            std::copy(old.data(), old.data() + have, to.data());\n",
+        "            std::copy(old.data(), old.data() + have, to);\n",
         "\n",
+    ),
+    Mutant(
+        "widen-drops-the-last-slot",
+        "_native/radix.cpp",
+        "    for (; i < n; ++i) out[i] = in[i];",
+        "    for (; i + 1 < n; ++i) out[i] = in[i];",
+    ),
+    Mutant(
+        "widen-block-copies-one-short",
+        "_native/radix.cpp",
+        "        std::memcpy(out + i, block, static_cast<size_t>(c) * sizeof(int64_t));",
+        "        std::memcpy(out + i, block, static_cast<size_t>(c - 1) * sizeof(int64_t));",
+    ),
+    Mutant(
+        "narrow-accepts-wide-vectors",
+        "_native/radix.cpp",
+        "    ok = _mm_movemask_epi8(_mm_cmpeq_epi32(bad, _mm_setzero_si128())) == 0xFFFF;",
+        "    ok = true;",
+    ),
+    Mutant(
+        "spare-row-kept-while-viewed",
+        "_native/kv.cpp",
+        "        if (Py_REFCNT(o) != 1 ||",
+        "        if (Py_REFCNT(o) > 2 ||",
     ),
     Mutant(
         "evicts-one-slot-short",
