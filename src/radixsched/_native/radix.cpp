@@ -74,7 +74,7 @@ bool narrow_slots(const int64_t* in, int64_t n, int32_t* out) {
 }  // namespace
 
 void SlotVec::assign(const int64_t* first, const int64_t* last) {
-    decltype(v_) v(static_cast<size_t>(last - first));
+    auto v = decltype(v_)(static_cast<size_t>(last - first));
     if (!narrow_slots(first, last - first, v.data()))
         throw std::invalid_argument("a KV slot outside the int32 range");
     v_ = std::move(v);
@@ -710,7 +710,7 @@ std::vector<int32_t> Tree::path_key(const Node& node) const {
 
 void Tree::Freed::take(SlotVec&& v) {
     copy(v.data(), v.data() + v.size());
-    v.release();  // emptied and given back, as a move leaves it
+    v.free_all();  // emptied and given back, as a move leaves it
 }
 
 void Tree::Freed::copy(const int32_t* begin, const int32_t* end) {

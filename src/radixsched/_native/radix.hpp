@@ -110,7 +110,7 @@ public:
     bool empty() const { return v_.empty(); }
     void clear() { v_.clear(); }
     void resize(size_t n) { v_.resize(n); }  // the tree only shrinks a node's slots
-    void release() { decltype(v_)().swap(v_); }  // emptied and its memory given back
+    void free_all() { decltype(v_)().swap(v_); }  // emptied and its memory given back
     const int32_t* data() const { return v_.data(); }
     int64_t operator[](size_t i) const { return v_[i]; }
     // Slots [from, to) to out[0, to - from).
@@ -118,9 +118,9 @@ public:
         widen_slots(v_.data() + from, static_cast<int64_t>(to - from), out);
     }
     std::vector<int64_t> to_vector() const {
-        std::vector<int64_t> out(v_.size());
-        copy_to(0, v_.size(), out.data());
-        return out;
+        auto wide = std::vector<int64_t>(v_.size());
+        copy_to(0, v_.size(), wide.data());
+        return wide;
     }
 
 private:
