@@ -25,6 +25,7 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 # ``cache.base.Namespace``, spelled out: this module is imported by the caches, never the reverse.
 Namespace = tuple[str | None, str | None] | None
@@ -76,6 +77,21 @@ def core() -> ModuleType | None:
     if not _loaded:
         _loaded.append(_load())
     return _loaded[0]
+
+
+def required(what: str) -> ModuleType:
+    """The native extension, for ``what``, which runs only over it: a RuntimeError when it
+    is off or not built (its notice says which)."""
+    mod = core()
+    if mod is None:
+        raise RuntimeError(f"{what} needs the native core (radixsched.native)")
+    return mod
+
+
+def namespace_of(r: Any) -> int:
+    """``namespace_id`` of a request's namespace: the callable the native core asks per
+    request (a ``Req``; typed loosely, this module sits below the request's)."""
+    return namespace_id(r.namespace)
 
 
 def namespace_id(ns: Namespace) -> int:

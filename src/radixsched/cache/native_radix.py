@@ -30,7 +30,7 @@ from radixsched.cache.base import (
     SlotFreer,
 )
 from radixsched.cache.evict import DEFAULT_EVICTION_POLICY, EvictionStrategy, get_strategy
-from radixsched.native import NAMESPACES, core, namespace_id
+from radixsched.native import NAMESPACES, namespace_id, required
 from radixsched.request import EMPTY_SLOTS, SlotArray, TokenArray
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class NativeRadixCache(BasePrefixCache):
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        mod = core if core is not None else _core()
+        mod = core if core is not None else required("the native radix tree")
         strategy = get_strategy(eviction_policy)
         self.eviction_policy = DEFAULT_EVICTION_POLICY if disable else strategy.name
         self.strategy: EvictionStrategy = (
@@ -347,18 +347,11 @@ class NativeRadixCache(BasePrefixCache):
         )
 
 
-def _core() -> ModuleType:
-    mod = core()
-    if mod is None:
-        raise RuntimeError("the native core is not available (see the notice above)")
-    return mod
-
-
 def make_pool(size: int, page_size: int = 1) -> Any:
     """The native KV slot pool (``_native/pool.cpp``): ``TokenAllocator``'s free list, the same
     slots in the same order, in C++, which the native tree's ``alloc_into`` and ``checkpoint``
     allocate from and free to without a call into Python."""
-    return _core().Pool(size, page_size)
+    return required("the native slot pool").Pool(size, page_size)
 
 
 def make_cache(

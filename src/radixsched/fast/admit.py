@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from radixsched.adder import Admission, PrefillAdder
 from radixsched.config import SchedulerConfig
 from radixsched.fast.kv import FastKVManager
-from radixsched.native import core, namespace_id
+from radixsched.native import core, namespace_of
 from radixsched.queue import RoundOrder
 from radixsched.request import EMPTY_SLOTS, Req
 
@@ -90,10 +90,6 @@ def _preempter(s: Admitting, adder: PrefillAdder) -> Any:
     return preempt
 
 
-def _namespace_of(r: Req) -> int:
-    return namespace_id(r.namespace)
-
-
 def native_adder(s: Admitting) -> Any:
     """The scheduler's C++ adder: its config set once, each round's budgets by ``begin``."""
     native = core()
@@ -107,7 +103,7 @@ def native_adder(s: Admitting) -> Any:
     a.guard = not cfg.sglang_compat and s.cache.supports_prefix_sharing()
     a.threshold = max(cfg.in_batch_prefix_deprioritize_threshold, 1)
     a.empty_slots = EMPTY_SLOTS
-    a.ns_of = _namespace_of
+    a.ns_of = namespace_of
     a.admission = Admission
     a.round_order = RoundOrder
     return a

@@ -20,12 +20,8 @@ from typing import Any
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.kv import KVManager
-from radixsched.native import core, namespace_id
+from radixsched.native import core, namespace_of
 from radixsched.request import EMPTY_SLOTS, Req
-
-
-def _namespace_of(r: Req) -> int:
-    return namespace_id(r.namespace)
 
 
 class FastKVManager(KVManager):
@@ -43,7 +39,7 @@ class FastKVManager(KVManager):
         native = core()
         assert native is not None, "the fast KV manager runs over the native core"
         kv = native.KV(
-            cache.tree, allocator, self.priority_sign, self.compat, _namespace_of, EMPTY_SLOTS
+            cache.tree, allocator, self.priority_sign, self.compat, namespace_of, EMPTY_SLOTS
         )
         self.native = kv
         self.alloc = kv.alloc  # type: ignore[method-assign]

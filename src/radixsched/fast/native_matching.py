@@ -22,16 +22,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from radixsched.cache.native_radix import NativeRadixCache, as_tokens
-from radixsched.native import core, namespace_id
+from radixsched.native import namespace_id, required
 from radixsched.request import Req, TokenArray
-
-
-def _native() -> Any:
-    """The native extension (the matcher runs only when it is loaded)."""
-    mod = core()
-    if mod is None:
-        raise RuntimeError("the native matcher needs the native core (radixsched.native)")
-    return mod
 
 
 class NativeMemo(NamedTuple):
@@ -96,7 +88,7 @@ class NativeMatcher:
         self.memo = _Memos(tree)
         self.dirty = _Dirty(tree)
         self.deferred: frozenset[str] = frozenset()  # the dedup's last verdict
-        self._core = _native()
+        self._core = required("the native matcher")
         # What SGLang's compat round reads of each tracked request's fill (its length,
         # namespace and first tokens: ``compat_keys_on``), kept with the memos; None: not kept.
         self.keys: Any = None

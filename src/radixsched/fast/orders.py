@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from radixsched.cache.native_radix import NativeRadixCache
-from radixsched.native import core
+from radixsched.native import required
 from radixsched.policies import Key, Policy, Round, lpm, priority_term
 from radixsched.request import Req
 
@@ -38,19 +38,11 @@ def _worth_rebuilding(moving: int, total: int) -> bool:
     return moving > _REBUILD_MIN and _REBUILD_SHARE * moving > total
 
 
-def _core() -> Any:
-    """The native extension (the accelerated core runs only when it is loaded)."""
-    mod = core()
-    if mod is None:
-        raise RuntimeError("the kept orders need the native core (radixsched.native)")
-    return mod
-
-
 def stable_order() -> Any:
     """A new native ``StableOrder`` (``_native/order.hpp``): requests in the order a stable sort
     by a key leaves them, kept across rounds (``reset``, ``update``, ``place``, ``remove``;
     ``reqs`` is the sorted list, one Python list object that the native code edits)."""
-    return _core().StableOrder()
+    return required("the kept orders").StableOrder()
 
 
 class Engine(ABC):
@@ -229,7 +221,7 @@ class HrrnEngine(Engine):
 
     def __init__(self, pol: Policy, *, lazy: bool = True) -> None:
         self.lazy = lazy
-        self.cols = _core().HrrnColumns()
+        self.cols = required("the kept orders").HrrnColumns()
 
     def members(self) -> list[Req]:
         reqs: list[Req] = self.cols.reqs
@@ -268,7 +260,7 @@ class DfsWeightEngine(StableEngine):
     placeable = True  # placed above the base, of no child's group: the next advance re-keys it
 
     def __init__(self, pol: Policy, cache: NativeRadixCache) -> None:
-        self.order = _core().DfsWeightOrder(cache.tree)
+        self.order = required("the kept orders").DfsWeightOrder(cache.tree)
 
     def rebuild(self, queue: list[Req], rnd: Round) -> Iterator[int]:
         self.order.rebuild(queue, rnd.deferred)

@@ -48,7 +48,7 @@ from radixsched.fast.orders import (
     RoutingKeyEngine,
     StableEngine,
 )
-from radixsched.native import core, namespace_id
+from radixsched.native import core, namespace_id, namespace_of
 from radixsched.policies import (
     FCFS,
     Policy,
@@ -75,10 +75,6 @@ COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 _RANGE_ITERATOR = type(iter(range(0)))
-
-
-def _namespace_of(r: Req) -> int:
-    return namespace_id(r.namespace)
 
 
 def _lists(positions: Iterator[int], n: int) -> bool:
@@ -421,7 +417,7 @@ class FastWaitingQueue(WaitingQueue):
             # The reference's refresh: the head read first, then the touches in one native call.
             self._refresh_rounds += 1
             span = order.head(REFRESH_SPAN) if head is None else head[:REFRESH_SPAN]
-            self._touch_fills(self._walked, self.ahead_of_refresh(), span, _namespace_of)
+            self._touch_fills(self._walked, self.ahead_of_refresh(), span, namespace_of)
             return
         self._refresh_rounds += 1
         if due:
