@@ -14,13 +14,10 @@ are not safe across a fork), the policies run one after another in this process.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import gc
 import math
 import os
-import queue as queue_mod
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -221,6 +218,10 @@ def _die_with(parent: int) -> None:
     """Have the kernel kill this worker when the command's process ends, however it ends (a
     SIGKILL or a SIGTERM leaves it no chance to stop its workers): an orphan would simulate on
     for nobody. Linux only, as forking is here (``prctl(PR_SET_PDEATHSIG)``)."""
+    # Imported here, as the pool's are: a run in this process needs neither.
+    import ctypes
+    import signal
+
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # no prctl in this C library: the workers may outlive it
@@ -247,13 +248,15 @@ def _relay(
 ) -> None:
     """Pass the workers' progress reports on until every run has ended well, or one failed; a
     run that ended well is shown complete (its last report may still be in the pipe)."""
+    import queue  # a worker's module, as the pool's are (``_run_forked``)
+
     shown_done: set[int] = set()
     while len(shown_done) < len(futures):
         try:
             i, done, of = reports.get(timeout=0.1)
             if progress is not None and i not in shown_done:
                 progress(i, done, of)
-        except queue_mod.Empty:
+        except queue.Empty:
             pass
         for i, f in enumerate(futures):
             if f.done() and i not in shown_done:
