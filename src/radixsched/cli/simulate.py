@@ -409,9 +409,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     keep_rows = bool(rs.cli.get("requests_csv"))
     runs = PolicyRuns(workload, base, sim_cfg, optimal_hit_rate=opt, slo=slo, keep_rows=keep_rows)
     jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
+    left = getattr(args, "_left_to_exit", None)
+    if left is not None:
+        left.append(runs)  # with the workload: freed by nothing but the exit
     start = time.perf_counter()
     try:
-        outcomes = run_policies(runs, policies, jobs, on_progress, display=display)
+        outcomes = run_policies(runs, policies, jobs, on_progress, display=display, left=left)
     except PolicyFailed as e:  # a combination only the run itself rejects
         raise CliError(str(e)) from e
     except _broken_pool() as e:
