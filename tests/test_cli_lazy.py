@@ -87,7 +87,8 @@ def test_a_quiet_run_of_mapped_prompts_imports_no_display_plan_or_writer(tmp_pat
     # Deferred imports (a run's start): the progress bars (--quiet shows none), the plan's
     # search space (simulate's --gpu type lives with the presets), the calibrated table and
     # its file readers (no --calibration), the prompt cache's writing (the second run maps
-    # the file the first stored) and the worker pool's modules (one policy runs here).
+    # the file the first stored), the worker pool's modules (one policy runs here) and the
+    # platform's ``uname -p`` (no --json to record it in).
     code = (
         "import sys\nfrom radixsched.cli.main import main\n"
         f"rc = main(['simulate', '--workload', 'mooncake:{SAMPLE}', '--policy', 'lpm', "
@@ -106,7 +107,7 @@ def test_a_quiet_run_of_mapped_prompts_imports_no_display_plan_or_writer(tmp_pat
     assert "shutil" in stored and "shutil" not in mapped  # written, then mapped
     deferred = (
         "rich.progress", "radixsched.sim.plan.space", "radixsched.sim.cost.table",
-        "radixsched.sim.cost.calibration_file", "queue", "multiprocessing",
+        "radixsched.sim.cost.calibration_file", "queue", "multiprocessing", "subprocess",
     )  # fmt: skip
     for name in deferred:
         assert name not in mapped, name

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from radixsched.cli.common import (
     CliError,
     output_errors,
+    platform_entry,
     rich_console,
     run_metadata,
     scheduler_choices,
@@ -374,7 +375,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from radixsched.sim.workloads.load import load_workload, workload_optimal_hit_rate
     from radixsched.sim.workloads.tokens import WorkloadError
 
-    meta = run_metadata(getattr(args, "_argv", None))
+    meta = run_metadata(getattr(args, "_argv", None), with_platform=False)  # (``_finish``)
     rs, policies = _settings(args)
     errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _cli_errors(rs, args.config)
     if errors:
@@ -485,6 +486,7 @@ def _finish(
         err.print(f"warning: {line}" if not line.startswith("  ") else line, markup=False)
     outputs = rs.cli
     if outputs.get("json"):
+        meta = {**meta, **platform_entry()}  # the one output that records the platform
         write_json(outputs["json"], workload_info, config_info, results, meta)
         console.print(f"wrote {outputs['json']}", highlight=False)
     if outputs.get("csv"):
