@@ -83,6 +83,45 @@ def test_a_simulate_run_imports_only_what_it_uses(tmp_path: Path) -> None:
     assert "torch" not in mods
 
 
+def test_a_quiet_run_of_mapped_prompts_imports_no_display_plan_or_writer(tmp_path: Path) -> None:
+    # Deferred imports (a run's start): the progress bars (--quiet shows none), the plan's
+    # search space (simulate's --gpu type lives with the presets), the calibrated table and
+    # its file readers (no --calibration), the prompt cache's writing (the second run maps
+    # the file the first stored), the worker pool's modules (one policy runs here) and the
+    # platform's ``uname -p`` (no --json to record it in).
+    code = (
+        "import sys\nfrom radixsched.cli.main import main\n"
+        f"rc = main(['simulate', '--workload', 'mooncake:{SAMPLE}', '--policy', 'lpm', "
+        "'--quiet'])\n"
+        "print('\\n'.join(['rc=%d' % rc, *sys.modules]))"
+    )
+    env = {**os.environ, "RADIXSCHED_CACHE_DIR": str(tmp_path), "RADIXSCHED_PROMPT_CACHE": "on"}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        )
+        for _ in range(2)
+    ]
+    stored, mapped = (set(run.stdout.split()) for run in runs)
+    assert "rc=0" in stored and "rc=0" in mapped and "rich.console" in mapped  # the table
+    assert "shutil" in stored and "shutil" not in mapped  # written, then mapped
+    deferred = (
+        "rich.progress", "radixsched.sim.plan.space", "radixsched.sim.cost.table",
+        "radixsched.sim.cost.calibration_file", "queue", "multiprocessing", "subprocess",
+    )  # fmt: skip
+    for name in deferred:
+        assert name not in mapped, name
+
+
+def test_the_gpu_flag_s_type_is_the_presets_spelling() -> None:
+    from radixsched.sim.cost.hardware import gpu_name
+    from radixsched.sim.plan import space
+
+    assert space.gpu_name is gpu_name  # one definition, which the plan reuses
+    assert gpu_name("h200") == "H200" and gpu_name("a100") == "A100-80G"
+    assert gpu_name("no-such-gpu") == "no-such-gpu"  # the checks report it
+
+
 def test_the_program_leaves_its_objects_to_the_exit_and_a_call_does_not() -> None:
     # As the program (no argv: radixsched, python -m radixsched) the heap is frozen at the end,
     # so the interpreter's shutdown does not walk it for cycles; a call with argv (a test, a

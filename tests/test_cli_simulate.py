@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import platform
 import re
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,14 @@ def test_policy_all_runs_every_registered_policy(tmp_path: Path) -> None:
     assert [r["policy"] for r in doc["results"]] == list(POLICIES)
     for r in doc["results"]:
         assert r["num_requests"] == 16 and math.isfinite(r["hit_rate"])
+
+
+def test_the_json_records_the_platform_last_in_its_metadata(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    assert _simulate("--workload", SMALL, "--policy", "lpm", "--json", str(out)) == 0
+    meta = _strict_json(out.read_text(encoding="utf-8"))["meta"]
+    assert list(meta) == ["version", "created", "command", "python", "platform"]
+    assert meta["platform"] == platform.platform(terse=True)
 
 
 def test_table_and_recommendation_are_printed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -229,6 +230,37 @@ def test_a_simulation_s_outputs_are_complete_at_the_quick_exit(tmp_path: Path) -
     assert out.stdout.rstrip().endswith(f"wrote {tmp_path / 'r.csv'}")
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 3
     assert (tmp_path / "r.json").read_text().rstrip().endswith("}")
+
+
+@pytest.mark.parametrize("own_process", [True, False])
+def test_a_simulation_leaves_its_objects_to_the_program_s_exit(
+    own_process: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # As the program (its exit frees nothing) the workload and the last run stay referenced
+    # until the exit; a call frees them as usual.
+    import radixsched.cli.main as cli_main
+    from radixsched.sim import policy_runs
+
+    seen: dict[str, Any] = {}
+    real = policy_runs.run_policies
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        seen["left"] = kwargs.get("left")
+        return out
+
+    monkeypatch.setattr(policy_runs, "run_policies", spy)
+    monkeypatch.setattr(cli_main, "exit_now", lambda status: seen.setdefault("exit", status))
+    argv = ["simulate", "--workload", f"mooncake:{SAMPLE}", "--policy", "fcfs,lpm", "--jobs",
+            "1", "--quiet", "--num-requests", "8", "--json", str(tmp_path / "r.json")]  # fmt: skip
+    assert cli_main._main(argv, own_process=own_process) == 0
+    left = seen["left"]
+    if not own_process:
+        assert left is None and "exit" not in seen
+        return
+    assert seen["exit"] == 0
+    assert [type(o).__name__ for o in left] == ["PolicyRuns", "SimRun"]
+    assert left[1].result.policy == "lpm"  # the last run only
 
 
 def test_the_collector_runs_again_after_a_usage_error() -> None:

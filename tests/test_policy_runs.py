@@ -88,6 +88,26 @@ def test_defaults_compute_the_optimal_bound_once_as_simulate_does() -> None:
     assert out.rows is None and out.result.slo is None
 
 
+def test_the_last_run_in_process_is_left_to_the_caller_and_changes_nothing() -> None:
+    # ``left``: the process ends next (the CLI) and skips the last run's teardown. Only the
+    # last run is kept: the others are freed before the next starts, as without it.
+    runs = _runs()
+    policies = ["fcfs", "lpm", "hrrn"]
+    left: list[Any] = []
+    kept = run_policies(runs, policies, jobs=1, left=left)
+    assert [type(r).__name__ for r in left] == ["SimRun"] and left[0].result.policy == "hrrn"
+    assert len(left[0].requests) == len(runs.workload.requests)
+    for a, b in zip(kept, run_policies(runs, policies, jobs=1), strict=True):
+        _same(a, b)
+
+
+@needs_fork
+def test_forked_runs_leave_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    left: list[Any] = []
+    run_policies(_runs(), ["fcfs", "lpm"], jobs=2, left=left)
+    assert left == []  # the workers' objects end with them
+
+
 SHAPES = [
     "multi-turn:conversations=8,turns=3,first_len=256,turn_len=64,output_len=32",
     "tree-of-thought:trees=3,depth=2,branching=2",

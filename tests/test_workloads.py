@@ -292,6 +292,16 @@ def test_mooncake_sample_loads_with_shared_blocks() -> None:
     assert len({tuple(v[:8].tolist()) for v in first_block.values()}) == len(first_block)
 
 
+def test_requests_of_one_output_length_share_their_sampling_params() -> None:
+    w = load_workload(f"mooncake:{SAMPLE}")
+    by_length: dict[int, set[int]] = {}
+    for r in w.requests:
+        assert r.sampling == SamplingParams(max_new_tokens=r.max_new_tokens, ignore_eos=True)
+        by_length.setdefault(r.max_new_tokens, set()).add(id(r.sampling))
+    assert all(len(ids) == 1 for ids in by_length.values())  # one (frozen) object per length
+    assert len(by_length) > 1 and len(by_length) < len(w.requests)
+
+
 def test_mooncake_ids_define_blocks_and_short_id_lists_are_padded(tmp_path: Path) -> None:
     p = write_jsonl(
         tmp_path / "t.jsonl",

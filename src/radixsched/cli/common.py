@@ -83,16 +83,26 @@ def version() -> str:
     return __version__
 
 
-def run_metadata(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """What was run, for the header, the JSON and the report: version, time, command."""
+def run_metadata(
+    argv: Sequence[str] | None = None, *, with_platform: bool = True
+) -> dict[str, Any]:
+    """What was run, for the header, the JSON and the report: version, time, command.
+    ``with_platform=False`` leaves out its last entry, the platform (``platform_entry``)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    return {
+    meta = {
         "version": version(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["radixsched", *(_quote(a) for a in args)]),
         "python": platform.python_version(),
-        "platform": platform.platform(terse=True),
     }
+    return {**meta, **platform_entry()} if with_platform else meta
+
+
+def platform_entry() -> dict[str, str]:
+    """``run_metadata``'s platform entry. ``platform.platform`` runs ``uname -p`` (it imports
+    the subprocess module and forks: 6 ms of a command's start), so a command that writes no
+    file with its metadata never asks."""
+    return {"platform": platform.platform(terse=True)}
 
 
 def _quote(arg: str) -> str:

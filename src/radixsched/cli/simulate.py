@@ -14,21 +14,23 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixsched.cli.common import (
     CliError,
     output_errors,
+    platform_entry,
     rich_console,
     run_metadata,
     scheduler_choices,
 )
 from radixsched.config import SchedulerConfig, add_config_args
-from radixsched.sim.plan.space import gpu_name
 from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, MAIN_POLICIES
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from rich.console import Console
 
     from radixsched.results.table import Runtime
@@ -87,6 +89,7 @@ def _simulate_epilog() -> str:
 
 
 def _add_simulate_args(p: argparse.ArgumentParser) -> None:
+    from radixsched.sim.cost.hardware import gpu_name
     from radixsched.sim.settings.simconfig import SimConfig
 
     run = p.add_argument_group("workload and policies")
@@ -363,8 +366,6 @@ def _slo(rs: RunSettings) -> Any:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from radixsched.results.table import Runtime
     from radixsched.sim.cost.build import build_cost_model
     from radixsched.sim.heap import tune_heap
@@ -374,7 +375,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from radixsched.sim.workloads.load import load_workload, workload_optimal_hit_rate
     from radixsched.sim.workloads.tokens import WorkloadError
 
-    meta = run_metadata(getattr(args, "_argv", None))
+    meta = run_metadata(getattr(args, "_argv", None), with_platform=False)  # (``_finish``)
     rs, policies = _settings(args)
     errors = check(rs, policies, default_workload=DEFAULT_WORKLOAD) + _cli_errors(rs, args.config)
     if errors:
@@ -405,13 +406,39 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload_info = _workload_info(spec, workload, rs, opt)
     for line in _header(meta, workload, workload_info, config_info):
         console.print(line, highlight=False)
+    on_progress, display = (None, None) if quiet else _progress(console, policies, workload)
+    keep_rows = bool(rs.cli.get("requests_csv"))
+    runs = PolicyRuns(workload, base, sim_cfg, optimal_hit_rate=opt, slo=slo, keep_rows=keep_rows)
+    jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
+    left = getattr(args, "_left_to_exit", None)
+    if left is not None:
+        left.append(runs)  # with the workload: freed by nothing but the exit
+    start = time.perf_counter()
+    try:
+        outcomes = run_policies(runs, policies, jobs, on_progress, display=display, left=left)
+    except PolicyFailed as e:  # a combination only the run itself rejects
+        raise CliError(str(e)) from e
+    except _broken_pool() as e:
+        raise CliError(f"a simulation process died ({e}); try --jobs 1") from e
+    elapsed = time.perf_counter() - start
+    runtime = Runtime(elapsed, min(jobs, len(policies)))
+    return _finish(outcomes, console, rs, meta, workload_info, config_info, slo, runtime)
+
+
+def _progress(
+    console: Console, policies: Sequence[str], workload: Workload
+) -> tuple[Callable[[int, int, int], None], AbstractContextManager[Any]]:
+    """A progress bar per policy on ``console``: the callback the runs report to, and the
+    display to show while they run. Not called with ``--quiet`` (nothing is shown), which
+    then never imports ``rich.progress``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     progress = Progress(
         TextColumn("[bold]{task.description:<24}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total} requests"),
         TimeElapsedColumn(),
         console=console,
-        disable=quiet,
         transient=False,
         # Redrawn on a timer only where a redraw shows: into a file or a pipe the display is
         # written once, when it stops, so a timer thread there would only take the GIL (and a
@@ -423,19 +450,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     def on_progress(i: int, done: int, total: int) -> None:
         progress.update(tasks[i], completed=done)
 
-    keep_rows = bool(rs.cli.get("requests_csv"))
-    runs = PolicyRuns(workload, base, sim_cfg, optimal_hit_rate=opt, slo=slo, keep_rows=keep_rows)
-    jobs = int(rs.cli.get("jobs") or default_jobs(len(policies)))
-    start = time.perf_counter()
-    try:
-        outcomes = run_policies(runs, policies, jobs, on_progress, display=progress)
-    except PolicyFailed as e:  # a combination only the run itself rejects
-        raise CliError(str(e)) from e
-    except _broken_pool() as e:
-        raise CliError(f"a simulation process died ({e}); try --jobs 1") from e
-    elapsed = time.perf_counter() - start
-    runtime = Runtime(elapsed, min(jobs, len(policies)))
-    return _finish(outcomes, console, rs, meta, workload_info, config_info, slo, runtime)
+    return on_progress, progress
 
 
 def _broken_pool() -> tuple[type[Exception], ...]:
@@ -471,6 +486,7 @@ def _finish(
         err.print(f"warning: {line}" if not line.startswith("  ") else line, markup=False)
     outputs = rs.cli
     if outputs.get("json"):
+        meta = {**meta, **platform_entry()}  # the one output that records the platform
         write_json(outputs["json"], workload_info, config_info, results, meta)
         console.print(f"wrote {outputs['json']}", highlight=False)
     if outputs.get("csv"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixsched.sim.cost.hardware import GPUSpec, ModelSpec, PresetError, get_gpu
 from radixsched.sim.cost.roofline import (
@@ -14,8 +14,10 @@ from radixsched.sim.cost.roofline import (
     CostModel,
     CostModelError,
 )
-from radixsched.sim.cost.table import CalibratedCostModel
 from radixsched.sim.settings.simconfig import SimConfig, _ms, logger
+
+if TYPE_CHECKING:  # the calibrated table (and its file readers) load only with a calibration
+    from radixsched.sim.cost.table import CalibratedCostModel
 
 
 def resolve_specs(
@@ -62,10 +64,12 @@ def load_cost_model(
     curve, ``engine_mode``'s front-end latency); a step-time table in the file (or a plain
     table file) calibrates step times. Raises ``CostModelError`` (unknown preset, bad numbers,
     a model that does not fit) or ``CalibrationError`` (a bad file); both are ``ValueError``s."""
-    from radixsched.sim.cost.calibration_file import read_calibration
-
     gpu_spec, model_spec = resolve_specs(gpu, model, context_length)
-    cal = None if calibration is None else read_calibration(calibration)
+    cal = None
+    if calibration is not None:  # the file's readers (csv, the table) only for a file
+        from radixsched.sim.cost.calibration_file import read_calibration
+
+        cal = read_calibration(calibration)
     given = {
         "mfu": mfu,
         "mbu": mbu,
@@ -92,6 +96,8 @@ def load_cost_model(
     base.kv_capacity_tokens()  # fail now, with the reason, if the model does not fit
     if cal is None or cal.table is None:
         return base
+    from radixsched.sim.cost.table import CalibratedCostModel
+
     return CalibratedCostModel(base, cal.table)
 
 
@@ -154,8 +160,6 @@ def build_cost_model(cfg: SimConfig) -> CostModel | CalibratedCostModel:
 def _build_cost_model(cfg: SimConfig) -> CostModel | CalibratedCostModel:
     """The cost model ``cfg`` describes; warns when its calibration file was fitted on
     another model or GPU."""
-    from radixsched.sim.cost.calibration_file import check_fitted_on, read_calibration
-
     cost = load_cost_model(
         gpu=cfg.gpu,
         model=cfg.model,
@@ -176,6 +180,8 @@ def _build_cost_model(cfg: SimConfig) -> CostModel | CalibratedCostModel:
         engine_mode=cfg.engine_mode,
     )
     if cfg.calibration is not None:
+        from radixsched.sim.cost.calibration_file import check_fitted_on, read_calibration
+
         cal = read_calibration(cfg.calibration)
         for warning in check_fitted_on(cal, model=cost.model.name, gpu=cost.gpu.name):
             if warning not in _WARNED:

@@ -334,6 +334,14 @@ def get_gpu(name: str) -> GPUSpec:
     return _lookup(GPUS, GPU_ALIASES, name, "GPU")
 
 
+def gpu_name(text: str) -> str:
+    """A GPU preset's name for any case or common spelling (h200 = H200, a100 = A100-80G)."""
+    try:
+        return get_gpu(text).name
+    except PresetError:
+        return text  # the caller's checks report it (argparse's choices, the preflight)
+
+
 LINKS: dict[str, LinkSpec] = {
     link.name: link
     for link in (

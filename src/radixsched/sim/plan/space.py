@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixsched.sim.cost.hardware import gpu_name
 from radixsched.sim.settings.limits import RunConfigError
 from radixsched.sim.settings.runconfig import SLO_KEYS, WORKLOAD_KEYS, RunSettings, resolve
 
@@ -239,13 +240,3 @@ def _router(given: str | None, dp: int, dep: Deployment) -> str | None:
     if dp > 1:
         return given or default_router_name(dp)
     return None
-
-
-def gpu_name(text: str) -> str:
-    """A GPU preset's name for any case or common spelling (h200 = H200, a100 = A100-80G)."""
-    from radixsched.sim.cost.hardware import PresetError, get_gpu
-
-    try:
-        return get_gpu(text).name
-    except PresetError:
-        return text  # the caller's checks report it (argparse's choices, the preflight)

@@ -38,11 +38,9 @@ import itertools
 import json
 import mmap
 import os
-import shutil
 import stat
 import struct
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -194,6 +192,8 @@ class PromptFile:
         total = int(offsets[-1])
         at = _HEADER_BYTES + 8 * len(offsets)
         size = at + 4 * total
+        import shutil  # (with bz2 and lzma) only where a file is written: a mapping run needs none
+
         fd = -1
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -220,7 +220,7 @@ class PromptFile:
         self.mapped[: len(header)] = header
         for v in self.views:
             v.flags.writeable = False
-        name = f".{self.key}.{uuid.uuid4().hex}.tmp"
+        name = _temporary_name(self.key)
         try:
             _name_unnamed(self.fd, self.folder, name)
             os.replace(self.folder / name, self.folder / f"{self.key}.prompts")
@@ -254,12 +254,19 @@ def store_bound(folder: Path, key: str, bound: str, value: float) -> None:
     path = folder / f"{key}.bounds"
     bounds = _bounds(path)
     bounds[bound] = value
-    tmp = folder / f".{key}.{uuid.uuid4().hex}.tmp"
+    tmp = folder / _temporary_name(key)
     try:
         tmp.write_text(json.dumps(bounds))
         os.replace(tmp, path)
     except OSError:
         _remove(tmp)
+
+
+def _temporary_name(key: str) -> str:
+    """A name no other writer picks for a file of ``key`` being written."""
+    import uuid  # only where a file is written: a run that maps its prompts needs none
+
+    return f".{key}.{uuid.uuid4().hex}.tmp"
 
 
 def _bounds(path: Path) -> dict[str, Any]:
