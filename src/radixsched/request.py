@@ -51,6 +51,11 @@ class FinishState:
     matched_token: int | None = None
 
 
+# The finish of every request that reached its max_new_tokens: one shared value (frozen, so
+# no holder can change it for another; a new one per request cost ~20k instructions each).
+FINISHED_BY_LENGTH = FinishState(FinishReason.LENGTH)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 128

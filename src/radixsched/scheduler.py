@@ -41,7 +41,7 @@ from radixsched.kv import KVManager
 from radixsched.policies import prio_value, validate_priority
 from radixsched.queue import RoundOrder, WaitingQueue
 from radixsched.ratio import NewTokenRatioTracker
-from radixsched.request import FinishReason, FinishState, Req
+from radixsched.request import FINISHED_BY_LENGTH, FinishReason, FinishState, Req
 from radixsched.roles import CoLocated, Role
 from radixsched.runner import Batch, ExtendEntry, ModelRunner, StepOutcome
 from radixsched.running import RunningBatch
@@ -603,7 +603,7 @@ class Scheduler:
         ):
             r.finish = FinishState(FinishReason.STOP, matched_token=last)
         elif r.output_len >= s.max_new_tokens:
-            r.finish = FinishState(FinishReason.LENGTH)
+            r.finish = FINISHED_BY_LENGTH
             if r.output_len > s.max_new_tokens:
                 raise IntegrityError(f"{r.rid} produced {r.output_len} > {s.max_new_tokens} tokens")
         if r.finished:

@@ -666,17 +666,16 @@ struct DecodeBatch {
     // early (`stops` unset: no stop ids, no EOS it heeds), so Scheduler.check_finish is the
     // length test. In the Python path's order: `rows` settled when `unsettled` (settle's
     // arguments); each row's request checked as check_finish does (finished: output_len >=
-    // max_new_tokens, finish = `finish_cls(length)`, times.finish its last token time, else
-    // `now()`; an IntegrityError past the max) and the finished appended to `finished`; their
+    // max_new_tokens, finish = `by_length` (one shared FinishState), times.finish its last
+    // token time, else `now()`; an IntegrityError past the max) and the finished appended to `finished`; their
     // rows removed from `running` (the batch's list, in place) and from the columns; each
     // released (`kv`'s release, caching its KV) and forgotten (its rid popped from `by_rid`,
     // its id from `seq_of`), in order. Returns how many finished; None, with nothing changed,
     // when a row can stop, is past its max_new_tokens or is not `running`'s (Python decides).
     nb::object retire(const std::vector<int64_t>& rows, bool unsettled, nb::handle tokens_at,
                       nb::handle stand_in, radixsched::Pool& pool, nb::handle kv,
-                      nb::handle running, nb::handle finished, nb::handle finish_cls,
-                      nb::handle length, nb::handle now, nb::handle by_rid,
-                      nb::handle seq_of) {
+                      nb::handle running, nb::handle finished, nb::handle by_length,
+                      nb::handle now, nb::handle by_rid, nb::handle seq_of) {
         if (!PyList_CheckExact(running.ptr()) || !PyList_CheckExact(finished.ptr()) ||
             !PyDict_CheckExact(by_rid.ptr()) || !PyDict_CheckExact(seq_of.ptr()) ||
             size_t(PyList_GET_SIZE(running.ptr())) != reqs.size())
@@ -695,7 +694,7 @@ struct DecodeBatch {
         std::vector<nb::object> done;
         for (int64_t i : rows) {
             const nb::object& r = reqs.at(size_t(i));
-            if (finish_length(r, finish_cls, length, now)) {
+            if (finish_length(r, by_length, now)) {
                 if (PyList_Append(finished.ptr(), r.ptr()) < 0) throw nb::python_error();
                 gone.push_back(i);
                 done.push_back(r);
@@ -737,13 +736,12 @@ struct DecodeBatch {
 
     // Scheduler.check_finish of a request that cannot stop early: finished when its output
     // reached max_new_tokens (or it was already); an IntegrityError past it.
-    static bool finish_length(nb::handle r, nb::handle finish_cls, nb::handle reason,
-                              nb::handle now) {
+    static bool finish_length(nb::handle r, nb::handle by_length, nb::handle now) {
         const Names& k = names();
         const int64_t out = length(r, k.output_ids);
         const int64_t max_new = py::get_int(py::get(r, k.sampling), k.max_new_tokens);
         if (out >= max_new) {
-            py::set(r, k.finish, finish_cls(reason));
+            py::set(r, k.finish, by_length);
             if (out > max_new) {
                 const nb::object err =
                     nb::module_::import_("radixsched.cache.base").attr("IntegrityError");
@@ -862,8 +860,8 @@ void bind_decode(nb::module_& m) {
         .def("jump", &DecodeBatch::jump, "free"_a, "room"_a, "page"_a, "t0"_a,
              "horizon"_a.none(), "times"_a, "pool"_a, "evict"_a, "busy"_a, "running_x"_a)
         .def("retire", &DecodeBatch::retire, "rows"_a, "unsettled"_a, "tokens_at"_a.none(),
-             "stand_in"_a.none(), "pool"_a, "kv"_a, "running"_a, "finished"_a, "finish_cls"_a,
-             "length"_a, "now"_a, "by_rid"_a, "seq_of"_a)
+             "stand_in"_a.none(), "pool"_a, "kv"_a, "running"_a, "finished"_a, "by_length"_a,
+             "now"_a, "by_rid"_a, "seq_of"_a)
         .def_prop_ro("log_len", [](const DecodeBatch& b) { return nb::len(b.log_); })
         .def("clear_log", [](DecodeBatch& b) { b.log_.clear(); })
         .def("same_as", &DecodeBatch::same_as, "other"_a)

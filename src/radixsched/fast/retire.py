@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from radixsched.clock import Clock
 from radixsched.fast.kv import FastKVManager
 from radixsched.queue import WaitingQueue
-from radixsched.request import FinishReason, FinishState, Req
+from radixsched.request import FINISHED_BY_LENGTH, Req
 from radixsched.scheduler import Scheduler, StepOutcome
 
 
@@ -78,8 +78,7 @@ def retire(sched: Retiring, maybe: list[int], out: StepOutcome) -> bool:
         sched.kv.native,
         sched.batch.reqs,
         out.finished,
-        FinishState,
-        FinishReason.LENGTH,
+        FINISHED_BY_LENGTH,
         sched.clock.now,
         sched._by_rid,
         sched.queue._seq_of,
