@@ -28,7 +28,8 @@ from radixsched.request import EMPTY_SLOTS, Req
 
 class FastKVManager(KVManager):
     cache: NativeRadixCache
-    row_dtype = np.int32  # the native core's rows (``_native/kv.cpp``), as its pool's slots
+    # the native core's rows (``_native/kv.cpp``), as its pool's slots
+    row_dtype: type[np.integer] = np.int32
 
     def __init__(
         self,
