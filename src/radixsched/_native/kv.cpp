@@ -362,9 +362,10 @@ public:
             set(req, n.kv_buf, fresh);
             buf = std::move(fresh);
         }
+        const int64_t more = new_len - have;
         const bool ok = row_of(buf).visit(
-            [&](auto* data) { return alloc_evicting(*tree_, *pool_, data + have, new_len - have); });
-        if (!ok) alloc_failed(*tree_, *pool_, new_len - have);
+            [&](auto* data) { return alloc_evicting(*tree_, *pool_, data + have, more); });
+        if (!ok) alloc_failed(*tree_, *pool_, more);
         set(req, n.kv_row, slice(buf, 0, new_len));
     }
 
@@ -621,9 +622,10 @@ void take_prefix(Tree& tree, const Pool& pool, nb::handle req) {
     nb::object buf =
         spare_rows().take(std::max(row_capacity(req), len), !pool.slots_fit_int32());
     if (len != 0) {
-        Node& last = *nb::cast<Node*>(get(req, n.last_node));
+        nb::object last = get(req, n.last_node);
+        Node& node = *nb::cast<Node*>(last);
         // int32 to int32 (the rows of any pool whose slots fit int32): a plain copy
-        row_of(buf).visit([&](auto* data) { tree.prefix_slots(last, len, data); });
+        row_of(buf).visit([&](auto* data) { tree.prefix_slots(node, len, data); });
     }
     set(req, n.kv_buf, buf);
     set(req, n.kv_row, slice(buf, 0, len));
