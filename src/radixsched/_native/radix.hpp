@@ -102,8 +102,8 @@ inline void copy_slots(const int32_t* in, int64_t n, int64_t* out) { widen_slots
 // A node's KV slots, held as int32: half the bytes of int64 slots (a node's slots are copied
 // in on every insert and out on every match, prefix take and eviction). The native core's
 // request rows are int32 too (a plain copy each way); the Python API's arrays are int64 (a
-// widening copy out, a checked narrowing one in: a slot outside int32, never one of a pool's
-// rows, which refuses them, is refused where it comes in, before anything changes).
+// widening copy out, a checked narrowing one in: a slot outside int32 is refused where it
+// comes in, before anything changes; an int32 row never holds one, see pool.hpp).
 class SlotVec {
 public:
     SlotVec() = default;
