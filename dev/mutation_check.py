@@ -207,8 +207,14 @@ MUTANTS = (
     Mutant(
         "evicted-slots-not-placed",
         "_native/radix.cpp",
-        "        widen_slots(begin, k, out + pos);\n",
-        "\n",
+        "            copy_slots(begin, k, out + pos);\n",
+        "            (void)0;\n",
+    ),
+    Mutant(
+        "evicted-slots-not-placed-in-an-int32-row",
+        "_native/radix.cpp",
+        "            copy_slots(begin, k, out32 + pos);\n",
+        "            (void)0;\n",
     ),
     Mutant(
         "pool-frees-a-group-reversed",
@@ -345,8 +351,50 @@ MUTANTS = (
     Mutant(
         "grown-row-not-copied",
         "_native/kv.cpp",
-        "            std::copy(old.data(), old.data() + have, to);\n",
-        "\n",
+        "new_row(2 * new_len, wide_);\n            copy_into(row, have, fresh);\n",
+        "new_row(2 * new_len, wide_);\n",
+    ),
+    Mutant(
+        "settled-row-not-copied",
+        "_native/kv.cpp",
+        "!pool.slots_fit_int32());\n        copy_into(row, have, fresh);\n",
+        "!pool.slots_fit_int32());\n",
+    ),
+    Mutant(
+        "settle-claims-over-the-rows-head",
+        "_native/kv.cpp",
+        "pool.claim_into(data + have, n);",
+        "pool.claim_into(data, n);",
+    ),
+    Mutant(
+        "int32-slot-copy-one-short",
+        "_native/radix.hpp",
+        "std::memcpy(out, in, static_cast<size_t>(n) * sizeof(int32_t));",
+        "std::memcpy(out, in, static_cast<size_t>(n - 1) * sizeof(int32_t));",
+    ),
+    Mutant(
+        "wide-pool-gets-int32-rows",
+        "_native/kv.cpp",
+        "          wide_(!pool_->slots_fit_int32()),",
+        "          wide_(false),",
+    ),
+    Mutant(
+        "int32-fit-off-by-one",
+        "_native/pool.hpp",
+        "return pool_size() - 1 <= INT32_MAX;",
+        "return pool_size() - 1 < INT32_MAX;",
+    ),
+    Mutant(
+        "grown-row-always-int64",
+        "_native/kv.cpp",
+        "new_row(2 * new_len, wide_);",
+        "new_row(2 * new_len, true);",
+    ),
+    Mutant(
+        "int64-row-narrowed-unchecked",
+        "_native/kv.cpp",
+        "        if (from[i] < INT32_MIN || from[i] > INT32_MAX)\n",
+        "        if (false)\n",
     ),
     Mutant(
         "widen-drops-the-last-slot",

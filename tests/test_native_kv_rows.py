@@ -64,3 +64,197 @@ def test_a_buffer_still_viewed_is_never_handed_out_again() -> None:
     assert not np.shares_memory(held, b.kv_buf)
     assert held.tolist() == before.tolist()  # nobody wrote into it
     assert b.kv_row.tolist() != before.tolist()
+
+
+# ---- the rows' dtype (int32, as the pool's and the tree's slots) -------------------------------
+def test_rows_the_native_core_makes_are_int32_with_the_references_slots() -> None:
+    ref, fast = _twins()
+    rows = []
+    for kv in (ref, fast):
+        a = _run(kv, "a", list(range(20)))
+        b = _run(kv, "b", list(range(12)) + [99] * 8)  # its prefix taken from the tree
+        kv.grow([a, b], [a.fill_len + 30, b.fill_len + 90])  # b moves to a bigger buffer
+        entry = kv.extend_entry(b, b.prefix_len, b.prefix_len)
+        rows.append([r.kv_row.tolist() for r in (a, b)] + [kv.alloc(3).tolist()])
+        want = np.int64 if kv is ref else np.int32
+        for arr in (a.kv_row, a.kv_buf, b.kv_row, b.kv_buf, entry.prefix_slots, kv.alloc(1)):
+            assert arr.dtype == want
+    assert rows[0] == rows[1]
+
+
+def test_a_row_made_elsewhere_as_int64_is_read_grown_and_freed_as_the_references() -> None:
+    ref, fast = _twins()
+    got = []
+    for kv in (ref, fast):
+        r = Req("w", np.arange(30, dtype=np.int32), SamplingParams(max_new_tokens=4))
+        kv.match_for_admission(r)
+        r.kv_buf = np.zeros(64, dtype=np.int64)  # room for the grow: written in place
+        r.kv_row = r.kv_buf[:0]
+        kv.grow([r], [10])
+        r.kv_len = 10
+        kv.checkpoint(r, 10)  # from an int64 row into the tree
+        kv.grow([r], [100])  # past its buffer: moved to one of the manager's dtype
+        got.append((r.kv_row.tolist(), r.kv_buf.dtype == kv.row_dtype))
+        kv.release(r, cache_kv=False)
+        got.append((kv.allocator.free_slots().tolist(), kv.cache.evictable_size()))
+    assert got[0] == got[2] and got[1] == got[3] and got[0][1]
+
+
+def test_an_int64_rows_slot_outside_int32_is_refused_as_it_moves_to_an_int32_row() -> None:
+    _, fast = _twins()
+    r = Req("x", np.arange(8, dtype=np.int32), SamplingParams(max_new_tokens=4))
+    r.kv_buf = np.array([1, 2**31, 3, 4], dtype=np.int64)
+    r.kv_row = r.kv_buf
+    free = fast.allocator.available_size()
+    with pytest.raises(ValueError, match="int32"):
+        fast.grow([r], [8])
+    assert fast.allocator.available_size() == free  # refused before anything was taken
+
+
+def test_a_pool_whose_slots_pass_int32_gets_int64_rows_and_refuses_int32_ones() -> None:
+    size, page = 2**32, 2**20  # 4096 pages: slots up to 2**32 + 2**20 - 1
+    ref_alloc, pool = TokenAllocator(size, page), make_pool(size, page)
+    ref = KVManager(RadixCache(ref_alloc, page_size=page), ref_alloc)
+    fast = FastKVManager(NativeRadixCache(pool, page_size=page), pool)
+    assert fast.native.wide_rows and fast.row_dtype == np.int64
+    assert not _twins()[1].native.wide_rows
+    rows = []
+    for kv in (ref, fast):
+        r = _run(kv, "big", list(range(40)))
+        assert r.kv_row.dtype == np.int64 and kv.alloc(page).dtype == np.int64
+        rows.append((r.kv_row[:3].tolist(), len(r.kv_row), kv.allocator.available_size()))
+    assert rows[0] == rows[1]
+    r = Req("narrow", np.arange(8, dtype=np.int32), SamplingParams(max_new_tokens=4))
+    r.kv_buf = np.empty(2 * page, dtype=np.int32)  # an int32 row made elsewhere
+    r.kv_row = r.kv_buf[:0]
+    free = pool.available_size()
+    with pytest.raises(ValueError, match="int32"):
+        fast.grow([r], [8])
+    assert pool.available_size() == free
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_decode_settle_claims_slots_straight_into_each_row(dtype: type) -> None:
+    """``DecodeBatch.settle`` appends each row's claimed slots in its buffer (in place when it
+    has room, whatever its dtype; an empty or full one moves to a new int32 buffer)."""
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner
+    from radixsched.sim.simulate import SimConfig
+
+    mod = core()
+    assert mod is not None
+    runner = CostModelRunner(build_cost_model(SimConfig()))
+    pool, twin = make_pool(1000, 1), make_pool(1000, 1)
+    sampling = SamplingParams(max_new_tokens=9, ignore_eos=True)
+    roomy, empty, full = (Req(k, np.arange(5, dtype=np.int32), sampling) for k in "abc")
+    for r, cap in ((roomy, 64), (full, 5)):
+        r.kv_buf = np.asarray(twin.alloc(5), dtype=dtype)
+        r.kv_buf = np.concatenate([r.kv_buf, np.zeros(cap - 5, dtype)])
+        r.kv_row = r.kv_buf[:5]
+    pool.alloc(10)  # the two rows' slots, taken from the pool as from the twin
+    roomy_buf = roomy.kv_buf
+    b = mod.DecodeBatch(False)
+    b.extend([roomy, empty, full])
+    res = b.jump(True, 1000, 1, 0.0, None, runner.native_decode_cost(), pool, print, 0.0, 0.0)
+    assert res is not None and res[0] == 9
+    b.settle([0, 1, 2], runner.tokens_at, runner.native_tokens(), pool)
+    owed = [13 - 5, 13, 13 - 5]
+    for r, n in zip((roomy, empty, full), owed, strict=True):
+        twin.reserve(n)
+        want = twin.claim(n).tolist()
+        assert r.kv_row[len(r.kv_row) - n :].tolist() == want and len(r.kv_row) == 13
+    assert roomy.kv_buf is roomy_buf and np.shares_memory(roomy.kv_row, roomy_buf)
+    assert empty.kv_buf.dtype == np.int32 and full.kv_buf.dtype == np.int32
+    assert len(full.kv_buf) == 64 and full.kv_row[:5].tolist() == list(range(6, 11))
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_an_int32_allocation_that_evicts_equals_the_int64_one(p: int) -> None:
+    """``KV.alloc`` (an int32 array: the tree's evicted slots copied straight into it, the
+    rest from the pool; through whole segments when short or misaligned) against the tree's
+    int64 ``alloc_into``: the same slots, free list and tree, and the same failures."""
+    from radixsched.cache.base import CacheKey, IntegrityError
+
+    rng = np.random.default_rng(11 + p)
+    sides = []
+    for _ in range(2):
+        pool = make_pool(48 * p, p)
+        sides.append((FastKVManager(NativeRadixCache(pool, p), pool), pool))
+    fails = shorts = 0
+    for _ in range(150):
+        seq = np.asarray(rng.integers(0, 3, size=int(rng.integers(1, 10)) * p), dtype=np.int32)
+        for kv, pool in sides:
+            kv.cache.evict(len(seq) - pool.available_size())
+            if pool.available_size() >= len(seq):
+                slots = pool.alloc(len(seq))
+                res = kv.cache.insert(CacheKey(seq), slots, 0)
+                if res.prefix_len:
+                    pool.free(slots[: res.prefix_len])
+        n = int(rng.integers(1, 30)) * p + (p > 1 and rng.random() < 0.1)  # some misaligned
+        shorts += n > sides[0][1].available_size()
+        out = np.full(n, -1, dtype=np.int64)
+        try:
+            ok_b = sides[1][0].cache.tree.alloc_into(sides[1][1], out)
+        except ValueError:
+            ok_b = None
+        try:
+            got = sides[0][0].alloc(n)
+            assert got.dtype == np.int32
+            ok_a = True
+        except IntegrityError:
+            ok_a = False
+        except ValueError:
+            ok_a = None
+        assert ok_a == ok_b
+        if ok_a:
+            assert got.tolist() == out.tolist()
+        else:
+            fails += ok_a is False
+        (a, apool), (b, bpool) = sides
+        assert apool.free_slots().tolist() == bpool.free_slots().tolist()
+        assert a.cache.tree.all_values().tolist() == b.cache.tree.all_values().tolist()
+        if ok_a and rng.random() < 0.7:
+            apool.free(got)
+            bpool.free(out)
+    assert fails > 3 and shorts > 20
+
+
+def test_rows_are_int32_exactly_while_every_slot_of_the_pool_fits_int32() -> None:
+    page = 2**20
+    for pages, wide in ((2047, False), (2048, True)):  # the last slot: 2**31 - 1, then 2**31 + ...
+        pool = make_pool(pages * page, page)
+        assert pool.pool_size - 1 == (pages + 1) * page - 1
+        kv = FastKVManager(NativeRadixCache(pool, page_size=page), pool)
+        assert kv.native.wide_rows == wide
+        assert kv.row_dtype == (np.int64 if wide else np.int32)
+
+
+def test_decode_settle_on_a_pool_past_int32_makes_int64_rows_and_refuses_int32_ones() -> None:
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner
+    from radixsched.sim.simulate import SimConfig
+
+    mod = core()
+    assert mod is not None
+    page = 2**20
+    runner = CostModelRunner(build_cost_model(SimConfig()))
+    sampling = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    for given in (None, np.int32):
+        pool = make_pool(4096 * page, page)
+        r = Req("w", np.arange(5, dtype=np.int32), sampling)
+        if given is not None:  # an int32 row made elsewhere, with room for a page
+            r.kv_buf = np.empty(page + 8, dtype=given)
+            r.kv_row = r.kv_buf[:0]
+        b = mod.DecodeBatch(False)
+        b.extend([r])
+        args = (runner.native_decode_cost(), pool, print, 0.0, 0.0)
+        res = b.jump(True, 10 * page, page, 0.0, None, *args)
+        assert res is not None and res[0] == 3 and pool.reserved_size() == page
+        if given is None:
+            b.settle([0], runner.tokens_at, runner.native_tokens(), pool)
+            assert r.kv_buf.dtype == np.int64 and len(r.kv_row) == page
+            assert r.kv_row[[0, -1]].tolist() == [page, 2 * page - 1]  # page 1's slots
+        else:
+            with pytest.raises(ValueError, match="int32"):
+                b.settle([0], runner.tokens_at, runner.native_tokens(), pool)
+            assert pool.reserved_size() == page and len(r.kv_row) == 0  # nothing claimed

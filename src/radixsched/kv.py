@@ -21,6 +21,10 @@ from radixsched.runner import DecodeEntry, ExtendEntry
 
 
 class KVManager:
+    # The dtype of the rows this manager makes: the reference's int64; the native core's
+    # (``FastKVManager``) int32, as its slot pool and tree hold slots.
+    row_dtype: type[np.integer] = np.int64
+
     def __init__(
         self,
         cache: BasePrefixCache,
@@ -74,7 +78,7 @@ class KVManager:
     def take_prefix(self, req: Req) -> None:
         """An admitted request's row starts with its cached prefix (its lock keeps it)."""
         n = req.prefix_len
-        buf = np.empty(max(row_capacity(req), n), dtype=np.int64)
+        buf = np.empty(max(row_capacity(req), n), dtype=self.row_dtype)
         if n:
             self.cache.prefix_slots(req.last_node, n, out=buf[:n])
         req.kv_buf, req.kv_row = buf, buf[:n]
@@ -108,7 +112,7 @@ class KVManager:
             if n:
                 have = len(r.kv_row)
                 if len(r.kv_buf) < have + n:  # a row past its planned capacity
-                    buf = np.empty(2 * (have + n), dtype=np.int64)
+                    buf = np.empty(2 * (have + n), dtype=self.row_dtype)
                     buf[:have] = r.kv_row
                     r.kv_buf = buf
                 r.kv_buf[have : have + n] = slots[off : off + n]
@@ -118,7 +122,7 @@ class KVManager:
     def extend_entry(self, req: Req, prefix_len: int, end: int) -> ExtendEntry:
         """Allocate positions ``[prefix_len, end)`` of the request and describe the extend."""
         if not len(req.kv_buf):
-            req.kv_buf = np.empty(row_capacity(req), dtype=np.int64)
+            req.kv_buf = np.empty(row_capacity(req), dtype=self.row_dtype)
             req.kv_row = req.kv_buf[:0]
         self.grow([req], [end])
         fill = req.fill_ids()

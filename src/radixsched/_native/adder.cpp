@@ -442,7 +442,7 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
     nb::object new_chunked = nb::none();
     for (size_t j = first_new; j < members.size(); ++j) {
         const Seen& s = members[j];
-        take_prefix(*tree, s.req);
+        take_prefix(*tree, pool, s.req);
         nb::object prefix = nb::int_(s.prefix_len), extend = nb::int_(s.extend_len);
         can_run.append(admission_record().make(
             {s.req, prefix, extend, s.chunked ? Py_True : Py_False}));

@@ -193,6 +193,7 @@ using radixsched::DecodeRow;
 
 namespace radixsched {
 void kv_release(nb::handle kv, nb::handle req, bool cache_kv);  // kv.hpp (kv.cpp)
+void append_claimed(nb::handle req, Pool& pool, int64_t n);    // kv.hpp (kv.cpp)
 }  // namespace radixsched
 
 namespace {
@@ -216,7 +217,7 @@ namespace py = radixsched::py;
 // The attribute names this file reads, interned once (held for the process's life): a lookup
 // by C string would build and hash a new str each time.
 struct Names {
-    PyObject *sampling, *output_ids, *prompt_ids, *kv_row, *kv_buf, *kv_len, *max_new_tokens,
+    PyObject *sampling, *output_ids, *prompt_ids, *kv_row, *kv_len, *max_new_tokens,
         *ignore_eos, *stop_token_ids, *scripted_output, *rid, *times, *token_times, *finish;
 };
 const Names& names() {
@@ -227,7 +228,7 @@ const Names& names() {
             return o;
         };
         return Names{in("sampling"),       in("output_ids"),     in("prompt_ids"),
-                     in("kv_row"),         in("kv_buf"),         in("kv_len"),
+                     in("kv_row"),         in("kv_len"),
                      in("max_new_tokens"), in("ignore_eos"),     in("stop_token_ids"),
                      in("scripted_output"), in("rid"),            in("times"),
                      in("token_times"),    in("finish")};
@@ -241,63 +242,6 @@ bool truthy(nb::handle h) {
     const int t = PyObject_IsTrue(h.ptr());
     if (t < 0) throw nb::python_error();
     return t != 0;
-}
-
-// numpy.empty, looked up once (held for the process's life: a grown KV buffer is its call).
-PyObject* np_empty() {
-    static PyObject* const f = [] {
-        const nb::object np = nb::module_::import_("numpy");
-        return nb::object(np.attr("empty")).release().ptr();
-    }();
-    return f;
-}
-
-// The int64 buffer of `buf` (a 1-d C-contiguous writable numpy array), where the buffer
-// protocol gives it directly; else nanobind's cast, which checks it and names what is wrong.
-template <class F>
-void with_int64(nb::handle buf, F&& write) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_ND) == 0) {
-        const char f = view.format ? view.format[0] : 0;
-        const bool ok = view.itemsize == 8 && view.ndim == 1 && (f == 'l' || f == 'q') &&
-                        view.format[1] == 0 && PyBuffer_IsContiguous(&view, 'C');
-        if (ok) {
-            try {
-                write(static_cast<int64_t*>(view.buf), int64_t(view.shape[0]));
-            } catch (...) {
-                PyBuffer_Release(&view);
-                throw;
-            }
-            PyBuffer_Release(&view);
-            return;
-        }
-        PyBuffer_Release(&view);
-    } else {
-        PyErr_Clear();
-    }
-    using Buf = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-    Buf out = nb::cast<Buf>(buf);
-    write(out.data(), int64_t(out.shape(0)));
-}
-
-// `slots` appended to r.kv_row, which is the head of r.kv_buf: written past it, the buffer
-// grown (to twice the need, at least 64) when too short, as FastScheduler's eager path does.
-void append_slots(nb::handle r, const std::vector<int64_t>& slots) {
-    const Names& k = names();
-    const nb::object row = py::get(r, k.kv_row);
-    const int64_t have = py::len_of(row), n = int64_t(slots.size());
-    nb::object buf = py::get(r, k.kv_buf);
-    if (py::len_of(buf) < have + n) {
-        const nb::object size = nb::int_(std::max<int64_t>(2 * (have + n), 64));
-        buf = nb::handle(np_empty())(size, "dtype"_a = "int64");
-        if (PySequence_SetSlice(buf.ptr(), 0, have, row.ptr()) < 0) throw nb::python_error();
-        py::set(r, k.kv_buf, buf);
-    }
-    with_int64(buf, [&](int64_t* data, int64_t len) {
-        if (len < have + n) throw std::logic_error("append_slots: the KV buffer is too short");
-        std::copy(slots.begin(), slots.end(), data + have);
-    });
-    py::set(r, k.kv_row, py::slice(buf, 0, have + n));
 }
 
 // A request whose tokens are pure stand-ins: no stop ids, no script (CostModelRunner.tokens_at).
@@ -549,10 +493,8 @@ struct DecodeBatch {
                 extend_log_tail(py::get(py::get(r, names_.times), names_.token_times), k);
                 py::set_int(r, names_.kv_len, o.fills[j] - 1);
             }
-            if (o.slots[j] > 0) {
-                const std::vector<int64_t> got = pool.claim(o.slots[j]);
-                append_slots(r, got);
-            }
+            // Claimed straight into its KV row (kv.cpp: an int32 row, a plain copy).
+            if (o.slots[j] > 0) radixsched::append_claimed(r, pool, o.slots[j]);
         }
     }
 

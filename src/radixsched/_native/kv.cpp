@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace radixsched {
 
-bool alloc_evicting(Tree& tree, Pool& pool, int64_t* out, int64_t n) {
+template <class S>
+bool alloc_evicting(Tree& tree, Pool& pool, S* out, int64_t n) {
+    if constexpr (sizeof(S) == sizeof(int32_t)) pool.require_int32();  // before any eviction
     const int64_t short_by = n - pool.available_size();
     if (short_by <= 0) return pool.alloc_into(out, n);
     // A bad `n`, or a cache too small to cover it: through segments, as the Python does
@@ -23,7 +26,8 @@ bool alloc_evicting(Tree& tree, Pool& pool, int64_t* out, int64_t n) {
     return pool.recycle_placed(out, n, got, excess);
 }
 
-NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
+template <class S>
+NodePtr checkpoint(Tree& tree, Pool& pool, const CheckpointOf<S>& c) {
     const bool from_lock = c.lock != nullptr && c.lock != tree.root().get();
     const int64_t start = from_lock ? c.lo : 0;
     if (c.start != start || c.n_tokens != c.aligned - start || c.lo < 0 || c.aligned <= c.lo ||
@@ -65,6 +69,11 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
     return node;
 }
 
+template bool alloc_evicting<int32_t>(Tree&, Pool&, int32_t*, int64_t);
+template bool alloc_evicting<int64_t>(Tree&, Pool&, int64_t*, int64_t);
+template NodePtr checkpoint<int32_t>(Tree&, Pool&, const CheckpointOf<int32_t>&);
+template NodePtr checkpoint<int64_t>(Tree&, Pool&, const CheckpointOf<int64_t>&);
+
 }  // namespace radixsched
 
 // ---- FastKVManager's moves on request objects (the binding) --------------------------------
@@ -72,7 +81,11 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c) {
 #include <nanobind/stl/shared_ptr.h>
 
 #include "py_attr.hpp"
-#include "radix_match.hpp"  // new_slots, plain_int64
+
+// numpy's C API, this file's own table (imported once, in import_numpy()): rows are read and
+// made through it without the buffer protocol's and numpy.empty's argument handling.
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -81,8 +94,8 @@ namespace radixsched {
 namespace {
 
 using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Row = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Slots = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <class S>
+using RowOf = nb::ndarray<S, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // Interned names of the request fields read and written here, created once and never released
 // (Python objects must not be touched after interpreter shutdown, when statics are destroyed).
@@ -125,23 +138,108 @@ using py::set;
 using py::set_int;
 using py::slice;
 
-// A row's writable slots, read in place (valid while the caller holds `arr`): a plain int64
-// array directly, anything else as the ndarray cast reads it (and fails as it fails).
-struct RowView {
-    int64_t* ptr;
-    int64_t len;
-    int64_t* data() const { return ptr; }
-    int64_t size() const { return len; }
-};
-
-RowView row_of(nb::handle arr) {
-    int64_t len = 0;
-    if (int64_t* p = plain_int64(arr, &len)) return {p, len};
-    Row r = nb::cast<Row>(arr, false);
-    return {r.data(), static_cast<int64_t>(r.shape(0))};
+void import_numpy() {
+    static const bool done = [] {
+        if (_import_array() < 0) throw nb::python_error();
+        return true;
+    }();
+    (void)done;
 }
 
-// Released requests' row buffers, kept for the next rows (a row's buffer is ~8 bytes per
+// A request's KV row (its slots in place, valid while the caller holds the array): int32, as
+// every row this core makes (r32), or int64, a row made elsewhere (r64: Python code may build
+// one, as the reference's rows are); visit() calls f with the one that is set. An empty row
+// of any dtype reads as an empty int32 one.
+struct RowView {
+    int32_t* r32 = nullptr;
+    int64_t* r64 = nullptr;
+    int64_t len = 0;
+    template <class F>
+    decltype(auto) visit(F&& f) const {
+        if (r64 != nullptr) return f(r64);
+        return f(r32);
+    }
+};
+
+int32_t g_no_slot = 0;  // an empty row's data (never read nor written)
+
+// `obj`'s slots when it is a plain numpy.ndarray (not a subclass) of native-order int32 or
+// int64: 1-d, aligned, contiguous (and writable when `write`); else, when not empty, as
+// nanobind's ndarray cast reads it (int32 first), which fails as it fails. Only free_row
+// reads a row with write false (it never writes it).
+RowView row_of(nb::handle obj, bool write = true) {
+    import_numpy();
+    if (PyArray_CheckExact(obj.ptr())) {
+        auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+        const int t = PyArray_TYPE(a);
+        if ((t == NPY_INT32 || t == NPY_INT64) && PyArray_ISNOTSWAPPED(a) &&
+            PyArray_ISALIGNED(a) && (!write || PyArray_ISWRITEABLE(a)) && PyArray_NDIM(a) == 1 &&
+            (PyArray_STRIDE(a, 0) == PyArray_ITEMSIZE(a) || PyArray_DIM(a, 0) <= 1)) {
+            const int64_t len = PyArray_DIM(a, 0);
+            if (len == 0) return {&g_no_slot, nullptr, 0};
+            if (t == NPY_INT32) return {static_cast<int32_t*>(PyArray_DATA(a)), nullptr, len};
+            return {nullptr, static_cast<int64_t*>(PyArray_DATA(a)), len};
+        }
+    }
+    if (len_of(obj) == 0) return {&g_no_slot, nullptr, 0};
+    // Not converted (a converted array would not outlive the cast): views of obj's data.
+    if (!write) {
+        RowOf<const int32_t> narrow;
+        if (nb::try_cast(obj, narrow, false))
+            return {const_cast<int32_t*>(narrow.data()), nullptr, int64_t(narrow.shape(0))};
+        const auto wide = nb::cast<RowOf<const int64_t>>(obj, false);
+        return {nullptr, const_cast<int64_t*>(wide.data()), int64_t(wide.shape(0))};
+    }
+    RowOf<int32_t> narrow;
+    if (nb::try_cast(obj, narrow, false)) return {narrow.data(), nullptr, int64_t(narrow.shape(0))};
+    const auto wide = nb::cast<RowOf<int64_t>>(obj, false);
+    return {nullptr, wide.data(), int64_t(wide.shape(0))};
+}
+
+// numpy.empty(n, numpy.int32), made through numpy's C API: a row and its writable data;
+// numpy.int64 when `wide` (a pool whose slots do not all fit int32: Pool::slots_fit_int32).
+nb::object new_row(int64_t n, bool wide) {
+    import_numpy();
+    npy_intp dims[1] = {static_cast<npy_intp>(n)};
+    nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, wide ? NPY_INT64 : NPY_INT32));
+    if (!arr.is_valid()) throw nb::python_error();
+    return arr;
+}
+
+// A non-empty row made here (a plain writable int32 array) that owns its data (no view of
+// another): its data and length; null otherwise.
+int32_t* own_row(nb::handle obj, int64_t* len) {
+    import_numpy();
+    if (!PyArray_CheckExact(obj.ptr())) return nullptr;
+    auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+    if (PyArray_TYPE(a) != NPY_INT32 || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
+        !PyArray_ISWRITEABLE(a) || PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) == 0 ||
+        PyArray_BASE(a) != nullptr || !PyArray_CHKFLAGS(a, NPY_ARRAY_OWNDATA))
+        return nullptr;
+    *len = PyArray_DIM(a, 0);
+    return static_cast<int32_t*>(PyArray_DATA(a));
+}
+
+// from[0, n) into a fresh row: a plain copy, int32 widened into an int64 row, or (a row made
+// elsewhere, into an int32 one) each int64 slot narrowed, checked (std::invalid_argument).
+void copy_row(const int32_t* from, int64_t n, int32_t* to) { copy_slots(from, n, to); }
+void copy_row(const int32_t* from, int64_t n, int64_t* to) { copy_slots(from, n, to); }
+void copy_row(const int64_t* from, int64_t n, int64_t* to) { std::copy(from, from + n, to); }
+void copy_row(const int64_t* from, int64_t n, int32_t* to) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (from[i] < INT32_MIN || from[i] > INT32_MAX)
+            throw std::invalid_argument("a KV slot outside the int32 range");
+        to[i] = static_cast<int32_t>(from[i]);
+    }
+}
+
+// `row`[0, n) copied into `buf` (a fresh row, either dtype).
+void copy_into(nb::handle row, int64_t n, nb::handle buf) {
+    const RowView to = row_of(buf);
+    row_of(row).visit([&](auto* from) { to.visit([&](auto* t) { copy_row(from, n, t); }); });
+}
+
+// Released requests' row buffers, kept for the next rows (a row's buffer is 4 bytes per
 // position of a request: taking a kept one spares its allocation and the page faults of its
 // first writes). A buffer is kept only when nothing else holds it (no view of it, no other
 // reference: its contents are then nobody's) and handed out only where it is at least the
@@ -149,24 +247,27 @@ RowView row_of(nb::handle arr) {
 // for the life of the process (never released at exit, as the interned names).
 class SpareRows {
 public:
-    // A buffer of at least `n` slots (its contents unspecified, as numpy.empty's).
-    std::pair<nb::object, int64_t*> take(int64_t n) {
+    // A row's buffer of at least `n` slots (its contents unspecified, as numpy.empty's): int32,
+    // int64 when `wide` (never a kept one).
+    nb::object take(int64_t n, bool wide) {
+        if (wide) return new_row(n, true);
         for (size_t i = spare_.size(); i-- > 0;) {
             int64_t len = 0;
-            int64_t* data = plain_int64(spare_[i], &len);
+            int32_t* data = own_row(spare_[i], &len);
             if (data != nullptr && len >= n && len - n <= n) {
                 nb::object buf = std::move(spare_[i]);
                 spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
-                return {std::move(buf), data};
+                return buf;
             }
         }
-        return new_slots(n);
+        return new_row(n, false);
     }
-    // `buf`, the buffer a request just let go of (`buf` the only reference left).
+    // `buf`, the buffer a request just let go of (`buf` the only reference left): kept when
+    // it is a row made here (an int32 array that owns its data).
     void give(nb::object buf) {
         PyObject* o = buf.ptr();
         int64_t len = 0;
-        if (Py_REFCNT(o) != 1 || !own_int64(buf, &len) || len == 0) return;
+        if (Py_REFCNT(o) != 1 || own_row(buf, &len) == nullptr) return;
         if (spare_.size() >= kMaxSpare)  // the oldest goes (row sizes drift with the load)
             spare_.erase(spare_.begin());
         spare_.push_back(std::move(buf));
@@ -226,18 +327,25 @@ public:
           tree_(g_tree_of(tree_obj_).first),
           pool_(nb::cast<Pool*>(pool_obj_)),
           page_(pool_->page_size()),
+          wide_(!pool_->slots_fit_int32()),
           negate_(!compat && priority_sign >= 0),
           ns_of_(std::move(ns_of)),
           empty_(std::move(empty)) {
         names();
     }
 
-    // KVManager.alloc: `n` new slots, evicting cache leaves when the free list is short.
+    // KVManager.alloc: `n` new slots (an array of the rows' dtype), evicting cache leaves
+    // when the free list is short.
     nb::object alloc(int64_t n) {
-        auto [out, data] = new_slots(n);
-        if (!alloc_evicting(*tree_, *pool_, data, n)) alloc_failed(*tree_, *pool_, n);
-        return std::move(out);
+        nb::object out = new_row(n, wide_);
+        const bool ok = row_of(out).visit(
+            [&](auto* data) { return alloc_evicting(*tree_, *pool_, data, n); });
+        if (!ok) alloc_failed(*tree_, *pool_, n);
+        return out;
     }
+
+    // The dtype of the rows made here: int64 for a pool whose slots do not all fit int32.
+    bool wide_rows() const { return wide_; }
 
     // KVManager.grow of one request: its row covers [0, end) (whole pages), grown in place
     // in its buffer (moved to one twice the size when it outgrows it).
@@ -249,14 +357,15 @@ public:
         if (new_len <= have) return;
         nb::object buf = get(req, n.kv_buf);
         if (len_of(buf) < new_len) {
-            auto [fresh, to] = new_slots(2 * new_len);
-            const RowView old = row_of(row);
-            std::copy(old.data(), old.data() + have, to);
+            nb::object fresh = new_row(2 * new_len, wide_);
+            copy_into(row, have, fresh);
             set(req, n.kv_buf, fresh);
             buf = std::move(fresh);
         }
-        if (!alloc_evicting(*tree_, *pool_, row_of(buf).data() + have, new_len - have))
-            alloc_failed(*tree_, *pool_, new_len - have);
+        const int64_t more = new_len - have;
+        const bool ok = row_of(buf).visit(
+            [&](auto* data) { return alloc_evicting(*tree_, *pool_, data + have, more); });
+        if (!ok) alloc_failed(*tree_, *pool_, more);
         set(req, n.kv_row, slice(buf, 0, new_len));
     }
 
@@ -294,7 +403,7 @@ public:
     void reserve(nb::handle req, int64_t end) {
         const ReqNames& n = names();
         if (len_of(get(req, n.kv_buf)) == 0) {
-            nb::object buf = spare_rows().take(row_capacity(req)).first;
+            nb::object buf = spare_rows().take(row_capacity(req), wide_);
             set(req, n.kv_buf, buf);
             set(req, n.kv_row, slice(buf, 0, 0));
         }
@@ -339,10 +448,15 @@ public:
         }
         nb::object row_obj = get(req, n.kv_row);
         const RowView row = row_of(row_obj);
-        const Checkpoint c{tokens, aligned - start, start, ns(req), row.data(), row.size(), lo,
-                           aligned, priority(req),
-                           get_int(req, n.cache_inserted_len), lock};
-        NodePtr node = radixsched::checkpoint(*tree_, *pool_, c);
+        const int32_t ns_id = ns(req);
+        const int64_t prio = priority(req), inserted = get_int(req, n.cache_inserted_len);
+        NodePtr node = row.visit([&](auto* slots) {
+            using S = std::remove_pointer_t<decltype(slots)>;
+            const CheckpointOf<S> c{tokens, aligned - start, start,    ns_id, slots,
+                                    row.len, lo,             aligned, prio,  inserted,
+                                    lock};
+            return radixsched::checkpoint(*tree_, *pool_, c);
+        });
         if (node) {  // else the cache did not keep it (nothing moved)
             nb::object a = nb::int_(aligned), h = nb::cast(node);
             set(req, n.cache_protected_len, a);
@@ -353,7 +467,7 @@ public:
         set_int(req, n.prefix_len, up_to);
     }
 
-    void take(nb::handle req) { take_prefix(*tree_, req); }
+    void take(nb::handle req) { take_prefix(*tree_, *pool_, req); }
 
     // KVManager.release: everything the request holds given back (its computed KV cached
     // first when `cache_kv`), its own slots and its lock; its KV fields reset.
@@ -412,15 +526,8 @@ public:
 private:
     // release's slots: row[lo:] back to the pool (the row is let go of on return).
     void free_row(nb::object row_obj, int64_t lo) {
-        int64_t len = 0;
-        const int64_t* row = plain_int64(row_obj, &len);
-        Slots any;  // a row that is no plain writable int64 array, as the ndarray cast reads it
-        if (row == nullptr) {
-            any = nb::cast<Slots>(row_obj);
-            row = any.data();
-            len = static_cast<int64_t>(any.shape(0));
-        }
-        if (len > lo) pool_->free(row + lo, len - lo, true);
+        const RowView row = row_of(row_obj, false);
+        if (row.len > lo) row.visit([&](auto* r) { pool_->free(r + lo, row.len - lo, true); });
     }
 
     int32_t ns(nb::handle req) {
@@ -441,6 +548,7 @@ private:
     Tree* tree_;
     Pool* pool_;
     int64_t page_;
+    bool wide_;    // int64 rows (the pool's slots do not all fit int32)
     bool negate_;  // a priority inserts negated (not compat, priority_sign >= 0)
     nb::object ns_of_;
     nb::object empty_;  // request.EMPTY_SLOTS: a released request's row
@@ -491,13 +599,33 @@ nb::object Record::make(std::initializer_list<nb::handle> values) const {
     return o;
 }
 
-void take_prefix(Tree& tree, nb::handle req) {
+void append_claimed(nb::handle req, Pool& pool, int64_t n) {
+    const ReqNames& k = names();
+    const nb::object row = get(req, k.kv_row);
+    const int64_t have = len_of(row);
+    nb::object buf = get(req, k.kv_buf);
+    if (len_of(buf) < have + n) {
+        nb::object fresh = new_row(std::max<int64_t>(2 * (have + n), 64), !pool.slots_fit_int32());
+        copy_into(row, have, fresh);
+        set(req, k.kv_buf, fresh);
+        buf = std::move(fresh);
+    }
+    const RowView b = row_of(buf);
+    if (b.len < have + n) throw std::logic_error("append_claimed: the KV buffer is too short");
+    b.visit([&](auto* data) { pool.claim_into(data + have, n); });
+    set(req, k.kv_row, slice(buf, 0, have + n));
+}
+
+void take_prefix(Tree& tree, const Pool& pool, nb::handle req) {
     const ReqNames& n = names();
     const int64_t len = get_int(req, n.prefix_len);
-    auto [buf, data] = spare_rows().take(std::max(row_capacity(req), len));
+    nb::object buf =
+        spare_rows().take(std::max(row_capacity(req), len), !pool.slots_fit_int32());
     if (len != 0) {
         nb::object last = get(req, n.last_node);
-        tree.prefix_slots(*nb::cast<Node*>(last), len, data);
+        Node& node = *nb::cast<Node*>(last);
+        // int32 to int32 (the rows of any pool whose slots fit int32): a plain copy
+        row_of(buf).visit([&](auto* data) { tree.prefix_slots(node, len, data); });
     }
     set(req, n.kv_buf, buf);
     set(req, n.kv_row, slice(buf, 0, len));
@@ -514,7 +642,8 @@ void bind_kv(nb::module_& m, TreeOf tree_of) {
         .def("grow", &NativeKV::grow, "req"_a, "end"_a)
         .def("extend_entry", &NativeKV::extend_entry, "req"_a, "prefix_len"_a, "end"_a)
         .def("checkpoint", &NativeKV::checkpoint, "req"_a, "up_to"_a)
-        .def("take_prefix", &NativeKV::take, "req"_a);
+        .def("take_prefix", &NativeKV::take, "req"_a)
+        .def_prop_ro("wide_rows", &NativeKV::wide_rows);
 }
 
 }  // namespace radixsched

@@ -11,17 +11,22 @@
 
 namespace radixsched {
 
+// Slots typed S below: int32_t (the native core's request rows, copied to and from the tree
+// and the pool as they are) or int64_t (the Python API's arrays).
+
 // `n` slots into `out`, evicting unlocked leaves first when the pool is short (the evicted
 // slots go straight to the allocation: the same slots and free list as free, then alloc).
 // False when even that is not enough (the pool then holds what was evicted).
-bool alloc_evicting(Tree& tree, Pool& pool, int64_t* out, int64_t n);
+template <class S>
+bool alloc_evicting(Tree& tree, Pool& pool, S* out, int64_t n);
 
-struct Checkpoint {
+template <class S>
+struct CheckpointOf {
     const int32_t* tokens;  // the request's fill from position `start` up to `aligned`
     int64_t n_tokens;
     int64_t start;          // lo when `lock` is a node below the root, else 0
     int32_t ns;
-    int64_t* row;           // the request's KV row (at least `aligned` slots)
+    S* row;                 // the request's KV row (at least `aligned` slots)
     int64_t row_len;
     int64_t lo;             // cache_protected_len: row[:lo] are the cache's slots
     int64_t aligned;        // whole pages of computed KV to cache (> lo)
@@ -33,7 +38,9 @@ struct Checkpoint {
 // Insert row[:aligned] under the request's key, point row[lo:dup_end] at the cache's copies
 // of what it already held (freeing the request's own), and move the lock to the deepest node.
 // Null when the cache did not keep the key (nothing moved then).
-NodePtr checkpoint(Tree& tree, Pool& pool, const Checkpoint& c);
+template <class S>
+NodePtr checkpoint(Tree& tree, Pool& pool, const CheckpointOf<S>& c);
+using Checkpoint = CheckpointOf<int64_t>;  // the Python API's (module.cpp)
 
 }  // namespace radixsched
 
@@ -68,8 +75,9 @@ private:
 };
 
 // KVManager.take_prefix: `req`'s row starts with its cached prefix (prefix_len slots from its
-// last_node), in a fresh buffer sized for every position it can reach.
-void take_prefix(Tree& tree, nanobind::handle req);
+// last_node), in a fresh buffer sized for every position it can reach (int32, int64 for a
+// pool whose slots do not all fit int32).
+void take_prefix(Tree& tree, const Pool& pool, nanobind::handle req);
 
 void bind_kv(nanobind::module_& m, TreeOf tree_of);
 
@@ -85,5 +93,9 @@ void kv_checkpoint(nanobind::handle kv, nanobind::handle req, int64_t up_to);
 void kv_extend_slots(nanobind::handle kv, nanobind::handle req, int64_t end);
 // FastKVManager.release(req, cache_kv=cache_kv) (decode.cpp's retire of finished rows).
 void kv_release(nanobind::handle kv, nanobind::handle req, bool cache_kv);
+// `n` slots claimed from `pool`'s reservation (Pool::claim) straight into req.kv_buf past
+// req.kv_row (its head), and kv_row grown over them; the buffer moved first to a new int32
+// one of twice the need (at least 64) when too short (decode.cpp's settle).
+void append_claimed(nanobind::handle req, Pool& pool, int64_t n);
 
 }  // namespace radixsched

@@ -47,22 +47,32 @@ int64_t Pool::pages_for(int64_t n, const char* what) const {
     return n / page_;
 }
 
-void Pool::write_pages(const int32_t* pages, int64_t k, int64_t* out) const {
+void Pool::require_int32() const {
+    if (!slots_fit_int32())
+        throw std::invalid_argument("int32 slots from a pool of " + std::to_string(pool_size()) +
+                                    " slots: some are outside the int32 range");
+}
+
+template <class S>
+void Pool::write_pages(const int32_t* pages, int64_t k, S* out) const {
     if (page_ == 1) {  // a page is its slot
         std::copy(pages, pages + k, out);
         return;
     }
     for (int64_t i = 0; i < k; ++i)
-        for (int64_t j = 0; j < page_; ++j) out[i * page_ + j] = pages[i] * page_ + j;
+        for (int64_t j = 0; j < page_; ++j)
+            out[i * page_ + j] = static_cast<S>(int64_t(pages[i]) * page_ + j);
 }
 
-bool Pool::alloc_into(int64_t* out, int64_t n) {
+template <class S>
+bool Pool::alloc_into(S* out, int64_t n) {
     const int64_t k = pages_for(n, "alloc");
     const int64_t lo = first_free_;
     if (k > num_pages_ - lo - reserved_) return false;
     if (k == 0) return true;
-    first_free_ = lo + k;
+    if constexpr (sizeof(S) == sizeof(int32_t)) require_int32();  // nothing moved yet
     const int32_t* pages = stack_.data() + lo;
+    first_free_ = lo + k;
     // The stack holds pages 1..num_pages only (check_free_list): in range of stack_pos_.
     for (int64_t i = 0; i < k; ++i) stack_pos_[pages[i]] = 0;
     write_pages(pages, k, out);
@@ -85,7 +95,8 @@ void Pool::reject(const std::vector<int64_t>& pages) const {
                                 " page(s), first page " + std::to_string(first));
 }
 
-void Pool::free(const int64_t* slots, int64_t n, bool checked) {
+template <class S>
+void Pool::free(const S* slots, int64_t n, bool checked) {
     if (n == 0) return;
     const int64_t p = page_;
     if (n % p != 0)
@@ -94,19 +105,24 @@ void Pool::free(const int64_t* slots, int64_t n, bool checked) {
                                     std::to_string(p) + ")");
     const int64_t k = n / p;
     // The pages of the slots: the slots themselves when a page is one slot (no scratch copy).
-    const int64_t* pages = slots;
-    if (p != 1) {
-        pages_.resize(static_cast<size_t>(k));  // every entry written below before it is read
-        for (int64_t i = 0; i < k; ++i) {
-            pages_[i] = floor_div(slots[i * p], p);
-            if (checked)
-                for (int64_t j = 0; j < p; ++j)
-                    if (slots[i * p + j] != pages_[i] * p + j)
-                        throw std::invalid_argument("free: slots are not page-aligned groups of " +
-                                                    std::to_string(p));
-        }
-        pages = pages_.data();
+    if (p == 1) {
+        free_pages(slots, k, checked);
+        return;
     }
+    pages_.resize(static_cast<size_t>(k));  // every entry written below before it is read
+    for (int64_t i = 0; i < k; ++i) {
+        pages_[i] = floor_div(slots[i * p], p);
+        if (checked)
+            for (int64_t j = 0; j < p; ++j)
+                if (slots[i * p + j] != pages_[i] * p + j)
+                    throw std::invalid_argument("free: slots are not page-aligned groups of " +
+                                                std::to_string(p));
+    }
+    free_pages(pages_.data(), k, checked);
+}
+
+template <class P>
+void Pool::free_pages(const P* pages, int64_t k, bool checked) {
     bool bad = false;
     for (int64_t i = 0; i < k; ++i) {
         const int64_t page = pages[i];
@@ -131,7 +147,8 @@ void Pool::free(const int64_t* slots, int64_t n, bool checked) {
     first_free_ = lo;
 }
 
-bool Pool::recycle_into(const std::vector<std::vector<int64_t>>& segs, int64_t* out, int64_t n) {
+template <class S>
+bool Pool::recycle_into(const std::vector<std::vector<int64_t>>& segs, S* out, int64_t n) {
     pages_for(n, "alloc");
     int64_t g = 0;
     for (const auto& seg : segs) {
@@ -158,7 +175,8 @@ bool Pool::recycle_into(const std::vector<std::vector<int64_t>>& segs, int64_t* 
         const auto& seg = segs[i];
         const int64_t len = static_cast<int64_t>(seg.size());
         const int64_t take = std::min(len, n - pos);
-        std::copy(seg.begin(), seg.begin() + take, out + pos);
+        for (int64_t j = 0; j < take; ++j)  // the tree's slots: each fits int32
+            out[pos + j] = static_cast<S>(seg[static_cast<size_t>(j)]);
         pos += take;
         if (take < len) {  // the excess, freed as one group: what free-all-then-alloc leaves
             free_all(i, take);
@@ -170,8 +188,8 @@ bool Pool::recycle_into(const std::vector<std::vector<int64_t>>& segs, int64_t* 
     return true;
 }
 
-bool Pool::recycle_placed(int64_t* out, int64_t n, int64_t got,
-                          const std::vector<int64_t>& excess) {
+template <class S>
+bool Pool::recycle_placed(S* out, int64_t n, int64_t got, const std::vector<int64_t>& excess) {
     pages_for(n, "alloc");
     const int64_t g = got + static_cast<int64_t>(excess.size());
     if (got < 0 || got > n || (!excess.empty() && got != n))
@@ -215,6 +233,18 @@ std::vector<int64_t> Pool::claim(int64_t n) {
     return out;
 }
 
+template <class S>
+void Pool::claim_into(S* out, int64_t n) {
+    const int64_t k = n / page_;
+    if (n < 0 || n % page_ != 0 || k > reserved_)
+        throw std::invalid_argument("claim(" + std::to_string(n) + "): " +
+                                    std::to_string(reserved_ * page_) + " reserved, page_size " +
+                                    std::to_string(page_));
+    if constexpr (sizeof(S) == sizeof(int32_t)) require_int32();  // before the reservation goes
+    reserved_ -= k;
+    if (!alloc_into(out, n)) throw IntegrityFailure("claim: reserved pages left the stack");
+}
+
 std::vector<int64_t> Pool::free_slots() const {
     std::vector<int32_t> pages(stack_.rbegin(), stack_.rend() - first_free_);
     std::vector<int64_t> out(pages.size() * static_cast<size_t>(page_));
@@ -236,5 +266,16 @@ void Pool::check_free_list() const {
                                " pages on the stack, " + std::to_string(n_marked) +
                                " marked free");
 }
+
+// The slot paths for both element types (pool.hpp).
+#define RADIXSCHED_POOL_SLOTS(S)                                                               \
+    template bool Pool::alloc_into<S>(S*, int64_t);                                           \
+    template void Pool::free<S>(const S*, int64_t, bool);                                     \
+    template bool Pool::recycle_into<S>(const std::vector<std::vector<int64_t>>&, S*, int64_t); \
+    template bool Pool::recycle_placed<S>(S*, int64_t, int64_t, const std::vector<int64_t>&);  \
+    template void Pool::claim_into<S>(S*, int64_t);
+RADIXSCHED_POOL_SLOTS(int32_t)
+RADIXSCHED_POOL_SLOTS(int64_t)
+#undef RADIXSCHED_POOL_SLOTS
 
 }  // namespace radixsched

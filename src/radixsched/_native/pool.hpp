@@ -9,7 +9,11 @@
 // sentinel: never freeable). reserved_ pages stay on the stack until claimed.
 //
 // The stack and the positions are int32 (half the memory of int64 tables: they take 8 bytes a
-// page where int64 took 16), so a pool holds at most kMaxPages pages; slots cross as int64.
+// page where int64 took 16), so a pool holds at most kMaxPages pages. Slots cross as S:
+// int32_t (the native core's request rows: a plain copy) or int64_t (the Python API's arrays).
+// Int32 slots need every slot of the pool to fit int32 (slots_fit_int32: at most 2^31 slots,
+// the padding page included); the int32 paths of a pool past that refuse before anything
+// changes (std::invalid_argument), and the native core's rows are then int64 (kv.cpp).
 #pragma once
 
 #include <cstdint>
@@ -29,28 +33,41 @@ public:
     int64_t pool_size() const { return (num_pages_ + 1) * page_; }
     int64_t available_size() const { return (num_pages_ - first_free_ - reserved_) * page_; }
     int64_t reserved_size() const { return reserved_ * page_; }
+    bool slots_fit_int32() const { return pool_size() - 1 <= INT32_MAX; }
+    // std::invalid_argument unless slots_fit_int32() (an int32 row's allocation, before it).
+    void require_int32() const;
 
     void reset();
     // `n` slots (whole pages) written to `out`; false, nothing taken, when too few are free.
-    bool alloc_into(int64_t* out, int64_t n);
+    template <class S>
+    bool alloc_into(S* out, int64_t n);
     // Whole pages back on the stack, in their order (checked: range and double frees first;
     // unchecked still refuses pages out of range, never writing outside the stack).
-    void free(const int64_t* slots, int64_t n, bool checked);
+    template <class S>
+    void free(const S* slots, int64_t n, bool checked);
     // free(concatenation of segs) then alloc_into(out, n), without building the concatenation.
-    bool recycle_into(const std::vector<std::vector<int64_t>>& segs, int64_t* out, int64_t n);
+    template <class S>
+    bool recycle_into(const std::vector<std::vector<int64_t>>& segs, S* out, int64_t n);
     // recycle_into(segs, out, n) where the concatenation of segs is already in place: its
     // first `got` slots in out[0, got) and the rest in `excess` (got == n when excess is not
     // empty; Tree::evict_to lays them out so). The same free list and result.
-    bool recycle_placed(int64_t* out, int64_t n, int64_t got, const std::vector<int64_t>& excess);
+    template <class S>
+    bool recycle_placed(S* out, int64_t n, int64_t got, const std::vector<int64_t>& excess);
     bool reserve(int64_t n);
     std::vector<int64_t> claim(int64_t n);
+    // claim(n) written to out[0, n) (a request's row: decode.cpp's settle).
+    template <class S>
+    void claim_into(S* out, int64_t n);
     std::vector<int64_t> free_slots() const;  // every free slot, bottom of the stack first
     void check_free_list() const;             // IntegrityFailure when the invariant is off
 
 private:
     int64_t pages_for(int64_t n, const char* what) const;
     [[noreturn]] void reject(const std::vector<int64_t>& pages) const;
-    void write_pages(const int32_t* pages, int64_t k, int64_t* out) const;
+    template <class P>
+    void free_pages(const P* pages, int64_t k, bool checked);
+    template <class S>
+    void write_pages(const int32_t* pages, int64_t k, S* out) const;
 
     int64_t page_;
     int64_t num_pages_;

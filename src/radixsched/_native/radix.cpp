@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <type_traits>
 #include <unordered_map>
 
 #ifdef __SSE2__
@@ -524,7 +525,8 @@ NodePtr Tree::touch_at(Node& node, int64_t offset) {
     return node.shared_from_this();
 }
 
-void Tree::prefix_slots(Node& node, int64_t length, int64_t* out) {
+template <class S>
+void Tree::prefix_slots(Node& node, int64_t length, S* out) {
     int64_t held = 0;
     for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
         if (cur == nullptr) throw IntegrityFailure("prefix_slots: the node is not in the tree");
@@ -540,8 +542,9 @@ void Tree::prefix_slots(Node& node, int64_t length, int64_t* out) {
     }
 }
 
+template <class S>
 void Tree::path_slots(const Node& node, int64_t length, int64_t from, int64_t to,
-                      int64_t* out) const {
+                      S* out) const {
     int64_t end = length;  // the depth at which `cur` ends
     for (const Node* cur = &node; end > from; cur = cur->parent) {
         if (cur == nullptr || cur == root_.get())
@@ -572,9 +575,10 @@ void Tree::touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priorit
                                std::to_string(depth - pos) + " tokens");
 }
 
-WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns,
-                        const int64_t* values, int64_t n_values, int64_t priority,
-                        int64_t inserted_len, Node* start, int64_t start_depth, int64_t base) {
+template <class S>
+WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, const S* values,
+                        int64_t n_values, int64_t priority, int64_t inserted_len, Node* start,
+                        int64_t start_depth, int64_t base) {
     n_tokens -= n_tokens % page_;  // `tokens` hold the key's positions from `base` on
     const int64_t n = base + n_tokens;
     if (n_values < n_tokens)
@@ -719,9 +723,12 @@ void Tree::Freed::copy(const int32_t* begin, const int32_t* end) {
         widen_slots(begin, end - begin, segments->back().data());
         return;
     }
-    if (out != nullptr) {
+    if (out != nullptr || out32 != nullptr) {
         const int64_t k = std::min<int64_t>(cap - pos, end - begin);
-        widen_slots(begin, k, out + pos);
+        if (out32 != nullptr)
+            copy_slots(begin, k, out32 + pos);
+        else
+            copy_slots(begin, k, out + pos);
         pos += k;
         begin += k;
     }
@@ -770,9 +777,14 @@ std::vector<int64_t> Tree::evict_flat(int64_t num_tokens) {
     return flat;
 }
 
-int64_t Tree::evict_to(int64_t num_tokens, int64_t* out, int64_t cap,
-                       std::vector<int64_t>& excess) {
-    Freed freed{nullptr, &excess, out, cap, 0};
+template <class S>
+int64_t Tree::evict_to(int64_t num_tokens, S* out, int64_t cap, std::vector<int64_t>& excess) {
+    Freed freed{nullptr, &excess};
+    if constexpr (std::is_same_v<S, int32_t>)
+        freed.out32 = out;
+    else
+        freed.out = out;
+    freed.cap = cap;
     evict_into(num_tokens, freed);
     return freed.pos;
 }
@@ -997,5 +1009,17 @@ void Tree::check_integrity() const {
         throw IntegrityFailure(std::to_string(n_values - n_unique) +
                                " KV slot(s) held by two tree positions");
 }
+
+// The slot paths for both element types (radix.hpp): int32 rows (the native core's) and
+// int64 arrays (the Python API's).
+#define RADIXSCHED_SLOT_PATHS(S)                                                              \
+    template void Tree::prefix_slots<S>(Node&, int64_t, S*);                                 \
+    template void Tree::path_slots<S>(const Node&, int64_t, int64_t, int64_t, S*) const;     \
+    template WalkResult Tree::insert<S>(const int32_t*, int64_t, int32_t, const S*, int64_t, \
+                                        int64_t, int64_t, Node*, int64_t, int64_t);          \
+    template int64_t Tree::evict_to<S>(int64_t, S*, int64_t, std::vector<int64_t>&);
+RADIXSCHED_SLOT_PATHS(int32_t)
+RADIXSCHED_SLOT_PATHS(int64_t)
+#undef RADIXSCHED_SLOT_PATHS
 
 }  // namespace radixsched

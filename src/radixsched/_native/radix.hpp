@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -91,19 +92,29 @@ struct UninitAlloc : std::allocator<T> {
 // `n` slots widened to int64 (out[i] = in[i]).
 void widen_slots(const int32_t* in, int64_t n, int64_t* out);
 
-// A node's KV slots, held as int32: half the bytes of the int64 slots rows and callers use (a
-// node's slots are copied in on every insert and out on every match, prefix take and
-// eviction). They read out as int64; a slot outside int32 (never one of a pool's, which holds
-// at most INT32_MAX - 2 pages) is refused where it comes in, before anything changes.
+// `n` slots to `out` as its element type holds them: int32 (the native core's rows, as a
+// node's) a plain copy, int64 (the Python API's arrays) widened.
+inline void copy_slots(const int32_t* in, int64_t n, int32_t* out) {
+    if (n > 0) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(int32_t));
+}
+inline void copy_slots(const int32_t* in, int64_t n, int64_t* out) { widen_slots(in, n, out); }
+
+// A node's KV slots, held as int32: half the bytes of int64 slots (a node's slots are copied
+// in on every insert and out on every match, prefix take and eviction). The native core's
+// request rows are int32 too (a plain copy each way); the Python API's arrays are int64 (a
+// widening copy out, a checked narrowing one in: a slot outside int32 is refused where it
+// comes in, before anything changes; an int32 row never holds one, see pool.hpp).
 class SlotVec {
 public:
     SlotVec() = default;
     SlotVec(const int64_t* first, const int64_t* last) { assign(first, last); }
+    SlotVec(const int32_t* first, const int32_t* last) { assign(first, last); }
     SlotVec& operator=(const std::vector<int64_t>& v) {  // the binding's `value` setter
         assign(v.data(), v.data() + v.size());
         return *this;
     }
     void assign(const int64_t* first, const int64_t* last);  // std::invalid_argument if out of int32
+    void assign(const int32_t* first, const int32_t* last) { v_.assign(first, last); }
     // Slots [m, from.size()) of `from`.
     void assign_tail(const SlotVec& from, size_t m) { v_.assign(from.v_.begin() + m, from.v_.end()); }
     size_t size() const { return v_.size(); }
@@ -113,9 +124,10 @@ public:
     void free_all() { decltype(v_)().swap(v_); }  // emptied and its memory given back
     const int32_t* data() const { return v_.data(); }
     int64_t operator[](size_t i) const { return v_[i]; }
-    // Slots [from, to) to out[0, to - from).
-    void copy_to(size_t from, size_t to, int64_t* out) const {
-        widen_slots(v_.data() + from, static_cast<int64_t>(to - from), out);
+    // Slots [from, to) to out[0, to - from) (S: int32_t or int64_t).
+    template <class S>
+    void copy_to(size_t from, size_t to, S* out) const {
+        copy_slots(v_.data() + from, static_cast<int64_t>(to - from), out);
     }
     std::vector<int64_t> to_vector() const {
         auto wide = std::vector<int64_t>(v_.size());
@@ -206,14 +218,18 @@ public:
     MatchEndResult match_end(const int32_t* tokens, int64_t n, int32_t ns, Node* start,
                              int64_t depth);
     NodePtr touch_at(Node& node, int64_t offset);
-    void prefix_slots(Node& node, int64_t length, int64_t* out);
+    // Slot arguments typed S below: int32_t (the native core's rows, a plain copy) or int64_t
+    // (the Python API's arrays, widened out and narrowed in, checked).
+    template <class S>
+    void prefix_slots(Node& node, int64_t length, S* out);
     // The slots of positions [from, to) of the path from the root to `node` (which holds
     // `length` >= to tokens) to out[0, to - from), reading only the nodes that hold them.
-    void path_slots(const Node& node, int64_t length, int64_t from, int64_t to,
-                    int64_t* out) const;
-    WalkResult insert(const int32_t* tokens, int64_t n_tokens, int32_t ns,
-                      const int64_t* values, int64_t n_values, int64_t priority,
-                      int64_t inserted_len, Node* start, int64_t start_depth, int64_t base);
+    template <class S>
+    void path_slots(const Node& node, int64_t length, int64_t from, int64_t to, S* out) const;
+    template <class S>
+    WalkResult insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, const S* values,
+                      int64_t n_values, int64_t priority, int64_t inserted_len, Node* start,
+                      int64_t start_depth, int64_t base);
     int64_t inc_lock_ref(Node& node);
     int64_t dec_lock_ref(Node& node);
     void move_lock(Node* old, Node& node);
@@ -223,7 +239,8 @@ public:
     std::vector<int64_t> evict_flat(int64_t num_tokens);
     // The same eviction, its concatenation written in place: the first `cap` slots to
     // out[0, cap), the rest appended to `excess`. Returns how many went to `out`.
-    int64_t evict_to(int64_t num_tokens, int64_t* out, int64_t cap, std::vector<int64_t>& excess);
+    template <class S>
+    int64_t evict_to(int64_t num_tokens, S* out, int64_t cap, std::vector<int64_t>& excess);
     std::vector<int64_t> reset();  // the slots the tree held
 
     int64_t evictable_size() const { return evictable_; }
@@ -278,11 +295,13 @@ private:
                       int32_t ns, int64_t now, int64_t priority);
     void check_attached(const Node& node) const;
     // Where evicted slots go: whole segments (moved), or appended to one flat array; with
-    // `out`, out[pos, cap) is filled first (in eviction order) and only the rest goes to flat.
+    // `out` (or `out32`, an int32 row), out[pos, cap) is filled first (in eviction order) and
+    // only the rest goes to flat.
     struct Freed {
         std::vector<std::vector<int64_t>>* segments = nullptr;
         std::vector<int64_t>* flat = nullptr;
         int64_t* out = nullptr;
+        int32_t* out32 = nullptr;
         int64_t cap = 0;
         int64_t pos = 0;  // slots written to out
         void take(SlotVec&& v);

@@ -114,18 +114,6 @@ std::pair<nb::object, int64_t*> new_slots(int64_t n) {
     return {std::move(arr), data};
 }
 
-int64_t* plain_int64(nb::handle obj, int64_t* len) {
-    numpy();  // the C API table is imported
-    if (!PyArray_CheckExact(obj.ptr())) return nullptr;
-    auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
-    if (PyArray_TYPE(a) != NPY_INT64 || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
-        !PyArray_ISWRITEABLE(a) || PyArray_NDIM(a) != 1)
-        return nullptr;
-    if (PyArray_STRIDE(a, 0) != sizeof(int64_t) && PyArray_DIM(a, 0) > 1) return nullptr;
-    *len = PyArray_DIM(a, 0);
-    return static_cast<int64_t*>(PyArray_DATA(a));
-}
-
 nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> to_numpy(const SlotVec& v) {
     auto holder = std::make_unique<std::vector<int64_t>>(v.to_vector());
     int64_t* data = holder->data();
@@ -134,12 +122,6 @@ nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> to_numpy(const SlotVec& v) {
                       [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
     holder.release();  // the capsule owns it now
     return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(data, {n}, owner);
-}
-
-bool own_int64(nb::handle obj, int64_t* len) {
-    return plain_int64(obj, len) != nullptr &&
-           PyArray_BASE(reinterpret_cast<PyArrayObject*>(obj.ptr())) == nullptr &&
-           PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(obj.ptr()), NPY_ARRAY_OWNDATA);
 }
 
 TokenView::TokenView(nb::handle obj) {

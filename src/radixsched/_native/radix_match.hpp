@@ -42,18 +42,10 @@ private:
 // (valid while the array lives).
 std::pair<nanobind::object, int64_t*> new_slots(int64_t n);
 
-// The writable data of `obj`, and its length in `len`, when it is a plain numpy.ndarray (not a
-// subclass) of native-order int64: 1-d, aligned, contiguous and writable (a request's row, or a
-// slice of its buffer); null otherwise (nothing read). Valid while the caller holds `obj`.
-int64_t* plain_int64(nanobind::handle obj, int64_t* len);
-
 // A node's slots (Node::value, int32 in the tree) as an int64 numpy array that owns a copy of
 // them: the binding's `Node.value` (module.cpp's to_numpy(n.value) finds this overload by
 // argument-dependent lookup).
 nanobind::ndarray<nanobind::numpy, int64_t, nanobind::ndim<1>> to_numpy(const SlotVec& v);
-
-// plain_int64(obj, len), and `obj` owns its data (no view of another array).
-bool own_int64(nanobind::handle obj, int64_t* len);
 
 // Tree::walk over `tokens` (any 1-d sequence of ints; int32 C-contiguous arrays are read in
 // place, anything else is converted as numpy.ascontiguousarray(tokens, dtype=int32) would):

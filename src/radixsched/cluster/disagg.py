@@ -271,7 +271,7 @@ class DecodeRole(Role):
 
     def _allocate_row(self, r: Req, slots: int, computed: int) -> None:
         """``r`` owns ``slots`` fresh KV slots, of which the first ``computed`` hold KV."""
-        buf = np.empty(max(row_capacity(r), slots), dtype=np.int64)
+        buf = np.empty(max(row_capacity(r), slots), dtype=self.sched.kv.row_dtype)
         if slots:
             buf[:slots] = self.sched.kv.alloc(slots)
         r.kv_buf, r.kv_row = buf, buf[:slots]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.kv import KVManager
@@ -26,6 +28,8 @@ from radixsched.request import EMPTY_SLOTS, Req
 
 class FastKVManager(KVManager):
     cache: NativeRadixCache
+    # the native core's rows (``_native/kv.cpp``), as its pool's slots
+    row_dtype: type[np.integer] = np.int32
 
     def __init__(
         self,
@@ -42,6 +46,8 @@ class FastKVManager(KVManager):
             cache.tree, allocator, self.priority_sign, self.compat, namespace_of, EMPTY_SLOTS
         )
         self.native = kv
+        if kv.wide_rows:  # a pool whose slots do not all fit int32
+            self.row_dtype = np.int64
         self.alloc = kv.alloc  # type: ignore[method-assign]
         self.checkpoint = kv.checkpoint  # type: ignore[method-assign]
         self.take_prefix = kv.take_prefix  # type: ignore[method-assign]

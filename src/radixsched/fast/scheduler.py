@@ -730,9 +730,10 @@ class FastScheduler(Scheduler):
 
 
 def _append(r: Req, slots: np.ndarray) -> None:
+    """``slots`` (the KV manager's ``alloc``: its rows' dtype) appended to ``r.kv_row``."""
     have, n = len(r.kv_row), len(slots)
     if len(r.kv_buf) < have + n:
-        buf = np.empty(max(2 * (have + n), 64), dtype=np.int64)
+        buf = np.empty(max(2 * (have + n), 64), dtype=slots.dtype)
         buf[:have] = r.kv_row
         r.kv_buf = buf
     r.kv_buf[have : have + n] = slots
