@@ -62,6 +62,7 @@ TESTS = (
     "tests/test_fast_step.py",
     "tests/test_arrive.py",
     "tests/test_native_take.py",
+    "tests/test_native_round.py",
     "tests/test_native_checkpoint_rematch.py",
     "tests/test_native_radix_slots.py",
     "tests/test_native_kv_rows.py",
@@ -128,7 +129,31 @@ MUTANTS = (
     Mutant(
         "round-flipped-not-rekeyed",
         "_native/round.cpp",
-        "    for (nb::handle r : flipped) note(r.ptr());\n",
+        "        if (!fresh.has(items_of(flipped.ptr())[i])) changed.push_back(items_of(flipped.ptr())[i]);",
+        "        (void)i;",
+    ),
+    Mutant(
+        "in-sync-ignores-the-arrivals",
+        "_native/round.cpp",
+        "    return same_items(members, q, 0, n) && same_items(added.ptr(), q, n, na);",
+        "    return same_items(members, q, 0, n);",
+    ),
+    Mutant(
+        "take-bypasses-a-subclass-del",
+        "_native/round.cpp",
+        "    if (i < 0 || i >= n || !PyList_CheckExact(list)) {",
+        "    if (i < 0 || i >= n) {",
+    ),
+    Mutant(
+        "walk-block-skips-a-token",
+        "_native/matcher_walk.cpp",
+        "        m += kBlock;",
+        "        m += kBlock + 1;",
+    ),
+    Mutant(
+        "walks-keep-the-last-rounds-children",
+        "_native/matcher_walk.cpp",
+        "    cache.clear();\n",
         "\n",
     ),
     Mutant(
@@ -257,6 +282,42 @@ MUTANTS = (
         "_native/order.cpp",
         "    std::sort(shrank.begin(), shrank.end(), by_old);",
         "    std::reverse(shrank.begin(), shrank.end());",
+    ),
+    Mutant(
+        "moved-grown-key-numbered-last",
+        "_native/order.cpp",
+        "    for (const Move& m : grew) relocate(m, static_cast<double>(--lo_));",
+        "    for (const Move& m : grew) relocate(m, static_cast<double>(++hi_));",
+    ),
+    Mutant(
+        "moved-shrunk-keys-unordered",
+        "_native/order.cpp",
+        "    std::sort(shrank.begin(), shrank.end(), old_less);",
+        "    std::reverse(shrank.begin(), shrank.end());",
+    ),
+    Mutant(
+        "moved-mirror-left-behind",
+        "_native/order.cpp",
+        "        if (!mirror.is_none()) move_item(list_items(mirror), i, j);",
+        "        (void)j;",
+    ),
+    Mutant(
+        "moved-one-slot-too-early",
+        "_native/order.cpp",
+        "        const size_t j = p > i ? p - 1 : p;",
+        "        const size_t j = p > i || p > 0 ? p - 1 : p;",
+    ),
+    Mutant(
+        "moved-despite-a-mixed-shape",
+        "_native/order.cpp",
+        "        } else if (shape_[k] != str) {",
+        "        } else if (false) {",
+    ),
+    Mutant(
+        "moved-a-key-of-another-shape",
+        "_native/order.cpp",
+        "        if (key[k].kind == Atom::Obj || shape_[k] != (key[k].kind == Atom::Str)) return false;",
+        "        if (key[k].kind == Atom::Obj) return false;",
     ),
     Mutant(
         "placed-tie-above-right-neighbour",
