@@ -147,8 +147,8 @@ MUTANTS = (
     Mutant(
         "walk-block-skips-a-token",
         "_native/matcher_walk.cpp",
-        "        m += kBlock;",
-        "        m += kBlock + 1;",
+        "    while (m + kBlock <= n && std::memcmp(tokens + m, key + m, kBlock * sizeof(int32_t)) == 0)",
+        "    while (m + kBlock <= n && std::memcmp(tokens + m, key + m, (kBlock - 1) * 4) == 0)",
     ),
     Mutant(
         "walks-keep-the-last-rounds-children",

@@ -474,6 +474,7 @@ def test_matcher_walks_forget_the_last_rounds_children() -> None:
         alloc.free(slots[: res.prefix_len])
     matcher.refresh()
     assert [matcher.memo[id(r)].n for r in reqs] == [41, 41, 41]
+    gone = cache.match_end(CacheKey(np.asarray(first, dtype=np.int32))).node  # kept alive
     cache.evict(10_000)  # everything: each request dirty, hinted at the root
     slots = alloc.alloc(12)
     assert slots is not None
@@ -483,6 +484,7 @@ def test_matcher_walks_forget_the_last_rounds_children() -> None:
         want = cache.match_end(CacheKey(r.fill_ids(), r.namespace))
         assert (matcher.memo[id(r)].n, matcher.memo[id(r)].node.id) == (want.length, want.node.id)
     assert [matcher.memo[id(r)].n for r in reqs] == [10, 10, 10]
+    assert gone.parent is None  # (the node the last round's walks found, now out of the tree)
 
 
 @native
