@@ -424,7 +424,12 @@ bool StableOrder::move_in_place(Keyed& changed, nb::handle mirror) {
     constexpr size_t kFew = 16;  // duplicates looked for pairwise (past that: a hash set)
     const size_t n = keys_.size();
     if (!plain_) return false;
-    if (!mirror.is_none() && static_cast<size_t>(PyList_GET_SIZE(mirror.ptr())) < n) return false;
+    // The moves below read the lists' first n items in place (i, j < n): both must have them
+    // (the mirror lists the members first; `reqs` is edited only here, unless by its reader).
+    const auto has_members = [n](nb::handle list) {
+        return static_cast<size_t>(PyList_GET_SIZE(list.ptr())) >= n;
+    };
+    if (!has_members(reqs) || (!mirror.is_none() && !has_members(mirror))) return false;
     std::unordered_set<PyObject*> seen;
     for (size_t k = 0; k < changed.size(); ++k) {  // (nothing changes before this holds)
         PyObject* r = changed[k].first.ptr();

@@ -177,8 +177,6 @@ private:
     std::unordered_set<PyObject*> set_;
 };
 
-// Whether the list is a kept order's members followed by the arrivals (the queue's _in_sync;
-// identity, as the lists' == compares requests: Req has no __eq__).
 // The list's item pointers (contiguous: a list's items array).
 PyObject* const* items_of(PyObject* list) { return reinterpret_cast<PyListObject*>(list)->ob_item; }
 
@@ -189,6 +187,8 @@ bool same_items(PyObject* a, PyObject* b, Py_ssize_t at, Py_ssize_t n) {
     return n == 0 || std::memcmp(items_of(a), items_of(b) + at, bytes) == 0;
 }
 
+// Whether the list is a kept order's members followed by the arrivals (the queue's _in_sync;
+// identity, as the lists' == compares requests: Req has no __eq__).
 bool in_sync(nb::list queue, nb::list members_list, nb::list added) {
     PyObject* q = queue.ptr();
     PyObject* members = members_list.ptr();
