@@ -153,7 +153,6 @@ MUTANTS = (
         "    while (m + kBlock <= n && std::memcmp(tokens + m, key + m, kBlock * sizeof(int32_t)) == 0)",
         "    while (m + kBlock <= n && std::memcmp(tokens + m, key + m, (kBlock - 1) * 4) == 0)",
     ),
-
     Mutant(
         "entry-order-kept-after-requeue",
         "fast/queue.py",
