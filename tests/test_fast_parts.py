@@ -424,6 +424,70 @@ def test_matcher_follows_a_split_at_the_match_end_without_a_walk(page: int) -> N
 
 
 @native
+@pytest.mark.parametrize("page", [1, 16])
+def test_matcher_finds_a_mismatch_deep_inside_a_long_node(page: int) -> None:
+    """A match ending past the first blocks of a 160-token node (compared a block at a time,
+    then token by token): the length the tree's own match gives, from a track (one walk) and
+    from a refresh (several walks together)."""
+    alloc = TokenAllocator(4096, page)
+    cache = NativeRadixCache(alloc, page_size=page)
+    node = np.arange(1000, 1160, dtype=np.int32)
+
+    def insert() -> None:
+        slots = alloc.alloc(160)
+        assert slots is not None
+        alloc.free(slots[: cache.insert(CacheKey(node), slots).prefix_len])
+
+    insert()
+    matcher = NativeMatcher(cache)
+    cuts = [0, 1, 31, 32, 33, 64, 70, 127, 159]
+    reqs = [_req(i, [*node[:c].tolist(), 7, *node[c + 1 :].tolist()]) for i, c in enumerate(cuts)]
+    want = [c // page * page for c in cuts]
+    for r in reqs:
+        matcher.track(r)
+    assert [matcher.memo[id(r)].n for r in reqs] == want
+    cache.evict(10_000)
+    matcher.refresh()
+    assert [matcher.memo[id(r)].n for r in reqs] == [0] * len(cuts)
+    insert()  # a new root child where every request continues: all re-walked together
+    assert len(matcher.refresh()) == len([c for c in want if c > 0])
+    for r in reqs:
+        assert matcher.memo[id(r)].n == cache.match_end(CacheKey(r.fill_ids())).length
+    assert [matcher.memo[id(r)].n for r in reqs] == want
+
+
+@native
+def test_matcher_walks_forget_the_last_rounds_children() -> None:
+    """The child lookups one refresh cached are not read by the next: a node the tree let go
+    (still alive, held by the matcher's hints) is not found in place of the node now there."""
+    alloc = TokenAllocator(256)
+    cache = NativeRadixCache(alloc)
+    first = list(range(1, 41))
+    matcher = NativeMatcher(cache)
+    reqs = [_req(i, [*first, 100 + i]) for i in range(3)]
+    for r in reqs:
+        matcher.track(r)
+    for i in range(3):  # a child past each request's end: all three dirty, walked together
+        slots = alloc.alloc(42)
+        assert slots is not None
+        res = cache.insert(CacheKey(np.asarray([*first, 100 + i, 5], dtype=np.int32)), slots)
+        alloc.free(slots[: res.prefix_len])
+    matcher.refresh()
+    assert [matcher.memo[id(r)].n for r in reqs] == [41, 41, 41]
+    gone = cache.match_end(CacheKey(np.asarray(first, dtype=np.int32))).node  # kept alive
+    cache.evict(10_000)  # everything: each request dirty, hinted at the root
+    slots = alloc.alloc(12)
+    assert slots is not None
+    cache.insert(CacheKey(np.asarray([*first[:10], 77, 78], dtype=np.int32)), slots)
+    matcher.refresh()
+    for r in reqs:
+        want = cache.match_end(CacheKey(r.fill_ids(), r.namespace))
+        assert (matcher.memo[id(r)].n, matcher.memo[id(r)].node.id) == (want.length, want.node.id)
+    assert [matcher.memo[id(r)].n for r in reqs] == [10, 10, 10]
+    assert gone.parent is None  # (the node the last round's walks found, now out of the tree)
+
+
+@native
 def test_matcher_rematches_what_an_eviction_cuts() -> None:
     alloc = TokenAllocator(64)
     cache = NativeRadixCache(alloc)

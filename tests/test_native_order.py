@@ -223,3 +223,80 @@ def test_hrrn_columns_hand_out_the_sorted_ratios(rows: list[Any], data: st.DataO
             cols.remove(gone)
             cols.remove(gone)  # not held any more: nothing
             assert cols.reqs == held
+
+
+def _updated(keys: list[tuple[Any, ...]], moves: dict[int, tuple[Any, ...]]) -> None:
+    """``update`` re-keying ``moves`` (index -> new key) leaves ``sorted`` of the list, and the
+    mirror the same."""
+    assert native is not None
+    reqs = _reqs(len(keys))
+    order = native.StableOrder()
+    order.reset(reqs, keys)
+    key_of = {id(r): k for r, k in zip(reqs, keys, strict=True)}
+    listed = sorted(reqs, key=lambda r: key_of[id(r)])
+    for i, k in moves.items():
+        key_of[id(reqs[i])] = k
+    mirror = list(listed)
+    order.update([(reqs[i], k) for i, k in moves.items()], [], mirror)
+    assert order.reqs == mirror == sorted(listed, key=lambda r: key_of[id(r)])
+
+
+def test_movers_each_move_to_their_place() -> None:
+    """Movers that grow and shrink to keys others hold (up and down by one place included),
+    a few of them and past a few (duplicates then looked for in a hash set): the stable
+    sort's order."""
+    keys = [(i % 7, float(i % 3)) for i in range(60)]
+    _updated(keys, {i: ((i * 5) % 9, 0.5) for i in range(0, 60, 3)})
+    line = [(i,) for i in range(8)]
+    _updated(line, {3: (4,), 5: (4,)})  # one grows to its right neighbour's key, one shrinks
+    _updated(line, {0: (1,), 7: (6,), 4: (4.5,)})
+    _updated([(0,), (0,), (1,), (1,), (2,)], {0: (1,), 1: (1,), 4: (0,), 3: (0,)})
+
+
+def test_keys_of_other_shapes_update_one_by_one() -> None:
+    """Keys whose atoms Python compares (nested tuples: several grow and shrink to keys others
+    hold), and keys of several lengths (none a prefix of another: a dfs-weight shape),
+    re-keyed as the stable sort orders them."""
+    nested = [((i % 3,),) for i in range(12)]
+    _updated(nested, {0: ((2,),), 3: ((2,),), 6: ((2,),), 2: ((0,),), 5: ((0,),), 8: ((0,),)})
+    _updated([((1, 2),), ((0, 5),), ((1, 1),), ((0, 0),)], {0: ((0, 1),), 3: ((2, 0),)})
+    dfs = [(0, 0, -3, 1, 0), (0, 1, -5), (0, 0, -3, 1, 1), (0, 1, -2), (1, 0, -1, 2, 0)]
+    _updated(dfs, {1: (0, 0, -4, 2, 0), 2: (1, 1, -9), 4: (0, 1, -7)})
+
+
+def test_a_duplicate_or_a_stranger_among_the_changed_raises_as_before() -> None:
+    """A request listed twice: the first re-keyed out, the second not found (KeyError), as the
+    one-by-one update leaves it; a mixed key (a number where a string stood) raises TypeError."""
+    assert native is not None
+    reqs = _reqs(3)
+    order = native.StableOrder()
+    order.reset(reqs, [(0,), (1,), (2,)])
+    with pytest.raises(KeyError):
+        order.update([(reqs[1], (5,)), (reqs[1], (6,))], [])
+    assert reqs[1] not in order and order.reqs == [reqs[0], reqs[2]]
+    texts = native.StableOrder()
+    texts.reset(reqs, [("a",), ("b",), ("c",)])
+    with pytest.raises(TypeError):  # raised by the first comparison: nothing moved
+        texts.update([(reqs[0], (1,))], [])
+    assert reqs[0] in texts and texts.reqs == reqs
+    for keys, key in [
+        ([(0, 5), (1, "a")], (1, 7)),  # stored: a number and a string at one place
+        ([(0, 5), (1, 6)], (1, "z")),  # the new key: a string where numbers stand
+    ]:
+        mixed = native.StableOrder()
+        mixed.reset(reqs[:2], keys)
+        with pytest.raises(TypeError):  # raised as it is re-inserted: it left the order
+            mixed.update([(reqs[0], key)], [])
+        assert reqs[0] not in mixed and mixed.reqs == [reqs[1]]
+
+
+def test_a_mirror_shorter_than_the_members_is_edited_as_before() -> None:
+    """The mirror must list the members first; one that does not is edited index for index
+    as the one-by-one update edits it (its deletions past the end do nothing)."""
+    assert native is not None
+    reqs = _reqs(3)
+    order = native.StableOrder()
+    order.reset(reqs, [(0,), (1,), (2,)])
+    mirror: list[Any] = []
+    order.update([(reqs[0], (5,))], [], mirror)
+    assert order.reqs == [reqs[1], reqs[2], reqs[0]] and mirror == [reqs[0]]

@@ -171,3 +171,23 @@ def test_in_sync_compares_identities_members_then_arrivals() -> None:
     assert not mod.in_sync([a, c, b], [a, b], [c])
     assert not mod.in_sync([twin, b, c], [a, b], [c])
     assert not mod.in_sync([a, b], [a, b], [c])
+    assert not mod.in_sync([a, b, a], [a, b], [c])  # the members in place, another arrival
+
+
+def test_lpm_round_advances_natively_past_a_few_arrivals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than a few arrivals (their membership test a hash set's, not a scan) on a long list
+    in sync: advanced natively, the order the reference's."""
+    rounds = _Rounds(monkeypatch)
+    caches, ref, fast = _twins()
+    qs = (ref, fast)
+    for c in caches:
+        c.insert(CacheKey(np.asarray([1, 2, 3, 4, 5, 6], dtype=np.int32)), np.arange(6))
+    shared = [1, 2, 3, 4, 5, 6]
+    for i in range(90):
+        _add(qs, f"a{i}", [*shared[: i % 7], 8, i % 5], float(i % 13))
+    heads = _heads(qs, 0)
+    assert heads[0] == heads[1]
+    for i in range(20):  # 20 arrivals: under the rebuild's bound, past the scan's
+        _add(qs, f"b{i}", [*shared[: i % 5], 9, i], 50.0 - i)
+    heads = _heads(qs, 2)
+    assert heads[0] == heads[1] and rounds.done[-1] is True

@@ -105,6 +105,29 @@ def test_queue_take_branches_on_plain_objects() -> None:
     assert q == before  # nothing deleted: every position is read first, as the list's take
 
 
+class _Logged(list):  # type: ignore[type-arg]
+    """A list whose deletions are seen (``del l[i]`` through its own ``__delitem__``)."""
+
+    def __init__(self, items: Any) -> None:
+        super().__init__(items)
+        self.deleted: list[int] = []
+
+    def __delitem__(self, i: Any) -> None:
+        self.deleted.append(i)
+        super().__delitem__(i)
+
+
+def test_queue_take_deletes_from_a_list_subclass_through_its_own_del() -> None:
+    """An exact list's items are moved down in place; a subclass's deletions (the list's and
+    the arrivals') go through its ``__delitem__``, as Python's ``del`` does."""
+    take = core().queue_take  # type: ignore[union-attr]
+    reqs = [_R(c) for c in "abcd"]
+    q, added = _Logged(reqs), _Logged([reqs[2]])
+    got = take(q, [2, 0], None, None, None, {}, {}, added, None, None)
+    assert [r.rid for r in got] == ["c", "a"] and [r.rid for r in q] == ["b", "d"]
+    assert q.deleted == [2, 0] and added.deleted == [0] and list(added) == []
+
+
 def test_queue_take_without_an_engine_or_matcher_only_edits_the_list() -> None:
     take = core().queue_take  # type: ignore[union-attr]
     reqs = [_R(c) for c in "xyz"]

@@ -56,18 +56,23 @@ void Matcher::untrack(int64_t k) {
 }
 
 std::vector<int64_t> Matcher::refresh() {
-    const std::vector<Entry*> dirty = dirty_.take();
-    std::unordered_map<int64_t, Hint> hints;
-    std::swap(hints, hints_);
-    if (dirty.empty()) return {};
-    // Every walk first (re-matching changes nothing in the tree), then the memos in dirty order.
-    std::vector<Walk> walks;
+    std::vector<Entry*>& dirty = refresh_dirty_;
+    dirty_.take_into(dirty);
+    if (dirty.empty()) {
+        hints_.clear();
+        return {};
+    }
+    // Every walk first (re-matching changes nothing in the tree, nor marks), then the memos in
+    // dirty order; the hints (which keep their nodes alive) are spent once the walks are done.
+    std::vector<Walk>& walks = refresh_walks_;
+    walks.clear();
     walks.reserve(dirty.size());
     for (Entry* e : dirty) {
-        auto h = hints.empty() ? hints.end() : hints.find(e->k);
-        walks.push_back(walk_of(*e, h == hints.end() ? nullptr : &h->second));
+        auto h = hints_.empty() ? hints_.end() : hints_.find(e->k);
+        walks.push_back(walk_of(*e, h == hints_.end() ? nullptr : &h->second));
     }
-    walk_all(*tree_, walks);
+    walk_all(*tree_, walks, walk_scratch_);
+    hints_.clear();
     std::vector<int64_t> moved;
     for (size_t i = 0; i < dirty.size(); ++i)
         if (settle(dirty[i]->k, *dirty[i], walks[i].end)) moved.push_back(dirty[i]->k);

@@ -98,6 +98,11 @@ public:
     }
     std::vector<E*> take() {  // every listed entry, in order; the list is then empty
         std::vector<E*> out;
+        take_into(out);
+        return out;
+    }
+    void take_into(std::vector<E*>& out) {  // take()'s entries into `out` (its buffer reused)
+        out.clear();
         out.reserve(live_);
         for (E* e : items_) {
             if (e == nullptr) continue;
@@ -106,7 +111,6 @@ public:
         }
         items_.clear();
         live_ = 0;
-        return out;
     }
     void reserve(size_t more) { items_.reserve(items_.size() + more); }
 
@@ -202,6 +206,10 @@ private:
     std::string key_buf_;  // a page key being compared
     std::unordered_map<int64_t, Hint> hints_;
     std::unique_ptr<Dedup> dedup_;  // null: off
+    // refresh()'s buffers, kept across rounds (no allocation per round once grown).
+    std::vector<Entry*> refresh_dirty_;
+    std::vector<Walk> refresh_walks_;
+    WalkScratch walk_scratch_;
 };
 
 }  // namespace radixsched

@@ -28,7 +28,12 @@ bool covers(const int32_t* tokens, int64_t avail, const Node& node) {
 int64_t mismatch(const int32_t* tokens, int64_t avail, const Node& node, int64_t page) {
     const int64_t n = std::min(avail, node.size());
     const int32_t* key = node.key.data();
+    // The first differing token: whole blocks compared at once, then token by token inside
+    // the first block that differs (or the tail shorter than a block).
+    constexpr int64_t kBlock = 32;
     int64_t m = 0;
+    while (m + kBlock <= n && std::memcmp(tokens + m, key + m, kBlock * sizeof(int32_t)) == 0)
+        m += kBlock;
     while (m < n && tokens[m] == key[m]) ++m;
     return m - m % page;
 }
@@ -99,7 +104,8 @@ bool ChildCache::peek(const Tree& tree, Node& parent, const int32_t* page, int32
     const int32_t kns = key_ns(tree, parent, ns);
     const Slot& s = slots_[slot_of(parent, page[0], kns)];
     const size_t bytes = static_cast<size_t>(tree.page_size()) * sizeof(int32_t);
-    if (s.parent != &parent || s.ns != kns || std::memcmp(s.child->key.data(), page, bytes) != 0)
+    if (s.epoch != epoch_ || s.parent != &parent || s.ns != kns ||
+        std::memcmp(s.child->key.data(), page, bytes) != 0)
         return false;
     child = s.child;  // the child whose key is this page (and ns, at the root)
     return true;
@@ -108,7 +114,13 @@ bool ChildCache::peek(const Tree& tree, Node& parent, const int32_t* page, int32
 void ChildCache::put(const Tree& tree, Node& parent, int32_t ns, Node* child) {
     if (child == nullptr) return;
     const int32_t kns = key_ns(tree, parent, ns);
-    slots_[slot_of(parent, child->key.at(0), kns)] = Slot{&parent, child, kns};
+    slots_[slot_of(parent, child->key.at(0), kns)] = Slot{&parent, child, kns, epoch_};
+}
+
+void ChildCache::clear() {
+    if (++epoch_ != 0) return;
+    slots_.fill(Slot{});  // the epoch wrapped: no slot may carry a reused stamp
+    epoch_ = 1;
 }
 
 namespace {
@@ -151,21 +163,24 @@ void walk_one(const Tree& tree, Walk& w) {
     }
 }
 
-void walk_all(const Tree& tree, std::vector<Walk>& walks) {
+void walk_all(const Tree& tree, std::vector<Walk>& walks, WalkScratch& scratch) {
     constexpr size_t kAhead = 8;  // lookups in flight
     if (walks.size() <= 2) {  // too few to share lookups: not worth a cache
         for (Walk& w : walks) walk_one(tree, w);
         return;
     }
-    ChildCache cache;
-    std::vector<Walk*> waiting;
+    ChildCache& cache = scratch.cache;
+    cache.clear();
+    std::vector<Walk*>& waiting = scratch.waiting;
+    std::vector<Walk*>& next = scratch.next;
+    waiting.clear();
     for (Walk& w : walks) {
         begin(tree, w);
         if (!w.done) waiting.push_back(&w);
     }
     std::string key, ahead;
     while (!waiting.empty()) {
-        std::vector<Walk*> next;
+        next.clear();
         for (size_t j = 0; j < waiting.size(); ++j) {  // as far as the cache answers
             if (j + 1 < waiting.size()) prefetch_tokens(*waiting[j + 1]);
             Walk* w = waiting[j];
@@ -188,7 +203,7 @@ void walk_all(const Tree& tree, std::vector<Walk>& walks) {
             }
             w.have = true;
         }
-        waiting = std::move(next);
+        std::swap(waiting, next);
     }
 }
 

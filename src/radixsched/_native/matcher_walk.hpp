@@ -42,27 +42,38 @@ struct Walk {
 };
 
 // (parent, ns at the root, first page) -> the child found there; entries are checked in full
-// on every hit, so a collision only costs a lookup in the tree.
+// on every hit, so a collision only costs a lookup in the tree. Valid for one walk_all (the
+// tree may change between two): `clear` forgets every entry at once (a slot counts only when
+// stamped with the current epoch), so that one cache serves every round without a refill.
 class ChildCache {
 public:
     bool peek(const Tree& tree, Node& parent, const int32_t* page, int32_t ns, Node*& child) const;
     void put(const Tree& tree, Node& parent, int32_t ns, Node* child);
+    void clear();
 
 private:
     struct Slot {
         Node* parent = nullptr;
         Node* child = nullptr;
         int32_t ns = 0;
+        uint32_t epoch = 0;  // the cache's epoch when it was put (0: never)
     };
     static constexpr size_t kSlots = 512;
     static size_t slot_of(const Node& parent, int32_t page0, int32_t key_ns);
     std::array<Slot, kSlots> slots_{};
+    uint32_t epoch_ = 1;
+};
+
+// walk_all's buffers, kept across calls (the matcher's, one per round).
+struct WalkScratch {
+    ChildCache cache;
+    std::vector<Walk*> waiting, next;
 };
 
 // `w` to its end (as Tree::match_end gives it).
 void walk_one(const Tree& tree, Walk& w);
 // Every walk of `walks` to its end, together.
-void walk_all(const Tree& tree, std::vector<Walk>& walks);
+void walk_all(const Tree& tree, std::vector<Walk>& walks, WalkScratch& scratch);
 
 // The tree's key of `parent`'s child whose first page is `page` (Tree::page_key), into `out`
 // (its buffer reused).

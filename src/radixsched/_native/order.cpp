@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -85,13 +86,43 @@ nb::list list_of(nb::handle mirror) {
     return nb::borrow<nb::list>(mirror);
 }
 
-void list_delete(nb::handle list, size_t i) {
-    const auto at = static_cast<Py_ssize_t>(i);
-    check(PyList_SetSlice(list.ptr(), at, at + 1, nullptr));
+PyObject** list_items(nb::handle list) {
+    return reinterpret_cast<PyListObject*>(list.ptr())->ob_item;
 }
 
+// del list[i] (nothing past the end, as the slice deletion it replaces): the items after it
+// moved down in one memmove.
+void list_delete(nb::handle list, size_t i) {
+    const auto n = static_cast<size_t>(PyList_GET_SIZE(list.ptr()));
+    if (i >= n) return;
+    PyObject** items = list_items(list);
+    PyObject* gone = items[i];
+    std::memmove(items + i, items + i + 1, (n - i - 1) * sizeof(PyObject*));
+    Py_SET_SIZE(reinterpret_cast<PyVarObject*>(list.ptr()), static_cast<Py_ssize_t>(n - 1));
+    Py_DECREF(gone);  // last: the list is consistent should a finalizer read it
+}
+
+// list.insert(i, item) (i past the end: appended): appended, then moved to i in one memmove.
 void list_insert(nb::handle list, size_t i, nb::handle item) {
-    check(PyList_Insert(list.ptr(), static_cast<Py_ssize_t>(i), item.ptr()));
+    const auto n = static_cast<size_t>(PyList_GET_SIZE(list.ptr()));
+    check(PyList_Append(list.ptr(), item.ptr()));  // the list's reference, its room grown
+    if (i >= n) return;
+    PyObject** items = list_items(list);
+    std::memmove(items + i + 1, items + i, (n - i) * sizeof(PyObject*));
+    items[i] = item.ptr();
+}
+
+// Moves the item at i to j (both in range), the ones between shifted by one: the same
+// references, so no count changes.
+template <class T>
+void move_item(T* items, size_t i, size_t j) {
+    if (i == j) return;
+    T item = items[i];
+    if (i < j)
+        std::memmove(items + i, items + i + 1, (j - i) * sizeof(T));
+    else
+        std::memmove(items + j + 1, items + j, (i - j) * sizeof(T));
+    items[j] = item;
 }
 
 PyObject* interned(const char* name) {
@@ -232,6 +263,7 @@ void StableOrder::insert(nb::handle r, Atoms key, double t, nb::handle mirror) {
     s.req = nb::borrow(r);
     s.atoms = std::move(key);
     s.atoms.push_back(Atom::tie(t));
+    note(s.atoms);
     const size_t i = bisect_right(s);
     auto placed = key_of_.emplace(r.ptr(), std::move(s)).first;  // node: a stable address
     keys_.insert(keys_.begin() + static_cast<std::ptrdiff_t>(i), &placed->second);
@@ -259,6 +291,7 @@ void StableOrder::reset_atoms(nb::handle pre, const KeyFill& fill) {
         reqs = nb::list();
         lo_ = -1;
         hi_ = 0;
+        unshape();
         throw;
     }
 }
@@ -296,10 +329,12 @@ void StableOrder::rebuild(nb::handle pre, const KeyFill& fill) {
     key_of.reserve(n);
     std::vector<const Stored*> ptrs;
     ptrs.reserve(n);
+    unshape();
     for (size_t t = 0; t < n; ++t) {
         KeyOf::node_type& nh = nodes[perm[t]];
         sorted.append(nh.mapped().req);
         nh.mapped().atoms.push_back(Atom::tie(static_cast<double>(t)));
+        note(nh.mapped().atoms);
         auto placed = key_of.insert(std::move(nh));
         if (!placed.inserted) throw nb::value_error("StableOrder.reset: a request listed twice");
         ptrs.push_back(&placed.position->second);
@@ -334,6 +369,7 @@ bool StableOrder::place(nb::handle r, int64_t j) {
     s.req = nb::borrow(r);
     s.atoms = std::move(key);
     s.atoms.push_back(Atom::tie(t));
+    note(s.atoms);
     auto placed = key_of_.emplace(r.ptr(), std::move(s)).first;
     keys_.insert(keys_.begin() + j, &placed->second);
     list_insert(reqs, at, r);
@@ -354,11 +390,115 @@ void StableOrder::update(nb::handle changed, nb::handle arrivals, nb::handle mir
     update_atoms(keyed(changed), keyed(arrivals), mirror);
 }
 
+bool StableOrder::fits(const Atoms& key) const {
+    // A tie number (a Float) follows: it must stand where every stored key has a number.
+    if (!plain_ || key.size() + 1 > shape_.size() || shape_[key.size()] != 0) return false;
+    for (size_t k = 0; k < key.size(); ++k)
+        if (key[k].kind == Atom::Obj || shape_[k] != (key[k].kind == Atom::Str)) return false;
+    return true;
+}
+
+void StableOrder::note(const Atoms& stored) {
+    if (!plain_) return;
+    for (size_t k = 0; k < stored.size(); ++k) {
+        if (stored[k].kind == Atom::Obj) {
+            plain_ = false;
+            return;
+        }
+        const uint8_t str = stored[k].kind == Atom::Str ? 1 : 0;
+        if (k == shape_.size()) {
+            shape_.push_back(str);
+        } else if (shape_[k] != str) {
+            plain_ = false;
+            return;
+        }
+    }
+}
+
+void StableOrder::unshape() {
+    plain_ = true;
+    shape_.clear();
+}
+
+bool StableOrder::move_in_place(Keyed& changed, nb::handle mirror) {
+    constexpr size_t kFew = 16;  // duplicates looked for pairwise (past that: a hash set)
+    const size_t n = keys_.size();
+    if (!plain_) return false;
+    // The moves below read the lists' first n items in place (i, j < n): both must have them
+    // (the mirror lists the members first; `reqs` is edited only here, unless by its reader).
+    const auto has_members = [n](nb::handle list) {
+        return static_cast<size_t>(PyList_GET_SIZE(list.ptr())) >= n;
+    };
+    if (!has_members(reqs) || (!mirror.is_none() && !has_members(mirror))) return false;
+    std::unordered_set<PyObject*> seen;
+    for (size_t k = 0; k < changed.size(); ++k) {  // (nothing changes before this holds)
+        PyObject* r = changed[k].first.ptr();
+        const Atoms& key = changed[k].second;
+        if (!fits(key) || key_of_.count(r) == 0) return false;
+        if (changed.size() > kFew) {
+            if (!seen.insert(r).second) return false;
+        } else {
+            for (size_t q = 0; q < k; ++q)
+                if (changed[q].first.ptr() == r) return false;
+        }
+    }
+    struct Move {
+        Stored* s;
+        Atoms* key;
+    };
+    std::vector<Move> grew, shrank;
+    for (auto& [r, key] : changed) {
+        Stored& s = key_of_.find(r.ptr())->second;
+        if (key_equal(s, key)) continue;
+        const bool up = compare(s.atoms.data(), s.atoms.size() - 1, key.data(), key.size()) < 0;
+        (up ? grew : shrank).push_back(Move{&s, &key});
+    }
+    // The tie numbers exactly as the sequential update gives them (its movers sorted by their
+    // old keys), each mover then moved straight from its old place to its new one. Every key
+    // has the one shape (numbers and strings at the same places, no Obj atom), so no
+    // comparison calls Python or raises, and the comparisons (lexicographic over totally
+    // ordered atoms) order the stored keys totally; these are unique: the result is the one
+    // sorted order, whatever the order of the moves.
+    const auto old_less = [](const Move& a, const Move& b) {
+        return compare_stored(a.s->atoms, b.s->atoms) < 0;
+    };
+    std::sort(grew.begin(), grew.end(), [&old_less](const Move& a, const Move& b) {
+        return old_less(b, a);
+    });
+    std::sort(shrank.begin(), shrank.end(), old_less);
+    const auto relocate = [this, &mirror](const Move& m, double t) {
+        const size_t i = find(*m.s);
+        Atoms& key = *m.key;
+        key.push_back(Atom::tie(t));
+        // Where the new key goes among the others (the mover still stands at i, its old key
+        // differs from the new one): past every key below it.
+        const auto at = std::upper_bound(keys_.begin(), keys_.end(), key,
+                                         [](const Atoms& k, const Stored* y) {
+                                             return compare_stored(k, y->atoms) < 0;
+                                         });
+        const auto p = static_cast<size_t>(at - keys_.begin());
+        const size_t j = p > i ? p - 1 : p;
+        m.s->atoms = std::move(key);
+        move_item(keys_.data(), i, j);
+        move_item(list_items(reqs), i, j);
+        if (!mirror.is_none()) move_item(list_items(mirror), i, j);
+    };
+    for (const Move& m : grew) relocate(m, static_cast<double>(--lo_));
+    for (const Move& m : shrank) relocate(m, static_cast<double>(++hi_));
+    return true;
+}
+
 void StableOrder::update_atoms(Keyed changed, Keyed arrivals, nb::handle mirror) {
     if (!mirror.is_none()) list_of(mirror);
     if (!mirror.is_none() && !arrivals.empty())  // the arrivals are re-inserted at their places
         check(PyList_SetSlice(mirror.ptr(), static_cast<Py_ssize_t>(keys_.size()),
                               PY_SSIZE_T_MAX, nullptr));
+    if (!move_in_place(changed, mirror)) move_one_by_one(changed, mirror);
+    for (auto& [r, key] : arrivals) insert(r, std::move(key), static_cast<double>(++hi_), mirror);
+    if (lo_ <= -kExactTie || hi_ >= kExactTie) throw std::overflow_error("tie numbers");
+}
+
+void StableOrder::move_one_by_one(Keyed& changed, nb::handle mirror) {
     std::vector<Mover> grew, shrank;
     for (auto& [r, key] : changed) {
         auto it = key_of_.find(r.ptr());
@@ -381,8 +521,6 @@ void StableOrder::update_atoms(Keyed changed, Keyed arrivals, nb::handle mirror)
     for (Mover& m : grew) insert(m.req, std::move(m.key), static_cast<double>(--lo_), mirror);
     std::sort(shrank.begin(), shrank.end(), by_old);
     for (Mover& m : shrank) insert(m.req, std::move(m.key), static_cast<double>(++hi_), mirror);
-    for (auto& [r, key] : arrivals) insert(r, std::move(key), static_cast<double>(++hi_), mirror);
-    if (lo_ <= -kExactTie || hi_ >= kExactTie) throw std::overflow_error("tie numbers");
 }
 
 size_t StableOrder::position(nb::handle r) const {

@@ -94,11 +94,25 @@ private:
     void erase_at(size_t i, PyObject* r, nanobind::handle mirror);
     static bool key_equal(const Stored& s, const Atoms& key);
     static bool less(const Stored* x, const Stored* y);
+    // The stored keys' shape: whether `key` (a key without its tie number) has it and stands
+    // within it; `note` a stored key (its tie included): extends the shape, or drops `plain_`.
+    bool fits(const Atoms& key) const;
+    void note(const Atoms& stored);
+    void unshape();  // no member: no shape yet
+    // update's movers: straight from their old places to their new ones (false, nothing done:
+    // keys of another shape, which may raise or compare inconsistently, a non-member, a
+    // duplicate, or many of them), else one by one (all erased, then inserted, as before).
+    bool move_in_place(Keyed& changed, nanobind::handle mirror);
+    void move_one_by_one(Keyed& changed, nanobind::handle mirror);
 
     std::vector<const Stored*> keys_;                 // point into key_of_'s nodes
     std::unordered_map<PyObject*, Stored> key_of_;  // member -> its stored key
     int64_t lo_ = 0;
     int64_t hi_ = 0;
+    // Every key stored since the last rebuild (tie numbers included) had at each place what
+    // the others have there: a number (Int or Float: shape_ 0) or a Str (1), never an Obj.
+    bool plain_ = true;
+    std::vector<uint8_t> shape_;
 };
 
 // One hrrn round's order over the list as it stands: ascending (ratio, entry, arrival, rid,

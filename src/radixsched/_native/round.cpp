@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_set>
@@ -135,16 +136,55 @@ std::pair<nb::object, nb::list> verdict(Matcher& m, nb::handle reqs_of, bool afr
     return {deferred, flipped};
 }
 
-// lpm's key with nobody overdue: (1, rid in deferred, -matched, entry, arrival).
-nb::object lpm_key(PyObject* r, nb::handle deferred) {
+// lpm's key with nobody overdue, (1, rid in deferred, -matched, entry, arrival), as the atoms
+// StableOrder.update makes of that tuple (the same reads, in the same order), without the tuple.
+Atoms lpm_key(PyObject* r, nb::handle deferred) {
     const Names& n = names();
+    static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
     nb::object rid = attr(r, n.rid);
     const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
     check(dep);
     PyObject* neg = PyNumber_Negative(attr(r, n.matched).ptr());
     if (neg == nullptr) throw nb::python_error();
-    return nb::make_tuple(1, nb::bool_(dep != 0), nb::steal(neg), attr(r, n.entry),
-                          attr(r, n.arrival));
+    nb::object matched = nb::steal(neg);
+    Atoms key;
+    key.reserve(6);  // and the tie number
+    key.push_back(Atom::of(one));
+    key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));
+    key.push_back(Atom::of(matched));
+    key.push_back(Atom::of(attr(r, n.entry)));
+    key.push_back(Atom::of(attr(r, n.arrival)));
+    return key;
+}
+
+// Whether `r` is among `items` (identity): a scan of a few, a hash set's lookup past them.
+class Among {
+public:
+    explicit Among(PyObject* const* items, size_t n) : items_(items), n_(n) {
+        if (n_ > kScan) set_.insert(items, items + n);
+    }
+    bool has(PyObject* r) const {
+        if (n_ > kScan) return set_.count(r) != 0;
+        for (size_t i = 0; i < n_; ++i)
+            if (items_[i] == r) return true;
+        return false;
+    }
+
+private:
+    static constexpr size_t kScan = 16;
+    PyObject* const* items_;
+    size_t n_;
+    std::unordered_set<PyObject*> set_;
+};
+
+// The list's item pointers (contiguous: a list's items array).
+PyObject* const* items_of(PyObject* list) { return reinterpret_cast<PyListObject*>(list)->ob_item; }
+
+// Whether `a`'s items [0, n) are `b`'s items [at, at + n) (the same objects): one memcmp of the
+// pointer arrays.
+bool same_items(PyObject* a, PyObject* b, Py_ssize_t at, Py_ssize_t n) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(PyObject*);
+    return n == 0 || std::memcmp(items_of(a), items_of(b) + at, bytes) == 0;
 }
 
 // Whether the list is a kept order's members followed by the arrivals (the queue's _in_sync;
@@ -154,11 +194,7 @@ bool in_sync(nb::list queue, nb::list members_list, nb::list added) {
     PyObject* members = members_list.ptr();
     const Py_ssize_t n = PyList_GET_SIZE(members), na = PyList_GET_SIZE(added.ptr());
     if (PyList_GET_SIZE(q) != n + na) return false;
-    for (Py_ssize_t i = 0; i < n; ++i)
-        if (PyList_GET_ITEM(q, i) != PyList_GET_ITEM(members, i)) return false;
-    for (Py_ssize_t j = 0; j < na; ++j)
-        if (PyList_GET_ITEM(q, n + j) != PyList_GET_ITEM(added.ptr(), j)) return false;
-    return true;
+    return same_items(members, q, 0, n) && same_items(added.ptr(), q, n, na);
 }
 
 // KeyedEngine.advance for lpm, from the queue's _order: the changed members (flipped, then
@@ -167,24 +203,31 @@ bool in_sync(nb::list queue, nb::list members_list, nb::list added) {
 bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
                  nb::dict moved, nb::handle deferred) {
     if (!in_sync(queue, order.reqs, added)) return false;
-    std::unordered_set<PyObject*> fresh;
-    for (nb::handle r : added) fresh.insert(r.ptr());
-    std::unordered_set<PyObject*> seen;
+    // The changed: flipped, then moved (each list's requests are distinct: flipped by key,
+    // moved a dict's values), each once, the arrivals not among them.
+    const auto na = static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
+    const auto nf = static_cast<size_t>(PyList_GET_SIZE(flipped.ptr()));
+    const Among fresh(items_of(added.ptr()), na);
+    const Among first(items_of(flipped.ptr()), nf);
     std::vector<PyObject*> changed;
-    auto note = [&](PyObject* r) {
-        if (fresh.count(r) == 0 && seen.insert(r).second) changed.push_back(r);
-    };
-    for (nb::handle r : flipped) note(r.ptr());
+    for (size_t i = 0; i < nf; ++i)
+        if (!fresh.has(items_of(flipped.ptr())[i])) changed.push_back(items_of(flipped.ptr())[i]);
     Py_ssize_t pos = 0;
     PyObject *key = nullptr, *value = nullptr;
-    while (PyDict_Next(moved.ptr(), &pos, &key, &value)) note(value);
-    const size_t moving = changed.size() + static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
+    while (PyDict_Next(moved.ptr(), &pos, &key, &value))
+        if (!fresh.has(value) && !first.has(value)) changed.push_back(value);
+    const size_t moving = changed.size() + na;
     const auto total = static_cast<size_t>(PyList_GET_SIZE(queue.ptr()));
     if (worth_rebuilding(moving, total)) return false;
-    nb::list rekey, news;
-    for (PyObject* r : changed) rekey.append(nb::make_tuple(nb::handle(r), lpm_key(r, deferred)));
-    for (nb::handle r : added) news.append(nb::make_tuple(r, lpm_key(r.ptr(), deferred)));
-    order.update(rekey, news, queue);
+    StableOrder::Keyed rekey, news;
+    rekey.reserve(changed.size());
+    for (PyObject* r : changed) rekey.emplace_back(nb::borrow(r), lpm_key(r, deferred));
+    news.reserve(na);
+    for (size_t i = 0; i < na; ++i) {
+        PyObject* r = PyList_GET_ITEM(added.ptr(), static_cast<Py_ssize_t>(i));
+        news.emplace_back(nb::borrow(r), lpm_key(r, deferred));
+    }
+    order.update_atoms(std::move(rekey), std::move(news), queue);
     return true;
 }
 
@@ -258,6 +301,21 @@ void touch_fills(nb::handle tree, nb::handle ahead, nb::handle head, nb::handle 
     }
 }
 
+// del list[i]: in range of an exact list, the items after it moved down in one memmove; else
+// (a negative index, past the end, a subclass) as Python's del does it.
+void list_del(PyObject* list, Py_ssize_t i) {
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    if (i < 0 || i >= n || !PyList_CheckExact(list)) {
+        check(PySequence_DelItem(list, i));
+        return;
+    }
+    PyObject** items = reinterpret_cast<PyListObject*>(list)->ob_item;
+    PyObject* gone = items[i];
+    std::memmove(items + i, items + i + 1, static_cast<size_t>(n - i - 1) * sizeof(PyObject*));
+    Py_SET_SIZE(reinterpret_cast<PyVarObject*>(list), n - 1);
+    Py_DECREF(gone);  // last: the list is consistent should a finalizer read it
+}
+
 // dict.pop(key, None).
 void pop_key(nb::handle dict, PyObject* key) {
     PyObject* v = PyDict_GetItemWithError(dict.ptr(), key);  // borrowed
@@ -290,7 +348,7 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
         at.push_back(i);
     }
     std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a > b; });
-    for (Py_ssize_t i : at) check(PySequence_DelItem(queue.ptr(), i));
+    for (Py_ssize_t i : at) list_del(queue.ptr(), i);
     Matcher* m = tree.is_none() ? nullptr : &matcher_of(tree);
     StableOrder* kept = nullptr;  // a StableOrder's remove called here, another order's there
     if (!order.is_none() && nb::isinstance<StableOrder>(order))
@@ -308,7 +366,7 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
         bool arrival = false;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(added.ptr()); ++i) {
             if (PyList_GET_ITEM(added.ptr(), i) == r.ptr()) {
-                check(PySequence_DelItem(added.ptr(), i));
+                list_del(added.ptr(), i);
                 arrival = true;
                 break;
             }
