@@ -606,6 +606,13 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
     m.def("common_prefix", [](Tokens a, Tokens b) {
         return common_prefix(a.data(), a.shape(0), b.data(), b.shape(0));
     });
+    // The guard's bounded test (tests: common_prefix(a, b) >= k, `from` a known-equal start).
+    m.def("shares_at_least", [](Tokens a, Tokens b, int64_t from, int64_t k) {
+        if (from < 0 || std::min<int64_t>(from, k) > common_prefix(a.data(), a.shape(0), b.data(),
+                                                                   b.shape(0)))
+            throw std::invalid_argument("shares_at_least: `from` past the common prefix");
+        return shares_at_least(a.data(), a.shape(0), b.data(), b.shape(0), from, k);
+    });
 }
 
 }  // namespace radixsched
