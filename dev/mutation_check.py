@@ -599,6 +599,18 @@ MUTANTS = (
         "std::max<int64_t>(max_new_[i] - out_len_[i], 0);",
     ),
     Mutant(
+        "guard-shares-past-the-shorter-end",
+        "_native/adder.cpp",
+        "    if (k > std::min(na, nb_)) return false;",
+        "    if (k > std::min(na, nb_) + 1) return false;",
+    ),
+    Mutant(
+        "guard-shares-compares-one-short",
+        "_native/adder.cpp",
+        "    return std::memcmp(a + from, b + from, size_t(k - from) * sizeof(int32_t)) == 0;",
+        "    return std::memcmp(a + from, b + from, size_t(k - from - 1) * sizeof(int32_t)) == 0;",
+    ),
+    Mutant(
         "adder-memory-check-inclusive",
         "_native/adder.cpp",
         "    if (!(total_tokens < static_cast<double>(room) - b.total_offset))",

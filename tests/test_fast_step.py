@@ -166,6 +166,22 @@ def test_native_common_prefix_equals_the_python_one(at: int, tail: int) -> None:
         assert lib.common_prefix(x, y) == longest_common_prefix(x, y)
 
 
+@pytest.mark.parametrize("k", [-3, 0, 1, 5, 39, 40, 41, 60, 61, 99, 100, 101])
+@pytest.mark.parametrize("start", [0, 1, 30])
+def test_shares_at_least_is_the_common_prefix_reaching_k(k: int, start: int) -> None:
+    """The in-flight guard's bounded test: ``common_prefix(a, b) >= k`` (comparing from a
+    start known to agree), past the shorter one's end, at the first difference and before."""
+    lib: Any = core()
+    a = np.arange(100, dtype=np.int32)
+    b = a.copy()
+    b[40] = -1  # the common prefix: 40
+    for x, y in ((a, b), (b, a), (a, a), (a, a[:60]), (a[:60], a)):
+        want = lib.common_prefix(x, y) >= k
+        assert lib.shares_at_least(x, y, start, k) == want, (len(x), len(y), k)
+    with pytest.raises(ValueError):
+        lib.shares_at_least(a, b, 41, 50)
+
+
 # ---- the continuation in C++: the Python adder's, value for value --------------------------------
 def _python_continuation(
     page: int,

@@ -101,7 +101,8 @@ using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device:
 struct Names {
     PyObject *rid, *sampling, *max_new_tokens, *ignore_eos, *output_ids, *prompt_ids, *fill_ids,
         *extra_key, *cache_salt, *prefix_len, *kv_len, *cache_protected_len, *last_node,
-        *kv_row, *kv_buf, *host_hit_len, *num_matched, *extend_end, *lock_node;
+        *kv_row, *kv_buf, *host_hit_len, *num_matched, *extend_end, *lock_node, *req,
+        *extend_len, *seen, *positions;
 };
 Names* g_names = nullptr;
 
@@ -115,12 +116,18 @@ void init_names() {
                    intern("prefix_len"), intern("kv_len"), intern("cache_protected_len"),
                    intern("last_node"), intern("kv_row"), intern("kv_buf"),
                    intern("host_hit_len"), intern("num_matched_prefix_tokens"),
-                   intern("extend_end"), intern("lock_node")};
+                   intern("extend_end"), intern("lock_node"), intern("req"),
+                   intern("extend_len"), intern("_seen"), intern("_positions")};
     g_names = &n;
 }
 
 using py::get;
 using py::len_of;
+
+nb::handle zero() {  // Python's 0 (a small int: the interpreter's own, never released)
+    static PyObject* const z = PyLong_FromLong(0);
+    return z;
+}
 using py::set;
 using py::set_int;
 
@@ -128,16 +135,33 @@ using py::set_int;
 struct Seen {
     nb::object req;
     nb::object tokens;  // fill_ids(), kept alive while read
+    nb::object node;    // the match's node as a Python object (borrow)
     int32_t ns = -1;
     int64_t prefix_len = 0, extend_len = 0;
     bool chunked = false;  // admitted as this round's new chunked request
+    Tokens arr;            // `tokens` as an array, once read (a member is read per candidate)
+    bool has_arr = false;
 
-    const Tokens& fill(Tokens& out) {
-        if (!tokens.is_valid()) tokens = req.attr(nb::handle(g_names->fill_ids))();
-        out = nb::cast<Tokens>(tokens);
-        return out;
+    const Tokens& fill() {
+        if (!has_arr) {
+            if (!tokens.is_valid()) tokens = req.attr(nb::handle(g_names->fill_ids))();
+            arr = nb::cast<Tokens>(tokens);
+            has_arr = true;
+        }
+        return arr;
     }
 };
+
+// Whether common_prefix(a[:na], b[:nb]) >= k, comparing only the tokens in [from, k) (the
+// caller knows those before `from` equal): the common prefix reaches k exactly when k is
+// within both and the first k tokens agree.
+bool shares_at_least(const int32_t* a, int64_t na, const int32_t* b, int64_t nb_, int64_t from,
+                     int64_t k) {
+    if (k <= 0) return true;
+    if (k > std::min(na, nb_)) return false;
+    from = std::clamp<int64_t>(from, 0, k);
+    return std::memcmp(a + from, b + from, size_t(k - from) * sizeof(int32_t)) == 0;
+}
 
 // RoundOrder.position(i) (radixsched/queue.py): read in place when the order is exactly a
 // RoundOrder (its positions produced so far, `_seen`, then the rest drawn from its iterator,
@@ -146,8 +170,8 @@ class Positions {
 public:
     Positions(nb::handle order, nb::handle round_order) {
         if (round_order.is_valid() && order.type().is(round_order)) {
-            seen_ = order.attr("_seen");
-            it_ = order.attr("_positions");
+            seen_ = get(order, g_names->seen);
+            it_ = get(order, g_names->positions);
             if (!PyList_CheckExact(seen_.ptr())) throw std::invalid_argument("RoundOrder._seen");
         } else {
             method_ = order.attr("position");
@@ -234,7 +258,7 @@ public:
     }
 
     void add_member(nb::object req, int64_t prefix_len, int64_t extend_len) {
-        members.push_back(Seen{std::move(req), nb::object(), -1, prefix_len, extend_len});
+        members.push_back(Seen{std::move(req), nb::object(), nb::object(), -1, prefix_len, extend_len});
     }
 
     nb::tuple admit(nb::handle tree_h, Pool& pool, nb::handle order, nb::list waiting,
@@ -260,8 +284,7 @@ int32_t NativeAdder::ns(Seen& s) {
 // Scheduler._recomputes_in_flight.
 bool NativeAdder::recomputes(Tree& tree, Seen& s) {
     if (members.empty()) return false;
-    Tokens fill_arr;
-    s.fill(fill_arr);
+    const Tokens& fill_arr = s.fill();
     const int32_t* fill = fill_arr.data();
     const int64_t n = static_cast<int64_t>(fill_arr.shape(0));
     const int64_t cap = std::max<int64_t>(n - 1, 0);
@@ -271,14 +294,18 @@ bool NativeAdder::recomputes(Tree& tree, Seen& s) {
         if (ns(a) != my_ns) continue;
         const int64_t end = std::min(cap, a.prefix_len + a.extend_len);
         if (end - a.prefix_len < threshold) continue;
-        Tokens other;
-        a.fill(other);
-        const int64_t shared = common_prefix(fill, std::min(end, n), other.data(),
-                                             std::min<int64_t>(end, other.shape(0)));
-        if (shared - a.prefix_len < threshold) continue;
+        const Tokens& other = a.fill();
+        // shared = common_prefix(fill[:min(end, n)], other[:min(end, len(other))]), compared
+        // only as far as the two tests below need: shared - prefix_len >= threshold, then
+        // shared - start >= threshold (start >= prefix_len: the tokens before agree already).
+        const int64_t na = std::min(end, n), nb_ = std::min<int64_t>(end, other.shape(0));
+        const int64_t least = a.prefix_len + threshold;
+        if (!shares_at_least(fill, na, other.data(), nb_, 0, least)) continue;
         if (cached < 0) cached = tree.match_len(fill, cap, my_ns);
         const int64_t start = std::max(cached, a.prefix_len);
-        if (end - start >= threshold && shared - start >= threshold) return true;
+        if (end - start >= threshold &&
+            shares_at_least(fill, na, other.data(), nb_, least, start + threshold))
+            return true;
     }
     return false;
 }
@@ -312,22 +339,23 @@ NodePtr NativeAdder::borrow(Tree& tree, Matcher* matcher, Seen& s, int64_t fill_
     } else if (cap_key == 0) {
         last = tree.root();
     } else {
-        Tokens fill;
-        s.fill(fill);
+        const Tokens& fill = s.fill();
         const WalkResult w = tree.walk(fill.data(), cap_key, ns(s), nullptr);
         last = w.node;
         length = w.length;
     }
     const Names& n = *g_names;
     nb::int_ len(length);
+    s.node = nb::cast(last);  // one wrapper for last_node and, admitted, lock_node
     set(s.req, n.prefix_len, len);
     set(s.req, n.kv_len, len);
     set(s.req, n.cache_protected_len, len);
-    set(s.req, n.last_node, nb::cast(last));
+    set(s.req, n.last_node, s.node);
     set(s.req, n.kv_row, empty_slots);
     set(s.req, n.kv_buf, empty_slots);
-    set_int(s.req, n.host_hit_len, 0);
-    set_int(s.req, n.num_matched, std::min(length, cap_key));
+    set(s.req, n.host_hit_len, zero());
+    const int64_t matched = std::min(length, cap_key);
+    set(s.req, n.num_matched, matched == length ? nb::object(len) : nb::object(nb::int_(matched)));
     s.prefix_len = length;
     return last;
 }
@@ -360,7 +388,7 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
                                 fill_len - s.prefix_len, s.prefix_len, check, has_chunked_req);
         if (sh.ok) {
             set_int(s.req, n.extend_end, s.prefix_len + sh.extend_len);
-            set(s.req, n.lock_node, nb::cast(last));
+            set(s.req, n.lock_node, s.node);
             tree.inc_lock_ref(*last);
             b.n_admitted += 1;
             b.has_new_chunked = b.has_new_chunked || sh.chunked;
@@ -372,8 +400,8 @@ bool NativeAdder::try_admit(Tree& tree, Matcher* matcher, Pool& pool, Seen& s, V
         verdict = ok ? budget_state(b, pool.available_size() + tree.evictable_size()) : sh.verdict;
     }
     if (!ok) {  // the match was only borrowed for the checks
-        set_int(s.req, n.kv_len, 0);
-        set_int(s.req, n.cache_protected_len, 0);
+        set(s.req, n.kv_len, zero());
+        set(s.req, n.cache_protected_len, zero());
     }
     return ok;
 }
@@ -415,7 +443,7 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
         if (pos.is_none()) break;
         nb::object req = nb::steal(PyObject_GetItem(waiting.ptr(), pos.ptr()));
         if (!req.is_valid()) throw nb::python_error();
-        Seen s{req, nb::object(), -1, 0, 0};
+        Seen s{req, nb::object(), nb::object(), -1, 0, 0};
         if (any_deferred) {
             const int got = PySequence_Contains(deferred.ptr(), get(s.req, g_names->rid).ptr());
             if (got < 0) throw nb::python_error();
@@ -564,9 +592,10 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
                  a.begin(ratio, total_offset, current_offset, rem_input, std::move(rem_chunk),
                          int64_t(nb::len(can_run)), has_new_chunked, exclusive, slots, running,
                          has_chunked, full);
+                 const Names& n = *g_names;
                  for (nb::handle m : can_run)
-                     a.add_member(m.attr("req"), nb::cast<int64_t>(m.attr("prefix_len")),
-                                  nb::cast<int64_t>(m.attr("extend_len")));
+                     a.add_member(get(m, n.req), py::get_int(m, n.prefix_len),
+                                  py::get_int(m, n.extend_len));
                  nb::tuple r = a.admit(tree, pool, order, waiting, deferred, can_run);
                  return nb::make_tuple(r[0], r[1], r[2], a.budgets());
              },
@@ -576,6 +605,13 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
              "pool"_a, "order"_a, "waiting"_a, "deferred"_a, "can_run"_a);
     m.def("common_prefix", [](Tokens a, Tokens b) {
         return common_prefix(a.data(), a.shape(0), b.data(), b.shape(0));
+    });
+    // The guard's bounded test (tests: common_prefix(a, b) >= k, `from` a known-equal start).
+    m.def("shares_at_least", [](Tokens a, Tokens b, int64_t from, int64_t k) {
+        if (from < 0 || std::min<int64_t>(from, k) > common_prefix(a.data(), a.shape(0), b.data(),
+                                                                   b.shape(0)))
+            throw std::invalid_argument("shares_at_least: `from` past the common prefix");
+        return shares_at_least(a.data(), a.shape(0), b.data(), b.shape(0), from, k);
     });
 }
 

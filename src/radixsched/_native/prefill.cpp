@@ -108,7 +108,8 @@ struct Item {
     bool produces;
     int64_t max_new;  // of a producing request
     uint64_t token;   // its stand-in next token
-    int64_t end = 0;  // extend_run's: the request's extend_end
+    int64_t end = 0;     // extend_run's: the request's extend_end
+    int64_t prompt = 0;  // extend_run's: len(prompt_ids)
 };
 
 // _extend_sums without host loads: new tokens, attention pairs, KV tokens.
@@ -174,11 +175,12 @@ bool scan_admissions(nb::handle admissions, nb::handle hashes, uint64_t vocab,
         nb::object req = get(a, n.req);
         if (get_int(req, n.host_hit_len) != 0) return false;
         const int64_t prefix = get_int(a, n.prefix_len), end = get_int(req, n.extend_end);
-        const int64_t fill = len_of(get(req, n.prompt_ids)) + len_of(get(req, n.output_ids));
+        const int64_t prompt = len_of(get(req, n.prompt_ids));
+        const int64_t fill = prompt + len_of(get(req, n.output_ids));
         if (prefix < 0 || end < 0) return false;
         // len(fill[prefix:end]) for non-negative bounds
         const int64_t num_new = std::max<int64_t>(0, std::min(end, fill) - std::min(prefix, fill));
-        Item it{std::move(req), num_new, end == fill, 0, 0, end};
+        Item it{std::move(req), num_new, end == fill, 0, 0, end, prompt};
         if (!shape.add(it.num_new, prefix)) return false;
         if (it.produces && !stand_in_of(it, prefix, hashes, vocab)) return false;
         items.push_back(std::move(it));
@@ -234,7 +236,7 @@ public:
             if (get(times, n.times_first_scheduled).is_none()) {
                 set(times, n.times_first_scheduled, start);
                 const int64_t cached = get_int(it.req, n.prefix_len);  // + host hits (none)
-                const int64_t prompt = len_of(get(it.req, n.prompt_ids));
+                const int64_t prompt = it.prompt;  // len(prompt_ids): scan_admissions read it
                 set_int(it.req, n.cached_tokens, cached);
                 set_int(it.req, n.host_cached_tokens, 0);
                 cached_sum += std::min(cached, prompt);
