@@ -245,10 +245,34 @@ bool truthy(nb::handle h) {
 }
 
 // A request whose tokens are pure stand-ins: no stop ids, no script (CostModelRunner.tokens_at).
-bool plain(nb::handle r) {
+// `stops`: its row's (unset: it has no stop ids, not read again).
+bool plain(nb::handle r, bool stops) {
     const Names& k = names();
-    return !truthy(py::get(py::get(r, k.sampling), k.stop_token_ids)) &&
-           py::get(r, k.scripted_output).is_none();
+    if (stops && truthy(py::get(py::get(r, k.sampling), k.stop_token_ids))) return false;
+    return py::get(r, k.scripted_output).is_none();
+}
+
+// Token ids below this are Python ints made once and shared (a token list holds references to
+// them; an int's identity is never read): a stand-in token then costs a reference, not an
+// allocation. 2**18 covers the vocabularies of the models the simulator ships (128k, 152k).
+constexpr uint64_t kSharedTokens = uint64_t(1) << 18;
+
+// The int `t`, a new reference: the shared one below kSharedTokens (made on first use, held
+// for the process's life, as the interned names are), else a fresh one.
+PyObject* token_int(uint64_t t) {
+    static std::vector<PyObject*> shared;  // borrowed by the vector: never released
+    if (t >= kSharedTokens) {
+        PyObject* o = PyLong_FromUnsignedLongLong(t);
+        if (o == nullptr) throw nb::python_error();
+        return o;
+    }
+    if (shared.empty()) shared.assign(size_t(kSharedTokens), nullptr);
+    PyObject*& slot = shared[size_t(t)];
+    if (slot == nullptr) {
+        slot = PyLong_FromUnsignedLongLong(t);
+        if (slot == nullptr) throw nb::python_error();
+    }
+    return Py_NewRef(slot);
 }
 
 // The stand-in tokens at positions [first, first + k) of a plain request whose rid hashes to
@@ -258,8 +282,7 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     if (!out.is_valid()) throw nb::python_error();
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
-        PyObject* t = PyLong_FromUnsignedLongLong(radixsched::stand_in(h, p, vocab));
-        if (t == nullptr) throw nb::python_error();
+        PyObject* t = token_int(radixsched::stand_in(h, p, vocab));
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }
     return out;
@@ -465,7 +488,7 @@ struct DecodeBatch {
             if (vocab == 0) throw std::invalid_argument("settle: an empty vocabulary");
             for (size_t j = 0; j < rows.size(); ++j) {
                 const nb::object& r = reqs.at(size_t(rows[j]));
-                if (o.ks[j] <= 0 || !plain(r)) continue;
+                if (o.ks[j] <= 0 || !plain(r, cols.stops().at(size_t(rows[j])) != 0)) continue;
                 const nb::object h = nb::steal(
                     PyObject_GetItem(hashes.ptr(), py::get(r, names_.rid).ptr()));
                 if (!h.is_valid()) throw nb::python_error();
@@ -636,7 +659,7 @@ struct DecodeBatch {
         std::vector<nb::object> done;
         for (int64_t i : rows) {
             const nb::object& r = reqs.at(size_t(i));
-            if (finish_length(r, by_length, now)) {
+            if (finish_length(r, cols.row(size_t(i)), by_length, now)) {
                 if (PyList_Append(finished.ptr(), r.ptr()) < 0) throw nb::python_error();
                 gone.push_back(i);
                 done.push_back(r);
@@ -676,25 +699,16 @@ struct DecodeBatch {
         if (PyList_SetSlice(l, w, n, nullptr) < 0) throw nb::python_error();
     }
 
-    // Scheduler.check_finish of a request that cannot stop early: finished when its output
-    // reached max_new_tokens (or it was already); an IntegrityError past it.
-    static bool finish_length(nb::handle r, nb::handle by_length, nb::handle now) {
+    // Scheduler.check_finish of a request that cannot stop early, its row `row` (settled: its
+    // output_len is row.out_len, at most its max_new_tokens, row.max_new, as retire checked):
+    // finished when its output reached max_new_tokens (or it was already).
+    static bool finish_length(nb::handle r, const DecodeRow& row, nb::handle by_length,
+                              nb::handle now) {
         const Names& k = names();
-        const int64_t out = length(r, k.output_ids);
-        const int64_t max_new = py::get_int(py::get(r, k.sampling), k.max_new_tokens);
-        if (out >= max_new) {
+        if (row.out_len >= row.max_new)
             py::set(r, k.finish, by_length);
-            if (out > max_new) {
-                const nb::object err =
-                    nb::module_::import_("radixsched.cache.base").attr("IntegrityError");
-                const std::string msg = nb::cast<std::string>(nb::str(py::get(r, k.rid))) +
-                                        " produced " + std::to_string(out) + " > " +
-                                        std::to_string(max_new) + " tokens";
-                PyErr_SetString(err.ptr(), msg.c_str());
-                throw nb::python_error();
-            }
-        }
-        if (py::get(r, k.finish).is_none()) return false;
+        else if (py::get(r, k.finish).is_none())
+            return false;
         const nb::object times = py::get(r, k.times);
         const nb::object tt = py::get(times, k.token_times);
         const Py_ssize_t n = py::len_of(tt);
