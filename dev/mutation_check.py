@@ -763,18 +763,6 @@ MUTANTS = (
         "            if (row.out_len > row.max_new ||",
     ),
     Mutant(
-        "stand-in-shared-int-off-by-one",
-        "_native/decode.cpp",
-        "        slot = PyLong_FromUnsignedLongLong(t);",
-        "        slot = PyLong_FromUnsignedLongLong(t + 1);",
-    ),
-    Mutant(
-        "stand-in-fresh-int-off-by-one",
-        "_native/decode.cpp",
-        "        PyObject* o = PyLong_FromUnsignedLongLong(t);",
-        "        PyObject* o = PyLong_FromUnsignedLongLong(t + 1);",
-    ),
-    Mutant(
         "settle-takes-stop-id-requests-for-plain",
         "_native/decode.cpp",
         "    if (stops && truthy(py::get(py::get(r, k.sampling), k.stop_token_ids))) return false;",

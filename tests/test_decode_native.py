@@ -306,20 +306,6 @@ def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
         assert r.kv_len == 13 and len(r.kv_row) == 13 and r.times.token_times == ends
 
 
-@pytest.mark.parametrize("vocab", [2, 1 << 18, (1 << 18) + 1, 1 << 31])
-def test_native_stand_ins_shared_and_fresh_ints_are_the_runners(vocab: int) -> None:
-    """Token ids below 2**18 are shared int objects, larger ones fresh: either way the values
-    are the runner's, call after call (the shared ones made on first use, then reused)."""
-    from radixsched.sim.cost.runner import _stand_ins
-
-    for h in (0, 12345, (1 << 64) - 1):
-        want = _stand_ins(h, range(1000, 1200), vocab)
-        for _ in range(2):
-            assert core().stand_ins(h, 1000, 200, vocab) == want  # type: ignore[union-attr]
-    if vocab == 1 << 31:  # some ids past the shared ones
-        assert max(_stand_ins(7, range(2000), vocab)) >= 1 << 18
-
-
 def test_settle_asks_the_runner_for_requests_with_stop_ids() -> None:
     """A request with stop ids is not plain (its row ``stops``): its tokens are asked of
     ``tokens_at``, a plain one's computed natively, after a one-step jump of the batch."""

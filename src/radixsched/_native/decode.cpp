@@ -252,29 +252,6 @@ bool plain(nb::handle r, bool stops) {
     return py::get(r, k.scripted_output).is_none();
 }
 
-// Token ids below this are Python ints made once and shared (a token list holds references to
-// them; an int's identity is never read): a stand-in token then costs a reference, not an
-// allocation. 2**18 covers the vocabularies of the models the simulator ships (128k, 152k).
-constexpr uint64_t kSharedTokens = uint64_t(1) << 18;
-
-// The int `t`, a new reference: the shared one below kSharedTokens (made on first use, held
-// for the process's life, as the interned names are), else a fresh one.
-PyObject* token_int(uint64_t t) {
-    static std::vector<PyObject*> shared;  // borrowed by the vector: never released
-    if (t >= kSharedTokens) {
-        PyObject* o = PyLong_FromUnsignedLongLong(t);
-        if (o == nullptr) throw nb::python_error();
-        return o;
-    }
-    if (shared.empty()) shared.assign(size_t(kSharedTokens), nullptr);
-    PyObject*& slot = shared[size_t(t)];
-    if (slot == nullptr) {
-        slot = PyLong_FromUnsignedLongLong(t);
-        if (slot == nullptr) throw nb::python_error();
-    }
-    return Py_NewRef(slot);
-}
-
 // The stand-in tokens at positions [first, first + k) of a plain request whose rid hashes to
 // `h` (sim/cost/runner.py's _stand_in: splitmix64(h ^ p * golden) mod vocab), as a list.
 nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
@@ -282,7 +259,8 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     if (!out.is_valid()) throw nb::python_error();
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
-        PyObject* t = token_int(radixsched::stand_in(h, p, vocab));
+        PyObject* t = PyLong_FromUnsignedLongLong(radixsched::stand_in(h, p, vocab));
+        if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }
     return out;
