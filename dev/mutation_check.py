@@ -833,6 +833,18 @@ MUTANTS = (
         "            if (row.out_len > row.max_new ||",
     ),
     Mutant(
+        "settle-takes-stop-id-requests-for-plain",
+        "_native/decode.cpp",
+        "    if (stops && truthy(py::get(py::get(r, k.sampling), k.stop_token_ids))) return false;",
+        "    (void)stops;",
+    ),
+    Mutant(
+        "retire-length-finish-exclusive",
+        "_native/decode.cpp",
+        "        if (row.out_len >= row.max_new)\n",
+        "        if (row.out_len > row.max_new)\n",
+    ),
+    Mutant(
         "arrivals-ignore-namespaces",
         "_native/module.cpp",
         '        const bool plain_ns = r.attr("extra_key").is_none() && r.attr("cache_salt").is_none();',

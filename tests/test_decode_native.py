@@ -306,6 +306,38 @@ def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
         assert r.kv_len == 13 and len(r.kv_row) == 13 and r.times.token_times == ends
 
 
+def test_settle_asks_the_runner_for_requests_with_stop_ids() -> None:
+    """A request with stop ids is not plain (its row ``stops``): its tokens are asked of
+    ``tokens_at``, a plain one's computed natively, after a one-step jump of the batch."""
+    from radixsched.cache import native_radix
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner
+
+    runner = CostModelRunner(build_cost_model(SimConfig()))
+    pool = native_radix.make_pool(1000, 1)
+    plain = Req(
+        "p", np.arange(5, dtype=np.int32), SamplingParams(max_new_tokens=9, ignore_eos=True)
+    )
+    stops = SamplingParams(max_new_tokens=9, ignore_eos=True, stop_token_ids=[3])
+    stopper = Req("t", np.arange(5, dtype=np.int32), stops)
+    b = core().DecodeBatch(False)  # type: ignore[union-attr]
+    b.extend([plain, stopper])
+    assert b.can_stop and b.stops.tolist() == [False, True]
+    asked: list[list[str]] = []
+
+    def tokens_at(reqs: list[Req], positions: np.ndarray) -> np.ndarray:
+        asked.append([r.rid for r in reqs])
+        return runner.tokens_at(reqs, positions)
+
+    res = b.jump(True, 1000, 1, 0.0, None, runner.native_decode_cost(), pool, print, 0.0, 0.0)
+    assert res is not None and res[0] == 1  # a row can stop: one step
+    b.settle([0, 1], tokens_at, runner.native_tokens(), pool)
+    assert asked == [["t"]]
+    for r in (plain, stopper):
+        want = runner.tokens_at([r], np.array([[5]], dtype=np.int64)).ravel().tolist()
+        assert r.output_ids == want and r.kv_len == 5
+
+
 @pytest.mark.parametrize("page", [1, 4])
 def test_jump_returns_the_fills_before_its_steps_as_int64_bytes(page: int) -> None:
     """``jump``'s fills are the column as it stood (bytes of int64, read with np.frombuffer),

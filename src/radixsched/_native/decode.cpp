@@ -245,10 +245,11 @@ bool truthy(nb::handle h) {
 }
 
 // A request whose tokens are pure stand-ins: no stop ids, no script (CostModelRunner.tokens_at).
-bool plain(nb::handle r) {
+// `stops`: its row's (unset: it has no stop ids, not read again).
+bool plain(nb::handle r, bool stops) {
     const Names& k = names();
-    return !truthy(py::get(py::get(r, k.sampling), k.stop_token_ids)) &&
-           py::get(r, k.scripted_output).is_none();
+    if (stops && truthy(py::get(py::get(r, k.sampling), k.stop_token_ids))) return false;
+    return py::get(r, k.scripted_output).is_none();
 }
 
 // The stand-in tokens at positions [first, first + k) of a plain request whose rid hashes to
@@ -465,7 +466,7 @@ struct DecodeBatch {
             if (vocab == 0) throw std::invalid_argument("settle: an empty vocabulary");
             for (size_t j = 0; j < rows.size(); ++j) {
                 const nb::object& r = reqs.at(size_t(rows[j]));
-                if (o.ks[j] <= 0 || !plain(r)) continue;
+                if (o.ks[j] <= 0 || !plain(r, cols.stops().at(size_t(rows[j])) != 0)) continue;
                 const nb::object h = nb::steal(
                     PyObject_GetItem(hashes.ptr(), py::get(r, names_.rid).ptr()));
                 if (!h.is_valid()) throw nb::python_error();
@@ -636,7 +637,7 @@ struct DecodeBatch {
         std::vector<nb::object> done;
         for (int64_t i : rows) {
             const nb::object& r = reqs.at(size_t(i));
-            if (finish_length(r, by_length, now)) {
+            if (finish_length(r, cols.row(size_t(i)), by_length, now)) {
                 if (PyList_Append(finished.ptr(), r.ptr()) < 0) throw nb::python_error();
                 gone.push_back(i);
                 done.push_back(r);
@@ -676,25 +677,16 @@ struct DecodeBatch {
         if (PyList_SetSlice(l, w, n, nullptr) < 0) throw nb::python_error();
     }
 
-    // Scheduler.check_finish of a request that cannot stop early: finished when its output
-    // reached max_new_tokens (or it was already); an IntegrityError past it.
-    static bool finish_length(nb::handle r, nb::handle by_length, nb::handle now) {
+    // Scheduler.check_finish of a request that cannot stop early, its row `row` (settled: its
+    // output_len is row.out_len, at most its max_new_tokens, row.max_new, as retire checked):
+    // finished when its output reached max_new_tokens (or it was already).
+    static bool finish_length(nb::handle r, const DecodeRow& row, nb::handle by_length,
+                              nb::handle now) {
         const Names& k = names();
-        const int64_t out = length(r, k.output_ids);
-        const int64_t max_new = py::get_int(py::get(r, k.sampling), k.max_new_tokens);
-        if (out >= max_new) {
+        if (row.out_len >= row.max_new)
             py::set(r, k.finish, by_length);
-            if (out > max_new) {
-                const nb::object err =
-                    nb::module_::import_("radixsched.cache.base").attr("IntegrityError");
-                const std::string msg = nb::cast<std::string>(nb::str(py::get(r, k.rid))) +
-                                        " produced " + std::to_string(out) + " > " +
-                                        std::to_string(max_new) + " tokens";
-                PyErr_SetString(err.ptr(), msg.c_str());
-                throw nb::python_error();
-            }
-        }
-        if (py::get(r, k.finish).is_none()) return false;
+        else if (py::get(r, k.finish).is_none())
+            return false;
         const nb::object times = py::get(r, k.times);
         const nb::object tt = py::get(times, k.token_times);
         const Py_ssize_t n = py::len_of(tt);
