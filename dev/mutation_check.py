@@ -69,6 +69,7 @@ TESTS = (
     "tests/test_native_checkpoint_rematch.py",
     "tests/test_native_radix_slots.py",
     "tests/test_native_kv_rows.py",
+    "tests/test_native_evict_free.py",
 )
 
 
@@ -941,6 +942,42 @@ MUTANTS = (
         "_native/radix.cpp",
         "    if (top == nullptr || top->ns != ns) return false;",
         "    if (top == nullptr) return false;",
+    ),
+    Mutant(
+        "rematch-shortcut-touches-nothing",
+        "_native/kv.cpp",
+        "            m = WalkResult{tree.touch_at(*res.node, res.node->size()), c.aligned};",
+        "            m = WalkResult{res.node, c.aligned};",
+    ),
+    Mutant(
+        "rematch-shortcut-ignores-namespace",
+        "_native/kv.cpp",
+        "            (!from_lock || c.lock->ns == c.ns)) {",
+        "            true) {",
+    ),
+    Mutant(
+        "rematch-shortcut-on-a-partial-page",
+        "_native/kv.cpp",
+        "        if (!tree.disabled() && (c.aligned - start) % tree.page_size() == 0 &&",
+        "        if (!tree.disabled() &&",
+    ),
+    Mutant(
+        "evict-free-frees-nothing",
+        "_native/kv.cpp",
+        "    if (n != 0) pool.free(freed.data(), n, false);",
+        "    (void)n;",
+    ),
+    Mutant(
+        "evict-free-buffer-not-cleared",
+        "_native/radix.cpp",
+        "    out.clear();\n    Freed freed;",
+        "    Freed freed;",
+    ),
+    Mutant(
+        "move-lock-skips-the-new-node",
+        "_native/radix.cpp",
+        "    for (Node* cur = &node; cur != old; cur = cur->parent) {\n        if (cur->lock_ref == 0)",
+        "    for (Node* cur = node.parent; cur != old; cur = cur->parent) {\n        if (cur->lock_ref == 0)",
     ),
     Mutant(
         "rematch-copies-one-slot-short",

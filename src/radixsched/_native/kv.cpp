@@ -26,6 +26,17 @@ bool alloc_evicting(Tree& tree, Pool& pool, S* out, int64_t n) {
     return pool.recycle_placed(out, n, got, excess);
 }
 
+int64_t evict_free(Tree& tree, Pool& pool, int64_t num_tokens) {
+    // One buffer reused across calls (moved out while in use: an event hook may call back).
+    static std::vector<int32_t> spare;
+    std::vector<int32_t> freed = std::move(spare);
+    tree.evict_flat32(num_tokens, freed);
+    const auto n = static_cast<int64_t>(freed.size());
+    if (n != 0) pool.free(freed.data(), n, false);
+    spare = std::move(freed);
+    return n;
+}
+
 template <class S>
 NodePtr checkpoint(Tree& tree, Pool& pool, const CheckpointOf<S>& c) {
     const bool from_lock = c.lock != nullptr && c.lock != tree.root().get();
@@ -48,7 +59,13 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const CheckpointOf<S>& c) {
         // on when its path is in the key's namespace (the walk from the root finds that path:
         // walk_below touches it without rebuilding its key), else with its path's key.
         WalkResult m;
-        if (!from_lock) {
+        if (!tree.disabled() && (c.aligned - start) % tree.page_size() == 0 &&
+            (!from_lock || c.lock->ns == c.ns)) {
+            // The re-match would walk exactly the path the insert just walked (or built) down
+            // to res.node, at depth `aligned`, and split nothing: only its touch of that path
+            // (a clock tick, the path's access times), without comparing the key again.
+            m = WalkResult{tree.touch_at(*res.node, res.node->size()), c.aligned};
+        } else if (!from_lock) {
             m = tree.walk_into(c.tokens, c.aligned, c.ns, nullptr);  // the whole key
         } else if (!tree.walk_below(*c.lock, c.lo, c.tokens, c.n_tokens, c.ns, m)) {
             std::vector<int32_t> key = tree.path_key(*c.lock);
@@ -430,7 +447,9 @@ public:
         const int64_t start = lock != nullptr ? lo : 0;
         Tokens prompt = nb::cast<Tokens>(get(req, n.prompt_ids));
         const auto np = static_cast<int64_t>(prompt.shape(0));
-        std::vector<int32_t> joined;  // fill_slice(start, aligned) past the prompt
+        // fill_slice(start, aligned) past the prompt, in the buffer of the calls before (moved
+        // out while in use, back at the end: no allocation once it is large enough)
+        std::vector<int32_t> joined = std::move(joined_);  // assign() below replaces it
         const int32_t* tokens = prompt.data() + start;
         if (aligned > np) {
             joined.reserve(static_cast<size_t>(aligned - start));
@@ -457,6 +476,7 @@ public:
                                     lock};
             return radixsched::checkpoint(*tree_, *pool_, c);
         });
+        joined_ = std::move(joined);
         if (node) {  // else the cache did not keep it (nothing moved)
             nb::object a = nb::int_(aligned), h = nb::cast(node);
             set(req, n.cache_protected_len, a);
@@ -553,6 +573,7 @@ private:
     nb::object ns_of_;
     nb::object empty_;  // request.EMPTY_SLOTS: a released request's row
     Record entry_;      // runner.ExtendEntry
+    std::vector<int32_t> joined_;  // checkpoint's key past the prompt (a reused buffer)
 };
 
 }  // namespace

@@ -20,6 +20,11 @@ namespace radixsched {
 template <class S>
 bool alloc_evicting(Tree& tree, Pool& pool, S* out, int64_t n);
 
+// The cache's evict with a native pool: `num_tokens` evicted (Tree::evict's order) and their
+// slots freed to `pool` unchecked, as evict_flat then Pool.free(checked=False), without the
+// int64 array in between. Returns how many slots were freed.
+int64_t evict_free(Tree& tree, Pool& pool, int64_t num_tokens);
+
 template <class S>
 struct CheckpointOf {
     const int32_t* tokens;  // the request's fill from position `start` up to `aligned`

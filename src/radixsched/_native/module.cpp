@@ -328,6 +328,10 @@ void bind_tree_kv(nb::class_<PyTree>& c) {
          },
          "pool"_a, "out"_a.noconvert())
         .def(
+            "evict_free",
+            [](PyTree& t, Pool& pool, int64_t n) { return radixsched::evict_free(t, pool, n); },
+            "pool"_a, "num_tokens"_a)
+        .def(
             "checkpoint",
             [](PyTree& t, Pool& pool, Tokens tok, int64_t start, int32_t ns, SlotsOut row,
                int64_t lo, int64_t aligned, int64_t priority, int64_t inserted_len,

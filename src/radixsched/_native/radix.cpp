@@ -682,19 +682,18 @@ void Tree::move_lock(Node* old, Node& node) {
         return;
     }
     check_attached(node);
-    std::vector<Node*> between;
+    // Two walks up from node (no list of the nodes between): is old above it, then lock them.
     for (Node* cur = &node; cur != old; cur = cur->parent) {
         if (cur == root_.get()) {  // not below old: lock the new path, release the old one
             inc_lock_ref(node);
             dec_lock_ref(*old);
             return;
         }
-        between.push_back(cur);
     }
     if (old->lock_ref <= 0) throw IntegrityFailure("dec_lock_ref on unlocked " + node_desc(*old));
     if (node.lock_ref == 0 && node.children.empty()) leaves_.erase(&node);
     int64_t moved = 0;
-    for (Node* cur : between) {
+    for (Node* cur = &node; cur != old; cur = cur->parent) {
         if (cur->lock_ref == 0) moved += cur->size();
         cur->lock_ref += 1;
     }
@@ -731,6 +730,10 @@ void Tree::Freed::copy(const int32_t* begin, const int32_t* end) {
             copy_slots(begin, k, out + pos);
         pos += k;
         begin += k;
+    }
+    if (flat32 != nullptr) {
+        flat32->insert(flat32->end(), begin, end);
+        return;
     }
     if (begin != end) {
         const size_t at = flat->size();
@@ -775,6 +778,13 @@ std::vector<int64_t> Tree::evict_flat(int64_t num_tokens) {
     Freed freed{nullptr, &flat};
     evict_into(num_tokens, freed);
     return flat;
+}
+
+void Tree::evict_flat32(int64_t num_tokens, std::vector<int32_t>& out) {
+    out.clear();
+    Freed freed;
+    freed.flat32 = &out;
+    evict_into(num_tokens, freed);
 }
 
 template <class S>

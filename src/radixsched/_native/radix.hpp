@@ -241,6 +241,9 @@ public:
     // out[0, cap), the rest appended to `excess`. Returns how many went to `out`.
     template <class S>
     int64_t evict_to(int64_t num_tokens, S* out, int64_t cap, std::vector<int64_t>& excess);
+    // The same eviction, its concatenation (as the nodes hold it: int32) replacing `out`'s
+    // contents (a buffer the caller reuses: no allocation once it is large enough).
+    void evict_flat32(int64_t num_tokens, std::vector<int32_t>& out);
     std::vector<int64_t> reset();  // the slots the tree held
 
     int64_t evictable_size() const { return evictable_; }
@@ -300,6 +303,7 @@ private:
     struct Freed {
         std::vector<std::vector<int64_t>>* segments = nullptr;
         std::vector<int64_t>* flat = nullptr;
+        std::vector<int32_t>* flat32 = nullptr;  // appended to as int32 (instead of flat)
         int64_t* out = nullptr;
         int32_t* out32 = nullptr;
         int64_t cap = 0;

@@ -105,6 +105,7 @@ class NativeRadixCache(BasePrefixCache):
             mod.match_nodes
         )
         self.allocator = allocator
+        self._pool_type: type | None = getattr(mod, "Pool", None)  # evict frees natively to it
         self.page_size = page_size
         self.disabled = disable
         self.compat_sglang = compat_sglang
@@ -264,6 +265,12 @@ class NativeRadixCache(BasePrefixCache):
 
     # ---- eviction ------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
+        pool = self.allocator
+        if pool is not None and type(pool) is self._pool_type:
+            # The native pool: evicted and freed (unchecked) in one native call, the slots
+            # going from the tree to the pool without an int64 array in between.
+            freed: int = self.tree.evict_free(pool, num_tokens)
+            return freed
         # One array of the evicted slots in eviction order (evict_reclaim's segments, joined
         # natively: no array per evicted leaf).
         out = self.tree.evict_flat(num_tokens)
