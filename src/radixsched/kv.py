@@ -21,9 +21,7 @@ from radixsched.runner import DecodeEntry, ExtendEntry
 
 
 class KVManager:
-    # The dtype of the rows this manager makes: the reference's int64; the native core's
-    # (``FastKVManager``) int32, as its slot pool and tree hold slots.
-    row_dtype: type[np.integer] = np.int64
+    row_dtype: type[np.integer] = np.int64  # its rows' (FastKVManager's: int32, as its pool's)
 
     def __init__(
         self,

@@ -51,9 +51,7 @@ class FinishState:
     matched_token: int | None = None
 
 
-# The finish of every request that reached its max_new_tokens: one shared value (frozen, so
-# no holder can change it for another; a new one per request cost ~20k instructions each).
-FINISHED_BY_LENGTH = FinishState(FinishReason.LENGTH)
+FINISHED_BY_LENGTH = FinishState(FinishReason.LENGTH)  # shared by all such requests (frozen)
 
 
 @dataclass(frozen=True)
@@ -124,8 +122,6 @@ class Req:
     host_hit_len: int = 0
     last_node: Any = None  # opaque cache handle where the device match ended
     lock_node: Any = None  # node this request holds a lock on (None = no lock)
-    # KV slots of positions [0, len): int64 as the reference core makes them; the native core's
-    # rows are int32, as its pool and tree hold slots (``KVManager.row_dtype``).
     kv_row: SlotArray = field(default_factory=lambda: EMPTY_SLOTS)
     # Backing store of kv_row with spare capacity (kv_row is a view of its head), so decode
     # growth is amortised O(1) per token instead of a copy of the whole row.
