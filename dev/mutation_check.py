@@ -612,6 +612,12 @@ MUTANTS = (
         "    return std::memcmp(a + from, b + from, size_t(k - from - 1) * sizeof(int32_t)) == 0;",
     ),
     Mutant(
+        "guard-ignores-what-the-cache-holds",
+        "_native/adder.cpp",
+        "            shares_at_least(fill, na, other.data(), nb_, least, start + threshold))",
+        "            shares_at_least(fill, na, other.data(), nb_, least, least))",
+    ),
+    Mutant(
         "adder-memory-check-inclusive",
         "_native/adder.cpp",
         "    if (!(total_tokens < static_cast<double>(room) - b.total_offset))",

@@ -19,10 +19,15 @@ from hypothesis import strategies as st
 import golden
 from fakes import Room
 from radixsched.adder import AddReqResult, PrefillAdder
+from radixsched.cache.base import CacheKey
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
+from radixsched.fast import build_scheduler
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
+from radixsched.scheduler import Scheduler
+from radixsched.sim.cost.build import load_cost_model
+from radixsched.sim.cost.runner import CostModelRunner
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
 
@@ -272,6 +277,54 @@ def test_the_guard_counts_only_what_the_cache_lacks() -> None:
     fast = _same_on_both_cores(reqs, sched)
     starts = {r.rid: r.times.first_scheduled for r in fast.requests}
     assert starts["a"] == starts["b"]  # admitted in the same round
+
+
+def _behind_a_chunk(accelerate: bool) -> tuple[Scheduler, list[Req]]:
+    """A (P + V, 120 tokens) prefills in 64-token chunks. After its first chunk the cache gains
+    Y = P + Q (as if a request computed elsewhere had finished), and R = P + Q[:10] + U arrives:
+    R's cache holds 90 of its tokens, more than A has computed (64) and more than R shares with
+    A (80). Then A's last chunk runs with R beside it: nothing R would compute is in flight."""
+    p, v, q, u = (
+        np.arange(a, a + n, dtype=np.int32)
+        for a, n in ((1000, 80), (2000, 40), (3000, 50), (4000, 30))
+    )
+    cfg = SchedulerConfig(
+        schedule_policy="fcfs", chunked_prefill_size=64, in_batch_prefix_deprioritize_threshold=4
+    )
+    runner = CostModelRunner(load_cost_model(model="llama-3.1-8b"), seed=3)
+    s = build_scheduler(cfg, runner, accelerate=accelerate, kv_slots=2048)
+    a = Req("a", np.concatenate([p, v]), SamplingParams(max_new_tokens=2))
+    r = Req("r", np.concatenate([p, q[:10], u]), SamplingParams(max_new_tokens=2))
+    s.add_request(a, now=0.0)
+    s.step()
+    assert s.chunked_req is a and a.extend_end == 64
+    y = np.concatenate([p, q])
+    slots = s.allocator.alloc(len(y))
+    assert slots is not None
+    res = s.cache.insert(CacheKey(y), slots)
+    s.allocator.free(slots[: res.prefix_len])  # A's first chunk already holds those
+    s.add_request(r, now=s.clock.now())
+    for _ in range(50):
+        if s.is_idle:
+            break
+        s.step()
+        s.check_integrity()
+    return s, [a, r]
+
+
+def test_the_guard_reads_the_cache_past_a_chunk_in_flight() -> None:
+    """R shares 80 tokens with A's last chunk (tokens 64-120), but its own cache holds 90:
+    admitting R recomputes none of A's tokens, so R starts beside A on both cores."""
+    got = []
+    for accelerate in (True, False):
+        _, (a, r) = _behind_a_chunk(accelerate)
+        assert r.cached_tokens == 90
+        assert r.times.first_scheduled == r.times.arrival  # the first round after it arrived
+        got.append(
+            [(x.rid, list(x.output_ids), x.times.first_scheduled, list(x.times.token_times))
+             for x in (a, r)]
+        )  # fmt: skip
+    assert got[0] == got[1]
 
 
 @pytest.mark.parametrize("page", [1, 16])
