@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from radixsched.cache.base import CacheKey
 from radixsched.request import Req
 from radixsched.runner import Batch, ModelRunner, StepResult
 
@@ -166,3 +167,13 @@ def continued_chunk(
         sampling=SimpleNamespace(ignore_eos=ignore_eos),
     )
     return ChunkPlan(adder, adder.add_chunked_req(req), req), req
+
+
+def put_fresh(cache: Any, pool: Any, seq: Any, priority: int = 0) -> None:
+    """Insert ``seq`` into ``cache`` with fresh slots from ``pool``, the duplicates (what the
+    cache held already) freed, as the scheduler's checkpoint does."""
+    slots = pool.alloc(len(seq))
+    assert slots is not None
+    res = cache.insert(CacheKey(np.asarray(seq, dtype=np.int32)), slots, priority)
+    if res.prefix_len:
+        pool.free(slots[: res.prefix_len])

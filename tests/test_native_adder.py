@@ -17,9 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import golden
-from fakes import Room
+from fakes import Room, put_fresh
 from radixsched.adder import AddReqResult, PrefillAdder
-from radixsched.cache.base import CacheKey
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
 from radixsched.fast import build_scheduler
@@ -298,11 +297,7 @@ def _behind_a_chunk(accelerate: bool) -> tuple[Scheduler, list[Req]]:
     s.add_request(a, now=0.0)
     s.step()
     assert s.chunked_req is a and a.extend_end == 64
-    y = np.concatenate([p, q])
-    slots = s.allocator.alloc(len(y))
-    assert slots is not None
-    res = s.cache.insert(CacheKey(y), slots)
-    s.allocator.free(slots[: res.prefix_len])  # A's first chunk already holds those
+    put_fresh(s.cache, s.allocator, np.concatenate([p, q]))  # P[:64]: A's chunk holds it
     s.add_request(r, now=s.clock.now())
     for _ in range(50):
         if s.is_idle:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from radixsched.cache.base import CacheKey
+from fakes import put_fresh
 from radixsched.native import core
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built")
@@ -20,15 +20,6 @@ def _twin(p: int, compat: bool, policy: str, size: int) -> tuple[Any, Any]:
 
     pool = make_pool(size, p)
     return NativeRadixCache(pool, p, policy, compat_sglang=compat), pool
-
-
-def _put(cache: Any, pool: Any, seq: list[int], priority: int) -> None:
-    """Insert with fresh slots, the duplicates freed (as the scheduler's checkpoint does)."""
-    slots = pool.alloc(len(seq))
-    assert slots is not None
-    res = cache.insert(CacheKey(np.array(seq, dtype=np.int32)), slots, priority)
-    if res.prefix_len:
-        pool.free(slots[: res.prefix_len])
 
 
 @pytest.mark.parametrize("p", [1, 4])
@@ -46,7 +37,7 @@ def test_alloc_into_equals_evict_then_recycle_into(p: int, compat: bool, policy:
         for cache, pool in pairs:
             cache.evict(len(seq) - pool.available_size())
             if pool.available_size() >= len(seq):
-                _put(cache, pool, seq, prio)
+                put_fresh(cache, pool, seq, prio)
         n = int(rng.integers(1, 30)) * p
         out_a = np.full(n + 2, -1, dtype=np.int64)
         out_b = out_a.copy()

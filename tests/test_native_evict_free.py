@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from radixsched.cache.base import CacheKey
+from fakes import put_fresh
 from radixsched.native import core
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built")
@@ -20,14 +20,6 @@ def _cache(allocator: Any, p: int, compat: bool, policy: str) -> Any:
     from radixsched.cache.native_radix import NativeRadixCache
 
     return NativeRadixCache(allocator, p, policy, compat_sglang=compat)
-
-
-def _put(cache: Any, pool: Any, seq: list[int], priority: int) -> None:
-    slots = pool.alloc(len(seq))
-    assert slots is not None
-    res = cache.insert(CacheKey(np.array(seq, dtype=np.int32)), slots, priority)
-    if res.prefix_len:
-        pool.free(slots[: res.prefix_len])
 
 
 @pytest.mark.parametrize("p", [1, 4])
@@ -57,8 +49,8 @@ def test_evict_with_the_native_pool_equals_evict_flat_then_free(
         assert a.evictable_size() == b.evictable_size()
         a.check_integrity()
         if apool.available_size() >= len(seq):
-            _put(a, apool, seq, prio)
-            _put(b, bpool, seq, prio)
+            put_fresh(a, apool, seq, prio)
+            put_fresh(b, bpool, seq, prio)
     assert evicted > 100
 
 
@@ -79,8 +71,8 @@ def test_evict_with_another_allocator_frees_through_it() -> None:
 
     rec = Recording()
     cache = _cache(rec, 1, False, "lru")
-    _put(cache, rec, [1, 2, 3], 0)
-    _put(cache, rec, [5, 6], 0)
+    put_fresh(cache, rec, [1, 2, 3], 0)
+    put_fresh(cache, rec, [5, 6], 0)
     assert cache.evict(0) == 0 and rec.freed == []
     assert cache.evict(4) == 4  # [1, 2, 3] whole, then [5, 6]'s last token
     assert len(rec.freed) == 1 and len(rec.freed[0]) == 4 and cache.evictable_size() == 1
