@@ -45,6 +45,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
+    "tests/test_native_shuffle.py",
     "tests/test_fast_glue.py",
     "tests/test_native_compat_match.py",
     "tests/test_native_compat_round.py",
@@ -81,6 +82,36 @@ class Mutant(NamedTuple):
 
 
 MUTANTS = (
+    Mutant(
+        "compat-lof-sorts-ascending",
+        "fast/queue.py",
+        "                reqs.sort(key=_MAX_NEW, reverse=True)",
+        "                reqs.sort(key=_MAX_NEW)",
+    ),
+    Mutant(
+        "shuffle-keeps-a-draw-at-the-bound",
+        "_native/shuffle.cpp",
+        "    } while (r >= bound);",
+        "    } while (r > bound);",
+    ),
+    Mutant(
+        "shuffle-draws-a-bit-short",
+        "_native/shuffle.cpp",
+        "        r = static_cast<uint64_t>(gen.next()) >> (32 - k);",
+        "        r = static_cast<uint64_t>(gen.next()) >> (33 - k);",
+    ),
+    Mutant(
+        "shuffle-twist-drops-the-odd-term",
+        "_native/shuffle.cpp",
+        "        return far ^ (y >> 1) ^ ((y & 1U) != 0 ? 0x9908b0dfU : 0U);",
+        "        return far ^ (y >> 1);",
+    ),
+    Mutant(
+        "shuffle-stops-before-the-second-item",
+        "_native/shuffle.cpp",
+        "    for (size_t i = n; i-- > 1;) {  // i = n-1 down to 1",
+        "    for (size_t i = n; i-- > 2;) {  // i = n-1 down to 1",
+    ),
     Mutant(
         "take-keeps-a-tried-entry",
         "_native/round.cpp",

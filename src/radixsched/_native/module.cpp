@@ -27,6 +27,7 @@
 #include "order.hpp"
 #include "prefill.hpp"
 #include "prompts.hpp"
+#include "shuffle.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
 #include "radix_match.hpp"
@@ -536,6 +537,7 @@ NB_MODULE(_core, m) {
     bind_prefill(m);
     radixsched::bind_chunks(m);
     radixsched::bind_prompts(m);
+    radixsched::bind_shuffle(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());

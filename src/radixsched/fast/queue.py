@@ -21,7 +21,9 @@ rounds (SGLang's node matching of every request, its dedup, the order) run in on
 (``compat_round``, ``_native/compat_round.cpp``), each match a touch where the matcher's memo
 ends. Where an accelerator does not apply (any other compat round, lpm's starvation bound, a
 clock-reading policy without an engine, a capped policy's fcfs rounds) the reference round
-runs, on matches the matcher keeps current. Membership changes come through the queue's own
+runs, on matches the matcher keeps current; SGLang's fcfs, lof and random orders there are
+cheaper (``order``: the list left standing, a C-keyed sort, the native shuffle of
+``_native/shuffle.cpp`` on the generator's state). Membership changes come through the queue's own
 methods, so the engines see every arrival and departure; a round checks (identity compares)
 that the list is what they describe and rebuilds when it is not. Admission's ``take`` (the
 list edit, the untracking, the kept order's removal) and the reference refresh's touches each
@@ -34,6 +36,7 @@ import bisect
 import itertools
 import operator
 from collections.abc import Iterator, Sequence
+from random import Random
 from typing import Any, cast
 
 from radixsched.cache.base import CacheKey
@@ -57,7 +60,9 @@ from radixsched.policies import (
     Round,
     dfs_weight_sglang,
     fcfs_sglang,
+    lof_sglang,
     lpm,
+    random_sglang,
     spf_sglang,
 )
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
@@ -75,6 +80,7 @@ _KEYED_READS = Reads.MATCH | Reads.DEDUP
 COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp)
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
+_MAX_NEW = operator.attrgetter("sampling.max_new_tokens")  # ``Req.max_new_tokens``
 _RANGE_ITERATOR = type(iter(range(0)))
 
 
@@ -169,6 +175,8 @@ class FastWaitingQueue(WaitingQueue):
         # ``active_policy`` can pick another policy than the configured one).
         self._fcfs = self._plain_fcfs()
         self._capped = self.policy.capped and self.cap is not None
+        # SGLang's random round (the whole list shuffled by ``self.rng``) natively.
+        self._shuffle = cast(Any, core()).shuffle if native else None
 
     def _make_engine(self, reads: Reads) -> Engine | None:
         pol = self.policy
@@ -573,10 +581,23 @@ class FastWaitingQueue(WaitingQueue):
         return super().dedup(device, rnd, bounded=self.policy.bounded(self.config)), []
 
     def order(self, pol: Policy, rnd: Round) -> Iterator[int]:
-        # SGLang's fcfs without priorities sorts by an empty key: the stable sort moves nothing,
-        # so the list stands as it is, without a key call per request (the compat rounds).
-        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:
-            return iter(range(len(self.reqs)))
+        """The reference's order with SGLang's plain rounds (the compat rounds) cheaper: fcfs
+        without priorities sorts by an empty key (the stable sort moves nothing: the list
+        stands); lof's stable sort by ``-max_new_tokens`` is the stable descending sort by
+        ``max_new_tokens`` (``reverse`` keeps ties in their order), keyed in C; random's
+        ``rng.shuffle`` runs natively from and back to the generator's state."""
+        reqs = self.reqs
+        if not self.config.enable_priority_scheduling:
+            if pol.key is fcfs_sglang:
+                return iter(range(len(reqs)))
+            if pol.key is lof_sglang:
+                reqs.sort(key=_MAX_NEW, reverse=True)
+                return iter(range(len(reqs)))
+        rng = self.rng  # Python's own generator (a subclass of it may draw otherwise)
+        if pol.order is random_sglang and self._shuffle is not None and type(rng) is Random:
+            version, state, gauss = rng.getstate()
+            rng.setstate((version, self._shuffle(reqs, state), gauss))
+            return iter(range(len(reqs)))
         return super().order(pol, rnd)
 
     def _order(self, pol: Policy, reads: Reads, rnd: Round, flipped: list[Req]) -> Iterator[int]:
