@@ -70,6 +70,7 @@ TESTS = (
     "tests/test_native_radix_slots.py",
     "tests/test_native_kv_rows.py",
     "tests/test_native_evict_free.py",
+    "tests/test_cli_start.py",
 )
 
 
@@ -984,6 +985,38 @@ MUTANTS = (
         "_native/kv.cpp",
         "            tree.path_slots(*m.node, m.length, c.lo, dup_end, c.row + c.lo);",
         "            tree.path_slots(*m.node, m.length, c.lo, dup_end - 1, c.row + c.lo);",
+    ),
+    # The command's start and setup (``cli``): the collector's passes around the imports,
+    # the preflight and the load.
+    Mutant(
+        "setup-keeps-the-preflight-s-garbage",
+        "cli/simulate.py",
+        "    gc.collect(1)  # what the preflight left",
+        "    pass  # what the preflight left",
+    ),
+    Mutant(
+        "load-objects-stay-young",
+        "cli/simulate.py",
+        "        to_oldest_generation()\n",
+        "        pass\n",
+    ),
+    Mutant(
+        "program-imports-with-the-collector-on",
+        "__main__.py",
+        "\ngc.disable()\n",
+        "\n",
+    ),
+    Mutant(
+        "start-imports-what-a-run-does-without",
+        "cli/simulate.py",
+        '    "rich.table",\n',
+        '    "rich.table",\n    "rich.progress",\n',
+    ),
+    Mutant(
+        "preflight-with-the-collector-paused",
+        "cli/simulate.py",
+        "    _preflight(rs, policies, args.config)\n",
+        "    gc.disable()\n    _preflight(rs, policies, args.config)\n    gc.enable()\n",
     ),
 )
 
