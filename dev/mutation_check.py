@@ -71,6 +71,7 @@ TESTS = (
     "tests/test_native_kv_rows.py",
     "tests/test_native_evict_free.py",
     "tests/test_cli_start.py",
+    "tests/test_report.py",
 )
 
 
@@ -1017,6 +1018,18 @@ MUTANTS = (
         "cli/simulate.py",
         "    _preflight(rs, policies, args.config)\n",
         "    gc.disable()\n    _preflight(rs, policies, args.config)\n    gc.enable()\n",
+    ),
+    Mutant(
+        "table-never-highlights",
+        "results/table.py",
+        "    highlight = False if console.color_system is None else None\n",
+        "    highlight = False\n",
+    ),
+    Mutant(
+        "table-highlights-without-styles",
+        "results/table.py",
+        "    highlight = False if console.color_system is None else None\n",
+        "    highlight = None\n",
     ),
 )
 
