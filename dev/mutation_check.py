@@ -992,14 +992,20 @@ MUTANTS = (
     Mutant(
         "setup-keeps-the-preflight-s-garbage",
         "cli/simulate.py",
-        "    gc.collect(1)  # what the preflight left",
-        "    pass  # what the preflight left",
+        "    if program:\n        gc.collect(1)\n",
+        "    if program:\n        pass\n",
     ),
     Mutant(
         "load-objects-stay-young",
         "cli/simulate.py",
-        "        to_oldest_generation()\n",
-        "        pass\n",
+        "            to_oldest_generation()\n",
+        "            pass\n",
+    ),
+    Mutant(
+        "a-call-s-load-objects-moved-too",
+        "cli/simulate.py",
+        "        if program:  # (with the load's",
+        "        if True:  # (with the load's",
     ),
     Mutant(
         "program-imports-with-the-collector-on",

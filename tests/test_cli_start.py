@@ -234,6 +234,29 @@ def test_the_load_s_objects_go_to_the_oldest_generation(tmp_path: Path) -> None:
     assert _simulate_sample(patch, tmp_path)[-3:] == ["oldest", "True", "True"]
 
 
+def test_a_call_leaves_the_load_s_objects_young(monkeypatch: pytest.MonkeyPatch) -> None:
+    # main(argv): the collector's generations are the caller's (paused here: no pass moves
+    # anything meanwhile).
+    from radixsched.sim import policy_runs
+
+    seen: dict[str, bool] = {}
+
+    def run(runs: Any, *args: Any, **kwargs: Any) -> Any:
+        req = runs.workload.requests[0]
+        seen["oldest"] = any(o is req for o in gc.get_objects(2))
+        raise KeyboardInterrupt  # the command stops here: status 130
+
+    monkeypatch.setattr(policy_runs, "run_policies", run)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert main(["simulate", "--workload", f"mooncake:{SAMPLE}", "--policy", "lpm",
+                     "--num-requests", "5", "--quiet"]) == 130  # fmt: skip
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == {"oldest": False}
+
+
 def test_the_run_s_modules_are_ones_a_run_imports_anyway(tmp_path: Path) -> None:
     # Imported in the start (``import_run_modules``), each would be imported by the run: the
     # start adds none that a run of built-in policies does without.
