@@ -373,7 +373,7 @@ def _slo(rs: RunSettings) -> Any:
 # lasting objects (classes, functions, the dataclasses' generated methods) go straight to
 # the oldest generation instead of through about 40 young passes, and the young passes of
 # the setup and the run that follow never walk them. Nothing is imported that a run of
-# built-in policies would not import anyway (``tests/test_cli_lazy.py``).
+# built-in policies would not import anyway (``tests/test_cli_start.py``).
 RUN_MODULES = (
     "rich.console",
     "rich.markup",
