@@ -71,6 +71,8 @@ TESTS = (
     "tests/test_native_radix_slots.py",
     "tests/test_native_kv_rows.py",
     "tests/test_native_evict_free.py",
+    "tests/test_cli_start.py",
+    "tests/test_report.py",
 )
 
 
@@ -1021,6 +1023,56 @@ MUTANTS = (
         "_native/kv.cpp",
         "            tree.path_slots(*m.node, m.length, c.lo, dup_end, c.row + c.lo);",
         "            tree.path_slots(*m.node, m.length, c.lo, dup_end - 1, c.row + c.lo);",
+    ),
+    # The command's start and setup (``cli``): the collector's passes around the imports,
+    # the preflight and the load.
+    Mutant(
+        "setup-keeps-the-preflight-s-garbage",
+        "cli/simulate.py",
+        "    if program:\n        gc.collect(1)\n",
+        "    if program:\n        pass\n",
+    ),
+    Mutant(
+        "load-objects-stay-young",
+        "cli/simulate.py",
+        "            to_oldest_generation()\n",
+        "            pass\n",
+    ),
+    Mutant(
+        "a-call-s-load-objects-moved-too",
+        "cli/simulate.py",
+        "        if program:  # (with the load's",
+        "        if True:  # (with the load's",
+    ),
+    Mutant(
+        "program-imports-with-the-collector-on",
+        "__main__.py",
+        "\ngc.disable()\n",
+        "\n",
+    ),
+    Mutant(
+        "start-imports-what-a-run-does-without",
+        "cli/simulate.py",
+        '    "rich.table",\n',
+        '    "rich.table",\n    "rich.progress",\n',
+    ),
+    Mutant(
+        "preflight-with-the-collector-paused",
+        "cli/simulate.py",
+        "    _preflight(rs, policies, args.config)\n",
+        "    gc.disable()\n    _preflight(rs, policies, args.config)\n    gc.enable()\n",
+    ),
+    Mutant(
+        "table-never-highlights",
+        "results/table.py",
+        "    highlight = False if console.color_system is None else None\n",
+        "    highlight = False\n",
+    ),
+    Mutant(
+        "table-highlights-without-styles",
+        "results/table.py",
+        "    highlight = False if console.color_system is None else None\n",
+        "    highlight = None\n",
     ),
 )
 

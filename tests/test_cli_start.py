@@ -194,6 +194,92 @@ def test_the_command_s_setup_runs_with_the_collector_on() -> None:
     assert _run(code) == ["enabled", "True"]
 
 
+def _simulate_sample(patch: str, tmp: Path) -> list[str]:
+    """``patch`` (code run first), then simulate as the program does on the sample trace."""
+    code = (
+        f"import gc, os, sys, weakref\n{patch}\nimport radixsched.cli.main as m\n"
+        f"sys.argv = ['radixsched', 'simulate', '--workload', 'mooncake:{SAMPLE}', "
+        "'--policy', 'lpm', '--num-requests', '20', '--quiet']\nm.main()\n"
+    )
+    return _run(code, env={**os.environ, "RADIXSCHED_CACHE_DIR": str(tmp)})
+
+
+def test_the_preflight_runs_with_the_collector_on_and_its_garbage_goes_before_the_load(
+    tmp_path: Path,
+) -> None:
+    # A garbage cycle made at the preflight's very end (as its throw-away schedulers are) is
+    # freed before the load starts, not moved with the load's objects to the oldest generation.
+    patch = (
+        "import radixsched.sim.preflight as pf, radixsched.sim.workloads.load as ld\n"
+        "real_check, real_load, seen = pf.check, ld.load_workload, {}\n"
+        "class Cycle:\n    pass\n"
+        "def check(*a, **k):\n    print('preflight', gc.isenabled())\n"
+        "    c = Cycle(); c.me = c; seen['c'] = weakref.ref(c)\n    return real_check(*a, **k)\n"
+        "def load(*a, **k):\n    print('freed', seen['c']() is None)\n"
+        "    return real_load(*a, **k)\n"
+        "pf.check, ld.load_workload = check, load"
+    )
+    assert _simulate_sample(patch, tmp_path)[:4] == ["preflight", "True", "freed", "True"]
+
+
+def test_the_load_s_objects_go_to_the_oldest_generation(tmp_path: Path) -> None:
+    patch = (
+        "import radixsched.sim.policy_runs as pr\n"
+        "def run(runs, *a, **k):\n"
+        "    req = runs.workload.requests[0]\n"
+        "    print('oldest', any(o is req for o in gc.get_objects(2)), gc.isenabled())\n"
+        "    sys.stdout.flush()\n    os._exit(0)\n"
+        "pr.run_policies = run"
+    )
+    assert _simulate_sample(patch, tmp_path)[-3:] == ["oldest", "True", "True"]
+
+
+def test_a_call_leaves_the_load_s_objects_young(monkeypatch: pytest.MonkeyPatch) -> None:
+    # main(argv): the collector's generations are the caller's (paused here: no pass moves
+    # anything meanwhile).
+    from radixsched.sim import policy_runs
+
+    seen: dict[str, bool] = {}
+
+    def run(runs: Any, *args: Any, **kwargs: Any) -> Any:
+        req = runs.workload.requests[0]
+        seen["oldest"] = any(o is req for o in gc.get_objects(2))
+        raise KeyboardInterrupt  # the command stops here: status 130
+
+    monkeypatch.setattr(policy_runs, "run_policies", run)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert main(["simulate", "--workload", f"mooncake:{SAMPLE}", "--policy", "lpm",
+                     "--num-requests", "5", "--quiet"]) == 130  # fmt: skip
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == {"oldest": False}
+
+
+def test_the_run_s_modules_are_ones_a_run_imports_anyway(tmp_path: Path) -> None:
+    # Imported in the start (``import_run_modules``), each would be imported by the run: the
+    # start adds none that a run of built-in policies does without.
+    from radixsched.cli.simulate import RUN_MODULES
+
+    patch = "import radixsched.cli.simulate as s\nwanted, s.RUN_MODULES = s.RUN_MODULES, ()\n"
+    patch += "import atexit\natexit.register(lambda: print(*(w in sys.modules for w in wanted)))"
+    assert _simulate_sample(patch, tmp_path)[-len(RUN_MODULES) :] == ["True"] * len(RUN_MODULES)
+
+
+def test_the_program_s_imports_run_with_the_collector_paused() -> None:
+    # ``python -m radixsched``: no pass walks the start's imports (the collector runs again
+    # once the arguments are parsed).
+    code = (
+        "import gc, runpy, sys\npasses = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and passes.append(info))\n"
+        "sys.argv = ['radixsched', '--version']\n"
+        "try:\n    runpy.run_module('radixsched', run_name='__main__')\n"
+        "except SystemExit:\n    pass\nprint(len(passes), gc.isenabled())\n"
+    )
+    assert _run(code)[-2:] == ["0", "True"]
+
+
 # ---- the exit -----------------------------------------------------------------------------
 
 

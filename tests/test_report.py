@@ -234,6 +234,29 @@ def test_render_comparison_prints_table_and_recommendation() -> None:
     assert text.count("Simulator runtime (real time): 0.20 s") == 1 and "wall" not in text
 
 
+def test_a_console_without_styles_gets_the_same_text_unhighlighted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    from rich.highlighter import ReprHighlighter
+
+    rs = [result("fcfs", 0.2, 3.0, 50.0), result("lpm", 0.7, 1.0, 60.0)]
+    shown = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="truecolor")
+    render_comparison(rs, shown)
+    colored = shown.file.getvalue()  # type: ignore[attr-defined]
+    assert "\x1b[1;36m60" in colored  # a terminal's numbers are highlighted, as ever
+
+    def never(self: object, text: object) -> None:
+        raise AssertionError("highlighted for a console that shows no styles")
+
+    monkeypatch.setattr(ReprHighlighter, "highlight", never)
+    plain = Console(file=io.StringIO(), width=100)  # a file: no color system
+    render_comparison(rs, plain)
+    text = plain.file.getvalue()  # type: ignore[attr-defined]
+    assert text == re.sub(r"\x1b\[[0-9;]*m", "", colored) and "\x1b" not in text
+
+
 @pytest.mark.parametrize("width", [100, 80, 60])
 def test_one_table_fits_the_terminal(width: int) -> None:
     console = Console(record=True, width=width, color_system=None)

@@ -62,10 +62,18 @@ def end_of_start() -> None:
     if not _start_paused:
         return
     _start_paused = False
+    to_oldest_generation()
+    gc.enable()
+
+
+def to_oldest_generation() -> None:
+    """Move every object the collector tracks to the oldest generation without a pass
+    (``gc.freeze`` then ``gc.unfreeze``), where the young passes would have moved what
+    survived them; only full collections, rare, visit it there. A frozen heap (a caller's)
+    stays frozen, and then nothing moves."""
     if gc.get_freeze_count() == 0:
         gc.freeze()
         gc.unfreeze()
-    gc.enable()
 
 
 # --model of the torch commands (generate, serve).

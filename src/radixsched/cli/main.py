@@ -24,6 +24,7 @@ from radixsched.cli.simulate import (
     _add_simulate_args,
     _simulate_epilog,
     cmd_simulate,
+    import_run_modules,
 )
 
 # ---- entry point --------------------------------------------------------------------------------
@@ -52,7 +53,9 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
             epilog=_simulate_epilog(),
         )
         _add_simulate_args(sim)
-        sim.set_defaults(func=cmd_simulate, _parser=sim, _exits_now=True)
+        sim.set_defaults(
+            func=cmd_simulate, _parser=sim, _exits_now=True, _prepare=import_run_modules
+        )
     else:
         sub.add_parser("simulate", help=COMMAND_HELP["simulate"])
     from radixsched.cli import commands
@@ -116,6 +119,9 @@ def _main(argv: list[str], own_process: bool = False) -> int:
     # simulation's workload and last run, whose teardown would take 15 ms of the Mooncake
     # trace's. None where objects are freed as usual (a call, or a command that returns).
     args._left_to_exit = [] if own_process and getattr(args, "_exits_now", False) else None
+    prepare = getattr(args, "_prepare", None)
+    if prepare is not None:  # the command's modules, still in the start (collection paused)
+        prepare()
     # Collection resumes before the command's own setup: that makes garbage cycles a young
     # pass must free (preflight's throw-away schedulers hold their KV pools' tables).
     end_of_start()

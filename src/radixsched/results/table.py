@@ -118,16 +118,21 @@ def render_comparison(
             )
             cells.append(f"[bold green]{text}[/]" if i in b else text)
         table.add_row(*cells)
-    console.print(table)
+    # Highlighting only styles the text: on a console that shows no styles (a file, a pipe)
+    # it would change nothing, and it is skipped (its patterns are compiled on first use).
+    highlight = False if console.color_system is None else None
+    console.print(table, highlight=highlight)
     legend = legend_line(cols, results)
     if dropped:
         legend += f" Not shown at this width: {', '.join(c.header for c in dropped)} (see --json)."
-    console.print(_rich_escape(legend), style="dim")
+    console.print(_rich_escape(legend), style="dim", highlight=highlight)
     if results:
-        console.print(_rich_escape(runtime_line(results, runtime)), style="dim")
+        console.print(
+            _rich_escape(runtime_line(results, runtime)), style="dim", highlight=highlight
+        )
     rec = recommend(results)
     for line in rec.lines():
-        console.print(_rich_escape(line))
+        console.print(_rich_escape(line), highlight=highlight)
     return rec
 
 
