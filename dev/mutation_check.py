@@ -914,6 +914,12 @@ MUTANTS = (
         "\n",
     ),
     Mutant(
+        "summary-times-take-a-nan-time-for-none",
+        "results/reqarrays.py",
+        "    present[nans] = [values[k] is not None for k in nans]",
+        "    present[nans] = False",
+    ),
+    Mutant(
         "build-prompts-writes-into-the-drafts-buffer",
         "sim/workloads/deferred.py",
         "            d.prompt = _NO_TOKENS\n",

@@ -6,6 +6,7 @@ series sampled without a per-sample time check (``TimeSeries.unchecked``/``check
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
+from radixsched.results.reqarrays import _times
 from radixsched.results.series import TimeSeries
 from radixsched.sim.deploy.run import client_requests
 from radixsched.sim.policy_runs import PolicyRuns
@@ -170,3 +172,14 @@ def test_checked_without_new_samples_changes_nothing() -> None:
     ts.checked(1)
     with pytest.raises(ValueError, match=r"0\.5 after 1\.0"):
         ts.append(*_row(0.5))
+
+
+# ---- the summary's columns --------------------------------------------------------------------
+
+
+def test_times_mark_none_absent_and_a_nan_time_present() -> None:
+    arr, present = _times([1.5, None, math.nan, 2.0, None])
+    assert present.tolist() == [True, False, True, True, False]
+    assert arr[0] == 1.5 and arr[3] == 2.0 and np.isnan(arr[[1, 2, 4]]).all()
+    arr, present = _times([])
+    assert arr.size == 0 and present.size == 0 and present.dtype == np.bool_
