@@ -920,6 +920,12 @@ MUTANTS = (
         "    present[nans] = False",
     ),
     Mutant(
+        "percentiles-leave-the-first-position-with-zeros",
+        "results/stats.py",
+        "    if (part == 0).any():",
+        "    if False:",
+    ),
+    Mutant(
         "build-prompts-writes-into-the-drafts-buffer",
         "sim/workloads/deferred.py",
         "            d.prompt = _NO_TOKENS\n",

@@ -17,6 +17,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
 from radixsched.results.reqarrays import _times
 from radixsched.results.series import TimeSeries
+from radixsched.results.stats import _QUANTILES, percentiles
 from radixsched.sim.deploy.run import client_requests
 from radixsched.sim.policy_runs import PolicyRuns
 from radixsched.sim.settings.simconfig import SimConfig
@@ -183,3 +184,17 @@ def test_times_mark_none_absent_and_a_nan_time_present() -> None:
     assert arr[0] == 1.5 and arr[3] == 2.0 and np.isnan(arr[[1, 2, 4]]).all()
     arr, present = _times([])
     assert arr.size == 0 and present.size == 0 and present.dtype == np.bool_
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.0, 0.0, -0.0, -0.0, -0.0, -1.0, -0.0],  # a partition without the first position
+        [1.0, -0.0, 0.0, -0.0, 0.7, 0.0, 0.0, -0.0],  # puts the other zero at a percentile's
+        [3.0, 1.0, 2.5, 0.5, 7.0],  # no zero: the first position left out
+    ],
+)
+def test_percentiles_keep_numpys_zero_signs(values: list[float]) -> None:
+    got = percentiles(np.array(values), _QUANTILES)
+    want = np.percentile(np.array(values), 100 * _QUANTILES)
+    assert got.view(np.int64).tolist() == want.view(np.int64).tolist()
