@@ -71,6 +71,8 @@ TESTS = (
     "tests/test_native_radix_slots.py",
     "tests/test_native_kv_rows.py",
     "tests/test_native_evict_free.py",
+    "tests/test_deferred_prompts.py",
+    "tests/test_run_inputs.py",
     "tests/test_cli_start.py",
     "tests/test_report.py",
 )
@@ -911,8 +913,62 @@ MUTANTS = (
     Mutant(
         "arrivals-delivered-before-due",
         "sim/deploy/open_loop.py",
-        "    while j < n and reqs[j].arrival_time <= now:",
-        "    while j < n and reqs[j].arrival_time <= now + 0.05:",
+        "    while j < n and arrivals[j] <= now:",
+        "    while j < n and arrivals[j] <= now + 0.05:",
+    ),
+    Mutant(
+        "arrivals-delivered-without-their-prompts",
+        "sim/deploy/open_loop.py",
+        "    reqs[j - 1]  # indexed for its side effect: a deferred sequence builds through it\n",
+        "\n",
+    ),
+    Mutant(
+        "series-check-forgets-the-sample-before",
+        "results/series.py",
+        "        before = np.concatenate(([self._last], t[:-1]))",
+        "        before = np.concatenate(([t[0]], t[:-1]))",
+    ),
+    Mutant(
+        "series-check-keeps-the-old-last-time",
+        "results/series.py",
+        "        self._last = times[-1]\n",
+        "\n",
+    ),
+    Mutant(
+        "client-requests-reused-when-copies-are-asked",
+        "sim/deploy/run.py",
+        "sorted(own if reuse else map(clone_request, own),",
+        "sorted(own,",
+    ),
+    Mutant(
+        "deferred-requests-reused-when-copies-are-asked",
+        "sim/deploy/run.py",
+        "    reqs = [own[i] for i in order] if reuse else [clone_request(own[i]) for i in order]",
+        "    reqs = [own[i] for i in order]",
+    ),
+    Mutant(
+        "build-prompts-keeps-the-built-prompt-in-the-draft",
+        "sim/workloads/deferred.py",
+        "            d.prompt = p\n",
+        "\n",
+    ),
+    Mutant(
+        "summary-times-take-a-nan-time-for-none",
+        "results/reqarrays.py",
+        "    present[nans] = [values[k] is not None for k in nans]",
+        "    present[nans] = False",
+    ),
+    Mutant(
+        "percentiles-leave-the-first-position-with-zeros",
+        "results/stats.py",
+        "    if (part == 0).any():",
+        "    if False:",
+    ),
+    Mutant(
+        "build-prompts-writes-into-the-drafts-buffer",
+        "sim/workloads/deferred.py",
+        "            d.prompt = _NO_TOKENS\n",
+        "\n",
     ),
     Mutant(
         "lpm-round-skips-the-refresh-count",

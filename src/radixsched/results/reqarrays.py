@@ -71,7 +71,7 @@ class RequestArrays:
         )
         completed = (code == _ENDED) & has_finish
         return cls(
-            arrival=np.array([t.arrival for t in times], dtype=np.float64),
+            arrival=np.fromiter([t.arrival for t in times], dtype=np.float64, count=len(times)),
             first_scheduled=first_scheduled,
             first_token=first_token,
             finish=finish,
@@ -80,8 +80,8 @@ class RequestArrays:
             has_finish=has_finish,
             completed=completed,
             aborted=code == _ABORTED,
-            prompt_len=_ints([r.prompt_len for r in reqs]),
-            output_len=_ints([r.output_len for r in reqs]),
+            prompt_len=_ints([len(r.prompt_ids) for r in reqs]),  # ``prompt_len``, no call
+            output_len=_ints([len(r.output_ids) for r in reqs]),  # ``output_len``
             cached=_ints([r.cached_tokens for r in reqs]),
             host_cached=_ints([r.host_cached_tokens for r in reqs]),
             computed=_ints([r.computed_prefill_tokens for r in reqs]),
@@ -157,6 +157,10 @@ def _ints(values: list[int]) -> IntArray:
 
 
 def _times(values: Sequence[float | None]) -> tuple[FloatArray, BoolArray]:
-    """``values`` as float64, NaN for None, and where they are not None."""
-    present = np.fromiter((v is not None for v in values), dtype=np.bool_, count=len(values))
-    return np.array(values, dtype=np.float64), present
+    """``values`` as float64, NaN for None, and where they are not None: where the array is
+    not NaN, and at a NaN whether its value was one (only NaNs ask the list)."""
+    arr = np.array(values, dtype=np.float64)
+    nans = np.flatnonzero(np.isnan(arr)).tolist()
+    present = np.ones(arr.size, dtype=np.bool_)
+    present[nans] = [values[k] is not None for k in nans]
+    return arr, present

@@ -258,8 +258,9 @@ def failure_reasons(reqs: Iterable[Req]) -> list[tuple[str, int]]:
     """Why requests did not complete: (an example message, how many), most frequent first;
     messages that differ only in their numbers count as one reason."""
     groups: dict[str, tuple[str, int]] = {}
+    abort = FinishReason.ABORT  # a local: read once, not once a request
     for r in reqs:
-        if r.finish is None or r.finish.reason is not FinishReason.ABORT:
+        if r.finish is None or r.finish.reason is not abort:
             continue
         message = r.finish.message or "aborted"
         key = re.sub(r"\d+", "N", message)
@@ -273,12 +274,11 @@ def failure_summary(reqs: Sequence[Req]) -> str:
     reasons = failure_reasons(reqs)
     if not reasons:
         return ""
+    abort = FinishReason.ABORT
     rejected = sum(
         1
         for r in reqs
-        if r.finish is not None
-        and r.finish.reason is FinishReason.ABORT
-        and r.times.first_scheduled is None
+        if r.finish is not None and r.finish.reason is abort and r.times.first_scheduled is None
     )
     failed = sum(n for _, n in reasons)
     how = (

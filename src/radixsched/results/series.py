@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -65,6 +66,29 @@ class TimeSeries:
         self._rows.extend(
             (t, queue_len, running, kv_usage, cumulative_cached_tokens, cumulative_prompt_tokens)
         )
+
+    def unchecked(self) -> Callable[[Iterable[float]], None]:
+        """``append`` of one tuple of the six values, without the time check, for a loop
+        that samples once a step (one call, not two): ``checked`` must follow before any
+        other use of the series."""
+        return self._rows.extend
+
+    def checked(self, since: int) -> None:
+        """Check the samples from ``since`` on (``len(self)`` before the first ``unchecked``
+        one) as ``append`` checks each, against the one before; raises as it would for the
+        first that goes back in time (the samples stay written)."""
+        times = self._rows[since * _COLS :: _COLS]  # a copy: a view would pin the buffer
+        if not times:
+            return
+        t = np.frombuffer(times, dtype=np.float64)
+        before = np.concatenate(([self._last], t[:-1]))
+        back = np.flatnonzero(t < before)
+        if back.size:
+            k = int(back[0])
+            raise ValueError(
+                f"time series must not go back in time: {float(t[k])} after {float(before[k])}"
+            )
+        self._last = times[-1]
 
     def __len__(self) -> int:
         return len(self._rows) // _COLS

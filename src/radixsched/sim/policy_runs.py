@@ -80,9 +80,12 @@ class PolicyRuns:
         ``left``: the run (its requests, replicas, scheduler) is added to it instead of being
         freed on return, for a process that ends without freeing anything (``run_policies``)."""
         cfg = dataclasses.replace(self.base, schedule_policy=policy)
+        # A process that ends after this run reads the workload's requests no more: the run
+        # takes them as they are (the last run; earlier ones ran copies).
         run = simulate(
-            self.workload, cfg, self.sim, on_progress=report, optimal_hit_rate=self.optimal_hit_rate
-        )
+            self.workload, cfg, self.sim, on_progress=report,
+            optimal_hit_rate=self.optimal_hit_rate, reuse_requests=left is not None,
+        )  # fmt: skip
         if left is not None:
             left.append(run)
         return self._outcome(run)

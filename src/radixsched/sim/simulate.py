@@ -32,6 +32,7 @@ def simulate(
     optimal_hit_rate: float | None = None,
     accelerate: bool = True,
     runner_factory: RunnerFactory | None = None,
+    reuse_requests: bool = False,
 ) -> SimRun:
     """Replay ``workload`` (a ``sim.workloads.load.Workload``) under one scheduler configuration.
 
@@ -40,7 +41,8 @@ def simulate(
     ``runner_factory`` replaces each replica's ``CostModelRunner`` (a lockstep rank still
     wraps it in ``SingleStepRunner``). ``sim_cfg.max_concurrency`` runs closed-loop clients and
     the cost model's request latency delays arrivals (``deploy.closed_loop``); reported times
-    are the client's."""
+    are the client's. ``reuse_requests``: run the workload's own requests, not copies (when
+    they were never run and nothing reads them after: ``deploy.run.client_requests``)."""
     sim_cfg = sim_cfg or SimConfig()
     if optimal_hit_rate is None:
         from radixsched.sim.workloads.load import optimal_hit_rate as compute_optimal
@@ -54,7 +56,7 @@ def simulate(
     # clients' copies made without any (sim.heap: a million requests are millions of objects).
     with frozen_heap(len(workload.requests)):
         with paused_gc():
-            reqs = client_requests(workload)
+            reqs = client_requests(workload, reuse=reuse_requests)
         return run(
             reqs,
             sched_cfg,

@@ -87,10 +87,11 @@ def _run_one_replica(
         _run_lean(rep, reqs, series, on_progress, check_integrity, lean)
         return
     sched, clock, append = rep.sched, rep.clock, series.append
-    n = len(reqs)
+    arrivals = [r.arrival_time for r in reqs]  # (``_deliver_due``)
+    n = len(arrivals)
     done = i = 0
     while True:
-        ta = reqs[i].arrival_time if i < n else math.inf
+        ta = arrivals[i] if i < n else math.inf
         horizon = None if i == n else ta
         while not sched.is_idle:
             start = clock.now()
@@ -113,7 +114,7 @@ def _run_one_replica(
             break
         if sched.is_idle:
             clock.jump_to(ta)
-        i = _deliver_due(rep, reqs, i, clock.now())
+        i = _deliver_due(rep, reqs, arrivals, i, clock.now())
     if on_progress is not None:
         on_progress(n, n)
 
@@ -127,13 +128,18 @@ def _run_lean(
     lean: LeanReads,
 ) -> None:
     """``_run_one_replica`` reading the scheduler's state straight from ``lean`` (the same
-    values as its properties: ``fast.arrive.lean_reads``)."""
-    sched, clock, append, st = rep.sched, rep.clock, series.append, rep.sched.stats
+    values as its properties: ``fast.arrive.lean_reads``), the arrival times from one list
+    read before the loop (iterating ``reqs`` builds no deferred prompt; delivering indexes
+    it), and sampling the series without its per-sample time check (the replica's clock
+    never goes back; ``TimeSeries.checked`` checks them all after)."""
+    sched, clock, st = rep.sched, rep.clock, rep.sched.stats
     waiting, running, free, evictable, cap = lean
-    n = len(reqs)
+    arrivals = [r.arrival_time for r in reqs]
+    sample, since = series.unchecked(), len(series)
+    n = len(arrivals)
     done = i = 0
     while True:
-        ta = reqs[i].arrival_time if i < n else math.inf
+        ta = arrivals[i] if i < n else math.inf
         horizon = None if i == n else ta
         while waiting or running or sched.chunked_req is not None:  # not ``is_idle``
             start = clock.now()
@@ -144,14 +150,14 @@ def _run_lean(
                 sched.check_integrity()
             if out is None:
                 raise _cannot_schedule(rep)
-            append(
+            sample((
                 start,
                 len(waiting),
                 len(running) + (1 if sched.chunked_req is not None else 0),
                 (cap - (free() + evictable())) / cap,
                 st.cached_prompt_tokens,
                 st.prompt_tokens,
-            )
+            ))  # fmt: skip
             if out.finished and on_progress is not None:
                 done += len(out.finished)
                 on_progress(done, n)
@@ -159,7 +165,8 @@ def _run_lean(
             break
         if not (waiting or running or sched.chunked_req is not None):
             clock.jump_to(ta)
-        i = _deliver_due(rep, reqs, i, clock.now())
+        i = _deliver_due(rep, reqs, arrivals, i, clock.now())
+    series.checked(since)
     if on_progress is not None:
         on_progress(n, n)
 
@@ -182,11 +189,17 @@ def _cannot_schedule(rep: Replica) -> RuntimeError:
     )
 
 
-def _deliver_due(rep: Replica, reqs: Sequence[Req], i: int, now: float) -> int:
+def _deliver_due(
+    rep: Replica, reqs: Sequence[Req], arrivals: list[float], i: int, now: float
+) -> int:
     """Deliver arrival ``i`` and the ones after it due by ``now`` (the replica's clock, at or
-    past arrival ``i``); returns the next arrival's index."""
-    j, n = i + 1, len(reqs)
-    while j < n and reqs[j].arrival_time <= now:
+    past arrival ``i``); returns the next arrival's index. ``arrivals``: ``reqs``' arrival
+    times, read once before the loop (indexing a deferred sequence builds prompts: only the
+    last request delivered is indexed, so that the prompts through it are built,
+    ``sim.workloads.deferred``)."""
+    j, n = i + 1, len(arrivals)
+    while j < n and arrivals[j] <= now:
         j += 1
+    reqs[j - 1]  # indexed for its side effect: a deferred sequence builds through it
     deliver_batch(reqs[i:j], rep)
     return j

@@ -58,17 +58,20 @@ class SimRun:
     cost_model: dict[str, Any] = field(default_factory=dict)
 
 
-def client_requests(workload: Any) -> list[Req]:
+def client_requests(workload: Any, *, reuse: bool = False) -> list[Req]:
     """Fresh, unscheduled copies of the workload's requests in arrival order; with deferred
     prompts (``workload.drafts``), a sequence that builds each prompt as the run reaches it
-    (``sim.workloads.deferred``)."""
+    (``sim.workloads.deferred``). ``reuse``: the workload's own requests, not copies (the
+    caller's promise: they were never scheduled, and nothing reads them after this run; a
+    copy of a fresh request equals it field for field, so the run is the same)."""
+    own: list[Req] = workload.requests
     drafts = getattr(workload, "drafts", None)
     if drafts is None:
-        return sorted((clone_request(r) for r in workload.requests), key=lambda r: r.arrival_time)
+        return sorted(own if reuse else map(clone_request, own), key=lambda r: r.arrival_time)
     from radixsched.sim.workloads.deferred import ArrivingRequests
 
-    order = sorted(range(len(workload.requests)), key=lambda i: workload.requests[i].arrival_time)
-    reqs = [clone_request(workload.requests[i]) for i in order]
+    order = sorted(range(len(own)), key=lambda i: own[i].arrival_time)
+    reqs = [own[i] for i in order] if reuse else [clone_request(own[i]) for i in order]
     return cast(list[Req], ArrivingRequests(reqs, [drafts[i] for i in order]))
 
 

@@ -18,7 +18,6 @@ bit (``tests/test_deferred_prompts.py``).
 
 from __future__ import annotations
 
-import dataclasses
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, cast, overload
@@ -61,18 +60,27 @@ def should_defer(drafts: Sequence[_Draft]) -> bool:
 
 
 def build_prompts(drafts: Sequence[_Draft]) -> list[TokenArray]:
-    """The prompts of ``drafts`` (in order), built on copies: the drafts keep their sources, so
-    each run of a command builds them again."""
-    copies = [dataclasses.replace(d, prompt=_NO_TOKENS) for d in drafts]
+    """The prompts of ``drafts`` (in order). ``fill`` writes each into its draft's ``prompt``
+    (into the array there when it has the prompt's length): each draft's is set aside for the
+    build, which then allocates the prompt, and put back after, so the drafts keep their
+    sources and each run of a command builds them again (as on copies of the drafts, without
+    making any)."""
+    held = [d.prompt for d in drafts]
     pending: dict[Any, list[_Draft]] = {}
-    for c in copies:
-        assert c.fill is not None  # should_defer: every draft is deferred
-        pending.setdefault(c.fill, []).append(c)
-    for fill, group in pending.items():
-        fill(group)
-    for c in copies:
-        c.prompt.flags.writeable = False  # as the prompt cache's views: never written
-    return [c.prompt for c in copies]
+    try:
+        for d in drafts:
+            assert d.fill is not None  # should_defer: every draft is deferred
+            d.prompt = _NO_TOKENS
+            pending.setdefault(d.fill, []).append(d)
+        for fill, group in pending.items():
+            fill(group)
+        built = [d.prompt for d in drafts]
+    finally:
+        for d, p in zip(drafts, held, strict=True):
+            d.prompt = p
+    for p in built:
+        p.flags.writeable = False  # as the prompt cache's views: never written
+    return built
 
 
 class ArrivingRequests(Sequence[Req]):
