@@ -89,8 +89,8 @@ MUTANTS = (
     Mutant(
         "compat-lof-sorts-ascending",
         "fast/queue.py",
-        "                reqs.sort(key=_MAX_NEW, reverse=True)",
-        "                reqs.sort(key=_MAX_NEW)",
+        "            reqs.sort(key=_MAX_NEW, reverse=True)",
+        "            reqs.sort(key=_MAX_NEW)",
     ),
     Mutant(
         "shuffle-keeps-a-draw-at-the-bound",
@@ -847,8 +847,14 @@ MUTANTS = (
     Mutant(
         "compat-fcfs-keeps-list-under-priorities",
         "fast/queue.py",
-        "        if pol.key is fcfs_sglang and not self.config.enable_priority_scheduling:\n",
+        "        if pol.key is fcfs_sglang and not priorities:\n",
         "        if pol.key is fcfs_sglang:\n",
+    ),
+    Mutant(
+        "compat-lof-ignores-priorities",
+        "fast/queue.py",
+        "        if pol.key is lof_sglang and not priorities:\n",
+        "        if pol.key is lof_sglang:\n",
     ),
     Mutant(
         "decode-need-page-1-one-step-more",

@@ -586,13 +586,12 @@ class FastWaitingQueue(WaitingQueue):
         stands); lof's stable sort by ``-max_new_tokens`` is the stable descending sort by
         ``max_new_tokens`` (``reverse`` keeps ties in their order), keyed in C; random's
         ``rng.shuffle`` runs natively from and back to the generator's state."""
-        reqs = self.reqs
-        if not self.config.enable_priority_scheduling:
-            if pol.key is fcfs_sglang:
-                return iter(range(len(reqs)))
-            if pol.key is lof_sglang:
-                reqs.sort(key=_MAX_NEW, reverse=True)
-                return iter(range(len(reqs)))
+        reqs, priorities = self.reqs, self.config.enable_priority_scheduling
+        if pol.key is fcfs_sglang and not priorities:
+            return iter(range(len(reqs)))
+        if pol.key is lof_sglang and not priorities:
+            reqs.sort(key=_MAX_NEW, reverse=True)
+            return iter(range(len(reqs)))
         rng = self.rng  # Python's own generator (a subclass of it may draw otherwise)
         if pol.order is random_sglang and self._shuffle is not None and type(rng) is Random:
             version, state, gauss = rng.getstate()
