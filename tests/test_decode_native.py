@@ -359,3 +359,54 @@ def test_jump_returns_the_fills_before_its_steps_as_int64_bytes(page: int) -> No
     assert b.fill.tolist() == [f + k for f in fill0]
     want = [h + _need(r, k, page) for r, h in zip(rows, have0, strict=True)]
     assert b.have.tolist() == want and pool.reserved_size() == sum(want) - sum(have0)
+
+
+# ---- the retraction order: running.py's, natively -------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(0, 3), st.sampled_from([None, -1, 0, 2])),
+        min_size=1,
+        max_size=9,
+    ),
+    policy=st.sampled_from(["length", "priority", "newest"]),
+    sign=st.sampled_from([1, -1]),
+)
+def test_native_retraction_order_is_the_references(
+    shape: list[tuple[int, int, int | None]], policy: str, sign: int
+) -> None:
+    """Ties on every key (few distinct lengths and priorities) keep the rows' order, as
+    Python's stable ``sorted(..., reverse=True)`` does."""
+    from radixsched.running import retraction_order
+
+    rows = [_row(p, o, 0, 9, True, False) for p, o, _ in shape]
+    for r, (_, _, prio) in zip(rows, shape, strict=True):
+        r.priority = prio
+    want = retraction_order(rows, [len(r.output_ids) for r in rows], policy, sign)  # type: ignore[arg-type]
+    got = _batch(rows).retraction_order(policy, sign)
+    assert [id(r) for r in got] == [id(r) for r in want]
+
+
+def test_native_retraction_order_declines_what_python_must_decide() -> None:
+    """A priority past int64 and an unknown policy: None (the batch then sorts in Python); a
+    priority at int64's ends is exact (no overflow in ``prio * -sign``)."""
+    from radixsched.fast.scheduler import FastRunningBatch
+
+    rows = [_row(2, 1, 0, 9, True, False) for _ in range(3)]
+    for r, prio in zip(rows, [-(1 << 63), 1 << 70, (1 << 63) - 1], strict=True):
+        r.priority = prio
+    b = _batch(rows)
+    assert b.retraction_order("priority", 1) is None and b.retraction_order("oldest", 1) is None
+    fast = FastRunningBatch(False, lambda rows: None)
+    fast.extend(rows)  # type: ignore[arg-type]
+    ids = [id(r) for r in rows]
+
+    def order(got: list[Any]) -> list[int]:
+        return [ids.index(id(r)) for r in got]
+
+    assert order(fast.retraction_order("priority", 1)) == [0, 2, 1]  # low first, pop the high
+    rows[1].priority = 5
+    assert order(_batch(rows).retraction_order("priority", 1)) == [0, 1, 2]
+    assert order(_batch(rows).retraction_order("priority", -1)) == [2, 1, 0]
+    with pytest.raises(KeyError):
+        fast.retraction_order("oldest", 1)

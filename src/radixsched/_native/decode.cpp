@@ -385,6 +385,57 @@ struct DecodeBatch {
         return out;
     }
 
+    // running.py's retraction_order of the rows' requests (the columns' out_len: what the
+    // requests will have once settled), sorted as Python's stable sorted(..., reverse=True):
+    // descending keys, ties in row order. "length": (out_len, -len(prompt_ids)); "priority":
+    // (prio_value(r, sign) * -sign, then as length); "newest": the rows' order. None (Python
+    // decides) for another policy or a priority past int64 (prio_value's int()).
+    nb::object retraction_order(const std::string& policy, int64_t sign) const {
+        if (policy == "newest") return req_list(nullptr);
+        const bool by_prio = policy == "priority";
+        if (!by_prio && policy != "length") return nb::none();
+        struct Key {
+            __int128 prio;  // prio_value * -sign: exact for any int64 pair
+            int64_t out, neg_prompt;
+            bool operator>(const Key& o) const {
+                if (prio != o.prio) return prio > o.prio;
+                if (out != o.out) return out > o.out;
+                return neg_prompt > o.neg_prompt;
+            }
+        };
+        const Names& k = names();
+        std::vector<Key> keys(reqs.size());
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            keys[i] = {0, cols.out_len()[i], -length(reqs[i], k.prompt_ids)};
+            if (!by_prio) continue;
+            const std::optional<int64_t> p = priority_of(reqs[i], sign);
+            if (!p) return nb::none();
+            keys[i].prio = static_cast<__int128>(*p) * -static_cast<__int128>(sign);
+        }
+        std::vector<int64_t> rows(reqs.size());
+        for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
+        std::stable_sort(rows.begin(), rows.end(), [&keys](int64_t a, int64_t b) {
+            return keys[size_t(a)] > keys[size_t(b)];
+        });
+        return req_list(&rows);
+    }
+
+    // policies.py's prio_value: int(r.priority), None as the least important extreme; nothing
+    // for a priority past int64.
+    static std::optional<int64_t> priority_of(nb::handle r, int64_t sign) {
+        static PyObject* const name = PyUnicode_InternFromString("priority");
+        if (name == nullptr) throw nb::python_error();
+        const nb::object p = py::get(r, name);
+        if (p.is_none()) return sign > 0 ? INT64_MAX : INT64_MIN;
+        const nb::object v = nb::steal(PyNumber_Long(p.ptr()));
+        if (!v.is_valid()) throw nb::python_error();
+        int overflow = 0;
+        const long long got = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+        if (overflow != 0) return std::nullopt;
+        if (got == -1 && PyErr_Occurred()) throw nb::python_error();
+        return int64_t(got);
+    }
+
     // What settling `rows` owes each (from the requests' state): tokens, slots, the fill.
     struct Owed {
         std::vector<int64_t> ks, slots, fills;
@@ -787,6 +838,7 @@ void bind_decode(nb::module_& m) {
              [](DecodeBatch& b, int64_t k, int64_t page) { return b.cols.advance(k, page); },
              "k"_a, "page"_a)
         .def("owed", &DecodeBatch::owed, "rows"_a)
+        .def("retraction_order", &DecodeBatch::retraction_order, "policy"_a, "sign"_a)
         .def("settle", &DecodeBatch::settle, "rows"_a, "tokens_at"_a, "stand_in"_a.none(),
              "pool"_a)
         .def("steps", &DecodeBatch::steps, "free"_a, "room"_a, "page"_a, "t0"_a,

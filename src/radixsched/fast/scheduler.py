@@ -157,8 +157,13 @@ class FastRunningBatch(RunningBatch):
         return cast(tuple[int, int], self.columns().progress()) if self.reqs else (0, 0)
 
     def retraction_order(self, policy: str, sign: int) -> list[Req]:
-        out = self.columns().out_len.tolist() if self.reqs else []
-        return retraction_order(self.reqs, out, policy, sign)
+        """The reference's order sorted natively (``DecodeBatch.retraction_order``), or in
+        Python where the columns decline (a priority past int64, a policy they do not know)."""
+        got: list[Req] | None = self.columns().retraction_order(policy, sign) if self.reqs else None
+        if got is None:  # no rows, a priority past int64 or a policy the columns do not know
+            out = self.columns().out_len.tolist() if self.reqs else []
+            got = retraction_order(self.reqs, out, policy, sign)
+        return got
 
     def step_need(self, page: int) -> list[int]:
         return cast(list[int], self.columns().need(1, page)) if self.reqs else []
