@@ -410,3 +410,28 @@ def test_native_retraction_order_declines_what_python_must_decide() -> None:
     assert order(_batch(rows).retraction_order("priority", -1)) == [2, 1, 0]
     with pytest.raises(KeyError):
         fast.retraction_order("oldest", 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=rows_st, gone=st.sets(st.integers(0, 7)))
+def test_remove_at_keeps_every_column_of_the_kept_rows(rows: list[Row], gone: set[int]) -> None:
+    """Each column squeezed run by run: the kept rows' values, in order, in all six."""
+    b = _batch(rows, has_eos=True)
+    cols = ("fill", "have", "out_len", "max_new", "ignore_eos", "stops")
+    before = {c: getattr(b, c).tolist() for c in cols}
+    positions = sorted(i for i in gone if i < len(rows))
+    keep = [i for i in range(len(rows)) if i not in positions]
+    b.remove_at(positions)
+    for c in cols:
+        assert getattr(b, c).tolist() == [before[c][i] for i in keep], c
+    assert b.can_stop == any(before["stops"][i] for i in keep)
+
+
+@pytest.mark.parametrize("bad", [[3], [-1], [0, 0], [1, 3], [0, 2, 1]])
+def test_remove_at_refuses_bad_rows_and_changes_nothing(bad: list[int]) -> None:
+    rows = [_row(3, i, 3, 5, i == 1, i == 2) for i in range(3)]
+    b = _batch(rows)
+    with pytest.raises(ValueError):
+        b.remove_at(bad)
+    assert b.out_len.tolist() == [0, 1, 2] and b.stops.tolist() == [False, False, True]
+    assert len(b) == 3 and b.can_stop

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <climits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -51,28 +52,30 @@ void DecodeCols::push(const DecodeRow& r) {
 
 void DecodeCols::remove_at(const std::vector<int64_t>& positions) {
     const size_t n = size();
-    // The rows before the first removed one stay where they are.
-    const size_t first = positions.empty() ? n : std::min(static_cast<size_t>(positions[0]), n);
-    size_t w = first, p = 0;
-    for (size_t i = first; i < n; ++i) {
-        if (p < positions.size() && static_cast<size_t>(positions[p]) == i) {
-            stopping_ -= stops_[i];
-            ++p;
-            continue;
+    // Checked first (nothing changes on bad positions): strictly ascending rows of the batch.
+    for (size_t p = 0; p < positions.size(); ++p)
+        if (positions[p] < 0 || size_t(positions[p]) >= n ||
+            (p > 0 && positions[p] <= positions[p - 1]))
+            throw std::invalid_argument("remove_at: positions must be ascending rows of the batch");
+    if (positions.empty()) return;
+    for (int64_t i : positions) stopping_ -= stops_[size_t(i)];
+    // The kept rows between removed ones move down a whole run at a time (a memmove per run
+    // and column); the rows before the first removed one stay where they are.
+    const auto squeeze = [&positions, n](auto& col) {
+        auto w = col.begin() + positions[0];
+        for (size_t p = 0; p < positions.size(); ++p) {
+            const size_t from = size_t(positions[p]) + 1;
+            const size_t to = p + 1 < positions.size() ? size_t(positions[p + 1]) : n;
+            w = std::move(col.begin() + int64_t(from), col.begin() + int64_t(to), w);
         }
-        fill_[w] = fill_[i];
-        have_[w] = have_[i];
-        out_len_[w] = out_len_[i];
-        max_new_[w] = max_new_[i];
-        ignore_eos_[w] = ignore_eos_[i];
-        stops_[w] = stops_[i];
-        ++w;
-    }
-    if (p != positions.size())
-        throw std::invalid_argument("remove_at: positions must be ascending rows of the batch");
-    for (auto* c : {&fill_, &have_, &out_len_, &max_new_}) c->resize(w);
-    ignore_eos_.resize(w);
-    stops_.resize(w);
+        col.erase(w, col.end());
+    };
+    squeeze(fill_);
+    squeeze(have_);
+    squeeze(out_len_);
+    squeeze(max_new_);
+    squeeze(ignore_eos_);
+    squeeze(stops_);
 }
 
 int64_t DecodeCols::need(size_t i, int64_t steps, int64_t page) const {
@@ -259,7 +262,11 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     if (!out.is_valid()) throw nb::python_error();
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
-        PyObject* t = PyLong_FromUnsignedLongLong(radixsched::stand_in(h, p, vocab));
+        const uint64_t v = radixsched::stand_in(h, p, vocab);
+        // PyLong_FromLong where it fits (every vocabulary in practice): the unsigned call
+        // forwards there for small values anyway, one call deeper.
+        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
+                                              : PyLong_FromUnsignedLongLong(v);
         if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }
