@@ -435,3 +435,25 @@ def test_remove_at_refuses_bad_rows_and_changes_nothing(bad: list[int]) -> None:
         b.remove_at(bad)
     assert b.out_len.tolist() == [0, 1, 2] and b.stops.tolist() == [False, False, True]
     assert len(b) == 3 and b.can_stop
+
+
+@pytest.mark.parametrize("stops", [False, True])
+def test_a_decode_rounds_tokens_read_later_are_the_ones_written(stops: bool) -> None:
+    """``JumpOutcome.pending`` of both shapes: a jump's (requests, runner, fills, steps), its
+    tokens asked of the runner when read; eager steps' (requests, tokens), where a request can
+    stop (stop ids: every step written at once). Read after the batch changed (``sync``)."""
+    sched = _scheduler()
+    if stops:
+        sched.running[1].sampling = SamplingParams(max_new_tokens=30, stop_token_ids=(-1,))
+        sched.batch.cols = None  # rebuilt from the requests: the row can stop
+    reqs = list(sched.running)
+    before = [len(r.output_ids) for r in reqs]
+    out = sched.decode_round()
+    assert out is not None and out.pending is not None and len(out.pending) == (2 if stops else 4)
+    sched.sync_running()
+    sched.batch.remove([reqs[0]])
+    got = out.new_tokens
+    assert [r for r, _ in got] == reqs and out.pending is None
+    for (r, toks), had in zip(got, before, strict=True):
+        assert toks == r.output_ids[had:] and len(toks) == out.num_steps
+    assert out.new_tokens is got  # paired once
