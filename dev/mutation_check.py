@@ -863,11 +863,11 @@ MUTANTS = (
         "            const size_t from = size_t(positions[p]) + 1;",
         "            const size_t from = size_t(positions[p]);",
     ),
-    Mutant(
-        "decode-remove-at-allows-repeated-rows",
+    Mutant(  # (not a weaker check: bad rows past it are undefined behaviour, a crash)
+        "decode-remove-at-refuses-with-another-error",
         "_native/decode.cpp",
-        "            (p > 0 && positions[p] <= positions[p - 1]))",
-        "            (p > 0 && positions[p] < positions[p - 1]))",
+        '            throw std::invalid_argument("remove_at: positions must be ascending rows of the batch");',
+        '            throw std::out_of_range("remove_at: positions must be ascending rows of the batch");',
     ),
     Mutant(
         "decode-remove-at-keeps-stopping-count",
