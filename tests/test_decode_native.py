@@ -359,3 +359,101 @@ def test_jump_returns_the_fills_before_its_steps_as_int64_bytes(page: int) -> No
     assert b.fill.tolist() == [f + k for f in fill0]
     want = [h + _need(r, k, page) for r, h in zip(rows, have0, strict=True)]
     assert b.have.tolist() == want and pool.reserved_size() == sum(want) - sum(have0)
+
+
+# ---- the retraction order: running.py's, natively -------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(0, 3), st.sampled_from([None, -1, 0, 2])),
+        min_size=1,
+        max_size=9,
+    ),
+    policy=st.sampled_from(["length", "priority", "newest"]),
+    sign=st.sampled_from([1, -1]),
+)
+def test_native_retraction_order_is_the_references(
+    shape: list[tuple[int, int, int | None]], policy: str, sign: int
+) -> None:
+    """Ties on every key (few distinct lengths and priorities) keep the rows' order, as
+    Python's stable ``sorted(..., reverse=True)`` does."""
+    from radixsched.running import retraction_order
+
+    rows = [_row(p, o, 0, 9, True, False) for p, o, _ in shape]
+    for r, (_, _, prio) in zip(rows, shape, strict=True):
+        r.priority = prio
+    want = retraction_order(rows, [len(r.output_ids) for r in rows], policy, sign)  # type: ignore[arg-type]
+    got = _batch(rows).retraction_order(policy, sign)
+    assert [id(r) for r in got] == [id(r) for r in want]
+
+
+def test_native_retraction_order_declines_what_python_must_decide() -> None:
+    """A priority past int64 and an unknown policy: None (the batch then sorts in Python); a
+    priority at int64's ends is exact (no overflow in ``prio * -sign``)."""
+    from radixsched.fast.scheduler import FastRunningBatch
+
+    rows = [_row(2, 1, 0, 9, True, False) for _ in range(3)]
+    for r, prio in zip(rows, [-(1 << 63), 1 << 70, (1 << 63) - 1], strict=True):
+        r.priority = prio
+    b = _batch(rows)
+    assert b.retraction_order("priority", 1) is None and b.retraction_order("oldest", 1) is None
+    fast = FastRunningBatch(False, lambda rows: None)
+    fast.extend(rows)  # type: ignore[arg-type]
+    ids = [id(r) for r in rows]
+
+    def order(got: list[Any]) -> list[int]:
+        return [ids.index(id(r)) for r in got]
+
+    assert order(fast.retraction_order("priority", 1)) == [0, 2, 1]  # low first, pop the high
+    rows[1].priority = 5
+    assert order(_batch(rows).retraction_order("priority", 1)) == [0, 1, 2]
+    assert order(_batch(rows).retraction_order("priority", -1)) == [2, 1, 0]
+    with pytest.raises(KeyError):
+        fast.retraction_order("oldest", 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=rows_st, gone=st.sets(st.integers(0, 7)))
+def test_remove_at_keeps_every_column_of_the_kept_rows(rows: list[Row], gone: set[int]) -> None:
+    """Each column squeezed run by run: the kept rows' values, in order, in all six."""
+    b = _batch(rows, has_eos=True)
+    cols = ("fill", "have", "out_len", "max_new", "ignore_eos", "stops")
+    before = {c: getattr(b, c).tolist() for c in cols}
+    positions = sorted(i for i in gone if i < len(rows))
+    keep = [i for i in range(len(rows)) if i not in positions]
+    b.remove_at(positions)
+    for c in cols:
+        assert getattr(b, c).tolist() == [before[c][i] for i in keep], c
+    assert b.can_stop == any(before["stops"][i] for i in keep)
+
+
+@pytest.mark.parametrize("bad", [[3], [-1], [0, 0], [1, 3], [0, 2, 1]])
+def test_remove_at_refuses_bad_rows_and_changes_nothing(bad: list[int]) -> None:
+    rows = [_row(3, i, 3, 5, i == 1, i == 2) for i in range(3)]
+    b = _batch(rows)
+    with pytest.raises(ValueError):
+        b.remove_at(bad)
+    assert b.out_len.tolist() == [0, 1, 2] and b.stops.tolist() == [False, False, True]
+    assert len(b) == 3 and b.can_stop
+
+
+@pytest.mark.parametrize("stops", [False, True])
+def test_a_decode_rounds_tokens_read_later_are_the_ones_written(stops: bool) -> None:
+    """``JumpOutcome.pending`` of both shapes: a jump's (requests, runner, fills, steps), its
+    tokens asked of the runner when read; eager steps' (requests, tokens), where a request can
+    stop (stop ids: every step written at once). Read after the batch changed (``sync``)."""
+    sched = _scheduler()
+    if stops:
+        sched.running[1].sampling = SamplingParams(max_new_tokens=30, stop_token_ids=(-1,))
+        sched.batch.cols = None  # rebuilt from the requests: the row can stop
+    reqs = list(sched.running)
+    before = [len(r.output_ids) for r in reqs]
+    out = sched.decode_round()
+    assert out is not None and out.pending is not None and len(out.pending) == (2 if stops else 4)
+    sched.sync_running()
+    sched.batch.remove([reqs[0]])
+    got = out.new_tokens
+    assert [r for r, _ in got] == reqs and out.pending is None
+    for (r, toks), had in zip(got, before, strict=True):
+        assert toks == r.output_ids[had:] and len(toks) == out.num_steps
+    assert out.new_tokens is got  # paired once

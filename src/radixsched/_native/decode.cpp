@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <climits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -51,28 +52,30 @@ void DecodeCols::push(const DecodeRow& r) {
 
 void DecodeCols::remove_at(const std::vector<int64_t>& positions) {
     const size_t n = size();
-    // The rows before the first removed one stay where they are.
-    const size_t first = positions.empty() ? n : std::min(static_cast<size_t>(positions[0]), n);
-    size_t w = first, p = 0;
-    for (size_t i = first; i < n; ++i) {
-        if (p < positions.size() && static_cast<size_t>(positions[p]) == i) {
-            stopping_ -= stops_[i];
-            ++p;
-            continue;
+    // Checked first (nothing changes on bad positions): strictly ascending rows of the batch.
+    for (size_t p = 0; p < positions.size(); ++p)
+        if (positions[p] < 0 || size_t(positions[p]) >= n ||
+            (p > 0 && positions[p] <= positions[p - 1]))
+            throw std::invalid_argument("remove_at: positions must be ascending rows of the batch");
+    if (positions.empty()) return;
+    for (int64_t i : positions) stopping_ -= stops_[size_t(i)];
+    // The kept rows between removed ones move down a whole run at a time (a memmove per run
+    // and column); the rows before the first removed one stay where they are.
+    const auto squeeze = [&positions, n](auto& col) {
+        auto w = col.begin() + positions[0];
+        for (size_t p = 0; p < positions.size(); ++p) {
+            const size_t from = size_t(positions[p]) + 1;
+            const size_t to = p + 1 < positions.size() ? size_t(positions[p + 1]) : n;
+            w = std::move(col.begin() + int64_t(from), col.begin() + int64_t(to), w);
         }
-        fill_[w] = fill_[i];
-        have_[w] = have_[i];
-        out_len_[w] = out_len_[i];
-        max_new_[w] = max_new_[i];
-        ignore_eos_[w] = ignore_eos_[i];
-        stops_[w] = stops_[i];
-        ++w;
-    }
-    if (p != positions.size())
-        throw std::invalid_argument("remove_at: positions must be ascending rows of the batch");
-    for (auto* c : {&fill_, &have_, &out_len_, &max_new_}) c->resize(w);
-    ignore_eos_.resize(w);
-    stops_.resize(w);
+        col.erase(w, col.end());
+    };
+    squeeze(fill_);
+    squeeze(have_);
+    squeeze(out_len_);
+    squeeze(max_new_);
+    squeeze(ignore_eos_);
+    squeeze(stops_);
 }
 
 int64_t DecodeCols::need(size_t i, int64_t steps, int64_t page) const {
@@ -259,7 +262,11 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     if (!out.is_valid()) throw nb::python_error();
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
-        PyObject* t = PyLong_FromUnsignedLongLong(radixsched::stand_in(h, p, vocab));
+        const uint64_t v = radixsched::stand_in(h, p, vocab);
+        // PyLong_FromLong where it fits (every vocabulary in practice): the unsigned call
+        // forwards there for small values anyway, one call deeper.
+        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
+                                              : PyLong_FromUnsignedLongLong(v);
         if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }
@@ -383,6 +390,57 @@ struct DecodeBatch {
         else
             for (int64_t i : *rows) out.append(reqs.at(size_t(i)));
         return out;
+    }
+
+    // running.py's retraction_order of the rows' requests (the columns' out_len: what the
+    // requests will have once settled), sorted as Python's stable sorted(..., reverse=True):
+    // descending keys, ties in row order. "length": (out_len, -len(prompt_ids)); "priority":
+    // (prio_value(r, sign) * -sign, then as length); "newest": the rows' order. None (Python
+    // decides) for another policy or a priority past int64 (prio_value's int()).
+    nb::object retraction_order(const std::string& policy, int64_t sign) const {
+        if (policy == "newest") return req_list(nullptr);
+        const bool by_prio = policy == "priority";
+        if (!by_prio && policy != "length") return nb::none();
+        struct Key {
+            __int128 prio;  // prio_value * -sign: exact for any int64 pair
+            int64_t out, neg_prompt;
+            bool operator>(const Key& o) const {
+                if (prio != o.prio) return prio > o.prio;
+                if (out != o.out) return out > o.out;
+                return neg_prompt > o.neg_prompt;
+            }
+        };
+        const Names& k = names();
+        std::vector<Key> keys(reqs.size());
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            keys[i] = {0, cols.out_len()[i], -length(reqs[i], k.prompt_ids)};
+            if (!by_prio) continue;
+            const std::optional<int64_t> p = priority_of(reqs[i], sign);
+            if (!p) return nb::none();
+            keys[i].prio = static_cast<__int128>(*p) * -static_cast<__int128>(sign);
+        }
+        std::vector<int64_t> rows(reqs.size());
+        for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
+        std::stable_sort(rows.begin(), rows.end(), [&keys](int64_t a, int64_t b) {
+            return keys[size_t(a)] > keys[size_t(b)];
+        });
+        return req_list(&rows);
+    }
+
+    // policies.py's prio_value: int(r.priority), None as the least important extreme; nothing
+    // for a priority past int64.
+    static std::optional<int64_t> priority_of(nb::handle r, int64_t sign) {
+        static PyObject* const name = PyUnicode_InternFromString("priority");
+        if (name == nullptr) throw nb::python_error();
+        const nb::object p = py::get(r, name);
+        if (p.is_none()) return sign > 0 ? INT64_MAX : INT64_MIN;
+        const nb::object v = nb::steal(PyNumber_Long(p.ptr()));
+        if (!v.is_valid()) throw nb::python_error();
+        int overflow = 0;
+        const long long got = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+        if (overflow != 0) return std::nullopt;
+        if (got == -1 && PyErr_Occurred()) throw nb::python_error();
+        return int64_t(got);
     }
 
     // What settling `rows` owes each (from the requests' state): tokens, slots, the fill.
@@ -787,6 +845,7 @@ void bind_decode(nb::module_& m) {
              [](DecodeBatch& b, int64_t k, int64_t page) { return b.cols.advance(k, page); },
              "k"_a, "page"_a)
         .def("owed", &DecodeBatch::owed, "rows"_a)
+        .def("retraction_order", &DecodeBatch::retraction_order, "policy"_a, "sign"_a)
         .def("settle", &DecodeBatch::settle, "rows"_a, "tokens_at"_a, "stand_in"_a.none(),
              "pool"_a)
         .def("steps", &DecodeBatch::steps, "free"_a, "room"_a, "page"_a, "t0"_a,

@@ -84,17 +84,20 @@ class ChunkPlan(NamedTuple):
 
 @dataclass(slots=True)
 class JumpOutcome(StepOutcome):
-    """A decode jump's outcome: its tokens are paired with their requests only when read."""
+    """A decode jump's outcome: its tokens are paired with their requests only when read.
+    ``pending``: (requests, tokens) of eager steps, or (requests, runner, fills before, steps)
+    of a jump, whose tokens are asked of the runner then (``_jump_tokens``). A tuple, not a
+    closure: one object a round, where a closure's cells and function were six."""
 
-    batch_tokens: Callable[[], tuple[list[Req], list[list[int]]]] | None = field(
-        default=None, repr=False
-    )
+    pending: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
     def new_tokens(self) -> list[tuple[Req, list[int]]]:
-        if self.batch_tokens is not None:
-            reqs, toks = self.batch_tokens()
-            self.batch_tokens = None
+        p = self.pending
+        if p is not None:
+            self.pending = None
+            reqs = p[0]
+            toks = p[1] if len(p) == 2 else _jump_tokens(p[1], reqs, p[2], p[3])
             self._tokens.extend(zip(reqs, toks, strict=True))
         return self._tokens
 
@@ -157,8 +160,13 @@ class FastRunningBatch(RunningBatch):
         return cast(tuple[int, int], self.columns().progress()) if self.reqs else (0, 0)
 
     def retraction_order(self, policy: str, sign: int) -> list[Req]:
-        out = self.columns().out_len.tolist() if self.reqs else []
-        return retraction_order(self.reqs, out, policy, sign)
+        """The reference's order sorted natively (``DecodeBatch.retraction_order``), or in
+        Python where the columns decline (a priority past int64, a policy they do not know)."""
+        got: list[Req] | None = self.columns().retraction_order(policy, sign) if self.reqs else None
+        if got is None:  # no rows, a priority past int64 or a policy the columns do not know
+            out = self.columns().out_len.tolist() if self.reqs else []
+            got = retraction_order(self.reqs, out, policy, sign)
+        return got
 
     def step_need(self, page: int) -> list[int]:
         return cast(list[int], self.columns().need(1, page)) if self.reqs else []
@@ -609,7 +617,7 @@ class FastScheduler(Scheduler):
         st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
         out = JumpOutcome("decode", end - t0, len(reqs), k)  # num_steps: k (positional: cheaper)
         self.unsettled = True
-        out.batch_tokens = lambda: (reqs, _jump_tokens(runner, reqs, fill0, k))
+        out.pending = (reqs, runner, fill0, k)  # _jump_tokens's, when read
         if self._charges:
             self._charge_decode(reqs, k)
         if maybe:
@@ -635,7 +643,7 @@ class FastScheduler(Scheduler):
         out = JumpOutcome("decode", float(ends[-1] - t0), len(reqs), num_steps=k)
         times = ends.tolist()
         self._write_steps(reqs, (fill0 + (k - 1)).tolist(), toks, times, needs, slots)
-        out.batch_tokens = lambda: (reqs, toks)
+        out.pending = (reqs, toks)
         if self.policy.charges_service:
             self._charge_decode(reqs, k)
         cols.advance(k, self.page_size)
