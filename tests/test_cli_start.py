@@ -268,11 +268,14 @@ def test_the_run_s_modules_are_ones_a_run_imports_anyway(tmp_path: Path) -> None
 
 
 def test_the_program_s_imports_run_with_the_collector_paused() -> None:
-    # ``python -m radixsched``: no pass walks the start's imports (the collector runs again
-    # once the arguments are parsed).
+    # ``python -m radixsched``: no pass walks the start's imports, the CLI's and what it
+    # imports (the collector runs again once the arguments are parsed). A pass before them
+    # (the interpreter's own start, the package's ``__init__``, an editable install's import
+    # hook) is the environment's, not the start's.
     code = (
         "import gc, runpy, sys\npasses = []\n"
-        "gc.callbacks.append(lambda phase, info: phase == 'start' and passes.append(info))\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start'\n"
+        "                    and 'radixsched.cli' in sys.modules and passes.append(info))\n"
         "sys.argv = ['radixsched', '--version']\n"
         "try:\n    runpy.run_module('radixsched', run_name='__main__')\n"
         "except SystemExit:\n    pass\nprint(len(passes), gc.isenabled())\n"
