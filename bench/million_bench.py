@@ -51,7 +51,7 @@ The goal (1M requests in under a minute) is not met: 261 s of CPU for 1M request
 load and the loop (``sim/heap.py``); what is left is the scheduler's per-step Python (about
 three ``step`` calls a request; perf: 56% interpreter, 18% libc copies and malloc, 15% native).
 Memory still grows with the trace, at about 8 KB a request: the load's records, drafts and
-requests (1.8 KB), the run's copies (1.5 KB), each finished request's token times and objects
+requests (1.8 KB), the run's copies (1.5 KB; none in a process's last run since the sixth session), each finished request's token times and objects
 (3.4 KB with the heap the allocator keeps), and at the end the summary's array of every gap.
 """
 
