@@ -1162,7 +1162,7 @@ MUTANTS = (
     ),
     Mutant(
         "program-imports-with-the-collector-on",
-        "__main__.py",
+        "cli/__main__.py",
         "\ngc.disable()\n",
         "\n",
     ),

@@ -1,12 +1,4 @@
-"""``python -m radixsched``: the same command line as ``radixsched``."""
+"""``python -m radixsched``: the same command line as ``radixsched``, run by ``radixsched.cli``'s
+``__main__`` (its imports with the collector paused), which exits with the command's status."""
 
-import gc
-import sys
-
-# The start's imports make objects that last the process: no pass walks them (``main`` keeps
-# the collector paused through the parser, then moves them to the oldest generation).
-gc.disable()
-
-from radixsched.cli.main import main  # noqa: E402
-
-sys.exit(main())
+import radixsched.cli.__main__  # noqa: F401
