@@ -26,6 +26,16 @@ def _no_prompt_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def defer_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every trace is over the eager limit, and prompts are built 16 requests at a time."""
+    from radixsched.sim.workloads import deferred
+
+    monkeypatch.setenv("RADIXSCHED_EAGER_PROMPTS_GB", "0")
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    monkeypatch.setattr(deferred, "BATCH", 16)
+
+
+@pytest.fixture
 def prompts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The prompt cache on, with its cache root in a temporary folder: its ``prompts/``."""
     monkeypatch.setenv("RADIXSCHED_CACHE_DIR", str(tmp_path / "cache"))

@@ -29,14 +29,6 @@ SAMPLE = ROOT / "tests" / "data" / "mooncake_sample.jsonl"
 SPEC = f"mooncake:{SAMPLE}"
 
 
-@pytest.fixture
-def defer_all(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every trace is over the eager limit, and prompts are built 16 requests at a time."""
-    monkeypatch.setenv("RADIXSCHED_EAGER_PROMPTS_GB", "0")
-    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
-    monkeypatch.setattr(deferred, "BATCH", 16)
-
-
 def test_stand_in_has_the_length_and_no_memory() -> None:
     s = deferred.stand_in(1000)
     assert len(s) == 1000 and s.dtype == np.int32 and not s.flags.writeable

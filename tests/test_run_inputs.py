@@ -40,13 +40,6 @@ def _workload() -> Workload:
     return Workload(name="t", params={}, requests=reqs, has_timestamps=True)
 
 
-@pytest.fixture
-def defer_all(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RADIXSCHED_EAGER_PROMPTS_GB", "0")
-    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
-    monkeypatch.setattr(deferred, "BATCH", 16)
-
-
 # ---- the run's requests ---------------------------------------------------------------------
 
 
