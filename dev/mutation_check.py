@@ -45,6 +45,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
+    "tests/test_native_optimal.py",
+    "tests/test_native_prompts.py",
     "tests/test_native_shuffle.py",
     "tests/test_fast_glue.py",
     "tests/test_native_compat_match.py",
@@ -86,6 +88,48 @@ class Mutant(NamedTuple):
 
 
 MUTANTS = (
+    Mutant(
+        "optimal-split-keeps-the-whole-span",
+        "_native/optimal.cpp",
+        "        nodes_[next].key = span.key + m;",
+        "        nodes_[next].key = span.key;",
+    ),
+    Mutant(
+        "optimal-one-namespace",
+        "_native/optimal.cpp",
+        "    uint32_t node = root(ns);",
+        "    uint32_t node = root(0);",
+    ),
+    Mutant(
+        "optimal-compare-stops-a-token-short",
+        "_native/optimal.cpp",
+        "    while (i < n && a[i] == b[i]) ++i;",
+        "    while (i + 1 < n && a[i] == b[i]) ++i;",
+    ),
+    Mutant(
+        "optimal-native-takes-any-dtype",
+        "results/optimal.py",
+        "    if mod is None or any(s.dtype != np.int32 for s in seqs):",
+        "    if mod is None:",
+    ),
+    Mutant(
+        "hash-tokens-from-position-zero",
+        "_native/prompts.cpp",
+        "            tokens(out.data(), out.shape(0), key, first, md);",
+        "            tokens(out.data(), out.shape(0), key, 0, md);",
+    ),
+    Mutant(
+        "prompt-threads-drop-the-last-run",
+        "sim/workloads/tokens.py",
+        "    bounds.append(len(lengths))",
+        "    bounds.append(at)",
+    ),
+    Mutant(
+        "prompt-threads-swallow-a-failure",
+        "sim/workloads/tokens.py",
+        "        if e is not None:\n            raise e",
+        "        if e is not None:\n            break",
+    ),
     Mutant(
         "compat-lof-sorts-ascending",
         "fast/queue.py",

@@ -1,6 +1,8 @@
 """The native Mooncake prompt builder (``_native/prompts.hpp``) writes the tokens the numpy
 path writes (``traces._fill_mooncake``'s block table, gather and padding), for any block size,
-vocabulary, id list and prompt length; and a load builds the same prompts with it as without."""
+vocabulary, id list and prompt length; so does its hashed-token builder (``tokens._hash_tokens``:
+padding, JSONL prompts given by length); a load builds the same prompts with them as without,
+and in threads as in one."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.native import core
-from radixsched.sim.workloads import traces
+from radixsched.sim.workloads import tokens, traces
 from radixsched.sim.workloads.load import load_workload
 from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft
 
@@ -32,13 +34,15 @@ def _draft(ids: list[int], n: int, line: int) -> _Draft:
 
 def _build(drafts: Sequence[_Draft], block: int, vocab: int, native: bool) -> list[np.ndarray]:
     copies = [dataclasses.replace(d, prompt=_NO_TOKENS) for d in drafts]
-    real = traces._native_prompt
+    real, real_hash = traces._native_prompt, tokens._native_hash
     try:
         if not native:
             traces._native_prompt = lambda b, v: None  # type: ignore[assignment]
+            tokens._native_hash = lambda v: None  # type: ignore[assignment]
         traces._fill_mooncake(copies, block, vocab)
     finally:
         traces._native_prompt = real  # type: ignore[assignment]
+        tokens._native_hash = real_hash  # type: ignore[assignment]
     return [c.prompt for c in copies]
 
 
@@ -126,3 +130,89 @@ def test_an_extension_without_the_builder_falls_back_to_numpy(
     drafts = [_draft([1, 2], 700, 0)]
     (prompt,) = _build(drafts, 512, 128_000, native=True)  # the numpy path, no native call
     assert len(prompt) == 700 and prompt.dtype == np.int32
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(
+    key=st.integers(0, 2**64 - 1),
+    start=st.integers(0, 2**40),
+    n=st.integers(0, 300),
+    vocab=st.sampled_from([1, 2, 7, 49, 128_000, 1_000_003, 2**31 - 1, 2**40 + 3, 2**63 - 1]),
+)
+def test_native_hashed_tokens_match_numpy(key: int, start: int, n: int, vocab: int) -> None:
+    got = tokens._hash_tokens(key, start, n, vocab)
+    want = tokens._hash_tokens_numpy(key, start, n, vocab, np.empty(n, dtype=np.int32))
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+def test_hashed_tokens_beyond_the_native_vocabulary_or_into_a_strided_buffer_use_numpy() -> None:
+    assert tokens._native_hash(2**63) is None and tokens._native_hash(0) is None
+    strided = np.zeros(20, dtype=np.int32)[::2]
+    got = tokens._hash_tokens(5, 3, 10, 1000, strided)
+    assert np.array_equal(got, tokens._hash_tokens_numpy(5, 3, 10, 1000, np.empty(10, np.int32)))
+
+
+@pytest.mark.parametrize("spec", [f"mooncake:{SAMPLE}", "jsonl"])
+def test_a_load_builds_the_same_prompts_in_threads_as_in_one(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if spec == "jsonl":  # prompts given by length, some sharing a group's prefix
+        lines = [
+            f'{{"input_length": {40 + 7 * i}, "output_length": 3, "timestamp": {i}'
+            + (', "prefix_group": "g", "prefix_length": 20}' if i % 2 else "}")
+            for i in range(30)
+        ]
+        (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+        spec = f"jsonl:{tmp_path / 't.jsonl'}"
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    one = load_workload(spec)
+    monkeypatch.setattr(tokens, "build_threads", lambda n: 3)
+    three = load_workload(spec)
+    assert len(one.requests) == len(three.requests) > 20
+    for a, b in zip(one.requests, three.requests, strict=True):
+        assert np.array_equal(a.prompt_ids, b.prompt_ids)
+
+
+def test_runs_cut_by_tokens_and_every_draft_is_built_once() -> None:
+    assert tokens._runs([5, 5, 5, 5], 2) == [0, 2, 4]
+    assert tokens._runs([10, 1, 1, 1, 1], 2) == [0, 0, 5]  # the big one alone is over half
+    assert tokens._runs([], 3) == [0, 0, 0, 0]
+    assert tokens._runs([3], 1) == [0, 1]
+    drafts = [_Draft(_NO_TOKENS, 1, i, length=i % 4) for i in range(23)]
+    seen: list[int] = []
+    real = tokens.build_threads
+    try:
+        tokens.build_threads = lambda n: 4  # type: ignore[assignment]
+        tokens._each_in_threads(drafts, lambda d: seen.append(d.session))
+    finally:
+        tokens.build_threads = real  # type: ignore[assignment]
+    assert sorted(seen) == list(range(23))
+
+
+def test_a_failure_in_a_thread_is_raised_after_every_thread_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drafts = [_Draft(_NO_TOKENS, 1, i, length=1) for i in range(12)]
+    built: list[int] = []
+
+    def build(d: _Draft) -> None:
+        if d.session in (5, 10):
+            raise ValueError(f"bad {d.session}")
+        built.append(d.session)
+
+    monkeypatch.setattr(tokens, "build_threads", lambda n: 3)
+    with pytest.raises(ValueError, match="bad 5"):  # the first failed run's, not the last's
+        tokens._each_in_threads(drafts, build)
+    assert sorted(built) == [0, 1, 2, 3, 4, 8, 9]
+
+
+def test_build_threads_are_one_per_share_of_tokens_and_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tokens.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    share = tokens.THREAD_MIN_TOKENS
+    assert [tokens.build_threads(k * share) for k in (0, 1, 2, 5)] == [1, 1, 2, 3]
+    assert tokens.build_threads(share - 1) == 1
+    monkeypatch.setattr(tokens.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert tokens.build_threads(1000 * share) == tokens.MAX_THREADS

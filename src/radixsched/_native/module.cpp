@@ -24,6 +24,7 @@
 #include "dedup_bind.hpp"
 #include "kv.hpp"
 #include "matcher.hpp"
+#include "optimal.hpp"
 #include "order.hpp"
 #include "prefill.hpp"
 #include "prompts.hpp"
@@ -537,6 +538,7 @@ NB_MODULE(_core, m) {
     bind_prefill(m);
     radixsched::bind_chunks(m);
     radixsched::bind_prompts(m);
+    radixsched::bind_optimal(m);
     radixsched::bind_shuffle(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
         auto& t = nb::cast<PyTree&>(h);

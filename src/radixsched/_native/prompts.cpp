@@ -137,6 +137,17 @@ void bind_prompts(nb::module_& m) {
         "out"_a, "ids"_a, "block_salt"_a, "pad_key"_a, "block"_a, "vocab"_a,
         "Write a Mooncake prompt into `out` (its length): the blocks of `ids`, then the "
         "padding keyed `pad_key` (traces._fill_mooncake's tokens, prompts.hpp)");
+    m.def(
+        "hash_tokens",
+        [](Out out, uint64_t key, uint64_t first, uint64_t vocab) {
+            if (vocab < 1 || vocab >= (1ULL << 63))
+                throw std::invalid_argument("hash_tokens: vocab must be in [1, 2^63)");
+            const Modulus md(vocab);
+            nb::gil_scoped_release nogil;
+            tokens(out.data(), out.shape(0), key, first, md);
+        },
+        "out"_a, "key"_a, "first"_a, "vocab"_a,
+        "Write tokens._hash_tokens(key, first, len(out), vocab) into `out` (prompts.hpp)");
 }
 
 }  // namespace radixsched

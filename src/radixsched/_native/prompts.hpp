@@ -44,7 +44,9 @@ struct MooncakeShape {
 void fill_mooncake_prompt(int32_t* out, size_t n, const int64_t* ids, size_t nids,
                           const MooncakeShape& s);
 
-// radixsched._core.mooncake_prompt(out, ids, block_salt, pad_key, block, vocab).
+// radixsched._core.mooncake_prompt(out, ids, block_salt, pad_key, block, vocab), and
+// hash_tokens(out, key, first, vocab): position p's token mod(splitmix64(p * golden ^ key)) for
+// p in [first, first + len(out)) (tokens._hash_tokens: the padding, generated prompts).
 void bind_prompts(nanobind::module_& m);
 
 }  // namespace radixsched

@@ -3,9 +3,11 @@ per-block tokens, and the drafts (prompt lengths and token sources) a builder re
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -55,8 +57,29 @@ def _hash_tokens(
     key: int, start: int, n: int, vocab: int, out: TokenArray | None = None
 ) -> TokenArray:
     """Tokens ``hash(key, position) mod vocab`` for positions ``start .. start+n`` (written
-    into ``out`` when given)."""
+    into ``out`` when given): by the native core where it takes the shape (``_native_hash``),
+    else by numpy (``_hash_tokens_numpy``); the same tokens."""
     out = np.empty(n, dtype=np.int32) if out is None else out
+    native = _native_hash(vocab)
+    if native is None or out.dtype != np.int32 or not out.flags.c_contiguous or n != len(out):
+        return _hash_tokens_numpy(key, start, n, vocab, out)
+    native(out, key & _MASK, start, vocab)
+    return out
+
+
+def _native_hash(vocab: int) -> Callable[..., None] | None:
+    """The native core's ``hash_tokens`` (``_native/prompts.hpp``), or None: no native core
+    (or one built before it), or a vocabulary it does not take."""
+    if not 1 <= vocab < _INT64:
+        return None
+    from radixsched.native import core
+
+    fn = getattr(core(), "hash_tokens", None)
+    return None if fn is None else cast(Callable[..., None], fn)
+
+
+def _hash_tokens_numpy(key: int, start: int, n: int, vocab: int, out: TokenArray) -> TokenArray:
+    """``_hash_tokens`` in numpy (the reference of the native builder)."""
     z = np.arange(start, start + n, dtype=np.uint64)
     np.multiply(z, np.uint64(_GOLDEN), out=z)
     np.bitwise_xor(z, np.uint64(key), out=z)
@@ -131,6 +154,61 @@ def _fill_prompts(drafts: Sequence[_Draft]) -> None:
 
 
 _NO_TOKENS: TokenArray = np.zeros(0, dtype=np.int32)
+
+# Prompts are built in threads when there are this many tokens or more per thread (4 MB of
+# int32): the native builders release the GIL, and most of a fresh prompt's cost is the kernel
+# faulting in its pages, which threads take in parallel. At most this many threads.
+THREAD_MIN_TOKENS = 1 << 20
+MAX_THREADS = 8
+
+
+def build_threads(tokens: int) -> int:
+    """How many threads build ``tokens`` tokens of prompts: one per ``THREAD_MIN_TOKENS``, no
+    more than the CPUs this process may run on, nor ``MAX_THREADS``; at least one."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_THREADS, tokens // THREAD_MIN_TOKENS))
+
+
+def _each_in_threads(drafts: Sequence[_Draft], build: Callable[[_Draft], None]) -> None:
+    """``build(d)`` for every draft, the list cut into ``build_threads`` runs of about equal
+    tokens (``length``), each run in its own thread (the first in this one). Each draft's
+    prompt is its own: the order they are built in changes no token. An exception is raised
+    after every thread has stopped, the first run's that failed."""
+    bounds = _runs([d.length for d in drafts], build_threads(sum(d.length for d in drafts)))
+    failed: list[BaseException | None] = [None] * (len(bounds) - 1)
+
+    def run(k: int) -> None:
+        try:
+            for d in drafts[bounds[k] : bounds[k + 1]]:
+                build(d)
+        except BaseException as e:  # re-raised by the caller's thread below
+            failed[k] = e
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(1, len(failed))]
+    for t in threads:
+        t.start()
+    run(0)
+    for t in threads:
+        t.join()
+    for e in failed:
+        if e is not None:
+            raise e
+
+
+def _runs(lengths: list[int], n: int) -> list[int]:
+    """Bounds ``0 = b0 <= b1 <= ... <= bn = len(lengths)`` cutting ``lengths`` into ``n``
+    consecutive runs of about equal sums."""
+    total, at, acc, bounds = sum(lengths), 0, 0, [0]
+    for k in range(1, n):
+        while at < len(lengths) and acc + lengths[at] <= total * k // n:
+            acc += lengths[at]
+            at += 1
+        bounds.append(at)
+    bounds.append(len(lengths))
+    return bounds
 
 
 # ---- generators --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from radixsched.sim.workloads.tokens import (
     WorkloadError,
     _block_table,
     _Draft,
+    _each_in_threads,
     _hash_tokens,
     _key,
     _str_key,
@@ -406,10 +407,13 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
     native = _native_prompt(block, vocab)
     if native is not None:
         salt = _key(_SALT_BLOCK)
-        for d in drafts:
+
+        def build(d: _Draft) -> None:
             out = _prompt_buffer(d)
             native(out, d.source.hash_ids, salt, _key(_SALT_PAD, d.session), block, vocab)
             d.prompt = out
+
+        _each_in_threads(drafts, build)
         return
     records: list[_MooncakeRecord] = [d.source for d in drafts]
     distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
@@ -588,13 +592,16 @@ class _HashedPrompt(NamedTuple):
 
 
 def _fill_hashed(drafts: Sequence[_Draft]) -> None:
-    for d in drafts:
-        g, shared, n, line, vocab = d.source
-        out = _prompt_buffer(d)
-        if g is not None:
-            _hash_tokens(_key(_SALT_GROUP, _str_key(g)), 0, shared, vocab, out[:shared])
-        _hash_tokens(_key(_SALT_UNIQUE, line), shared, n - shared, vocab, out[shared:])
-        d.prompt = out
+    _each_in_threads(drafts, _hashed_prompt)
+
+
+def _hashed_prompt(d: _Draft) -> None:
+    g, shared, n, line, vocab = d.source
+    out = _prompt_buffer(d)
+    if g is not None:
+        _hash_tokens(_key(_SALT_GROUP, _str_key(g)), 0, shared, vocab, out[:shared])
+    _hash_tokens(_key(_SALT_UNIQUE, line), shared, n - shared, vocab, out[shared:])
+    d.prompt = out
 
 
 def _build_jsonl(p: dict[str, Any], seed: int) -> list[_Draft]:
