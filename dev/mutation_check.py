@@ -47,6 +47,7 @@ PACKAGE = ROOT / "src" / "radixsched"
 TESTS = (
     "tests/test_native_optimal.py",
     "tests/test_native_prompts.py",
+    "tests/test_native_select.py",
     "tests/test_native_shuffle.py",
     "tests/test_fast_glue.py",
     "tests/test_native_compat_match.py",
@@ -117,6 +118,12 @@ MUTANTS = (
         "_native/prompts.cpp",
         "            tokens(out.data(), out.shape(0), key, first, md);",
         "            tokens(out.data(), out.shape(0), key, 0, md);",
+    ),
+    Mutant(
+        "native-core-loaded-by-every-thread-that-asks",
+        "native.py",
+        "            if not _loaded:\n                _loaded.append(_load())",
+        "            _loaded.append(_load())",
     ),
     Mutant(
         "prompt-threads-drop-the-last-run",

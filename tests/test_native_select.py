@@ -4,6 +4,8 @@ missing, and for a policy or an eviction strategy registered from outside the pa
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -47,6 +49,26 @@ def test_a_missing_extension_selects_the_reference_core(
         assert type(sched) is Scheduler and isinstance(sched.cache, RadixCache)
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "native core not available" in err
+
+
+def test_threads_asking_together_load_the_extension_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (Prompts are built in threads, each of which may be the first to ask for the core.)
+    monkeypatch.delenv(native.ENV, raising=False)
+    monkeypatch.setattr(native, "_loaded", [])
+    loads: list[int] = []
+    start = threading.Barrier(4)
+
+    def slow_load() -> None:
+        loads.append(1)
+        time.sleep(0.05)  # long enough for every other thread to ask meanwhile
+
+    monkeypatch.setattr(native, "_load", slow_load)
+    threads = [threading.Thread(target=lambda: (start.wait(), native.core())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loads == [1] and native._loaded == [None]
 
 
 @pytest.mark.skipif(native.core() is None, reason="the native core is not built, or is off")

@@ -25,6 +25,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -40,6 +41,7 @@ _NS_ID: dict[Namespace, int] = {None: 0}
 
 _said: set[str] = set()
 _loaded: list[ModuleType | None] = []  # [] until the first try, then [module or None]
+_loading = threading.Lock()
 
 
 def notice(message: str) -> None:
@@ -76,7 +78,9 @@ def core() -> ModuleType | None:
         notice(f"{ENV}=0: the native core is off; the reference core runs")
         return None
     if not _loaded:
-        _loaded.append(_load())
+        with _loading:  # threads building prompts may ask first, together
+            if not _loaded:
+                _loaded.append(_load())
     return _loaded[0]
 
 
