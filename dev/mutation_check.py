@@ -737,6 +737,38 @@ MUTANTS = (
         "            continue;",
     ),
     Mutant(
+        "slot-table-ignores-the-type-version",
+        "_native/py_attr.hpp",
+        "    if (e.type == t && e.name == name && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&\n"
+        "        e.version == t->tp_version_tag)",
+        "    if (e.type == t && e.name == name)",
+    ),
+    Mutant(
+        "slot-set-skips-a-custom-setattr",
+        "_native/py_attr.hpp",
+        "            if (t->tp_setattro == PyObject_GenericSetAttr &&\n",
+        "            if (true &&\n",
+    ),
+    Mutant(
+        "slot-set-keeps-the-old-value",
+        "_native/py_attr.hpp",
+        "        slot = Py_NewRef(v.ptr());\n        Py_XDECREF(old);",
+        "        if (old == nullptr) slot = Py_NewRef(v.ptr());",
+    ),
+    Mutant(
+        "settled-tokens-not-shared",
+        "_native/decode.cpp",
+        "    if (slot == nullptr) slot = PyLong_FromLong(long(v));  // (still null on failure)\n"
+        "    return slot == nullptr ? nullptr : Py_NewRef(slot);",
+        "    return PyLong_FromLong(long(v));",
+    ),
+    Mutant(
+        "prefill-token-not-shared",
+        "_native/prefill.cpp",
+        "nb::steal(token_object(it.token));",
+        "nb::steal(PyLong_FromUnsignedLongLong(it.token));",
+    ),
+    Mutant(
         "decode-paged-fit-exclusive",
         "_native/decode.cpp",
         "        if (need_total(mid, page) <= room)",
@@ -925,8 +957,8 @@ MUTANTS = (
     Mutant(
         "stand-ins-long-path-off-by-one",
         "_native/decode.cpp",
-        "        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))",
-        "        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v) ^ 1)",
+        "        PyObject* t = radixsched::token_object(v);  // shared below kSharedTokens",
+        "        PyObject* t = radixsched::token_object(v ^ 1);",
     ),
     Mutant(
         "retire-covers-rows-that-can-stop",

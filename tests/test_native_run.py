@@ -152,6 +152,21 @@ def _compare(policy: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> int:
     return len(calls)
 
 
+def test_native_steps_write_shared_token_objects() -> None:
+    """The tokens the native steps write (a prefill step's first, the decode rounds' settled
+    ones) are the shared int object of their value (decode.hpp's token_object): two runs over
+    fresh requests hold the same objects, not equal copies."""
+    one, two = _reqs(), _reqs()
+    _drive(True, "fcfs", one)
+    _drive(True, "fcfs", two)
+    for a, b in zip(one, two, strict=True):
+        assert a.output_ids == b.output_ids and len(a.output_ids) >= 1
+        for x, y in zip(a.output_ids, b.output_ids, strict=True):
+            assert x is y or x < 257  # (CPython's small ints are shared anyway)
+    assert any(len(r.output_ids) > 1 for r in one)  # decode rounds settled tokens too
+    assert all(r.output_ids[0] > 256 for r in one[:3])  # the prefill steps' firsts checked
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "lpm"])
 def test_native_prefill_steps_end_in_the_reference_state(
     policy: str, monkeypatch: pytest.MonkeyPatch
@@ -258,3 +273,50 @@ def test_middle_chunks_charging_tenants_run_on_the_reference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert _compare_chunks("fair", True, monkeypatch) >= 4
+
+
+# ---- the native attribute access (_native/py_attr.hpp): slots read and written in place ----------
+def test_native_attribute_access_reads_and_writes_slots_as_python_does() -> None:
+    """A __slots__ field is read and written in place (its member descriptor's offset, kept per
+    type and version tag); an unset one, a dict attribute, a property and a frozen class go
+    through Python's own access, and a change to the class is seen at once."""
+    c: Any = core()
+
+    @dataclasses.dataclass(slots=True)
+    class S:
+        a: Any
+        b: Any = None
+
+    class Sub(S):
+        @property
+        def a(self) -> int:  # shadows the slot: read through the property
+            return 7
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class F:
+        a: Any
+
+    s = S(1)
+    assert c._get_attr(s, "a") == 1 and c._get_attr(s, "a") == 1  # the second from the table
+    c._set_attr(s, "b", "x")
+    assert s.b == "x" and c._get_attr(s, "b") == "x"
+    c._set_attr(s, "b", 2.5)  # the old value let go of, the new one held
+    assert s.b == 2.5
+    del s.b
+    with pytest.raises(AttributeError):
+        c._get_attr(s, "b")  # an unset slot raises as Python's access does
+    c._set_attr(s, "b", "y")
+    sub = Sub.__new__(Sub)  # (its __init__ would set the property)
+    assert c._get_attr(sub, "a") == 7
+    with pytest.raises(AttributeError):
+        c._set_attr(sub, "a", 1)  # a property without a setter
+    S.b = property(lambda self: "p")  # type: ignore[assignment,method-assign]
+    assert c._get_attr(s, "b") == "p"  # the class changed: its slot ("y") is no longer read
+    ns = SimpleNamespace(a=1)
+    c._set_attr(ns, "a", 5)
+    assert c._get_attr(ns, "a") == 5
+    f = F(1)
+    assert c._get_attr(f, "a") == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c._set_attr(f, "a", 2)  # its __setattr__ refuses
+    assert f.a == 1

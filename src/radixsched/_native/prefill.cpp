@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "chunks.hpp"
+#include "decode.hpp"
 #include "kv.hpp"
 #include "pool.hpp"
 #include "py_attr.hpp"
@@ -395,7 +396,7 @@ private:
                 set(sched, n.chunked_req, Py_None);
                 chunked = nb::none();
             }
-            const nb::object tok = nb::steal(PyLong_FromUnsignedLongLong(it.token));
+            const nb::object tok = nb::steal(token_object(it.token));  // shared (decode.hpp)
             if (!tok.is_valid()) throw nb::python_error();
             const nb::object outs = get(r, n.output_ids), times = get(r, n.times);
             append(outs, tok);
@@ -441,6 +442,19 @@ void bind_prefill(nb::module_& m) {
              "allreduce"_a.none())
         .def("step", &PrefillCost::step, "tokens"_a, "pairs"_a, "kv_tokens"_a, "entries"_a,
              "extends"_a);
+    // py_attr.hpp's get and set as the native steps use them (for its tests): `name` interned.
+    m.def("_get_attr", [](nb::handle o, nb::str name) {
+        PyObject* n = Py_NewRef(name.ptr());
+        PyUnicode_InternInPlace(&n);
+        const nb::object key = nb::steal(n);
+        return radixsched::py::get(o, key.ptr());
+    });
+    m.def("_set_attr", [](nb::handle o, nb::str name, nb::handle v) {
+        PyObject* n = Py_NewRef(name.ptr());
+        PyUnicode_InternInPlace(&n);
+        const nb::object key = nb::steal(n);
+        radixsched::py::set(o, key.ptr(), v);
+    });
     nb::class_<PrefillRun>(m, "PrefillRun")
         .def(nb::init<nb::object, nb::object, int64_t, nb::object>(), "pool"_a, "evictable"_a,
              "capacity"_a, "checkpoint"_a)
