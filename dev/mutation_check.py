@@ -769,6 +769,24 @@ MUTANTS = (
         "nb::steal(PyLong_FromUnsignedLongLong(it.token));",
     ),
     Mutant(
+        "slot-view-kept-however-short",
+        "_native/radix.cpp",
+        "    if (n * kShareFraction < block || n == 0) {",
+        "    if (n == 0) {",
+    ),
+    Mutant(
+        "row-buffer-handed-out-while-a-node-views-it",
+        "_native/kv.cpp",
+        "    if (!b.owner || b.len == 0 || b.owner.use_count() != 2) return nullptr;",
+        "    if (!b.owner || b.len == 0) return nullptr;",
+    ),
+    Mutant(
+        "split-tail-copied-not-viewed",
+        "_native/radix.cpp",
+        "    view(from.data_ + m, from.data_ + from.n_, owner, from.block_);",
+        "    assign(from.data_ + m, from.data_ + from.n_);",
+    ),
+    Mutant(
         "decode-paged-fit-exclusive",
         "_native/decode.cpp",
         "        if (need_total(mid, page) <= room)",
