@@ -787,6 +787,12 @@ MUTANTS = (
         "    assign(from.data_ + m, from.data_ + from.n_);",
     ),
     Mutant(
+        "allreduce-memo-ignores-the-token-count",
+        "_native/prefill.cpp",
+        "        const auto it = allreduce_memo.find(tokens);",
+        "        const auto it = allreduce_memo.begin();",
+    ),
+    Mutant(
         "decode-paged-fit-exclusive",
         "_native/decode.cpp",
         "        if (need_total(mid, page) <= room)",

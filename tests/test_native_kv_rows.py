@@ -295,7 +295,7 @@ def test_a_checkpoints_leaf_views_the_rows_buffer_which_is_never_handed_out_agai
 
 
 def test_a_short_leaf_copies_its_slots_and_a_split_views_or_copies_by_length() -> None:
-    """A leaf holding less than 1/8 of its row's buffer copies its slots (the buffer is then
+    """A leaf holding less than 1/16 of its row's buffer copies its slots (the buffer is then
     free to serve the next row); the parts of a split view the block or copy by the same
     rule; their slots are the reference's either way."""
     ref, fast = _twins(1024)

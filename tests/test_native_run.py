@@ -65,6 +65,27 @@ def test_prefill_cost_equals_dense_step_s(
     assert native.step(tokens, pairs, kv, entries, entries) == want
 
 
+def test_prefill_cost_asks_allreduce_once_per_token_count() -> None:
+    """``PrefillCost`` keeps ``allreduce(tokens)`` per token count (a pure function of the cost
+    model): asked once per count, each step the one a fresh object gives."""
+    c: Any = core()
+    asked: list[int] = []
+
+    def allreduce(tokens: int) -> float:
+        asked.append(tokens)
+        return tokens * 1e-9 + 1e-5
+
+    def cost(f: Any) -> Any:
+        return c.PrefillCost(1.0, 1.0, 1e12, 1e9, 1e3, 1e12, 64.0, 1e-3, 0.0, 0.0, 0.0, f)
+
+    kept = cost(allreduce)
+    got = [kept.step(t, 10, 10, 1, 1) for t in (8192, 100, 8192, 100, 8192)]
+    assert asked == [8192, 100]
+    fresh = [cost(allreduce).step(t, 10, 10, 1, 1) for t in (8192, 100)]
+    assert got == [fresh[0], fresh[1], fresh[0], fresh[1], fresh[0]]
+    assert fresh[0] != cost(None).step(8192, 10, 10, 1, 1)  # (the all-reduce counts)
+
+
 def test_no_native_prefill_cost_without_a_dense_roofline_or_a_pcie_rate() -> None:
     cost = load_cost_model(model="llama-3.1-8b")
     no_pcie = dataclasses.replace(cost, gpu=dataclasses.replace(cost.gpu, pcie_bw=0.0))

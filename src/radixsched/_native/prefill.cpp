@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -90,13 +91,27 @@ struct PrefillCost {
     DenseRates rates;
     double eff_tokens, overhead, sched_step, sched_req, sched_prefill;
     nb::object allreduce;  // CostModel.allreduce_s, or None where it is 0.0 (tp == 1)
+    // allreduce(tokens) by tokens, asked of Python once per value (a pure function of the
+    // cost model's constants, which the rates above were read from once too); at most
+    // kAllreduceMemo values kept (a step's tokens repeat: whole chunks, budgets).
+    mutable std::unordered_map<int64_t, double> allreduce_memo;
+    static constexpr size_t kAllreduceMemo = 1 << 16;
+
+    double allreduce_s(int64_t tokens) const {
+        if (allreduce.is_none()) return 0.0;
+        const auto it = allreduce_memo.find(tokens);
+        if (it != allreduce_memo.end()) return it->second;
+        const double v = nb::cast<double>(allreduce(tokens));
+        if (allreduce_memo.size() < kAllreduceMemo) allreduce_memo.emplace(tokens, v);
+        return v;
+    }
 
     double step(int64_t tokens, int64_t pairs, int64_t kv_tokens, int64_t entries,
                 int64_t extends) const {
         const double factor = 1.0 + eff_tokens / double(std::max<int64_t>(tokens, 1));
         const double sched = sched_step + sched_req * double(entries) +
                              sched_prefill * double(extends);
-        const double allred = allreduce.is_none() ? 0.0 : nb::cast<double>(allreduce(tokens));
+        const double allred = allreduce_s(tokens);
         const double host = 0.0;  // 0 tokens * bytes / pcie_bw, with pcie_bw > 0
         const double fixed = overhead + sched + allred + host;
         return rates.step(double(tokens), double(pairs), double(kv_tokens), factor, fixed);

@@ -28,13 +28,9 @@ struct SlotEntry {
 
 inline SlotEntry g_slots[512];  // direct-mapped by (type, name): one table for the module
 
-inline const SlotEntry& slot_entry(PyObject* o, PyObject* name) {
-    PyTypeObject* t = Py_TYPE(o);
-    const auto key = (reinterpret_cast<uintptr_t>(t) >> 4) * 31 + (reinterpret_cast<uintptr_t>(name) >> 4);
-    SlotEntry& e = g_slots[key % 512];
-    if (e.type == t && e.name == name && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
-        e.version == t->tp_version_tag)
-        return e;
+// The entry of (type, name) filled anew (a miss: the generic lookup, once per type version).
+[[gnu::noinline]] inline const SlotEntry& fill_slot_entry(SlotEntry& e, PyTypeObject* t,
+                                                          PyObject* name) {
     e = SlotEntry{};
     // Looked up first: _PyType_Lookup assigns the version tag it is valid under.
     PyObject* descr = _PyType_Lookup(t, name);  // borrowed
@@ -53,6 +49,16 @@ inline const SlotEntry& slot_entry(PyObject* o, PyObject* name) {
         }
     }
     return e;
+}
+
+[[gnu::always_inline]] inline const SlotEntry& slot_entry(PyObject* o, PyObject* name) {
+    PyTypeObject* t = Py_TYPE(o);
+    const auto key = (reinterpret_cast<uintptr_t>(t) ^ reinterpret_cast<uintptr_t>(name)) >> 4;
+    SlotEntry& e = g_slots[key % 512];
+    if (e.type == t && e.name == name && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
+        e.version == t->tp_version_tag)
+        return e;
+    return fill_slot_entry(e, t, name);
 }
 
 inline PyObject*& slot_at(PyObject* o, Py_ssize_t offset) {

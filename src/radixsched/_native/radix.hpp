@@ -121,7 +121,7 @@ struct SlotShare {
 // holds one, see pool.hpp).
 class SlotVec {
 public:
-    static constexpr size_t kShareFraction = 8;
+    static constexpr size_t kShareFraction = 16;
 
     SlotVec() = default;
     SlotVec(const int64_t* first, const int64_t* last) { assign(first, last); }
