@@ -756,19 +756,6 @@ MUTANTS = (
         "        if (old == nullptr) slot = Py_NewRef(v.ptr());",
     ),
     Mutant(
-        "settled-tokens-not-shared",
-        "_native/decode.cpp",
-        "    if (slot == nullptr) slot = PyLong_FromLong(long(v));  // (still null on failure)\n"
-        "    return slot == nullptr ? nullptr : Py_NewRef(slot);",
-        "    return PyLong_FromLong(long(v));",
-    ),
-    Mutant(
-        "prefill-token-not-shared",
-        "_native/prefill.cpp",
-        "nb::steal(token_object(it.token));",
-        "nb::steal(PyLong_FromUnsignedLongLong(it.token));",
-    ),
-    Mutant(
         "slot-view-kept-however-short",
         "_native/radix.cpp",
         "    if (n * kShareFraction < block || n == 0) {",
@@ -981,8 +968,8 @@ MUTANTS = (
     Mutant(
         "stand-ins-long-path-off-by-one",
         "_native/decode.cpp",
-        "        PyObject* t = radixsched::token_object(v);  // shared below kSharedTokens",
-        "        PyObject* t = radixsched::token_object(v ^ 1);",
+        "        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))",
+        "        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v) ^ 1)",
     ),
     Mutant(
         "retire-covers-rows-that-can-stop",

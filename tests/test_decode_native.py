@@ -272,22 +272,6 @@ def test_native_stand_ins_equal_the_runners(h: int, first: int, count: int, voca
     assert got == _stand_ins(h, range(first, first + count), vocab)
 
 
-def test_stand_in_tokens_below_the_shared_bound_are_one_int_object_per_value() -> None:
-    """A token below 2**20 is one shared int object (decode.hpp's token_object: every list
-    holding it refers to it); a larger one is a new int each time. Equal values either way."""
-    from radixsched.sim.cost.runner import _stand_ins
-
-    c: Any = core()
-    vocab = 1 << 21  # about half the tokens below the bound, half above
-    a, b = c.stand_ins(12345, 0, 64, vocab), c.stand_ins(12345, 0, 64, vocab)
-    assert a == b == _stand_ins(12345, range(64), vocab)
-    small = [i for i, t in enumerate(a) if 256 < t < (1 << 20)]  # past CPython's small ints
-    large = [i for i, t in enumerate(a) if t >= (1 << 20)]
-    assert small and large
-    assert all(a[i] is b[i] for i in small)
-    assert all(a[i] is not b[i] for i in large)
-
-
 def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
     """A plain request's tokens come from the stand-in recipe, a scripted one's from
     ``tokens_at``: both what the runner gives for them."""

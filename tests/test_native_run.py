@@ -173,21 +173,6 @@ def _compare(policy: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> int:
     return len(calls)
 
 
-def test_native_steps_write_shared_token_objects() -> None:
-    """The tokens the native steps write (a prefill step's first, the decode rounds' settled
-    ones) are the shared int object of their value (decode.hpp's token_object): two runs over
-    fresh requests hold the same objects, not equal copies."""
-    one, two = _reqs(), _reqs()
-    _drive(True, "fcfs", one)
-    _drive(True, "fcfs", two)
-    for a, b in zip(one, two, strict=True):
-        assert a.output_ids == b.output_ids and len(a.output_ids) >= 1
-        for x, y in zip(a.output_ids, b.output_ids, strict=True):
-            assert x is y or x < 257  # (CPython's small ints are shared anyway)
-    assert any(len(r.output_ids) > 1 for r in one)  # decode rounds settled tokens too
-    assert all(r.output_ids[0] > 256 for r in one[:3])  # the prefill steps' firsts checked
-
-
 @pytest.mark.parametrize("policy", ["fcfs", "lpm"])
 def test_native_prefill_steps_end_in_the_reference_state(
     policy: str, monkeypatch: pytest.MonkeyPatch

@@ -174,16 +174,6 @@ int64_t DecodeCols::total_fill() const {
     return total;
 }
 
-PyObject* token_object(uint64_t v) {
-    if (v >= kSharedTokens) return PyLong_FromUnsignedLongLong(v);
-    // Grown to the largest token asked for; its destructor at exit frees the table only.
-    static std::vector<PyObject*> shared;
-    if (v >= shared.size()) shared.resize(size_t(v) + 1, nullptr);
-    PyObject*& slot = shared[size_t(v)];
-    if (slot == nullptr) slot = PyLong_FromLong(long(v));  // (still null on failure)
-    return slot == nullptr ? nullptr : Py_NewRef(slot);
-}
-
 size_t search_left(const std::vector<double>& ends, size_t n, double key) {
     const auto less = [](double a, double b) { return a < b || (b != b && a == a); };
     size_t lo = 0, hi = n;
@@ -273,7 +263,10 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
         const uint64_t v = radixsched::stand_in(h, p, vocab);
-        PyObject* t = radixsched::token_object(v);  // shared below kSharedTokens
+        // PyLong_FromLong where it fits (every vocabulary in practice): the unsigned call
+        // forwards there for small values anyway, one call deeper.
+        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
+                                              : PyLong_FromUnsignedLongLong(v);
         if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }

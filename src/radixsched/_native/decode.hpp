@@ -16,7 +16,6 @@
 namespace nanobind {
 class module_;
 }
-struct _object;  // PyObject (Python.h)
 
 // The Python binding (decode.cpp): _core.DecodeBatch.
 void bind_decode(nanobind::module_& m);
@@ -74,15 +73,6 @@ private:
     std::vector<uint8_t> ignore_eos_, stops_;
     int64_t stopping_ = 0;
 };
-
-// A new reference to the Python int `v`, an output token the native steps write into a
-// request's output_ids (decode.cpp's settle, prefill.cpp's emit); null with the Python error
-// set when it cannot be made. Below kSharedTokens each value has one int object, made on first
-// use and shared by every list that holds that token (a token is read by value, never by
-// identity): a long trace's outputs hold references, not an int object per token. The shared
-// objects are held for the life of the process (never released, as the interned names).
-constexpr uint64_t kSharedTokens = uint64_t(1) << 20;
-::_object* token_object(uint64_t v);
 
 // Index of the first of `ends` at or after `key`: numpy's searchsorted(ends, key, "left"), its
 // binary search and its NaN order (NaN last) included, so that it agrees on any array.

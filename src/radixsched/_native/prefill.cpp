@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "chunks.hpp"
-#include "decode.hpp"
 #include "kv.hpp"
 #include "pool.hpp"
 #include "py_attr.hpp"
@@ -411,7 +410,7 @@ private:
                 set(sched, n.chunked_req, Py_None);
                 chunked = nb::none();
             }
-            const nb::object tok = nb::steal(token_object(it.token));  // shared (decode.hpp)
+            const nb::object tok = nb::steal(PyLong_FromUnsignedLongLong(it.token));
             if (!tok.is_valid()) throw nb::python_error();
             const nb::object outs = get(r, n.output_ids), times = get(r, n.times);
             append(outs, tok);
