@@ -788,6 +788,49 @@ MUTANTS = (
         "            continue;",
     ),
     Mutant(
+        "slot-table-ignores-the-type-version",
+        "_native/py_attr.hpp",
+        "    if (e.type == t && e.name == name && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&\n"
+        "        e.version == t->tp_version_tag)",
+        "    if (e.type == t && e.name == name)",
+    ),
+    Mutant(
+        "slot-set-skips-a-custom-setattr",
+        "_native/py_attr.hpp",
+        "            if (t->tp_setattro == PyObject_GenericSetAttr &&\n",
+        "            if (true &&\n",
+    ),
+    Mutant(
+        "slot-set-keeps-the-old-value",
+        "_native/py_attr.hpp",
+        "        slot = Py_NewRef(v.ptr());\n        Py_XDECREF(old);",
+        "        if (old == nullptr) slot = Py_NewRef(v.ptr());",
+    ),
+    Mutant(
+        "slot-view-kept-however-short",
+        "_native/radix.cpp",
+        "    if (n * kShareFraction < block || n == 0) {",
+        "    if (n == 0) {",
+    ),
+    Mutant(
+        "row-buffer-handed-out-while-a-node-views-it",
+        "_native/kv.cpp",
+        "    if (!b.owner || b.len == 0 || b.owner.use_count() != 2) return nullptr;",
+        "    if (!b.owner || b.len == 0) return nullptr;",
+    ),
+    Mutant(
+        "split-tail-copied-not-viewed",
+        "_native/radix.cpp",
+        "    view(from.data_ + m, from.data_ + from.n_, owner, from.block_);",
+        "    assign(from.data_ + m, from.data_ + from.n_);",
+    ),
+    Mutant(
+        "allreduce-memo-ignores-the-token-count",
+        "_native/prefill.cpp",
+        "        const auto it = allreduce_memo.find(tokens);",
+        "        const auto it = allreduce_memo.begin();",
+    ),
+    Mutant(
         "decode-paged-fit-exclusive",
         "_native/decode.cpp",
         "        if (need_total(mid, page) <= room)",

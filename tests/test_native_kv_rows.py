@@ -4,6 +4,8 @@ holds (a view of it) never is; either way every row holds the reference's slots.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -25,9 +27,9 @@ def _twins(size: int = 256) -> tuple[KVManager, FastKVManager]:
     )
 
 
-def _run(kv: KVManager, rid: str, tokens: list[int]) -> Req:
+def _run(kv: KVManager, rid: str, tokens: list[int], max_new: int = 4) -> Req:
     """Admit a request (its cached prefix taken), compute its whole fill and cache it."""
-    r = Req(rid, np.asarray(tokens, dtype=np.int32), SamplingParams(max_new_tokens=4))
+    r = Req(rid, np.asarray(tokens, dtype=np.int32), SamplingParams(max_new_tokens=max_new))
     kv.match_for_admission(r)
     r.lock_node = r.last_node
     kv.cache.inc_lock_ref(r.lock_node)
@@ -42,10 +44,12 @@ def test_a_released_rows_buffer_serves_the_next_row_with_the_references_slots() 
     ref, fast = _twins()
     rows, reused = [], []
     for kv in (ref, fast):
-        a = _run(kv, "a", list(range(20)))
+        # A buffer of 20 + 400 + 64 slots: a's 20 cached ones are too few of it for its leaf
+        # to share it (SlotVec::kShareFraction), so nothing else holds it once a is released.
+        a = _run(kv, "a", list(range(20)), max_new=400)
         address = a.kv_buf.__array_interface__["data"][0]  # no reference to the buffer kept
         kv.release(a, cache_kv=True)
-        b = _run(kv, "b", list(range(12)) + [99] * 8)  # 12 cached, 8 new
+        b = _run(kv, "b", list(range(12)) + [99] * 8, max_new=400)  # 12 cached, 8 new
         rows.append((b.kv_row.tolist(), b.prefix_len, kv.allocator.available_size()))
         reused.append(b.kv_buf.__array_interface__["data"][0] == address)
         kv.release(b, cache_kv=True)
@@ -258,3 +262,55 @@ def test_decode_settle_on_a_pool_past_int32_makes_int64_rows_and_refuses_int32_o
             with pytest.raises(ValueError, match="int32"):
                 b.settle([0], runner.tokens_at, runner.native_tokens(), pool)
             assert pool.reserved_size() == page and len(r.kv_row) == 0  # nothing claimed
+
+
+# ---- a checkpoint's leaf views the request's row buffer (radix.hpp's SlotVec) ------------------
+def _leaf(kv: FastKVManager, r: Req) -> object:
+    node = r.last_node
+    assert node is not None and not node.children
+    return node
+
+
+def test_a_checkpoints_leaf_views_the_rows_buffer_which_is_never_handed_out_again() -> None:
+    """The leaf a checkpoint inserts holds a view of the request's buffer (its slots not
+    copied): that buffer is not handed to a later row while the leaf lives, and the later
+    rows' writes never reach the leaf's slots; the tree's slots stay the reference's."""
+    ref, fast = _twins()
+    got = []
+    for kv in (ref, fast):
+        a = _run(kv, "a", list(range(40)))  # 40 of 40 + 4 + 64 slots: viewed, not copied
+        if kv is fast:
+            leaf: Any = _leaf(fast, a)
+            assert leaf.value_block == len(a.kv_buf) > len(leaf) == 40
+            address = a.kv_buf.__array_interface__["data"][0]
+        kv.release(a, cache_kv=True)
+        b = _run(kv, "b", [7] * 40)  # nothing cached: a buffer of the same size, all fresh
+        if kv is fast:
+            assert b.kv_buf.__array_interface__["data"][0] != address
+            assert leaf.value.tolist() == list(range(1, 41))  # b's row wrote elsewhere
+        got.append((a.kv_row.tolist(), b.kv_row.tolist(), sorted(kv.cache.all_values().tolist())))
+        kv.release(b, cache_kv=True)
+        got.append(kv.cache.evict(80))
+    assert got[0] == got[2] and got[1] == got[3]
+
+
+def test_a_short_leaf_copies_its_slots_and_a_split_views_or_copies_by_length() -> None:
+    """A leaf holding less than 1/16 of its row's buffer copies its slots (the buffer is then
+    free to serve the next row); the parts of a split view the block or copy by the same
+    rule; their slots are the reference's either way."""
+    ref, fast = _twins(1024)
+    for kv in (ref, fast):
+        a = _run(kv, "a", list(range(20)), max_new=400)  # 20 of 484: copied
+        if kv is fast:
+            assert _leaf(fast, a).value_block == 20
+        c = _run(kv, "c", list(range(100, 180)))  # 80 of 148: viewed
+        d = _run(kv, "d", list(range(100, 104)) + [5] * 76)  # splits c's leaf at 4
+        if kv is fast:
+            upper = d.last_node.parent
+            assert len(upper) == 4 and upper.value_block == 4  # 4 of 148: copied out
+            lower = next(iter(upper.children.values()))
+            assert lower.value_block == len(c.kv_buf)  # 76 of 148: still a view
+        for r in (a, c, d):
+            kv.release(r, cache_kv=True)
+    assert sorted(ref.cache.all_values().tolist()) == sorted(fast.cache.all_values().tolist())
+    assert ref.cache.evict(1024) == fast.cache.evict(1024)

@@ -65,6 +65,27 @@ def test_prefill_cost_equals_dense_step_s(
     assert native.step(tokens, pairs, kv, entries, entries) == want
 
 
+def test_prefill_cost_asks_allreduce_once_per_token_count() -> None:
+    """``PrefillCost`` keeps ``allreduce(tokens)`` per token count (a pure function of the cost
+    model): asked once per count, each step the one a fresh object gives."""
+    c: Any = core()
+    asked: list[int] = []
+
+    def allreduce(tokens: int) -> float:
+        asked.append(tokens)
+        return tokens * 1e-9 + 1e-5
+
+    def cost(f: Any) -> Any:
+        return c.PrefillCost(1.0, 1.0, 1e12, 1e9, 1e3, 1e12, 64.0, 1e-3, 0.0, 0.0, 0.0, f)
+
+    kept = cost(allreduce)
+    got = [kept.step(t, 10, 10, 1, 1) for t in (8192, 100, 8192, 100, 8192)]
+    assert asked == [8192, 100]
+    fresh = [cost(allreduce).step(t, 10, 10, 1, 1) for t in (8192, 100)]
+    assert got == [fresh[0], fresh[1], fresh[0], fresh[1], fresh[0]]
+    assert fresh[0] != cost(None).step(8192, 10, 10, 1, 1)  # (the all-reduce counts)
+
+
 def test_no_native_prefill_cost_without_a_dense_roofline_or_a_pcie_rate() -> None:
     cost = load_cost_model(model="llama-3.1-8b")
     no_pcie = dataclasses.replace(cost, gpu=dataclasses.replace(cost.gpu, pcie_bw=0.0))
@@ -258,3 +279,50 @@ def test_middle_chunks_charging_tenants_run_on_the_reference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert _compare_chunks("fair", True, monkeypatch) >= 4
+
+
+# ---- the native attribute access (_native/py_attr.hpp): slots read and written in place ----------
+def test_native_attribute_access_reads_and_writes_slots_as_python_does() -> None:
+    """A __slots__ field is read and written in place (its member descriptor's offset, kept per
+    type and version tag); an unset one, a dict attribute, a property and a frozen class go
+    through Python's own access, and a change to the class is seen at once."""
+    c: Any = core()
+
+    @dataclasses.dataclass(slots=True)
+    class S:
+        a: Any
+        b: Any = None
+
+    class Sub(S):
+        @property
+        def a(self) -> int:  # shadows the slot: read through the property
+            return 7
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class F:
+        a: Any
+
+    s = S(1)
+    assert c._get_attr(s, "a") == 1 and c._get_attr(s, "a") == 1  # the second from the table
+    c._set_attr(s, "b", "x")
+    assert s.b == "x" and c._get_attr(s, "b") == "x"
+    c._set_attr(s, "b", 2.5)  # the old value let go of, the new one held
+    assert s.b == 2.5
+    del s.b
+    with pytest.raises(AttributeError):
+        c._get_attr(s, "b")  # an unset slot raises as Python's access does
+    c._set_attr(s, "b", "y")
+    sub = Sub.__new__(Sub)  # (its __init__ would set the property)
+    assert c._get_attr(sub, "a") == 7
+    with pytest.raises(AttributeError):
+        c._set_attr(sub, "a", 1)  # a property without a setter
+    S.b = property(lambda self: "p")  # type: ignore[assignment,method-assign]
+    assert c._get_attr(s, "b") == "p"  # the class changed: its slot ("y") is no longer read
+    ns = SimpleNamespace(a=1)
+    c._set_attr(ns, "a", 5)
+    assert c._get_attr(ns, "a") == 5
+    f = F(1)
+    assert c._get_attr(f, "a") == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c._set_attr(f, "a", 2)  # its __setattr__ refuses
+    assert f.a == 1

@@ -49,9 +49,9 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const CheckpointOf<S>& c) {
             " do not cover [" + std::to_string(c.lo) + ", " + std::to_string(c.aligned) + ")");
     const WalkResult res =
         from_lock ? tree.insert(c.tokens, c.n_tokens, c.ns, c.row + c.lo, c.aligned - c.lo,
-                                c.priority, c.inserted_len, c.lock, c.lo, c.lo)
+                                c.priority, c.inserted_len, c.lock, c.lo, c.lo, c.share)
                   : tree.insert(c.tokens, c.n_tokens, c.ns, c.row, c.aligned, c.priority,
-                                c.inserted_len, nullptr, 0, 0);
+                                c.inserted_len, nullptr, 0, 0, c.share);
     NodePtr node = res.node;
     if (res.length != c.lo || tree.disabled()) {
         // Some of it was cached already: re-match the whole key from the root (its path to
@@ -213,27 +213,61 @@ RowView row_of(nb::handle obj, bool write = true) {
     return {nullptr, wide.data(), int64_t(wide.shape(0))};
 }
 
-// numpy.empty(n, numpy.int32), made through numpy's C API: a row and its writable data;
-// numpy.int64 when `wide` (a pool whose slots do not all fit int32: Pool::slots_fit_int32).
+// The capsule that keeps an int32 row's block (its SlotOwner) alive: the row array's base.
+constexpr const char* kRowCapsule = "radixsched.kv_row_block";
+
+void drop_row_block(PyObject* capsule) {
+    delete static_cast<SlotOwner*>(PyCapsule_GetPointer(capsule, kRowCapsule));
+}
+
+// numpy.empty(n, numpy.int32), made through numpy's C API: a row and its writable data, over
+// a block of slots (new_slot_block) its base capsule holds, which the tree's nodes may share
+// (Tree::insert's SlotShare: a checkpoint's leaf views the row's slots); numpy.int64 when
+// `wide` (a pool whose slots do not all fit int32: Pool::slots_fit_int32), an array of its own.
 nb::object new_row(int64_t n, bool wide) {
     import_numpy();
     npy_intp dims[1] = {static_cast<npy_intp>(n)};
-    nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, wide ? NPY_INT64 : NPY_INT32));
+    if (wide) {
+        nb::object arr = nb::steal(PyArray_SimpleNew(1, dims, NPY_INT64));
+        if (!arr.is_valid()) throw nb::python_error();
+        return arr;
+    }
+    auto owner = std::make_unique<SlotOwner>(new_slot_block(static_cast<size_t>(n)));
+    auto* data = const_cast<int32_t*>(owner->get());  // the block is this row's to write
+    nb::object cap = nb::steal(PyCapsule_New(owner.get(), kRowCapsule, drop_row_block));
+    if (!cap.is_valid()) throw nb::python_error();
+    owner.release();  // the capsule owns it now
+    nb::object arr = nb::steal(PyArray_SimpleNewFromData(1, dims, NPY_INT32, data));
     if (!arr.is_valid()) throw nb::python_error();
+    if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(arr.ptr()), cap.release().ptr()) < 0)
+        throw nb::python_error();  // (the reference was stolen either way)
     return arr;
 }
 
-// A non-empty row made here (a plain writable int32 array) that owns its data (no view of
-// another): its data and length; null otherwise.
-int32_t* own_row(nb::handle obj, int64_t* len) {
+// The block of a row buffer made here (new_row: an int32 array over its whole block), as
+// Tree::insert shares it; null owner otherwise.
+SlotShare row_block(nb::handle obj) {
     import_numpy();
-    if (!PyArray_CheckExact(obj.ptr())) return nullptr;
+    if (!PyArray_CheckExact(obj.ptr())) return {};
     auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
-    if (PyArray_TYPE(a) != NPY_INT32 || !PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) ||
-        !PyArray_ISWRITEABLE(a) || PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) == 0 ||
-        PyArray_BASE(a) != nullptr || !PyArray_CHKFLAGS(a, NPY_ARRAY_OWNDATA))
-        return nullptr;
-    *len = PyArray_DIM(a, 0);
+    PyObject* base = PyArray_BASE(a);
+    if (base == nullptr || !PyCapsule_IsValid(base, kRowCapsule) || PyArray_TYPE(a) != NPY_INT32 ||
+        PyArray_NDIM(a) != 1)
+        return {};
+    const SlotOwner& owner = *static_cast<SlotOwner*>(PyCapsule_GetPointer(base, kRowCapsule));
+    if (PyArray_DATA(a) != owner.get()) return {};
+    return {owner, owner.get(), PyArray_DIM(a, 0)};
+}
+
+// A non-empty row buffer made here (a writable int32 array over its whole block, new_row)
+// whose block nothing else holds (no node of the tree views it): its data and length; null
+// otherwise.
+int32_t* own_row(nb::handle obj, int64_t* len) {
+    const SlotShare b = row_block(obj);
+    if (!b.owner || b.len == 0 || b.owner.use_count() != 2) return nullptr;  // (the capsule's, b's)
+    auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+    if (!PyArray_ISNOTSWAPPED(a) || !PyArray_ISALIGNED(a) || !PyArray_ISWRITEABLE(a)) return nullptr;
+    *len = b.len;
     return static_cast<int32_t*>(PyArray_DATA(a));
 }
 
@@ -259,7 +293,9 @@ void copy_into(nb::handle row, int64_t n, nb::handle buf) {
 // Released requests' row buffers, kept for the next rows (a row's buffer is 4 bytes per
 // position of a request: taking a kept one spares its allocation and the page faults of its
 // first writes). A buffer is kept only when nothing else holds it (no view of it, no other
-// reference: its contents are then nobody's) and handed out only where it is at least the
+// reference, no node of the tree viewing its block: its contents are then nobody's; a buffer
+// whose checkpoints the tree still views is freed once the last such node goes) and handed
+// out only where it is at least the
 // size asked for and at most twice it. The last kMaxSpare are kept: their references are held
 // for the life of the process (never released at exit, as the interned names).
 class SpareRows {
@@ -280,7 +316,7 @@ public:
         return new_row(n, false);
     }
     // `buf`, the buffer a request just let go of (`buf` the only reference left): kept when
-    // it is a row made here (an int32 array that owns its data).
+    // it is a row made here (an int32 array over a block of its own) that no node views.
     void give(nb::object buf) {
         PyObject* o = buf.ptr();
         int64_t len = 0;
@@ -469,11 +505,18 @@ public:
         const RowView row = row_of(row_obj);
         const int32_t ns_id = ns(req);
         const int64_t prio = priority(req), inserted = get_int(req, n.cache_inserted_len);
+        // The row's block (its buffer's, when made here): the new leaf views it, no copy.
+        SlotShare share;
+        if (row.r32 != nullptr && row.len > 0) {
+            share = row_block(get(req, n.kv_buf));
+            if (share.owner && (row.r32 < share.begin || row.r32 + row.len > share.begin + share.len))
+                share = SlotShare{};  // a row over another buffer: copied
+        }
         NodePtr node = row.visit([&](auto* slots) {
             using S = std::remove_pointer_t<decltype(slots)>;
             const CheckpointOf<S> c{tokens, aligned - start, start,    ns_id, slots,
                                     row.len, lo,             aligned, prio,  inserted,
-                                    lock};
+                                    lock,   share.owner ? &share : nullptr};
             return radixsched::checkpoint(*tree_, *pool_, c);
         });
         joined_ = std::move(joined);

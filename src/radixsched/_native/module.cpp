@@ -116,6 +116,7 @@ void bind_node(nb::module_& m) {
         .def_prop_rw(
             "value", [](const Node& n) { return nb::cast(to_numpy(n.value)); },
             [](Node& n, Slots a) { n.value = from_array<int64_t>(a); })
+        .def_prop_ro("value_block", [](const Node& n) { return n.value.block_size(); })
         .def_rw("lock_ref", &Node::lock_ref)
         .def_rw("last_access_time", &Node::last_access_time)
         .def_rw("creation_time", &Node::creation_time)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -89,13 +90,27 @@ struct PrefillCost {
     DenseRates rates;
     double eff_tokens, overhead, sched_step, sched_req, sched_prefill;
     nb::object allreduce;  // CostModel.allreduce_s, or None where it is 0.0 (tp == 1)
+    // allreduce(tokens) by tokens, asked of Python once per value (a pure function of the
+    // cost model's constants, which the rates above were read from once too); at most
+    // kAllreduceMemo values kept (a step's tokens repeat: whole chunks, budgets).
+    mutable std::unordered_map<int64_t, double> allreduce_memo;
+    static constexpr size_t kAllreduceMemo = 1 << 16;
+
+    double allreduce_s(int64_t tokens) const {
+        if (allreduce.is_none()) return 0.0;
+        const auto it = allreduce_memo.find(tokens);
+        if (it != allreduce_memo.end()) return it->second;
+        const double v = nb::cast<double>(allreduce(tokens));
+        if (allreduce_memo.size() < kAllreduceMemo) allreduce_memo.emplace(tokens, v);
+        return v;
+    }
 
     double step(int64_t tokens, int64_t pairs, int64_t kv_tokens, int64_t entries,
                 int64_t extends) const {
         const double factor = 1.0 + eff_tokens / double(std::max<int64_t>(tokens, 1));
         const double sched = sched_step + sched_req * double(entries) +
                              sched_prefill * double(extends);
-        const double allred = allreduce.is_none() ? 0.0 : nb::cast<double>(allreduce(tokens));
+        const double allred = allreduce_s(tokens);
         const double host = 0.0;  // 0 tokens * bytes / pcie_bw, with pcie_bw > 0
         const double fixed = overhead + sched + allred + host;
         return rates.step(double(tokens), double(pairs), double(kv_tokens), factor, fixed);
@@ -441,6 +456,19 @@ void bind_prefill(nb::module_& m) {
              "allreduce"_a.none())
         .def("step", &PrefillCost::step, "tokens"_a, "pairs"_a, "kv_tokens"_a, "entries"_a,
              "extends"_a);
+    // py_attr.hpp's get and set as the native steps use them (for its tests): `name` interned.
+    m.def("_get_attr", [](nb::handle o, nb::str name) {
+        PyObject* n = Py_NewRef(name.ptr());
+        PyUnicode_InternInPlace(&n);
+        const nb::object key = nb::steal(n);
+        return radixsched::py::get(o, key.ptr());
+    });
+    m.def("_set_attr", [](nb::handle o, nb::str name, nb::handle v) {
+        PyObject* n = Py_NewRef(name.ptr());
+        PyUnicode_InternInPlace(&n);
+        const nb::object key = nb::steal(n);
+        radixsched::py::set(o, key.ptr(), v);
+    });
     nb::class_<PrefillRun>(m, "PrefillRun")
         .def(nb::init<nb::object, nb::object, int64_t, nb::object>(), "pool"_a, "evictable"_a,
              "capacity"_a, "checkpoint"_a)

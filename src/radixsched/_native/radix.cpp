@@ -74,11 +74,63 @@ bool narrow_slots(const int64_t* in, int64_t n, int32_t* out) {
 }
 }  // namespace
 
+std::shared_ptr<int32_t> new_slot_block(size_t n) {
+    return std::shared_ptr<int32_t>(new int32_t[std::max<size_t>(n, 1)],
+                                    std::default_delete<int32_t[]>());
+}
+
 void SlotVec::assign(const int64_t* first, const int64_t* last) {
-    auto v = decltype(v_)(static_cast<size_t>(last - first));
-    if (!narrow_slots(first, last - first, v.data()))
+    const auto n = static_cast<size_t>(last - first);
+    if (n == 0) return free_all();
+    std::shared_ptr<int32_t> block = new_slot_block(n);
+    if (!narrow_slots(first, last - first, block.get()))
         throw std::invalid_argument("a KV slot outside the int32 range");
-    v_ = std::move(v);
+    data_ = block.get();
+    owner_ = std::move(block);
+    n_ = block_ = n;
+}
+
+void SlotVec::assign(const int32_t* first, const int32_t* last) {
+    const auto n = static_cast<size_t>(last - first);
+    if (n == 0) return free_all();
+    std::shared_ptr<int32_t> block = new_slot_block(n);
+    copy_slots(first, static_cast<int64_t>(n), block.get());
+    data_ = block.get();
+    owner_ = std::move(block);
+    n_ = block_ = n;
+}
+
+void SlotVec::view(const int32_t* first, const int32_t* last, const SlotOwner& owner,
+                   size_t block) {
+    const auto n = static_cast<size_t>(last - first);
+    if (n * kShareFraction < block || n == 0) {
+        assign(first, last);  // too little of its block to keep the block for (or nothing)
+        return;
+    }
+    owner_ = owner;
+    data_ = first;
+    n_ = n;
+    block_ = block;
+}
+
+SlotVec::SlotVec(const int32_t* first, const int32_t* last, const SlotShare& share) {
+    if (!share.owner || first < share.begin || last > share.begin + share.len || last < first)
+        throw std::invalid_argument("SlotVec: a view outside its block");
+    view(first, last, share.owner, static_cast<size_t>(share.len));
+}
+
+void SlotVec::assign_tail(const SlotVec& from, size_t m) {
+    if (m > from.n_) throw std::invalid_argument("SlotVec: a tail past the end");
+    // (copied first when `from` is this: view() reads from's fields)
+    const SlotOwner owner = from.owner_;
+    view(from.data_ + m, from.data_ + from.n_, owner, from.block_);
+}
+
+void SlotVec::resize(size_t n) {
+    if (n > n_) throw std::invalid_argument("SlotVec: resize only shrinks");
+    if (n == n_) return;
+    const SlotOwner owner = owner_;  // kept while view() may copy out of it
+    view(data_, data_ + n, owner, block_);
 }
 
 namespace {
@@ -578,7 +630,7 @@ void Tree::touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priorit
 template <class S>
 WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, const S* values,
                         int64_t n_values, int64_t priority, int64_t inserted_len, Node* start,
-                        int64_t start_depth, int64_t base) {
+                        int64_t start_depth, int64_t base, const SlotShare* share) {
     n_tokens -= n_tokens % page_;  // `tokens` hold the key's positions from `base` on
     const int64_t n = base + n_tokens;
     if (n_values < n_tokens)
@@ -622,9 +674,17 @@ WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, con
     }
     const int64_t rel = pos - base;
     const bool top = node == root_.get();
+    SlotVec slots;
+    if constexpr (std::is_same_v<S, int32_t>) {
+        if (share != nullptr)
+            slots = SlotVec(values + rel, values + n_tokens, *share);  // a view where long enough
+        else
+            slots.assign(values + rel, values + n_tokens);
+    } else {
+        slots.assign(values + rel, values + n_tokens);
+    }
     NodePtr leaf = make_node(std::vector<int32_t>(tokens + rel, tokens + n_tokens),
-                             SlotVec(values + rel, values + n_tokens), node, ns,
-                             now, priority);
+                             std::move(slots), node, ns, now, priority);
     leaf->child_key = page_key(tokens + rel, node, ns);
     leaf->key_hash = ChildIndex::hash(tokens + rel, page_, top ? ns : 0);
     leaf->top = top;
@@ -1026,7 +1086,8 @@ void Tree::check_integrity() const {
     template void Tree::prefix_slots<S>(Node&, int64_t, S*);                                 \
     template void Tree::path_slots<S>(const Node&, int64_t, int64_t, int64_t, S*) const;     \
     template WalkResult Tree::insert<S>(const int32_t*, int64_t, int32_t, const S*, int64_t, \
-                                        int64_t, int64_t, Node*, int64_t, int64_t);          \
+                                        int64_t, int64_t, Node*, int64_t, int64_t,           \
+                                        const SlotShare*);                                   \
     template int64_t Tree::evict_to<S>(int64_t, S*, int64_t, std::vector<int64_t>&);
 RADIXSCHED_SLOT_PATHS(int32_t)
 RADIXSCHED_SLOT_PATHS(int64_t)

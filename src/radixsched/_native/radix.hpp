@@ -99,45 +99,96 @@ inline void copy_slots(const int32_t* in, int64_t n, int32_t* out) {
 }
 inline void copy_slots(const int32_t* in, int64_t n, int64_t* out) { widen_slots(in, n, out); }
 
+// A block of slots that several holders may share (a request's KV row buffer, kv.cpp's
+// rows): kept alive while any holds it. A view of part of one, for Tree::insert: `begin` and
+// `len` the whole block's.
+using SlotOwner = std::shared_ptr<const int32_t>;
+struct SlotShare {
+    SlotOwner owner;
+    const int32_t* begin = nullptr;
+    int64_t len = 0;
+};
+
 // A node's KV slots, held as int32: half the bytes of int64 slots (a node's slots are copied
-// in on every insert and out on every match, prefix take and eviction). The native core's
-// request rows are int32 too (a plain copy each way); the Python API's arrays are int64 (a
-// widening copy out, a checked narrowing one in: a slot outside int32 is refused where it
-// comes in, before anything changes; an int32 row never holds one, see pool.hpp).
+// out on every match, prefix take and eviction). Either a block of its own or a view of a
+// shared block (SlotShare: the request's KV row it was inserted from, not copied), never
+// written through either way (a row's writers write only past what its checkpoints inserted).
+// A view is kept only while it holds at least 1/kShareFraction of its block (a shorter piece
+// is copied out to a block of its own: shared blocks pin at most that many times the slots
+// the tree holds). The native core's request rows are int32 too (a plain copy each way); the
+// Python API's arrays are int64 (a widening copy out, a checked narrowing one in: a slot
+// outside int32 is refused where it comes in, before anything changes; an int32 row never
+// holds one, see pool.hpp).
 class SlotVec {
 public:
+    static constexpr size_t kShareFraction = 16;
+
     SlotVec() = default;
     SlotVec(const int64_t* first, const int64_t* last) { assign(first, last); }
     SlotVec(const int32_t* first, const int32_t* last) { assign(first, last); }
+    // [first, last) of `share`'s block: a view where it is long enough, else a copy.
+    SlotVec(const int32_t* first, const int32_t* last, const SlotShare& share);
+    SlotVec(const SlotVec&) = default;  // (a copy shares the block: never written through)
+    SlotVec& operator=(const SlotVec&) = default;
+    SlotVec(SlotVec&& o) noexcept
+        : owner_(std::move(o.owner_)), data_(o.data_), n_(o.n_), block_(o.block_) {
+        o.data_ = nullptr;
+        o.n_ = o.block_ = 0;
+    }
+    SlotVec& operator=(SlotVec&& o) noexcept {
+        if (this != &o) {
+            owner_ = std::move(o.owner_);
+            data_ = o.data_;
+            n_ = o.n_;
+            block_ = o.block_;
+            o.data_ = nullptr;
+            o.n_ = o.block_ = 0;
+        }
+        return *this;
+    }
     SlotVec& operator=(const std::vector<int64_t>& v) {  // the binding's `value` setter
         assign(v.data(), v.data() + v.size());
         return *this;
     }
     void assign(const int64_t* first, const int64_t* last);  // std::invalid_argument if out of int32
-    void assign(const int32_t* first, const int32_t* last) { v_.assign(first, last); }
-    // Slots [m, from.size()) of `from`.
-    void assign_tail(const SlotVec& from, size_t m) { v_.assign(from.v_.begin() + m, from.v_.end()); }
-    size_t size() const { return v_.size(); }
-    bool empty() const { return v_.empty(); }
-    void clear() { v_.clear(); }
-    void resize(size_t n) { v_.resize(n); }  // the tree only shrinks a node's slots
-    void free_all() { decltype(v_)().swap(v_); }  // emptied and its memory given back
-    const int32_t* data() const { return v_.data(); }
-    int64_t operator[](size_t i) const { return v_[i]; }
+    void assign(const int32_t* first, const int32_t* last);  // a copy in a block of its own
+    // Slots [m, from.size()) of `from` (a view of its block where long enough).
+    void assign_tail(const SlotVec& from, size_t m);
+    size_t size() const { return n_; }
+    bool empty() const { return n_ == 0; }
+    void clear() { free_all(); }
+    void resize(size_t n);  // the tree only shrinks a node's slots
+    void free_all() {  // emptied, its block let go of
+        owner_.reset();
+        data_ = nullptr;
+        n_ = block_ = 0;
+    }
+    const int32_t* data() const { return data_; }
+    int64_t operator[](size_t i) const { return data_[i]; }
+    size_t block_size() const { return block_; }  // its block's slots (a view: more than size())
     // Slots [from, to) to out[0, to - from) (S: int32_t or int64_t).
     template <class S>
     void copy_to(size_t from, size_t to, S* out) const {
-        copy_slots(v_.data() + from, static_cast<int64_t>(to - from), out);
+        copy_slots(data_ + from, static_cast<int64_t>(to - from), out);
     }
     std::vector<int64_t> to_vector() const {
-        auto wide = std::vector<int64_t>(v_.size());
-        copy_to(0, v_.size(), wide.data());
+        auto wide = std::vector<int64_t>(n_);
+        copy_to(0, n_, wide.data());
         return wide;
     }
 
 private:
-    std::vector<int32_t, UninitAlloc<int32_t>> v_;
+    // [first, last) as a view of `owner`'s block of `block` slots where it holds enough of it.
+    void view(const int32_t* first, const int32_t* last, const SlotOwner& owner, size_t block);
+
+    SlotOwner owner_;  // its block's owner (null: empty)
+    const int32_t* data_ = nullptr;
+    size_t n_ = 0;
+    size_t block_ = 0;  // its block's length in slots
 };
+
+// A block of `n` uninitialised slots of its own (a node's, a row's).
+std::shared_ptr<int32_t> new_slot_block(size_t n);
 
 struct Node : std::enable_shared_from_this<Node> {
     std::vector<int32_t> key;
@@ -226,10 +277,12 @@ public:
     // `length` >= to tokens) to out[0, to - from), reading only the nodes that hold them.
     template <class S>
     void path_slots(const Node& node, int64_t length, int64_t from, int64_t to, S* out) const;
+    // `share` (int32 values only, may be null): the block `values` lie in, which the new
+    // leaf may view instead of copying its slots.
     template <class S>
     WalkResult insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, const S* values,
                       int64_t n_values, int64_t priority, int64_t inserted_len, Node* start,
-                      int64_t start_depth, int64_t base);
+                      int64_t start_depth, int64_t base, const SlotShare* share = nullptr);
     int64_t inc_lock_ref(Node& node);
     int64_t dec_lock_ref(Node& node);
     void move_lock(Node* old, Node& node);
