@@ -221,3 +221,43 @@ def test_the_continuation_checkpoints_first_as_continue_chunked_does(
     assert steps.continuation(s, req) is None  # type: ignore[arg-type]
     assert checkpoints == ([("c", 16 + ahead)] if ahead else [])
     assert s.batch_is_full is running
+
+
+@pytest.mark.parametrize(
+    ("policy", "prio", "want"),
+    [("fcfs", False, True), ("fcfs", True, False), ("lpm", False, False), ("lof", False, False)],
+)
+def test_only_plain_fcfs_rounds_skip_the_round_object(policy: str, prio: bool, want: bool) -> None:
+    assert _queue(policy, enable_priority_scheduling=prio)._fcfs_round is want
+
+
+def test_a_plain_fcfs_round_is_the_references() -> None:
+    """Out of entry order (a request moved to the front after a requeue): both sort it."""
+    config = SchedulerConfig(schedule_policy="fcfs")
+    fast, ref = _queue("fcfs"), WaitingQueue(config, NativeRadixCache(None))
+    heads = []
+    for q in (fast, ref):
+        _fill(q, 5)  # type: ignore[arg-type]
+        q.begin_round([], 0, 0.0)
+        taken = q.take([1])
+        q.requeue(taken, 10.0, 0)
+        q.reqs.insert(0, q.reqs.pop())  # moved behind the queue's back: the round re-sorts
+        if q is fast:
+            fast.entry_ordered = False
+        order = q.begin_round([], 0, 11.0)
+        heads.append(([r.rid for r in order.head(9)], q.deferred, q._refresh_rounds))
+    assert heads[0] == heads[1] and heads[0][0] == ["r0", "r1", "r2", "r3", "r4"]
+    assert fast.entry_ordered and fast.added == [] and not fast.synced
+
+
+def test_take_reads_its_fixed_arguments_once() -> None:
+    q = _queue("lpm")
+    m = q.matcher
+    assert m is not None and q._take_fixed is not None
+    assert q._take_fixed[:3] == (m._tree, m._fills, m.reqs)
+    assert q._take_fixed[3:] == q._engine_removal
+    plain = _queue("fcfs")
+    assert plain.matcher is None and plain._take_fixed == (None, None, None, None, None)
+    compat = _queue("shortest-prefill-first", compat="sglang")
+    assert compat.matcher is not None and compat.matcher.keys is not None
+    assert compat._take_fixed is None  # compat keys: the Python take

@@ -18,6 +18,7 @@
 
 #include "adder.hpp"
 #include "chunks.hpp"
+#include "compat_fill.hpp"
 #include "compat_match.hpp"
 #include "decode.hpp"
 #include "dfs_order.hpp"
@@ -173,18 +174,20 @@ void matcher_on(PyTree& t) {
 // fill (its prompt while it has no output, else `fill_ids()`), as `as_tokens` gives it
 // unless it is a C-contiguous int32 array already, kept in `fills` under id(r); r moved to the
 // end of `reqs_of`; then tracked under namespace_id(r.namespace) and its stamps. Returns each
-// memo's matched length. `namespace_id` is asked once for the default namespace.
+// memo's matched length. `namespace_id` is asked once for the default namespace. The
+// request's fields are read as getattr reads them (compat::Attr: a slot's member directly).
 nb::list track_many(PyTree& t, nb::handle reqs, nb::handle fills, nb::handle reqs_of,
                     nb::handle as_tokens, nb::handle namespace_id) {
     radixsched::Matcher& m = t.the_matcher();
     if (!PyDict_CheckExact(fills.ptr()) || !PyDict_CheckExact(reqs_of.ptr()))
         throw std::invalid_argument("track_many: fills and reqs_of must be dicts");
+    radixsched::compat::Names& a = radixsched::compat::names();
     nb::list out;
     nb::object none_ns;  // namespace_id(None), asked once
     for (nb::handle r : reqs) {
         const nb::object k = nb::steal(PyLong_FromVoidPtr(r.ptr()));
-        nb::object fill = nb::len(nb::object(r.attr("output_ids"))) == 0 ? nb::object(r.attr("prompt_ids"))
-                                                            : nb::object(r.attr("fill_ids")());
+        nb::object fill = nb::len(a.output_ids.get(r)) == 0 ? a.prompt_ids.get(r)
+                                                             : nb::object(r.attr("fill_ids")());
         Tokens tok;
         if (!nb::try_cast<Tokens>(fill, tok, false)) {
             fill = as_tokens(fill);
@@ -196,12 +199,12 @@ nb::list track_many(PyTree& t, nb::handle reqs, nb::handle fills, nb::handle req
             PyDict_SetItem(reqs_of.ptr(), k.ptr(), r.ptr()) < 0)
             throw nb::python_error();
         // r.namespace is None exactly when both its parts are (asked of Python only then).
-        const bool plain_ns = r.attr("extra_key").is_none() && r.attr("cache_salt").is_none();
+        const bool plain_ns = a.extra_key.get(r).is_none() && a.cache_salt.get(r).is_none();
         if (plain_ns && !none_ns.is_valid()) none_ns = namespace_id(nb::none());
         const auto ns = nb::cast<int32_t>(plain_ns ? none_ns : namespace_id(r.attr("namespace")));
-        const auto entry = nb::cast<double>(r.attr("queue_entry_time"));
-        const auto arrival = nb::cast<double>(r.attr("arrival_time"));
-        nb::object rid = r.attr("rid");
+        const auto entry = nb::cast<double>(a.queue_entry_time.get(r));
+        const auto arrival = nb::cast<double>(a.arrival_time.get(r));
+        nb::object rid = a.rid.get(r);
         auto rep = m.has_dedup() ? radixsched::rep_inputs(entry, arrival, rid)
                                  : radixsched::RepInputs{};
         out.append(m.track(nb::cast<int64_t>(k), tok.data(), tok.shape(0), ns, std::move(rep)).n);
