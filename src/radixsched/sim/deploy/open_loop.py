@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixsched.fast.arrive import LeanReads, lean_reads
-from radixsched.fast.arrive import arrivals as arrivals_of
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 from radixsched.scheduler import StepOutcome
@@ -137,7 +136,6 @@ def _run_lean(
     waiting, running, free, evictable, cap = lean
     arrivals = [r.arrival_time for r in reqs]
     sample, since = series.unchecked(), len(series)
-    delivered, arrive = rep.reqs, rep.arrive
     n = len(arrivals)
     done = i = 0
     while True:
@@ -167,16 +165,12 @@ def _run_lean(
             break
         if not (waiting or running or sched.chunked_req is not None):
             clock.jump_to(ta)
-        # ``_deliver_due`` and ``deliver_batch``, inline (one arrival a call, mostly)
+        # ``_deliver_due``, inline (one arrival a call, mostly)
         j, now = i + 1, clock.now()
         while j < n and arrivals[j] <= now:
             j += 1
         reqs[j - 1]  # indexed for its side effect: a deferred sequence builds through it
-        due = reqs[i:j]
-        delivered.extend(due)
-        if arrive is None:  # bound on first use, as ``deliver_batch`` binds it
-            arrive = rep.arrive = arrivals_of(sched)
-        arrive(due)
+        deliver_batch(reqs[i:j], rep)
         i = j
     series.checked(since)
     if on_progress is not None:
