@@ -225,7 +225,13 @@ def test_the_continuation_checkpoints_first_as_continue_chunked_does(
 
 @pytest.mark.parametrize(
     ("policy", "prio", "want"),
-    [("fcfs", False, True), ("fcfs", True, False), ("lpm", False, False), ("lof", False, False)],
+    [
+        ("fcfs", False, True),
+        ("fcfs", True, False),
+        ("lpm", False, False),
+        ("lof", False, False),
+        ("random", False, False),
+    ],
 )
 def test_only_plain_fcfs_rounds_skip_the_round_object(policy: str, prio: bool, want: bool) -> None:
     assert _queue(policy, enable_priority_scheduling=prio)._fcfs_round is want

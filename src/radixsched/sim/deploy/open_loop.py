@@ -165,13 +165,7 @@ def _run_lean(
             break
         if not (waiting or running or sched.chunked_req is not None):
             clock.jump_to(ta)
-        # ``_deliver_due``, inline (one arrival a call, mostly)
-        j, now = i + 1, clock.now()
-        while j < n and arrivals[j] <= now:
-            j += 1
-        reqs[j - 1]  # indexed for its side effect: a deferred sequence builds through it
-        deliver_batch(reqs[i:j], rep)
-        i = j
+        i = _deliver_due(rep, reqs, arrivals, i, clock.now())
     series.checked(since)
     if on_progress is not None:
         on_progress(n, n)
