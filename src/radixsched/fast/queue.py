@@ -266,7 +266,8 @@ class FastWaitingQueue(WaitingQueue):
         page, seq_of, seq = self.cache.page_size, self._seq_of, self._next_seq
         queue = self.reqs
         size, ordered, last = len(queue), self.entry_ordered, self._last_entry
-        for r, n in zip(reqs, lens, strict=True):
+        for i, r in enumerate(reqs):  # (one length per request either way above; a zip with
+            n = lens[i]  # ``strict`` costs a keyword call)
             seq_of[id(r)] = seq
             seq += 1
             # door_match: n cut to the whole pages of max_prefix_len() (fill_len - 1, at least 0)
