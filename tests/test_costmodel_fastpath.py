@@ -379,6 +379,7 @@ def test_rid_hashes_equal_the_whole_strings_digest(seed: int) -> None:
     for rid in ["", "r0", "req-12345", "é/ü ✓", "0/x"]:
         assert hashes[rid] == _ref_rid_hash(rid, seed)
     assert hashes["r0"] == _ref_rid_hash("r0", seed)  # a hit: the stored value
+    assert hashes[12] == _ref_rid_hash(12, seed)  # type: ignore[index,arg-type]  # not a str
 
 
 def test_rid_hashes_empty_at_their_size_bound(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,7 +71,7 @@ class _RidHashes(dict[str, int]):
         if len(self) >= _RID_MEMO_SIZE:
             self.clear()
         state = self._seeded.copy()
-        state.update(rid.encode())
+        state.update(f"{rid}".encode())  # (formatted as the whole string formats it)
         h = self[rid] = int.from_bytes(state.digest(), "little")
         return h
 
