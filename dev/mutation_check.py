@@ -1029,8 +1029,8 @@ MUTANTS = (
     Mutant(
         "arrivals-ignore-namespaces",
         "_native/module.cpp",
-        "        const bool plain_ns = a.extra_key.get(r).is_none() && a.cache_salt.get(r).is_none();",
-        "        const bool plain_ns = true;",
+        "    const bool plain_ns = a.extra_key.get(r).is_none() && a.cache_salt.get(r).is_none();",
+        "    const bool plain_ns = true;",
     ),
     Mutant(
         "arrivals-entry-order-from-last-pair",
@@ -1144,9 +1144,9 @@ MUTANTS = (
     ),
     Mutant(
         "door-batch-matches-outside-the-namespace",
-        "fast/queue.py",
-        "            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]\n",
-        "            lens = [match(as_tokens(r.fill_ids()), 0) for r in reqs]\n",
+        "_native/module.cpp",
+        "        out.append(t.match_len(tok.data(), tok.shape(0), ns));",
+        "        out.append(t.match_len(tok.data(), tok.shape(0), 0));",
     ),
     Mutant(
         "continuation-skips-the-checkpoint",

@@ -178,6 +178,7 @@ def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> 
             Req("part", np.concatenate([cached[:9], [99, 98]]).astype(np.int32), arrival_time=2.0),
             Req("other-ns", cached.copy(), arrival_time=3.0, extra_key="x"),
             Req("none", np.asarray([7, 7, 7], dtype=np.int32), arrival_time=4.0),
+            Req("salted", cached.copy(), arrival_time=5.0, cache_salt="s"),  # its own namespace
         ]
 
     config = SchedulerConfig(schedule_policy="fcfs", page_size=page)
@@ -189,8 +190,8 @@ def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> 
     many.add_many(b)
     got = [(r.rid, r.num_matched_prefix_tokens) for r in many.reqs]
     assert got == [(r.rid, r.num_matched_prefix_tokens) for r in one.reqs]
-    assert got[0] == ("whole", 15 // page * page) and got[2][1] == 0 == got[3][1]
-    assert [many._seq_of[id(r)] for r in b] == [0, 1, 2, 3] and many.added == b
+    assert got[0] == ("whole", 15 // page * page) and got[2][1] == 0 == got[3][1] == got[4][1]
+    assert [many._seq_of[id(r)] for r in b] == [0, 1, 2, 3, 4] and many.added == b
 
 
 @pytest.mark.parametrize(("ahead", "running"), [(0, False), (0, True), (8, False), (8, True)])

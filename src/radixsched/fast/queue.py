@@ -258,9 +258,9 @@ class FastWaitingQueue(WaitingQueue):
             return
         if m is not None:
             lens = m.track_many(reqs)
-        else:  # NativeRadixCache.match_len of each fill (no side effects: in any order)
-            match = cast(NativeRadixCache, self.cache).tree.match_len
-            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]
+        else:  # NativeRadixCache.match_len of each fill (no side effects), in one native call
+            tree = cast(NativeRadixCache, self.cache).tree
+            lens = tree.match_lens(reqs, as_tokens, namespace_id)
         # One pass for the rest (the matching reads none of it): the arrival numbers, the door's
         # match, and ``add``'s entry-order test as the list grows one request at a time.
         page, seq_of, seq = self.cache.page_size, self._seq_of, self._next_seq
