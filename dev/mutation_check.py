@@ -138,6 +138,86 @@ MUTANTS = (
         "        if e is not None:\n            break",
     ),
     Mutant(
+        "rid-hashes-forget-the-seed",
+        "sim/cost/runner.py",
+        '        self._seeded = hashlib.blake2b(f"{seed}/".encode(), digest_size=8)',
+        '        self._seeded = hashlib.blake2b(b"0/", digest_size=8)',
+    ),
+    Mutant(
+        "rid-hashes-never-emptied",
+        "sim/cost/runner.py",
+        "            self.clear()\n        state = self._seeded.copy()",
+        "            pass\n        state = self._seeded.copy()",
+    ),
+    Mutant(
+        "allreduce-memo-off-by-one-token",
+        "sim/cost/runner.py",
+        "        s = self[tokens] = self.cost.allreduce_s(tokens)",
+        "        s = self[tokens] = self.cost.allreduce_s(tokens + 1)",
+    ),
+    Mutant(
+        "native-tokens-keep-a-stale-seed",
+        "sim/cost/runner.py",
+        "        return (memo if memo.seed == self.seed else self._hashes()), vocab",
+        "        return memo, vocab",
+    ),
+    Mutant(
+        "native-prefill-timer-of-a-stale-model",
+        "sim/cost/runner.py",
+        "        if self.cost is self._native_for:\n            return self._native_cost[1]",
+        "        if True:\n            return self._native_cost[1]",
+    ),
+    Mutant(
+        "fcfs-round-skips-the-entry-sort",
+        "fast/queue.py",
+        "        positions = self._reference_order(self.policy, None)",
+        "        positions = iter(range(len(self.reqs)))",
+    ),
+    Mutant(
+        "fcfs-round-keeps-the-arrivals",
+        "fast/queue.py",
+        "        self.added, self.moved = [], {}\n        order = RoundOrder(self.reqs, positions)\n"
+        "        if (",
+        "        order = RoundOrder(self.reqs, positions)\n        if (",
+    ),
+    Mutant(
+        "fcfs-round-skips-the-refresh-count",
+        "fast/queue.py",
+        "            self._refresh_rounds += 1  # not due: ``refresh`` only counts it",
+        "            pass",
+    ),
+    Mutant(
+        "fcfs-round-for-any-order-without-engine",
+        "fast/queue.py",
+        "            self.fast\n            and self._fcfs\n",
+        "            self.fast\n",
+    ),
+    Mutant(
+        "take-native-despite-compat-keys",
+        "fast/queue.py",
+        "        if self._native_take is None or (m is not None and m.keys is not None):\n"
+        "            return None\n        order, remove",
+        "        if self._native_take is None:\n            return None\n        order, remove",
+    ),
+    Mutant(
+        "arrivals-door-match-uncapped",
+        "fast/queue.py",
+        "            r.num_matched_prefix_tokens = n if n < cap else cap",
+        "            r.num_matched_prefix_tokens = n",
+    ),
+    Mutant(
+        "arrivals-share-one-arrival-number",
+        "fast/queue.py",
+        "            seq_of[id(r)] = seq\n            seq += 1\n",
+        "            seq_of[id(r)] = seq\n",
+    ),
+    Mutant(
+        "track-many-reads-the-salt-as-the-key",
+        "_native/module.cpp",
+        "a.extra_key.get(r).is_none() && a.cache_salt.get(r).is_none();",
+        "a.extra_key.get(r).is_none() && a.extra_key.get(r).is_none();",
+    ),
+    Mutant(
         "compat-lof-sorts-ascending",
         "fast/queue.py",
         "            reqs.sort(key=_MAX_NEW, reverse=True)",
@@ -1043,8 +1123,8 @@ MUTANTS = (
     Mutant(
         "arrivals-ignore-namespaces",
         "_native/module.cpp",
-        '        const bool plain_ns = r.attr("extra_key").is_none() && r.attr("cache_salt").is_none();',
-        "        const bool plain_ns = true;",
+        "    const bool plain_ns = a.extra_key.get(r).is_none() && a.cache_salt.get(r).is_none();",
+        "    const bool plain_ns = true;",
     ),
     Mutant(
         "arrivals-entry-order-from-last-pair",
@@ -1055,14 +1135,14 @@ MUTANTS = (
     Mutant(
         "arrivals-door-skips-duplicate-rid",
         "fast/arrive.py",
-        "        if r.rid in by_rid or r.priority is not None or not plain(r):",
-        "        if r.priority is not None or not plain(r):",
+        "                rid in by_rid\n                or r.priority is not None\n",
+        "                r.priority is not None\n",
     ),
     Mutant(
         "arrivals-door-cap-forgets-the-page",
         "fast/arrive.py",
-        "        return max_new <= min(max_req_len - n - 1, capacity - ceil - p - 1)",
-        "        return max_new <= min(max_req_len - n - 1, capacity - ceil - 1)",
+        "                or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - p - 1)",
+        "                or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - 1)",
     ),
     Mutant(
         "arrivals-delivered-before-due",
@@ -1153,14 +1233,14 @@ MUTANTS = (
     Mutant(
         "door-batch-cap-keeps-the-last-token",
         "fast/queue.py",
-        "            cap = max(len(r.prompt_ids) + len(r.output_ids) - 1, 0) // page * page\n",
-        "            cap = max(len(r.prompt_ids) + len(r.output_ids), 0) // page * page\n",
+        "            cap = len(r.prompt_ids) + len(r.output_ids) - 1\n",
+        "            cap = len(r.prompt_ids) + len(r.output_ids)\n",
     ),
     Mutant(
         "door-batch-matches-outside-the-namespace",
-        "fast/queue.py",
-        "            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]\n",
-        "            lens = [match(as_tokens(r.fill_ids()), 0) for r in reqs]\n",
+        "_native/module.cpp",
+        "        out.append(t.match_len(tok.data(), tok.shape(0), ns));",
+        "        out.append(t.match_len(tok.data(), tok.shape(0), 0));",
     ),
     Mutant(
         "continuation-skips-the-checkpoint",

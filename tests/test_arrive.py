@@ -46,7 +46,8 @@ def _warm(sched: Any) -> None:
 
 def _arrivals(n: int, t0: float) -> list[Req]:
     """``n`` arrivals at ``t0`` on: cached prefixes, a duplicate id, a bad max_new_tokens,
-    a prompt that does not fit, one capped to fit, priorities and namespaces."""
+    a prompt that does not fit, one capped to fit, priorities and namespaces (an extra key, a
+    salt)."""
     out = []
     for i in range(n):
         prompt = np.concatenate([np.arange(120 + i, dtype=np.int32) + 1000 * (i % 2), [7 + i]])
@@ -58,6 +59,8 @@ def _arrivals(n: int, t0: float) -> list[Req]:
         r = Req(rid, prompt.astype(np.int32), sampling, priority=i % 3 if i % 2 else None)
         if i == 5:
             r = dataclasses.replace(r, extra_key="ns")
+        if i == 1:  # a salt alone: its own namespace (the warm prefix is not its)
+            r = dataclasses.replace(r, cache_salt="salt")
         r.arrival_time = t0 + 0.001 * i
         out.append(r)
     return out

@@ -18,12 +18,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.runner import Batch, DecodeEntry, ExtendEntry
+from radixsched.sim.cost import runner as runner_module
 from radixsched.sim.cost.hardware import get_gpu
 from radixsched.sim.cost.models import get_model
 from radixsched.sim.cost.roofline import CostModel, StepShape, decode_shape, shape_of
-from radixsched.sim.cost.runner import CostModelRunner, _stand_in, _stand_ins
+from radixsched.sim.cost.runner import (
+    CostModelRunner,
+    _Allreduces,
+    _RidHashes,
+    _stand_in,
+    _stand_ins,
+)
 from radixsched.sim.cost.splitmix import _splitmix64_inplace, _splitmix64_int, splitmix64
 from radixsched.sim.cost.table import CalibratedCostModel, CalibrationTable
 
@@ -360,3 +368,53 @@ def test_a_forward_never_returns_a_requests_stop_id(decode: bool) -> None:
     else:
         batch = Batch([ExtendEntry(r, 0, prompt, slots[:0], slots[:10], True)], [])
     assert runner.forward(batch).next_tokens["s"] != would
+
+
+# ---- per-request and per-step memos --------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 7, -3])
+def test_rid_hashes_equal_the_whole_strings_digest(seed: int) -> None:
+    hashes = _RidHashes(seed)
+    for rid in ["", "r0", "req-12345", "é/ü ✓", "0/x"]:
+        assert hashes[rid] == _ref_rid_hash(rid, seed)
+    assert hashes["r0"] == _ref_rid_hash("r0", seed)  # a hit: the stored value
+    assert hashes[12] == _ref_rid_hash(12, seed)  # type: ignore[index,arg-type]  # not a str
+
+
+def test_rid_hashes_empty_at_their_size_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "_RID_MEMO_SIZE", 2)
+    hashes = _RidHashes(1)
+    hashes["a"], hashes["b"] = hashes["a"], hashes["b"]
+    assert len(hashes) == 2
+    assert hashes["c"] == _ref_rid_hash("c", 1) and list(hashes) == ["c"]
+
+
+def test_native_tokens_follow_a_reassigned_seed() -> None:
+    runner = CostModelRunner(cost(), vocab_size=11)
+    got = runner.native_tokens()
+    assert got is not None and got[1] == 11 and got[0]["x"] == _ref_rid_hash("x", 0)
+    runner.seed = 4
+    got = runner.native_tokens()
+    assert got is not None and got[0]["x"] == _ref_rid_hash("x", 4)
+    runner.vocab_size = 2**31 + 1  # past int32: the array path
+    assert runner.native_tokens() is None
+
+
+@pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+def test_native_timers_follow_a_reassigned_cost_model() -> None:
+    runner = CostModelRunner(cost())
+    first = runner.native_prefill_cost(), runner.native_decode_cost()
+    assert first == (runner.native_prefill_cost(), runner.native_decode_cost())  # kept
+    runner.cost = cost(tp=2)
+    second = runner.native_prefill_cost(), runner.native_decode_cost()
+    assert second[0] is not first[0] and second[1] is not first[1]
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 4096, 1, 7])
+def test_allreduces_equal_the_method(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = cost(tp=2)
+    memo = _Allreduces(model)
+    assert memo[tokens] == model.allreduce_s(tokens) and memo[tokens] == memo[tokens]
+    monkeypatch.setattr(runner_module, "_RID_MEMO_SIZE", 1)
+    assert memo[tokens + 1] == model.allreduce_s(tokens + 1) and list(memo) == [tokens + 1]

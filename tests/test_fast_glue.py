@@ -178,6 +178,7 @@ def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> 
             Req("part", np.concatenate([cached[:9], [99, 98]]).astype(np.int32), arrival_time=2.0),
             Req("other-ns", cached.copy(), arrival_time=3.0, extra_key="x"),
             Req("none", np.asarray([7, 7, 7], dtype=np.int32), arrival_time=4.0),
+            Req("salted", cached.copy(), arrival_time=5.0, cache_salt="s"),  # its own namespace
         ]
 
     config = SchedulerConfig(schedule_policy="fcfs", page_size=page)
@@ -189,8 +190,8 @@ def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> 
     many.add_many(b)
     got = [(r.rid, r.num_matched_prefix_tokens) for r in many.reqs]
     assert got == [(r.rid, r.num_matched_prefix_tokens) for r in one.reqs]
-    assert got[0] == ("whole", 15 // page * page) and got[2][1] == 0 == got[3][1]
-    assert [many._seq_of[id(r)] for r in b] == [0, 1, 2, 3] and many.added == b
+    assert got[0] == ("whole", 15 // page * page) and got[2][1] == 0 == got[3][1] == got[4][1]
+    assert [many._seq_of[id(r)] for r in b] == [0, 1, 2, 3, 4] and many.added == b
 
 
 @pytest.mark.parametrize(("ahead", "running"), [(0, False), (0, True), (8, False), (8, True)])
@@ -221,3 +222,49 @@ def test_the_continuation_checkpoints_first_as_continue_chunked_does(
     assert steps.continuation(s, req) is None  # type: ignore[arg-type]
     assert checkpoints == ([("c", 16 + ahead)] if ahead else [])
     assert s.batch_is_full is running
+
+
+@pytest.mark.parametrize(
+    ("policy", "prio", "want"),
+    [
+        ("fcfs", False, True),
+        ("fcfs", True, False),
+        ("lpm", False, False),
+        ("lof", False, False),
+        ("random", False, False),
+    ],
+)
+def test_only_plain_fcfs_rounds_skip_the_round_object(policy: str, prio: bool, want: bool) -> None:
+    assert _queue(policy, enable_priority_scheduling=prio)._fcfs_round is want
+
+
+def test_a_plain_fcfs_round_is_the_references() -> None:
+    """Out of entry order (a request moved to the front after a requeue): both sort it."""
+    config = SchedulerConfig(schedule_policy="fcfs")
+    fast, ref = _queue("fcfs"), WaitingQueue(config, NativeRadixCache(None))
+    heads = []
+    for q in (fast, ref):
+        _fill(q, 5)  # type: ignore[arg-type]
+        q.begin_round([], 0, 0.0)
+        taken = q.take([1])
+        q.requeue(taken, 10.0, 0)
+        q.reqs.insert(0, q.reqs.pop())  # moved behind the queue's back: the round re-sorts
+        if q is fast:
+            fast.entry_ordered = False
+        order = q.begin_round([], 0, 11.0)
+        heads.append(([r.rid for r in order.head(9)], q.deferred, q._refresh_rounds))
+    assert heads[0] == heads[1] and heads[0][0] == ["r0", "r1", "r2", "r3", "r4"]
+    assert fast.entry_ordered and fast.added == [] and not fast.synced
+
+
+def test_take_reads_its_fixed_arguments_once() -> None:
+    q = _queue("lpm")
+    m = q.matcher
+    assert m is not None and q._take_fixed is not None
+    assert q._take_fixed[:3] == (m._tree, m._fills, m.reqs)
+    assert q._take_fixed[3:] == q._engine_removal
+    plain = _queue("fcfs")
+    assert plain.matcher is None and plain._take_fixed == (None, None, None, None, None)
+    compat = _queue("shortest-prefill-first", compat="sglang")
+    assert compat.matcher is not None and compat.matcher.keys is not None
+    assert compat._take_fixed is None  # compat keys: the Python take

@@ -39,7 +39,7 @@ struct Names {
     Attr prompt_ids{"prompt_ids"}, output_ids{"output_ids"}, extra_key{"extra_key"},
         cache_salt{"cache_salt"}, prefix_len{"prefix_len"}, last_node{"last_node"},
         host_hit_len{"host_hit_len"}, num_matched{"num_matched_prefix_tokens"}, rid{"rid"},
-        queue_entry_time{"queue_entry_time"};
+        queue_entry_time{"queue_entry_time"}, arrival_time{"arrival_time"};
 };
 Names& names();
 

@@ -18,6 +18,7 @@
 
 #include "adder.hpp"
 #include "chunks.hpp"
+#include "compat_fill.hpp"
 #include "compat_match.hpp"
 #include "decode.hpp"
 #include "dfs_order.hpp"
@@ -171,42 +172,76 @@ void matcher_on(PyTree& t) {
     t.matcher = std::make_unique<radixsched::Matcher>(t);
 }
 
+// A request's fill as NativeMatcher.track takes it (its prompt while it has no output, else
+// `fill_ids()`), kept in `fill` (as `as_tokens` gives it unless it is a C-contiguous int32
+// array already) and viewed by `tok`; its fields read as getattr reads them (compat::Attr).
+void fill_into(radixsched::compat::Names& a, nb::handle r, nb::handle as_tokens,
+               nb::object& fill, Tokens& tok) {
+    fill = nb::len(a.output_ids.get(r)) == 0 ? a.prompt_ids.get(r)
+                                             : nb::object(r.attr("fill_ids")());
+    if (!nb::try_cast<Tokens>(fill, tok, false)) {
+        fill = as_tokens(fill);
+        tok = nb::cast<Tokens>(fill, false);
+    }
+}
+
+// namespace_id(r.namespace), r.namespace being None exactly when both its parts are (asked of
+// Python only then); `none_ns` keeps namespace_id(None), asked once.
+int32_t ns_id_of(radixsched::compat::Names& a, nb::handle r, nb::handle namespace_id,
+                 nb::object& none_ns) {
+    const bool plain_ns = a.extra_key.get(r).is_none() && a.cache_salt.get(r).is_none();
+    if (plain_ns && !none_ns.is_valid()) none_ns = namespace_id(nb::none());
+    return nb::cast<int32_t>(plain_ns ? none_ns : namespace_id(r.attr("namespace")));
+}
+
 // NativeMatcher.track of each of `reqs` in order (its keys off), in one call: each request's
 // fill (its prompt while it has no output, else `fill_ids()`), as `as_tokens` gives it
 // unless it is a C-contiguous int32 array already, kept in `fills` under id(r); r moved to the
 // end of `reqs_of`; then tracked under namespace_id(r.namespace) and its stamps. Returns each
-// memo's matched length. `namespace_id` is asked once for the default namespace.
+// memo's matched length. `namespace_id` is asked once for the default namespace. The
+// request's fields are read as getattr reads them (compat::Attr: a slot's member directly).
 nb::list track_many(PyTree& t, nb::handle reqs, nb::handle fills, nb::handle reqs_of,
                     nb::handle as_tokens, nb::handle namespace_id) {
     radixsched::Matcher& m = t.the_matcher();
     if (!PyDict_CheckExact(fills.ptr()) || !PyDict_CheckExact(reqs_of.ptr()))
         throw std::invalid_argument("track_many: fills and reqs_of must be dicts");
+    radixsched::compat::Names& a = radixsched::compat::names();
     nb::list out;
     nb::object none_ns;  // namespace_id(None), asked once
     for (nb::handle r : reqs) {
         const nb::object k = nb::steal(PyLong_FromVoidPtr(r.ptr()));
-        nb::object fill = nb::len(nb::object(r.attr("output_ids"))) == 0 ? nb::object(r.attr("prompt_ids"))
-                                                            : nb::object(r.attr("fill_ids")());
+        nb::object fill;
         Tokens tok;
-        if (!nb::try_cast<Tokens>(fill, tok, false)) {
-            fill = as_tokens(fill);
-            tok = nb::cast<Tokens>(fill, false);
-        }
+        fill_into(a, r, as_tokens, fill, tok);
         if (PyDict_SetItem(fills.ptr(), k.ptr(), fill.ptr()) < 0) throw nb::python_error();
         const int has = PyDict_Contains(reqs_of.ptr(), k.ptr());
         if (has < 0 || (has == 1 && PyDict_DelItem(reqs_of.ptr(), k.ptr()) < 0) ||
             PyDict_SetItem(reqs_of.ptr(), k.ptr(), r.ptr()) < 0)
             throw nb::python_error();
-        // r.namespace is None exactly when both its parts are (asked of Python only then).
-        const bool plain_ns = r.attr("extra_key").is_none() && r.attr("cache_salt").is_none();
-        if (plain_ns && !none_ns.is_valid()) none_ns = namespace_id(nb::none());
-        const auto ns = nb::cast<int32_t>(plain_ns ? none_ns : namespace_id(r.attr("namespace")));
-        const auto entry = nb::cast<double>(r.attr("queue_entry_time"));
-        const auto arrival = nb::cast<double>(r.attr("arrival_time"));
-        nb::object rid = r.attr("rid");
+        const int32_t ns = ns_id_of(a, r, namespace_id, none_ns);
+        const auto entry = nb::cast<double>(a.queue_entry_time.get(r));
+        const auto arrival = nb::cast<double>(a.arrival_time.get(r));
+        nb::object rid = a.rid.get(r);
         auto rep = m.has_dedup() ? radixsched::rep_inputs(entry, arrival, rid)
                                  : radixsched::RepInputs{};
         out.append(m.track(nb::cast<int64_t>(k), tok.data(), tok.shape(0), ns, std::move(rep)).n);
+    }
+    return out;
+}
+
+// [t.match_len(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs] in one call
+// (the door's read-only match of a batch without a matcher: no side effects), each fill and
+// namespace read as track_many reads them (fill_into, ns_id_of).
+nb::list match_lens(PyTree& t, nb::handle reqs, nb::handle as_tokens, nb::handle namespace_id) {
+    radixsched::compat::Names& a = radixsched::compat::names();
+    nb::list out;
+    nb::object none_ns;  // namespace_id(None), asked once
+    for (nb::handle r : reqs) {
+        nb::object fill;
+        Tokens tok;
+        fill_into(a, r, as_tokens, fill, tok);
+        const int32_t ns = ns_id_of(a, r, namespace_id, none_ns);
+        out.append(t.match_len(tok.data(), tok.shape(0), ns));
     }
     return out;
 }
@@ -225,6 +260,7 @@ void bind_matcher(nb::class_<PyTree>& c) {
              "rid"_a = nb::none())
         .def("track_many", &track_many, "reqs"_a, "fills"_a, "reqs_of"_a, "as_tokens"_a,
              "namespace_id"_a)
+        .def("match_lens", &match_lens, "reqs"_a, "as_tokens"_a, "namespace_id"_a)
         .def("untrack", [](PyTree& t, int64_t k) { t.the_matcher().untrack(k); })
         .def("refresh", [](PyTree& t) { return t.the_matcher().refresh(); })
         .def("memo", [](PyTree& t, int64_t k) { return memo_tuple(t.the_matcher().memo(k)); })

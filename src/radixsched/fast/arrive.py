@@ -78,14 +78,23 @@ def arrivals(sched: Scheduler) -> Callable[[Sequence[Req]], None]:
         return one_by_one
     cfg = sched.config
     prio, default = cfg.enable_priority_scheduling, cfg.default_priority_value
-    by_rid = sched._by_rid
-    plain = _plain_door(sched)
+    by_rid, add_many = sched._by_rid, queue.add_many
+    p, capacity, max_req_len = _door_constants(sched)
 
     def arrive(reqs: Sequence[Req]) -> None:
         processed, accepted = sched.processed_tokens, []
         for r in reqs:  # ``add_request`` up to its enqueue
-            t = r.arrival_time
-            if r.rid in by_rid or r.priority is not None or not plain(r):
+            t, rid = r.arrival_time, r.rid
+            # The plain door (``_door_constants``), inline: a new rid, no priority, and the
+            # door's arithmetic says it accepts without touching the request.
+            max_new, n = r.sampling.max_new_tokens, len(r.prompt_ids) + len(r.output_ids)
+            if (
+                rid in by_rid
+                or r.priority is not None
+                or max_new < 1
+                or n >= max_req_len
+                or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - p - 1)
+            ):
                 err = sched._door_check(r)
                 if err is not None:
                     sched._reject(r, *err)
@@ -94,26 +103,18 @@ def arrivals(sched: Scheduler) -> Callable[[Sequence[Req]], None]:
                 r.priority = default
             r.queue_entry_time = r.arrival_time = r.times.arrival = t
             r.queue_entry_processed_tokens = processed
-            by_rid[r.rid] = r
+            by_rid[rid] = r
             accepted.append(r)
-        queue.add_many(accepted)
+        add_many(accepted)
 
     return arrive
 
 
-def _plain_door(sched: Scheduler) -> Callable[[Req], bool]:
-    """Whether ``_door_check`` accepts a request with a new rid and no priority without
-    touching it: at least one token to generate, and a prompt that fits with room for all of
-    them (its arithmetic, on the scheduler's constants). False: ``_door_check`` decides."""
-    p, capacity = sched.page_size, sched.capacity
-    max_req_len = min(sched.context_len - 1, capacity - 1)
-
-    def plain(r: Req) -> bool:
-        max_new, n = r.sampling.max_new_tokens, len(r.prompt_ids) + len(r.output_ids)
-        if max_new < 1 or n >= max_req_len:
-            return False
-        # ``max_new >= 1`` here, so this also says the prompt fits: ceil + p + 1 < capacity.
-        ceil = -(-n // p) * p
-        return max_new <= min(max_req_len - n - 1, capacity - ceil - p - 1)
-
-    return plain
+def _door_constants(sched: Scheduler) -> tuple[int, int, int]:
+    """(page size, capacity, the longest request): the scheduler's constants of the plain
+    door (``arrive``): ``_door_check`` accepts a request with a new rid and no priority
+    without touching it when it has at least one token to generate and a prompt that fits
+    with room for all of them (``max_new >= 1`` there, so ``max_new <= min(longest - n - 1,
+    capacity - ceil_page(n) - page - 1)`` also says the prompt fits). Else it decides."""
+    capacity = sched.capacity
+    return sched.page_size, capacity, min(sched.context_len - 1, capacity - 1)

@@ -159,6 +159,7 @@ class FastWaitingQueue(WaitingQueue):
             self._engine_removal = (engine.order, None)
         elif engine is not None:
             self._engine_removal = (None, engine.remove)
+        self._take_fixed = self._take_setup()
         # lpm's kept order, advanced inside the native round (None: the engine's own advance).
         self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
@@ -174,6 +175,15 @@ class FastWaitingQueue(WaitingQueue):
         # ``begin_round``'s reads of the frozen config and policy (``_plain_fcfs``, and whether
         # ``active_policy`` can pick another policy than the configured one).
         self._fcfs = self._plain_fcfs()
+        # ``begin_round``'s plain fcfs round (``_fcfs_order``): nothing but the entry order.
+        self._fcfs_round = (
+            self.fast
+            and self._fcfs
+            and self.matcher is None
+            and self.engine is None
+            and not self.dedup_in_python
+            and not self._tree_reads
+        )
         self._capped = self.policy.capped and self.cap is not None
         # SGLang's random round (the whole list shuffled by ``self.rng``) natively.
         self._shuffle = cast(Any, core()).shuffle if native else None
@@ -246,29 +256,30 @@ class FastWaitingQueue(WaitingQueue):
             for r in reqs:
                 self.add(r)
             return
-        seq_of, seq = self._seq_of, self._next_seq
-        for r in reqs:
-            seq_of[id(r)] = seq
-            seq += 1
-        self._next_seq = seq
         if m is not None:
             lens = m.track_many(reqs)
-        else:  # NativeRadixCache.match_len of each fill (no side effects: in any order)
-            match = cast(NativeRadixCache, self.cache).tree.match_len
-            lens = [match(as_tokens(r.fill_ids()), namespace_id(r.namespace)) for r in reqs]
-        page = self.cache.page_size
-        for r, n in zip(reqs, lens, strict=True):
-            # door_match: n cut to the whole pages of max_prefix_len() (fill_len - 1, at least 0)
-            cap = max(len(r.prompt_ids) + len(r.output_ids) - 1, 0) // page * page
-            r.num_matched_prefix_tokens = min(n, cap)
+        else:  # NativeRadixCache.match_len of each fill (no side effects), in one native call
+            tree = cast(NativeRadixCache, self.cache).tree
+            lens = tree.match_lens(reqs, as_tokens, namespace_id)
+        # One pass for the rest (the matching reads none of it): the arrival numbers, the door's
+        # match, and ``add``'s entry-order test as the list grows one request at a time.
+        page, seq_of, seq = self.cache.page_size, self._seq_of, self._next_seq
         queue = self.reqs
         size, ordered, last = len(queue), self.entry_ordered, self._last_entry
-        queue.extend(reqs)
-        for r in reqs:  # ``add``'s test, as the list grows one request at a time
+        for i, r in enumerate(reqs):  # (one length per request either way above; a zip with
+            n = lens[i]  # ``strict`` costs a keyword call)
+            seq_of[id(r)] = seq
+            seq += 1
+            # door_match: n cut to the whole pages of max_prefix_len() (fill_len - 1, at least 0)
+            cap = len(r.prompt_ids) + len(r.output_ids) - 1
+            cap = (cap if cap > 0 else 0) // page * page
+            r.num_matched_prefix_tokens = n if n < cap else cap
             size += 1
             entry = _ENTRY(r)
             ordered = size == 1 or (ordered and entry >= last)
             last = entry
+        self._next_seq = seq
+        queue.extend(reqs)
         self.entry_ordered, self._last_entry = ordered, last
         self.added.extend(reqs)
 
@@ -280,26 +291,31 @@ class FastWaitingQueue(WaitingQueue):
         """The reference's take, then each taken request untracked (``_untrack``), in one
         native call (``queue_take``, ``_native/round.cpp``: the same effects in the same
         order) unless the matcher keeps compat keys (then: here, request by request)."""
-        m = self.matcher
-        if self._native_take is None or (m is not None and m.keys is not None):
+        fixed, native_take = self._take_fixed, self._native_take
+        if fixed is None or native_take is None:  # (tests turn ``_native_take`` off)
             taken = super().take(positions)
             for r in taken:
                 self._untrack(r)
             return taken
-        order, remove = self._engine_removal
-        got: list[Req] = self._native_take(
-            self.reqs,
-            positions,
-            None if m is None else m._tree,
-            None if m is None else m._fills,
-            None if m is None else m.reqs,
-            self.moved,
-            self.tried,
-            self.added,
-            order,
-            remove,
-        )
+        tree, fills, reqs_of, order, remove = fixed
+        got: list[Req] = native_take(
+            self.reqs, positions, tree, fills, reqs_of, self.moved, self.tried, self.added, order,
+            remove
+        )  # fmt: skip
         return got
+
+    def _take_setup(self) -> tuple[Any, Any, Any, Any, Any] | None:
+        """``take``'s native call's arguments that are fixed for the run (the matcher's tree,
+        fills and requests, or None without one; ``_engine_removal``), set once the queue is
+        built (the matcher's compat keys are switched on in ``__init__`` only); None: the
+        native take does not apply (no native tree, or compat keys kept)."""
+        m = self.matcher
+        if self._native_take is None or (m is not None and m.keys is not None):
+            return None
+        order, remove = self._engine_removal
+        if m is None:
+            return None, None, None, order, remove
+        return m._tree, m._fills, m.reqs, order, remove
 
     def _untrack(self, r: Req) -> None:
         if self.matcher is not None:
@@ -486,6 +502,8 @@ class FastWaitingQueue(WaitingQueue):
                 else:
                     self.refresh(order, head=self.reqs)
                 return order
+        elif self._fcfs_round:
+            return self._fcfs_order()
         rnd = Round(self.config, deferred, processed_tokens, now, running)
         if self.dedup_in_python:
             rnd.deferred, flipped = self._dedup(rnd)
@@ -504,6 +522,27 @@ class FastWaitingQueue(WaitingQueue):
             self._refresh_rounds += 1
         else:
             self.refresh(order, head=self.reqs if _lists(positions, len(self.reqs)) else None)
+        return order
+
+    def _fcfs_order(self) -> RoundOrder:
+        """``begin_round``'s accelerated round for plain fcfs without a matcher, an engine, a
+        Python dedup or tree reads (``_fcfs_round``): nothing deferred, the list put in entry
+        order (``_reference_order``), no ``Round`` built (nothing reads it), the list itself
+        the round's order."""
+        self.deprioritized = self.deferred = frozenset()
+        positions = self._reference_order(self.policy, None)
+        self.synced = False  # (``_order`` without an engine)
+        self.added, self.moved = [], {}
+        order = RoundOrder(self.reqs, positions)
+        if (
+            self._refresh_rounds % REFRESH_INTERVAL
+            and self.refresh_on
+            and self.matches
+            and self.reqs
+        ):
+            self._refresh_rounds += 1  # not due: ``refresh`` only counts it
+        else:
+            self.refresh(order, head=self.reqs)
         return order
 
     def _compat_round(
@@ -622,7 +661,7 @@ class FastWaitingQueue(WaitingQueue):
         in_sync: bool = self._core.in_sync(self.reqs, engine.members(), self.added)
         return in_sync
 
-    def _reference_order(self, pol: Policy, rnd: Round) -> Iterator[int]:
+    def _reference_order(self, pol: Policy, rnd: Round | None) -> Iterator[int]:
         if self._fcfs:  # _plain_fcfs()
             if not self.entry_ordered:
                 keys = list(map(_ENTRY, self.reqs))  # C-level passes, no key tuples built
@@ -631,4 +670,5 @@ class FastWaitingQueue(WaitingQueue):
                 self.entry_ordered = True
                 self._last_entry = _ENTRY(self.reqs[-1]) if self.reqs else self._last_entry
             return iter(range(len(self.reqs)))
+        assert rnd is not None  # (only plain fcfs's round builds none)
         return self.order(pol, rnd)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -54,24 +54,25 @@ def _stand_ins(rid_hash: int, positions: Iterable[int], vocab_size: int) -> list
     ]
 
 
-@lru_cache(maxsize=1 << 16)
-def _rid_hash(rid: str, seed: int) -> int:
-    digest = hashlib.blake2b(f"{seed}/{rid}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
 class _RidHashes(dict[str, int]):
-    """``rid -> _rid_hash(rid, seed)`` for one seed, filled on first use and emptied when it
-    reaches ``_RID_MEMO_SIZE`` entries (a plain dict lookup is the cheapest per-request read)."""
+    """``rid -> `` the little-endian 8-byte blake2b digest of ``f"{seed}/{rid}"`` for one
+    seed, filled on first use and emptied when it reaches ``_RID_MEMO_SIZE`` entries (a plain
+    dict lookup is the cheapest per-request read). A miss hashes from a copy of the state that
+    has taken ``f"{seed}/"`` (blake2b is incremental, and UTF-8 encodes a concatenation as the
+    concatenation of the encodings: the same digest, for about half the cost of hashing the
+    whole string afresh)."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
         self.seed = seed
+        self._seeded = hashlib.blake2b(f"{seed}/".encode(), digest_size=8)
 
     def __missing__(self, rid: str) -> int:
         if len(self) >= _RID_MEMO_SIZE:
             self.clear()
-        h = self[rid] = _rid_hash(rid, self.seed)
+        state = self._seeded.copy()
+        state.update(f"{rid}".encode())  # (formatted as the whole string formats it)
+        h = self[rid] = int.from_bytes(state.digest(), "little")
         return h
 
 
@@ -128,8 +129,24 @@ def _native_prefill_cost(cost: StepCostModel) -> Any | None:
         cost.sched_step_s,
         cost.sched_per_req_s,
         cost.sched_per_prefill_s,
-        None if cost.tp == 1 else cost.allreduce_s,  # allreduce_s is 0.0 at tp 1
+        None if cost.tp == 1 else _Allreduces(cost).__getitem__,  # 0.0 at tp 1
     )
+
+
+class _Allreduces(dict[int, float]):
+    """``tokens -> cost.allreduce_s(tokens)``, filled on first use (a step's token counts
+    repeat: a hit is one C-level lookup where the native prefill asks it, not a method call)
+    and emptied when it reaches ``_RID_MEMO_SIZE`` entries."""
+
+    def __init__(self, cost: CostModel) -> None:
+        super().__init__()
+        self.cost = cost
+
+    def __missing__(self, tokens: int) -> float:
+        if len(self) >= _RID_MEMO_SIZE:
+            self.clear()
+        s = self[tokens] = self.cost.allreduce_s(tokens)
+        return s
 
 
 class CostModelRunner(MultiStepRunner):
@@ -166,19 +183,28 @@ class CostModelRunner(MultiStepRunner):
             self._native_cost = (_native_decode_cost(cost), _native_prefill_cost(cost))
         return self._native_cost
 
+    # The three below run once a scheduler step or more: ``_natives`` and ``_hashes`` inline
+    # (their fast cases; a call to each otherwise).
     def native_decode_cost(self) -> Any | None:
         """The cost model's decode steps in C++ where it is a dense roofline, else None."""
+        if self.cost is self._native_for:
+            return self._native_cost[0]
         return self._natives()[0]
 
     def native_prefill_cost(self) -> Any | None:
         """The cost model's extend-only steps in C++ (``_native_prefill_cost``), else None."""
+        if self.cost is self._native_for:
+            return self._native_cost[1]
         return self._natives()[1]
 
     def native_tokens(self) -> tuple[_RidHashes, int] | None:
         """The stand-ins' recipe for the native core (``MultiStepRunner.native_tokens``): what
         ``_stand_in`` computes, where every token fits an int32 as ``tokens_at``'s do."""
         vocab = int(self.vocab_size)
-        return (self._hashes(), vocab) if vocab <= _INT32_VOCAB else None
+        if vocab > _INT32_VOCAB:
+            return None
+        memo = self._rid_hashes
+        return (memo if memo.seed == self.seed else self._hashes()), vocab
 
     def _hashes(self) -> _RidHashes:
         memo = self._rid_hashes
