@@ -150,12 +150,6 @@ MUTANTS = (
         "            pass\n        state = self._seeded.copy()",
     ),
     Mutant(
-        "allreduce-memo-off-by-one-token",
-        "sim/cost/runner.py",
-        "        s = self[tokens] = self.cost.allreduce_s(tokens)",
-        "        s = self[tokens] = self.cost.allreduce_s(tokens + 1)",
-    ),
-    Mutant(
         "native-tokens-keep-a-stale-seed",
         "sim/cost/runner.py",
         "        return (memo if memo.seed == self.seed else self._hashes()), vocab",

@@ -27,7 +27,6 @@ from radixsched.sim.cost.models import get_model
 from radixsched.sim.cost.roofline import CostModel, StepShape, decode_shape, shape_of
 from radixsched.sim.cost.runner import (
     CostModelRunner,
-    _Allreduces,
     _RidHashes,
     _stand_in,
     _stand_ins,
@@ -409,12 +408,3 @@ def test_native_timers_follow_a_reassigned_cost_model() -> None:
     runner.cost = cost(tp=2)
     second = runner.native_prefill_cost(), runner.native_decode_cost()
     assert second[0] is not first[0] and second[1] is not first[1]
-
-
-@pytest.mark.parametrize("tokens", [1, 7, 4096, 1, 7])
-def test_allreduces_equal_the_method(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = cost(tp=2)
-    memo = _Allreduces(model)
-    assert memo[tokens] == model.allreduce_s(tokens) and memo[tokens] == memo[tokens]
-    monkeypatch.setattr(runner_module, "_RID_MEMO_SIZE", 1)
-    assert memo[tokens + 1] == model.allreduce_s(tokens + 1) and list(memo) == [tokens + 1]

@@ -129,24 +129,8 @@ def _native_prefill_cost(cost: StepCostModel) -> Any | None:
         cost.sched_step_s,
         cost.sched_per_req_s,
         cost.sched_per_prefill_s,
-        None if cost.tp == 1 else _Allreduces(cost).__getitem__,  # 0.0 at tp 1
+        None if cost.tp == 1 else cost.allreduce_s,  # allreduce_s is 0.0 at tp 1
     )
-
-
-class _Allreduces(dict[int, float]):
-    """``tokens -> cost.allreduce_s(tokens)``, filled on first use (a step's token counts
-    repeat: a hit is one C-level lookup where the native prefill asks it, not a method call)
-    and emptied when it reaches ``_RID_MEMO_SIZE`` entries."""
-
-    def __init__(self, cost: CostModel) -> None:
-        super().__init__()
-        self.cost = cost
-
-    def __missing__(self, tokens: int) -> float:
-        if len(self) >= _RID_MEMO_SIZE:
-            self.clear()
-        s = self[tokens] = self.cost.allreduce_s(tokens)
-        return s
 
 
 class CostModelRunner(MultiStepRunner):
