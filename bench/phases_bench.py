@@ -31,10 +31,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from simulate_bench import FULL_TRACE, SAMPLE_TRACE, build_traces  # noqa: E402
-
 MARKS_ENV = "RADIXSCHED_PHASE_MARKS"
 # (module, function): the phases the child notes, each a start and an end mark.
 WRAPPED = (
@@ -151,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--child":
         _child(argv[1:])
         return 0
+    sys.path.insert(0, str(HERE))  # (the parent only: a child imports nothing of the bench)
+    from simulate_bench import FULL_TRACE, SAMPLE_TRACE, build_traces
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--traces", default="synthetic,3x-shared")
     p.add_argument("--policies", default="lpm,fcfs")
