@@ -27,11 +27,13 @@ from radixsched.client.bench import (
     BenchConfig,
     BenchError,
     BenchResult,
+    RequestRecord,
     ServerLimits,
     counter_value,
     describe_error,
     fit_request,
     load_bench_workload,
+    request_records,
     run_bench,
 )
 from radixsched.config import SchedulerConfig
@@ -358,3 +360,13 @@ def test_rate_parsing() -> None:
     assert parse_rate("2.5") == 2.5 and parse_rate(None) is None
     with pytest.raises(RunConfigError, match="--request-rate"):
         parse_rate("0", "--request-rate")
+
+
+def test_request_records_keep_the_order_of_their_times() -> None:
+    # An instant that rounds up at 0.1 us: the first token and the finish came in one message.
+    now = next(t for t in (k * 1.37e-8 + 0.25 for k in range(1000)) if round(t, 7) > t)
+    req = Req("r", np.array([1, 2], dtype=np.int32), SamplingParams(max_new_tokens=1))
+    (row,) = request_records((RequestRecord(req, sent_at=now, token_times=[now], finished_at=now),))
+    assert row["sent_at"] <= row["token_times"][0] <= row["finished_at"]
+    (failed,) = request_records((RequestRecord(req, sent_at=now, error="refused"),))
+    assert failed["finished_at"] is None and failed["error"] == "refused"

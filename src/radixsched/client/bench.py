@@ -235,17 +235,20 @@ class BenchResult:
 
 def request_records(records: tuple[RequestRecord, ...]) -> list[dict[str, Any]]:
     """What calibration replays: per request its sizes, when it was sent, and when each token
-    arrived (seconds from the run's start; ``error`` set and times empty for a failure)."""
+    arrived (seconds from the run's start; ``error`` set and times empty for a failure). Every
+    time is rounded to 0.1 us alike: rounding keeps their order (the first token and the finish
+    often arrive in one message, at the same instant)."""
     out = []
     for rec in records:
+        end = rec.finished_at
         row: dict[str, Any] = {
             "rid": rec.req.rid,
             "prompt_len": rec.req.prompt_len,
             "output_len": len(rec.token_times),
             "max_new_tokens": rec.req.sampling.max_new_tokens,
-            "sent_at": rec.sent_at,
+            "sent_at": round(rec.sent_at, 7),
             "token_times": [round(t, 7) for t in rec.token_times],
-            "finished_at": rec.finished_at,
+            "finished_at": None if end is None else round(end, 7),
         }
         if rec.error is not None or rec.finish is None:
             row["error"] = rec.error or "no finish"
