@@ -925,8 +925,8 @@ MUTANTS = (
     Mutant(
         "native-chunk-skips-tenant-charges",
         "fast/scheduler.py",
-        "            and not self._charges\n            and type(self.clock) is VirtualClock\n",
-        "            and type(self.clock) is VirtualClock\n",
+        "        native = None if self._charges else self._native_step()  # each chunk charges\n",
+        "        native = self._native_step()\n",
     ),
     Mutant(
         "chunk-end-off-the-pages",
@@ -1357,6 +1357,42 @@ MUTANTS = (
         "results/table.py",
         "    highlight = False if console.color_system is None else None\n",
         "    highlight = None\n",
+    ),
+    Mutant(
+        "native-prefill-charges-no-tokens",
+        "fast/scheduler.py",
+        "            charge(r.tenant_key, n, 0)\n",
+        "            charge(r.tenant_key, 0, 0)\n",
+    ),
+    Mutant(
+        "native-run-forgets-the-tenants",
+        "fast/scheduler.py",
+        "                if self._charges:\n                    self._charge_prefill(",
+        "                if False:\n                    self._charge_prefill(",
+    ),
+    Mutant(
+        "direct-step-forgets-the-tenants",
+        "fast/step.py",
+        "            if before is not None:\n",
+        "            if False:\n",
+    ),
+    Mutant(
+        "direct-step-charges-empty-admissions",
+        "fast/step.py",
+        "            [(a.req, a.req.computed_prefill_tokens) for a in run if a.extend_len]\n",
+        "            [(a.req, a.req.computed_prefill_tokens) for a in run]\n",
+    ),
+    Mutant(
+        "chunk-limit-policy-fuses-its-continuation",
+        "fast/scheduler.py",
+        "        self._fusion = fresh and self.policy.chunk_limit is None  # the policy is frozen\n",
+        "        self._fusion = fresh\n",
+    ),
+    Mutant(
+        "fresh-direct-ignores-the-setup",
+        "fast/scheduler.py",
+        "        self._fresh_direct = fresh and self._steps_direct()\n",
+        "        self._fresh_direct = self._steps_direct()\n",
     ),
 )
 

@@ -149,7 +149,8 @@ def _state(s: Scheduler, reqs: list[Req]) -> Any:
         )
         for r in reqs
     ]
-    return per, dataclasses.asdict(s.stats), s.processed_tokens, s.clock.now()
+    charged = list(s.queue.fair.counters.items())  # fair's tenant counters, in their order
+    return per, dataclasses.asdict(s.stats), s.processed_tokens, s.clock.now(), charged
 
 
 def _compare(policy: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> int:
@@ -186,8 +187,31 @@ def test_a_request_with_stop_ids_runs_its_step_on_the_reference(
     assert _compare("fcfs", monkeypatch, stops=True) > 0
 
 
-def test_tenant_charges_run_on_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _compare("fair", monkeypatch, tenants=True) > 0
+def test_tenant_charges_run_natively_and_charge_as_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fair's prefill steps (fresh and continued chunks) run natively, each tenant charged
+    what its requests computed there: the counters end as the reference's."""
+    assert _compare("fair", monkeypatch, tenants=True) == 0
+
+
+def test_a_chunk_limit_policy_runs_its_fresh_rounds_direct(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """spf caps a continued chunk only: its rounds without a chunked request take
+    ``fast.step``'s path (a continued one the reference's), ending in the reference's state."""
+    from radixsched.fast import step
+
+    fresh: list[int] = []
+    orig = step.fresh
+
+    def counting(s: Any, horizon: Any) -> Any:
+        fresh.append(1)
+        return orig(s, horizon)
+
+    monkeypatch.setattr(step, "fresh", counting)
+    _compare("shortest-prefill-first", monkeypatch)  # the states compared there
+    assert fresh
 
 
 def test_the_native_call_declines_before_changing_anything() -> None:

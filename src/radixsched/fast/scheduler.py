@@ -213,7 +213,8 @@ class FastScheduler(Scheduler):
         # The pool's and the tree's counters, bound once (``_room`` runs several times a step).
         self._free_size = self._pool.available_size
         self._evictable_size = self.kv.cache.tree.evictable_size
-        self._fusion = self._fuses_chunks()
+        fresh = self._fresh_ok()
+        self._fusion = fresh and self.policy.chunk_limit is None  # the policy is frozen
         # ``_native_chunks``'s test: more left than this (None: no chunking) may be a middle
         # chunk (the config is frozen).
         self._chunk = chunk = cfg.chunk_size
@@ -223,15 +224,18 @@ class FastScheduler(Scheduler):
         # ``_native_step``'s tests that hold for the whole run (the KV manager's host tier, the
         # frozen policy, the clock and the runner are set once); the runner's timer and
         # stand-ins' recipe can change (a cost model or seed reassigned) and are asked each time.
+        # A charging policy's prefill steps run natively too, its tenants charged after
+        # (``_charge_prefill``); its runs of middle chunks do not (each chunk charges).
         self._charges = self.policy.charges_service  # the policy is frozen
         self._native_steps = (
             self.kv.host_tier is None
-            and not self._charges
             and type(self.clock) is VirtualClock
             and self.runner.supports_multi_step
         )
-        # A prefill step in few calls (``fast/step.py``), where the run's setup allows it.
-        self._direct = self._fusion and self._steps_direct()
+        # A prefill step in few calls (``fast/step.py``), where the run's setup allows it: a
+        # fresh one (no chunked request: a chunk limit reads none) and a continued one.
+        self._fresh_direct = fresh and self._steps_direct()
+        self._direct = self._fusion and self._fresh_direct
 
     def _steps_direct(self) -> bool:
         """Whether ``fast.step`` may run this scheduler's prefill steps: the reference's step
@@ -344,6 +348,8 @@ class FastScheduler(Scheduler):
             res = self.prefill_run.run(batch.extend, *native, self, self.clock.now())
             if res is not None:
                 d, n, tokens, finished, joined = res
+                if self._charges:
+                    self._charge_prefill([(e.req, e.num_new) for e in batch.extend])
                 self.batch.extend(joined)
                 size = len(batch.extend)
                 return StepOutcome(
@@ -352,6 +358,14 @@ class FastScheduler(Scheduler):
         if batch.decode:  # a mixed batch grew the running requests' rows
             self._running_changed()
         return super().run(batch)
+
+    def _charge_prefill(self, done: list[tuple[Req, int]]) -> None:
+        """A native prefill step's tenants charged for its (request, tokens computed) in batch
+        order, as the reference's ``_count_tokens`` does (no host tier on the native path: no
+        token is loaded back)."""
+        charge = self.queue.fair.charge
+        for r, n in done:
+            charge(r.tenant_key, n, 0)
 
     def _native_prefill(self, batch: Batch) -> NativeStep | None:
         """(step timer, stand-ins' hashes, vocabulary) where the step can run natively: an
@@ -381,10 +395,11 @@ class FastScheduler(Scheduler):
         return r.finished
 
     # ---- middle chunks --------------------------------------------------------------------------
-    def _fuses_chunks(self) -> bool:
-        """Whether a step that continues a chunked request may fuse its middle chunks: fixed
-        for the run (the config and the policy are frozen, the runner and the gate are set
-        once), so ``__init__`` asks it once (``_fusion``)."""
+    def _fresh_ok(self) -> bool:
+        """Whether a step's round may run on ``fast.step``'s budgets (and one that continues a
+        chunked request fuse its middle chunks, where no chunk limit applies): fixed for the
+        run (the config is frozen, the runner and the gate are set once), so ``__init__`` asks
+        it once (``_fresh_direct``, ``_fusion``)."""
         cfg = self.config
         return (
             self.gate_factory is None
@@ -392,7 +407,6 @@ class FastScheduler(Scheduler):
             and not cfg.enable_mixed_chunk
             and not cfg.enable_priority_preemption
             and not cfg.sglang_compat
-            and self.policy.chunk_limit is None
         )
 
     def _room(self) -> int:
@@ -401,7 +415,7 @@ class FastScheduler(Scheduler):
     def step(self, horizon: float | None = None) -> StepOutcome | None:
         req = self.chunked_req
         if req is None:
-            if not self._direct:
+            if not self._fresh_direct:
                 return super().step(horizon)
             st, waiting = self.stats, len(self.queue.reqs)
             if waiting > st.peak_waiting:  # max(peak, waiting): ints, the same value
@@ -467,7 +481,7 @@ class FastScheduler(Scheduler):
         the new-token ratio. Called only where more is left than ``_middle_least`` (``step``)."""
         req = self.chunked_req
         assert req is not None
-        native = self._native_step()
+        native = None if self._charges else self._native_step()  # each chunk charges
         if native is None:
             return False
         if not self.batch.reqs:

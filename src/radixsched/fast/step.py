@@ -8,7 +8,8 @@ calls decline, or a setup they do not cover, runs the reference's pieces.
 
 The setup is fixed for the run: a plain co-located role, no prefill gate, no mixed chunks, no
 priority preemption (no preempted request to requeue: the adder's preempt list stays empty),
-no SGLang compat, no chunk limit, a multi-step runner and the native admission's setup
+no SGLang compat, no chunk limit (for a continued chunk: a fresh round reads none), a
+multi-step runner and the native admission's setup
 (``fast.admit.covers_run``). Bit for bit the reference's schedule (tests/test_equivalence.py).
 """
 
@@ -35,6 +36,7 @@ class Stepping(admission.Admitting, Protocol):
     processed_tokens: int
     eos_ids: frozenset[int]
     _chunk: int | None
+    _charges: bool  # the policy charges tenants for service (fair)
 
     def decode_round(self, horizon: float | None = None) -> StepOutcome | None: ...
     def run(self, batch: Batch) -> StepOutcome: ...
@@ -46,6 +48,7 @@ class Stepping(admission.Admitting, Protocol):
         self, adder: PrefillAdder | admission.Budgets, order: RoundOrder, slots: int
     ) -> list[int]: ...
     def _native_step(self) -> Any: ...
+    def _charge_prefill(self, done: list[tuple[Req, int]]) -> None: ...
     def _extend_entries(self, run: list[Admission]) -> list[Any]: ...
 
 
@@ -162,9 +165,19 @@ def _batch(
         s.chunked_req = chunked
     native = None if s.eos_ids else s._native_step()
     if native is not None:
+        # A charging policy's tenants pay what each request computed: the native step adds
+        # it to ``computed_prefill_tokens`` as the reference's ``_count_tokens`` does.
+        # (An admission extending nothing is in no entry: not charged.)
+        before = (
+            [(a.req, a.req.computed_prefill_tokens) for a in run if a.extend_len]
+            if s._charges
+            else None
+        )
         res = s.prefill_run.extend_run(s.kv.native, run, *native, s, s.clock.now())
         if res is not None:
             d, n, tokens, finished, joined, size = res
+            if before is not None:
+                s._charge_prefill([(r, r.computed_prefill_tokens - c) for r, c in before])
             s.batch.extend(joined)
             return StepOutcome(
                 "extend", d, size, prefill_tokens=n, finished=finished, _tokens=tokens
