@@ -138,9 +138,11 @@ def continued_chunk(
     fill: int,
     left: int = 5,
     ignore_eos: bool = False,
+    limit: int | None = None,
 ) -> tuple[Any, Any]:
     """The chunked request's continuation on a fresh Python adder (``FastScheduler``'s
-    ``ChunkPlan``): (the plan, the stand-in request), for the native plans' tests."""
+    ``ChunkPlan``; ``limit`` its ``chunked_req_limit``): (the plan, the stand-in request), for
+    the native plans' tests."""
     from types import SimpleNamespace
 
     from radixsched.adder import PrefillAdder
@@ -166,6 +168,7 @@ def continued_chunk(
         remaining_new_tokens=left,
         sampling=SimpleNamespace(ignore_eos=ignore_eos),
     )
+    adder.chunked_req_limit = limit
     return ChunkPlan(adder, adder.add_chunked_req(req), req), req
 
 

@@ -4,6 +4,7 @@ columns and inconsistent deferred decode state."""
 
 from __future__ import annotations
 
+import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -457,3 +458,45 @@ def test_a_decode_rounds_tokens_read_later_are_the_ones_written(stops: bool) -> 
     for (r, toks), had in zip(got, before, strict=True):
         assert toks == r.output_ids[had:] and len(toks) == out.num_steps
     assert out.new_tokens is got  # paired once
+
+
+# ---- fair's decode charges ------------------------------------------------------------------------
+_ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@settings(max_examples=500, deadline=None)
+@given(c=_ANY_FLOAT, none=_ANY_FLOAT, inc=_ANY_FLOAT, n=st.integers(0, 64))
+def test_repeat_add_is_pythons_float_additions(c: float, none: float, inc: float, n: int) -> None:
+    want = c
+    for _ in range(n):
+        want = want + none + inc
+    got = core().repeat_add(c, none, inc, n)
+    assert struct.pack("<d", got) == struct.pack("<d", want) or (want != want and got != got)
+
+
+def _charged(prefill_weight: float, decode_weight: float, start: dict[str, Any]) -> dict:
+    """``FastScheduler._charge_decode`` of requests of tenants a, a, b, a for 5 tokens."""
+    from radixsched.fast.scheduler import FastScheduler
+    from radixsched.policies import VirtualTokenCounter
+
+    fair = VirtualTokenCounter(prefill_weight, decode_weight, dict(start))
+    s = SimpleNamespace(queue=SimpleNamespace(fair=fair), _repeat_add=core().repeat_add)
+    reqs = [SimpleNamespace(tenant_key=t) for t in "aaba"]
+    FastScheduler._charge_decode(s, reqs, 5)  # type: ignore[arg-type]
+    return fair.counters
+
+
+def test_fair_decode_charges_add_float_by_float() -> None:
+    got = _charged(1.0, 0.1, {"b": 0.3})
+    want_a = 0.0
+    for _ in range(3):
+        want_a = want_a + 0.0 + 0.1 * 5
+    assert got == {"b": 0.3 + 0.0 + 0.5, "a": want_a}
+    assert list(got) == ["b", "a"]  # a new tenant joins the counters after the known ones
+
+
+def test_fair_decode_charges_keep_integer_weights_exact() -> None:
+    """Integer weights and counters add as Python ints (unbounded), not as doubles."""
+    got = _charged(1, 3, {"a": 2**60})  # type: ignore[arg-type]
+    assert got == {"a": 2**60 + 45, "b": 15.0}
+    assert type(got["a"]) is int

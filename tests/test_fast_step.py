@@ -194,11 +194,12 @@ def _python_continuation(
     fill: int,
     left: int,
     ignore_eos: bool,
+    limit: int | None = None,
 ) -> tuple[Any, ...]:
     """``_adder_plan`` on the Python adder, as ``_core.plan_continuation`` reports it (kind 0)
     or would decline it (kind 1: a middle chunk)."""
     plan, req = continued_chunk(
-        page, max_prefill, chunk, running, ratio, room, prefix, fill, left, ignore_eos
+        page, max_prefill, chunk, running, ratio, room, prefix, fill, left, ignore_eos, limit
     )
     adder = plan.adder
     n = req.extend_end - prefix
@@ -230,6 +231,7 @@ def _python_continuation(
     left=st.integers(0, 5000),
     clip=st.sampled_from([1, 64, 4096]),
     ignore_eos=st.booleans(),
+    limit=st.none() | st.integers(-20, 600),
 )
 def test_the_native_continuation_is_the_python_adders(
     page: int,
@@ -243,6 +245,7 @@ def test_the_native_continuation_is_the_python_adders(
     left: int,
     clip: int,
     ignore_eos: bool,
+    limit: int | None,
 ) -> None:
     chunk = pages * page
     # admission_reservation, as PrefillRun.continuation computes it from the request
@@ -258,10 +261,11 @@ def test_the_native_continuation_is_the_python_adders(
         prefix + extra,
         min(left, clip),
         ignore_eos,
+        limit,  # a chunk-limit policy's cap (spf's), or none
     )
     lib: Any = core()
     got = lib.plan_continuation(
-        page, max_prefill, chunk, *running, ratio, sum(room), prefix, prefix + extra, resv
+        page, max_prefill, chunk, *running, ratio, sum(room), prefix, prefix + extra, resv, limit
     )
     assert got[0] != 2
     if got[0] == 1:  # a middle chunk: Python plans it (the rest is what it would find)

@@ -198,20 +198,26 @@ def test_tenant_charges_run_natively_and_charge_as_the_reference(
 def test_a_chunk_limit_policy_runs_its_fresh_rounds_direct(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """spf caps a continued chunk only: its rounds without a chunked request take
-    ``fast.step``'s path (a continued one the reference's), ending in the reference's state."""
+    """spf caps a continued chunk: its rounds take ``fast.step``'s paths (``fresh`` without a
+    chunked request, ``limited`` with one: the queue ordered first, the cap read off it),
+    ending in the reference's state."""
     from radixsched.fast import step
 
-    fresh: list[int] = []
-    orig = step.fresh
+    seen: list[str] = []
+    fresh, limited = step.fresh, step.limited
 
-    def counting(s: Any, horizon: Any) -> Any:
-        fresh.append(1)
-        return orig(s, horizon)
+    def counting_fresh(s: Any, horizon: Any) -> Any:
+        seen.append("fresh")
+        return fresh(s, horizon)
 
-    monkeypatch.setattr(step, "fresh", counting)
+    def counting_limited(s: Any, req: Any, horizon: Any) -> Any:
+        seen.append("limited")
+        return limited(s, req, horizon)
+
+    monkeypatch.setattr(step, "fresh", counting_fresh)
+    monkeypatch.setattr(step, "limited", counting_limited)
     _compare("shortest-prefill-first", monkeypatch)  # the states compared there
-    assert fresh
+    assert {"fresh", "limited"} <= set(seen)
 
 
 def test_the_native_call_declines_before_changing_anything() -> None:

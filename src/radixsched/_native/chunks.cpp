@@ -2,6 +2,7 @@
 #include "chunks.hpp"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include <algorithm>
 #include <cmath>
@@ -63,7 +64,8 @@ ChunkStep plan_chunk(const ChunkBudget& b, int64_t room, int64_t prefix_len, int
 }
 
 Continuation plan_continuation(const ChunkBudget& b, int64_t room, int64_t prefix_len,
-                               int64_t fill_len, double reservation) {
+                               int64_t fill_len, double reservation,
+                               std::optional<int64_t> limit) {
     if (b.page <= 0) throw std::invalid_argument("plan_continuation: the page size must be > 0");
     Continuation c;  // the fresh adder's budgets (PrefillAdder.__init__)
     c.after.total_offset = b.total_offset;
@@ -82,6 +84,7 @@ Continuation plan_continuation(const ChunkBudget& b, int64_t room, int64_t prefi
     int64_t rem = std::min(b.chunk_size, floor_clamped(over));
     if (rem <= 0) rem = b.chunk_size;
     rem = std::min(rem, floor_page(floor_clamped(r - 0.0), b.page));  // current_offset 0.0
+    if (limit) rem = std::min(rem, *limit);  // rem = min(rem, chunked_req_limit)
     c.truncated = true;  // a stall keeps the request chunked
     if (rem <= 0) {
         c.after.current_offset = r;  // float(room): budget_state() is NO_TOKEN
@@ -123,17 +126,18 @@ void bind_chunks(nb::module_& m) {
         "plan_continuation",
         [](int64_t page, int64_t max_prefill_tokens, int64_t chunk_size, int64_t full,
            int64_t discounted, double ratio, int64_t room, int64_t prefix_len, int64_t fill_len,
-           double reservation) {
+           double reservation, std::optional<int64_t> limit) {
             const ChunkBudget b{page, max_prefill_tokens, chunk_size,
                                 running_offset(full, discounted, ratio)};
-            const Continuation c = plan_continuation(b, room, prefix_len, fill_len, reservation);
+            const Continuation c =
+                plan_continuation(b, room, prefix_len, fill_len, reservation, limit);
             const Budget& a = c.after;
             return nb::make_tuple(static_cast<int>(c.kind), c.len, c.truncated, a.total_offset,
                                   a.current_offset, a.rem_input_tokens, a.rem_chunk_tokens,
                                   c.other);
         },
         "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a, "discounted"_a, "ratio"_a,
-        "room"_a, "prefix_len"_a, "fill_len"_a, "reservation"_a,
+        "room"_a, "prefix_len"_a, "fill_len"_a, "reservation"_a, "limit"_a = nb::none(),
         "(kind, tokens, still chunked, total_offset, current_offset, rem_input_tokens, "
         "rem_chunk_tokens, budget_state() is OTHER) of the whole continuation (chunks.hpp)");
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "adder.hpp"
 
@@ -46,8 +47,8 @@ struct ChunkStep {
 // evictable KV slots (allocator.available_size() + cache.evictable_size()).
 ChunkStep plan_chunk(const ChunkBudget& b, int64_t room, int64_t prefix_len, int64_t fill_len);
 
-// The whole continuation as PrefillAdder.add_chunked_req gives it on a fresh adder (no gate,
-// no chunk limit), then its budget_state(): what fast/step.py's continuation needs, with the
+// The whole continuation as PrefillAdder.add_chunked_req gives it on a fresh adder (no gate),
+// then its budget_state(): what fast/step.py's continuation needs, with the
 // last chunk's decode `reservation` (admission_reservation, not compat).
 struct Continuation {
     ChunkKind kind = ChunkKind::Other;  // Python: a value Python would raise on, or no
@@ -57,8 +58,10 @@ struct Continuation {
     Budget after;                       // the adder's budgets after it
     bool other = false;                 // budget_state() after is OTHER
 };
+// `limit`: the adder's chunked_req_limit (a policy's cap on the continuation: spf's), if any.
 Continuation plan_continuation(const ChunkBudget& b, int64_t room, int64_t prefix_len,
-                               int64_t fill_len, double reservation);
+                               int64_t fill_len, double reservation,
+                               std::optional<int64_t> limit = std::nullopt);
 
 // radixsched._core.plan_chunk (for tests: the plan against the Python adder's).
 void bind_chunks(nanobind::module_& m);

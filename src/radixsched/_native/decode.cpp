@@ -783,9 +783,20 @@ struct DecodeBatch {
     }
 };
 
+// fair's charge of one tenant's n requests for k decode tokens, as FastScheduler._charge_decode
+// makes it in Python: c = c + none + inc, n times, each a float addition in that order (IEEE
+// doubles, round to nearest: Python's float addition; no contraction, no reassociation).
+double repeat_add(double c, double none, double inc, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) c = (c + none) + inc;
+    return c;
+}
+
 }  // namespace
 
 void bind_decode(nb::module_& m) {
+    m.def("repeat_add", &repeat_add, "c"_a.noconvert(), "none"_a.noconvert(),
+          "inc"_a.noconvert(), "n"_a,
+          "c + none + inc, n times over (float additions in that order): fair's decode charge");
     nb::class_<DecodeCost>(m, "DecodeCost")
         .def(nb::init<double, double, double, double, double, double, nb::object>(), "lin"_a, "attn"_a, "flops"_a, "weight"_a, "kv"_a, "bytes"_a, "per_batch"_a)
         .def("durations",

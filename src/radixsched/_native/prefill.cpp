@@ -4,6 +4,7 @@
 #include "prefill.hpp"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -326,14 +327,16 @@ public:
 
     // FastScheduler's continuation of the chunked request `req` (fast/step.py, after its
     // checkpoint): what _plan_continuation's fresh adder (the budgets as _native_chunks gives
-    // them, clip the clip_max_new_tokens) and its add_chunked_req do, and budget_state() after.
+    // them, clip the clip_max_new_tokens, `limit` its chunked_req_limit) and its
+    // add_chunked_req do, and budget_state() after.
     // None before anything changes where Python plans it (a middle chunk, or a value it would
     // raise on); else req.extend_end set as add_chunked_req sets it, and (tokens extended, 0 for
     // a stall; still chunked; total_offset, current_offset, rem_input_tokens,
     // rem_chunk_tokens after; budget_state() is OTHER).
     nb::object continuation(nb::handle kv, nb::handle req, int64_t page,
                             int64_t max_prefill_tokens, int64_t chunk_size, int64_t clip,
-                            int64_t full, int64_t discounted, double ratio) {
+                            int64_t full, int64_t discounted, double ratio,
+                            std::optional<int64_t> limit) {
         const Names& n = names();
         const int64_t prefix = get_int(req, n.prefix_len);
         const int64_t outs = len_of(get(req, n.output_ids));
@@ -345,7 +348,7 @@ public:
                             (truthy(get(s, n.ignore_eos)) ? 1.0 : ratio);
         const ChunkBudget budget{page, max_prefill_tokens, chunk_size,
                                  running_offset(full, discounted, ratio)};
-        const Continuation c = plan_continuation(budget, kv_room(kv), prefix, fill, resv);
+        const Continuation c = plan_continuation(budget, kv_room(kv), prefix, fill, resv, limit);
         if (c.kind != ChunkKind::Other) return nb::none();
         if (c.len > 0) set_int(req, n.extend_end, prefix + c.len);
         const Budget& a = c.after;
@@ -478,7 +481,7 @@ void bind_prefill(nb::module_& m) {
              "hashes"_a, "vocab"_a, "sched"_a, "t0"_a)
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
-             "ratio"_a)
+             "ratio"_a, "limit"_a = nb::none())
         .def("chunks", &PrefillRun::chunks, "kv"_a, "req"_a, "cost"_a, "sched"_a,
              "horizon"_a.none(), "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a,
              "discounted"_a, "ratio"_a);

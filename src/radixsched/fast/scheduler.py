@@ -227,6 +227,7 @@ class FastScheduler(Scheduler):
         # A charging policy's prefill steps run natively too, its tenants charged after
         # (``_charge_prefill``); its runs of middle chunks do not (each chunk charges).
         self._charges = self.policy.charges_service  # the policy is frozen
+        self._repeat_add = cast(Any, core()).repeat_add  # ``_charge_decode``'s sums
         self._native_steps = (
             self.kv.host_tier is None
             and type(self.clock) is VirtualClock
@@ -421,11 +422,13 @@ class FastScheduler(Scheduler):
             if waiting > st.peak_waiting:  # max(peak, waiting): ints, the same value
                 st.peak_waiting = waiting
             return steps.fresh(self, horizon)
-        if not self._fusion:
+        if not self._fusion and not self._fresh_direct:
             return super().step(horizon)
         st, waiting = self.stats, len(self.queue.reqs)
         if waiting > st.peak_waiting:
             st.peak_waiting = waiting
+        if not self._fusion:  # a chunk limit (spf): the queue ordered first, then the cap
+            return steps.limited(self, req, horizon)
         # A middle chunk (from extend_end, where the checkpoint leaves prefix_len) is cut
         # short of what is left (new_len < left) and spends the chunk or the prefill budget
         # (ceil_page(new_len) >= the smaller, so new_len > the smaller - page): with no more
@@ -706,8 +709,12 @@ class FastScheduler(Scheduler):
         fair = self.queue.fair
         counters = fair.counters
         none, inc = fair.prefill_weight * 0, fair.decode_weight * k
+        floats = type(none) is float and type(inc) is float  # (ints add exactly, unbounded)
         for tenant, n in Counter(map(_TENANT, reqs)).items():
             c = counters.get(tenant, 0.0)
+            if floats and type(c) is float:  # natively: C doubles add as Python floats do
+                counters[tenant] = self._repeat_add(c, none, inc, n)
+                continue
             for _ in range(n):
                 c = c + none + inc
             counters[tenant] = c

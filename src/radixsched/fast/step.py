@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from radixsched.adder import Admission, PrefillAdder
+from radixsched.adder import AddReqResult, Admission, PrefillAdder
 from radixsched.clock import Clock
 from radixsched.fast import admit as admission
 from radixsched.queue import RoundOrder
@@ -37,6 +37,7 @@ class Stepping(admission.Admitting, Protocol):
     eos_ids: frozenset[int]
     _chunk: int | None
     _charges: bool  # the policy charges tenants for service (fair)
+    policy: Any  # its Policy: ``chunk_limit``
 
     def decode_round(self, horizon: float | None = None) -> StepOutcome | None: ...
     def run(self, batch: Batch) -> StepOutcome: ...
@@ -122,6 +123,57 @@ def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, 
     if n:  # else a stall: nothing admitted, still chunked
         b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
     return b, (req if truncated else None), spent
+
+
+def limited(s: Stepping, req: Req, horizon: float | None) -> StepOutcome | None:
+    """``Role.step`` continuing ``req`` under the policy's chunk limit (spf), as ``_plan_round``
+    runs it: the last chunk checkpointed, the queue ordered, the limit read off the ordered
+    list, the continuation capped by it (natively; a middle chunk on the Python adder), the
+    queue ordered again where that came back empty and budget is left, then the round."""
+    if req.extend_end > req.prefix_len:  # ``prefill_round``'s checkpoint
+        s.kv.checkpoint(req, req.extend_end)
+    if not s.batch.reqs:  # (``_build_prefill``'s)
+        s.batch_is_full = False
+    cfg, chunk, ratio, q = s.config, s._chunk, s.ratio.current, s.queue
+    order = q.begin_round(s.batch.reqs, s.processed_tokens, s.clock.now())
+    limit = s.policy.chunk_limit(req, q.reqs, chunk or 0, s.page_size, q.deferred)
+    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
+    got = s.prefill_run.continuation(
+        s.kv.native,
+        req,
+        cfg.page_size,
+        cfg.max_prefill_tokens,
+        chunk,
+        cfg.clip_max_new_tokens,
+        full,
+        discounted,
+        ratio,
+        limit,
+    )
+    if got is None:  # a middle chunk (or a value the adder raises on): the Python adder
+        adder = s.new_adder()
+        adder.chunked_req_limit = limit
+        s.chunked_req = adder.add_chunked_req(req)
+        if order is None and adder.budget_state() is not AddReqResult.OTHER:
+            order = q.begin_round(s.batch.reqs, s.processed_tokens, s.clock.now())
+        return continued(s, adder, order, horizon)
+    # ``new_adder``'s budgets for a chunk-limit policy: only one chunked request at a time
+    b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk, exclusive_chunking=True)
+    (
+        n,
+        truncated,
+        b.total_offset,
+        b.current_offset,
+        b.rem_input_tokens,
+        b.rem_chunk_tokens,
+        spent,
+    ) = got
+    if n:  # else a stall: nothing admitted, still chunked
+        b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
+    s.chunked_req = req if truncated else None
+    if order is None and not spent:
+        order = q.begin_round(s.batch.reqs, s.processed_tokens, s.clock.now())
+    return continued(s, b, order, horizon, True)  # covered: ``_fresh_direct``'s setup
 
 
 def continued(
