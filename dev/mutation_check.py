@@ -1389,12 +1389,6 @@ MUTANTS = (
         "\n",
     ),
     Mutant(
-        "limited-step-orders-only-once",
-        "fast/step.py",
-        "    if order is None and not spent:\n",
-        "    if False:\n",
-    ),
-    Mutant(
         "limited-step-passes-no-limit",
         "fast/step.py",
         "        ratio,\n        limit,\n    )\n",
@@ -1429,6 +1423,12 @@ MUTANTS = (
         "_native/decode.cpp",
         "    for (int64_t i = 0; i < n; ++i) c = (c + none) + inc;\n",
         "    for (int64_t i = 0; i < n; ++i) c = c + (none + inc);\n",
+    ),
+    Mutant(
+        "join-floats-takes-any-number",
+        "_native/decode.cpp",
+        "            if (!PyFloat_CheckExact(v)) return false;\n",
+        "\n",
     ),
     Mutant(
         "fresh-direct-ignores-the-setup",

@@ -500,3 +500,17 @@ def test_fair_decode_charges_keep_integer_weights_exact() -> None:
     got = _charged(1, 3, {"a": 2**60})  # type: ignore[arg-type]
     assert got == {"a": 2**60 + 45, "b": 15.0}
     assert type(got["a"]) is int
+
+
+# ---- the token times joined for the summary (results/requests.py) ----------------------------------
+
+
+def test_join_floats_copies_exact_floats_and_declines_the_rest() -> None:
+    lib: Any = core()
+    out = np.zeros(4)
+    assert lib.join_floats([[0.5, -0.0], [], [1e300, float("inf")]], out)
+    assert out.tobytes() == np.array([0.5, -0.0, 1e300, float("inf")]).tobytes()
+    assert not lib.join_floats([[0.5, 1]], np.zeros(2))  # an int: numpy converts it
+    assert not lib.join_floats([[0.5]], np.zeros(2))  # fewer times than the array holds
+    assert not lib.join_floats([[0.5, 1.0, 2.0]], np.zeros(2))  # more: nothing past its end
+    assert not lib.join_floats([(0.5, 1.0)], np.zeros(2))  # not a list

@@ -240,3 +240,10 @@ def test_token_gaps_take_lists_and_packed_arrays_alike() -> None:
     packed = [array("d", tt) if i % 2 else tt for i, tt in enumerate(lists)]  # a deferred run
     assert token_gaps(packed).tobytes() == token_gaps(lists).tobytes()
     assert token_gaps([]).size == 0 and token_gaps([[1.0], []]).size == 0
+
+
+def test_token_gaps_of_lists_that_are_not_all_floats_convert_as_numpy_does() -> None:
+    """An int among the times (a clock that is not the simulator's): the native copy declines
+    and the times convert one by one, as ``float()`` would."""
+    lists = [[0.5, 2, 3.25], [1, 1.5]]
+    assert token_gaps(lists).tolist() == [1.5, 1.25, 0.5]

@@ -791,9 +791,33 @@ double repeat_add(double c, double none, double inc, int64_t n) {
     return c;
 }
 
+// The token times of finished requests end to end (results/requests.py's _joined): each
+// sequence a list of Python floats, copied into `out` in order; false (`out` partly written)
+// where an item is not exactly a float or the lengths do not add up to out's, and the caller
+// converts them as numpy does.
+bool join_floats(nb::handle seqs, nb::ndarray<double, nb::ndim<1>, nb::c_contig> out) {
+    double* dst = out.data();
+    const size_t size = out.shape(0);
+    size_t at = 0;
+    for (nb::handle seq : seqs) {
+        if (!PyList_CheckExact(seq.ptr())) return false;
+        const Py_ssize_t n = PyList_GET_SIZE(seq.ptr());
+        if (size - at < static_cast<size_t>(n)) return false;
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* v = PyList_GET_ITEM(seq.ptr(), i);
+            if (!PyFloat_CheckExact(v)) return false;
+            dst[at++] = PyFloat_AS_DOUBLE(v);
+        }
+    }
+    return at == size;
+}
+
 }  // namespace
 
 void bind_decode(nb::module_& m) {
+    m.def("join_floats", &join_floats, "seqs"_a, "out"_a.noconvert(),
+          "the float lists `seqs` end to end into `out`; False where an item is not a float "
+          "or the sizes differ (decode.cpp)");
     m.def("repeat_add", &repeat_add, "c"_a.noconvert(), "none"_a.noconvert(),
           "inc"_a.noconvert(), "n"_a,
           "c + none + inc, n times over (float additions in that order): fair's decode charge");

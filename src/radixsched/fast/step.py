@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from radixsched.adder import AddReqResult, Admission, PrefillAdder
+from radixsched.adder import Admission, PrefillAdder
 from radixsched.clock import Clock
 from radixsched.fast import admit as admission
 from radixsched.queue import RoundOrder
@@ -127,9 +127,9 @@ def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, 
 
 def limited(s: Stepping, req: Req, horizon: float | None) -> StepOutcome | None:
     """``Role.step`` continuing ``req`` under the policy's chunk limit (spf), as ``_plan_round``
-    runs it: the last chunk checkpointed, the queue ordered, the limit read off the ordered
-    list, the continuation capped by it (natively; a middle chunk on the Python adder), the
-    queue ordered again where that came back empty and budget is left, then the round."""
+    runs it: the last chunk checkpointed, the queue ordered (an order always comes back: no
+    second ordering), the limit read off the ordered list, the continuation capped by it
+    (natively; a middle chunk on the Python adder), then the round."""
     if req.extend_end > req.prefix_len:  # ``prefill_round``'s checkpoint
         s.kv.checkpoint(req, req.extend_end)
     if not s.batch.reqs:  # (``_build_prefill``'s)
@@ -154,8 +154,6 @@ def limited(s: Stepping, req: Req, horizon: float | None) -> StepOutcome | None:
         adder = s.new_adder()
         adder.chunked_req_limit = limit
         s.chunked_req = adder.add_chunked_req(req)
-        if order is None and adder.budget_state() is not AddReqResult.OTHER:
-            order = q.begin_round(s.batch.reqs, s.processed_tokens, s.clock.now())
         return continued(s, adder, order, horizon)
     # ``new_adder``'s budgets for a chunk-limit policy: only one chunked request at a time
     b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk, exclusive_chunking=True)
@@ -166,13 +164,11 @@ def limited(s: Stepping, req: Req, horizon: float | None) -> StepOutcome | None:
         b.current_offset,
         b.rem_input_tokens,
         b.rem_chunk_tokens,
-        spent,
+        _spent,  # (the admission reads the budgets: a spent round admits nothing)
     ) = got
     if n:  # else a stall: nothing admitted, still chunked
         b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
     s.chunked_req = req if truncated else None
-    if order is None and not spent:
-        order = q.begin_round(s.batch.reqs, s.processed_tokens, s.clock.now())
     return continued(s, b, order, horizon, True)  # covered: ``_fresh_direct``'s setup
 
 

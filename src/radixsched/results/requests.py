@@ -12,6 +12,7 @@ from typing import NamedTuple, TypeAlias
 
 import numpy as np
 
+from radixsched.native import core
 from radixsched.request import FinishReason, Req
 from radixsched.results.stats import FloatArray, _ratio
 
@@ -100,9 +101,14 @@ def token_gaps(token_times: Sequence[Sequence[float]]) -> FloatArray:
 
 
 def _joined(seqs: Sequence[Sequence[float]], total: int) -> FloatArray:
-    """``seqs`` end to end as float64. Lists go through one iterator; a finished request of a
-    deferred run holds its times in an ``array('d')`` (``compact``), read as a buffer."""
+    """``seqs`` end to end as float64. Lists of floats are copied natively (``join_floats``),
+    others go through one iterator; a finished request of a deferred run holds its times in
+    an ``array('d')`` (``compact``), read as a buffer."""
     if all(type(s) is list for s in seqs):
+        out = np.empty(total, dtype=np.float64)
+        mod = core()
+        if mod is not None and mod.join_floats(seqs, out):
+            return out
         return np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.float64, count=total)
     return np.concatenate([np.asarray(s, dtype=np.float64) for s in seqs])
 
