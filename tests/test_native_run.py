@@ -220,6 +220,54 @@ def test_a_chunk_limit_policy_runs_its_fresh_rounds_direct(
     assert {"fresh", "limited"} <= set(seen)
 
 
+def test_a_capped_middle_chunk_runs_on_the_python_adder_with_its_cap() -> None:
+    """spf under a prefill budget below the chunk (``--max-prefill-tokens`` < chunk): a capped
+    continuation can spend the round, a middle chunk the native plan leaves to the Python
+    adder, which then applies the same cap. Both cores end in the same state."""
+    from radixsched.adder import PrefillAdder
+
+    def drive(accelerate: bool) -> tuple[Scheduler, list[Req], list[int | None]]:
+        rng = np.random.default_rng(11)
+        lens = [300, 20, 50, 60, 150, 55, 260, 48]
+        reqs = [
+            Req(f"c{i}", rng.integers(0, 1000, n).astype(np.int32),
+                SamplingParams(max_new_tokens=2), extra_key=None)
+            for i, n in enumerate(lens)
+        ]  # fmt: skip
+        cfg = SchedulerConfig(
+            schedule_policy="shortest-prefill-first",
+            chunked_prefill_size=64,
+            max_prefill_tokens=40,
+            page_size=1,
+        )
+        runner = CostModelRunner(load_cost_model(model="llama-3.1-8b"), seed=5)
+        s = build_scheduler(cfg, runner, accelerate=accelerate, kv_slots=4096)
+        caps: list[int | None] = []
+        orig = PrefillAdder.add_chunked_req
+
+        def noting(adder: PrefillAdder, req: Req) -> Any:
+            caps.append(adder.chunked_req_limit)
+            return orig(adder, req)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(PrefillAdder, "add_chunked_req", noting)
+            s.add_request(reqs[0], now=0.0)
+            s.step()  # the long prompt is chunked before the short ones arrive
+            for k, r in enumerate(reqs[1:], 1):
+                s.add_request(r, now=0.0005 * k)
+            for _ in range(800):
+                if s.is_idle:
+                    break
+                s.step()
+        assert s.is_idle
+        return s, reqs, caps
+
+    ref, ref_reqs, _ = drive(False)
+    fast, fast_reqs, caps = drive(True)
+    assert _state(fast, fast_reqs) == _state(ref, ref_reqs)
+    assert any(c is not None for c in caps)  # the Python adder continued a capped chunk
+
+
 def test_the_native_call_declines_before_changing_anything() -> None:
     """An entry the reference must run (here a host load after a plain entry): None, and
     neither the plain entry's request nor the scheduler is touched."""
