@@ -224,6 +224,72 @@ def test_the_continuation_checkpoints_first_as_continue_chunked_does(
     assert s.batch_is_full is running
 
 
+@pytest.mark.parametrize(("ahead", "running"), [(0, False), (0, True), (8, False), (8, True)])
+def test_the_limited_continuation_checkpoints_first_as_prefill_round_does(
+    ahead: int, running: bool
+) -> None:
+    """``steps.limited`` starts with ``prefill_round``'s and ``_build_prefill``'s setup (the
+    last chunk checkpointed where it ran past the prefix; an empty batch is not full) before
+    it orders the queue (stopped there)."""
+    from types import SimpleNamespace
+
+    from radixsched.fast import step as steps
+
+    class Ordered(Exception):
+        pass
+
+    def order(*args: Any) -> None:
+        raise Ordered
+
+    checkpoints: list[tuple[str, int]] = []
+    req = Req("c", np.arange(64, dtype=np.int32))
+    req.prefix_len, req.extend_end = 16, 16 + ahead
+    s = SimpleNamespace(
+        config=SchedulerConfig(chunked_prefill_size=32),
+        _chunk=32,
+        ratio=SimpleNamespace(current=0.5),
+        batch=SimpleNamespace(reqs=[req] if running else []),
+        batch_is_full=True,
+        kv=SimpleNamespace(checkpoint=lambda r, up_to: checkpoints.append((r.rid, up_to))),
+        queue=SimpleNamespace(begin_round=order),
+        processed_tokens=0,
+        clock=SimpleNamespace(now=lambda: 0.0),
+    )
+    with pytest.raises(Ordered):
+        steps.limited(s, req, None)  # type: ignore[arg-type]
+    assert checkpoints == ([("c", 16 + ahead)] if ahead else [])
+    assert s.batch_is_full is running
+
+
+def test_the_limited_rounds_budgets_are_new_adders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk-limit policy's continued round admits on budgets as ``new_adder`` starts them:
+    exclusive chunking (no second chunked request beside a capped one)."""
+    from radixsched.fast import build_scheduler
+    from radixsched.fast import step as steps
+    from radixsched.sim.cost.build import load_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner
+
+    cfg = SchedulerConfig(schedule_policy="shortest-prefill-first", chunked_prefill_size=64)
+    s = build_scheduler(
+        cfg, CostModelRunner(load_cost_model(model="llama-3.1-8b"), seed=1), kv_slots=4096
+    )
+    seen: list[tuple[bool, bool]] = []
+    orig = steps.continued
+
+    def noting(sched: Any, adder: Any, *args: Any) -> Any:
+        seen.append((adder.exclusive_chunking, s.new_adder().exclusive_chunking))
+        return orig(sched, adder, *args)
+
+    monkeypatch.setattr(steps, "continued", noting)
+    rng = np.random.default_rng(2)
+    s.add_request(Req("long", rng.integers(0, 999, 300).astype(np.int32)), now=0.0)
+    s.step()  # chunked
+    s.add_request(Req("short", rng.integers(0, 999, 20).astype(np.int32)), now=0.001)
+    while not s.is_idle:
+        s.step()
+    assert seen and all(got == want is True for got, want in seen)
+
+
 @pytest.mark.parametrize(
     ("policy", "prio", "want"),
     [
