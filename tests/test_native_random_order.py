@@ -153,22 +153,26 @@ def test_head_reads_as_the_round_orders_head(
     ref, nat = RoundOrder(a, _reference(a, theirs)), RoundOrder(b, _native(b, ours))
     for is_head, k in reads:
         if is_head:
-            assert nat._positions.head(nat._seen, k) == ref.head(k)  # type: ignore[attr-defined]
+            assert nat._positions.head(b, nat._seen, k) == ref.head(k)  # type: ignore[attr-defined]
         else:
             assert nat.position(max(k, 0)) == ref.position(max(k, 0))
         assert (b, nat._seen, ours.getstate()) == (a, ref._seen, theirs.getstate())
 
 
-def test_head_of_a_shrunk_list_raises_as_the_reference() -> None:
+@pytest.mark.parametrize("read", [1, 5])
+def test_head_of_a_shrunk_list_raises_as_the_reference(read: int) -> None:
+    """Step for step: a remembered position past the list's end, or a pick past it, raises
+    IndexError after the same draws as the reference's head."""
     ours, theirs = _pair(2, 0)
-    a, b = list(range(20)), list(range(20))
+    a, b = list(range(50)), list(range(50))
     ref, nat = RoundOrder(a, _reference(a, theirs)), RoundOrder(b, _native(b, ours))
-    assert nat.position(5) == ref.position(5)
+    assert nat.position(read) == ref.position(read)
     del a[3:], b[3:]
     with pytest.raises(IndexError):
-        ref.head(4)
+        ref.head(10)
     with pytest.raises(IndexError):
-        nat._positions.head(nat._seen, 4)  # type: ignore[attr-defined]
+        nat._positions.head(b, nat._seen, 10)  # type: ignore[attr-defined]
+    assert (b, nat._seen, ours.getstate()) == (a, ref._seen, theirs.getstate())
 
 
 class _Counted(random.Random):

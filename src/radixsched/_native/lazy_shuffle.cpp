@@ -17,7 +17,6 @@
 
 #include <nanobind/nanobind.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 
@@ -65,7 +64,11 @@ PyTypeObject* random_type() {
     static PyTypeObject* const type = [] {
         if (!check_layout()) return static_cast<PyTypeObject*>(nullptr);
         nb::object t = nb::module_::import_("random").attr("Random");
-        if (!PyType_Check(t.ptr())) return static_cast<PyTypeObject*>(nullptr);
+        nb::object base = nb::module_::import_("_random").attr("Random");
+        if (!PyType_Check(t.ptr()) || !PyType_Check(base.ptr()) ||
+            !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t.ptr()),
+                              reinterpret_cast<PyTypeObject*>(base.ptr())))
+            return static_cast<PyTypeObject*>(nullptr);
         return reinterpret_cast<PyTypeObject*>(t.release().ptr());  // kept for the process
     }();
     return type;
@@ -88,19 +91,20 @@ public:
         return i;
     }
 
-    // RoundOrder.head(k) (radixsched/queue.py) of the order whose remembered positions are
-    // `seen` and whose iterator is this one: the positions read (appended to `seen`) until it
-    // holds k or the order ends, then the list's items at the first k of them.
-    nb::list head(nb::list seen, int64_t k) {
+    // RoundOrder.head(k) (radixsched/queue.py) of the order over `queue` whose remembered
+    // positions are `seen` and whose iterator is this one, step for step: for i < k, position
+    // i (read and appended to `seen` when not remembered; none past the order's end: the head
+    // ends), then queue's item there (IndexError past the list's end).
+    nb::list head(nb::handle queue, nb::list seen, int64_t k) {
         PyObject* got = seen.ptr();
-        while (PyList_GET_SIZE(got) < k && !done()) {
-            nb::object pos = nb::int_(next());
-            if (PyList_Append(got, pos.ptr()) != 0) throw nb::python_error();
-        }
         nb::list out;
-        const Py_ssize_t m = std::min<Py_ssize_t>(PyList_GET_SIZE(got), std::max<int64_t>(k, 0));
-        for (Py_ssize_t i = 0; i < m; ++i) {  // queue[pos] (IndexError past the list's end)
-            nb::object item = nb::steal(PyObject_GetItem(queue_.ptr(), PyList_GET_ITEM(got, i)));
+        for (int64_t i = 0; i < k; ++i) {
+            if (PyList_GET_SIZE(got) <= i) {
+                if (done()) break;
+                nb::object pos = nb::int_(next());
+                if (PyList_Append(got, pos.ptr()) != 0) throw nb::python_error();
+            }
+            nb::object item = nb::steal(PyObject_GetItem(queue.ptr(), PyList_GET_ITEM(got, i)));
             if (!item.is_valid()) throw nb::python_error();
             out.append(item);
         }
@@ -150,7 +154,7 @@ void bind_lazy_shuffle(nb::module_& m) {
         .def(nb::init<nb::list, nb::object>(), "queue"_a, "rng"_a)
         .def("__iter__", [](nb::handle self) { return nb::borrow(self); })
         .def("__next__", &LazyShuffle::next)
-        .def("head", &LazyShuffle::head, "seen"_a, "k"_a);
+        .def("head", &LazyShuffle::head, "queue"_a, "seen"_a, "k"_a);
 }
 
 }  // namespace radixsched

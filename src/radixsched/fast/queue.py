@@ -480,7 +480,7 @@ class FastWaitingQueue(WaitingQueue):
         positions: Any = order._positions
         if self._lazy_shuffle is None or type(positions) is not self._lazy_shuffle:
             return order.head(REFRESH_SPAN)
-        span: list[Req] = positions.head(order._seen, REFRESH_SPAN)
+        span: list[Req] = positions.head(order.queue, order._seen, REFRESH_SPAN)
         return span
 
     def note_tried(self, req: Req) -> None:
