@@ -13,7 +13,10 @@ list is in sync with it (else the engines below order the list, decided per roun
 - the order: the policy's ``Engine`` (``orders.py``) re-places only the requests whose key
   inputs changed (matched length, dedup status), plus the arrivals; requests the reference
   puts back at their places in arrival order (a retraction) take those places in a key
-  policy's kept order; fcfs skips its sort while the list is known to be in entry order.
+  policy's kept order; fcfs skips its sort while the list is known to be in entry order;
+  random's lazy Fisher-Yates runs natively (``LazyShuffle``, ``_native/lazy_shuffle.cpp``:
+  the same swaps and draws, made on the ``random.Random`` object's own state as each
+  position is read, the refresh's head included).
 
 Under ``--compat sglang`` a policy whose compat round is its radixsched round (fair: no SGLang
 variant, read-only matching, no dedup) runs the rounds above; spf's and dfs-weight's compat
@@ -191,10 +194,9 @@ class FastWaitingQueue(WaitingQueue):
         self._shuffle = cast(Any, core()).shuffle if native else None
         # The plain random round's lazy Fisher-Yates natively, drawing from ``self.rng``'s own
         # state in place (``_native/lazy_shuffle.cpp``; None: the reference generator). Its
-        # layout check (once per process) runs for the random policy only.
-        lazy = (
-            native and self.policy.order is _RANDOM_ORDER and cast(Any, core()).random_layout_ok()
-        )
+        # layout check (once per process) runs for the plain random policy only.
+        plain_random = self.policy.variant(config).order is _RANDOM_ORDER
+        lazy = native and plain_random and cast(Any, core()).random_layout_ok()
         self._lazy_shuffle = cast(Any, core()).LazyShuffle if lazy else None
 
     def _make_engine(self, reads: Reads) -> Engine | None:
