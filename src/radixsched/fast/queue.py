@@ -13,7 +13,10 @@ list is in sync with it (else the engines below order the list, decided per roun
 - the order: the policy's ``Engine`` (``orders.py``) re-places only the requests whose key
   inputs changed (matched length, dedup status), plus the arrivals; requests the reference
   puts back at their places in arrival order (a retraction) take those places in a key
-  policy's kept order; fcfs skips its sort while the list is known to be in entry order.
+  policy's kept order; fcfs skips its sort while the list is known to be in entry order;
+  random's lazy Fisher-Yates runs natively (``LazyShuffle``, ``_native/lazy_shuffle.cpp``:
+  the same swaps and draws, made on the ``random.Random`` object's own state as each
+  position is read, the refresh's head included).
 
 Under ``--compat sglang`` a policy whose compat round is its radixsched round (fair: no SGLang
 variant, read-only matching, no dedup) runs the rounds above; spf's and dfs-weight's compat
@@ -62,6 +65,7 @@ from radixsched.policies import (
     fcfs_sglang,
     lof_sglang,
     lpm,
+    random_order,
     random_sglang,
     spf_sglang,
 )
@@ -82,6 +86,7 @@ COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 _MAX_NEW = operator.attrgetter("sampling.max_new_tokens")  # ``Req.max_new_tokens``
 _RANGE_ITERATOR = type(iter(range(0)))
+_RANDOM_ORDER = random_order.order  # the plain random policy's generator
 
 
 def _lists(positions: Iterator[int], n: int) -> bool:
@@ -187,6 +192,12 @@ class FastWaitingQueue(WaitingQueue):
         self._capped = self.policy.capped and self.cap is not None
         # SGLang's random round (the whole list shuffled by ``self.rng``) natively.
         self._shuffle = cast(Any, core()).shuffle if native else None
+        # The plain random round's lazy Fisher-Yates natively, drawing from ``self.rng``'s own
+        # state in place (``_native/lazy_shuffle.cpp``; None: the reference generator). Its
+        # layout check (once per process) runs for the plain random policy only.
+        plain_random = self.policy.variant(config).order is _RANDOM_ORDER
+        lazy = native and plain_random and cast(Any, core()).random_layout_ok()
+        self._lazy_shuffle = cast(Any, core()).LazyShuffle if lazy else None
 
     def _make_engine(self, reads: Reads) -> Engine | None:
         pol = self.policy
@@ -444,7 +455,7 @@ class FastWaitingQueue(WaitingQueue):
                 return
             # The reference's refresh: the head read first, then the touches in one native call.
             self._refresh_rounds += 1
-            span = order.head(REFRESH_SPAN) if head is None else head[:REFRESH_SPAN]
+            span = self._head(order) if head is None else head[:REFRESH_SPAN]
             self._touch_fills(self._walked, self.ahead_of_refresh(), span, namespace_of)
             return
         self._refresh_rounds += 1
@@ -457,13 +468,22 @@ class FastWaitingQueue(WaitingQueue):
                 )
             # Head last, each at its memo's end (in one native call unless the cache hooks its
             # touches: a subclass's touch_at is called for each).
-            span = order.head(REFRESH_SPAN) if head is None else head[:REFRESH_SPAN]
+            span = self._head(order) if head is None else head[:REFRESH_SPAN]
             if self.native_touch:
                 matcher.touch_ends(span)
                 return
             for r in reversed(span):
                 m = matcher.memo[id(r)]
                 matcher.cache.touch_at(m.node, len(m.node) if m.full else m.offset)
+
+    def _head(self, order: RoundOrder) -> list[Req]:
+        """``order.head(REFRESH_SPAN)``; a ``LazyShuffle``'s positions read natively into the
+        order's remembered ones (as ``position`` reads them: the same draws)."""
+        positions: Any = order._positions
+        if self._lazy_shuffle is None or type(positions) is not self._lazy_shuffle:
+            return order.head(REFRESH_SPAN)
+        span: list[Req] = positions.head(order.queue, order._seen, REFRESH_SPAN)
+        return span
 
     def note_tried(self, req: Req) -> None:
         """An admission attempt that failed rewrote ``req``'s matched length."""
@@ -624,7 +644,9 @@ class FastWaitingQueue(WaitingQueue):
         without priorities sorts by an empty key (the stable sort moves nothing: the list
         stands); lof's stable sort by ``-max_new_tokens`` is the stable descending sort by
         ``max_new_tokens`` (``reverse`` keeps ties in their order), keyed in C; random's
-        ``rng.shuffle`` runs natively from and back to the generator's state."""
+        ``rng.shuffle`` runs natively from and back to the generator's state. The plain random
+        order's positions come from the native ``LazyShuffle``: the reference generator's
+        swaps and draws, made on the generator's own state as each position is read."""
         reqs, priorities = self.reqs, self.config.enable_priority_scheduling
         if pol.key is fcfs_sglang and not priorities:
             return iter(range(len(reqs)))
@@ -636,6 +658,9 @@ class FastWaitingQueue(WaitingQueue):
             version, state, gauss = rng.getstate()
             rng.setstate((version, self._shuffle(reqs, state), gauss))
             return iter(range(len(reqs)))
+        if pol.order is _RANDOM_ORDER and self._lazy_shuffle is not None and type(rng) is Random:
+            positions: Iterator[int] = self._lazy_shuffle(reqs, rng)
+            return positions
         return super().order(pol, rnd)
 
     def _order(self, pol: Policy, reads: Reads, rnd: Round, flipped: list[Req]) -> Iterator[int]:
