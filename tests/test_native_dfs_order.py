@@ -332,3 +332,28 @@ def test_random_rounds_equal_the_reference(ops: list[Any], page: int, dedup: boo
             tw.round()
     tw.round()
     tw.round()
+
+
+# ---- the tree's dfs-weight order over given match ends ------------------------------------------
+
+
+def test_dfs_weight_order_at_reads_only_the_reached_nodes_and_agrees_with_the_reference() -> None:
+    """``Tree::dfs_weight_order_at`` (the kept order's segments, the compat round's order) on a
+    node with many children that no match reaches, children tied by weight (creation order
+    breaks the tie: [8, 8] before [5, 6]), matches at a node's end and inside it (ties in
+    their order), one at the root and one in a detached node (last)."""
+    caches = [RadixCache(None, page_size=1), NativeRadixCache(None, page_size=1)]
+    seqs = [[1, 2, 7], [1, 2, 3, 4], [1, 2, 8, 8], [1, 2, 5, 6], [9, 9]]
+    seqs += [[1, 2, 100 + k] for k in range(20)]  # never reached
+    for c in caches:
+        for s in seqs:
+            c.insert(CacheKey(np.asarray(s, dtype=np.int32)), np.arange(len(s)))
+    queries = [[1, 2, 5, 6], [1, 2, 3, 4], [1, 2, 3], [1, 2, 5, 6, 99], [1, 2], [9], [1, 2, 3]]
+    queries += [[42], [1, 2, 7], [1, 2, 8, 8], [1, 2, 8]]
+    orders = []
+    for c in caches:
+        ends = [c.match_end(CacheKey(np.asarray(q, dtype=np.int32))) for q in queries]
+        c.evict(1)  # the oldest leaf, [7]: query 8's node is detached
+        assert ends[8].node.parent is None and ends[0].node.parent is not None
+        orders.append(c.dfs_weight_order_at([(e.node, e.offset) for e in ends]))
+    assert orders[0] == orders[1] == [1, 2, 6, 9, 10, 0, 3, 4, 5, 7, 8]

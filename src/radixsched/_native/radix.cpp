@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <type_traits>
 #include <unordered_map>
 
@@ -951,70 +950,97 @@ std::vector<int64_t> Tree::all_values() const {
     return out;
 }
 
+// The reference's DFS (see radix.hpp) over the part of the tree that the matches reach: each
+// node reached (one that a match ends in, and its ancestors) visits its reached children,
+// heaviest first (the weight: how many matches end in the child's subtree), ties by slot
+// (siblings' slots are distinct: a node's slot is its own id or, for a split's upper part,
+// the id of the child it replaced; so this is the children's order by slot stably sorted by
+// weight), then lists the matches ending in it: those at its end in their order, then those
+// inside it by descending offset (ties in their order). Matches in a detached node (its
+// parent chain does not reach the root) come last, in their order. Only the reached nodes
+// are read: a node with many children that no match reaches costs its reached ones.
 std::vector<int64_t> Tree::dfs_weight_order_at(
     const std::vector<std::pair<Node*, int64_t>>& ends) {
-    std::unordered_map<Node*, std::vector<int64_t>> at_end;
-    std::unordered_map<Node*, std::map<int64_t, std::vector<int64_t>>> inside;
+    struct Reached {
+        Node* node;
+        size_t parent;   // its parent's entry (the root's: itself)
+        int64_t weight;  // matches ending in its subtree
+        size_t kids_begin = 0, kids_end = 0, hits_begin = 0, hits_end = 0;  // ranges below
+    };
+    struct Hit {
+        size_t at;     // the entry of the node it ends in
+        int64_t back;  // minus its offset, capped at the node's size (at its end: first)
+        int64_t index;
+    };
+    std::vector<Reached> reached;  // parents before their children
+    std::unordered_map<Node*, size_t> entry;
+    entry.reserve(2 * ends.size() + 8);
+    reached.push_back(Reached{root_.get(), 0, 0});
+    entry.emplace(root_.get(), 0);
+    std::vector<Hit> hits;
+    hits.reserve(ends.size());
     std::vector<int64_t> orphans;
-    std::vector<Node*> members;  // nodes with at least one match ending in them
+    std::vector<Node*> path;  // the nodes not yet reached, from a match's node up
     for (int64_t i = 0; i < static_cast<int64_t>(ends.size()); ++i) {
-        auto [node, offset] = ends[i];
+        auto [node, offset] = ends[static_cast<size_t>(i)];
+        path.clear();
         Node* cur = node;
-        while (cur != nullptr && cur != root_.get()) cur = cur->parent;
-        if (node == nullptr || cur != root_.get()) {
+        auto found = entry.end();
+        while (cur != nullptr && (found = entry.find(cur)) == entry.end()) {
+            path.push_back(cur);
+            cur = cur->parent;
+        }
+        if (cur == nullptr) {  // detached (or no node)
             orphans.push_back(i);
             continue;
         }
-        if (!at_end.count(node) && !inside.count(node)) members.push_back(node);
-        if (offset >= node->size()) {
-            at_end[node].push_back(i);
-        } else {
-            inside[node][offset].push_back(i);
+        size_t at = found->second;
+        for (auto it = path.rbegin(); it != path.rend(); ++it) {  // parents first
+            reached.push_back(Reached{*it, at, 0});
+            at = reached.size() - 1;
+            entry.emplace(*it, at);
         }
+        hits.push_back(Hit{at, -std::min(offset, node->size()), i});
+        ++reached[at].weight;
     }
-    std::unordered_map<Node*, int64_t> weight;
-    for (Node* node : members) {
-        int64_t c = 0;
-        if (auto it = at_end.find(node); it != at_end.end()) c += it->second.size();
-        if (auto it = inside.find(node); it != inside.end())
-            for (const auto& kv : it->second) c += kv.second.size();
-        for (Node* cur = node; cur != nullptr; cur = cur->parent) weight[cur] += c;
+    for (size_t k = reached.size() - 1; k > 0; --k)  // children after their parents
+        reached[reached[k].parent].weight += reached[k].weight;
+    // Each node's matches, then its children, as contiguous ranges of one sorted array each.
+    std::sort(hits.begin(), hits.end(), [](const Hit& x, const Hit& y) {
+        if (x.at != y.at) return x.at < y.at;
+        return x.back != y.back ? x.back < y.back : x.index < y.index;
+    });
+    for (size_t h = 0; h < hits.size(); ++h) {
+        Reached& r = reached[hits[h].at];
+        if (r.hits_end == 0) r.hits_begin = h;
+        r.hits_end = h + 1;
     }
-    // Each weighted node's weighted children, heaviest first, ties by slot: the order that
-    // children_in_order (by slot) stably sorted by weight gives, as siblings' slots are
-    // distinct (a node's slot is its own id or, for a split's upper part, the id of the child
-    // it replaced). Read from the weights alone, a node with many children holding no match
-    // (a base shared by thousands) costs only its weighted ones. A weighted node is attached:
-    // its parent's child (eviction and reset clear a detached node's parent).
-    struct Kid {
-        int64_t weight, slot;
-        Node* node;
-    };
-    std::unordered_map<Node*, std::vector<Kid>> kids;
-    for (const auto& [node, w] : weight)
-        if (node != root_.get()) kids[node->parent].push_back(Kid{w, node->slot, node});
-    for (auto& [parent, list] : kids)
-        std::sort(list.begin(), list.end(), [](const Kid& x, const Kid& y) {
-            return x.weight != y.weight ? x.weight > y.weight : x.slot < y.slot;
-        });
+    std::vector<size_t> kids(reached.size() - 1);  // every entry but the root's
+    for (size_t k = 1; k < reached.size(); ++k) kids[k - 1] = k;
+    std::sort(kids.begin(), kids.end(), [&reached](size_t x, size_t y) {
+        const Reached &a = reached[x], &b = reached[y];
+        if (a.parent != b.parent) return a.parent < b.parent;
+        return a.weight != b.weight ? a.weight > b.weight : a.node->slot < b.node->slot;
+    });
+    for (size_t j = 0; j < kids.size(); ++j) {
+        Reached& p = reached[reached[kids[j]].parent];
+        if (p.kids_end == 0) p.kids_begin = j;
+        p.kids_end = j + 1;
+    }
     std::vector<int64_t> order;
-    std::vector<std::pair<Node*, bool>> stack;  // iterative post-order: (node, expanded?)
-    if (weight.count(root_.get())) stack.emplace_back(root_.get(), false);
+    order.reserve(ends.size());
+    std::vector<std::pair<size_t, bool>> stack;  // iterative post-order: (entry, expanded?)
+    if (reached[0].weight > 0) stack.emplace_back(0, false);
     while (!stack.empty()) {
-        auto [node, expanded] = stack.back();
+        auto [at, expanded] = stack.back();
         stack.pop_back();
+        const Reached& r = reached[at];
         if (expanded) {
-            if (auto it = at_end.find(node); it != at_end.end())
-                order.insert(order.end(), it->second.begin(), it->second.end());
-            if (auto it = inside.find(node); it != inside.end())
-                for (auto kv = it->second.rbegin(); kv != it->second.rend(); ++kv)
-                    order.insert(order.end(), kv->second.begin(), kv->second.end());
+            for (size_t h = r.hits_begin; h < r.hits_end; ++h) order.push_back(hits[h].index);
             continue;
         }
-        stack.emplace_back(node, true);
-        if (auto it = kids.find(node); it != kids.end())
-            for (auto k = it->second.rbegin(); k != it->second.rend(); ++k)
-                stack.emplace_back(k->node, false);
+        stack.emplace_back(at, true);
+        for (size_t j = r.kids_end; j > r.kids_begin; --j) stack.emplace_back(kids[j - 1], false);
     }
     order.insert(order.end(), orphans.begin(), orphans.end());
     return order;

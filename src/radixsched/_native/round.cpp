@@ -261,8 +261,9 @@ Matcher& matcher_of(nb::handle tree) {
 
 // tree.queue_round(reqs_of, queue, added, moved, tried, matched, dedup, deferred, order):
 // the sync, then (`dedup`) the dedup's verdict, then (`order`: lpm's StableOrder, dfs-weight's
-// DfsWeightOrder (always advanced or rebuilt), or None) the order's advance. Returns (deferred, flipped, whether the order was advanced); moved
-// keeps what the Python round's _order reads when it was not.
+// DfsWeightOrder (always advanced or rebuilt), or None) the order's advance. Returns
+// (deferred, flipped, whether the order was advanced); moved keeps what the Python round's
+// _order reads when it was not.
 nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::list added,
                       nb::dict moved, nb::dict tried, bool matched, bool dedup,
                       nb::object deferred, nb::handle order) {
