@@ -123,6 +123,19 @@ def _branches(page: int, **cfg: Any) -> Twins:
     return tw
 
 
+def test_the_queue_hands_its_kept_order_to_the_native_round() -> None:
+    """The native round (``queue_round``) advances dfs-weight's kept order: the queue hands
+    it over (the Python ``_order`` then does not run; the counts above are the order's own)."""
+    tw = _branches(1)
+    assert tw.fast.lpm_order is tw.engine.order
+    _first_round(tw)  # not yet in sync: the Python round rebuilds
+    tw.add("p2", [1, 2])
+    with tw.calls() as calls:
+        tw.engine.advance = None  # (a Python advance would fail: the native one runs)
+        tw.round()
+    assert calls == {"advance": 1, "rebuild": 0, "place": 0}
+
+
 def _first_round(tw: Twins) -> list[str]:
     with tw.calls() as calls:
         order = tw.round()
@@ -340,7 +353,8 @@ def test_random_rounds_equal_the_reference(ops: list[Any], page: int, dedup: boo
 def test_dfs_weight_order_at_reads_only_the_reached_nodes_and_agrees_with_the_reference() -> None:
     """``Tree::dfs_weight_order_at`` (the kept order's segments, the compat round's order) on a
     node with many children that no match reaches, children tied by weight (creation order
-    breaks the tie: [8, 8] before [5, 6]), matches at a node's end and inside it (ties in
+    breaks the tie: [8, 8] before [5, 6]), a subtree heavier than a node's own matches say
+    ([1, 2]'s six against [9, 9]'s three), matches at a node's end and inside it (ties in
     their order), one at the root and one in a detached node (last)."""
     caches = [RadixCache(None, page_size=1), NativeRadixCache(None, page_size=1)]
     seqs = [[1, 2, 7], [1, 2, 3, 4], [1, 2, 8, 8], [1, 2, 5, 6], [9, 9]]
@@ -349,11 +363,11 @@ def test_dfs_weight_order_at_reads_only_the_reached_nodes_and_agrees_with_the_re
         for s in seqs:
             c.insert(CacheKey(np.asarray(s, dtype=np.int32)), np.arange(len(s)))
     queries = [[1, 2, 5, 6], [1, 2, 3, 4], [1, 2, 3], [1, 2, 5, 6, 99], [1, 2], [9], [1, 2, 3]]
-    queries += [[42], [1, 2, 7], [1, 2, 8, 8], [1, 2, 8]]
+    queries += [[42], [1, 2, 7], [1, 2, 8, 8], [1, 2, 8], [9, 9], [9]]
     orders = []
     for c in caches:
         ends = [c.match_end(CacheKey(np.asarray(q, dtype=np.int32))) for q in queries]
         c.evict(1)  # the oldest leaf, [7]: query 8's node is detached
         assert ends[8].node.parent is None and ends[0].node.parent is not None
         orders.append(c.dfs_weight_order_at([(e.node, e.offset) for e in ends]))
-    assert orders[0] == orders[1] == [1, 2, 6, 9, 10, 0, 3, 4, 5, 7, 8]
+    assert orders[0] == orders[1] == [1, 2, 6, 9, 10, 0, 3, 4, 11, 5, 12, 7, 8]
