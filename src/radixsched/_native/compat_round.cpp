@@ -88,8 +88,9 @@ compat::NodeMatch match_memo(Tree& tree, const Memo& memo, nb::handle req, int64
     compat::NodeMatch m{WalkResult{nullptr, n}, nb::object(), nb::object(), matched};
     m.walk.node = tree.touch_at(*memo.node, memo.full ? memo.node->size() : memo.offset);
     k.prefix_len.set_int(req, n);
-    PyObject* last = k.last_node.peek(req);  // the node's own object: the same node
-    const bool same = last != nullptr && nb::isinstance<Node>(nb::handle(last)) &&
+    static PyTypeObject* const node_type = reinterpret_cast<PyTypeObject*>(nb::type<Node>().ptr());
+    PyObject* last = k.last_node.peek(req);  // a Node's own object: the same node
+    const bool same = last != nullptr && Py_TYPE(last) == node_type &&
                       nb::inst_ptr<Node>(nb::handle(last)) == m.walk.node.get();
     if (!same) k.last_node.set(req, nb::cast(m.walk.node));
     k.host_hit_len.set_int(req, 0);

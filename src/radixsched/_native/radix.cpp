@@ -965,7 +965,6 @@ std::vector<int64_t> Tree::dfs_weight_order_at(
         Node* node;
         size_t parent;   // its parent's entry (the root's: itself)
         int64_t weight;  // matches ending in its subtree
-        size_t kids_begin = 0, kids_end = 0, hits_begin = 0, hits_end = 0;  // ranges below
     };
     struct Hit {
         size_t at;     // the entry of the node it ends in
@@ -1003,29 +1002,38 @@ std::vector<int64_t> Tree::dfs_weight_order_at(
         hits.push_back(Hit{at, -std::min(offset, node->size()), i});
         ++reached[at].weight;
     }
-    for (size_t k = reached.size() - 1; k > 0; --k)  // children after their parents
+    const size_t n = reached.size();
+    for (size_t k = n - 1; k > 0; --k)  // children after their parents
         reached[reached[k].parent].weight += reached[k].weight;
-    // Each node's matches, then its children, as contiguous ranges of one sorted array each.
-    std::sort(hits.begin(), hits.end(), [](const Hit& x, const Hit& y) {
-        if (x.at != y.at) return x.at < y.at;
-        return x.back != y.back ? x.back < y.back : x.index < y.index;
-    });
-    for (size_t h = 0; h < hits.size(); ++h) {
-        Reached& r = reached[hits[h].at];
-        if (r.hits_end == 0) r.hits_begin = h;
-        r.hits_end = h + 1;
-    }
-    std::vector<size_t> kids(reached.size() - 1);  // every entry but the root's
-    for (size_t k = 1; k < reached.size(); ++k) kids[k - 1] = k;
-    std::sort(kids.begin(), kids.end(), [&reached](size_t x, size_t y) {
-        const Reached &a = reached[x], &b = reached[y];
-        if (a.parent != b.parent) return a.parent < b.parent;
-        return a.weight != b.weight ? a.weight > b.weight : a.node->slot < b.node->slot;
-    });
-    for (size_t j = 0; j < kids.size(); ++j) {
-        Reached& p = reached[reached[kids[j]].parent];
-        if (p.kids_end == 0) p.kids_begin = j;
-        p.kids_end = j + 1;
+    // Each entry's matches and its children as ranges ([first[k], first[k + 1])) of one array
+    // each, placed by a counting sort (stable: in their order), then each range sorted.
+    const auto place = [n](size_t count, const auto& key_of, std::vector<size_t>& first,
+                           std::vector<size_t>& out) {
+        first.assign(n + 1, 0);
+        for (size_t j = 0; j < count; ++j) ++first[key_of(j) + 1];
+        for (size_t k = 0; k < n; ++k) first[k + 1] += first[k];
+        std::vector<size_t> next(first.begin(), first.end() - 1);
+        out.resize(count);
+        for (size_t j = 0; j < count; ++j) out[next[key_of(j)]++] = j;
+    };
+    std::vector<size_t> hit_first, by_node, kid_first, kids;
+    place(hits.size(), [&hits](size_t j) { return hits[j].at; }, hit_first, by_node);
+    place(n - 1, [&reached](size_t j) { return reached[j + 1].parent; }, kid_first, kids);
+    for (size_t& kid : kids) ++kid;  // entries 1.., the root's children first
+    for (size_t k = 0; k < n; ++k) {
+        const auto hb = by_node.begin() + static_cast<std::ptrdiff_t>(hit_first[k]);
+        const auto he = by_node.begin() + static_cast<std::ptrdiff_t>(hit_first[k + 1]);
+        if (he - hb > 1)  // at its end first, then inside by descending offset; ties: in order
+            std::stable_sort(hb, he, [&hits](size_t x, size_t y) {
+                return hits[x].back < hits[y].back;
+            });
+        const auto kb = kids.begin() + static_cast<std::ptrdiff_t>(kid_first[k]);
+        const auto ke = kids.begin() + static_cast<std::ptrdiff_t>(kid_first[k + 1]);
+        if (ke - kb > 1)  // heaviest first, ties by slot (distinct: a total order)
+            std::sort(kb, ke, [&reached](size_t x, size_t y) {
+                const Reached &a = reached[x], &b = reached[y];
+                return a.weight != b.weight ? a.weight > b.weight : a.node->slot < b.node->slot;
+            });
     }
     std::vector<int64_t> order;
     order.reserve(ends.size());
@@ -1034,13 +1042,14 @@ std::vector<int64_t> Tree::dfs_weight_order_at(
     while (!stack.empty()) {
         auto [at, expanded] = stack.back();
         stack.pop_back();
-        const Reached& r = reached[at];
         if (expanded) {
-            for (size_t h = r.hits_begin; h < r.hits_end; ++h) order.push_back(hits[h].index);
+            for (size_t h = hit_first[at]; h < hit_first[at + 1]; ++h)
+                order.push_back(hits[by_node[h]].index);
             continue;
         }
         stack.emplace_back(at, true);
-        for (size_t j = r.kids_end; j > r.kids_begin; --j) stack.emplace_back(kids[j - 1], false);
+        for (size_t j = kid_first[at + 1]; j > kid_first[at]; --j)
+            stack.emplace_back(kids[j - 1], false);
     }
     order.insert(order.end(), orphans.begin(), orphans.end());
     return order;
