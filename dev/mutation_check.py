@@ -582,8 +582,8 @@ MUTANTS = (
     Mutant(
         "dfs-order-at-inside-ascending",
         "_native/radix.cpp",
-        "                return hits[x].back < hits[y].back;",
-        "                return hits[x].back > hits[y].back;",
+        "return hits[x].back < hits[y].back; };",
+        "return hits[x].back > hits[y].back; };",
     ),
     Mutant(
         "compat-int-field-kept-when-changed",

@@ -1023,10 +1023,10 @@ std::vector<int64_t> Tree::dfs_weight_order_at(
     for (size_t k = 0; k < n; ++k) {
         const auto hb = by_node.begin() + static_cast<std::ptrdiff_t>(hit_first[k]);
         const auto he = by_node.begin() + static_cast<std::ptrdiff_t>(hit_first[k + 1]);
-        if (he - hb > 1)  // at its end first, then inside by descending offset; ties: in order
-            std::stable_sort(hb, he, [&hits](size_t x, size_t y) {
-                return hits[x].back < hits[y].back;
-            });
+        // At its end first, then inside by descending offset; ties in their order (mostly
+        // in order already: all at its end).
+        const auto by_back = [&hits](size_t x, size_t y) { return hits[x].back < hits[y].back; };
+        if (he - hb > 1 && !std::is_sorted(hb, he, by_back)) std::stable_sort(hb, he, by_back);
         const auto kb = kids.begin() + static_cast<std::ptrdiff_t>(kid_first[k]);
         const auto ke = kids.begin() + static_cast<std::ptrdiff_t>(kid_first[k + 1]);
         if (ke - kb > 1)  // heaviest first, ties by slot (distinct: a total order)
