@@ -570,20 +570,20 @@ MUTANTS = (
     Mutant(
         "dfs-order-at-slot-ties-reversed",
         "_native/radix.cpp",
-        "a.weight > b.weight : a.node->slot < b.node->slot;",
-        "a.weight > b.weight : a.node->slot > b.node->slot;",
+        "            return x.weight != y.weight ? x.weight > y.weight : x.slot < y.slot;",
+        "            return x.weight != y.weight ? x.weight > y.weight : x.slot > y.slot;",
     ),
     Mutant(
         "dfs-order-at-weights-not-summed",
         "_native/radix.cpp",
-        "        reached[reached[k].parent].weight += reached[k].weight;",
-        "        reached[reached[k].parent].weight += 0;",
+        "        for (Node* cur = node; cur != nullptr; cur = cur->parent) weight[cur] += c;",
+        "        for (Node* cur = node; cur != nullptr; cur = nullptr) weight[cur] += c;",
     ),
     Mutant(
         "dfs-order-at-inside-ascending",
         "_native/radix.cpp",
-        "return hits[x].back < hits[y].back; };",
-        "return hits[x].back > hits[y].back; };",
+        "                for (auto kv = it->second.rbegin(); kv != it->second.rend(); ++kv)",
+        "                for (auto kv = it->second.begin(); kv != it->second.end(); ++kv)",
     ),
     Mutant(
         "compat-int-field-kept-when-changed",

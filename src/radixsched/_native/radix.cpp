@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <type_traits>
 #include <unordered_map>
 
@@ -950,106 +951,75 @@ std::vector<int64_t> Tree::all_values() const {
     return out;
 }
 
-// The reference's DFS (see radix.hpp) over the part of the tree that the matches reach: each
-// node reached (one that a match ends in, and its ancestors) visits its reached children,
-// heaviest first (the weight: how many matches end in the child's subtree), ties by slot
-// (siblings' slots are distinct: a node's slot is its own id or, for a split's upper part,
-// the id of the child it replaced; so this is the children's order by slot stably sorted by
-// weight), then lists the matches ending in it: those at its end in their order, then those
-// inside it by descending offset (ties in their order). Matches in a detached node (its
-// parent chain does not reach the root) come last, in their order. Only the reached nodes
-// are read: a node with many children that no match reaches costs its reached ones.
+// The reference's DFS (cache/radix.py's dfs_weight_order_at) over the part of the tree that
+// the matches reach: each node reached visits its reached children, heaviest first (the
+// weight: how many matches end in the child's subtree), then lists the matches ending in it:
+// those at its end in their order, then those inside it by descending offset (ties in their
+// order). Matches in a detached node (its parent chain does not reach the root) come last.
 std::vector<int64_t> Tree::dfs_weight_order_at(
     const std::vector<std::pair<Node*, int64_t>>& ends) {
-    struct Reached {
-        Node* node;
-        size_t parent;   // its parent's entry (the root's: itself)
-        int64_t weight;  // matches ending in its subtree
-    };
-    struct Hit {
-        size_t at;     // the entry of the node it ends in
-        int64_t back;  // minus its offset, capped at the node's size (at its end: first)
-        int64_t index;
-    };
-    std::vector<Reached> reached;  // parents before their children
-    std::unordered_map<Node*, size_t> entry;
-    entry.reserve(2 * ends.size() + 8);
-    reached.push_back(Reached{root_.get(), 0, 0});
-    entry.emplace(root_.get(), 0);
-    std::vector<Hit> hits;
-    hits.reserve(ends.size());
+    std::unordered_map<Node*, std::vector<int64_t>> at_end;
+    std::unordered_map<Node*, std::map<int64_t, std::vector<int64_t>>> inside;
     std::vector<int64_t> orphans;
-    std::vector<Node*> path;  // the nodes not yet reached, from a match's node up
+    std::vector<Node*> members;  // nodes with at least one match ending in them
     for (int64_t i = 0; i < static_cast<int64_t>(ends.size()); ++i) {
-        auto [node, offset] = ends[static_cast<size_t>(i)];
-        path.clear();
+        auto [node, offset] = ends[i];
         Node* cur = node;
-        auto found = entry.end();
-        while (cur != nullptr && (found = entry.find(cur)) == entry.end()) {
-            path.push_back(cur);
-            cur = cur->parent;
-        }
-        if (cur == nullptr) {  // detached (or no node)
+        while (cur != nullptr && cur != root_.get()) cur = cur->parent;
+        if (node == nullptr || cur != root_.get()) {
             orphans.push_back(i);
             continue;
         }
-        size_t at = found->second;
-        for (auto it = path.rbegin(); it != path.rend(); ++it) {  // parents first
-            reached.push_back(Reached{*it, at, 0});
-            at = reached.size() - 1;
-            entry.emplace(*it, at);
+        if (!at_end.count(node) && !inside.count(node)) members.push_back(node);
+        if (offset >= node->size()) {
+            at_end[node].push_back(i);
+        } else {
+            inside[node][offset].push_back(i);
         }
-        hits.push_back(Hit{at, -std::min(offset, node->size()), i});
-        ++reached[at].weight;
     }
-    const size_t n = reached.size();
-    for (size_t k = n - 1; k > 0; --k)  // children after their parents
-        reached[reached[k].parent].weight += reached[k].weight;
-    // Each entry's matches and its children as ranges ([first[k], first[k + 1])) of one array
-    // each, placed by a counting sort (stable: in their order), then each range sorted.
-    const auto place = [n](size_t count, const auto& key_of, std::vector<size_t>& first,
-                           std::vector<size_t>& out) {
-        first.assign(n + 1, 0);
-        for (size_t j = 0; j < count; ++j) ++first[key_of(j) + 1];
-        for (size_t k = 0; k < n; ++k) first[k + 1] += first[k];
-        std::vector<size_t> next(first.begin(), first.end() - 1);
-        out.resize(count);
-        for (size_t j = 0; j < count; ++j) out[next[key_of(j)]++] = j;
+    std::unordered_map<Node*, int64_t> weight;
+    for (Node* node : members) {
+        int64_t c = 0;
+        if (auto it = at_end.find(node); it != at_end.end()) c += it->second.size();
+        if (auto it = inside.find(node); it != inside.end())
+            for (const auto& kv : it->second) c += kv.second.size();
+        for (Node* cur = node; cur != nullptr; cur = cur->parent) weight[cur] += c;
+    }
+    // Each weighted node's weighted children, heaviest first, ties by slot: the order that
+    // children_in_order (by slot) stably sorted by weight gives, as siblings' slots are
+    // distinct (a node's slot is its own id or, for a split's upper part, the id of the child
+    // it replaced). Read from the weights alone, a node with many children holding no match
+    // (a base shared by thousands) costs only its weighted ones. A weighted node is attached:
+    // its parent's child (eviction and reset clear a detached node's parent).
+    struct Kid {
+        int64_t weight, slot;
+        Node* node;
     };
-    std::vector<size_t> hit_first, by_node, kid_first, kids;
-    place(hits.size(), [&hits](size_t j) { return hits[j].at; }, hit_first, by_node);
-    place(n - 1, [&reached](size_t j) { return reached[j + 1].parent; }, kid_first, kids);
-    for (size_t& kid : kids) ++kid;  // entries 1.., the root's children first
-    for (size_t k = 0; k < n; ++k) {
-        const auto hb = by_node.begin() + static_cast<std::ptrdiff_t>(hit_first[k]);
-        const auto he = by_node.begin() + static_cast<std::ptrdiff_t>(hit_first[k + 1]);
-        // At its end first, then inside by descending offset; ties in their order (mostly
-        // in order already: all at its end).
-        const auto by_back = [&hits](size_t x, size_t y) { return hits[x].back < hits[y].back; };
-        if (he - hb > 1 && !std::is_sorted(hb, he, by_back)) std::stable_sort(hb, he, by_back);
-        const auto kb = kids.begin() + static_cast<std::ptrdiff_t>(kid_first[k]);
-        const auto ke = kids.begin() + static_cast<std::ptrdiff_t>(kid_first[k + 1]);
-        if (ke - kb > 1)  // heaviest first, ties by slot (distinct: a total order)
-            std::sort(kb, ke, [&reached](size_t x, size_t y) {
-                const Reached &a = reached[x], &b = reached[y];
-                return a.weight != b.weight ? a.weight > b.weight : a.node->slot < b.node->slot;
-            });
-    }
+    std::unordered_map<Node*, std::vector<Kid>> kids;
+    for (const auto& [node, w] : weight)
+        if (node != root_.get()) kids[node->parent].push_back(Kid{w, node->slot, node});
+    for (auto& [parent, list] : kids)
+        std::sort(list.begin(), list.end(), [](const Kid& x, const Kid& y) {
+            return x.weight != y.weight ? x.weight > y.weight : x.slot < y.slot;
+        });
     std::vector<int64_t> order;
-    order.reserve(ends.size());
-    std::vector<std::pair<size_t, bool>> stack;  // iterative post-order: (entry, expanded?)
-    if (reached[0].weight > 0) stack.emplace_back(0, false);
+    std::vector<std::pair<Node*, bool>> stack;  // iterative post-order: (node, expanded?)
+    if (weight.count(root_.get())) stack.emplace_back(root_.get(), false);
     while (!stack.empty()) {
-        auto [at, expanded] = stack.back();
+        auto [node, expanded] = stack.back();
         stack.pop_back();
         if (expanded) {
-            for (size_t h = hit_first[at]; h < hit_first[at + 1]; ++h)
-                order.push_back(hits[by_node[h]].index);
+            if (auto it = at_end.find(node); it != at_end.end())
+                order.insert(order.end(), it->second.begin(), it->second.end());
+            if (auto it = inside.find(node); it != inside.end())
+                for (auto kv = it->second.rbegin(); kv != it->second.rend(); ++kv)
+                    order.insert(order.end(), kv->second.begin(), kv->second.end());
             continue;
         }
-        stack.emplace_back(at, true);
-        for (size_t j = kid_first[at + 1]; j > kid_first[at]; --j)
-            stack.emplace_back(kids[j - 1], false);
+        stack.emplace_back(node, true);
+        if (auto it = kids.find(node); it != kids.end())
+            for (auto k = it->second.rbegin(); k != it->second.rend(); ++k)
+                stack.emplace_back(k->node, false);
     }
     order.insert(order.end(), orphans.begin(), orphans.end());
     return order;

@@ -272,11 +272,11 @@ nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::l
     nb::list flipped;
     if (dedup) std::tie(deferred, flipped) = verdict(m, reqs_of, !matched, deferred);
     bool done = false;
-    if (nb::isinstance<DfsWeightOrder>(order)) {
+    if (!order.is_none() && nb::isinstance<StableOrder>(order)) {
+        done = advance_lpm(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred);
+    } else if (!order.is_none()) {  // a DfsWeightOrder (else a TypeError)
         advance_dfs(nb::cast<DfsWeightOrder&>(order), queue, added, flipped, moved, deferred);
         done = true;
-    } else if (!order.is_none()) {
-        done = advance_lpm(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred);
     }
     return nb::make_tuple(deferred, flipped, done);
 }
@@ -383,7 +383,7 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
     DfsWeightOrder* dfs = nullptr;
     if (!order.is_none() && nb::isinstance<StableOrder>(order))
         kept = &nb::cast<StableOrder&>(order);
-    else if (nb::isinstance<DfsWeightOrder>(order))
+    else if (!order.is_none() && nb::isinstance<DfsWeightOrder>(order))
         dfs = &nb::cast<DfsWeightOrder&>(order);
     for (nb::handle r : taken) {
         const int64_t k = id_of(r.ptr());
