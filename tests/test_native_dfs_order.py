@@ -355,19 +355,21 @@ def test_dfs_weight_order_at_reads_only_the_reached_nodes_and_agrees_with_the_re
     node with many children that no match reaches, children tied by weight (creation order
     breaks the tie: [8, 8] before [5, 6]), a subtree heavier than a node's own matches say
     ([1, 2]'s six against [9, 9]'s three), matches at a node's end and inside it (ties in
-    their order), one at the root and one in a detached node (last)."""
+    their order; several offsets inside one node, deepest first), one at the root and one
+    in a detached node (last)."""
     caches = [RadixCache(None, page_size=1), NativeRadixCache(None, page_size=1)]
-    seqs = [[1, 2, 7], [1, 2, 3, 4], [1, 2, 8, 8], [1, 2, 5, 6], [9, 9]]
+    seqs = [[1, 2, 7], [1, 2, 3, 4], [1, 2, 8, 8], [1, 2, 5, 6], [9, 9], [20, 21, 22, 23]]
     seqs += [[1, 2, 100 + k] for k in range(20)]  # never reached
     for c in caches:
         for s in seqs:
             c.insert(CacheKey(np.asarray(s, dtype=np.int32)), np.arange(len(s)))
     queries = [[1, 2, 5, 6], [1, 2, 3, 4], [1, 2, 3], [1, 2, 5, 6, 99], [1, 2], [9], [1, 2, 3]]
     queries += [[42], [1, 2, 7], [1, 2, 8, 8], [1, 2, 8], [9, 9], [9]]
+    queries += [[20], [20, 21, 22], [20, 21]]  # inside one node, deepest first
     orders = []
     for c in caches:
         ends = [c.match_end(CacheKey(np.asarray(q, dtype=np.int32))) for q in queries]
         c.evict(1)  # the oldest leaf, [7]: query 8's node is detached
         assert ends[8].node.parent is None and ends[0].node.parent is not None
         orders.append(c.dfs_weight_order_at([(e.node, e.offset) for e in ends]))
-    assert orders[0] == orders[1] == [1, 2, 6, 9, 10, 0, 3, 4, 11, 5, 12, 7, 8]
+    assert orders[0] == orders[1] == [1, 2, 6, 9, 10, 0, 3, 4, 11, 5, 12, 14, 15, 13, 7, 8]
