@@ -6,7 +6,7 @@ around a new base), so that a case that stops reaching its branch fails rather t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -92,24 +92,14 @@ class Twins:
 
     @contextmanager
     def calls(self) -> Iterator[dict[str, int]]:
-        """Counts the engine's advances and rebuilds (an advance that declines rebuilds)."""
-        engine, seen = self.engine, {"advance": 0, "rebuild": 0, "place": 0}
-        originals = {name: getattr(engine, name) for name in seen}
-
-        def counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-            def call(*args: Any) -> Any:
-                seen[name] += 1
-                return fn(*args)
-
-            return call
-
-        for name, fn in originals.items():
-            setattr(engine, name, counting(name, fn))
+        """Counts the kept order's advances, rebuilds and places (an advance that declines
+        rebuilds), wherever they are called from: the engine, or the native round."""
+        order, seen = self.engine.order, {"advance": 0, "rebuild": 0, "place": 0}
+        before = dict(order.calls)
         try:
             yield seen
         finally:
-            for name in originals:
-                delattr(engine, name)
+            seen.update({name: order.calls[name] - before[name] for name in seen})
 
     def top(self, rid: str) -> int | None:
         r = next(r for r in self.fast.reqs if r.rid == rid)
@@ -131,6 +121,19 @@ def _branches(page: int, **cfg: Any) -> Twins:
     tw.add("b2", [1, 2, 5, 6, 8])
     tw.add("c1", [1, 2, 7])
     return tw
+
+
+def test_the_queue_hands_its_kept_order_to_the_native_round() -> None:
+    """The native round (``queue_round``) advances dfs-weight's kept order: the queue hands
+    it over (the Python ``_order`` then does not run; the counts above are the order's own)."""
+    tw = _branches(1)
+    assert tw.fast.lpm_order is tw.engine.order
+    _first_round(tw)  # not yet in sync: the Python round rebuilds
+    tw.add("p2", [1, 2])
+    with tw.calls() as calls:
+        tw.engine.advance = None  # (a Python advance would fail: the native one runs)
+        tw.round()
+    assert calls == {"advance": 1, "rebuild": 0, "place": 0}
 
 
 def _first_round(tw: Twins) -> list[str]:
@@ -342,3 +345,31 @@ def test_random_rounds_equal_the_reference(ops: list[Any], page: int, dedup: boo
             tw.round()
     tw.round()
     tw.round()
+
+
+# ---- the tree's dfs-weight order over given match ends ------------------------------------------
+
+
+def test_dfs_weight_order_at_reads_only_the_reached_nodes_and_agrees_with_the_reference() -> None:
+    """``Tree::dfs_weight_order_at`` (the kept order's segments, the compat round's order) on a
+    node with many children that no match reaches, children tied by weight (creation order
+    breaks the tie: [8, 8] before [5, 6]), a subtree heavier than a node's own matches say
+    ([1, 2]'s six against [9, 9]'s three), matches at a node's end and inside it (ties in
+    their order; several offsets inside one node, deepest first), one at the root and one
+    in a detached node (last)."""
+    caches = [RadixCache(None, page_size=1), NativeRadixCache(None, page_size=1)]
+    seqs = [[1, 2, 7], [1, 2, 3, 4], [1, 2, 8, 8], [1, 2, 5, 6], [9, 9], [20, 21, 22, 23]]
+    seqs += [[1, 2, 100 + k] for k in range(20)]  # never reached
+    for c in caches:
+        for s in seqs:
+            c.insert(CacheKey(np.asarray(s, dtype=np.int32)), np.arange(len(s)))
+    queries = [[1, 2, 5, 6], [1, 2, 3, 4], [1, 2, 3], [1, 2, 5, 6, 99], [1, 2], [9], [1, 2, 3]]
+    queries += [[42], [1, 2, 7], [1, 2, 8, 8], [1, 2, 8], [9, 9], [9]]
+    queries += [[20], [20, 21, 22], [20, 21]]  # inside one node, deepest first
+    orders = []
+    for c in caches:
+        ends = [c.match_end(CacheKey(np.asarray(q, dtype=np.int32))) for q in queries]
+        c.evict(1)  # the oldest leaf, [7]: query 8's node is detached
+        assert ends[8].node.parent is None and ends[0].node.parent is not None
+        orders.append(c.dfs_weight_order_at([(e.node, e.offset) for e in ends]))
+    assert orders[0] == orders[1] == [1, 2, 6, 9, 10, 0, 3, 4, 11, 5, 12, 14, 15, 13, 7, 8]

@@ -24,6 +24,11 @@ public:
     explicit Attr(const char* name) : name_(PyUnicode_InternFromString(name)) {}
     nanobind::object get(nanobind::handle o);
     void set(nanobind::handle o, nanobind::handle v);
+    // set(o, int(v)), unless the member holds an exact int equal to v already (the value set
+    // would be the same; only an int's identity could differ, which nothing reads).
+    void set_int(nanobind::handle o, int64_t v);
+    // The object a plain object member holds (borrowed; null: unset, or not such a member).
+    PyObject* peek(nanobind::handle o);
 
 private:
     PyMemberDef* member(PyTypeObject* t);

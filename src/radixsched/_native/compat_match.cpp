@@ -64,6 +64,23 @@ void Attr::set(nb::handle o, nb::handle v) {
         throw nb::python_error();
 }
 
+PyObject* Attr::peek(nb::handle o) {
+    PyMemberDef* def = member(Py_TYPE(o.ptr()));
+    if (def == nullptr || (def->type != T_OBJECT_EX && def->type != T_OBJECT)) return nullptr;
+    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o.ptr()) + def->offset);
+}
+
+void Attr::set_int(nb::handle o, int64_t v) {
+    PyObject* cur = peek(o);
+    if (cur != nullptr && PyLong_CheckExact(cur)) {
+        int overflow = 0;
+        const long long c = PyLong_AsLongLongAndOverflow(cur, &overflow);
+        if (c == -1 && PyErr_Occurred()) throw nb::python_error();
+        if (overflow == 0 && c == v) return;
+    }
+    set(o, nb::int_(v));
+}
+
 Fill fill_of(const TokenView& prompt, nb::handle req, std::vector<int32_t>& joined) {
     nb::object outs = names().output_ids.get(req);
     const int64_t no = py::len_of(outs);

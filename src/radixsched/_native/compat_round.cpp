@@ -78,21 +78,23 @@ int64_t id_of(nb::handle r) { return static_cast<int64_t>(reinterpret_cast<intpt
 // A tracked request's node matching from its memo (the match is current: the walk would end
 // there): Tree::touch_at where it ends does what the walk does to the tree (the same tick, the
 // same nodes touched, the same split) and gives the node the walk gives; the request's fields
-// set as compat::match_node sets them. `matched`: min(memo.n, fill_len - 1).
+// set as compat::match_node sets them (ints, the node's own object), each left as it is where
+// it holds that value already (a request waiting round after round mostly keeps its match).
+// `matched`: min(memo.n, fill_len - 1). The match's node and length are given as its walk's
+// (its Python objects, not read by the round, are not made).
 compat::NodeMatch match_memo(Tree& tree, const Memo& memo, nb::handle req, int64_t matched) {
     compat::Names& k = compat::names();
     const int64_t n = memo.n;  // read before the touch: its split re-points the memo
     compat::NodeMatch m{WalkResult{nullptr, n}, nb::object(), nb::object(), matched};
     m.walk.node = tree.touch_at(*memo.node, memo.full ? memo.node->size() : memo.offset);
-    m.node = nb::cast(m.walk.node);
-    m.length = nb::int_(n);
-    k.prefix_len.set(req, m.length);
-    k.last_node.set(req, m.node);
-    k.host_hit_len.set(req, nb::int_(0));
-    if (matched == n)  // n <= fill_len - 1
-        k.num_matched.set(req, m.length);
-    else
-        k.num_matched.set(req, nb::int_(matched));
+    k.prefix_len.set_int(req, n);
+    static PyTypeObject* const node_type = reinterpret_cast<PyTypeObject*>(nb::type<Node>().ptr());
+    PyObject* last = k.last_node.peek(req);  // a Node's own object: the same node
+    const bool same = last != nullptr && Py_TYPE(last) == node_type &&
+                      nb::inst_ptr<Node>(nb::handle(last)) == m.walk.node.get();
+    if (!same) k.last_node.set(req, nb::cast(m.walk.node));
+    k.host_hit_len.set_int(req, 0);
+    k.num_matched.set_int(req, matched);
     return m;
 }
 

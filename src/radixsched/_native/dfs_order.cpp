@@ -169,6 +169,7 @@ Atoms DfsWeightOrder::key(PyObject* r, nb::handle deferred) const {
 }
 
 bool DfsWeightOrder::place(nb::handle r, int64_t j) {
+    ++calls_.place;
     if (!order_.place(r, j)) return false;
     join(r.ptr(), false, 0);
     return true;
@@ -179,6 +180,7 @@ void DfsWeightOrder::remove(nb::handle r) {
 }
 
 void DfsWeightOrder::rebuild(nb::handle queue, nb::handle deferred) {
+    ++calls_.rebuild;
     base_ = lca(queue);
     members_.clear();
     groups_.clear();
@@ -200,7 +202,8 @@ void DfsWeightOrder::rebuild(nb::handle queue, nb::handle deferred) {
     check(PyList_SetSlice(queue.ptr(), 0, PY_SSIZE_T_MAX, order_.reqs.ptr()));
 }
 
-void DfsWeightOrder::resegment(const std::unordered_set<PyObject*>& fresh, nb::handle arrivals,
+void DfsWeightOrder::resegment(const std::unordered_set<PyObject*>& fresh,
+                               const std::vector<PyObject*>& arrivals,
                                std::vector<PyObject*>& rekey) {
     std::unordered_set<PyObject*> listed(rekey.begin(), rekey.end());
     for (int64_t top : touched_) {
@@ -216,7 +219,7 @@ void DfsWeightOrder::resegment(const std::unordered_set<PyObject*>& fresh, nb::h
         std::vector<PyObject*> reqs;
         reqs.reserve(g->second.size());
         for (const auto& o : olds) reqs.push_back(o.second);
-        for (PyObject* r : items_of(arrivals))
+        for (PyObject* r : arrivals)
             if (g->second.count(r) != 0) reqs.push_back(r);
         segment(top, reqs);
         for (const auto& o : olds)
@@ -226,7 +229,13 @@ void DfsWeightOrder::resegment(const std::unordered_set<PyObject*>& fresh, nb::h
 
 bool DfsWeightOrder::advance(nb::handle changed, nb::handle arrivals, nb::handle deferred,
                              nb::handle queue) {
-    const std::vector<PyObject*> moved = items_of(changed), news = items_of(arrivals);
+    return advance_items(items_of(changed), items_of(arrivals), deferred, queue);
+}
+
+bool DfsWeightOrder::advance_items(const std::vector<PyObject*>& moved,
+                                   const std::vector<PyObject*>& news, nb::handle deferred,
+                                   nb::handle queue) {
+    ++calls_.advance;
     if (!PyList_Check(queue.ptr())) throw nb::type_error("DfsWeightOrder: a list expected");
     const auto total = static_cast<size_t>(PyList_GET_SIZE(queue.ptr()));
     const bool detached = base_->parent == nullptr && base_.get() != tree().root().get();
@@ -256,7 +265,7 @@ bool DfsWeightOrder::advance(nb::handle changed, nb::handle arrivals, nb::handle
     for (PyObject* r : moved)
         if (seen.insert(r).second) rekey.push_back(r);
     const std::unordered_set<PyObject*> fresh(news.begin(), news.end());
-    resegment(fresh, arrivals, rekey);
+    resegment(fresh, news, rekey);
     touched_.clear();
     StableOrder::Keyed rekeyed, placed;
     rekeyed.reserve(rekey.size());
@@ -290,7 +299,15 @@ void bind_dfs_order(nb::module_& m, TreeOf tree_of) {
         .def("rebuild", &DfsWeightOrder::rebuild, "queue"_a, "deferred"_a)
         .def("advance", &DfsWeightOrder::advance, "changed"_a, "arrivals"_a, "deferred"_a,
              "queue"_a)
-        .def("top_of", &DfsWeightOrder::top_of, "r"_a);
+        .def("top_of", &DfsWeightOrder::top_of, "r"_a)
+        .def_prop_ro("calls", [](const DfsWeightOrder& o) {
+            const DfsWeightOrder::Calls& c = o.calls();
+            nb::dict d;
+            d["advance"] = c.advance;
+            d["rebuild"] = c.rebuild;
+            d["place"] = c.place;
+            return d;
+        });
 }
 
 }  // namespace radixsched

@@ -51,9 +51,17 @@ public:
     // edited in place). False: the caller must rebuild (the state is then to be rebuilt).
     bool advance(nanobind::handle changed, nanobind::handle arrivals, nanobind::handle deferred,
                  nanobind::handle queue);
-    // Test hooks: the base node, and a member's child slot (None: at or above the base).
+    // The same over the lists' items (borrowed: the caller holds them; queue_round's call).
+    bool advance_items(const std::vector<PyObject*>& moved, const std::vector<PyObject*>& news,
+                       nanobind::handle deferred, nanobind::handle queue);
+    // Test hooks: the base node, a member's child slot (None: at or above the base), and how
+    // many advances (a declined one included), rebuilds and places it has run.
     NodePtr base() const { return base_; }
     nanobind::object top_of(nanobind::handle r) const;
+    struct Calls {
+        int64_t advance = 0, rebuild = 0, place = 0;
+    };
+    const Calls& calls() const { return calls_; }
 
 private:
     struct End {
@@ -83,8 +91,8 @@ private:
     void segment(int64_t top, const std::vector<PyObject*>& reqs);
     Atoms key(PyObject* r, nanobind::handle deferred) const;
     // The re-segmenting of every touched child (the members re-keyed go to `rekey`).
-    void resegment(const std::unordered_set<PyObject*>& fresh, nanobind::handle arrivals,
-                   std::vector<PyObject*>& rekey);
+    void resegment(const std::unordered_set<PyObject*>& fresh,
+                   const std::vector<PyObject*>& arrivals, std::vector<PyObject*>& rekey);
 
     nanobind::object tree_obj_;  // keeps the tree alive
     TreeOf tree_of_;
@@ -94,6 +102,7 @@ private:
     std::unordered_map<int64_t, Group> groups_;  // members per child of the base (by slot)
     std::unordered_map<int64_t, int64_t> count_;  // the count each child's keys were made with
     std::unordered_set<int64_t> touched_;
+    Calls calls_;
 };
 
 void bind_dfs_order(nanobind::module_& m, TreeOf tree_of);

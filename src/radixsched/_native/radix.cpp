@@ -951,6 +951,11 @@ std::vector<int64_t> Tree::all_values() const {
     return out;
 }
 
+// The reference's DFS (cache/radix.py's dfs_weight_order_at) over the part of the tree that
+// the matches reach: each node reached visits its reached children, heaviest first (the
+// weight: how many matches end in the child's subtree), then lists the matches ending in it:
+// those at its end in their order, then those inside it by descending offset (ties in their
+// order). Matches in a detached node (its parent chain does not reach the root) come last.
 std::vector<int64_t> Tree::dfs_weight_order_at(
     const std::vector<std::pair<Node*, int64_t>>& ends) {
     std::unordered_map<Node*, std::vector<int64_t>> at_end;
@@ -980,6 +985,23 @@ std::vector<int64_t> Tree::dfs_weight_order_at(
             for (const auto& kv : it->second) c += kv.second.size();
         for (Node* cur = node; cur != nullptr; cur = cur->parent) weight[cur] += c;
     }
+    // Each weighted node's weighted children, heaviest first, ties by slot: the order that
+    // children_in_order (by slot) stably sorted by weight gives, as siblings' slots are
+    // distinct (a node's slot is its own id or, for a split's upper part, the id of the child
+    // it replaced). Read from the weights alone, a node with many children holding no match
+    // (a base shared by thousands) costs only its weighted ones. A weighted node is attached:
+    // its parent's child (eviction and reset clear a detached node's parent).
+    struct Kid {
+        int64_t weight, slot;
+        Node* node;
+    };
+    std::unordered_map<Node*, std::vector<Kid>> kids;
+    for (const auto& [node, w] : weight)
+        if (node != root_.get()) kids[node->parent].push_back(Kid{w, node->slot, node});
+    for (auto& [parent, list] : kids)
+        std::sort(list.begin(), list.end(), [](const Kid& x, const Kid& y) {
+            return x.weight != y.weight ? x.weight > y.weight : x.slot < y.slot;
+        });
     std::vector<int64_t> order;
     std::vector<std::pair<Node*, bool>> stack;  // iterative post-order: (node, expanded?)
     if (weight.count(root_.get())) stack.emplace_back(root_.get(), false);
@@ -995,12 +1017,9 @@ std::vector<int64_t> Tree::dfs_weight_order_at(
             continue;
         }
         stack.emplace_back(node, true);
-        std::vector<Node*> kids;
-        for (const NodePtr& c : children_in_order(*node))
-            if (weight.count(c.get())) kids.push_back(c.get());
-        std::stable_sort(kids.begin(), kids.end(),
-                         [&](Node* x, Node* y) { return weight[x] > weight[y]; });
-        for (auto it = kids.rbegin(); it != kids.rend(); ++it) stack.emplace_back(*it, false);
+        if (auto it = kids.find(node); it != kids.end())
+            for (auto k = it->second.rbegin(); k != it->second.rend(); ++k)
+                stack.emplace_back(k->node, false);
     }
     order.insert(order.end(), orphans.begin(), orphans.end());
     return order;

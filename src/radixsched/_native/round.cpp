@@ -15,6 +15,7 @@
 
 #include "dedup.hpp"
 #include "dedup_bind.hpp"
+#include "dfs_order.hpp"
 #include "matcher.hpp"
 #include "order.hpp"
 #include "radix.hpp"
@@ -197,14 +198,10 @@ bool in_sync(nb::list queue, nb::list members_list, nb::list added) {
     return same_items(members, q, 0, n) && same_items(added.ptr(), q, n, na);
 }
 
-// KeyedEngine.advance for lpm, from the queue's _order: the changed members (flipped, then
-// moved, each once, the arrivals not among them) re-keyed and the arrivals placed. False (nothing
-// done): the Python round orders (out of sync, or so many moving that it rebuilds).
-bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
-                 nb::dict moved, nb::handle deferred) {
-    if (!in_sync(queue, order.reqs, added)) return false;
-    // The changed: flipped, then moved (each list's requests are distinct: flipped by key,
-    // moved a dict's values), each once, the arrivals not among them.
+// The changed members of a kept order's round, as the queue's _order lists them: flipped,
+// then moved (each list's requests are distinct: flipped by key, moved a dict's values), each
+// once, the arrivals not among them.
+std::vector<PyObject*> changed_of(nb::list added, nb::list flipped, nb::dict moved) {
     const auto na = static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
     const auto nf = static_cast<size_t>(PyList_GET_SIZE(flipped.ptr()));
     const Among fresh(items_of(added.ptr()), na);
@@ -216,6 +213,17 @@ bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list fl
     PyObject *key = nullptr, *value = nullptr;
     while (PyDict_Next(moved.ptr(), &pos, &key, &value))
         if (!fresh.has(value) && !first.has(value)) changed.push_back(value);
+    return changed;
+}
+
+// KeyedEngine.advance for lpm, from the queue's _order: the changed members re-keyed and the
+// arrivals placed. False (nothing done): the Python round orders (out of sync, or so many
+// moving that it rebuilds).
+bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
+                 nb::dict moved, nb::handle deferred) {
+    if (!in_sync(queue, order.reqs, added)) return false;
+    const std::vector<PyObject*> changed = changed_of(added, flipped, moved);
+    const auto na = static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
     const size_t moving = changed.size() + na;
     const auto total = static_cast<size_t>(PyList_GET_SIZE(queue.ptr()));
     if (worth_rebuilding(moving, total)) return false;
@@ -231,6 +239,20 @@ bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list fl
     return true;
 }
 
+// The queue's _order for dfs-weight's engine (DfsWeightEngine), which the queue runs only
+// while in sync (it passes the order then): in sync, its advance, else (or where the advance
+// declines) its rebuild. Always done.
+void advance_dfs(DfsWeightOrder& order, nb::list queue, nb::list added, nb::list flipped,
+                 nb::dict moved, nb::handle deferred) {
+    if (in_sync(queue, order.reqs(), added)) {
+        PyObject* const* news = items_of(added.ptr());
+        const std::vector<PyObject*> arrivals(news, news + PyList_GET_SIZE(added.ptr()));
+        if (order.advance_items(changed_of(added, flipped, moved), arrivals, deferred, queue))
+            return;
+    }
+    order.rebuild(queue, deferred);
+}
+
 Matcher& matcher_of(nb::handle tree) {
     Matcher* m = g_tree_of(tree).second;
     if (m == nullptr) throw std::runtime_error("no native matcher listens to this tree");
@@ -238,9 +260,10 @@ Matcher& matcher_of(nb::handle tree) {
 }
 
 // tree.queue_round(reqs_of, queue, added, moved, tried, matched, dedup, deferred, order):
-// the sync, then (`dedup`) the dedup's verdict, then (`order`: lpm's StableOrder, or None)
-// the order's advance. Returns (deferred, flipped, whether the order was advanced); moved
-// keeps what the Python round's _order reads when it was not.
+// the sync, then (`dedup`) the dedup's verdict, then (`order`: lpm's StableOrder, dfs-weight's
+// DfsWeightOrder (always advanced or rebuilt), or None) the order's advance. Returns
+// (deferred, flipped, whether the order was advanced); moved keeps what the Python round's
+// _order reads when it was not.
 nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::list added,
                       nb::dict moved, nb::dict tried, bool matched, bool dedup,
                       nb::object deferred, nb::handle order) {
@@ -249,8 +272,12 @@ nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::l
     nb::list flipped;
     if (dedup) std::tie(deferred, flipped) = verdict(m, reqs_of, !matched, deferred);
     bool done = false;
-    if (!order.is_none())
+    if (!order.is_none() && nb::isinstance<StableOrder>(order)) {
         done = advance_lpm(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred);
+    } else if (!order.is_none()) {  // a DfsWeightOrder (else a TypeError)
+        advance_dfs(nb::cast<DfsWeightOrder&>(order), queue, added, flipped, moved, deferred);
+        done = true;
+    }
     return nb::make_tuple(deferred, flipped, done);
 }
 
@@ -333,7 +360,8 @@ void pop_key(nb::handle dict, PyObject* key) {
 // queue's matcher, whose compat keys are off) the matcher's untrack and its `fills` and
 // `reqs_of` entries dropped; its `moved` and `tried` entries dropped; then its first identity
 // in `added` deleted, or else the kept order's removal: `order.remove(r)` (StableEngine's
-// remove; a StableOrder's natively) or `remove(r)` (another engine's), neither when both None.
+// remove; a StableOrder's or a DfsWeightOrder's natively) or `remove(r)` (another engine's),
+// neither when both None.
 nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::handle fills,
                     nb::handle reqs_of, nb::dict moved, nb::dict tried, nb::list added,
                     nb::handle order, nb::handle remove) {
@@ -350,9 +378,13 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
     std::sort(at.begin(), at.end(), [](Py_ssize_t a, Py_ssize_t b) { return a > b; });
     for (Py_ssize_t i : at) list_del(queue.ptr(), i);
     Matcher* m = tree.is_none() ? nullptr : &matcher_of(tree);
-    StableOrder* kept = nullptr;  // a StableOrder's remove called here, another order's there
+    // A StableOrder's or a DfsWeightOrder's remove called here, another order's there.
+    StableOrder* kept = nullptr;
+    DfsWeightOrder* dfs = nullptr;
     if (!order.is_none() && nb::isinstance<StableOrder>(order))
         kept = &nb::cast<StableOrder&>(order);
+    else if (!order.is_none() && nb::isinstance<DfsWeightOrder>(order))
+        dfs = &nb::cast<DfsWeightOrder&>(order);
     for (nb::handle r : taken) {
         const int64_t k = id_of(r.ptr());
         nb::object key = nb::int_(k);
@@ -374,6 +406,8 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
         if (arrival) continue;
         if (kept != nullptr) {
             kept->remove(r, nb::none());
+        } else if (dfs != nullptr) {
+            dfs->remove(r);
         } else if (!order.is_none()) {
             order.attr("remove")(r);
         } else if (!remove.is_none()) {

@@ -165,7 +165,8 @@ class FastWaitingQueue(WaitingQueue):
         elif engine is not None:
             self._engine_removal = (None, engine.remove)
         self._take_fixed = self._take_setup()
-        # lpm's kept order, advanced inside the native round (None: the engine's own advance).
+        # lpm's or dfs-weight's kept order, advanced inside the native round (None: the
+        # engine's own advance).
         self.lpm_order = self._lpm_order()
         self.synced = False  # the engine's members + ``added`` are the list
         self.matched = False  # every waiting request's matched length is current but ``moved``,
@@ -215,7 +216,12 @@ class FastWaitingQueue(WaitingQueue):
         return None
 
     def _lpm_order(self) -> Any:
+        """The kept order the native round advances (``queue_round``): lpm's ``StableOrder``
+        (declined: ``_order`` runs) or dfs-weight's ``DfsWeightOrder`` (always ordered there:
+        its advance, else its rebuild, as ``_order`` would); None: ``_order`` runs."""
         engine, cfg = self.engine, self.config
+        if isinstance(engine, DfsWeightEngine) and self.matcher is not None:
+            return engine.order
         unbounded = cfg.lpm_max_wait_s is None and cfg.lpm_max_wait_tokens is None
         lpm_keys = isinstance(engine, KeyedEngine) and engine.pol.key is lpm.key
         if (
