@@ -1488,8 +1488,8 @@ MUTANTS = (
     Mutant(
         "limited-step-passes-no-limit",
         "fast/step.py",
-        "        ratio,\n        limit,\n    )\n",
-        "        ratio,\n        None,\n    )\n",
+        "    got = _plan_into(s, req, b, running, limit)\n",
+        "    got = _plan_into(s, req, b, running, None)\n",
     ),
     Mutant(
         "limited-fallback-forgets-the-limit",

@@ -94,20 +94,32 @@ def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, 
     if not s.batch.reqs:
         s.batch_is_full = False
     cfg, chunk, ratio = s.config, s._chunk, s.ratio.current
-    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
+    running = s.batch.decode_tokens(cfg.clip_max_new_tokens)
     b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk)
     if not admission.covers(s, b):
         return None
+    got = _plan_into(s, req, b, running, None)
+    return None if got is None else (b, got[0], got[1])
+
+
+def _plan_into(
+    s: Stepping, req: Req, b: admission.Budgets, running: tuple[int, int], limit: int | None
+) -> tuple[Req | None, bool] | None:
+    """The continued chunk of ``req`` planned natively (``PrefillRun.continuation``, capped
+    at ``limit``) into the fresh round's budgets ``b`` (``running``: the batch's decode
+    tokens, full and discounted): (the request while still chunked, whether the budgets are
+    spent), or None where Python plans it (nothing changed)."""
+    cfg = s.config
     got = s.prefill_run.continuation(
         s.kv.native,
         req,
         cfg.page_size,
         cfg.max_prefill_tokens,
-        chunk,
+        s._chunk,
         cfg.clip_max_new_tokens,
-        full,
-        discounted,
-        ratio,
+        *running,
+        b.new_token_ratio,
+        limit,
     )
     if got is None:
         return None
@@ -122,7 +134,7 @@ def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, 
     ) = got
     if n:  # else a stall: nothing admitted, still chunked
         b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
-    return b, (req if truncated else None), spent
+    return (req if truncated else None), spent
 
 
 def limited(s: Stepping, req: Req, horizon: float | None) -> StepOutcome | None:
@@ -137,38 +149,16 @@ def limited(s: Stepping, req: Req, horizon: float | None) -> StepOutcome | None:
     cfg, chunk, ratio, q = s.config, s._chunk, s.ratio.current, s.queue
     order = q.begin_round(s.batch.reqs, s.processed_tokens, s.clock.now())
     limit = s.policy.chunk_limit(req, q.reqs, chunk or 0, s.page_size, q.deferred)
-    full, discounted = s.batch.decode_tokens(cfg.clip_max_new_tokens)
-    got = s.prefill_run.continuation(
-        s.kv.native,
-        req,
-        cfg.page_size,
-        cfg.max_prefill_tokens,
-        chunk,
-        cfg.clip_max_new_tokens,
-        full,
-        discounted,
-        ratio,
-        limit,
-    )
+    running = s.batch.decode_tokens(cfg.clip_max_new_tokens)
+    # ``new_adder``'s budgets for a chunk-limit policy: only one chunked request at a time
+    b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk, exclusive_chunking=True)
+    got = _plan_into(s, req, b, running, limit)
     if got is None:  # a middle chunk (or a value the adder raises on): the Python adder
         adder = s.new_adder()
         adder.chunked_req_limit = limit
         s.chunked_req = adder.add_chunked_req(req)
         return continued(s, adder, order, horizon)
-    # ``new_adder``'s budgets for a chunk-limit policy: only one chunked request at a time
-    b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk, exclusive_chunking=True)
-    (
-        n,
-        truncated,
-        b.total_offset,
-        b.current_offset,
-        b.rem_input_tokens,
-        b.rem_chunk_tokens,
-        _spent,  # (the admission reads the budgets: a spent round admits nothing)
-    ) = got
-    if n:  # else a stall: nothing admitted, still chunked
-        b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
-    s.chunked_req = req if truncated else None
+    s.chunked_req = got[0]  # (the admission reads the budgets: a spent round admits nothing)
     return continued(s, b, order, horizon, True)  # covered: ``_fresh_direct``'s setup
 
 
