@@ -8,9 +8,10 @@ calls decline, or a setup they do not cover, runs the reference's pieces.
 
 The setup is fixed for the run: a plain co-located role, no prefill gate, no mixed chunks, no
 priority preemption (no preempted request to requeue: the adder's preempt list stays empty),
-no SGLang compat, no chunk limit (for a continued chunk: a fresh round reads none), a
-multi-step runner and the native admission's setup
-(``fast.admit.covers_run``). Bit for bit the reference's schedule (tests/test_equivalence.py).
+no SGLang compat, a multi-step runner and the native admission's setup
+(``fast.admit.covers_run``); a policy's chunk limit (spf's) reads only a continued chunk, which
+``limited`` plans as ``_plan_round`` does (the queue ordered first). Bit for bit the
+reference's schedule (tests/test_equivalence.py).
 """
 
 from __future__ import annotations
