@@ -127,7 +127,7 @@ def test_the_queue_hands_its_kept_order_to_the_native_round() -> None:
     """The native round (``queue_round``) advances dfs-weight's kept order: the queue hands
     it over (the Python ``_order`` then does not run; the counts above are the order's own)."""
     tw = _branches(1)
-    assert tw.fast.lpm_order is tw.engine.order
+    assert tw.fast.kept_order is tw.engine.order
     _first_round(tw)  # not yet in sync: the Python round rebuilds
     tw.add("p2", [1, 2])
     with tw.calls() as calls:

@@ -64,7 +64,7 @@ def test_lpm_round_advances_natively_in_sync_and_falls_back_otherwise(
 ) -> None:
     rounds = _Rounds(monkeypatch)
     caches, ref, fast = _twins()
-    assert fast.lpm_order is not None
+    assert fast.kept_order is not None
     qs = (ref, fast)
     shared = [1, 2, 3, 4, 5, 6]
     for c in caches:
@@ -102,14 +102,15 @@ def test_lpm_round_advances_natively_in_sync_and_falls_back_otherwise(
         ({"enable_priority_scheduling": True, "policy": "fcfs"}, False),  # lpm refuses them
         ({"policy": "shortest-prefill-first"}, False),  # a key policy, not lpm's key
         ({"policy": "hrrn"}, False),
+        ({"policy": "dfs-weight"}, True),  # its tree order, advanced (or rebuilt) there too
     ],
 )
-def test_only_lpms_kept_order_is_advanced_natively(
+def test_only_lpms_and_dfs_weights_kept_orders_are_advanced_natively(
     cfg: dict[str, Any], native_order: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rounds = _Rounds(monkeypatch)
     caches, ref, fast = _twins(**{"in_batch_prefix_deprioritize_threshold": 2, **cfg})
-    assert (fast.lpm_order is not None) is native_order
+    assert (fast.kept_order is not None) is native_order
     qs = (ref, fast)
     for c in caches:
         c.insert(CacheKey(np.asarray([1, 2, 3, 4], dtype=np.int32)), np.arange(4))

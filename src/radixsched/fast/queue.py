@@ -167,7 +167,7 @@ class FastWaitingQueue(WaitingQueue):
         self._take_fixed = self._take_setup()
         # lpm's or dfs-weight's kept order, advanced inside the native round (None: the
         # engine's own advance).
-        self.lpm_order = self._lpm_order()
+        self.kept_order = self._kept_order()
         self.synced = False  # the engine's members + ``added`` are the list
         self.matched = False  # every waiting request's matched length is current but ``moved``,
         # ``tried`` and ``added``; and the dedup's statuses are the last round's
@@ -215,7 +215,7 @@ class FastWaitingQueue(WaitingQueue):
             return KeyedEngine(pol)
         return None
 
-    def _lpm_order(self) -> Any:
+    def _kept_order(self) -> Any:
         """The kept order the native round advances (``queue_round``): lpm's ``StableOrder``
         (declined: ``_order`` runs) or dfs-weight's ``DfsWeightOrder`` (always ordered there:
         its advance, else its rebuild, as ``_order`` would); None: ``_order`` runs."""
@@ -515,7 +515,7 @@ class FastWaitingQueue(WaitingQueue):
                 self.tried,
                 matched=self.matched,
                 dedup=self.native_dedup,
-                order=self.lpm_order if self.synced else None,
+                order=self.kept_order if self.synced else None,
             )
             self.matched = True
             if done:  # lpm's kept order advanced there: the list is the round's order
