@@ -62,7 +62,7 @@ def _child(argv: list[str]) -> None:
     for module, name in WRAPPED:
         mod = importlib.import_module(module)
         setattr(mod, name, _noted(getattr(mod, name), name, mark))
-    main._main(["simulate", *argv], own_process=True)
+    raise SystemExit(main._main(["simulate", *argv], own_process=True))
 
 
 def _noted(fn: Callable[..., Any], name: str, mark: Callable[[str], None]) -> Callable[..., Any]:
@@ -87,13 +87,15 @@ def run_once(kind: str, path: Path, policy: str, tmp: Path, cache: Path) -> dict
     env.pop("RADIXSCHED_PROMPT_CACHE", None)
     args = ["--workload", f"{kind}:{path}", "--policy", policy, "--json", str(out), "--quiet"]
     t0 = time.time()
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", *args],
         env=env,
-        check=True,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    if done.returncode != 0 or not out.exists():
+        raise SystemExit(f"simulate {' '.join(args)} failed ({done.returncode}): {done.stderr}")
     t1 = time.time()
     at = dict(line.split() for line in marks.read_text().splitlines())
     t = {k: float(v) for k, v in at.items()}
