@@ -1528,6 +1528,24 @@ MUTANTS = (
         "\n",
     ),
     Mutant(
+        "decay-ratio-never-stops-at-the-floor",
+        "_native/decode.cpp",
+        "        if (cur <= lo && dec >= 0) break;\n",
+        "\n",
+    ),
+    Mutant(
+        "decay-ratio-max-keeps-a-nan-floor",
+        "_native/decode.cpp",
+        "        cur = lo > d ? lo : d;\n",
+        "        cur = d > lo ? d : lo;\n",
+    ),
+    Mutant(
+        "decay-ignores-an-int-ratio",
+        "fast/scheduler.py",
+        "        if type(r) is NewTokenRatioTracker and type(cur) is type(dec) is type(lo) is float:\n",
+        "        if type(r) is NewTokenRatioTracker:\n",
+    ),
+    Mutant(
         "fresh-direct-ignores-the-setup",
         "fast/scheduler.py",
         "        self._fresh_direct = fresh and self._steps_direct()\n",

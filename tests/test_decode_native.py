@@ -474,6 +474,57 @@ def test_repeat_add_is_pythons_float_additions(c: float, none: float, inc: float
     assert struct.pack("<d", got) == struct.pack("<d", want) or (want != want and got != got)
 
 
+_RATIOS = st.floats(allow_nan=True, allow_infinity=True, width=64) | st.sampled_from(
+    [0.0, -0.0, 0.7, 0.1, 0.0999999, 1.0]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cur=_RATIOS, dec=_RATIOS, lo=_RATIOS, n=st.integers(0, 300))
+def test_decay_ratio_is_the_trackers_float_steps(cur: float, dec: float, lo: float, n: int) -> None:
+    """``FastScheduler._decay``'s native steps against ``NewTokenRatioTracker.decay_steps``:
+    the floor's stop, ``max``'s tie and NaN rule, signed zeros, a negative decay."""
+    from radixsched.ratio import NewTokenRatioTracker
+
+    t = NewTokenRatioTracker(SchedulerConfig())
+    t.current, t.decay, t.min = cur, dec, lo
+    t.decay_steps(n)
+    got = core().decay_ratio(cur, dec, lo, n)
+    want = t.current
+    assert struct.pack("<d", got) == struct.pack("<d", want) or (want != want and got != got)
+
+
+def _decaying(ratio: Any) -> Any:
+    from radixsched.fast.scheduler import FastScheduler
+
+    s = SimpleNamespace(ratio=ratio, _decay_ratio=core().decay_ratio)
+    FastScheduler._decay(s, 40)  # type: ignore[arg-type]
+    return ratio
+
+
+def test_decay_runs_natively_on_the_trackers_floats_only() -> None:
+    """Floats: the native steps (the tracker's own method is not called); an int value or a
+    tracker of another class: its ``decay_steps``."""
+    from radixsched.ratio import NewTokenRatioTracker
+
+    class Counting(NewTokenRatioTracker):
+        calls = 0
+
+        def decay_steps(self, n: int = 1) -> None:
+            type(self).calls += 1
+            super().decay_steps(n)
+
+    cfg = SchedulerConfig()
+    want = NewTokenRatioTracker(cfg)
+    want.decay_steps(40)
+    assert _decaying(NewTokenRatioTracker(cfg)).current == want.current
+    sub = _decaying(Counting(cfg))
+    assert Counting.calls == 1 and sub.current == want.current
+    ints = NewTokenRatioTracker(cfg)
+    ints.current, ints.decay, ints.min = 1, 0, 0  # ints: Python's steps (stays an int)
+    assert type(_decaying(ints).current) is int
+
+
 def _charged(prefill_weight: float, decode_weight: float, start: dict[str, Any]) -> dict:
     """``FastScheduler._charge_decode`` of requests of tenants a, a, b, a for 5 tokens."""
     from radixsched.fast.scheduler import FastScheduler

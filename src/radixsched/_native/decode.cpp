@@ -791,6 +791,18 @@ double repeat_add(double c, double none, double inc, int64_t n) {
     return c;
 }
 
+// NewTokenRatioTracker.decay_steps(n) (radixsched/ratio.py) on doubles, one step at a time as
+// there: at the floor (cur <= lo and dec >= 0) it stops, else cur = max(cur - dec, lo), where
+// Python's max is lo only when lo > cur - dec (a NaN difference stays).
+double decay_ratio(double cur, double dec, double lo, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (cur <= lo && dec >= 0) break;
+        const double d = cur - dec;
+        cur = lo > d ? lo : d;
+    }
+    return cur;
+}
+
 // The token times of finished requests end to end (results/requests.py's _joined): each
 // sequence a list of Python floats, copied into `out` in order; false (`out` partly written)
 // where an item is not exactly a float or the lengths do not add up to out's, and the caller
@@ -821,6 +833,9 @@ void bind_decode(nb::module_& m) {
     m.def("repeat_add", &repeat_add, "c"_a.noconvert(), "none"_a.noconvert(),
           "inc"_a.noconvert(), "n"_a,
           "c + none + inc, n times over (float additions in that order): fair's decode charge");
+    m.def("decay_ratio", &decay_ratio, "cur"_a.noconvert(), "dec"_a.noconvert(),
+          "lo"_a.noconvert(), "n"_a,
+          "NewTokenRatioTracker.decay_steps(n) on floats: the new current ratio");
     nb::class_<DecodeCost>(m, "DecodeCost")
         .def(nb::init<double, double, double, double, double, double, nb::object>(), "lin"_a, "attn"_a, "flops"_a, "weight"_a, "kv"_a, "bytes"_a, "per_batch"_a)
         .def("durations",

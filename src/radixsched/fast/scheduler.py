@@ -52,6 +52,7 @@ from radixsched.fast.retire import retire
 from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
 from radixsched.queue import RoundOrder
+from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import Req
 from radixsched.roles import Role
 from radixsched.runner import Batch, ExtendEntry
@@ -228,6 +229,7 @@ class FastScheduler(Scheduler):
         # (``_charge_prefill``); its runs of middle chunks do not (each chunk charges).
         self._charges = self.policy.charges_service  # the policy is frozen
         self._repeat_add = cast(Any, core()).repeat_add  # ``_charge_decode``'s sums
+        self._decay_ratio = cast(Any, core()).decay_ratio  # ``_decay``'s steps
         self._native_steps = (
             self.kv.host_tier is None
             and type(self.clock) is VirtualClock
@@ -628,7 +630,7 @@ class FastScheduler(Scheduler):
             clock.jump_to(end)
         else:
             self._advance_to(end, end - t0)
-        self.ratio.decay_steps(k)
+        self._decay(k)
         st.decode_steps += k
         cap = self.capacity
         st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
@@ -640,6 +642,16 @@ class FastScheduler(Scheduler):
         if maybe:
             self._retire_finished(maybe, out)
         return out
+
+    def _decay(self, k: int) -> None:
+        """``ratio.decay_steps(k)``: natively (the same float steps, ``_core.decay_ratio``)
+        where the tracker is the reference's and its values are floats."""
+        r = self.ratio
+        cur, dec, lo = r.current, r.decay, r.min
+        if type(r) is NewTokenRatioTracker and type(cur) is type(dec) is type(lo) is float:
+            r.current = self._decay_ratio(cur, dec, lo, k)
+        else:
+            r.decay_steps(k)
 
     def _decode_eager(self, k: int, cols: Any) -> StepOutcome:
         """``k`` decode steps of the running batch written into the requests now (a request
