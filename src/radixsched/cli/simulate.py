@@ -541,7 +541,7 @@ def _finish(
     reasons = {r.result.policy: r.failures for r in runs}
     nothing = served_nothing_lines(results, reasons)
     warnings = load_warnings(results)
-    err = Console(stderr=True, width=console.width, highlight=False)
+    err = Console(stderr=True, width=console.width, highlight=False, emoji=False)
     for line in warnings:
         err.print(f"warning: {line}" if not line.startswith("  ") else line, markup=False)
     outputs = rs.cli
