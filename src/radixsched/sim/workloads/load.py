@@ -32,6 +32,8 @@ from radixsched.sim.workloads.tokens import MAX_ARRIVAL_S, WorkloadError, _Draft
 
 @dataclass
 class Workload:
+    """A loaded workload: its requests, in arrival order, and where they came from."""
+
     name: str
     params: dict[str, Any]
     requests: list[Req]  # sorted by arrival time

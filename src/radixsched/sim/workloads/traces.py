@@ -183,6 +183,8 @@ def _opt_str(obj: dict[str, Any], name: str, where: str) -> str | None:
 
 @dataclass(slots=True)  # one a trace line: a million of them
 class _MooncakeRecord:
+    """A Mooncake trace line's fields (``where``: its file and line, for errors)."""
+
     where: str
     timestamp_ms: float
     input_length: int
