@@ -282,3 +282,15 @@ def test_the_sample_trace_reads_the_same_in_small_blocks(monkeypatch: pytest.Mon
     want = _outcome(path, 512)
     monkeypatch.setattr(traces, "_BLOCK_BYTES", 4096)
     assert _outcome(path, 512) == want == _reference(path, 512, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "ids", [[1, 2.0], [1, None], [1, "2"], [1, [2]], [2**63], [2**64], [-1], [2**31]]
+)
+def test_checked_ids_take_ints_in_range_alone(ids: list[Any]) -> None:
+    assert traces._checked_ids(ids) is None  # a non-int (TypeError), past 64 bits, or range
+
+
+def test_checked_ids_are_the_ids_as_int64() -> None:
+    got = traces._checked_ids([0, 7, 2**31 - 1])
+    assert got is not None and got.dtype == np.int64 and got.tolist() == [0, 7, 2**31 - 1]

