@@ -4,11 +4,11 @@ the file, the line and the field."""
 
 from __future__ import annotations
 
-import array
 import io
 import itertools
 import json
 import math
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,19 +331,25 @@ def _all_of(values: list[Any], kind: type) -> bool:
     return set(map(type, values)) <= {kind}
 
 
+# Hash ids packed per call: the argument tuple stays small however long the trace.
+_ID_CHUNK = 1 << 16
+
+
 def _checked_ids(ids: list[int]) -> npt.NDArray[np.int64] | None:
     """All lines' hash ids as one int64 array, or None unless every id is an int in
-    [0, 2^31) (what ``_int_list`` takes). Packed as C ``long long`` (64 bits), which takes
-    ints alone: a float, string, null or list among them is a TypeError, an int past 64 bits
-    an OverflowError (numpy's ``np.array`` gives those another dtype or shape; the same
-    outcome, in two thirds of its time)."""
+    [0, 2^31) (what ``_int_list`` takes). Packed as C ``long long`` (``struct``'s ``q``,
+    64 bits), which takes ints alone: a float, string, null or list among them, or an int past
+    64 bits, is a ``struct.error`` (numpy's ``np.array`` gives those another dtype or shape:
+    the same outcome, at a seventh of its cost)."""
     if not ids:
         return np.zeros(0, dtype=np.int64)
+    arr = np.empty(len(ids), dtype=np.int64)
     try:
-        packed = array.array("q", ids)
-    except (TypeError, OverflowError):
+        for lo in range(0, len(ids), _ID_CHUNK):
+            part = ids[lo : lo + _ID_CHUNK]
+            struct.pack_into(f"={len(part)}q", arr, 8 * lo, *part)
+    except struct.error:
         return None
-    arr = np.frombuffer(packed, dtype=np.int64)
     if int(arr.min()) < 0 or int(arr.max()) >= 2**31:
         return None
     return arr
