@@ -689,7 +689,7 @@ def _header(
     lines = [
         f"[dim]radixsched {meta['version']} · simulate · {meta['created']}[/]",
         f"[bold]workload[/]  {escape(workload.name)}: {escape(workload.params_text)}",
-        f"          {len(workload.requests):,} requests, {workload.num_prompt_tokens:,} prompt "
+        f"          {len(workload.requests):,} requests, {winfo['prompt_tokens']:,} prompt "
         f"tokens; arrivals: {escape(workload.arrivals)}"
         + (" (no request rate given)" if winfo["request_rate"] is None else "")
         + (f"; prompts {workload.prompts}" if workload.prompts != "built" else ""),
