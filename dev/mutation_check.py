@@ -1451,8 +1451,8 @@ MUTANTS = (
     Mutant(
         "hash-ids-packed-at-the-chunk-s-index",
         "sim/workloads/traces.py",
-        'struct.pack_into(f"={len(part)}q", arr, 8 * lo, *part)',
-        'struct.pack_into(f"={len(part)}q", arr, lo, *part)',
+        'struct.pack_into(f"={len(part)}q", arr.data, 8 * lo, *part)',
+        'struct.pack_into(f"={len(part)}q", arr.data, lo, *part)',
     ),
     Mutant(
         "hash-ids-take-2-to-the-31",

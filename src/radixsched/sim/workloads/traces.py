@@ -347,7 +347,7 @@ def _checked_ids(ids: list[int]) -> npt.NDArray[np.int64] | None:
     try:
         for lo in range(0, len(ids), _ID_CHUNK):
             part = ids[lo : lo + _ID_CHUNK]
-            struct.pack_into(f"={len(part)}q", arr, 8 * lo, *part)
+            struct.pack_into(f"={len(part)}q", arr.data, 8 * lo, *part)
     except struct.error:
         return None
     if int(arr.min()) < 0 or int(arr.max()) >= 2**31:
