@@ -1455,6 +1455,12 @@ MUTANTS = (
         'struct.pack_into(f"={len(part)}q", arr.data, lo, *part)',
     ),
     Mutant(
+        "bool-scan-misses-true",
+        "sim/workloads/traces.py",
+        '    return (b"r" in block and b"true" in block) or (b"f" in block and b"false" in block)',
+        '    return b"f" in block and b"false" in block',
+    ),
+    Mutant(
         "hash-ids-take-2-to-the-31",
         "sim/workloads/traces.py",
         "    if int(arr.min()) < 0 or int(arr.max()) >= 2**31:\n        return None\n    return arr",

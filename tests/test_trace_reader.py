@@ -302,3 +302,17 @@ def test_checked_ids_are_packed_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatc
     assert got is not None and got.tolist() == list(range(8))
     assert traces._checked_ids([0, 1, 2, 3, 4.0, 5, 6]) is None  # in the second chunk
     assert traces._checked_ids([0, 1, 2, 3, 4, 5, 2**31]) is None  # in the last, partial one
+
+
+@pytest.mark.parametrize(
+    ("block", "found"),
+    [
+        (b'{"timestamp": 1, "hash_ids": [1]}', False),
+        (b'{"a": true}', True),
+        (b'{"a": false}', True),
+        (b'{"route": 1, "f": 2}', False),  # an r and an f, but no bool
+        (b'{"x": "tru", "y": "fals"}', False),
+    ],
+)
+def test_has_bool_finds_the_literals_alone(block: bytes, found: bool) -> None:
+    assert traces._has_bool(block) is found
