@@ -79,6 +79,9 @@ TESTS = (
     "tests/test_run_inputs.py",
     "tests/test_cli_start.py",
     "tests/test_report.py",
+    "tests/test_trace_reader.py",
+    "tests/test_preflight.py",
+    "tests/test_prompt_cache.py",
 )
 
 
@@ -1442,6 +1445,38 @@ MUTANTS = (
         "cli/simulate.py",
         "    _preflight(rs, policies, args.config)\n",
         "    gc.disable()\n    _preflight(rs, policies, args.config)\n    gc.enable()\n",
+    ),
+    # The load and the preflight (``sim``): the hash ids' packing, the throw-away pools, the
+    # bound's key.
+    Mutant(
+        "hash-ids-packed-at-the-chunk-s-index",
+        "sim/workloads/traces.py",
+        'struct.pack_into(f"={len(part)}q", arr.data, 8 * lo, *part)',
+        'struct.pack_into(f"={len(part)}q", arr.data, lo, *part)',
+    ),
+    Mutant(
+        "bool-scan-misses-true",
+        "sim/workloads/traces.py",
+        '    return (b"r" in block and b"true" in block) or (b"f" in block and b"false" in block)',
+        '    return b"f" in block and b"false" in block',
+    ),
+    Mutant(
+        "hash-ids-take-2-to-the-31",
+        "sim/workloads/traces.py",
+        "    if int(arr.min()) < 0 or int(arr.max()) >= 2**31:\n        return None\n    return arr",
+        "    if int(arr.min()) < 0 or int(arr.max()) > 2**31:\n        return None\n    return arr",
+    ),
+    Mutant(
+        "preflight-pools-of-the-run-s-size",
+        "sim/preflight.py",
+        "kv_slots=min(int(cost.kv_capacity_tokens()), cfg.page_size),",
+        "kv_slots=int(cost.kv_capacity_tokens()),",
+    ),
+    Mutant(
+        "bound-key-scripted-flag-swapped",
+        "sim/workloads/load.py",
+        'scripted = {False: "\\0False\\n", True: "\\0True\\n"}',
+        'scripted = {True: "\\0False\\n", False: "\\0True\\n"}',
     ),
     Mutant(
         "table-never-highlights",

@@ -322,3 +322,16 @@ def test_bad_arguments_are_one_line_errors(
 ) -> None:
     assert _simulate(*(["--workload", SMALL] if "--workload" not in args else []), *args) == 2
     assert needle in _error_line(capsys)
+
+
+def test_an_emoji_code_in_a_path_is_printed_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # rich would print ":fire:" as an emoji; the header names the trace as its path reads.
+    folder = tmp_path / "a:fire:b"
+    folder.mkdir()
+    trace = folder / "t.jsonl"
+    trace.write_text('{"input_length": 8, "output_length": 2}\n' * 2)
+    assert _simulate("--workload", f"jsonl:{trace}", "--policy", "fcfs") == 0
+    out = capsys.readouterr().out
+    assert "a:fire:b" in out and "\N{FIRE}" not in out

@@ -282,3 +282,37 @@ def test_the_sample_trace_reads_the_same_in_small_blocks(monkeypatch: pytest.Mon
     want = _outcome(path, 512)
     monkeypatch.setattr(traces, "_BLOCK_BYTES", 4096)
     assert _outcome(path, 512) == want == _reference(path, 512, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "ids", [[1, 2.0], [1, None], [1, "2"], [1, [2]], [2**63], [2**64], [-1], [2**31]]
+)
+def test_checked_ids_take_ints_in_range_alone(ids: list[Any]) -> None:
+    assert traces._checked_ids(ids) is None  # not an int, past 64 bits, or out of range
+
+
+def test_checked_ids_are_the_ids_as_int64() -> None:
+    got = traces._checked_ids([0, 7, 2**31 - 1])
+    assert got is not None and got.dtype == np.int64 and got.tolist() == [0, 7, 2**31 - 1]
+
+
+def test_checked_ids_are_packed_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(traces, "_ID_CHUNK", 3)
+    got = traces._checked_ids(list(range(8)))
+    assert got is not None and got.tolist() == list(range(8))
+    assert traces._checked_ids([0, 1, 2, 3, 4.0, 5, 6]) is None  # in the second chunk
+    assert traces._checked_ids([0, 1, 2, 3, 4, 5, 2**31]) is None  # in the last, partial one
+
+
+@pytest.mark.parametrize(
+    ("block", "found"),
+    [
+        (b'{"timestamp": 1, "hash_ids": [1]}', False),
+        (b'{"a": true}', True),
+        (b'{"a": false}', True),
+        (b'{"route": 1, "f": 2}', False),  # an r and an f, but no bool
+        (b'{"x": "tru", "y": "fals"}', False),
+    ],
+)
+def test_has_bool_finds_the_literals_alone(block: bytes, found: bool) -> None:
+    assert traces._has_bool(block) is found

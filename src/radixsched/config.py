@@ -73,6 +73,8 @@ def _meta(help_: str, **kw: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """The scheduler's settings, SGLang's flags by their names (each field is a flag)."""
+
     CLI_TITLE: ClassVar[str] = "scheduler (SGLang's flag names)"
 
     # ---- policy ---------------------------------------------------------------------

@@ -145,10 +145,13 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
 
 def rich_console(width: int) -> Console:
     """Rich's console on stdout; ``width`` columns when stdout is not a terminal (a file or a
-    pipe), so that a table never splits there."""
+    pipe), so that a table never splits there. Emoji codes stay as written: ``:name:`` in a
+    path or a name is text, not an emoji (and the first line printed does not import rich's
+    table of emoji, 2 ms)."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else width)
+    wide = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return Console(width=None if wide else width, emoji=False)
 
 
 def threads_error(threads: int | None) -> str | None:

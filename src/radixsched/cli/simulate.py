@@ -541,7 +541,7 @@ def _finish(
     reasons = {r.result.policy: r.failures for r in runs}
     nothing = served_nothing_lines(results, reasons)
     warnings = load_warnings(results)
-    err = Console(stderr=True, width=console.width, highlight=False)
+    err = Console(stderr=True, width=console.width, highlight=False, emoji=False)
     for line in warnings:
         err.print(f"warning: {line}" if not line.startswith("  ") else line, markup=False)
     outputs = rs.cli
@@ -689,7 +689,7 @@ def _header(
     lines = [
         f"[dim]radixsched {meta['version']} · simulate · {meta['created']}[/]",
         f"[bold]workload[/]  {escape(workload.name)}: {escape(workload.params_text)}",
-        f"          {len(workload.requests):,} requests, {workload.num_prompt_tokens:,} prompt "
+        f"          {len(workload.requests):,} requests, {winfo['prompt_tokens']:,} prompt "
         f"tokens; arrivals: {escape(workload.arrivals)}"
         + (" (no request rate given)" if winfo["request_rate"] is None else "")
         + (f"; prompts {workload.prompts}" if workload.prompts != "built" else ""),

@@ -20,6 +20,8 @@ from radixsched.results.metrics import PolicyResult
 
 @dataclass(frozen=True)
 class Column:
+    """A column of the comparison: a result's value, which way is better, its format."""
+
     key: str  # stable identifier (CSV of the table, HTML ids)
     header: str
     get: Callable[[PolicyResult], float]

@@ -53,6 +53,8 @@ THROUGHPUT_KEYS: tuple[str, ...] = Throughput._fields
 
 @dataclass(frozen=True)
 class PolicyResult:
+    """One policy's run summarised: hit rates, latency statistics, throughput, fairness."""
+
     policy: str
     hit_rate: float
     optimal_hit_rate: float

@@ -23,6 +23,8 @@ from radixsched.results.metrics import PolicyResult
 
 @dataclass(frozen=True)
 class Objective:
+    """What a recommendation ranks policies by: a result's value and which way is better."""
+
     name: str
     get: Callable[[PolicyResult], float]
     better: Better  # HIGHER or LOWER

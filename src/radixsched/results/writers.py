@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import enum
 import json
@@ -37,6 +36,8 @@ def flatten_result(result: PolicyResult) -> dict[str, str | int | float | bool |
 
 def write_csv(results: Sequence[PolicyResult], path: str | Path) -> None:
     """One row per policy; columns are the union of every row's keys in first-seen order."""
+    import csv  # (as in write_requests) only where a CSV is written: a plain run imports none
+
     rows = [flatten_result(r) for r in results]
     fields: dict[str, None] = {}
     for row in rows:
@@ -123,6 +124,8 @@ def write_requests(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> None:
         )
         pq.write_table(table, str(path))
         return
+    import csv
+
     with Path(path).open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(REQUEST_COLUMNS), restval="")
         writer.writeheader()

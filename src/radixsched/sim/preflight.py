@@ -199,7 +199,10 @@ def _check_memory(sim: SimConfig, page_size: int) -> list[str]:
 
 def _check_schedulers(sched: SchedulerConfig, sim: SimConfig, names: Sequence[str]) -> list[str]:
     """Build one scheduler per policy (no request): the scheduler's own checks of a flag
-    combination (a policy that needs the prefix cache, say) run now, not after loading."""
+    combination (a policy that needs the prefix cache, say) run now, not after loading. They
+    read the flags, never the pool's size, so each gets a pool of one page (the run's pool
+    is 14 MB of tables per million tokens to fault in and free; a negative capacity stays
+    negative, refused as before)."""
     from radixsched.clock import VirtualClock
     from radixsched.scheduler import Scheduler
     from radixsched.sim.cost.build import build_cost_model
@@ -213,7 +216,7 @@ def _check_schedulers(sched: SchedulerConfig, sim: SimConfig, names: Sequence[st
             Scheduler(
                 cfg,
                 CostModelRunner(cost, seed=cfg.seed),
-                kv_slots=int(cost.kv_capacity_tokens()),
+                kv_slots=min(int(cost.kv_capacity_tokens()), cfg.page_size),
                 clock=VirtualClock(),
                 context_len=cost.model.max_context_len,
             )

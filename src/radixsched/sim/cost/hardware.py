@@ -62,6 +62,8 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class GPUSpec:
+    """A GPU preset: memory, peak dense FLOP/s and bandwidths."""
+
     name: str
     memory_bytes: int  # total device memory as the driver reports it
     peak_flops: float  # dense bf16 tensor-core FLOP/s (no sparsity)
@@ -78,6 +80,8 @@ class GPUSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model's shape: what its weights, KV cache and FLOPs per token follow from."""
+
     name: str
     num_layers: int
     hidden_size: int

@@ -44,6 +44,8 @@ class ReplicaSummary:
 
 @dataclass
 class SimRun:
+    """A simulated run: its summary, time series, TTFTs, requests and replicas."""
+
     result: PolicyResult
     series: TimeSeries
     ttft_s: np.ndarray

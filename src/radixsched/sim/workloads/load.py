@@ -32,6 +32,8 @@ from radixsched.sim.workloads.tokens import MAX_ARRIVAL_S, WorkloadError, _Draft
 
 @dataclass
 class Workload:
+    """A loaded workload: its requests, in arrival order, and where they came from."""
+
     name: str
     params: dict[str, Any]
     requests: list[Req]  # sorted by arrival time
@@ -291,9 +293,12 @@ def _bound_key(reqs: Sequence[Req], page_size: int) -> str:
     which order, when, and how much of each is prompt and fed-back output, in which
     namespace. A prompt's tokens are its line's (the key's file), named by the request id."""
     # One update of the lines joined: the digest of the concatenation, as a line at a time.
+    # A line: rid, arrival, prompt_len (read as len(prompt_ids), without the property's call),
+    # output tokens, namespace, whether the output is scripted (str(bool), picked not formatted).
+    scripted = {False: "\0False\n", True: "\0True\n"}
     lines = [
-        f"{r.rid}\0{r.arrival_time!r}\0{r.prompt_len}\0{r.sampling.max_new_tokens}\0"
-        f"{r.namespace!r}\0{r.scripted_output is not None}\n"
+        f"{r.rid}\0{r.arrival_time!r}\0{len(r.prompt_ids)}\0{r.sampling.max_new_tokens}\0"
+        f"{r.namespace!r}{scripted[r.scripted_output is not None]}"
         for r in reqs
     ]
     h = hashlib.sha256(f"optimal\0{page_size}\0".encode())

@@ -109,6 +109,8 @@ from radixsched.sim.workloads.traces import _build_jsonl, _build_mooncake, check
 
 @dataclass(frozen=True)
 class Param:
+    """One param of a workload spec (``name=value``): its type, default and bounds."""
+
     name: str
     type: type
     default: Any
@@ -147,6 +149,8 @@ class Param:
 
 @dataclass(frozen=True)
 class WorkloadKind:
+    """A workload builder as specs name it: its params and whether it reads a trace file."""
+
     name: str
     help: str
     params: tuple[Param, ...]
