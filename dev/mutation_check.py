@@ -293,9 +293,9 @@ MUTANTS = (
     Mutant(
         "refresh-touches-first-to-last",
         "_native/round.cpp",
-        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of);",
+        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of, plain, joined);",
         "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), PySequence_Fast_GET_SIZE("
-        "items.ptr()) - 1 - i), ns_of);",
+        "items.ptr()) - 1 - i), ns_of, plain, joined);",
     ),
     Mutant(
         "take-deletes-lowest-position-first",
@@ -585,6 +585,66 @@ MUTANTS = (
         "_native/dfs_order.cpp",
         "        std::sort(olds.begin(), olds.end());  // positions are distinct",
         "        std::sort(olds.rbegin(), olds.rend());  // the old members backwards",
+    ),
+    Mutant(
+        "spf-round-keyed-as-lpm",
+        "_native/round.cpp",
+        "                             key == kSpfKey ? spf_key : lpm_key);",
+        "                             lpm_key);",
+    ),
+    Mutant(
+        "spf-round-key-ignores-the-match",
+        "_native/round.cpp",
+        "    PyObject* diff = PyNumber_Subtract(fill.ptr(), attr(r, n.matched).ptr());",
+        "    PyObject* diff = PyNumber_Subtract(fill.ptr(), PyLong_FromLong(0));",
+    ),
+    Mutant(
+        "spf-round-key-ignores-deferral",
+        "_native/round.cpp",
+        "    key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));\n    key.push_back(Atom::of(more",
+        "    key.push_back(Atom::of(Py_False));\n    key.push_back(Atom::of(more",
+    ),
+    Mutant(
+        "spf-batch-keys-skip-the-floor",
+        "fast/orders.py",
+        "            max(1, r.fill_len - r.num_matched_prefix_tokens),",
+        "            r.fill_len - r.num_matched_prefix_tokens,",
+    ),
+    Mutant(
+        "fair-observe-skips-new-tenants",
+        "_native/round.cpp",
+        "        if (t.ptr() == last.ptr()) continue;",
+        "        if (last.is_valid() && t.ptr() != last.ptr()) continue;",
+    ),
+    Mutant(
+        "fair-observe-misses-the-arrivals",
+        "fast/orders.py",
+        "        self._add_tenants(tenants, queue, len(self.out))",
+        "        self._add_tenants(tenants, queue, len(queue))",
+    ),
+    Mutant(
+        "fair-two-tenants-in-dict-order",
+        "fast/orders.py",
+        "        if len(self.by_tenant) < 2:",
+        "        if len(self.by_tenant) < 3:",
+    ),
+    Mutant(
+        "touch-fills-drops-the-outputs",
+        "_native/round.cpp",
+        "    if (no == 0) return true;",
+        "    if (no >= 0) return true;",
+    ),
+    Mutant(
+        "touch-fills-reads-a-subclass-fill",
+        "_native/round.cpp",
+        "    if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr()) return false;",
+        "    if (plain.is_none()) return false;",
+    ),
+    Mutant(
+        "touch-fills-wraps-a-wide-output",
+        "_native/round.cpp",
+        "overflow != 0 || x < INT32_MIN || x > INT32_MAX) return false;",
+        "overflow != 0) return false;",
     ),
     Mutant(
         "dfs-round-declined-not-rebuilt",

@@ -100,7 +100,7 @@ def test_lpm_round_advances_natively_in_sync_and_falls_back_otherwise(
         ({"in_batch_prefix_check_threshold": -1}, True),  # no dedup: nothing deferred
         ({"lpm_max_wait_s": 5.0}, False),  # the starvation bound reads the clock
         ({"enable_priority_scheduling": True, "policy": "fcfs"}, False),  # lpm refuses them
-        ({"policy": "shortest-prefill-first"}, False),  # a key policy, not lpm's key
+        ({"policy": "shortest-prefill-first"}, True),  # its key built there too (spf_key)
         ({"policy": "hrrn"}, False),
         ({"policy": "dfs-weight"}, True),  # its tree order, advanced (or rebuilt) there too
     ],
@@ -192,3 +192,31 @@ def test_lpm_round_advances_natively_past_a_few_arrivals(monkeypatch: pytest.Mon
         _add(qs, f"b{i}", [*shared[: i % 5], 9, i], 50.0 - i)
     heads = _heads(qs, 2)
     assert heads[0] == heads[1] and rounds.done[-1] is True
+
+
+class _T:
+    """A request's tenant (all ``add_tenants`` reads)."""
+
+    def __init__(self, tenant: Any) -> None:
+        self.tenant_key = tenant
+
+
+def test_add_tenants_is_set_update_from_an_index_on() -> None:
+    """fair's observation (``add_tenants``): the same set, built in the same order (so it
+    iterates alike), as ``set.update`` of the tenants of ``seq[start:]``."""
+    add = core().add_tenants  # type: ignore[union-attr]
+    keys = ["a", "a", "b", "a", "", "c", "b"] + [f"t{i}" for i in range(12)]
+    seq = [_T(k) for k in keys]
+    for start in (0, 1, 5, len(seq), len(seq) + 3):
+        got, want = {"z", "b"}, {"z", "b"}
+        add(got, seq, start)
+        want.update(k for k in keys[start:])
+        assert got == want and list(got) == list(want)
+    with pytest.raises(ValueError):
+        add(set(), seq, -1)
+    with pytest.raises(TypeError):
+        add(frozenset(), seq, 0)
+    with pytest.raises(TypeError):  # an unhashable tenant, as set.update raises
+        add(set(), [_T([1])], 0)
+    with pytest.raises(AttributeError):
+        add(set(), [object()], 0)
