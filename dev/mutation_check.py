@@ -589,14 +589,21 @@ MUTANTS = (
     Mutant(
         "spf-round-keyed-as-lpm",
         "_native/round.cpp",
-        "                             key == kSpfKey ? spf_key : lpm_key);",
-        "                             lpm_key);",
+        "                             key == kSpfKey ? spf_key : lpm_key, plain);",
+        "                             lpm_key, plain);",
     ),
     Mutant(
         "spf-round-key-ignores-the-match",
         "_native/round.cpp",
         "    PyObject* diff = PyNumber_Subtract(fill.ptr(), attr(r, n.matched).ptr());",
         "    PyObject* diff = PyNumber_Subtract(fill.ptr(), PyLong_FromLong(0));",
+    ),
+    Mutant(
+        "spf-round-key-reads-a-subclass-fill-len",
+        "_native/round.cpp",
+        "    if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr())\n"
+        "        return attr(r, n.fill_len);",
+        "    if (plain.is_none())\n        return attr(r, n.fill_len);",
     ),
     Mutant(
         "spf-round-key-ignores-deferral",

@@ -220,3 +220,32 @@ def test_add_tenants_is_set_update_from_an_index_on() -> None:
         add(set(), [_T([1])], 0)
     with pytest.raises(AttributeError):
         add(set(), [object()], 0)
+
+
+class _Long(Req):
+    """A request type whose ``fill_len`` is its own (spf's native key must ask it)."""
+
+    @property
+    def fill_len(self) -> int:
+        return 1000 + len(self.prompt_ids)
+
+
+def test_spf_round_reads_a_subclass_fill_len(monkeypatch: pytest.MonkeyPatch) -> None:
+    """spf's kept order advanced natively keys a ``Req`` by its prompt and outputs, and a
+    request of another type by its own ``fill_len``: the reference's order either way."""
+    rounds = _Rounds(monkeypatch)
+    caches, ref, fast = _twins(policy="shortest-prefill-first")
+    qs = (ref, fast)
+    for c in caches:
+        c.insert(CacheKey(np.asarray([1, 2, 3], dtype=np.int32)), np.arange(3))
+    for i in range(8):
+        _add(qs, f"a{i}", [1, 2, 3, 9, i][: 2 + i % 4] + [7] * (i % 3), float(i))
+    heads = _heads(qs, 0)
+    assert heads[0] == heads[1]
+    for i in range(3):  # each arrival: the shortest work if read from its tokens
+        for q in qs:
+            q.add(_Long(f"l{i}", np.asarray([1, 2, 3, 8], dtype=np.int32), arrival_time=9.0))
+        _add(qs, f"b{i}", [1, 2, 3, 5, 6, i], 10.0 + i)
+        heads = _heads(qs, 2 + i)
+        assert heads[0] == heads[1] and rounds.done[-1] is True
+        assert heads[1][-1].startswith("l")

@@ -145,7 +145,7 @@ std::pair<nb::object, nb::list> verdict(Matcher& m, nb::handle reqs_of, bool afr
 
 // lpm's key with nobody overdue, (1, rid in deferred, -matched, entry, arrival), as the atoms
 // StableOrder.update makes of that tuple (the same reads, in the same order), without the tuple.
-Atoms lpm_key(PyObject* r, nb::handle deferred) {
+Atoms lpm_key(PyObject* r, nb::handle deferred, nb::handle /*plain*/) {
     const Names& n = names();
     static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
     nb::object rid = attr(r, n.rid);
@@ -222,16 +222,29 @@ std::vector<PyObject*> changed_of(nb::list added, nb::list flipped, nb::dict mov
     return changed;
 }
 
+// r.fill_len; for a request exactly of the request type `plain` (its fill_len Req's own
+// property), what that property returns, len(prompt_ids) + len(output_ids), without its frame.
+nb::object fill_len_of(PyObject* r, nb::handle plain) {
+    const Names& n = names();
+    if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr())
+        return attr(r, n.fill_len);
+    const Py_ssize_t prompt = PyObject_Size(attr(r, n.prompt_ids).ptr());
+    if (prompt < 0) throw nb::python_error();
+    const Py_ssize_t outs = PyObject_Size(attr(r, n.output_ids).ptr());
+    if (outs < 0) throw nb::python_error();
+    return nb::int_(prompt + outs);
+}
+
 // shortest-prefill-first's key, (rid in deferred, prefill_work, entry, arrival) with
 // prefill_work = max(1, fill_len - matched), as the atoms StableOrder.update makes of that tuple
 // (the same reads, in the same order: rid, fill_len, matched, entry, arrival), without it.
-Atoms spf_key(PyObject* r, nb::handle deferred) {
+Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
     const Names& n = names();
     static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
     nb::object rid = attr(r, n.rid);
     const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
     check(dep);
-    nb::object fill = attr(r, n.fill_len);
+    nb::object fill = fill_len_of(r, plain);
     PyObject* diff = PyNumber_Subtract(fill.ptr(), attr(r, n.matched).ptr());
     if (diff == nullptr) throw nb::python_error();
     nb::object work = nb::steal(diff);
@@ -248,13 +261,13 @@ Atoms spf_key(PyObject* r, nb::handle deferred) {
 
 constexpr int kLpmKey = 0, kSpfKey = 1;  // queue_round's `key` (fast/queue.py: KEPT_KEYS)
 
-using KeyOf = Atoms (*)(PyObject*, nb::handle);
+using KeyOf = Atoms (*)(PyObject*, nb::handle, nb::handle);
 
 // KeyedEngine.advance for lpm's or spf's key (`key_of`), from the queue's _order: the changed
 // members re-keyed and the arrivals placed. False (nothing done): the Python round orders (out
 // of sync, or so many moving that it rebuilds).
 bool advance_keyed(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
-                   nb::dict moved, nb::handle deferred, KeyOf key_of) {
+                   nb::dict moved, nb::handle deferred, KeyOf key_of, nb::handle plain) {
     if (!in_sync(queue, order.reqs, added)) return false;
     const std::vector<PyObject*> changed = changed_of(added, flipped, moved);
     const auto na = static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
@@ -263,11 +276,11 @@ bool advance_keyed(StableOrder& order, nb::list queue, nb::list added, nb::list 
     if (worth_rebuilding(moving, total)) return false;
     StableOrder::Keyed rekey, news;
     rekey.reserve(changed.size());
-    for (PyObject* r : changed) rekey.emplace_back(nb::borrow(r), key_of(r, deferred));
+    for (PyObject* r : changed) rekey.emplace_back(nb::borrow(r), key_of(r, deferred, plain));
     news.reserve(na);
     for (size_t i = 0; i < na; ++i) {
         PyObject* r = PyList_GET_ITEM(added.ptr(), static_cast<Py_ssize_t>(i));
-        news.emplace_back(nb::borrow(r), key_of(r, deferred));
+        news.emplace_back(nb::borrow(r), key_of(r, deferred, plain));
     }
     order.update_atoms(std::move(rekey), std::move(news), queue);
     return true;
@@ -296,12 +309,13 @@ Matcher& matcher_of(nb::handle tree) {
 // tree.queue_round(reqs_of, queue, added, moved, tried, matched, dedup, deferred, order, key):
 // the sync, then (`dedup`) the dedup's verdict, then (`order`: a key policy's StableOrder, keyed
 // by lpm's key (`key` 0) or spf's (`key` 1); dfs-weight's DfsWeightOrder (always advanced or
-// rebuilt); or None) the order's advance. Returns
+// rebuilt); or None) the order's advance (`plain`: the request type whose fill_len spf's key
+// reads natively, or None). Returns
 // (deferred, flipped, whether the order was advanced); moved keeps what the Python round's
 // _order reads when it was not.
 nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::list added,
                       nb::dict moved, nb::dict tried, bool matched, bool dedup,
-                      nb::object deferred, nb::handle order, int key) {
+                      nb::object deferred, nb::handle order, int key, nb::handle plain) {
     Matcher& m = matcher_of(tree);
     sync(m, reqs_of, queue, added, moved, tried, matched);
     nb::list flipped;
@@ -310,7 +324,7 @@ nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::l
     if (!order.is_none() && nb::isinstance<StableOrder>(order)) {
         if (key != kLpmKey && key != kSpfKey) throw nb::value_error("queue_round: an unknown key");
         done = advance_keyed(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred,
-                             key == kSpfKey ? spf_key : lpm_key);
+                             key == kSpfKey ? spf_key : lpm_key, plain);
     } else if (!order.is_none()) {  // a DfsWeightOrder (else a TypeError)
         advance_dfs(nb::cast<DfsWeightOrder&>(order), queue, added, flipped, moved, deferred);
         done = true;
@@ -520,7 +534,8 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
 void bind_round(nb::module_& m, TreeOf tree_of) {
     g_tree_of = tree_of;
     m.def("queue_round", &queue_round, "tree"_a, "reqs_of"_a, "queue"_a, "added"_a, "moved"_a,
-          "tried"_a, "matched"_a, "dedup"_a, "deferred"_a, "order"_a.none(), "key"_a = kLpmKey);
+          "tried"_a, "matched"_a, "dedup"_a, "deferred"_a, "order"_a.none(), "key"_a = kLpmKey,
+          "plain"_a = nb::none());
     m.def("dedup_verdict",
           [](nb::handle tree, nb::handle reqs_of, bool afresh, nb::object deferred) {
               auto [d, flipped] = verdict(matcher_of(tree), reqs_of, afresh, std::move(deferred));

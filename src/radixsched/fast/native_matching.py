@@ -130,11 +130,12 @@ class NativeMatcher:
         ``tried`` (then emptied) and ``added``; else all of ``queue``); with ``dedup``, the
         dedup's verdict; with ``order`` (a kept ``StableOrder``, keyed by lpm's key, ``key``
         0, or spf's, 1; or dfs-weight's order), the order advanced when the list is in sync
-        with it and few requests move. Returns (the deferred rids, the
+        with it and few requests move (a ``Req``'s ``fill_len`` read there, another type's
+        asked of it). Returns (the deferred rids, the
         requests whose dedup status flipped, whether the order was advanced)."""
         deferred, flipped, done = self._core.queue_round(
             self._tree, self.reqs, queue, added, moved, tried, matched, dedup, self.deferred, order,
-            key
+            key, Req
         )  # fmt: skip
         self.deferred = deferred
         return deferred, flipped, done
