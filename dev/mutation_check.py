@@ -654,6 +654,32 @@ MUTANTS = (
         "overflow != 0) return false;",
     ),
     Mutant(
+        "fair-native-round-skips-the-observation",
+        "fast/orders.py",
+        "        self._add_tenants(tenants, arrivals, 0)\n        fair.observe_active(frozenset(tenants))",
+        "        self._add_tenants(tenants, arrivals, 0)",
+    ),
+    Mutant(
+        "fair-native-round-misses-running-tenants",
+        "fast/orders.py",
+        "        self._add_tenants(tenants, running, 0)\n        self._add_tenants(tenants, arrivals, 0)",
+        "        self._add_tenants(tenants, arrivals, 0)",
+    ),
+    Mutant(
+        "fair-one-order-takes-another-tenants-arrival",
+        "fast/orders.py",
+        "        if self.out is not order.reqs or any(r.tenant_key != tenant for r in arrivals):",
+        "        if self.out is not order.reqs:",
+    ),
+    Mutant(
+        "fair-native-key-longest-last",
+        "_native/round.cpp",
+        "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
+        "    const Names& n = names();\n    PyObject* neg = PyNumber_Negative(",
+        "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
+        "    const Names& n = names();\n    PyObject* neg = PyNumber_Positive(",
+    ),
+    Mutant(
         "dfs-round-declined-not-rebuilt",
         "_native/round.cpp",
         "            return;\n    }\n    order.rebuild(queue, deferred);",

@@ -249,3 +249,39 @@ def test_spf_round_reads_a_subclass_fill_len(monkeypatch: pytest.MonkeyPatch) ->
         heads = _heads(qs, 2 + i)
         assert heads[0] == heads[1] and rounds.done[-1] is True
         assert heads[1][-1].startswith("l")
+
+
+def test_fair_round_advances_one_tenants_order_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fair with one tenant waiting, arrivals of that tenant only: its order advanced in the
+    native round (the observation made after it); another tenant's arrival: the Python round
+    (the merge). Each round's order and the counters' state the reference's."""
+    rounds = _Rounds(monkeypatch)
+    caches, ref, fast = _twins(policy="fair")
+    qs = (ref, fast)
+    for c in caches:
+        c.insert(CacheKey(np.asarray([1, 2, 3, 4], dtype=np.int32)), np.arange(4))
+
+    def add(rid: str, tokens: list[int], t: float, tenant: str | None = None) -> None:
+        for q in qs:
+            q.add(Req(rid, np.asarray(tokens, dtype=np.int32), arrival_time=t, tenant=tenant))
+
+    def round_(rnd: int, running: list[Req]) -> bool:
+        orders = [q.begin_round(running, 10 * rnd, float(rnd)) for q in qs]
+        heads = [[r.rid for r in o.head(len(q) + 1)] for q, o in zip(qs, orders, strict=True)]
+        assert heads[0] == heads[1], rnd
+        states = [(q.fair.counters, q.fair._active, q.fair._floor) for q in qs]
+        assert states[0] == states[1], rnd
+        return rounds.done[-1]
+
+    for i in range(5):
+        add(f"a{i}", [1, 2, 3, 4][: 1 + i % 4] + [9, i], float(i))
+    round_(0, [])  # the first round: built in Python
+    busy = Req("run", np.asarray([5], dtype=np.int32), tenant="u")
+    for q in qs:
+        q.fair.charge("u", 7, 0)
+    add("a5", [1, 2, 3, 9], 5.0)
+    assert round_(1, [busy]) is True  # one tenant, its arrival: native
+    assert round_(2, []) is True  # the running tenant went idle
+    add("b0", [1, 2, 9], 6.0, tenant="t")  # a second tenant: merged in Python
+    assert round_(3, [busy]) is False
+    assert round_(4, []) is False

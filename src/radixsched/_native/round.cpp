@@ -259,7 +259,22 @@ Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
     return key;
 }
 
-constexpr int kLpmKey = 0, kSpfKey = 1;  // queue_round's `key` (fast/queue.py: KEPT_KEYS)
+// fair's key within one tenant, (-matched, entry, arrival) (FairEngine._key), as atoms.
+Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {
+    const Names& n = names();
+    PyObject* neg = PyNumber_Negative(attr(r, n.matched).ptr());
+    if (neg == nullptr) throw nb::python_error();
+    nb::object matched = nb::steal(neg);
+    Atoms key;
+    key.reserve(4);  // and the tie number
+    key.push_back(Atom::of(matched));
+    key.push_back(Atom::of(attr(r, n.entry)));
+    key.push_back(Atom::of(attr(r, n.arrival)));
+    return key;
+}
+
+// queue_round's `key` (fast/queue.py: KEPT_KEYS, FAIR_KEY).
+constexpr int kLpmKey = 0, kSpfKey = 1, kFairKey = 2;
 
 using KeyOf = Atoms (*)(PyObject*, nb::handle, nb::handle);
 
@@ -308,7 +323,8 @@ Matcher& matcher_of(nb::handle tree) {
 
 // tree.queue_round(reqs_of, queue, added, moved, tried, matched, dedup, deferred, order, key):
 // the sync, then (`dedup`) the dedup's verdict, then (`order`: a key policy's StableOrder, keyed
-// by lpm's key (`key` 0) or spf's (`key` 1); dfs-weight's DfsWeightOrder (always advanced or
+// by lpm's key (`key` 0), spf's (1) or fair's within its one tenant (2); dfs-weight's
+// DfsWeightOrder (always advanced or
 // rebuilt); or None) the order's advance (`plain`: the request type whose fill_len spf's key
 // reads natively, or None). Returns
 // (deferred, flipped, whether the order was advanced); moved keeps what the Python round's
@@ -322,9 +338,11 @@ nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::l
     if (dedup) std::tie(deferred, flipped) = verdict(m, reqs_of, !matched, deferred);
     bool done = false;
     if (!order.is_none() && nb::isinstance<StableOrder>(order)) {
-        if (key != kLpmKey && key != kSpfKey) throw nb::value_error("queue_round: an unknown key");
+        KeyOf key_of = key == kLpmKey ? lpm_key : key == kSpfKey ? spf_key : fair_key;
+        if (key != kLpmKey && key != kSpfKey && key != kFairKey)
+            throw nb::value_error("queue_round: an unknown key");
         done = advance_keyed(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred,
-                             key == kSpfKey ? spf_key : lpm_key, plain);
+                             key_of, plain);
     } else if (!order.is_none()) {  // a DfsWeightOrder (else a TypeError)
         advance_dfs(nb::cast<DfsWeightOrder&>(order), queue, added, flipped, moved, deferred);
         done = true;
@@ -368,7 +386,9 @@ bool read_fill(PyObject* r, nb::handle plain, nb::object& held, std::optional<To
     data = prompt->data();
     len = prompt->size();
     if (no == 0) return true;
-    joined.assign(data, data + len);
+    joined.clear();
+    joined.reserve(static_cast<size_t>(len + no));  // (kept for the next fill: one copy each)
+    joined.insert(joined.end(), data, data + len);
     for (Py_ssize_t i = 0; i < no; ++i)
         joined.push_back(static_cast<int32_t>(PyLong_AsLongLong(PyList_GET_ITEM(outs.ptr(), i))));
     data = joined.data();

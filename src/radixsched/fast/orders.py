@@ -396,6 +396,29 @@ class FairEngine(Engine):
             self.by_tenant[tenant].update(rekey, new)
         return self._merge(tenant_order, queue, rnd)
 
+    def one_order(self, arrivals: list[Req]) -> Any:
+        """The one tenant's ``StableOrder`` when the list is that order and every arrival is
+        of that tenant (``advance`` then merges nothing: the native round can advance it by
+        ``_key``'s key); else None."""
+        if len(self.by_tenant) != 1:
+            return None
+        tenant, order = next(iter(self.by_tenant.items()))
+        if self.out is not order.reqs or any(r.tenant_key != tenant for r in arrivals):
+            return None
+        return order
+
+    def advanced(self, arrivals: list[Req], running: Sequence[Req], fair: Any) -> None:
+        """What ``advance`` does besides the order's update, after the native round advanced
+        ``one_order``'s order (its arrivals placed): the round's observation (the same
+        tenants, added in the same order: the members', the running batch's, the arrivals')
+        and the arrivals' tenants."""
+        tenants = set(self.by_tenant)
+        self._add_tenants(tenants, running, 0)
+        self._add_tenants(tenants, arrivals, 0)
+        fair.observe_active(frozenset(tenants))
+        for r in arrivals:
+            self.tenant_of[id(r)] = r.tenant_key
+
     def rebuild_observed(self, queue: list[Req], rnd: Round) -> Iterator[int]:
         """``rebuild`` after this round's tenant observation was made."""
         groups: dict[str, list[Req]] = {}

@@ -86,6 +86,7 @@ COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp
 # The keys the native round builds for a kept ``StableOrder`` (``queue_round``'s ``key``:
 # ``_native/round.cpp``'s lpm_key and spf_key, term for term, with nobody overdue).
 KEPT_KEYS = {lpm.key: 0, shortest_prefill_first.key: 1}
+FAIR_KEY = 2  # fair's key within one tenant (``FairEngine._key``; ``queue_round``'s fair_key)
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 _MAX_NEW = operator.attrgetter("sampling.max_new_tokens")  # ``Req.max_new_tokens``
@@ -174,6 +175,9 @@ class FastWaitingQueue(WaitingQueue):
         # engine's own advance); a key policy's order is keyed there by ``kept_key``'s key.
         self.kept_key = KEPT_KEYS[lpm.key]
         self.kept_order = self._kept_order()
+        # fair's engine, whose one tenant's order the native round advances (None: not fair's).
+        fair_kept = isinstance(self.engine, FairEngine) and self.matcher is not None
+        self._fair_engine = cast(FairEngine, self.engine) if fair_kept else None
         self.synced = False  # the engine's members + ``added`` are the list
         self.matched = False  # every waiting request's matched length is current but ``moved``,
         # ``tried`` and ``added``; and the dedup's statuses are the last round's
@@ -511,18 +515,22 @@ class FastWaitingQueue(WaitingQueue):
         deferred: frozenset[str] = frozenset()
         flipped: list[Req] = []
         if self.matcher is not None:  # the policy reads matches: the native round
+            order, key, added = self._native_order()
             deferred, flipped, done = self.matcher.round(
                 self.reqs,
-                self.added,
+                added,
                 self.moved,
                 self.tried,
                 matched=self.matched,
                 dedup=self.native_dedup,
-                order=self.kept_order if self.synced else None,
-                key=self.kept_key,
+                order=order,
+                key=key,
             )
             self.matched = True
-            if done:  # lpm's kept order advanced there: the list is the round's order
+            if done:  # the kept order advanced there: the list is the round's order
+                if key == FAIR_KEY:  # the rest of fair's advance
+                    assert isinstance(self.engine, FairEngine)
+                    self.engine.advanced(added, running, self.fair)
                 self.added, self.moved = [], {}
                 self.deprioritized = self.deferred = deferred
                 order = RoundOrder(self.reqs, iter(range(len(self.reqs))))
@@ -553,6 +561,18 @@ class FastWaitingQueue(WaitingQueue):
         else:
             self.refresh(order, head=self.reqs if _lists(positions, len(self.reqs)) else None)
         return order
+
+    def _native_order(self) -> tuple[Any, int, list[Req]]:
+        """The kept order the native round advances this round, its key, and the arrivals
+        (the list it places): the kept order while in sync, else none; fair's one tenant's
+        order (``FairEngine.one_order``) while in sync."""
+        added = self.added
+        if not self.synced:
+            return None, self.kept_key, added
+        if self._fair_engine is not None:
+            order = self._fair_engine.one_order(added)
+            return order, FAIR_KEY, added
+        return self.kept_order, self.kept_key, added
 
     def _fcfs_order(self) -> RoundOrder:
         """``begin_round``'s accelerated round for plain fcfs without a matcher, an engine, a
