@@ -589,8 +589,8 @@ MUTANTS = (
     Mutant(
         "spf-round-keyed-as-lpm",
         "_native/round.cpp",
-        "                             key == kSpfKey ? spf_key : lpm_key, plain);",
-        "                             lpm_key, plain);",
+        "        KeyOf key_of = key == kLpmKey ? lpm_key : key == kSpfKey ? spf_key : fair_key;",
+        "        KeyOf key_of = key == kLpmKey ? lpm_key : key == kSpfKey ? lpm_key : fair_key;",
     ),
     Mutant(
         "spf-round-key-ignores-the-match",

@@ -274,7 +274,7 @@ def test_fair_round_advances_one_tenants_order_natively(monkeypatch: pytest.Monk
         return rounds.done[-1]
 
     for i in range(5):
-        add(f"a{i}", [1, 2, 3, 4][: 1 + i % 4] + [9, i], float(i))
+        add(f"a{i}", [*[1, 2, 3, 4][: 1 + i % 4], 9, i], float(i))
     round_(0, [])  # the first round: built in Python
     busy = Req("run", np.asarray([5], dtype=np.int32), tenant="u")
     for q in qs:
