@@ -451,9 +451,11 @@ void add_tenants(nb::handle into, nb::handle seq, Py_ssize_t start) {
     if (start < 0) throw nb::value_error("add_tenants: a negative start");
     nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "add_tenants: a sequence"));
     if (!items.is_valid()) throw nb::python_error();
-    nb::object last;
+    nb::object last;  // the tenant just added (held: compared by identity)
     for (Py_ssize_t i = start; i < PySequence_Fast_GET_SIZE(items.ptr()); ++i) {
-        nb::object t = tenant.get(PySequence_Fast_GET_ITEM(items.ptr(), i));
+        PyObject* r = PySequence_Fast_GET_ITEM(items.ptr(), i);
+        PyObject* member = tenant.peek(r);  // a plain member's object, read in place
+        nb::object t = member != nullptr ? nb::borrow(member) : tenant.get(r);  // (else getattr)
         if (t.ptr() == last.ptr()) continue;
         check(PySet_Add(into.ptr(), t.ptr()));
         last = std::move(t);

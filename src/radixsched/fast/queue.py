@@ -515,7 +515,13 @@ class FastWaitingQueue(WaitingQueue):
         deferred: frozenset[str] = frozenset()
         flipped: list[Req] = []
         if self.matcher is not None:  # the policy reads matches: the native round
-            order, key, added = self._native_order()
+            # The kept order the native round advances (none while out of sync), its key, and
+            # the arrivals it places: fair's one tenant's order (``FairEngine.one_order``).
+            added, fair = self.added, self._fair_engine
+            if fair is None:
+                order, key = (self.kept_order if self.synced else None), self.kept_key
+            else:
+                order, key = (fair.one_order(added) if self.synced else None), FAIR_KEY
             deferred, flipped, done = self.matcher.round(
                 self.reqs,
                 added,
@@ -528,9 +534,8 @@ class FastWaitingQueue(WaitingQueue):
             )
             self.matched = True
             if done:  # the kept order advanced there: the list is the round's order
-                if key == FAIR_KEY:  # the rest of fair's advance
-                    assert isinstance(self.engine, FairEngine)
-                    self.engine.advanced(added, running, self.fair)
+                if fair is not None:  # the rest of fair's advance
+                    fair.advanced(added, running, self.fair)
                 self.added, self.moved = [], {}
                 self.deprioritized = self.deferred = deferred
                 order = RoundOrder(self.reqs, iter(range(len(self.reqs))))
@@ -561,18 +566,6 @@ class FastWaitingQueue(WaitingQueue):
         else:
             self.refresh(order, head=self.reqs if _lists(positions, len(self.reqs)) else None)
         return order
-
-    def _native_order(self) -> tuple[Any, int, list[Req]]:
-        """The kept order the native round advances this round, its key, and the arrivals
-        (the list it places): the kept order while in sync, else none; fair's one tenant's
-        order (``FairEngine.one_order``) while in sync."""
-        added = self.added
-        if not self.synced:
-            return None, self.kept_key, added
-        if self._fair_engine is not None:
-            order = self._fair_engine.one_order(added)
-            return order, FAIR_KEY, added
-        return self.kept_order, self.kept_key, added
 
     def _fcfs_order(self) -> RoundOrder:
         """``begin_round``'s accelerated round for plain fcfs without a matcher, an engine, a
