@@ -178,6 +178,8 @@ class FastWaitingQueue(WaitingQueue):
         # fair's engine, whose one tenant's order the native round advances (None: not fair's).
         fair_kept = isinstance(self.engine, FairEngine) and self.matcher is not None
         self._fair_engine = cast(FairEngine, self.engine) if fair_kept else None
+        if fair_kept:
+            self.kept_key = FAIR_KEY
         self.synced = False  # the engine's members + ``added`` are the list
         self.matched = False  # every waiting request's matched length is current but ``moved``,
         # ``tried`` and ``added``; and the dedup's statuses are the last round's
@@ -515,27 +517,24 @@ class FastWaitingQueue(WaitingQueue):
         deferred: frozenset[str] = frozenset()
         flipped: list[Req] = []
         if self.matcher is not None:  # the policy reads matches: the native round
-            # The kept order the native round advances (none while out of sync), its key, and
-            # the arrivals it places: fair's one tenant's order (``FairEngine.one_order``).
-            added, fair = self.added, self._fair_engine
-            if fair is None:
-                order, key = (self.kept_order if self.synced else None), self.kept_key
-            else:
-                order, key = (fair.one_order(added) if self.synced else None), FAIR_KEY
+            # The kept order the native round advances (none while out of sync; fair: its one
+            # tenant's order, ``FairEngine.one_order``), keyed by ``kept_key``'s key.
+            fair = self._fair_engine
+            kept = self.kept_order if fair is None else fair.one_order(self.added)
             deferred, flipped, done = self.matcher.round(
                 self.reqs,
-                added,
+                self.added,
                 self.moved,
                 self.tried,
                 matched=self.matched,
                 dedup=self.native_dedup,
-                order=order,
-                key=key,
+                order=kept if self.synced else None,
+                key=self.kept_key,
             )
             self.matched = True
             if done:  # the kept order advanced there: the list is the round's order
-                if fair is not None:  # the rest of fair's advance
-                    fair.advanced(added, running, self.fair)
+                if fair is not None:  # the rest of fair's advance (``added``: its arrivals)
+                    fair.advanced(self.added, running, self.fair)
                 self.added, self.moved = [], {}
                 self.deprioritized = self.deferred = deferred
                 order = RoundOrder(self.reqs, iter(range(len(self.reqs))))
