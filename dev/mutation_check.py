@@ -595,7 +595,7 @@ MUTANTS = (
     Mutant(
         "spf-round-key-ignores-the-match",
         "_native/round.cpp",
-        "    PyObject* diff = PyNumber_Subtract(fill.ptr(), attr(r, n.matched).ptr());",
+        "    PyObject* diff = PyNumber_Subtract(fill.ptr(), k.matched.get(r).ptr());",
         "    PyObject* diff = PyNumber_Subtract(fill.ptr(), PyLong_FromLong(0));",
     ),
     Mutant(
@@ -675,9 +675,9 @@ MUTANTS = (
         "fair-native-key-longest-last",
         "_native/round.cpp",
         "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
-        "    const Names& n = names();\n    PyObject* neg = PyNumber_Negative(",
+        "    KeyAttrs& k = key_attrs();\n    PyObject* neg = PyNumber_Negative(",
         "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
-        "    const Names& n = names();\n    PyObject* neg = PyNumber_Positive(",
+        "    KeyAttrs& k = key_attrs();\n    PyObject* neg = PyNumber_Positive(",
     ),
     Mutant(
         "dfs-round-declined-not-rebuilt",

@@ -60,6 +60,18 @@ const Names& names() {
     return n;
 }
 
+// The keys' reads of a request, as getattr reads them (a __slots__ member: in place, without the
+// lookup; compat::Attr).
+struct KeyAttrs {
+    compat::Attr rid{"rid"}, matched{"num_matched_prefix_tokens"}, entry{"queue_entry_time"},
+        arrival{"arrival_time"}, prompt_ids{"prompt_ids"}, output_ids{"output_ids"};
+};
+
+KeyAttrs& key_attrs() {
+    static KeyAttrs k;
+    return k;
+}
+
 void check(int rc) {
     if (rc < 0) throw nb::python_error();
 }
@@ -92,8 +104,7 @@ std::vector<nb::object> values_of(nb::handle dict) {
 }
 
 void set_matched(const Matcher& m, PyObject* r) {  // min(memo n, fill_len - 1)
-    nb::object v = nb::int_(m.prefill_match(id_of(r)));
-    check(PyObject_SetAttr(r, names().matched, v.ptr()));
+    key_attrs().matched.set_int(nb::handle(r), m.prefill_match(id_of(r)));
 }
 
 // The queue's _sync_matches: re-match the dirty requests (those whose match moved join
@@ -146,12 +157,12 @@ std::pair<nb::object, nb::list> verdict(Matcher& m, nb::handle reqs_of, bool afr
 // lpm's key with nobody overdue, (1, rid in deferred, -matched, entry, arrival), as the atoms
 // StableOrder.update makes of that tuple (the same reads, in the same order), without the tuple.
 Atoms lpm_key(PyObject* r, nb::handle deferred, nb::handle /*plain*/) {
-    const Names& n = names();
+    KeyAttrs& k = key_attrs();
     static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
-    nb::object rid = attr(r, n.rid);
+    nb::object rid = k.rid.get(r);
     const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
     check(dep);
-    PyObject* neg = PyNumber_Negative(attr(r, n.matched).ptr());
+    PyObject* neg = PyNumber_Negative(k.matched.get(r).ptr());
     if (neg == nullptr) throw nb::python_error();
     nb::object matched = nb::steal(neg);
     Atoms key;
@@ -159,8 +170,8 @@ Atoms lpm_key(PyObject* r, nb::handle deferred, nb::handle /*plain*/) {
     key.push_back(Atom::of(one));
     key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));
     key.push_back(Atom::of(matched));
-    key.push_back(Atom::of(attr(r, n.entry)));
-    key.push_back(Atom::of(attr(r, n.arrival)));
+    key.push_back(Atom::of(k.entry.get(r)));
+    key.push_back(Atom::of(k.arrival.get(r)));
     return key;
 }
 
@@ -226,11 +237,12 @@ std::vector<PyObject*> changed_of(nb::list added, nb::list flipped, nb::dict mov
 // property), what that property returns, len(prompt_ids) + len(output_ids), without its frame.
 nb::object fill_len_of(PyObject* r, nb::handle plain) {
     const Names& n = names();
+    KeyAttrs& k = key_attrs();
     if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr())
         return attr(r, n.fill_len);
-    const Py_ssize_t prompt = PyObject_Size(attr(r, n.prompt_ids).ptr());
+    const Py_ssize_t prompt = PyObject_Size(k.prompt_ids.get(r).ptr());
     if (prompt < 0) throw nb::python_error();
-    const Py_ssize_t outs = PyObject_Size(attr(r, n.output_ids).ptr());
+    const Py_ssize_t outs = PyObject_Size(k.output_ids.get(r).ptr());
     if (outs < 0) throw nb::python_error();
     return nb::int_(prompt + outs);
 }
@@ -239,13 +251,13 @@ nb::object fill_len_of(PyObject* r, nb::handle plain) {
 // prefill_work = max(1, fill_len - matched), as the atoms StableOrder.update makes of that tuple
 // (the same reads, in the same order: rid, fill_len, matched, entry, arrival), without it.
 Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
-    const Names& n = names();
+    KeyAttrs& k = key_attrs();
     static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
-    nb::object rid = attr(r, n.rid);
+    nb::object rid = k.rid.get(r);
     const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
     check(dep);
     nb::object fill = fill_len_of(r, plain);
-    PyObject* diff = PyNumber_Subtract(fill.ptr(), attr(r, n.matched).ptr());
+    PyObject* diff = PyNumber_Subtract(fill.ptr(), k.matched.get(r).ptr());
     if (diff == nullptr) throw nb::python_error();
     nb::object work = nb::steal(diff);
     const int more = PyObject_RichCompareBool(work.ptr(), one, Py_GT);  // max(1, work)
@@ -254,22 +266,22 @@ Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
     key.reserve(5);  // and the tie number
     key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));
     key.push_back(Atom::of(more != 0 ? work : nb::handle(one)));
-    key.push_back(Atom::of(attr(r, n.entry)));
-    key.push_back(Atom::of(attr(r, n.arrival)));
+    key.push_back(Atom::of(k.entry.get(r)));
+    key.push_back(Atom::of(k.arrival.get(r)));
     return key;
 }
 
 // fair's key within one tenant, (-matched, entry, arrival) (FairEngine._key), as atoms.
 Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {
-    const Names& n = names();
-    PyObject* neg = PyNumber_Negative(attr(r, n.matched).ptr());
+    KeyAttrs& k = key_attrs();
+    PyObject* neg = PyNumber_Negative(k.matched.get(r).ptr());
     if (neg == nullptr) throw nb::python_error();
     nb::object matched = nb::steal(neg);
     Atoms key;
     key.reserve(4);  // and the tie number
     key.push_back(Atom::of(matched));
-    key.push_back(Atom::of(attr(r, n.entry)));
-    key.push_back(Atom::of(attr(r, n.arrival)));
+    key.push_back(Atom::of(k.entry.get(r)));
+    key.push_back(Atom::of(k.arrival.get(r)));
     return key;
 }
 
