@@ -296,9 +296,9 @@ MUTANTS = (
     Mutant(
         "refresh-touches-first-to-last",
         "_native/round.cpp",
-        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of);",
+        "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of, plain, joined);",
         "            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), PySequence_Fast_GET_SIZE("
-        "items.ptr()) - 1 - i), ns_of);",
+        "items.ptr()) - 1 - i), ns_of, plain, joined);",
     ),
     Mutant(
         "take-deletes-lowest-position-first",
@@ -588,6 +588,99 @@ MUTANTS = (
         "_native/dfs_order.cpp",
         "        std::sort(olds.begin(), olds.end());  // positions are distinct",
         "        std::sort(olds.rbegin(), olds.rend());  // the old members backwards",
+    ),
+    Mutant(
+        "spf-round-keyed-as-lpm",
+        "_native/round.cpp",
+        "        KeyOf key_of = key == kLpmKey ? lpm_key : key == kSpfKey ? spf_key : fair_key;",
+        "        KeyOf key_of = key == kLpmKey ? lpm_key : key == kSpfKey ? lpm_key : fair_key;",
+    ),
+    Mutant(
+        "spf-round-key-ignores-the-match",
+        "_native/round.cpp",
+        "    PyObject* diff = PyNumber_Subtract(fill.ptr(), k.matched.get(r).ptr());",
+        "    PyObject* diff = PyNumber_Subtract(fill.ptr(), PyLong_FromLong(0));",
+    ),
+    Mutant(
+        "spf-round-key-reads-a-subclass-fill-len",
+        "_native/round.cpp",
+        "    if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr())\n"
+        "        return attr(r, n.fill_len);",
+        "    if (plain.is_none())\n        return attr(r, n.fill_len);",
+    ),
+    Mutant(
+        "spf-round-key-ignores-deferral",
+        "_native/round.cpp",
+        "    key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));\n    key.push_back(Atom::of(more",
+        "    key.push_back(Atom::of(Py_False));\n    key.push_back(Atom::of(more",
+    ),
+    Mutant(
+        "spf-batch-keys-skip-the-floor",
+        "fast/orders.py",
+        "            max(1, r.fill_len - r.num_matched_prefix_tokens),",
+        "            r.fill_len - r.num_matched_prefix_tokens,",
+    ),
+    Mutant(
+        "fair-observe-skips-new-tenants",
+        "_native/round.cpp",
+        "        if (t.ptr() == last.ptr()) continue;",
+        "        if (last.is_valid() && t.ptr() != last.ptr()) continue;",
+    ),
+    Mutant(
+        "fair-observe-misses-the-arrivals",
+        "fast/orders.py",
+        "        self._add_tenants(tenants, queue, len(self.out))",
+        "        self._add_tenants(tenants, queue, len(queue))",
+    ),
+    Mutant(
+        "fair-two-tenants-in-dict-order",
+        "fast/orders.py",
+        "        if len(self.by_tenant) < 2:",
+        "        if len(self.by_tenant) < 3:",
+    ),
+    Mutant(
+        "touch-fills-drops-the-outputs",
+        "_native/round.cpp",
+        "    if (no == 0) return true;",
+        "    if (no >= 0) return true;",
+    ),
+    Mutant(
+        "touch-fills-reads-a-subclass-fill",
+        "_native/round.cpp",
+        "    if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr()) return false;",
+        "    if (plain.is_none()) return false;",
+    ),
+    Mutant(
+        "touch-fills-wraps-a-wide-output",
+        "_native/round.cpp",
+        "overflow != 0 || x < INT32_MIN || x > INT32_MAX) return false;",
+        "overflow != 0) return false;",
+    ),
+    Mutant(
+        "fair-native-round-skips-the-observation",
+        "fast/orders.py",
+        "        self._add_tenants(tenants, arrivals, 0)\n        fair.observe_active(frozenset(tenants))",
+        "        self._add_tenants(tenants, arrivals, 0)",
+    ),
+    Mutant(
+        "fair-native-round-misses-running-tenants",
+        "fast/orders.py",
+        "        self._add_tenants(tenants, running, 0)\n        self._add_tenants(tenants, arrivals, 0)",
+        "        self._add_tenants(tenants, arrivals, 0)",
+    ),
+    Mutant(
+        "fair-one-order-takes-another-tenants-arrival",
+        "fast/orders.py",
+        "        if self.out is not order.reqs or any(r.tenant_key != tenant for r in arrivals):",
+        "        if self.out is not order.reqs:",
+    ),
+    Mutant(
+        "fair-native-key-longest-last",
+        "_native/round.cpp",
+        "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
+        "    KeyAttrs& k = key_attrs();\n    PyObject* neg = PyNumber_Negative(",
+        "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
+        "    KeyAttrs& k = key_attrs();\n    PyObject* neg = PyNumber_Positive(",
     ),
     Mutant(
         "dfs-round-declined-not-rebuilt",

@@ -30,6 +30,7 @@ def _queue() -> list[Req]:
     for i, r in enumerate(reqs):
         r.num_matched_prefix_tokens = (5 * i) % 3
         r.queue_entry_time = float(i % 2)
+    reqs[-1].num_matched_prefix_tokens = reqs[-1].fill_len  # spf's work floored at 1
     return reqs
 
 

@@ -100,7 +100,7 @@ def test_lpm_round_advances_natively_in_sync_and_falls_back_otherwise(
         ({"in_batch_prefix_check_threshold": -1}, True),  # no dedup: nothing deferred
         ({"lpm_max_wait_s": 5.0}, False),  # the starvation bound reads the clock
         ({"enable_priority_scheduling": True, "policy": "fcfs"}, False),  # lpm refuses them
-        ({"policy": "shortest-prefill-first"}, False),  # a key policy, not lpm's key
+        ({"policy": "shortest-prefill-first"}, True),  # its key built there too (spf_key)
         ({"policy": "hrrn"}, False),
         ({"policy": "dfs-weight"}, True),  # its tree order, advanced (or rebuilt) there too
     ],
@@ -192,3 +192,96 @@ def test_lpm_round_advances_natively_past_a_few_arrivals(monkeypatch: pytest.Mon
         _add(qs, f"b{i}", [*shared[: i % 5], 9, i], 50.0 - i)
     heads = _heads(qs, 2)
     assert heads[0] == heads[1] and rounds.done[-1] is True
+
+
+class _T:
+    """A request's tenant (all ``add_tenants`` reads)."""
+
+    def __init__(self, tenant: Any) -> None:
+        self.tenant_key = tenant
+
+
+def test_add_tenants_is_set_update_from_an_index_on() -> None:
+    """fair's observation (``add_tenants``): the same set, built in the same order (so it
+    iterates alike), as ``set.update`` of the tenants of ``seq[start:]``."""
+    add = core().add_tenants  # type: ignore[union-attr]
+    keys = ["a", "a", "b", "a", "", "c", "b"] + [f"t{i}" for i in range(12)]
+    seq = [_T(k) for k in keys]
+    for start in (0, 1, 5, len(seq), len(seq) + 3):
+        got, want = {"z", "b"}, {"z", "b"}
+        add(got, seq, start)
+        want.update(k for k in keys[start:])
+        assert got == want and list(got) == list(want)
+    with pytest.raises(ValueError):
+        add(set(), seq, -1)
+    with pytest.raises(TypeError):
+        add(frozenset(), seq, 0)
+    with pytest.raises(TypeError):  # an unhashable tenant, as set.update raises
+        add(set(), [_T([1])], 0)
+    with pytest.raises(AttributeError):
+        add(set(), [object()], 0)
+
+
+class _Long(Req):
+    """A request type whose ``fill_len`` is its own (spf's native key must ask it)."""
+
+    @property
+    def fill_len(self) -> int:
+        return 1000 + len(self.prompt_ids)
+
+
+def test_spf_round_reads_a_subclass_fill_len(monkeypatch: pytest.MonkeyPatch) -> None:
+    """spf's kept order advanced natively keys a ``Req`` by its prompt and outputs, and a
+    request of another type by its own ``fill_len``: the reference's order either way."""
+    rounds = _Rounds(monkeypatch)
+    caches, ref, fast = _twins(policy="shortest-prefill-first")
+    qs = (ref, fast)
+    for c in caches:
+        c.insert(CacheKey(np.asarray([1, 2, 3], dtype=np.int32)), np.arange(3))
+    for i in range(8):
+        _add(qs, f"a{i}", [1, 2, 3, 9, i][: 2 + i % 4] + [7] * (i % 3), float(i))
+    heads = _heads(qs, 0)
+    assert heads[0] == heads[1]
+    for i in range(3):  # each arrival: the shortest work if read from its tokens
+        for q in qs:
+            q.add(_Long(f"l{i}", np.asarray([1, 2, 3, 8], dtype=np.int32), arrival_time=9.0))
+        _add(qs, f"b{i}", [1, 2, 3, 5, 6, i], 10.0 + i)
+        heads = _heads(qs, 2 + i)
+        assert heads[0] == heads[1] and rounds.done[-1] is True
+        assert heads[1][-1].startswith("l")
+
+
+def test_fair_round_advances_one_tenants_order_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fair with one tenant waiting, arrivals of that tenant only: its order advanced in the
+    native round (the observation made after it); another tenant's arrival: the Python round
+    (the merge). Each round's order and the counters' state the reference's."""
+    rounds = _Rounds(monkeypatch)
+    caches, ref, fast = _twins(policy="fair")
+    qs = (ref, fast)
+    for c in caches:
+        c.insert(CacheKey(np.asarray([1, 2, 3, 4], dtype=np.int32)), np.arange(4))
+
+    def add(rid: str, tokens: list[int], t: float, tenant: str | None = None) -> None:
+        for q in qs:
+            q.add(Req(rid, np.asarray(tokens, dtype=np.int32), arrival_time=t, tenant=tenant))
+
+    def round_(rnd: int, running: list[Req]) -> bool:
+        orders = [q.begin_round(running, 10 * rnd, float(rnd)) for q in qs]
+        heads = [[r.rid for r in o.head(len(q) + 1)] for q, o in zip(qs, orders, strict=True)]
+        assert heads[0] == heads[1], rnd
+        states = [(q.fair.counters, q.fair._active, q.fair._floor) for q in qs]
+        assert states[0] == states[1], rnd
+        return rounds.done[-1]
+
+    for i in range(5):
+        add(f"a{i}", [*[1, 2, 3, 4][: 1 + i % 4], 9, i], float(i))
+    round_(0, [])  # the first round: built in Python
+    busy = Req("run", np.asarray([5], dtype=np.int32), tenant="u")
+    for q in qs:
+        q.fair.charge("u", 7, 0)
+    add("a5", [1, 2, 3, 9], 5.0)
+    assert round_(1, [busy]) is True  # one tenant, its arrival: native
+    assert round_(2, []) is True  # the running tenant went idle
+    add("b0", [1, 2, 9], 6.0, tenant="t")  # a second tenant: merged in Python
+    assert round_(3, [busy]) is False
+    assert round_(4, []) is False

@@ -13,7 +13,7 @@ from radixsched.cache import CacheKey
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.fast.queue import FastWaitingQueue
-from radixsched.native import core
+from radixsched.native import core, namespace_of
 from radixsched.request import Req
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
@@ -174,3 +174,49 @@ def test_touch_fills_walks_nothing_on_a_disabled_tree() -> None:
     assert [n.last_access_time for n in cache._iter_nodes()] == [
         n.last_access_time for n in NativeRadixCache(None, disable=True)._iter_nodes()
     ]
+
+
+class _OwnFill(Req):
+    """A request type whose fill is its own (so ``touch_fills`` must call it)."""
+
+    calls = 0
+
+    def fill_ids(self) -> Any:
+        _OwnFill.calls += 1
+        return np.asarray([2, 1, 0], dtype=np.int32)
+
+
+def _fill_reqs() -> list[Req]:
+    """Requests whose fills ``touch_fills`` reads itself (a ``Req``'s prompt, its outputs
+    joined) or asks for (outputs that are not plain ints, a subclass's own fill)."""
+    reqs = [
+        Req("p", np.asarray([1, 2, 0, 1], dtype=np.int32)),  # no outputs: the prompt in place
+        Req("o", np.asarray([1, 2], dtype=np.int32), output_ids=[0, 2, 2]),  # joined
+        Req("s", np.asarray([1, 2], dtype=np.int32), output_ids=[0], cache_salt="s"),
+        Req("n", np.asarray([1, 2], dtype=np.int32), output_ids=[np.int64(0), 1]),  # asked
+        _OwnFill("f", np.asarray([9], dtype=np.int32)),
+        Req("e", np.asarray([2, 1], dtype=np.int32), output_ids=[-(2**31), 2**31 - 1]),
+    ]
+    return reqs
+
+
+def test_touch_fills_reads_a_reqs_fill_as_fill_ids_makes_it() -> None:
+    """``plain``: a ``Req``'s fill (prompt, then outputs) read natively, any other request's
+    fill asked of it: the same walks (clock, access times, splits) as fill_ids' fills."""
+    touch = core().touch_fills  # type: ignore[union-attr]
+    rng = np.random.default_rng(9)
+    caches = [NativeRadixCache(None), NativeRadixCache(None)]
+    for i in range(30):
+        seq = rng.integers(0, 3, int(rng.integers(1, 8))).astype(np.int32)
+        for c in caches:
+            c.insert(CacheKey(seq), np.arange(100 * i, 100 * i + len(seq)))
+    _OwnFill.calls = 0
+    for c, plain in zip(caches, (Req, None), strict=True):
+        reqs = _fill_reqs()
+        touch(c.tree, reqs[:3], reqs[3:], namespace_of, plain)
+    assert _OwnFill.calls == 2  # asked of it either way
+    assert _tree_state(caches[0]) == _tree_state(caches[1])
+    big = Req("b", np.asarray([1], dtype=np.int32), output_ids=[2**31])  # not int32: asked,
+    for c, plain in zip(caches, (Req, None), strict=True):  # and fill_ids raises
+        with pytest.raises(OverflowError):
+            touch(c.tree, [big], [], namespace_of, plain)

@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <climits>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_set>
 #include <vector>
 
+#include "compat_fill.hpp"  // Attr
 #include "dedup.hpp"
 #include "dedup_bind.hpp"
 #include "dfs_order.hpp"
@@ -47,11 +50,26 @@ struct Names {
     PyObject* fill_ids = intern("fill_ids");
     PyObject* extra_key = intern("extra_key");
     PyObject* cache_salt = intern("cache_salt");
+    PyObject* fill_len = intern("fill_len");
+    PyObject* output_ids = intern("output_ids");
+    PyObject* prompt_ids = intern("prompt_ids");
 };
 
 const Names& names() {
     static const Names n;
     return n;
+}
+
+// The keys' reads of a request, as getattr reads them (a __slots__ member: in place, without the
+// lookup; compat::Attr).
+struct KeyAttrs {
+    compat::Attr rid{"rid"}, matched{"num_matched_prefix_tokens"}, entry{"queue_entry_time"},
+        arrival{"arrival_time"}, prompt_ids{"prompt_ids"}, output_ids{"output_ids"};
+};
+
+KeyAttrs& key_attrs() {
+    static KeyAttrs k;
+    return k;
 }
 
 void check(int rc) {
@@ -86,8 +104,7 @@ std::vector<nb::object> values_of(nb::handle dict) {
 }
 
 void set_matched(const Matcher& m, PyObject* r) {  // min(memo n, fill_len - 1)
-    nb::object v = nb::int_(m.prefill_match(id_of(r)));
-    check(PyObject_SetAttr(r, names().matched, v.ptr()));
+    key_attrs().matched.set_int(nb::handle(r), m.prefill_match(id_of(r)));
 }
 
 // The queue's _sync_matches: re-match the dirty requests (those whose match moved join
@@ -139,13 +156,13 @@ std::pair<nb::object, nb::list> verdict(Matcher& m, nb::handle reqs_of, bool afr
 
 // lpm's key with nobody overdue, (1, rid in deferred, -matched, entry, arrival), as the atoms
 // StableOrder.update makes of that tuple (the same reads, in the same order), without the tuple.
-Atoms lpm_key(PyObject* r, nb::handle deferred) {
-    const Names& n = names();
+Atoms lpm_key(PyObject* r, nb::handle deferred, nb::handle /*plain*/) {
+    KeyAttrs& k = key_attrs();
     static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
-    nb::object rid = attr(r, n.rid);
+    nb::object rid = k.rid.get(r);
     const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
     check(dep);
-    PyObject* neg = PyNumber_Negative(attr(r, n.matched).ptr());
+    PyObject* neg = PyNumber_Negative(k.matched.get(r).ptr());
     if (neg == nullptr) throw nb::python_error();
     nb::object matched = nb::steal(neg);
     Atoms key;
@@ -153,8 +170,8 @@ Atoms lpm_key(PyObject* r, nb::handle deferred) {
     key.push_back(Atom::of(one));
     key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));
     key.push_back(Atom::of(matched));
-    key.push_back(Atom::of(attr(r, n.entry)));
-    key.push_back(Atom::of(attr(r, n.arrival)));
+    key.push_back(Atom::of(k.entry.get(r)));
+    key.push_back(Atom::of(k.arrival.get(r)));
     return key;
 }
 
@@ -216,11 +233,68 @@ std::vector<PyObject*> changed_of(nb::list added, nb::list flipped, nb::dict mov
     return changed;
 }
 
-// KeyedEngine.advance for lpm, from the queue's _order: the changed members re-keyed and the
-// arrivals placed. False (nothing done): the Python round orders (out of sync, or so many
-// moving that it rebuilds).
-bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
-                 nb::dict moved, nb::handle deferred) {
+// r.fill_len; for a request exactly of the request type `plain` (its fill_len Req's own
+// property), what that property returns, len(prompt_ids) + len(output_ids), without its frame.
+nb::object fill_len_of(PyObject* r, nb::handle plain) {
+    const Names& n = names();
+    KeyAttrs& k = key_attrs();
+    if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr())
+        return attr(r, n.fill_len);
+    const Py_ssize_t prompt = PyObject_Size(k.prompt_ids.get(r).ptr());
+    if (prompt < 0) throw nb::python_error();
+    const Py_ssize_t outs = PyObject_Size(k.output_ids.get(r).ptr());
+    if (outs < 0) throw nb::python_error();
+    return nb::int_(prompt + outs);
+}
+
+// shortest-prefill-first's key, (rid in deferred, prefill_work, entry, arrival) with
+// prefill_work = max(1, fill_len - matched), as the atoms StableOrder.update makes of that tuple
+// (the same reads, in the same order: rid, fill_len, matched, entry, arrival), without it.
+Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
+    KeyAttrs& k = key_attrs();
+    static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
+    nb::object rid = k.rid.get(r);
+    const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
+    check(dep);
+    nb::object fill = fill_len_of(r, plain);
+    PyObject* diff = PyNumber_Subtract(fill.ptr(), k.matched.get(r).ptr());
+    if (diff == nullptr) throw nb::python_error();
+    nb::object work = nb::steal(diff);
+    const int more = PyObject_RichCompareBool(work.ptr(), one, Py_GT);  // max(1, work)
+    check(more);
+    Atoms key;
+    key.reserve(5);  // and the tie number
+    key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));
+    key.push_back(Atom::of(more != 0 ? work : nb::handle(one)));
+    key.push_back(Atom::of(k.entry.get(r)));
+    key.push_back(Atom::of(k.arrival.get(r)));
+    return key;
+}
+
+// fair's key within one tenant, (-matched, entry, arrival) (FairEngine._key), as atoms.
+Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {
+    KeyAttrs& k = key_attrs();
+    PyObject* neg = PyNumber_Negative(k.matched.get(r).ptr());
+    if (neg == nullptr) throw nb::python_error();
+    nb::object matched = nb::steal(neg);
+    Atoms key;
+    key.reserve(4);  // and the tie number
+    key.push_back(Atom::of(matched));
+    key.push_back(Atom::of(k.entry.get(r)));
+    key.push_back(Atom::of(k.arrival.get(r)));
+    return key;
+}
+
+// queue_round's `key` (fast/queue.py: KEPT_KEYS, FAIR_KEY).
+constexpr int kLpmKey = 0, kSpfKey = 1, kFairKey = 2;
+
+using KeyOf = Atoms (*)(PyObject*, nb::handle, nb::handle);
+
+// KeyedEngine.advance for lpm's or spf's key (`key_of`), from the queue's _order: the changed
+// members re-keyed and the arrivals placed. False (nothing done): the Python round orders (out
+// of sync, or so many moving that it rebuilds).
+bool advance_keyed(StableOrder& order, nb::list queue, nb::list added, nb::list flipped,
+                   nb::dict moved, nb::handle deferred, KeyOf key_of, nb::handle plain) {
     if (!in_sync(queue, order.reqs, added)) return false;
     const std::vector<PyObject*> changed = changed_of(added, flipped, moved);
     const auto na = static_cast<size_t>(PyList_GET_SIZE(added.ptr()));
@@ -229,11 +303,11 @@ bool advance_lpm(StableOrder& order, nb::list queue, nb::list added, nb::list fl
     if (worth_rebuilding(moving, total)) return false;
     StableOrder::Keyed rekey, news;
     rekey.reserve(changed.size());
-    for (PyObject* r : changed) rekey.emplace_back(nb::borrow(r), lpm_key(r, deferred));
+    for (PyObject* r : changed) rekey.emplace_back(nb::borrow(r), key_of(r, deferred, plain));
     news.reserve(na);
     for (size_t i = 0; i < na; ++i) {
         PyObject* r = PyList_GET_ITEM(added.ptr(), static_cast<Py_ssize_t>(i));
-        news.emplace_back(nb::borrow(r), lpm_key(r, deferred));
+        news.emplace_back(nb::borrow(r), key_of(r, deferred, plain));
     }
     order.update_atoms(std::move(rekey), std::move(news), queue);
     return true;
@@ -259,21 +333,28 @@ Matcher& matcher_of(nb::handle tree) {
     return *m;
 }
 
-// tree.queue_round(reqs_of, queue, added, moved, tried, matched, dedup, deferred, order):
-// the sync, then (`dedup`) the dedup's verdict, then (`order`: lpm's StableOrder, dfs-weight's
-// DfsWeightOrder (always advanced or rebuilt), or None) the order's advance. Returns
+// tree.queue_round(reqs_of, queue, added, moved, tried, matched, dedup, deferred, order, key):
+// the sync, then (`dedup`) the dedup's verdict, then (`order`: a key policy's StableOrder, keyed
+// by lpm's key (`key` 0), spf's (1) or fair's within its one tenant (2); dfs-weight's
+// DfsWeightOrder (always advanced or
+// rebuilt); or None) the order's advance (`plain`: the request type whose fill_len spf's key
+// reads natively, or None). Returns
 // (deferred, flipped, whether the order was advanced); moved keeps what the Python round's
 // _order reads when it was not.
 nb::tuple queue_round(nb::handle tree, nb::handle reqs_of, nb::list queue, nb::list added,
                       nb::dict moved, nb::dict tried, bool matched, bool dedup,
-                      nb::object deferred, nb::handle order) {
+                      nb::object deferred, nb::handle order, int key, nb::handle plain) {
     Matcher& m = matcher_of(tree);
     sync(m, reqs_of, queue, added, moved, tried, matched);
     nb::list flipped;
     if (dedup) std::tie(deferred, flipped) = verdict(m, reqs_of, !matched, deferred);
     bool done = false;
     if (!order.is_none() && nb::isinstance<StableOrder>(order)) {
-        done = advance_lpm(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred);
+        KeyOf key_of = key == kLpmKey ? lpm_key : key == kSpfKey ? spf_key : fair_key;
+        if (key != kLpmKey && key != kSpfKey && key != kFairKey)
+            throw nb::value_error("queue_round: an unknown key");
+        done = advance_keyed(nb::cast<StableOrder&>(order), queue, added, flipped, moved, deferred,
+                             key_of, plain);
     } else if (!order.is_none()) {  // a DfsWeightOrder (else a TypeError)
         advance_dfs(nb::cast<DfsWeightOrder&>(order), queue, added, flipped, moved, deferred);
         done = true;
@@ -295,36 +376,101 @@ void touch_memos(nb::handle tree, nb::list reqs) {
     }
 }
 
+// `r`'s fill as Req.fill_ids makes it, without the call, where `r` is exactly of the request
+// type `plain` (its fill_ids Req's own) and its outputs an exact list of exact ints in int32's
+// range: the prompt (the int32 array Req.__post_init__ makes of it) read in place while there
+// is no output, else the prompt and then the outputs (np.asarray(output_ids, dtype=np.int32))
+// joined into `joined`. False (nothing read but the outputs): call fill_ids.
+bool read_fill(PyObject* r, nb::handle plain, nb::object& held, std::optional<TokenView>& prompt,
+               std::vector<int32_t>& joined, const int32_t*& data, int64_t& len) {
+    if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr()) return false;
+    nb::object outs = attr(r, names().output_ids);
+    if (!PyList_CheckExact(outs.ptr())) return false;
+    const Py_ssize_t no = PyList_GET_SIZE(outs.ptr());
+    for (Py_ssize_t i = 0; i < no; ++i) {  // (checked before the prompt is read)
+        PyObject* v = PyList_GET_ITEM(outs.ptr(), i);
+        int overflow = 0;
+        const long long x = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : 0;
+        if (!PyLong_CheckExact(v) || overflow != 0 || x < INT32_MIN || x > INT32_MAX) return false;
+    }
+    held = attr(r, names().prompt_ids);  // (read in place while held)
+    prompt.emplace(held);
+    data = prompt->data();
+    len = prompt->size();
+    if (no == 0) return true;
+    joined.clear();
+    joined.reserve(static_cast<size_t>(len + no));  // (kept for the next fill: one copy each)
+    joined.insert(joined.end(), data, data + len);
+    for (Py_ssize_t i = 0; i < no; ++i)
+        joined.push_back(static_cast<int32_t>(PyLong_AsLongLong(PyList_GET_ITEM(outs.ptr(), i))));
+    data = joined.data();
+    len = static_cast<int64_t>(joined.size());
+    return true;
+}
+
 // Walk (touch) the tree along `r`'s fill: WaitingQueue.refresh's touch_prefixes of
-// CacheKey(r.fill_ids(), r.namespace), without the key: an empty fill is not walked, and the
-// namespace's id is asked (`ns_of(r)`) only for a non-empty fill outside the default namespace
-// (no extra key, no salt), as touch_keys asks it.
-void touch_fill(Tree& t, PyObject* r, nb::handle ns_of) {
-    PyObject* got = PyObject_CallMethodNoArgs(r, names().fill_ids);
-    if (got == nullptr) throw nb::python_error();
-    nb::object tokens = nb::steal(got);
-    const Py_ssize_t len = PyObject_Size(tokens.ptr());
-    if (len < 0) throw nb::python_error();
+// CacheKey(r.fill_ids(), r.namespace), without the key (the fill read here where read_fill
+// can, else fill_ids called): an empty fill is not walked, and the namespace's id is asked
+// (`ns_of(r)`) only for a non-empty fill outside the default namespace (no extra key, no salt),
+// as touch_keys asks it.
+void touch_fill(Tree& t, PyObject* r, nb::handle ns_of, nb::handle plain,
+                std::vector<int32_t>& joined) {
+    const int32_t* data = nullptr;
+    int64_t len = 0;
+    nb::object tokens;  // the fill's array, held while its tokens are read in place
+    std::optional<TokenView> tok;
+    if (!read_fill(r, plain, tokens, tok, joined, data, len)) {
+        PyObject* got = PyObject_CallMethodNoArgs(r, names().fill_ids);
+        if (got == nullptr) throw nb::python_error();
+        tokens = nb::steal(got);
+        const Py_ssize_t n = PyObject_Size(tokens.ptr());
+        if (n < 0) throw nb::python_error();
+        if (n == 0) return;
+        tok.emplace(tokens);
+        data = tok->data();
+        len = tok->size();
+    }
     if (len == 0) return;
     int32_t ns = 0;
     if (!attr(r, names().extra_key).is_none() || !attr(r, names().cache_salt).is_none())
         ns = nb::cast<int32_t>(ns_of(nb::handle(r)));
-    const TokenView tok(tokens);
-    t.walk_into(tok.data(), tok.size(), ns, nullptr);
+    t.walk_into(data, len, ns, nullptr);
 }
 
-// tree.touch_fills(ahead, head, ns_of): the reference refresh's touches, last to first of
-// `ahead` (the requests ahead of the queue), then of `head` (the order's head); each fill read
-// just before its walk. A disabled tree walks nothing and reads nothing (touch_keys returns
-// before drawing a key).
-void touch_fills(nb::handle tree, nb::handle ahead, nb::handle head, nb::handle ns_of) {
+// tree.touch_fills(ahead, head, ns_of, plain): the reference refresh's touches, last to first
+// of `ahead` (the requests ahead of the queue), then of `head` (the order's head); each fill read
+// just before its walk (`plain`: the request type whose fills are joined here, or None). A
+// disabled tree walks nothing and reads nothing (touch_keys returns before drawing a key).
+void touch_fills(nb::handle tree, nb::handle ahead, nb::handle head, nb::handle ns_of,
+                 nb::handle plain) {
     Tree& t = *g_tree_of(tree).first;
     if (t.disabled()) return;
+    std::vector<int32_t> joined;
     for (nb::handle seq : {ahead, head}) {
         nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "touch_fills: a sequence"));
         if (!items.is_valid()) throw nb::python_error();
         for (Py_ssize_t i = PySequence_Fast_GET_SIZE(items.ptr()) - 1; i >= 0; --i)
-            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of);
+            touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of, plain, joined);
+    }
+}
+
+// into.update(r.tenant_key for r in seq[start:]) (fast/orders.py FairEngine's observation):
+// each tenant added in order, as set.update adds them; one that is the object added just before
+// (in the set already: adding it again changes nothing) is skipped.
+void add_tenants(nb::handle into, nb::handle seq, Py_ssize_t start) {
+    static compat::Attr tenant{"tenant_key"};  // (held for the life of the process)
+    if (!PySet_Check(into.ptr())) throw nb::type_error("add_tenants: a set");
+    if (start < 0) throw nb::value_error("add_tenants: a negative start");
+    nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "add_tenants: a sequence"));
+    if (!items.is_valid()) throw nb::python_error();
+    nb::object last;  // the tenant just added (held: compared by identity)
+    for (Py_ssize_t i = start; i < PySequence_Fast_GET_SIZE(items.ptr()); ++i) {
+        PyObject* r = PySequence_Fast_GET_ITEM(items.ptr(), i);
+        PyObject* member = tenant.peek(r);  // a plain member's object, read in place
+        nb::object t = member != nullptr ? nb::borrow(member) : tenant.get(r);  // (else getattr)
+        if (t.ptr() == last.ptr()) continue;
+        check(PySet_Add(into.ptr(), t.ptr()));
+        last = std::move(t);
     }
 }
 
@@ -422,7 +568,8 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
 void bind_round(nb::module_& m, TreeOf tree_of) {
     g_tree_of = tree_of;
     m.def("queue_round", &queue_round, "tree"_a, "reqs_of"_a, "queue"_a, "added"_a, "moved"_a,
-          "tried"_a, "matched"_a, "dedup"_a, "deferred"_a, "order"_a.none());
+          "tried"_a, "matched"_a, "dedup"_a, "deferred"_a, "order"_a.none(), "key"_a = kLpmKey,
+          "plain"_a = nb::none());
     m.def("dedup_verdict",
           [](nb::handle tree, nb::handle reqs_of, bool afresh, nb::object deferred) {
               auto [d, flipped] = verdict(matcher_of(tree), reqs_of, afresh, std::move(deferred));
@@ -431,7 +578,9 @@ void bind_round(nb::module_& m, TreeOf tree_of) {
           "tree"_a, "reqs_of"_a, "afresh"_a, "deferred"_a);
     m.def("touch_memos", &touch_memos, "tree"_a, "reqs"_a);
     m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
-    m.def("touch_fills", &touch_fills, "tree"_a, "ahead"_a, "head"_a, "ns_of"_a);
+    m.def("add_tenants", &add_tenants, "into"_a, "seq"_a, "start"_a = 0);
+    m.def("touch_fills", &touch_fills, "tree"_a, "ahead"_a, "head"_a, "ns_of"_a,
+          "plain"_a = nb::none());
     m.def("queue_take", &queue_take, "queue"_a, "positions"_a, "tree"_a.none(), "fills"_a.none(),
           "reqs_of"_a.none(), "moved"_a, "tried"_a, "added"_a, "order"_a.none(),
           "remove"_a.none());

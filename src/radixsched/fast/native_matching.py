@@ -122,17 +122,21 @@ class NativeMatcher:
         matched: bool,
         dedup: bool,
         order: Any,
+        key: int = 0,
     ) -> tuple[frozenset[str], list[Req], bool]:
         """The queue's round up to its order, in one native call (``_native/round.cpp``):
         re-match the dirty requests (those whose match moved join ``moved``); set the matched
         length of the requests whose key inputs may have changed (``matched``: ``moved``,
         ``tried`` (then emptied) and ``added``; else all of ``queue``); with ``dedup``, the
-        dedup's verdict; with ``order`` (lpm's kept ``StableOrder``), the order advanced when
-        the list is in sync with it and few requests move. Returns (the deferred rids, the
+        dedup's verdict; with ``order`` (a kept ``StableOrder``, keyed by lpm's key, ``key``
+        0, or spf's, 1; or dfs-weight's order), the order advanced when the list is in sync
+        with it and few requests move (a ``Req``'s ``fill_len`` read there, another type's
+        asked of it). Returns (the deferred rids, the
         requests whose dedup status flipped, whether the order was advanced)."""
         deferred, flipped, done = self._core.queue_round(
-            self._tree, self.reqs, queue, added, moved, tried, matched, dedup, self.deferred, order
-        )
+            self._tree, self.reqs, queue, added, moved, tried, matched, dedup, self.deferred, order,
+            key, Req
+        )  # fmt: skip
         self.deferred = deferred
         return deferred, flipped, done
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.native import required
-from radixsched.policies import Key, Policy, Round, lpm, priority_term
+from radixsched.policies import Key, Policy, Round, lpm, priority_term, shortest_prefill_first
 from radixsched.request import Req
 
 _TENANT = operator.attrgetter("tenant_key")
@@ -113,6 +113,21 @@ def _lpm_keys(queue: list[Req], rnd: Round) -> list[Key]:
     ]
 
 
+def _spf_keys(queue: list[Req], rnd: Round) -> list[Key]:
+    """shortest-prefill-first's keys of ``queue`` in one comprehension: its key, term for term
+    (``prefill_work`` inlined: ``max(1, fill_len - matched)``)."""
+    deferred = rnd.deferred
+    return [
+        (
+            r.rid in deferred,
+            max(1, r.fill_len - r.num_matched_prefix_tokens),
+            r.queue_entry_time,
+            r.arrival_time,
+        )
+        for r in queue
+    ]
+
+
 def keys_of(pol: Policy, queue: list[Req], rnd: Round) -> list[Key]:
     """Every request's full sort key (``key_fn``'s), built without a call per request where
     the key is a built-in one that a batch builder mirrors."""
@@ -120,6 +135,8 @@ def keys_of(pol: Policy, queue: list[Req], rnd: Round) -> list[Key]:
     unbounded = cfg.lpm_max_wait_s is None and cfg.lpm_max_wait_tokens is None  # none overdue
     if pol.key is lpm.key and unbounded and not cfg.enable_priority_scheduling:
         return _lpm_keys(queue, rnd)
+    if pol.key is shortest_prefill_first.key and not cfg.enable_priority_scheduling:
+        return _spf_keys(queue, rnd)
     return list(map(key_fn(pol, rnd), queue))
 
 
@@ -283,6 +300,11 @@ class FairEngine(Engine):
         self.by_tenant: dict[str, Any] = {}  # native StableOrders
         self.tenant_of: dict[int, str] = {}
         self.out: list[Req] = []
+        # set.update of the tenants of a sequence's requests from an index on, natively
+        # (``add_tenants``: the same adds in the same order).
+        self._add_tenants: Callable[[set[str], Sequence[Req], int], None] = required(
+            "the kept orders"
+        ).add_tenants
 
     @staticmethod
     def _key(r: Req) -> Key:
@@ -315,10 +337,13 @@ class FairEngine(Engine):
             del self.by_tenant[tenant]
 
     def _observe(self, queue: list[Req], rnd: Round) -> None:
+        """The reference round's observation: the tenants of the list (the members' are
+        ``by_tenant``'s keys, then the arrivals') and of the running batch, added to one set in
+        the reference's order (the running batch's, then the arrivals', natively)."""
         assert rnd.fair is not None
         tenants = set(self.by_tenant)
-        tenants.update(map(_TENANT, rnd.running))
-        tenants.update(map(_TENANT, queue[len(self.out) :]))
+        self._add_tenants(tenants, rnd.running, 0)
+        self._add_tenants(tenants, queue, len(self.out))
         rnd.fair.observe_active(frozenset(tenants))
 
     def _merge(self, tenant_order: Sequence[str], queue: list[Req], rnd: Round) -> Iterator[int]:
@@ -345,9 +370,13 @@ class FairEngine(Engine):
         if _worth_rebuilding(len(changed) + len(arrivals), len(queue)):
             return self.rebuild_observed(queue, rnd)
         # Tenants by first appearance in the list as it stands (a tenant's first member heads
-        # its own order: the merge keeps each tenant's order).
-        firsts = sorted((self.out.index(o.reqs[0]), t) for t, o in self.by_tenant.items())
-        tenant_order = [t for _, t in firsts]
+        # its own order: the merge keeps each tenant's order); one tenant (or none) needs no
+        # sort.
+        if len(self.by_tenant) < 2:
+            tenant_order = list(self.by_tenant)
+        else:
+            firsts = sorted((self.out.index(o.reqs[0]), t) for t, o in self.by_tenant.items())
+            tenant_order = [t for _, t in firsts]
         per: dict[str, tuple[list[tuple[Req, Key]], list[tuple[Req, Key]]]] = {}
         for r in changed:
             per.setdefault(self.tenant_of[id(r)], ([], []))[0].append((r, self._key(r)))
@@ -366,6 +395,29 @@ class FairEngine(Engine):
         for tenant, (rekey, new) in per.items():
             self.by_tenant[tenant].update(rekey, new)
         return self._merge(tenant_order, queue, rnd)
+
+    def one_order(self, arrivals: list[Req]) -> Any:
+        """The one tenant's ``StableOrder`` when the list is that order and every arrival is
+        of that tenant (``advance`` then merges nothing: the native round can advance it by
+        ``_key``'s key); else None."""
+        if len(self.by_tenant) != 1:
+            return None
+        tenant, order = next(iter(self.by_tenant.items()))
+        if self.out is not order.reqs or any(r.tenant_key != tenant for r in arrivals):
+            return None
+        return order
+
+    def advanced(self, arrivals: list[Req], running: Sequence[Req], fair: Any) -> None:
+        """What ``advance`` does besides the order's update, after the native round advanced
+        ``one_order``'s order (its arrivals placed): the round's observation (the same
+        tenants, added in the same order: the members', the running batch's, the arrivals')
+        and the arrivals' tenants."""
+        tenants = set(self.by_tenant)
+        self._add_tenants(tenants, running, 0)
+        self._add_tenants(tenants, arrivals, 0)
+        fair.observe_active(frozenset(tenants))
+        for r in arrivals:
+            self.tenant_of[id(r)] = r.tenant_key
 
     def rebuild_observed(self, queue: list[Req], rnd: Round) -> Iterator[int]:
         """``rebuild`` after this round's tenant observation was made."""

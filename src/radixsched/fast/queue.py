@@ -67,6 +67,7 @@ from radixsched.policies import (
     lpm,
     random_order,
     random_sglang,
+    shortest_prefill_first,
     spf_sglang,
 )
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
@@ -82,6 +83,10 @@ ENGINES: dict[str, Any] = {
 }
 _KEYED_READS = Reads.MATCH | Reads.DEDUP
 COMPAT_SPF, COMPAT_DFS = 1, 2  # compat_round's orders (_native/compat_round.hpp)
+# The keys the native round builds for a kept ``StableOrder`` (``queue_round``'s ``key``:
+# ``_native/round.cpp``'s lpm_key and spf_key, term for term, with nobody overdue).
+KEPT_KEYS = {lpm.key: 0, shortest_prefill_first.key: 1}
+FAIR_KEY = 2  # fair's key within one tenant (``FairEngine._key``; ``queue_round``'s fair_key)
 
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 _MAX_NEW = operator.attrgetter("sampling.max_new_tokens")  # ``Req.max_new_tokens``
@@ -151,7 +156,8 @@ class FastWaitingQueue(WaitingQueue):
         # ``take`` in one native call (a native tree means the core is loaded).
         self._native_take = cast(Any, core()).queue_take if native else None
         # The reference refresh's touches in one native call, over the native tree's own
-        # touch_prefixes (a subclass's is called as the reference calls it).
+        # touch_prefixes (a subclass's is called as the reference calls it); a ``Req``'s fill
+        # read there (a subclass's fill_ids called).
         walks = native and type(cache).touch_prefixes is NativeRadixCache.touch_prefixes
         self._touch_fills = cast(Any, core()).touch_fills if walks else None
         self._walked: Any = cache.tree if walks else None  # the tree it walks (the matcher's)
@@ -165,9 +171,15 @@ class FastWaitingQueue(WaitingQueue):
         elif engine is not None:
             self._engine_removal = (None, engine.remove)
         self._take_fixed = self._take_setup()
-        # lpm's or dfs-weight's kept order, advanced inside the native round (None: the
-        # engine's own advance).
+        # lpm's, spf's or dfs-weight's kept order, advanced inside the native round (None: the
+        # engine's own advance); a key policy's order is keyed there by ``kept_key``'s key.
+        self.kept_key = KEPT_KEYS[lpm.key]
         self.kept_order = self._kept_order()
+        # fair's engine, whose one tenant's order the native round advances (None: not fair's).
+        fair_kept = isinstance(self.engine, FairEngine) and self.matcher is not None
+        self._fair_engine = cast(FairEngine, self.engine) if fair_kept else None
+        if fair_kept:
+            self.kept_key = FAIR_KEY
         self.synced = False  # the engine's members + ``added`` are the list
         self.matched = False  # every waiting request's matched length is current but ``moved``,
         # ``tried`` and ``added``; and the dedup's statuses are the last round's
@@ -216,21 +228,18 @@ class FastWaitingQueue(WaitingQueue):
         return None
 
     def _kept_order(self) -> Any:
-        """The kept order the native round advances (``queue_round``): lpm's ``StableOrder``
-        (declined: ``_order`` runs) or dfs-weight's ``DfsWeightOrder`` (always ordered there:
-        its advance, else its rebuild, as ``_order`` would); None: ``_order`` runs."""
+        """The kept order the native round advances (``queue_round``): lpm's or spf's
+        ``StableOrder`` (its key ``kept_key``; declined: ``_order`` runs) or dfs-weight's
+        ``DfsWeightOrder`` (always ordered there: its advance, else its rebuild, as ``_order``
+        would); None: ``_order`` runs."""
         engine, cfg = self.engine, self.config
         if isinstance(engine, DfsWeightEngine) and self.matcher is not None:
             return engine.order
         unbounded = cfg.lpm_max_wait_s is None and cfg.lpm_max_wait_tokens is None
-        lpm_keys = isinstance(engine, KeyedEngine) and engine.pol.key is lpm.key
-        if (
-            lpm_keys
-            and unbounded
-            and not cfg.enable_priority_scheduling
-            and self.matcher is not None
-        ):
+        kept = isinstance(engine, KeyedEngine) and engine.pol.key in KEPT_KEYS
+        if kept and unbounded and not cfg.enable_priority_scheduling and self.matcher is not None:
             assert isinstance(engine, KeyedEngine)
+            self.kept_key = KEPT_KEYS[engine.pol.key]
             return engine.order
         return None
 
@@ -462,7 +471,7 @@ class FastWaitingQueue(WaitingQueue):
             # The reference's refresh: the head read first, then the touches in one native call.
             self._refresh_rounds += 1
             span = self._head(order) if head is None else head[:REFRESH_SPAN]
-            self._touch_fills(self._walked, self.ahead_of_refresh(), span, namespace_of)
+            self._touch_fills(self._walked, self.ahead_of_refresh(), span, namespace_of, Req)
             return
         self._refresh_rounds += 1
         if due:
@@ -508,6 +517,10 @@ class FastWaitingQueue(WaitingQueue):
         deferred: frozenset[str] = frozenset()
         flipped: list[Req] = []
         if self.matcher is not None:  # the policy reads matches: the native round
+            # The kept order the native round advances (none while out of sync; fair: its one
+            # tenant's order, ``FairEngine.one_order``), keyed by ``kept_key``'s key.
+            fair = self._fair_engine
+            kept = self.kept_order if fair is None else fair.one_order(self.added)
             deferred, flipped, done = self.matcher.round(
                 self.reqs,
                 self.added,
@@ -515,10 +528,13 @@ class FastWaitingQueue(WaitingQueue):
                 self.tried,
                 matched=self.matched,
                 dedup=self.native_dedup,
-                order=self.kept_order if self.synced else None,
+                order=kept if self.synced else None,
+                key=self.kept_key,
             )
             self.matched = True
-            if done:  # lpm's kept order advanced there: the list is the round's order
+            if done:  # the kept order advanced there: the list is the round's order
+                if fair is not None:  # the rest of fair's advance (``added``: its arrivals)
+                    fair.advanced(self.added, running, self.fair)
                 self.added, self.moved = [], {}
                 self.deprioritized = self.deferred = deferred
                 order = RoundOrder(self.reqs, iter(range(len(self.reqs))))
