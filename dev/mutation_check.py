@@ -71,6 +71,7 @@ TESTS = (
     "tests/test_arrive.py",
     "tests/test_native_take.py",
     "tests/test_native_round.py",
+    "tests/test_cold_round.py",
     "tests/test_native_checkpoint_rematch.py",
     "tests/test_native_radix_slots.py",
     "tests/test_native_kv_rows.py",

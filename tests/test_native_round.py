@@ -16,7 +16,7 @@ from radixsched.config import SchedulerConfig
 from radixsched.fast.native_matching import NativeMatcher
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.native import core
-from radixsched.policies import Reads
+from radixsched.policies import POLICIES, Reads, Round
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req
 
@@ -285,3 +285,26 @@ def test_fair_round_advances_one_tenants_order_natively(monkeypatch: pytest.Monk
     add("b0", [1, 2, 9], 6.0, tenant="t")  # a second tenant: merged in Python
     assert round_(3, [busy]) is False
     assert round_(4, []) is False
+
+
+def test_fair_advance_breaks_counter_ties_by_the_tenants_first_members() -> None:
+    """Two tenants with tied counters and heads: the merge's tie goes to the tenant whose
+    first member comes first in the list as it stands (here b's: a was ahead on service when
+    the list was built), not to the tenant the engine met first."""
+    from radixsched.fast.orders import FairEngine
+    from radixsched.policies import VirtualTokenCounter
+
+    def req(rid: str, tenant: str) -> Req:
+        r = Req(rid, np.arange(10, dtype=np.int32), arrival_time=0.0, tenant=tenant)
+        r.queue_entry_time = 0.0
+        return r
+
+    queue = [req("a1", "a"), req("a2", "a"), req("b1", "b"), req("b2", "b")]
+    fair = VirtualTokenCounter(prefill_weight=1.0, decode_weight=1.0, counters={"a": 10.0})
+    rnd = Round(SchedulerConfig(schedule_policy="fair"), fair=fair)
+    engine = FairEngine(POLICIES["fair"])
+    list(engine.rebuild(queue, rnd))  # met a first; b behind on service heads the list
+    assert [r.rid for r in queue] == ["b1", "a1", "b2", "a2"]
+    fair.counters["b"] = 10.0  # b charged (say, its running requests' decode): a tie
+    list(engine.advance([], [], rnd, queue))
+    assert [r.rid for r in queue] == ["b1", "a1", "b2", "a2"]
