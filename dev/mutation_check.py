@@ -679,9 +679,9 @@ MUTANTS = (
         "fair-native-key-longest-last",
         "_native/round.cpp",
         "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
-        "    KeyAttrs& k = key_attrs();\n    PyObject* neg = PyNumber_Negative(",
+        "    KeyAttrs& k = key_attrs();\n    nb::object matched = neg_matched(k, r);",
         "Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {\n"
-        "    KeyAttrs& k = key_attrs();\n    PyObject* neg = PyNumber_Positive(",
+        "    KeyAttrs& k = key_attrs();\n    nb::object matched = k.matched.get(r);",
     ),
     Mutant(
         "dfs-round-declined-not-rebuilt",

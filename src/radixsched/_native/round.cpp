@@ -72,6 +72,13 @@ KeyAttrs& key_attrs() {
     return k;
 }
 
+// -r.num_matched_prefix_tokens, as Python negates it (the keys' first match term).
+nb::object neg_matched(KeyAttrs& k, PyObject* r) {
+    PyObject* neg = PyNumber_Negative(k.matched.get(r).ptr());
+    if (neg == nullptr) throw nb::python_error();
+    return nb::steal(neg);
+}
+
 void check(int rc) {
     if (rc < 0) throw nb::python_error();
 }
@@ -162,9 +169,7 @@ Atoms lpm_key(PyObject* r, nb::handle deferred, nb::handle /*plain*/) {
     nb::object rid = k.rid.get(r);
     const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
     check(dep);
-    PyObject* neg = PyNumber_Negative(k.matched.get(r).ptr());
-    if (neg == nullptr) throw nb::python_error();
-    nb::object matched = nb::steal(neg);
+    nb::object matched = neg_matched(k, r);
     Atoms key;
     key.reserve(6);  // and the tie number
     key.push_back(Atom::of(one));
@@ -274,9 +279,7 @@ Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
 // fair's key within one tenant, (-matched, entry, arrival) (FairEngine._key), as atoms.
 Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {
     KeyAttrs& k = key_attrs();
-    PyObject* neg = PyNumber_Negative(k.matched.get(r).ptr());
-    if (neg == nullptr) throw nb::python_error();
-    nb::object matched = nb::steal(neg);
+    nb::object matched = neg_matched(k, r);
     Atoms key;
     key.reserve(4);  // and the tie number
     key.push_back(Atom::of(matched));
