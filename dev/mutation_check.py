@@ -612,7 +612,7 @@ MUTANTS = (
     Mutant(
         "spf-round-key-ignores-deferral",
         "_native/round.cpp",
-        "    key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));\n    key.push_back(Atom::of(more",
+        "    key.push_back(Atom::of(dep ? Py_True : Py_False));\n    key.push_back(Atom::of(more",
         "    key.push_back(Atom::of(Py_False));\n    key.push_back(Atom::of(more",
     ),
     Mutant(

@@ -83,6 +83,14 @@ void check(int rc) {
     if (rc < 0) throw nb::python_error();
 }
 
+// r.rid in deferred (the keys' deferral term; the rid read first, as the tuple reads it).
+bool is_deferred(KeyAttrs& k, PyObject* r, nb::handle deferred) {
+    nb::object rid = k.rid.get(r);
+    const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
+    check(dep);
+    return dep != 0;
+}
+
 nb::object attr(PyObject* o, PyObject* name) {
     PyObject* v = PyObject_GetAttr(o, name);
     if (v == nullptr) throw nb::python_error();
@@ -166,14 +174,12 @@ std::pair<nb::object, nb::list> verdict(Matcher& m, nb::handle reqs_of, bool afr
 Atoms lpm_key(PyObject* r, nb::handle deferred, nb::handle /*plain*/) {
     KeyAttrs& k = key_attrs();
     static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
-    nb::object rid = k.rid.get(r);
-    const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
-    check(dep);
+    const bool dep = is_deferred(k, r, deferred);
     nb::object matched = neg_matched(k, r);
     Atoms key;
     key.reserve(6);  // and the tie number
     key.push_back(Atom::of(one));
-    key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));
+    key.push_back(Atom::of(dep ? Py_True : Py_False));
     key.push_back(Atom::of(matched));
     key.push_back(Atom::of(k.entry.get(r)));
     key.push_back(Atom::of(k.arrival.get(r)));
@@ -258,9 +264,7 @@ nb::object fill_len_of(PyObject* r, nb::handle plain) {
 Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
     KeyAttrs& k = key_attrs();
     static PyObject* const one = PyLong_FromLong(1);  // a small int: never released
-    nb::object rid = k.rid.get(r);
-    const int dep = PySequence_Contains(deferred.ptr(), rid.ptr());
-    check(dep);
+    const bool dep = is_deferred(k, r, deferred);
     nb::object fill = fill_len_of(r, plain);
     PyObject* diff = PyNumber_Subtract(fill.ptr(), k.matched.get(r).ptr());
     if (diff == nullptr) throw nb::python_error();
@@ -269,7 +273,7 @@ Atoms spf_key(PyObject* r, nb::handle deferred, nb::handle plain) {
     check(more);
     Atoms key;
     key.reserve(5);  // and the tie number
-    key.push_back(Atom::of(dep != 0 ? Py_True : Py_False));
+    key.push_back(Atom::of(dep ? Py_True : Py_False));
     key.push_back(Atom::of(more != 0 ? work : nb::handle(one)));
     key.push_back(Atom::of(k.entry.get(r)));
     key.push_back(Atom::of(k.arrival.get(r)));
