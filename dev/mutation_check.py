@@ -83,6 +83,7 @@ TESTS = (
     "tests/test_trace_reader.py",
     "tests/test_preflight.py",
     "tests/test_prompt_cache.py",
+    "tests/test_native_loop.py",
 )
 
 
@@ -1679,6 +1680,48 @@ MUTANTS = (
         "fast/scheduler.py",
         "        self._fresh_direct = fresh and self._steps_direct()\n",
         "        self._fresh_direct = self._steps_direct()\n",
+    ),
+    Mutant(
+        "loop-steps-at-the-arrival",
+        "_native/loop.cpp",
+        "PyObject_RichCompareBool(start.ptr(), ta.ptr(), Py_LT);",
+        "PyObject_RichCompareBool(start.ptr(), ta.ptr(), Py_LE);",
+    ),
+    Mutant(
+        "loop-forgets-the-chunked-request",
+        "_native/loop.cpp",
+        "    while (truth(waiting) || truth(running) || !get(sched, n.chunked_req).is_none()) {\n",
+        "    while (truth(waiting) || truth(running)) {\n",
+    ),
+    Mutant(
+        "loop-samples-kv-usage-of-free-only",
+        "_native/loop.cpp",
+        "    nb::object used = checked(PyNumber_Add(f.ptr(), e.ptr()));\n",
+        "    nb::object used = f;\n",
+    ),
+    Mutant(
+        "loop-drops-the-samples-of-a-raising-run",
+        "_native/loop.cpp",
+        "        if (!flush()) PyErr_Clear();\n",
+        "        buf_.clear();\n",
+    ),
+    Mutant(
+        "loop-reports-progress-before-adding",
+        "_native/loop.cpp",
+        "            done += py::len_of(finished);\n",
+        "            done += 0;\n",
+    ),
+    Mutant(
+        "loop-samples-a-step-that-came-back-none",
+        "_native/loop.cpp",
+        "        if (out.is_none()) {\n            stuck = true;\n            break;\n        }\n",
+        "        if (out.is_none()) {\n            stuck = true;\n        }\n",
+    ),
+    Mutant(
+        "open-loop-native-ignores-check-integrity",
+        "sim/deploy/open_loop.py",
+        "    if native is not None and not check_integrity:\n",
+        "    if native is not None:\n",
     ),
 )
 

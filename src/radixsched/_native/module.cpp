@@ -25,6 +25,7 @@
 #include "dedup_bind.hpp"
 #include "kv.hpp"
 #include "lazy_shuffle.hpp"
+#include "loop.hpp"
 #include "matcher.hpp"
 #include "optimal.hpp"
 #include "order.hpp"
@@ -579,6 +580,7 @@ NB_MODULE(_core, m) {
     radixsched::bind_optimal(m);
     radixsched::bind_shuffle(m);
     radixsched::bind_lazy_shuffle(m);
+    radixsched::bind_loop(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());

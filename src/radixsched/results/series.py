@@ -73,6 +73,12 @@ class TimeSeries:
         other use of the series."""
         return self._rows.extend
 
+    def rows(self) -> array[float]:
+        """The samples' buffer, for a native sampler that appends whole rows of ``_COLS``
+        values without the time check (``_native/loop.cpp``): ``checked`` must follow, as
+        after ``unchecked``."""
+        return self._rows
+
     def checked(self, since: int) -> None:
         """Check the samples from ``since`` on (``len(self)`` before the first ``unchecked``
         one) as ``append`` checks each, against the one before; raises as it would for the

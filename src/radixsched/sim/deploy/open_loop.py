@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixsched.fast.arrive import LeanReads, lean_reads
+from radixsched.native import core
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 from radixsched.scheduler import StepOutcome
@@ -131,16 +132,61 @@ def _run_lean(
     values as its properties: ``fast.arrive.lean_reads``), the arrival times from one list
     read before the loop (iterating ``reqs`` builds no deferred prompt; delivering indexes
     it), and sampling the series without its per-sample time check (the replica's clock
-    never goes back; ``TimeSeries.checked`` checks them all after)."""
-    sched, clock, st = rep.sched, rep.clock, rep.sched.stats
-    waiting, running, free, evictable, cap = lean
+    never goes back; ``TimeSeries.checked`` checks them all after). Between two arrivals the
+    steps run in one native call (``_core.steps_until``: this loop's reads, calls and samples
+    in its order) unless each step's integrity is checked."""
+    sched, clock, waiting, running = rep.sched, rep.clock, lean.waiting, lean.running
     arrivals = [r.arrival_time for r in reqs]
-    sample, since = series.unchecked(), len(series)
-    n = len(arrivals)
+    since, n = len(series), len(arrivals)
+    steps = _steps_until(rep, series, on_progress, n, lean, check_integrity)
     done = i = 0
     while True:
         ta = arrivals[i] if i < n else math.inf
-        horizon = None if i == n else ta
+        done = steps(ta, None if i == n else ta, done)
+        if i == n:
+            break
+        if not (waiting or running or sched.chunked_req is not None):
+            clock.jump_to(ta)
+        i = _deliver_due(rep, reqs, arrivals, i, clock.now())
+    series.checked(since)
+    if on_progress is not None:
+        on_progress(n, n)
+
+
+StepsUntil = Callable[[float, float | None, int], int]
+
+
+def _steps_until(
+    rep: Replica,
+    series: TimeSeries,
+    on_progress: Callable[[int, int], None] | None,
+    n: int,
+    lean: LeanReads,
+    check_integrity: bool,
+) -> StepsUntil:
+    """``steps(ta, horizon, done)``: the replica steps (each with ``horizon``) while it has
+    work and its clock reads before ``ta``, each step sampled into ``series``; after a step
+    that finished requests, ``done`` grows by their count and ``on_progress(done, n)`` is
+    told. Returns ``done``."""
+    sched, clock, st = rep.sched, rep.clock, rep.sched.stats
+    waiting, running, free, evictable, cap = lean
+    native = core()
+    if native is not None and not check_integrity:
+        until, step, now, rows = native.steps_until, sched.step, clock.now, series.rows()
+
+        def native_steps(ta: float, horizon: float | None, done: int) -> int:
+            stuck, done = until(
+                step, now, sched, waiting, running, free, evictable, cap, st, rows, ta,
+                horizon, on_progress, done, n,
+            )  # fmt: skip
+            if stuck:
+                raise _cannot_schedule(rep)
+            return done
+
+        return native_steps
+    sample = series.unchecked()
+
+    def python_steps(ta: float, horizon: float | None, done: int) -> int:
         while waiting or running or sched.chunked_req is not None:  # not ``is_idle``
             start = clock.now()
             if not start < ta:
@@ -161,14 +207,9 @@ def _run_lean(
             if out.finished and on_progress is not None:
                 done += len(out.finished)
                 on_progress(done, n)
-        if i == n:
-            break
-        if not (waiting or running or sched.chunked_req is not None):
-            clock.jump_to(ta)
-        i = _deliver_due(rep, reqs, arrivals, i, clock.now())
-    series.checked(since)
-    if on_progress is not None:
-        on_progress(n, n)
+        return done
+
+    return python_steps
 
 
 def _step(rep: Replica, horizon: float | None, check_integrity: bool) -> StepOutcome:
