@@ -8,8 +8,8 @@ is native today: the radix tree, the waiting queue's incremental matcher and in-
 the kept orders (a stable order kept across rounds; hrrn's columns), the KV slot pool, the KV
 accounting around the tree (an allocation that evicts, a request's checkpoint), the prefill
 admission loop (``radixsched.fast.admit``) and the running batch's decode columns, jump
-arithmetic and settling; beside the scheduler, the workloads' hashed prompts and the optimal
-bound's trie. The rest of the accelerated core is still
+arithmetic and settling; beside the scheduler, the simulator's open loop between two arrivals,
+the workloads' hashed prompts and the optimal bound's trie. The rest of the accelerated core is still
 ``radixsched.fast``, which runs only over the native parts.
 ``RADIXSCHED_NATIVE_LIB=PATH`` loads the extension from a file instead (the sanitizer and debug
 builds of ``make sanitize``).
