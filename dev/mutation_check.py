@@ -201,15 +201,15 @@ MUTANTS = (
     ),
     Mutant(
         "arrivals-door-match-uncapped",
-        "fast/queue.py",
-        "            r.num_matched_prefix_tokens = n if n < cap else cap",
-        "            r.num_matched_prefix_tokens = n",
+        "_native/arrive.cpp",
+        "        set(r, n.num_matched_prefix_tokens, below ? matched : cap_obj);\n",
+        "        set(r, n.num_matched_prefix_tokens, matched);\n",
     ),
     Mutant(
         "arrivals-share-one-arrival-number",
-        "fast/queue.py",
-        "            seq_of[id(r)] = seq\n            seq += 1\n",
-        "            seq_of[id(r)] = seq\n",
+        "_native/arrive.cpp",
+        "        seq = nb::steal(PyNumber_Add(seq.ptr(), one.ptr()));\n",
+        "        seq = nb::steal(PyNumber_Add(seq.ptr(), nb::int_(0).ptr()));\n",
     ),
     Mutant(
         "track-many-reads-the-salt-as-the-key",
@@ -1317,21 +1317,21 @@ MUTANTS = (
     ),
     Mutant(
         "arrivals-entry-order-from-last-pair",
-        "fast/queue.py",
-        "            ordered = size == 1 or (ordered and entry >= last)",
-        "            ordered = size == 1 or entry >= last",
+        "_native/arrive.cpp",
+        "        } else if (ordered) {\n",
+        "        } else {\n",
     ),
     Mutant(
         "arrivals-door-skips-duplicate-rid",
         "fast/arrive.py",
-        "                rid in by_rid\n                or r.priority is not None\n",
-        "                r.priority is not None\n",
+        "            rid in by_rid\n            or r.priority is not None\n",
+        "            r.priority is not None\n",
     ),
     Mutant(
         "arrivals-door-cap-forgets-the-page",
         "fast/arrive.py",
-        "                or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - p - 1)",
-        "                or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - 1)",
+        "            or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - p - 1)",
+        "            or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - 1)",
     ),
     Mutant(
         "arrivals-delivered-before-due",
@@ -1421,9 +1421,9 @@ MUTANTS = (
     ),
     Mutant(
         "door-batch-cap-keeps-the-last-token",
-        "fast/queue.py",
-        "            cap = len(r.prompt_ids) + len(r.output_ids) - 1\n",
-        "            cap = len(r.prompt_ids) + len(r.output_ids)\n",
+        "_native/arrive.cpp",
+        "        int64_t cap = len_of(get(r, n.prompt_ids)) + len_of(get(r, n.output_ids)) - 1;\n",
+        "        int64_t cap = len_of(get(r, n.prompt_ids)) + len_of(get(r, n.output_ids));\n",
     ),
     Mutant(
         "door-batch-matches-outside-the-namespace",
@@ -1722,6 +1722,48 @@ MUTANTS = (
         "sim/deploy/open_loop.py",
         "    if native is not None and not check_integrity:\n",
         "    if native is not None:\n",
+    ),
+    Mutant(
+        "arrive-door-skips-the-duplicate-test",
+        "_native/arrive.cpp",
+        "    if (has || !get(r, n.priority).is_none()) return false;\n",
+        "    if (!get(r, n.priority).is_none()) return false;\n",
+    ),
+    Mutant(
+        "arrive-door-prompt-pages-floored",
+        "_native/arrive.cpp",
+        "    const int64_t pages = (fill + page - 1) / page * page;",
+        "    const int64_t pages = fill / page * page;",
+    ),
+    Mutant(
+        "arrive-door-forgets-the-processed-tokens",
+        "_native/arrive.cpp",
+        "        set(r, n.queue_entry_processed_tokens, processed);\n",
+        "",
+    ),
+    Mutant(
+        "arrive-door-forgets-the-default-priority",
+        "_native/arrive.cpp",
+        "        if (prio) set(r, n.priority, default_priority);\n",
+        "",
+    ),
+    Mutant(
+        "arrive-door-stamps-no-times-arrival",
+        "_native/arrive.cpp",
+        "        set(get(r, n.times), n.arrival, t);\n",
+        "",
+    ),
+    Mutant(
+        "arrive-queue-pass-ties-break-the-order",
+        "_native/arrive.cpp",
+        "PyObject_RichCompareBool(entry.ptr(), last.ptr(), Py_GE);",
+        "PyObject_RichCompareBool(entry.ptr(), last.ptr(), Py_GT);",
+    ),
+    Mutant(
+        "arrive-door-passes-a-huge-max-new",
+        "_native/arrive.cpp",
+        "    return overflow == 0;\n",
+        "    if (overflow) out = 1;\n    return true;\n",
     ),
 )
 

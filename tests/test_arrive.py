@@ -73,7 +73,14 @@ def _queue_state(sched: Any, reqs: list[Req]) -> Any:
     return (
         [r.rid for r in q.reqs],
         [
-            (r.num_matched_prefix_tokens, r.queue_entry_time, r.arrival_time, r.priority)
+            (
+                r.num_matched_prefix_tokens,
+                r.queue_entry_time,
+                r.arrival_time,
+                r.times.arrival,
+                r.queue_entry_processed_tokens,
+                r.priority,
+            )
             for r in reqs
         ],
         [(r.finish, r.sampling.max_new_tokens) for r in reqs],
@@ -155,7 +162,7 @@ def test_batched_arrivals_keep_the_entry_order_flag(order: tuple[int, ...]) -> N
     assert _queue_state(one, a) == _queue_state(many, b)
 
 
-@pytest.mark.parametrize("max_new", [19_870, 19_871, 19_872, 19_886, 19_887, 19_888])
+@pytest.mark.parametrize("max_new", [19_870, 19_871, 19_872, 19_886, 19_887, 19_888, 2**63, 10**30])
 def test_batched_arrivals_cap_as_the_door_does_on_pages(max_new: int) -> None:
     """Pages of 16: a 100-token prompt's cap is what its whole pages and one more leave
     (20,000 - 112 - 16 - 1 = 19,871), not what the prompt's pages alone leave."""

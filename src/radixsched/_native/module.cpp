@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "adder.hpp"
+#include "arrive.hpp"
 #include "chunks.hpp"
 #include "compat_fill.hpp"
 #include "compat_match.hpp"
@@ -581,6 +582,7 @@ NB_MODULE(_core, m) {
     radixsched::bind_shuffle(m);
     radixsched::bind_lazy_shuffle(m);
     radixsched::bind_loop(m);
+    radixsched::bind_arrive(m);
     radixsched::bind_adder(m, [](nb::handle h) {  // a Python Tree's native tree and matcher
         auto& t = nb::cast<PyTree&>(h);
         return std::pair<Tree*, radixsched::Matcher*>(&t, t.matcher.get());

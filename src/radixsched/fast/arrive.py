@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from radixsched.fast.queue import FastWaitingQueue
 from radixsched.fast.scheduler import FastScheduler
+from radixsched.native import core
 from radixsched.request import Req
 from radixsched.roles import Role
 from radixsched.scheduler import Scheduler
@@ -80,31 +81,46 @@ def arrivals(sched: Scheduler) -> Callable[[Sequence[Req]], None]:
     prio, default = cfg.enable_priority_scheduling, cfg.default_priority_value
     by_rid, add_many = sched._by_rid, queue.add_many
     p, capacity, max_req_len = _door_constants(sched)
+    native = core()
+    assert native is not None, "the fast queue runs over the native core"
+    door_pass = native.door_pass
+
+    def one(r: Req, processed: int, accepted: list[Req]) -> None:
+        """``add_request`` of ``r`` up to its enqueue: the plain door (``_door_constants``),
+        inline: a new rid, no priority, and the door's arithmetic says it accepts without
+        touching the request. Else the door decides."""
+        t, rid = r.arrival_time, r.rid
+        max_new, n = r.sampling.max_new_tokens, len(r.prompt_ids) + len(r.output_ids)
+        if (
+            rid in by_rid
+            or r.priority is not None
+            or max_new < 1
+            or n >= max_req_len
+            or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - p - 1)
+        ):
+            err = sched._door_check(r)
+            if err is not None:
+                sched._reject(r, *err)
+                return
+        if prio and r.priority is None:
+            r.priority = default
+        r.queue_entry_time = r.arrival_time = r.times.arrival = t
+        r.queue_entry_processed_tokens = processed
+        by_rid[rid] = r
+        accepted.append(r)
 
     def arrive(reqs: Sequence[Req]) -> None:
-        processed, accepted = sched.processed_tokens, []
-        for r in reqs:  # ``add_request`` up to its enqueue
-            t, rid = r.arrival_time, r.rid
-            # The plain door (``_door_constants``), inline: a new rid, no priority, and the
-            # door's arithmetic says it accepts without touching the request.
-            max_new, n = r.sampling.max_new_tokens, len(r.prompt_ids) + len(r.output_ids)
-            if (
-                rid in by_rid
-                or r.priority is not None
-                or max_new < 1
-                or n >= max_req_len
-                or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - p - 1)
-            ):
-                err = sched._door_check(r)
-                if err is not None:
-                    sched._reject(r, *err)
-                    continue
-            if prio and r.priority is None:
-                r.priority = default
-            r.queue_entry_time = r.arrival_time = r.times.arrival = t
-            r.queue_entry_processed_tokens = processed
-            by_rid[rid] = r
-            accepted.append(r)
+        """``one`` of each request in order: natively (``_core.door_pass``, the same reads,
+        tests and writes) while each passes the plain door, here where the door decides."""
+        accepted: list[Req] = []
+        processed, i, n = sched.processed_tokens, 0, len(reqs)
+        while i < n:
+            i = door_pass(
+                reqs, i, accepted, by_rid, processed, p, capacity, max_req_len, prio, default
+            )
+            if i < n:
+                one(reqs[i], processed, accepted)
+                i += 1
         add_many(accepted)
 
     return arrive

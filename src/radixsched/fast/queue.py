@@ -161,6 +161,9 @@ class FastWaitingQueue(WaitingQueue):
         walks = native and type(cache).touch_prefixes is NativeRadixCache.touch_prefixes
         self._touch_fills = cast(Any, core()).touch_fills if walks else None
         self._walked: Any = cache.tree if walks else None  # the tree it walks (the matcher's)
+        # ``add_many``'s pass after the matching in one native call (its matching is native:
+        # the tree is, and so the core is loaded).
+        self._queue_pass: Any = cast(Any, core()).queue_pass if native else None
         # How ``take`` removes a request from the engine: (its order: StableEngine's remove,
         # called natively, or None; else the engine's remove, or None without an engine). The
         # engine and its order are set here, once.
@@ -288,25 +291,14 @@ class FastWaitingQueue(WaitingQueue):
             tree = cast(NativeRadixCache, self.cache).tree
             lens = tree.match_lens(reqs, as_tokens, namespace_id)
         # One pass for the rest (the matching reads none of it): the arrival numbers, the door's
-        # match, and ``add``'s entry-order test as the list grows one request at a time.
-        page, seq_of, seq = self.cache.page_size, self._seq_of, self._next_seq
+        # match, and ``add``'s entry-order test as the list grows one request at a time; in
+        # one native call (``_core.queue_pass``: the same reads, tests and writes in order).
         queue = self.reqs
-        size, ordered, last = len(queue), self.entry_ordered, self._last_entry
-        for i, r in enumerate(reqs):  # (one length per request either way above; a zip with
-            n = lens[i]  # ``strict`` costs a keyword call)
-            seq_of[id(r)] = seq
-            seq += 1
-            # door_match: n cut to the whole pages of max_prefix_len() (fill_len - 1, at least 0)
-            cap = len(r.prompt_ids) + len(r.output_ids) - 1
-            cap = (cap if cap > 0 else 0) // page * page
-            r.num_matched_prefix_tokens = n if n < cap else cap
-            size += 1
-            entry = _ENTRY(r)
-            ordered = size == 1 or (ordered and entry >= last)
-            last = entry
-        self._next_seq = seq
+        self._next_seq, self.entry_ordered, self._last_entry = self._queue_pass(
+            reqs, lens, self._seq_of, self._next_seq, self.cache.page_size, len(queue),
+            self.entry_ordered, self._last_entry,
+        )  # fmt: skip
         queue.extend(reqs)
-        self.entry_ordered, self._last_entry = ordered, last
         self.added.extend(reqs)
 
     def remove(self, req: Req) -> None:
