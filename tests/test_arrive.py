@@ -139,10 +139,13 @@ def test_batched_arrivals_equal_one_at_a_time(n: int, priority: bool) -> None:
     assert _served(one, a) == _served(many, b)
 
 
-@pytest.mark.parametrize("order", [(0, 1, 2, 3), (2, 0, 1, 3), (3, 2, 1, 0), (1, 0, 2, 3)])
+@pytest.mark.parametrize(
+    "order", [(0, 1, 2, 3), (2, 0, 1, 3), (3, 2, 1, 0), (1, 0, 2, 3), (0, 0, 1, 1), (1, 0, 0, 2)]
+)
 def test_batched_arrivals_keep_the_entry_order_flag(order: tuple[int, ...]) -> None:
     """Out-of-order entries in a batch: the queue's entry-order flag stays off once broken,
-    as single adds leave it (a later ascending pair does not turn it back on)."""
+    as single adds leave it (a later ascending pair does not turn it back on); equal entries
+    keep it on."""
     one, many = _replica(schedule_policy="lpm").sched, _replica(schedule_policy="lpm").sched
 
     def reqs() -> list[Req]:
@@ -159,6 +162,7 @@ def test_batched_arrivals_keep_the_entry_order_flag(order: tuple[int, ...]) -> N
         one.add_request(r, now=r.arrival_time)
     arrive.add_arrivals(many, b)
     assert one.queue.entry_ordered == (list(order) == sorted(order))
+    assert many.queue.entry_ordered == one.queue.entry_ordered
     assert _queue_state(one, a) == _queue_state(many, b)
 
 
