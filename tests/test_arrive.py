@@ -292,3 +292,26 @@ def test_retire_drops_finished_rows_anywhere_keeping_the_others_order() -> None:
     sched.sync_running()
     for r, had in zip(reqs, before, strict=True):
         assert r.output_ids[had:] == tokens[r.rid]
+
+
+@pytest.mark.parametrize("policy", ["lpm", "fcfs"])
+def test_batched_arrivals_cap_a_whole_cached_prompts_match(policy: str) -> None:
+    """A prompt cached whole (matched to its last token) keeps one token to compute: the
+    door's match is cut to fill_len - 1, batched as one at a time."""
+    one, many = _replica(schedule_policy=policy).sched, _replica(schedule_policy=policy).sched
+    _warm(one)
+    _warm(many)
+
+    def reqs(t0: float) -> list[Req]:
+        out = [Req("whole", np.arange(200, dtype=np.int32), SamplingParams(max_new_tokens=3))]
+        out.append(Req("part", np.arange(150, dtype=np.int32), SamplingParams(max_new_tokens=3)))
+        for r in out:
+            r.arrival_time = t0
+        return out
+
+    a, b = reqs(one.clock.now()), reqs(many.clock.now())
+    for r in a:
+        one.add_request(r, now=r.arrival_time)
+    arrive.add_arrivals(many, b)
+    assert [r.num_matched_prefix_tokens for r in b] == [199, 149]
+    assert _queue_state(one, a) == _queue_state(many, b)
