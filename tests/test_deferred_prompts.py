@@ -9,9 +9,11 @@ import importlib.util
 import json
 import math
 import sys
+import threading
 import weakref
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -164,3 +166,83 @@ def test_the_command_says_the_bound_was_not_computed(
     res = doc["results"][0]
     assert res["optimal_hit_rate"] is None and res["hit_rate_gap"] is None
     assert res["num_requests"] == 40
+
+
+def _builds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """Each ``build_prompts`` call: (its drafts, whether in the main thread)."""
+    calls: list[tuple[int, bool]] = []
+    build = deferred.build_prompts
+
+    def counted(drafts: Any) -> Any:
+        calls.append((len(drafts), threading.current_thread() is threading.main_thread()))
+        return build(drafts)
+
+    monkeypatch.setattr(deferred, "build_prompts", counted)
+    return calls
+
+
+def test_the_next_batch_is_built_beside_the_run(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    calls = _builds(monkeypatch)
+    eager = load_workload(SPEC, defer_prompts=False)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=40))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    for i in range(40):
+        assert np.array_equal(reqs[i].prompt_ids, eager.requests[i].prompt_ids)
+        assert not reqs[i].prompt_ids.flags.writeable
+    # the first batch now, the others ahead, each taken when the loop reached it
+    assert calls == [(16, True), (16, False), (8, False)]
+    assert reqs._ahead is None and reqs.live == 40
+
+
+def test_one_cpu_builds_each_batch_when_reached(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 1)
+    calls = _builds(monkeypatch)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=40))
+    _ = reqs[39]
+    assert calls == [(16, True), (16, True), (8, True)]
+
+
+def test_a_batch_built_ahead_raises_when_reached(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    wl = load_workload(SPEC, defer_prompts=True, num_requests=40)
+    own = wl.drafts
+    assert own is not None
+    good = own[16].fill
+
+    def broken(drafts: Any) -> None:
+        if any(d.source is own[20].source for d in drafts):
+            raise RuntimeError("no prompt for you")
+        assert good is not None
+        good(drafts)
+
+    for d in own[16:32]:
+        d.fill = broken
+    before = [d.prompt for d in own]
+    reqs = client_requests(wl)
+    _ = reqs[15]  # the first batch, now; the second fails beside the run
+    with pytest.raises(RuntimeError, match="no prompt for you"):
+        _ = reqs[16]
+    assert all(d.prompt is p for d, p in zip(own, before, strict=True))  # built on copies
+
+
+def test_a_thread_that_builds_alone_uses_no_other() -> None:
+    from radixsched.sim.workloads import tokens
+
+    seen: list[int] = []
+
+    def run() -> None:
+        tokens.build_alone()
+        seen.append(tokens.build_threads(1 << 40))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert seen == [1]
+    assert tokens.build_threads(1 << 40) == min(tokens.usable_cpus(), tokens.MAX_THREADS)

@@ -9,7 +9,10 @@ the prompts of that request's batch of ``BATCH`` requests first, and each build 
 the requests that have finished since to what the summary reads (``compact``: their prompts
 and outputs back to stand-ins, their token times packed). Iterating it reads the
 requests as they are and builds nothing (the run's set-up and its summary iterate, and read
-only lengths and times).
+only lengths and times). Where the process may use more than one CPU, the batch after the one
+just built is built meanwhile in a thread of its own, on copies of its drafts (``Ahead``), and
+taken when the loop reaches it: the native builders release the GIL, so the run goes on while
+its next prompts are written.
 
 A prompt is its trace line's whichever requests are built with it (``traces._fill_mooncake``),
 so a deferred run schedules exactly the tokens an eager one does: the same results, bit for
@@ -18,6 +21,8 @@ bit (``tests/test_deferred_prompts.py``).
 
 from __future__ import annotations
 
+import copy
+import threading
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, cast, overload
@@ -26,7 +31,7 @@ import numpy as np
 
 from radixsched.request import Req, TokenArray
 from radixsched.sim.workloads.prompt_cache import gib_setting
-from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft
+from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft, build_alone, usable_cpus
 
 BATCH = 256  # requests whose prompts are built together (the trace reader's batch)
 DEFAULT_EAGER_GB = 2.0
@@ -83,6 +88,35 @@ def build_prompts(drafts: Sequence[_Draft]) -> list[TokenArray]:
     return built
 
 
+class Ahead:
+    """``build_prompts`` of copies of ``drafts`` (requests ``lo`` to ``hi``) in a thread of its
+    own, building alone (``tokens.build_alone``). The copies share only what a build reads
+    (each draft's source): nothing the run's thread touches is written."""
+
+    def __init__(self, lo: int, hi: int, drafts: Sequence[_Draft]) -> None:
+        self.lo, self.hi = lo, hi
+        self._drafts = [copy.copy(d) for d in drafts]
+        self._built: list[TokenArray] | None = None
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        build_alone()
+        try:
+            self._built = build_prompts(self._drafts)
+        except BaseException as e:  # raised in the run's thread when it takes the batch
+            self._failed = e
+
+    def take(self) -> list[TokenArray]:
+        """The prompts, once built (the build's exception, re-raised here)."""
+        self._thread.join()
+        if self._failed is not None:
+            raise self._failed
+        assert self._built is not None
+        return self._built
+
+
 class ArrivingRequests(Sequence[Req]):
     """A run's requests (arrival order) whose prompts are built as the loop reaches them (see
     the module). ``drafts[i]`` builds ``reqs[i]``'s prompt."""
@@ -93,6 +127,8 @@ class ArrivingRequests(Sequence[Req]):
         self._batch = max(BATCH if batch is None else batch, 1)
         self._built = 0  # reqs[:_built] have had their prompts built (and maybe dropped since)
         self._live: list[Req] = []  # built requests whose prompts are still held
+        self._ahead: Ahead | None = None  # the next batch, building beside the run
+        self._prefetch = usable_cpus() > 1
 
     def __len__(self) -> int:
         return len(self._reqs)
@@ -119,14 +155,26 @@ class ArrivingRequests(Sequence[Req]):
         return len(self._live)
 
     def _build_through(self, i: int) -> None:
-        """Build the batches up to the one holding ``i``, after dropping finished prompts."""
+        """Build the batches up to the one holding ``i``, after dropping finished prompts;
+        then start building the next one beside the run (more than one CPU)."""
         self.release_finished()
         while self._built <= i:
             lo, hi = self._built, min(self._built + self._batch, len(self._reqs))
-            for r, p in zip(self._reqs[lo:hi], build_prompts(self._drafts[lo:hi]), strict=True):
+            for r, p in zip(self._reqs[lo:hi], self._prompts(lo, hi), strict=True):
                 r.prompt_ids = p
                 self._live.append(r)
             self._built = hi
+        lo = self._built
+        hi = min(lo + self._batch, len(self._reqs))
+        if self._prefetch and lo < hi:
+            self._ahead = Ahead(lo, hi, self._drafts[lo:hi])
+
+    def _prompts(self, lo: int, hi: int) -> list[TokenArray]:
+        """The prompts of requests ``lo`` to ``hi``: built ahead, else now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (ahead.lo, ahead.hi) == (lo, hi):
+            return ahead.take()
+        return build_prompts(self._drafts[lo:hi])
 
     def release_finished(self) -> None:
         """Reduce each finished request to what the summary reads (``compact``)."""

@@ -162,14 +162,31 @@ THREAD_MIN_TOKENS = 1 << 20
 MAX_THREADS = 8
 
 
+# A thread that builds prompts beside the run (``deferred``'s next batch) builds them alone:
+# the run keeps the other CPUs.
+_ALONE = threading.local()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def build_alone() -> None:
+    """This thread's prompt builds use no other thread (``build_threads`` is 1 here)."""
+    _ALONE.on = True
+
+
 def build_threads(tokens: int) -> int:
     """How many threads build ``tokens`` tokens of prompts: one per ``THREAD_MIN_TOKENS``, no
-    more than the CPUs this process may run on, nor ``MAX_THREADS``; at least one."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_THREADS, tokens // THREAD_MIN_TOKENS))
+    more than the CPUs this process may run on, nor ``MAX_THREADS``; at least one (only one
+    in a thread that builds alone: ``build_alone``)."""
+    if getattr(_ALONE, "on", False):
+        return 1
+    return max(1, min(usable_cpus(), MAX_THREADS, tokens // THREAD_MIN_TOKENS))
 
 
 def _each_in_threads(drafts: Sequence[_Draft], build: Callable[[_Draft], None]) -> None:
