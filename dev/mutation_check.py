@@ -1765,6 +1765,24 @@ MUTANTS = (
         "    return overflow == 0;\n",
         "    if (overflow) out = 1;\n    return true;\n",
     ),
+    Mutant(
+        "deferred-never-builds-ahead-on-two-cpus",
+        "sim/workloads/deferred.py",
+        "        self._prefetch = usable_cpus() > 1\n",
+        "        self._prefetch = usable_cpus() > 2\n",
+    ),
+    Mutant(
+        "deferred-ahead-swallows-its-failure",
+        "sim/workloads/deferred.py",
+        "        if self._failed is not None:\n            raise self._failed\n",
+        "        if self._failed is not None:\n            return []\n",
+    ),
+    Mutant(
+        "prompts-built-alone-use-every-cpu",
+        "sim/workloads/tokens.py",
+        '    if getattr(_ALONE, "on", False):\n        return 1\n',
+        "",
+    ),
 )
 
 
