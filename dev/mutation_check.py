@@ -1783,6 +1783,12 @@ MUTANTS = (
         '    if getattr(_ALONE, "on", False):\n        return 1\n',
         "",
     ),
+    Mutant(
+        "mooncake-prompts-one-pad-key",
+        "_native/prompts.cpp",
+        "                const MooncakeShape s{block_salt, k[i], static_cast<size_t>(block), vocab};",
+        "                const MooncakeShape s{block_salt, k[0], static_cast<size_t>(block), vocab};",
+    ),
 )
 
 

@@ -216,3 +216,25 @@ def test_build_threads_are_one_per_share_of_tokens_and_cpus(
     assert tokens.build_threads(share - 1) == 1
     monkeypatch.setattr(tokens.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert tokens.build_threads(1000 * share) == tokens.MAX_THREADS
+
+
+def test_a_batch_of_prompts_is_each_prompt_written_alone() -> None:
+    """``mooncake_prompts`` (a list a call, the GIL released once) writes what
+    ``mooncake_prompt`` writes for each (out, ids, key); mismatched lists are refused."""
+    lib = core()
+    if lib is None:
+        pytest.skip("the native core is not built or is off")
+    rng = np.random.default_rng(3)
+    ids = [rng.integers(0, 50, size=k).astype(np.int64) for k in (0, 1, 3, 7)]
+    lens = [5, 16, 40, 100]
+    keys = [11, 2**63 + 5, 0, 99]
+    outs = [np.empty(n, dtype=np.int32) for n in lens]
+    lib.mooncake_prompts(outs, ids, keys, 1234, 16, 32_000)
+    for out, i, k in zip(outs, ids, keys, strict=True):
+        alone = np.empty(len(out), dtype=np.int32)
+        lib.mooncake_prompt(alone, i, 1234, k, 16, 32_000)
+        assert np.array_equal(out, alone)
+    with pytest.raises(ValueError):
+        lib.mooncake_prompts(outs, ids[:3], keys, 1234, 16, 32_000)
+    with pytest.raises(ValueError):
+        lib.mooncake_prompts(outs, ids, keys, 1234, 0, 32_000)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -137,6 +138,38 @@ void bind_prompts(nb::module_& m) {
         "out"_a, "ids"_a, "block_salt"_a, "pad_key"_a, "block"_a, "vocab"_a,
         "Write a Mooncake prompt into `out` (its length): the blocks of `ids`, then the "
         "padding keyed `pad_key` (traces._fill_mooncake's tokens, prompts.hpp)");
+    m.def(
+        "mooncake_prompts",
+        [](nb::list outs, nb::list ids, nb::list pad_keys, uint64_t block_salt, int64_t block,
+           uint64_t vocab) {
+            if (block < 1) throw std::invalid_argument("mooncake_prompts: block must be >= 1");
+            if (vocab < 1 || vocab >= (1ULL << 63))
+                throw std::invalid_argument("mooncake_prompts: vocab must be in [1, 2^63)");
+            const size_t n = outs.size();
+            if (ids.size() != n || pad_keys.size() != n)
+                throw std::invalid_argument("mooncake_prompts: one id list and key a prompt");
+            // Every argument read while the GIL is held (the arrays kept alive by the lists),
+            // then all the prompts written without it: one release for the batch.
+            std::vector<Out> o;
+            std::vector<Ids> d;
+            std::vector<uint64_t> k;
+            o.reserve(n);
+            d.reserve(n);
+            k.reserve(n);
+            for (size_t i = 0; i < n; ++i) {
+                o.push_back(nb::cast<Out>(outs[i]));
+                d.push_back(nb::cast<Ids>(ids[i]));
+                k.push_back(nb::cast<uint64_t>(pad_keys[i]));
+            }
+            nb::gil_scoped_release nogil;
+            for (size_t i = 0; i < n; ++i) {
+                const MooncakeShape s{block_salt, k[i], static_cast<size_t>(block), vocab};
+                fill_mooncake_prompt(o[i].data(), o[i].shape(0), d[i].data(), d[i].shape(0), s);
+            }
+        },
+        "outs"_a, "ids"_a, "pad_keys"_a, "block_salt"_a, "block"_a, "vocab"_a,
+        "mooncake_prompt of each (out, ids, pad_key) of the lists, in one call that holds the "
+        "GIL only to read them");
     m.def(
         "hash_tokens",
         [](Out out, uint64_t key, uint64_t first, uint64_t vocab) {

@@ -194,20 +194,31 @@ def _each_in_threads(drafts: Sequence[_Draft], build: Callable[[_Draft], None]) 
     tokens (``length``), each run in its own thread (the first in this one). Each draft's
     prompt is its own: the order they are built in changes no token. An exception is raised
     after every thread has stopped, the first run's that failed."""
-    bounds = _runs([d.length for d in drafts], build_threads(sum(d.length for d in drafts)))
+
+    def run(lo: int, hi: int) -> None:
+        for d in drafts[lo:hi]:
+            build(d)
+
+    _runs_in_threads([d.length for d in drafts], run)
+
+
+def _runs_in_threads(lengths: list[int], run: Callable[[int, int], None]) -> None:
+    """``run(lo, hi)`` over ``build_threads`` consecutive runs of items of about equal total
+    ``lengths``, each in its own thread (the first in this one); the first failure raised
+    after every thread has stopped."""
+    bounds = _runs(lengths, build_threads(sum(lengths)))
     failed: list[BaseException | None] = [None] * (len(bounds) - 1)
 
-    def run(k: int) -> None:
+    def one(k: int) -> None:
         try:
-            for d in drafts[bounds[k] : bounds[k + 1]]:
-                build(d)
+            run(bounds[k], bounds[k + 1])
         except BaseException as e:  # re-raised by the caller's thread below
             failed[k] = e
 
-    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(1, len(failed))]
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(1, len(failed))]
     for t in threads:
         t.start()
-    run(0)
+    one(0)
     for t in threads:
         t.join()
     for e in failed:

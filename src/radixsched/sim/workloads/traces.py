@@ -33,6 +33,7 @@ from radixsched.sim.workloads.tokens import (
     _each_in_threads,
     _hash_tokens,
     _key,
+    _runs_in_threads,
     _str_key,
 )
 
@@ -419,18 +420,21 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
     its tail, so the table (the load's peak memory beside the prompts) holds the shared blocks
     and one batch's own. A block's tokens depend on its id only, a short id list's padding on
     the request's line: the same prompts whichever requests are built together. With the
-    native core each prompt is written in one pass instead (``_native_prompt``: the same
+    native core each prompt is written in one pass instead (``_native_prompt``, a batch a call: the same
     tokens, computed per position, no table)."""
     native = _native_prompt(block, vocab)
     if native is not None:
         salt = _key(_SALT_BLOCK)
+        outs = [_prompt_buffer(d) for d in drafts]
+        ids = [d.source.hash_ids for d in drafts]
+        pads = [_key(_SALT_PAD, d.session) for d in drafts]
 
-        def build(d: _Draft) -> None:
-            out = _prompt_buffer(d)
-            native(out, d.source.hash_ids, salt, _key(_SALT_PAD, d.session), block, vocab)
+        def build(lo: int, hi: int) -> None:  # one native call a thread, without the GIL
+            native(outs[lo:hi], ids[lo:hi], pads[lo:hi], salt, block, vocab)
+
+        _runs_in_threads([d.length for d in drafts], build)
+        for d, out in zip(drafts, outs, strict=True):
             d.prompt = out
-
-        _each_in_threads(drafts, build)
         return
     records: list[_MooncakeRecord] = [d.source for d in drafts]
     distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
@@ -449,14 +453,14 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
 
 
 def _native_prompt(block: int, vocab: int) -> Callable[..., None] | None:
-    """The native core's ``mooncake_prompt`` (``_native/prompts.hpp``), or None: no native
-    core (or one built before it), or a shape it does not take (the numpy path then raises
-    or builds as before)."""
+    """The native core's ``mooncake_prompts`` (``_native/prompts.cpp``: a list of prompts in
+    one call), or None: no native core (or one built before it), or a shape it does not take
+    (the numpy path then raises or builds as before)."""
     if not (block >= 1 and 1 <= vocab < 2**31):
         return None
     from radixsched.native import core
 
-    fn = getattr(core(), "mooncake_prompt", None)
+    fn = getattr(core(), "mooncake_prompts", None)
     return None if fn is None else cast(Callable[..., None], fn)
 
 
