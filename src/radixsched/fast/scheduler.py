@@ -48,12 +48,12 @@ from radixsched.fast import admit as admission
 from radixsched.fast import step as steps
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
-from radixsched.fast.retire import retire
+from radixsched.fast.retire import reference_hooks, retire
 from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
 from radixsched.queue import RoundOrder
 from radixsched.ratio import NewTokenRatioTracker
-from radixsched.request import Req
+from radixsched.request import FINISHED_BY_LENGTH, Req
 from radixsched.roles import Role
 from radixsched.runner import Batch, ExtendEntry
 from radixsched.running import RunningBatch, retraction_order
@@ -230,6 +230,25 @@ class FastScheduler(Scheduler):
         self._charges = self.policy.charges_service  # the policy is frozen
         self._repeat_add = cast(Any, core()).repeat_add  # ``_charge_decode``'s sums
         self._decay_ratio = cast(Any, core()).decay_ratio  # ``_decay``'s steps
+        # ``_jump``'s native round: what it holds for the run (the pool, the tree's and the
+        # cache's bound methods, the capacity and page, the classes it builds or compares) and
+        # what this class leaves to its Python (``_decay`` and ``_retire_finished`` overridden,
+        # fair's charge), asked once: the class, its hooks and the policy are fixed.
+        cls = type(self)
+        self._decode_run = cast(Any, core()).DecodeRun(
+            self._pool,
+            self._evictable_size,
+            self.cache.evict,
+            self.capacity,
+            self.page_size,
+            VirtualClock,
+            NewTokenRatioTracker,
+            JumpOutcome,
+            FINISHED_BY_LENGTH,
+            self._charges,
+            cls._decay is FastScheduler._decay,
+            cls._retire_finished is FastScheduler._retire_finished and reference_hooks(self),
+        )
         self._native_steps = (
             self.kv.host_tier is None
             and type(self.clock) is VirtualClock
@@ -602,46 +621,16 @@ class FastScheduler(Scheduler):
         return runner if native is None else native
 
     def _jump(self, cols: Any, free: bool, horizon: float | None) -> JumpOutcome | None:
-        """Deferred decode steps (``DecodeBatch.jump``: how many, their times, their slots
-        reserved, the log and the columns advanced, in one native call), as that many
-        reference decode rounds; None when one step does not fit (room must be made first)."""
-        st, clock, reqs = self.stats, self.clock, list(self.batch.reqs)
-        runner: Any = self.runner  # ``self.jumper`` (a cast), without its property call
-        t0, free_size, evictable = clock.now(), self._free_size, self._evictable_size
-        timer = runner.native_decode_cost()  # _step_timer
-        res = cols.jump(
-            free,
-            free_size() + evictable(),  # _room
-            self.page_size,
-            t0,
-            horizon,
-            runner if timer is None else timer,
-            self._pool,
-            self.cache.evict,
-            st.busy_s,
-            st.running_x_s,
-        )
-        if res is None:
-            return None
-        if res[0] == 0:  # the reservation failed
-            raise self._alloc_failed(res[1])
-        k, end, st.busy_s, st.running_x_s, fill0, maybe = res
-        if type(clock) is VirtualClock:  # ``_advance_to``, without its call
-            clock.jump_to(end)
-        else:
-            self._advance_to(end, end - t0)
-        self._decay(k)
-        st.decode_steps += k
-        cap = self.capacity
-        st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
-        out = JumpOutcome("decode", end - t0, len(reqs), k)  # num_steps: k (positional: cheaper)
-        self.unsettled = True
-        out.pending = (reqs, runner, fill0, k)  # _jump_tokens's, when read
-        if self._charges:
-            self._charge_decode(reqs, k)
-        if maybe:
-            self._retire_finished(maybe, out)
-        return out
+        """Deferred decode steps as that many reference decode rounds, in one native call
+        (``DecodeBatch.jump_round``, ``_native/decode.cpp``): how many, their times, their slots
+        reserved, the log and the columns advanced (``DecodeBatch.jump``), then the clock, the
+        ratio (``_decay``), the statistics, the outcome, the tenants' charge
+        (``_charge_decode``) and the finished rows retired (``_retire_finished``'s, natively
+        where ``fast/retire.py`` covers them), each as this class's Python did it, in its
+        order. None when one step does not fit (room must be made first); ``_alloc_failed``
+        raised when the reservation fails."""
+        got: JumpOutcome | None = cols.jump_round(self._decode_run, self, free, horizon)
+        return got
 
     def _decay(self, k: int) -> None:
         """``ratio.decay_steps(k)``: natively (the same float steps, ``_core.decay_ratio``)
