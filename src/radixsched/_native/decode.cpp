@@ -829,7 +829,7 @@ struct RoundNames {
         *advance_to, *ratio, *current, *decay, *min, *decay_steps, *decay_m, *decode_steps,
         *peak_kv_usage, *batch, *reqs, *decode, *unsettled, *pending, *charge_decode,
         *retire_finished, *alloc_failed, *tokens_at, *native_tokens, *kv, *native, *finished,
-        *by_rid, *queue, *seq_of, *batch_is_full;
+        *by_rid, *queue, *seq_of, *batch_is_full, *chunked_req, *may_jump;
 };
 const RoundNames& round_names() {
     static const RoundNames n = [] {
@@ -846,7 +846,7 @@ const RoundNames& round_names() {
                           i("_charge_decode"), i("_retire_finished"),
                           i("_alloc_failed"), i("tokens_at"), i("native_tokens"), i("kv"),
                           i("native"), i("finished"), i("_by_rid"), i("queue"), i("_seq_of"),
-                          i("batch_is_full")};
+                          i("batch_is_full"), i("chunked_req"), i("_may_jump")};
     }();
     return n;
 }
@@ -878,11 +878,13 @@ nb::object steal_or_throw(PyObject* v) {
 struct DecodeRun {
     DecodeRun(nb::object pool, nb::object evictable, nb::object evict, int64_t capacity,
               int64_t page, nb::object vclock, nb::object tracker, nb::object outcome,
-              nb::object by_length, bool charges, bool decay_here, bool retire_here)
+              nb::object by_length, bool defers, bool preempts, bool charges, bool may_jump_here,
+              bool decay_here, bool retire_here)
         : pool_obj(std::move(pool)), pool(nb::cast<radixsched::Pool*>(pool_obj)),
           evictable(std::move(evictable)), evict(std::move(evict)), capacity(capacity),
           page(page), vclock(std::move(vclock)), tracker(std::move(tracker)),
-          outcome(std::move(outcome)), by_length(std::move(by_length)), charges(charges),
+          outcome(std::move(outcome)), by_length(std::move(by_length)), defers(defers),
+          preempts(preempts), charges(charges), may_jump_here(may_jump_here),
           decay_here(decay_here), retire_here(retire_here) {
         if (capacity <= 0) throw std::invalid_argument("DecodeRun: capacity must be > 0");
         names();
@@ -894,7 +896,7 @@ struct DecodeRun {
     nb::object evictable, evict;
     int64_t capacity, page;
     nb::object vclock, tracker, outcome, by_length;
-    bool charges, decay_here, retire_here;
+    bool defers, preempts, charges, may_jump_here, decay_here, retire_here;
 
     int64_t room() const {  // FastScheduler._room: free + evictable
         return pool->available_size() + nb::cast<int64_t>(evictable());
@@ -955,6 +957,16 @@ void retire_after_jump(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
     nb::handle(sched).attr(n.retire_finished)(nb::cast(maybe), out);
 }
 
+// FastScheduler._may_jump() where its class's is FastScheduler's (`may_jump_here`): no chunked
+// request, and an empty queue or a full batch without preemption; else the scheduler's method.
+bool may_jump(const DecodeRun& run, nb::handle sched) {
+    const RoundNames& n = round_names();
+    if (!run.may_jump_here) return truthy(call0(sched, n.may_jump));
+    if (!py::get(sched, n.chunked_req).is_none()) return false;
+    if (!truthy(py::get(py::get(sched, n.queue), n.reqs))) return true;
+    return truthy(py::get(sched, n.batch_is_full)) && !run.preempts;
+}
+
 // FastScheduler._jump(cols, free, horizon) in one call: DecodeBatch.jump over the scheduler's
 // state (the clock's now, the runner's step timer, the room, the stats' sums), then what
 // _jump's Python did after it, in its order: the clock at the end (a VirtualClock's _t as
@@ -962,11 +974,15 @@ void retire_after_jump(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
 // (decay_of), stats.decode_steps += k, stats.peak_kv_usage = max(peak, kv usage), the
 // JumpOutcome("decode", end - t0, len(reqs), k), unsettled set, its pending (reqs, runner,
 // fills, k), the tenants charged (the scheduler's _charge_decode), the rows that may have
-// finished retired (retire_after_jump). None when one step does not fit (room must be made);
-// the scheduler's _alloc_failed raised when the reservation failed.
-nb::object jump_round(DecodeBatch& b, const DecodeRun& run, nb::handle sched, bool free,
-                      std::optional<double> horizon) {
+// finished retired (retire_after_jump). None, nothing changed, where the scheduler does not
+// defer or a row can stop (decode_round's test: Python decides) or one step does not fit (room
+// must be made); the scheduler's _alloc_failed raised when the reservation failed. `free`:
+// _may_jump's answer, None to ask it here (may_jump).
+nb::object jump_round(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
+                      std::optional<bool> free_, std::optional<double> horizon) {
     const RoundNames& n = round_names();
+    if (!run.defers || b.cols.can_stop()) return nb::none();
+    const bool free = free_ ? *free_ : may_jump(run, sched);
     const nb::object st = py::get(sched, n.stats), clock = py::get(sched, n.clock);
     const bool virt = clock.type().is(run.vclock);
     const nb::object t0 = virt ? py::get(clock, n.t) : call0(clock, n.now);  // clock.now()
@@ -1060,10 +1076,10 @@ void bind_decode(nb::module_& m) {
     m.def("stand_ins", &stand_ins, "rid_hash"_a, "first"_a, "count"_a, "vocab"_a);
     nb::class_<DecodeRun>(m, "DecodeRun")
         .def(nb::init<nb::object, nb::object, nb::object, int64_t, int64_t, nb::object, nb::object,
-                      nb::object, nb::object, bool, bool, bool>(),
+                      nb::object, nb::object, bool, bool, bool, bool, bool, bool>(),
              "pool"_a, "evictable"_a, "evict"_a, "capacity"_a, "page"_a, "vclock"_a,
-             "tracker"_a, "outcome"_a, "by_length"_a, "charges"_a, "decay_here"_a,
-             "retire_here"_a);
+             "tracker"_a, "outcome"_a, "by_length"_a, "defers"_a, "preempts"_a, "charges"_a,
+             "may_jump_here"_a, "decay_here"_a, "retire_here"_a);
     nb::class_<DecodeBatch>(m, "DecodeBatch")
         .def(nb::init<bool>(), "has_eos"_a)
         .def("__len__", [](const DecodeBatch& b) { return b.cols.size(); })
@@ -1123,7 +1139,7 @@ void bind_decode(nb::module_& m) {
         .def("retire", &DecodeBatch::retire, "rows"_a, "unsettled"_a, "tokens_at"_a.none(),
              "stand_in"_a.none(), "pool"_a, "kv"_a, "running"_a, "finished"_a, "by_length"_a,
              "now"_a, "by_rid"_a, "seq_of"_a)
-        .def("jump_round", &jump_round, "run"_a, "sched"_a, "free"_a, "horizon"_a.none())
+        .def("jump_round", &jump_round, "run"_a, "sched"_a, "free"_a.none(), "horizon"_a.none())
         .def_prop_ro("log_len", [](const DecodeBatch& b) { return nb::len(b.log_); })
         .def("clear_log", [](DecodeBatch& b) { b.log_.clear(); })
         .def("same_as", &DecodeBatch::same_as, "other"_a)

@@ -150,11 +150,14 @@ class FastRunningBatch(RunningBatch):
             self.cols.remove_at(positions)
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
-        if not self.reqs:
-            return (0, 0)
-        cols = self.cols if self.cols is not None else self.columns()  # (without its call)
-        # A clip past int64 clips nothing (each row's tokens to go are int64).
-        got: tuple[int, int] = cols.decode_tokens(min(clip, _INT64_MAX))
+        cols = self.cols
+        if cols is None:  # built only for rows (columns of no rows sum to (0, 0) too)
+            if not self.reqs:
+                return (0, 0)
+            cols = self.columns()
+        # A clip past int64 clips nothing (each row's tokens to go are int64): min(clip, max)
+        # without its call.
+        got: tuple[int, int] = cols.decode_tokens(clip if clip <= _INT64_MAX else _INT64_MAX)
         return got
 
     def progress(self) -> tuple[int, int]:
@@ -231,9 +234,10 @@ class FastScheduler(Scheduler):
         self._repeat_add = cast(Any, core()).repeat_add  # ``_charge_decode``'s sums
         self._decay_ratio = cast(Any, core()).decay_ratio  # ``_decay``'s steps
         # ``_jump``'s native round: what it holds for the run (the pool, the tree's and the
-        # cache's bound methods, the capacity and page, the classes it builds or compares) and
-        # what this class leaves to its Python (``_decay`` and ``_retire_finished`` overridden,
-        # fair's charge), asked once: the class, its hooks and the policy are fixed.
+        # cache's bound methods, the capacity and page, the classes it builds or compares, the
+        # setup's ``defers`` and preemption) and what this class leaves to its Python
+        # (``_may_jump``, ``_decay`` or ``_retire_finished`` overridden, fair's charge), asked
+        # once: the config is frozen, the class, its hooks and the policy are fixed.
         cls = type(self)
         self._decode_run = cast(Any, core()).DecodeRun(
             self._pool,
@@ -245,7 +249,10 @@ class FastScheduler(Scheduler):
             NewTokenRatioTracker,
             JumpOutcome,
             FINISHED_BY_LENGTH,
+            self.defers,
+            cfg.enable_priority_preemption,
             self._charges,
+            cls._may_jump is FastScheduler._may_jump,
             cls._decay is FastScheduler._decay,
             cls._retire_finished is FastScheduler._retire_finished and reference_hooks(self),
         )
@@ -568,16 +575,17 @@ class FastScheduler(Scheduler):
         if not self.runner.supports_multi_step:  # one step at a time, on the requests
             self._running_changed()
             return super().decode_round(horizon)
-        if not self.batch.reqs:
+        batch = self.batch
+        if not batch.reqs:
             if self.is_idle:
                 self.ratio.reset()
             return None
-        batch = self.batch
         cols = batch.cols if batch.cols is not None else batch.columns()  # (without its call)
-        if self.defers and not cols.can_stop:  # the common case: one native call
-            jumped = self._jump(cols, self._may_jump(), horizon)
-            if jumped is not None:
-                return jumped
+        # The common case, one native call: ``_jump(cols, self._may_jump(), horizon)`` where
+        # ``self.defers and not cols.can_stop`` (tested there first, ``_may_jump`` asked there).
+        jumped = self._jump(cols, None, horizon)
+        if jumped is not None:
+            return jumped
         retracted = self._make_room_for_decode()
         if not self.batch.reqs:
             return StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
@@ -620,15 +628,17 @@ class FastScheduler(Scheduler):
         native = runner.native_decode_cost()
         return runner if native is None else native
 
-    def _jump(self, cols: Any, free: bool, horizon: float | None) -> JumpOutcome | None:
+    def _jump(self, cols: Any, free: bool | None, horizon: float | None) -> JumpOutcome | None:
         """Deferred decode steps as that many reference decode rounds, in one native call
         (``DecodeBatch.jump_round``, ``_native/decode.cpp``): how many, their times, their slots
         reserved, the log and the columns advanced (``DecodeBatch.jump``), then the clock, the
         ratio (``_decay``), the statistics, the outcome, the tenants' charge
         (``_charge_decode``) and the finished rows retired (``_retire_finished``'s, natively
         where ``fast/retire.py`` covers them), each as this class's Python did it, in its
-        order. None when one step does not fit (room must be made first); ``_alloc_failed``
-        raised when the reservation fails."""
+        order. None, nothing changed, where the scheduler does not defer or a row can stop
+        (``decode_round`` decides) or one step does not fit (room must be made first);
+        ``_alloc_failed`` raised when the reservation fails. ``free``: ``_may_jump()``'s
+        answer; None: asked in the call (natively where this class's is FastScheduler's)."""
         got: JumpOutcome | None = cols.jump_round(self._decode_run, self, free, horizon)
         return got
 
