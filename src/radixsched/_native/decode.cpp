@@ -1079,7 +1079,8 @@ void bind_decode(nb::module_& m) {
                       nb::object, nb::object, bool, bool, bool, bool, bool, bool>(),
              "pool"_a, "evictable"_a, "evict"_a, "capacity"_a, "page"_a, "vclock"_a,
              "tracker"_a, "outcome"_a, "by_length"_a, "defers"_a, "preempts"_a, "charges"_a,
-             "may_jump_here"_a, "decay_here"_a, "retire_here"_a);
+             "may_jump_here"_a, "decay_here"_a, "retire_here"_a)
+        .def("usage", &DecodeRun::usage, "the KV usage, (capacity - room) / capacity");
     nb::class_<DecodeBatch>(m, "DecodeBatch")
         .def(nb::init<bool>(), "has_eos"_a)
         .def("__len__", [](const DecodeBatch& b) { return b.cols.size(); })
