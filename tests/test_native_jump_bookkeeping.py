@@ -185,7 +185,11 @@ def _clock(make: Callable[[Any], Any]) -> Setup:
 
 
 class _Subclock(VirtualClock):
-    pass
+    """Not exactly a VirtualClock: moved through its own jump_to (counted)."""
+
+    def jump_to(self, t: float) -> None:
+        self.jumps = getattr(self, "jumps", 0) + 1
+        super().jump_to(t)
 
 
 class _Manual:
@@ -211,6 +215,11 @@ class _Manual:
 )
 def test_the_clock_moves_as_jump_to_or_advance_to_moves_it(setup: Setup) -> None:
     _both(setup)
+
+
+def test_a_clock_subclass_moves_through_its_jump_to() -> None:
+    s, _ = _both(_clock(_Subclock))
+    assert s.clock.jumps == 1
 
 
 def test_an_int_time_the_end_equals_is_kept() -> None:

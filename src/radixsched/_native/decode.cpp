@@ -871,10 +871,12 @@ nb::object steal_or_throw(PyObject* v) {
 // What FastScheduler's decode round (jump_round) holds for the scheduler's life, built once in
 // its __init__: the slot pool, the tree's evictable count (bound), the cache's evict, the KV
 // capacity (> 0) and page, the classes it compares or builds (VirtualClock,
-// NewTokenRatioTracker, JumpOutcome), the shared FINISHED_BY_LENGTH, and what the scheduler's
-// class and policy leave to Python: `charges` (fair's decode charge), `decay_here` (its
-// _decay is FastScheduler's), `retire_here` (its _retire_finished is FastScheduler's and
-// its finish hooks the reference's: fast/retire.py's _reference_hooks).
+// NewTokenRatioTracker, JumpOutcome), the shared FINISHED_BY_LENGTH, what its setup fixes
+// (`defers`: FastScheduler.defers; `preempts`: the config's enable_priority_preemption), and
+// what its class and policy leave to Python: `charges` (fair's decode charge, its
+// _charge_decode), `may_jump_here` and `decay_here` (its _may_jump, its _decay are
+// FastScheduler's), `retire_here` (its _retire_finished is FastScheduler's and its finish
+// hooks the reference's: fast/retire.py's reference_hooks).
 struct DecodeRun {
     DecodeRun(nb::object pool, nb::object evictable, nb::object evict, int64_t capacity,
               int64_t page, nb::object vclock, nb::object tracker, nb::object outcome,
@@ -924,8 +926,9 @@ void decay_of(const DecodeRun& run, nb::handle sched, int64_t k) {
     }
     const nb::object r = py::get(sched, n.ratio);
     const nb::object cur = py::get(r, n.current), dec = py::get(r, n.decay), lo = py::get(r, n.min);
-    if (r.type().is(run.tracker) && PyFloat_CheckExact(cur.ptr()) && PyFloat_CheckExact(dec.ptr()) &&
-        PyFloat_CheckExact(lo.ptr())) {
+    const bool floats = PyFloat_CheckExact(cur.ptr()) && PyFloat_CheckExact(dec.ptr()) &&
+                        PyFloat_CheckExact(lo.ptr());
+    if (r.type().is(run.tracker) && floats) {
         const double got = decay_ratio(PyFloat_AS_DOUBLE(cur.ptr()), PyFloat_AS_DOUBLE(dec.ptr()),
                                        PyFloat_AS_DOUBLE(lo.ptr()), k);
         py::set(r, n.current, nb::float_(got));
