@@ -986,12 +986,15 @@ nb::object jump_round(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
     const RoundNames& n = round_names();
     if (!run.defers || b.cols.can_stop()) return nb::none();
     const bool free = free_ ? *free_ : may_jump(run, sched);
+    const int64_t room = run.room();
+    // reserve_steps's first test, asked before the reads below (all without side effects):
+    // a round that must make room first reads nothing else.
+    if (b.cols.size() == 0 || b.cols.need_total(1, run.page) > room) return nb::none();
     const nb::object st = py::get(sched, n.stats), clock = py::get(sched, n.clock);
     const bool virt = clock.type().is(run.vclock);
     const nb::object t0 = virt ? py::get(clock, n.t) : call0(clock, n.now);  // clock.now()
     const nb::object runner = py::get(sched, n.runner);
     const nb::object timer = call0(runner, n.native_decode_cost);
-    const int64_t room = run.room();
     double busy = nb::cast<double>(py::get(st, n.busy_s));
     double running_x = nb::cast<double>(py::get(st, n.running_x_s));
     int64_t total = 0;
