@@ -1000,6 +1000,18 @@ MUTANTS = (
         "    if (k == 0) return nb::none();\n    if (false) {",
     ),
     Mutant(
+        "jump-round-outcome-shares-one-list",
+        "_native/decode.cpp",
+        "        py::set(o, n.retracted, list());",
+        "        py::set(o, n.retracted, py::get(o, n.finished));",
+    ),
+    Mutant(
+        "jump-round-builds-any-outcome-plainly",
+        "fast/scheduler.py",
+        '        and not hasattr(cls, "__post_init__")\n',
+        "\n",
+    ),
+    Mutant(
         "decode-tokens-clip-ignored",
         "fast/scheduler.py",
         "cols.decode_tokens(clip if clip <= _INT64_MAX else _INT64_MAX)",

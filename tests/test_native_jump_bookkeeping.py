@@ -6,8 +6,9 @@ the same state afterwards, floats' and ints' types included, for each branch of 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -103,6 +104,7 @@ def _rerun(s: Any, **flags: Any) -> None:
         "tracker": NewTokenRatioTracker,
         "outcome": JumpOutcome,
         "by_length": FINISHED_BY_LENGTH,
+        "plain_outcome": True,
         "defers": s.defers,
         "preempts": s.config.enable_priority_preemption,
         "charges": s._charges,
@@ -111,13 +113,13 @@ def _rerun(s: Any, **flags: Any) -> None:
         "retire_here": True,
     }
     args.update(flags)
-    s._decode_run = core().DecodeRun(**args)
+    s._decode_run = cast(Any, core()).DecodeRun(**args)
 
 
 def _snapshot(s: Any, out: Any) -> Any:
     """What a round leaves, compared by ``repr`` (a float and an int differ)."""
     reqs = list(s._by_rid.values()) + (list(out.finished) if out is not None else [])
-    done = None
+    done: Any = None
     if out is not None:
         p = out.pending
         done = (out.mode, repr(out.duration_s), out.batch_size, out.num_steps, out.retracted)
@@ -369,7 +371,12 @@ def test_an_overridden_may_jump_is_called() -> None:
     s = _scheduler()
     _rerun(s, may_jump_here=False)
     asked: list[bool] = []
-    s._may_jump = lambda: asked.append(False) or False
+
+    def no() -> bool:
+        asked.append(False)
+        return False
+
+    s._may_jump = no
     out = s._jump(s.batch.columns(), None, None)
     assert asked == [False] and out.num_steps == 1
 
@@ -443,7 +450,7 @@ def test_an_overridden_retire_is_called() -> None:
     assert seen == [[1]] and not out.finished and len(s.running) == 2
 
 
-class _Seqs(dict):  # type: ignore[type-arg]
+class _Seqs(dict[Any, Any]):
     """Not exactly a dict: the native retire declines, the Python one runs."""
 
 
@@ -464,3 +471,39 @@ def test_decode_tokens_without_columns_or_rows() -> None:
     assert s.batch.decode_tokens(5) == (10, 0)
     empty = type(s.batch)(False, s.settle)
     assert empty.decode_tokens(5) == (0, 0) and empty.cols is None
+
+
+def _fields(out: Any) -> list[Any]:
+    return [repr(getattr(out, f.name)) for f in dataclasses.fields(out)]
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_an_outcome_built_without_its_init_is_the_classs(plain: bool) -> None:
+    s = _scheduler()
+    _rerun(s, plain_outcome=plain)
+    got = s._decode_run.make_outcome(0.25, 3, 7)
+    want = JumpOutcome("decode", 0.25, 3, 7)
+    assert type(got) is JumpOutcome and _fields(got) == _fields(want)
+    assert got.finished is not got.retracted and got.finished is not got._tokens
+
+
+@dataclasses.dataclass(slots=True)
+class _Posted(JumpOutcome):
+    def __post_init__(self) -> None:
+        self.pending = ("posted",)
+
+
+@dataclasses.dataclass(slots=True)
+class _More(JumpOutcome):
+    extra: int = 5
+
+
+def test_only_the_plain_outcome_class_is_built_without_its_init() -> None:
+    from radixsched.fast.scheduler import _plain_outcome
+
+    assert _plain_outcome(JumpOutcome)
+    assert not _plain_outcome(_Posted) and not _plain_outcome(_More)
+    assert not _plain_outcome(SamplingParams) and not _plain_outcome(int)
+    s = _scheduler()
+    _rerun(s, outcome=_Posted, plain_outcome=_plain_outcome(_Posted))
+    assert s._decode_run.make_outcome(0.5, 1, 1).pending == ("posted",)  # its __init__ ran

@@ -829,7 +829,8 @@ struct RoundNames {
         *advance_to, *ratio, *current, *decay, *min, *decay_steps, *decay_m, *decode_steps,
         *peak_kv_usage, *batch, *reqs, *decode, *unsettled, *pending, *charge_decode,
         *retire_finished, *alloc_failed, *tokens_at, *native_tokens, *kv, *native, *finished,
-        *by_rid, *queue, *seq_of, *batch_is_full, *chunked_req, *may_jump;
+        *by_rid, *queue, *seq_of, *batch_is_full, *chunked_req, *may_jump, *mode, *duration_s,
+        *batch_size, *num_steps, *prefill_tokens, *retracted, *tokens;
 };
 const RoundNames& round_names() {
     static const RoundNames n = [] {
@@ -846,7 +847,9 @@ const RoundNames& round_names() {
                           i("_charge_decode"), i("_retire_finished"),
                           i("_alloc_failed"), i("tokens_at"), i("native_tokens"), i("kv"),
                           i("native"), i("finished"), i("_by_rid"), i("queue"), i("_seq_of"),
-                          i("batch_is_full"), i("chunked_req"), i("_may_jump")};
+                          i("batch_is_full"), i("chunked_req"), i("_may_jump"), i("mode"),
+                          i("duration_s"), i("batch_size"), i("num_steps"), i("prefill_tokens"),
+                          i("retracted"), i("_tokens")};
     }();
     return n;
 }
@@ -871,7 +874,8 @@ nb::object steal_or_throw(PyObject* v) {
 // What FastScheduler's decode round (jump_round) holds for the scheduler's life, built once in
 // its __init__: the slot pool, the tree's evictable count (bound), the cache's evict, the KV
 // capacity (> 0) and page, the classes it compares or builds (VirtualClock,
-// NewTokenRatioTracker, JumpOutcome), the shared FINISHED_BY_LENGTH, what its setup fixes
+// NewTokenRatioTracker, JumpOutcome: `plain_outcome` where its instances are their nine slots,
+// fast/scheduler.py's _plain_outcome), the shared FINISHED_BY_LENGTH, what its setup fixes
 // (`defers`: FastScheduler.defers; `preempts`: the config's enable_priority_preemption), and
 // what its class and policy leave to Python: `charges` (fair's decode charge, its
 // _charge_decode), `may_jump_here` and `decay_here` (its _may_jump, its _decay are
@@ -880,12 +884,13 @@ nb::object steal_or_throw(PyObject* v) {
 struct DecodeRun {
     DecodeRun(nb::object pool, nb::object evictable, nb::object evict, int64_t capacity,
               int64_t page, nb::object vclock, nb::object tracker, nb::object outcome,
-              nb::object by_length, bool defers, bool preempts, bool charges, bool may_jump_here,
-              bool decay_here, bool retire_here)
+              nb::object by_length, bool plain_outcome, bool defers, bool preempts, bool charges,
+              bool may_jump_here, bool decay_here, bool retire_here)
         : pool_obj(std::move(pool)), pool(nb::cast<radixsched::Pool*>(pool_obj)),
           evictable(std::move(evictable)), evict(std::move(evict)), capacity(capacity),
           page(page), vclock(std::move(vclock)), tracker(std::move(tracker)),
-          outcome(std::move(outcome)), by_length(std::move(by_length)), defers(defers),
+          outcome(std::move(outcome)), by_length(std::move(by_length)),
+          plain_outcome(plain_outcome && PyType_Check(this->outcome.ptr())), defers(defers),
           preempts(preempts), charges(charges), may_jump_here(may_jump_here),
           decay_here(decay_here), retire_here(retire_here) {
         if (capacity <= 0) throw std::invalid_argument("DecodeRun: capacity must be > 0");
@@ -898,7 +903,28 @@ struct DecodeRun {
     nb::object evictable, evict;
     int64_t capacity, page;
     nb::object vclock, tracker, outcome, by_length;
-    bool defers, preempts, charges, may_jump_here, decay_here, retire_here;
+    bool plain_outcome, defers, preempts, charges, may_jump_here, decay_here, retire_here;
+
+    // JumpOutcome("decode", duration, size, k): where `plain_outcome`, without its __init__
+    // (what it does: each field set, in order, prefill_tokens 0, three new lists, pending
+    // None), the instance allocated as object.__new__ allocates it; else the class called.
+    nb::object make_outcome(nb::handle duration, nb::handle size, nb::handle k) const {
+        const RoundNames& n = round_names();
+        if (!plain_outcome) return outcome(nb::handle(n.decode), duration, size, k);
+        auto* tp = reinterpret_cast<PyTypeObject*>(outcome.ptr());
+        const nb::object o = steal_or_throw(tp->tp_alloc(tp, 0));
+        const auto list = [] { return steal_or_throw(PyList_New(0)); };
+        py::set(o, n.mode, n.decode);
+        py::set(o, n.duration_s, duration);
+        py::set(o, n.batch_size, size);
+        py::set(o, n.num_steps, k);
+        py::set(o, n.prefill_tokens, nb::int_(0));
+        py::set(o, n.finished, list());
+        py::set(o, n.retracted, list());
+        py::set(o, n.tokens, list());
+        py::set(o, n.pending, Py_None);
+        return o;
+    }
 
     int64_t room() const {  // FastScheduler._room: free + evictable
         return pool->available_size() + nb::cast<int64_t>(evictable());
@@ -1028,8 +1054,8 @@ nb::object jump_round(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
     const nb::object reqs =
         steal_or_throw(PySequence_List(py::get(py::get(sched, n.batch), n.reqs).ptr()));
     const nb::object duration = steal_or_throw(PyNumber_Subtract(end.ptr(), t0.ptr()));
-    const nb::object out = run.outcome(nb::handle(n.decode), duration,
-                                       nb::int_(PyList_GET_SIZE(reqs.ptr())), k_obj);
+    const nb::object out =
+        run.make_outcome(duration, nb::int_(PyList_GET_SIZE(reqs.ptr())), k_obj);
     py::set(sched, n.unsettled, Py_True);
     py::set(out, n.pending, nb::make_tuple(reqs, runner, fills, k_obj));
     if (run.charges) nb::handle(sched).attr(n.charge_decode)(reqs, k_obj);
@@ -1082,11 +1108,14 @@ void bind_decode(nb::module_& m) {
     m.def("stand_ins", &stand_ins, "rid_hash"_a, "first"_a, "count"_a, "vocab"_a);
     nb::class_<DecodeRun>(m, "DecodeRun")
         .def(nb::init<nb::object, nb::object, nb::object, int64_t, int64_t, nb::object, nb::object,
-                      nb::object, nb::object, bool, bool, bool, bool, bool, bool>(),
+                      nb::object, nb::object, bool, bool, bool, bool, bool, bool, bool>(),
              "pool"_a, "evictable"_a, "evict"_a, "capacity"_a, "page"_a, "vclock"_a,
-             "tracker"_a, "outcome"_a, "by_length"_a, "defers"_a, "preempts"_a, "charges"_a,
+             "tracker"_a, "outcome"_a, "by_length"_a, "plain_outcome"_a, "defers"_a, "preempts"_a,
+             "charges"_a,
              "may_jump_here"_a, "decay_here"_a, "retire_here"_a)
-        .def("usage", &DecodeRun::usage, "the KV usage, (capacity - room) / capacity");
+        .def("usage", &DecodeRun::usage, "the KV usage, (capacity - room) / capacity")
+        .def("make_outcome", &DecodeRun::make_outcome, "duration"_a, "size"_a, "k"_a,
+             "JumpOutcome('decode', duration, size, k)");
     nb::class_<DecodeBatch>(m, "DecodeBatch")
         .def(nb::init<bool>(), "has_eos"_a)
         .def("__len__", [](const DecodeBatch& b) { return b.cols.size(); })

@@ -32,6 +32,7 @@ and the slots they are owed are exactly the allocator's reservation.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -101,6 +102,32 @@ class JumpOutcome(StepOutcome):
             toks = p[1] if len(p) == 2 else _jump_tokens(p[1], reqs, p[2], p[3])
             self._tokens.extend(zip(reqs, toks, strict=True))
         return self._tokens
+
+
+# ``JumpOutcome``'s fields as ``DecodeRun.make_outcome`` sets them: (name, default, factory).
+_NONE = dataclasses.MISSING
+_OUTCOME_FIELDS = (
+    *(("mode", _NONE, _NONE), ("duration_s", _NONE, _NONE), ("batch_size", _NONE, _NONE)),
+    *(("num_steps", 1, _NONE), ("prefill_tokens", 0, _NONE), ("finished", _NONE, list)),
+    *(("retracted", _NONE, list), ("_tokens", _NONE, list), ("pending", None, _NONE)),
+)
+
+
+def _plain_outcome(cls: type) -> bool:
+    """Whether ``cls("decode", d, n, k)`` is what ``DecodeRun.make_outcome`` builds without
+    calling it: a slots dataclass with exactly ``_OUTCOME_FIELDS`` (no pseudo-field), its
+    generated ``__init__``, no ``__post_init__``, ``object``'s ``__new__``."""
+    if not dataclasses.is_dataclass(cls) or "__slots__" not in vars(cls):
+        return False
+    got = tuple((f.name, f.default, f.default_factory) for f in dataclasses.fields(cls))
+    params: Any = getattr(cls, "__dataclass_params__", None)
+    return (
+        got == _OUTCOME_FIELDS
+        and len(getattr(cls, "__dataclass_fields__", ())) == len(got)
+        and bool(params is not None and params.init)
+        and not hasattr(cls, "__post_init__")
+        and cls.__new__ is object.__new__
+    )
 
 
 def decode_batch(reqs: list[Req], has_eos: bool) -> Any:
@@ -249,6 +276,7 @@ class FastScheduler(Scheduler):
             NewTokenRatioTracker,
             JumpOutcome,
             FINISHED_BY_LENGTH,
+            _plain_outcome(JumpOutcome),
             self.defers,
             cfg.enable_priority_preemption,
             self._charges,
