@@ -7,10 +7,11 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
 - decode runs on the running batch's native columns (``_core.DecodeBatch``,
   ``radixsched/_native/decode.cpp``) and jumps over the steps in which nothing but lengths can
   change (no admission possible, no stop token, enough memory, before the next external
-  event): one native call (``DecodeBatch.jump``) finds the steps, times them (the roofline's
-  decode step in C++ where the runner offers it, ``_core.DecodeCost``), reserves their slots
-  and advances the columns; the requests' tokens, token times and KV slots are written when
-  they leave the batch or are read (deferred state);
+  event): one native call (``DecodeBatch.jump_round``) finds the steps, times them (the
+  roofline's decode step in C++ where the runner offers it, ``_core.DecodeCost``), reserves
+  their slots, advances the columns and does the round's bookkeeping (clock, ratio,
+  statistics, outcome, the finished requests' retire); the requests' tokens, token times and
+  KV slots are written when they leave the batch or are read (deferred state);
 - an extend-only step runs in one native call (``_core.PrefillRun``, ``_native/prefill.cpp``:
   its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
   checkpoints) where the runner offers native prefill times and tokens and nothing in the
