@@ -978,8 +978,8 @@ MUTANTS = (
     Mutant(
         "jump-round-ignores-an-overridden-retire",
         "_native/decode.cpp",
-        "    if (run.retire_here) {",
-        "    if (true) {",
+        "    if (run.retire_here && retire_is_native(run)) {",
+        "    if (retire_is_native(run)) {",
     ),
     Mutant(
         "jump-round-declined-retire-dropped",
@@ -1010,6 +1010,12 @@ MUTANTS = (
         "fast/scheduler.py",
         '        and not hasattr(cls, "__post_init__")\n',
         "\n",
+    ),
+    Mutant(
+        "jump-round-ignores-a-replaced-retire",
+        "_native/decode.cpp",
+        "    return got == run.retire_fn.ptr();",
+        "    return got != nullptr;",
     ),
     Mutant(
         "decode-tokens-clip-ignored",

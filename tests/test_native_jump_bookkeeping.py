@@ -16,6 +16,8 @@ import pytest
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
+from radixsched.fast import retire
+from radixsched.fast import scheduler as fast_scheduler
 from radixsched.fast.scheduler import JumpOutcome
 from radixsched.native import core
 from radixsched.ratio import NewTokenRatioTracker
@@ -104,6 +106,8 @@ def _rerun(s: Any, **flags: Any) -> None:
         "tracker": NewTokenRatioTracker,
         "outcome": JumpOutcome,
         "by_length": FINISHED_BY_LENGTH,
+        "globals": vars(fast_scheduler),
+        "retire_fn": retire.retire,
         "plain_outcome": True,
         "defers": s.defers,
         "preempts": s.config.enable_priority_preemption,
@@ -507,3 +511,22 @@ def test_only_the_plain_outcome_class_is_built_without_its_init() -> None:
     s = _scheduler()
     _rerun(s, outcome=_Posted, plain_outcome=_plain_outcome(_Posted))
     assert s._decode_run.make_outcome(0.5, 1, 1).pending == ("posted",)  # its __init__ ran
+
+
+def test_a_replaced_module_retire_is_called_as_retire_finished_calls_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``fast.scheduler.retire`` replaced (a test counting its calls): the jump's retire goes
+    through ``_retire_finished`` and it, as the Python did, with the same outcome."""
+    seen: list[bool] = []
+    real = retire.retire
+
+    def counting(sched: Any, maybe: list[int], out: Any) -> bool:
+        got = real(sched, maybe, out)
+        seen.append(got)
+        return got
+
+    monkeypatch.setattr(fast_scheduler, "retire", counting)
+    _, out = _both(_nothing)
+    assert seen == [True, True]  # the native round's, then the reference's
+    assert [r.rid for r in out.finished] == ["r1"]

@@ -830,7 +830,7 @@ struct RoundNames {
         *peak_kv_usage, *batch, *reqs, *decode, *unsettled, *pending, *charge_decode,
         *retire_finished, *alloc_failed, *tokens_at, *native_tokens, *kv, *native, *finished,
         *by_rid, *queue, *seq_of, *batch_is_full, *chunked_req, *may_jump, *mode, *duration_s,
-        *batch_size, *num_steps, *prefill_tokens, *retracted, *tokens;
+        *batch_size, *num_steps, *prefill_tokens, *retracted, *tokens, *retire;
 };
 const RoundNames& round_names() {
     static const RoundNames n = [] {
@@ -849,7 +849,7 @@ const RoundNames& round_names() {
                           i("native"), i("finished"), i("_by_rid"), i("queue"), i("_seq_of"),
                           i("batch_is_full"), i("chunked_req"), i("_may_jump"), i("mode"),
                           i("duration_s"), i("batch_size"), i("num_steps"), i("prefill_tokens"),
-                          i("retracted"), i("_tokens")};
+                          i("retracted"), i("_tokens"), i("retire")};
     }();
     return n;
 }
@@ -884,13 +884,14 @@ nb::object steal_or_throw(PyObject* v) {
 struct DecodeRun {
     DecodeRun(nb::object pool, nb::object evictable, nb::object evict, int64_t capacity,
               int64_t page, nb::object vclock, nb::object tracker, nb::object outcome,
-              nb::object by_length, bool plain_outcome, bool defers, bool preempts, bool charges,
-              bool may_jump_here, bool decay_here, bool retire_here)
+              nb::object by_length, nb::dict globals, nb::object retire_fn, bool plain_outcome,
+              bool defers, bool preempts, bool charges, bool may_jump_here, bool decay_here,
+              bool retire_here)
         : pool_obj(std::move(pool)), pool(nb::cast<radixsched::Pool*>(pool_obj)),
           evictable(std::move(evictable)), evict(std::move(evict)), capacity(capacity),
           page(page), vclock(std::move(vclock)), tracker(std::move(tracker)),
           outcome(std::move(outcome)), by_length(std::move(by_length)),
-          plain_outcome(plain_outcome && PyType_Check(this->outcome.ptr())), defers(defers),
+          globals(std::move(globals)), retire_fn(std::move(retire_fn)), plain_outcome(plain_outcome && PyType_Check(this->outcome.ptr())), defers(defers),
           preempts(preempts), charges(charges), may_jump_here(may_jump_here),
           decay_here(decay_here), retire_here(retire_here) {
         if (capacity <= 0) throw std::invalid_argument("DecodeRun: capacity must be > 0");
@@ -903,6 +904,8 @@ struct DecodeRun {
     nb::object evictable, evict;
     int64_t capacity, page;
     nb::object vclock, tracker, outcome, by_length;
+    nb::dict globals;  // fast/scheduler.py's: its `retire` is looked up as _retire_finished does
+    nb::object retire_fn;
     bool plain_outcome, defers, preempts, charges, may_jump_here, decay_here, retire_here;
 
     // JumpOutcome("decode", duration, size, k): where `plain_outcome`, without its __init__
@@ -963,13 +966,21 @@ void decay_of(const DecodeRun& run, nb::handle sched, int64_t k) {
     }
 }
 
+// Whether fast/scheduler.py's global `retire` (what _retire_finished calls) is still
+// fast/retire.py's (`retire_fn`): not replaced (a test counting its calls).
+bool retire_is_native(const DecodeRun& run) {
+    PyObject* got = PyDict_GetItemWithError(run.globals.ptr(), round_names().retire);  // borrowed
+    if (got == nullptr && PyErr_Occurred()) throw nb::python_error();
+    return got == run.retire_fn.ptr();
+}
+
 // FastScheduler._retire_finished(maybe, out) after a jump (the batch unsettled): natively
-// (DecodeBatch.retire with fast/retire.py's arguments) where `retire_here` and the call does
-// not decline; else the scheduler's method.
+// (DecodeBatch.retire with fast/retire.py's arguments) where `retire_here`, the module's
+// `retire` is fast/retire.py's and the call does not decline; else the scheduler's method.
 void retire_after_jump(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
                        const std::vector<int64_t>& maybe, nb::handle out, nb::handle clock) {
     const RoundNames& n = round_names();
-    if (run.retire_here) {
+    if (run.retire_here && retire_is_native(run)) {
         const nb::object runner = py::get(sched, n.runner);
         const nb::object tokens_at = py::get(runner, n.tokens_at);
         const nb::object stand_in = call0(runner, n.native_tokens);
@@ -1108,10 +1119,11 @@ void bind_decode(nb::module_& m) {
     m.def("stand_ins", &stand_ins, "rid_hash"_a, "first"_a, "count"_a, "vocab"_a);
     nb::class_<DecodeRun>(m, "DecodeRun")
         .def(nb::init<nb::object, nb::object, nb::object, int64_t, int64_t, nb::object, nb::object,
-                      nb::object, nb::object, bool, bool, bool, bool, bool, bool, bool>(),
+                      nb::object, nb::object, nb::dict, nb::object, bool, bool, bool, bool, bool,
+                      bool, bool>(),
              "pool"_a, "evictable"_a, "evict"_a, "capacity"_a, "page"_a, "vclock"_a,
-             "tracker"_a, "outcome"_a, "by_length"_a, "plain_outcome"_a, "defers"_a, "preempts"_a,
-             "charges"_a,
+             "tracker"_a, "outcome"_a, "by_length"_a, "globals"_a, "retire_fn"_a,
+             "plain_outcome"_a, "defers"_a, "preempts"_a, "charges"_a,
              "may_jump_here"_a, "decay_here"_a, "retire_here"_a)
         .def("usage", &DecodeRun::usage, "the KV usage, (capacity - room) / capacity")
         .def("make_outcome", &DecodeRun::make_outcome, "duration"_a, "size"_a, "k"_a,

@@ -62,6 +62,9 @@ from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
 
 _TENANT = operator.attrgetter("tenant_key")
+# ``fast/retire.py``'s ``retire`` as imported: a jump retires natively while the module's
+# ``retire`` is still it (``DecodeRun``; a test may replace it to count its calls).
+_NATIVE_RETIRE = retire
 
 # What a native prefill step needs (``PrefillRun.run``): step timer, stand-ins' hashes, vocabulary.
 NativeStep = tuple[Any, Mapping[str, int], int]
@@ -277,6 +280,8 @@ class FastScheduler(Scheduler):
             NewTokenRatioTracker,
             JumpOutcome,
             FINISHED_BY_LENGTH,
+            globals(),  # its ``retire``, looked up when a jump retires (as ``_retire_finished``)
+            _NATIVE_RETIRE,
             _plain_outcome(JumpOutcome),
             self.defers,
             cfg.enable_priority_preemption,
