@@ -625,18 +625,38 @@ struct DecodeBatch {
     nb::object jump(bool free, int64_t room, int64_t page, double t0,
                     std::optional<double> horizon, nb::handle times, radixsched::Pool& pool,
                     nb::handle evict, double busy, double running_x) {
-        if (cols.size() == 0 || cols.need_total(1, page) > room) return nb::none();
+        int64_t total = 0;
+        const int64_t k = reserve_steps(free, room, page, t0, horizon, times, pool, evict, total);
+        if (k < 0) return nb::none();
+        if (k == 0) return nb::make_tuple(0, total);
+        nb::bytes fills = commit_steps(k, page, busy, running_x);
+        return nb::make_tuple(k, ends_.back(), busy, running_x, fills, cols.maybe_finished());
+    }
+
+    // `jump`'s first half: -1 when one step's KV does not fit in `room`; 0 when the
+    // reservation failed (`total`: the slots asked for); else the k steps, timed (durs_,
+    // ends_), their `total` slots reserved. Nothing else changed (but `evict`'s eviction).
+    int64_t reserve_steps(bool free, int64_t room, int64_t page, double t0,
+                          std::optional<double> horizon, nb::handle times,
+                          radixsched::Pool& pool, nb::handle evict, int64_t& total) {
+        if (cols.size() == 0 || cols.need_total(1, page) > room) return -1;
         const int64_t k = steps(free, room, page, t0, horizon, times);
         if (int64_t(durs_.size()) != k) {
             durs_.clear();
             time_steps(times, k, t0);
         }
-        const int64_t total = cols.need_total(k, page);
+        total = cols.need_total(k, page);
         if (total > 0) {
             const int64_t short_by = total - pool.available_size();
             if (short_by > 0) evict(short_by);
-            if (!pool.reserve(total)) return nb::make_tuple(0, total);
+            if (!pool.reserve(total)) return 0;
         }
+        return k;
+    }
+
+    // `jump`'s second half, after reserve_steps gave k > 0: the end times logged, `busy` and
+    // `running_x` accumulated, the columns advanced; the fills before the steps (int64 bytes).
+    nb::bytes commit_steps(int64_t k, int64_t page, double& busy, double& running_x) {
         for (double e : ends_) {
             const nb::object f = nb::steal(PyFloat_FromDouble(e));
             if (!f.is_valid() || PyList_Append(log_.ptr(), f.ptr()) < 0) throw nb::python_error();
@@ -651,7 +671,7 @@ struct DecodeBatch {
         const std::vector<int64_t>& f = cols.fill();
         nb::bytes fills(f.data(), f.size() * sizeof(int64_t));
         cols.advance(k, page);
-        return nb::make_tuple(k, ends_.back(), busy, running_x, fills, cols.maybe_finished());
+        return fills;
     }
 
     bool same_as(const DecodeBatch& o) const {
@@ -803,6 +823,257 @@ double decay_ratio(double cur, double dec, double lo, int64_t n) {
     return cur;
 }
 
+// The attribute names FastScheduler's decode round reads and writes (jump_round), interned once.
+struct RoundNames {
+    PyObject *clock, *t, *now, *runner, *native_decode_cost, *stats, *busy_s, *running_x_s,
+        *advance_to, *ratio, *current, *decay, *min, *decay_steps, *decay_m, *decode_steps,
+        *peak_kv_usage, *batch, *reqs, *decode, *unsettled, *pending, *charge_decode,
+        *retire_finished, *alloc_failed, *tokens_at, *native_tokens, *kv, *native, *finished,
+        *by_rid, *queue, *seq_of, *batch_is_full, *chunked_req, *may_jump, *mode, *duration_s,
+        *batch_size, *num_steps, *prefill_tokens, *retracted, *tokens, *retire;
+};
+const RoundNames& round_names() {
+    static const RoundNames n = [] {
+        const auto i = [](const char* s) {
+            PyObject* o = PyUnicode_InternFromString(s);
+            if (o == nullptr) throw nb::python_error();
+            return o;
+        };
+        return RoundNames{i("clock"), i("_t"), i("now"), i("runner"), i("native_decode_cost"),
+                          i("stats"), i("busy_s"), i("running_x_s"), i("_advance_to"),
+                          i("ratio"), i("current"), i("decay"), i("min"), i("decay_steps"),
+                          i("_decay"), i("decode_steps"), i("peak_kv_usage"), i("batch"),
+                          i("reqs"), i("decode"), i("unsettled"), i("pending"),
+                          i("_charge_decode"), i("_retire_finished"),
+                          i("_alloc_failed"), i("tokens_at"), i("native_tokens"), i("kv"),
+                          i("native"), i("finished"), i("_by_rid"), i("queue"), i("_seq_of"),
+                          i("batch_is_full"), i("chunked_req"), i("_may_jump"), i("mode"),
+                          i("duration_s"), i("batch_size"), i("num_steps"), i("prefill_tokens"),
+                          i("retracted"), i("_tokens"), i("retire")};
+    }();
+    return n;
+}
+
+nb::object call0(nb::handle o, PyObject* name) {  // o.name()
+    PyObject* v = PyObject_CallMethodNoArgs(o.ptr(), name);
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+bool greater(nb::handle a, nb::handle b) {  // a > b, as Python compares them
+    const int gt = PyObject_RichCompareBool(a.ptr(), b.ptr(), Py_GT);
+    if (gt < 0) throw nb::python_error();
+    return gt != 0;
+}
+
+nb::object steal_or_throw(PyObject* v) {
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+// What FastScheduler's decode round (jump_round) holds for the scheduler's life, built once in
+// its __init__: the slot pool, the tree's evictable count (bound), the cache's evict, the KV
+// capacity (> 0) and page, the classes it compares or builds (VirtualClock,
+// NewTokenRatioTracker, JumpOutcome: `plain_outcome` where its instances are their nine slots,
+// fast/scheduler.py's _plain_outcome), the shared FINISHED_BY_LENGTH, what its setup fixes
+// (`defers`: FastScheduler.defers; `preempts`: the config's enable_priority_preemption), and
+// what its class and policy leave to Python: `charges` (fair's decode charge, its
+// _charge_decode), `may_jump_here` and `decay_here` (its _may_jump, its _decay are
+// FastScheduler's), `retire_here` (its _retire_finished is FastScheduler's and its finish
+// hooks the reference's: fast/retire.py's reference_hooks).
+struct DecodeRun {
+    DecodeRun(nb::object pool, nb::object evictable, nb::object evict, int64_t capacity,
+              int64_t page, nb::object vclock, nb::object tracker, nb::object outcome,
+              nb::object by_length, nb::dict globals, nb::object retire_fn, bool plain_outcome,
+              bool defers, bool preempts, bool charges, bool may_jump_here, bool decay_here,
+              bool retire_here)
+        : pool_obj(std::move(pool)), pool(nb::cast<radixsched::Pool*>(pool_obj)),
+          evictable(std::move(evictable)), evict(std::move(evict)), capacity(capacity),
+          page(page), vclock(std::move(vclock)), tracker(std::move(tracker)),
+          outcome(std::move(outcome)), by_length(std::move(by_length)),
+          globals(std::move(globals)), retire_fn(std::move(retire_fn)), plain_outcome(plain_outcome && PyType_Check(this->outcome.ptr())), defers(defers),
+          preempts(preempts), charges(charges), may_jump_here(may_jump_here),
+          decay_here(decay_here), retire_here(retire_here) {
+        if (capacity <= 0) throw std::invalid_argument("DecodeRun: capacity must be > 0");
+        names();
+        round_names();
+    }
+
+    nb::object pool_obj;  // kept alive: pool points into it
+    radixsched::Pool* pool;
+    nb::object evictable, evict;
+    int64_t capacity, page;
+    nb::object vclock, tracker, outcome, by_length;
+    nb::dict globals;  // fast/scheduler.py's: its `retire` is looked up as _retire_finished does
+    nb::object retire_fn;
+    bool plain_outcome, defers, preempts, charges, may_jump_here, decay_here, retire_here;
+
+    // JumpOutcome("decode", duration, size, k): where `plain_outcome`, without its __init__
+    // (what it does: each field set, in order, prefill_tokens 0, three new lists, pending
+    // None), the instance allocated as object.__new__ allocates it; else the class called.
+    nb::object make_outcome(nb::handle duration, nb::handle size, nb::handle k) const {
+        const RoundNames& n = round_names();
+        if (!plain_outcome) return outcome(nb::handle(n.decode), duration, size, k);
+        auto* tp = reinterpret_cast<PyTypeObject*>(outcome.ptr());
+        const nb::object o = steal_or_throw(tp->tp_alloc(tp, 0));
+        const auto list = [] { return steal_or_throw(PyList_New(0)); };
+        py::set(o, n.mode, n.decode);
+        py::set(o, n.duration_s, duration);
+        py::set(o, n.batch_size, size);
+        py::set(o, n.num_steps, k);
+        py::set(o, n.prefill_tokens, nb::int_(0));
+        py::set(o, n.finished, list());
+        py::set(o, n.retracted, list());
+        py::set(o, n.tokens, list());
+        py::set(o, n.pending, Py_None);
+        return o;
+    }
+
+    int64_t room() const {  // FastScheduler._room: free + evictable
+        return pool->available_size() + nb::cast<int64_t>(evictable());
+    }
+
+    // Scheduler.kv_usage's (cap - room) / cap as Python's int true division gives it: the
+    // doubles' quotient where both are exact doubles (|x| <= 2**53), else Python's.
+    nb::object usage() const {
+        const int64_t used = capacity - room();
+        constexpr int64_t exact = int64_t(1) << 53;
+        if (capacity <= exact && used <= exact && used >= -exact)
+            return nb::float_(double(used) / double(capacity));
+        return steal_or_throw(PyNumber_TrueDivide(nb::int_(used).ptr(), nb::int_(capacity).ptr()));
+    }
+};
+
+// FastScheduler._decay(k) where its class's is the reference's (`decay_here`): the tracker's
+// three values read, then natively (decay_ratio) where it is a NewTokenRatioTracker of floats,
+// else its decay_steps(k).
+void decay_of(const DecodeRun& run, nb::handle sched, int64_t k) {
+    const RoundNames& n = round_names();
+    if (!run.decay_here) {
+        nb::handle(sched).attr(n.decay_m)(k);
+        return;
+    }
+    const nb::object r = py::get(sched, n.ratio);
+    const nb::object cur = py::get(r, n.current), dec = py::get(r, n.decay), lo = py::get(r, n.min);
+    const bool floats = PyFloat_CheckExact(cur.ptr()) && PyFloat_CheckExact(dec.ptr()) &&
+                        PyFloat_CheckExact(lo.ptr());
+    if (r.type().is(run.tracker) && floats) {
+        const double got = decay_ratio(PyFloat_AS_DOUBLE(cur.ptr()), PyFloat_AS_DOUBLE(dec.ptr()),
+                                       PyFloat_AS_DOUBLE(lo.ptr()), k);
+        py::set(r, n.current, nb::float_(got));
+    } else {
+        r.attr(n.decay_steps)(k);
+    }
+}
+
+// Whether fast/scheduler.py's global `retire` (what _retire_finished calls) is still
+// fast/retire.py's (`retire_fn`): not replaced (a test counting its calls).
+bool retire_is_native(const DecodeRun& run) {
+    PyObject* got = PyDict_GetItemWithError(run.globals.ptr(), round_names().retire);  // borrowed
+    if (got == nullptr && PyErr_Occurred()) throw nb::python_error();
+    return got == run.retire_fn.ptr();
+}
+
+// FastScheduler._retire_finished(maybe, out) after a jump (the batch unsettled): natively
+// (DecodeBatch.retire with fast/retire.py's arguments) where `retire_here`, the module's
+// `retire` is fast/retire.py's and the call does not decline; else the scheduler's method.
+void retire_after_jump(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
+                       const std::vector<int64_t>& maybe, nb::handle out, nb::handle clock) {
+    const RoundNames& n = round_names();
+    if (run.retire_here && retire_is_native(run)) {
+        const nb::object runner = py::get(sched, n.runner);
+        const nb::object tokens_at = py::get(runner, n.tokens_at);
+        const nb::object stand_in = call0(runner, n.native_tokens);
+        const nb::object got = b.retire(
+            maybe, true, tokens_at, stand_in, *run.pool, py::get(py::get(sched, n.kv), n.native),
+            py::get(py::get(sched, n.batch), n.reqs), py::get(out, n.finished), run.by_length,
+            py::get(clock, n.now), py::get(sched, n.by_rid),
+            py::get(py::get(sched, n.queue), n.seq_of));
+        if (!got.is_none()) {
+            if (nb::cast<int64_t>(got) > 0) py::set(sched, n.batch_is_full, Py_False);
+            return;
+        }
+    }
+    nb::handle(sched).attr(n.retire_finished)(nb::cast(maybe), out);
+}
+
+// FastScheduler._may_jump() where its class's is FastScheduler's (`may_jump_here`): no chunked
+// request, and an empty queue or a full batch without preemption; else the scheduler's method.
+bool may_jump(const DecodeRun& run, nb::handle sched) {
+    const RoundNames& n = round_names();
+    if (!run.may_jump_here) return truthy(call0(sched, n.may_jump));
+    if (!py::get(sched, n.chunked_req).is_none()) return false;
+    if (!truthy(py::get(py::get(sched, n.queue), n.reqs))) return true;
+    return truthy(py::get(sched, n.batch_is_full)) && !run.preempts;
+}
+
+// FastScheduler._jump(cols, free, horizon) in one call: DecodeBatch.jump over the scheduler's
+// state (the clock's now, the runner's step timer, the room, the stats' sums), then what
+// _jump's Python did after it, in its order: the clock at the end (a VirtualClock's _t as
+// its jump_to sets it, max(_t, end); another clock through _advance_to), the ratio decayed
+// (decay_of), stats.decode_steps += k, stats.peak_kv_usage = max(peak, kv usage), the
+// JumpOutcome("decode", end - t0, len(reqs), k), unsettled set, its pending (reqs, runner,
+// fills, k), the tenants charged (the scheduler's _charge_decode), the rows that may have
+// finished retired (retire_after_jump). None, nothing changed, where the scheduler does not
+// defer or a row can stop (decode_round's test: Python decides) or one step does not fit (room
+// must be made); the scheduler's _alloc_failed raised when the reservation failed. `free`:
+// _may_jump's answer, None to ask it here (may_jump).
+nb::object jump_round(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
+                      std::optional<bool> free_, std::optional<double> horizon) {
+    const RoundNames& n = round_names();
+    if (!run.defers || b.cols.can_stop()) return nb::none();
+    const bool free = free_ ? *free_ : may_jump(run, sched);
+    const int64_t room = run.room();
+    // reserve_steps's first test, asked before the reads below (all without side effects):
+    // a round that must make room first reads nothing else.
+    if (b.cols.size() == 0 || b.cols.need_total(1, run.page) > room) return nb::none();
+    const nb::object st = py::get(sched, n.stats), clock = py::get(sched, n.clock);
+    const bool virt = clock.type().is(run.vclock);
+    const nb::object t0 = virt ? py::get(clock, n.t) : call0(clock, n.now);  // clock.now()
+    const nb::object runner = py::get(sched, n.runner);
+    const nb::object timer = call0(runner, n.native_decode_cost);
+    double busy = nb::cast<double>(py::get(st, n.busy_s));
+    double running_x = nb::cast<double>(py::get(st, n.running_x_s));
+    int64_t total = 0;
+    const int64_t k = b.reserve_steps(free, room, run.page, nb::cast<double>(t0), horizon,
+                                      timer.is_none() ? runner : timer, *run.pool, run.evict,
+                                      total);
+    if (k < 0) return nb::none();
+    if (k == 0) {  // raise self._alloc_failed(total)
+        const nb::object err = nb::handle(sched).attr(n.alloc_failed)(total);
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+        throw nb::python_error();
+    }
+    const nb::bytes fills = b.commit_steps(k, run.page, busy, running_x);
+    const std::vector<int64_t> maybe = b.cols.maybe_finished();
+    const nb::object end = nb::float_(b.ends_.back());
+    py::set(st, n.busy_s, nb::float_(busy));
+    py::set(st, n.running_x_s, nb::float_(running_x));
+    if (!virt) {
+        const nb::object total_s = steal_or_throw(PyNumber_Subtract(end.ptr(), t0.ptr()));
+        nb::handle(sched).attr(n.advance_to)(end, total_s);
+    } else if (greater(end, py::get(clock, n.t))) {  // jump_to: _t = max(_t, end)
+        py::set(clock, n.t, end);
+    }
+    decay_of(run, sched, k);
+    const nb::object k_obj = nb::int_(k);
+    py::set(st, n.decode_steps,
+            steal_or_throw(PyNumber_InPlaceAdd(py::get(st, n.decode_steps).ptr(), k_obj.ptr())));
+    const nb::object usage = run.usage();
+    if (greater(usage, py::get(st, n.peak_kv_usage)))  // max(peak, usage)
+        py::set(st, n.peak_kv_usage, usage);
+    const nb::object reqs =
+        steal_or_throw(PySequence_List(py::get(py::get(sched, n.batch), n.reqs).ptr()));
+    const nb::object duration = steal_or_throw(PyNumber_Subtract(end.ptr(), t0.ptr()));
+    const nb::object out =
+        run.make_outcome(duration, nb::int_(PyList_GET_SIZE(reqs.ptr())), k_obj);
+    py::set(sched, n.unsettled, Py_True);
+    py::set(out, n.pending, nb::make_tuple(reqs, runner, fills, k_obj));
+    if (run.charges) nb::handle(sched).attr(n.charge_decode)(reqs, k_obj);
+    if (!maybe.empty()) retire_after_jump(b, run, sched, maybe, out, clock);
+    return out;
+}
+
 // The token times of finished requests end to end (results/requests.py's _joined): each
 // sequence a list of Python floats, copied into `out` in order; false (`out` partly written)
 // where an item is not exactly a float or the lengths do not add up to out's, and the caller
@@ -846,6 +1117,17 @@ void bind_decode(nb::module_& m) {
              },
              "b"_a, "total_ctx"_a, "steps"_a, nb::rv_policy::move);
     m.def("stand_ins", &stand_ins, "rid_hash"_a, "first"_a, "count"_a, "vocab"_a);
+    nb::class_<DecodeRun>(m, "DecodeRun")
+        .def(nb::init<nb::object, nb::object, nb::object, int64_t, int64_t, nb::object, nb::object,
+                      nb::object, nb::object, nb::dict, nb::object, bool, bool, bool, bool, bool,
+                      bool, bool>(),
+             "pool"_a, "evictable"_a, "evict"_a, "capacity"_a, "page"_a, "vclock"_a,
+             "tracker"_a, "outcome"_a, "by_length"_a, "globals"_a, "retire_fn"_a,
+             "plain_outcome"_a, "defers"_a, "preempts"_a, "charges"_a,
+             "may_jump_here"_a, "decay_here"_a, "retire_here"_a)
+        .def("usage", &DecodeRun::usage, "the KV usage, (capacity - room) / capacity")
+        .def("make_outcome", &DecodeRun::make_outcome, "duration"_a, "size"_a, "k"_a,
+             "JumpOutcome('decode', duration, size, k)");
     nb::class_<DecodeBatch>(m, "DecodeBatch")
         .def(nb::init<bool>(), "has_eos"_a)
         .def("__len__", [](const DecodeBatch& b) { return b.cols.size(); })
@@ -905,6 +1187,7 @@ void bind_decode(nb::module_& m) {
         .def("retire", &DecodeBatch::retire, "rows"_a, "unsettled"_a, "tokens_at"_a.none(),
              "stand_in"_a.none(), "pool"_a, "kv"_a, "running"_a, "finished"_a, "by_length"_a,
              "now"_a, "by_rid"_a, "seq_of"_a)
+        .def("jump_round", &jump_round, "run"_a, "sched"_a, "free"_a.none(), "horizon"_a.none())
         .def_prop_ro("log_len", [](const DecodeBatch& b) { return nb::len(b.log_); })
         .def("clear_log", [](DecodeBatch& b) { b.log_.clear(); })
         .def("same_as", &DecodeBatch::same_as, "other"_a)

@@ -43,7 +43,7 @@ _HOOKS = ("check_finish", "_release_finished", "_forget")
 _covers: dict[tuple[type, type, type], bool] = {}
 
 
-def _reference_hooks(sched: Retiring) -> bool:
+def reference_hooks(sched: Retiring) -> bool:
     """Whether the native call does what this scheduler's finish hooks do (asked once per
     scheduler, queue and KV manager class)."""
     key = (type(sched), type(sched.queue), type(sched.kv))
@@ -61,7 +61,7 @@ def retire(sched: Retiring, maybe: list[int], out: StepOutcome) -> bool:
     """``_retire_finished(maybe, out)`` in one native call; False when it declined (nothing
     changed: the Python path runs)."""
     cols = sched.batch.cols
-    if cols is None or not _reference_hooks(sched):
+    if cols is None or not reference_hooks(sched):
         return False
     unsettled = sched.unsettled
     tokens_at: Any = None

@@ -7,10 +7,11 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
 - decode runs on the running batch's native columns (``_core.DecodeBatch``,
   ``radixsched/_native/decode.cpp``) and jumps over the steps in which nothing but lengths can
   change (no admission possible, no stop token, enough memory, before the next external
-  event): one native call (``DecodeBatch.jump``) finds the steps, times them (the roofline's
-  decode step in C++ where the runner offers it, ``_core.DecodeCost``), reserves their slots
-  and advances the columns; the requests' tokens, token times and KV slots are written when
-  they leave the batch or are read (deferred state);
+  event): one native call (``DecodeBatch.jump_round``) finds the steps, times them (the
+  roofline's decode step in C++ where the runner offers it, ``_core.DecodeCost``), reserves
+  their slots, advances the columns and does the round's bookkeeping (clock, ratio,
+  statistics, outcome, the finished requests' retire); the requests' tokens, token times and
+  KV slots are written when they leave the batch or are read (deferred state);
 - an extend-only step runs in one native call (``_core.PrefillRun``, ``_native/prefill.cpp``:
   its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
   checkpoints) where the runner offers native prefill times and tokens and nothing in the
@@ -32,6 +33,7 @@ and the slots they are owed are exactly the allocator's reservation.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -48,18 +50,21 @@ from radixsched.fast import admit as admission
 from radixsched.fast import step as steps
 from radixsched.fast.kv import FastKVManager
 from radixsched.fast.queue import FastWaitingQueue
-from radixsched.fast.retire import retire
+from radixsched.fast.retire import reference_hooks, retire
 from radixsched.fast.runner import MultiStepRunner
 from radixsched.native import core
 from radixsched.queue import RoundOrder
 from radixsched.ratio import NewTokenRatioTracker
-from radixsched.request import Req
+from radixsched.request import FINISHED_BY_LENGTH, Req
 from radixsched.roles import Role
 from radixsched.runner import Batch, ExtendEntry
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
 
 _TENANT = operator.attrgetter("tenant_key")
+# ``fast/retire.py``'s ``retire`` as imported: a jump retires natively while the module's
+# ``retire`` is still it (``DecodeRun``; a test may replace it to count its calls).
+_NATIVE_RETIRE = retire
 
 # What a native prefill step needs (``PrefillRun.run``): step timer, stand-ins' hashes, vocabulary.
 NativeStep = tuple[Any, Mapping[str, int], int]
@@ -101,6 +106,32 @@ class JumpOutcome(StepOutcome):
             toks = p[1] if len(p) == 2 else _jump_tokens(p[1], reqs, p[2], p[3])
             self._tokens.extend(zip(reqs, toks, strict=True))
         return self._tokens
+
+
+# ``JumpOutcome``'s fields as ``DecodeRun.make_outcome`` sets them: (name, default, factory).
+_NONE = dataclasses.MISSING
+_OUTCOME_FIELDS = (
+    *(("mode", _NONE, _NONE), ("duration_s", _NONE, _NONE), ("batch_size", _NONE, _NONE)),
+    *(("num_steps", 1, _NONE), ("prefill_tokens", 0, _NONE), ("finished", _NONE, list)),
+    *(("retracted", _NONE, list), ("_tokens", _NONE, list), ("pending", None, _NONE)),
+)
+
+
+def _plain_outcome(cls: type) -> bool:
+    """Whether ``cls("decode", d, n, k)`` is what ``DecodeRun.make_outcome`` builds without
+    calling it: a slots dataclass with exactly ``_OUTCOME_FIELDS`` (no pseudo-field), its
+    generated ``__init__``, no ``__post_init__``, ``object``'s ``__new__``."""
+    if not dataclasses.is_dataclass(cls) or "__slots__" not in vars(cls):
+        return False
+    got = tuple((f.name, f.default, f.default_factory) for f in dataclasses.fields(cls))
+    params: Any = getattr(cls, "__dataclass_params__", None)
+    return (
+        got == _OUTCOME_FIELDS
+        and len(getattr(cls, "__dataclass_fields__", ())) == len(got)
+        and bool(params is not None and params.init)
+        and not hasattr(cls, "__post_init__")
+        and cls.__new__ is object.__new__
+    )
 
 
 def decode_batch(reqs: list[Req], has_eos: bool) -> Any:
@@ -150,11 +181,14 @@ class FastRunningBatch(RunningBatch):
             self.cols.remove_at(positions)
 
     def decode_tokens(self, clip: int) -> tuple[int, int]:
-        if not self.reqs:
-            return (0, 0)
-        cols = self.cols if self.cols is not None else self.columns()  # (without its call)
-        # A clip past int64 clips nothing (each row's tokens to go are int64).
-        got: tuple[int, int] = cols.decode_tokens(min(clip, _INT64_MAX))
+        cols = self.cols
+        if cols is None:  # built only for rows (columns of no rows sum to (0, 0) too)
+            if not self.reqs:
+                return (0, 0)
+            cols = self.columns()
+        # A clip past int64 clips nothing (each row's tokens to go are int64): min(clip, max)
+        # without its call.
+        got: tuple[int, int] = cols.decode_tokens(clip if clip <= _INT64_MAX else _INT64_MAX)
         return got
 
     def progress(self) -> tuple[int, int]:
@@ -230,6 +264,32 @@ class FastScheduler(Scheduler):
         self._charges = self.policy.charges_service  # the policy is frozen
         self._repeat_add = cast(Any, core()).repeat_add  # ``_charge_decode``'s sums
         self._decay_ratio = cast(Any, core()).decay_ratio  # ``_decay``'s steps
+        # ``_jump``'s native round: what it holds for the run (the pool, the tree's and the
+        # cache's bound methods, the capacity and page, the classes it builds or compares, the
+        # setup's ``defers`` and preemption) and what this class leaves to its Python
+        # (``_may_jump``, ``_decay`` or ``_retire_finished`` overridden, fair's charge), asked
+        # once: the config is frozen, the class, its hooks and the policy are fixed.
+        cls = type(self)
+        self._decode_run = cast(Any, core()).DecodeRun(
+            self._pool,
+            self._evictable_size,
+            self.cache.evict,
+            self.capacity,
+            self.page_size,
+            VirtualClock,
+            NewTokenRatioTracker,
+            JumpOutcome,
+            FINISHED_BY_LENGTH,
+            globals(),  # its ``retire``, looked up when a jump retires (as ``_retire_finished``)
+            _NATIVE_RETIRE,
+            _plain_outcome(JumpOutcome),
+            self.defers,
+            cfg.enable_priority_preemption,
+            self._charges,
+            cls._may_jump is FastScheduler._may_jump,
+            cls._decay is FastScheduler._decay,
+            cls._retire_finished is FastScheduler._retire_finished and reference_hooks(self),
+        )
         self._native_steps = (
             self.kv.host_tier is None
             and type(self.clock) is VirtualClock
@@ -549,16 +609,17 @@ class FastScheduler(Scheduler):
         if not self.runner.supports_multi_step:  # one step at a time, on the requests
             self._running_changed()
             return super().decode_round(horizon)
-        if not self.batch.reqs:
+        batch = self.batch
+        if not batch.reqs:
             if self.is_idle:
                 self.ratio.reset()
             return None
-        batch = self.batch
         cols = batch.cols if batch.cols is not None else batch.columns()  # (without its call)
-        if self.defers and not cols.can_stop:  # the common case: one native call
-            jumped = self._jump(cols, self._may_jump(), horizon)
-            if jumped is not None:
-                return jumped
+        # The common case, one native call: ``_jump(cols, self._may_jump(), horizon)`` where
+        # ``self.defers and not cols.can_stop`` (tested there first, ``_may_jump`` asked there).
+        jumped = self._jump(cols, None, horizon)
+        if jumped is not None:
+            return jumped
         retracted = self._make_room_for_decode()
         if not self.batch.reqs:
             return StepOutcome("decode", 0.0, 0, num_steps=0, retracted=retracted)
@@ -601,47 +662,19 @@ class FastScheduler(Scheduler):
         native = runner.native_decode_cost()
         return runner if native is None else native
 
-    def _jump(self, cols: Any, free: bool, horizon: float | None) -> JumpOutcome | None:
-        """Deferred decode steps (``DecodeBatch.jump``: how many, their times, their slots
-        reserved, the log and the columns advanced, in one native call), as that many
-        reference decode rounds; None when one step does not fit (room must be made first)."""
-        st, clock, reqs = self.stats, self.clock, list(self.batch.reqs)
-        runner: Any = self.runner  # ``self.jumper`` (a cast), without its property call
-        t0, free_size, evictable = clock.now(), self._free_size, self._evictable_size
-        timer = runner.native_decode_cost()  # _step_timer
-        res = cols.jump(
-            free,
-            free_size() + evictable(),  # _room
-            self.page_size,
-            t0,
-            horizon,
-            runner if timer is None else timer,
-            self._pool,
-            self.cache.evict,
-            st.busy_s,
-            st.running_x_s,
-        )
-        if res is None:
-            return None
-        if res[0] == 0:  # the reservation failed
-            raise self._alloc_failed(res[1])
-        k, end, st.busy_s, st.running_x_s, fill0, maybe = res
-        if type(clock) is VirtualClock:  # ``_advance_to``, without its call
-            clock.jump_to(end)
-        else:
-            self._advance_to(end, end - t0)
-        self._decay(k)
-        st.decode_steps += k
-        cap = self.capacity
-        st.peak_kv_usage = max(st.peak_kv_usage, (cap - (free_size() + evictable())) / cap)
-        out = JumpOutcome("decode", end - t0, len(reqs), k)  # num_steps: k (positional: cheaper)
-        self.unsettled = True
-        out.pending = (reqs, runner, fill0, k)  # _jump_tokens's, when read
-        if self._charges:
-            self._charge_decode(reqs, k)
-        if maybe:
-            self._retire_finished(maybe, out)
-        return out
+    def _jump(self, cols: Any, free: bool | None, horizon: float | None) -> JumpOutcome | None:
+        """Deferred decode steps as that many reference decode rounds, in one native call
+        (``DecodeBatch.jump_round``, ``_native/decode.cpp``): how many, their times, their slots
+        reserved, the log and the columns advanced (``DecodeBatch.jump``), then the clock, the
+        ratio (``_decay``), the statistics, the outcome, the tenants' charge
+        (``_charge_decode``) and the finished rows retired (``_retire_finished``'s, natively
+        where ``fast/retire.py`` covers them), each as this class's Python did it, in its
+        order. None, nothing changed, where the scheduler does not defer or a row can stop
+        (``decode_round`` decides) or one step does not fit (room must be made first);
+        ``_alloc_failed`` raised when the reservation fails. ``free``: ``_may_jump()``'s
+        answer; None: asked in the call (natively where this class's is FastScheduler's)."""
+        got: JumpOutcome | None = cols.jump_round(self._decode_run, self, free, horizon)
+        return got
 
     def _decay(self, k: int) -> None:
         """``ratio.decay_steps(k)``: natively (the same float steps, ``_core.decay_ratio``)
