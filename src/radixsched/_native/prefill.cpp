@@ -14,10 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "adder.hpp"
 #include "chunks.hpp"
 #include "kv.hpp"
 #include "pool.hpp"
 #include "py_attr.hpp"
+#include "round.hpp"
 #include "stepcost.hpp"
 
 namespace nb = nanobind;
@@ -41,7 +43,8 @@ struct Names {
         *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
         *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
         *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
-        *ignore_eos;
+        *ignore_eos, *batch, *reqs, *batch_is_full, *pool, *deferred, *note_tried, *take_fixed,
+        *native_take, *take, *moved, *tried, *added, *native_step;
 };
 
 const Names& names() {
@@ -57,7 +60,10 @@ const Names& names() {
                      i("prefill_tokens_computed"), i("extend_end"), i("prompt_ids"),
                      i("now"), i("host_hit_len"), i("extend_len"), i("first_scheduled"),
                      i("cached_tokens"), i("host_cached_tokens"), i("cached_prompt_tokens"),
-                     i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos")};
+                     i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos"),
+                     i("batch"), i("reqs"), i("batch_is_full"), i("_pool"), i("deferred"),
+                     i("note_tried"), i("_take_fixed"), i("_native_take"), i("take"),
+                     i("moved"), i("tried"), i("added"), i("_native_step")};
     }();
     return n;
 }
@@ -271,6 +277,73 @@ public:
                               int64_t(items.size()));
     }
 
+    // fast/step.py's admission and _batch in one call, for a step whose tenants are not
+    // charged and with no EOS ids (the caller checks both, and that admission.covers holds):
+    // with `order` (else no admission: the continued chunk spent the round), the round on the
+    // native adder `adder` (admit: Adder.round from these budgets, nothing new chunked yet,
+    // its admissions appended to `can_run`), the failed request noted (queue.note_tried) and
+    // sched.batch_is_full set; then, where an admission extends, the queue's take of the
+    // admitted positions (take's native call where the queue's own would make it, else its
+    // take), the new chunked request set (asserting none is), sched._native_step() and, where
+    // that offers one, extend_run over `can_run` at the clock's now. Returns None where no
+    // admission extends (the caller's decode round: nothing taken), `can_run` where no native
+    // step runs the batch (everything up to extend_run done: the caller builds its entries
+    // and runs it), else extend_run's tuple.
+    nb::object step(nb::handle sched, nb::handle adder, nb::handle tree, nb::handle kv,
+                    nb::handle queue, nb::handle order, double ratio, double total_offset,
+                    double current_offset, int64_t rem_input, std::optional<int64_t> rem_chunk,
+                    bool has_new_chunked, bool exclusive, int64_t slots, nb::list can_run) {
+        const Names& n = names();
+        nb::object positions, chunked = nb::none();
+        if (order.is_none()) {
+            positions = nb::list();
+        } else {
+            const RoundIn in{ratio,
+                             total_offset,
+                             current_offset,
+                             rem_input,
+                             rem_chunk.has_value(),
+                             rem_chunk.value_or(0),
+                             has_new_chunked,
+                             exclusive,
+                             slots,
+                             len_of(get(get(sched, n.batch), n.reqs)) > 0,
+                             !get(sched, n.chunked_req).is_none(),
+                             truthy(get(sched, n.batch_is_full))};
+            Pool& pool = nb::cast<Pool&>(get(sched, n.pool));
+            RoundOut r = adder_round(adder, in, tree, pool, order,
+                                     nb::cast<nb::list>(get(queue, n.reqs)),
+                                     get(queue, n.deferred), can_run);
+            if (!r.failed.is_none()) queue.attr(nb::handle(n.note_tried))(r.failed);
+            set(sched, n.batch_is_full, r.batch_is_full ? Py_True : Py_False);
+            positions = std::move(r.positions);
+            chunked = std::move(r.chunked);
+        }
+        bool extends = false;  // _batch: an admission extends
+        for (nb::handle a : can_run)
+            if (get_int(a, n.extend_len) != 0) {
+                extends = true;
+                break;
+            }
+        if (!extends) return nb::none();
+        take(queue, positions);
+        if (!chunked.is_none()) {
+            if (!get(sched, n.chunked_req).is_none()) {
+                PyErr_SetString(PyExc_AssertionError, "only one chunked request at a time");
+                throw nb::python_error();
+            }
+            set(sched, n.chunked_req, chunked);
+        }
+        const nb::object native = sched.attr(nb::handle(n.native_step))();
+        if (native.is_none()) return std::move(can_run);
+        const nb::tuple got = nb::cast<nb::tuple>(native);
+        if (got.size() != 3) throw std::invalid_argument("_native_step: (cost, hashes, vocab)");
+        const double t0 = nb::cast<double>(call_now(get(sched, n.clock)));
+        nb::object res = extend_run(kv, can_run, nb::cast<const PrefillCost&>(got[0]), got[1],
+                                    nb::cast<uint64_t>(got[2]), sched, t0);
+        return res.is_none() ? nb::object(std::move(can_run)) : res;
+    }
+
     // FastScheduler.step's run of middle chunks (fast/scheduler.py's _plan_continuation,
     // ChunkPlan.is_middle and _run_chunk; chunks.hpp plans each): the chunked request `req`'s
     // previous chunk checkpointed (`kv`: the scheduler's _core.KV), its continuation planned
@@ -371,6 +444,22 @@ private:
         add_int(sched, n.processed_tokens, shape.tokens);
         add_int(stats, n.prefill_tokens_computed, shape.tokens);
         return {d, std::move(now)};
+    }
+
+    // FastWaitingQueue.take(positions): its native call (queue_take) made here where the
+    // queue's would be (its fixed arguments set and its native take on), else its own.
+    static void take(nb::handle queue, nb::handle positions) {
+        const Names& n = names();
+        const nb::object fixed = get(queue, n.take_fixed);
+        if (fixed.is_none() || get(queue, n.native_take).is_none()) {
+            queue.attr(nb::handle(n.take))(positions);
+            return;
+        }
+        const nb::tuple f = nb::cast<nb::tuple>(fixed);
+        if (f.size() != 5) throw std::invalid_argument("take: five fixed arguments");
+        queue_take(nb::cast<nb::list>(get(queue, n.reqs)), positions, f[0], f[1], f[2],
+                   nb::cast<nb::dict>(get(queue, n.moved)), nb::cast<nb::dict>(get(queue, n.tried)),
+                   nb::cast<nb::list>(get(queue, n.added)), f[3], f[4]);
     }
 
     static nb::object call_now(nb::handle clock) {  // clock.now()
@@ -479,6 +568,10 @@ void bind_prefill(nb::module_& m) {
              "t0"_a)
         .def("extend_run", &PrefillRun::extend_run, "kv"_a, "admissions"_a, "cost"_a,
              "hashes"_a, "vocab"_a, "sched"_a, "t0"_a)
+        .def("step", &PrefillRun::step, "sched"_a, "adder"_a, "tree"_a, "kv"_a, "queue"_a,
+             "order"_a.none(), "ratio"_a, "total_offset"_a, "current_offset"_a,
+             "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(), "has_new_chunked"_a,
+             "exclusive_chunking"_a, "slots"_a, "can_run"_a)
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "limit"_a = nb::none())

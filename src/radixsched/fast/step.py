@@ -75,6 +75,13 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
     order = s.queue.begin_round(running, s.processed_tokens, s.clock.now())
     if order is None:  # nothing to admit: an empty batch, nothing preempted
         return s.decode_round(horizon)
+    if not (s._charges or s.eos_ids) and admission.covers_run(s):  # ``covers`` of the budgets
+        q, mp = s.queue, cfg.max_prefill_tokens
+        got = s.prefill_run.step(
+            s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio, total, 0.0, mp,
+            s._chunk, False, False, slots, []
+        )  # fmt: skip
+        return _outcome(s, got, horizon)
     budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, s._chunk)  # chunk_size
     if not admission.covers(s, budgets):  # FastScheduler._admit's test, as each round asks it
         batch = s.fill_round(s.new_adder(), order, False, False)
@@ -174,8 +181,19 @@ def continued(
     (not mixed, had a chunked request) and what runs. ``covered``: ``covers`` said yes to
     ``adder`` (``continuation``'s budgets: it reads only the setup and the budgets' gate and
     compat, which nothing changes), so ``_admit`` (``FastScheduler``'s: ``direct``) is the
-    native loop without asking again."""
+    native loop without asking again; its budgets are a fresh round's (``_plan_into``'s:
+    nothing new chunked in them), and with no tenant to charge and no EOS ids the admission
+    and ``_batch`` up to the run are one native call (``PrefillRun.step``)."""
     positions: list[int] = []
+    if covered and not (s._charges or s.eos_ids):  # the admission and ``_batch`` natively
+        b, q = adder, s.queue
+        got = s.prefill_run.step(
+            s, s.native_adder, s.cache.tree, s.kv.native, q, order, b.new_token_ratio,
+            b.total_offset, b.current_offset, b.rem_input_tokens, b.rem_chunk_tokens, False,
+            b.exclusive_chunking,
+            s.max_running_requests - len(s.batch.reqs) + 1, b.can_run_list
+        )  # fmt: skip
+        return _outcome(s, got, horizon)
     if order is not None:
         slots = s.max_running_requests - len(s.batch.reqs) + 1  # a chunked request's too
         if covered:
@@ -183,6 +201,19 @@ def continued(
         else:
             positions = s._admit(adder, order, slots)
     return _batch(s, adder.can_run_list, positions, adder.new_chunked_req, horizon)
+
+
+def _outcome(s: Stepping, got: Any, horizon: float | None) -> StepOutcome | None:
+    """The step after ``PrefillRun.step`` (the admission and ``_batch`` up to the run): None,
+    nothing extends (the decode round); a list, the round's admissions that no native step
+    runs (their entries built and run); else extend_run's answer."""
+    if got is None:
+        return s.decode_round(horizon)
+    if type(got) is list:
+        return s.run(Batch(s._extend_entries(got), []))
+    d, n, tokens, finished, joined, size = got
+    s.batch.extend(joined)
+    return StepOutcome("extend", d, size, prefill_tokens=n, finished=finished, _tokens=tokens)
 
 
 def _batch(
