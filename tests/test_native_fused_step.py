@@ -190,3 +190,48 @@ def test_a_request_the_round_fails_is_noted_as_tried() -> None:
     got = _step(s, _order(s))
     assert type(got) is tuple and got[1] == 40 and got[4] == [first]
     assert s.queue.reqs == [second] and s.queue.tried == {id(second): second}
+
+
+def test_covers_refusing_keeps_the_python_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``covers`` says no, neither a fresh round nor a continued one (on the Python
+    adder's plan) is fused: the reference's loop runs them."""
+    from radixsched.fast import admit as admission
+
+    monkeypatch.setattr(admission, "covers", lambda s, adder: False)
+    outcome = _counting(monkeypatch, steps, "_outcome")
+    continued = _counting(monkeypatch, steps, "continued")
+    _same(SchedulerConfig(schedule_policy="lpm", chunked_prefill_size=128))
+    assert continued["calls"] > 0 and outcome["calls"] == 0
+
+
+def test_an_exclusive_round_admits_no_second_chunked_request() -> None:
+    """Exclusive chunking (a chunk-limit policy's budgets) with a chunked request: a request
+    that would chunk is not admitted, and nothing extends."""
+    s = _scheduler([100])
+    s.chunked_req = Req("other", np.arange(8, dtype=np.int32), SamplingParams(max_new_tokens=1))
+    cfg, waiting = s.config, list(s.queue.reqs)
+    got = s.prefill_run.step(
+        s, s.native_adder, s.cache.tree, s.kv.native, s.queue, _order(s), s.ratio.current, 0.0,
+        0.0, cfg.max_prefill_tokens, s._chunk, False, True, 8, [],
+    )  # fmt: skip
+    assert got is None and s.queue.reqs == waiting
+
+
+def test_a_round_with_a_new_chunked_request_runs_the_python_batch() -> None:
+    """``continued`` with budgets that chunked a new request already: ``_batch`` sets it as
+    the scheduler's chunked request (the native call would not know it)."""
+    from radixsched.fast import admit as admission
+
+    s = _scheduler([20, 30])
+    r = s.queue.reqs[0]
+    s.queue.take([0])  # as if it were the continued chunk, its prefix taken
+    s.match_for_admission(r)
+    s.kv.take_prefix(r)
+    r.extend_end = len(r.prompt_ids)
+    b = admission.Budgets(s.ratio.current, 0.0, s.config.max_prefill_tokens, s._chunk)
+    b.can_run_list.append(Admission(r, 0, len(r.prompt_ids), False))
+    other = Req("other", np.arange(8, dtype=np.int32), SamplingParams(max_new_tokens=1))
+    b.new_chunked_req = other
+    out = steps.continued(s, b, None, None, True)
+    assert out is not None and out.prefill_tokens == len(r.prompt_ids)
+    assert s.chunked_req is other

@@ -429,7 +429,38 @@ public:
                               a.rem_input_tokens, a.rem_chunk_tokens, c.other);
     }
 
+    // fast/step.py's continuation in one call: the chunked request `req`'s last chunk
+    // checkpointed (where extend_end > prefix_len), then continuation() (no limit) and, where
+    // it plans the chunk, its admission built as `admission(req, prefix_len, tokens,
+    // truncated)` where it extends (else None: a stall). None where continuation() declines
+    // (the checkpoint done); else (the admission or None, then continuation()'s tuple past its
+    // token count).
+    nb::object continue_chunk(nb::handle kv, nb::handle req, int64_t page,
+                              int64_t max_prefill_tokens, int64_t chunk_size, int64_t clip,
+                              int64_t full, int64_t discounted, double ratio,
+                              nb::handle admission) {
+        const Names& n = names();
+        const int64_t ended = get_int(req, n.extend_end);
+        if (ended > get_int(req, n.prefix_len)) kv_checkpoint(kv, req, ended);
+        const nb::object got = continuation(kv, req, page, max_prefill_tokens, chunk_size, clip,
+                                            full, discounted, ratio, std::nullopt);
+        if (got.is_none()) return got;
+        const nb::tuple t = nb::borrow<nb::tuple>(got);
+        nb::object a = nb::none();
+        if (nb::cast<int64_t>(t[0]) > 0) {
+            if (!admission_rec_.valid() || !admission_cls_.is(admission)) {
+                admission_rec_ = Record(admission, {"req", "prefix_len", "extend_len", "chunked"});
+                admission_cls_ = nb::borrow(admission);
+            }
+            a = admission_rec_.make({req, get(req, n.prefix_len), t[0], t[1]});
+        }
+        return nb::make_tuple(a, t[1], t[2], t[3], t[4], t[5], t[6]);
+    }
+
 private:
+    Record admission_rec_;  // of admission_cls_ (continue_chunk's admissions)
+    nb::object admission_cls_;
+
     // A step of `size` entries of `shape` started at `t0`, as Scheduler.run times and counts
     // it: its duration and the clock's new time (a Python float).
     std::pair<double, nb::object> forward(const PrefillCost& cost, const Sums& shape,
@@ -575,6 +606,9 @@ void bind_prefill(nb::module_& m) {
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "limit"_a = nb::none())
+        .def("continue_chunk", &PrefillRun::continue_chunk, "kv"_a, "req"_a, "page"_a,
+             "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
+             "ratio"_a, "admission"_a)
         .def("chunks", &PrefillRun::chunks, "kv"_a, "req"_a, "cost"_a, "sched"_a,
              "horizon"_a.none(), "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a,
              "discounted"_a, "ratio"_a);

@@ -25,6 +25,9 @@ from radixsched.queue import RoundOrder
 from radixsched.request import Req
 from radixsched.runner import Batch, StepOutcome
 
+# What ``covers`` reads of a fresh round's budgets (no gate, not SGLang compat's), read-only.
+_FRESH = admission.Budgets(0.0, 0.0, 0, None)
+
 
 class Stepping(admission.Admitting, Protocol):
     """What of the accelerated scheduler (``fast.scheduler.FastScheduler``) a step reads,
@@ -75,7 +78,7 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
     order = s.queue.begin_round(running, s.processed_tokens, s.clock.now())
     if order is None:  # nothing to admit: an empty batch, nothing preempted
         return s.decode_round(horizon)
-    if not (s._charges or s.eos_ids) and admission.covers_run(s):  # ``covers`` of the budgets
+    if not (s._charges or s.eos_ids) and admission.covers(s, _FRESH):  # the round's budgets'
         q, mp = s.queue, cfg.max_prefill_tokens
         got = s.prefill_run.step(
             s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio, total, 0.0, mp,
@@ -92,22 +95,40 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
 
 def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
     """``_plan_continuation`` without the adder: the chunked request ``req``'s last chunk
-    checkpointed (``_continue_chunked``, always), then in one native call
-    (``PrefillRun.continuation``) the continued chunk in a fresh round's budgets, the request
-    while still chunked, and whether the budgets are spent (``budget_state()`` is OTHER); None
-    (nothing else changed: ``_adder_plan`` goes on) where Python plans it: a middle chunk, a
-    value the adder would raise on, or a round ``covers`` leaves to the reference's loop."""
-    if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call
-        s.kv.checkpoint(req, req.extend_end)
+    checkpointed (``_continue_chunked``, always), then the continued chunk in a fresh round's
+    budgets, the request while still chunked, and whether the budgets are spent
+    (``budget_state()`` is OTHER); None (nothing else changed: ``_adder_plan`` goes on) where
+    Python plans it: a middle chunk, a value the adder would raise on, or a round ``covers``
+    leaves to the reference's loop. The checkpoint, the plan and the admission are one native
+    call (``PrefillRun.continue_chunk``; the checkpoint changes neither the running batch's
+    decode tokens nor what ``covers`` reads, which come first here)."""
     if not s.batch.reqs:
         s.batch_is_full = False
     cfg, chunk, ratio = s.config, s._chunk, s.ratio.current
     running = s.batch.decode_tokens(cfg.clip_max_new_tokens)
     b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk)
     if not admission.covers(s, b):
+        if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call
+            s.kv.checkpoint(req, req.extend_end)
         return None
-    got = _plan_into(s, req, b, running, None)
-    return None if got is None else (b, got[0], got[1])
+    got = s.prefill_run.continue_chunk(
+        s.kv.native, req, cfg.page_size, cfg.max_prefill_tokens, chunk, cfg.clip_max_new_tokens,
+        *running, ratio, Admission
+    )  # fmt: skip
+    if got is None:
+        return None
+    (
+        a,
+        truncated,
+        b.total_offset,
+        b.current_offset,
+        b.rem_input_tokens,
+        b.rem_chunk_tokens,
+        spent,
+    ) = got
+    if a is not None:  # else a stall: nothing admitted, still chunked
+        b.can_run_list.append(a)
+    return b, (req if truncated else None), spent
 
 
 def _plan_into(
@@ -181,17 +202,18 @@ def continued(
     (not mixed, had a chunked request) and what runs. ``covered``: ``covers`` said yes to
     ``adder`` (``continuation``'s budgets: it reads only the setup and the budgets' gate and
     compat, which nothing changes), so ``_admit`` (``FastScheduler``'s: ``direct``) is the
-    native loop without asking again; its budgets are a fresh round's (``_plan_into``'s:
-    nothing new chunked in them), and with no tenant to charge and no EOS ids the admission
-    and ``_batch`` up to the run are one native call (``PrefillRun.step``)."""
+    native loop without asking again. Where the native loop covers the round, nothing new is
+    chunked yet (``adder.new_chunked_req``: ``_batch`` would set it), no tenant is charged and
+    there are no EOS ids, the admission and ``_batch`` up to the run are one native call
+    (``PrefillRun.step``: ``adder``'s budgets are not written back, nobody reads them)."""
     positions: list[int] = []
-    if covered and not (s._charges or s.eos_ids):  # the admission and ``_batch`` natively
-        b, q = adder, s.queue
+    b = adder  # the admission and ``_batch`` natively, where nothing new is chunked yet
+    fused = covered or admission.covers(s, b)
+    if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:
         got = s.prefill_run.step(
-            s, s.native_adder, s.cache.tree, s.kv.native, q, order, b.new_token_ratio,
+            s, s.native_adder, s.cache.tree, s.kv.native, s.queue, order, b.new_token_ratio,
             b.total_offset, b.current_offset, b.rem_input_tokens, b.rem_chunk_tokens, False,
-            b.exclusive_chunking,
-            s.max_running_requests - len(s.batch.reqs) + 1, b.can_run_list
+            b.exclusive_chunking, s.max_running_requests - len(s.batch.reqs) + 1, b.can_run_list
         )  # fmt: skip
         return _outcome(s, got, horizon)
     if order is not None:
