@@ -198,10 +198,19 @@ def test_covers_refusing_keeps_the_python_rounds(monkeypatch: pytest.MonkeyPatch
     from radixsched.fast import admit as admission
 
     monkeypatch.setattr(admission, "covers", lambda s, adder: False)
-    outcome = _counting(monkeypatch, steps, "_outcome")
+    fused: list[Any] = []  # what the native calls handed ``_outcome`` (None: a decode round)
+    real = steps._outcome
+
+    def outcome(s: Any, got: Any, horizon: Any) -> Any:
+        fused.append(got)
+        return real(s, got, horizon)
+
+    monkeypatch.setattr(steps, "_outcome", outcome)
     continued = _counting(monkeypatch, steps, "continued")
+    batch = _counting(monkeypatch, steps, "_batch")
     _same(SchedulerConfig(schedule_policy="lpm", chunked_prefill_size=128))
-    assert continued["calls"] > 0 and outcome["calls"] == 0
+    assert continued["calls"] > 0 and batch["calls"] > 0
+    assert all(got is None for got in fused)
 
 
 def test_an_exclusive_round_admits_no_second_chunked_request() -> None:
@@ -235,3 +244,59 @@ def test_a_round_with_a_new_chunked_request_runs_the_python_batch() -> None:
     out = steps.continued(s, b, None, None, True)
     assert out is not None and out.prefill_tokens == len(r.prompt_ids)
     assert s.chunked_req is other
+
+
+# ---- fresh in one native call (``PrefillRun.fresh``) ----------------------------------------------
+def _fresh(s: Any, covers: Any = None) -> Any:
+    from radixsched.fast import admit as admission
+
+    return s.prefill_run.fresh(
+        s, s.native_adder, s.cache.tree, s.kv.native, s.queue, steps._FRESH,
+        admission.covers if covers is None else covers,
+    )  # fmt: skip
+
+
+def test_fresh_resets_an_empty_batch_full_and_runs_the_round() -> None:
+    s = _scheduler([20, 30])
+    s.batch_is_full = True  # an empty batch is not full: reset, then the round runs
+    got = _fresh(s)
+    assert type(got) is tuple and got[-1] == 2 and s.queue.reqs == []
+
+
+def test_fresh_is_the_decode_round_with_nothing_waiting_or_no_slot() -> None:
+    s = _scheduler([])
+    assert _fresh(s) is None and s.batch_is_full is False
+    s = _scheduler([20])
+    s.max_running_requests = 0
+    assert _fresh(s) is None and s.batch_is_full is True and len(s.queue.reqs) == 1
+
+
+def test_fresh_hands_the_step_back_where_python_runs_it() -> None:
+    """False, nothing taken: an int new-token ratio, a count past int64, ``covers`` saying
+    no (the caller's ``_fresh`` then runs the step as before)."""
+    s = _scheduler([20])
+    s.ratio.current = 1
+    assert _fresh(s) is False
+    s.ratio.current = 0.5
+    s.max_running_requests = 2**70
+    assert _fresh(s) is False
+    s.max_running_requests = 8
+    assert _fresh(s, lambda sched, budgets: False) is False
+    assert len(s.queue.reqs) == 1 and s.stats.prefill_steps == 0
+    assert type(_fresh(s)) is tuple and s.queue.reqs == []
+
+
+def test_a_continuation_covers_refuses_is_checkpointed_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``continuation`` where ``covers`` says no: the last chunk checkpointed all the same
+    (``_adder_plan`` plans from there), None."""
+    from radixsched.fast import admit as admission
+
+    s = _scheduler([100])
+    s.step()  # the first chunk (64 tokens)
+    r = s.chunked_req
+    assert r is not None and (r.prefix_len, r.extend_end) == (0, 64)
+    monkeypatch.setattr(admission, "covers", lambda sched, adder: False)
+    assert steps.continuation(s, r) is None
+    assert r.prefix_len == 64

@@ -44,7 +44,9 @@ struct Names {
         *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
         *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
         *ignore_eos, *batch, *reqs, *batch_is_full, *pool, *deferred, *note_tried, *take_fixed,
-        *native_take, *take, *moved, *tried, *added, *native_step;
+        *native_take, *take, *moved, *tried, *added, *native_step, *max_running_requests,
+        *ratio, *current, *config, *clip_max_new_tokens, *decode_tokens, *begin_round,
+        *max_prefill_tokens, *chunk;
 };
 
 const Names& names() {
@@ -63,7 +65,10 @@ const Names& names() {
                      i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos"),
                      i("batch"), i("reqs"), i("batch_is_full"), i("_pool"), i("deferred"),
                      i("note_tried"), i("_take_fixed"), i("_native_take"), i("take"),
-                     i("moved"), i("tried"), i("added"), i("_native_step")};
+                     i("moved"), i("tried"), i("added"), i("_native_step"),
+                     i("max_running_requests"), i("ratio"), i("current"), i("config"),
+                     i("clip_max_new_tokens"), i("decode_tokens"), i("begin_round"),
+                     i("max_prefill_tokens"), i("_chunk")};
     }();
     return n;
 }
@@ -429,6 +434,56 @@ public:
                               a.rem_input_tokens, a.rem_chunk_tokens, c.other);
     }
 
+    // fast/step.py's fresh in one call, for a step whose tenants are not charged and with no
+    // EOS ids (the caller checks both): the running batch's fullness as fresh resets and
+    // tests it, the request slots left, then (a float new-token ratio, ints within int64 and
+    // `covers(sched, budgets)`, or False before anything but that reset changes: the caller
+    // runs fresh itself) the batch's decode tokens (batch.decode_tokens(clip)), the budgets'
+    // total offset (0.0 + (full + discounted * ratio)), the queue's round
+    // (queue.begin_round(running, processed_tokens, clock.now())) and step() of a fresh
+    // round on it. None where the step is the decode round (the batch full, nothing waiting,
+    // no slot left, no order or nothing extends), else what step() returns.
+    nb::object fresh(nb::handle sched, nb::handle adder, nb::handle tree, nb::handle kv,
+                     nb::handle queue, nb::handle budgets, nb::handle covers) {
+        const Names& n = names();
+        const nb::object batch = get(sched, n.batch), running = get(batch, n.reqs);
+        const int64_t n_running = len_of(running);
+        if (n_running == 0) set(sched, n.batch_is_full, Py_False);
+        if (truthy(get(sched, n.batch_is_full)) || len_of(get(queue, n.reqs)) == 0)
+            return nb::none();
+        int64_t most = 0, slots = 0;
+        if (!as_int64(get(sched, n.max_running_requests), most) ||
+            __builtin_sub_overflow(most, n_running, &slots))
+            return nb::bool_(false);
+        if (slots <= 0) {
+            set(sched, n.batch_is_full, Py_True);
+            return nb::none();
+        }
+        const nb::object cfg = get(sched, n.config), ratio_obj = get(get(sched, n.ratio), n.current);
+        const nb::object clip = get(cfg, n.clip_max_new_tokens), chunk = get(sched, n.chunk);
+        int64_t max_prefill = 0, chunk_size = 0;
+        if (!PyFloat_CheckExact(ratio_obj.ptr()) ||
+            !as_int64(get(cfg, n.max_prefill_tokens), max_prefill) ||
+            !(chunk.is_none() || as_int64(chunk, chunk_size)) || !truthy(covers(sched, budgets)))
+            return nb::bool_(false);
+        const double ratio = PyFloat_AS_DOUBLE(ratio_obj.ptr());
+        int64_t full = 0, discounted = 0;
+        if (n_running > 0) {
+            const nb::tuple got = nb::cast<nb::tuple>(batch.attr(nb::handle(n.decode_tokens))(clip));
+            if (got.size() != 2) throw std::invalid_argument("decode_tokens: (full, discounted)");
+            full = nb::cast<int64_t>(got[0]);
+            discounted = nb::cast<int64_t>(got[1]);
+        }
+        double total = 0.0;  // PrefillAdder.total_offset: float(0), then the reservations
+        total += double(full) + double(discounted) * ratio;
+        const nb::object order = queue.attr(nb::handle(n.begin_round))(
+            running, get(sched, n.processed_tokens), call_now(get(sched, n.clock)));
+        if (order.is_none()) return nb::none();
+        return step(sched, adder, tree, kv, queue, order, ratio, total, 0.0, max_prefill,
+                    chunk.is_none() ? std::nullopt : std::optional<int64_t>(chunk_size), false,
+                    false, slots, nb::list());
+    }
+
     // fast/step.py's continuation in one call: the chunked request `req`'s last chunk
     // checkpointed (where extend_end > prefix_len), then continuation() (no limit) and, where
     // it plans the chunk, its admission built as `admission(req, prefix_len, tokens,
@@ -491,6 +546,15 @@ private:
         queue_take(nb::cast<nb::list>(get(queue, n.reqs)), positions, f[0], f[1], f[2],
                    nb::cast<nb::dict>(get(queue, n.moved)), nb::cast<nb::dict>(get(queue, n.tried)),
                    nb::cast<nb::list>(get(queue, n.added)), f[3], f[4]);
+    }
+
+    // A Python int within int64 into `out`; false for another type or a value past int64.
+    static bool as_int64(nb::handle v, int64_t& out) {
+        if (!PyLong_CheckExact(v.ptr())) return false;
+        int overflow = 0;
+        out = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+        if (out == -1 && PyErr_Occurred()) throw nb::python_error();
+        return overflow == 0;
     }
 
     static nb::object call_now(nb::handle clock) {  // clock.now()
@@ -606,6 +670,8 @@ void bind_prefill(nb::module_& m) {
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "limit"_a = nb::none())
+        .def("fresh", &PrefillRun::fresh, "sched"_a, "adder"_a, "tree"_a, "kv"_a, "queue"_a,
+             "budgets"_a, "covers"_a)
         .def("continue_chunk", &PrefillRun::continue_chunk, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "admission"_a)

@@ -59,7 +59,20 @@ class Stepping(admission.Admitting, Protocol):
 
 def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
     """A step with no chunked request (``Role.step`` through ``_build_prefill``, its adder's
-    budgets as ``new_adder`` starts them: nothing mixed, no gate)."""
+    budgets as ``new_adder`` starts them: nothing mixed, no gate): with no tenant to charge
+    and no EOS ids, in one native call (``PrefillRun.fresh``: ``_fresh`` up to the run)
+    unless it hands the step back (False: a setup or value it leaves to ``_fresh``)."""
+    if not (s._charges or s.eos_ids):
+        got = s.prefill_run.fresh(
+            s, s.native_adder, s.cache.tree, s.kv.native, s.queue, _FRESH, admission.covers
+        )
+        if got is not False:
+            return _outcome(s, got, horizon)
+    return _fresh(s, horizon)
+
+
+def _fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
+    """``fresh`` in Python: the step's prelude, then the round."""
     running = s.batch.reqs
     if not running:
         s.batch_is_full = False
