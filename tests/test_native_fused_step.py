@@ -300,3 +300,11 @@ def test_a_continuation_covers_refuses_is_checkpointed_first(
     monkeypatch.setattr(admission, "covers", lambda sched, adder: False)
     assert steps.continuation(s, r) is None
     assert r.prefix_len == 64
+
+
+def test_fresh_counts_the_running_requests_against_the_slots() -> None:
+    s = _scheduler([20, 30])
+    s.max_running_requests = 1
+    assert s.step() is not None and len(s.batch.reqs) == 1  # the first admitted, running
+    s.batch_is_full = False  # (the round marked it full: asked again, the slots say so)
+    assert _fresh(s) is None and s.batch_is_full is True and len(s.queue.reqs) == 1
