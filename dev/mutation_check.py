@@ -1702,7 +1702,7 @@ MUTANTS = (
     Mutant(
         "fused-step-takes-nothing",
         "_native/prefill.cpp",
-        "        take(queue, positions);\n",
+        "        take(queue, waiting, positions);\n",
         "\n",
     ),
     Mutant(
@@ -1714,8 +1714,8 @@ MUTANTS = (
     Mutant(
         "fused-step-sees-no-chunked-request",
         "_native/prefill.cpp",
-        "                             !get(sched, n.chunked_req).is_none(),\n",
-        "                             false,\n",
+        "                             exclusive, slots, running, has_chunked, full};\n",
+        "                             exclusive, slots, running, false, full};\n",
     ),
     Mutant(
         "fused-take-always-asks-the-queue",
@@ -1747,42 +1747,6 @@ MUTANTS = (
         "_native/prefill.cpp",
         "            a = admission_rec_.make({req, get(req, n.prefix_len), t[0], t[1]});\n",
         "            a = admission_rec_.make({req, get(req, n.extend_end), t[0], t[1]});\n",
-    ),
-    Mutant(
-        "native-fresh-keeps-an-empty-batch-full",
-        "_native/prefill.cpp",
-        "        if (n_running == 0) set(sched, n.batch_is_full, Py_False);\n",
-        "\n",
-    ),
-    Mutant(
-        "native-fresh-no-slot-leaves-the-batch-unmarked",
-        "_native/prefill.cpp",
-        "        if (slots <= 0) {\n            set(sched, n.batch_is_full, Py_True);\n",
-        "        if (slots <= 0) {\n",
-    ),
-    Mutant(
-        "native-fresh-ignores-covers",
-        "_native/prefill.cpp",
-        " || !truthy(covers(sched, budgets)))\n",
-        ")\n",
-    ),
-    Mutant(
-        "native-fresh-drops-the-discounted-reservation",
-        "_native/prefill.cpp",
-        "        total += double(full) + double(discounted) * ratio;\n",
-        "        total += double(full);\n",
-    ),
-    Mutant(
-        "native-fresh-slots-ignore-the-running-batch",
-        "_native/prefill.cpp",
-        "            __builtin_sub_overflow(most, n_running, &slots))\n",
-        "            __builtin_sub_overflow(most, 0, &slots))\n",
-    ),
-    Mutant(
-        "native-fresh-forgets-the-tenants",
-        "fast/step.py",
-        "    if not (s._charges or s.eos_ids):\n        got = s.prefill_run.fresh(",
-        "    if not s.eos_ids:\n        got = s.prefill_run.fresh(",
     ),
     Mutant(
         "fused-fresh-forgets-the-tenants",

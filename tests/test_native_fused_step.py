@@ -124,10 +124,12 @@ def _scheduler(lens: list[int], max_prefill: int = 16384, chunk: int | None = 64
 def _step(s: Any, order: Any, can_run: list[Admission] | None = None, slots: int = 8) -> Any:
     """``fresh``'s native call (an empty running batch: no reservation)."""
     cfg = s.config
+    q = s.queue
     return s.prefill_run.step(
-        s, s.native_adder, s.cache.tree, s.kv.native, s.queue, order, s.ratio.current, 0.0,
-        0.0, cfg.max_prefill_tokens, s._chunk, False, False, slots,
-        [] if can_run is None else can_run,
+        s, s.native_adder, s.cache.tree, s.kv.native, q, order, s.ratio.current, 0.0,
+        0.0, cfg.max_prefill_tokens, s._chunk, False, slots,
+        [] if can_run is None else can_run, bool(s.batch.reqs), s.chunked_req is not None,
+        s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock,
     )  # fmt: skip
 
 
@@ -219,9 +221,11 @@ def test_an_exclusive_round_admits_no_second_chunked_request() -> None:
     s = _scheduler([100])
     s.chunked_req = Req("other", np.arange(8, dtype=np.int32), SamplingParams(max_new_tokens=1))
     cfg, waiting = s.config, list(s.queue.reqs)
+    q = s.queue
     got = s.prefill_run.step(
-        s, s.native_adder, s.cache.tree, s.kv.native, s.queue, _order(s), s.ratio.current, 0.0,
-        0.0, cfg.max_prefill_tokens, s._chunk, False, True, 8, [],
+        s, s.native_adder, s.cache.tree, s.kv.native, q, _order(s), s.ratio.current, 0.0,
+        0.0, cfg.max_prefill_tokens, s._chunk, True, 8, [], False, True, False, s._pool,
+        q.reqs, q.deferred, s.clock,
     )  # fmt: skip
     assert got is None and s.queue.reqs == waiting
 
@@ -246,46 +250,6 @@ def test_a_round_with_a_new_chunked_request_runs_the_python_batch() -> None:
     assert s.chunked_req is other
 
 
-# ---- fresh in one native call (``PrefillRun.fresh``) ----------------------------------------------
-def _fresh(s: Any, covers: Any = None) -> Any:
-    from radixsched.fast import admit as admission
-
-    return s.prefill_run.fresh(
-        s, s.native_adder, s.cache.tree, s.kv.native, s.queue, steps._FRESH,
-        admission.covers if covers is None else covers,
-    )  # fmt: skip
-
-
-def test_fresh_resets_an_empty_batch_full_and_runs_the_round() -> None:
-    s = _scheduler([20, 30])
-    s.batch_is_full = True  # an empty batch is not full: reset, then the round runs
-    got = _fresh(s)
-    assert type(got) is tuple and got[-1] == 2 and s.queue.reqs == []
-
-
-def test_fresh_is_the_decode_round_with_nothing_waiting_or_no_slot() -> None:
-    s = _scheduler([])
-    assert _fresh(s) is None and s.batch_is_full is False
-    s = _scheduler([20])
-    s.max_running_requests = 0
-    assert _fresh(s) is None and s.batch_is_full is True and len(s.queue.reqs) == 1
-
-
-def test_fresh_hands_the_step_back_where_python_runs_it() -> None:
-    """False, nothing taken: an int new-token ratio, a count past int64, ``covers`` saying
-    no (the caller's ``_fresh`` then runs the step as before)."""
-    s = _scheduler([20])
-    s.ratio.current = 1
-    assert _fresh(s) is False
-    s.ratio.current = 0.5
-    s.max_running_requests = 2**70
-    assert _fresh(s) is False
-    s.max_running_requests = 8
-    assert _fresh(s, lambda sched, budgets: False) is False
-    assert len(s.queue.reqs) == 1 and s.stats.prefill_steps == 0
-    assert type(_fresh(s)) is tuple and s.queue.reqs == []
-
-
 def test_a_continuation_covers_refuses_is_checkpointed_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -300,11 +264,3 @@ def test_a_continuation_covers_refuses_is_checkpointed_first(
     monkeypatch.setattr(admission, "covers", lambda sched, adder: False)
     assert steps.continuation(s, r) is None
     assert r.prefix_len == 64
-
-
-def test_fresh_counts_the_running_requests_against_the_slots() -> None:
-    s = _scheduler([20, 30])
-    s.max_running_requests = 1
-    assert s.step() is not None and len(s.batch.reqs) == 1  # the first admitted, running
-    s.batch_is_full = False  # (the round marked it full: asked again, the slots say so)
-    assert _fresh(s) is None and s.batch_is_full is True and len(s.queue.reqs) == 1

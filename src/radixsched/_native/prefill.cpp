@@ -43,10 +43,8 @@ struct Names {
         *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
         *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
         *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
-        *ignore_eos, *batch, *reqs, *batch_is_full, *pool, *deferred, *note_tried, *take_fixed,
-        *native_take, *take, *moved, *tried, *added, *native_step, *max_running_requests,
-        *ratio, *current, *config, *clip_max_new_tokens, *decode_tokens, *begin_round,
-        *max_prefill_tokens, *chunk;
+        *ignore_eos, *batch_is_full, *note_tried, *take_fixed, *native_take, *take, *moved,
+        *tried, *added, *native_step;
 };
 
 const Names& names() {
@@ -63,12 +61,9 @@ const Names& names() {
                      i("now"), i("host_hit_len"), i("extend_len"), i("first_scheduled"),
                      i("cached_tokens"), i("host_cached_tokens"), i("cached_prompt_tokens"),
                      i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos"),
-                     i("batch"), i("reqs"), i("batch_is_full"), i("_pool"), i("deferred"),
-                     i("note_tried"), i("_take_fixed"), i("_native_take"), i("take"),
-                     i("moved"), i("tried"), i("added"), i("_native_step"),
-                     i("max_running_requests"), i("ratio"), i("current"), i("config"),
-                     i("clip_max_new_tokens"), i("decode_tokens"), i("begin_round"),
-                     i("max_prefill_tokens"), i("_chunk")};
+                     i("batch_is_full"), i("note_tried"), i("_take_fixed"),
+                     i("_native_take"), i("take"), i("moved"), i("tried"), i("added"),
+                     i("_native_step")};
     }();
     return n;
 }
@@ -286,8 +281,10 @@ public:
     // charged and with no EOS ids (the caller checks both, and that admission.covers holds):
     // with `order` (else no admission: the continued chunk spent the round), the round on the
     // native adder `adder` (admit: Adder.round from these budgets, nothing new chunked yet,
-    // its admissions appended to `can_run`), the failed request noted (queue.note_tried) and
-    // sched.batch_is_full set; then, where an admission extends, the queue's take of the
+    // its admissions appended to `can_run`; `running`, `has_chunked_req`, `batch_is_full`,
+    // `pool`, `waiting`, `deferred` and `clock` the scheduler's and the queue's, read by the
+    // caller: a scheduler's attribute costs C++ a generic lookup), the failed request noted
+    // (queue.note_tried) and sched.batch_is_full set; then, where an admission extends, the queue's take of the
     // admitted positions (take's native call where the queue's own would make it, else its
     // take), the new chunked request set (asserting none is), sched._native_step() and, where
     // that offers one, extend_run over `can_run` at the clock's now. Returns None where no
@@ -297,28 +294,19 @@ public:
     nb::object step(nb::handle sched, nb::handle adder, nb::handle tree, nb::handle kv,
                     nb::handle queue, nb::handle order, double ratio, double total_offset,
                     double current_offset, int64_t rem_input, std::optional<int64_t> rem_chunk,
-                    bool has_new_chunked, bool exclusive, int64_t slots, nb::list can_run) {
+                    bool exclusive, int64_t slots, nb::list can_run, bool running,
+                    bool has_chunked, bool full, Pool& pool, nb::list waiting,
+                    nb::handle deferred, nb::handle clock) {
         const Names& n = names();
         nb::object positions, chunked = nb::none();
         if (order.is_none()) {
             positions = nb::list();
         } else {
-            const RoundIn in{ratio,
-                             total_offset,
-                             current_offset,
-                             rem_input,
-                             rem_chunk.has_value(),
-                             rem_chunk.value_or(0),
-                             has_new_chunked,
-                             exclusive,
-                             slots,
-                             len_of(get(get(sched, n.batch), n.reqs)) > 0,
-                             !get(sched, n.chunked_req).is_none(),
-                             truthy(get(sched, n.batch_is_full))};
-            Pool& pool = nb::cast<Pool&>(get(sched, n.pool));
-            RoundOut r = adder_round(adder, in, tree, pool, order,
-                                     nb::cast<nb::list>(get(queue, n.reqs)),
-                                     get(queue, n.deferred), can_run);
+            const RoundIn in{ratio, total_offset, current_offset, rem_input,
+                             rem_chunk.has_value(), rem_chunk.value_or(0),
+                             false,  // nothing new chunked yet
+                             exclusive, slots, running, has_chunked, full};
+            RoundOut r = adder_round(adder, in, tree, pool, order, waiting, deferred, can_run);
             if (!r.failed.is_none()) queue.attr(nb::handle(n.note_tried))(r.failed);
             set(sched, n.batch_is_full, r.batch_is_full ? Py_True : Py_False);
             positions = std::move(r.positions);
@@ -331,7 +319,7 @@ public:
                 break;
             }
         if (!extends) return nb::none();
-        take(queue, positions);
+        take(queue, waiting, positions);
         if (!chunked.is_none()) {
             if (!get(sched, n.chunked_req).is_none()) {
                 PyErr_SetString(PyExc_AssertionError, "only one chunked request at a time");
@@ -339,11 +327,13 @@ public:
             }
             set(sched, n.chunked_req, chunked);
         }
-        const nb::object native = sched.attr(nb::handle(n.native_step))();
+        PyObject* got_native = PyObject_CallMethodNoArgs(sched.ptr(), n.native_step);
+        if (got_native == nullptr) throw nb::python_error();
+        const nb::object native = nb::steal(got_native);
         if (native.is_none()) return std::move(can_run);
         const nb::tuple got = nb::cast<nb::tuple>(native);
         if (got.size() != 3) throw std::invalid_argument("_native_step: (cost, hashes, vocab)");
-        const double t0 = nb::cast<double>(call_now(get(sched, n.clock)));
+        const double t0 = nb::cast<double>(call_now(clock));
         nb::object res = extend_run(kv, can_run, nb::cast<const PrefillCost&>(got[0]), got[1],
                                     nb::cast<uint64_t>(got[2]), sched, t0);
         return res.is_none() ? nb::object(std::move(can_run)) : res;
@@ -434,56 +424,6 @@ public:
                               a.rem_input_tokens, a.rem_chunk_tokens, c.other);
     }
 
-    // fast/step.py's fresh in one call, for a step whose tenants are not charged and with no
-    // EOS ids (the caller checks both): the running batch's fullness as fresh resets and
-    // tests it, the request slots left, then (a float new-token ratio, ints within int64 and
-    // `covers(sched, budgets)`, or False before anything but that reset changes: the caller
-    // runs fresh itself) the batch's decode tokens (batch.decode_tokens(clip)), the budgets'
-    // total offset (0.0 + (full + discounted * ratio)), the queue's round
-    // (queue.begin_round(running, processed_tokens, clock.now())) and step() of a fresh
-    // round on it. None where the step is the decode round (the batch full, nothing waiting,
-    // no slot left, no order or nothing extends), else what step() returns.
-    nb::object fresh(nb::handle sched, nb::handle adder, nb::handle tree, nb::handle kv,
-                     nb::handle queue, nb::handle budgets, nb::handle covers) {
-        const Names& n = names();
-        const nb::object batch = get(sched, n.batch), running = get(batch, n.reqs);
-        const int64_t n_running = len_of(running);
-        if (n_running == 0) set(sched, n.batch_is_full, Py_False);
-        if (truthy(get(sched, n.batch_is_full)) || len_of(get(queue, n.reqs)) == 0)
-            return nb::none();
-        int64_t most = 0, slots = 0;
-        if (!as_int64(get(sched, n.max_running_requests), most) ||
-            __builtin_sub_overflow(most, n_running, &slots))
-            return nb::bool_(false);
-        if (slots <= 0) {
-            set(sched, n.batch_is_full, Py_True);
-            return nb::none();
-        }
-        const nb::object cfg = get(sched, n.config), ratio_obj = get(get(sched, n.ratio), n.current);
-        const nb::object clip = get(cfg, n.clip_max_new_tokens), chunk = get(sched, n.chunk);
-        int64_t max_prefill = 0, chunk_size = 0;
-        if (!PyFloat_CheckExact(ratio_obj.ptr()) ||
-            !as_int64(get(cfg, n.max_prefill_tokens), max_prefill) ||
-            !(chunk.is_none() || as_int64(chunk, chunk_size)) || !truthy(covers(sched, budgets)))
-            return nb::bool_(false);
-        const double ratio = PyFloat_AS_DOUBLE(ratio_obj.ptr());
-        int64_t full = 0, discounted = 0;
-        if (n_running > 0) {
-            const nb::tuple got = nb::cast<nb::tuple>(batch.attr(nb::handle(n.decode_tokens))(clip));
-            if (got.size() != 2) throw std::invalid_argument("decode_tokens: (full, discounted)");
-            full = nb::cast<int64_t>(got[0]);
-            discounted = nb::cast<int64_t>(got[1]);
-        }
-        double total = 0.0;  // PrefillAdder.total_offset: float(0), then the reservations
-        total += double(full) + double(discounted) * ratio;
-        const nb::object order = queue.attr(nb::handle(n.begin_round))(
-            running, get(sched, n.processed_tokens), call_now(get(sched, n.clock)));
-        if (order.is_none()) return nb::none();
-        return step(sched, adder, tree, kv, queue, order, ratio, total, 0.0, max_prefill,
-                    chunk.is_none() ? std::nullopt : std::optional<int64_t>(chunk_size), false,
-                    false, slots, nb::list());
-    }
-
     // fast/step.py's continuation in one call: the chunked request `req`'s last chunk
     // checkpointed (where extend_end > prefix_len), then continuation() (no limit) and, where
     // it plans the chunk, its admission built as `admission(req, prefix_len, tokens,
@@ -533,8 +473,9 @@ private:
     }
 
     // FastWaitingQueue.take(positions): its native call (queue_take) made here where the
-    // queue's would be (its fixed arguments set and its native take on), else its own.
-    static void take(nb::handle queue, nb::handle positions) {
+    // queue's would be (its fixed arguments set and its native take on), else its own;
+    // `waiting`: the queue's list (queue.reqs, the same list since the round read it).
+    static void take(nb::handle queue, nb::list waiting, nb::handle positions) {
         const Names& n = names();
         const nb::object fixed = get(queue, n.take_fixed);
         if (fixed.is_none() || get(queue, n.native_take).is_none()) {
@@ -543,18 +484,9 @@ private:
         }
         const nb::tuple f = nb::cast<nb::tuple>(fixed);
         if (f.size() != 5) throw std::invalid_argument("take: five fixed arguments");
-        queue_take(nb::cast<nb::list>(get(queue, n.reqs)), positions, f[0], f[1], f[2],
+        queue_take(std::move(waiting), positions, f[0], f[1], f[2],
                    nb::cast<nb::dict>(get(queue, n.moved)), nb::cast<nb::dict>(get(queue, n.tried)),
                    nb::cast<nb::list>(get(queue, n.added)), f[3], f[4]);
-    }
-
-    // A Python int within int64 into `out`; false for another type or a value past int64.
-    static bool as_int64(nb::handle v, int64_t& out) {
-        if (!PyLong_CheckExact(v.ptr())) return false;
-        int overflow = 0;
-        out = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-        if (out == -1 && PyErr_Occurred()) throw nb::python_error();
-        return overflow == 0;
     }
 
     static nb::object call_now(nb::handle clock) {  // clock.now()
@@ -665,13 +597,12 @@ void bind_prefill(nb::module_& m) {
              "hashes"_a, "vocab"_a, "sched"_a, "t0"_a)
         .def("step", &PrefillRun::step, "sched"_a, "adder"_a, "tree"_a, "kv"_a, "queue"_a,
              "order"_a.none(), "ratio"_a, "total_offset"_a, "current_offset"_a,
-             "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(), "has_new_chunked"_a,
-             "exclusive_chunking"_a, "slots"_a, "can_run"_a)
+             "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(), "exclusive_chunking"_a,
+             "slots"_a, "can_run"_a, "running"_a, "has_chunked_req"_a, "batch_is_full"_a,
+             "pool"_a, "waiting"_a, "deferred"_a, "clock"_a)
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "limit"_a = nb::none())
-        .def("fresh", &PrefillRun::fresh, "sched"_a, "adder"_a, "tree"_a, "kv"_a, "queue"_a,
-             "budgets"_a, "covers"_a)
         .def("continue_chunk", &PrefillRun::continue_chunk, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "admission"_a)

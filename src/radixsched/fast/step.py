@@ -59,20 +59,7 @@ class Stepping(admission.Admitting, Protocol):
 
 def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
     """A step with no chunked request (``Role.step`` through ``_build_prefill``, its adder's
-    budgets as ``new_adder`` starts them: nothing mixed, no gate): with no tenant to charge
-    and no EOS ids, in one native call (``PrefillRun.fresh``: ``_fresh`` up to the run)
-    unless it hands the step back (False: a setup or value it leaves to ``_fresh``)."""
-    if not (s._charges or s.eos_ids):
-        got = s.prefill_run.fresh(
-            s, s.native_adder, s.cache.tree, s.kv.native, s.queue, _FRESH, admission.covers
-        )
-        if got is not False:
-            return _outcome(s, got, horizon)
-    return _fresh(s, horizon)
-
-
-def _fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
-    """``fresh`` in Python: the step's prelude, then the round."""
+    budgets as ``new_adder`` starts them: nothing mixed, no gate)."""
     running = s.batch.reqs
     if not running:
         s.batch_is_full = False
@@ -95,7 +82,8 @@ def _fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
         q, mp = s.queue, cfg.max_prefill_tokens
         got = s.prefill_run.step(
             s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio, total, 0.0, mp,
-            s._chunk, False, False, slots, []
+            s._chunk, False, slots, [], bool(running), s.chunked_req is not None,
+            s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock
         )  # fmt: skip
         return _outcome(s, got, horizon)
     budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, s._chunk)  # chunk_size
@@ -223,10 +211,13 @@ def continued(
     b = adder  # the admission and ``_batch`` natively, where nothing new is chunked yet
     fused = covered or admission.covers(s, b)
     if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:
+        q, running = s.queue, s.batch.reqs
         got = s.prefill_run.step(
-            s, s.native_adder, s.cache.tree, s.kv.native, s.queue, order, b.new_token_ratio,
-            b.total_offset, b.current_offset, b.rem_input_tokens, b.rem_chunk_tokens, False,
-            b.exclusive_chunking, s.max_running_requests - len(s.batch.reqs) + 1, b.can_run_list
+            s, s.native_adder, s.cache.tree, s.kv.native, q, order, b.new_token_ratio,
+            b.total_offset, b.current_offset, b.rem_input_tokens, b.rem_chunk_tokens,
+            b.exclusive_chunking, s.max_running_requests - len(running) + 1, b.can_run_list,
+            bool(running), s.chunked_req is not None, s.batch_is_full, s._pool, q.reqs,
+            q.deferred, s.clock
         )  # fmt: skip
         return _outcome(s, got, horizon)
     if order is not None:
