@@ -1702,7 +1702,8 @@ MUTANTS = (
     Mutant(
         "fused-step-takes-nothing",
         "_native/prefill.cpp",
-        "        take(queue, waiting, positions);\n",
+        "            queue_take(waiting, positions, f[0], f[1], f[2], std::move(moved), std::move(tried),\n"
+        "                       std::move(added), f[3], f[4]);\n",
         "\n",
     ),
     Mutant(
@@ -1720,14 +1721,14 @@ MUTANTS = (
     Mutant(
         "fused-take-always-asks-the-queue",
         "_native/prefill.cpp",
-        "        if (fixed.is_none() || get(queue, n.native_take).is_none()) {\n",
+        "        if (take_fixed.is_none() || native_take.is_none()) {  // the queue's own take\n",
         "        if (true) {\n",
     ),
     Mutant(
         "fused-take-ignores-a-native-take-off",
         "_native/prefill.cpp",
-        "        if (fixed.is_none() || get(queue, n.native_take).is_none()) {\n",
-        "        if (fixed.is_none()) {\n",
+        "        if (take_fixed.is_none() || native_take.is_none()) {  // the queue's own take\n",
+        "        if (take_fixed.is_none()) {\n",
     ),
     Mutant(
         "fused-step-ignores-a-declined-run",

@@ -129,7 +129,8 @@ def _step(s: Any, order: Any, can_run: list[Admission] | None = None, slots: int
         s, s.native_adder, s.cache.tree, s.kv.native, q, order, s.ratio.current, 0.0,
         0.0, cfg.max_prefill_tokens, s._chunk, False, slots,
         [] if can_run is None else can_run, bool(s.batch.reqs), s.chunked_req is not None,
-        s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock,
+        s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock, q._take_fixed, q._native_take,
+        q.moved, q.tried, q.added,
     )  # fmt: skip
 
 
@@ -225,7 +226,7 @@ def test_an_exclusive_round_admits_no_second_chunked_request() -> None:
     got = s.prefill_run.step(
         s, s.native_adder, s.cache.tree, s.kv.native, q, _order(s), s.ratio.current, 0.0,
         0.0, cfg.max_prefill_tokens, s._chunk, True, 8, [], False, True, False, s._pool,
-        q.reqs, q.deferred, s.clock,
+        q.reqs, q.deferred, s.clock, q._take_fixed, q._native_take, q.moved, q.tried, q.added,
     )  # fmt: skip
     assert got is None and s.queue.reqs == waiting
 

@@ -43,8 +43,7 @@ struct Names {
         *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
         *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
         *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
-        *ignore_eos, *batch_is_full, *note_tried, *take_fixed, *native_take, *take, *moved,
-        *tried, *added, *native_step;
+        *ignore_eos, *batch_is_full, *note_tried, *take, *native_step;
 };
 
 const Names& names() {
@@ -61,9 +60,7 @@ const Names& names() {
                      i("now"), i("host_hit_len"), i("extend_len"), i("first_scheduled"),
                      i("cached_tokens"), i("host_cached_tokens"), i("cached_prompt_tokens"),
                      i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos"),
-                     i("batch_is_full"), i("note_tried"), i("_take_fixed"),
-                     i("_native_take"), i("take"), i("moved"), i("tried"), i("added"),
-                     i("_native_step")};
+                     i("batch_is_full"), i("note_tried"), i("take"), i("_native_step")};
     }();
     return n;
 }
@@ -281,22 +278,25 @@ public:
     // charged and with no EOS ids (the caller checks both, and that admission.covers holds):
     // with `order` (else no admission: the continued chunk spent the round), the round on the
     // native adder `adder` (admit: Adder.round from these budgets, nothing new chunked yet,
-    // its admissions appended to `can_run`; `running`, `has_chunked_req`, `batch_is_full`,
-    // `pool`, `waiting`, `deferred` and `clock` the scheduler's and the queue's, read by the
-    // caller: a scheduler's attribute costs C++ a generic lookup), the failed request noted
-    // (queue.note_tried) and sched.batch_is_full set; then, where an admission extends, the queue's take of the
-    // admitted positions (take's native call where the queue's own would make it, else its
-    // take), the new chunked request set (asserting none is), sched._native_step() and, where
-    // that offers one, extend_run over `can_run` at the clock's now. Returns None where no
-    // admission extends (the caller's decode round: nothing taken), `can_run` where no native
-    // step runs the batch (everything up to extend_run done: the caller builds its entries
-    // and runs it), else extend_run's tuple.
+    // its admissions appended to `can_run`), the failed request noted (queue.note_tried) and
+    // sched.batch_is_full set; then, where an admission extends, the queue's take of the
+    // admitted positions (FastWaitingQueue.take: its native call, queue_take, made here where
+    // `take_fixed` and `native_take` are both set, else the queue's own take), the new
+    // chunked request set (asserting none is), sched._native_step() and, where that offers
+    // one, extend_run over `can_run` at the clock's now. The scheduler's and the queue's
+    // values (`running`: its batch is not empty, `has_chunked_req`, `batch_is_full`, `pool`,
+    // `waiting`: queue.reqs, `deferred`, `clock`, the take's `take_fixed`, `native_take`,
+    // `moved`, `tried`, `added`) are read by the caller: an attribute of theirs costs C++ a
+    // generic lookup. Returns None where no admission extends (the caller's decode round:
+    // nothing taken), `can_run` where no native step runs the batch (everything up to
+    // extend_run done: the caller builds its entries and runs it), else extend_run's tuple.
     nb::object step(nb::handle sched, nb::handle adder, nb::handle tree, nb::handle kv,
                     nb::handle queue, nb::handle order, double ratio, double total_offset,
                     double current_offset, int64_t rem_input, std::optional<int64_t> rem_chunk,
                     bool exclusive, int64_t slots, nb::list can_run, bool running,
                     bool has_chunked, bool full, Pool& pool, nb::list waiting,
-                    nb::handle deferred, nb::handle clock) {
+                    nb::handle deferred, nb::handle clock, nb::handle take_fixed,
+                    nb::handle native_take, nb::dict moved, nb::dict tried, nb::list added) {
         const Names& n = names();
         nb::object positions, chunked = nb::none();
         if (order.is_none()) {
@@ -319,7 +319,14 @@ public:
                 break;
             }
         if (!extends) return nb::none();
-        take(queue, waiting, positions);
+        if (take_fixed.is_none() || native_take.is_none()) {  // the queue's own take
+            queue.attr(nb::handle(n.take))(positions);
+        } else {  // its native call, made here
+            const nb::tuple f = nb::cast<nb::tuple>(take_fixed);
+            if (f.size() != 5) throw std::invalid_argument("take: five fixed arguments");
+            queue_take(waiting, positions, f[0], f[1], f[2], std::move(moved), std::move(tried),
+                       std::move(added), f[3], f[4]);
+        }
         if (!chunked.is_none()) {
             if (!get(sched, n.chunked_req).is_none()) {
                 PyErr_SetString(PyExc_AssertionError, "only one chunked request at a time");
@@ -472,23 +479,6 @@ private:
         return {d, std::move(now)};
     }
 
-    // FastWaitingQueue.take(positions): its native call (queue_take) made here where the
-    // queue's would be (its fixed arguments set and its native take on), else its own;
-    // `waiting`: the queue's list (queue.reqs, the same list since the round read it).
-    static void take(nb::handle queue, nb::list waiting, nb::handle positions) {
-        const Names& n = names();
-        const nb::object fixed = get(queue, n.take_fixed);
-        if (fixed.is_none() || get(queue, n.native_take).is_none()) {
-            queue.attr(nb::handle(n.take))(positions);
-            return;
-        }
-        const nb::tuple f = nb::cast<nb::tuple>(fixed);
-        if (f.size() != 5) throw std::invalid_argument("take: five fixed arguments");
-        queue_take(std::move(waiting), positions, f[0], f[1], f[2],
-                   nb::cast<nb::dict>(get(queue, n.moved)), nb::cast<nb::dict>(get(queue, n.tried)),
-                   nb::cast<nb::list>(get(queue, n.added)), f[3], f[4]);
-    }
-
     static nb::object call_now(nb::handle clock) {  // clock.now()
         PyObject* v = PyObject_CallMethodNoArgs(clock.ptr(), names().now);
         if (v == nullptr) throw nb::python_error();
@@ -599,7 +589,8 @@ void bind_prefill(nb::module_& m) {
              "order"_a.none(), "ratio"_a, "total_offset"_a, "current_offset"_a,
              "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(), "exclusive_chunking"_a,
              "slots"_a, "can_run"_a, "running"_a, "has_chunked_req"_a, "batch_is_full"_a,
-             "pool"_a, "waiting"_a, "deferred"_a, "clock"_a)
+             "pool"_a, "waiting"_a, "deferred"_a, "clock"_a, "take_fixed"_a.none(),
+             "native_take"_a.none(), "moved"_a, "tried"_a, "added"_a)
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "limit"_a = nb::none())

@@ -83,7 +83,8 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
         got = s.prefill_run.step(
             s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio, total, 0.0, mp,
             s._chunk, False, slots, [], bool(running), s.chunked_req is not None,
-            s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock
+            s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock, q._take_fixed,
+            q._native_take, q.moved, q.tried, q.added
         )  # fmt: skip
         return _outcome(s, got, horizon)
     budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, s._chunk)  # chunk_size
@@ -217,7 +218,7 @@ def continued(
             b.total_offset, b.current_offset, b.rem_input_tokens, b.rem_chunk_tokens,
             b.exclusive_chunking, s.max_running_requests - len(running) + 1, b.can_run_list,
             bool(running), s.chunked_req is not None, s.batch_is_full, s._pool, q.reqs,
-            q.deferred, s.clock
+            q.deferred, s.clock, q._take_fixed, q._native_take, q.moved, q.tried, q.added
         )  # fmt: skip
         return _outcome(s, got, horizon)
     if order is not None:
