@@ -1,10 +1,12 @@
 """``FastScheduler``'s prefill step in few calls: where the run's setup allows it (``direct``),
 a step does what ``Role.step``, ``prefill_round``, ``_build_prefill``, ``new_adder``,
 ``fill_round``, ``_admit``, ``_prefill_batch``, ``_extend_entries`` and ``run`` do, in that
-order, with two native calls for a round without a continued chunk: the admission from the
-round's budgets (``Adder.round``, no ``PrefillAdder`` built) and the admitted requests' slots
-with the step run on them (``PrefillRun.extend_run``, no ``ExtendEntry`` built). A step the
-calls decline, or a setup they do not cover, runs the reference's pieces.
+order. After the queue's round, one native call (``PrefillRun.step``) admits from the
+round's budgets (``Adder.round``, no ``PrefillAdder`` built), takes the admitted positions,
+and gives the admitted requests their slots with the step run on them (``extend_run``, no
+``ExtendEntry`` built); a continued chunk is planned and admitted in one more
+(``PrefillRun.continue_chunk``). Where no tenant is charged and there are no EOS ids; a step
+the calls hand back, or a setup they do not cover, runs the reference's pieces.
 
 The setup is fixed for the run: a plain co-located role, no prefill gate, no mixed chunks, no
 priority preemption (no preempted request to requeue: the adder's preempt list stays empty),
