@@ -20,7 +20,7 @@ EQUIV_TESTS := tests/test_native_radix.py tests/test_allocator.py tests/test_rad
 	tests/test_decode_native.py tests/test_cold_round.py tests/test_native_radix_index.py \
 	tests/test_native_select.py tests/test_native_run.py tests/test_native_round.py \
 	tests/test_native_alloc_evicting.py tests/test_native_dfs_order.py \
-	tests/test_native_chunks.py tests/test_native_compat_match.py \
+	tests/test_native_chunks.py tests/test_native_compat_match.py tests/test_native_fused_step.py \
 	tests/test_native_compat_round.py tests/test_native_admit_compat.py \
 	tests/test_native_prompts.py tests/test_native_radix_tokens.py tests/test_arrive.py \
 	tests/test_fast_step.py tests/test_native_take.py tests/test_native_checkpoint_rematch.py \

@@ -69,6 +69,7 @@ TESTS = (
     "tests/test_native_alloc_evicting.py",
     "tests/test_native_chunks.py",
     "tests/test_fast_step.py",
+    "tests/test_native_fused_step.py",
     "tests/test_arrive.py",
     "tests/test_native_take.py",
     "tests/test_native_round.py",
@@ -1918,6 +1919,104 @@ MUTANTS = (
         "_native/prompts.cpp",
         "                const MooncakeShape s{block_salt, k[i], static_cast<size_t>(block), vocab};",
         "                const MooncakeShape s{block_salt, k[0], static_cast<size_t>(block), vocab};",
+    ),
+    Mutant(
+        "fused-step-forgets-the-failed-request",
+        "_native/prefill.cpp",
+        "            if (!r.failed.is_none()) queue.attr(nb::handle(n.note_tried))(r.failed);\n",
+        "\n",
+    ),
+    Mutant(
+        "fused-step-keeps-the-batch-fullness",
+        "_native/prefill.cpp",
+        "            set(sched, n.batch_is_full, r.batch_is_full ? Py_True : Py_False);\n",
+        "\n",
+    ),
+    Mutant(
+        "fused-step-runs-when-nothing-extends",
+        "_native/prefill.cpp",
+        "        if (!extends) return nb::none();\n",
+        "\n",
+    ),
+    Mutant(
+        "fused-step-takes-nothing",
+        "_native/prefill.cpp",
+        "            queue_take(waiting, positions, f[0], f[1], f[2], std::move(moved), std::move(tried),\n"
+        "                       std::move(added), f[3], f[4]);\n",
+        "\n",
+    ),
+    Mutant(
+        "fused-step-sets-no-chunked-request",
+        "_native/prefill.cpp",
+        "            set(sched, n.chunked_req, chunked);\n",
+        "\n",
+    ),
+    Mutant(
+        "fused-step-sees-no-chunked-request",
+        "_native/prefill.cpp",
+        "                             exclusive, slots, running, has_chunked, full};\n",
+        "                             exclusive, slots, running, false, full};\n",
+    ),
+    Mutant(
+        "fused-take-always-asks-the-queue",
+        "_native/prefill.cpp",
+        "        if (take_fixed.is_none() || native_take.is_none()) {  // the queue's own take\n",
+        "        if (true) {\n",
+    ),
+    Mutant(
+        "fused-take-ignores-a-native-take-off",
+        "_native/prefill.cpp",
+        "        if (take_fixed.is_none() || native_take.is_none()) {  // the queue's own take\n",
+        "        if (take_fixed.is_none()) {\n",
+    ),
+    Mutant(
+        "fused-step-ignores-a-declined-run",
+        "_native/prefill.cpp",
+        "        return res.is_none() ? nb::object(std::move(can_run)) : res;\n",
+        "        return res;\n",
+    ),
+    Mutant(
+        "continue-chunk-skips-the-checkpoint",
+        "_native/prefill.cpp",
+        "        if (ended > get_int(req, n.prefix_len)) kv_checkpoint(kv, req, ended);\n"
+        "        const nb::object got",
+        "        const nb::object got",
+    ),
+    Mutant(
+        "continue-chunk-admits-at-the-extend-end",
+        "_native/prefill.cpp",
+        "            a = admission_rec_.make({req, get(req, n.prefix_len), t[0], t[1]});\n",
+        "            a = admission_rec_.make({req, get(req, n.extend_end), t[0], t[1]});\n",
+    ),
+    Mutant(
+        "fused-fresh-forgets-the-tenants",
+        "fast/step.py",
+        "    if not (s._charges or s.eos_ids) and admission.covers(s, _FRESH):",
+        "    if not s.eos_ids and admission.covers(s, _FRESH):",
+    ),
+    Mutant(
+        "fused-continued-ignores-covers",
+        "fast/step.py",
+        "    fused = covered or admission.covers(s, b)\n",
+        "    fused = True\n",
+    ),
+    Mutant(
+        "fused-continued-ignores-a-new-chunked-request",
+        "fast/step.py",
+        "    if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:\n",
+        "    if not (s._charges or s.eos_ids) and fused:\n",
+    ),
+    Mutant(
+        "fused-continued-forgets-the-tenants",
+        "fast/step.py",
+        "    if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:\n",
+        "    if b.new_chunked_req is None and not s.eos_ids and fused:\n",
+    ),
+    Mutant(
+        "fused-outcome-joins-nothing",
+        "fast/step.py",
+        "    d, n, tokens, finished, joined, size = got\n    s.batch.extend(joined)\n",
+        "    d, n, tokens, finished, joined, size = got\n",
     ),
 )
 

@@ -22,6 +22,7 @@ from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.config import SchedulerConfig
 from radixsched.fast import admit as admission
 from radixsched.fast import build_scheduler
+from radixsched.fast import step as steps
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.scheduler import Scheduler
@@ -178,14 +179,20 @@ def test_native_adder_equals_the_python_adder_hypothesis(
 
 
 def _run(policy: str, **sched: Any) -> int:
-    """Rounds the native loop ran in a small accelerated simulation."""
+    """Rounds the native loop ran in a small accelerated simulation: through ``admit``, or
+    in a prefill step's one native call (``fast/step.py``: one that ran a step)."""
     calls = 0
-    real = admission.admit
+    real, outcome = admission.admit, steps._outcome
 
     def counting(*a: Any) -> list[int]:
         nonlocal calls
         calls += 1
         return real(*a)
+
+    def counting_steps(s: Any, got: Any, horizon: Any) -> Any:
+        nonlocal calls
+        calls += got is not None
+        return outcome(s, got, horizon)
 
     w = load_workload(
         "shared-prefix:groups=3,prompts=6,system_len=256,question_len=32,output_len=16",
@@ -193,6 +200,7 @@ def _run(policy: str, **sched: Any) -> int:
     )
     mp = pytest.MonkeyPatch()
     mp.setattr(admission, "admit", counting)
+    mp.setattr(steps, "_outcome", counting_steps)
     try:
         cfg = SchedulerConfig(schedule_policy=policy, **sched)
         run = simulate(

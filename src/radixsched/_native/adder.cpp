@@ -231,20 +231,28 @@ public:
     void begin(double ratio, double total_offset, double current_offset, int64_t rem_input,
                nb::object rem_chunk, int64_t n_admitted, bool has_new_chunked, bool exclusive,
                int64_t slots_, bool running_, bool has_chunked, bool full) {
-        cfg.new_token_ratio = ratio;
-        cfg.exclusive_chunking = exclusive;
+        const bool has_chunk = !rem_chunk.is_none();
+        start(RoundIn{ratio, total_offset, current_offset, rem_input, has_chunk,
+                      has_chunk ? nb::cast<int64_t>(rem_chunk) : 0, has_new_chunked, exclusive,
+                      slots_, running_, has_chunked, full},
+              n_admitted);
+    }
+
+    void start(const RoundIn& in, int64_t n_admitted) {
+        cfg.new_token_ratio = in.ratio;
+        cfg.exclusive_chunking = in.exclusive;
         b = Budget{};
-        b.total_offset = total_offset;
-        b.current_offset = current_offset;
-        b.rem_input_tokens = rem_input;
-        b.has_chunk = !rem_chunk.is_none();
-        b.rem_chunk_tokens = b.has_chunk ? nb::cast<int64_t>(rem_chunk) : 0;
+        b.total_offset = in.total_offset;
+        b.current_offset = in.current_offset;
+        b.rem_input_tokens = in.rem_input;
+        b.has_chunk = in.has_chunk;
+        b.rem_chunk_tokens = in.has_chunk ? in.rem_chunk : 0;
         b.n_admitted = n_admitted;
-        b.has_new_chunked = has_new_chunked;
-        slots = slots_;
-        running = running_;
-        has_chunked_req = has_chunked;
-        batch_is_full = full;
+        b.has_new_chunked = in.has_new_chunked;
+        slots = in.slots;
+        running = in.running;
+        has_chunked_req = in.has_chunked_req;
+        batch_is_full = in.batch_is_full;
         members.clear();
     }
 
@@ -480,6 +488,17 @@ nb::tuple NativeAdder::admit(nb::handle tree_h, Pool& pool, nb::handle order, nb
     return nb::make_tuple(positions, new_chunked, failed);
 }
 
+// Adder.round: begin, the round's admissions so far (the continued chunk) as members, admit.
+RoundOut round(NativeAdder& a, const RoundIn& in, nb::handle tree, Pool& pool, nb::handle order,
+               nb::list waiting, nb::handle deferred, nb::list can_run) {
+    a.start(in, int64_t(nb::len(can_run)));
+    const Names& n = *g_names;
+    for (nb::handle m : can_run)
+        a.add_member(get(m, n.req), py::get_int(m, n.prefix_len), py::get_int(m, n.extend_len));
+    nb::tuple r = a.admit(tree, pool, order, waiting, deferred, can_run);
+    return RoundOut{nb::borrow<nb::list>(r[0]), r[1], r[2], a.b, a.batch_is_full};
+}
+
 // The config and the budgets as properties (the tests set them and compare with PrefillAdder).
 void bind_budget(nb::class_<NativeAdder>& c) {
     c.def_prop_rw(
@@ -533,6 +552,12 @@ void bind_budget(nb::class_<NativeAdder>& c) {
 }
 
 }  // namespace
+
+RoundOut adder_round(nb::handle adder, const RoundIn& in, nb::handle tree, Pool& pool,
+                     nb::handle order, nb::list waiting, nb::handle deferred, nb::list can_run) {
+    return round(nb::cast<NativeAdder&>(adder), in, tree, pool, order, std::move(waiting),
+                 deferred, std::move(can_run));
+}
 
 void bind_adder(nb::module_& m, TreeOf tree_of) {
     g_tree_of = tree_of;
@@ -589,15 +614,12 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
                 int64_t slots, bool running, bool has_chunked, bool full, nb::handle tree,
                 Pool& pool, nb::handle order, nb::list waiting, nb::handle deferred,
                 nb::list can_run) {
-                 a.begin(ratio, total_offset, current_offset, rem_input, std::move(rem_chunk),
-                         int64_t(nb::len(can_run)), has_new_chunked, exclusive, slots, running,
-                         has_chunked, full);
-                 const Names& n = *g_names;
-                 for (nb::handle m : can_run)
-                     a.add_member(get(m, n.req), py::get_int(m, n.prefix_len),
-                                  py::get_int(m, n.extend_len));
-                 nb::tuple r = a.admit(tree, pool, order, waiting, deferred, can_run);
-                 return nb::make_tuple(r[0], r[1], r[2], a.budgets());
+                 const bool has_chunk = !rem_chunk.is_none();
+                 const RoundIn in{ratio, total_offset, current_offset, rem_input, has_chunk,
+                                  has_chunk ? nb::cast<int64_t>(rem_chunk) : 0, has_new_chunked,
+                                  exclusive, slots, running, has_chunked, full};
+                 RoundOut r = round(a, in, tree, pool, order, waiting, deferred, can_run);
+                 return nb::make_tuple(r.positions, r.chunked, r.failed, a.budgets());
              },
              "new_token_ratio"_a, "total_offset"_a, "current_offset"_a, "rem_input_tokens"_a,
              "rem_chunk_tokens"_a.none(), "has_new_chunked"_a, "exclusive_chunking"_a,

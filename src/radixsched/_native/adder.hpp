@@ -76,4 +76,29 @@ class Matcher;
 using TreeOf = std::pair<Tree*, Matcher*> (*)(nanobind::handle);
 // radixsched._native._core.Adder: one round's budgets and its admission loop.
 void bind_adder(nanobind::module_& m, TreeOf tree_of);
+
+class Pool;
+// A round's start (Adder.begin's arguments, rem_chunk_tokens None where !has_chunk).
+struct RoundIn {
+    double ratio = 0.0, total_offset = 0.0, current_offset = 0.0;
+    int64_t rem_input = 0;
+    bool has_chunk = false;
+    int64_t rem_chunk = 0;
+    bool has_new_chunked = false, exclusive = false;
+    int64_t slots = 0;
+    bool running = false, has_chunked_req = false, batch_is_full = false;
+};
+// What Adder.round answers: admit's (positions, new chunked request or None, the request
+// tried and not admitted or None), the budgets after and the batch's fullness after.
+struct RoundOut {
+    nanobind::list positions;
+    nanobind::object chunked, failed;
+    Budget b;
+    bool batch_is_full = false;
+};
+// Adder.round on the native adder `adder` (a _core.Adder): begin(in), each of `can_run`'s
+// admissions so far added as a member, then admit (adder.cpp documents it).
+RoundOut adder_round(nanobind::handle adder, const RoundIn& in, nanobind::handle tree,
+                     Pool& pool, nanobind::handle order, nanobind::list waiting,
+                     nanobind::handle deferred, nanobind::list can_run);
 }  // namespace radixsched

@@ -14,10 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "adder.hpp"
 #include "chunks.hpp"
 #include "kv.hpp"
 #include "pool.hpp"
 #include "py_attr.hpp"
+#include "round.hpp"
 #include "stepcost.hpp"
 
 namespace nb = nanobind;
@@ -41,7 +43,7 @@ struct Names {
         *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
         *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
         *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
-        *ignore_eos;
+        *ignore_eos, *batch_is_full, *note_tried, *take, *native_step;
 };
 
 const Names& names() {
@@ -57,7 +59,8 @@ const Names& names() {
                      i("prefill_tokens_computed"), i("extend_end"), i("prompt_ids"),
                      i("now"), i("host_hit_len"), i("extend_len"), i("first_scheduled"),
                      i("cached_tokens"), i("host_cached_tokens"), i("cached_prompt_tokens"),
-                     i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos")};
+                     i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos"),
+                     i("batch_is_full"), i("note_tried"), i("take"), i("_native_step")};
     }();
     return n;
 }
@@ -271,6 +274,78 @@ public:
                               int64_t(items.size()));
     }
 
+    // fast/step.py's admission and _batch in one call, for a step whose tenants are not
+    // charged and with no EOS ids (the caller checks both, and that admission.covers holds):
+    // with `order` (else no admission: the continued chunk spent the round), the round on the
+    // native adder `adder` (admit: Adder.round from these budgets, nothing new chunked yet,
+    // its admissions appended to `can_run`), the failed request noted (queue.note_tried) and
+    // sched.batch_is_full set; then, where an admission extends, the queue's take of the
+    // admitted positions (FastWaitingQueue.take: its native call, queue_take, made here where
+    // `take_fixed` and `native_take` are both set, else the queue's own take), the new
+    // chunked request set (asserting none is), sched._native_step() and, where that offers
+    // one, extend_run over `can_run` at the clock's now. The scheduler's and the queue's
+    // values (`running`: its batch is not empty, `has_chunked_req`, `batch_is_full`, `pool`,
+    // `waiting`: queue.reqs, `deferred`, `clock`, the take's `take_fixed`, `native_take`,
+    // `moved`, `tried`, `added`) are read by the caller: an attribute of theirs costs C++ a
+    // generic lookup. Returns None where no admission extends (the caller's decode round:
+    // nothing taken), `can_run` where no native step runs the batch (everything up to
+    // extend_run done: the caller builds its entries and runs it), else extend_run's tuple.
+    nb::object step(nb::handle sched, nb::handle adder, nb::handle tree, nb::handle kv,
+                    nb::handle queue, nb::handle order, double ratio, double total_offset,
+                    double current_offset, int64_t rem_input, std::optional<int64_t> rem_chunk,
+                    bool exclusive, int64_t slots, nb::list can_run, bool running,
+                    bool has_chunked, bool full, Pool& pool, nb::list waiting,
+                    nb::handle deferred, nb::handle clock, nb::handle take_fixed,
+                    nb::handle native_take, nb::dict moved, nb::dict tried, nb::list added) {
+        const Names& n = names();
+        nb::object positions, chunked = nb::none();
+        if (order.is_none()) {
+            positions = nb::list();
+        } else {
+            const RoundIn in{ratio, total_offset, current_offset, rem_input,
+                             rem_chunk.has_value(), rem_chunk.value_or(0),
+                             false,  // nothing new chunked yet
+                             exclusive, slots, running, has_chunked, full};
+            RoundOut r = adder_round(adder, in, tree, pool, order, waiting, deferred, can_run);
+            if (!r.failed.is_none()) queue.attr(nb::handle(n.note_tried))(r.failed);
+            set(sched, n.batch_is_full, r.batch_is_full ? Py_True : Py_False);
+            positions = std::move(r.positions);
+            chunked = std::move(r.chunked);
+        }
+        bool extends = false;  // _batch: an admission extends
+        for (nb::handle a : can_run)
+            if (get_int(a, n.extend_len) != 0) {
+                extends = true;
+                break;
+            }
+        if (!extends) return nb::none();
+        if (take_fixed.is_none() || native_take.is_none()) {  // the queue's own take
+            queue.attr(nb::handle(n.take))(positions);
+        } else {  // its native call, made here
+            const nb::tuple f = nb::cast<nb::tuple>(take_fixed);
+            if (f.size() != 5) throw std::invalid_argument("take: five fixed arguments");
+            queue_take(waiting, positions, f[0], f[1], f[2], std::move(moved), std::move(tried),
+                       std::move(added), f[3], f[4]);
+        }
+        if (!chunked.is_none()) {
+            if (!get(sched, n.chunked_req).is_none()) {
+                PyErr_SetString(PyExc_AssertionError, "only one chunked request at a time");
+                throw nb::python_error();
+            }
+            set(sched, n.chunked_req, chunked);
+        }
+        PyObject* got_native = PyObject_CallMethodNoArgs(sched.ptr(), n.native_step);
+        if (got_native == nullptr) throw nb::python_error();
+        const nb::object native = nb::steal(got_native);
+        if (native.is_none()) return std::move(can_run);
+        const nb::tuple got = nb::cast<nb::tuple>(native);
+        if (got.size() != 3) throw std::invalid_argument("_native_step: (cost, hashes, vocab)");
+        const double t0 = nb::cast<double>(call_now(clock));
+        nb::object res = extend_run(kv, can_run, nb::cast<const PrefillCost&>(got[0]), got[1],
+                                    nb::cast<uint64_t>(got[2]), sched, t0);
+        return res.is_none() ? nb::object(std::move(can_run)) : res;
+    }
+
     // FastScheduler.step's run of middle chunks (fast/scheduler.py's _plan_continuation,
     // ChunkPlan.is_middle and _run_chunk; chunks.hpp plans each): the chunked request `req`'s
     // previous chunk checkpointed (`kv`: the scheduler's _core.KV), its continuation planned
@@ -356,7 +431,38 @@ public:
                               a.rem_input_tokens, a.rem_chunk_tokens, c.other);
     }
 
+    // fast/step.py's continuation in one call: the chunked request `req`'s last chunk
+    // checkpointed (where extend_end > prefix_len), then continuation() (no limit) and, where
+    // it plans the chunk, its admission built as `admission(req, prefix_len, tokens,
+    // truncated)` where it extends (else None: a stall). None where continuation() declines
+    // (the checkpoint done); else (the admission or None, then continuation()'s tuple past its
+    // token count).
+    nb::object continue_chunk(nb::handle kv, nb::handle req, int64_t page,
+                              int64_t max_prefill_tokens, int64_t chunk_size, int64_t clip,
+                              int64_t full, int64_t discounted, double ratio,
+                              nb::handle admission) {
+        const Names& n = names();
+        const int64_t ended = get_int(req, n.extend_end);
+        if (ended > get_int(req, n.prefix_len)) kv_checkpoint(kv, req, ended);
+        const nb::object got = continuation(kv, req, page, max_prefill_tokens, chunk_size, clip,
+                                            full, discounted, ratio, std::nullopt);
+        if (got.is_none()) return got;
+        const nb::tuple t = nb::borrow<nb::tuple>(got);
+        nb::object a = nb::none();
+        if (nb::cast<int64_t>(t[0]) > 0) {
+            if (!admission_rec_.valid() || !admission_cls_.is(admission)) {
+                admission_rec_ = Record(admission, {"req", "prefix_len", "extend_len", "chunked"});
+                admission_cls_ = nb::borrow(admission);
+            }
+            a = admission_rec_.make({req, get(req, n.prefix_len), t[0], t[1]});
+        }
+        return nb::make_tuple(a, t[1], t[2], t[3], t[4], t[5], t[6]);
+    }
+
 private:
+    Record admission_rec_;  // of admission_cls_ (continue_chunk's admissions)
+    nb::object admission_cls_;
+
     // A step of `size` entries of `shape` started at `t0`, as Scheduler.run times and counts
     // it: its duration and the clock's new time (a Python float).
     std::pair<double, nb::object> forward(const PrefillCost& cost, const Sums& shape,
@@ -479,9 +585,18 @@ void bind_prefill(nb::module_& m) {
              "t0"_a)
         .def("extend_run", &PrefillRun::extend_run, "kv"_a, "admissions"_a, "cost"_a,
              "hashes"_a, "vocab"_a, "sched"_a, "t0"_a)
+        .def("step", &PrefillRun::step, "sched"_a, "adder"_a, "tree"_a, "kv"_a, "queue"_a,
+             "order"_a.none(), "ratio"_a, "total_offset"_a, "current_offset"_a,
+             "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(), "exclusive_chunking"_a,
+             "slots"_a, "can_run"_a, "running"_a, "has_chunked_req"_a, "batch_is_full"_a,
+             "pool"_a, "waiting"_a, "deferred"_a, "clock"_a, "take_fixed"_a.none(),
+             "native_take"_a.none(), "moved"_a, "tried"_a, "added"_a)
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "limit"_a = nb::none())
+        .def("continue_chunk", &PrefillRun::continue_chunk, "kv"_a, "req"_a, "page"_a,
+             "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
+             "ratio"_a, "admission"_a)
         .def("chunks", &PrefillRun::chunks, "kv"_a, "req"_a, "cost"_a, "sched"_a,
              "horizon"_a.none(), "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a,
              "discounted"_a, "ratio"_a);

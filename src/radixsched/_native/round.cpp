@@ -506,6 +506,8 @@ void pop_key(nb::handle dict, PyObject* key) {
     check(PyDict_DelItem(dict.ptr(), key));
 }
 
+}  // namespace
+
 // queue_take(queue, positions, tree, fills, reqs_of, moved, tried, added, order, remove):
 // FastWaitingQueue.take in one call, its effects in its order. First WaitingQueue.take: the
 // requests at `positions` (list indexing: IndexError as there), then each position deleted,
@@ -569,8 +571,6 @@ nb::list queue_take(nb::list queue, nb::handle positions, nb::handle tree, nb::h
     }
     return taken;
 }
-
-}  // namespace
 
 void bind_round(nb::module_& m, TreeOf tree_of) {
     g_tree_of = tree_of;

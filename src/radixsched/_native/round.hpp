@@ -14,4 +14,11 @@ namespace radixsched {
 // On the tree class: queue_round(...) and dedup_verdict(...) (round.cpp documents them).
 void bind_round(nanobind::module_& m, TreeOf tree_of);
 
+// _core.queue_take (round.cpp documents it): FastWaitingQueue.take in one call.
+nanobind::list queue_take(nanobind::list queue, nanobind::handle positions,
+                          nanobind::handle tree, nanobind::handle fills,
+                          nanobind::handle reqs_of, nanobind::dict moved, nanobind::dict tried,
+                          nanobind::list added, nanobind::handle order,
+                          nanobind::handle remove);
+
 }  // namespace radixsched

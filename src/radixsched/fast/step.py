@@ -1,10 +1,12 @@
 """``FastScheduler``'s prefill step in few calls: where the run's setup allows it (``direct``),
 a step does what ``Role.step``, ``prefill_round``, ``_build_prefill``, ``new_adder``,
 ``fill_round``, ``_admit``, ``_prefill_batch``, ``_extend_entries`` and ``run`` do, in that
-order, with two native calls for a round without a continued chunk: the admission from the
-round's budgets (``Adder.round``, no ``PrefillAdder`` built) and the admitted requests' slots
-with the step run on them (``PrefillRun.extend_run``, no ``ExtendEntry`` built). A step the
-calls decline, or a setup they do not cover, runs the reference's pieces.
+order. After the queue's round, one native call (``PrefillRun.step``) admits from the
+round's budgets (``Adder.round``, no ``PrefillAdder`` built), takes the admitted positions,
+and gives the admitted requests their slots with the step run on them (``extend_run``, no
+``ExtendEntry`` built); a continued chunk is planned and admitted in one more
+(``PrefillRun.continue_chunk``). Where no tenant is charged and there are no EOS ids; a step
+the calls hand back, or a setup they do not cover, runs the reference's pieces.
 
 The setup is fixed for the run: a plain co-located role, no prefill gate, no mixed chunks, no
 priority preemption (no preempted request to requeue: the adder's preempt list stays empty),
@@ -24,6 +26,9 @@ from radixsched.fast import admit as admission
 from radixsched.queue import RoundOrder
 from radixsched.request import Req
 from radixsched.runner import Batch, StepOutcome
+
+# What ``covers`` reads of a fresh round's budgets (no gate, not SGLang compat's), read-only.
+_FRESH = admission.Budgets(0.0, 0.0, 0, None)
 
 
 class Stepping(admission.Admitting, Protocol):
@@ -75,6 +80,15 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
     order = s.queue.begin_round(running, s.processed_tokens, s.clock.now())
     if order is None:  # nothing to admit: an empty batch, nothing preempted
         return s.decode_round(horizon)
+    if not (s._charges or s.eos_ids) and admission.covers(s, _FRESH):  # the round's budgets'
+        q, mp = s.queue, cfg.max_prefill_tokens
+        got = s.prefill_run.step(
+            s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio, total, 0.0, mp,
+            s._chunk, False, slots, [], bool(running), s.chunked_req is not None,
+            s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock, q._take_fixed,
+            q._native_take, q.moved, q.tried, q.added
+        )  # fmt: skip
+        return _outcome(s, got, horizon)
     budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, s._chunk)  # chunk_size
     if not admission.covers(s, budgets):  # FastScheduler._admit's test, as each round asks it
         batch = s.fill_round(s.new_adder(), order, False, False)
@@ -85,22 +99,40 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
 
 def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, bool] | None:
     """``_plan_continuation`` without the adder: the chunked request ``req``'s last chunk
-    checkpointed (``_continue_chunked``, always), then in one native call
-    (``PrefillRun.continuation``) the continued chunk in a fresh round's budgets, the request
-    while still chunked, and whether the budgets are spent (``budget_state()`` is OTHER); None
-    (nothing else changed: ``_adder_plan`` goes on) where Python plans it: a middle chunk, a
-    value the adder would raise on, or a round ``covers`` leaves to the reference's loop."""
-    if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call
-        s.kv.checkpoint(req, req.extend_end)
+    checkpointed (``_continue_chunked``, always), then the continued chunk in a fresh round's
+    budgets, the request while still chunked, and whether the budgets are spent
+    (``budget_state()`` is OTHER); None (nothing else changed: ``_adder_plan`` goes on) where
+    Python plans it: a middle chunk, a value the adder would raise on, or a round ``covers``
+    leaves to the reference's loop. The checkpoint, the plan and the admission are one native
+    call (``PrefillRun.continue_chunk``; the checkpoint changes neither the running batch's
+    decode tokens nor what ``covers`` reads, which come first here)."""
     if not s.batch.reqs:
         s.batch_is_full = False
     cfg, chunk, ratio = s.config, s._chunk, s.ratio.current
     running = s.batch.decode_tokens(cfg.clip_max_new_tokens)
     b = admission.Budgets(ratio, 0.0, cfg.max_prefill_tokens, chunk)
     if not admission.covers(s, b):
+        if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call
+            s.kv.checkpoint(req, req.extend_end)
         return None
-    got = _plan_into(s, req, b, running, None)
-    return None if got is None else (b, got[0], got[1])
+    got = s.prefill_run.continue_chunk(
+        s.kv.native, req, cfg.page_size, cfg.max_prefill_tokens, chunk, cfg.clip_max_new_tokens,
+        *running, ratio, Admission
+    )  # fmt: skip
+    if got is None:
+        return None
+    (
+        a,
+        truncated,
+        b.total_offset,
+        b.current_offset,
+        b.rem_input_tokens,
+        b.rem_chunk_tokens,
+        spent,
+    ) = got
+    if a is not None:  # else a stall: nothing admitted, still chunked
+        b.can_run_list.append(a)
+    return b, (req if truncated else None), spent
 
 
 def _plan_into(
@@ -174,8 +206,23 @@ def continued(
     (not mixed, had a chunked request) and what runs. ``covered``: ``covers`` said yes to
     ``adder`` (``continuation``'s budgets: it reads only the setup and the budgets' gate and
     compat, which nothing changes), so ``_admit`` (``FastScheduler``'s: ``direct``) is the
-    native loop without asking again."""
+    native loop without asking again. Where the native loop covers the round, nothing new is
+    chunked yet (``adder.new_chunked_req``: ``_batch`` would set it), no tenant is charged and
+    there are no EOS ids, the admission and ``_batch`` up to the run are one native call
+    (``PrefillRun.step``: ``adder``'s budgets are not written back, nobody reads them)."""
     positions: list[int] = []
+    b = adder  # the admission and ``_batch`` natively, where nothing new is chunked yet
+    fused = covered or admission.covers(s, b)
+    if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:
+        q, running = s.queue, s.batch.reqs
+        got = s.prefill_run.step(
+            s, s.native_adder, s.cache.tree, s.kv.native, q, order, b.new_token_ratio,
+            b.total_offset, b.current_offset, b.rem_input_tokens, b.rem_chunk_tokens,
+            b.exclusive_chunking, s.max_running_requests - len(running) + 1, b.can_run_list,
+            bool(running), s.chunked_req is not None, s.batch_is_full, s._pool, q.reqs,
+            q.deferred, s.clock, q._take_fixed, q._native_take, q.moved, q.tried, q.added
+        )  # fmt: skip
+        return _outcome(s, got, horizon)
     if order is not None:
         slots = s.max_running_requests - len(s.batch.reqs) + 1  # a chunked request's too
         if covered:
@@ -183,6 +230,19 @@ def continued(
         else:
             positions = s._admit(adder, order, slots)
     return _batch(s, adder.can_run_list, positions, adder.new_chunked_req, horizon)
+
+
+def _outcome(s: Stepping, got: Any, horizon: float | None) -> StepOutcome | None:
+    """The step after ``PrefillRun.step`` (the admission and ``_batch`` up to the run): None,
+    nothing extends (the decode round); a list, the round's admissions that no native step
+    runs (their entries built and run); else extend_run's answer."""
+    if got is None:
+        return s.decode_round(horizon)
+    if type(got) is list:
+        return s.run(Batch(s._extend_entries(got), []))
+    d, n, tokens, finished, joined, size = got
+    s.batch.extend(joined)
+    return StepOutcome("extend", d, size, prefill_tokens=n, finished=finished, _tokens=tokens)
 
 
 def _batch(
