@@ -539,3 +539,17 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def count_calls(mp: Any, owner: Any, name: str) -> dict[str, int]:
+    """``owner.name`` replaced (through the monkeypatch ``mp``) by a wrapper counting its calls
+    in the returned ``{"calls": n}``."""
+    seen = {"calls": 0}
+    real = getattr(owner, name)
+
+    def counting(*a: Any) -> Any:
+        seen["calls"] += 1
+        return real(*a)
+
+    mp.setattr(owner, name, counting)
+    return seen

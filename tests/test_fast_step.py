@@ -47,25 +47,13 @@ def _same(w: Workload, sched: SchedulerConfig, slots: int = 6000) -> Any:
     return fast
 
 
-def _counting(mp: pytest.MonkeyPatch, module: Any, name: str) -> dict[str, int]:
-    seen = {"calls": 0}
-    real = getattr(module, name)
-
-    def counting(*a: Any) -> Any:
-        seen["calls"] += 1
-        return real(*a)
-
-    mp.setattr(module, name, counting)
-    return seen
-
-
 @pytest.mark.parametrize("policy", ["lpm", "fcfs", "dfs-weight"])
 @pytest.mark.parametrize("chunk", [None, 128])
 def test_fresh_and_continued_rounds_take_the_few_call_step(
     policy: str, chunk: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fresh = _counting(monkeypatch, steps, "fresh")
-    continued = _counting(monkeypatch, steps, "continued")
+    fresh = golden.count_calls(monkeypatch, steps, "fresh")
+    continued = golden.count_calls(monkeypatch, steps, "continued")
     w = load_workload(_SHARED, request_rate=50.0)
     _same(w, SchedulerConfig(schedule_policy=policy, chunked_prefill_size=chunk))
     assert fresh["calls"] > 0
@@ -75,15 +63,15 @@ def test_fresh_and_continued_rounds_take_the_few_call_step(
 def test_a_round_covers_refuses_runs_the_reference_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where ``covers`` says no, a fresh round builds the reference's adder and loop."""
     monkeypatch.setattr(admission, "covers", lambda s, adder: False)
-    native = _counting(monkeypatch, admission, "admit")
-    fresh = _counting(monkeypatch, steps, "fresh")
+    native = golden.count_calls(monkeypatch, admission, "admit")
+    fresh = golden.count_calls(monkeypatch, steps, "fresh")
     _same(load_workload(_SHARED, request_rate=50.0), SchedulerConfig(schedule_policy="lpm"))
     assert fresh["calls"] > 0 and native["calls"] == 0
 
 
 def test_stop_ids_run_the_step_on_built_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request with stop ids: ``extend_run`` declines and the entries are built."""
-    built = _counting(monkeypatch, FastScheduler, "_extend_entries")
+    built = golden.count_calls(monkeypatch, FastScheduler, "_extend_entries")
     w = load_workload(_SHARED, request_rate=50.0)
     reqs = [
         Req(r.rid, r.prompt_ids, SamplingParams(max_new_tokens=8, stop_token_ids=(3,)))

@@ -6,7 +6,6 @@ admissions: no native step runs them), and that every run ends in the reference'
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,8 +23,8 @@ from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.cost.build import load_cost_model
 from radixsched.sim.cost.runner import CostModelRunner
-from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import load_workload
+from test_fast_step import _same as fast_step_same
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built or is off")
 
@@ -34,26 +33,7 @@ _SHARED = "shared-prefix:groups=3,prompts=6,system_len=256,question_len=32,outpu
 
 def _same(cfg: SchedulerConfig) -> None:
     """The shared-prefix workload on both cores: the same schedule and results."""
-    w = load_workload(_SHARED, request_rate=50.0)
-    sim = SimConfig(max_total_tokens=6000)
-    fast = simulate(copy.deepcopy(w), cfg, sim, accelerate=True, check_integrity=True)
-    ref = simulate(copy.deepcopy(w), cfg, sim, accelerate=False)
-    a, b = golden.observe(fast), golden.observe(ref)
-    assert a["finished"] == b["finished"] == len(w.requests)
-    assert a["trace"] == b["trace"]
-    assert golden.comparable(a) == golden.comparable(b)
-
-
-def _counting(mp: pytest.MonkeyPatch, owner: Any, name: str) -> dict[str, int]:
-    seen = {"calls": 0}
-    real = getattr(owner, name)
-
-    def counting(*a: Any) -> Any:
-        seen["calls"] += 1
-        return real(*a)
-
-    mp.setattr(owner, name, counting)
-    return seen
+    fast_step_same(load_workload(_SHARED, request_rate=50.0), cfg)
 
 
 @pytest.mark.parametrize("policy", ["lpm", "fcfs"])
@@ -63,9 +43,9 @@ def test_fresh_and_continued_rounds_run_in_one_native_call(
 ) -> None:
     """No Python ``_batch`` and no Python take: the native call takes the admitted
     positions (``queue_take``) and runs the step."""
-    outcome = _counting(monkeypatch, steps, "_outcome")
-    batch = _counting(monkeypatch, steps, "_batch")
-    take = _counting(monkeypatch, FastWaitingQueue, "take")
+    outcome = golden.count_calls(monkeypatch, steps, "_outcome")
+    batch = golden.count_calls(monkeypatch, steps, "_batch")
+    take = golden.count_calls(monkeypatch, FastWaitingQueue, "take")
     _same(SchedulerConfig(schedule_policy=policy, chunked_prefill_size=chunk))
     assert outcome["calls"] > 0
     assert batch["calls"] == take["calls"] == 0
@@ -73,8 +53,8 @@ def test_fresh_and_continued_rounds_run_in_one_native_call(
 
 def test_a_charging_policy_keeps_the_python_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """fair charges its tenants around the native run: ``_batch`` does (not the fused call)."""
-    outcome = _counting(monkeypatch, steps, "_outcome")
-    batch = _counting(monkeypatch, steps, "_batch")
+    outcome = golden.count_calls(monkeypatch, steps, "_outcome")
+    batch = golden.count_calls(monkeypatch, steps, "_batch")
     _same(SchedulerConfig(schedule_policy="fair"))
     assert batch["calls"] > 0 and outcome["calls"] == 0
 
@@ -85,7 +65,7 @@ def test_no_native_step_runs_the_taken_admissions_on_built_entries(
     """``_native_step`` offers none: the call hands the admissions back (taken, chunked
     request set) and the entries are built and run, as the reference does."""
     monkeypatch.setattr(FastScheduler, "_native_step", lambda self: None)
-    built = _counting(monkeypatch, FastScheduler, "_extend_entries")
+    built = golden.count_calls(monkeypatch, FastScheduler, "_extend_entries")
     _same(SchedulerConfig(schedule_policy="lpm", chunked_prefill_size=128))
     assert built["calls"] > 0
 
@@ -101,7 +81,7 @@ def test_the_python_take_where_the_queue_has_no_native_take(
         self._native_take = None
 
     monkeypatch.setattr(FastWaitingQueue, "__init__", no_native_take)
-    take = _counting(monkeypatch, FastWaitingQueue, "take")
+    take = golden.count_calls(monkeypatch, FastWaitingQueue, "take")
     _same(SchedulerConfig(schedule_policy="fcfs", chunked_prefill_size=128))
     assert take["calls"] > 0
 
@@ -209,8 +189,8 @@ def test_covers_refusing_keeps_the_python_rounds(monkeypatch: pytest.MonkeyPatch
         return real(s, got, horizon)
 
     monkeypatch.setattr(steps, "_outcome", outcome)
-    continued = _counting(monkeypatch, steps, "continued")
-    batch = _counting(monkeypatch, steps, "_batch")
+    continued = golden.count_calls(monkeypatch, steps, "continued")
+    batch = golden.count_calls(monkeypatch, steps, "_batch")
     _same(SchedulerConfig(schedule_policy="lpm", chunked_prefill_size=128))
     assert continued["calls"] > 0 and batch["calls"] > 0
     assert all(got is None for got in fused)

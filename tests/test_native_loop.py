@@ -124,25 +124,20 @@ def _until(
     ta: float,
     on_progress: Callable[[int, int], None] | None = None,
     done: int = 0,
+    *,
+    native: bool = True,
 ) -> tuple[bool, int]:
-    native = core()
-    assert native is not None
-    got: tuple[bool, int] = native.steps_until(
-        s.step, s.now, s, s.waiting, s.running, s.free, s.evictable, 100, s.stats, rows, ta,
-        ta if ta != float("inf") else None, on_progress, done, 9,
-    )  # fmt: skip
-    return got
-
-
-def _python_until(
-    s: _Sched,
-    rows: array[float],
-    ta: float,
-    on_progress: Callable[[int, int], None] | None = None,
-    done: int = 0,
-) -> tuple[bool, int]:
-    """The loop as ``open_loop._steps_until``'s Python path writes it."""
+    """``_core.steps_until`` on the scripted scheduler, or (``native=False``) the loop as
+    ``open_loop._steps_until``'s Python path writes it."""
     horizon = ta if ta != float("inf") else None
+    if native:
+        lib = core()
+        assert lib is not None
+        got: tuple[bool, int] = lib.steps_until(
+            s.step, s.now, s, s.waiting, s.running, s.free, s.evictable, 100, s.stats, rows, ta,
+            horizon, on_progress, done, 9,
+        )  # fmt: skip
+        return got
     while s.waiting or s.running or s.chunked_req is not None:
         start = s.now()
         if not start < ta:
@@ -166,12 +161,12 @@ def _python_until(
 
 def _both(make: Callable[[], _Sched], ta: float, progress: bool, done: int = 0) -> tuple[Any, Any]:
     results = []
-    for until in (_until, _python_until):
+    for native in (True, False):
         s, rows = make(), array("d", [7.0] * 6)  # a sample already there stays
         calls: list[tuple[int, int]] = []
         report = (lambda d, n, calls=calls: calls.append((d, n))) if progress else None
         try:
-            got: Any = until(s, rows, ta, report, done)
+            got: Any = _until(s, rows, ta, report, done, native=native)
         except ValueError as e:
             got = ("raised", str(e))
         results.append((got, rows.tolist(), calls, s.horizons, s.t, s.script))

@@ -121,8 +121,18 @@ def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, 
     )  # fmt: skip
     if got is None:
         return None
+    a, truncated, spent = _into_budgets(b, got)
+    if a is not None:  # else a stall: nothing admitted, still chunked
+        b.can_run_list.append(a)
+    return b, (req if truncated else None), spent
+
+
+def _into_budgets(b: admission.Budgets, got: tuple[Any, ...]) -> tuple[Any, bool, bool]:
+    """A native continuation's answer (what it admitted, whether the request stays chunked,
+    the budgets after, whether they are spent): its four budgets written into ``b``, in the
+    adder's order; the rest returned."""
     (
-        a,
+        first,
         truncated,
         b.total_offset,
         b.current_offset,
@@ -130,9 +140,7 @@ def continuation(s: Stepping, req: Req) -> tuple[admission.Budgets, Req | None, 
         b.rem_chunk_tokens,
         spent,
     ) = got
-    if a is not None:  # else a stall: nothing admitted, still chunked
-        b.can_run_list.append(a)
-    return b, (req if truncated else None), spent
+    return first, truncated, spent
 
 
 def _plan_into(
@@ -156,15 +164,7 @@ def _plan_into(
     )
     if got is None:
         return None
-    (
-        n,
-        truncated,
-        b.total_offset,
-        b.current_offset,
-        b.rem_input_tokens,
-        b.rem_chunk_tokens,
-        spent,
-    ) = got
+    n, truncated, spent = _into_budgets(b, got)
     if n:  # else a stall: nothing admitted, still chunked
         b.can_run_list.append(Admission(req, req.prefix_len, n, truncated))
     return (req if truncated else None), spent
