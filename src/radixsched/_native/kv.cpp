@@ -49,9 +49,10 @@ NodePtr checkpoint(Tree& tree, Pool& pool, const CheckpointOf<S>& c) {
             " do not cover [" + std::to_string(c.lo) + ", " + std::to_string(c.aligned) + ")");
     const WalkResult res =
         from_lock ? tree.insert(c.tokens, c.n_tokens, c.ns, c.row + c.lo, c.aligned - c.lo,
-                                c.priority, c.inserted_len, c.lock, c.lo, c.lo, c.share)
+                                c.priority, c.inserted_len, c.lock, c.lo, c.lo, c.share,
+                                c.key_share)
                   : tree.insert(c.tokens, c.n_tokens, c.ns, c.row, c.aligned, c.priority,
-                                c.inserted_len, nullptr, 0, 0, c.share);
+                                c.inserted_len, nullptr, 0, 0, c.share, c.key_share);
     NodePtr node = res.node;
     if (res.length != c.lo || tree.disabled()) {
         // Some of it was cached already: re-match the whole key from the root (its path to
@@ -257,6 +258,33 @@ SlotShare row_block(nb::handle obj) {
     const SlotOwner& owner = *static_cast<SlotOwner*>(PyCapsule_GetPointer(base, kRowCapsule));
     if (PyArray_DATA(a) != owner.get()) return {};
     return {owner, owner.get(), PyArray_DIM(a, 0)};
+}
+
+// A reference to a prompt array, dropped with the last key that views it. The tree changes
+// only under the GIL; where it is not held (or the interpreter is gone, at exit) the
+// reference is left, a leak rather than a crash.
+struct PromptRef {
+    PyObject* obj;
+    void operator()(const int32_t*) const noexcept {
+        if (Py_IsInitialized() && PyGILState_Check()) Py_DECREF(obj);
+    }
+};
+
+// A prompt as a block the tree's keys may view (Tree::insert's key share), holding a reference
+// to it: an aligned int32 numpy array of one dimension, contiguous (stride 4, so never a
+// stand-in) and read-only (a prompt is never written once made; the prompt cache's and the
+// workloads' are made read-only). Null owner otherwise: the key is copied.
+SlotShare prompt_block(nb::handle obj) {
+    import_numpy();
+    if (!PyArray_CheckExact(obj.ptr())) return {};
+    auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+    if (PyArray_TYPE(a) != NPY_INT32 || PyArray_NDIM(a) != 1 || PyArray_ISWRITEABLE(a) ||
+        PyArray_STRIDE(a, 0) != sizeof(int32_t) || !PyArray_ISALIGNED(a) ||
+        !PyArray_ISNOTSWAPPED(a) || PyArray_DIM(a, 0) == 0)
+        return {};
+    const auto* data = static_cast<const int32_t*>(PyArray_DATA(a));
+    Py_INCREF(obj.ptr());  // (dropped by PromptRef, also when the control block's allocation throws)
+    return {SlotOwner(data, PromptRef{obj.ptr()}), data, PyArray_DIM(a, 0)};
 }
 
 // A non-empty row buffer made here (a writable int32 array over its whole block, new_row)
@@ -481,7 +509,8 @@ public:
         Node* lock = lock_obj.is_none() ? nullptr : nb::cast<Node*>(lock_obj);
         // The key from the lock's depth (lo; the root's is 0), or whole without a lock.
         const int64_t start = lock != nullptr ? lo : 0;
-        Tokens prompt = nb::cast<Tokens>(get(req, n.prompt_ids));
+        nb::object prompt_obj = get(req, n.prompt_ids);
+        Tokens prompt = nb::cast<Tokens>(prompt_obj);
         const auto np = static_cast<int64_t>(prompt.shape(0));
         // fill_slice(start, aligned) past the prompt, in the buffer of the calls before (moved
         // out while in use, back at the end: no allocation once it is large enough)
@@ -503,6 +532,12 @@ public:
         }
         nb::object row_obj = get(req, n.kv_row);
         const RowView row = row_of(row_obj);
+        // The prompt's block, for the new leaf's key to view (tokens within the prompt only).
+        SlotShare key_share;
+        if (aligned <= np) {  // (else `tokens` are the joined copy)
+            key_share = prompt_block(prompt_obj);
+            if (key_share.begin != prompt.data()) key_share = SlotShare{};  // converted: copied
+        }
         const int32_t ns_id = ns(req);
         const int64_t prio = priority(req), inserted = get_int(req, n.cache_inserted_len);
         // The row's block (its buffer's, when made here): the new leaf views it, no copy.
@@ -516,7 +551,8 @@ public:
             using S = std::remove_pointer_t<decltype(slots)>;
             const CheckpointOf<S> c{tokens, aligned - start, start,    ns_id, slots,
                                     row.len, lo,             aligned, prio,  inserted,
-                                    lock,   share.owner ? &share : nullptr};
+                                    lock,   share.owner ? &share : nullptr,
+                                    key_share.owner ? &key_share : nullptr};
             return radixsched::checkpoint(*tree_, *pool_, c);
         });
         joined_ = std::move(joined);

@@ -39,6 +39,7 @@ struct CheckpointOf {
     int64_t inserted_len;
     Node* lock;             // the node the request holds its lock on (may be null)
     const SlotShare* share = nullptr;  // the block `row` lies in, for the leaf to view (or null)
+    const SlotShare* key_share = nullptr;  // the prompt `tokens` lie in, for its key (or null)
 };
 
 // Insert row[:aligned] under the request's key, point row[lo:dup_end] at the cache's copies

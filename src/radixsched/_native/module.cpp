@@ -115,12 +115,17 @@ void bind_node(nb::module_& m) {
                          return n.parent ? handle(*n.parent) : nb::none();
                      })
         .def_prop_rw(
-            "key", [](const Node& n) { return nb::cast(to_numpy(n.key)); },
-            [](Node& n, Tokens a) { n.key = from_array<int32_t>(a); })
+            "key",
+            [](const Node& n) {
+                const int32_t* k = n.key.data();
+                return nb::cast(to_numpy(std::vector<int32_t>(k, k + n.key.size())));
+            },
+            [](Node& n, Tokens a) { n.key.assign(a.data(), a.data() + a.shape(0)); })
         .def_prop_rw(
             "value", [](const Node& n) { return nb::cast(to_numpy(n.value)); },
             [](Node& n, Slots a) { n.value = from_array<int64_t>(a); })
         .def_prop_ro("value_block", [](const Node& n) { return n.value.block_size(); })
+        .def_prop_ro("key_block", [](const Node& n) { return n.key.block_size(); })
         .def_rw("lock_ref", &Node::lock_ref)
         .def_rw("last_access_time", &Node::last_access_time)
         .def_rw("creation_time", &Node::creation_time)

@@ -417,7 +417,7 @@ int64_t Tree::mismatch(const int32_t* tokens, int64_t avail, const Node& node) c
     return m - m % page_;
 }
 
-NodePtr Tree::make_node(std::vector<int32_t> key, SlotVec value, Node* parent,
+NodePtr Tree::make_node(SlotVec key, SlotVec value, Node* parent,
                         int32_t ns, int64_t now, int64_t priority) {
     auto n = std::make_shared<Node>();
     n->key = std::move(key);
@@ -433,11 +433,11 @@ NodePtr Tree::make_node(std::vector<int32_t> key, SlotVec value, Node* parent,
 NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     Node* parent = child.parent;
     NodePtr lower = parent->children.at(child.child_key);  // keeps the child alive
-    // The upper part takes the child's arrays (cut to m), the child a copy of their tail: one
-    // copy of the tail, where copying the head and shifting the tail down moved both.
+    // The upper part takes the child's arrays (cut to m), the child their tail: a view of the
+    // same blocks where long enough (SlotVec), else a copy of the tail alone.
     NodePtr up = make_node(std::move(child.key), std::move(child.value), parent, child.ns, now,
                            child.priority);
-    child.key.assign(up->key.begin() + m, up->key.end());
+    child.key.assign_tail(up->key, static_cast<size_t>(m));
     child.value.assign_tail(up->value, static_cast<size_t>(m));
     up->key.resize(static_cast<size_t>(m));
     up->value.resize(static_cast<size_t>(m));
@@ -630,7 +630,8 @@ void Tree::touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priorit
 template <class S>
 WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, const S* values,
                         int64_t n_values, int64_t priority, int64_t inserted_len, Node* start,
-                        int64_t start_depth, int64_t base, const SlotShare* share) {
+                        int64_t start_depth, int64_t base, const SlotShare* share,
+                        const SlotShare* key_share) {
     n_tokens -= n_tokens % page_;  // `tokens` hold the key's positions from `base` on
     const int64_t n = base + n_tokens;
     if (n_values < n_tokens)
@@ -683,8 +684,12 @@ WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, con
     } else {
         slots.assign(values + rel, values + n_tokens);
     }
-    NodePtr leaf = make_node(std::vector<int32_t>(tokens + rel, tokens + n_tokens),
-                             std::move(slots), node, ns, now, priority);
+    SlotVec key;
+    if (key_share != nullptr)
+        key = SlotVec(tokens + rel, tokens + n_tokens, *key_share);  // a view where long enough
+    else
+        key.assign(tokens + rel, tokens + n_tokens);
+    NodePtr leaf = make_node(std::move(key), std::move(slots), node, ns, now, priority);
     leaf->child_key = page_key(tokens + rel, node, ns);
     leaf->key_hash = ChildIndex::hash(tokens + rel, page_, top ? ns : 0);
     leaf->top = top;
@@ -767,7 +772,7 @@ std::vector<int32_t> Tree::path_key(const Node& node) const {
         chain.push_back(cur);
     std::vector<int32_t> out;
     for (auto it = chain.rbegin(); it != chain.rend(); ++it)
-        out.insert(out.end(), (*it)->key.begin(), (*it)->key.end());
+        out.insert(out.end(), (*it)->key.data(), (*it)->key.data() + (*it)->key.size());
     return out;
 }
 
@@ -1106,7 +1111,7 @@ void Tree::check_integrity() const {
     template void Tree::path_slots<S>(const Node&, int64_t, int64_t, int64_t, S*) const;     \
     template WalkResult Tree::insert<S>(const int32_t*, int64_t, int32_t, const S*, int64_t, \
                                         int64_t, int64_t, Node*, int64_t, int64_t,           \
-                                        const SlotShare*);                                   \
+                                        const SlotShare*, const SlotShare*);                 \
     template int64_t Tree::evict_to<S>(int64_t, S*, int64_t, std::vector<int64_t>&);
 RADIXSCHED_SLOT_PATHS(int32_t)
 RADIXSCHED_SLOT_PATHS(int64_t)

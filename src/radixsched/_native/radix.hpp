@@ -165,6 +165,10 @@ public:
     }
     const int32_t* data() const { return data_; }
     int64_t operator[](size_t i) const { return data_[i]; }
+    int32_t at(size_t i) const {  // checked
+        if (i >= n_) throw std::out_of_range("SlotVec::at: " + std::to_string(i));
+        return data_[i];
+    }
     size_t block_size() const { return block_; }  // its block's slots (a view: more than size())
     // Slots [from, to) to out[0, to - from) (S: int32_t or int64_t).
     template <class S>
@@ -191,7 +195,10 @@ private:
 std::shared_ptr<int32_t> new_slot_block(size_t n);
 
 struct Node : std::enable_shared_from_this<Node> {
-    std::vector<int32_t> key;
+    // Its tokens, held as its slots are: a block of its own, or a view of the request's prompt
+    // it was inserted from (Tree::insert's `key_share`: a prompt is never written once made),
+    // kept only while it holds at least 1/kShareFraction of that prompt.
+    SlotVec key;
     SlotVec value;  // one KV slot per token of `key`
     Node* parent = nullptr;
     // child key (bytes of the child's first page, prefixed by the namespace id for a child
@@ -278,11 +285,13 @@ public:
     template <class S>
     void path_slots(const Node& node, int64_t length, int64_t from, int64_t to, S* out) const;
     // `share` (int32 values only, may be null): the block `values` lie in, which the new
-    // leaf may view instead of copying its slots.
+    // leaf may view instead of copying its slots; `key_share` (may be null): the block
+    // `tokens` lie in (a prompt), which the new leaf's key may view the same way.
     template <class S>
     WalkResult insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, const S* values,
                       int64_t n_values, int64_t priority, int64_t inserted_len, Node* start,
-                      int64_t start_depth, int64_t base, const SlotShare* share = nullptr);
+                      int64_t start_depth, int64_t base, const SlotShare* share = nullptr,
+                      const SlotShare* key_share = nullptr);
     int64_t inc_lock_ref(Node& node);
     int64_t dec_lock_ref(Node& node);
     void move_lock(Node* old, Node& node);
@@ -347,7 +356,7 @@ private:
                        int64_t now, int64_t* out);
     void touch_path_up(Node& node, int64_t depth, int64_t now, int64_t priority,
                        int64_t inserted_len);
-    NodePtr make_node(std::vector<int32_t> key, SlotVec value, Node* parent,
+    NodePtr make_node(SlotVec key, SlotVec value, Node* parent,
                       int32_t ns, int64_t now, int64_t priority);
     void check_attached(const Node& node) const;
     // Where evicted slots go: whole segments (moved), or appended to one flat array; with
