@@ -6,6 +6,7 @@ admissions: no native step runs them), and that every run ends in the reference'
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,12 +52,21 @@ def test_fresh_and_continued_rounds_run_in_one_native_call(
     assert batch["calls"] == take["calls"] == 0
 
 
-def test_a_charging_policy_keeps_the_python_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fair charges its tenants around the native run: ``_batch`` does (not the fused call)."""
+@pytest.mark.parametrize("chunk", [None, 2048])
+def test_a_charging_policys_tenants_pay_what_the_fused_call_computed(
+    chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fair runs in the fused call too (and its middle chunks back to back): each request's
+    tenant is charged what the call computed for it, in batch order, as the reference's
+    ``_count_tokens`` charges it; three tenants under a full cache, so the charges decide
+    the order."""
     outcome = golden.count_calls(monkeypatch, steps, "_outcome")
     batch = golden.count_calls(monkeypatch, steps, "_batch")
-    _same(SchedulerConfig(schedule_policy="fair"))
-    assert batch["calls"] > 0 and outcome["calls"] == 0
+    w = golden._load("shared-block")
+    reqs = [dataclasses.replace(r, tenant=f"t{i % 3}") for i, r in enumerate(w.requests)]
+    cfg = SchedulerConfig(schedule_policy="fair", chunked_prefill_size=chunk)
+    fast_step_same(dataclasses.replace(w, requests=reqs), cfg, slots=50_000)
+    assert outcome["calls"] > 0 and batch["calls"] == 0
 
 
 def test_no_native_step_runs_the_taken_admissions_on_built_entries(

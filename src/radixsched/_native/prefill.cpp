@@ -240,9 +240,12 @@ public:
     // slots up to extend_end through `kv` (the scheduler's _core.KV), in admission order, the
     // statistics summed in; then the step as run() runs it. (duration, prefill tokens, new
     // tokens, finished, joined, entries), or None before anything changes: a request has host
-    // hits to load, or run() would decline (Python builds the entries then).
+    // hits to load, or run() would decline (Python builds the entries then). `charges` (a
+    // list, or None): each extending request and the tokens it computed appended in batch
+    // order, what a charging policy's tenants pay (FastScheduler._charge_prefill).
     nb::object extend_run(nb::handle kv, nb::handle admissions, const PrefillCost& cost,
-                          nb::handle hashes, uint64_t vocab, nb::handle sched, double t0) {
+                          nb::handle hashes, uint64_t vocab, nb::handle sched, double t0,
+                          nb::handle charges = nb::none()) {
         if (vocab == 0) throw std::invalid_argument("PrefillRun: an empty vocabulary");
         std::vector<Item> items;
         Sums shape;
@@ -269,13 +272,15 @@ public:
         add_int(stats, n.prompt_tokens, prompt_sum);
         const auto [d, now] = forward(cost, shape, int64_t(items.size()), sched, t0);
         for (const Item& it : items) add_int(it.req, n.computed_prefill_tokens, it.num_new);
+        if (!charges.is_none())
+            for (const Item& it : items) append(charges, nb::make_tuple(it.req, it.num_new));
         auto [tokens, finished, joined] = emit(items, sched, now);
         return nb::make_tuple(nb::float_(d), shape.tokens, tokens, finished, joined,
                               int64_t(items.size()));
     }
 
-    // fast/step.py's admission and _batch in one call, for a step whose tenants are not
-    // charged and with no EOS ids (the caller checks both, and that admission.covers holds):
+    // fast/step.py's admission and _batch in one call, for a step with no EOS ids (the
+    // caller checks, and that admission.covers holds):
     // with `order` (else no admission: the continued chunk spent the round), the round on the
     // native adder `adder` (admit: Adder.round from these budgets, nothing new chunked yet,
     // its admissions appended to `can_run`), the failed request noted (queue.note_tried) and
@@ -289,14 +294,16 @@ public:
     // `moved`, `tried`, `added`) are read by the caller: an attribute of theirs costs C++ a
     // generic lookup. Returns None where no admission extends (the caller's decode round:
     // nothing taken), `can_run` where no native step runs the batch (everything up to
-    // extend_run done: the caller builds its entries and runs it), else extend_run's tuple.
+    // extend_run done: the caller builds its entries and runs it), else extend_run's tuple
+    // (`charges`: as extend_run's).
     nb::object step(nb::handle sched, nb::handle adder, nb::handle tree, nb::handle kv,
                     nb::handle queue, nb::handle order, double ratio, double total_offset,
                     double current_offset, int64_t rem_input, std::optional<int64_t> rem_chunk,
                     bool exclusive, int64_t slots, nb::list can_run, bool running,
                     bool has_chunked, bool full, Pool& pool, nb::list waiting,
                     nb::handle deferred, nb::handle clock, nb::handle take_fixed,
-                    nb::handle native_take, nb::dict moved, nb::dict tried, nb::list added) {
+                    nb::handle native_take, nb::dict moved, nb::dict tried, nb::list added,
+                    nb::handle charges = nb::none()) {
         const Names& n = names();
         nb::object positions, chunked = nb::none();
         if (order.is_none()) {
@@ -342,7 +349,7 @@ public:
         if (got.size() != 3) throw std::invalid_argument("_native_step: (cost, hashes, vocab)");
         const double t0 = nb::cast<double>(call_now(clock));
         nb::object res = extend_run(kv, can_run, nb::cast<const PrefillCost&>(got[0]), got[1],
-                                    nb::cast<uint64_t>(got[2]), sched, t0);
+                                    nb::cast<uint64_t>(got[2]), sched, t0, charges);
         return res.is_none() ? nb::object(std::move(can_run)) : res;
     }
 
@@ -358,10 +365,12 @@ public:
     // its extend_end back at prefix_len, the next step plans it); not done, the continuation
     // from here is checkpointed and Python plans it (nothing ran and it is not a middle
     // chunk, or this call cannot run it: host hits to load, a sum past int64, a float
-    // math.floor rejects).
+    // math.floor rejects). `charges` (a list, or None): (req, tokens) appended for each chunk
+    // run, in order, what a charging policy's tenant pays.
     nb::tuple chunks(nb::handle kv, nb::handle req, const PrefillCost& cost, nb::handle sched,
                      nb::handle horizon, int64_t page, int64_t max_prefill_tokens,
-                     int64_t chunk_size, int64_t full, int64_t discounted, double ratio) {
+                     int64_t chunk_size, int64_t full, int64_t discounted, double ratio,
+                     nb::handle charges = nb::none()) {
         const Names& n = names();
         const ChunkBudget budget{page, max_prefill_tokens, chunk_size,
                                  running_offset(full, discounted, ratio)};
@@ -394,6 +403,7 @@ public:
             kv_extend_slots(kv, req, prefix + plan.len);    // extend_entry
             const double d = forward(cost, shape, 1, sched, nb::cast<double>(now)).first;
             add_int(req, n.computed_prefill_tokens, shape.tokens);
+            if (!charges.is_none()) append(charges, nb::make_tuple(req, shape.tokens));
             seconds += d;  // out.duration_s += d
             tokens = shape.tokens;
             ++steps;
@@ -584,13 +594,14 @@ void bind_prefill(nb::module_& m) {
         .def("run", &PrefillRun::run, "entries"_a, "cost"_a, "hashes"_a, "vocab"_a, "sched"_a,
              "t0"_a)
         .def("extend_run", &PrefillRun::extend_run, "kv"_a, "admissions"_a, "cost"_a,
-             "hashes"_a, "vocab"_a, "sched"_a, "t0"_a)
+             "hashes"_a, "vocab"_a, "sched"_a, "t0"_a, "charges"_a.none() = nb::none())
         .def("step", &PrefillRun::step, "sched"_a, "adder"_a, "tree"_a, "kv"_a, "queue"_a,
              "order"_a.none(), "ratio"_a, "total_offset"_a, "current_offset"_a,
              "rem_input_tokens"_a, "rem_chunk_tokens"_a.none(), "exclusive_chunking"_a,
              "slots"_a, "can_run"_a, "running"_a, "has_chunked_req"_a, "batch_is_full"_a,
              "pool"_a, "waiting"_a, "deferred"_a, "clock"_a, "take_fixed"_a.none(),
-             "native_take"_a.none(), "moved"_a, "tried"_a, "added"_a)
+             "native_take"_a.none(), "moved"_a, "tried"_a, "added"_a,
+             "charges"_a.none() = nb::none())
         .def("continuation", &PrefillRun::continuation, "kv"_a, "req"_a, "page"_a,
              "max_prefill_tokens"_a, "chunk_size"_a, "clip"_a, "full"_a, "discounted"_a,
              "ratio"_a, "limit"_a = nb::none())
@@ -599,5 +610,5 @@ void bind_prefill(nb::module_& m) {
              "ratio"_a, "admission"_a)
         .def("chunks", &PrefillRun::chunks, "kv"_a, "req"_a, "cost"_a, "sched"_a,
              "horizon"_a.none(), "page"_a, "max_prefill_tokens"_a, "chunk_size"_a, "full"_a,
-             "discounted"_a, "ratio"_a);
+             "discounted"_a, "ratio"_a, "charges"_a.none() = nb::none());
 }

@@ -546,7 +546,7 @@ class FastScheduler(Scheduler):
         the new-token ratio. Called only where more is left than ``_middle_least`` (``step``)."""
         req = self.chunked_req
         assert req is not None
-        native = None if self._charges else self._native_step()  # each chunk charges
+        native = self._native_step()
         if native is None:
             return False
         if not self.batch.reqs:
@@ -554,6 +554,7 @@ class FastScheduler(Scheduler):
         cfg, chunk = self.config, self._chunk
         assert chunk is not None  # ``step`` asks only where ``_middle_least`` is not None
         full, discounted = self.batch.decode_tokens(cfg.clip_max_new_tokens)
+        charges: list[tuple[Req, int]] | None = [] if self._charges else None
         done: bool
         done, out.duration_s, out.prefill_tokens, out.num_steps = self.prefill_run.chunks(
             self.kv.native,
@@ -567,7 +568,10 @@ class FastScheduler(Scheduler):
             full,
             discounted,
             self.ratio.current,
+            charges,
         )
+        if charges:  # each chunk's tokens, charged in order
+            self._charge_prefill(charges)
         return done  # (annotated: no ``cast`` call)
 
     def _plan_continuation(self) -> ChunkPlan:

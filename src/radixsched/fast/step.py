@@ -80,15 +80,16 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
     order = s.queue.begin_round(running, s.processed_tokens, s.clock.now())
     if order is None:  # nothing to admit: an empty batch, nothing preempted
         return s.decode_round(horizon)
-    if not (s._charges or s.eos_ids) and admission.covers(s, _FRESH):  # the round's budgets'
+    if not s.eos_ids and admission.covers(s, _FRESH):  # the round's budgets'
         q, mp = s.queue, cfg.max_prefill_tokens
+        charges: list[tuple[Req, int]] | None = [] if s._charges else None
         got = s.prefill_run.step(
             s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio, total, 0.0, mp,
             s._chunk, False, slots, [], bool(running), s.chunked_req is not None,
             s.batch_is_full, s._pool, q.reqs, q.deferred, s.clock, q._take_fixed,
-            q._native_take, q.moved, q.tried, q.added
+            q._native_take, q.moved, q.tried, q.added, charges
         )  # fmt: skip
-        return _outcome(s, got, horizon)
+        return _outcome(s, got, horizon, charges)
     budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, s._chunk)  # chunk_size
     if not admission.covers(s, budgets):  # FastScheduler._admit's test, as each round asks it
         batch = s.fill_round(s.new_adder(), order, False, False)
@@ -207,22 +208,25 @@ def continued(
     ``adder`` (``continuation``'s budgets: it reads only the setup and the budgets' gate and
     compat, which nothing changes), so ``_admit`` (``FastScheduler``'s: ``direct``) is the
     native loop without asking again. Where the native loop covers the round, nothing new is
-    chunked yet (``adder.new_chunked_req``: ``_batch`` would set it), no tenant is charged and
-    there are no EOS ids, the admission and ``_batch`` up to the run are one native call
-    (``PrefillRun.step``: ``adder``'s budgets are not written back, nobody reads them)."""
+    chunked yet (``adder.new_chunked_req``: ``_batch`` would set it) and there are no EOS
+    ids, the admission and ``_batch`` up to the run are one native call
+    (``PrefillRun.step``: ``adder``'s budgets are not written back, nobody reads them; a
+    charging policy's tenants pay what it computed, after it)."""
     positions: list[int] = []
     b = adder  # the admission and ``_batch`` natively, where nothing new is chunked yet
     fused = covered or admission.covers(s, b)
-    if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:
+    if b.new_chunked_req is None and not s.eos_ids and fused:
         q, running = s.queue, s.batch.reqs
+        charges: list[tuple[Req, int]] | None = [] if s._charges else None
         got = s.prefill_run.step(
             s, s.native_adder, s.cache.tree, s.kv.native, q, order, b.new_token_ratio,
             b.total_offset, b.current_offset, b.rem_input_tokens, b.rem_chunk_tokens,
             b.exclusive_chunking, s.max_running_requests - len(running) + 1, b.can_run_list,
             bool(running), s.chunked_req is not None, s.batch_is_full, s._pool, q.reqs,
-            q.deferred, s.clock, q._take_fixed, q._native_take, q.moved, q.tried, q.added
+            q.deferred, s.clock, q._take_fixed, q._native_take, q.moved, q.tried, q.added,
+            charges
         )  # fmt: skip
-        return _outcome(s, got, horizon)
+        return _outcome(s, got, horizon, charges)
     if order is not None:
         slots = s.max_running_requests - len(s.batch.reqs) + 1  # a chunked request's too
         if covered:
@@ -232,14 +236,19 @@ def continued(
     return _batch(s, adder.can_run_list, positions, adder.new_chunked_req, horizon)
 
 
-def _outcome(s: Stepping, got: Any, horizon: float | None) -> StepOutcome | None:
+def _outcome(
+    s: Stepping, got: Any, horizon: float | None, charges: list[tuple[Req, int]] | None
+) -> StepOutcome | None:
     """The step after ``PrefillRun.step`` (the admission and ``_batch`` up to the run): None,
     nothing extends (the decode round); a list, the round's admissions that no native step
-    runs (their entries built and run); else extend_run's answer."""
+    runs (their entries built and run: ``run`` charges them); else extend_run's answer, whose
+    ``charges`` (a charging policy's: what each request computed) its tenants pay."""
     if got is None:
         return s.decode_round(horizon)
     if type(got) is list:
         return s.run(Batch(s._extend_entries(got), []))
+    if charges:
+        s._charge_prefill(charges)
     d, n, tokens, finished, joined, size = got
     s.batch.extend(joined)
     return StepOutcome("extend", d, size, prefill_tokens=n, finished=finished, _tokens=tokens)
