@@ -86,6 +86,7 @@ TESTS = (
     "tests/test_preflight.py",
     "tests/test_prompt_cache.py",
     "tests/test_native_loop.py",
+    "tests/test_native_key_views.py",
 )
 
 
@@ -1249,12 +1250,6 @@ MUTANTS = (
         "// a middle chunk emitted like a last one",
     ),
     Mutant(
-        "native-chunk-skips-tenant-charges",
-        "fast/scheduler.py",
-        "        native = None if self._charges else self._native_step()  # each chunk charges\n",
-        "        native = self._native_step()\n",
-    ),
-    Mutant(
         "chunk-end-off-the-pages",
         "_native/chunks.cpp",
         "    const int64_t end = floor_page(prefix_len + rem, b.page);",
@@ -1989,10 +1984,69 @@ MUTANTS = (
         "            a = admission_rec_.make({req, get(req, n.extend_end), t[0], t[1]});\n",
     ),
     Mutant(
-        "fused-fresh-forgets-the-tenants",
+        "fused-fresh-charges-nobody",
         "fast/step.py",
-        "    if not (s._charges or s.eos_ids) and admission.covers(s, _FRESH):",
-        "    if not s.eos_ids and admission.covers(s, _FRESH):",
+        "        charges: list[tuple[Req, int]] | None = [] if s._charges else None\n"
+        "        got = s.prefill_run.step(\n"
+        "            s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio,",
+        "        charges: list[tuple[Req, int]] | None = None\n"
+        "        got = s.prefill_run.step(\n"
+        "            s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio,",
+    ),
+    Mutant(
+        "fused-outcome-forgets-the-charges",
+        "fast/step.py",
+        "    if charges:\n        s._charge_prefill(charges)\n",
+        "",
+    ),
+    Mutant(
+        "middle-chunks-forget-the-charges",
+        "fast/scheduler.py",
+        "        if charges:  # each chunk's tokens, charged in order\n"
+        "            self._charge_prefill(charges)\n",
+        "",
+    ),
+    Mutant(
+        "extend-run-charges-the-prompt",
+        "_native/prefill.cpp",
+        "append(charges, nb::make_tuple(it.req, it.num_new));",
+        "append(charges, nb::make_tuple(it.req, it.prompt));",
+    ),
+    Mutant(
+        "chunks-charge-nothing",
+        "_native/prefill.cpp",
+        "            if (!charges.is_none()) append(charges, nb::make_tuple(req, shape.tokens));\n",
+        "",
+    ),
+    Mutant(
+        "prompt-block-views-a-writeable-prompt",
+        "_native/kv.cpp",
+        "    if (PyArray_TYPE(a) != NPY_INT32 || PyArray_NDIM(a) != 1 || PyArray_ISWRITEABLE(a) ||",
+        "    if (PyArray_TYPE(a) != NPY_INT32 || PyArray_NDIM(a) != 1 ||",
+    ),
+    Mutant(
+        "prompt-block-keeps-its-reference",
+        "_native/kv.cpp",
+        "        if (Py_IsInitialized() && PyGILState_Check()) Py_DECREF(obj);",
+        "        if (Py_IsInitialized() && PyGILState_Check()) (void)obj;",
+    ),
+    Mutant(
+        "checkpoint-views-the-joined-outputs",
+        "_native/kv.cpp",
+        "        if (aligned <= np) {  // (else `tokens` are the joined copy)",
+        "        if (true) {  // (else `tokens` are the joined copy)",
+    ),
+    Mutant(
+        "insert-copies-a-viewable-key",
+        "_native/radix.cpp",
+        "        key = SlotVec(tokens + rel, tokens + n_tokens, *key_share);",
+        "        key.assign(tokens + rel, tokens + n_tokens);",
+    ),
+    Mutant(
+        "split-copies-the-lower-key",
+        "_native/radix.cpp",
+        "    child.key.assign_tail(up->key, static_cast<size_t>(m));",
+        "    child.key.assign(up->key.data() + m, up->key.data() + up->key.size());",
     ),
     Mutant(
         "fused-continued-ignores-covers",
@@ -2003,14 +2057,8 @@ MUTANTS = (
     Mutant(
         "fused-continued-ignores-a-new-chunked-request",
         "fast/step.py",
-        "    if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:\n",
-        "    if not (s._charges or s.eos_ids) and fused:\n",
-    ),
-    Mutant(
-        "fused-continued-forgets-the-tenants",
-        "fast/step.py",
-        "    if b.new_chunked_req is None and not (s._charges or s.eos_ids) and fused:\n",
         "    if b.new_chunked_req is None and not s.eos_ids and fused:\n",
+        "    if not s.eos_ids and fused:\n",
     ),
     Mutant(
         "fused-outcome-joins-nothing",

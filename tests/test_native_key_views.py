@@ -86,6 +86,9 @@ def test_a_viewed_key_outlives_its_request_and_every_other_reference() -> None:
     assert match.indices.tolist() == list(range(1, 65))
     leaf: Any = match.last_node
     assert leaf.key.tolist() == list(range(7, 71)) and leaf.key_block == 64
+    b = _run(fast, "b", query)  # its leaf: the last 8 of its 72 tokens, a view of them
+    tail: Any = b.last_node
+    assert tail.key.tolist() == [1] * 8 and tail.key_block == 72
 
 
 @pytest.mark.parametrize(
@@ -98,13 +101,20 @@ def test_a_viewed_key_outlives_its_request_and_every_other_reference() -> None:
     ids=["writeable", "int64", "strided"],
 )
 def test_a_prompt_the_tree_cannot_view_is_copied(make: Any) -> None:
+    """The leaf (the last 32 of the prompt's 40 tokens, its first 8 cached before) holds a
+    block of its own: a later write into a writeable prompt does not reach the tree."""
     ref, fast = _twins()
     tokens = list(range(300, 340))
     for kv in (ref, fast):
-        a = _run(kv, "a", make(tokens))
+        kv.release(_run(kv, "p", _prompt(tokens[:8])), cache_kv=True)
+        prompt = make(tokens)
+        a = _run(kv, "a", prompt)
         if kv is fast:
             leaf: Any = a.last_node
-            assert leaf.key_block == len(leaf) == 40 and leaf.key.tolist() == tokens
+            assert leaf.key_block == len(leaf) == 32 and leaf.key.tolist() == tokens[8:]
+            if prompt.flags.writeable:
+                prompt[8:] = -1
+                assert leaf.key.tolist() == tokens[8:]
         kv.release(a, cache_kv=True)
     _same_trees(ref, fast)
 
