@@ -189,10 +189,10 @@ def _run(policy: str, **sched: Any) -> int:
         calls += 1
         return real(*a)
 
-    def counting_steps(s: Any, got: Any, horizon: Any) -> Any:
+    def counting_steps(s: Any, got: Any, horizon: Any, charges: Any) -> Any:
         nonlocal calls
         calls += got is not None
-        return outcome(s, got, horizon)
+        return outcome(s, got, horizon, charges)
 
     w = load_workload(
         "shared-prefix:groups=3,prompts=6,system_len=256,question_len=32,output_len=16",

@@ -297,7 +297,6 @@ def test_a_continuation_without_room_for_a_page_stalls(page: int) -> None:
 @pytest.mark.parametrize(
     "kw",
     [
-        {"policy": "fair"},  # tenant charges: no native prefill step
         {"policy": "shortest-prefill-first"},  # a chunk limit: no fused chunks
         {"compat": "sglang"},  # SGLang's order of operations: no fused chunks
         {"enable_mixed_chunk": True},  # decode tokens in prefill batches: no fused chunks
@@ -307,6 +306,14 @@ def test_where_the_native_call_must_not_run(kw: dict[str, Any]) -> None:
     run = Lockstep(_config(4, **kw), 8192, lambda: _reqs([16 * 4 * 8, 40], [3, 3], 5), _far).run()
     assert run.native == []
     assert run.fast.stats.prefill_steps >= 9
+
+
+def test_a_charging_policys_chunks_run_natively() -> None:
+    """fair's middle chunks run in the native call too (its tenant charged after it), in
+    lockstep with the reference."""
+    cfg = _config(4, policy="fair")
+    run = Lockstep(cfg, 8192, lambda: _reqs([16 * 4 * 8, 40], [3, 3], 5), _far).run()
+    assert any(k > 0 for _, k, _ in run.native)
 
 
 class _HandsBack(_Spy):

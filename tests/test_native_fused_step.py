@@ -194,9 +194,9 @@ def test_covers_refusing_keeps_the_python_rounds(monkeypatch: pytest.MonkeyPatch
     fused: list[Any] = []  # what the native calls handed ``_outcome`` (None: a decode round)
     real = steps._outcome
 
-    def outcome(s: Any, got: Any, horizon: Any) -> Any:
+    def outcome(s: Any, got: Any, horizon: Any, charges: Any) -> Any:
         fused.append(got)
-        return real(s, got, horizon)
+        return real(s, got, horizon, charges)
 
     monkeypatch.setattr(steps, "_outcome", outcome)
     continued = golden.count_calls(monkeypatch, steps, "continued")
