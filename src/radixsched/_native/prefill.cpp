@@ -21,6 +21,7 @@
 #include "py_attr.hpp"
 #include "round.hpp"
 #include "stepcost.hpp"
+#include "token_ints.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -529,7 +530,7 @@ private:
                 set(sched, n.chunked_req, Py_None);
                 chunked = nb::none();
             }
-            const nb::object tok = nb::steal(PyLong_FromUnsignedLongLong(it.token));
+            const nb::object tok = nb::steal(radixsched::token_int(it.token));
             if (!tok.is_valid()) throw nb::python_error();
             const nb::object outs = get(r, n.output_ids), times = get(r, n.times);
             append(outs, tok);
