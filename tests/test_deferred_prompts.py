@@ -246,3 +246,33 @@ def test_a_thread_that_builds_alone_uses_no_other() -> None:
     t.join()
     assert seen == [1]
     assert tokens.build_threads(1 << 40) == min(tokens.usable_cpus(), tokens.MAX_THREADS)
+
+
+def _times_bits(arrays: list[Any]) -> list[tuple[str, bytes]]:
+    return [(a.typecode, a.tobytes()) for a in arrays]
+
+
+def test_packed_times_are_each_lists_floats(monkeypatch: pytest.MonkeyPatch) -> None:
+    from array import array
+
+    seqs = [[0.5, -0.0, 1e300], [], [float("inf"), float("nan"), 2.25], [3.0]]
+    want = [array("d", s) for s in seqs]
+    assert _times_bits(deferred.packed_times(seqs)) == _times_bits(want)  # natively
+    assert deferred.packed_times([]) == []
+    mixed = [[0.5, 1.5], [2, 3.5]]  # an int: the native copy declines, each converts
+    assert _times_bits(deferred.packed_times(mixed)) == _times_bits([array("d", s) for s in mixed])
+    monkeypatch.setattr(deferred, "core", lambda: None)
+    assert _times_bits(deferred.packed_times(seqs)) == _times_bits(want)
+
+
+def test_a_build_copy_carries_what_a_build_reads(defer_all: None) -> None:
+    own = load_workload(SPEC, defer_prompts=True, num_requests=20).drafts
+    assert own is not None
+    for d in own:
+        c = deferred.build_copy(d)
+        assert c is not d and c.prompt is d.prompt and c.fill is d.fill and c.source is d.source
+        assert (c.session, c.length, c.output_len) == (d.session, d.length, d.output_len)
+    built = deferred.build_prompts([deferred.build_copy(d) for d in own])
+    assert all(
+        np.array_equal(a, b) for a, b in zip(built, deferred.build_prompts(own), strict=True)
+    )
