@@ -230,17 +230,10 @@ def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | No
     files only: a pipe or FIFO cannot be read a second time."""
     if not path.is_file():
         return None
-    try:
-        import orjson
-    except ImportError:  # a declared dependency; without it the checked reader serves
+    read = _native_columns(path) or _orjson_columns(path)
+    if read is None:
         return None
-    try:
-        cols = _mooncake_columns(path, orjson.loads)
-    except Exception:  # anything unexpected (bad JSON, a read error, ...): checked reader
-        return None
-    ids = _checked_ids(cols.ids)
-    if ids is None or not cols.lines:
-        return None
+    cols, ids = read
     name = str(path)
     starts = [0, *itertools.accumulate(cols.counts)][:-1]  # each line's first id in ``ids``
     # The ids the prompt uses: a view, as ids[: -(-n // block)].
@@ -252,6 +245,81 @@ def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | No
         _MooncakeRecord(f"{name}:{i}", ts, n, o, ids[a:e])
         for i, ts, n, o, a, e in zip(*columns, strict=True)
     ]
+
+
+def _orjson_columns(path: Path) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]] | None:
+    """The trace's columns and its hash ids (``_checked_ids``), read with orjson; None where a
+    line is not plainly good (``_mooncake_columns``) or an id is out of range."""
+    try:
+        import orjson
+    except ImportError:  # a declared dependency; without it the checked reader serves
+        return None
+    try:
+        cols = _mooncake_columns(path, orjson.loads)
+    except Exception:  # anything unexpected (bad JSON, a read error, ...): checked reader
+        return None
+    ids = _checked_ids(cols.ids)
+    if ids is None or not cols.lines:
+        return None
+    return cols, ids
+
+
+def _native_columns(path: Path) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]] | None:
+    """``_orjson_columns``' columns and ids, parsed by the native core a block at a time
+    (``mooncake_lines``: a line of plain integers only, ``_native/trace_lines.hpp``); None
+    without the core, or where a line is not plain or fails ``_add_columns``' range checks
+    (``_orjson_columns`` then reads the trace, and decides). ``ids`` holds no list."""
+    from radixsched.native import core
+
+    parse = getattr(core(), "mooncake_lines", None)
+    if parse is None:
+        return None
+    try:
+        return _native_read(path, parse)
+    except Exception:  # a read error (a truncated gzip, ...): the other readers decide
+        return None
+
+
+def _native_read(
+    path: Path, parse: Callable[..., int]
+) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]] | None:
+    cols = _MooncakeColumns([], [], [], [], [], [])
+    parts = []
+    for first, block in _line_blocks(path):
+        part = _native_block(parse, block)
+        if part is None:
+            return None
+        stamps, inputs, outputs, counts, ids = part
+        cols.lines.extend(range(first, first + stamps.size))
+        cols.stamps.extend(stamps.tolist())
+        cols.inputs.extend(inputs.tolist())
+        cols.outputs.extend(outputs.tolist())
+        cols.counts.extend(counts.tolist())
+        parts.append(ids)
+    if not cols.lines:
+        return None
+    return cols, np.concatenate(parts)
+
+
+def _native_block(parse: Callable[..., int], block: bytes) -> tuple[npt.NDArray[Any], ...] | None:
+    """A block's stamps, input and output lengths, id counts and ids (``mooncake_lines``), or
+    None where the parser declines a line or a value is out of ``_add_columns``' and
+    ``_checked_ids``' ranges (the parser takes non-negative integers only)."""
+    rows = block.count(b"\n") + 1
+    stamps = np.empty(rows, dtype=np.float64)
+    inputs, outputs, counts = (np.empty(rows, dtype=np.int64) for _ in range(3))
+    ids = np.empty(
+        rows + block.count(b","), dtype=np.int64
+    )  # each id: a list's first, or after a comma
+    n = parse(block, stamps, inputs, outputs, counts, ids)
+    if n < 0:
+        return None
+    ids = ids[:n]
+    if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):
+        return None
+    if ids.size and ids.max() >= 2**31:
+        return None
+    return stamps, inputs, outputs, counts, ids
 
 
 # The fast reader reads whole lines about 4 MiB at once: a block's lines and decoded objects
