@@ -276,3 +276,43 @@ def test_a_build_copy_carries_what_a_build_reads(defer_all: None) -> None:
     assert all(
         np.array_equal(a, b) for a, b in zip(built, deferred.build_prompts(own), strict=True)
     )
+
+
+def test_one_builder_thread_builds_ahead_and_ends_after_the_last_batch(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    threads: set[int] = set()
+    build = deferred.build_prompts
+
+    def counted(drafts: Any) -> Any:
+        threads.add(threading.get_ident())
+        return build(drafts)
+
+    monkeypatch.setattr(deferred, "build_prompts", counted)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    for i in range(56):  # as the loop reaches them
+        _ = reqs[i]
+    builder = reqs._builder
+    assert builder is not None
+    builder.thread.join(timeout=10)
+    assert not builder.thread.is_alive()  # closed with the last batch
+    assert len(threads - {threading.main_thread().ident}) == 1  # three batches, one thread
+
+
+def test_a_builder_ends_when_its_requests_are_freed(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    _ = reqs[0]  # the second batch building ahead, two more to come
+    builder = reqs._builder
+    assert builder is not None
+    del reqs
+    import gc
+
+    gc.collect()
+    builder.thread.join(timeout=10)
+    assert not builder.thread.is_alive()
