@@ -475,7 +475,7 @@ def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
             i,
             timestamp_s=(r.timestamp_ms - t0) / 1e3,
             fill=fill,
-            source=r,
+            source=r.hash_ids,  # (not the record: the drafts keep no object a line)
             length=r.input_length,
         )
         for i, r in enumerate(records)
@@ -494,7 +494,7 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
     if native is not None:
         salt = _key(_SALT_BLOCK)
         outs = [_prompt_buffer(d) for d in drafts]
-        ids = [d.source.hash_ids for d in drafts]
+        ids = [d.source for d in drafts]
         pads = [_key(_SALT_PAD, d.session) for d in drafts]
 
         def build(lo: int, hi: int) -> None:  # one native call a thread, without the GIL
@@ -504,18 +504,18 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
         for d, out in zip(drafts, outs, strict=True):
             d.prompt = out
         return
-    records: list[_MooncakeRecord] = [d.source for d in drafts]
-    distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
+    id_lists: list[npt.NDArray[np.int64]] = [d.source for d in drafts]
+    distinct, uses = np.unique(np.concatenate(id_lists), return_counts=True)
     shared = distinct[uses > 1]
     batches = [
         list(range(lo, min(lo + _BATCH, len(drafts)))) for lo in range(0, len(drafts), _BATCH)
     ]
-    tail = max((sum(len(records[j].hash_ids) for j in b) for b in batches), default=0)
+    tail = max((sum(len(id_lists[j]) for j in b) for b in batches), default=0)
     table = np.empty((len(shared) + tail, block), dtype=np.int32)
     table[: len(shared)] = _block_table(shared, block, vocab)
     for batch in batches:
-        recs = [records[j] for j in batch]
-        for j, rows in zip(batch, _rows(recs, shared, table, vocab), strict=True):
+        own = [id_lists[j] for j in batch]
+        for j, rows in zip(batch, _rows(own, shared, table, vocab), strict=True):
             d = drafts[j]
             d.prompt = _gather(table, rows, _prompt_buffer(d), d.session, vocab)
 
@@ -556,11 +556,12 @@ def _gather(
 
 
 def _rows(
-    batch: list[_MooncakeRecord], shared: npt.NDArray[np.int64], table: TokenArray, vocab: int
+    batch: list[npt.NDArray[np.int64]], shared: npt.NDArray[np.int64], table: TokenArray, vocab: int
 ) -> list[npt.NDArray[np.int64]]:
-    """Each request's rows of ``table``: a shared block's in the head; the batch's own blocks
-    are generated into the tail first (ids used once, so each lies in one request)."""
-    ids = np.concatenate([r.hash_ids for r in batch])
+    """Each request's rows of ``table`` (``batch``: their hash ids): a shared block's in the
+    head; the batch's own blocks are generated into the tail first (ids used once, so each lies
+    in one request)."""
+    ids = np.concatenate(batch)
     at = np.searchsorted(shared, ids)
     found = at < len(shared)
     found[found] = shared[at[found]] == ids[found]
@@ -569,7 +570,7 @@ def _rows(
     if n_own:
         table[len(shared) : len(shared) + n_own] = _block_table(ids[own], table.shape[1], vocab)
         at[own] = len(shared) + np.arange(n_own)
-    cuts = np.cumsum([len(r.hash_ids) for r in batch])[:-1]
+    cuts = np.cumsum([len(h) for h in batch])[:-1]
     return np.split(at, cuts)
 
 
