@@ -89,3 +89,13 @@ def test_std_by_slices_of_a_long_sample() -> None:
     arr = np.random.default_rng(7).random(300_007) * 1e3
     assert Stats.of(arr).std == float(np.std(arr))
     assert Stats.of(arr[3:]).std == float(np.std(arr[3:]))
+
+
+def test_zeros_of_both_signs_among_positives_are_numpys() -> None:
+    """The first position fixed whenever a zero may be there (``_may_hold_zero``): which of
+    0.0 and -0.0 a percentile takes follows numpy's partition, for samples at or above zero."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        arr = rng.choice(np.array([-0.0, 0.0, 0.0, 1.5, 2.0]), size=int(rng.integers(2, 30)))
+        want = np.percentile(arr, [50.0, 90.0, 95.0, 99.0])
+        assert _same(percentiles(arr.copy(), _QUANTILES), want)

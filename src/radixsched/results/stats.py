@@ -142,9 +142,15 @@ def _kth(part: FloatArray, lo: npt.NDArray[np.intp], hi: npt.NDArray[np.intp]) -
     between equal values that differ in bits, 0.0 and -0.0: asked for only with a zero
     (without one, the partition skips a pass over the low part: a third of its time)."""
     kth = {-1, *lo.tolist(), *hi.tolist()}
-    if (part == 0).any():
+    if _may_hold_zero(part) and (part == 0).any():
         kth.add(0)
     return kth
+
+
+def _may_hold_zero(part: FloatArray) -> bool:
+    """False where every value is above zero or every one below (two reductions, no mask the
+    size of the sample); True otherwise, a NaN among them included."""
+    return not (part.min() > 0 or part.max() < 0)
 
 
 def median(values: npt.ArrayLike) -> float:

@@ -308,9 +308,8 @@ def _native_block(parse: Callable[..., int], block: bytes) -> tuple[npt.NDArray[
     rows = block.count(b"\n") + 1
     stamps = np.empty(rows, dtype=np.float64)
     inputs, outputs, counts = (np.empty(rows, dtype=np.int64) for _ in range(3))
-    ids = np.empty(
-        rows + block.count(b","), dtype=np.int64
-    )  # each id: a list's first, or after a comma
+    bound = rows + block.count(b",")  # each id is its list's first or follows a comma
+    ids = np.empty(bound, dtype=np.int64)
     n = parse(block, stamps, inputs, outputs, counts, ids)
     if n < 0:
         return None
