@@ -91,6 +91,19 @@ def test_std_by_slices_of_a_long_sample() -> None:
     assert Stats.of(arr[3:]).std == float(np.std(arr[3:]))
 
 
+@pytest.mark.parametrize("at_once", [1, 1 << 16])
+@pytest.mark.parametrize("n", [129, 200, 1000, 4099, 300_007])
+def test_squares_by_slices_are_numpys_sum(at_once: int, n: int) -> None:
+    """The sum itself (the spread's square root can hide its last bit): numpy's pairwise sum
+    of the squared deviations, bit for bit, whatever the slices."""
+    arr = np.random.default_rng(n).random(n) * 1e3
+    center = arr.mean()
+    want = float(np.add.reduce(np.square(arr - center)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stats_module, "_SQUARES_AT_ONCE", at_once)
+        assert stats_module._sum_of_squares(arr, center) == want
+
+
 def test_zeros_of_both_signs_among_positives_are_numpys() -> None:
     """The first position fixed whenever a zero may be there (``_may_hold_zero``): which of
     0.0 and -0.0 a percentile takes follows numpy's partition, for samples at or above zero."""

@@ -384,3 +384,24 @@ def test_native_columns_need_the_core(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(native, "core", lambda: None)
     assert traces._native_columns(path) is None
     assert _outcome(path, 512) == _reference(path, 512, monkeypatch)  # through orjson
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"timestamp": 1, "timestamp": 2, "output_length": 1, "hash_ids": [3]}',
+        b'{"timestamp": 1, "input_length": 10, "input_length": 10, "hash_ids": []}',
+        b'{"hash_ids": [1], "input_length": 10, "output_length": 1, "hash_ids": [2]}',
+    ],
+)
+def test_native_lines_take_each_key_once(line: bytes) -> None:
+    """A key twice leaves another unset: declined, whatever the columns held before."""
+    from radixsched.native import core
+
+    parse = getattr(core(), "mooncake_lines", None)
+    if parse is None:
+        pytest.skip("no native core")
+    cols = [np.full(1, 7.0), *(np.full(1, 7, dtype=np.int64) for _ in range(3))]
+    assert parse(line, *cols, np.zeros(4, dtype=np.int64)) == -1
+    good = b'{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [2]}'
+    assert parse(good, *cols, np.zeros(4, dtype=np.int64)) == 1
