@@ -405,3 +405,12 @@ def test_native_lines_take_each_key_once(line: bytes) -> None:
     assert parse(line, *cols, np.zeros(4, dtype=np.int64)) == -1
     good = b'{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [2]}'
     assert parse(good, *cols, np.zeros(4, dtype=np.int64)) == 1
+
+
+def test_fast_records_are_made_when_asked_for(tmp_path: Path) -> None:
+    path = _write(tmp_path, PLAIN)
+    recs = traces._fast_mooncake_records(path, 512)
+    assert isinstance(recs, traces._MooncakeLines) and len(recs) == 5
+    assert recs[-1].where == f"{path}:5" and recs[1].timestamp_ms == 2.0**53
+    assert [r.where for r in recs[1:4:2]] == [recs[1].where, recs[3].where]
+    assert (recs[2].input_length, recs[2].output_length, recs[2].hash_ids.tolist()) == (4, 1, [])

@@ -12,7 +12,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, cast
+from typing import Any, BinaryIO, NamedTuple, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -194,17 +194,47 @@ class _MooncakeRecord:
     hash_ids: npt.NDArray[np.int64]  # only the ids the prompt uses
 
 
-def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
-    out = _fast_mooncake_records(path, block)
+class _MooncakeLines(Sequence[_MooncakeRecord]):
+    """The fast reader's records as columns: a record is made only when one is asked for
+    (``_build_mooncake`` and the span check read the columns: no object a line)."""
+
+    def __init__(self, name: str, cols: _MooncakeColumns, ids: list[npt.NDArray[np.int64]]):
+        self.name, self.lines, self.stamps = name, cols.lines, cols.stamps
+        self.inputs, self.outputs, self.ids = cols.inputs, cols.outputs, ids
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @overload
+    def __getitem__(self, i: int) -> _MooncakeRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[_MooncakeRecord]: ...
+    def __getitem__(self, i: int | slice) -> _MooncakeRecord | list[_MooncakeRecord]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(len(self))[i]]
+        at = f"{self.name}:{self.lines[i]}"
+        return _MooncakeRecord(at, self.stamps[i], self.inputs[i], self.outputs[i], self.ids[i])
+
+
+def _mooncake_records(path: Path, block: int) -> Sequence[_MooncakeRecord]:
+    out: Sequence[_MooncakeRecord] | None = _fast_mooncake_records(path, block)
     if out is None:  # anything the fast reader does not take: the per-line checks decide
         out = _checked_mooncake_records(path, block)
     if not out:
         raise WorkloadError(f"{path}: no requests")
-    t0 = min(r.timestamp_ms for r in out)
-    late = next((r for r in out if (r.timestamp_ms - t0) / 1e3 > MAX_ARRIVAL_S), None)
+    stamps = _stamps(out)
+    t0 = min(stamps)
+    late = next((i for i, t in enumerate(stamps) if (t - t0) / 1e3 > MAX_ARRIVAL_S), None)
     if late is not None:
-        raise _late(late.where, "timestamp", late.timestamp_ms, (late.timestamp_ms - t0) / 1e3)
+        ts = stamps[late]
+        raise _late(out[late].where, "timestamp", ts, (ts - t0) / 1e3)
     return out
+
+
+def _stamps(records: Sequence[_MooncakeRecord]) -> list[float]:
+    if isinstance(records, _MooncakeLines):
+        return records.stamps
+    return [r.timestamp_ms for r in records]
 
 
 class _Irregular(Exception):
@@ -223,7 +253,7 @@ class _MooncakeColumns(NamedTuple):
     ids: list[int]
 
 
-def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | None:
+def _fast_mooncake_records(path: Path, block: int) -> _MooncakeLines | None:
     """``_checked_mooncake_records``'s records, read with orjson and the hash ids checked in
     one array; None where the trace has anything this reader does not take (then the checked
     reader reads it again: the same records, or its error for the first bad line). Regular
@@ -234,17 +264,12 @@ def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | No
     if read is None:
         return None
     cols, ids = read
-    name = str(path)
     starts = [0, *itertools.accumulate(cols.counts)][:-1]  # each line's first id in ``ids``
     # The ids the prompt uses: a view, as ids[: -(-n // block)].
     ends = [
         a + min(c, -(-n // block)) for a, c, n in zip(starts, cols.counts, cols.inputs, strict=True)
     ]
-    columns = (cols.lines, cols.stamps, cols.inputs, cols.outputs, starts, ends)
-    return [
-        _MooncakeRecord(f"{name}:{i}", ts, n, o, ids[a:e])
-        for i, ts, n, o, a, e in zip(*columns, strict=True)
-    ]
+    return _MooncakeLines(str(path), cols, [ids[a:e] for a, e in zip(starts, ends, strict=True)])
 
 
 def _orjson_columns(path: Path) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]] | None:
@@ -462,22 +487,23 @@ def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
     (``_fill_mooncake``)."""
     block, vocab = p["block_size"], p["vocab"]
     records = _mooncake_records(Path(p["path"]), block)
-    t0 = min(r.timestamp_ms for r in records)
+    stamps = _stamps(records)
+    t0 = min(stamps)
 
     def fill(drafts: Sequence[_Draft]) -> None:
         _fill_mooncake(drafts, block, vocab)
 
+    if isinstance(records, _MooncakeLines):  # its columns, no record made
+        outputs, inputs, ids = records.outputs, records.inputs, records.ids
+    else:
+        outputs = [r.output_length for r in records]
+        inputs = [r.input_length for r in records]
+        ids = [r.hash_ids for r in records]
+    columns = (stamps, outputs, inputs, ids)
     return [
-        _Draft(
-            _NO_TOKENS,
-            r.output_length,
-            i,
-            timestamp_s=(r.timestamp_ms - t0) / 1e3,
-            fill=fill,
-            source=r.hash_ids,  # (not the record: the drafts keep no object a line)
-            length=r.input_length,
-        )
-        for i, r in enumerate(records)
+        # (the hash ids, not the record: the drafts keep no object a line)
+        _Draft(_NO_TOKENS, o, i, timestamp_s=(ts - t0) / 1e3, fill=fill, source=h, length=n)
+        for i, (ts, o, n, h) in enumerate(zip(*columns, strict=True))
     ]
 
 
