@@ -2035,8 +2035,8 @@ MUTANTS = (
     Mutant(
         "deferred-builder-never-closed",
         "sim/workloads/deferred.py",
-        "                builder.close()\n",
-        "                pass\n",
+        "            self._builder.close()  # every batch built (however reached): the thread ends\n",
+        "            pass\n",
     ),
     Mutant(
         "deferred-builder-outlives-its-requests",

@@ -292,13 +292,28 @@ def test_one_builder_thread_builds_ahead_and_ends_after_the_last_batch(
     monkeypatch.setattr(deferred, "build_prompts", counted)
     reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
     assert isinstance(reqs, deferred.ArrivingRequests)
-    for i in range(56):  # as the loop reaches them
-        _ = reqs[i]
+    _ = reqs[0]
     builder = reqs._builder
     assert builder is not None
+    for i in range(56):  # as the loop reaches them
+        _ = reqs[i]
     builder.thread.join(timeout=10)
-    assert not builder.thread.is_alive()  # closed with the last batch
+    assert not builder.thread.is_alive() and reqs._builder is None  # every batch built
     assert len(threads - {threading.main_thread().ident}) == 1  # three batches, one thread
+
+
+def test_a_builder_ends_when_a_jump_builds_the_rest(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    _ = reqs[0]  # the second batch building ahead
+    builder = reqs._builder
+    assert builder is not None
+    _ = reqs[55]  # the rest built here, the last batch never handed to the thread
+    builder.thread.join(timeout=10)
+    assert not builder.thread.is_alive()
 
 
 def test_a_builder_ends_when_its_requests_are_freed(

@@ -94,8 +94,10 @@ def build_prompts(drafts: Sequence[_Draft]) -> list[TokenArray]:
 class Builder:
     """The thread that builds a run's batches ahead (``Ahead``), in the order handed to it,
     building alone (``tokens.build_alone``). One thread a run, not one a batch: a thread's
-    start waits until it runs (390 starts for 100k requests). It ends after the batch handed
-    to it before ``close``."""
+    start waits until it runs (390 starts for 100k requests). It ends after the batches handed
+    to it before ``close``: once every batch is built, or when the run's requests are freed
+    first (a thread still running at exit would cost the process its fast exit,
+    ``cli.main.exit_now``)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Ahead | None] = queue.SimpleQueue()
@@ -205,8 +207,9 @@ class ArrivingRequests(Sequence[Req]):
         if self._prefetch and lo < hi:
             builder = self._builder or self._start_builder()
             self._ahead = Ahead(lo, hi, self._drafts[lo:hi], builder)
-            if hi == len(self._reqs):  # the last batch: the thread ends once it is built
-                builder.close()
+        elif lo == len(self._reqs) and self._builder is not None:
+            self._builder.close()  # every batch built (however reached): the thread ends
+            self._builder = None
 
     def _start_builder(self) -> Builder:
         """The run's ``Builder``, which also ends when these requests are freed first."""
