@@ -22,12 +22,11 @@ bit (``tests/test_deferred_prompts.py``).
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import weakref
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 
@@ -35,6 +34,9 @@ from radixsched.native import core
 from radixsched.request import Req, TokenArray
 from radixsched.sim.workloads.prompt_cache import gib_setting
 from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft, build_alone, usable_cpus
+
+if TYPE_CHECKING:
+    import queue
 
 BATCH = 256  # requests whose prompts are built together (the trace reader's batch)
 DEFAULT_EAGER_GB = 2.0
@@ -100,6 +102,8 @@ class Builder:
     ``cli.main.exit_now``)."""
 
     def __init__(self) -> None:
+        import queue  # (here: a run that builds nothing ahead never imports it)
+
         self._jobs: queue.SimpleQueue[Ahead | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
