@@ -2087,6 +2087,12 @@ MUTANTS = (
         "    bound = rows",
     ),
     Mutant(
+        "fast-records-keep-every-hash-id",
+        "sim/workloads/traces.py",
+        "    ends = starts + np.minimum(c, -(-np.array(inputs, dtype=np.int64) // block))",
+        "    ends = starts + c",
+    ),
+    Mutant(
         "native-block-takes-any-input-length",
         "sim/workloads/traces.py",
         "    if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):",

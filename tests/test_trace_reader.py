@@ -320,7 +320,9 @@ def test_has_bool_finds_the_literals_alone(block: bytes, found: bool) -> None:
 
 def _columns(read: Any) -> Any:
     assert read is not None
-    cols, ids = read
+    cols, blocks = read
+    assert sum(rows for _, rows in blocks) == len(cols.lines)
+    ids = np.concatenate([a for a, _ in blocks])
     return (*(list(c) for c in cols[:5]), [float(t).hex() for t in cols.stamps], _ids(ids))
 
 

@@ -263,16 +263,33 @@ def _fast_mooncake_records(path: Path, block: int) -> _MooncakeLines | None:
     read = _native_columns(path) or _orjson_columns(path)
     if read is None:
         return None
-    cols, ids = read
-    starts = [0, *itertools.accumulate(cols.counts)][:-1]  # each line's first id in ``ids``
-    # The ids the prompt uses: a view, as ids[: -(-n // block)].
-    ends = [
-        a + min(c, -(-n // block)) for a, c, n in zip(starts, cols.counts, cols.inputs, strict=True)
-    ]
-    return _MooncakeLines(str(path), cols, [ids[a:e] for a, e in zip(starts, ends, strict=True)])
+    cols, blocks = read
+    views: list[npt.NDArray[np.int64]] = []
+    first = 0
+    for ids, rows in blocks:
+        lines = slice(first, first + rows)
+        views += _prompt_ids(ids, cols.counts[lines], cols.inputs[lines], block)
+        first += rows
+    return _MooncakeLines(str(path), cols, views)
 
 
-def _orjson_columns(path: Path) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]] | None:
+# A read's hash ids: arrays of consecutive lines' ids, one after another, each with its count
+# of lines (the native reader's blocks, or one array of them all).
+_IdBlocks = list[tuple[npt.NDArray[np.int64], int]]
+
+
+def _prompt_ids(
+    ids: npt.NDArray[np.int64], counts: list[int], inputs: list[int], block: int
+) -> list[npt.NDArray[np.int64]]:
+    """Each line's ids that its prompt uses, a view of ``ids`` (the lines' ids one after
+    another, ``counts`` a line): its first ``ceil(input / block)``, as ids[: -(-n // block)]."""
+    c = np.array(counts, dtype=np.int64)
+    starts = np.cumsum(c) - c
+    ends = starts + np.minimum(c, -(-np.array(inputs, dtype=np.int64) // block))
+    return [ids[a:e] for a, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+def _orjson_columns(path: Path) -> tuple[_MooncakeColumns, _IdBlocks] | None:
     """The trace's columns and its hash ids (``_checked_ids``), read with orjson; None where a
     line is not plainly good (``_mooncake_columns``) or an id is out of range."""
     try:
@@ -286,14 +303,15 @@ def _orjson_columns(path: Path) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]
     ids = _checked_ids(cols.ids)
     if ids is None or not cols.lines:
         return None
-    return cols, ids
+    return cols, [(ids, len(cols.lines))]
 
 
-def _native_columns(path: Path) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]] | None:
+def _native_columns(path: Path) -> tuple[_MooncakeColumns, _IdBlocks] | None:
     """``_orjson_columns``' columns and ids, parsed by the native core a block at a time
     (``mooncake_lines``: a line of plain integers only, ``_native/trace_lines.hpp``); None
     without the core, or where a line is not plain or fails ``_add_columns``' range checks
-    (``_orjson_columns`` then reads the trace, and decides). ``ids`` holds no list."""
+    (``_orjson_columns`` then reads the trace, and decides). ``ids`` holds no list; the ids
+    stay in one array a block."""
     from radixsched.native import core
 
     parse = getattr(core(), "mooncake_lines", None)
@@ -307,9 +325,9 @@ def _native_columns(path: Path) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]
 
 def _native_read(
     path: Path, parse: Callable[..., int]
-) -> tuple[_MooncakeColumns, npt.NDArray[np.int64]] | None:
+) -> tuple[_MooncakeColumns, _IdBlocks] | None:
     cols = _MooncakeColumns([], [], [], [], [], [])
-    parts = []
+    parts: _IdBlocks = []
     for first, block in _line_blocks(path):
         part = _native_block(parse, block)
         if part is None:
@@ -320,10 +338,10 @@ def _native_read(
         cols.inputs.extend(inputs.tolist())
         cols.outputs.extend(outputs.tolist())
         cols.counts.extend(counts.tolist())
-        parts.append(ids)
+        parts.append((ids, stamps.size))  # each block's own: no copy of them all
     if not cols.lines:
         return None
-    return cols, np.concatenate(parts)
+    return cols, parts
 
 
 def _native_block(parse: Callable[..., int], block: bytes) -> tuple[npt.NDArray[Any], ...] | None:
@@ -338,7 +356,7 @@ def _native_block(parse: Callable[..., int], block: bytes) -> tuple[npt.NDArray[
     n = parse(block, stamps, inputs, outputs, counts, ids)
     if n < 0:
         return None
-    ids = ids[:n]
+    ids = ids[:n].copy()  # (not a view: the bound's unused tail is freed)
     if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):
         return None
     if ids.size and ids.max() >= 2**31:
