@@ -88,6 +88,8 @@ TESTS = (
     "tests/test_native_loop.py",
     "tests/test_native_key_views.py",
     "tests/test_native_token_ints.py",
+    "tests/test_order_stats.py",
+    "tests/test_reqarrays.py",
 )
 
 
@@ -1511,7 +1513,7 @@ MUTANTS = (
     Mutant(
         "percentiles-leave-the-first-position-with-zeros",
         "results/stats.py",
-        "    if (part == 0).any():",
+        "    if _may_hold_zero(part) and (part == 0).any():",
         "    if False:",
     ),
     Mutant(
@@ -2072,6 +2074,84 @@ MUTANTS = (
         "fast/step.py",
         "    d, n, tokens, finished, joined, size = got\n    s.batch.extend(joined)\n",
         "    d, n, tokens, finished, joined, size = got\n",
+    ),
+    Mutant(
+        "packed-times-ends-in-items-not-bytes",
+        "sim/workloads/deferred.py",
+        "    ends = itertools.accumulate(8 * n for n in lens)",
+        "    ends = itertools.accumulate(n for n in lens)",
+    ),
+    Mutant(
+        "build-copy-drops-the-session",
+        "sim/workloads/deferred.py",
+        "    return _Draft(d.prompt, d.output_len, d.session, fill=d.fill, source=d.source, length=d.length)",
+        "    return _Draft(d.prompt, d.output_len, 0, fill=d.fill, source=d.source, length=d.length)",
+    ),
+    Mutant(
+        "deferred-builder-never-closed",
+        "sim/workloads/deferred.py",
+        "            self._builder.close()  # every batch built (however reached): the thread ends\n",
+        "            pass\n",
+    ),
+    Mutant(
+        "deferred-builder-outlives-its-requests",
+        "sim/workloads/deferred.py",
+        "        weakref.finalize(self, self._builder.close)\n",
+        "",
+    ),
+    Mutant(
+        "joined-reads-any-array-as-doubles",
+        "results/requests.py",
+        '    if all(type(s) is array and s.typecode == "d" for s in seqs):',
+        "    if all(type(s) is array for s in seqs):",
+    ),
+    Mutant(
+        "std-halves-not-on-numpys-split",
+        "results/stats.py",
+        "    half -= half % 8\n",
+        "",
+    ),
+    Mutant(
+        "std-splits-numpys-blocks",
+        "results/stats.py",
+        "_PAIRWISE_BLOCK = 128",
+        "_PAIRWISE_BLOCK = 64",
+    ),
+    Mutant(
+        "percentiles-skip-the-zero-check-at-a-zero-minimum",
+        "results/stats.py",
+        "    return not (part.min() > 0 or part.max() < 0)",
+        "    return not (part.min() >= 0 or part.max() < 0)",
+    ),
+    Mutant(
+        "trace-lines-take-a-key-twice",
+        "_native/trace_lines.cpp",
+        "        if (which < 0 || seen[which]) return false;",
+        "        if (which < 0) return false;",
+    ),
+    Mutant(
+        "trace-lines-take-integers-past-2-53",
+        "_native/trace_lines.cpp",
+        "            if (v > kExact) return false;\n",
+        "",
+    ),
+    Mutant(
+        "native-block-ids-bound-without-commas",
+        "sim/workloads/traces.py",
+        '    bound = rows + block.count(b",")',
+        "    bound = rows",
+    ),
+    Mutant(
+        "fast-records-keep-every-hash-id",
+        "sim/workloads/traces.py",
+        "    ends = starts + np.minimum(c, -(-np.array(inputs, dtype=np.int64) // block))",
+        "    ends = starts + c",
+    ),
+    Mutant(
+        "native-block-takes-any-input-length",
+        "sim/workloads/traces.py",
+        "    if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):",
+        "    if not (inputs.min() > 0 and outputs.min() > 0):",
     ),
 )
 

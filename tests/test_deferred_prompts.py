@@ -246,3 +246,88 @@ def test_a_thread_that_builds_alone_uses_no_other() -> None:
     t.join()
     assert seen == [1]
     assert tokens.build_threads(1 << 40) == min(tokens.usable_cpus(), tokens.MAX_THREADS)
+
+
+def _times_bits(arrays: list[Any]) -> list[tuple[str, bytes]]:
+    return [(a.typecode, a.tobytes()) for a in arrays]
+
+
+def test_packed_times_are_each_lists_floats(monkeypatch: pytest.MonkeyPatch) -> None:
+    from array import array
+
+    seqs = [[0.5, -0.0, 1e300], [], [float("inf"), float("nan"), 2.25], [3.0]]
+    want = [array("d", s) for s in seqs]
+    assert _times_bits(deferred.packed_times(seqs)) == _times_bits(want)  # natively
+    assert deferred.packed_times([]) == []
+    mixed = [[0.5, 1.5], [2, 3.5]]  # an int: the native copy declines, each converts
+    assert _times_bits(deferred.packed_times(mixed)) == _times_bits([array("d", s) for s in mixed])
+    monkeypatch.setattr(deferred, "core", lambda: None)
+    assert _times_bits(deferred.packed_times(seqs)) == _times_bits(want)
+
+
+def test_a_build_copy_carries_what_a_build_reads(defer_all: None) -> None:
+    own = load_workload(SPEC, defer_prompts=True, num_requests=20).drafts
+    assert own is not None
+    for d in own:
+        c = deferred.build_copy(d)
+        assert c is not d and c.prompt is d.prompt and c.fill is d.fill and c.source is d.source
+        assert (c.session, c.length, c.output_len) == (d.session, d.length, d.output_len)
+    built = deferred.build_prompts([deferred.build_copy(d) for d in own])
+    assert all(
+        np.array_equal(a, b) for a, b in zip(built, deferred.build_prompts(own), strict=True)
+    )
+
+
+def test_one_builder_thread_builds_ahead_and_ends_after_the_last_batch(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    threads: set[int] = set()
+    build = deferred.build_prompts
+
+    def counted(drafts: Any) -> Any:
+        threads.add(threading.get_ident())
+        return build(drafts)
+
+    monkeypatch.setattr(deferred, "build_prompts", counted)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    _ = reqs[0]
+    builder = reqs._builder
+    assert builder is not None
+    for i in range(56):  # as the loop reaches them
+        _ = reqs[i]
+    builder.thread.join(timeout=10)
+    assert not builder.thread.is_alive() and reqs._builder is None  # every batch built
+    assert len(threads - {threading.main_thread().ident}) == 1  # three batches, one thread
+
+
+def test_a_builder_ends_when_a_jump_builds_the_rest(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    _ = reqs[0]  # the second batch building ahead
+    builder = reqs._builder
+    assert builder is not None
+    _ = reqs[55]  # the rest built here, the last batch never handed to the thread
+    builder.thread.join(timeout=10)
+    assert not builder.thread.is_alive()
+
+
+def test_a_builder_ends_when_its_requests_are_freed(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    _ = reqs[0]  # the second batch building ahead, two more to come
+    builder = reqs._builder
+    assert builder is not None
+    del reqs
+    import gc
+
+    gc.collect()
+    builder.thread.join(timeout=10)
+    assert not builder.thread.is_alive()

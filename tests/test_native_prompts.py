@@ -28,8 +28,7 @@ needs_native = pytest.mark.skipif(
 
 
 def _draft(ids: list[int], n: int, line: int) -> _Draft:
-    rec = traces._MooncakeRecord("t:1", 0.0, n, 1, np.array(ids, dtype=np.int64))
-    return _Draft(_NO_TOKENS, 1, line, source=rec, length=n)
+    return _Draft(_NO_TOKENS, 1, line, source=np.array(ids, dtype=np.int64), length=n)
 
 
 def _build(drafts: Sequence[_Draft], block: int, vocab: int, native: bool) -> list[np.ndarray]:

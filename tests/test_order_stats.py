@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixsched.results import stats as stats_module
 from radixsched.results.stats import _QUANTILES, Stats, median, percentiles
 
 VALUES = st.lists(
@@ -66,3 +68,47 @@ def test_by_hand() -> None:
     arr = np.array([1.0, 2.0, 3.0, 4.0])
     assert percentiles(arr, np.array([0.5, 0.9, 1.0])).tolist() == [2.5, 3.7, 4.0]
     assert percentiles(np.array([7.0]), _QUANTILES).tolist() == [7.0] * 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-1e6, 1e6) | st.sampled_from([0.0, 3.0, 1e-300]), min_size=1, max_size=400),
+    st.sampled_from([1, 130, 200, 1 << 16]),
+)
+def test_std_by_slices_is_numpys(values: list[float], at_once: int) -> None:
+    """The spread's squares summed a slice at a time: numpy's pairwise sum of them, bit for bit
+    (a slice of 1 value: every subtree of more than numpy's block of 128 is split)."""
+    arr = np.array(values)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stats_module, "_SQUARES_AT_ONCE", at_once)
+        got = Stats.of(arr)
+    assert _same(got.std, stats_module._as_float(np.std(arr)))
+
+
+def test_std_by_slices_of_a_long_sample() -> None:
+    arr = np.random.default_rng(7).random(300_007) * 1e3
+    assert Stats.of(arr).std == float(np.std(arr))
+    assert Stats.of(arr[3:]).std == float(np.std(arr[3:]))
+
+
+@pytest.mark.parametrize("at_once", [1, 1 << 16])
+@pytest.mark.parametrize("n", [129, 200, 1000, 4099, 300_007])
+def test_squares_by_slices_are_numpys_sum(at_once: int, n: int) -> None:
+    """The sum itself (the spread's square root can hide its last bit): numpy's pairwise sum
+    of the squared deviations, bit for bit, whatever the slices."""
+    arr = np.random.default_rng(n).random(n) * 1e3
+    center = arr.mean()
+    want = float(np.add.reduce(np.square(arr - center)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stats_module, "_SQUARES_AT_ONCE", at_once)
+        assert stats_module._sum_of_squares(arr, center) == want
+
+
+def test_zeros_of_both_signs_among_positives_are_numpys() -> None:
+    """The first position fixed whenever a zero may be there (``_may_hold_zero``): which of
+    0.0 and -0.0 a percentile takes follows numpy's partition, for samples at or above zero."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        arr = rng.choice(np.array([-0.0, 0.0, 0.0, 1.5, 2.0]), size=int(rng.integers(2, 30)))
+        want = np.percentile(arr, [50.0, 90.0, 95.0, 99.0])
+        assert _same(percentiles(arr.copy(), _QUANTILES), want)

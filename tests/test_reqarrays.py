@@ -247,3 +247,13 @@ def test_token_gaps_of_lists_that_are_not_all_floats_convert_as_numpy_does() -> 
     and the times convert one by one, as ``float()`` would."""
     lists = [[0.5, 2, 3.25], [1, 1.5]]
     assert token_gaps(lists).tolist() == [1.5, 1.25, 0.5]
+
+
+def test_token_gaps_join_packed_arrays_as_bytes_and_others_by_value() -> None:
+    """Every sequence an ``array('d')`` (a deferred run's): joined as bytes; an ``array('f')``
+    among them is read by value, as numpy converts it."""
+    lists = [[0.1, 0.3, 0.7], [5.0, -0.0, 2.5], [0.2, 0.25]]
+    want = token_gaps(lists).tobytes()
+    assert token_gaps([array("d", tt) for tt in lists]).tobytes() == want
+    singles = [array("f", [0.5, 2.0, 3.25]), array("d", [1.0, 1.5])]
+    assert token_gaps(singles).tolist() == [1.5, 1.25, 0.5]

@@ -316,3 +316,103 @@ def test_checked_ids_are_packed_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatc
 )
 def test_has_bool_finds_the_literals_alone(block: bytes, found: bool) -> None:
     assert traces._has_bool(block) is found
+
+
+def _columns(read: Any) -> Any:
+    assert read is not None
+    cols, blocks = read
+    assert sum(rows for _, rows in blocks) == len(cols.lines)
+    ids = np.concatenate([a for a, _ in blocks])
+    return (*(list(c) for c in cols[:5]), [float(t).hex() for t in cols.stamps], _ids(ids))
+
+
+PLAIN = (
+    _line("0", 1000, 5, [0, 1])
+    + '{"hash_ids":[7,2147483647] ,"output_length":3,"timestamp":9007199254740992,\t'
+    + '"input_length":16777216}\r\n'
+    + '  { "input_length" : 4 , "timestamp" : 12 , "hash_ids" : [ ] , "output_length" : 1 }  \n'
+    + _line("30", 600, 2, [])
+    + _line("31", 2, 2, [0])  # no newline at the end of the file
+)
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 22, 64])
+def test_native_columns_are_orjsons_for_plain_lines(
+    tmp_path: Path, block_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path, PLAIN[:-1])
+    monkeypatch.setattr(traces, "_BLOCK_BYTES", block_bytes)  # several blocks, lines split
+    native = traces._native_columns(path)
+    assert native is not None and native[0].lines == [1, 2, 3, 4, 5]
+    assert _columns(native) == _columns(traces._orjson_columns(path))
+    assert native[0].stamps[1] == 2.0**53 and native[0].counts == [2, 2, 0, 0, 1]
+
+
+DECLINED = [
+    _line("1.0", 10, 1, [1]),  # a float: orjson's to read
+    _line("1e3", 10, 1, [1]),
+    _line("-0", 10, 1, [1]),
+    _line("01", 10, 1, [1]),
+    _line("9007199254740993", 10, 1, [1]),  # past 2^53: not exact as a double
+    _line("1", 10, 1, [1], ', "x": 1'),  # another key
+    _line("1", 10, 1, [1, 2.0]),
+    _line("1", 10, 1, [1, -2]),
+    _line("1", 10, 1, [2**31]),  # out of _checked_ids' range
+    _line("1", 0, 1, [1]),  # out of _add_columns' ranges
+    _line("1", MAX_PROMPT_TOKENS + 1, 1, [1]),
+    _line("1", 10, 0, [1]),
+    '{"timestamp": 1, "timestamp": 1, "output_length": 1, "hash_ids": []}\n',
+    '{"timestamp": 1, "input_length": 10, "output_length": 1}\n',
+    '{"timest\\u0061mp": 1, "input_length": 10, "output_length": 1, "hash_ids": []}\n',
+    '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1,]}\n',
+    '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1]} x\n',
+    '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1]}}\n',
+    '{"timestamp": 1 "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
+    "\n",
+]
+
+
+@pytest.mark.parametrize("bad", DECLINED)
+def test_native_columns_decline_any_other_line(tmp_path: Path, bad: str) -> None:
+    path = _write(tmp_path, _line("0", 600, 1, [0, 1]) + bad + _line("3", 10, 1, [5]))
+    assert traces._native_columns(path) is None
+
+
+def test_native_columns_need_the_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import radixsched.native as native
+
+    path = _write(tmp_path, PLAIN)
+    assert traces._native_columns(path) is not None
+    monkeypatch.setattr(native, "core", lambda: None)
+    assert traces._native_columns(path) is None
+    assert _outcome(path, 512) == _reference(path, 512, monkeypatch)  # through orjson
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"timestamp": 1, "timestamp": 2, "output_length": 1, "hash_ids": [3]}',
+        b'{"timestamp": 1, "input_length": 10, "input_length": 10, "hash_ids": []}',
+        b'{"hash_ids": [1], "input_length": 10, "output_length": 1, "hash_ids": [2]}',
+    ],
+)
+def test_native_lines_take_each_key_once(line: bytes) -> None:
+    """A key twice leaves another unset: declined, whatever the columns held before."""
+    from radixsched.native import core
+
+    parse = getattr(core(), "mooncake_lines", None)
+    if parse is None:
+        pytest.skip("no native core")
+    cols = [np.full(1, 7.0), *(np.full(1, 7, dtype=np.int64) for _ in range(3))]
+    assert parse(line, *cols, np.zeros(4, dtype=np.int64)) == -1
+    good = b'{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [2]}'
+    assert parse(good, *cols, np.zeros(4, dtype=np.int64)) == 1
+
+
+def test_fast_records_are_made_when_asked_for(tmp_path: Path) -> None:
+    path = _write(tmp_path, PLAIN)
+    recs = traces._fast_mooncake_records(path, 512)
+    assert isinstance(recs, traces._MooncakeLines) and len(recs) == 5
+    assert recs[-1].where == f"{path}:5" and recs[1].timestamp_ms == 2.0**53
+    assert [r.where for r in recs[1:4:2]] == [recs[1].where, recs[3].where]
+    assert (recs[2].input_length, recs[2].output_length, recs[2].hash_ids.tolist()) == (4, 1, [])

@@ -32,6 +32,7 @@
 #include "order.hpp"
 #include "prefill.hpp"
 #include "prompts.hpp"
+#include "trace_lines.hpp"
 #include "shuffle.hpp"
 #include "pool.hpp"
 #include "radix.hpp"
@@ -583,6 +584,7 @@ NB_MODULE(_core, m) {
     bind_prefill(m);
     radixsched::bind_chunks(m);
     radixsched::bind_prompts(m);
+    radixsched::bind_trace_lines(m);
     radixsched::bind_optimal(m);
     radixsched::bind_shuffle(m);
     radixsched::bind_lazy_shuffle(m);

@@ -61,7 +61,8 @@ class Stats(NamedTuple):
         arr = np.asarray(values, dtype=np.float64).ravel()
         if arr.size == 0:
             return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
-        mean, std, top = arr.mean(), arr.std(), arr.max()  # before any reordering
+        mean, top = arr.mean(), arr.max()  # before any reordering
+        std = math.sqrt(_sum_of_squares(arr, mean) / arr.size)  # np.std's (ddof=0)
         p50, p90, p95, p99 = percentiles(arr, _QUANTILES, overwrite_input=consume)
         mean, std, p50, p90, p95, p99, top = map(_as_float, (mean, std, p50, p90, p95, p99, top))
         return cls(mean, std, p50, p90, p95, p99, top, int(arr.size))
@@ -73,6 +74,29 @@ class Stats(NamedTuple):
     def from_json(cls, data: Mapping[str, Any], n: int = 0) -> Stats:
         values = {k: float(data[k]) for k in STATS_KEYS}
         return cls(**values, n=n)
+
+
+# ---- Spread as numpy computes it, without its full-size temporary ------------------------------
+# ``np.std`` squares every deviation into a temporary the size of the sample (hundreds of MB of
+# a long trace's inter-token gaps: fresh pages the kernel zeroes), then sums it pairwise. The
+# pairwise sum of n > 128 values is the sum of its halves' (the first half n // 2 rounded down
+# to a multiple of 8, numpy's ``pairwise_sum``): summing the subtrees a cache-sized slice at a
+# time adds the same squares in the same tree, bit for bit (tests/test_order_stats.py).
+
+_SQUARES_AT_ONCE = 1 << 16  # values squared and summed in one slice (512 KB of float64)
+_PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE: up to this many values are one block, never split
+
+
+def _sum_of_squares(arr: FloatArray, center: float | np.floating[Any]) -> float:
+    """``np.sum(np.square(arr - center))`` of a 1-D float64 array, as numpy's pairwise sum
+    adds it (its slices' sums are never -0.0: squares are +0.0 or more, or NaN)."""
+    n = arr.size
+    if n <= _SQUARES_AT_ONCE or n <= _PAIRWISE_BLOCK:
+        dev = np.subtract(arr, center)
+        return float(np.add.reduce(np.square(dev, out=dev)))
+    half = n // 2
+    half -= half % 8
+    return _sum_of_squares(arr[:half], center) + _sum_of_squares(arr[half:], center)
 
 
 # ---- Order statistics as numpy computes them ---------------------------------------------------
@@ -118,9 +142,15 @@ def _kth(part: FloatArray, lo: npt.NDArray[np.intp], hi: npt.NDArray[np.intp]) -
     between equal values that differ in bits, 0.0 and -0.0: asked for only with a zero
     (without one, the partition skips a pass over the low part: a third of its time)."""
     kth = {-1, *lo.tolist(), *hi.tolist()}
-    if (part == 0).any():
+    if _may_hold_zero(part) and (part == 0).any():
         kth.add(0)
     return kth
+
+
+def _may_hold_zero(part: FloatArray) -> bool:
+    """False where every value is above zero or every one below (two reductions, no mask the
+    size of the sample); True otherwise, a NaN among them included."""
+    return not (part.min() > 0 or part.max() < 0)
 
 
 def median(values: npt.ArrayLike) -> float:

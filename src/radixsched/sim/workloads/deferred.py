@@ -10,9 +10,9 @@ the requests that have finished since to what the summary reads (``compact``: th
 and outputs back to stand-ins, their token times packed). Iterating it reads the
 requests as they are and builds nothing (the run's set-up and its summary iterate, and read
 only lengths and times). Where the process may use more than one CPU, the batch after the one
-just built is built meanwhile in a thread of its own, on copies of its drafts (``Ahead``), and
-taken when the loop reaches it: the native builders release the GIL, so the run goes on while
-its next prompts are written.
+just built is built meanwhile in the run's builder thread (``Builder``), on copies of its
+drafts (``Ahead``), and taken when the loop reaches it: the native builders release the GIL, so
+the run goes on while its next prompts are written.
 
 A prompt is its trace line's whichever requests are built with it (``traces._fill_mooncake``),
 so a deferred run schedules exactly the tokens an eager one does: the same results, bit for
@@ -21,17 +21,22 @@ bit (``tests/test_deferred_prompts.py``).
 
 from __future__ import annotations
 
-import copy
+import itertools
 import threading
+import weakref
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import numpy as np
 
+from radixsched.native import core
 from radixsched.request import Req, TokenArray
 from radixsched.sim.workloads.prompt_cache import gib_setting
 from radixsched.sim.workloads.tokens import _NO_TOKENS, _Draft, build_alone, usable_cpus
+
+if TYPE_CHECKING:
+    import queue
 
 BATCH = 256  # requests whose prompts are built together (the trace reader's batch)
 DEFAULT_EAGER_GB = 2.0
@@ -88,33 +93,69 @@ def build_prompts(drafts: Sequence[_Draft]) -> list[TokenArray]:
     return built
 
 
-class Ahead:
-    """``build_prompts`` of copies of ``drafts`` (requests ``lo`` to ``hi``) in a thread of its
-    own, building alone (``tokens.build_alone``). The copies share only what a build reads
-    (each draft's source): nothing the run's thread touches is written."""
+class Builder:
+    """The thread that builds a run's batches ahead (``Ahead``), in the order handed to it,
+    building alone (``tokens.build_alone``). One thread a run, not one a batch: a thread's
+    start waits until it runs (390 starts for 100k requests). It ends after the batches handed
+    to it before ``close``: once every batch is built, or when the run's requests are freed
+    first (a thread still running at exit would cost the process its fast exit,
+    ``cli.main.exit_now``)."""
 
-    def __init__(self, lo: int, hi: int, drafts: Sequence[_Draft]) -> None:
+    def __init__(self) -> None:
+        import queue  # (here: a run that builds nothing ahead never imports it)
+
+        self._jobs: queue.SimpleQueue[Ahead | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        build_alone()
+        while (job := self._jobs.get()) is not None:
+            job.run()
+
+    def submit(self, job: Ahead) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
+class Ahead:
+    """``build_prompts`` of copies of ``drafts`` (requests ``lo`` to ``hi``), run by ``builder``
+    in its thread. The copies share only what a build reads (each draft's source): nothing the
+    run's thread touches is written."""
+
+    def __init__(self, lo: int, hi: int, drafts: Sequence[_Draft], builder: Builder) -> None:
         self.lo, self.hi = lo, hi
-        self._drafts = [copy.copy(d) for d in drafts]
+        self._drafts = [build_copy(d) for d in drafts]
         self._built: list[TokenArray] | None = None
         self._failed: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._done = threading.Event()
+        builder.submit(self)
 
-    def _run(self) -> None:
-        build_alone()
+    def run(self) -> None:
+        """The build (the builder's thread)."""
         try:
             self._built = build_prompts(self._drafts)
         except BaseException as e:  # raised in the run's thread when it takes the batch
             self._failed = e
+        finally:
+            self._done.set()
 
     def take(self) -> list[TokenArray]:
         """The prompts, once built (the build's exception, re-raised here)."""
-        self._thread.join()
+        self._done.wait()
         if self._failed is not None:
             raise self._failed
         assert self._built is not None
         return self._built
+
+
+def build_copy(d: _Draft) -> _Draft:
+    """A copy of what ``build_prompts`` and each ``fill`` read of ``d`` (its prompt, fill,
+    source, session and length; its output length, required), the other fields left at their
+    defaults: a build writes only the copy's ``prompt``. A tenth of ``copy.copy``'s cost."""
+    return _Draft(d.prompt, d.output_len, d.session, fill=d.fill, source=d.source, length=d.length)
 
 
 class ArrivingRequests(Sequence[Req]):
@@ -129,6 +170,7 @@ class ArrivingRequests(Sequence[Req]):
         self._live: list[Req] = []  # built requests whose prompts are still held
         self._ahead: Ahead | None = None  # the next batch, building beside the run
         self._prefetch = usable_cpus() > 1
+        self._builder: Builder | None = None  # started with the first batch built ahead
 
     def __len__(self) -> int:
         return len(self._reqs)
@@ -167,7 +209,17 @@ class ArrivingRequests(Sequence[Req]):
         lo = self._built
         hi = min(lo + self._batch, len(self._reqs))
         if self._prefetch and lo < hi:
-            self._ahead = Ahead(lo, hi, self._drafts[lo:hi])
+            builder = self._builder or self._start_builder()
+            self._ahead = Ahead(lo, hi, self._drafts[lo:hi], builder)
+        elif lo == len(self._reqs) and self._builder is not None:
+            self._builder.close()  # every batch built (however reached): the thread ends
+            self._builder = None
+
+    def _start_builder(self) -> Builder:
+        """The run's ``Builder``, which also ends when these requests are freed first."""
+        self._builder = Builder()
+        weakref.finalize(self, self._builder.close)
+        return self._builder
 
     def _prompts(self, lo: int, hi: int) -> list[TokenArray]:
         """The prompts of requests ``lo`` to ``hi``: built ahead, else now."""
@@ -178,21 +230,37 @@ class ArrivingRequests(Sequence[Req]):
 
     def release_finished(self) -> None:
         """Reduce each finished request to what the summary reads (``compact``)."""
-        keep = []
+        keep: list[Req] = []
+        done: list[Req] = []
         for r in self._live:
-            if r.finish is None:
-                keep.append(r)
-            else:
-                compact(r)
+            (keep if r.finish is None else done).append(r)
+        compact(done)
         self._live = keep
 
 
-def compact(r: Req) -> None:
-    """A finished request reduced to the numbers the summary reads: its prompt and its output
+def compact(reqs: Sequence[Req]) -> None:
+    """Finished requests reduced to the numbers the summary reads: each one's prompt and output
     become stand-ins of their lengths (the summary counts tokens, never reads them) and its
     token times a float64 ``array`` (8 bytes a token, not a list's 32: the gaps between tokens
-    are the summary's inter-token latencies). The scheduler is done with it: a finished
-    request is never scheduled again."""
-    r.prompt_ids = stand_in(len(r.prompt_ids))
-    r.output_ids = cast(list[int], stand_in(len(r.output_ids)))
-    r.times.token_times = cast(list[float], array("d", r.times.token_times))
+    are the summary's inter-token latencies; ``packed_times``). The scheduler is done with
+    them: a finished request is never scheduled again."""
+    times = packed_times([r.times.token_times for r in reqs])
+    for r, packed in zip(reqs, times, strict=True):
+        r.prompt_ids = stand_in(len(r.prompt_ids))
+        r.output_ids = cast(list[int], stand_in(len(r.output_ids)))
+        r.times.token_times = cast(list[float], packed)
+
+
+def packed_times(seqs: Sequence[Sequence[float]]) -> list[array[float]]:
+    """Each of ``seqs`` as an ``array('d')`` of the same floats. Lists of floats are read
+    natively into one buffer (``join_floats``), each array then made from its bytes: a quarter
+    of the cost of ``array('d', seq)``, which serves without the core or where an item is not
+    exactly a float (``join_floats`` says False)."""
+    lens = [len(s) for s in seqs]
+    joined = np.empty(sum(lens), dtype=np.float64)
+    mod = core()
+    if mod is None or not mod.join_floats(seqs, joined):
+        return [array("d", s) for s in seqs]
+    raw = joined.tobytes()
+    ends = itertools.accumulate(8 * n for n in lens)  # each sequence's end in ``raw``
+    return [array("d", raw[end - 8 * n : end]) for end, n in zip(ends, lens, strict=True)]

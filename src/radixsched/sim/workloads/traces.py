@@ -12,7 +12,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, cast
+from typing import Any, BinaryIO, NamedTuple, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -194,17 +194,47 @@ class _MooncakeRecord:
     hash_ids: npt.NDArray[np.int64]  # only the ids the prompt uses
 
 
-def _mooncake_records(path: Path, block: int) -> list[_MooncakeRecord]:
-    out = _fast_mooncake_records(path, block)
+class _MooncakeLines(Sequence[_MooncakeRecord]):
+    """The fast reader's records as columns: a record is made only when one is asked for
+    (``_build_mooncake`` and the span check read the columns: no object a line)."""
+
+    def __init__(self, name: str, cols: _MooncakeColumns, ids: list[npt.NDArray[np.int64]]):
+        self.name, self.lines, self.stamps = name, cols.lines, cols.stamps
+        self.inputs, self.outputs, self.ids = cols.inputs, cols.outputs, ids
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @overload
+    def __getitem__(self, i: int) -> _MooncakeRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[_MooncakeRecord]: ...
+    def __getitem__(self, i: int | slice) -> _MooncakeRecord | list[_MooncakeRecord]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(len(self))[i]]
+        at = f"{self.name}:{self.lines[i]}"
+        return _MooncakeRecord(at, self.stamps[i], self.inputs[i], self.outputs[i], self.ids[i])
+
+
+def _mooncake_records(path: Path, block: int) -> Sequence[_MooncakeRecord]:
+    out: Sequence[_MooncakeRecord] | None = _fast_mooncake_records(path, block)
     if out is None:  # anything the fast reader does not take: the per-line checks decide
         out = _checked_mooncake_records(path, block)
     if not out:
         raise WorkloadError(f"{path}: no requests")
-    t0 = min(r.timestamp_ms for r in out)
-    late = next((r for r in out if (r.timestamp_ms - t0) / 1e3 > MAX_ARRIVAL_S), None)
+    stamps = _stamps(out)
+    t0 = min(stamps)
+    late = next((i for i, t in enumerate(stamps) if (t - t0) / 1e3 > MAX_ARRIVAL_S), None)
     if late is not None:
-        raise _late(late.where, "timestamp", late.timestamp_ms, (late.timestamp_ms - t0) / 1e3)
+        ts = stamps[late]
+        raise _late(out[late].where, "timestamp", ts, (ts - t0) / 1e3)
     return out
+
+
+def _stamps(records: Sequence[_MooncakeRecord]) -> list[float]:
+    if isinstance(records, _MooncakeLines):
+        return records.stamps
+    return [r.timestamp_ms for r in records]
 
 
 class _Irregular(Exception):
@@ -223,13 +253,45 @@ class _MooncakeColumns(NamedTuple):
     ids: list[int]
 
 
-def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | None:
+def _fast_mooncake_records(path: Path, block: int) -> _MooncakeLines | None:
     """``_checked_mooncake_records``'s records, read with orjson and the hash ids checked in
     one array; None where the trace has anything this reader does not take (then the checked
     reader reads it again: the same records, or its error for the first bad line). Regular
     files only: a pipe or FIFO cannot be read a second time."""
     if not path.is_file():
         return None
+    read = _native_columns(path) or _orjson_columns(path)
+    if read is None:
+        return None
+    cols, blocks = read
+    views: list[npt.NDArray[np.int64]] = []
+    first = 0
+    for ids, rows in blocks:
+        lines = slice(first, first + rows)
+        views += _prompt_ids(ids, cols.counts[lines], cols.inputs[lines], block)
+        first += rows
+    return _MooncakeLines(str(path), cols, views)
+
+
+# A read's hash ids: arrays of consecutive lines' ids, one after another, each with its count
+# of lines (the native reader's blocks, or one array of them all).
+_IdBlocks = list[tuple[npt.NDArray[np.int64], int]]
+
+
+def _prompt_ids(
+    ids: npt.NDArray[np.int64], counts: list[int], inputs: list[int], block: int
+) -> list[npt.NDArray[np.int64]]:
+    """Each line's ids that its prompt uses, a view of ``ids`` (the lines' ids one after
+    another, ``counts`` a line): its first ``ceil(input / block)``, as ids[: -(-n // block)]."""
+    c = np.array(counts, dtype=np.int64)
+    starts = np.cumsum(c) - c
+    ends = starts + np.minimum(c, -(-np.array(inputs, dtype=np.int64) // block))
+    return [ids[a:e] for a, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+def _orjson_columns(path: Path) -> tuple[_MooncakeColumns, _IdBlocks] | None:
+    """The trace's columns and its hash ids (``_checked_ids``), read with orjson; None where a
+    line is not plainly good (``_mooncake_columns``) or an id is out of range."""
     try:
         import orjson
     except ImportError:  # a declared dependency; without it the checked reader serves
@@ -241,17 +303,65 @@ def _fast_mooncake_records(path: Path, block: int) -> list[_MooncakeRecord] | No
     ids = _checked_ids(cols.ids)
     if ids is None or not cols.lines:
         return None
-    name = str(path)
-    starts = [0, *itertools.accumulate(cols.counts)][:-1]  # each line's first id in ``ids``
-    # The ids the prompt uses: a view, as ids[: -(-n // block)].
-    ends = [
-        a + min(c, -(-n // block)) for a, c, n in zip(starts, cols.counts, cols.inputs, strict=True)
-    ]
-    columns = (cols.lines, cols.stamps, cols.inputs, cols.outputs, starts, ends)
-    return [
-        _MooncakeRecord(f"{name}:{i}", ts, n, o, ids[a:e])
-        for i, ts, n, o, a, e in zip(*columns, strict=True)
-    ]
+    return cols, [(ids, len(cols.lines))]
+
+
+def _native_columns(path: Path) -> tuple[_MooncakeColumns, _IdBlocks] | None:
+    """``_orjson_columns``' columns and ids, parsed by the native core a block at a time
+    (``mooncake_lines``: a line of plain integers only, ``_native/trace_lines.hpp``); None
+    without the core, or where a line is not plain or fails ``_add_columns``' range checks
+    (``_orjson_columns`` then reads the trace, and decides). ``ids`` holds no list; the ids
+    stay in one array a block."""
+    from radixsched.native import core
+
+    parse = getattr(core(), "mooncake_lines", None)
+    if parse is None:
+        return None
+    try:
+        return _native_read(path, parse)
+    except Exception:  # a read error (a truncated gzip, ...): the other readers decide
+        return None
+
+
+def _native_read(
+    path: Path, parse: Callable[..., int]
+) -> tuple[_MooncakeColumns, _IdBlocks] | None:
+    cols = _MooncakeColumns([], [], [], [], [], [])
+    parts: _IdBlocks = []
+    for first, block in _line_blocks(path):
+        part = _native_block(parse, block)
+        if part is None:
+            return None
+        stamps, inputs, outputs, counts, ids = part
+        cols.lines.extend(range(first, first + stamps.size))
+        cols.stamps.extend(stamps.tolist())
+        cols.inputs.extend(inputs.tolist())
+        cols.outputs.extend(outputs.tolist())
+        cols.counts.extend(counts.tolist())
+        parts.append((ids, stamps.size))  # each block's own: no copy of them all
+    if not cols.lines:
+        return None
+    return cols, parts
+
+
+def _native_block(parse: Callable[..., int], block: bytes) -> tuple[npt.NDArray[Any], ...] | None:
+    """A block's stamps, input and output lengths, id counts and ids (``mooncake_lines``), or
+    None where the parser declines a line or a value is out of ``_add_columns``' and
+    ``_checked_ids``' ranges (the parser takes non-negative integers only)."""
+    rows = block.count(b"\n") + 1
+    stamps = np.empty(rows, dtype=np.float64)
+    inputs, outputs, counts = (np.empty(rows, dtype=np.int64) for _ in range(3))
+    bound = rows + block.count(b",")  # each id is its list's first or follows a comma
+    ids = np.empty(bound, dtype=np.int64)
+    n = parse(block, stamps, inputs, outputs, counts, ids)
+    if n < 0:
+        return None
+    ids = ids[:n].copy()  # (not a view: the bound's unused tail is freed)
+    if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):
+        return None
+    if ids.size and ids.max() >= 2**31:
+        return None
+    return stamps, inputs, outputs, counts, ids
 
 
 # The fast reader reads whole lines about 4 MiB at once: a block's lines and decoded objects
@@ -395,22 +505,23 @@ def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
     (``_fill_mooncake``)."""
     block, vocab = p["block_size"], p["vocab"]
     records = _mooncake_records(Path(p["path"]), block)
-    t0 = min(r.timestamp_ms for r in records)
+    stamps = _stamps(records)
+    t0 = min(stamps)
 
     def fill(drafts: Sequence[_Draft]) -> None:
         _fill_mooncake(drafts, block, vocab)
 
+    if isinstance(records, _MooncakeLines):  # its columns, no record made
+        outputs, inputs, ids = records.outputs, records.inputs, records.ids
+    else:
+        outputs = [r.output_length for r in records]
+        inputs = [r.input_length for r in records]
+        ids = [r.hash_ids for r in records]
+    columns = (stamps, outputs, inputs, ids)
     return [
-        _Draft(
-            _NO_TOKENS,
-            r.output_length,
-            i,
-            timestamp_s=(r.timestamp_ms - t0) / 1e3,
-            fill=fill,
-            source=r,
-            length=r.input_length,
-        )
-        for i, r in enumerate(records)
+        # (the hash ids, not the record: the drafts keep no object a line)
+        _Draft(_NO_TOKENS, o, i, timestamp_s=(ts - t0) / 1e3, fill=fill, source=h, length=n)
+        for i, (ts, o, n, h) in enumerate(zip(*columns, strict=True))
     ]
 
 
@@ -426,7 +537,7 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
     if native is not None:
         salt = _key(_SALT_BLOCK)
         outs = [_prompt_buffer(d) for d in drafts]
-        ids = [d.source.hash_ids for d in drafts]
+        ids = [d.source for d in drafts]
         pads = [_key(_SALT_PAD, d.session) for d in drafts]
 
         def build(lo: int, hi: int) -> None:  # one native call a thread, without the GIL
@@ -436,18 +547,18 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
         for d, out in zip(drafts, outs, strict=True):
             d.prompt = out
         return
-    records: list[_MooncakeRecord] = [d.source for d in drafts]
-    distinct, uses = np.unique(np.concatenate([r.hash_ids for r in records]), return_counts=True)
+    id_lists: list[npt.NDArray[np.int64]] = [d.source for d in drafts]
+    distinct, uses = np.unique(np.concatenate(id_lists), return_counts=True)
     shared = distinct[uses > 1]
     batches = [
         list(range(lo, min(lo + _BATCH, len(drafts)))) for lo in range(0, len(drafts), _BATCH)
     ]
-    tail = max((sum(len(records[j].hash_ids) for j in b) for b in batches), default=0)
+    tail = max((sum(len(id_lists[j]) for j in b) for b in batches), default=0)
     table = np.empty((len(shared) + tail, block), dtype=np.int32)
     table[: len(shared)] = _block_table(shared, block, vocab)
     for batch in batches:
-        recs = [records[j] for j in batch]
-        for j, rows in zip(batch, _rows(recs, shared, table, vocab), strict=True):
+        own = [id_lists[j] for j in batch]
+        for j, rows in zip(batch, _rows(own, shared, table, vocab), strict=True):
             d = drafts[j]
             d.prompt = _gather(table, rows, _prompt_buffer(d), d.session, vocab)
 
@@ -488,11 +599,12 @@ def _gather(
 
 
 def _rows(
-    batch: list[_MooncakeRecord], shared: npt.NDArray[np.int64], table: TokenArray, vocab: int
+    batch: list[npt.NDArray[np.int64]], shared: npt.NDArray[np.int64], table: TokenArray, vocab: int
 ) -> list[npt.NDArray[np.int64]]:
-    """Each request's rows of ``table``: a shared block's in the head; the batch's own blocks
-    are generated into the tail first (ids used once, so each lies in one request)."""
-    ids = np.concatenate([r.hash_ids for r in batch])
+    """Each request's rows of ``table`` (``batch``: their hash ids): a shared block's in the
+    head; the batch's own blocks are generated into the tail first (ids used once, so each lies
+    in one request)."""
+    ids = np.concatenate(batch)
     at = np.searchsorted(shared, ids)
     found = at < len(shared)
     found[found] = shared[at[found]] == ids[found]
@@ -501,7 +613,7 @@ def _rows(
     if n_own:
         table[len(shared) : len(shared) + n_own] = _block_table(ids[own], table.shape[1], vocab)
         at[own] = len(shared) + np.arange(n_own)
-    cuts = np.cumsum([len(r.hash_ids) for r in batch])[:-1]
+    cuts = np.cumsum([len(h) for h in batch])[:-1]
     return np.split(at, cuts)
 
 
