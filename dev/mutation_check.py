@@ -1643,7 +1643,7 @@ MUTANTS = (
     Mutant(
         "load-objects-stay-young",
         "cli/simulate.py",
-        "            to_oldest_generation()\n",
+        "            gc.freeze()\n",
         "            pass\n",
     ),
     Mutant(
@@ -1674,19 +1674,19 @@ MUTANTS = (
     # bound's key.
     Mutant(
         "hash-ids-packed-at-the-chunk-s-index",
-        "sim/workloads/traces.py",
+        "sim/workloads/mooncake_lines.py",
         'struct.pack_into(f"={len(part)}q", arr.data, 8 * lo, *part)',
         'struct.pack_into(f"={len(part)}q", arr.data, lo, *part)',
     ),
     Mutant(
         "bool-scan-misses-true",
-        "sim/workloads/traces.py",
+        "sim/workloads/mooncake_lines.py",
         '    return (b"r" in block and b"true" in block) or (b"f" in block and b"false" in block)',
         '    return b"f" in block and b"false" in block',
     ),
     Mutant(
         "hash-ids-take-2-to-the-31",
-        "sim/workloads/traces.py",
+        "sim/workloads/mooncake_lines.py",
         "    if int(arr.min()) < 0 or int(arr.max()) >= 2**31:\n        return None\n    return arr",
         "    if int(arr.min()) < 0 or int(arr.max()) > 2**31:\n        return None\n    return arr",
     ),
@@ -2137,19 +2137,19 @@ MUTANTS = (
     ),
     Mutant(
         "native-block-ids-bound-without-commas",
-        "sim/workloads/traces.py",
+        "sim/workloads/mooncake_lines.py",
         '    bound = rows + block.count(b",")',
         "    bound = rows",
     ),
     Mutant(
         "fast-records-keep-every-hash-id",
-        "sim/workloads/traces.py",
+        "sim/workloads/mooncake_lines.py",
         "    ends = starts + np.minimum(c, -(-np.array(inputs, dtype=np.int64) // block))",
         "    ends = starts + c",
     ),
     Mutant(
         "native-block-takes-any-input-length",
-        "sim/workloads/traces.py",
+        "sim/workloads/mooncake_lines.py",
         "    if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):",
         "    if not (inputs.min() > 0 and outputs.min() > 0):",
     ),

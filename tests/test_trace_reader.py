@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixsched.sim.workloads import traces
+from radixsched.sim.workloads import mooncake_lines as reader
 from radixsched.sim.workloads.tokens import MAX_PROMPT_TOKENS, WorkloadError
 
 DATA = Path(__file__).parent / "data"
@@ -25,13 +25,13 @@ FULL_TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
 def _reference(path: Path, block: int, monkeypatch: pytest.MonkeyPatch) -> Any:
     """What the checked reader alone gives: its records, or its error's text."""
     with monkeypatch.context() as m:
-        m.setattr(traces, "_fast_mooncake_records", lambda p, b: None)
+        m.setattr(reader, "_fast_mooncake_records", lambda p, b: None)
         return _outcome(path, block)
 
 
 def _outcome(path: Path, block: int) -> Any:
     try:
-        recs = traces._mooncake_records(path, block)
+        recs = reader._mooncake_records(path, block)
     except WorkloadError as exc:
         return ("error", str(exc))
     return [
@@ -77,7 +77,7 @@ def test_fast_reader_takes_plain_traces_and_gives_the_checked_records(
     tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _write(tmp_path, GOOD, name)
-    assert traces._fast_mooncake_records(path, 512) is not None  # the fast path served
+    assert reader._fast_mooncake_records(path, 512) is not None  # the fast path served
     got = _outcome(path, 512)
     assert got == _reference(path, 512, monkeypatch)
     assert [r[0] for r in got] == [f"{path}:{i}" for i in (1, 4, 5, 6, 7)]
@@ -91,7 +91,7 @@ def test_fast_reader_gives_the_full_trace_as_the_checked_one(
     for path in (FULL_TRACE, DATA / "mooncake_sample.jsonl"):
         if not path.exists():
             continue
-        assert traces._fast_mooncake_records(path, 512) is not None
+        assert reader._fast_mooncake_records(path, 512) is not None
         assert _outcome(path, 512) == _reference(path, 512, monkeypatch)
 
 
@@ -178,7 +178,7 @@ def test_without_orjson_the_checked_reader_serves(
     path = _write(tmp_path, GOOD)
     want = _outcome(path, 512)
     monkeypatch.setitem(sys.modules, "orjson", None)  # import orjson now raises ImportError
-    assert traces._fast_mooncake_records(path, 512) is None
+    assert reader._fast_mooncake_records(path, 512) is None
     assert _outcome(path, 512) == want
 
 
@@ -210,7 +210,7 @@ def test_any_trace_reads_as_the_checked_reader_reads_it(
 
 def test_fast_records_share_one_int64_array(tmp_path: Path) -> None:
     path = _write(tmp_path, GOOD)
-    recs = traces._fast_mooncake_records(path, 512)
+    recs = reader._fast_mooncake_records(path, 512)
     assert recs is not None
     assert all(r.hash_ids.dtype == np.int64 and r.hash_ids.flags.c_contiguous for r in recs)
 
@@ -220,7 +220,7 @@ def test_a_ragged_id_list_is_one_error_naming_line_and_field(tmp_path: Path) -> 
     path = tmp_path / "t.jsonl"
     path.write_text(_line("1", 10, 1, [1]) + _line("2", 10, 1, [1, [2]]))
     with pytest.raises(WorkloadError, match=r":2: field 'hash_ids': expected a list of non-neg"):
-        traces._mooncake_records(path, 16)
+        reader._mooncake_records(path, 16)
 
 
 @pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="needs /dev/fd")
@@ -240,14 +240,14 @@ def test_a_piped_trace_with_a_line_the_fast_reader_leaves_is_read_once(tmp_path:
     writer = threading.Thread(target=write)
     writer.start()
     try:
-        piped = traces._mooncake_records(Path(f"/dev/fd/{r}"), 16)
+        piped = reader._mooncake_records(Path(f"/dev/fd/{r}"), 16)
     finally:
         writer.join()
         os.close(r)
     path = tmp_path / "t.jsonl"
     path.write_text(text)
     assert [r.input_length for r in piped] == [10, 10, 4]
-    assert [r.input_length for r in traces._mooncake_records(path, 16)] == [10, 10, 4]
+    assert [r.input_length for r in reader._mooncake_records(path, 16)] == [10, 10, 4]
 
 
 @pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 22])
@@ -260,8 +260,8 @@ def test_the_fast_reader_reads_lines_split_across_its_blocks(
     text = GOOD + "\n\n" + _line("9", 70, 2, [8, 9]).rstrip("\n")
     path = _write(tmp_path, text, name)
     want = _reference(path, 16, monkeypatch)
-    monkeypatch.setattr(traces, "_BLOCK_BYTES", block_bytes)
-    assert traces._fast_mooncake_records(path, 16) is not None
+    monkeypatch.setattr(reader, "_BLOCK_BYTES", block_bytes)
+    assert reader._fast_mooncake_records(path, 16) is not None
     assert _outcome(path, 16) == want
 
 
@@ -272,15 +272,15 @@ def test_a_bad_line_in_any_block_leaves_the_trace_to_the_checked_reader(
     lines = [_line(str(i), 600, 1, [i, i + 1]) for i in range(12)]
     lines[9] = _line("9", 600, 1, [True])  # late in the file: a later block than the first
     path = _write(tmp_path, "".join(lines))
-    monkeypatch.setattr(traces, "_BLOCK_BYTES", block_bytes)
-    assert traces._fast_mooncake_records(path, 512) is None
+    monkeypatch.setattr(reader, "_BLOCK_BYTES", block_bytes)
+    assert reader._fast_mooncake_records(path, 512) is None
     assert _outcome(path, 512) == _reference(path, 512, monkeypatch)
 
 
 def test_the_sample_trace_reads_the_same_in_small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     path = DATA / "mooncake_sample.jsonl"
     want = _outcome(path, 512)
-    monkeypatch.setattr(traces, "_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(reader, "_BLOCK_BYTES", 4096)
     assert _outcome(path, 512) == want == _reference(path, 512, monkeypatch)
 
 
@@ -288,20 +288,20 @@ def test_the_sample_trace_reads_the_same_in_small_blocks(monkeypatch: pytest.Mon
     "ids", [[1, 2.0], [1, None], [1, "2"], [1, [2]], [2**63], [2**64], [-1], [2**31]]
 )
 def test_checked_ids_take_ints_in_range_alone(ids: list[Any]) -> None:
-    assert traces._checked_ids(ids) is None  # not an int, past 64 bits, or out of range
+    assert reader._checked_ids(ids) is None  # not an int, past 64 bits, or out of range
 
 
 def test_checked_ids_are_the_ids_as_int64() -> None:
-    got = traces._checked_ids([0, 7, 2**31 - 1])
+    got = reader._checked_ids([0, 7, 2**31 - 1])
     assert got is not None and got.dtype == np.int64 and got.tolist() == [0, 7, 2**31 - 1]
 
 
 def test_checked_ids_are_packed_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(traces, "_ID_CHUNK", 3)
-    got = traces._checked_ids(list(range(8)))
+    monkeypatch.setattr(reader, "_ID_CHUNK", 3)
+    got = reader._checked_ids(list(range(8)))
     assert got is not None and got.tolist() == list(range(8))
-    assert traces._checked_ids([0, 1, 2, 3, 4.0, 5, 6]) is None  # in the second chunk
-    assert traces._checked_ids([0, 1, 2, 3, 4, 5, 2**31]) is None  # in the last, partial one
+    assert reader._checked_ids([0, 1, 2, 3, 4.0, 5, 6]) is None  # in the second chunk
+    assert reader._checked_ids([0, 1, 2, 3, 4, 5, 2**31]) is None  # in the last, partial one
 
 
 @pytest.mark.parametrize(
@@ -315,7 +315,7 @@ def test_checked_ids_are_packed_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_has_bool_finds_the_literals_alone(block: bytes, found: bool) -> None:
-    assert traces._has_bool(block) is found
+    assert reader._has_bool(block) is found
 
 
 def _columns(read: Any) -> Any:
@@ -341,10 +341,10 @@ def test_native_columns_are_orjsons_for_plain_lines(
     tmp_path: Path, block_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _write(tmp_path, PLAIN[:-1])
-    monkeypatch.setattr(traces, "_BLOCK_BYTES", block_bytes)  # several blocks, lines split
-    native = traces._native_columns(path)
+    monkeypatch.setattr(reader, "_BLOCK_BYTES", block_bytes)  # several blocks, lines split
+    native = reader._native_columns(path)
     assert native is not None and native[0].lines == [1, 2, 3, 4, 5]
-    assert _columns(native) == _columns(traces._orjson_columns(path))
+    assert _columns(native) == _columns(reader._orjson_columns(path))
     assert native[0].stamps[1] == 2.0**53 and native[0].counts == [2, 2, 0, 0, 1]
 
 
@@ -375,16 +375,16 @@ DECLINED = [
 @pytest.mark.parametrize("bad", DECLINED)
 def test_native_columns_decline_any_other_line(tmp_path: Path, bad: str) -> None:
     path = _write(tmp_path, _line("0", 600, 1, [0, 1]) + bad + _line("3", 10, 1, [5]))
-    assert traces._native_columns(path) is None
+    assert reader._native_columns(path) is None
 
 
 def test_native_columns_need_the_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import radixsched.native as native
 
     path = _write(tmp_path, PLAIN)
-    assert traces._native_columns(path) is not None
+    assert reader._native_columns(path) is not None
     monkeypatch.setattr(native, "core", lambda: None)
-    assert traces._native_columns(path) is None
+    assert reader._native_columns(path) is None
     assert _outcome(path, 512) == _reference(path, 512, monkeypatch)  # through orjson
 
 
@@ -411,8 +411,8 @@ def test_native_lines_take_each_key_once(line: bytes) -> None:
 
 def test_fast_records_are_made_when_asked_for(tmp_path: Path) -> None:
     path = _write(tmp_path, PLAIN)
-    recs = traces._fast_mooncake_records(path, 512)
-    assert isinstance(recs, traces._MooncakeLines) and len(recs) == 5
+    recs = reader._fast_mooncake_records(path, 512)
+    assert isinstance(recs, reader._MooncakeLines) and len(recs) == 5
     assert recs[-1].where == f"{path}:5" and recs[1].timestamp_ms == 2.0**53
     assert [r.where for r in recs[1:4:2]] == [recs[1].where, recs[3].where]
     assert (recs[2].input_length, recs[2].output_length, recs[2].hash_ids.tolist()) == (4, 1, [])

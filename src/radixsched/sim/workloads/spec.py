@@ -102,7 +102,8 @@ from radixsched.sim.workloads.tokens import (
     Builder,
     WorkloadError,
 )
-from radixsched.sim.workloads.traces import _build_jsonl, _build_mooncake, check_trace
+from radixsched.sim.workloads.trace_files import check_trace
+from radixsched.sim.workloads.traces import _build_jsonl, _build_mooncake
 
 # ---- params and the registry ----------------------------------------------------------
 
