@@ -114,7 +114,7 @@ bool ChildCache::peek(const Tree& tree, Node& parent, const int32_t* page, int32
 void ChildCache::put(const Tree& tree, Node& parent, int32_t ns, Node* child) {
     if (child == nullptr) return;
     const int32_t kns = key_ns(tree, parent, ns);
-    slots_[slot_of(parent, child->key.at(0), kns)] = Slot{&parent, child, kns, epoch_};
+    slots_[slot_of(parent, child->key.first_item(), kns)] = Slot{&parent, child, kns, epoch_};
 }
 
 void ChildCache::clear() {

@@ -165,9 +165,9 @@ public:
     }
     const int32_t* data() const { return data_; }
     int64_t operator[](size_t i) const { return data_[i]; }
-    int32_t at(size_t i) const {  // checked
-        if (i >= n_) throw std::out_of_range("SlotVec::at: " + std::to_string(i));
-        return data_[i];
+    int32_t first_item() const {  // checked: a node's key never is empty
+        if (n_ == 0) throw std::out_of_range("SlotVec: no first item");
+        return data_[0];
     }
     size_t block_size() const { return block_; }  // its block's slots (a view: more than size())
     // Slots [from, to) to out[0, to - from) (S: int32_t or int64_t).
