@@ -302,15 +302,22 @@ def test_one_builder_thread_builds_ahead_and_ends_after_the_last_batch(
     assert len(threads - {threading.main_thread().ident}) == 1  # three batches, one thread
 
 
-def test_a_builder_ends_when_a_jump_builds_the_rest(
-    defer_all: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _building_ahead(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """56 deferred requests, the first reached (the second batch building ahead, two more to
+    come), and their builder."""
     monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
     reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
     assert isinstance(reqs, deferred.ArrivingRequests)
-    _ = reqs[0]  # the second batch building ahead
+    _ = reqs[0]
     builder = reqs._builder
     assert builder is not None
+    return reqs, builder
+
+
+def test_a_builder_ends_when_a_jump_builds_the_rest(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reqs, builder = _building_ahead(monkeypatch)
     _ = reqs[55]  # the rest built here, the last batch never handed to the thread
     builder.thread.join(timeout=10)
     assert not builder.thread.is_alive()
@@ -319,12 +326,7 @@ def test_a_builder_ends_when_a_jump_builds_the_rest(
 def test_a_builder_ends_when_its_requests_are_freed(
     defer_all: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(deferred, "usable_cpus", lambda: 2)
-    reqs = client_requests(load_workload(SPEC, defer_prompts=True, num_requests=56))
-    assert isinstance(reqs, deferred.ArrivingRequests)
-    _ = reqs[0]  # the second batch building ahead, two more to come
-    builder = reqs._builder
-    assert builder is not None
+    reqs, builder = _building_ahead(monkeypatch)
     del reqs
     import gc
 

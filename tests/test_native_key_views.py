@@ -12,22 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from radixsched.cache import RadixCache, TokenAllocator
-from radixsched.cache.native_radix import NativeRadixCache, make_pool
-from radixsched.fast.kv import FastKVManager
 from radixsched.kv import KVManager
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
+from test_native_kv_rows import _twins
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
-
-
-def _twins(size: int = 1024) -> tuple[KVManager, FastKVManager]:
-    ref_alloc, pool = TokenAllocator(size, 1), make_pool(size, 1)
-    return (
-        KVManager(RadixCache(ref_alloc), ref_alloc),
-        FastKVManager(NativeRadixCache(pool), pool),
-    )
 
 
 def _prompt(tokens: list[int], *, read_only: bool = True) -> np.ndarray:
@@ -57,7 +47,7 @@ def _same_trees(ref: KVManager, fast: KVManager) -> None:
 
 
 def test_a_read_only_prompts_leaf_views_it_and_holds_a_reference_until_evicted() -> None:
-    _, fast = _twins()
+    _, fast = _twins(1024)
     prompt = _prompt(list(range(100, 164)))
     before = sys.getrefcount(prompt)
     a = _run(fast, "a", prompt)
@@ -75,7 +65,7 @@ def test_a_read_only_prompts_leaf_views_it_and_holds_a_reference_until_evicted()
 
 
 def test_a_viewed_key_outlives_its_request_and_every_other_reference() -> None:
-    _, fast = _twins()
+    _, fast = _twins(1024)
     a = _run(fast, "a", _prompt(list(range(7, 71))))
     fast.release(a, cache_kv=True)
     del a  # the prompt's only holder is now the leaf
@@ -103,7 +93,7 @@ def test_a_viewed_key_outlives_its_request_and_every_other_reference() -> None:
 def test_a_prompt_the_tree_cannot_view_is_copied(make: Any) -> None:
     """The leaf (the last 32 of the prompt's 40 tokens, its first 8 cached before) holds a
     block of its own: a later write into a writeable prompt does not reach the tree."""
-    ref, fast = _twins()
+    ref, fast = _twins(1024)
     tokens = list(range(300, 340))
     for kv in (ref, fast):
         kv.release(_run(kv, "p", _prompt(tokens[:8])), cache_kv=True)
@@ -120,7 +110,7 @@ def test_a_prompt_the_tree_cannot_view_is_copied(make: Any) -> None:
 
 
 def test_a_stand_in_prompt_is_copied() -> None:
-    _, fast = _twins()
+    _, fast = _twins(1024)
     stand_in = np.broadcast_to(np.zeros(1, dtype=np.int32), (32,))  # stride 0, read-only
     a = _run(fast, "a", stand_in)
     leaf: Any = a.last_node
@@ -130,7 +120,7 @@ def test_a_stand_in_prompt_is_copied() -> None:
 def test_a_split_and_a_tail_eviction_view_or_copy_by_length() -> None:
     """The parts of a split view the prompt or copy their keys by SlotVec's 1/16 rule, as a
     leaf cut by eviction does; the keys stay the reference's."""
-    ref, fast = _twins()
+    ref, fast = _twins(1024)
     for kv in (ref, fast):
         c = _run(kv, "c", _prompt(list(range(100, 180))))  # 80 tokens, viewed
         d = _run(kv, "d", _prompt(list(range(100, 104)) + [5] * 76))  # splits c's leaf at 4
@@ -147,7 +137,7 @@ def test_a_split_and_a_tail_eviction_view_or_copy_by_length() -> None:
 def test_a_fill_past_the_prompt_is_copied_with_its_outputs() -> None:
     """A checkpoint that reaches into the outputs inserts a joined copy (the prompt's block
     does not hold the outputs): the key is the prompt then the outputs, as the reference's."""
-    ref, fast = _twins()
+    ref, fast = _twins(1024)
     keys = []
     for kv in (ref, fast):
         r = Req("a", _prompt(list(range(50, 82))), SamplingParams(max_new_tokens=8))
