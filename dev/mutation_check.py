@@ -87,7 +87,6 @@ TESTS = (
     "tests/test_prompt_cache.py",
     "tests/test_native_loop.py",
     "tests/test_native_key_views.py",
-    "tests/test_native_token_ints.py",
     "tests/test_order_stats.py",
     "tests/test_reqarrays.py",
 )
@@ -1416,9 +1415,9 @@ MUTANTS = (
     ),
     Mutant(
         "stand-ins-long-path-off-by-one",
-        "_native/token_ints.hpp",
-        "        slot = PyLong_FromLong(long(v));",
-        "        slot = PyLong_FromLong(long(v) ^ 1);",
+        "_native/decode.cpp",
+        "        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))",
+        "        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v) ^ 1)",
     ),
     Mutant(
         "retire-covers-rows-that-can-stop",
@@ -1995,12 +1994,6 @@ MUTANTS = (
         "        charges: list[tuple[Req, int]] | None = None\n"
         "        got = s.prefill_run.step(\n"
         "            s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio,",
-    ),
-    Mutant(
-        "token-ints-made-anew",
-        "_native/token_ints.hpp",
-        "    if (v >= kTokenIntLimit) return PyLong_FromUnsignedLongLong(v);",
-        "    if (v >= 0) return PyLong_FromUnsignedLongLong(v);",
     ),
     Mutant(
         "fused-outcome-forgets-the-charges",

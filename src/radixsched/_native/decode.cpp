@@ -21,7 +21,6 @@
 #include "pool.hpp"
 #include "py_attr.hpp"
 #include "stepcost.hpp"
-#include "token_ints.hpp"
 
 namespace radixsched {
 
@@ -264,7 +263,10 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
         const uint64_t v = radixsched::stand_in(h, p, vocab);
-        PyObject* t = radixsched::token_int(v);  // the kept int of that value
+        // PyLong_FromLong where it fits (every vocabulary in practice): the unsigned call
+        // forwards there for small values anyway, one call deeper.
+        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
+                                              : PyLong_FromUnsignedLongLong(v);
         if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }
