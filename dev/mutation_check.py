@@ -1642,7 +1642,7 @@ MUTANTS = (
     Mutant(
         "load-objects-stay-young",
         "cli/simulate.py",
-        "            gc.freeze()\n",
+        "            to_oldest_generation()\n",
         "            pass\n",
     ),
     Mutant(

@@ -25,6 +25,7 @@ from radixsched.cli.common import (
     rich_console,
     run_metadata,
     scheduler_choices,
+    to_oldest_generation,
 )
 from radixsched.config import SchedulerConfig, add_config_args
 from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, MAIN_POLICIES
@@ -417,18 +418,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     quiet = bool(rs.cli.get("quiet"))
     console = rich_console(100)
     # As the program (its exit frees nothing, ``cli.main``), the load's objects, which last
-    # the run, are frozen for the process before any pass walks them, once one young pass has
-    # freed what the preflight left: no pass walks them again, and each run's frozen heap
-    # (``sim.heap.frozen_heap``) finds them frozen, so it has no full collection to make. A
-    # call (a test, a caller's process that goes on) leaves the collector's generations as
-    # they are.
+    # the run, are moved to the oldest generation before any young pass walks them, once one
+    # pass has freed what the preflight left in the young generations. A call (a test, a
+    # caller's process that goes on) leaves the collector's generations as they are.
     program = getattr(args, "_left_to_exit", None) is not None
     if program:
         gc.collect(1)
     with paused_gc():
         workload = _load(rs, base.seed)
         if program:  # (with the load's few small garbage cycles: a class, its descriptors)
-            gc.freeze()
+            to_oldest_generation()
     spec = rs.workload.spec or DEFAULT_WORKLOAD
     # After the load: the heap setting is for the simulation's churn; under it the load's
     # thousands of prompt-sized arrays fault in more pages (3x-shared: 302k against 195k).
