@@ -298,16 +298,35 @@ void Tree::pop_heap_entry() {
     heap_.pop_back();
 }
 
+void Tree::leaf_add(Node& n) {
+    const auto id = static_cast<size_t>(n.id);
+    if (id >= leaf_at_.size()) leaf_at_.resize(std::max(id + 1, 2 * leaf_at_.size()), 0);
+    if (leaf_at_[id]) return;
+    if (leaves_.size() >= UINT32_MAX) throw std::length_error("too many evictable leaves");
+    leaves_.push_back(&n);
+    leaf_at_[id] = static_cast<uint32_t>(leaves_.size());
+}
+
+void Tree::leaf_remove(const Node& n) {
+    if (!is_leaf(n.id)) return;
+    uint32_t& at = leaf_at_[static_cast<size_t>(n.id)];
+    Node* last = leaves_.back();  // moves into n's place (n may be it)
+    leaves_[at - 1] = last;
+    leaf_at_[static_cast<size_t>(last->id)] = at;
+    leaves_.pop_back();
+    at = 0;
+}
+
 void Tree::mark_evictable(Node& n) {
-    leaves_.insert(&n);
+    leaf_add(n);
     if (heap_persistent) push(n);
 }
 
 void Tree::leaf_set(Node& node, bool member) {
     if (member) {
-        leaves_.insert(&node);
+        leaf_add(node);
     } else {
-        leaves_.erase(&node);
+        leaf_remove(node);
     }
 }
 
@@ -694,7 +713,7 @@ WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, con
     leaf->key_hash = ChildIndex::hash(tokens + rel, page_, top ? ns : 0);
     leaf->top = top;
     if (n > inserted_len) leaf->hit_count = 1;
-    if (node->children.empty() && node->lock_ref == 0) leaves_.erase(node);
+    if (node->children.empty() && node->lock_ref == 0) leaf_remove(*node);
     node->index.add(*leaf);
     node->children.emplace(leaf->child_key, leaf);
     if (events.on_child) events.on_child(*node, leaf->child_key);
@@ -713,7 +732,7 @@ int64_t Tree::inc_lock_ref(Node& node) {
     if (disabled_) return 0;
     check_attached(node);
     if (&node == root_.get()) return 0;
-    if (node.lock_ref == 0 && node.children.empty()) leaves_.erase(&node);
+    if (node.lock_ref == 0 && node.children.empty()) leaf_remove(node);
     int64_t moved = 0;
     for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
         if (cur->lock_ref == 0) moved += cur->size();
@@ -756,7 +775,7 @@ void Tree::move_lock(Node* old, Node& node) {
         }
     }
     if (old->lock_ref <= 0) throw IntegrityFailure("dec_lock_ref on unlocked " + node_desc(*old));
-    if (node.lock_ref == 0 && node.children.empty()) leaves_.erase(&node);
+    if (node.lock_ref == 0 && node.children.empty()) leaf_remove(node);
     int64_t moved = 0;
     for (Node* cur = &node; cur != old; cur = cur->parent) {
         if (cur->lock_ref == 0) moved += cur->size();
@@ -823,10 +842,10 @@ void Tree::evict_whole(Node& leaf, Freed& freed) {
     parent->children.erase(it);
     parent->index.remove(leaf);
     leaf.parent = nullptr;
-    leaves_.erase(&leaf);
+    leaf_remove(leaf);
     evictable_ -= length;
     if (parent != root_.get() && parent->children.empty() && parent->lock_ref == 0) {
-        leaves_.insert(parent);
+        leaf_add(*parent);
         push(*parent);
     }
 }
@@ -880,7 +899,7 @@ void Tree::evict_into(int64_t num_tokens, Freed& freed) {
         pop_heap_entry();
         // Stale: locked, grew a child or evicted (its memory may be reused by another node:
         // the id tells them apart, and it is read only once the node is known to be alive).
-        if (!leaves_.count(e.node) || e.node->id != e.id) continue;
+        if (!is_leaf(e.id)) continue;
         Node& leaf = *e.node;
         auto [a, b] = prio(leaf);
         if (a != e.a || b != e.b) {
@@ -918,6 +937,7 @@ std::vector<int64_t> Tree::reset() {
     detach_all();
     root_ = new_root();
     evictable_ = protected_ = 0;
+    for (const Node* leaf : leaves_) leaf_at_[static_cast<size_t>(leaf->id)] = 0;
     leaves_.clear();
     heap_.clear();
     return values;
@@ -1088,9 +1108,19 @@ void Tree::check_integrity() const {
         throw IntegrityFailure("sizes: walk evictable " + std::to_string(evictable) +
                                " / protected " + std::to_string(prot) + ", counters " +
                                std::to_string(evictable_) + " / " + std::to_string(protected_));
-    if (leaves != leaves_) {
+    const std::unordered_set<Node*> members(leaves_.begin(), leaves_.end());
+    bool indexed = members.size() == leaves_.size();
+    for (size_t i = 0; indexed && i < leaves_.size(); ++i) {
+        const int64_t id = leaves_[i]->id;
+        indexed = is_leaf(id) && leaf_at_[static_cast<size_t>(id)] == i + 1;
+    }
+    const auto n_indexed = std::count_if(leaf_at_.begin(), leaf_at_.end(),
+                                         [](uint32_t at) { return at != 0; });
+    if (!indexed || static_cast<size_t>(n_indexed) != leaves_.size())
+        throw IntegrityFailure("evictable leaves: the index by id disagrees with the list");
+    if (leaves != members) {
         int64_t missing = 0, extra = 0;
-        for (Node* n : leaves) missing += !leaves_.count(n);
+        for (Node* n : leaves) missing += !members.count(n);
         for (Node* n : leaves_) extra += !leaves.count(n);
         throw IntegrityFailure("evictable leaves: walk " + std::to_string(leaves.size()) +
                                ", set " + std::to_string(leaves_.size()) + ", missing " +

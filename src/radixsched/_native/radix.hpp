@@ -319,7 +319,7 @@ public:
     // Test hooks (the Python tests corrupt counters to see check_integrity catch it).
     void add_evictable_size(int64_t d) { evictable_ += d; }
     void leaf_set(Node& node, bool member);
-    bool leaf_member(const Node& node) const { return leaves_.count(const_cast<Node*>(&node)); }
+    bool leaf_member(const Node& node) const { return is_leaf(node.id); }
 
     std::string page_key(const int32_t* page, Node* parent, int32_t ns) const;
     static std::vector<NodePtr> children_in_order(const Node& node);
@@ -328,7 +328,7 @@ public:
 private:
     struct HeapEntry {
         int64_t a, b, id;
-        Node* node;  // may be stale (dangling): dereferenced only once found in leaves_
+        Node* node;  // may be stale (dangling): dereferenced only once is_leaf(id)
         bool operator>(const HeapEntry& o) const {
             if (a != o.a) return a > o.a;
             if (b != o.b) return b > o.b;
@@ -337,6 +337,17 @@ private:
     };
 
     NodePtr new_root();
+    // The evictable leaves: `leaves_` in no particular order (nothing reads its order: the
+    // heap's entries are distinct by (a, b, id), so their pop order is the same whatever
+    // order they were pushed or heapified in), and by node id 1 + a node's index in it
+    // (`leaf_at_`, 0: not a leaf, as for an id past its end). Node ids are never reused,
+    // so a heap entry's id tells, without reading its (maybe freed) node, whether that node
+    // is an evictable leaf. Adding a member or removing a non-member does nothing.
+    bool is_leaf(int64_t id) const {
+        return static_cast<uint64_t>(id) < leaf_at_.size() && leaf_at_[static_cast<size_t>(id)];
+    }
+    void leaf_add(Node& n);
+    void leaf_remove(const Node& n);
     std::pair<int64_t, int64_t> prio(const Node& n) const;
     void mark_evictable(Node& n);
     void push(Node& n);
@@ -387,7 +398,8 @@ private:
     NodePtr root_;
     int64_t evictable_ = 0;
     int64_t protected_ = 0;
-    std::unordered_set<Node*> leaves_;  // attached, lock_ref == 0, no children, not the root
+    std::vector<Node*> leaves_;  // attached, lock_ref == 0, no children, not the root
+    std::vector<uint32_t> leaf_at_;  // by node id: 1 + its index in leaves_, 0 if none
     std::vector<HeapEntry> heap_;  // min-heap by (a, b, id) via std::greater
 };
 
