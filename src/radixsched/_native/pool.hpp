@@ -66,6 +66,10 @@ private:
     [[noreturn]] void reject(const std::vector<int64_t>& pages) const;
     template <class P>
     void free_pages(const P* pages, int64_t k, bool checked);
+    // A checked free_pages of pages that are all allocated and distinct, in one pass; false,
+    // nothing changed, otherwise (then free_pages sorts out which error it is).
+    template <class P>
+    bool free_pages_fast(const P* pages, int64_t k);
     template <class S>
     void write_pages(const int32_t* pages, int64_t k, S* out) const;
 
