@@ -85,6 +85,29 @@ def test_free_misuse_raises_and_changes_nothing() -> None:
     a.free(np.zeros(0, dtype=np.int64))  # no-op
 
 
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [([2, 3, 1], "double free"), ([2, 3, 2], "twice in one call"), ([2, 3, 9], "out of range")],
+)
+def test_checked_free_refused_past_its_first_pages_changes_nothing(
+    bad: list[int], match: str
+) -> None:
+    """A free refused at a later page leaves the pages before it allocated (the native pool
+    checks and places each page in one pass, and undoes the places it wrote)."""
+    a = TokenAllocator(8)
+    x = a.alloc(4)
+    assert x is not None and x.tolist() == [1, 2, 3, 4]
+    a.free(x[:1])
+    before = a.free_slots().tolist()
+    with pytest.raises(ValueError, match=match):
+        a.free(np.array(bad, dtype=np.int64))
+    assert a.free_slots().tolist() == before
+    a.check_integrity(request_slots=x[1:])
+    a.free(x[1:3])  # still allocated: freed without complaint
+    y = a.alloc(3)
+    assert y is not None and y.tolist() == [2, 3, 1]
+
+
 def test_free_misuse_paged() -> None:
     a = TokenAllocator(16, page_size=4)
     x = a.alloc(8)

@@ -1,0 +1,81 @@
+"""The native tree's evictable leaves (a list with an index by node id, radix.hpp): adding a
+member or removing a non-member changes nothing, a leaf leaving from the middle of the list
+leaves the others evictable in the reference's order, and a heap entry of an evicted (freed)
+node is skipped by its id."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from radixsched.cache import CacheKey, IntegrityError, RadixCache, TokenAllocator
+from radixsched.native import core
+
+pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+
+
+def _trees() -> tuple[Any, Any]:
+    from radixsched.cache.native_radix import NativeRadixCache
+
+    pa, na = TokenAllocator(256), TokenAllocator(256)
+    return (RadixCache(pa, 1, "lru"), pa), (NativeRadixCache(na, 1, "lru"), na)
+
+
+def _put(cache: Any, alloc: TokenAllocator, tokens: Sequence[int]) -> Any:
+    slots = alloc.alloc(len(tokens))
+    assert slots is not None
+    res = cache.insert(CacheKey(np.asarray(tokens, dtype=np.int32)), slots, 0)
+    alloc.free(slots[: res.prefix_len])
+    return cache.match_prefix(CacheKey(np.asarray(tokens, dtype=np.int32))).last_node
+
+
+def test_adding_a_member_or_removing_a_non_member_changes_nothing() -> None:
+    _, (cache, _alloc) = _trees()
+    a = _put(cache, _alloc, [1, 2, 3])
+    _put(cache, _alloc, [1, 2, 4])
+    b = _put(cache, _alloc, [5, 6])
+    mid = a.parent
+    tree = cache.tree
+    assert cache.num_evictable_leaves() == 3
+    tree.leaf_set(a, True)
+    tree.leaf_set(mid, False)
+    assert cache.num_evictable_leaves() == 3 and not tree.leaf_member(mid)
+    cache.check_integrity()
+    tree.leaf_set(b, False)
+    tree.leaf_set(b, False)
+    assert cache.num_evictable_leaves() == 2 and not tree.leaf_member(b)
+    with pytest.raises(IntegrityError, match="evictable leaves"):
+        cache.check_integrity()
+    tree.leaf_set(b, True)
+    assert tree.leaf_member(b) and tree.leaf_member(a)
+    cache.check_integrity()
+
+
+def test_leaves_leaving_the_middle_evict_as_the_reference() -> None:
+    """Leaves locked and unlocked out of their order of arrival (each leaves the list's middle,
+    the last one taking its place), then evicted a few tokens at a time, and re-inserted over
+    freed nodes: the same evictions, the same free lists and the same leaf counts as the
+    Python tree."""
+    trees = _trees()
+    nodes: list[list[Any]] = [[], []]
+    for i, (cache, alloc) in enumerate(trees):
+        for t in range(6):
+            nodes[i].append(_put(cache, alloc, [t, t + 10, t + 20]))
+        for j in (1, 3, 0):
+            cache.inc_lock_ref(nodes[i][j])
+        cache.dec_lock_ref(nodes[i][3])
+    for step in range(8):
+        counts = []
+        for i, (cache, alloc) in enumerate(trees):
+            evicted = cache.evict(2)
+            if step == 4:
+                cache.dec_lock_ref(nodes[i][1])
+                _put(cache, alloc, [7, 8, 9, 10])
+            counts.append(
+                (evicted, cache.num_evictable_leaves(), alloc.free_slots().tolist())
+            )
+            cache.check_integrity()
+        assert counts[0] == counts[1]
