@@ -129,8 +129,12 @@ void SlotVec::assign_tail(const SlotVec& from, size_t m) {
 void SlotVec::resize(size_t n) {
     if (n > n_) throw std::invalid_argument("SlotVec: resize only shrinks");
     if (n == n_) return;
-    const SlotOwner owner = owner_;  // kept while view() may copy out of it
-    view(data_, data_ + n, owner, block_);
+    if (n != 0 && n * kShareFraction >= block_) {  // still holds enough of its block: view()'s
+        n_ = n;                                      // outcome, without a copy of the owner
+        return;
+    }
+    const SlotOwner owner = std::move(owner_);  // the block, kept while assign copies out of it
+    assign(data_, data_ + n);
 }
 
 namespace {
@@ -303,16 +307,16 @@ void Tree::leaf_add(Node& n) {
     if (id >= leaf_at_.size()) leaf_at_.resize(std::max(id + 1, 2 * leaf_at_.size()), 0);
     if (leaf_at_[id]) return;
     if (leaves_.size() >= UINT32_MAX) throw std::length_error("too many evictable leaves");
-    leaves_.push_back(&n);
+    leaves_.push_back(Leaf{&n, n.id});
     leaf_at_[id] = static_cast<uint32_t>(leaves_.size());
 }
 
 void Tree::leaf_remove(const Node& n) {
     if (!is_leaf(n.id)) return;
     uint32_t& at = leaf_at_[static_cast<size_t>(n.id)];
-    Node* last = leaves_.back();  // moves into n's place (n may be it)
+    const Leaf last = leaves_.back();  // moves into n's place (n may be it)
     leaves_[at - 1] = last;
-    leaf_at_[static_cast<size_t>(last->id)] = at;
+    leaf_at_[static_cast<size_t>(last.id)] = at;
     leaves_.pop_back();
     at = 0;
 }
@@ -887,9 +891,9 @@ void Tree::evict_into(int64_t num_tokens, Freed& freed) {
     if (disabled_ || num_tokens <= 0 || leaves_.empty()) return;
     if (!heap_persistent || heap_.size() > 4 * leaves_.size() + 64) {
         heap_.clear();
-        for (Node* leaf : leaves_) {
-            auto [a, b] = prio(*leaf);
-            heap_.push_back({a, b, leaf->id, leaf});
+        for (const Leaf& leaf : leaves_) {
+            auto [a, b] = prio(*leaf.node);
+            heap_.push_back({a, b, leaf.id, leaf.node});
         }
         std::make_heap(heap_.begin(), heap_.end(), std::greater<HeapEntry>());
     }
@@ -937,7 +941,7 @@ std::vector<int64_t> Tree::reset() {
     detach_all();
     root_ = new_root();
     evictable_ = protected_ = 0;
-    for (const Node* leaf : leaves_) leaf_at_[static_cast<size_t>(leaf->id)] = 0;
+    for (const Leaf& leaf : leaves_) leaf_at_[static_cast<size_t>(leaf.id)] = 0;
     leaves_.clear();
     heap_.clear();
     return values;
@@ -1108,11 +1112,12 @@ void Tree::check_integrity() const {
         throw IntegrityFailure("sizes: walk evictable " + std::to_string(evictable) +
                                " / protected " + std::to_string(prot) + ", counters " +
                                std::to_string(evictable_) + " / " + std::to_string(protected_));
-    const std::unordered_set<Node*> members(leaves_.begin(), leaves_.end());
-    bool indexed = members.size() == leaves_.size();
+    std::unordered_set<Node*> members;
+    bool indexed = true;
     for (size_t i = 0; indexed && i < leaves_.size(); ++i) {
-        const int64_t id = leaves_[i]->id;
-        indexed = is_leaf(id) && leaf_at_[static_cast<size_t>(id)] == i + 1;
+        const int64_t id = leaves_[i].id;
+        indexed = members.insert(leaves_[i].node).second && leaves_[i].node->id == id &&
+                  is_leaf(id) && leaf_at_[static_cast<size_t>(id)] == i + 1;
     }
     const auto n_indexed = std::count_if(leaf_at_.begin(), leaf_at_.end(),
                                          [](uint32_t at) { return at != 0; });
@@ -1121,7 +1126,7 @@ void Tree::check_integrity() const {
     if (leaves != members) {
         int64_t missing = 0, extra = 0;
         for (Node* n : leaves) missing += !members.count(n);
-        for (Node* n : leaves_) extra += !leaves.count(n);
+        for (Node* n : members) extra += !leaves.count(n);
         throw IntegrityFailure("evictable leaves: walk " + std::to_string(leaves.size()) +
                                ", set " + std::to_string(leaves_.size()) + ", missing " +
                                std::to_string(missing) + ", extra " + std::to_string(extra));

@@ -398,7 +398,11 @@ private:
     NodePtr root_;
     int64_t evictable_ = 0;
     int64_t protected_ = 0;
-    std::vector<Node*> leaves_;  // attached, lock_ref == 0, no children, not the root
+    struct Leaf {
+        Node* node;
+        int64_t id;  // node->id (a swap-remove re-indexes the moved leaf without reading it)
+    };
+    std::vector<Leaf> leaves_;  // attached, lock_ref == 0, no children, not the root
     std::vector<uint32_t> leaf_at_;  // by node id: 1 + its index in leaves_, 0 if none
     std::vector<HeapEntry> heap_;  // min-heap by (a, b, id) via std::greater
 };
