@@ -123,10 +123,11 @@ void Pool::free(const S* slots, int64_t n, bool checked) {
 
 template <class P>
 bool Pool::free_pages_fast(const P* pages, int64_t k) {
-    // One pass instead of free_pages' three: each page checked (in range, allocated: its
+    // One pass instead of free_pages' four: each page checked (in range, allocated: its
     // position 0, which also catches a page given twice, as its first place is written by
-    // then) and its position written; at the first bad page the positions written are put
-    // back to 0 (each was 0: allocated) and free_pages (which throws its own error) takes over.
+    // then), its position and its stack entry written; at the first bad page the positions
+    // written are put back to 0 (each was 0: allocated) and free_pages (which throws its own
+    // error) takes over. (The stack entries written lie below first_free_, which nothing reads.)
     const int64_t lo = first_free_ - k;
     if (lo < 0) return false;
     const auto top = static_cast<uint64_t>(num_pages_);
@@ -137,8 +138,8 @@ bool Pool::free_pages_fast(const P* pages, int64_t k) {
             return false;
         }
         stack_pos_[page] = static_cast<int32_t>(lo + 1 + i);
+        stack_[lo + i] = static_cast<int32_t>(page);
     }
-    for (int64_t i = 0; i < k; ++i) stack_[lo + i] = static_cast<int32_t>(pages[i]);
     first_free_ = lo;
     return true;
 }
