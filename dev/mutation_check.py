@@ -1614,6 +1614,48 @@ MUTANTS = (
         "    (void)n;",
     ),
     Mutant(
+        "leaf-list-moved-leaf-not-reindexed",
+        "_native/radix.cpp",
+        "    leaf_at_[static_cast<size_t>(last.id)] = at;\n",
+        "\n",
+    ),
+    Mutant(
+        "leaf-list-adds-a-member-twice",
+        "_native/radix.cpp",
+        "    if (leaf_at_[id]) return;\n",
+        "\n",
+    ),
+    Mutant(
+        "leaf-index-kept-over-a-reset",
+        "_native/radix.cpp",
+        "    for (const Leaf& leaf : leaves_) leaf_at_[static_cast<size_t>(leaf.id)] = 0;\n",
+        "\n",
+    ),
+    Mutant(
+        "cut-leaf-view-kept-however-short",
+        "_native/radix.cpp",
+        "    if (n != 0 && n * kShareFraction >= block_) {",
+        "    if (n != 0) {",
+    ),
+    Mutant(
+        "pool-fast-free-no-rollback",
+        "_native/pool.cpp",
+        "            for (int64_t q = 0; q < i; ++q) stack_pos_[pages[q]] = 0;\n",
+        "\n",
+    ),
+    Mutant(
+        "pool-fast-free-takes-free-pages",
+        "_native/pool.cpp",
+        "static_cast<uint64_t>(page - 1) >= top || stack_pos_[page] != 0",
+        "static_cast<uint64_t>(page - 1) >= top || stack_pos_[page] < 0",
+    ),
+    Mutant(
+        "pool-fast-free-stacks-a-group-reversed",
+        "_native/pool.cpp",
+        "        stack_[lo + i] = static_cast<int32_t>(page);",
+        "        stack_[lo + k - 1 - i] = static_cast<int32_t>(page);",
+    ),
+    Mutant(
         "evict-free-buffer-not-cleared",
         "_native/radix.cpp",
         "    out.clear();\n    Freed freed;",

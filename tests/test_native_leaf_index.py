@@ -74,8 +74,23 @@ def test_leaves_leaving_the_middle_evict_as_the_reference() -> None:
             if step == 4:
                 cache.dec_lock_ref(nodes[i][1])
                 _put(cache, alloc, [7, 8, 9, 10])
-            counts.append(
-                (evicted, cache.num_evictable_leaves(), alloc.free_slots().tolist())
-            )
+            counts.append((evicted, cache.num_evictable_leaves(), alloc.free_slots().tolist()))
             cache.check_integrity()
         assert counts[0] == counts[1]
+
+
+def test_a_partly_evicted_leaf_keeps_its_block_while_it_holds_a_sixteenth() -> None:
+    """A cut leaf's key and slots stay views of their blocks while they hold at least 1/16 of
+    them (4 of 64 here), and are copied out to blocks of their own below that."""
+    _, (cache, alloc) = _trees()
+    leaf = _put(cache, alloc, list(range(100, 164)))
+    slots = leaf.value.tolist()
+    assert (leaf.key_block, leaf.value_block) == (64, 64)
+    cache.evict(60)
+    assert leaf.key.tolist() == [100, 101, 102, 103] and leaf.value.tolist() == slots[:4]
+    assert (leaf.key_block, leaf.value_block) == (64, 64)
+    cache.evict(1)
+    assert leaf.key.tolist() == [100, 101, 102] and leaf.value.tolist() == slots[:3]
+    assert (leaf.key_block, leaf.value_block) == (3, 3)
+    cache.check_integrity()
+    alloc.check_integrity(cache_slots=cache.all_values())
