@@ -1632,6 +1632,12 @@ MUTANTS = (
         "\n",
     ),
     Mutant(
+        "leaf-index-refuses-no-foreign-id",
+        "_native/radix.cpp",
+        '    if (id >= leaf_at_.size()) throw std::invalid_argument(node_desc(n) + ": not of this tree");\n',
+        "    if (id >= leaf_at_.size()) leaf_at_.resize(id + 1);\n",
+    ),
+    Mutant(
         "cut-leaf-view-kept-however-short",
         "_native/radix.cpp",
         "    if (n != 0 && n * kShareFraction >= block_) {",

@@ -94,3 +94,14 @@ def test_a_partly_evicted_leaf_keeps_its_block_while_it_holds_a_sixteenth() -> N
     assert (leaf.key_block, leaf.value_block) == (3, 3)
     cache.check_integrity()
     alloc.check_integrity(cache_slots=cache.all_values())
+
+
+def test_a_node_with_an_id_past_the_tree_s_is_refused_as_a_leaf() -> None:
+    _, (big, big_alloc) = _trees()
+    _, (small, _small_alloc) = _trees()
+    for t in range(3):
+        node = _put(big, big_alloc, [t, t + 1])
+    with pytest.raises(ValueError, match="not of this tree"):
+        small.tree.leaf_set(node, True)
+    assert small.num_evictable_leaves() == 0
+    small.check_integrity()

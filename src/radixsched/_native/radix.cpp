@@ -270,7 +270,7 @@ void Tree::detach_all() {
 
 NodePtr Tree::new_root() {
     auto root = std::make_shared<Node>();
-    root->id = root->slot = next_id_++;
+    root->id = root->slot = new_id();
     root->last_access_time = root->creation_time = clock_;
     root->priority = kRootPriority;
     root->lock_ref = 1;  // never evicted, never unlocked
@@ -302,9 +302,14 @@ void Tree::pop_heap_entry() {
     heap_.pop_back();
 }
 
+int64_t Tree::new_id() {
+    leaf_at_.push_back(0);  // its entry: not a leaf (yet)
+    return next_id_++;
+}
+
 void Tree::leaf_add(Node& n) {
     const auto id = static_cast<size_t>(n.id);
-    if (id >= leaf_at_.size()) leaf_at_.resize(std::max(id + 1, 2 * leaf_at_.size()), 0);
+    if (id >= leaf_at_.size()) throw std::invalid_argument(node_desc(n) + ": not of this tree");
     if (leaf_at_[id]) return;
     if (leaves_.size() >= UINT32_MAX) throw std::length_error("too many evictable leaves");
     leaves_.push_back(Leaf{&n, n.id});
@@ -449,7 +454,7 @@ NodePtr Tree::make_node(SlotVec key, SlotVec value, Node* parent,
     n->ns = ns;
     n->last_access_time = n->creation_time = now;
     n->priority = priority;
-    n->id = n->slot = next_id_++;
+    n->id = n->slot = new_id();
     return n;
 }
 

@@ -346,6 +346,7 @@ private:
     bool is_leaf(int64_t id) const {
         return static_cast<uint64_t>(id) < leaf_at_.size() && leaf_at_[static_cast<size_t>(id)];
     }
+    int64_t new_id();  // next_id_++, with its (zero) entry in leaf_at_: one per id handed out
     void leaf_add(Node& n);
     void leaf_remove(const Node& n);
     std::pair<int64_t, int64_t> prio(const Node& n) const;
@@ -403,7 +404,7 @@ private:
         int64_t id;  // node->id (a swap-remove re-indexes the moved leaf without reading it)
     };
     std::vector<Leaf> leaves_;  // attached, lock_ref == 0, no children, not the root
-    std::vector<uint32_t> leaf_at_;  // by node id: 1 + its index in leaves_, 0 if none
+    std::vector<uint32_t> leaf_at_;  // by node id (< next_id_): 1 + its index in leaves_, or 0
     std::vector<HeapEntry> heap_;  // min-heap by (a, b, id) via std::greater
 };
 
