@@ -338,8 +338,9 @@ private:
 
     NodePtr new_root();
     // The evictable leaves: `leaves_` in no particular order (nothing reads its order: the
-    // heap's entries are distinct by (a, b, id), so their pop order is the same whatever
-    // order they were pushed or heapified in), and by node id 1 + a node's index in it
+    // heap orders its entries by (a, b, id), and two entries equal in those are equal in all,
+    // as an id names one node, so they pop in the same order whatever order they were pushed
+    // or heapified in), and by node id 1 + a node's index in it
     // (`leaf_at_`, 0: not a leaf, as for an id past its end). Node ids are never reused,
     // so a heap entry's id tells, without reading its (maybe freed) node, whether that node
     // is an evictable leaf. Adding a member or removing a non-member does nothing.
