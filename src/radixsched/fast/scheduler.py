@@ -34,6 +34,7 @@ and the slots they are owed are exactly the allocator's reservation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -273,7 +274,7 @@ class FastScheduler(Scheduler):
         self._decode_run = cast(Any, core()).DecodeRun(
             self._pool,
             self._evictable_size,
-            self.cache.evict,
+            _evictor(self.cache),
             self.capacity,
             self.page_size,
             VirtualClock,
@@ -815,6 +816,21 @@ def _append(r: Req, slots: np.ndarray) -> None:
 
 
 _INT64_MAX = (1 << 63) - 1
+
+
+def _evictor(cache: Any) -> Callable[[int], int]:
+    """``cache.evict``; where that is the native cache's own over the native pool, what it
+    calls (``tree.evict_free(pool, n)``), bound once: a call into C++ without a Python frame
+    (the cache's ``allocator`` and ``tree`` are set once, when it is built)."""
+    evict: Callable[[int], int] = cache.evict
+    pool = getattr(cache, "allocator", None)
+    if (
+        getattr(evict, "__func__", None) is native_radix.NativeRadixCache.evict
+        and pool is not None
+        and type(pool) is cache._pool_type
+    ):
+        return functools.partial(cache.tree.evict_free, pool)
+    return evict
 
 
 def _jump_tokens(runner: MultiStepRunner, reqs: list[Req], fill0: bytes, k: int) -> list[list[int]]:
