@@ -89,6 +89,7 @@ TESTS = (
     "tests/test_native_key_views.py",
     "tests/test_order_stats.py",
     "tests/test_reqarrays.py",
+    "tests/test_clock.py",
 )
 
 
@@ -163,8 +164,8 @@ MUTANTS = (
     Mutant(
         "native-tokens-keep-a-stale-seed",
         "sim/cost/runner.py",
-        "        return (memo if memo.seed == self.seed else self._hashes()), vocab",
-        "        return memo, vocab",
+        "        self._recipe, self._recipe_vocab = (self._hashes(), vocab), self.vocab_size",
+        "        self._recipe, self._recipe_vocab = (self._rid_hashes, vocab), self.vocab_size",
     ),
     Mutant(
         "native-prefill-timer-of-a-stale-model",
@@ -2193,6 +2194,110 @@ MUTANTS = (
         "sim/workloads/mooncake_lines.py",
         "    if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):",
         "    if not (inputs.min() > 0 and outputs.min() > 0):",
+    ),
+    Mutant(
+        "clock-jump-to-moves-on-a-tie",
+        "clock.py",
+        "        if t > self._t:\n",
+        "        if t >= self._t:\n",
+    ),
+    Mutant(
+        "rid-hash-encodes-any-rid-as-a-str",
+        "sim/cost/runner.py",
+        '        state.update(rid.encode() if type(rid) is str else f"{rid}".encode())\n',
+        "        state.update(rid.encode())  # type: ignore[attr-defined]\n",
+    ),
+    Mutant(
+        "native-tokens-kept-across-a-new-seed",
+        "sim/cost/runner.py",
+        "        if self.vocab_size is self._recipe_vocab and got[0].seed == self.seed:\n",
+        "        if self.vocab_size is self._recipe_vocab:\n",
+    ),
+    Mutant(
+        "native-tokens-kept-across-a-new-vocab",
+        "sim/cost/runner.py",
+        "        if self.vocab_size is self._recipe_vocab and got[0].seed == self.seed:\n",
+        "        if self._recipe_vocab is not None and got[0].seed == self.seed:\n",
+    ),
+    Mutant(
+        "native-step-kept-across-a-new-cost",
+        "sim/cost/runner.py",
+        "        if made[0] is self.cost and made[1] is self.vocab_size and made[2] is self.seed:\n",
+        "        if made[0] is not None and made[1] is self.vocab_size and made[2] is self.seed:\n",
+    ),
+    Mutant(
+        "native-step-kept-across-a-new-vocab",
+        "sim/cost/runner.py",
+        "        if made[0] is self.cost and made[1] is self.vocab_size and made[2] is self.seed:\n",
+        "        if made[0] is self.cost and made[2] is self.seed:\n",
+    ),
+    Mutant(
+        "native-step-kept-across-a-new-seed",
+        "sim/cost/runner.py",
+        "        if made[0] is self.cost and made[1] is self.vocab_size and made[2] is self.seed:\n",
+        "        if made[0] is self.cost and made[1] is self.vocab_size:\n",
+    ),
+    Mutant(
+        "native-step-offered-without-tokens",
+        "fast/runner.py",
+        "        if cost is None or tokens is None:\n",
+        "        if cost is None:\n",
+    ),
+    Mutant(
+        "fused-outcome-finished-as-retracted",
+        "fast/step.py",
+        "    # (positional, the fields' order: a keyword call costs a third more)\n"
+        '    return StepOutcome("extend", d, size, 1, n, finished, [], tokens)\n',
+        "    # (positional, the fields' order: a keyword call costs a third more)\n"
+        '    return StepOutcome("extend", d, size, 1, n, [], finished, tokens)\n',
+    ),
+    Mutant(
+        "batch-outcome-finished-as-retracted",
+        "fast/step.py",
+        '            return StepOutcome("extend", d, size, 1, n, finished, [], tokens)  # (positional)\n',
+        '            return StepOutcome("extend", d, size, 1, n, [], finished, tokens)  # (positional)\n',
+    ),
+    Mutant(
+        "compact-cuts-a-long-prompt-short",
+        "sim/workloads/deferred.py",
+        "        r.prompt_ids = cut[:n] if n <= most else stand_in(n)\n",
+        "        r.prompt_ids = cut[:n]\n",
+    ),
+    Mutant(
+        "compact-cuts-a-long-output-short",
+        "sim/workloads/deferred.py",
+        "        r.output_ids = cut[:n] if n <= most else stand_in(n)  # type: ignore[assignment]\n",
+        "        r.output_ids = cut[:n]  # type: ignore[assignment]\n",
+    ),
+    Mutant(
+        "through-builds-when-already-built",
+        "sim/workloads/deferred.py",
+        "        if j > self._built:\n            self._build_through(j - 1)\n",
+        "        if j >= self._built:\n            self._build_through(j - 1)\n",
+    ),
+    Mutant(
+        "through-builds-one-short",
+        "sim/workloads/deferred.py",
+        "        if j > self._built:\n            self._build_through(j - 1)\n",
+        "        if j > self._built:\n            self._build_through(j - 2)\n",
+    ),
+    Mutant(
+        "evictor-binds-over-an-evict-of-its-own",
+        "fast/scheduler.py",
+        '        getattr(evict, "__func__", None) is native_radix.NativeRadixCache.evict\n',
+        "        True\n",
+    ),
+    Mutant(
+        "evictor-binds-to-any-pool",
+        "fast/scheduler.py",
+        "        and type(pool) is cache._pool_type\n",
+        "        and True\n",
+    ),
+    Mutant(
+        "open-loop-skips-the-last-arrivals-steps",
+        "sim/deploy/open_loop.py",
+        "    steps(math.inf, None, done)  # the last arrival's steps: until the replica is idle\n",
+        "",
     ),
 )
 

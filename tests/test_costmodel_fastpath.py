@@ -408,3 +408,19 @@ def test_native_timers_follow_a_reassigned_cost_model() -> None:
     runner.cost = cost(tp=2)
     second = runner.native_prefill_cost(), runner.native_decode_cost()
     assert second[0] is not first[0] and second[1] is not first[1]
+
+
+@pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
+def test_native_step_follows_a_reassigned_cost_vocabulary_or_seed() -> None:
+    runner = CostModelRunner(cost(), vocab_size=11)
+    got = runner.native_step()
+    assert got is not None and got[0] is runner.native_prefill_cost() and got[2] == 11
+    assert runner.native_step() is got  # kept
+    runner.seed = 4  # new hashes
+    got = runner.native_step()
+    assert got is not None and got[1]["x"] == _ref_rid_hash("x", 4)
+    runner.cost = cost(tp=2)  # a new timer
+    again = runner.native_step()
+    assert again is not None and again[0] is not got[0] and again[0] is runner.native_prefill_cost()
+    runner.vocab_size = 2**31 + 1  # past int32: no native tokens
+    assert runner.native_step() is None

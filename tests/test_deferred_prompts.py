@@ -81,6 +81,38 @@ def test_a_finished_request_drops_its_prompt_and_output(defer_all: None) -> None
     assert reqs.live == 31
 
 
+def test_through_builds_the_last_ones_batch_and_slices(defer_all: None) -> None:
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True))
+    assert isinstance(reqs, deferred.ArrivingRequests)
+    first = reqs.through(0, 1)[0]
+    assert first is reqs[0] and not deferred.is_stand_in(first.prompt_ids)
+    held = weakref.ref(first.prompt_ids)
+    first.finish = FinishState(FinishReason.LENGTH)
+    got = reqs.through(1, 16)  # the same batch (16 requests): nothing built or released
+    assert got == [reqs._reqs[i] for i in range(1, 16)] and held() is not None
+    assert [r.rid for r in reqs.through(15, 17)] == [reqs._reqs[i].rid for i in (15, 16)]
+    assert held() is None and not deferred.is_stand_in(reqs._reqs[16].prompt_ids)
+
+
+def test_compact_stands_in_for_any_length(defer_all: None) -> None:
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True))
+    a, b = reqs[0], reqs[1]
+    long = (1 << 24) + 3  # past the shared stand-in's length: broadcast anew
+    a.prompt_ids, a.output_ids = deferred.stand_in(long), [4, 5]
+    b.output_ids = deferred.stand_in(long)  # type: ignore[assignment]
+    a.times.token_times, b.times.token_times = [1.0, 2.5], []
+    n = len(b.prompt_ids)
+    deferred.compact([a, b])
+    assert (len(a.prompt_ids), len(a.output_ids), len(b.prompt_ids), len(b.output_ids)) == (
+        long,
+        2,
+        n,
+        long,
+    )
+    assert all(deferred.is_stand_in(x) for x in (a.prompt_ids, b.prompt_ids, b.output_ids))
+    assert list(a.times.token_times) == [1.0, 2.5] and len(b.times.token_times) == 0
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "lpm"])
 def test_a_deferred_run_is_the_eager_run(defer_all: None, policy: str) -> None:
     cfg = SchedulerConfig(schedule_policy=policy)

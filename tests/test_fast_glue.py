@@ -334,3 +334,25 @@ def test_take_reads_its_fixed_arguments_once() -> None:
     compat = _queue("shortest-prefill-first", compat="sglang")
     assert compat.matcher is not None and compat.matcher.keys is not None
     assert compat._take_fixed is None  # compat keys: the Python take
+
+
+def test_the_decode_run_evicts_through_the_trees_call_unless_evict_is_someone_elses() -> None:
+    import functools
+
+    from radixsched.fast.scheduler import _evictor
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.deploy.replicas import _build_replica
+    from radixsched.sim.simulate import SimConfig
+
+    sim = SimConfig(max_total_tokens=20_000)
+    cache = _build_replica(0, SchedulerConfig(), sim, build_cost_model(sim), 20_000).sched.cache
+    got = _evictor(cache)
+    assert isinstance(got, functools.partial) and got.args == (cache.allocator,)
+    assert got(10) == cache.evict(10) == 0  # (nothing held)
+    own = lambda n: 0  # noqa: E731  # an instance's own evict: kept
+    cache.evict = own
+    assert _evictor(cache) is own
+    del cache.evict
+    pool, cache.allocator = cache.allocator, object()  # not the native pool: evict's own test
+    assert _evictor(cache) == cache.evict
+    cache.allocator = pool

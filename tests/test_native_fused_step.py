@@ -255,3 +255,22 @@ def test_a_continuation_covers_refuses_is_checkpointed_first(
     monkeypatch.setattr(admission, "covers", lambda sched, adder: False)
     assert steps.continuation(s, r) is None
     assert r.prefix_len == 64
+
+
+def test_the_python_batchs_native_step_reports_what_finished() -> None:
+    """``_batch``'s native step (``extend_run``, a new chunked request's round): a request
+    done at its first token is the outcome's ``finished``; nothing is retracted."""
+    from radixsched.fast import admit as admission
+
+    s = _scheduler([20])
+    r = s.queue.reqs[0]
+    r.sampling = dataclasses.replace(r.sampling, max_new_tokens=1)
+    s.queue.take([0])
+    s.match_for_admission(r)
+    s.kv.take_prefix(r)
+    r.extend_end = len(r.prompt_ids)
+    b = admission.Budgets(s.ratio.current, 0.0, s.config.max_prefill_tokens, s._chunk)
+    b.can_run_list.append(Admission(r, 0, len(r.prompt_ids), False))
+    b.new_chunked_req = Req("other", np.arange(8, dtype=np.int32), SamplingParams(max_new_tokens=1))
+    out = steps.continued(s, b, None, None, True)
+    assert out is not None and out.finished == [r] and out.retracted == []

@@ -27,8 +27,10 @@ class VirtualClock:
         self._t += dt
 
     def jump_to(self, t: float) -> None:
-        """Idle until ``t`` (never backwards)."""
-        self._t = max(self._t, t)
+        """Idle until ``t`` (never backwards): ``max(_t, t)`` without its call (``t`` replaces
+        ``_t`` only when greater, as ``max`` keeps its first argument on ties and NaNs)."""
+        if t > self._t:
+            self._t = t
 
 
 class WallClock:

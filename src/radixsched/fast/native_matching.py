@@ -118,7 +118,6 @@ class NativeMatcher:
         added: list[Req],
         moved: dict[int, Req],
         tried: dict[int, Req],
-        *,
         matched: bool,
         dedup: bool,
         order: Any,

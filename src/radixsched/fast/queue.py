@@ -91,6 +91,7 @@ FAIR_KEY = 2  # fair's key within one tenant (``FairEngine._key``; ``queue_round
 _ENTRY = operator.attrgetter("queue_entry_time", "arrival_time")
 _MAX_NEW = operator.attrgetter("sampling.max_new_tokens")  # ``Req.max_new_tokens``
 _RANGE_ITERATOR = type(iter(range(0)))
+_NO_RIDS: frozenset[str] = frozenset()  # (one, not one a round)
 _RANDOM_ORDER = random_order.order  # the plain random policy's generator
 
 
@@ -506,7 +507,7 @@ class FastWaitingQueue(WaitingQueue):
             self.synced = self.matched = False
             compat = self._compat_round(base, running, processed_tokens, now)
             return compat or super().begin_round(running, processed_tokens, now)
-        deferred: frozenset[str] = frozenset()
+        deferred: frozenset[str] = _NO_RIDS
         flipped: list[Req] = []
         if self.matcher is not None:  # the policy reads matches: the native round
             # The kept order the native round advances (none while out of sync; fair: its one
@@ -514,15 +515,9 @@ class FastWaitingQueue(WaitingQueue):
             fair = self._fair_engine
             kept = self.kept_order if fair is None else fair.one_order(self.added)
             deferred, flipped, done = self.matcher.round(
-                self.reqs,
-                self.added,
-                self.moved,
-                self.tried,
-                matched=self.matched,
-                dedup=self.native_dedup,
-                order=kept if self.synced else None,
-                key=self.kept_key,
-            )
+                self.reqs, self.added, self.moved, self.tried, self.matched, self.native_dedup,
+                kept if self.synced else None, self.kept_key,
+            )  # (positional: matched, dedup, order, key)  # fmt: skip
             self.matched = True
             if done:  # the kept order advanced there: the list is the round's order
                 if fair is not None:  # the rest of fair's advance (``added``: its arrivals)

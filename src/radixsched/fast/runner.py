@@ -64,6 +64,14 @@ class MultiStepRunner(ModelRunner):
         the native core then computes those tokens itself. None (the default): ``tokens_at``."""
         return None
 
+    def native_step(self) -> tuple[Any, Mapping[str, int], int] | None:
+        """(``native_prefill_cost()``, then ``native_tokens()``'s hashes and vocabulary) where
+        both are offered, else None: what a native extend-only step asks, in one call."""
+        cost, tokens = self.native_prefill_cost(), self.native_tokens()
+        if cost is None or tokens is None:
+            return None
+        return cost, tokens[0], tokens[1]
+
     @abstractmethod
     def tokens_at(self, reqs: Sequence[Req], positions: npt.NDArray[np.int64]) -> np.ndarray:
         """The tokens ``decode_multi`` generates for each request at each position (index in

@@ -34,6 +34,7 @@ and the slots they are owed are exactly the allocator's reservation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -159,7 +160,7 @@ class FastRunningBatch(RunningBatch):
         return self.cols
 
     def extend(self, reqs: list[Req]) -> None:
-        super().extend(reqs)
+        self.reqs.extend(reqs)  # ``RunningBatch.extend``, without its call
         if self.cols is not None and reqs:
             self.cols.extend(reqs)
 
@@ -273,7 +274,7 @@ class FastScheduler(Scheduler):
         self._decode_run = cast(Any, core()).DecodeRun(
             self._pool,
             self._evictable_size,
-            self.cache.evict,
+            _evictor(self.cache),
             self.capacity,
             self.page_size,
             VirtualClock,
@@ -415,9 +416,7 @@ class FastScheduler(Scheduler):
                     self._charge_prefill([(e.req, e.num_new) for e in batch.extend])
                 self.batch.extend(joined)
                 size = len(batch.extend)
-                return StepOutcome(
-                    "extend", d, size, prefill_tokens=n, finished=finished, _tokens=tokens
-                )
+                return StepOutcome("extend", d, size, 1, n, finished, [], tokens)  # (positional)
         if batch.decode:  # a mixed batch grew the running requests' rows
             self._running_changed()
         return super().run(batch)
@@ -444,10 +443,8 @@ class FastScheduler(Scheduler):
         if not self._native_steps:
             return None
         runner: Any = self.runner  # multi-step (``_native_steps``): ``jumper`` without its calls
-        cost, tokens = runner.native_prefill_cost(), runner.native_tokens()
-        if cost is None or tokens is None:
-            return None
-        return cost, tokens[0], tokens[1]
+        got: NativeStep | None = runner.native_step()
+        return got
 
     def _finish_prefill(self, r: Req) -> bool:
         """``r`` reached its ``max_new_tokens`` in a native prefill step: the reference's
@@ -499,7 +496,7 @@ class FastScheduler(Scheduler):
         # left: fill_len - extend_end, fill_len read without its property call).
         least, out = self._middle_least, None
         if least is not None and len(req.prompt_ids) + len(req.output_ids) - req.extend_end > least:
-            out = StepOutcome("extend", 0.0, 1, num_steps=0)
+            out = StepOutcome("extend", 0.0, 1, 0)
             if self._native_chunks(horizon, out):
                 return out
         if self._direct and (out is None or not out.num_steps):  # natively, unless a middle one
@@ -518,7 +515,7 @@ class FastScheduler(Scheduler):
         # A run of middle chunks: none ran natively and this is one, or the native run stopped
         # inside the run (past its horizon check) and Python goes on where it stopped.
         if out is None:
-            out = StepOutcome("extend", 0.0, 1, num_steps=0)
+            out = StepOutcome("extend", 0.0, 1, 0)
         if plan.is_middle or out.num_steps:
             while plan.is_middle:
                 self._run_chunk(plan, out)
@@ -819,6 +816,21 @@ def _append(r: Req, slots: np.ndarray) -> None:
 
 
 _INT64_MAX = (1 << 63) - 1
+
+
+def _evictor(cache: Any) -> Callable[[int], int]:
+    """``cache.evict``; where that is the native cache's own over the native pool, what it
+    calls (``tree.evict_free(pool, n)``), bound once: a call into C++ without a Python frame
+    (the cache's ``allocator`` and ``tree`` are set once, when it is built)."""
+    evict: Callable[[int], int] = cache.evict
+    pool = getattr(cache, "allocator", None)
+    if (
+        getattr(evict, "__func__", None) is native_radix.NativeRadixCache.evict
+        and pool is not None
+        and type(pool) is cache._pool_type
+    ):
+        return functools.partial(cache.tree.evict_free, pool)
+    return evict
 
 
 def _jump_tokens(runner: MultiStepRunner, reqs: list[Req], fill0: bytes, k: int) -> list[list[int]]:

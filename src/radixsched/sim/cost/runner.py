@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -38,6 +38,7 @@ _INT32_VOCAB = 1 << 31
 # the arrays' fixed cost of about 7 us).
 _SCALAR_MAX_TOKENS = 12
 _RID_MEMO_SIZE = 1 << 16
+_from_bytes = int.from_bytes  # (a global read: cheaper than the attribute, per request)
 
 
 def _stand_in(rid_hash: int, position: int, vocab_size: int) -> int:
@@ -71,8 +72,9 @@ class _RidHashes(dict[str, int]):
         if len(self) >= _RID_MEMO_SIZE:
             self.clear()
         state = self._seeded.copy()
-        state.update(f"{rid}".encode())  # (formatted as the whole string formats it)
-        h = self[rid] = int.from_bytes(state.digest(), "little")
+        # (formatted as the whole string formats it: a str as it is, without the format)
+        state.update(rid.encode() if type(rid) is str else f"{rid}".encode())
+        h = self[rid] = _from_bytes(state.digest(), "little")
         return h
 
 
@@ -155,6 +157,12 @@ class CostModelRunner(MultiStepRunner):
         if self.vocab_size < 2:
             raise ValueError("vocab_size must be >= 2")
         self._rid_hashes = _RidHashes(seed)
+        # ``native_tokens``' last recipe and the ``vocab_size`` object it was made of (none yet)
+        self._recipe: tuple[_RidHashes, int] = (self._rid_hashes, 0)
+        self._recipe_vocab: object = None
+        # ``native_step``'s last answer and the (cost, vocab_size, seed) it was made of (none)
+        self._step: tuple[Any, Mapping[str, int], int] | None = None
+        self._step_of: tuple[object, object, object] = (None, None, None)
         self._native_for: StepCostModel | None = None  # the cost model _native_cost is of
         self._native_cost: tuple[Any, Any] = (None, None)  # (decode, prefill)
 
@@ -183,12 +191,31 @@ class CostModelRunner(MultiStepRunner):
 
     def native_tokens(self) -> tuple[_RidHashes, int] | None:
         """The stand-ins' recipe for the native core (``MultiStepRunner.native_tokens``): what
-        ``_stand_in`` computes, where every token fits an int32 as ``tokens_at``'s do."""
+        ``_stand_in`` computes, where every token fits an int32 as ``tokens_at``'s do. The
+        last recipe is handed again while ``vocab_size`` is the object it was made of and its
+        memo's seed is ``seed`` (``_recipe_of``)."""
+        got = self._recipe
+        if self.vocab_size is self._recipe_vocab and got[0].seed == self.seed:
+            return got
+        return self._recipe_of()
+
+    def native_step(self) -> tuple[Any, Mapping[str, int], int] | None:
+        """``MultiStepRunner.native_step``'s answer, the last one again while the cost model,
+        the ``vocab_size`` and the ``seed`` are the objects it was made of (what it reads of
+        this runner: ``native_prefill_cost`` is the cost model's, built once per object)."""
+        made = self._step_of
+        if made[0] is self.cost and made[1] is self.vocab_size and made[2] is self.seed:
+            return self._step
+        self._step = super().native_step()
+        self._step_of = (self.cost, self.vocab_size, self.seed)
+        return self._step
+
+    def _recipe_of(self) -> tuple[_RidHashes, int] | None:
         vocab = int(self.vocab_size)
         if vocab > _INT32_VOCAB:
             return None
-        memo = self._rid_hashes
-        return (memo if memo.seed == self.seed else self._hashes()), vocab
+        self._recipe, self._recipe_vocab = (self._hashes(), vocab), self.vocab_size
+        return self._recipe
 
     def _hashes(self) -> _RidHashes:
         memo = self._rid_hashes

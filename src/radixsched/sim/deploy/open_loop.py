@@ -29,6 +29,7 @@ from radixsched.sim.deploy.replicas import (
     sample_series,
     step_earliest,
 )
+from radixsched.sim.workloads.deferred import ArrivingRequests
 
 
 def run_open_loop(
@@ -139,15 +140,21 @@ def _run_lean(
     arrivals = [r.arrival_time for r in reqs]
     since, n = len(series), len(arrivals)
     steps = _steps_until(rep, series, on_progress, n, lean, check_integrity)
+    due, now = _due(reqs), clock.now
     done = i = 0
-    while True:
-        ta = arrivals[i] if i < n else math.inf
-        done = steps(ta, None if i == n else ta, done)
-        if i == n:
-            break
+    while i < n:
+        ta = arrivals[i]
+        done = steps(ta, ta, done)
         if not (waiting or running or sched.chunked_req is not None):
             clock.jump_to(ta)
-        i = _deliver_due(rep, reqs, arrivals, i, clock.now())
+        # ``_deliver_due`` inline: arrival ``i`` and the later ones due by the clock, their
+        # prompts built through the last (``_due``)
+        j, t = i + 1, now()
+        while j < n and arrivals[j] <= t:
+            j += 1
+        deliver_batch(due(i, j), rep)
+        i = j
+    steps(math.inf, None, done)  # the last arrival's steps: until the replica is idle
     series.checked(since)
     if on_progress is not None:
         on_progress(n, n)
@@ -228,6 +235,20 @@ def _cannot_schedule(rep: Replica) -> RuntimeError:
         f"replica {rep.idx} has work but could not schedule it "
         f"(waiting={len(s.waiting)}, running={len(s.running)})"
     )
+
+
+def _due(reqs: Sequence[Req]) -> Callable[[int, int], Sequence[Req]]:
+    """``due(i, j)``: requests ``i`` to ``j - 1`` (``i < j``) as ``_deliver_due`` reads them,
+    ``reqs[j - 1]`` first (a deferred sequence builds the prompts through it:
+    ``ArrivingRequests.through``, one call)."""
+    if isinstance(reqs, ArrivingRequests):
+        return reqs.through
+
+    def sliced(i: int, j: int) -> Sequence[Req]:
+        reqs[j - 1]  # indexed for its side effect, as in ``_deliver_due``
+        return reqs[i:j]
+
+    return sliced
 
 
 def _deliver_due(

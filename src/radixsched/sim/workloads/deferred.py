@@ -26,7 +26,7 @@ import threading
 import weakref
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -191,6 +191,13 @@ class ArrivingRequests(Sequence[Req]):
     def __iter__(self) -> Iterator[Req]:
         return iter(self._reqs)
 
+    def through(self, i: int, j: int) -> list[Req]:
+        """``self[j - 1]`` (the prompts through it built), then ``self[i:j]``, in one call
+        (``0 <= i < j <= len(self)``: the open loop's deliveries)."""
+        if j > self._built:
+            self._build_through(j - 1)
+        return self._reqs[i:j]
+
     @property
     def live(self) -> int:
         """Requests whose prompts are held now."""
@@ -245,10 +252,13 @@ def compact(reqs: Sequence[Req]) -> None:
     are the summary's inter-token latencies; ``packed_times``). The scheduler is done with
     them: a finished request is never scheduled again."""
     times = packed_times([r.times.token_times for r in reqs])
+    cut, most = _STAND_INS, len(_STAND_INS)  # ``stand_in``, without its calls
     for r, packed in zip(reqs, times, strict=True):
-        r.prompt_ids = stand_in(len(r.prompt_ids))
-        r.output_ids = cast(list[int], stand_in(len(r.output_ids)))
-        r.times.token_times = cast(list[float], packed)
+        n = len(r.prompt_ids)
+        r.prompt_ids = cut[:n] if n <= most else stand_in(n)
+        n = len(r.output_ids)
+        r.output_ids = cut[:n] if n <= most else stand_in(n)  # type: ignore[assignment]
+        r.times.token_times = packed  # type: ignore[assignment]
 
 
 def packed_times(seqs: Sequence[Sequence[float]]) -> list[array[float]]:
