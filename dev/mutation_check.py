@@ -1642,14 +1642,20 @@ MUTANTS = (
     Mutant(
         "load-objects-stay-young",
         "cli/simulate.py",
-        "            to_oldest_generation()\n",
-        "            pass\n",
+        "        if thaw:\n            gc.freeze()\n",
+        "        if thaw:\n            pass\n",
     ),
     Mutant(
         "a-call-s-load-objects-moved-too",
         "cli/simulate.py",
-        "        if program:  # (with the load's",
-        "        if True:  # (with the load's",
+        "        thaw = program and gc.get_freeze_count() == 0\n",
+        "        thaw = gc.get_freeze_count() == 0\n",
+    ),
+    Mutant(
+        "command-leaves-the-load-frozen",
+        "cli/simulate.py",
+        "        if thaw:\n            gc.unfreeze()\n",
+        "        if thaw:\n            pass\n",
     ),
     Mutant(
         "program-imports-with-the-collector-on",
