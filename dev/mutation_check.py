@@ -1675,6 +1675,43 @@ MUTANTS = (
         "    _preflight(rs, policies, args.config)\n",
         "    gc.disable()\n    _preflight(rs, policies, args.config)\n    gc.enable()\n",
     ),
+    # The inter-token gaps' statistics made a batch at a time (``results.gapstats``).
+    Mutant(
+        "gap-stream-misses-the-last-sequence",
+        "results/gapstats.py",
+        'last = int(np.searchsorted(self.ends, b - 1, side="right")) + 1',
+        'last = int(np.searchsorted(self.ends, b - 1, side="right"))',
+    ),
+    Mutant(
+        "gap-stream-keeps-the-gap-between-sequences",
+        "results/gapstats.py",
+        "np.cumsum(self.lens[first : last - 1]) - 1)",
+        "np.cumsum(self.lens[first : last - 1]))",
+    ),
+    Mutant(
+        "gap-tree-split-unaligned",
+        "results/gapstats.py",
+        "    half -= half % 8\n    return _tree_sum(",
+        "    return _tree_sum(",
+    ),
+    Mutant(
+        "gap-stats-streams-a-nan",
+        "results/gapstats.py",
+        "    if counts[_FINITE:].any():\n",
+        "    if False:\n",
+    ),
+    Mutant(
+        "gap-stats-negative-gaps-streamed",
+        "results/gapstats.py",
+        "        except ValueError:\n            return None\n",
+        "        except ValueError:\n            counts += np.bincount(_buckets(np.abs(g)), minlength=_BUCKETS)\n",
+    ),
+    Mutant(
+        "gap-rank-one-past-in-its-bucket",
+        "results/gapstats.py",
+        "k = r - (int(ends[b - 1]) if b else 0)",
+        "k = r - (int(ends[b - 1]) if b else 0) + 1",
+    ),
     # The load and the preflight (``sim``): the hash ids' packing, the throw-away pools, the
     # bound's key.
     Mutant(

@@ -256,6 +256,7 @@ def test_a_call_leaves_the_load_s_objects_young(monkeypatch: pytest.MonkeyPatch)
     def run(runs: Any, *args: Any, **kwargs: Any) -> Any:
         req = runs.workload.requests[0]
         seen["oldest"] = any(o is req for o in gc.get_objects(2))
+        seen["young"] = any(o is req for o in gc.get_objects(0))  # not frozen either
         raise KeyboardInterrupt  # the command stops here: status 130
 
     monkeypatch.setattr(policy_runs, "run_policies", run)
@@ -266,7 +267,7 @@ def test_a_call_leaves_the_load_s_objects_young(monkeypatch: pytest.MonkeyPatch)
                      "--num-requests", "5", "--quiet"]) == 130  # fmt: skip
     finally:
         (gc.enable if was else gc.disable)()
-    assert seen == {"oldest": False}
+    assert seen == {"oldest": False, "young": True}
 
 
 def test_the_run_s_modules_are_ones_a_run_imports_anyway(tmp_path: Path) -> None:
