@@ -1675,6 +1675,18 @@ MUTANTS = (
         "    _preflight(rs, policies, args.config)\n",
         "    gc.disable()\n    _preflight(rs, policies, args.config)\n    gc.enable()\n",
     ),
+    Mutant(
+        "native-id-bound-too-tight",
+        "sim/workloads/mooncake_lines.py",
+        "ids = np.empty(len(block) // 2 + 1, dtype=np.int64)",
+        "ids = np.empty(len(block) // 3 + 1, dtype=np.int64)",
+    ),
+    Mutant(
+        "line-blocks-count-one-line-short",
+        "sim/workloads/mooncake_lines.py",
+        '            rows = block.count(b"\\n") + 1\n',
+        '            rows = block.count(b"\\n")\n',
+    ),
     # The inter-token gaps' statistics made a batch at a time (``results.gapstats``).
     Mutant(
         "gap-stream-misses-the-last-sequence",
@@ -1689,10 +1701,16 @@ MUTANTS = (
         "np.cumsum(self.lens[first : last - 1]))",
     ),
     Mutant(
-        "gap-tree-split-unaligned",
+        "gap-stream-joins-lists-as-arrays",
         "results/gapstats.py",
-        "    half -= half % 8\n    return _tree_sum(",
-        "    return _tree_sum(",
+        "        if self.loose[last] != self.loose[first]:\n",
+        "        if False:\n",
+    ),
+    Mutant(
+        "gap-leaves-split-unaligned",
+        "results/gapstats.py",
+        "    half -= half % 8\n    return _leaves(",
+        "    return _leaves(",
     ),
     Mutant(
         "gap-stats-streams-a-nan",
@@ -2170,12 +2188,6 @@ MUTANTS = (
         "_native/trace_lines.cpp",
         "            if (v > kExact) return false;\n",
         "",
-    ),
-    Mutant(
-        "native-block-ids-bound-without-commas",
-        "sim/workloads/mooncake_lines.py",
-        '    bound = rows + block.count(b",")',
-        "    bound = rows",
     ),
     Mutant(
         "fast-records-keep-every-hash-id",

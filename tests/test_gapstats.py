@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -25,12 +26,16 @@ def _bits(s: Stats) -> list[bytes]:
 
 def _times(seed: int, count: int = 1500, quantum: float = 1e-4) -> list[list[float]]:
     """Token times of ``count`` requests, on a grid of ``quantum`` (repeated gaps: ties at the
-    ranks), 1 to 300 tokens each: about 220k gaps, several leaves and batches."""
+    ranks), 1 to 300 tokens each: about 220k gaps, several leaves and batches. Each request
+    starts after the one before ends, so a gap made across two of them would be positive too
+    (and not one of theirs)."""
     rng = np.random.default_rng(seed)
     out = []
+    end = 0.0
     for n in rng.integers(1, 300, count).tolist():
         steps = np.round(rng.exponential(0.004, n) / quantum) * quantum + quantum
-        out.append((rng.random() * 1e3 + np.cumsum(steps)).tolist())
+        out.append((end + rng.random() + np.cumsum(steps)).tolist())
+        end = out[-1][-1]
     return out
 
 
@@ -54,8 +59,22 @@ def test_the_streamed_stats_are_the_array_s(seed: int, packed: bool) -> None:
     assert _bits(gap_stats(seqs)) == _bits(want)
 
 
+def test_arrays_with_lists_among_them_are_the_array_s() -> None:
+    # A deferred run's requests that finished after its last compaction hold lists.
+    times = _times(5)
+    seqs: list[Sequence[float]] = [
+        *_packed(times[:1000]),
+        *times[1000:1100],
+        *_packed(times[1100:]),
+    ]
+    want = Stats.of(token_gaps(seqs), consume=True)
+    assert _bits(gap_stats(seqs)) == _bits(want)
+
+
 @pytest.mark.parametrize(
-    "odd", [math.nan, math.inf, -1e-3, -0.0, 0.0], ids=["nan", "inf", "neg", "-0", "+0"]
+    "odd",
+    [math.nan, math.inf, -1e-3, -10.0, -0.0, 0.0],
+    ids=["nan", "inf", "neg", "neg-large", "-0", "+0"],
 )
 def test_a_gap_below_zero_or_not_finite_is_the_array_s(odd: float) -> None:
     times = _times(3, count=800)

@@ -78,16 +78,19 @@ class _GapStream:
         self.ends = np.cumsum(lens - 1)  # each sequence's gaps end here
         self.lens = lens
         self.total = int(self.ends[-1]) if len(seqs) else 0
-        # A deferred run's finished requests hold ``array('d')``s (``deferred.compact``):
-        # joined as bytes; other sequences go through ``token_gaps``.
-        self.packed = all(type(s) is array and s.typecode == "d" for s in seqs)
+        # A deferred run's finished requests hold ``array('d')``s (``deferred.compact``; those
+        # that finished after its last compaction, lists): a range of arrays only is joined
+        # as bytes, any other through ``token_gaps``. ``loose[i]``: the others before seqs[i].
+        others = (not (type(s) is array and s.typecode == "d") for s in seqs)
+        self.loose = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(others, dtype=np.bool_, count=len(seqs)), out=self.loose[1:])
 
     def gaps(self, a: int, b: int) -> FloatArray:
         """Gaps ``a`` to ``b`` (0 <= a < b <= total)."""
         first = int(np.searchsorted(self.ends, a, side="right"))
         last = int(np.searchsorted(self.ends, b - 1, side="right")) + 1
         start = int(self.ends[first - 1]) if first else 0
-        if not self.packed:
+        if self.loose[last] != self.loose[first]:
             return token_gaps(self.seqs[first:last])[a - start : b - start]
         flat = np.frombuffer(b"".join(cast("list[array[float]]", self.seqs[first:last])))
         # flat[k + 1] - flat[k] at a sequence's last time runs into the next: dropped
