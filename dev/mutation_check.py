@@ -1687,6 +1687,12 @@ MUTANTS = (
         '            rows = block.count(b"\\n") + 1\n',
         '            rows = block.count(b"\\n")\n',
     ),
+    Mutant(
+        "runs-in-a-frozen-heap-keep-the-garbage-before",
+        "sim/policy_runs.py",
+        "                if i and gc.get_freeze_count():\n",
+        "                if False:\n",
+    ),
     # The inter-token gaps' statistics made a batch at a time (``results.gapstats``).
     Mutant(
         "gap-stream-misses-the-last-sequence",
