@@ -1693,6 +1693,18 @@ MUTANTS = (
         "                if i and gc.get_freeze_count():\n",
         "                if False:\n",
     ),
+    Mutant(
+        "load-req-tenant-as-cache-salt",
+        "sim/workloads/load.py",
+        "                None,\n                d.tenant,\n",
+        "                d.tenant,\n                None,\n",
+    ),
+    Mutant(
+        "mooncake-draft-stamp-as-offset",
+        "sim/workloads/traces.py",
+        "0.0, (ts - t0) / 1e3, None",
+        "(ts - t0) / 1e3, 0.0, None",
+    ),
     # The inter-token gaps' statistics made a batch at a time (``results.gapstats``).
     Mutant(
         "gap-stream-misses-the-last-sequence",
