@@ -50,7 +50,7 @@ class Workload:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return sum(r.prompt_len for r in self.requests)
+        return sum([len(r.prompt_ids) for r in self.requests])  # ``prompt_len``, no call
 
     @property
     def num_output_tokens(self) -> int:
