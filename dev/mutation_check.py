@@ -89,6 +89,9 @@ TESTS = (
     "tests/test_native_key_views.py",
     "tests/test_order_stats.py",
     "tests/test_reqarrays.py",
+    "tests/test_gapstats.py",
+    "tests/test_workloads.py",
+    "tests/test_policy_runs.py",
 )
 
 
