@@ -42,7 +42,6 @@ from radixsched.results.stats import (
 STREAM_MIN_GAPS = 1 << 22  # fewer gaps: one array of them all (32 MB)
 _BATCH_GAPS = 1 << 18  # gaps made at once (at least; whole leaves): 2 MB of float64
 _BUCKET_SHIFT = 44  # a float64's bits >> 44: its sign, exponent and top 8 mantissa bits
-_BUCKETS = 1 << 19  # every non-negative float64's bucket (the sign bit clear) is below this
 _FINITE = 0x7FF00  # infinities' and NaNs' buckets start here (an exponent of all ones)
 
 
@@ -136,21 +135,21 @@ def _buckets(g: FloatArray) -> np.ndarray:
 
 def _first_pass(gaps: _GapStream) -> tuple[float, np.ndarray] | None:
     """The gaps' pairwise sum and their counts by bucket; None where a gap is not +0.0 or more
-    and finite (infinities and NaNs have buckets from ``_FINITE`` on; a negative number's,
-    -0.0's too, is negative: ``bincount`` refuses it)."""
+    and finite (a negative number's bucket, -0.0's too, is negative; infinities' and NaNs'
+    are ``_FINITE`` or more). A batch counts only the buckets between its lowest and highest
+    (a few thousand), not every bucket."""
     sums: list[float] = []
-    counts = np.zeros(_BUCKETS, dtype=np.int64)
+    counts = np.zeros(_FINITE, dtype=np.int64)
     for g, sizes in gaps.batches():
-        try:
-            counts += np.bincount(_buckets(g), minlength=_BUCKETS)
-        except ValueError:
+        b = _buckets(g)
+        low, high = int(b.min()), int(b.max())
+        if low < 0 or high >= _FINITE:
             return None
+        counts[low : high + 1] += np.bincount(b - low, minlength=high - low + 1)
         at = 0
         for size in sizes:
             sums.append(float(np.add.reduce(g[at : at + size])))
             at += size
-    if counts[_FINITE:].any():
-        return None
     return _tree_sum(gaps.total, iter(sums)), counts
 
 
@@ -161,7 +160,7 @@ def _second_pass(
     ``wanted`` rank (0-based, ascending order)."""
     ends = np.cumsum(counts)
     where = {r: int(np.searchsorted(ends, r, side="right")) for r in wanted}  # rank's bucket
-    keep = np.zeros(_BUCKETS, dtype=np.bool_)
+    keep = np.zeros(_FINITE, dtype=np.bool_)
     keep[list(where.values())] = True
     squares: list[float] = []
     kept: list[FloatArray] = []
