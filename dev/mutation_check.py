@@ -90,6 +90,9 @@ TESTS = (
     "tests/test_order_stats.py",
     "tests/test_reqarrays.py",
     "tests/test_clock.py",
+    "tests/test_gapstats.py",
+    "tests/test_workloads.py",
+    "tests/test_policy_runs.py",
 )
 
 
@@ -1691,14 +1694,20 @@ MUTANTS = (
     Mutant(
         "load-objects-stay-young",
         "cli/simulate.py",
-        "            to_oldest_generation()\n",
-        "            pass\n",
+        "        if thaw:\n            gc.freeze()\n",
+        "        if thaw:\n            pass\n",
     ),
     Mutant(
         "a-call-s-load-objects-moved-too",
         "cli/simulate.py",
-        "        if program:  # (with the load's",
-        "        if True:  # (with the load's",
+        "        thaw = program and gc.get_freeze_count() == 0\n",
+        "        thaw = gc.get_freeze_count() == 0\n",
+    ),
+    Mutant(
+        "command-leaves-the-load-frozen",
+        "cli/simulate.py",
+        "        if thaw:\n            gc.unfreeze()\n",
+        "        if thaw:\n            pass\n",
     ),
     Mutant(
         "program-imports-with-the-collector-on",
@@ -1717,6 +1726,79 @@ MUTANTS = (
         "cli/simulate.py",
         "    _preflight(rs, policies, args.config)\n",
         "    gc.disable()\n    _preflight(rs, policies, args.config)\n    gc.enable()\n",
+    ),
+    Mutant(
+        "native-id-bound-too-tight",
+        "sim/workloads/mooncake_lines.py",
+        "ids = np.empty(len(block) // 2 + 1, dtype=np.int64)",
+        "ids = np.empty(len(block) // 3 + 1, dtype=np.int64)",
+    ),
+    Mutant(
+        "line-blocks-count-one-line-short",
+        "sim/workloads/mooncake_lines.py",
+        '            rows = block.count(b"\\n") + 1\n',
+        '            rows = block.count(b"\\n")\n',
+    ),
+    Mutant(
+        "runs-in-a-frozen-heap-keep-the-garbage-before",
+        "sim/policy_runs.py",
+        "                if i and gc.get_freeze_count():\n",
+        "                if False:\n",
+    ),
+    Mutant(
+        "load-req-tenant-as-cache-salt",
+        "sim/workloads/load.py",
+        "                None,\n                d.tenant,\n",
+        "                d.tenant,\n                None,\n",
+    ),
+    Mutant(
+        "mooncake-draft-stamp-as-offset",
+        "sim/workloads/traces.py",
+        "0.0, (ts - t0) / 1e3, None",
+        "(ts - t0) / 1e3, 0.0, None",
+    ),
+    # The inter-token gaps' statistics made a batch at a time (``results.gapstats``).
+    Mutant(
+        "gap-stream-misses-the-last-sequence",
+        "results/gapstats.py",
+        'last = int(np.searchsorted(self.ends, b - 1, side="right")) + 1',
+        'last = int(np.searchsorted(self.ends, b - 1, side="right"))',
+    ),
+    Mutant(
+        "gap-stream-keeps-the-gap-between-sequences",
+        "results/gapstats.py",
+        "np.cumsum(self.lens[first : last - 1]) - 1)",
+        "np.cumsum(self.lens[first : last - 1]))",
+    ),
+    Mutant(
+        "gap-stream-joins-lists-as-arrays",
+        "results/gapstats.py",
+        "        if self.loose[last] != self.loose[first]:\n",
+        "        if False:\n",
+    ),
+    Mutant(
+        "gap-leaves-split-unaligned",
+        "results/gapstats.py",
+        "    half -= half % 8\n    return _leaves(",
+        "    return _leaves(",
+    ),
+    Mutant(
+        "gap-stats-streams-a-nan",
+        "results/gapstats.py",
+        "        if low < 0 or high >= _FINITE:\n",
+        "        if low < 0:\n",
+    ),
+    Mutant(
+        "gap-stats-negative-gaps-streamed",
+        "results/gapstats.py",
+        "        if low < 0 or high >= _FINITE:\n",
+        "        if high >= _FINITE:\n",
+    ),
+    Mutant(
+        "gap-rank-one-past-in-its-bucket",
+        "results/gapstats.py",
+        "k = r - (int(ends[b - 1]) if b else 0)",
+        "k = r - (int(ends[b - 1]) if b else 0) + 1",
     ),
     # The load and the preflight (``sim``): the hash ids' packing, the throw-away pools, the
     # bound's key.
@@ -2176,12 +2258,6 @@ MUTANTS = (
         "_native/trace_lines.cpp",
         "            if (v > kExact) return false;\n",
         "",
-    ),
-    Mutant(
-        "native-block-ids-bound-without-commas",
-        "sim/workloads/mooncake_lines.py",
-        '    bound = rows + block.count(b",")',
-        "    bound = rows",
     ),
     Mutant(
         "fast-records-keep-every-hash-id",

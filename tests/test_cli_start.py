@@ -222,16 +222,28 @@ def test_the_preflight_runs_with_the_collector_on_and_its_garbage_goes_before_th
     assert _simulate_sample(patch, tmp_path)[:4] == ["preflight", "True", "freed", "True"]
 
 
-def test_the_load_s_objects_go_to_the_oldest_generation(tmp_path: Path) -> None:
+def test_the_load_s_objects_are_frozen_for_the_command_then_go_to_the_oldest_generation(
+    tmp_path: Path,
+) -> None:
+    # Frozen through the runs (in no generation a pass walks: no run's frozen heap collects
+    # them all), thawed into the oldest generation when the command ends, however it ends.
     patch = (
-        "import radixsched.sim.policy_runs as pr\n"
+        "import radixsched.sim.policy_runs as pr, radixsched.cli.main as cm\n"
+        "real_run, real_exit, seen = pr.run_policies, cm.exit_now, []\n"
         "def run(runs, *a, **k):\n"
-        "    req = runs.workload.requests[0]\n"
-        "    print('oldest', any(o is req for o in gc.get_objects(2)), gc.isenabled())\n"
-        "    sys.stdout.flush()\n    os._exit(0)\n"
-        "pr.run_policies = run"
+        "    seen.append(runs.workload.requests[0])\n"
+        "    print('walked', any(o is seen[0] for o in gc.get_objects()), gc.isenabled())\n"
+        "    return real_run(runs, *a, **k)\n"
+        "def exit_now(status):\n"
+        "    print('oldest', gc.get_freeze_count() == 0,\n"
+        "          any(o is seen[0] for o in gc.get_objects(2)), flush=True)\n"
+        "    real_exit(status)\n"
+        "pr.run_policies, cm.exit_now = run, exit_now"
     )
-    assert _simulate_sample(patch, tmp_path)[-3:] == ["oldest", "True", "True"]
+    out = _simulate_sample(patch, tmp_path)
+    walked, oldest = out.index("walked"), out.index("oldest")
+    assert out[walked : walked + 3] == ["walked", "False", "True"]
+    assert out[oldest:] == ["oldest", "True", "True"]
 
 
 def test_a_call_leaves_the_load_s_objects_young(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,6 +256,7 @@ def test_a_call_leaves_the_load_s_objects_young(monkeypatch: pytest.MonkeyPatch)
     def run(runs: Any, *args: Any, **kwargs: Any) -> Any:
         req = runs.workload.requests[0]
         seen["oldest"] = any(o is req for o in gc.get_objects(2))
+        seen["young"] = any(o is req for o in gc.get_objects(0))  # not frozen either
         raise KeyboardInterrupt  # the command stops here: status 130
 
     monkeypatch.setattr(policy_runs, "run_policies", run)
@@ -254,7 +267,7 @@ def test_a_call_leaves_the_load_s_objects_young(monkeypatch: pytest.MonkeyPatch)
                      "--num-requests", "5", "--quiet"]) == 130  # fmt: skip
     finally:
         (gc.enable if was else gc.disable)()
-    assert seen == {"oldest": False}
+    assert seen == {"oldest": False, "young": True}
 
 
 def test_the_run_s_modules_are_ones_a_run_imports_anyway(tmp_path: Path) -> None:

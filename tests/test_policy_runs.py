@@ -324,3 +324,36 @@ def test_simulate_rejects_jobs_from_a_config_file_that_is_not_a_count(
     cfg.write_text("jobs: many\nnum_requests: 4\n")
     assert main(["simulate", "--config", str(cfg)]) == 2
     assert "jobs must be a positive integer, got 'many'" in capsys.readouterr().err
+
+
+def test_inside_a_frozen_heap_a_run_s_garbage_goes_before_the_next_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The command's program freezes its workload: each run's frozen heap then freezes what is
+    # alive without collecting first, so the run before's cycles are collected in between.
+    import weakref
+
+    class Cycle:
+        me: object = None
+
+    seen: list[Any] = []
+
+    def run(runs: Any, i: int, policy: str, progress: Any, left: Any = None) -> Any:
+        if seen:
+            seen.append(seen[0]() is None)
+        c = Cycle()
+        c.me = c
+        seen.append(weakref.ref(c))
+        return policy
+
+    monkeypatch.setattr(policy_runs, "_run_here", run)
+    runs = _runs()
+    was = gc.isenabled()
+    gc.disable()  # only the runs' loop may collect it
+    gc.freeze()
+    try:
+        assert run_policies(runs, ["fcfs", "lpm"], jobs=1) == ["fcfs", "lpm"]
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()
+    assert seen[1] is True

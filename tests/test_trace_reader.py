@@ -416,3 +416,19 @@ def test_fast_records_are_made_when_asked_for(tmp_path: Path) -> None:
     assert recs[-1].where == f"{path}:5" and recs[1].timestamp_ms == 2.0**53
     assert [r.where for r in recs[1:4:2]] == [recs[1].where, recs[3].where]
     assert (recs[2].input_length, recs[2].output_length, recs[2].hash_ids.tolist()) == (4, 1, [])
+
+
+def test_the_native_id_bound_holds_the_densest_ids(tmp_path: Path) -> None:
+    # One-digit ids, no spaces: two bytes an id, the densest a line can hold them (the bound
+    # of ``_native_block`` is its bytes over two). A tighter bound would decline the block.
+    line = '{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[%s]}'
+    path = tmp_path / "dense.jsonl"
+    path.write_text("\n".join(line % ",".join("7" * 2000) for _ in range(3)))
+    from radixsched.native import core
+
+    if getattr(core(), "mooncake_lines", None) is None:
+        pytest.skip("no native core")
+    native = reader._native_columns(path)
+    assert native is not None
+    ids = np.concatenate([block for block, _rows in native[1]])
+    assert native[0].counts == [2000] * 3 and ids.tolist() == [7] * 6000

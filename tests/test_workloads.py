@@ -746,3 +746,17 @@ def test_a_memo_lends_prompts_to_loads_at_other_rates(
     os.utime(trace, ns=(0, 10**9))
     load_workload(spec, request_rate=3, seed=1, memo=memo)
     assert len(built) > n
+
+
+def test_the_load_s_positional_constructors_match_the_field_order() -> None:
+    # ``load_workload`` builds each Req, and ``traces._build_mooncake`` each draft, by
+    # position: a field moved in either class must fail here, not shift values silently.
+    import dataclasses
+
+    from radixsched.request import Req
+    from radixsched.sim.workloads.load import REQ_FIELDS
+    from radixsched.sim.workloads.tokens import DRAFT_FIELDS, _Draft
+
+    names = [f.name for f in dataclasses.fields(Req)]
+    assert tuple(names[: len(REQ_FIELDS)]) == REQ_FIELDS
+    assert tuple(f.name for f in dataclasses.fields(_Draft)) == DRAFT_FIELDS

@@ -172,7 +172,7 @@ def summarize(
         num_requests=a.num_requests,
         ttft_s=Stats.of(a.ttft()),
         tpot_s=Stats.of(a.tpot()),
-        itl_s=Stats.of(a.itl(), consume=True),
+        itl_s=a.itl_stats(),
         e2e_s=Stats.of(a.e2e()),
         queue_wait_s=Stats.of(a.queue_wait()),
         throughput=Throughput(

@@ -18,8 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.request import FinishReason, Req
+from radixsched.results.gapstats import gap_stats
 from radixsched.results.requests import HitRates, hit_rates_of, token_gaps
-from radixsched.results.stats import FloatArray
+from radixsched.results.stats import FloatArray, Stats
 
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 IntArray: TypeAlias = npt.NDArray[np.int64]
@@ -117,6 +118,11 @@ class RequestArrays:
 
     def itl(self) -> FloatArray:
         return token_gaps(self.token_times)
+
+    def itl_stats(self) -> Stats:
+        """``Stats.of(self.itl(), consume=True)``, bit for bit, without the array of every gap
+        where there are millions (``results.gapstats``)."""
+        return gap_stats(self.token_times)
 
     def completed_finishes(self) -> FloatArray:
         return self.finish[self.completed]

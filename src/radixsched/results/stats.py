@@ -116,23 +116,38 @@ def percentiles(
     """``np.percentile(arr, 100 * quantiles, overwrite_input=...)`` of a non-empty 1-D float64
     array, method "linear": between the order statistics around ``(n - 1) * q``, weighted by
     its fraction. ``overwrite_input``: ``arr`` may be reordered (no copy)."""
-    n = arr.size
+    virtual, lo, hi = ranks(arr.size, quantiles)
+    part = arr if overwrite_input else arr.copy()
+    part.partition(sorted(_kth(part, lo, hi)))
+    out = interpolate(virtual, lo, part[lo], part[hi])
+    if np.isnan(part[-1]):  # NaNs partition last: any NaN makes every percentile NaN
+        out[:] = part[-1]
+    return out
+
+
+def ranks(
+    n: int, quantiles: FloatArray
+) -> tuple[FloatArray, npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Where ``percentiles`` looks in n sorted values: each quantile's virtual index
+    ``(n - 1) * q`` and the order statistics' ranks below and above it (-1: the last)."""
     virtual = (n - 1) * quantiles
     lower = np.floor(virtual)
     upper = lower + 1
     top = virtual >= n - 1  # at or past the last value: the last value
     lower[top] = -1
     upper[top] = -1
-    lo, hi = lower.astype(np.intp), upper.astype(np.intp)
-    part = arr if overwrite_input else arr.copy()
-    part.partition(sorted(_kth(part, lo, hi)))
-    below, above = part[lo], part[hi]
+    return virtual, lower.astype(np.intp), upper.astype(np.intp)
+
+
+def interpolate(
+    virtual: FloatArray, lo: npt.NDArray[np.intp], below: FloatArray, above: FloatArray
+) -> FloatArray:
+    """numpy's "linear" percentiles from the order statistics at ``ranks``' ``lo``
+    (``below``) and ``hi`` (``above``)."""
     gamma = virtual - lo  # past the end, lo is -1 as in numpy: gamma >= 1 takes ``above``
     diff = above - below
     out = np.add(below, diff * gamma)
     np.subtract(above, diff * (1 - gamma), out=out, where=gamma >= 0.5)
-    if np.isnan(part[-1]):  # NaNs partition last: any NaN makes every percentile NaN
-        out[:] = part[-1]
     return out
 
 

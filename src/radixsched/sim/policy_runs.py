@@ -154,11 +154,18 @@ def run_policies(
         runs = dataclasses.replace(runs, optimal_hit_rate=opt)
     if jobs <= 1 or len(policies) <= 1 or not can_fork():
         last = len(policies) - 1
+        outcomes = []
         with shown:
-            return [
-                _run_here(runs, i, p, progress, left if i == last else None)
-                for i, p in enumerate(policies)
-            ]
+            for i, p in enumerate(policies):
+                # Inside a caller's frozen heap (the command's program freezes its workload,
+                # ``cli.simulate``) a run's own frozen heap collects nothing before it
+                # freezes (``sim.heap.frozen_heap``): the garbage of the run before (cycles
+                # that hold its trees and pools) is collected here, a pass over what is not
+                # frozen, instead of frozen for the command.
+                if i and gc.get_freeze_count():
+                    gc.collect()
+                outcomes.append(_run_here(runs, i, p, progress, left if i == last else None))
+        return outcomes
     return _run_forked(runs, policies, jobs, progress, shown)
 
 

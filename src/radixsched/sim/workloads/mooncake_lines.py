@@ -175,8 +175,8 @@ def _native_read(
 ) -> tuple[_MooncakeColumns, _IdBlocks] | None:
     cols = _MooncakeColumns([], [], [], [], [], [])
     parts: _IdBlocks = []
-    for first, block in _line_blocks(path):
-        part = _native_block(parse, block)
+    for first, block, rows in _line_blocks(path):
+        part = _native_block(parse, block, rows)
         if part is None:
             return None
         stamps, inputs, outputs, counts, ids = part
@@ -191,15 +191,18 @@ def _native_read(
     return cols, parts
 
 
-def _native_block(parse: Callable[..., int], block: bytes) -> tuple[npt.NDArray[Any], ...] | None:
-    """A block's stamps, input and output lengths, id counts and ids (``mooncake_lines``), or
-    None where the parser declines a line or a value is out of ``_add_columns``' and
-    ``_checked_ids``' ranges (the parser takes non-negative integers only)."""
-    rows = block.count(b"\n") + 1
+def _native_block(
+    parse: Callable[..., int], block: bytes, rows: int
+) -> tuple[npt.NDArray[Any], ...] | None:
+    """A block's (of ``rows`` lines) stamps, input and output lengths, id counts and ids
+    (``mooncake_lines``), or None where the parser declines a line or a value is out of
+    ``_add_columns``' and ``_checked_ids``' ranges (the parser takes non-negative integers
+    only)."""
     stamps = np.empty(rows, dtype=np.float64)
     inputs, outputs, counts = (np.empty(rows, dtype=np.int64) for _ in range(3))
-    bound = rows + block.count(b",")  # each id is its list's first or follows a comma
-    ids = np.empty(bound, dtype=np.int64)
+    # Each id takes two bytes at least (a digit, then a comma or the list's end): a bound
+    # without a pass over the block. Its pages are touched only as far as the ids go.
+    ids = np.empty(len(block) // 2 + 1, dtype=np.int64)
     n = parse(block, stamps, inputs, outputs, counts, ids)
     if n < 0:
         return None
@@ -224,7 +227,7 @@ def _mooncake_columns(path: Path, loads: Callable[[bytes], Any]) -> _MooncakeCol
     lines at a time, each block's fields checked column by column (any failure: the checked
     reader decides, so the order of the checks does not matter)."""
     cols = _MooncakeColumns([], [], [], [], [], [])
-    for first, block in _line_blocks(path):
+    for first, block, _rows in _line_blocks(path):
         if _has_bool(block):
             raise _Irregular
         lines = block.split(b"\n")
@@ -246,9 +249,10 @@ def _has_bool(block: bytes) -> bool:
     return (b"r" in block and b"true" in block) or (b"f" in block and b"false" in block)
 
 
-def _line_blocks(path: Path) -> Iterator[tuple[int, bytes]]:
-    """``(number of its first line, block)``: the file's bytes as blocks of whole lines (split
-    at ``\\n``, as ``_lines`` splits them), the last newline of each block left out."""
+def _line_blocks(path: Path) -> Iterator[tuple[int, bytes, int]]:
+    """``(number of its first line, block, its number of lines)``: the file's bytes as blocks
+    of whole lines (split at ``\\n``, as ``_lines`` splits them), the last newline of each
+    block left out."""
     with open_trace(path) as f:
         first, tail = 1, b""
         while data := f.read(_BLOCK_BYTES):
@@ -258,10 +262,11 @@ def _line_blocks(path: Path) -> Iterator[tuple[int, bytes]]:
                 tail = data
                 continue
             block, tail = data[:cut], data[cut + 1 :]
-            yield first, block
-            first += block.count(b"\n") + 1
+            rows = block.count(b"\n") + 1
+            yield first, block, rows
+            first += rows
         if tail:
-            yield first, tail
+            yield first, tail, tail.count(b"\n") + 1
 
 
 def _add_columns(cols: _MooncakeColumns, numbers: Sequence[int], objs: list[Any]) -> None:

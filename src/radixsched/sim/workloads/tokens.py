@@ -138,6 +138,12 @@ class _Draft:
     # already has that length (a buffer the prompt cache maps), else it allocates one
 
 
+# ``_Draft``'s fields, in order: ``traces._build_mooncake`` passes them positionally.
+DRAFT_FIELDS = (
+    "prompt", "output_len", "session", "offset_s", "timestamp_s", "scripted", "priority",
+    "routing_key", "tenant", "extra_key", "fill", "source", "length",
+)  # fmt: skip
+
 Builder = Callable[[dict[str, Any], int], list[_Draft]]
 
 

@@ -69,9 +69,12 @@ def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
         inputs = [r.input_length for r in records]
         ids = [r.hash_ids for r in records]
     columns = (stamps, outputs, inputs, ids)
+    # Positionally (keywords cost a third of a draft's construction), in ``DRAFT_FIELDS``'
+    # order: prompt, output_len, session, offset_s, timestamp_s, scripted, priority,
+    # routing_key, tenant, extra_key, fill, source (the hash ids, not the record: the drafts
+    # keep no object a line), length.
     return [
-        # (the hash ids, not the record: the drafts keep no object a line)
-        _Draft(_NO_TOKENS, o, i, timestamp_s=(ts - t0) / 1e3, fill=fill, source=h, length=n)
+        _Draft(_NO_TOKENS, o, i, 0.0, (ts - t0) / 1e3, None, None, None, None, None, fill, h, n)
         for i, (ts, o, n, h) in enumerate(zip(*columns, strict=True))
     ]
 

@@ -1,0 +1,113 @@
+"""``results.gapstats``: the inter-token gaps' ``Stats`` made a batch at a time, against the array
+of every gap (``Stats.of(token_gaps(...), consume=True)``), bit for bit."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from radixsched.results import gapstats
+from radixsched.results.gapstats import _leaves, _tree_sum, gap_stats
+from radixsched.results.requests import token_gaps
+from radixsched.results.stats import Stats
+
+
+def _bits(s: Stats) -> list[bytes]:
+    """Each field's float64 bits, NaN as one pattern (its payload never reaches the results)."""
+    return [
+        b"nan" if isinstance(v, float) and math.isnan(v) else np.float64(v).tobytes() for v in s
+    ]
+
+
+def _times(seed: int, count: int = 1500, quantum: float = 1e-4) -> list[list[float]]:
+    """Token times of ``count`` requests, on a grid of ``quantum`` (repeated gaps: ties at the
+    ranks), 1 to 300 tokens each: about 220k gaps, several leaves and batches. Each request
+    starts after the one before ends, so a gap made across two of them would be positive too
+    (and not one of theirs)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    end = 0.0
+    for n in rng.integers(1, 300, count).tolist():
+        steps = np.round(rng.exponential(0.004, n) / quantum) * quantum + quantum
+        out.append((end + rng.random() + np.cumsum(steps)).tolist())
+        end = out[-1][-1]
+    return out
+
+
+def _packed(times: list[list[float]]) -> list[array[float]]:
+    return [array("d", t) for t in times]
+
+
+@pytest.fixture(autouse=True)
+def _small(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gapstats, "STREAM_MIN_GAPS", 1)
+    monkeypatch.setattr(gapstats, "_BATCH_GAPS", 1 << 16)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_streamed_stats_are_the_array_s(seed: int, packed: bool) -> None:
+    times = _times(seed)
+    seqs = _packed(times) if packed else times
+    want = Stats.of(token_gaps(seqs), consume=True)
+    assert want.n > 3 * (1 << 16)
+    assert _bits(gap_stats(seqs)) == _bits(want)
+
+
+def test_arrays_with_lists_among_them_are_the_array_s() -> None:
+    # A deferred run's requests that finished after its last compaction hold lists.
+    times = _times(5)
+    seqs: list[Sequence[float]] = [
+        *_packed(times[:1000]),
+        *times[1000:1100],
+        *_packed(times[1100:]),
+    ]
+    want = Stats.of(token_gaps(seqs), consume=True)
+    assert _bits(gap_stats(seqs)) == _bits(want)
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [math.nan, math.inf, -1e-3, -10.0, -0.0, 0.0],
+    ids=["nan", "inf", "neg", "neg-large", "-0", "+0"],
+)
+def test_a_gap_below_zero_or_not_finite_is_the_array_s(odd: float) -> None:
+    times = _times(3, count=800)
+    if odd == 0.0:  # +0.0 (a time repeated), or -0.0 (a time of -0.0 after one of 0.0)
+        times[400][:2] = [0.0, math.copysign(0.0, odd)]
+    else:
+        times[400][5] = times[400][4] + odd
+    for seqs in (times, _packed(times)):
+        with np.errstate(invalid="ignore"):
+            want = Stats.of(token_gaps(seqs), consume=True)
+            assert _bits(gap_stats(seqs)) == _bits(want)
+
+
+def test_a_short_sample_is_summed_in_one_array(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gapstats, "STREAM_MIN_GAPS", 1 << 22)
+
+    def refused(*args: object) -> None:
+        raise AssertionError("streamed")
+
+    monkeypatch.setattr(gapstats, "_first_pass", refused)
+    times = _times(4, count=50)
+    assert _bits(gap_stats(times)) == _bits(Stats.of(token_gaps(times), consume=True))
+
+
+def test_no_gaps_at_all() -> None:
+    assert gap_stats([[1.0], [], [2.0]]) == Stats.of([])
+
+
+@pytest.mark.parametrize("n", [1, 65536, 65537, 200_003, 1 << 18])
+def test_the_leaves_sums_combine_as_numpy_s_pairwise_sum(n: int) -> None:
+    values = np.random.default_rng(n).standard_normal(n) * 1e3
+    sizes = _leaves(n)
+    assert sum(sizes) == n and max(sizes) <= 65536
+    bounds = np.cumsum([0, *sizes])
+    sums = iter(float(np.add.reduce(values[a:b])) for a, b in itertools.pairwise(bounds))
+    assert np.float64(_tree_sum(n, sums)).tobytes() == np.add.reduce(values).tobytes()
