@@ -86,6 +86,7 @@ TESTS = (
     "tests/test_preflight.py",
     "tests/test_prompt_cache.py",
     "tests/test_native_loop.py",
+    "tests/test_native_vclock.py",
     "tests/test_native_key_views.py",
     "tests/test_order_stats.py",
     "tests/test_reqarrays.py",
@@ -2145,6 +2146,24 @@ MUTANTS = (
         "sim/workloads/mooncake_lines.py",
         "    if not (inputs.min() > 0 and inputs.max() <= MAX_PROMPT_TOKENS and outputs.min() > 0):",
         "    if not (inputs.min() > 0 and outputs.min() > 0):",
+    ),
+    Mutant(
+        "vclock-reads-past-a-replaced-method",
+        "_native/vclock.hpp",
+        "    return Py_TYPE(clock) == k.type && _PyType_Lookup(k.type, name) == fn;",
+        "    return Py_TYPE(clock) == k.type;",
+    ),
+    Mutant(
+        "vclock-reads-past-any-bound-now",
+        "_native/vclock.hpp",
+        "    if (PyMethod_Check(bound.ptr()) && PyMethod_GET_FUNCTION(bound.ptr()) == k.now &&",
+        "    if (PyMethod_Check(bound.ptr()) &&",
+    ),
+    Mutant(
+        "vclock-never-jumps-forward",
+        "_native/vclock.hpp",
+        "PyObject_RichCompareBool(t.ptr(), cur.ptr(), Py_GT);",
+        "PyObject_RichCompareBool(t.ptr(), cur.ptr(), Py_LT);",
     ),
 )
 
