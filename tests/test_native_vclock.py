@@ -60,3 +60,59 @@ def test_replaced_clock_methods_are_called_and_give_the_same_run(
     assert calls["now"] > len(plain.series) and calls["jump_to"] > 8
     assert VirtualClock.now is now and VirtualClock.jump_to is jump_to  # (restored)
     _same(_run(chunked), plain)  # and the in-place reads give the calls' run again
+
+
+class _Steps:
+    """A scheduler with `n` waiting requests whose steps each serve one and move `clock` by 1."""
+
+    def __init__(self, clock: VirtualClock, n: int) -> None:
+        self.clock, self.waiting, self.running = clock, list(range(n)), []
+        self.chunked_req = None
+        self.cached_prompt_tokens = self.prompt_tokens = 0
+
+    def step(self, horizon: float | None) -> Any:
+        self.waiting.pop()
+        self.clock.advance(1.0)
+        return _Finished()
+
+
+class _Finished:
+    def __init__(self) -> None:
+        self.finished: list[int] = []
+
+
+def _steps_until(clock: VirtualClock, n: int, ta: float) -> list[float]:
+    """``_core.steps_until`` over `n` one-step requests with `clock.now` bound: the sampled
+    starts."""
+    from array import array
+
+    lib = core()
+    assert lib is not None
+    s, rows = _Steps(clock, n), array("d")
+    lib.steps_until(
+        s.step, clock.now, s, s.waiting, s.running, lambda: 10, lambda: 0, 10, s, rows, ta,
+        ta, None, 0, n,
+    )  # fmt: skip
+    return rows.tolist()[::6]
+
+
+class _OwnNow(VirtualClock):
+    def now(self) -> float:
+        return super().now() + 0.5
+
+
+def test_the_loop_reads_a_virtual_clock_and_calls_any_other_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _steps_until(VirtualClock(2.0), 5, 5.0) == [2.0, 3.0, 4.0]  # read in place
+    assert _steps_until(_OwnNow(2.0), 5, 5.0) == [2.5, 3.5, 4.5]  # a subclass's own now
+    calls: list[float] = []
+    now = VirtualClock.now
+
+    def counted(self: VirtualClock) -> float:
+        calls.append(now(self))
+        return now(self)
+
+    monkeypatch.setattr(VirtualClock, "now", counted)
+    assert _steps_until(VirtualClock(2.0), 5, 5.0) == [2.0, 3.0, 4.0]
+    assert calls == [2.0, 3.0, 4.0, 5.0]  # each step's start, and the one at the arrival
