@@ -66,7 +66,8 @@ class _Steps:
     """A scheduler with `n` waiting requests whose steps each serve one and move `clock` by 1."""
 
     def __init__(self, clock: VirtualClock, n: int) -> None:
-        self.clock, self.waiting, self.running = clock, list(range(n)), []
+        self.clock, self.waiting = clock, list(range(n))
+        self.running: list[int] = []
         self.chunked_req = None
         self.cached_prompt_tokens = self.prompt_tokens = 0
 
