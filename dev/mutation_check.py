@@ -86,6 +86,7 @@ TESTS = (
     "tests/test_preflight.py",
     "tests/test_prompt_cache.py",
     "tests/test_native_loop.py",
+    "tests/test_native_vclock.py",
     "tests/test_native_key_views.py",
     "tests/test_order_stats.py",
     "tests/test_reqarrays.py",
@@ -2374,6 +2375,24 @@ MUTANTS = (
         "sim/deploy/open_loop.py",
         "    steps(math.inf, None, done)  # the last arrival's steps: until the replica is idle\n",
         "",
+    ),
+    Mutant(
+        "vclock-reads-past-a-replaced-method",
+        "_native/vclock.hpp",
+        "    return Py_TYPE(clock) == k.type && _PyType_Lookup(k.type, name) == fn;",
+        "    return Py_TYPE(clock) == k.type;",
+    ),
+    Mutant(
+        "vclock-reads-past-any-bound-now",
+        "_native/vclock.hpp",
+        "    if (PyMethod_Check(bound.ptr()) && PyMethod_GET_FUNCTION(bound.ptr()) == k.now &&",
+        "    if (PyMethod_Check(bound.ptr()) &&",
+    ),
+    Mutant(
+        "vclock-never-jumps-forward",
+        "_native/vclock.hpp",
+        "PyObject_RichCompareBool(t.ptr(), cur.ptr(), Py_GT);",
+        "PyObject_RichCompareBool(t.ptr(), cur.ptr(), Py_LT);",
     ),
 )
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "py_attr.hpp"
+#include "vclock.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -106,11 +107,11 @@ void sample(Samples& rows, nb::handle start, nb::handle sched, nb::handle waitin
     rows.add(as_double(get(stats, n.prompt_tokens)));
 }
 
-// Steps `sched` (its bound `step`, the clock's bound `now`) while it has work (waiting or
-// running requests, or a chunked one) and its clock reads before `ta`, each step with
-// `horizon` and sampled into `rows`; after a step that finished requests, `done` grows by
-// their count and `on_progress(done, total)` is told (when given). Returns (whether a step
-// came back None: the caller raises, done).
+// Steps `sched` (its bound `step`, the clock's bound `now`: a VirtualClock's read in place,
+// vclock.hpp) while it has work (waiting or running requests, or a chunked one) and its
+// clock reads before `ta`, each step with `horizon` and sampled into `rows`; after a step
+// that finished requests, `done` grows by their count and `on_progress(done, total)` is told
+// (when given). Returns (whether a step came back None: the caller raises, done).
 nb::tuple steps_until(nb::handle step, nb::handle now, nb::handle sched, nb::handle waiting,
                       nb::handle running, nb::handle free, nb::handle evictable, nb::handle cap,
                       nb::handle stats, nb::handle rows, nb::handle ta, nb::handle horizon,
@@ -119,7 +120,7 @@ nb::tuple steps_until(nb::handle step, nb::handle now, nb::handle sched, nb::han
     Samples samples(rows);
     bool stuck = false;
     while (truth(waiting) || truth(running) || !get(sched, n.chunked_req).is_none()) {
-        nb::object start = checked(PyObject_CallNoArgs(now.ptr()));
+        nb::object start = vclock::call_bound_now(now);
         const int before = PyObject_RichCompareBool(start.ptr(), ta.ptr(), Py_LT);
         if (before < 0) throw nb::python_error();
         if (!before) break;

@@ -21,6 +21,7 @@
 #include "py_attr.hpp"
 #include "round.hpp"
 #include "stepcost.hpp"
+#include "vclock.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -39,9 +40,9 @@ struct Names {
     PyObject *req, *prefix_len, *new_token_ids, *produces_token, *host_load_len, *sampling,
         *stop_token_ids, *scripted_output, *rid, *max_new_tokens, *output_ids, *times,
         *token_times, *first_token, *computed_prefill_tokens, *kv_len, *stats, *chunked_req,
-        *processed_tokens, *clock, *jump_to, *finish_prefill, *busy_s, *running_x_s,
+        *processed_tokens, *clock, *finish_prefill, *busy_s, *running_x_s,
         *peak_kv_usage, *prefill_steps, *prefill_tokens_computed, *extend_end, *prompt_ids,
-        *now, *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
+        *host_hit_len, *extend_len, *times_first_scheduled, *cached_tokens,
         *host_cached_tokens, *cached_prompt_tokens, *host_cached_prompt_tokens, *prompt_tokens,
         *ignore_eos, *batch_is_full, *note_tried, *take, *native_step;
 };
@@ -54,10 +55,10 @@ const Names& names() {
                      i("scripted_output"), i("rid"), i("max_new_tokens"), i("output_ids"),
                      i("times"), i("token_times"), i("first_token"),
                      i("computed_prefill_tokens"), i("kv_len"), i("stats"), i("chunked_req"),
-                     i("processed_tokens"), i("clock"), i("jump_to"), i("_finish_prefill"),
+                     i("processed_tokens"), i("clock"), i("_finish_prefill"),
                      i("busy_s"), i("running_x_s"), i("peak_kv_usage"), i("prefill_steps"),
                      i("prefill_tokens_computed"), i("extend_end"), i("prompt_ids"),
-                     i("now"), i("host_hit_len"), i("extend_len"), i("first_scheduled"),
+                     i("host_hit_len"), i("extend_len"), i("first_scheduled"),
                      i("cached_tokens"), i("host_cached_tokens"), i("cached_prompt_tokens"),
                      i("host_cached_prompt_tokens"), i("prompt_tokens"), i("ignore_eos"),
                      i("batch_is_full"), i("note_tried"), i("take"), i("_native_step")};
@@ -482,18 +483,14 @@ private:
         const nb::object stats = get(sched, n.stats);
         account(stats, size, d);
         nb::object now = nb::float_(t0 + d);  // VirtualClock.advance(d): _t + d
-        get(get(sched, n.clock), n.jump_to)(now);
+        vclock::jump_to(get(sched, n.clock), now);
         add_int(stats, n.prefill_steps, 1);  // _count_tokens (nothing loaded back)
         add_int(sched, n.processed_tokens, shape.tokens);
         add_int(stats, n.prefill_tokens_computed, shape.tokens);
         return {d, std::move(now)};
     }
 
-    static nb::object call_now(nb::handle clock) {  // clock.now()
-        PyObject* v = PyObject_CallMethodNoArgs(clock.ptr(), names().now);
-        if (v == nullptr) throw nb::python_error();
-        return nb::steal(v);
-    }
+    static nb::object call_now(nb::handle clock) { return vclock::now(clock); }  // clock.now()
 
     static bool less(nb::handle a, nb::handle b) {  // a < b, as Python compares them
         const int lt = PyObject_RichCompareBool(a.ptr(), b.ptr(), Py_LT);
