@@ -78,6 +78,8 @@ TESTS = (
     "tests/test_native_radix_slots.py",
     "tests/test_native_kv_rows.py",
     "tests/test_native_evict_free.py",
+    "tests/test_native_leaf_index.py",
+    "tests/test_allocator.py",
     "tests/test_deferred_prompts.py",
     "tests/test_run_inputs.py",
     "tests/test_cli_start.py",

@@ -105,3 +105,16 @@ def test_a_node_with_an_id_past_the_tree_s_is_refused_as_a_leaf() -> None:
         small.tree.leaf_set(node, True)
     assert small.num_evictable_leaves() == 0
     small.check_integrity()
+
+
+def test_a_reset_clears_the_leaf_index() -> None:
+    _, (cache, alloc) = _trees()
+    old = [_put(cache, alloc, [t, t + 1, t + 2]) for t in range(4)]
+    cache.reset()
+    assert cache.num_evictable_leaves() == 0
+    assert not any(cache.tree.leaf_member(n) for n in old)
+    cache.check_integrity()
+    _put(cache, alloc, [9, 9])
+    assert cache.num_evictable_leaves() == 1
+    cache.check_integrity()
+    alloc.check_integrity(cache_slots=cache.all_values())
