@@ -293,8 +293,39 @@ def test_packed_times_are_each_lists_floats(monkeypatch: pytest.MonkeyPatch) -> 
     assert deferred.packed_times([]) == []
     mixed = [[0.5, 1.5], [2, 3.5]]  # an int: the native copy declines, each converts
     assert _times_bits(deferred.packed_times(mixed)) == _times_bits([array("d", s) for s in mixed])
+    assert _times_bits(deferred.packed_times(tuple(seqs))) == _times_bits(want)  # any sequence
+    rows = [tuple(s) for s in seqs]  # not lists: the native packing declines, each converts
+    assert _times_bits(deferred.packed_times(rows)) == _times_bits(want)
+    mod = deferred.core()
+    if mod is not None:  # a core built before ``pack_times``: joined natively, then cut
+        older = ModuleType("older_core")
+        older.join_floats = mod.join_floats  # type: ignore[attr-defined]
+        monkeypatch.setattr(deferred, "core", lambda: older)
+        assert _times_bits(deferred.packed_times(seqs)) == _times_bits(want)
+        assert _times_bits(deferred.packed_times(mixed)) == _times_bits(
+            [array("d", s) for s in mixed]
+        )
     monkeypatch.setattr(deferred, "core", lambda: None)
     assert _times_bits(deferred.packed_times(seqs)) == _times_bits(want)
+
+
+def test_native_pack_times_makes_fresh_arrays_of_the_floats() -> None:
+    from array import array
+
+    mod = deferred.core()
+    if mod is None:
+        pytest.skip("no native core")
+    seqs = [[1.5, 2.5], [], [0.25]]
+    a, b, c = mod.pack_times(seqs, deferred._ONE_FLOAT)
+    assert [list(x) for x in (a, b, c)] == seqs and all(type(x) is array for x in (a, b, c))
+    a[0] = 9.0  # each its own buffer: the prototype and the others unchanged
+    assert list(deferred._ONE_FLOAT) == [0.0] and list(c) == [0.25]
+    assert mod.pack_times([[1.0], [2.0, 3]], deferred._ONE_FLOAT) is None  # an int
+    assert mod.pack_times([[1.0], (2.0,)], deferred._ONE_FLOAT) is None  # a tuple
+    with pytest.raises(ValueError, match="one float64"):
+        mod.pack_times(seqs, array("d", [0.0, 0.0]))
+    with pytest.raises(ValueError, match="a list"):
+        mod.pack_times(tuple(seqs), deferred._ONE_FLOAT)
 
 
 def test_a_build_copy_carries_what_a_build_reads(defer_all: None) -> None:

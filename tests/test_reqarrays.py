@@ -4,6 +4,7 @@ replace: every sample, total and median the same float, bit for bit, on every ki
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from array import array
 
@@ -12,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixsched.native import core as native_core
 from radixsched.request import FinishReason, FinishState, Req
+from radixsched.results import reqarrays
 from radixsched.results import requests as requests_module
 from radixsched.results.metrics import summarize
 from radixsched.results.reqarrays import RequestArrays
@@ -257,3 +260,96 @@ def test_token_gaps_join_packed_arrays_as_bytes_and_others_by_value() -> None:
     assert token_gaps([array("d", tt) for tt in lists]).tobytes() == want
     singles = [array("f", [0.5, 2.0, 3.25]), array("d", [1.0, 1.5])]
     assert token_gaps(singles).tolist() == [1.5, 1.25, 0.5]
+
+
+def _same_columns(a: RequestArrays, b: RequestArrays) -> bool:
+    """Every column the same dtype and bytes, and the same token time objects in order."""
+    for f in dataclasses.fields(RequestArrays):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            if not (x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()):
+                return False
+        elif f.name == "token_times":
+            if len(x) != len(y) or any(p is not q for p, q in zip(x, y, strict=True)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _native_of(reqs: list[Req]) -> RequestArrays:
+    if getattr(native_core(), "request_columns", None) is None:
+        pytest.skip("no native core with request_columns")
+    got = reqarrays._native_of(reqs)
+    assert got is not None
+    return got
+
+
+def test_native_columns_are_the_field_by_field_columns() -> None:
+    reqs = every_kind()
+    ended_untimed = _req("ended-untimed", 0.9, 1.0, [1.2], None, FinishReason.LENGTH)
+    reqs.append(ended_untimed)  # finished, no finish time: not completed, its times not read
+    got = _native_of(reqs)
+    assert _same_columns(got, RequestArrays._of(reqs))
+    assert got.num_tenants == 2 and len(got.token_times) == 4
+    assert _same_columns(_native_of([]), RequestArrays._of([]))
+    assert _same_columns(RequestArrays.of(reqs), got)
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs())
+def test_native_columns_of_random_runs(reqs: list[Req]) -> None:
+    assert _same_columns(_native_of(reqs), RequestArrays._of(reqs))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("first_scheduled", 1),  # an int time: numpy converts it
+        ("finish", np.float64(2.0)),  # a float subclass
+        ("arrival", None),  # no arrival: the field-by-field read raises
+        ("cached_tokens", True),  # a bool counter
+        ("computed_prefill_tokens", 1 << 70),  # past int64: numpy raises
+        ("host_cached_tokens", 2.0),  # a float counter
+    ],
+)
+def test_native_columns_decline_what_numpy_converts(field: str, value: object) -> None:
+    reqs = every_kind()
+    _native_of(reqs)  # (skips without the core)
+    r = reqs[1]
+    setattr(r.times if hasattr(r.times, field) else r, field, value)
+    assert reqarrays._native_of(reqs) is None
+    try:
+        want = RequestArrays._of(reqs)
+    except (TypeError, OverflowError):
+        with pytest.raises((TypeError, OverflowError)):
+            RequestArrays.of(reqs)
+        return
+    assert _same_columns(RequestArrays.of(reqs), want)
+
+
+def test_native_columns_read_any_sequence_once_and_count_it() -> None:
+    reqs = every_kind()
+    _native_of(reqs)
+    mod = native_core()
+    assert mod is not None
+    arrays = (np.empty((4, 9)), np.empty((3, 9), dtype=np.bool_), np.empty(9, dtype=np.int8))
+    with pytest.raises(ValueError, match="more requests"):
+        mod.request_columns(
+            reqs + reqs[:2], FinishReason.ABORT, *arrays, np.empty((5, 9), dtype=np.int64)
+        )
+    with pytest.raises(ValueError, match="fewer requests"):
+        mod.request_columns(reqs[:7], FinishReason.ABORT, *arrays, np.empty((5, 9), dtype=np.int64))
+    with pytest.raises(ValueError, match="rows"):
+        mod.request_columns(reqs, FinishReason.ABORT, *arrays, np.empty((4, 9), dtype=np.int64))
+    assert _same_columns(_native_of(tuple(reqs)), RequestArrays._of(reqs))  # type: ignore[arg-type]
+
+
+def test_without_the_core_the_columns_are_read_field_by_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reqs = every_kind()
+    want = RequestArrays._of(reqs)
+    monkeypatch.setattr(reqarrays, "core", lambda: None)
+    assert reqarrays._native_of(reqs) is None
+    assert _same_columns(RequestArrays.of(reqs), want)

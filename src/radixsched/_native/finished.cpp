@@ -1,0 +1,187 @@
+// See finished.hpp.
+#include "finished.hpp"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "py_attr.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace radixsched {
+namespace {
+
+// A buffer held for the scope (released however the scope ends).
+class Buffer {
+public:
+    Buffer(PyObject* o, int flags) {
+        if (PyObject_GetBuffer(o, &view_, flags) != 0) throw nb::python_error();
+    }
+    ~Buffer() { PyBuffer_Release(&view_); }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    const Py_buffer& view() const { return view_; }
+
+private:
+    Py_buffer view_{};
+};
+
+nb::object pack_times(nb::handle seqs, nb::handle proto) {
+    if (!PyList_CheckExact(seqs.ptr())) throw std::invalid_argument("pack_times: seqs, a list");
+    {
+        const Buffer one(proto.ptr(), PyBUF_SIMPLE);
+        if (one.view().len != static_cast<Py_ssize_t>(sizeof(double)))
+            throw std::invalid_argument("pack_times: proto, one float64");
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(seqs.ptr());
+    nb::list out = nb::steal<nb::list>(PyList_New(n));
+    if (!out.is_valid()) throw nb::python_error();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* seq = PyList_GET_ITEM(seqs.ptr(), i);
+        if (!PyList_CheckExact(seq)) return nb::none();
+        const Py_ssize_t k = PyList_GET_SIZE(seq);
+        PyObject* packed = PySequence_Repeat(proto.ptr(), k);  // k zeros, one allocation
+        if (packed == nullptr) throw nb::python_error();
+        PyList_SET_ITEM(out.ptr(), i, packed);  // owned by `out` from here
+        const Buffer buf(packed, PyBUF_WRITABLE);
+        if (buf.view().len != k * static_cast<Py_ssize_t>(sizeof(double)))
+            throw std::invalid_argument("pack_times: proto * k, k float64");
+        auto* dst = static_cast<double*>(buf.view().buf);
+        for (Py_ssize_t j = 0; j < k; ++j) {
+            PyObject* v = PyList_GET_ITEM(seq, j);
+            if (!PyFloat_CheckExact(v)) return nb::none();
+            dst[j] = PyFloat_AS_DOUBLE(v);
+        }
+    }
+    return std::move(out);
+}
+
+// The attribute names read here, interned once (held for the process's life).
+struct Names {
+    PyObject* times;
+    PyObject* arrival;
+    PyObject* first_scheduled;
+    PyObject* first_token;
+    PyObject* finish;
+    PyObject* reason;
+    PyObject* prompt_ids;
+    PyObject* output_ids;
+    PyObject* cached_tokens;
+    PyObject* host_cached_tokens;
+    PyObject* computed_prefill_tokens;
+    PyObject* tenant_key;
+    PyObject* token_times;
+};
+
+PyObject* intern(const char* s) { return PyUnicode_InternFromString(s); }
+
+const Names& names() {
+    static const Names n{intern("times"),          intern("arrival"),
+                         intern("first_scheduled"), intern("first_token"),
+                         intern("finish"),          intern("reason"),
+                         intern("prompt_ids"),      intern("output_ids"),
+                         intern("cached_tokens"),   intern("host_cached_tokens"),
+                         intern("computed_prefill_tokens"), intern("tenant_key"),
+                         intern("token_times")};
+    return n;
+}
+
+// A time as RequestArrays.of reads it: its double, or NaN for None (`present` false); false
+// where it is neither a float nor None.
+bool read_time(nb::handle v, double& out, bool& present) {
+    if (v.is_none()) {
+        out = std::numeric_limits<double>::quiet_NaN();
+        present = false;
+        return true;
+    }
+    if (!PyFloat_CheckExact(v.ptr())) return false;
+    out = PyFloat_AS_DOUBLE(v.ptr());
+    present = true;
+    return true;
+}
+
+// An exact int in int64's range.
+bool read_int(nb::handle v, int64_t& out) {
+    if (!PyLong_CheckExact(v.ptr())) return false;
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0) return false;
+    if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+    out = x;
+    return true;
+}
+
+constexpr int8_t kRunning = 0, kEnded = 1, kAborted = 2;  // reqarrays.py's codes
+
+using F64s = nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Bools = nb::ndarray<bool, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using I8s = nb::ndarray<int8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I64s = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Rows of `times` (4 x n): arrival, first_scheduled, first_token, finish; of `present`
+// (3 x n): the last three's masks; `code`: each request's finish; rows of `ints` (5 x n):
+// prompt and output lengths, cached, host-cached and computed tokens. Returns (distinct
+// tenant keys, the token times of the requests completed in order) or None (see the header).
+nb::object request_columns(nb::handle reqs, nb::handle abort, F64s times, Bools present,
+                           I8s code, I64s ints) {
+    const size_t n = code.shape(0);
+    if (times.shape(0) != 4 || present.shape(0) != 3 || ints.shape(0) != 5 ||
+        times.shape(1) != n || present.shape(1) != n || ints.shape(1) != n)
+        throw std::invalid_argument("request_columns: 4, 3 and 5 rows of one entry a request");
+    const Names& k = names();
+    double* t = times.data();
+    bool* p = present.data();
+    int64_t* c = ints.data();
+    nb::object tenants = nb::steal(PySet_New(nullptr));
+    nb::list completed;
+    if (!tenants.is_valid()) throw nb::python_error();
+    size_t i = 0;
+    for (nb::handle r : reqs) {
+        if (i == n) throw std::invalid_argument("request_columns: more requests than entries");
+        const nb::object tm = py::get(r, k.times);
+        bool arrived = false;
+        if (!read_time(py::get(tm, k.arrival), t[i], arrived) || !arrived) return nb::none();
+        if (!read_time(py::get(tm, k.first_scheduled), t[n + i], p[i]) ||
+            !read_time(py::get(tm, k.first_token), t[2 * n + i], p[n + i]) ||
+            !read_time(py::get(tm, k.finish), t[3 * n + i], p[2 * n + i]))
+            return nb::none();
+        const nb::object fin = py::get(r, k.finish);
+        const int8_t how = fin.is_none()                                 ? kRunning
+                           : py::get(fin, k.reason).ptr() == abort.ptr() ? kAborted
+                                                                         : kEnded;
+        code.data()[i] = how;
+        c[i] = py::len_of(py::get(r, k.prompt_ids));
+        c[n + i] = py::len_of(py::get(r, k.output_ids));
+        if (!read_int(py::get(r, k.cached_tokens), c[2 * n + i]) ||
+            !read_int(py::get(r, k.host_cached_tokens), c[3 * n + i]) ||
+            !read_int(py::get(r, k.computed_prefill_tokens), c[4 * n + i]))
+            return nb::none();
+        if (PySet_Add(tenants.ptr(), py::get(r, k.tenant_key).ptr()) != 0)
+            throw nb::python_error();
+        if (how == kEnded && p[2 * n + i]) completed.append(py::get(tm, k.token_times));
+        ++i;
+    }
+    if (i != n) throw std::invalid_argument("request_columns: fewer requests than entries");
+    return nb::make_tuple(PySet_GET_SIZE(tenants.ptr()), completed);
+}
+
+}  // namespace
+
+void bind_finished(nb::module_& m) {
+    m.def("pack_times", &pack_times, "seqs"_a, "proto"_a,
+          "each float list of `seqs` as an array('d') (`proto * len`, written in place); "
+          "None where one is not exactly a list of floats (finished.hpp)");
+    m.def("request_columns", &request_columns, "reqs"_a, "abort"_a, "times"_a.noconvert(),
+          "present"_a.noconvert(), "code"_a.noconvert(), "ints"_a.noconvert(),
+          "RequestArrays.of's columns in one pass: (tenants, completed token times), or None "
+          "where a value is not as it takes them (finished.hpp)");
+}
+
+}  // namespace radixsched
