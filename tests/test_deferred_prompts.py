@@ -396,3 +396,110 @@ def test_a_builder_ends_when_its_requests_are_freed(
     gc.collect()
     builder.thread.join(timeout=10)
     assert not builder.thread.is_alive()
+
+
+def _slots_of(r: Any) -> list[tuple[str, Any]]:
+    """Every slot of a request and of its times, as the summary and the scheduler read them: a
+    prompt by its length, strides and flags (a stand-in), any other array by identity."""
+    from radixsched.request import Req, ReqTimes
+
+    out: list[tuple[str, Any]] = []
+    for name in Req.__slots__:
+        v = getattr(r, name)
+        if name == "times":
+            out += [(f"times.{t}", getattr(v, t)) for t in ReqTimes.__slots__]
+        elif name == "prompt_ids":
+            out.append((name, (len(v), v.strides, v.dtype, v.flags.writeable)))
+        elif isinstance(v, np.ndarray):
+            out.append((name, id(v)))
+        else:
+            out.append((name, (type(v), v)))
+    return out
+
+
+def _load_parts(spec: str) -> tuple[list[Any], list[int], list[float]]:
+    from radixsched.sim.workloads import load as load_module
+    from radixsched.sim.workloads.spec import parse_workload_spec
+
+    kind, params = parse_workload_spec(spec)
+    drafts = kind.build(params, 0)
+    arrival, _ = load_module._arrival_times(drafts, None, None, 0)
+    return drafts, np.argsort(arrival, kind="stable").tolist(), arrival.tolist()
+
+
+def test_cloned_requests_are_the_constructed_ones(defer_all: None) -> None:
+    from radixsched.sim.workloads import load as load_module
+
+    if getattr(deferred.core(), "clone_like", None) is None:
+        pytest.skip("no native core with clone_like")
+    drafts, kept, times = _load_parts(SPEC)
+    kept = kept[3:] + kept[:3]  # any order of the kept drafts
+    made = load_module._constructed("mooncake", drafts, kept, times, True)
+    cloned = load_module._cloned("mooncake", drafts, kept, times)
+    assert cloned is not None and len(cloned) == len(made) == len(drafts)
+    for a, b in zip(made, cloned, strict=True):
+        assert _slots_of(a) == _slots_of(b)
+        assert b.times.arrival is b.arrival_time is b.queue_entry_time
+    fresh = [id(x) for r in cloned for x in (r.output_ids, r.times, r.times.token_times)]
+    assert len(set(fresh)) == 3 * len(cloned)  # each request's own lists and times
+    cloned[0].output_ids.append(1)
+    assert cloned[1].output_ids == [] and load_module._cloned("m", drafts, [], times) is None
+    took: list[object] = []
+    real = load_module._cloned
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load_module, "_cloned", lambda *a: took.append(real(*a)) or took[-1])
+        lazy = load_workload(SPEC, defer_prompts=True)  # a load takes them
+    assert len(took) == 1 and took[0] is lazy.requests
+    made = made[-3:] + made[:-3]  # (arrival order)
+    assert [_slots_of(r) for r in lazy.requests] == [_slots_of(r) for r in made]
+
+
+def test_requests_are_constructed_where_cloning_would_differ(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixsched.sim.workloads import load as load_module
+
+    if getattr(deferred.core(), "clone_like", None) is None:
+        pytest.skip("no native core with clone_like")
+    drafts, kept, times = _load_parts(SPEC)
+    assert load_module._cloned("mooncake", drafts, kept, times) is not None
+    drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], tenant="t")  # another field set
+    assert load_module._cloned("mooncake", drafts, kept, times) is None
+    drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], tenant=None, length=0)  # empty
+    assert load_module._cloned("mooncake", drafts, kept, times) is None
+    drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], length=7)
+    assert load_module._cloned("mooncake", drafts, kept, times) is not None
+    # A constructor that filled another slot per request (here: the rid's), or the times'
+    monkeypatch.setattr(load_module, "_PER_REQUEST", load_module._PER_REQUEST - {"rid"})
+    assert load_module._clone_template("m") is None
+    assert load_module._cloned("mooncake", drafts, kept, times) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(load_module, "_PER_TIMES", {"arrival"})
+    assert load_module._clone_template("m") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(load_module, "core", lambda: None)
+    assert load_module._cloned("mooncake", drafts, kept, times) is None
+
+
+def test_native_clone_like_copies_slots_and_declines_others() -> None:
+    from radixsched.request import ReqTimes
+
+    mod = deferred.core()
+    if getattr(mod, "clone_like", None) is None:
+        pytest.skip("no native core with clone_like")
+    like = ReqTimes(arrival=1.0, first_token=2.0)
+    a, b = mod.clone_like(like, {"arrival": [3.0, 4.0]}, ("token_times",))
+    assert (a.arrival, b.arrival, a.first_token, b.first_token) == (3.0, 4.0, 2.0, 2.0)
+    assert a.token_times == [] and a.token_times is not b.token_times
+    assert a.token_times is not like.token_times and type(a) is ReqTimes
+    assert mod.clone_like(like, {"arrival": [1.0], "finish": [2.0]}, ())[0].finish == 2.0
+    assert mod.clone_like(like, {"nope": [1.0]}, ()) is None  # not a slot
+    assert mod.clone_like(like, {"arrival": (1.0,)}, ()) is None  # not a list
+    assert mod.clone_like(like, {"arrival": [1.0]}, ("nope",)) is None
+    assert mod.clone_like(SAMPLE, {"name": ["x"]}, ()) is None  # not a slots class
+    unset = ReqTimes.__new__(ReqTimes)
+    assert mod.clone_like(unset, {"arrival": [1.0]}, ()) is None  # a slot unset
+    with pytest.raises(ValueError, match="one length"):
+        mod.clone_like(like, {"arrival": [1.0], "finish": [2.0, 3.0]}, ())
+    with pytest.raises(ValueError, match="a column"):
+        mod.clone_like(like, {}, ("token_times",))

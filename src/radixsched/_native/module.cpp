@@ -23,7 +23,7 @@
 #include "compat_match.hpp"
 #include "decode.hpp"
 #include "dfs_order.hpp"
-#include "finished.hpp"
+#include "bulk.hpp"
 #include "dedup_bind.hpp"
 #include "kv.hpp"
 #include "lazy_shuffle.hpp"
@@ -586,7 +586,7 @@ NB_MODULE(_core, m) {
     radixsched::bind_chunks(m);
     radixsched::bind_prompts(m);
     radixsched::bind_trace_lines(m);
-    radixsched::bind_finished(m);
+    radixsched::bind_bulk(m);
     radixsched::bind_optimal(m);
     radixsched::bind_shuffle(m);
     radixsched::bind_lazy_shuffle(m);

@@ -168,7 +168,7 @@ class RequestArrays:
 
 def _native_of(reqs: Sequence[Req]) -> RequestArrays | None:
     """``RequestArrays._of(reqs)``, its columns read in one native pass (``request_columns``,
-    ``_native/finished.hpp``: each value as numpy converts it, bit for bit); None without the
+    ``_native/bulk.hpp``: each value as numpy converts it, bit for bit); None without the
     core, or where a value is not exactly a float (a time: or None) or an int in int64's
     range, which ``_of`` converts."""
     read = getattr(core(), "request_columns", None)

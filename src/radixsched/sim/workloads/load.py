@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.heap import paused_gc
 from radixsched.sim.workloads import prompt_cache
@@ -162,11 +164,32 @@ def load_workload(
         deferred = []
         source, key = _fill_kept(kind, params, drafts, kept, before)
     times = arrival.tolist()  # Python floats: the values float(arrival[i]) gives
+    reqs = _cloned(kind.name, drafts, kept, times) if deferred else None
+    if reqs is None:
+        reqs = _constructed(kind.name, drafts, kept, times, bool(deferred))
+    tenants = sorted({r.tenant for r in reqs if r.tenant is not None})
+    return Workload(
+        name=kind.name,
+        params=params,
+        requests=reqs,
+        has_timestamps=all(d.timestamp_s is not None for d in drafts),
+        tenants=tuple(tenants) if tenants else None,
+        arrivals=how,
+        prompts=source,
+        prompt_key=key,
+        drafts=deferred or None,
+    )
+
+
+def _constructed(
+    name: str, drafts: list[_Draft], kept: list[int], times: list[float], deferred: bool
+) -> list[Req]:
+    """The requests of ``drafts[i]`` for ``i`` in ``kept``, in order, each arriving at
+    ``times[i]``, made by ``Req``'s constructor; ``deferred``: each with a stand-in prompt."""
     # One (frozen) SamplingParams per output length, shared as the runs' copies of a request
     # share theirs: a trace has far fewer lengths than requests (each one costs 1.3 us).
     sampling: dict[int, SamplingParams] = {}
     reqs = []
-    name = kind.name
     for i in kept:
         d = drafts[i]
         params_of = sampling.get(d.output_len)
@@ -190,18 +213,77 @@ def load_workload(
                 d.scripted,
             )
         )
-    tenants = sorted({r.tenant for r in reqs if r.tenant is not None})
-    return Workload(
-        name=kind.name,
-        params=params,
-        requests=reqs,
-        has_timestamps=all(d.timestamp_s is not None for d in drafts),
-        tenants=tuple(tenants) if tenants else None,
-        arrivals=how,
-        prompts=source,
-        prompt_key=key,
-        drafts=deferred or None,
-    )
+    return reqs
+
+
+# What a draft may set beyond its prompt, output length and arrival: all None in a request
+# ``_cloned`` makes.
+_EXTRAS = operator.attrgetter("priority", "routing_key", "extra_key", "tenant", "scripted")
+_LENGTH = operator.attrgetter("length")
+_OUTPUT_LEN = operator.attrgetter("output_len")
+# The slots ``Req``'s constructor fills per request from a deferred draft (given: rid,
+# prompt_ids, sampling, arrival_time; made: output_ids, times; derived: queue_entry_time),
+# and of its ``ReqTimes`` (arrival; made: token_times).
+_PER_REQUEST = {"rid", "prompt_ids", "sampling", "arrival_time", "queue_entry_time", "output_ids",
+                "times"}  # fmt: skip
+_PER_TIMES = {"arrival", "token_times"}
+
+
+def _cloned(
+    name: str, drafts: list[_Draft], kept: list[int], times: list[float]
+) -> list[Req] | None:
+    """``_constructed(..., deferred=True)``: the same requests, field for field, as copies of
+    one the constructor made (``_core.clone_like``, a tenth of its cost), each with its rid,
+    stand-in (one per length, shared: read-only, and replaced when the prompt is built),
+    sampling (one per output length, as there), arrival, and new output list and times. None
+    (construct them) without the core, where a kept draft sets another field, or where the
+    constructor fills other slots per request than ``_PER_REQUEST`` (``_clone_template``)."""
+    clone = getattr(core(), "clone_like", None)
+    ds = [drafts[i] for i in kept]
+    if clone is None or not ds or set(map(_EXTRAS, ds)) != {(None,) * 5}:
+        return None
+    like = _clone_template(name)
+    if like is None:
+        return None
+    lengths, outputs = list(map(_LENGTH, ds)), list(map(_OUTPUT_LEN, ds))
+    if min(lengths) < 1:  # (an empty prompt: the constructor's error)
+        return None
+    shown = {n: stand_in(n) for n in dict.fromkeys(lengths)}  # (each length once)
+    sampling = {
+        n: SamplingParams(max_new_tokens=n, ignore_eos=True) for n in dict.fromkeys(outputs)
+    }
+    arrivals = [times[i] for i in kept]
+    made = clone(like.times, {"arrival": arrivals}, ("token_times",))
+    columns = {
+        "rid": [f"{name}-{i}" for i in kept],
+        "prompt_ids": list(map(shown.__getitem__, lengths)),
+        "sampling": list(map(sampling.__getitem__, outputs)),
+        "arrival_time": arrivals,
+        "queue_entry_time": arrivals,
+        "times": made,
+    }
+    reqs: list[Req] | None = None if made is None else clone(like, columns, ("output_ids",))
+    return reqs
+
+
+def _clone_template(name: str) -> Req | None:
+    """A request of the constructor's to copy from, or None where the constructor fills
+    other slots per request than ``_PER_REQUEST`` (and of its times than ``_PER_TIMES``):
+    two requests made from different values, compared slot by slot."""
+    a, b = (
+        Req(f"{name}-{k}", stand_in(k + 1), SamplingParams(max_new_tokens=k + 1), None, None,
+            None, None, None, float(k + 1), None)
+        for k in range(2)
+    )  # fmt: skip
+    if _differing(a, b) != _PER_REQUEST or _differing(a.times, b.times) != _PER_TIMES:
+        return None
+    return a
+
+
+def _differing(a: Any, b: Any) -> set[str]:
+    """The slots of ``a``'s class where ``a`` and ``b`` hold different objects."""
+    names = type(a).__slots__
+    return {s for s in names if getattr(a, s) is not getattr(b, s)}
 
 
 PROMPT_SOURCES = ("built", "built, cached", "from the cache", "built at arrival")

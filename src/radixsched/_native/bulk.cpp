@@ -1,5 +1,5 @@
-// See finished.hpp.
-#include "finished.hpp"
+// See bulk.hpp.
+#include "bulk.hpp"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "py_attr.hpp"
 
@@ -172,16 +174,86 @@ nb::object request_columns(nb::handle reqs, nb::handle abort, F64s times, Bools 
     return nb::make_tuple(PySet_GET_SIZE(tenants.ptr()), completed);
 }
 
+// Where instances of `t` hold their slots: each of `t`'s own members, every one an object
+// slot (T_OBJECT_EX) of a class without a __dict__ or weak references whose only base is
+// object, made by the generic allocator; empty where `t` is not such a class.
+std::vector<Py_ssize_t> slot_offsets(PyTypeObject* t) {
+    std::vector<Py_ssize_t> at;
+    if (t->tp_base != &PyBaseObject_Type || t->tp_dictoffset != 0 ||
+        t->tp_weaklistoffset != 0 || t->tp_alloc != PyType_GenericAlloc ||
+        t->tp_members == nullptr)
+        return at;
+    for (const PyMemberDef* m = t->tp_members; m->name != nullptr; ++m) {
+        if (m->type != T_OBJECT_EX) return {};
+        at.push_back(m->offset);
+    }
+    const auto whole = static_cast<Py_ssize_t>(sizeof(PyObject) + at.size() * sizeof(PyObject*));
+    if (t->tp_basicsize != whole) return {};
+    return at;
+}
+
+// The offset `name` is written at on instances of `like`'s type (py_attr.hpp's lookup), or -1.
+Py_ssize_t settable(nb::handle like, nb::handle name) {
+    if (!PyUnicode_CheckExact(name.ptr())) return -1;
+    return py::detail::slot_entry(like.ptr(), name.ptr()).set_at;
+}
+
+nb::object clone_like(nb::handle like, nb::dict columns, nb::tuple fresh_lists) {
+    PyTypeObject* t = Py_TYPE(like.ptr());
+    const std::vector<Py_ssize_t> slots = slot_offsets(t);
+    if (slots.empty()) return nb::none();
+    for (const Py_ssize_t at : slots)
+        if (py::detail::slot_at(like.ptr(), at) == nullptr) return nb::none();  // one unset
+    std::vector<std::pair<Py_ssize_t, PyObject*>> set;  // (offset, its column: a list)
+    Py_ssize_t n = -1;
+    for (auto [name, column] : columns) {
+        const Py_ssize_t at = settable(like, name);
+        if (at < 0 || !PyList_CheckExact(column.ptr())) return nb::none();
+        if (n >= 0 && PyList_GET_SIZE(column.ptr()) != n)
+            throw std::invalid_argument("clone_like: columns of one length");
+        n = PyList_GET_SIZE(column.ptr());
+        set.emplace_back(at, column.ptr());
+    }
+    std::vector<Py_ssize_t> lists;
+    for (nb::handle name : fresh_lists) {
+        const Py_ssize_t at = settable(like, name);
+        if (at < 0) return nb::none();
+        lists.push_back(at);
+    }
+    if (n < 0) throw std::invalid_argument("clone_like: a column at least");
+    nb::list out = nb::steal<nb::list>(PyList_New(n));
+    if (!out.is_valid()) throw nb::python_error();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* o = t->tp_alloc(t, 0);  // every slot null (zeroed), tracked when a GC type
+        if (o == nullptr) throw nb::python_error();
+        PyList_SET_ITEM(out.ptr(), i, o);  // owned by `out` from here: freed with it on a throw
+        for (const Py_ssize_t at : slots)
+            py::detail::slot_at(o, at) = Py_NewRef(py::detail::slot_at(like.ptr(), at));
+        for (const auto& [at, column] : set)
+            Py_SETREF(py::detail::slot_at(o, at), Py_NewRef(PyList_GET_ITEM(column, i)));
+        for (const Py_ssize_t at : lists) {
+            PyObject* fresh = PyList_New(0);
+            if (fresh == nullptr) throw nb::python_error();
+            Py_SETREF(py::detail::slot_at(o, at), fresh);
+        }
+    }
+    return std::move(out);
+}
+
 }  // namespace
 
-void bind_finished(nb::module_& m) {
+void bind_bulk(nb::module_& m) {
+    m.def("clone_like", &clone_like, "like"_a, "columns"_a, "fresh_lists"_a,
+          "copies of `like` (a __slots__ object), one a row of `columns` (name -> list) set "
+          "in each, each of `fresh_lists` a new empty list; None where `like` is not such an "
+          "object or a name not its slot (bulk.hpp)");
     m.def("pack_times", &pack_times, "seqs"_a, "proto"_a,
           "each float list of `seqs` as an array('d') (`proto * len`, written in place); "
-          "None where one is not exactly a list of floats (finished.hpp)");
+          "None where one is not exactly a list of floats (bulk.hpp)");
     m.def("request_columns", &request_columns, "reqs"_a, "abort"_a, "times"_a.noconvert(),
           "present"_a.noconvert(), "code"_a.noconvert(), "ints"_a.noconvert(),
           "RequestArrays.of's columns in one pass: (tenants, completed token times), or None "
-          "where a value is not as it takes them (finished.hpp)");
+          "where a value is not as it takes them (bulk.hpp)");
 }
 
 }  // namespace radixsched

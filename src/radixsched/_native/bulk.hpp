@@ -1,5 +1,12 @@
-// A run's finished requests read outside the event loop, in one native pass each:
+// A run's requests made and read in bulk outside the event loop, in one native pass each:
 //
+// - clone_like(like, columns, fresh_lists): copies of `like`, an instance of a __slots__
+//   class (object its only base, every member an object slot, no __dict__, no weak
+//   references; else None), each slot the same object as like's but the columns' (`columns`:
+//   slot name -> a list, the i-th copy takes each list's i-th item) and `fresh_lists` (slot
+//   names: a new empty list each). sim/workloads/load.py makes a deferred trace's requests
+//   with it (a copy is a tenth of the constructor's cost), from a request its constructor
+//   made, after checking which slots the constructor fills per request.
 // - pack_times(seqs, proto): each list of Python floats as an array('d') of the same floats
 //   (sim/workloads/deferred.py's packed_times: a finished request's token times, 8 bytes a
 //   token), each array made as `proto * len(seq)` (proto: array('d', [0.0])) and written
@@ -18,6 +25,6 @@ class module_;
 
 namespace radixsched {
 
-void bind_finished(nanobind::module_& m);
+void bind_bulk(nanobind::module_& m);
 
 }  // namespace radixsched
