@@ -341,6 +341,36 @@ def test_a_build_copy_carries_what_a_build_reads(defer_all: None) -> None:
     )
 
 
+def test_build_copies_are_build_copys_field_for_field(
+    defer_all: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixsched.sim.workloads.tokens import _Draft
+
+    own = load_workload(SPEC, defer_prompts=True, num_requests=20).drafts
+    assert own is not None
+    own[3] = dataclasses.replace(own[3], offset_s=2.5, priority=1, tenant="t")  # not copied
+
+    def slots(d: _Draft) -> list[int]:
+        return [id(getattr(d, name)) for name in _Draft.__slots__]
+
+    want = [slots(deferred.build_copy(d)) for d in own]
+    copies = deferred.build_copies(tuple(own))
+    assert [slots(c) for c in copies] == want and not {id(c) for c in copies} & {id(d) for d in own}
+    # the defaults the copies share are immutable: none made per draft
+    assert all(f.default_factory is dataclasses.MISSING for f in dataclasses.fields(_Draft))
+    mod = deferred.core()
+    if mod is not None and hasattr(mod, "copy_slots"):
+        assert mod.copy_slots(deferred._DRAFT_LIKE, [*own, 1], deferred._COPIED) is None
+        assert mod.copy_slots(deferred._DRAFT_LIKE, own, ("nope",)) is None
+        assert mod.copy_slots(SAMPLE, own, ()) is None  # not a slots object
+        assert mod.copy_slots(deferred._DRAFT_LIKE, [], deferred._COPIED) == []
+        unset = _Draft.__new__(_Draft)
+        assert mod.copy_slots(deferred._DRAFT_LIKE, [unset], ("prompt",)) is None
+        assert mod.copy_slots(unset, own, ("prompt",)) is None
+    monkeypatch.setattr(deferred, "core", lambda: None)
+    assert [slots(c) for c in deferred.build_copies(own)] == want
+
+
 def test_one_builder_thread_builds_ahead_and_ends_after_the_last_batch(
     defer_all: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

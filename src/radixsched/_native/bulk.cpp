@@ -198,12 +198,57 @@ Py_ssize_t settable(nb::handle like, nb::handle name) {
     return py::detail::slot_entry(like.ptr(), name.ptr()).set_at;
 }
 
-nb::object clone_like(nb::handle like, nb::dict columns, nb::tuple fresh_lists) {
+// A new instance of like's type holding like's slots (new references); `slots`: their
+// offsets (slot_offsets, every one set on `like`).
+PyObject* copy_of(nb::handle like, const std::vector<Py_ssize_t>& slots) {
     PyTypeObject* t = Py_TYPE(like.ptr());
-    const std::vector<Py_ssize_t> slots = slot_offsets(t);
-    if (slots.empty()) return nb::none();
+    PyObject* o = t->tp_alloc(t, 0);  // every slot null (zeroed), tracked when a GC type
+    if (o == nullptr) throw nb::python_error();
     for (const Py_ssize_t at : slots)
-        if (py::detail::slot_at(like.ptr(), at) == nullptr) return nb::none();  // one unset
+        py::detail::slot_at(o, at) = Py_NewRef(py::detail::slot_at(like.ptr(), at));
+    return o;
+}
+
+// slot_offsets of like's type where every slot is set on `like`, else empty.
+std::vector<Py_ssize_t> set_slots(nb::handle like) {
+    std::vector<Py_ssize_t> slots = slot_offsets(Py_TYPE(like.ptr()));
+    for (const Py_ssize_t at : slots)
+        if (py::detail::slot_at(like.ptr(), at) == nullptr) return {};
+    return slots;
+}
+
+nb::object copy_slots(nb::handle like, nb::list objs, nb::tuple names) {
+    const std::vector<Py_ssize_t> slots = set_slots(like);
+    if (slots.empty()) return nb::none();
+    std::vector<Py_ssize_t> copied;
+    for (nb::handle name : names) {
+        const Py_ssize_t at = settable(like, name);
+        if (at < 0 || py::detail::slot_entry(like.ptr(), name.ptr()).get_at != at)
+            return nb::none();
+        copied.push_back(at);
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(objs.ptr());
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* src = PyList_GET_ITEM(objs.ptr(), i);
+        if (Py_TYPE(src) != Py_TYPE(like.ptr())) return nb::none();
+        for (const Py_ssize_t at : copied)
+            if (py::detail::slot_at(src, at) == nullptr) return nb::none();
+    }
+    nb::list out = nb::steal<nb::list>(PyList_New(n));
+    if (!out.is_valid()) throw nb::python_error();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* o = copy_of(like, slots);
+        PyList_SET_ITEM(out.ptr(), i, o);  // owned by `out` from here
+        PyObject* src = PyList_GET_ITEM(objs.ptr(), i);
+        for (const Py_ssize_t at : copied)
+            Py_SETREF(py::detail::slot_at(o, at), Py_NewRef(py::detail::slot_at(src, at)));
+    }
+    return std::move(out);
+}
+
+nb::object clone_like(nb::handle like, nb::dict columns, nb::tuple fresh_lists) {
+    const std::vector<Py_ssize_t> slots = set_slots(like);
+    if (slots.empty()) return nb::none();
     std::vector<std::pair<Py_ssize_t, PyObject*>> set;  // (offset, its column: a list)
     Py_ssize_t n = -1;
     for (auto [name, column] : columns) {
@@ -224,11 +269,8 @@ nb::object clone_like(nb::handle like, nb::dict columns, nb::tuple fresh_lists) 
     nb::list out = nb::steal<nb::list>(PyList_New(n));
     if (!out.is_valid()) throw nb::python_error();
     for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* o = t->tp_alloc(t, 0);  // every slot null (zeroed), tracked when a GC type
-        if (o == nullptr) throw nb::python_error();
+        PyObject* o = copy_of(like, slots);
         PyList_SET_ITEM(out.ptr(), i, o);  // owned by `out` from here: freed with it on a throw
-        for (const Py_ssize_t at : slots)
-            py::detail::slot_at(o, at) = Py_NewRef(py::detail::slot_at(like.ptr(), at));
         for (const auto& [at, column] : set)
             Py_SETREF(py::detail::slot_at(o, at), Py_NewRef(PyList_GET_ITEM(column, i)));
         for (const Py_ssize_t at : lists) {
@@ -243,6 +285,10 @@ nb::object clone_like(nb::handle like, nb::dict columns, nb::tuple fresh_lists) 
 }  // namespace
 
 void bind_bulk(nb::module_& m) {
+    m.def("copy_slots", &copy_slots, "like"_a, "objs"_a, "names"_a,
+          "copies of `like` (a __slots__ object), one an object of `objs` (of like's type), "
+          "each with that object's `names` slots; None where `like` or one of `objs` is not "
+          "such an object or a name not their slot (bulk.hpp)");
     m.def("clone_like", &clone_like, "like"_a, "columns"_a, "fresh_lists"_a,
           "copies of `like` (a __slots__ object), one a row of `columns` (name -> list) set "
           "in each, each of `fresh_lists` a new empty list; None where `like` is not such an "

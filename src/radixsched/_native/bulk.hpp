@@ -7,6 +7,9 @@
 //   names: a new empty list each). sim/workloads/load.py makes a deferred trace's requests
 //   with it (a copy is a tenth of the constructor's cost), from a request its constructor
 //   made, after checking which slots the constructor fills per request.
+// - copy_slots(like, objs, names): copies of `like` (as clone_like takes it), one an object
+//   of `objs` (each of like's type exactly; else None), each with its object's `names` slots
+//   (sim/workloads/deferred.py's build_copies: the drafts a batch is built from ahead).
 // - pack_times(seqs, proto): each list of Python floats as an array('d') of the same floats
 //   (sim/workloads/deferred.py's packed_times: a finished request's token times, 8 bytes a
 //   token), each array made as `proto * len(seq)` (proto: array('d', [0.0])) and written
