@@ -533,3 +533,35 @@ def test_native_clone_like_copies_slots_and_declines_others() -> None:
         mod.clone_like(like, {"arrival": [1.0], "finish": [2.0, 3.0]}, ())
     with pytest.raises(ValueError, match="a column"):
         mod.clone_like(like, {}, ("token_times",))
+
+
+def test_cloned_drafts_are_the_constructed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixsched.sim.workloads import traces
+    from radixsched.sim.workloads.tokens import _Draft
+
+    if getattr(deferred.core(), "clone_like", None) is None:
+        pytest.skip("no native core with clone_like")
+    params = {"path": str(SAMPLE), "block_size": 16, "vocab": 1000}
+    taken: list[object] = []
+    real = traces._cloned_drafts
+    monkeypatch.setattr(traces, "_cloned_drafts", lambda *a: taken.append(real(*a)) or taken[-1])
+    cloned = traces._build_mooncake(params, 0)
+    assert len(taken) == 1 and taken[0] is cloned
+    monkeypatch.setattr(traces, "_cloned_drafts", lambda *a: None)
+    made = traces._build_mooncake(params, 0)
+    assert len(cloned) == len(made) > 1
+
+    def fields(d: _Draft) -> list[object]:  # a prompt and a source by value, the rest typed
+        out: list[object] = []
+        for name in _Draft.__slots__:
+            v = getattr(d, name)
+            out.append(v.tolist() if isinstance(v, np.ndarray) else (type(v), v))
+        return out
+
+    for a, b in zip(cloned, made, strict=True):
+        assert fields(a)[:-3] == fields(b)[:-3] and fields(a)[-2:] == fields(b)[-2:]
+        assert a.fill is not None and b.fill is not None
+    assert len({id(d) for d in cloned}) == len(cloned)
+    monkeypatch.setattr(traces, "_cloned_drafts", real)
+    monkeypatch.setattr(traces, "core", lambda: None)
+    assert traces._cloned_drafts(([0.0], [1], [2], [None]), 0.0, lambda ds: None) is None
