@@ -280,6 +280,22 @@ def test_a_thread_that_builds_alone_uses_no_other() -> None:
     assert tokens.build_threads(1 << 40) == min(tokens.usable_cpus(), tokens.MAX_THREADS)
 
 
+def test_compacted_requests_share_a_stand_in_a_length(defer_all: None) -> None:
+    reqs = client_requests(load_workload(SPEC, defer_prompts=True))
+    a, b, c = reqs[0], reqs[1], reqs[2]
+    a.prompt_ids, b.prompt_ids = np.ones(5, dtype=np.int32), np.ones(5, dtype=np.int32)
+    c.prompt_ids = np.ones(7, dtype=np.int32)
+    a.output_ids, b.output_ids, c.output_ids = [1, 2], [3, 4], [5, 6, 7, 8, 9]
+    for r in (a, b, c):
+        r.times.token_times = [1.0] * len(r.output_ids)
+    deferred.compact([a, b])
+    deferred.compact([c])
+    assert a.prompt_ids is b.prompt_ids is deferred.shared_stand_in(5)
+    assert a.output_ids is b.output_ids is deferred.shared_stand_in(2)
+    assert c.output_ids is a.prompt_ids and len(c.prompt_ids) == 7  # any list, any prompt
+    assert deferred.is_stand_in(c.prompt_ids) and not c.prompt_ids.flags.writeable
+
+
 def _times_bits(arrays: list[Any]) -> list[tuple[str, bytes]]:
     return [(a.typecode, a.tobytes()) for a in arrays]
 

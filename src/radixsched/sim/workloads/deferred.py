@@ -51,6 +51,19 @@ def stand_in(n: int) -> TokenArray:
     return _STAND_INS[:n] if n <= len(_STAND_INS) else np.broadcast_to(_ZERO, (n,))
 
 
+# Stand-ins by length, each shared by every request that holds one of that length (finished
+# requests' prompts and outputs, a deferred load's prompts): read-only, so one serves all.
+_SHARED: dict[int, TokenArray] = {}
+
+
+def shared_stand_in(n: int) -> TokenArray:
+    """``stand_in(n)``, one array for every caller (``_SHARED``)."""
+    s = _SHARED.get(n)
+    if s is None:
+        s = _SHARED[n] = stand_in(n)
+    return s
+
+
 def is_stand_in(prompt: TokenArray) -> bool:
     return len(prompt) > 1 and prompt.strides == (0,)
 
@@ -262,17 +275,20 @@ class ArrivingRequests(Sequence[Req]):
 
 def compact(reqs: Sequence[Req]) -> None:
     """Finished requests reduced to the numbers the summary reads: each one's prompt and output
-    become stand-ins of their lengths (the summary counts tokens, never reads them) and its
+    become stand-ins of their lengths (``shared_stand_in``: the summary counts tokens, never
+    reads them) and its
     token times a float64 ``array`` (8 bytes a token, not a list's 32: the gaps between tokens
     are the summary's inter-token latencies; ``packed_times``). The scheduler is done with
     them: a finished request is never scheduled again."""
     times = packed_times([r.times.token_times for r in reqs])
-    cut, most = _STAND_INS, len(_STAND_INS)  # ``stand_in``, without its calls
+    shared = _SHARED.get  # ``shared_stand_in``, its call only on a length's first
     for r, packed in zip(reqs, times, strict=True):
         n = len(r.prompt_ids)
-        r.prompt_ids = cut[:n] if n <= most else stand_in(n)
+        s = shared(n)
+        r.prompt_ids = shared_stand_in(n) if s is None else s
         n = len(r.output_ids)
-        r.output_ids = cut[:n] if n <= most else stand_in(n)  # type: ignore[assignment]
+        s = shared(n)
+        r.output_ids = shared_stand_in(n) if s is None else s  # type: ignore[assignment]
         r.times.token_times = packed  # type: ignore[assignment]
 
 

@@ -19,7 +19,7 @@ from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.heap import paused_gc
 from radixsched.sim.workloads import prompt_cache
-from radixsched.sim.workloads.deferred import should_defer, stand_in
+from radixsched.sim.workloads.deferred import shared_stand_in, should_defer, stand_in
 from radixsched.sim.workloads.spec import (
     WORKLOADS,
     Defaults,
@@ -234,7 +234,7 @@ def _cloned(
 ) -> list[Req] | None:
     """``_constructed(..., deferred=True)``: the same requests, field for field, as copies of
     one the constructor made (``_core.clone_like``, a tenth of its cost), each with its rid,
-    stand-in (one per length, shared: read-only, and replaced when the prompt is built),
+    stand-in (``shared_stand_in``: replaced when the prompt is built),
     sampling (one per output length, as there), arrival, and new output list and times. None
     (construct them) without the core, where a kept draft sets another field, or where the
     constructor fills other slots per request than ``_PER_REQUEST`` (``_clone_template``)."""
@@ -248,7 +248,6 @@ def _cloned(
     lengths, outputs = list(map(_LENGTH, ds)), list(map(_OUTPUT_LEN, ds))
     if min(lengths) < 1:  # (an empty prompt: the constructor's error)
         return None
-    shown = {n: stand_in(n) for n in dict.fromkeys(lengths)}  # (each length once)
     sampling = {
         n: SamplingParams(max_new_tokens=n, ignore_eos=True) for n in dict.fromkeys(outputs)
     }
@@ -256,7 +255,7 @@ def _cloned(
     made = clone(like.times, {"arrival": arrivals}, ("token_times",))
     columns = {
         "rid": [f"{name}-{i}" for i in kept],
-        "prompt_ids": list(map(shown.__getitem__, lengths)),
+        "prompt_ids": list(map(shared_stand_in, lengths)),
         "sampling": list(map(sampling.__getitem__, outputs)),
         "arrival_time": arrivals,
         "queue_entry_time": arrivals,
