@@ -99,6 +99,23 @@ bool parse_line(Cursor c, const TraceColumns& out, size_t row, size_t& at) {
     return c.p == c.end;
 }
 
+// A bytes-like object's contiguous bytes, held for the scope (bytes, a bytearray, a
+// memoryview of one: a buffer exported cannot be resized while held).
+class LineBuffer {
+public:
+    explicit LineBuffer(nb::handle o) {
+        if (PyObject_GetBuffer(o.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+    }
+    ~LineBuffer() { PyBuffer_Release(&view_); }
+    LineBuffer(const LineBuffer&) = delete;
+    LineBuffer& operator=(const LineBuffer&) = delete;
+    const char* data() const { return static_cast<const char*>(view_.buf); }
+    size_t size() const { return static_cast<size_t>(view_.len); }
+
+private:
+    Py_buffer view_{};
+};
+
 }  // namespace
 
 int64_t parse_mooncake_lines(const char* data, size_t size, const TraceColumns& out) {
@@ -122,18 +139,21 @@ void bind_trace_lines(nb::module_& m) {
     using I64 = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
     m.def(
         "mooncake_lines",
-        [](nb::bytes block, F64 stamps, I64 inputs, I64 outputs, I64 counts, I64 ids) {
+        [](nb::handle block, F64 stamps, I64 inputs, I64 outputs, I64 counts, I64 ids) {
             const size_t rows = stamps.shape(0);
             if (inputs.shape(0) != rows || outputs.shape(0) != rows || counts.shape(0) != rows)
                 throw std::invalid_argument("mooncake_lines: one row a line in every column");
             const TraceColumns out{stamps.data(), inputs.data(), outputs.data(), counts.data(),
                                    rows, ids.data(), ids.shape(0)};
-            return parse_mooncake_lines(block.c_str(), block.size(), out);
+            const LineBuffer lines(block);  // held (the block cannot change) until the return
+            const nb::gil_scoped_release unlocked;  // only the block and the columns are read
+            return parse_mooncake_lines(lines.data(), lines.size(), out);
         },
         "block"_a, "stamps"_a.noconvert(), "inputs"_a.noconvert(), "outputs"_a.noconvert(),
         "counts"_a.noconvert(), "ids"_a.noconvert(),
-        "Parse a block of plain Mooncake trace lines into the columns (one row a line) and "
-        "`ids`: the number of ids, or -1 where a line is not plain (trace_lines.hpp)");
+        "Parse a block of plain Mooncake trace lines (any bytes-like object) into the columns "
+        "(one row a line) and `ids`, without the GIL: the number of ids, or -1 where a line is "
+        "not plain (trace_lines.hpp)");
 }
 
 }  // namespace radixsched

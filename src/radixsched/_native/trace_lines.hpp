@@ -32,7 +32,8 @@ struct TraceColumns {
 };
 int64_t parse_mooncake_lines(const char* data, size_t size, const TraceColumns& out);
 
-// radixsched._core.mooncake_lines(block, stamps, inputs, outputs, counts, ids): the above.
+// radixsched._core.mooncake_lines(block, stamps, inputs, outputs, counts, ids): the above, on
+// any bytes-like block (its buffer held), the GIL released while it parses.
 void bind_trace_lines(nanobind::module_& m);
 
 }  // namespace radixsched

@@ -175,7 +175,7 @@ def _native_read(
 ) -> tuple[_MooncakeColumns, _IdBlocks] | None:
     cols = _MooncakeColumns([], [], [], [], [], [])
     parts: _IdBlocks = []
-    for first, block, rows in _line_blocks(path):
+    for first, block, rows in _buffered_blocks(path):
         part = _native_block(parse, block, rows)
         if part is None:
             return None
@@ -192,7 +192,7 @@ def _native_read(
 
 
 def _native_block(
-    parse: Callable[..., int], block: bytes, rows: int
+    parse: Callable[..., int], block: bytes | memoryview, rows: int
 ) -> tuple[npt.NDArray[Any], ...] | None:
     """A block's (of ``rows`` lines) stamps, input and output lengths, id counts and ids
     (``mooncake_lines``), or None where the parser declines a line or a value is out of
@@ -267,6 +267,38 @@ def _line_blocks(path: Path) -> Iterator[tuple[int, bytes, int]]:
             first += rows
         if tail:
             yield first, tail, tail.count(b"\n") + 1
+
+
+def _buffered_blocks(path: Path) -> Iterator[tuple[int, bytes | memoryview, int]]:
+    """``_line_blocks``' blocks, read into one buffer (``readinto``: the bytes are copied once,
+    and its pages reused) where the file's reader can, each block a view of it that is good
+    until the next is asked for (the native parser reads each before). The buffer grows where a
+    line is longer than it; an unfinished line's bytes move to its start."""
+    with open_trace(path) as f:
+        read = getattr(f, "readinto", None)
+        if read is None:
+            yield from _line_blocks(path)
+            return
+        buf = bytearray(_BLOCK_BYTES)
+        first, held = 1, 0  # held: the unfinished line's bytes, at buf's start
+        while True:
+            if held == len(buf):  # a line past the buffer: a larger one, the line copied
+                buf = buf + bytearray(len(buf))
+            got = read(memoryview(buf)[held:])
+            if not got:
+                break
+            end = held + got
+            cut = buf.rfind(b"\n", 0, end)
+            if cut < 0:
+                held = end
+                continue
+            rows = buf.count(b"\n", 0, cut) + 1
+            yield first, memoryview(buf)[:cut], rows
+            first += rows
+            held = end - cut - 1
+            buf[:held] = buf[cut + 1 : end]  # (a line's bytes: the same size, no resize)
+        if held:
+            yield first, memoryview(buf)[:held], buf.count(b"\n", 0, held) + 1
 
 
 def _add_columns(cols: _MooncakeColumns, numbers: Sequence[int], objs: list[Any]) -> None:
