@@ -111,3 +111,51 @@ def test_the_leaves_sums_combine_as_numpy_s_pairwise_sum(n: int) -> None:
     bounds = np.cumsum([0, *sizes])
     sums = iter(float(np.add.reduce(values[a:b])) for a, b in itertools.pairwise(bounds))
     assert np.float64(_tree_sum(n, sums)).tobytes() == np.add.reduce(values).tobytes()
+
+
+def _naive_gaps(seqs: Sequence[Sequence[float]]) -> bytes:
+    gaps = [float(b) - float(a) for s in seqs if len(s) > 1 for a, b in itertools.pairwise(s)]
+    return np.array(gaps, dtype=np.float64).tobytes()
+
+
+def test_native_gaps_are_each_sequence_s_differences(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixsched.native import core
+    from radixsched.results import requests
+
+    times = _times(6, count=300)
+    mixed: list[Sequence[float]] = [
+        *_packed(times[:100]),
+        *times[100:200],
+        *(np.array(t, dtype=np.float64) for t in times[200:250]),
+        *times[250:],
+    ]
+    odd = [[0.5, 1.5], [1, 2.5], [3.0]]  # an int: converted as numpy converts it
+    narrow = [array("f", [0.5, 1.75]), array("d", [2.0, 2.5])]  # float32: converted too
+    strided = [np.arange(10.0)[::2], [1.0, 3.0]]  # not contiguous: converted
+    cases = [times, _packed(times), mixed, odd, narrow, strided, []]
+    for seqs in cases:
+        assert token_gaps(seqs).tobytes() == _naive_gaps(seqs)
+        assert _bits(gap_stats(seqs)) == _bits(Stats.of(token_gaps(seqs), consume=True))
+    streamed = {id(s): _bits(gap_stats(s)) for s in cases}
+    mod = core()
+    if mod is not None and hasattr(mod, "join_gaps"):
+        out = np.empty(3)
+        assert mod.join_gaps([[1.0, 2.0], [4.0, 8.0, 9.5]], 0, 2, out) and out.tolist() == [
+            1.0,
+            4.0,
+            1.5,
+        ]
+        assert mod.join_gaps([[1.0, 2.0], [0.0, 4.0, 8.0, 9.5]], 1, 2, out)
+        assert out.tolist() == [4.0, 4.0, 1.5]
+        assert not mod.join_gaps([[1.0, 2.0]], 0, 1, out)  # fewer gaps than out holds
+        assert not mod.join_gaps([[1.0, 2.0, 3.0, 4.0, 5.0]], 0, 1, out)  # more
+        assert not mod.join_gaps([[1.0], [1.0, 2.0, 3.0, 4.0]], 0, 2, out)  # one too short
+        with pytest.raises(ValueError, match="first"):
+            mod.join_gaps([[1.0, 2.0]], 1, 0, out)
+        with pytest.raises(ValueError, match="first"):
+            mod.join_gaps([[1.0, 2.0]], 0, 2, out)
+    monkeypatch.setattr(requests, "core", lambda: None)
+    monkeypatch.setattr(gapstats, "core", lambda: None)
+    for seqs in cases:
+        assert token_gaps(seqs).tobytes() == _naive_gaps(seqs)
+        assert _bits(gap_stats(seqs)) == streamed[id(seqs)]

@@ -65,6 +65,62 @@ nb::object pack_times(nb::handle seqs, nb::handle proto) {
     return std::move(out);
 }
 
+// The doubles of `seq`: an exact list of exact floats (copied into `scratch`), or a
+// contiguous one-dimensional buffer of format "d" (held in `held`: released by the caller);
+// false (no error set) where it is neither.
+bool doubles_of(PyObject* seq, std::vector<double>& scratch, Py_buffer& held, bool& holding,
+                const double*& data, Py_ssize_t& n) {
+    if (PyList_CheckExact(seq)) {
+        n = PyList_GET_SIZE(seq);
+        scratch.resize(static_cast<size_t>(n));
+        for (Py_ssize_t j = 0; j < n; ++j) {
+            PyObject* v = PyList_GET_ITEM(seq, j);
+            if (!PyFloat_CheckExact(v)) return false;
+            scratch[static_cast<size_t>(j)] = PyFloat_AS_DOUBLE(v);
+        }
+        data = scratch.data();
+        return true;
+    }
+    if (!PyObject_CheckBuffer(seq)) return false;
+    if (PyObject_GetBuffer(seq, &held, PyBUF_FORMAT | PyBUF_ND) != 0) {
+        PyErr_Clear();  // (not contiguous: the caller converts it)
+        return false;
+    }
+    holding = true;
+    if (held.ndim != 1 || held.itemsize != sizeof(double) || held.format == nullptr ||
+        std::strcmp(held.format, "d") != 0)
+        return false;
+    data = static_cast<const double*>(held.buf);
+    n = held.len / static_cast<Py_ssize_t>(sizeof(double));
+    return true;
+}
+
+// results/requests.py's token_gaps of seqs[first:last] (each longer than one time), written to
+// `out` in order: each sequence's later - earlier, in double as numpy subtracts; false (out
+// partly written) where a sequence is not doubles_of's or the gaps do not fill `out`.
+bool join_gaps(nb::list seqs, Py_ssize_t first, Py_ssize_t last,
+               nb::ndarray<double, nb::ndim<1>, nb::c_contig, nb::device::cpu> out) {
+    if (first < 0 || last > PyList_GET_SIZE(seqs.ptr()) || first > last)
+        throw std::invalid_argument("join_gaps: 0 <= first <= last <= len(seqs)");
+    double* dst = out.data();
+    const auto size = static_cast<Py_ssize_t>(out.shape(0));
+    Py_ssize_t at = 0;
+    std::vector<double> scratch;
+    for (Py_ssize_t i = first; i < last; ++i) {
+        Py_buffer held{};
+        bool holding = false;
+        const double* t = nullptr;
+        Py_ssize_t n = 0;
+        const bool ok = doubles_of(PyList_GET_ITEM(seqs.ptr(), i), scratch, held, holding, t, n);
+        const bool fits = ok && n >= 2 && size - at >= n - 1;
+        if (fits)
+            for (Py_ssize_t k = 1; k < n; ++k) dst[at++] = t[k] - t[k - 1];
+        if (holding) PyBuffer_Release(&held);
+        if (!fits) return false;
+    }
+    return at == size;
+}
+
 // The attribute names read here, interned once (held for the process's life).
 struct Names {
     PyObject* times;
@@ -285,6 +341,9 @@ nb::object clone_like(nb::handle like, nb::dict columns, nb::tuple fresh_lists) 
 }  // namespace
 
 void bind_bulk(nb::module_& m) {
+    m.def("join_gaps", &join_gaps, "seqs"_a, "first"_a, "last"_a, "out"_a.noconvert(),
+          "the gaps within each of seqs[first:last] (float lists or float64 buffers), end to "
+          "end into `out`; False where one is neither or the sizes differ (bulk.hpp)");
     m.def("copy_slots", &copy_slots, "like"_a, "objs"_a, "names"_a,
           "copies of `like` (a __slots__ object), one an object of `objs` (of like's type), "
           "each with that object's `names` slots; None where `like` or one of `objs` is not "

@@ -20,6 +20,11 @@
 //   int its int64, a missing time NaN with its mask False); False, with the columns partly
 //   written and nothing appended, where a time is not exactly a float or None, or a counter not
 //   exactly an int in int64's range (the caller reads them as numpy converts them).
+// - join_gaps(seqs, first, last, out): the gaps between consecutive times within each of
+//   seqs[first:last] (lists of floats, or float64 buffers: array('d')), end to end into `out`
+//   (results/requests.py's token_gaps, results/gapstats.py's batches: later - earlier, the
+//   double subtraction numpy does); False where a sequence is neither, or shorter than two, or
+//   the gaps do not fill `out`.
 #pragma once
 
 namespace nanobind {

@@ -28,6 +28,7 @@ from typing import cast
 
 import numpy as np
 
+from radixsched.native import core
 from radixsched.results.requests import token_gaps
 from radixsched.results.stats import (
     _QUANTILES,
@@ -77,18 +78,34 @@ class _GapStream:
         self.ends = np.cumsum(lens - 1)  # each sequence's gaps end here
         self.lens = lens
         self.total = int(self.ends[-1]) if len(seqs) else 0
-        # A deferred run's finished requests hold ``array('d')``s (``deferred.compact``; those
-        # that finished after its last compaction, lists): a range of arrays only is joined
-        # as bytes, any other through ``token_gaps``. ``loose[i]``: the others before seqs[i].
-        others = (not (type(s) is array and s.typecode == "d") for s in seqs)
-        self.loose = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(others, dtype=np.bool_, count=len(seqs)), out=self.loose[1:])
+        # The native core writes a range's gaps from lists and arrays alike (``join_gaps``);
+        # without it, or where it declines, ``_loose`` decides.
+        self.join = getattr(core(), "join_gaps", None)
+        self.listed = seqs if type(seqs) is list else list(seqs)
+        self._loose: np.ndarray | None = None
+
+    @property
+    def loose(self) -> np.ndarray:
+        """A deferred run's finished requests hold ``array('d')``s (``deferred.compact``; those
+        that finished after its last compaction, lists): a range of arrays only is joined as
+        bytes, any other through ``token_gaps``. ``loose[i]``: the others before seqs[i]."""
+        if self._loose is None:
+            others = (not (type(s) is array and s.typecode == "d") for s in self.seqs)
+            self._loose = np.zeros(len(self.seqs) + 1, dtype=np.int64)
+            np.cumsum(
+                np.fromiter(others, dtype=np.bool_, count=len(self.seqs)), out=self._loose[1:]
+            )
+        return self._loose
 
     def gaps(self, a: int, b: int) -> FloatArray:
         """Gaps ``a`` to ``b`` (0 <= a < b <= total)."""
         first = int(np.searchsorted(self.ends, a, side="right"))
         last = int(np.searchsorted(self.ends, b - 1, side="right")) + 1
         start = int(self.ends[first - 1]) if first else 0
+        if self.join is not None:
+            out = np.empty(int(self.ends[last - 1]) - start, dtype=np.float64)
+            if self.join(self.listed, first, last, out):
+                return out[a - start : b - start]
         if self.loose[last] != self.loose[first]:
             return token_gaps(self.seqs[first:last])[a - start : b - start]
         flat = np.frombuffer(b"".join(cast("list[array[float]]", self.seqs[first:last])))
