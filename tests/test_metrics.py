@@ -268,6 +268,18 @@ def test_time_series_hit_rate_and_order() -> None:
     assert kept.t.tolist() == [0.0, 1.0, 2.0] and ts.arrays().kv_usage[-1] == 0.75
 
 
+@pytest.mark.parametrize("rows", [0, 1, 2])
+def test_a_series_arrays_are_copies_at_any_length(rows: int) -> None:
+    ts = TimeSeries()
+    for i in range(rows):
+        ts.append(float(i), i, 1, 0.5, 2 * i, 3 * i)
+    kept = ts.arrays()  # (one row: each column's slice is contiguous, and still copied)
+    assert all(c.base is None and c.size == rows for c in kept)
+    ts.append(9.0, 1, 1, 0.75, 31, 61)
+    assert kept.t.tolist() == [float(i) for i in range(rows)]
+    assert ts.arrays().cumulative_prompt_tokens.tolist()[-1] == 61.0
+
+
 def test_downsample_bounds_points_and_keeps_spikes() -> None:
     ts = TimeSeries()
     n = 10_000

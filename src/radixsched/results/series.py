@@ -101,8 +101,10 @@ class TimeSeries:
 
     def arrays(self) -> SeriesArrays:
         # Copies, never views: a live view would pin the buffer and make the next append fail.
-        rows = np.array(self._rows, dtype=np.float64).reshape(-1, _COLS)
-        return SeriesArrays(*(np.ascontiguousarray(rows[:, j]) for j in range(_COLS)))
+        # Each column copied from a view of the buffer (no copy of every row first), the view
+        # gone on return.
+        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, _COLS)
+        return SeriesArrays(*(np.array(rows[:, j]) for j in range(_COLS)))  # (each a copy)
 
     def downsampled(self, max_points: int = REPORT_MAX_POINTS) -> SeriesArrays:
         """At most ``max_points`` real samples, first and last always kept.
