@@ -432,3 +432,49 @@ def test_the_native_id_bound_holds_the_densest_ids(tmp_path: Path) -> None:
     assert native is not None
     ids = np.concatenate([block for block, _rows in native[1]])
     assert native[0].counts == [2000] * 3 and ids.tolist() == [7] * 6000
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 22, 64, 16, 7])
+@pytest.mark.parametrize("end", ["", "\n"])
+def test_buffered_blocks_are_the_files_lines_numbered(
+    tmp_path: Path, block_bytes: int, end: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = PLAIN[:-1] + "short\n" + "x" * 200 + "\n" + _line("7", 3, 1, [2])[:-1] + end
+    path = _write(tmp_path, text)
+    monkeypatch.setattr(reader, "_BLOCK_BYTES", block_bytes)  # lines past it: the buffer grows
+    lines: list[tuple[int, bytes]] = []
+    for first, block, rows in reader._buffered_blocks(path):
+        got = bytes(block).split(b"\n")
+        assert len(got) == rows and isinstance(block, memoryview)
+        lines += [(first + k, raw) for k, raw in enumerate(got)]
+    want = text.encode().split(b"\n")
+    want = want[:-1] if end else want
+    assert lines == list(enumerate(want, 1))
+    zipped = tmp_path / "t.jsonl.gz"
+    zipped.write_bytes(gzip.compress(text.encode()))
+    assert [(f, bytes(b), r) for f, b, r in reader._buffered_blocks(zipped)] == [
+        (f, bytes(b), r) for f, b, r in reader._buffered_blocks(path)
+    ]
+
+
+def test_buffered_blocks_without_readinto_are_line_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path, PLAIN)
+
+    class Plain:  # a reader with read() alone
+        def __init__(self, p: Path) -> None:
+            self.f = p.open("rb")
+
+        def read(self, n: int) -> bytes:
+            return self.f.read(n)
+
+        def __enter__(self) -> Plain:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+    monkeypatch.setattr(reader, "open_trace", Plain)
+    got = list(reader._buffered_blocks(path))
+    assert got == list(reader._line_blocks(path)) and all(type(b) is bytes for _, b, _ in got)
