@@ -96,6 +96,7 @@ TESTS = (
     "tests/test_gapstats.py",
     "tests/test_workloads.py",
     "tests/test_policy_runs.py",
+    "tests/test_metrics.py",
 )
 
 
@@ -2339,14 +2340,14 @@ MUTANTS = (
     Mutant(
         "compact-cuts-a-long-prompt-short",
         "sim/workloads/deferred.py",
-        "        r.prompt_ids = cut[:n] if n <= most else stand_in(n)\n",
-        "        r.prompt_ids = cut[:n]\n",
+        "        r.prompt_ids = shared_stand_in(n) if s is None else s\n",
+        "        r.prompt_ids = _STAND_INS[:n] if s is None else s\n",
     ),
     Mutant(
         "compact-cuts-a-long-output-short",
         "sim/workloads/deferred.py",
-        "        r.output_ids = cut[:n] if n <= most else stand_in(n)  # type: ignore[assignment]\n",
-        "        r.output_ids = cut[:n]  # type: ignore[assignment]\n",
+        "        r.output_ids = shared_stand_in(n) if s is None else s  # type: ignore[assignment]\n",
+        "        r.output_ids = _STAND_INS[:n] if s is None else s  # type: ignore[assignment]\n",
     ),
     Mutant(
         "through-builds-when-already-built",
@@ -2395,6 +2396,102 @@ MUTANTS = (
         "_native/vclock.hpp",
         "PyObject_RichCompareBool(t.ptr(), cur.ptr(), Py_GT);",
         "PyObject_RichCompareBool(t.ptr(), cur.ptr(), Py_LT);",
+    ),
+    Mutant(
+        "bulk-pack-times-first-float-everywhere",
+        "_native/bulk.cpp",
+        "            dst[j] = PyFloat_AS_DOUBLE(v);",
+        "            dst[j] = PyFloat_AS_DOUBLE(PyList_GET_ITEM(seq, 0));",
+    ),
+    Mutant(
+        "bulk-columns-complete-without-a-finish-time",
+        "_native/bulk.cpp",
+        "        if (how == kEnded && p[2 * n + i]) completed.append",
+        "        if (how == kEnded) completed.append",
+    ),
+    Mutant(
+        "bulk-columns-token-mask-from-scheduled",
+        "_native/bulk.cpp",
+        "            !read_time(py::get(tm, k.first_token), t[2 * n + i], p[n + i]) ||",
+        "            !read_time(py::get(tm, k.first_token), t[2 * n + i], p[i]) ||",
+    ),
+    Mutant(
+        "bulk-columns-any-finish-an-abort",
+        "_native/bulk.cpp",
+        "                           : py::get(fin, k.reason).ptr() == abort.ptr() ? kAborted",
+        "                           : py::get(fin, k.reason).ptr() != nullptr ? kAborted",
+    ),
+    Mutant(
+        "bulk-clone-shares-the-templates-lists",
+        "_native/bulk.cpp",
+        "            Py_SETREF(py::detail::slot_at(o, at), fresh);",
+        "            Py_DECREF(fresh);",
+    ),
+    Mutant(
+        "bulk-clone-takes-each-columns-first",
+        "_native/bulk.cpp",
+        "            Py_SETREF(py::detail::slot_at(o, at), Py_NewRef(PyList_GET_ITEM(column, i)));",
+        "            Py_SETREF(py::detail::slot_at(o, at), Py_NewRef(PyList_GET_ITEM(column, 0)));",
+    ),
+    Mutant(
+        "bulk-copy-slots-copies-the-template",
+        "_native/bulk.cpp",
+        "            Py_SETREF(py::detail::slot_at(o, at), Py_NewRef(py::detail::slot_at(src, at)));",
+        "            Py_SETREF(py::detail::slot_at(o, at), Py_NewRef(py::detail::slot_at(like.ptr(), at)));",
+    ),
+    Mutant(
+        "bulk-gaps-from-each-first-time",
+        "_native/bulk.cpp",
+        "            for (Py_ssize_t k = 1; k < n; ++k) dst[at++] = t[k] - t[k - 1];",
+        "            for (Py_ssize_t k = 1; k < n; ++k) dst[at++] = t[k] - t[0];",
+    ),
+    Mutant(
+        "packed-times-keep-a-native-decline",
+        "sim/workloads/deferred.py",
+        '        return [array("d", s) for s in seqs] if packed is None else packed',
+        "        return packed or []",
+    ),
+    Mutant(
+        "compact-stand-ins-not-shared",
+        "sim/workloads/deferred.py",
+        "        s = _SHARED[n] = stand_in(n)",
+        "        s = stand_in(n)",
+    ),
+    Mutant(
+        "native-columns-complete-without-a-finish-time",
+        "results/reqarrays.py",
+        "    completed = (code == _ENDED) & present[2]",
+        "    completed = code == _ENDED",
+    ),
+    Mutant(
+        "cloned-requests-ignore-other-fields",
+        "sim/workloads/load.py",
+        "    if clone is None or not ds or set(map(_EXTRAS, ds)) != {(None,) * 5}:",
+        "    if clone is None or not ds:",
+    ),
+    Mutant(
+        "clone-template-never-checked",
+        "sim/workloads/load.py",
+        "    if _differing(a, b) != _PER_REQUEST or _differing(a.times, b.times) != _PER_TIMES:",
+        "    if False:",
+    ),
+    Mutant(
+        "cloned-drafts-all-one-session",
+        "sim/workloads/traces.py",
+        '            "session": list(range(len(stamps))),',
+        '            "session": [0] * len(stamps),',
+    ),
+    Mutant(
+        "buffered-blocks-keep-the-newline",
+        "sim/workloads/mooncake_lines.py",
+        "            held = end - cut - 1",
+        "            held = end - cut",
+    ),
+    Mutant(
+        "series-columns-may-be-views",
+        "results/series.py",
+        "        return SeriesArrays(*(np.array(rows[:, j]) for j in range(_COLS)))  # (each a copy)",
+        "        return SeriesArrays(*(np.asarray(rows[:, j]) for j in range(_COLS)))  # (each a copy)",
     ),
 )
 
