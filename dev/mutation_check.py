@@ -2493,6 +2493,18 @@ MUTANTS = (
         "        return SeriesArrays(*(np.array(rows[:, j]) for j in range(_COLS)))  # (each a copy)",
         "        return SeriesArrays(*(np.asarray(rows[:, j]) for j in range(_COLS)))  # (each a copy)",
     ),
+    Mutant(
+        "bulk-count-buckets-take-past-the-last",
+        "_native/bulk.cpp",
+        "        if (b < 0 || b >= top) return false;",
+        "        if (b < 0 || b > top) return false;",
+    ),
+    Mutant(
+        "bulk-keep-buckets-keep-every-gap",
+        "_native/bulk.cpp",
+        "        if (k[b]) dst[at++] = v[i];",
+        "        dst[at++] = v[i];",
+    ),
 )
 
 

@@ -159,3 +159,42 @@ def test_native_gaps_are_each_sequence_s_differences(monkeypatch: pytest.MonkeyP
     for seqs in cases:
         assert token_gaps(seqs).tobytes() == _naive_gaps(seqs)
         assert _bits(gap_stats(seqs)) == streamed[id(seqs)]
+
+
+def test_native_bucket_passes_are_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixsched.native import core
+
+    mod = core()
+    if getattr(mod, "count_buckets", None) is None:
+        pytest.skip("no native core with count_buckets")
+    assert mod is not None
+    rng = np.random.default_rng(7)
+    g = np.concatenate([rng.exponential(0.01, 5000), [0.0, 5e-324, 1e300, 0.25, 0.25]])
+    counts = np.zeros(gapstats._FINITE, dtype=np.int64)
+    want = np.zeros(gapstats._FINITE, dtype=np.int64)
+    assert mod.count_buckets(g, counts, gapstats._BUCKET_SHIFT)
+    assert gapstats._count_buckets(g, want) and counts.tobytes() == want.tobytes()
+    for odd in (-1.0, -0.0, math.inf, math.nan):  # a bucket out of range: declined
+        bad = np.concatenate([g, [odd]])
+        assert not mod.count_buckets(bad, counts.copy(), gapstats._BUCKET_SHIFT)
+        assert not gapstats._count_buckets(bad, counts.copy())
+    keep = np.zeros(gapstats._FINITE, dtype=np.bool_)
+    keep[gapstats._buckets(g[::7])] = True
+    out = np.empty(g.size + 3)
+    k = mod.keep_buckets(g, keep, gapstats._BUCKET_SHIFT, out)
+    assert out[:k].tobytes() == g[keep[gapstats._buckets(g)]].tobytes() and 0 < k < g.size
+    with pytest.raises(ValueError, match="shorter"):
+        mod.keep_buckets(g, keep, gapstats._BUCKET_SHIFT, np.empty(3))
+    with pytest.raises(ValueError, match="range"):
+        mod.keep_buckets(np.array([-1.0]), keep, gapstats._BUCKET_SHIFT, out)
+    # The stats the same with the passes native or not, and with a batch not contiguous
+    times = _times(8)
+    native = _bits(gap_stats(times))
+    monkeypatch.setattr(gapstats, "core", lambda: None)
+    assert _bits(gap_stats(times)) == native
+    monkeypatch.undo()
+    real = gapstats._GapStream.gaps
+    monkeypatch.setattr(
+        gapstats._GapStream, "gaps", lambda s, a, b: np.repeat(real(s, a, b), 2)[::2]
+    )
+    assert _bits(gap_stats(times)) == native

@@ -121,6 +121,51 @@ bool join_gaps(nb::list seqs, Py_ssize_t first, Py_ssize_t last,
     return at == size;
 }
 
+using Gaps = nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// A gap's bucket (results/gapstats.py's _buckets: its float64 bits, as int64, shifted right
+// arithmetically by `shift`).
+int64_t bucket_of(double g, int shift) {
+    int64_t bits = 0;
+    std::memcpy(&bits, &g, sizeof bits);
+    return bits >> shift;  // arithmetic on a negative bit pattern, as numpy's shift of an int64
+}
+
+// gapstats._first_pass's count of a batch: counts[bucket] += 1 for each gap; false where a
+// bucket is below 0 or at len(counts) or past it (counts then partly added to).
+bool count_buckets(Gaps g, nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> counts,
+                   int shift) {
+    const size_t n = g.shape(0);
+    const auto top = static_cast<int64_t>(counts.shape(0));
+    const double* v = g.data();
+    int64_t* c = counts.data();
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t b = bucket_of(v[i], shift);
+        if (b < 0 || b >= top) return false;
+        ++c[b];
+    }
+    return true;
+}
+
+// gapstats._second_pass's kept gaps of a batch: those whose bucket `keep` marks, in order, into
+// `out` (as long as g at least); their number. Every bucket must lie in keep's range.
+size_t keep_buckets(Gaps g, nb::ndarray<const bool, nb::ndim<1>, nb::c_contig, nb::device::cpu> keep,
+                    int shift, nb::ndarray<double, nb::ndim<1>, nb::c_contig, nb::device::cpu> out) {
+    const size_t n = g.shape(0);
+    if (out.shape(0) < n) throw std::invalid_argument("keep_buckets: out shorter than the gaps");
+    const auto top = static_cast<int64_t>(keep.shape(0));
+    const double* v = g.data();
+    const bool* k = keep.data();
+    double* dst = out.data();
+    size_t at = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t b = bucket_of(v[i], shift);
+        if (b < 0 || b >= top) throw std::invalid_argument("keep_buckets: a bucket out of range");
+        if (k[b]) dst[at++] = v[i];
+    }
+    return at;
+}
+
 // The attribute names read here, interned once (held for the process's life).
 struct Names {
     PyObject* times;
@@ -341,6 +386,13 @@ nb::object clone_like(nb::handle like, nb::dict columns, nb::tuple fresh_lists) 
 }  // namespace
 
 void bind_bulk(nb::module_& m) {
+    m.def("count_buckets", &count_buckets, "gaps"_a.noconvert(), "counts"_a.noconvert(),
+          "shift"_a,
+          "counts[bits(gap) >> shift] += 1 for each gap; False where a bucket is out of range "
+          "(bulk.hpp)");
+    m.def("keep_buckets", &keep_buckets, "gaps"_a.noconvert(), "keep"_a.noconvert(), "shift"_a,
+          "out"_a.noconvert(),
+          "the gaps whose bucket `keep` marks, in order, into `out`: their number (bulk.hpp)");
     m.def("join_gaps", &join_gaps, "seqs"_a, "first"_a, "last"_a, "out"_a.noconvert(),
           "the gaps within each of seqs[first:last] (float lists or float64 buffers), end to "
           "end into `out`; False where one is neither or the sizes differ (bulk.hpp)");

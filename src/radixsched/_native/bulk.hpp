@@ -25,6 +25,11 @@
 //   (results/requests.py's token_gaps, results/gapstats.py's batches: later - earlier, the
 //   double subtraction numpy does); False where a sequence is neither, or shorter than two, or
 //   the gaps do not fill `out`.
+// - count_buckets(gaps, counts, shift), keep_buckets(gaps, keep, shift, out): the streamed
+//   gap stats' passes over a batch (results/gapstats.py): each gap's bucket is its float64
+//   bits as int64 shifted right by `shift`; the first adds one to counts[bucket] for each (False
+//   where a bucket is negative or past counts), the second writes the gaps whose bucket `keep`
+//   marks, in order, into `out` and returns their number.
 #pragma once
 
 namespace nanobind {

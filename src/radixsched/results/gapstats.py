@@ -153,21 +153,33 @@ def _buckets(g: FloatArray) -> np.ndarray:
 def _first_pass(gaps: _GapStream) -> tuple[float, np.ndarray] | None:
     """The gaps' pairwise sum and their counts by bucket; None where a gap is not +0.0 or more
     and finite (a negative number's bucket, -0.0's too, is negative; infinities' and NaNs'
-    are ``_FINITE`` or more). A batch counts only the buckets between its lowest and highest
-    (a few thousand), not every bucket."""
+    are ``_FINITE`` or more). A batch is counted in one native pass (``count_buckets``), else
+    by ``_count_buckets``."""
     sums: list[float] = []
     counts = np.zeros(_FINITE, dtype=np.int64)
+    count = getattr(core(), "count_buckets", None)  # the counting in one native pass
     for g, sizes in gaps.batches():
-        b = _buckets(g)
-        low, high = int(b.min()), int(b.max())
-        if low < 0 or high >= _FINITE:
+        if count is not None and g.flags.c_contiguous:
+            if not count(g, counts, _BUCKET_SHIFT):
+                return None
+        elif not _count_buckets(g, counts):
             return None
-        counts[low : high + 1] += np.bincount(b - low, minlength=high - low + 1)
         at = 0
         for size in sizes:
             sums.append(float(np.add.reduce(g[at : at + size])))
             at += size
     return _tree_sum(gaps.total, iter(sums)), counts
+
+
+def _count_buckets(g: FloatArray, counts: np.ndarray) -> bool:
+    """``counts[bucket] += 1`` for each gap of ``g``, counting only the buckets between its
+    lowest and highest; False (nothing counted) where one is negative or ``_FINITE`` or more."""
+    b = _buckets(g)
+    low, high = int(b.min()), int(b.max())
+    if low < 0 or high >= _FINITE:
+        return False
+    counts[low : high + 1] += np.bincount(b - low, minlength=high - low + 1)
+    return True
 
 
 def _second_pass(
@@ -181,13 +193,20 @@ def _second_pass(
     keep[list(where.values())] = True
     squares: list[float] = []
     kept: list[FloatArray] = []
+    pick = getattr(core(), "keep_buckets", None)  # the kept gaps in one native pass
+    scratch = np.empty(0, dtype=np.float64)
     for g, sizes in gaps.batches():
         at = 0
         for size in sizes:
             dev = np.subtract(g[at : at + size], mean)
             squares.append(float(np.add.reduce(np.square(dev, out=dev))))
             at += size
-        kept.append(g[keep[_buckets(g)]])
+        if pick is not None and g.flags.c_contiguous:
+            if scratch.size < g.size:
+                scratch = np.empty(g.size, dtype=np.float64)
+            kept.append(scratch[: pick(g, keep, _BUCKET_SHIFT, scratch)].copy())
+        else:
+            kept.append(g[keep[_buckets(g)]])
     pool = np.concatenate(kept)
     pool_buckets = _buckets(pool)
     values = {}
