@@ -1795,8 +1795,8 @@ MUTANTS = (
     Mutant(
         "gap-stats-negative-gaps-streamed",
         "results/gapstats.py",
-        "        if low < 0 or high >= _FINITE:\n",
-        "        if high >= _FINITE:\n",
+        "    if low < 0 or high >= _FINITE:\n",
+        "    if high >= _FINITE:\n",
     ),
     Mutant(
         "gap-rank-one-past-in-its-bucket",
@@ -2494,10 +2494,10 @@ MUTANTS = (
         "        return SeriesArrays(*(np.asarray(rows[:, j]) for j in range(_COLS)))  # (each a copy)",
     ),
     Mutant(
-        "bulk-count-buckets-take-past-the-last",
+        "bulk-count-buckets-count-each-bucket-once",
         "_native/bulk.cpp",
-        "        if (b < 0 || b >= top) return false;",
-        "        if (b < 0 || b > top) return false;",
+        "        ++c[b];",
+        "        c[b] = 1;",
     ),
     Mutant(
         "bulk-keep-buckets-keep-every-gap",
