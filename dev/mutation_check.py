@@ -1789,8 +1789,8 @@ MUTANTS = (
     Mutant(
         "gap-stats-streams-a-nan",
         "results/gapstats.py",
-        "        if low < 0 or high >= _FINITE:\n",
-        "        if low < 0:\n",
+        "    if low < 0 or high >= _FINITE:\n",
+        "    if low < 0:\n",
     ),
     Mutant(
         "gap-stats-negative-gaps-streamed",
