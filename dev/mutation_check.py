@@ -2505,6 +2505,12 @@ MUTANTS = (
         "        if (k[b]) dst[at++] = v[i];",
         "        dst[at++] = v[i];",
     ),
+    Mutant(
+        "first-late-at-the-limit",
+        "sim/workloads/mooncake_lines.py",
+        "    over = np.flatnonzero((np.array(stamps, dtype=np.float64) - t0) / 1e3 > MAX_ARRIVAL_S)",
+        "    over = np.flatnonzero((np.array(stamps, dtype=np.float64) - t0) / 1e3 >= MAX_ARRIVAL_S)",
+    ),
 )
 
 

@@ -478,3 +478,20 @@ def test_buffered_blocks_without_readinto_are_line_blocks(
     monkeypatch.setattr(reader, "open_trace", Plain)
     got = list(reader._buffered_blocks(path))
     assert got == list(reader._line_blocks(path)) and all(type(b) is bytes for _, b, _ in got)
+
+
+@pytest.mark.parametrize(
+    ("late", "accepted"),
+    [("1000000000000", True), ("1000000000001", False), ("2000000000000000", False)],
+)
+def test_the_native_reader_finds_the_first_late_stamp_as_the_checked_one(
+    tmp_path: Path, late: str, accepted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [_line("0", 600, 1, [0, 1]), _line(late, 10, 1, [5]), _line(late, 10, 1, [6])]
+    path = _write(tmp_path, "".join(lines))
+    assert reader._native_columns(path) is not None  # integers: the native reader takes them
+    got = _outcome(path, 512)
+    assert got == _reference(path, 512, monkeypatch)
+    assert (got[0] != "error") == accepted and (accepted or ":2:" in got[1])
+    assert reader._first_late([5.0, 1e12 + 5.0, 2e12], 5.0) == 2
+    assert reader._first_late([], 0.0) is None

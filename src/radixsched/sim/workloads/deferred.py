@@ -22,6 +22,7 @@ bit (``tests/test_deferred_prompts.py``).
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 import weakref
 from array import array
@@ -74,12 +75,16 @@ def eager_limit_bytes() -> int:
     return gib_setting("RADIXSCHED_EAGER_PROMPTS_GB", DEFAULT_EAGER_GB)
 
 
+_FILL = operator.attrgetter("fill")
+_LENGTH = operator.attrgetter("length")
+
+
 def should_defer(drafts: Sequence[_Draft]) -> bool:
     """Whether these drafts' prompts are deferred: every one is still to build (a trace whose
     prompts come from its lines) and together they exceed ``eager_limit_bytes``."""
-    if not drafts or any(d.fill is None for d in drafts):
+    if not drafts or None in map(_FILL, drafts):
         return False
-    return 4 * sum(d.length for d in drafts) > eager_limit_bytes()
+    return 4 * sum(map(_LENGTH, drafts)) > eager_limit_bytes()
 
 
 def build_prompts(drafts: Sequence[_Draft]) -> list[TokenArray]:

@@ -81,12 +81,16 @@ class Workload:
 # ---- arrivals and assembly ---------------------------------------------------------------
 
 
+_TIMESTAMP = operator.attrgetter("timestamp_s")
+_TENANT = operator.attrgetter("tenant")
+
+
 def _arrival_times(
     drafts: Sequence[_Draft], request_rate: float | None, default_rate: float | None, seed: int
 ) -> tuple[npt.NDArray[np.float64], str]:
     if request_rate is None:
-        if all(d.timestamp_s is not None for d in drafts):
-            return np.array([d.timestamp_s for d in drafts], dtype=np.float64), "trace timestamps"
+        if None not in map(_TIMESTAMP, drafts):
+            return np.array(list(map(_TIMESTAMP, drafts)), dtype=np.float64), "trace timestamps"
         request_rate = math.inf if default_rate is None else default_rate
     if math.isnan(request_rate) or request_rate <= 0:
         raise WorkloadError(f"request_rate must be > 0 (or inf), got {request_rate}")
@@ -167,12 +171,12 @@ def load_workload(
     reqs = _cloned(kind.name, drafts, kept, times) if deferred else None
     if reqs is None:
         reqs = _constructed(kind.name, drafts, kept, times, bool(deferred))
-    tenants = sorted({r.tenant for r in reqs if r.tenant is not None})
+    tenants = sorted(set(map(_TENANT, reqs)) - {None})
     return Workload(
         name=kind.name,
         params=params,
         requests=reqs,
-        has_timestamps=all(d.timestamp_s is not None for d in drafts),
+        has_timestamps=None not in map(_TIMESTAMP, drafts),
         tenants=tuple(tenants) if tenants else None,
         arrivals=how,
         prompts=source,
