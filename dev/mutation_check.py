@@ -2511,6 +2511,12 @@ MUTANTS = (
         "    over = np.flatnonzero((np.array(stamps, dtype=np.float64) - t0) / 1e3 > MAX_ARRIVAL_S)",
         "    over = np.flatnonzero((np.array(stamps, dtype=np.float64) - t0) / 1e3 >= MAX_ARRIVAL_S)",
     ),
+    Mutant(
+        "keys-after-skip-the-first-part",
+        "sim/workloads/tokens.py",
+        "    keys = (column ^ np.uint64(_key(first))) * np.uint64(_GOLDEN)",
+        "    keys = (column ^ np.uint64(first)) * np.uint64(_GOLDEN)",
+    ),
 )
 
 

@@ -581,3 +581,19 @@ def test_cloned_drafts_are_the_constructed_ones(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(traces, "_cloned_drafts", real)
     monkeypatch.setattr(traces, "core", lambda: None)
     assert traces._cloned_drafts(([0.0], [1], [2], [None]), 0.0, lambda ds: None) is None
+
+
+def test_keys_after_a_first_part_are_keys_one_by_one() -> None:
+    import warnings
+
+    from radixsched.sim.workloads.tokens import _SALT_PAD, _key, _keys_after
+
+    parts = [0, 1, 7, 255, 1 << 40, (1 << 63) + 5, (1 << 64) - 1, *range(1000, 1300)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no overflow warning: the wrap is the point)
+        assert _keys_after(_SALT_PAD, parts) == [_key(_SALT_PAD, p) for p in parts]
+        assert _keys_after(3, parts[:4]) == [_key(3, p) for p in parts[:4]]
+    odd = [5, -1, 1 << 64, 9]  # outside uint64: one by one, as _key masks them
+    assert _keys_after(_SALT_PAD, odd) == [_key(_SALT_PAD, p) for p in odd]
+    assert _keys_after(_SALT_PAD, []) == []
+    assert all(type(k) is int for k in _keys_after(_SALT_PAD, parts))

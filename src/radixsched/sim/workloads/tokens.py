@@ -49,6 +49,19 @@ def _key(*parts: int) -> int:
     return k
 
 
+def _keys_after(first: int, parts: list[int]) -> list[int]:
+    """``[_key(first, p) for p in parts]``, a column at once: numpy's uint64 arithmetic wraps
+    as ``& _MASK`` does. Parts outside [0, 2^64) (no uint64: an ``OverflowError``) take
+    ``_key`` one by one."""
+    try:
+        column = np.array(parts, dtype=np.uint64)
+    except OverflowError:
+        return [_key(first, p) for p in parts]
+    keys = (column ^ np.uint64(_key(first))) * np.uint64(_GOLDEN) + np.uint64(0x632BE59BD9B4E019)
+    out: list[int] = keys.tolist()
+    return out
+
+
 def _str_key(text: str) -> int:
     return _key(*text.encode())
 

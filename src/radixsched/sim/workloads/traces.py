@@ -33,6 +33,7 @@ from radixsched.sim.workloads.tokens import (
     _each_in_threads,
     _hash_tokens,
     _key,
+    _keys_after,
     _runs_in_threads,
     _str_key,
 )
@@ -123,7 +124,7 @@ def _fill_mooncake(drafts: Sequence[_Draft], block: int, vocab: int) -> None:
         salt = _key(_SALT_BLOCK)
         outs = [_prompt_buffer(d) for d in drafts]
         ids = [d.source for d in drafts]
-        pads = [_key(_SALT_PAD, d.session) for d in drafts]
+        pads = _keys_after(_SALT_PAD, [d.session for d in drafts])
 
         def build(lo: int, hi: int) -> None:  # one native call a thread, without the GIL
             native(outs[lo:hi], ids[lo:hi], pads[lo:hi], salt, block, vocab)
