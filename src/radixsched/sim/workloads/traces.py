@@ -155,7 +155,9 @@ def _native_prompt(block: int, vocab: int) -> Callable[..., None] | None:
     (the numpy path then raises or builds as before)."""
     if not (block >= 1 and 1 <= vocab < 2**31):
         return None
-    fn = getattr(core(), "mooncake_prompts", None)
+    from radixsched import native  # (read at each call: tests swap the core)
+
+    fn = getattr(native.core(), "mooncake_prompts", None)
     return None if fn is None else cast(Callable[..., None], fn)
 
 
