@@ -2466,7 +2466,7 @@ MUTANTS = (
     Mutant(
         "cloned-requests-ignore-other-fields",
         "sim/workloads/load.py",
-        "    if clone is None or not ds or set(map(_EXTRAS, ds)) != {(None,) * 5}:",
+        "    if clone is None or not ds or not all(_all_none(map(f, ds)) for f in _EXTRAS):",
         "    if clone is None or not ds:",
     ),
     Mutant(
@@ -2516,6 +2516,12 @@ MUTANTS = (
         "sim/workloads/tokens.py",
         "    keys = (column ^ np.uint64(_key(first))) * np.uint64(_GOLDEN)",
         "    keys = (column ^ np.uint64(first)) * np.uint64(_GOLDEN)",
+    ),
+    Mutant(
+        "all-none-by-the-wrong-identity",
+        "sim/workloads/load.py",
+        "    return not any(map(operator.is_not, values, itertools.repeat(None)))",
+        "    return not any(map(operator.is_, values, itertools.repeat(None)))",
     ),
 )
 

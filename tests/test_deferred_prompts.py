@@ -511,7 +511,10 @@ def test_requests_are_constructed_where_cloning_would_differ(
     assert load_module._cloned("mooncake", drafts, kept, times) is not None
     drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], tenant="t")  # another field set
     assert load_module._cloned("mooncake", drafts, kept, times) is None
-    drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], tenant=None, length=0)  # empty
+    scripted = np.arange(3, dtype=np.int32)  # an array: never compared, nor hashed
+    drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], tenant=None, scripted=scripted)
+    assert load_module._cloned("mooncake", drafts, kept, times) is None
+    drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], scripted=None, length=0)  # empty
     assert load_module._cloned("mooncake", drafts, kept, times) is None
     drafts[kept[5]] = dataclasses.replace(drafts[kept[5]], length=7)
     assert load_module._cloned("mooncake", drafts, kept, times) is not None

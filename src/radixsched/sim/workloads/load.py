@@ -5,9 +5,10 @@ hit rate computed over them (or read back)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from radixsched.native import core
-from radixsched.request import Req, SamplingParams
+from radixsched.request import Req, SamplingParams, TokenArray
 from radixsched.sim.heap import paused_gc
-from radixsched.sim.workloads import prompt_cache
+from radixsched.sim.workloads import deferred, prompt_cache
 from radixsched.sim.workloads.deferred import shared_stand_in, should_defer, stand_in
 from radixsched.sim.workloads.spec import (
     WORKLOADS,
@@ -222,7 +223,10 @@ def _constructed(
 
 # What a draft may set beyond its prompt, output length and arrival: all None in a request
 # ``_cloned`` makes.
-_EXTRAS = operator.attrgetter("priority", "routing_key", "extra_key", "tenant", "scripted")
+_EXTRAS = tuple(
+    operator.attrgetter(name)
+    for name in ("priority", "routing_key", "extra_key", "tenant", "scripted")
+)
 _LENGTH = operator.attrgetter("length")
 _OUTPUT_LEN = operator.attrgetter("output_len")
 # The slots ``Req``'s constructor fills per request from a deferred draft (given: rid,
@@ -244,7 +248,7 @@ def _cloned(
     constructor fills other slots per request than ``_PER_REQUEST`` (``_clone_template``)."""
     clone = getattr(core(), "clone_like", None)
     ds = [drafts[i] for i in kept]
-    if clone is None or not ds or set(map(_EXTRAS, ds)) != {(None,) * 5}:
+    if clone is None or not ds or not all(_all_none(map(f, ds)) for f in _EXTRAS):
         return None
     like = _clone_template(name)
     if like is None:
@@ -259,7 +263,7 @@ def _cloned(
     made = clone(like.times, {"arrival": arrivals}, ("token_times",))
     columns = {
         "rid": [f"{name}-{i}" for i in kept],
-        "prompt_ids": list(map(shared_stand_in, lengths)),
+        "prompt_ids": _stand_ins(lengths),
         "sampling": list(map(sampling.__getitem__, outputs)),
         "arrival_time": arrivals,
         "queue_entry_time": arrivals,
@@ -267,6 +271,18 @@ def _cloned(
     }
     reqs: list[Req] | None = None if made is None else clone(like, columns, ("output_ids",))
     return reqs
+
+
+def _all_none(values: Iterable[object]) -> bool:
+    """Whether every value is None (by identity: an array is never compared)."""
+    return not any(map(operator.is_not, values, itertools.repeat(None)))
+
+
+def _stand_ins(lengths: list[int]) -> list[TokenArray]:
+    """``[shared_stand_in(n) for n in lengths]``: each length's made once, then looked up."""
+    for n in dict.fromkeys(lengths):
+        shared_stand_in(n)
+    return list(map(deferred._SHARED.__getitem__, lengths))
 
 
 def _clone_template(name: str) -> Req | None:
