@@ -1217,6 +1217,61 @@ MUTANTS = (
         "        if (old == nullptr) slot = Py_NewRef(v.ptr());",
     ),
     Mutant(
+        "own-value-index-one-off",
+        "_native/py_attr.hpp",
+        "        if (entries[i].me_key == name) return i;",
+        "        if (entries[i].me_key == name) return i + 1 < k->dk_nentries ? i + 1 : i;",
+    ),
+    Mutant(
+        "own-value-past-a-custom-getattribute",
+        "_native/py_attr.hpp",
+        "        !PyUnicode_CheckExact(name) || t->tp_getattro != PyObject_GenericGetAttr ||",
+        "        !PyUnicode_CheckExact(name) ||",
+    ),
+    Mutant(
+        "own-value-past-a-custom-setattr",
+        "_native/py_attr.hpp",
+        "        t->tp_setattro != PyObject_GenericSetAttr)\n        return;",
+        "        false)\n        return;",
+    ),
+    Mutant(
+        "own-value-past-a-heap-class-attribute",
+        "_native/py_attr.hpp",
+        "        if (PyType_HasFeature(const_cast<PyTypeObject*>(d), Py_TPFLAGS_HEAPTYPE) ||\n",
+        "        if (false ||\n",
+    ),
+    Mutant(
+        "own-value-past-a-descriptor",
+        "_native/py_attr.hpp",
+        "            d->tp_descr_get != nullptr || d->tp_descr_set != nullptr)",
+        "            false)",
+    ),
+    Mutant(
+        "own-value-set-when-unset",
+        "_native/py_attr.hpp",
+        "        if (old == nullptr) return false;\n        values[e.value_at] = Py_NewRef(v);\n"
+        "        Py_DECREF(old);",
+        "        values[e.value_at] = Py_NewRef(v);\n        Py_XDECREF(old);",
+    ),
+    Mutant(
+        "own-dict-set-dropped",
+        "_native/py_attr.hpp",
+        "    if (PyDict_SetItem(dict, name, v) < 0) throw nb::python_error();\n    return true;",
+        "    return true;",
+    ),
+    Mutant(
+        "own-value-never-filled",
+        "_native/py_attr.hpp",
+        "    fill_managed(e, t, name, descr, o);",
+        "    (void)descr;\n    (void)o;",
+    ),
+    Mutant(
+        "stand-in-ints-not-shared",
+        "_native/decode.cpp",
+        "        if (!slot.is_valid()) slot = nb::steal(fresh(v));\n        return Py_NewRef(slot.ptr());",
+        "        (void)slot;\n        return fresh(v);",
+    ),
+    Mutant(
         "slot-view-kept-however-short",
         "_native/radix.cpp",
         "    if (n * kShareFraction < block || n == 0) {",
