@@ -1200,9 +1200,8 @@ MUTANTS = (
     Mutant(
         "slot-table-ignores-the-type-version",
         "_native/py_attr.hpp",
-        "    if (e.type == t && e.name == name && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&\n"
-        "        e.version == t->tp_version_tag)",
-        "    if (e.type == t && e.name == name)",
+        "        if (e.type == t && e.name == name && valid && e.version == t->tp_version_tag) return e;",
+        "        if (e.type == t && e.name == name) return e;",
     ),
     Mutant(
         "slot-set-skips-a-custom-setattr",

@@ -129,7 +129,17 @@ inline void fill_managed(SlotEntry& e, PyTypeObject* t, PyObject* name, PyObject
 #endif
 
 
-inline SlotEntry g_slots[512];  // direct-mapped by (type, name): one table for the module
+// One table for the module: 512 sets of two entries, a set chosen by (type, name) mixed (the
+// pointers' low bits alone made a few hot pairs share a place and refill each other).
+constexpr unsigned kSlotSetBits = 9;
+inline SlotEntry g_slots[size_t(1) << kSlotSetBits][2];
+
+inline SlotEntry* slot_set(PyTypeObject* t, PyObject* name) {
+    constexpr uint64_t golden = 0x9E3779B97F4A7C15ULL;
+    const uint64_t k = uint64_t(reinterpret_cast<uintptr_t>(t)) ^
+                       uint64_t(reinterpret_cast<uintptr_t>(name)) * golden;
+    return g_slots[(k * golden) >> (64 - kSlotSetBits)];
+}
 
 // The entry of (type, name) filled anew (a miss: the generic lookup, once per type version).
 [[gnu::noinline]] inline const SlotEntry& fill_slot_entry(SlotEntry& e, PyTypeObject* t,
@@ -161,12 +171,14 @@ inline SlotEntry g_slots[512];  // direct-mapped by (type, name): one table for 
 
 [[gnu::always_inline]] inline const SlotEntry& slot_entry(PyObject* o, PyObject* name) {
     PyTypeObject* t = Py_TYPE(o);
-    const auto key = (reinterpret_cast<uintptr_t>(t) ^ reinterpret_cast<uintptr_t>(name)) >> 4;
-    SlotEntry& e = g_slots[key % 512];
-    if (e.type == t && e.name == name && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
-        e.version == t->tp_version_tag)
-        return e;
-    return fill_slot_entry(e, t, name, o);
+    SlotEntry* set = slot_set(t, name);
+    const bool valid = PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG);
+    for (int w = 0; w < 2; ++w) {
+        SlotEntry& e = set[w];
+        if (e.type == t && e.name == name && valid && e.version == t->tp_version_tag) return e;
+    }
+    set[1] = set[0];  // a miss: the newer entry stays, the older one goes
+    return fill_slot_entry(set[0], t, name, o);
 }
 
 // instance_value where `e` is `managed` (else NULL: the generic path decides).
