@@ -62,6 +62,7 @@ TESTS = (
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
     "tests/test_native_run.py",
+    "tests/test_native_attr_values.py",
     "tests/test_costmodel.py",
     "tests/test_equivalence.py",
     "tests/test_golden.py",

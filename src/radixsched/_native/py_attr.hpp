@@ -42,13 +42,13 @@ struct SlotEntry {
 // attribute; or, once a dict is made of them (the pointer then NULL), in that dict (its
 // pointer three words before the object; NULL: no attributes yet).
 #define RADIXSCHED_INLINE_VALUES 1
-struct KeysHead {  // struct _dictkeysobject's fixed part (3.11)
+struct KeysHead {  // struct _dictkeysobject's fixed part (3.11): its indices follow it
     Py_ssize_t dk_refcnt;
     uint8_t dk_log2_size, dk_log2_index_bytes, dk_kind;
     uint32_t dk_version;
     Py_ssize_t dk_usable, dk_nentries;
-    char dk_indices[1];
 };
+static_assert(sizeof(KeysHead) == 4 * sizeof(Py_ssize_t), "3.11's keys header: four words");
 struct UnicodeEntry {  // PyDictUnicodeEntry (3.11)
     PyObject* me_key;
     PyObject* me_value;
@@ -66,8 +66,8 @@ inline PyObject* managed_dict(PyObject* o) {  // *_PyObject_ManagedDictPointer(o
 inline Py_ssize_t split_index(const void* keys, PyObject* name) {
     const auto* k = static_cast<const KeysHead*>(keys);
     if (k->dk_kind != kSplitKeys) return -1;
-    const auto* entries = reinterpret_cast<const UnicodeEntry*>(
-        k->dk_indices + (size_t(1) << k->dk_log2_index_bytes));
+    const auto* entries = reinterpret_cast<const UnicodeEntry*>(  // past the indices
+        static_cast<const char*>(keys) + sizeof(KeysHead) + (size_t(1) << k->dk_log2_index_bytes));
     for (Py_ssize_t i = 0; i < k->dk_nentries; ++i)
         if (entries[i].me_key == name) return i;
     return -1;
