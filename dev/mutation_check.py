@@ -1266,12 +1266,6 @@ MUTANTS = (
         "    (void)descr;\n    (void)o;",
     ),
     Mutant(
-        "stand-in-ints-not-shared",
-        "_native/decode.cpp",
-        "        if (!slot.is_valid()) slot = nb::steal(fresh(v));\n        return Py_NewRef(slot.ptr());",
-        "        (void)slot;\n        return fresh(v);",
-    ),
-    Mutant(
         "slot-view-kept-however-short",
         "_native/radix.cpp",
         "    if (n * kShareFraction < block || n == 0) {",

@@ -565,28 +565,3 @@ def test_join_floats_copies_exact_floats_and_declines_the_rest() -> None:
     assert not lib.join_floats([[0.5]], np.zeros(2))  # fewer times than the array holds
     assert not lib.join_floats([[0.5, 1.0, 2.0]], np.zeros(2))  # more: nothing past its end
     assert not lib.join_floats([(0.5, 1.0)], np.zeros(2))  # not a list
-
-
-@pytest.mark.parametrize("vocab", [1000, 1 << 31])
-def test_settled_stand_ins_share_one_int_per_value_below_2_18(vocab: int) -> None:
-    """Settled stand-in tokens are the runner's values; below 2**18 each value is one int
-    object for the batch (two requests with one rid hold the same objects), above a new int
-    each."""
-    from radixsched.cache import native_radix
-    from radixsched.sim.cost.build import build_cost_model
-    from radixsched.sim.cost.runner import CostModelRunner, _stand_ins
-
-    runner = CostModelRunner(build_cost_model(SimConfig()))
-    pool = native_radix.make_pool(1000, 1)
-    sampling = SamplingParams(max_new_tokens=9, ignore_eos=True)
-    twins = [Req("p", np.arange(5, dtype=np.int32), sampling) for _ in range(2)]
-    b = core().DecodeBatch(False)  # type: ignore[union-attr]
-    b.extend(twins)
-    res = b.jump(True, 1000, 1, 0.0, None, runner.native_decode_cost(), pool, print, 0.0, 0.0)
-    assert res is not None and res[0] == 9 and b.shared_ints == 0
-    hashes = runner.native_tokens()[0]  # type: ignore[index]
-    b.settle([0, 1], print, (hashes, vocab), pool)  # (tokens_at: never asked)
-    first, second = (r.output_ids for r in twins)
-    assert first == second == _stand_ins(hashes["p"], range(5, 14), vocab)
-    assert [x is y for x, y in zip(first, second, strict=True)] == [x < 1 << 18 for x in first]
-    assert b.shared_ints == len({x for x in first if x < 1 << 18})

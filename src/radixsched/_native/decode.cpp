@@ -273,51 +273,6 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     return out;
 }
 
-// Python ints of stand-in tokens, one object per value below kShared, made on first use and
-// held for the owner's life (a DecodeBatch's): ints are immutable, so a list holding one object
-// twice holds two equal ints for every reader (==, hash, arithmetic, repr); a settled token
-// costs a reference instead of an allocation, and a finished request's list frees none. A
-// value of kShared or more (a vocabulary past 2**18) gets a new int each time, as stand_ins.
-class SharedInts {
-public:
-    static constexpr uint64_t kShared = uint64_t(1) << 18;
-
-    PyObject* of(uint64_t v) {  // a new reference to int(v)
-        if (v >= kShared) return fresh(v);
-        if (v >= ints_.size())  // (geometric: a first use sizes it past v at once)
-            ints_.resize(size_t(std::min<uint64_t>(kShared, std::max<uint64_t>(v + 1, 2 * ints_.size()))));
-        nb::object& slot = ints_[size_t(v)];
-        if (!slot.is_valid()) slot = nb::steal(fresh(v));
-        return Py_NewRef(slot.ptr());
-    }
-    size_t held() const {  // how many values have their int made (tests)
-        size_t n = 0;
-        for (const nb::object& o : ints_) n += o.is_valid();
-        return n;
-    }
-
-private:
-    static PyObject* fresh(uint64_t v) {
-        PyObject* got = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
-                                                : PyLong_FromUnsignedLongLong(v);
-        if (got == nullptr) throw nb::python_error();
-        return got;
-    }
-    std::vector<nb::object> ints_;  // ints_[v]: int(v) once made, else empty
-};
-
-// stand_ins(h, first, k, vocab) with the ints of `ints`.
-nb::object shared_stand_ins(SharedInts& ints, uint64_t h, int64_t first, int64_t k,
-                            uint64_t vocab) {
-    nb::object out = nb::steal(PyList_New(k));
-    if (!out.is_valid()) throw nb::python_error();
-    for (int64_t c = 0; c < k; ++c) {
-        const uint64_t v = radixsched::stand_in(h, static_cast<uint64_t>(first + c), vocab);
-        PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), ints.of(v));  // steals the reference
-    }
-    return out;
-}
-
 // `dst.extend(items)`, without the method call when dst is a list.
 void extend_list(nb::handle dst, nb::handle items) {
     if (PyList_CheckExact(dst.ptr())) {
@@ -375,7 +330,6 @@ struct DecodeBatch {
     // token: the memory of a long trace's token times).
     nb::list log_;
     std::vector<double> durs_, ends_;  // the steps the last `steps` or `jump` timed
-    mutable SharedInts ints_;  // settle's stand-in tokens (a cache: settle stays const)
 
     // A request's row as its Python state gives it (DecodeCols.of of the Python columns).
     DecodeRow row_of(nb::handle r) const {
@@ -594,8 +548,7 @@ struct DecodeBatch {
                 const nb::object out = py::get(r, names_.output_ids);
                 // A list of the tokens, then one slice assignment: cheaper than an append each.
                 const int64_t first = o.fills[j] - k;
-                extend_list(out, done[j] ? shared_stand_ins(ints_, hash[j], first, k, vocab)
-                                         : toks[j]);
+                extend_list(out, done[j] ? stand_ins(hash[j], first, k, vocab) : toks[j]);
                 extend_log_tail(py::get(py::get(r, names_.times), names_.token_times), k);
                 py::set_int(r, names_.kv_len, o.fills[j] - 1);
             }
@@ -1246,8 +1199,6 @@ void bind_decode(nb::module_& m) {
              "now"_a, "by_rid"_a, "seq_of"_a)
         .def("jump_round", &jump_round, "run"_a, "sched"_a, "free"_a.none(), "horizon"_a.none())
         .def_prop_ro("log_len", [](const DecodeBatch& b) { return nb::len(b.log_); })
-        .def_prop_ro("shared_ints", [](const DecodeBatch& b) { return b.ints_.held(); },
-                     "how many stand-in token values have their shared int made")
         .def("clear_log", [](DecodeBatch& b) { b.log_.clear(); })
         .def("same_as", &DecodeBatch::same_as, "other"_a)
         .def("deferred_error", &DecodeBatch::deferred_error, "fresh"_a, "log_len"_a,
