@@ -62,6 +62,7 @@ TESTS = (
     "tests/test_fast_parts.py",
     "tests/test_costmodel_fastpath.py",
     "tests/test_native_run.py",
+    "tests/test_native_attr_values.py",
     "tests/test_costmodel.py",
     "tests/test_equivalence.py",
     "tests/test_golden.py",
@@ -1201,9 +1202,8 @@ MUTANTS = (
     Mutant(
         "slot-table-ignores-the-type-version",
         "_native/py_attr.hpp",
-        "    if (e.type == t && e.name == name && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&\n"
-        "        e.version == t->tp_version_tag)",
-        "    if (e.type == t && e.name == name)",
+        "        if (e.type == t && e.name == name && valid && e.version == t->tp_version_tag) return e;",
+        "        if (e.type == t && e.name == name) return e;",
     ),
     Mutant(
         "slot-set-skips-a-custom-setattr",
@@ -1216,6 +1216,55 @@ MUTANTS = (
         "_native/py_attr.hpp",
         "        slot = Py_NewRef(v.ptr());\n        Py_XDECREF(old);",
         "        if (old == nullptr) slot = Py_NewRef(v.ptr());",
+    ),
+    Mutant(
+        "own-value-index-one-off",
+        "_native/py_attr.hpp",
+        "        if (entries[i].me_key == name) return i;",
+        "        if (entries[i].me_key == name) return i + 1 < k->dk_nentries ? i + 1 : i;",
+    ),
+    Mutant(
+        "own-value-past-a-custom-getattribute",
+        "_native/py_attr.hpp",
+        "        !PyUnicode_CheckExact(name) || t->tp_getattro != PyObject_GenericGetAttr ||",
+        "        !PyUnicode_CheckExact(name) ||",
+    ),
+    Mutant(
+        "own-value-past-a-custom-setattr",
+        "_native/py_attr.hpp",
+        "        t->tp_setattro != PyObject_GenericSetAttr)\n        return;",
+        "        false)\n        return;",
+    ),
+    Mutant(
+        "own-value-past-a-heap-class-attribute",
+        "_native/py_attr.hpp",
+        "        if (PyType_HasFeature(const_cast<PyTypeObject*>(d), Py_TPFLAGS_HEAPTYPE) ||\n",
+        "        if (false ||\n",
+    ),
+    Mutant(
+        "own-value-past-a-descriptor",
+        "_native/py_attr.hpp",
+        "            d->tp_descr_get != nullptr || d->tp_descr_set != nullptr)",
+        "            false)",
+    ),
+    Mutant(
+        "own-value-set-when-unset",
+        "_native/py_attr.hpp",
+        "        if (old == nullptr) return false;\n        values[e.value_at] = Py_NewRef(v);\n"
+        "        Py_DECREF(old);",
+        "        values[e.value_at] = Py_NewRef(v);\n        Py_XDECREF(old);",
+    ),
+    Mutant(
+        "own-dict-set-dropped",
+        "_native/py_attr.hpp",
+        "    if (PyDict_SetItem(dict, name, v) < 0) throw nb::python_error();\n    return true;",
+        "    return true;",
+    ),
+    Mutant(
+        "own-value-never-filled",
+        "_native/py_attr.hpp",
+        "    fill_managed(e, t, name, descr, o);",
+        "    (void)descr;\n    (void)o;",
     ),
     Mutant(
         "slot-view-kept-however-short",

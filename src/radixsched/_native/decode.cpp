@@ -1117,6 +1117,16 @@ void bind_decode(nb::module_& m) {
              },
              "b"_a, "total_ctx"_a, "steps"_a, nb::rv_policy::move);
     m.def("stand_ins", &stand_ins, "rid_hash"_a, "first"_a, "count"_a, "vocab"_a);
+    // py_attr.hpp's table entry for (type(o), name) as an access fills it (for its tests):
+    // (slot offset read, slot offset written, whether the instance's own attributes are read
+    // in place, the name's index in the type's shared keys), -1 where none.
+    m.def("_attr_entry", [](nb::handle o, nb::str name) {
+        PyObject* n = Py_NewRef(name.ptr());
+        PyUnicode_InternInPlace(&n);
+        const nb::object key = nb::steal(n);
+        const py::detail::SlotEntry& e = py::detail::slot_entry(o.ptr(), key.ptr());
+        return nb::make_tuple(e.get_at, e.set_at, e.managed, e.value_at);
+    });
     nb::class_<DecodeRun>(m, "DecodeRun")
         .def(nb::init<nb::object, nb::object, nb::object, int64_t, int64_t, nb::object, nb::object,
                       nb::object, nb::object, nb::dict, nb::object, bool, bool, bool, bool, bool,
