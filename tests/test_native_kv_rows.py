@@ -314,3 +314,28 @@ def test_a_short_leaf_copies_its_slots_and_a_split_views_or_copies_by_length() -
             kv.release(r, cache_kv=True)
     assert sorted(ref.cache.all_values().tolist()) == sorted(fast.cache.all_values().tolist())
     assert ref.cache.evict(1024) == fast.cache.evict(1024)
+
+
+def test_long_runs_of_slots_stream_into_rows_as_the_references() -> None:
+    """A run of slots of ``kStreamSlots`` (1024) or more goes into a row with streaming stores
+    (``_native/radix.hpp`` ``copy_to_row``): a cached prefix taken whole (b's 1030) and from
+    a row offset off a 16-byte boundary (c's second node at 1030), a leaf's tail evicted into
+    a row at such an offset (d's 1436 at 701, after the 701-slot leaf copied plainly), each
+    with a tail shorter than a 16-slot step; every row and the free list are the reference's."""
+    ref, fast = _twins(4096)
+    got = []
+    for kv in (ref, fast):
+        rows = []
+        head, mid, tail = list(range(1030)), list(range(5000, 6502)), list(range(7000, 7701))
+        for rid, toks in (("a", head), ("b", head + mid), ("c", head + mid + tail)):
+            r = _run(kv, rid, toks)
+            rows.append(r.kv_row.tolist())
+            kv.release(r, cache_kv=True)
+        assert kv.allocator.available_size() == 4096 - 3233
+        d = _run(kv, "d", list(range(10_000, 13_000)))  # evicts the 701 leaf, then 1436 of 1502
+        rows.append(d.kv_row.tolist())
+        got.append((rows, kv.allocator.free_slots().tolist(), kv.cache.evictable_size()))
+    assert got[0] == got[1]
+    a, b, c, d = got[1][0]
+    assert b[:1030] == a and c[:2532] == b  # the cached prefixes' slots, from both nodes
+    assert d[:701] == c[2532:] and d[701:2137] == b[1030 + 66 :]  # the evicted leaf, the tail
