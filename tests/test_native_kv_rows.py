@@ -339,3 +339,46 @@ def test_long_runs_of_slots_stream_into_rows_as_the_references() -> None:
     a, b, c, d = got[1][0]
     assert b[:1030] == a and c[:2532] == b  # the cached prefixes' slots, from both nodes
     assert d[:701] == c[2532:] and d[701:2137] == b[1030 + 66 :]  # the evicted leaf, the tail
+
+
+class _Buf(np.ndarray):
+    """A row buffer of an ndarray subclass: the native manager slices it as numpy does."""
+
+
+def _entry_parts(kv: KVManager, r: Req) -> list[Any]:
+    kv.match_for_admission(r)
+    r.lock_node = r.last_node
+    kv.cache.inc_lock_ref(r.lock_node)
+    kv.take_prefix(r)
+    e = kv.extend_entry(r, r.prefix_len, r.fill_len)
+    parts = [r.kv_row, e.new_token_ids, e.prefix_slots, e.new_slots]
+    return [(type(a), a.tolist(), a.flags.writeable) for a in parts] + [r.kv_buf]
+
+
+def test_rows_and_an_entrys_views_are_numpys_slices_of_their_arrays() -> None:
+    """The views the native manager makes of a row's buffer, its row and a prompt
+    (``kv.cpp`` ``view``: through numpy's C API) are what slicing makes: the same type, dtype,
+    slots and writeability (a read-only prompt's tokens stay read-only), each a view of the
+    array itself (its base: the buffer, or the buffer under a row); a buffer that is not an
+    exact numpy array (a subclass) is sliced, as the reference slices it."""
+    ref, fast = _twins()
+    prompt = np.arange(40, dtype=np.int32)
+    prompt.flags.writeable = False
+    got = []
+    for kv in (ref, fast):
+        _run(kv, "a", list(range(24)))
+        r = Req("b", prompt, SamplingParams(max_new_tokens=4))
+        parts = _entry_parts(kv, r)
+        row, buf = r.kv_row, parts[-1]
+        assert row.base is buf and np.shares_memory(row, buf)
+        e = kv.extend_entry(r, 30, 40)
+        assert e.new_slots.base is buf and e.new_token_ids.base is prompt
+        assert e.new_slots.tolist() == buf[30:40].tolist() and e.new_token_ids[0] == 30
+        sub = Req("c", np.arange(100, 108, dtype=np.int32), SamplingParams(max_new_tokens=4))
+        sub.kv_buf = np.zeros(64, dtype=kv.row_dtype).view(_Buf)
+        sub.kv_row = sub.kv_buf[:0]
+        kv.grow([sub], [8])
+        got.append((parts[:-1], type(sub.kv_row), sub.kv_row.tolist(), sub.kv_row.base))
+    assert got[0][:3] == got[1][:3]
+    assert [p[2] for p in got[1][0]] == [True, False, True, True]  # the prompt's: read-only
+    assert got[1][1] is _Buf and got[1][3] is not None
