@@ -486,8 +486,8 @@ MUTANTS = (
     Mutant(
         "row-views-always-writeable",
         "_native/kv.cpp",
-        "data, PyArray_FLAGS(a) & NPY_ARRAY_WRITEABLE,\n",
-        "data, NPY_ARRAY_WRITEABLE,\n",
+        "            const int flags = PyArray_FLAGS(a) & NPY_ARRAY_WRITEABLE;",
+        "            const int flags = NPY_ARRAY_WRITEABLE;",
     ),
     Mutant(
         "row-views-start-at-the-arrays-start",

@@ -357,7 +357,7 @@ def _entry_parts(kv: KVManager, r: Req) -> list[Any]:
 
 def test_rows_and_an_entrys_views_are_numpys_slices_of_their_arrays() -> None:
     """The views the native manager makes of a row's buffer, its row and a prompt
-    (``kv.cpp`` ``view``: through numpy's C API) are what slicing makes: the same type, dtype,
+    (``kv.cpp`` ``array_slice``: through numpy's C API) are what slicing makes: the same type, dtype,
     slots and writeability (a read-only prompt's tokens stay read-only), each a view of the
     array itself (its base: the buffer, or the buffer under a row); a buffer that is not an
     exact numpy array (a subclass) is sliced, as the reference slices it."""
