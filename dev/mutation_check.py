@@ -450,38 +450,14 @@ MUTANTS = (
     Mutant(
         "evicted-slots-not-placed",
         "_native/radix.cpp",
-        "            copy_to_row(begin, k, out + pos);\n",
+        "            copy_slots(begin, k, out + pos);\n",
         "            (void)0;\n",
     ),
     Mutant(
         "evicted-slots-not-placed-in-an-int32-row",
         "_native/radix.cpp",
-        "            copy_to_row(begin, k, out32 + pos);\n",
+        "            copy_slots(begin, k, out32 + pos);\n",
         "            (void)0;\n",
-    ),
-    Mutant(
-        "stream-slots-writes-a-lines-last-part-twice",
-        "_native/radix.cpp",
-        "        _mm_stream_si128(to + 3, d);\n",
-        "        _mm_stream_si128(to + 3, c);\n",
-    ),
-    Mutant(
-        "stream-slots-drops-the-last-slot",
-        "_native/radix.cpp",
-        "    copy_slots(in + i, n - i, out + i);\n",
-        "    copy_slots(in + i, n - i - 1, out + i);\n",
-    ),
-    Mutant(
-        "stream-slots-skips-the-unaligned-head",
-        "_native/radix.cpp",
-        "% 16 != 0; ++i) out[i] = in[i];\n",
-        "% 16 != 0; ++i) (void)0;\n",
-    ),
-    Mutant(
-        "long-slot-runs-never-reach-the-row",
-        "_native/radix.hpp",
-        "    if (n >= kStreamSlots)\n        stream_slots(in, n, out);\n",
-        "    if (n >= kStreamSlots)\n        (void)0;\n",
     ),
     Mutant(
         "row-views-always-writeable",

@@ -316,12 +316,10 @@ def test_a_short_leaf_copies_its_slots_and_a_split_views_or_copies_by_length() -
     assert ref.cache.evict(1024) == fast.cache.evict(1024)
 
 
-def test_long_runs_of_slots_stream_into_rows_as_the_references() -> None:
-    """A run of slots of ``kStreamSlots`` (1024) or more goes into a row with streaming stores
-    (``_native/radix.hpp`` ``copy_to_row``): a cached prefix taken whole (b's 1030) and from
-    a row offset off a 16-byte boundary (c's second node at 1030), a leaf's tail evicted into
-    a row at such an offset (d's 1436 at 701, after the 701-slot leaf copied plainly), each
-    with a tail shorter than a 16-slot step; every row and the free list are the reference's."""
+def test_long_runs_of_slots_reach_rows_as_the_references() -> None:
+    """Long runs of slots copied into rows: a cached prefix from one node (b's 1030) and from
+    two (c's 2532), a whole leaf evicted into a row then a leaf's tail after it (d's 701, then
+    1436 of 1502); every row and the free list are the reference's."""
     ref, fast = _twins(4096)
     got = []
     for kv in (ref, fast):

@@ -48,27 +48,6 @@ void widen_slots(const int32_t* in, int64_t n, int64_t* out) {
     }
 }
 
-void stream_slots(const int32_t* in, int64_t n, int32_t* out) {
-    int64_t i = 0;
-#ifdef __SSE2__
-    // Plain stores up to the first 16-byte boundary of `out` (int32 slots: at most 3), then 16
-    // slots (one 64-byte line's worth) a step in streaming stores, the rest plain.
-    for (; i < n && reinterpret_cast<uintptr_t>(out + i) % 16 != 0; ++i) out[i] = in[i];
-    for (; i + 16 <= n; i += 16) {
-        const auto* from = reinterpret_cast<const __m128i*>(in + i);
-        auto* to = reinterpret_cast<__m128i*>(out + i);
-        const __m128i a = _mm_loadu_si128(from), b = _mm_loadu_si128(from + 1);
-        const __m128i c = _mm_loadu_si128(from + 2), d = _mm_loadu_si128(from + 3);
-        _mm_stream_si128(to, a);
-        _mm_stream_si128(to + 1, b);
-        _mm_stream_si128(to + 2, c);
-        _mm_stream_si128(to + 3, d);
-    }
-    _mm_sfence();  // the streamed stores ordered before any later store
-#endif
-    copy_slots(in + i, n - i, out + i);
-}
-
 namespace {
 // in[0, n) narrowed to out[0, n); false (out then unspecified) when one is outside int32.
 bool narrow_slots(const int64_t* in, int64_t n, int32_t* out) {
@@ -639,7 +618,7 @@ void Tree::prefix_slots(Node& node, int64_t length, S* out) {
     int64_t end = length;
     for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
         end -= cur->size();
-        copy_to_row(cur->value.data(), static_cast<int64_t>(cur->value.size()), out + end);
+        cur->value.copy_to(0, cur->value.size(), out + end);
     }
 }
 
@@ -839,9 +818,9 @@ void Tree::Freed::copy(const int32_t* begin, const int32_t* end) {
     if (out != nullptr || out32 != nullptr) {
         const int64_t k = std::min<int64_t>(cap - pos, end - begin);
         if (out32 != nullptr)
-            copy_to_row(begin, k, out32 + pos);
+            copy_slots(begin, k, out32 + pos);
         else
-            copy_to_row(begin, k, out + pos);
+            copy_slots(begin, k, out + pos);
         pos += k;
         begin += k;
     }

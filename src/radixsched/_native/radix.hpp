@@ -99,21 +99,6 @@ inline void copy_slots(const int32_t* in, int64_t n, int32_t* out) {
 }
 inline void copy_slots(const int32_t* in, int64_t n, int64_t* out) { widen_slots(in, n, out); }
 
-// copy_slots into a request's KV row, whose slots nothing reads soon (a row's slots are read
-// again only when its leaves are evicted, long after): a run of kStreamSlots or more (rarely
-// in cache: evicted leaves, a row's fresh block) is written with streaming stores, which write
-// the row's lines without reading them in first and without evicting what the cache holds.
-// The same slots as copy_slots either way.
-constexpr int64_t kStreamSlots = 1024;
-void stream_slots(const int32_t* in, int64_t n, int32_t* out);  // any n (see radix.cpp)
-inline void copy_to_row(const int32_t* in, int64_t n, int32_t* out) {
-    if (n >= kStreamSlots)
-        stream_slots(in, n, out);
-    else
-        copy_slots(in, n, out);
-}
-inline void copy_to_row(const int32_t* in, int64_t n, int64_t* out) { widen_slots(in, n, out); }
-
 // A block of slots that several holders may share (a request's KV row buffer, kv.cpp's
 // rows): kept alive while any holds it. A view of part of one, for Tree::insert: `begin` and
 // `len` the whole block's.
