@@ -350,15 +350,19 @@ def _entry_parts(kv: KVManager, r: Req) -> list[Any]:
     kv.take_prefix(r)
     e = kv.extend_entry(r, r.prefix_len, r.fill_len)
     parts = [r.kv_row, e.new_token_ids, e.prefix_slots, e.new_slots]
-    return [(type(a), a.tolist(), a.flags.writeable) for a in parts] + [r.kv_buf]
+    flags = ("C_CONTIGUOUS", "F_CONTIGUOUS", "OWNDATA", "ALIGNED")
+    return [
+        (type(a), a.tolist(), a.flags.writeable, [a.flags[f] for f in flags]) for a in parts
+    ] + [r.kv_buf]
 
 
 def test_rows_and_an_entrys_views_are_numpys_slices_of_their_arrays() -> None:
-    """The views the native manager makes of a row's buffer, its row and a prompt
-    (``kv.cpp`` ``array_slice``: through numpy's C API) are what slicing makes: the same type, dtype,
-    slots and writeability (a read-only prompt's tokens stay read-only), each a view of the
-    array itself (its base: the buffer, or the buffer under a row); a buffer that is not an
-    exact numpy array (a subclass) is sliced, as the reference slices it."""
+    """The views the native manager makes of a row's buffer, its row and a prompt (``kv.cpp``
+    ``array_slice``, through numpy's C API) are what slicing makes: the same type, slots,
+    writeability (a read-only prompt's tokens stay read-only) and flags (contiguous, aligned,
+    not owning their data), each a view of the array itself (its base: the buffer, or the
+    buffer under a row); a buffer that is not an exact numpy array (a subclass) is sliced, as
+    the reference slices it."""
     ref, fast = _twins()
     prompt = np.arange(40, dtype=np.int32)
     prompt.flags.writeable = False
