@@ -462,6 +462,24 @@ MUTANTS = (
         "            (void)0;\n",
     ),
     Mutant(
+        "row-views-always-writeable",
+        "_native/kv.cpp",
+        "            const int flags = PyArray_FLAGS(a) & NPY_ARRAY_WRITEABLE;",
+        "            const int flags = NPY_ARRAY_WRITEABLE;",
+    ),
+    Mutant(
+        "row-views-start-at-the-arrays-start",
+        "_native/kv.cpp",
+        "            char* data = PyArray_BYTES(a) + lo * strides[0];\n",
+        "            char* data = PyArray_BYTES(a);\n",
+    ),
+    Mutant(
+        "row-views-of-a-subclass-made-plain",
+        "_native/kv.cpp",
+        "    if (PyArray_CheckExact(obj.ptr())) {\n        auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());\n        if (PyArray_NDIM(a) == 1 && 0 <= lo",
+        "    if (PyArray_Check(obj.ptr())) {\n        auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());\n        if (PyArray_NDIM(a) == 1 && 0 <= lo",
+    ),
+    Mutant(
         "pool-frees-a-group-reversed",
         "_native/pool.cpp",
         "    for (int64_t i = 0; i < k; ++i) stack_[lo + i] = static_cast<int32_t>(pages[i]);",

@@ -314,3 +314,73 @@ def test_a_short_leaf_copies_its_slots_and_a_split_views_or_copies_by_length() -
             kv.release(r, cache_kv=True)
     assert sorted(ref.cache.all_values().tolist()) == sorted(fast.cache.all_values().tolist())
     assert ref.cache.evict(1024) == fast.cache.evict(1024)
+
+
+def test_long_runs_of_slots_reach_rows_as_the_references() -> None:
+    """Long runs of slots copied into rows: a cached prefix from one node (b's 1030) and from
+    two (c's 2532), a whole leaf evicted into a row then a leaf's tail after it (d's 701, then
+    1436 of 1502); every row and the free list are the reference's."""
+    ref, fast = _twins(4096)
+    got = []
+    for kv in (ref, fast):
+        rows = []
+        head, mid, tail = list(range(1030)), list(range(5000, 6502)), list(range(7000, 7701))
+        for rid, toks in (("a", head), ("b", head + mid), ("c", head + mid + tail)):
+            r = _run(kv, rid, toks)
+            rows.append(r.kv_row.tolist())
+            kv.release(r, cache_kv=True)
+        assert kv.allocator.available_size() == 4096 - 3233
+        d = _run(kv, "d", list(range(10_000, 13_000)))  # evicts the 701 leaf, then 1436 of 1502
+        rows.append(d.kv_row.tolist())
+        got.append((rows, kv.allocator.free_slots().tolist(), kv.cache.evictable_size()))
+    assert got[0] == got[1]
+    a, b, c, d = got[1][0]
+    assert b[:1030] == a and c[:2532] == b  # the cached prefixes' slots, from both nodes
+    assert d[:701] == c[2532:] and d[701:2137] == b[1030 + 66 :]  # the evicted leaf, the tail
+
+
+class _Buf(np.ndarray):
+    """A row buffer of an ndarray subclass: the native manager slices it as numpy does."""
+
+
+def _entry_parts(kv: KVManager, r: Req) -> list[Any]:
+    kv.match_for_admission(r)
+    r.lock_node = r.last_node
+    kv.cache.inc_lock_ref(r.lock_node)
+    kv.take_prefix(r)
+    e = kv.extend_entry(r, r.prefix_len, r.fill_len)
+    parts = [r.kv_row, e.new_token_ids, e.prefix_slots, e.new_slots]
+    flags = ("C_CONTIGUOUS", "F_CONTIGUOUS", "OWNDATA", "ALIGNED")
+    return [
+        (type(a), a.tolist(), a.flags.writeable, [a.flags[f] for f in flags]) for a in parts
+    ] + [r.kv_buf]
+
+
+def test_rows_and_an_entrys_views_are_numpys_slices_of_their_arrays() -> None:
+    """The views the native manager makes of a row's buffer, its row and a prompt (``kv.cpp``
+    ``array_slice``, through numpy's C API) are what slicing makes: the same type, slots,
+    writeability (a read-only prompt's tokens stay read-only) and flags (contiguous, aligned,
+    not owning their data), each a view of the array itself (its base: the buffer, or the
+    buffer under a row); a buffer that is not an exact numpy array (a subclass) is sliced, as
+    the reference slices it."""
+    ref, fast = _twins()
+    prompt = np.arange(40, dtype=np.int32)
+    prompt.flags.writeable = False
+    got = []
+    for kv in (ref, fast):
+        _run(kv, "a", list(range(24)))
+        r = Req("b", prompt, SamplingParams(max_new_tokens=4))
+        parts = _entry_parts(kv, r)
+        row, buf = r.kv_row, parts[-1]
+        assert row.base is buf and np.shares_memory(row, buf)
+        e = kv.extend_entry(r, 30, 40)
+        assert e.new_slots.base is buf and e.new_token_ids.base is prompt
+        assert e.new_slots.tolist() == buf[30:40].tolist() and e.new_token_ids[0] == 30
+        sub = Req("c", np.arange(100, 108, dtype=np.int32), SamplingParams(max_new_tokens=4))
+        sub.kv_buf = np.zeros(64, dtype=kv.row_dtype).view(_Buf)
+        sub.kv_row = sub.kv_buf[:0]
+        kv.grow([sub], [8])
+        got.append((parts[:-1], type(sub.kv_row), sub.kv_row.tolist(), sub.kv_row.base))
+    assert got[0][:3] == got[1][:3]
+    assert [p[2] for p in got[1][0]] == [True, False, True, True]  # the prompt's: read-only
+    assert got[1][1] is _Buf and got[1][3] is not None

@@ -245,6 +245,34 @@ nb::object new_row(int64_t n, bool wide) {
     return arr;
 }
 
+// obj[lo:hi] as numpy's slicing makes it (py::slice), made through numpy's C API without the
+// slice object and the index parsing, for an exact numpy array of one dimension holding
+// [lo, hi): the same dtype, data, stride, writeability and base (numpy's SetBaseObject
+// collapses the base chain as slicing does: a view of a view has the first's base). Anything
+// else is sliced.
+nb::object array_slice(nb::handle obj, int64_t lo, int64_t hi) {
+    import_numpy();
+    if (PyArray_CheckExact(obj.ptr())) {
+        auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+        if (PyArray_NDIM(a) == 1 && 0 <= lo && lo <= hi && hi <= PyArray_DIM(a, 0)) {
+            PyArray_Descr* descr = PyArray_DESCR(a);
+            Py_INCREF(descr);  // (stolen by PyArray_NewFromDescr, also when it fails)
+            npy_intp dims[1] = {static_cast<npy_intp>(hi - lo)};
+            npy_intp strides[1] = {PyArray_STRIDE(a, 0)};
+            char* data = PyArray_BYTES(a) + lo * strides[0];
+            const int flags = PyArray_FLAGS(a) & NPY_ARRAY_WRITEABLE;  // (numpy sets the rest)
+            nb::object v = nb::steal(PyArray_NewFromDescr(&PyArray_Type, descr, 1, dims, strides,
+                                                          data, flags, nullptr));
+            if (!v.is_valid()) throw nb::python_error();
+            Py_INCREF(obj.ptr());  // (stolen by PyArray_SetBaseObject, also when it fails)
+            if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(v.ptr()), obj.ptr()) < 0)
+                throw nb::python_error();
+            return v;
+        }
+    }
+    return slice(obj, lo, hi);
+}
+
 // The block of a row buffer made here (new_row: an int32 array over its whole block), as
 // Tree::insert shares it; null owner otherwise.
 SlotShare row_block(nb::handle obj) {
@@ -447,7 +475,7 @@ public:
         const bool ok = row_of(buf).visit(
             [&](auto* data) { return alloc_evicting(*tree_, *pool_, data + have, more); });
         if (!ok) alloc_failed(*tree_, *pool_, more);
-        set(req, n.kv_row, slice(buf, 0, new_len));
+        set(req, n.kv_row, array_slice(buf, 0, new_len));
     }
 
     // KVManager.extend_entry without a host tier: positions [prefix_len, end) allocated, the
@@ -469,8 +497,9 @@ public:
         }
         set_int(req, n.kv_len, end);
         nb::object row = get(req, n.kv_row);
-        nb::object ids = slice(fill, prefix_len, end), prefix = slice(row, 0, prefix_len),
-                   fresh = slice(row, prefix_len, end), start = nb::int_(prefix_len),
+        nb::object ids = array_slice(fill, prefix_len, end),
+                   prefix = array_slice(row, 0, prefix_len),
+                   fresh = array_slice(row, prefix_len, end), start = nb::int_(prefix_len),
                    load = nb::int_(host_load);
         nb::handle produces = (end == len_of(prompt) + outputs) ? Py_True : Py_False;
         if (!entry_.valid())
@@ -486,7 +515,7 @@ public:
         if (len_of(get(req, n.kv_buf)) == 0) {
             nb::object buf = spare_rows().take(row_capacity(req), wide_);
             set(req, n.kv_buf, buf);
-            set(req, n.kv_row, slice(buf, 0, 0));
+            set(req, n.kv_row, array_slice(buf, 0, 0));
         }
         grow(req, end);
     }
@@ -713,7 +742,7 @@ void append_claimed(nb::handle req, Pool& pool, int64_t n) {
     const RowView b = row_of(buf);
     if (b.len < have + n) throw std::logic_error("append_claimed: the KV buffer is too short");
     b.visit([&](auto* data) { pool.claim_into(data + have, n); });
-    set(req, k.kv_row, slice(buf, 0, have + n));
+    set(req, k.kv_row, array_slice(buf, 0, have + n));
 }
 
 void take_prefix(Tree& tree, const Pool& pool, nb::handle req) {
@@ -728,7 +757,7 @@ void take_prefix(Tree& tree, const Pool& pool, nb::handle req) {
         row_of(buf).visit([&](auto* data) { tree.prefix_slots(node, len, data); });
     }
     set(req, n.kv_buf, buf);
-    set(req, n.kv_row, slice(buf, 0, len));
+    set(req, n.kv_row, array_slice(buf, 0, len));
 }
 
 void bind_kv(nb::module_& m, TreeOf tree_of) {
