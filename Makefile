@@ -26,6 +26,7 @@ EQUIV_TESTS := tests/test_native_radix.py tests/test_allocator.py tests/test_rad
 	tests/test_fast_step.py tests/test_native_take.py tests/test_native_checkpoint_rematch.py \
 	tests/test_native_radix_slots.py tests/test_native_kv_rows.py tests/test_fast_glue.py \
 	tests/test_native_key_views.py tests/test_native_leaf_index.py tests/test_native_vclock.py \
+	tests/test_native_attr_values.py \
 	tests/test_native_shuffle.py tests/test_native_optimal.py tests/test_native_random_order.py \
 	tests/test_native_loop.py tests/test_native_jump_bookkeeping.py
 GCC ?= gcc

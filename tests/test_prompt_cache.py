@@ -437,3 +437,23 @@ def test_a_bound_key_is_pinned_to_its_requests_lines() -> None:
     for line in lines:
         h.update(line.encode())
     assert workloads._bound_key(reqs, 16) == h.hexdigest()[:32]
+
+
+def test_prompts_built_stored_or_mapped_are_read_only(
+    prompts_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However a trace's prompts come (built into a new cache file, mapped from it, or built
+    with the cache off), they end read-only: the radix tree's keys view such prompts instead
+    of copying them (``_native/kv.cpp``'s ``prompt_block``)."""
+    path = _copy(tmp_path)
+    stored = _load(path)
+    mapped = _load(path)
+    monkeypatch.setenv("RADIXSCHED_PROMPT_CACHE", "off")
+    built = _load(path)
+    assert (stored.prompts, mapped.prompts, built.prompts) == (
+        "built, cached",
+        "from the cache",
+        "built",
+    )
+    for wl in (stored, mapped, built):
+        assert not any(r.prompt_ids.flags.writeable for r in wl.requests)

@@ -348,7 +348,7 @@ def _fill_kept(
     key = _prompt_key(kind, params, drafts, before)
     folder = prompt_cache.cache_dir()
     if key is None or folder is None:
-        _fill_prompts(want)
+        _fill_read_only(want)
         return PROMPT_SOURCES[0], None
     cached = prompt_cache.load(folder, key, [d.length for d in drafts])
     if cached is not None:
@@ -360,16 +360,26 @@ def _fill_kept(
     if len(want) == len(drafts):  # a full load: built in the new cache file's mapping
         file = prompt_cache.PromptFile.create(folder, key, [d.length for d in drafts])
     if file is None:
-        _fill_prompts(want)
+        _fill_read_only(want)
         return PROMPT_SOURCES[0], None
     for d, view in zip(drafts, file.views, strict=True):
         d.prompt = view
     try:
-        _fill_prompts(want)
+        _fill_read_only(want)
     except BaseException:
         file.abandon()
         raise
     return (PROMPT_SOURCES[1], key) if file.commit() else (PROMPT_SOURCES[0], None)
+
+
+def _fill_read_only(drafts: list[_Draft]) -> None:
+    """``_fill_prompts``, each built array then read-only, as the prompt cache's views and the
+    deferred prompts are: nothing writes a trace's prompt, so the radix tree's keys may view it
+    instead of copying it (``_native/radix.cpp``'s key blocks share read-only prompts only)."""
+    _fill_prompts(drafts)
+    for d in drafts:
+        if isinstance(d.prompt, np.ndarray):
+            d.prompt.flags.writeable = False
 
 
 # ---- optimal hit rate ------------------------------------------------------------------
