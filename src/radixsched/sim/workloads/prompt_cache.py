@@ -144,8 +144,11 @@ def load(folder: Path, key: str, lengths: Sequence[int]) -> list[TokenArray] | N
     if prompts is None:
         _remove(path)
         return None
+    # Recency for the size cap's eviction, from the fine clock: later than the stamp of any
+    # file written before, which the kernel takes from its coarse clock (a tick of milliseconds).
     with contextlib.suppress(OSError):
-        os.utime(path)  # recency for the size cap's eviction
+        now = time.time_ns()
+        os.utime(path, ns=(now, now))
     _trim(folder, max_bytes(), path)  # a cap lowered since the last store (mapping stays valid)
     return prompts
 
