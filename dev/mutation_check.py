@@ -2525,6 +2525,12 @@ MUTANTS = (
         "        s = stand_in(n)",
     ),
     Mutant(
+        "built-prompts-left-writeable",
+        "sim/workloads/load.py",
+        "            d.prompt.flags.writeable = False",
+        "            pass",
+    ),
+    Mutant(
         "native-columns-complete-without-a-finish-time",
         "results/reqarrays.py",
         "    completed = (code == _ENDED) & present[2]",
