@@ -429,7 +429,11 @@ def test_full_queue_503_retry_after_and_priority_rejected(loaded: LoadedModel) -
                         queued = asyncio.ensure_future(
                             ac.post(
                                 "/generate",
-                                json={"text": "second", "sampling_params": {"max_new_tokens": 4}},
+                                json={
+                                    "text": "second",
+                                    # (sampled: without ignore_eos a drawn EOS may end it early)
+                                    "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+                                },
                             )
                         )
                         while engine.call(lambda s: s.num_waiting()).result() != 1:
