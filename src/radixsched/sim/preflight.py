@@ -95,6 +95,29 @@ def check(
     return errors
 
 
+def input_files(rs: RunSettings, default_workload: str) -> list[tuple[str, str, str]]:
+    """(flag, what, path) of every file a run reads: its trace (``workload``, ``trace``), its
+    model's config.json (``model``, ``config``) and its calibration file (``calibration``,
+    ``file``). A workload spec that does not parse reads nothing (``check`` reports it)."""
+    from radixsched.sim.cost.hfconfig import config_path
+    from radixsched.sim.workloads.spec import parse_workload_spec
+    from radixsched.sim.workloads.tokens import WorkloadError
+
+    files = []
+    try:
+        kind, params = parse_workload_spec(rs.workload.spec or default_workload)
+    except WorkloadError:
+        kind = None
+    if kind is not None and kind.is_trace:
+        files.append(("workload", "trace", str(params["path"])))
+    model = config_path(str(rs.sim["model"])) if rs.sim.get("model") else None
+    if model is not None:
+        files.append(("model", "config", str(model)))
+    if rs.sim.get("calibration"):
+        files.append(("calibration", "file", str(rs.sim["calibration"])))
+    return files
+
+
 def _check_sim_modes(sim: SimConfig, sched: SchedulerConfig | None) -> list[str]:
     """The engine mode, chunk alignment and closed loop (values a YAML file can give that
     argparse's choices never saw)."""
