@@ -304,18 +304,16 @@ def add_config_args(
     *,
     skip: set[str] | None = None,
     choices: dict[str, list[str]] | None = None,
-    title: str | None = None,
     overrides: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Add one ``--flag-name`` per field of a config dataclass (defaults from the class), in
-    a group titled ``title`` (default: the class's ``CLI_TITLE``). ``choices`` maps field
-    names to their valid values (from the registries); ``overrides`` maps a field name to
-    ``add_argument`` keywords replacing the generated ones (``help``, ``type``, ``metavar``)
-    plus ``aliases``, more flag names for it (SGLang's spellings). A default is printed once:
-    a help text that states its own default keeps it. A field whose metadata has
-    ``flag=False`` is never a flag."""
+    a group titled by the class's ``CLI_TITLE``. ``choices`` maps field names to their valid
+    values (from the registries); ``overrides`` maps a field name to ``add_argument`` keywords
+    replacing the generated ones (``help``, ``type``, ``metavar``) plus ``aliases``, more flag
+    names for it (SGLang's spellings). A default is printed once: a help text that states its
+    own default keeps it. A field whose metadata has ``flag=False`` is never a flag."""
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(title or getattr(cls, "CLI_TITLE", cls.__name__))
+    group = parser.add_argument_group(getattr(cls, "CLI_TITLE", cls.__name__))
     for f in dataclasses.fields(cls):
         if (skip and f.name in skip) or f.metadata.get("flag") is False:
             continue

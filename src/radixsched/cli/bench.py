@@ -148,16 +148,10 @@ def _sweep_errors(args: argparse.Namespace) -> list[str]:
 
 def _output_errors(args: argparse.Namespace) -> list[str]:
     """--json and --requests-csv: writable, neither one the workload's trace nor the other."""
-    from radixsched.sim.workloads.spec import parse_workload_spec
-    from radixsched.sim.workloads.tokens import WorkloadError
+    from radixsched.sim.preflight import trace_path
 
-    inputs: list[tuple[str, str]] = []
-    try:
-        kind, params = parse_workload_spec(args.workload)
-        if kind.is_trace:
-            inputs.append(("the --workload trace", str(params["path"])))
-    except WorkloadError:  # reported by the workload check
-        pass
+    trace = trace_path(args.workload)
+    inputs = [] if trace is None else [("the --workload trace", trace)]
     outputs = [("--json", args.json_path), ("--requests-csv", args.requests_csv)]
     return output_errors([(f, p) for f, p in outputs if p is not None], inputs)
 

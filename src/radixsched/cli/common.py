@@ -55,9 +55,7 @@ def pause_collection_for_start() -> None:
 
 def end_of_start() -> None:
     """Collection resumes if ``pause_collection_for_start`` paused it (otherwise nothing
-    happens), with what the start made moved to the oldest generation without a pass
-    (``gc.freeze`` then ``gc.unfreeze``), where the young passes would have moved it; only
-    full collections, rare, visit it there. A frozen heap (none at a start) stays frozen."""
+    happens), with what the start made moved to the oldest generation (``to_oldest_generation``)."""
     global _start_paused
     if not _start_paused:
         return

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixsched.cli.common import COMMAND_HELP, CliError, output_errors, rich_console, run_metadata
 from radixsched.config import SchedulerConfig, add_config_args
-from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, load_yaml
+from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD, SLO_KEYS, WORKLOAD_KEYS, load_yaml
 
 if TYPE_CHECKING:
     from radixsched.sim.plan.result import CandidateResult
@@ -146,15 +146,7 @@ def _merged(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
     from radixsched.sim.settings.simconfig import SimConfig
 
     names = {f.name for c in (SchedulerConfig, SimConfig) for f in dataclasses.fields(c)}
-    own = {
-        "workload",
-        "request_rate",
-        "num_requests",
-        "workload_seed",
-        "slo_ttft_ms",
-        "slo_tpot_ms",
-        *OWN_KEYS,
-    }
+    own = {*WORKLOAD_KEYS, *SLO_KEYS, *OWN_KEYS}
     flags = {k: v for k, v in vars(args).items() if (k in names or k in own) and v is not None}
     file: dict[str, Any] = {}
     if args.config:

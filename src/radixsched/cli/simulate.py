@@ -44,12 +44,6 @@ if TYPE_CHECKING:
 EXIT_SERVED_NOTHING = 1
 
 
-def _policy_names() -> list[str]:
-    from radixsched.policies import POLICIES
-
-    return list(POLICIES)
-
-
 def _is_policy(name: str) -> bool:
     """Whether ``name`` is registered; a built-in name is found without the plugin scan that
     a listing makes (``policies.PolicyRegistry``)."""
@@ -267,7 +261,9 @@ def _policy_list(value: Any, key: str = "--policy") -> list[str]:
         chosen = [v.strip() for v in str(value).split(",")]
     chosen = [c for c in chosen if c]
     if chosen == ["all"]:
-        return _policy_names()
+        from radixsched.policies import policy_names
+
+        return policy_names()
     if not chosen:
         raise CliError(f"{key} needs at least one policy name (or 'all')")
     twice = sorted({c for c in chosen if chosen.count(c) > 1})
@@ -339,23 +335,11 @@ def _cli_errors(rs: RunSettings, config: str | None = None) -> list[str]:
 def _input_files(rs: RunSettings, config: str | None) -> list[tuple[str, str]]:
     """(what, path) of every file the run reads: the config file, the trace, the model's
     config.json and the calibration file."""
-    from radixsched.sim.cost.hfconfig import config_path
-    from radixsched.sim.workloads.spec import parse_workload_spec
-    from radixsched.sim.workloads.tokens import WorkloadError
+    from radixsched.sim.preflight import input_files
 
     files = [("the --config file", config)] if config else []
-    try:
-        kind, params = parse_workload_spec(rs.workload.spec or DEFAULT_WORKLOAD)
-    except WorkloadError:  # reported by the checks
-        kind = None
-    if kind is not None and kind.is_trace:
-        files.append(("the --workload trace", str(params["path"])))
-    model = config_path(str(rs.sim.get("model", ""))) if rs.sim.get("model") else None
-    if model is not None:
-        files.append(("the --model config", str(model)))
-    if rs.sim.get("calibration"):
-        files.append(("the --calibration file", str(rs.sim["calibration"])))
-    return files
+    inputs = input_files(rs, DEFAULT_WORKLOAD)
+    return files + [(f"the --{flag} {what}", path) for flag, what, path in inputs]
 
 
 def _slo(rs: RunSettings) -> Any:

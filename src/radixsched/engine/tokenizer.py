@@ -112,10 +112,6 @@ class HFTokenizer(Tokenizer):
         text: str | None = self._tok.id_to_token(token_id)
         return text
 
-    def token_id(self, text: str) -> int | None:
-        tid: int | None = self._tok.token_to_id(text)
-        return tid
-
     def save(self, path: Path) -> None:
         self._tok.save(str(path))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,11 +268,6 @@ def read_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> GGUFModel:
 # ---- writing a model directory -----------------------------------------------------------------
 
 
-def _unique_storage(tensors: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, t in tensors.items():
-        yield name, t.detach().contiguous().clone()
-
-
 def write_model_dir(
     out_dir: Path,
     config: ModelConfig,
@@ -290,7 +285,9 @@ def write_model_dir(
     )
     if tokenizer is not None:
         tokenizer.save(out_dir / "tokenizer.json")
-    save_file(dict(_unique_storage(tensors)), str(out_dir / "model.safetensors"))
+    # A contiguous copy of each: safetensors refuses tensors that share storage.
+    own = {name: t.detach().contiguous().clone() for name, t in tensors.items()}
+    save_file(own, str(out_dir / "model.safetensors"))
 
 
 def convert_gguf_to_dir(gguf_path: Path, out_dir: Path) -> None:

@@ -56,6 +56,7 @@ CLIENT_GONE_STATUS = 499  # nginx's "client closed request"; never sent to anyon
 # ("stop") for clients and metrics, implemented as an abort because the scheduler only knows
 # stop token ids.
 STOP_STRING_STATUS = 200
+IDLE_WAIT_S = 0.5  # seconds: the idle thread wakes at least this often, commands or not
 
 
 @dataclass(frozen=True)
@@ -258,8 +259,6 @@ class EngineLoop:
         scheduler: Scheduler,
         *,
         metrics: ServerMetrics | None = None,
-        check_integrity_when_idle: bool = True,
-        idle_wait_s: float = 0.5,
         clock: Clock | None = None,
         sink: Sink = post_to_event_loops,
         on_unhealthy: Callable[[], None] | None = None,
@@ -271,8 +270,6 @@ class EngineLoop:
             raise TypeError("the scheduler must be built on a BatchRecorder (engine_for_runner)")
         self._recorder = scheduler.runner
         self.metrics = metrics
-        self.check_integrity_when_idle = check_integrity_when_idle
-        self.idle_wait_s = idle_wait_s
         self._inbox: deque[_Command] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -391,7 +388,7 @@ class EngineLoop:
         while True:
             with self._cond:
                 if not self._inbox and not self._stopping and (sched.is_idle or not self.healthy):
-                    self._cond.wait(self.idle_wait_s)
+                    self._cond.wait(IDLE_WAIT_S)
                 cmds = list(self._inbox)
                 self._inbox.clear()
                 stopping = self._stopping
@@ -537,11 +534,8 @@ class EngineLoop:
             self._abort_everything(503, "the engine is unhealthy after an internal error")
 
     def _check_idle(self) -> None:
-        if not self.check_integrity_when_idle:
-            return
-        sched = self.scheduler
         try:
-            sched.check_integrity()
+            self.scheduler.check_integrity()
         except AssertionError:
             logger.exception("KV integrity check failed while idle")
             self._mark_unhealthy()

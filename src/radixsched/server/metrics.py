@@ -34,9 +34,8 @@ _ITL_BUCKETS = (
 
 
 class ServerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
         # prometheus-client appends "_total" to counter names itself.
         self.prompt_tokens = Counter(
             PROMPT_TOKENS.removesuffix("_total"),

@@ -54,8 +54,10 @@ from radixsched.server.loop import (
     FinishInfo,
     Post,
     RequestHandle,
+    Sink,
     TokenDelta,
     flush_cache,
+    post_to_event_loops,
 )
 
 logger = logging.getLogger(__name__)
@@ -270,7 +272,7 @@ def _send_reply(out: _Outlet, call_id: int, future: concurrent.futures.Future[An
 def build_engine_loop(
     spec: EngineSpec,
     *,
-    sink: Callable[[list[Post]], None] | None = None,
+    sink: Sink = post_to_event_loops,
     on_unhealthy: Callable[[], None] | None = None,
 ) -> EngineLoop:
     """The model loaded and put under an (unstarted) ``EngineLoop``, as ``spec`` says: torch
@@ -289,16 +291,14 @@ def build_engine_loop(
     if config.max_running_requests is None and kv_slots // MIN_TOKENS_PER_RUNNING < 2048:
         config = config.replace(max_running_requests=max(1, kv_slots // MIN_TOKENS_PER_RUNNING))
     runner = torch_runner(loaded, config, kv_slots, context_len=spec.context_len, seed=config.seed)
-    kw: dict[str, Any] = {"on_unhealthy": on_unhealthy}
-    if sink is not None:
-        kw["sink"] = sink
     return engine_for_runner(
         runner,
         config,
         kv_slots=kv_slots,
         context_len=runner.max_context_len,
         clock=WallClock(epoch=spec.epoch),
-        **kw,
+        sink=sink,
+        on_unhealthy=on_unhealthy,
     )
 
 

@@ -214,17 +214,6 @@ class ServerState:
         """Run a non-streaming request to the end: its output ids and how it finished. Raises
         ``ApiError`` 499 when the client went away first (the request is aborted) and the
         request's own error when it was aborted."""
-        result = await self._collect_or_none(request, handle, detok)
-        if result is None:
-            raise ApiError(499, "client disconnected")
-        if is_error(result[1]):
-            raise abort_error(result[1])
-        return result
-
-    async def _collect_or_none(
-        self, request: Request, handle: RequestHandle, detok: IncrementalDetokenizer
-    ) -> tuple[list[int], FinishInfo] | None:
-        """``collect`` without the error mapping; None when the client went away first."""
 
         async def consume() -> tuple[list[int], FinishInfo]:
             ids: list[int] = []
@@ -242,9 +231,7 @@ class ServerState:
         gone = asyncio.ensure_future(wait_disconnect(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if work.done():
-                return work.result()
-            return None
+            result = work.result() if work.done() else None
         finally:
             for task in (work, gone):
                 if not task.done():
@@ -252,6 +239,11 @@ class ServerState:
             # Gone, or failed (the detokenizer raised): the request must not run on.
             if not handle.finished:
                 self.engine.abort(handle.rid)
+        if result is None:
+            raise ApiError(499, "client disconnected")
+        if is_error(result[1]):
+            raise abort_error(result[1])
+        return result
 
     async def stream(
         self, handle: RequestHandle, detok: IncrementalDetokenizer

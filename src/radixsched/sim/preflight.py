@@ -95,6 +95,37 @@ def check(
     return errors
 
 
+def input_files(rs: RunSettings, default_workload: str) -> list[tuple[str, str, str]]:
+    """(flag, what, path) of every file a run reads: its trace (``workload``, ``trace``), its
+    model's config.json (``model``, ``config``) and its calibration file (``calibration``,
+    ``file``)."""
+    from radixsched.sim.cost.hfconfig import config_path
+
+    files = []
+    trace = trace_path(rs.workload.spec or default_workload)
+    if trace is not None:
+        files.append(("workload", "trace", trace))
+    model = config_path(str(rs.sim["model"])) if rs.sim.get("model") else None
+    if model is not None:
+        files.append(("model", "config", str(model)))
+    if rs.sim.get("calibration"):
+        files.append(("calibration", "file", str(rs.sim["calibration"])))
+    return files
+
+
+def trace_path(spec: str) -> str | None:
+    """The file a workload spec's trace is read from; None for a generated workload, or a spec
+    that does not parse (``check`` reports it)."""
+    from radixsched.sim.workloads.spec import parse_workload_spec
+    from radixsched.sim.workloads.tokens import WorkloadError
+
+    try:
+        kind, params = parse_workload_spec(spec)
+    except WorkloadError:
+        return None
+    return str(params["path"]) if kind.is_trace else None
+
+
 def _check_sim_modes(sim: SimConfig, sched: SchedulerConfig | None) -> list[str]:
     """The engine mode, chunk alignment and closed loop (values a YAML file can give that
     argparse's choices never saw)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from radixsched.sim.preflight import check
+from radixsched.sim.preflight import input_files as run_inputs
 from radixsched.sim.settings.limits import RunConfigError, suggest
 from radixsched.sim.settings.runconfig import RunSettings, load_yaml, resolve
 
@@ -341,22 +342,13 @@ def validate_traces(
 def input_files(points: Sequence[Settings], labels: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(what, path) of every file the points read: traces, model config.json files and
     calibration files (each once)."""
-    from radixsched.sim.cost.hfconfig import config_path
     from radixsched.sim.settings.runconfig import DEFAULT_WORKLOAD
-    from radixsched.sim.workloads.spec import parse_workload_spec
 
     found: dict[str, str] = {}
     for p in points:
         rs = resolve_settings({k: v for k, v in p.items() if k not in labels})
-        kind, params = parse_workload_spec(rs.workload.spec or DEFAULT_WORKLOAD)
-        if kind.is_trace:
-            found.setdefault(str(params["path"]), "the workload trace")
-        model = rs.sim.get("model")
-        path = config_path(str(model)) if model else None
-        if path is not None:
-            found.setdefault(str(path), "the model config")
-        if rs.sim.get("calibration"):
-            found.setdefault(str(rs.sim["calibration"]), "the calibration file")
+        for flag, what, path in run_inputs(rs, DEFAULT_WORKLOAD):
+            found.setdefault(path, f"the {flag} {what}")
     return [(what, path) for path, what in found.items()]
 
 

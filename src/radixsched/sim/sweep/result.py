@@ -111,18 +111,18 @@ class SweepResult:
                 "run": best,
                 "metric": self.config.best.metric,
                 "goal": self.config.best.goal,
-                "value": _json_scalar(rows[best].get(self.config.best.metric)),
+                "value": _json_value(rows[best].get(self.config.best.metric)),
                 "settings": {
-                    k: _json_scalar(_scalar(self.points[best][k])) for k in self.config.varied
+                    k: _json_value(_scalar(self.points[best][k])) for k in self.config.varied
                 },
             },
-            "rows": [{k: _json_scalar(v) for k, v in r.items()} for r in rows],
+            "rows": [{k: _json_value(v) for k, v in r.items()} for r in rows],
             "timing": [
                 {
                     "run": i,
                     "run_wall_s": o.wall_s,
                     **{
-                        k: _json_scalar(v)
+                        k: _json_value(v)
                         for k, v in (o.metrics or {}).items()
                         if k in NONDETERMINISTIC_KEYS
                     },
@@ -141,20 +141,16 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
-def _json_scalar(v: Scalar) -> Scalar:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
-
-
 def _json_value(v: Any) -> Any:
-    """``v`` with every non-finite float as ``_json_scalar`` writes it (a config may hold
-    ``.inf``: ``request_rate``, ``lpm_max_wait_s``)."""
+    """``v`` with every non-finite float as JSON can hold it: NaN as null, infinities as
+    ``"inf"``/``"-inf"`` (a config may hold ``.inf``: ``request_rate``, ``lpm_max_wait_s``)."""
     if isinstance(v, Mapping):
         return {k: _json_value(x) for k, x in v.items()}
     if isinstance(v, list | tuple):
         return [_json_value(x) for x in v]
-    return _json_scalar(v) if isinstance(v, float) else v
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
 
 
 def run_sweep(
