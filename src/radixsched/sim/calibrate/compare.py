@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from radixsched.request import Req
+from radixsched.request import FinishReason, Req
 
 # ---- errors ---------------------------------------------------------------------------------
 
@@ -33,7 +33,7 @@ def compare(
         t = r.times
         if t.first_token is None or t.finish is None or r.finish is None:
             continue
-        if r.finish.reason.value == "abort":
+        if r.finish.reason is FinishReason.ABORT:
             continue
         pt.append(t.first_token - t.arrival)
         pe.append(t.finish - t.arrival)

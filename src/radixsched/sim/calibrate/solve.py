@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from radixsched.request import FinishReason
 from radixsched.sim.calibrate.compare import compare
 from radixsched.sim.calibrate.params import (
     _K,
@@ -85,7 +86,7 @@ def _linearise(sim: Simulated, theta: FloatArray) -> _Linear:
         t = r.times
         if t.first_token is None or t.finish is None or r.finish is None:
             continue
-        if r.finish.reason.value == "abort":
+        if r.finish.reason is FinishReason.ABORT:
             continue
         arrive = float(at_scheduler[i])
         front = arrive - t.arrival - sim.latency  # waited for the front end (s's doing)
@@ -205,7 +206,7 @@ def _check_served(replay: Replay, sims: Sequence[Simulated]) -> None:
     where = f"{replay.run.path}: {replay.run.name}"
     measured = sorted(m[2] for m in replay.measured)
     for sim in sims:
-        lost = [r for r in sim.reqs if r.finish is None or r.finish.reason.value == "abort"]
+        lost = [r for r in sim.reqs if r.finish is None or r.finish.reason is FinishReason.ABORT]
         if lost:
             r = lost[0]
             why = "not finished" if r.finish is None else r.finish.message
