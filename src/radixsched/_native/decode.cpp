@@ -10,7 +10,6 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#include <climits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -20,6 +19,7 @@
 
 #include "pool.hpp"
 #include "py_attr.hpp"
+#include "stand_in_py.hpp"
 #include "stepcost.hpp"
 
 namespace radixsched {
@@ -263,10 +263,7 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
         const uint64_t v = radixsched::stand_in(h, p, vocab);
-        // PyLong_FromLong where it fits (every vocabulary in practice): the unsigned call
-        // forwards there for small values anyway, one call deeper.
-        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
-                                              : PyLong_FromUnsignedLongLong(v);
+        PyObject* t = radixsched::token_int(v);  // (a shared int: no allocation a token)
         if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }
@@ -526,7 +523,7 @@ struct DecodeBatch {
                 const nb::object& r = reqs.at(size_t(rows[j]));
                 if (o.ks[j] <= 0 || !plain(r, cols.stops().at(size_t(rows[j])) != 0)) continue;
                 const nb::object h = nb::steal(
-                    PyObject_GetItem(hashes.ptr(), py::get(r, names_.rid).ptr()));
+                    radixsched::memo_item(hashes.ptr(), py::get(r, names_.rid).ptr()));
                 if (!h.is_valid()) throw nb::python_error();
                 hash[j] = nb::cast<uint64_t>(h);
                 done[j] = 1;
