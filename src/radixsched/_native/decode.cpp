@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <climits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -263,7 +264,12 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
     for (int64_t c = 0; c < k; ++c) {
         const uint64_t p = static_cast<uint64_t>(first + c);
         const uint64_t v = radixsched::stand_in(h, p, vocab);
-        PyObject* t = radixsched::token_int(v);  // (a shared int: no allocation a token)
+        // PyLong_FromLong where it fits (every vocabulary in practice): the unsigned call
+        // forwards there for small values anyway, one call deeper. (A fresh int each: one
+        // shared int per id, tried, cost more time than it saved: its count's write misses
+        // the cache per token, twice with the release, where a fresh one is a warm block.)
+        PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
+                                              : PyLong_FromUnsignedLongLong(v);
         if (t == nullptr) throw nb::python_error();
         PyList_SET_ITEM(out.ptr(), Py_ssize_t(c), t);  // steals t
     }

@@ -527,7 +527,7 @@ private:
                 set(sched, n.chunked_req, Py_None);
                 chunked = nb::none();
             }
-            const nb::object tok = nb::steal(token_int(it.token));
+            const nb::object tok = nb::steal(PyLong_FromUnsignedLongLong(it.token));
             if (!tok.is_valid()) throw nb::python_error();
             const nb::object outs = get(r, n.output_ids), times = get(r, n.times);
             append(outs, tok);

@@ -1,32 +1,11 @@
 // The Python side of the simulator's stand-in tokens (stepcost.hpp's stand_in), shared by the
 // native decode (decode.cpp) and prefill (prefill.cpp) steps: a request's rid hash read from
-// the runner's memo, and a token as the Python int the runner's lists hold.
+// the runner's memo.
 #pragma once
 
 #include <Python.h>
 
-#include <cstdint>
-#include <vector>
-
 namespace radixsched {
-
-// A token id as a Python int (a new reference), equal to PyLong_FromUnsignedLongLong(v):
-// ids below kSharedTokenInts share one int object each, made on first use and kept for the
-// life of the process (never released, as the interned names are), so that a run's output
-// tokens (many, their distinct values at most a vocabulary) allocate no object each. Ints
-// are immutable: nothing can tell a shared one from a fresh one but identity, which no
-// token reader compares. Needs the GIL.
-inline PyObject* token_int(uint64_t v) {
-    constexpr uint64_t kSharedTokenInts = uint64_t(1) << 18;
-    if (v >= kSharedTokenInts) return PyLong_FromUnsignedLongLong(v);
-    static std::vector<PyObject*> shared(kSharedTokenInts, nullptr);  // owned refs, never released
-    PyObject*& slot = shared[size_t(v)];
-    if (slot == nullptr) {
-        slot = PyLong_FromUnsignedLongLong(v);
-        if (slot == nullptr) return nullptr;
-    }
-    return Py_NewRef(slot);
-}
 
 // `memo[rid]` (a new reference, null with the Python error set on failure) for the runner's
 // rid -> hash memo (a dict subclass whose __missing__ fills it): the dict's own entry where it
