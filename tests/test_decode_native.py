@@ -273,6 +273,37 @@ def test_native_stand_ins_equal_the_runners(h: int, first: int, count: int, voca
     assert got == _stand_ins(h, range(first, first + count), vocab)
 
 
+class _Overriding(dict[str, int]):
+    """A memo whose subscript is its own (the native read must call it, not read the dict)."""
+
+    def __getitem__(self, rid: str) -> int:
+        return 777
+
+
+@pytest.mark.parametrize("kind", ["dict", "overriding", "missing"])
+def test_settle_reads_the_rid_memo_as_its_subscript_does(kind: str) -> None:
+    """The plain rows' rid hashes are ``memo[rid]``: a dict's entry, a subclass's own
+    ``__getitem__``, or the runner's memo's ``__missing__`` (which fills it) on a miss."""
+    from radixsched.cache import native_radix
+    from radixsched.sim.cost.build import build_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner, _RidHashes, _stand_ins
+
+    runner = CostModelRunner(build_cost_model(SimConfig()))
+    memo: dict[str, int] = {"dict": {"p": 4242}, "overriding": _Overriding(p=4242)}.get(
+        kind, _RidHashes(runner.seed)
+    )
+    pool = native_radix.make_pool(1000, 1)
+    req = Req("p", np.arange(5, dtype=np.int32), SamplingParams(max_new_tokens=9, ignore_eos=True))
+    b = _batch([req])  # type: ignore[list-item]
+    res = b.jump(True, 1000, 1, 0.0, None, runner.native_decode_cost(), pool, print, 0.0, 0.0)
+    assert res is not None and res[0] == 9
+    vocab = runner.native_tokens()[1]  # type: ignore[index]
+    b.settle([0], runner.tokens_at, (memo, vocab), pool)
+    h = {"dict": 4242, "overriding": 777}.get(kind, runner.native_tokens()[0]["p"])  # type: ignore[index]
+    assert req.output_ids == _stand_ins(h, range(5, 14), vocab)
+    assert kind != "missing" or "p" in memo
+
+
 def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
     """A plain request's tokens come from the stand-in recipe, a scripted one's from
     ``tokens_at``: both what the runner gives for them."""

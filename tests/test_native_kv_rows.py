@@ -384,3 +384,31 @@ def test_rows_and_an_entrys_views_are_numpys_slices_of_their_arrays() -> None:
     assert got[0][:3] == got[1][:3]
     assert [p[2] for p in got[1][0]] == [True, False, True, True]  # the prompt's: read-only
     assert got[1][1] is _Buf and got[1][3] is not None
+
+
+@pytest.mark.parametrize("layout", ["int32", "int64", "strided", "swapped"])
+def test_a_checkpoint_reads_any_prompt_and_its_outputs_as_the_reference(layout: str) -> None:
+    """The prompt is read in place where it is a plain int32 array, else as nanobind casts it;
+    the outputs past it (many: read ahead) follow. The tree holds what the reference's holds."""
+    ref, fast = _twins()
+    got = []
+    for kv in (ref, fast):
+        base = np.arange(60, dtype=np.int32)
+        prompt: Any = {
+            "int32": base[:30].copy(),
+            "int64": base[:30].astype(np.int64),
+            "strided": base[::2],
+            "swapped": base[:30].astype(">i4"),
+        }[layout]
+        r = Req("w", prompt, SamplingParams(max_new_tokens=40))
+        r.output_ids = list(range(1000, 1040))
+        kv.match_for_admission(r)
+        kv.take_prefix(r)
+        kv.grow([r], [r.fill_len])
+        r.kv_len = r.fill_len
+        kv.checkpoint(r, r.fill_len)
+        got.append((r.kv_row.tolist(), r.cache_protected_len, kv.cache.evictable_size()))
+        q = _run(kv, "q", np.asarray(prompt).tolist() + list(range(1000, 1040)) + [7])
+        got.append((q.prefix_len, q.kv_row.tolist()))
+    assert got[0] == got[2] and got[1] == got[3]
+    assert got[3][1][:70] == got[2][0][:70]  # q's 70 tokens were the cache's hit

@@ -20,6 +20,7 @@
 
 #include "pool.hpp"
 #include "py_attr.hpp"
+#include "stand_in_py.hpp"
 #include "stepcost.hpp"
 
 namespace radixsched {
@@ -264,7 +265,9 @@ nb::object stand_ins(uint64_t h, int64_t first, int64_t k, uint64_t vocab) {
         const uint64_t p = static_cast<uint64_t>(first + c);
         const uint64_t v = radixsched::stand_in(h, p, vocab);
         // PyLong_FromLong where it fits (every vocabulary in practice): the unsigned call
-        // forwards there for small values anyway, one call deeper.
+        // forwards there for small values anyway, one call deeper. (A fresh int each: one
+        // shared int per id, tried, cost more time than it saved: its count's write misses
+        // the cache per token, twice with the release, where a fresh one is a warm block.)
         PyObject* t = v <= uint64_t(LONG_MAX) ? PyLong_FromLong(long(v))
                                               : PyLong_FromUnsignedLongLong(v);
         if (t == nullptr) throw nb::python_error();
@@ -526,7 +529,7 @@ struct DecodeBatch {
                 const nb::object& r = reqs.at(size_t(rows[j]));
                 if (o.ks[j] <= 0 || !plain(r, cols.stops().at(size_t(rows[j])) != 0)) continue;
                 const nb::object h = nb::steal(
-                    PyObject_GetItem(hashes.ptr(), py::get(r, names_.rid).ptr()));
+                    radixsched::memo_item(hashes.ptr(), py::get(r, names_.rid).ptr()));
                 if (!h.is_valid()) throw nb::python_error();
                 hash[j] = nb::cast<uint64_t>(h);
                 done[j] = 1;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace radixsched {
@@ -212,6 +213,23 @@ RowView row_of(nb::handle obj, bool write = true) {
     if (nb::try_cast(obj, narrow, false)) return {narrow.data(), nullptr, int64_t(narrow.shape(0))};
     const auto wide = nb::cast<RowOf<int64_t>>(obj, false);
     return {nullptr, wide.data(), int64_t(wide.shape(0))};
+}
+
+// `obj`'s tokens as nb::cast<Tokens> reads them (its data and length): read in place where
+// `obj` is a plain numpy.ndarray of native-order int32, 1-d, aligned and contiguous (a prompt:
+// no DLPack capsule made per read), else through that cast, its array (a converted copy where
+// it converts) kept in `held`, valid while `held` and `obj` are.
+std::pair<const int32_t*, int64_t> tokens_of(nb::handle obj, Tokens& held) {
+    import_numpy();
+    if (PyArray_CheckExact(obj.ptr())) {
+        auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());
+        if (PyArray_TYPE(a) == NPY_INT32 && PyArray_ISNOTSWAPPED(a) && PyArray_ISALIGNED(a) &&
+            PyArray_NDIM(a) == 1 &&
+            (PyArray_STRIDE(a, 0) == PyArray_ITEMSIZE(a) || PyArray_DIM(a, 0) <= 1))
+            return {static_cast<const int32_t*>(PyArray_DATA(a)), int64_t(PyArray_DIM(a, 0))};
+    }
+    held = nb::cast<Tokens>(obj);
+    return {held.data(), int64_t(held.shape(0))};
 }
 
 // The capsule that keeps an int32 row's block (its SlotOwner) alive: the row array's base.
@@ -539,21 +557,32 @@ public:
         // The key from the lock's depth (lo; the root's is 0), or whole without a lock.
         const int64_t start = lock != nullptr ? lo : 0;
         nb::object prompt_obj = get(req, n.prompt_ids);
-        Tokens prompt = nb::cast<Tokens>(prompt_obj);
-        const auto np = static_cast<int64_t>(prompt.shape(0));
+        Tokens held;  // (tokens_of's array where it casts)
+        const std::pair<const int32_t*, int64_t> prompt = tokens_of(prompt_obj, held);
+        const int32_t* const prompt_data = prompt.first;
+        const int64_t np = prompt.second;
         // fill_slice(start, aligned) past the prompt, in the buffer of the calls before (moved
         // out while in use, back at the end: no allocation once it is large enough)
         std::vector<int32_t> joined = std::move(joined_);  // assign() below replaces it
-        const int32_t* tokens = prompt.data() + start;
+        const int32_t* tokens = prompt_data + start;
         if (aligned > np) {
             joined.reserve(static_cast<size_t>(aligned - start));
-            joined.assign(prompt.data() + std::min(start, np), prompt.data() + np);
+            joined.assign(prompt_data + std::min(start, np), prompt_data + np);
             nb::object outs = get(req, n.output_ids);
             const int64_t stop = std::min(aligned - np, len_of(outs));
             const bool list = PyList_CheckExact(outs.ptr());  // read in place, no index objects
-            for (int64_t i = std::max<int64_t>(start - np, 0); i < stop; ++i) {
+            const int64_t from = std::max<int64_t>(start - np, 0);
+            // The ints were made step by step long before (cold, scattered): each is asked
+            // for kAhead reads early, so that their misses overlap (cache hints only).
+            constexpr int64_t kAhead = 16;
+            const int64_t hinted = list ? std::min<int64_t>(stop, PyList_GET_SIZE(outs.ptr())) : 0;
+            for (int64_t i = from; i < std::min(from + kAhead, hinted); ++i)
+                __builtin_prefetch(PyList_GET_ITEM(outs.ptr(), i));
+            for (int64_t i = from; i < stop; ++i) {
                 if (list && i >= PyList_GET_SIZE(outs.ptr()))
                     throw std::runtime_error("checkpoint: output_ids shrank while read");
+                if (i + kAhead < hinted && i + kAhead < PyList_GET_SIZE(outs.ptr()))
+                    __builtin_prefetch(PyList_GET_ITEM(outs.ptr(), i + kAhead));
                 joined.push_back(list ? token_of(PyList_GET_ITEM(outs.ptr(), i))
                                       : nb::cast<int32_t>(outs[i]));
             }
@@ -565,7 +594,7 @@ public:
         SlotShare key_share;
         if (aligned <= np) {  // (else `tokens` are the joined copy)
             key_share = prompt_block(prompt_obj);
-            if (key_share.begin != prompt.data()) key_share = SlotShare{};  // converted: copied
+            if (key_share.begin != prompt_data) key_share = SlotShare{};  // converted: copied
         }
         const int32_t ns_id = ns(req);
         const int64_t prio = priority(req), inserted = get_int(req, n.cache_inserted_len);

@@ -125,20 +125,20 @@ void ChildCache::clear() {
 
 namespace {
 
-// The tree's lookup that `w` waits for.
-Node* lookup(const Tree& tree, const Walk& w, std::string& key) {
-    page_key_into(tree, key, w.tokens + w.pos, w.node, w.ns);
-    auto it = w.node->children.find(key);
-    return it == w.node->children.end() ? nullptr : it->second.get();
+// The child of the tree's lookup that `w` waits for (Tree::find_child_ptr's: the node's
+// child index, its namespace the walk's under the root, none below).
+int32_t lookup_ns(const Tree& tree, const Walk& w) { return w.node == tree.root().get() ? w.ns : 0; }
+
+Node* lookup(const Tree& tree, const Walk& w) {
+    return w.node->index.get(w.tokens + w.pos, tree.page_size(), lookup_ns(tree, w));
 }
 
-// Loads (into the cache) the bucket of the tree's child lookup that `w` waits for.
-void touch_bucket(const Tree& tree, const Walk& w, std::string& key) {
-    const auto& children = w.node->children;
-    if (children.empty()) return;
-    page_key_into(tree, key, w.tokens + w.pos, w.node, w.ns);
-    auto it = children.begin(children.bucket(key));
-    if (it != children.end(0)) __builtin_prefetch(&*it);
+// Loads (into the cache) the home entry of the tree's child lookup that `w` waits for.
+void touch_bucket(const Tree& tree, const Walk& w) {
+    const ChildIndex& index = w.node->index;
+    if (index.size() == 0) return;
+    __builtin_prefetch(index.home(ChildIndex::hash(w.tokens + w.pos, tree.page_size(),
+                                                   lookup_ns(tree, w))));
 }
 
 // Starts loading the next tokens `w` compares (requests' tokens are many and cold; the next
@@ -154,11 +154,10 @@ void prefetch_tokens(const Walk& w) {
 
 void walk_one(const Tree& tree, Walk& w) {
     begin(tree, w);
-    std::string key;
     while (!w.done) {
         run(tree, w, nullptr);
         if (w.done) break;
-        w.child = lookup(tree, w, key);
+        w.child = lookup(tree, w);
         w.have = true;
     }
 }
@@ -178,7 +177,6 @@ void walk_all(const Tree& tree, std::vector<Walk>& walks, WalkScratch& scratch) 
         begin(tree, w);
         if (!w.done) waiting.push_back(&w);
     }
-    std::string key, ahead;
     while (!waiting.empty()) {
         next.clear();
         for (size_t j = 0; j < waiting.size(); ++j) {  // as far as the cache answers
@@ -194,11 +192,11 @@ void walk_all(const Tree& tree, std::vector<Walk>& walks, WalkScratch& scratch) 
             if (i + kAhead < next.size()) {
                 const Walk& a = *next[i + kAhead];
                 if (!cache.peek(tree, *a.node, a.tokens + a.pos, a.ns, found))
-                    touch_bucket(tree, a, ahead);
+                    touch_bucket(tree, a);
             }
             Walk& w = *next[i];
             if (!cache.peek(tree, *w.node, w.tokens + w.pos, w.ns, w.child)) {
-                w.child = lookup(tree, w, key);
+                w.child = lookup(tree, w);
                 cache.put(tree, *w.node, w.ns, w.child);
             }
             w.have = true;

@@ -20,6 +20,7 @@
 #include "pool.hpp"
 #include "py_attr.hpp"
 #include "round.hpp"
+#include "stand_in_py.hpp"
 #include "stepcost.hpp"
 #include "vclock.hpp"
 
@@ -159,7 +160,7 @@ bool stand_in_of(Item& it, int64_t prefix, nb::handle hashes, uint64_t vocab) {
         return false;
     it.max_new = get_int(s, n.max_new_tokens);
     const nb::object rid = get(it.req, n.rid);
-    const nb::object h = nb::steal(PyObject_GetItem(hashes.ptr(), rid.ptr()));
+    const nb::object h = nb::steal(memo_item(hashes.ptr(), rid.ptr()));
     if (!h.is_valid()) throw nb::python_error();
     it.token = stand_in(nb::cast<uint64_t>(h), uint64_t(prefix + it.num_new), vocab);
     return true;

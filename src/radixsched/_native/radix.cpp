@@ -445,6 +445,31 @@ int64_t Tree::mismatch(const int32_t* tokens, int64_t avail, const Node& node) c
     return m - m % page_;
 }
 
+namespace {
+
+// `child` appended to `parent`'s children, its place noted.
+void own_child(Node& parent, NodePtr child) {
+    child->child_at = parent.children.size();
+    parent.children.push_back(std::move(child));
+}
+
+// `child` out of `parent`'s children (the last one moving into its place), returned.
+NodePtr disown_child(Node& parent, const Node& child) {
+    std::vector<NodePtr>& kids = parent.children;
+    const size_t at = child.child_at;
+    if (at >= kids.size() || kids[at].get() != &child)
+        throw IntegrityFailure(node_desc(child) + " not in its parent");
+    NodePtr out = std::move(kids[at]);
+    if (at + 1 != kids.size()) {
+        kids[at] = std::move(kids.back());
+        kids[at]->child_at = at;
+    }
+    kids.pop_back();
+    return out;
+}
+
+}  // namespace
+
 NodePtr Tree::make_node(SlotVec key, SlotVec value, Node* parent,
                         int32_t ns, int64_t now, int64_t priority) {
     auto n = std::make_shared<Node>();
@@ -460,7 +485,10 @@ NodePtr Tree::make_node(SlotVec key, SlotVec value, Node* parent,
 
 NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     Node* parent = child.parent;
-    NodePtr lower = parent->children.at(child.child_key);  // keeps the child alive
+    if (child.child_at >= parent->children.size() ||
+        parent->children[child.child_at].get() != &child)
+        throw IntegrityFailure(node_desc(child) + " not in its parent");
+    NodePtr lower = parent->children[child.child_at];  // keeps the child alive
     // The upper part takes the child's arrays (cut to m), the child their tail: a view of the
     // same blocks where long enough (SlotVec), else a copy of the tail alone.
     NodePtr up = make_node(std::move(child.key), std::move(child.value), parent, child.ns, now,
@@ -476,14 +504,15 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     up->child_key = child.child_key;
     up->key_hash = child.key_hash;
     if (!compat_) up->creation_time = child.creation_time;
-    parent->children[child.child_key] = up;  // the same key: the same place
+    up->child_at = child.child_at;
+    parent->children[up->child_at] = up;  // the same key: the same place
     parent->index.replace(child, *up);
     child.parent = up.get();
     child.top = false;
     child.child_key = page_key(child.key.data(), up.get(), child.ns);
     child.key_hash = ChildIndex::hash(child.key.data(), page_, 0);
     up->index.add(child);
-    up->children.emplace(child.child_key, std::move(lower));
+    own_child(*up, std::move(lower));
     if (events.on_split) events.on_split(*up, child);
     return up;
 }
@@ -724,7 +753,7 @@ WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, con
     if (n > inserted_len) leaf->hit_count = 1;
     if (node->children.empty() && node->lock_ref == 0) leaf_remove(*node);
     node->index.add(*leaf);
-    node->children.emplace(leaf->child_key, leaf);
+    own_child(*node, leaf);
     if (events.on_child) events.on_child(*node, leaf->child_key);
     evictable_ += n - pos;
     mark_evictable(*leaf);
@@ -836,7 +865,7 @@ void Tree::Freed::copy(const int32_t* begin, const int32_t* end) {
 }
 
 void Tree::evict_whole(Node& leaf, Freed& freed) {
-    leaf.parent->index.prefetch(leaf);  // its miss overlaps the map's below
+    leaf.parent->index.prefetch(leaf);  // its miss overlaps the children's below
     const int64_t length = leaf.size();
     if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, length);
     if (events.on_evict) events.on_evict(leaf, 0);
@@ -845,10 +874,7 @@ void Tree::evict_whole(Node& leaf, Freed& freed) {
     freed.take(std::move(leaf.value));
     leaf.value.clear();
     Node* parent = leaf.parent;
-    auto it = parent->children.find(leaf.child_key);
-    if (it == parent->children.end()) throw IntegrityFailure(node_desc(leaf) + " not in its parent");
-    NodePtr hold = std::move(it->second);  // alive until this returns
-    parent->children.erase(it);
+    const NodePtr hold = disown_child(*parent, leaf);  // alive until this returns
     parent->index.remove(leaf);
     leaf.parent = nullptr;
     leaf_remove(leaf);
@@ -955,7 +981,7 @@ std::vector<int64_t> Tree::reset() {
 std::vector<NodePtr> Tree::children_in_order(const Node& node) {
     std::vector<NodePtr> kids;
     kids.reserve(node.children.size());
-    for (const auto& kv : node.children) kids.push_back(kv.second);
+    for (const NodePtr& c : node.children) kids.push_back(c);
     std::sort(kids.begin(), kids.end(),
               [](const NodePtr& x, const NodePtr& y) { return x->slot < y->slot; });
     return kids;
@@ -1084,8 +1110,8 @@ void Tree::check_integrity() const {
             throw IntegrityFailure(d + ": " + std::to_string(node.value.size()) +
                                    " values for " + std::to_string(klen) + " tokens");
         const std::string ck = page_key(node.key.data(), const_cast<Node*>(parent), node.ns);
-        auto it = parent->children.find(ck);
-        if (it == parent->children.end() || it->second.get() != &node)
+        if (node.child_at >= parent->children.size() ||
+            parent->children[node.child_at].get() != &node)
             throw IntegrityFailure(d + " not under its own first-page key in its parent");
         const int32_t nsp = parent == root_.get() ? node.ns : 0;
         if (node.key_hash != ChildIndex::hash(node.key.data(), page_, nsp) ||
@@ -1101,7 +1127,7 @@ void Tree::check_integrity() const {
         if (node.lock_ref < 0)
             throw IntegrityFailure(d + ": negative lock_ref " + std::to_string(node.lock_ref));
         int64_t child_locks = 0;
-        for (const auto& kv : node.children) child_locks += kv.second->lock_ref;
+        for (const NodePtr& c : node.children) child_locks += c->lock_ref;
         if (node.lock_ref < child_locks)
             throw IntegrityFailure(d + ": lock_ref " + std::to_string(node.lock_ref) +
                                    " < sum of children's " + std::to_string(child_locks));

@@ -201,9 +201,10 @@ struct Node : std::enable_shared_from_this<Node> {
     SlotVec key;
     SlotVec value;  // one KV slot per token of `key`
     Node* parent = nullptr;
-    // child key (bytes of the child's first page, prefixed by the namespace id for a child
-    // of the root in a non-default namespace) -> child
-    std::unordered_map<std::string, std::shared_ptr<Node>> children;
+    // Its children, owned, in no particular order (a child's place is its `child_at`; a
+    // removal moves the last into the hole): the lookups by key go through `index`, and
+    // whatever reads them in order sorts them by slot (children_in_order).
+    std::vector<std::shared_ptr<Node>> children;
     int64_t lock_ref = 0;
     int64_t last_access_time = 0;
     int64_t creation_time = 0;
@@ -215,7 +216,10 @@ struct Node : std::enable_shared_from_this<Node> {
     int64_t slot = 0;
     int32_t ns = 0;  // namespace id (0: the default namespace)
     bool top = false;  // hangs (or hung, once detached) directly under the root
-    std::string child_key;  // its key in its parent's children (kept once detached)
+    // Its key in its parent (bytes of its first page, prefixed by the namespace id for a
+    // child of the root in a non-default namespace; kept once detached).
+    std::string child_key;
+    size_t child_at = 0;  // its place in its parent's `children` (while attached)
     // Last, so that the fields above keep their cache lines (eviction reads them per leaf).
     ChildIndex index;  // the same children, for lookups by a page in place
     uint64_t key_hash = 0;  // ChildIndex::hash of its key in its parent (kept once detached)
