@@ -14,7 +14,7 @@ NATIVE_SRC := CMakeLists.txt $(wildcard src/radixsched/_native/*.cpp src/radixsc
 # The tests that compare the native core with the Python reference, bit for bit.
 EQUIV_TESTS := tests/test_native_radix.py tests/test_allocator.py tests/test_radix_cache.py \
 	tests/test_radix_stateful.py \
-	tests/test_evict_heap.py tests/test_fast_parts.py tests/test_equivalence.py \
+	tests/test_evict_heap.py tests/test_native_parts.py tests/test_equivalence.py \
 	tests/test_equivalence_fuzz.py tests/test_golden.py tests/test_simulate.py \
 	tests/test_native_match.py tests/test_native_order.py tests/test_native_adder.py \
 	tests/test_decode_native.py tests/test_cold_round.py tests/test_native_radix_index.py \
@@ -23,8 +23,8 @@ EQUIV_TESTS := tests/test_native_radix.py tests/test_allocator.py tests/test_rad
 	tests/test_native_chunks.py tests/test_native_compat_match.py tests/test_native_fused_step.py \
 	tests/test_native_compat_round.py tests/test_native_admit_compat.py \
 	tests/test_native_prompts.py tests/test_native_radix_tokens.py tests/test_arrive.py \
-	tests/test_fast_step.py tests/test_native_take.py tests/test_native_checkpoint_rematch.py \
-	tests/test_native_radix_slots.py tests/test_native_kv_rows.py tests/test_fast_glue.py \
+	tests/test_native_step.py tests/test_native_take.py tests/test_native_checkpoint_rematch.py \
+	tests/test_native_radix_slots.py tests/test_native_kv_rows.py tests/test_native_glue.py \
 	tests/test_native_key_views.py tests/test_native_leaf_index.py tests/test_native_vclock.py \
 	tests/test_native_attr_values.py \
 	tests/test_native_shuffle.py tests/test_native_optimal.py tests/test_native_random_order.py \

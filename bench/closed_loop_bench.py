@@ -8,7 +8,7 @@ each other the way one replica runs ahead to its next arrival. Each case times:
   --max-concurrency C --quiet --json OUT`` in a fresh process (start, load, simulation,
   optimal bound, table), the fastest of ``--repeat``;
 - **accelerated** / **reference**: ``simulate()`` in this process with the accelerators
-  (``radixsched.fast``) and with the reference core, the fastest of ``--repeat``; the two
+  (``radixsched.native``) and with the reference core, the fastest of ``--repeat``; the two
   must give the same per-request results (checked here: token times and hit rate).
 
 ``--baseline SRC`` (another source tree's ``src``, e.g. a worktree of an earlier commit) adds

@@ -11,7 +11,7 @@ For each policy and queue length, the median over repeated calls of:
 
 - **reference**: ``WaitingQueue.begin_round`` (the reference core: every request matched and
   the queue ordered every round, as SGLang does);
-- **cold**: the accelerated queue (``FastWaitingQueue``) after every memo was dropped (as a
+- **cold**: the accelerated queue (``NativeWaitingQueue``) after every memo was dropped (as a
   cache reset does): every request re-matched and the queue ordered from scratch;
 - **warm**: the accelerated queue's next round with nothing changed;
 - **churn**: one admission (the head leaves) and one arrival since the last round, the
@@ -48,9 +48,9 @@ from rich.console import Console
 from rich.table import Table
 
 from radixsched.cache import CacheKey, RadixCache
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.queue import FastWaitingQueue
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req
 
@@ -129,7 +129,7 @@ def time_policy(name: str, s: Setup, queue: list[Req], arrivals: list[Req], budg
     ref.begin_round([], 0, 0.0)  # the first round settles the list's order
     reference = _median_ms(lambda: ref.begin_round([], 10_000, 1.0), budget_s)
 
-    fast = FastWaitingQueue(cfg, s.native)
+    fast = NativeWaitingQueue(cfg, s.native)
     for r in _fresh(queue):
         fast.add(r)
     fast.begin_round([], 0, 0.0)
@@ -162,7 +162,7 @@ def _burst_ms(cfg: SchedulerConfig, s: Setup, queue: list[Req], samples: int = 7
     for _ in range(samples):
         reqs = _fresh(queue)
         t0 = time.perf_counter()
-        fast = FastWaitingQueue(cfg, s.native)
+        fast = NativeWaitingQueue(cfg, s.native)
         for r in reqs:
             fast.add(r)
         fast.begin_round([], 10_000, 1.0)

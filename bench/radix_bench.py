@@ -43,8 +43,8 @@ from rich.console import Console
 from rich.table import Table
 
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.native import core
+from radixsched.native.radix import NativeRadixCache
 
 GROUPS = 200
 PER_GROUP = 50

@@ -1,6 +1,6 @@
 """Mutation check of the accelerators: does the equivalence suite notice a broken fast path?
 
-Each mutant below is a plausible bug in ``radixsched/fast``, in the native matcher
+Each mutant below is a plausible bug in ``radixsched/native``, in the native matcher
 (``radixsched/_native``) or in the simulator's scalar fast paths (``sim/cost/``): a memo not
 re-pointed, a flag that says "in order" when the list is not, a tie number on the wrong side, a
 jump that ignores a stop... For each one, a copy of the package with that one change is put
@@ -50,7 +50,7 @@ TESTS = (
     "tests/test_native_select.py",
     "tests/test_native_shuffle.py",
     "tests/test_native_random_order.py",
-    "tests/test_fast_glue.py",
+    "tests/test_native_glue.py",
     "tests/test_native_compat_match.py",
     "tests/test_native_compat_round.py",
     "tests/test_decode_native.py",
@@ -59,7 +59,7 @@ TESTS = (
     "tests/test_native_dfs_order.py",
     "tests/test_native_adder.py",
     "tests/test_native_admit_compat.py",
-    "tests/test_fast_parts.py",
+    "tests/test_native_parts.py",
     "tests/test_costmodel_fastpath.py",
     "tests/test_native_run.py",
     "tests/test_native_attr_values.py",
@@ -69,7 +69,7 @@ TESTS = (
     "tests/test_equivalence_fuzz.py",
     "tests/test_native_alloc_evicting.py",
     "tests/test_native_chunks.py",
-    "tests/test_fast_step.py",
+    "tests/test_native_step.py",
     "tests/test_native_fused_step.py",
     "tests/test_arrive.py",
     "tests/test_native_take.py",
@@ -141,7 +141,7 @@ MUTANTS = (
     ),
     Mutant(
         "native-core-loaded-by-every-thread-that-asks",
-        "native.py",
+        "native/__init__.py",
         "            if not _loaded:\n                _loaded.append(_load())",
         "            _loaded.append(_load())",
     ),
@@ -183,32 +183,32 @@ MUTANTS = (
     ),
     Mutant(
         "fcfs-round-skips-the-entry-sort",
-        "fast/queue.py",
+        "native/queue.py",
         "        positions = self._reference_order(self.policy, None)",
         "        positions = iter(range(len(self.reqs)))",
     ),
     Mutant(
         "fcfs-round-keeps-the-arrivals",
-        "fast/queue.py",
+        "native/queue.py",
         "        self.added, self.moved = [], {}\n        order = RoundOrder(self.reqs, positions)\n"
         "        if (",
         "        order = RoundOrder(self.reqs, positions)\n        if (",
     ),
     Mutant(
         "fcfs-round-skips-the-refresh-count",
-        "fast/queue.py",
+        "native/queue.py",
         "            self._refresh_rounds += 1  # not due: ``refresh`` only counts it",
         "            pass",
     ),
     Mutant(
         "fcfs-round-for-any-order-without-engine",
-        "fast/queue.py",
+        "native/queue.py",
         "            self.fast\n            and self._fcfs\n",
         "            self.fast\n",
     ),
     Mutant(
         "take-native-despite-compat-keys",
-        "fast/queue.py",
+        "native/queue.py",
         "        if self._native_take is None or (m is not None and m.keys is not None):\n"
         "            return None\n        order, remove",
         "        if self._native_take is None:\n            return None\n        order, remove",
@@ -233,7 +233,7 @@ MUTANTS = (
     ),
     Mutant(
         "compat-lof-sorts-ascending",
-        "fast/queue.py",
+        "native/queue.py",
         "            reqs.sort(key=_MAX_NEW, reverse=True)",
         "            reqs.sort(key=_MAX_NEW)",
     ),
@@ -293,13 +293,13 @@ MUTANTS = (
     ),
     Mutant(
         "lazy-shuffle-for-a-subclass",
-        "fast/queue.py",
+        "native/queue.py",
         "        if pol.order is _RANDOM_ORDER and self._lazy_shuffle is not None and type(rng) is Random:",
         "        if pol.order is _RANDOM_ORDER and self._lazy_shuffle is not None:",
     ),
     Mutant(
         "lazy-head-without-the-draws",
-        "fast/queue.py",
+        "native/queue.py",
         "        span: list[Req] = positions.head(order.queue, order._seen, REFRESH_SPAN)",
         "        span: list[Req] = order.queue[:REFRESH_SPAN]",
     ),
@@ -378,25 +378,25 @@ MUTANTS = (
     ),
     Mutant(
         "entry-order-kept-after-requeue",
-        "fast/queue.py",
+        "native/queue.py",
         "        self.entry_ordered = ordered and self._fit_entry_order(reqs, placed)",
         "        self.entry_ordered = ordered",
     ),
     Mutant(
         "arrival-order-assumed-after-requeue",
-        "fast/queue.py",
+        "native/queue.py",
         "        self._arrival_known = placed\n",
         "        self._arrival_known = True\n",
     ),
     Mutant(
         "admission-end-ignores-cap",
-        "fast/queue.py",
+        "native/queue.py",
         "        extra = m.n - cap  # the whole fill is cached: step back to the cap",
         "        extra = 0",
     ),
     Mutant(
         "requeue-placed-one-early",
-        "fast/queue.py",
+        "native/queue.py",
         "            elif engine.place(r, j):",
         "            elif engine.place(r, max(j - 1, 0)):",
     ),
@@ -408,7 +408,7 @@ MUTANTS = (
     ),
     Mutant(
         "fair-placed-one-late",
-        "fast/orders.py",
+        "native/orders.py",
         "        if not order.place(r, j):\n            return False\n        self.tenant_of",
         "        if not order.place(r, min(j + 1, len(order))):\n            return False\n"
         "        self.tenant_of",
@@ -571,13 +571,13 @@ MUTANTS = (
     ),
     Mutant(
         "routing-key-count-change-not-rekeyed",
-        "fast/orders.py",
+        "native/orders.py",
         "                rekey.update(self.by_key.get(k, {}))",
         "                pass",
     ),
     Mutant(
         "routing-key-arrivals-not-indexed",
-        "fast/orders.py",
+        "native/orders.py",
         "        self._place(arrivals)\n        return iter(range(len(queue)))",
         "        return iter(range(len(queue)))",
     ),
@@ -650,7 +650,7 @@ MUTANTS = (
     ),
     Mutant(
         "spf-batch-keys-skip-the-floor",
-        "fast/orders.py",
+        "native/orders.py",
         "            max(1, r.fill_len - r.num_matched_prefix_tokens),",
         "            r.fill_len - r.num_matched_prefix_tokens,",
     ),
@@ -662,13 +662,13 @@ MUTANTS = (
     ),
     Mutant(
         "fair-observe-misses-the-arrivals",
-        "fast/orders.py",
+        "native/orders.py",
         "        self._add_tenants(tenants, queue, len(self.out))",
         "        self._add_tenants(tenants, queue, len(queue))",
     ),
     Mutant(
         "fair-two-tenants-in-dict-order",
-        "fast/orders.py",
+        "native/orders.py",
         "        if len(self.by_tenant) < 2:",
         "        if len(self.by_tenant) < 3:",
     ),
@@ -692,19 +692,19 @@ MUTANTS = (
     ),
     Mutant(
         "fair-native-round-skips-the-observation",
-        "fast/orders.py",
+        "native/orders.py",
         "        self._add_tenants(tenants, arrivals, 0)\n        fair.observe_active(frozenset(tenants))",
         "        self._add_tenants(tenants, arrivals, 0)",
     ),
     Mutant(
         "fair-native-round-misses-running-tenants",
-        "fast/orders.py",
+        "native/orders.py",
         "        self._add_tenants(tenants, running, 0)\n        self._add_tenants(tenants, arrivals, 0)",
         "        self._add_tenants(tenants, arrivals, 0)",
     ),
     Mutant(
         "fair-one-order-takes-another-tenants-arrival",
-        "fast/orders.py",
+        "native/orders.py",
         "        if self.out is not order.reqs or any(r.tenant_key != tenant for r in arrivals):",
         "        if self.out is not order.reqs:",
     ),
@@ -736,7 +736,7 @@ MUTANTS = (
     ),
     Mutant(
         "dfs-order-not-handed-to-round",
-        "fast/queue.py",
+        "native/queue.py",
         "        if isinstance(engine, DfsWeightEngine) and self.matcher is not None:",
         "        if False:",
     ),
@@ -772,7 +772,7 @@ MUTANTS = (
     ),
     Mutant(
         "fair-round-not-observed",
-        "fast/orders.py",
+        "native/orders.py",
         "        self._observe(queue, rnd)\n",
         "\n",
     ),
@@ -922,7 +922,7 @@ MUTANTS = (
     ),
     Mutant(
         "jump-past-horizon-while-waiting",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "cols.jump_round(self._decode_run, self, free, horizon)",
         "cols.jump_round(self._decode_run, self, free, None if self.waiting else horizon)",
     ),
@@ -1039,7 +1039,7 @@ MUTANTS = (
     ),
     Mutant(
         "jump-round-builds-any-outcome-plainly",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         '        and not hasattr(cls, "__post_init__")\n',
         "\n",
     ),
@@ -1051,7 +1051,7 @@ MUTANTS = (
     ),
     Mutant(
         "decode-tokens-clip-ignored",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "cols.decode_tokens(clip if clip <= _INT64_MAX else _INT64_MAX)",
         "cols.decode_tokens(_INT64_MAX)",
     ),
@@ -1099,7 +1099,7 @@ MUTANTS = (
     ),
     Mutant(
         "chunks-fused-with-mixed-batches",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "            and not cfg.enable_mixed_chunk\n",
         "\n",
     ),
@@ -1406,19 +1406,19 @@ MUTANTS = (
     ),
     Mutant(
         "fair-decode-charged-once-per-tenant",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "            for _ in range(n):\n",
         "            for _ in range(min(n, 1)):\n",
     ),
     Mutant(
         "compat-fcfs-keeps-list-under-priorities",
-        "fast/queue.py",
+        "native/queue.py",
         "        if pol.key is fcfs_sglang and not priorities:\n",
         "        if pol.key is fcfs_sglang:\n",
     ),
     Mutant(
         "compat-lof-ignores-priorities",
-        "fast/queue.py",
+        "native/queue.py",
         "        if pol.key is lof_sglang and not priorities:\n",
         "        if pol.key is lof_sglang:\n",
     ),
@@ -1466,7 +1466,7 @@ MUTANTS = (
     ),
     Mutant(
         "retraction-order-declined-returns-none",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "        if got is None:  # no rows, a priority past int64 or a policy the columns do not know",
         "        if got is None and not self.reqs:  # no rows, a priority past int64 or a policy",
     ),
@@ -1526,13 +1526,13 @@ MUTANTS = (
     ),
     Mutant(
         "arrivals-door-skips-duplicate-rid",
-        "fast/arrive.py",
+        "native/arrive.py",
         "            rid in by_rid\n            or r.priority is not None\n",
         "            r.priority is not None\n",
     ),
     Mutant(
         "arrivals-door-cap-forgets-the-page",
-        "fast/arrive.py",
+        "native/arrive.py",
         "            or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - p - 1)",
         "            or max_new > min(max_req_len - n - 1, capacity - -(-n // p) * p - 1)",
     ),
@@ -1598,7 +1598,7 @@ MUTANTS = (
     ),
     Mutant(
         "lpm-round-skips-the-refresh-count",
-        "fast/queue.py",
+        "native/queue.py",
         "                if self._refresh_rounds % REFRESH_INTERVAL and self.refresh_on and self.reqs:\n"
         "                    self._refresh_rounds += 1\n",
         "                if self._refresh_rounds % REFRESH_INTERVAL and self.refresh_on and self.reqs:\n"
@@ -1606,19 +1606,19 @@ MUTANTS = (
     ),
     Mutant(
         "round-counts-a-refresh-that-is-due",
-        "fast/queue.py",
+        "native/queue.py",
         "        if not due and self.refresh_on and self.matches and self.reqs:\n",
         "        if self.refresh_on and self.matches and self.reqs:\n",
     ),
     Mutant(
         "requeue-keeps-the-arrival-order-answer",
-        "fast/queue.py",
+        "native/queue.py",
         "            self._arrival_settled = False  # the list changed\n",
         "            pass\n",
     ),
     Mutant(
         "arrival-order-skips-a-pair",
-        "fast/queue.py",
+        "native/queue.py",
         "            next(later, None)\n",
         "            next(later, None)\n            next(later, None)\n",
     ),
@@ -1636,19 +1636,19 @@ MUTANTS = (
     ),
     Mutant(
         "continuation-skips-the-checkpoint",
-        "fast/step.py",
+        "native/step.py",
         "    if req.extend_end > req.prefix_len:  # ``_continue_chunked``, without its call\n",
         "    if False:\n",
     ),
     Mutant(
         "continuation-keeps-an-empty-batch-full",
-        "fast/step.py",
+        "native/step.py",
         "    if not s.batch.reqs:\n        s.batch_is_full = False\n",
         "    if False:\n        s.batch_is_full = False\n",
     ),
     Mutant(
         "native-admission-never-preempts",
-        "fast/admit.py",
+        "native/admit.py",
         "    preempts = type(adder) is not Budgets and s.config.enable_priority_preemption\n",
         "    preempts = False\n",
     ),
@@ -1917,25 +1917,25 @@ MUTANTS = (
     ),
     Mutant(
         "native-prefill-charges-no-tokens",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "            charge(r.tenant_key, n, 0)\n",
         "            charge(r.tenant_key, 0, 0)\n",
     ),
     Mutant(
         "native-run-forgets-the-tenants",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "                if self._charges:\n                    self._charge_prefill(",
         "                if False:\n                    self._charge_prefill(",
     ),
     Mutant(
         "direct-step-forgets-the-tenants",
-        "fast/step.py",
+        "native/step.py",
         "            if before is not None:\n",
         "            if False:\n",
     ),
     Mutant(
         "chunk-limit-policy-fuses-its-continuation",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "        self._fusion = fresh and self.policy.chunk_limit is None  # the policy is frozen\n",
         "        self._fusion = fresh\n",
     ),
@@ -1947,31 +1947,31 @@ MUTANTS = (
     ),
     Mutant(
         "limited-step-passes-no-limit",
-        "fast/step.py",
+        "native/step.py",
         "    got = _plan_into(s, req, b, running, limit)\n",
         "    got = _plan_into(s, req, b, running, None)\n",
     ),
     Mutant(
         "limited-fallback-forgets-the-limit",
-        "fast/step.py",
+        "native/step.py",
         "        adder.chunked_req_limit = limit\n",
         "\n",
     ),
     Mutant(
         "limited-keeps-an-empty-batch-full",
-        "fast/step.py",
+        "native/step.py",
         "    if not s.batch.reqs:  # (``_build_prefill``'s)\n        s.batch_is_full = False\n",
         "    if False:\n        s.batch_is_full = False\n",
     ),
     Mutant(
         "limited-budgets-not-exclusive",
-        "fast/step.py",
+        "native/step.py",
         "chunk, exclusive_chunking=True)\n",
         "chunk, exclusive_chunking=False)\n",
     ),
     Mutant(
         "fair-charges-int-weights-as-doubles",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "        floats = type(none) is float and type(inc) is float  # (ints add exactly, unbounded)\n",
         "        floats = True\n",
     ),
@@ -2001,13 +2001,13 @@ MUTANTS = (
     ),
     Mutant(
         "decay-ignores-an-int-ratio",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "        if type(r) is NewTokenRatioTracker and type(cur) is type(dec) is type(lo) is float:\n",
         "        if type(r) is NewTokenRatioTracker:\n",
     ),
     Mutant(
         "fresh-direct-ignores-the-setup",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "        self._fresh_direct = fresh and self._steps_direct()\n",
         "        self._fresh_direct = self._steps_direct()\n",
     ),
@@ -2189,7 +2189,7 @@ MUTANTS = (
     ),
     Mutant(
         "fused-fresh-charges-nobody",
-        "fast/step.py",
+        "native/step.py",
         "        charges: list[tuple[Req, int]] | None = [] if s._charges else None\n"
         "        got = s.prefill_run.step(\n"
         "            s, s.native_adder, s.cache.tree, s.kv.native, q, order, ratio,",
@@ -2199,13 +2199,13 @@ MUTANTS = (
     ),
     Mutant(
         "fused-outcome-forgets-the-charges",
-        "fast/step.py",
+        "native/step.py",
         "    if charges:\n        s._charge_prefill(charges)\n",
         "",
     ),
     Mutant(
         "middle-chunks-forget-the-charges",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "        if charges:  # each chunk's tokens, charged in order\n"
         "            self._charge_prefill(charges)\n",
         "",
@@ -2254,19 +2254,19 @@ MUTANTS = (
     ),
     Mutant(
         "fused-continued-ignores-covers",
-        "fast/step.py",
+        "native/step.py",
         "    fused = covered or admission.covers(s, b)\n",
         "    fused = True\n",
     ),
     Mutant(
         "fused-continued-ignores-a-new-chunked-request",
-        "fast/step.py",
+        "native/step.py",
         "    if b.new_chunked_req is None and not s.eos_ids and fused:\n",
         "    if not s.eos_ids and fused:\n",
     ),
     Mutant(
         "fused-outcome-joins-nothing",
-        "fast/step.py",
+        "native/step.py",
         "    d, n, tokens, finished, joined, size = got\n    s.batch.extend(joined)\n",
         "    d, n, tokens, finished, joined, size = got\n",
     ),
@@ -2386,13 +2386,13 @@ MUTANTS = (
     ),
     Mutant(
         "native-step-offered-without-tokens",
-        "fast/runner.py",
+        "native/runner.py",
         "        if cost is None or tokens is None:\n",
         "        if cost is None:\n",
     ),
     Mutant(
         "fused-outcome-finished-as-retracted",
-        "fast/step.py",
+        "native/step.py",
         "    # (positional, the fields' order: a keyword call costs a third more)\n"
         '    return StepOutcome("extend", d, size, 1, n, finished, [], tokens)\n',
         "    # (positional, the fields' order: a keyword call costs a third more)\n"
@@ -2400,7 +2400,7 @@ MUTANTS = (
     ),
     Mutant(
         "batch-outcome-finished-as-retracted",
-        "fast/step.py",
+        "native/step.py",
         '            return StepOutcome("extend", d, size, 1, n, finished, [], tokens)  # (positional)\n',
         '            return StepOutcome("extend", d, size, 1, n, [], finished, tokens)  # (positional)\n',
     ),
@@ -2430,13 +2430,13 @@ MUTANTS = (
     ),
     Mutant(
         "evictor-binds-over-an-evict-of-its-own",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         '        getattr(evict, "__func__", None) is native_radix.NativeRadixCache.evict\n',
         "        True\n",
     ),
     Mutant(
         "evictor-binds-to-any-pool",
-        "fast/scheduler.py",
+        "native/scheduler.py",
         "        and type(pool) is cache._pool_type\n",
         "        and True\n",
     ),

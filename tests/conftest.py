@@ -83,7 +83,7 @@ def radix_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
             pytest.skip("the native core is not built")
         if request.node.get_closest_marker("python_tree"):
             pytest.skip("reads the Python tree's internals")
-        from radixsched.cache.native_radix import NativeRadixCache
+        from radixsched.native.radix import NativeRadixCache
 
         monkeypatch.setattr(request.module, "RadixCache", NativeRadixCache)
     return str(request.param)

@@ -140,14 +140,14 @@ def continued_chunk(
     ignore_eos: bool = False,
     limit: int | None = None,
 ) -> tuple[Any, Any]:
-    """The chunked request's continuation on a fresh Python adder (``FastScheduler``'s
+    """The chunked request's continuation on a fresh Python adder (``NativeScheduler``'s
     ``ChunkPlan``; ``limit`` its ``chunked_req_limit``): (the plan, the stand-in request), for
     the native plans' tests."""
     from types import SimpleNamespace
 
     from radixsched.adder import PrefillAdder
     from radixsched.config import SchedulerConfig
-    from radixsched.fast.scheduler import ChunkPlan
+    from radixsched.native.scheduler import ChunkPlan
 
     cfg = SchedulerConfig(
         page_size=page, chunked_prefill_size=chunk, max_prefill_tokens=max_prefill

@@ -1,6 +1,6 @@
-"""The simulator's batched arrivals (``fast/arrive.py``: ``add_arrivals``, the queue's
+"""The simulator's batched arrivals (``native/arrive.py``: ``add_arrivals``, the queue's
 ``add_many`` and the matcher's ``track_many``) and the native retirement of finished requests
-(``fast/retire.py``: ``DecodeBatch.retire``) against the one-at-a-time Python they stand for,
+(``native/retire.py``: ``DecodeBatch.retire``) against the one-at-a-time Python they stand for,
 and each shown to fire."""
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import pytest
 
 import golden
 from radixsched.config import SchedulerConfig
-from radixsched.fast import arrive, retire
-from radixsched.fast import scheduler as fast_scheduler
-from radixsched.fast.native_matching import NativeMatcher
-from radixsched.native import core
+from radixsched.native import arrive, core, retire
+from radixsched.native import scheduler as fast_scheduler
+from radixsched.native.matching import NativeMatcher
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.deploy import open_loop
 from radixsched.sim.simulate import SimConfig, simulate

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.cache import CacheKey
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.native_matching import NativeMatcher
-from radixsched.fast.orders import key_fn, keys_of
 from radixsched.native import core
+from radixsched.native.matching import NativeMatcher
+from radixsched.native.orders import key_fn, keys_of
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import Round, get_policy
 from radixsched.request import Req
 

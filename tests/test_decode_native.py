@@ -307,7 +307,7 @@ def test_settle_reads_the_rid_memo_as_its_subscript_does(kind: str) -> None:
 def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
     """A plain request's tokens come from the stand-in recipe, a scripted one's from
     ``tokens_at``: both what the runner gives for them."""
-    from radixsched.cache import native_radix
+    from radixsched.native import radix as native_radix
     from radixsched.sim.cost.build import build_cost_model
     from radixsched.sim.cost.runner import CostModelRunner
 
@@ -341,7 +341,7 @@ def test_settle_asks_the_runner_only_for_requests_that_are_not_plain() -> None:
 def test_settle_asks_the_runner_for_requests_with_stop_ids() -> None:
     """A request with stop ids is not plain (its row ``stops``): its tokens are asked of
     ``tokens_at``, a plain one's computed natively, after a one-step jump of the batch."""
-    from radixsched.cache import native_radix
+    from radixsched.native import radix as native_radix
     from radixsched.sim.cost.build import build_cost_model
     from radixsched.sim.cost.runner import CostModelRunner
 
@@ -374,7 +374,7 @@ def test_settle_asks_the_runner_for_requests_with_stop_ids() -> None:
 def test_jump_returns_the_fills_before_its_steps_as_int64_bytes(page: int) -> None:
     """``jump``'s fills are the column as it stood (bytes of int64, read with np.frombuffer),
     and the columns advance by the steps, each row's slots by its own whole pages."""
-    from radixsched.cache import native_radix
+    from radixsched.native import radix as native_radix
     from radixsched.sim.cost.build import build_cost_model
     from radixsched.sim.cost.runner import CostModelRunner
 
@@ -422,14 +422,14 @@ def test_native_retraction_order_is_the_references(
 def test_native_retraction_order_declines_what_python_must_decide() -> None:
     """A priority past int64 and an unknown policy: None (the batch then sorts in Python); a
     priority at int64's ends is exact (no overflow in ``prio * -sign``)."""
-    from radixsched.fast.scheduler import FastRunningBatch
+    from radixsched.native.scheduler import NativeRunningBatch
 
     rows = [_row(2, 1, 0, 9, True, False) for _ in range(3)]
     for r, prio in zip(rows, [-(1 << 63), 1 << 70, (1 << 63) - 1], strict=True):
         r.priority = prio
     b = _batch(rows)
     assert b.retraction_order("priority", 1) is None and b.retraction_order("oldest", 1) is None
-    fast = FastRunningBatch(False, lambda rows: None)
+    fast = NativeRunningBatch(False, lambda rows: None)
     fast.extend(rows)  # type: ignore[arg-type]
     ids = [id(r) for r in rows]
 
@@ -513,7 +513,7 @@ _RATIOS = st.floats(allow_nan=True, allow_infinity=True, width=64) | st.sampled_
 @settings(max_examples=300, deadline=None)
 @given(cur=_RATIOS, dec=_RATIOS, lo=_RATIOS, n=st.integers(0, 300))
 def test_decay_ratio_is_the_trackers_float_steps(cur: float, dec: float, lo: float, n: int) -> None:
-    """``FastScheduler._decay``'s native steps against ``NewTokenRatioTracker.decay_steps``:
+    """``NativeScheduler._decay``'s native steps against ``NewTokenRatioTracker.decay_steps``:
     the floor's stop, ``max``'s tie and NaN rule, signed zeros, a negative decay."""
     from radixsched.ratio import NewTokenRatioTracker
 
@@ -526,10 +526,10 @@ def test_decay_ratio_is_the_trackers_float_steps(cur: float, dec: float, lo: flo
 
 
 def _decaying(ratio: Any) -> Any:
-    from radixsched.fast.scheduler import FastScheduler
+    from radixsched.native.scheduler import NativeScheduler
 
     s = SimpleNamespace(ratio=ratio, _decay_ratio=core().decay_ratio)
-    FastScheduler._decay(s, 40)  # type: ignore[arg-type]
+    NativeScheduler._decay(s, 40)  # type: ignore[arg-type]
     return ratio
 
 
@@ -557,14 +557,14 @@ def test_decay_runs_natively_on_the_trackers_floats_only() -> None:
 
 
 def _charged(prefill_weight: float, decode_weight: float, start: dict[str, Any]) -> dict:
-    """``FastScheduler._charge_decode`` of requests of tenants a, a, b, a for 5 tokens."""
-    from radixsched.fast.scheduler import FastScheduler
+    """``NativeScheduler._charge_decode`` of requests of tenants a, a, b, a for 5 tokens."""
+    from radixsched.native.scheduler import NativeScheduler
     from radixsched.policies import VirtualTokenCounter
 
     fair = VirtualTokenCounter(prefill_weight, decode_weight, dict(start))
     s = SimpleNamespace(queue=SimpleNamespace(fair=fair), _repeat_add=core().repeat_add)
     reqs = [SimpleNamespace(tenant_key=t) for t in "aaba"]
-    FastScheduler._charge_decode(s, reqs, 5)  # type: ignore[arg-type]
+    NativeScheduler._charge_decode(s, reqs, 5)  # type: ignore[arg-type]
     return fair.counters
 
 

@@ -17,7 +17,7 @@ from fakes import FakeRunner, reference_output
 from radixsched.clock import VirtualClock
 from radixsched.cluster.disagg import DecodeRole, PrefillRole, decode_role, prefill_role
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
+from radixsched.native.build import build_scheduler
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.roles import CoLocated
 from radixsched.runner import Batch, ModelRunner, StepResult

@@ -118,7 +118,7 @@ def test_the_shapes_exercise_what_they_claim() -> None:
 def test_the_refresh_touches_bootstrapping_requests_in_both_cores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from radixsched.fast.queue import FastWaitingQueue
+    from radixsched.native.queue import NativeWaitingQueue
     from radixsched.queue import WaitingQueue
 
     touched = {True: 0, False: 0}
@@ -126,7 +126,7 @@ def test_the_refresh_touches_bootstrapping_requests_in_both_cores(
 
     def counting(self: WaitingQueue) -> Any:
         out = orig(self)
-        touched[isinstance(self, FastWaitingQueue)] += bool(out)
+        touched[isinstance(self, NativeWaitingQueue)] += bool(out)
         return out
 
     monkeypatch.setattr(WaitingQueue, "ahead_of_refresh", counting)

@@ -19,13 +19,13 @@ import pytest
 pytest.importorskip("torch")
 
 from radixsched import native
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
 from radixsched.engine.build import torch_runner
 from radixsched.engine.loader import LoadedModel, load_model
 from radixsched.engine.offline import Engine
-from radixsched.fast import FastScheduler
+from radixsched.native.build import NativeScheduler
+from radixsched.native.radix import NativeRadixCache
 from radixsched.request import Req, SamplingParams
 from radixsched.scheduler import Scheduler, StepOutcome
 from radixsched.server.build import engine_for_model
@@ -148,7 +148,7 @@ def abort_midway(sched: Scheduler, steps: int, aborted: list[str]) -> list[Req]:
 def both(loaded: LoadedModel, config: SchedulerConfig, **kw: object) -> tuple[Trace, Trace]:
     fast, fsched = run(loaded, config, accelerate=True, **kw)  # type: ignore[arg-type]
     ref, rsched = run(loaded, config, accelerate=False, **kw)  # type: ignore[arg-type]
-    assert isinstance(fsched, FastScheduler) and isinstance(fsched.cache, NativeRadixCache)
+    assert isinstance(fsched, NativeScheduler) and isinstance(fsched.cache, NativeRadixCache)
     assert type(rsched) is Scheduler
     return fast, ref
 
@@ -217,7 +217,7 @@ def test_priority_preemption_gives_the_same_run_on_both_cores(tiny: LoadedModel,
 def test_the_server_engine_over_a_real_model_runs_on_the_native_core(tiny: LoadedModel) -> None:
     engine, _ = engine_for_model(tiny, SchedulerConfig(), kv_slots=512, context_len=256)
     sched = engine.scheduler
-    assert isinstance(sched, FastScheduler) and isinstance(sched.cache, NativeRadixCache)
+    assert isinstance(sched, NativeScheduler) and isinstance(sched.cache, NativeRadixCache)
     assert not sched.runner.supports_multi_step  # a real model decodes one step at a time
 
 

@@ -1,4 +1,4 @@
-"""The accelerators (``radixsched.fast``) against the reference core, bit for bit.
+"""The accelerators (``radixsched.native``) against the reference core, bit for bit.
 
 Every golden case (``tests/golden.py``: every policy x both compat modes x page sizes 1 and 16
 over distinct first blocks, one shared first block, multi-turn, tree-of-thought, few-shot,
@@ -24,11 +24,11 @@ import pytest
 
 import golden
 from radixsched.config import SchedulerConfig
-from radixsched.fast import scheduler as fast_scheduler
-from radixsched.fast.native_matching import NativeMatcher
-from radixsched.fast.orders import Engine
-from radixsched.fast.queue import FastWaitingQueue
 from radixsched.native import core
+from radixsched.native import scheduler as fast_scheduler
+from radixsched.native.matching import NativeMatcher
+from radixsched.native.orders import Engine
+from radixsched.native.queue import NativeWaitingQueue
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.deploy import replicas
 from radixsched.sim.deploy.run import SimRun
@@ -400,7 +400,7 @@ def test_matcher_rematches_only_what_moved_under_a_shared_system_prompt() -> Non
         moved.append(len(now))
         return out
 
-    with _count(FastWaitingQueue, "begin_round") as rounds:
+    with _count(NativeWaitingQueue, "begin_round") as rounds:
         NativeMatcher.round = counting  # type: ignore[method-assign]
         try:
             run = _shared_block("lpm")
@@ -420,7 +420,7 @@ def test_kept_orders_advance_rather_than_rebuild(policy: str) -> None:
         "dfs-weight": "DfsWeightEngine",
         "fair": "FairEngine",
     }[policy]
-    from radixsched.fast import orders
+    from radixsched.native import orders
 
     cls = getattr(orders, engine_cls)
     assert issubclass(cls, Engine)
@@ -435,7 +435,7 @@ def test_kept_orders_advance_rather_than_rebuild(policy: str) -> None:
 
 
 def test_decode_jumps_and_fused_chunks_fire() -> None:
-    sched = fast_scheduler.FastScheduler
+    sched = fast_scheduler.NativeScheduler
     with _count(sched, "_jump") as multi, _count(sched, "_native_chunks") as fused:
         run = _shared_block("lpm")
     assert any(out is not None and out.num_steps > 1 for out in multi), "no decode jump"

@@ -20,10 +20,10 @@ import golden
 from fakes import Room, put_fresh
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.config import SchedulerConfig
-from radixsched.fast import admit as admission
-from radixsched.fast import build_scheduler
-from radixsched.fast import step as steps
+from radixsched.native import admit as admission
 from radixsched.native import core
+from radixsched.native import step as steps
+from radixsched.native.build import build_scheduler
 from radixsched.request import Req, SamplingParams
 from radixsched.scheduler import Scheduler
 from radixsched.sim.cost.build import load_cost_model
@@ -180,7 +180,7 @@ def test_native_adder_equals_the_python_adder_hypothesis(
 
 def _run(policy: str, **sched: Any) -> int:
     """Rounds the native loop ran in a small accelerated simulation: through ``admit``, or
-    in a prefill step's one native call (``fast/step.py``: one that ran a step)."""
+    in a prefill step's one native call (``native/step.py``: one that ran a step)."""
     calls = 0
     real, outcome = admission.admit, steps._outcome
 

@@ -1,4 +1,4 @@
-"""SGLang compat's admission rounds in the native loop (``fast/admit.py``,
+"""SGLang compat's admission rounds in the native loop (``native/admit.py``,
 ``_native/adder.cpp``): the adder's compat budgets against the Python ``PrefillAdder`` (bit for
 bit), compat rounds shown to go native, with the same schedule as the reference core, and the
 rounds it must still leave to the reference loop."""
@@ -18,7 +18,7 @@ import golden
 from fakes import Room
 from radixsched.adder import AddReqResult, PrefillAdder
 from radixsched.config import SchedulerConfig
-from radixsched.fast import admit as admission
+from radixsched.native import admit as admission
 from radixsched.native import core
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.simulate import SimConfig, simulate

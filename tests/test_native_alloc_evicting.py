@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not b
 
 
 def _twin(p: int, compat: bool, policy: str, size: int) -> tuple[Any, Any]:
-    from radixsched.cache.native_radix import NativeRadixCache, make_pool
+    from radixsched.native.radix import NativeRadixCache, make_pool
 
     pool = make_pool(size, p)
     return NativeRadixCache(pool, p, policy, compat_sglang=compat), pool

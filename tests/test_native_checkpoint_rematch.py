@@ -21,7 +21,7 @@ I32 = np.int32
 
 
 def _twin(p: int) -> tuple[Any, Any]:
-    from radixsched.cache.native_radix import make_pool
+    from radixsched.native.radix import make_pool
 
     mod = core()
     assert mod is not None

@@ -1,6 +1,6 @@
 """The chunked request's continuation in C++ (``_core.plan_chunk``, ``PrefillRun.chunks``,
 ``_native/chunks.hpp``): the plan is the Python adder's (``PrefillAdder`` + ``add_chunked_req``
-+ ``ChunkPlan.is_middle``) value for value, and a ``FastScheduler`` whose middle chunks run in
++ ``ChunkPlan.is_middle``) value for value, and a ``NativeScheduler`` whose middle chunks run in
 one native call is, step by step, where the reference ``Scheduler`` is after as many forward
 passes: several middle chunks in one call, the horizon stopping them, a last chunk ending
 them, a continuation stalled for memory, pages of 1, 4 and 16, and configurations the native
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from fakes import continued_chunk
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
-from radixsched.fast.scheduler import FastScheduler
 from radixsched.native import core
+from radixsched.native.build import build_scheduler
+from radixsched.native.scheduler import NativeScheduler
 from radixsched.request import Req, SamplingParams
 from radixsched.scheduler import Scheduler, StepOutcome
 from radixsched.sim.cost.build import load_cost_model
@@ -72,7 +72,7 @@ def test_the_plan_is_the_python_adders(
         page, max_prefill, chunk, *running, ratio, sum(room), prefix, prefix + extra
     )
     assert (kind, n if kind == 1 else 0) == want
-    if kind == 1:  # FastScheduler._native_chunks skips the call below this: it is sound
+    if kind == 1:  # NativeScheduler._native_chunks skips the call below this: it is sound
         assert extra > min(chunk, max_prefill) - page
 
 
@@ -124,7 +124,7 @@ def _passes(s: Scheduler) -> int:
 
 def _state(s: Scheduler, reqs: list[Req]) -> Any:
     """Everything but slot numbers (after a decode jump the free list's order differs)."""
-    if isinstance(s, FastScheduler):
+    if isinstance(s, NativeScheduler):
         s.sync_running()
     per = [
         (
@@ -154,7 +154,7 @@ def _align_checkpoint(fast: Scheduler, ref: Scheduler) -> None:
     before anything else moves: done here, the states compare."""
     f, r = fast.chunked_req, ref.chunked_req
     if f is not None and r is not None and f.extend_end == f.prefix_len < r.prefix_len:
-        pytest.fail("the fast core's chunked request is behind the reference's")
+        pytest.fail("the native core's chunked request is behind the reference's")
     if (
         f is not None
         and r is not None
@@ -185,7 +185,7 @@ class _Spy:
 
 class Lockstep:
     """Both cores from the same requests; each fast step is matched by as many reference steps
-    as it ran forward passes, then the states compare. Counts what the fast core did."""
+    as it ran forward passes, then the states compare. Counts what the native core did."""
 
     def __init__(self, cfg: SchedulerConfig, kv_slots: int, reqs: Any, horizon: Any) -> None:
         def make(accelerate: bool) -> tuple[Scheduler, list[Req]]:
@@ -197,7 +197,7 @@ class Lockstep:
             return s, rs
 
         (self.fast, self.fast_reqs), (self.ref, self.ref_reqs) = make(True), make(False)
-        assert isinstance(self.fast, FastScheduler) and not isinstance(self.ref, FastScheduler)
+        assert isinstance(self.fast, NativeScheduler) and not isinstance(self.ref, NativeScheduler)
         self.horizon = horizon  # (now) -> the step's horizon
         spy = _Spy(self.fast.prefill_run)
         self.fast.prefill_run = spy
@@ -211,7 +211,7 @@ class Lockstep:
                 break
             h = self.horizon(self.fast.clock.now())
             self.chunking.append(self.fast.chunked_req is not None)
-            out = self.fast.step(h)
+            out = self.native.step(h)
             self.outs.append(out)
             self.fast.check_integrity()
             n = max(1, out.num_steps) if out is not None else 1

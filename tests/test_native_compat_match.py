@@ -1,5 +1,5 @@
 """SGLang-compat matching of a whole waiting queue in one native call
-(``NativeRadixCache.match_nodes``, behind ``FastWaitingQueue.match_all``) against the reference
+(``NativeRadixCache.match_nodes``, behind ``NativeWaitingQueue.match_all``) against the reference
 queue's Python loop (``WaitingQueue.match_all``'s node matching) over the reference
 ``RadixCache`` and over ``NativeRadixCache``: the same request fields (values and types), the
 same device lengths and DFS order, and the same tree after (nodes, splits, access times, clock).
@@ -63,14 +63,14 @@ def _check(
     tree: bool = True,
     disable: bool = False,
 ) -> list[Any]:
-    from radixsched.cache.native_radix import NativeRadixCache
-    from radixsched.fast.queue import FastWaitingQueue
+    from radixsched.native.queue import NativeWaitingQueue
+    from radixsched.native.radix import NativeRadixCache
 
     cfg = SchedulerConfig(schedule_policy="dfs-weight", compat="sglang", page_size=page)
     kw: dict[str, Any] = {"page_size": page, "disable": disable, "compat_sglang": True}
     ref = _rounds(WaitingQueue(cfg, RadixCache(None, **kw)), cached, specs, tree)
     loop = _rounds(WaitingQueue(cfg, NativeRadixCache(None, **kw)), cached, specs, tree)
-    fast = FastWaitingQueue(cfg, NativeRadixCache(None, **kw))
+    fast = NativeWaitingQueue(cfg, NativeRadixCache(None, **kw))
     assert fast.native_nodes  # the native call, not the inherited loop
     got = _rounds(fast, cached, specs, tree)
     assert got == ref
@@ -137,7 +137,7 @@ def test_a_disabled_cache_matches_nothing_and_never_ticks() -> None:
 
 
 def test_the_ends_order_the_dfs_and_are_none_without_tree() -> None:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     cached = [([1, 2, 3, 4], None), ([1, 2, 5, 6], None), ([8, 9], None)]
     specs: list[Spec] = [([8, 9, 9], [], None, None), ([1, 2, 5], [], None, None)]
@@ -156,7 +156,7 @@ def test_the_ends_order_the_dfs_and_are_none_without_tree() -> None:
 
 
 def test_a_strided_prompt_is_read_as_its_tokens() -> None:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     cache = NativeRadixCache(None)
     cache.insert(CacheKey(np.asarray([0, 2, 4, 6], dtype=np.int32)), np.arange(1, 5))
@@ -173,7 +173,7 @@ def test_touch_prefixes_walks_each_key_as_touch_prefix_does(page: int, disable: 
     ``touch_prefix`` of each key in order leaves it, and as the reference tree's own: the
     clock, the access times and the splits (a partial match splits; an empty or short key,
     a miss and another namespace only tick or skip as their walk would)."""
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     p = page
     cached = [(list(range(1, 8 * p + 1)), None), (list(range(1, 4 * p + 1)), ("x", None))]
@@ -201,7 +201,7 @@ def test_touch_prefixes_walks_each_key_as_touch_prefix_does(page: int, disable: 
 
 
 def test_touch_prefixes_refuses_a_key_that_is_not_a_pair() -> None:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     with pytest.raises(TypeError, match="touch_prefixes: the key must be"):
         NativeRadixCache(None).touch_prefixes([np.arange(3, dtype=np.int32)])  # type: ignore[list-item]
@@ -213,8 +213,8 @@ def test_read_only_matching_in_one_call_is_the_loops(page: int, disable: bool) -
     """The loop's read-only branch (a policy that reads matches but does not walk: fair, spf
     under compat): the same device lengths and capped matches as the reference loop on
     either tree, and the tree untouched (no tick, no touch, no split)."""
-    from radixsched.cache.native_radix import NativeRadixCache
-    from radixsched.fast.queue import FastWaitingQueue
+    from radixsched.native.queue import NativeWaitingQueue
+    from radixsched.native.radix import NativeRadixCache
 
     p = page
     cached = [(list(range(1, 8 * p + 1)), None), (list(range(1, 4 * p + 1)), ("x", None))]
@@ -232,7 +232,7 @@ def test_read_only_matching_in_one_call_is_the_loops(page: int, disable: bool) -
     for queue in (
         WaitingQueue(cfg, RadixCache(None, **kw)),
         WaitingQueue(cfg, NativeRadixCache(None, **kw)),
-        FastWaitingQueue(cfg, NativeRadixCache(None, **kw)),
+        NativeWaitingQueue(cfg, NativeRadixCache(None, **kw)),
     ):
         cache = queue.cache
         for tokens, ns in cached:
@@ -260,8 +260,8 @@ def test_compat_dedup_in_one_call_is_the_loops(threshold: int, check: int) -> No
     namespace (an empty salt is the default one, as ``Req`` normalises it),
     output tokens in the group's key, fills shorter than the threshold left out, and the
     device match above the check excluding a request."""
-    from radixsched.cache.native_radix import NativeRadixCache
-    from radixsched.fast.queue import FastWaitingQueue
+    from radixsched.native.queue import NativeWaitingQueue
+    from radixsched.native.radix import NativeRadixCache
 
     base = [1, 2, 3, 4, 5, 6, 7, 8]
     specs: list[Spec] = [
@@ -284,7 +284,7 @@ def test_compat_dedup_in_one_call_is_the_loops(threshold: int, check: int) -> No
     got = []
     for queue in (
         WaitingQueue(cfg, NativeRadixCache(None)),
-        FastWaitingQueue(cfg, NativeRadixCache(None)),
+        NativeWaitingQueue(cfg, NativeRadixCache(None)),
     ):
         queue.reqs = [_req(i, s) for i, s in enumerate(specs)]
         got.append(queue.dedup(device, Round(cfg)))

@@ -1,5 +1,5 @@
 """SGLang's compat round of shortest-prefill-first and dfs-weight in one native call
-(``compat_round``, ``_native/compat_round.cpp``, behind ``FastWaitingQueue.begin_round``)
+(``compat_round``, ``_native/compat_round.cpp``, behind ``NativeWaitingQueue.begin_round``)
 against the reference queue's round (``WaitingQueue.begin_round``: its node matching, compat
 dedup and order) over the reference ``RadixCache`` and over ``NativeRadixCache``: the same
 order, the same dedup verdict, the same request fields and the same tree after, round after
@@ -74,8 +74,8 @@ def _check(
     native: bool = True,
     **cfg_kw: Any,
 ) -> Any:
-    from radixsched.cache.native_radix import NativeRadixCache
-    from radixsched.fast.queue import FastWaitingQueue
+    from radixsched.native.queue import NativeWaitingQueue
+    from radixsched.native.radix import NativeRadixCache
 
     cfg = SchedulerConfig(schedule_policy=policy, compat="sglang", page_size=page, **cfg_kw)
     kw: dict[str, Any] = {"page_size": page, "compat_sglang": True}
@@ -83,7 +83,7 @@ def _check(
     loop = _rounds(WaitingQueue(cfg, NativeRadixCache(None, **kw)), cached, specs, True)
     assert loop == ref
     for tracked in (True, False):
-        fast = FastWaitingQueue(cfg, NativeRadixCache(None, **kw))
+        fast = NativeWaitingQueue(cfg, NativeRadixCache(None, **kw))
         assert (fast.compat_kind is not None) == native
         assert (fast.matcher is not None) == native
         assert _rounds(fast, cached, specs, tracked) == ref
@@ -157,7 +157,7 @@ def test_spf_defers_the_compat_dedup_s_duplicates_last(threshold: int, check: in
 def test_spf_entry_times_a_double_does_not_hold_fall_back_to_python_s_sort(
     entries: list[Any],
 ) -> None:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     specs: list[Spec] = [([70 + i, 1, 2], [], None, None, t) for i, t in enumerate(entries)]
     _check("shortest-prefill-first", CACHED, specs, in_batch_prefix_check_threshold=-1)
@@ -175,7 +175,7 @@ def test_spf_entry_times_a_double_does_not_hold_fall_back_to_python_s_sort(
 def test_spf_ints_and_floats_compare_exactly_in_the_native_sort() -> None:
     """Entry times of ints (within 2**53) and floats: the native sort, ties equal across types
     (3 == 3.0 keeps the list's order)."""
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     entries: list[Any] = [3, 3.0, 2**53, 2.0**53, -(2**53), 0.5, 1]
     specs: list[Spec] = [([80 + i, 1, 2], [], None, None, t) for i, t in enumerate(entries)]
@@ -221,17 +221,17 @@ def test_an_empty_queue_and_the_policies_the_call_does_not_order() -> None:
 def test_fair_s_compat_round_is_its_radixsched_round_on_the_accelerated_path() -> None:
     """fair has no SGLang variant, matches read-only and reads no dedup: its compat round is
     the accelerated one (the kept order), with the reference's requeue (appended, stamped)."""
-    from radixsched.cache.native_radix import NativeRadixCache
-    from radixsched.fast.queue import FastWaitingQueue
+    from radixsched.native.queue import NativeWaitingQueue
+    from radixsched.native.radix import NativeRadixCache
 
     for policy, fast in [("fair", True), ("shortest-prefill-first", False), ("lpm", False)]:
         cfg = SchedulerConfig(schedule_policy=policy, compat="sglang")
-        assert FastWaitingQueue(cfg, NativeRadixCache(None, compat_sglang=True)).fast is fast
+        assert NativeWaitingQueue(cfg, NativeRadixCache(None, compat_sglang=True)).fast is fast
     cfg = SchedulerConfig(schedule_policy="fair", compat="sglang")
     seen = []
     for queue in (
         WaitingQueue(cfg, NativeRadixCache(None, compat_sglang=True)),
-        FastWaitingQueue(cfg, NativeRadixCache(None, compat_sglang=True)),
+        NativeWaitingQueue(cfg, NativeRadixCache(None, compat_sglang=True)),
     ):
         cache = queue.cache
         cache.insert(CacheKey(np.asarray(BASE, dtype=np.int32)), np.arange(1, 9))
@@ -271,7 +271,7 @@ class _Watched(Req):
 def test_attributes_that_are_not_plain_slots_go_through_python() -> None:
     """The round writes a slot through its descriptor only where the type's attribute is one;
     a subclass's property is called (and plain requests around it still match)."""
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     cache = NativeRadixCache(None, compat_sglang=True)
     cache.insert(CacheKey(np.asarray(BASE, dtype=np.int32)), np.arange(1, 9))

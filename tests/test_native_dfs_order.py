@@ -1,5 +1,5 @@
 """dfs-weight's native kept order (``_native/dfs_order.cpp``, behind ``DfsWeightEngine``) against
-the reference round: a ``WaitingQueue`` over the Python tree and a ``FastWaitingQueue`` over the
+the reference round: a ``WaitingQueue`` over the Python tree and a ``NativeWaitingQueue`` over the
 native tree get the same requests and the same cache edits, and every round's whole order must
 be the same. Each case also checks which branch the kept order took (an advance, or a rebuild
 around a new base), so that a case that stops reaching its branch fails rather than passes."""
@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixsched.cache import CacheKey, RadixCache
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.orders import DfsWeightEngine
-from radixsched.fast.queue import FastWaitingQueue
 from radixsched.native import core
+from radixsched.native.orders import DfsWeightEngine
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req
 
@@ -38,7 +38,7 @@ class Twins:
         self.caches = [RadixCache(None, page_size=page), NativeRadixCache(None, page_size=page)]
         config = SchedulerConfig(schedule_policy="dfs-weight", page_size=page, **cfg)
         self.ref = WaitingQueue(config, self.caches[0])
-        self.fast = FastWaitingQueue(config, self.caches[1])
+        self.fast = NativeWaitingQueue(config, self.caches[1])
         self.rounds = 0
         self.seq = 0
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not b
 
 
 def _cache(allocator: Any, p: int, compat: bool, policy: str) -> Any:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     return NativeRadixCache(allocator, p, policy, compat_sglang=compat)
 
@@ -28,7 +28,7 @@ def _cache(allocator: Any, p: int, compat: bool, policy: str) -> Any:
 def test_evict_with_the_native_pool_equals_evict_flat_then_free(
     p: int, compat: bool, policy: str
 ) -> None:
-    from radixsched.cache.native_radix import make_pool
+    from radixsched.native.radix import make_pool
 
     rng = np.random.default_rng(11 * p + compat)
     apool, bpool = make_pool(40 * p, p), make_pool(40 * p, p)
@@ -55,7 +55,7 @@ def test_evict_with_the_native_pool_equals_evict_flat_then_free(
 
 
 def test_evict_with_another_allocator_frees_through_it() -> None:
-    from radixsched.cache.native_radix import make_pool
+    from radixsched.native.radix import make_pool
 
     class Recording:
         def __init__(self) -> None:

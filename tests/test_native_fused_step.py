@@ -1,5 +1,5 @@
 """A prefill step's admission and ``_batch`` in one native call (``PrefillRun.step``, driven by
-``radixsched/fast/step.py``'s ``fresh`` and ``continued``): the round on the native adder, the
+``radixsched/native/step.py``'s ``fresh`` and ``continued``): the round on the native adder, the
 failed request noted, the queue's take, the new chunked request, the scheduler's native step
 and ``extend_run``; what it hands back where a piece declines (None: nothing extends; the
 admissions: no native step runs them), and that every run ends in the reference's state."""
@@ -16,16 +16,16 @@ import pytest
 import golden
 from radixsched.adder import Admission
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
-from radixsched.fast import step as steps
-from radixsched.fast.queue import FastWaitingQueue
-from radixsched.fast.scheduler import FastScheduler
 from radixsched.native import core
+from radixsched.native import step as steps
+from radixsched.native.build import build_scheduler
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.scheduler import NativeScheduler
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.cost.build import load_cost_model
 from radixsched.sim.cost.runner import CostModelRunner
 from radixsched.sim.workloads.load import load_workload
-from test_fast_step import _same as fast_step_same
+from test_native_step import _same as fast_step_same
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built or is off")
 
@@ -46,7 +46,7 @@ def test_fresh_and_continued_rounds_run_in_one_native_call(
     positions (``queue_take``) and runs the step."""
     outcome = golden.count_calls(monkeypatch, steps, "_outcome")
     batch = golden.count_calls(monkeypatch, steps, "_batch")
-    take = golden.count_calls(monkeypatch, FastWaitingQueue, "take")
+    take = golden.count_calls(monkeypatch, NativeWaitingQueue, "take")
     _same(SchedulerConfig(schedule_policy=policy, chunked_prefill_size=chunk))
     assert outcome["calls"] > 0
     assert batch["calls"] == take["calls"] == 0
@@ -74,8 +74,8 @@ def test_no_native_step_runs_the_taken_admissions_on_built_entries(
 ) -> None:
     """``_native_step`` offers none: the call hands the admissions back (taken, chunked
     request set) and the entries are built and run, as the reference does."""
-    monkeypatch.setattr(FastScheduler, "_native_step", lambda self: None)
-    built = golden.count_calls(monkeypatch, FastScheduler, "_extend_entries")
+    monkeypatch.setattr(NativeScheduler, "_native_step", lambda self: None)
+    built = golden.count_calls(monkeypatch, NativeScheduler, "_extend_entries")
     _same(SchedulerConfig(schedule_policy="lpm", chunked_prefill_size=128))
     assert built["calls"] > 0
 
@@ -84,14 +84,14 @@ def test_the_python_take_where_the_queue_has_no_native_take(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A queue with its native take off: the call asks the queue's own ``take``."""
-    real = FastWaitingQueue.__init__
+    real = NativeWaitingQueue.__init__
 
-    def no_native_take(self: FastWaitingQueue, *a: Any, **kw: Any) -> None:
+    def no_native_take(self: NativeWaitingQueue, *a: Any, **kw: Any) -> None:
         real(self, *a, **kw)
         self._native_take = None
 
-    monkeypatch.setattr(FastWaitingQueue, "__init__", no_native_take)
-    take = golden.count_calls(monkeypatch, FastWaitingQueue, "take")
+    monkeypatch.setattr(NativeWaitingQueue, "__init__", no_native_take)
+    take = golden.count_calls(monkeypatch, NativeWaitingQueue, "take")
     _same(SchedulerConfig(schedule_policy="fcfs", chunked_prefill_size=128))
     assert take["calls"] > 0
 
@@ -188,7 +188,7 @@ def test_a_request_the_round_fails_is_noted_as_tried() -> None:
 def test_covers_refusing_keeps_the_python_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where ``covers`` says no, neither a fresh round nor a continued one (on the Python
     adder's plan) is fused: the reference's loop runs them."""
-    from radixsched.fast import admit as admission
+    from radixsched.native import admit as admission
 
     monkeypatch.setattr(admission, "covers", lambda s, adder: False)
     fused: list[Any] = []  # what the native calls handed ``_outcome`` (None: a decode round)
@@ -224,7 +224,7 @@ def test_an_exclusive_round_admits_no_second_chunked_request() -> None:
 def test_a_round_with_a_new_chunked_request_runs_the_python_batch() -> None:
     """``continued`` with budgets that chunked a new request already: ``_batch`` sets it as
     the scheduler's chunked request (the native call would not know it)."""
-    from radixsched.fast import admit as admission
+    from radixsched.native import admit as admission
 
     s = _scheduler([20, 30])
     r = s.queue.reqs[0]
@@ -246,7 +246,7 @@ def test_a_continuation_covers_refuses_is_checkpointed_first(
 ) -> None:
     """``continuation`` where ``covers`` says no: the last chunk checkpointed all the same
     (``_adder_plan`` plans from there), None."""
-    from radixsched.fast import admit as admission
+    from radixsched.native import admit as admission
 
     s = _scheduler([100])
     s.step()  # the first chunk (64 tokens)
@@ -260,7 +260,7 @@ def test_a_continuation_covers_refuses_is_checkpointed_first(
 def test_the_python_batchs_native_step_reports_what_finished() -> None:
     """``_batch``'s native step (``extend_run``, a new chunked request's round): a request
     done at its first token is the outcome's ``finished``; nothing is retracted."""
-    from radixsched.fast import admit as admission
+    from radixsched.native import admit as admission
 
     s = _scheduler([20])
     r = s.queue.reqs[0]

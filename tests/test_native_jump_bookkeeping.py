@@ -1,5 +1,5 @@
 """A decode round's bookkeeping in one native call (``DecodeBatch.jump_round``, behind
-``FastScheduler._jump``) against the Python it replaced (``_reference_round`` below: the
+``NativeScheduler._jump``) against the Python it replaced (``_reference_round`` below: the
 columns' ``jump``, then the clock, the ratio, the statistics, the outcome, fair's charge and the
 retire of the rows that may have finished, in that order), on two identical tiny schedulers:
 the same state afterwards, floats' and ints' types included, for each branch of the call."""
@@ -16,10 +16,9 @@ import pytest
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.fast import retire
-from radixsched.fast import scheduler as fast_scheduler
-from radixsched.fast.scheduler import JumpOutcome
-from radixsched.native import core
+from radixsched.native import core, retire
+from radixsched.native import scheduler as fast_scheduler
+from radixsched.native.scheduler import JumpOutcome
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import FINISHED_BY_LENGTH, Req, SamplingParams
 from radixsched.sim.simulate import SimConfig
@@ -46,7 +45,7 @@ def _scheduler(outs: tuple[int, ...] = (40, 30), policy: str = "lpm") -> Any:
 
 
 def _reference_jump(s: Any, cols: Any, free: bool, horizon: float | None) -> Any:
-    """``FastScheduler._jump`` as its Python was (3000ae2)."""
+    """``NativeScheduler._jump`` as its Python was (3000ae2)."""
     st, clock, reqs = s.stats, s.clock, list(s.batch.reqs)
     runner = s.runner
     t0 = clock.now()
@@ -503,7 +502,7 @@ class _More(JumpOutcome):
 
 
 def test_only_the_plain_outcome_class_is_built_without_its_init() -> None:
-    from radixsched.fast.scheduler import _plain_outcome
+    from radixsched.native.scheduler import _plain_outcome
 
     assert _plain_outcome(JumpOutcome)
     assert not _plain_outcome(_Posted) and not _plain_outcome(_More)
@@ -516,7 +515,7 @@ def test_only_the_plain_outcome_class_is_built_without_its_init() -> None:
 def test_a_replaced_module_retire_is_called_as_retire_finished_calls_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``fast.scheduler.retire`` replaced (a test counting its calls): the jump's retire goes
+    """``native.scheduler.retire`` replaced (a test counting its calls): the jump's retire goes
     through ``_retire_finished`` and it, as the Python did, with the same outcome."""
     seen: list[bool] = []
     real = retire.retire

@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 
 from radixsched.cache import RadixCache, TokenAllocator
-from radixsched.cache.native_radix import NativeRadixCache, make_pool
-from radixsched.fast.kv import FastKVManager
 from radixsched.kv import KVManager
 from radixsched.native import core
+from radixsched.native.kv import NativeKVManager
+from radixsched.native.radix import NativeRadixCache, make_pool
 from radixsched.request import Req, SamplingParams
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 
 
-def _twins(size: int = 256) -> tuple[KVManager, FastKVManager]:
+def _twins(size: int = 256) -> tuple[KVManager, NativeKVManager]:
     ref_alloc, pool = TokenAllocator(size, 1), make_pool(size, 1)
     return (
         KVManager(RadixCache(ref_alloc), ref_alloc),
-        FastKVManager(NativeRadixCache(pool), pool),
+        NativeKVManager(NativeRadixCache(pool), pool),
     )
 
 
@@ -119,7 +119,7 @@ def test_a_pool_whose_slots_pass_int32_gets_int64_rows_and_refuses_int32_ones() 
     size, page = 2**32, 2**20  # 4096 pages: slots up to 2**32 + 2**20 - 1
     ref_alloc, pool = TokenAllocator(size, page), make_pool(size, page)
     ref = KVManager(RadixCache(ref_alloc, page_size=page), ref_alloc)
-    fast = FastKVManager(NativeRadixCache(pool, page_size=page), pool)
+    fast = NativeKVManager(NativeRadixCache(pool, page_size=page), pool)
     assert fast.native.wide_rows and fast.row_dtype == np.int64
     assert not _twins()[1].native.wide_rows
     rows = []
@@ -183,7 +183,7 @@ def test_an_int32_allocation_that_evicts_equals_the_int64_one(p: int) -> None:
     sides = []
     for _ in range(2):
         pool = make_pool(48 * p, p)
-        sides.append((FastKVManager(NativeRadixCache(pool, p), pool), pool))
+        sides.append((NativeKVManager(NativeRadixCache(pool, p), pool), pool))
     fails = shorts = 0
     for _ in range(150):
         seq = np.asarray(rng.integers(0, 3, size=int(rng.integers(1, 10)) * p), dtype=np.int32)
@@ -228,7 +228,7 @@ def test_rows_are_int32_exactly_while_every_slot_of_the_pool_fits_int32() -> Non
     for pages, wide in ((2047, False), (2048, True)):  # the last slot: 2**31 - 1, then 2**31 + ...
         pool = make_pool(pages * page, page)
         assert pool.pool_size - 1 == (pages + 1) * page - 1
-        kv = FastKVManager(NativeRadixCache(pool, page_size=page), pool)
+        kv = NativeKVManager(NativeRadixCache(pool, page_size=page), pool)
         assert kv.native.wide_rows == wide
         assert kv.row_dtype == (np.int64 if wide else np.int32)
 
@@ -265,7 +265,7 @@ def test_decode_settle_on_a_pool_past_int32_makes_int64_rows_and_refuses_int32_o
 
 
 # ---- a checkpoint's leaf views the request's row buffer (radix.hpp's SlotVec) ------------------
-def _leaf(kv: FastKVManager, r: Req) -> object:
+def _leaf(kv: NativeKVManager, r: Req) -> object:
     node = r.last_node
     assert node is not None and not node.children
     return node

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not b
 
 
 def _trees() -> tuple[Any, Any]:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     pa, na = TokenAllocator(256), TokenAllocator(256)
     return (RadixCache(pa, 1, "lru"), pa), (NativeRadixCache(na, 1, "lru"), na)

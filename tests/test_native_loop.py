@@ -227,16 +227,16 @@ def test_steps_until_an_int_clock_compares_and_samples_as_python() -> None:
 
 def test_checking_integrity_runs_the_python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each step's integrity check (``check_integrity``) is the Python loop's: once a step."""
-    from radixsched.fast.scheduler import FastScheduler
+    from radixsched.native.scheduler import NativeScheduler
 
     checks: list[int] = []
-    check = FastScheduler.check_integrity
+    check = NativeScheduler.check_integrity
 
-    def counted(s: FastScheduler) -> None:
+    def counted(s: NativeScheduler) -> None:
         checks.append(1)
         check(s)
 
-    monkeypatch.setattr(FastScheduler, "check_integrity", counted)
+    monkeypatch.setattr(NativeScheduler, "check_integrity", counted)
     w = load_workload(_WORKLOAD, request_rate=40.0)
     run = simulate(w, SchedulerConfig(schedule_policy="lpm"), SimConfig(), check_integrity=True)
     assert len(checks) == len(run.series) > 20

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.native import core
+from radixsched.native.radix import NativeRadixCache
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 

@@ -85,7 +85,7 @@ class Pair:
     """The two trees, each with its allocator and its log; every operation runs on both."""
 
     def __init__(self, page: int, policy: str, compat: bool) -> None:
-        from radixsched.cache.native_radix import NativeRadixCache
+        from radixsched.native.radix import NativeRadixCache
 
         self.page = page
         self.sides: list[tuple[Any, TokenAllocator, Log]] = []
@@ -278,8 +278,8 @@ def test_native_matcher_memos_equal_the_python_trees_fresh_match(
     """After every operation, each tracked request's memo is where a fresh ``match_end`` of its
     fill ends on the Python reference tree fed the same operations (the trees stay the same),
     and the re-matched requests were all dirty."""
-    from radixsched.cache.native_radix import NativeRadixCache
-    from radixsched.fast.native_matching import NativeMatcher
+    from radixsched.native.matching import NativeMatcher
+    from radixsched.native.radix import NativeRadixCache
     from radixsched.request import Req
 
     sides = []

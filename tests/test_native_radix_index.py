@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not b
 
 
 def _pair(page: int, size: int = 40_000, disable: bool = False) -> list[tuple[Any, TokenAllocator]]:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     out = []
     for cls in (RadixCache, NativeRadixCache):

@@ -48,7 +48,7 @@ def _match(cache: Any, key: CacheKey) -> tuple[list[int], int, int]:
 @pytest.mark.parametrize("page", [1, 4])
 @pytest.mark.parametrize("view", list(VIEWS))
 def test_every_token_input_matches_as_the_python_tree(page: int, view: str) -> None:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     caches = []
     for cls in (RadixCache, NativeRadixCache):
@@ -69,7 +69,7 @@ def test_every_token_input_matches_as_the_python_tree(page: int, view: str) -> N
 
 
 def test_match_prefix_is_the_native_call_unless_overridden() -> None:
-    from radixsched.cache.native_radix import NativeRadixCache
+    from radixsched.native.radix import NativeRadixCache
 
     calls: list[CacheKey] = []
 

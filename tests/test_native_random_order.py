@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.queue import FastWaitingQueue
 from radixsched.native import core
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import Round, random_order
 from radixsched.queue import REFRESH_SPAN, RoundOrder
 from radixsched.request import Req, SamplingParams
@@ -193,9 +193,9 @@ def test_only_an_exact_random_is_taken() -> None:
             mod.LazyShuffle([1, 2, 3], rng)
 
 
-def _queue(rng: random.Random | None = None) -> FastWaitingQueue:
+def _queue(rng: random.Random | None = None) -> NativeWaitingQueue:
     cfg = SchedulerConfig(schedule_policy="random", seed=5)
-    q = FastWaitingQueue(cfg, NativeRadixCache(None))
+    q = NativeWaitingQueue(cfg, NativeRadixCache(None))
     if rng is not None:
         q.rng = rng
     for i in range(40):
@@ -203,7 +203,7 @@ def _queue(rng: random.Random | None = None) -> FastWaitingQueue:
     return q
 
 
-def _round(q: FastWaitingQueue, read: int) -> tuple[str, list[int], list[str]]:
+def _round(q: NativeWaitingQueue, read: int) -> tuple[str, list[int], list[str]]:
     rnd = Round(q.config)
     positions = q._order(q.policy, q.reads, rnd, [])
     head = list(itertools.islice(positions, read))

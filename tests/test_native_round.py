@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from radixsched.cache import CacheKey, RadixCache
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.native_matching import NativeMatcher
-from radixsched.fast.queue import FastWaitingQueue
 from radixsched.native import core
+from radixsched.native.matching import NativeMatcher
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import POLICIES, Reads, Round
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req
@@ -23,10 +23,10 @@ from radixsched.request import Req
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 
 
-def _twins(page: int = 1, **cfg: Any) -> tuple[list[Any], WaitingQueue, FastWaitingQueue]:
+def _twins(page: int = 1, **cfg: Any) -> tuple[list[Any], WaitingQueue, NativeWaitingQueue]:
     caches = [RadixCache(None, page_size=page), NativeRadixCache(None, page_size=page)]
     config = SchedulerConfig(schedule_policy=cfg.pop("policy", "lpm"), page_size=page, **cfg)
-    return caches, WaitingQueue(config, caches[0]), FastWaitingQueue(config, caches[1])
+    return caches, WaitingQueue(config, caches[0]), NativeWaitingQueue(config, caches[1])
 
 
 class _Rounds:
@@ -291,7 +291,7 @@ def test_fair_advance_breaks_counter_ties_by_the_tenants_first_members() -> None
     """Two tenants with tied counters and heads: the merge's tie goes to the tenant whose
     first member comes first in the list as it stands (here b's: a was ahead on service when
     the list was built), not to the tenant the engine met first."""
-    from radixsched.fast.orders import FairEngine
+    from radixsched.native.orders import FairEngine
     from radixsched.policies import VirtualTokenCounter
 
     def req(rid: str, tenant: str) -> Req:

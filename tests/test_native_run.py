@@ -1,5 +1,5 @@
 """The native prefill step (``_core.PrefillCost``, ``_core.PrefillRun``, ``_native/prefill.cpp``):
-its time equals the dense roofline's ``_dense_step_s`` float for float, and a ``FastScheduler``
+its time equals the dense roofline's ``_dense_step_s`` float for float, and a ``NativeScheduler``
 whose extend-only steps run natively ends in exactly the reference scheduler's state; where
 the reference needs Python (stop ids, tenant charges, a host load) the native call declines
 before it changes anything and the reference runs."""
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
-from radixsched.fast.scheduler import FastScheduler
 from radixsched.native import core
+from radixsched.native.build import build_scheduler
+from radixsched.native.scheduler import NativeScheduler
 from radixsched.request import Req, SamplingParams
 from radixsched.scheduler import Scheduler
 from radixsched.sim.cost.build import load_cost_model
@@ -123,14 +123,14 @@ def _drive(accelerate: bool, policy: str, reqs: list[Req]) -> Scheduler:
     cfg = SchedulerConfig(schedule_policy=policy, chunked_prefill_size=64, page_size=1)
     runner = CostModelRunner(load_cost_model(model="llama-3.1-8b"), seed=5)
     s = build_scheduler(cfg, runner, accelerate=accelerate, kv_slots=4096)
-    assert isinstance(s, FastScheduler) == accelerate
+    assert isinstance(s, NativeScheduler) == accelerate
     for k, r in enumerate(reqs):
         s.add_request(r, now=0.001 * k)
     for _ in range(500):
         if s.is_idle:
             break
         s.step()
-        if isinstance(s, FastScheduler):
+        if isinstance(s, NativeScheduler):
             s.check_integrity()
     assert s.is_idle
     return s
@@ -198,10 +198,10 @@ def test_tenant_charges_run_natively_and_charge_as_the_reference(
 def test_a_chunk_limit_policy_runs_its_fresh_rounds_direct(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """spf caps a continued chunk: its rounds take ``fast.step``'s paths (``fresh`` without a
+    """spf caps a continued chunk: its rounds take ``native.step``'s paths (``fresh`` without a
     chunked request, ``limited`` with one: the queue ordered first, the cap read off it),
     ending in the reference's state."""
-    from radixsched.fast import step
+    from radixsched.native import step
 
     seen: list[str] = []
     fresh, limited = step.fresh, step.limited
@@ -323,7 +323,7 @@ def _drive_chunks(accelerate: bool, policy: str, reqs: list[Req]) -> tuple[Sched
             break
         out = s.step(horizon=5.0)
         most = max(most, out.num_steps if out is not None else 0)
-        if isinstance(s, FastScheduler):
+        if isinstance(s, NativeScheduler):
             s.check_integrity()
     assert s.is_idle
     return s, most

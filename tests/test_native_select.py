@@ -12,11 +12,12 @@ import pytest
 
 from fakes import FakeRunner
 from radixsched import native
-from radixsched.cache import RadixCache, TokenAllocator, native_radix
+from radixsched.cache import RadixCache, TokenAllocator
 from radixsched.cache.evict import EVICTION_STRATEGIES
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast import FastScheduler, build_scheduler, built_in
+from radixsched.native import radix as native_radix
+from radixsched.native.build import NativeScheduler, build_scheduler, built_in
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import POLICIES, Policy, register
 from radixsched.scheduler import Scheduler
 
@@ -90,7 +91,7 @@ def test_built_extension_selects_the_native_tree(monkeypatch: pytest.MonkeyPatch
     )
     assert isinstance(cache, NativeRadixCache) and cache.eviction_policy == "slru"
     sched = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
-    assert isinstance(sched, FastScheduler) and isinstance(sched.cache, NativeRadixCache)
+    assert isinstance(sched, NativeScheduler) and isinstance(sched.cache, NativeRadixCache)
 
 
 def _outside_key(req: Any, rnd: Any) -> tuple[int]:
@@ -107,11 +108,11 @@ def test_a_policy_from_outside_runs_on_the_reference_core(
         config = SchedulerConfig(schedule_policy="outside-test-policy")
         for _ in range(2):
             sched = build_scheduler(config, FakeRunner(256), kv_slots=256)
-            assert type(sched) is Scheduler and not isinstance(sched, FastScheduler)
+            assert type(sched) is Scheduler and not isinstance(sched, NativeScheduler)
         err = capsys.readouterr().err
         assert err.count("outside-test-policy") == 1
         if native.core() is not None:
             fast = build_scheduler(SchedulerConfig(), FakeRunner(256), kv_slots=256)
-            assert isinstance(fast, FastScheduler)
+            assert isinstance(fast, NativeScheduler)
     finally:
         del POLICIES.by_name["outside-test-policy"]

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.queue import FastWaitingQueue
 from radixsched.native import core
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import Round
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.simulate import SimConfig, simulate
@@ -112,7 +112,7 @@ class _Counted(random.Random):
         super().shuffle(x)
 
 
-def _round(queue: FastWaitingQueue) -> list[int]:
+def _round(queue: NativeWaitingQueue) -> list[int]:
     pol = queue.policy.variant(queue.config)
     rnd = Round(queue.config)
     queue.order(pol, rnd)
@@ -124,8 +124,8 @@ def test_the_native_shuffle_stands_aside_for_a_generator_of_its_own() -> None:
     a subclass's: its own shuffle, called."""
     cfg = SchedulerConfig(schedule_policy="random", compat="sglang", seed=5)
     reqs = [Req(f"r{i}", [i, i + 1], SamplingParams(max_new_tokens=i + 1)) for i in range(40)]
-    native = FastWaitingQueue(cfg, NativeRadixCache(None))
-    own = FastWaitingQueue(cfg, NativeRadixCache(None))
+    native = NativeWaitingQueue(cfg, NativeRadixCache(None))
+    own = NativeWaitingQueue(cfg, NativeRadixCache(None))
     own.rng = _Counted(5)
     for q in (native, own):
         for r in reqs:

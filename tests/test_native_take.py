@@ -1,4 +1,4 @@
-"""``FastWaitingQueue.take`` in one native call (``queue_take``, ``_native/round.cpp``): the same
+"""``NativeWaitingQueue.take`` in one native call (``queue_take``, ``_native/round.cpp``): the same
 list, matcher, dicts, arrivals and kept order as the Python take (``WaitingQueue.take``, then
 ``_untrack`` per request), for every engine; and the call's own branches on plain objects."""
 
@@ -10,23 +10,23 @@ import numpy as np
 import pytest
 
 from radixsched.cache import CacheKey
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast.queue import FastWaitingQueue
 from radixsched.native import core, namespace_of
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.request import Req
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 
 
-def _queue(policy: str, native: bool) -> FastWaitingQueue:
-    q = FastWaitingQueue(SchedulerConfig(schedule_policy=policy), NativeRadixCache(None))
+def _queue(policy: str, native: bool) -> NativeWaitingQueue:
+    q = NativeWaitingQueue(SchedulerConfig(schedule_policy=policy), NativeRadixCache(None))
     if not native:
         q._native_take = None  # the Python take, request by request
     return q
 
 
-def _state(q: FastWaitingQueue) -> tuple[Any, ...]:
+def _state(q: NativeWaitingQueue) -> tuple[Any, ...]:
     m, e = q.matcher, q.engine
     return (
         [r.rid for r in q.reqs],
@@ -39,7 +39,7 @@ def _state(q: FastWaitingQueue) -> tuple[Any, ...]:
     )
 
 
-def _fill(q: FastWaitingQueue, start: int, n: int) -> None:
+def _fill(q: NativeWaitingQueue, start: int, n: int) -> None:
     for i in range(start, start + n):
         toks = np.asarray([i % 3, i % 5, i, i + 1], dtype=np.int32)
         q.add(Req(f"r{i}", toks, arrival_time=float(i)))

@@ -1,7 +1,7 @@
 """Waiting-queue policies: hand-made queues with the expected order written out.
 
 Every queue-level case runs twice (the ``kind`` fixture): on the reference ``WaitingQueue`` and
-on the accelerated ``FastWaitingQueue``, with the same expected orders, so the fast queue is held
+on the accelerated ``NativeWaitingQueue``, with the same expected orders, so the fast queue is held
 to the reference on each case. The property tests at the end run the two side by side
 (``Twin``) over many rounds with arrivals, admissions, failed admission attempts, retractions,
 aborts, skipped rounds and cache changes in between, and compare everything the fast queue
@@ -27,20 +27,20 @@ from hypothesis import strategies as st
 
 from radixsched.cache import CacheKey, NoReuseCache, RadixCache, TokenAllocator
 from radixsched.cache.base import BasePrefixCache
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
-from radixsched.fast.native_matching import NativeMatcher
-from radixsched.fast.orders import (
+from radixsched.native import core
+from radixsched.native.build import build_scheduler
+from radixsched.native.matching import NativeMatcher
+from radixsched.native.orders import (
     DfsWeightEngine,
     FairEngine,
     HrrnEngine,
     KeyedEngine,
     RoutingKeyEngine,
 )
-from radixsched.fast.queue import FastWaitingQueue
-from radixsched.native import core
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import (
     POLICIES,
     SGLANG_PREFIX_MATCH_CAP,
@@ -60,7 +60,7 @@ from radixsched.sim.workloads.load import load_workload
 
 # ---- helpers ------------------------------------------------------------------------------
 
-KINDS: dict[str, type[WaitingQueue]] = {"reference": WaitingQueue, "fast": FastWaitingQueue}
+KINDS: dict[str, type[WaitingQueue]] = {"reference": WaitingQueue, "fast": NativeWaitingQueue}
 TREES = (RadixCache, NativeRadixCache)
 
 
@@ -69,7 +69,7 @@ NO_NATIVE = "the accelerated queue runs over the native tree, which is not built
 
 def tree_class(kind: type[WaitingQueue]) -> type[Any]:
     """The radix tree a queue of ``kind`` runs over: the fast queue's is the native one."""
-    if kind is not FastWaitingQueue:
+    if kind is not NativeWaitingQueue:
         return RadixCache
     if core() is None:
         pytest.skip(NO_NATIVE)
@@ -153,7 +153,7 @@ def make_queue(
 def hands_out_lazily(queue: WaitingQueue) -> bool:
     """The fast queue's hrrn rounds leave the list as it stands and hand their order out."""
     return (
-        isinstance(queue, FastWaitingQueue)
+        isinstance(queue, NativeWaitingQueue)
         and isinstance(queue.engine, HrrnEngine)
         and queue.active_policy() is queue.policy
     )
@@ -1604,7 +1604,7 @@ class Twin:
         cached: Iterable[Sequence[int]] = (),
     ) -> None:
         self.ref = Side(WaitingQueue, config, *new_cache())
-        self.fast = Side(FastWaitingQueue, config, *new_cache(native=True))
+        self.fast = Side(NativeWaitingQueue, config, *new_cache(native=True))
         self.sides = (self.ref, self.fast)
         for s in self.sides:
             for seq in cached:
@@ -1627,7 +1627,7 @@ class Twin:
         self.now += 0.5
         if skip:
             self.ref.queue.begin_round(self.ref.running, self.processed, self.now)
-            fast = self.fast.queue
+            fast = self.native.queue
             fast.begin_round(self.fast.running, self.processed, self.now)
             self.loose = hands_out_lazily(fast)
             self.check(full=False)
@@ -1637,7 +1637,7 @@ class Twin:
             q = s.queue
             s.order = q.begin_round(s.running, self.processed, self.now).head(len(q))
             assert {id(r) for r in s.order} == {id(r) for r in q.reqs}
-        self.loose = hands_out_lazily(self.fast.queue)
+        self.loose = hands_out_lazily(self.native.queue)
         self.check(full=True)
         for s in self.sides:
             eligible = [r for r in s.order if r.rid not in s.queue.deferred]
@@ -1657,7 +1657,7 @@ class Twin:
             if tried and len(eligible) > admit:
                 r = eligible[admit]
                 s.try_admission(r)  # fails (out of budget): the queue is told
-                if isinstance(s.queue, FastWaitingQueue):
+                if isinstance(s.queue, NativeWaitingQueue):
                     s.queue.note_tried(r)
         assert works[0] == works[1]
         self.processed += sum(works[0])
@@ -1707,7 +1707,7 @@ class Twin:
         self.check(full=False)
 
     def check(self, full: bool) -> None:
-        ref, fast = self.ref.queue, self.fast.queue
+        ref, fast = self.ref.queue, self.native.queue
         if full:
             assert rids(self.ref.order) == rids(self.fast.order)
             assert ref.deferred == fast.deferred and ref.deprioritized == fast.deprioritized
@@ -1849,7 +1849,7 @@ def _new_cache(
     """The trees of a twin's sides: ``native`` for the fast queue's."""
 
     def make(native: bool = False) -> tuple[BasePrefixCache, TokenAllocator | None]:
-        tree = tree_class(FastWaitingQueue if native else WaitingQueue)
+        tree = tree_class(NativeWaitingQueue if native else WaitingQueue)
         if disabled:
             return tree(None, disable=True), None
         alloc = TokenAllocator(1 << 14, page)

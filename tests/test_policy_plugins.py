@@ -85,12 +85,12 @@ def test_a_match_reading_plugin_gets_the_kept_order(plugin_env: dict[str, str]) 
     if core() is None:
         pytest.skip("the accelerated queue runs over the native tree, which is not built or off")
     code = (
-        "from radixsched.cache.native_radix import NativeRadixCache\n"
+        "from radixsched.native.radix import NativeRadixCache\n"
         "from radixsched.config import SchedulerConfig\n"
-        "from radixsched.fast.orders import KeyedEngine\n"
-        "from radixsched.fast.queue import FastWaitingQueue\n"
+        "from radixsched.native.orders import KeyedEngine\n"
+        "from radixsched.native.queue import NativeWaitingQueue\n"
         "cfg = SchedulerConfig(schedule_policy='cache-then-short')\n"
-        "q = FastWaitingQueue(cfg, NativeRadixCache(None))\n"
+        "q = NativeWaitingQueue(cfg, NativeRadixCache(None))\n"
         "assert isinstance(q.engine, KeyedEngine) and q.matcher is not None\n"
         "print('ok')\n"
     )

@@ -26,8 +26,8 @@ from hypothesis.stateful import (
 
 from radixsched.cache import EVICTION_STRATEGIES, CacheKey, RadixCache, TokenAllocator
 from radixsched.cache.base import Namespace
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.native import core
+from radixsched.native.radix import NativeRadixCache
 
 NAMESPACES: list[Namespace] = [None, ("", None), ("a", "s")]
 # Sequences share prefixes often: a cut of one of a few related bases plus a random tail.

@@ -1,4 +1,4 @@
-"""The server's engine builds its scheduler with ``radixsched.fast.build_scheduler``: the native
+"""The server's engine builds its scheduler with ``radixsched.native.build.build_scheduler``: the native
 core when the extension is on, the reference with ``RADIXSCHED_NATIVE=0``. Over the loop's
 thread both serve the same tokens and cached-token counts to requests sharing a prefix, free an
 aborted request's KV, report the same gauges and flush the cache the same way.
@@ -19,9 +19,9 @@ import pytest
 
 from fakes import FakeRunner
 from radixsched import native
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast import FastScheduler, build_scheduler
+from radixsched.native.build import NativeScheduler, build_scheduler
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, Req, SamplingParams
 from radixsched.scheduler import Scheduler
@@ -45,7 +45,7 @@ def build(page: int) -> EngineLoop:
 @needs_native
 def test_the_servers_scheduler_is_the_native_one() -> None:
     sched = build(1).scheduler
-    assert isinstance(sched, FastScheduler) and isinstance(sched.cache, NativeRadixCache)
+    assert isinstance(sched, NativeScheduler) and isinstance(sched.cache, NativeRadixCache)
     assert type(sched.allocator).__module__ == "radixsched._native._core"
 
 
@@ -148,7 +148,7 @@ def run_server(page: int) -> tuple[type, dict[str, Any]]:
 @pytest.mark.parametrize("page", [1, 16])
 def test_serving_is_the_same_on_both_cores(page: int, monkeypatch: pytest.MonkeyPatch) -> None:
     kind, fast = run_server(page)
-    assert kind is FastScheduler
+    assert kind is NativeScheduler
     monkeypatch.setenv(native.ENV, "0")
     kind, ref = run_server(page)
     assert kind is Scheduler

@@ -21,7 +21,7 @@ from radixsched.runner import DecodeEntry, ExtendEntry
 
 
 class KVManager:
-    row_dtype: type[np.integer] = np.int64  # its rows' (FastKVManager's: int32, as its pool's)
+    row_dtype: type[np.integer] = np.int64  # its rows' (NativeKVManager's: int32, as its pool's)
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ A policy is one registered function, of one of two kinds:
 ``req`` is read through ``RequestView`` and the round through ``Round``; a policy declares
 in ``reads`` everything of the round it reads, which tells the queue what to compute for it
 (``MATCH``: every waiting request is matched against the cache first) and the accelerators
-(``radixsched.fast``) what can change its order between rounds. The SGLang 0.5.23 variant of
+(``radixsched.native``) what can change its order between rounds. The SGLang 0.5.23 variant of
 a policy is registered beside it (``sglang=``) and used under ``--compat sglang``.
 
 ====================== ==== ========================================================

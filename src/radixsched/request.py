@@ -127,7 +127,7 @@ class Req:
     # growth is amortised O(1) per token instead of a copy of the whole row.
     kv_buf: SlotArray = field(default_factory=lambda: EMPTY_SLOTS)
     kv_len: int = 0  # positions [0, kv_len) of kv_row hold computed KV
-    # Accelerator state (``radixsched.fast``); the reference core never reads or writes it.
+    # Accelerator state (``radixsched.native``); the reference core never reads or writes it.
     fast: Any = field(default=None, repr=False, compare=False)
 
     finish: FinishState | None = None

@@ -14,7 +14,7 @@ Contract for implementers:
 - The runner never allocates or frees KV slots and never touches the scheduler's state.
 
 Extensions a runner may add: jumping over decode steps in which nothing but lengths change
-(``radixsched.fast.runner.MultiStepRunner``, the simulator's), and keeping a request's KV in
+(``radixsched.native.runner.MultiStepRunner``, the simulator's), and keeping a request's KV in
 host memory for a decode instance of a split deployment (``radixsched.cluster.disagg``).
 """
 
@@ -99,7 +99,7 @@ class StepOutcome:
 class ModelRunner(ABC):
     """See the module docstring for the contract."""
 
-    supports_multi_step: bool = False  # a MultiStepRunner (radixsched.fast.runner) says True
+    supports_multi_step: bool = False  # a MultiStepRunner (radixsched.native.runner) says True
 
     @abstractmethod
     def forward(self, batch: Batch) -> StepResult: ...

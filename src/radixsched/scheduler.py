@@ -19,7 +19,7 @@ every policy, with the cache on or off.
 The loop calls its role's hooks (``roles.py``: co-located by default, or one side of a split
 prefill/decode deployment, ``radixsched.cluster.disagg``) and never asks which role it plays.
 
-This is the reference: every round does all its work. ``radixsched.fast.FastScheduler`` gives
+This is the reference: every round does all its work. ``radixsched.native.NativeScheduler`` gives
 the same schedule, bit for bit, doing only the work that changed (tests/test_equivalence.py).
 """
 
@@ -76,7 +76,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    # The parts an accelerated scheduler replaces (``radixsched.fast.FastScheduler``).
+    # The parts an accelerated scheduler replaces (``radixsched.native.NativeScheduler``).
     kv_class: type[KVManager] = KVManager
     queue_class: type[WaitingQueue] = WaitingQueue
     cache_factory = staticmethod(make_cache)  # the accelerated core's: the native tree

@@ -62,7 +62,7 @@ class InsertResult(NamedTuple):
 
 class CacheListener(Protocol):
     """Told of every change to a radix tree that can change where a match ends (the
-    incremental matcher of ``radixsched.fast`` listens)."""
+    incremental matcher of ``radixsched.native`` listens)."""
 
     def on_child(self, parent: Any, child_key: Any) -> None:
         """A new node now hangs under ``parent`` at ``child_key``."""

@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation: the two split roles a ``Scheduler`` can be built in.
 
 SGLang's ``--disaggregation-mode`` (``SchedulerConfig.disaggregation_mode``) names the role
-(``ROLES``), which whoever builds the scheduler passes in (``radixsched.fast.build_scheduler``
+(``ROLES``), which whoever builds the scheduler passes in (``radixsched.native.build.build_scheduler``
 looks it up). Each role overrides the hooks of ``radixsched.roles.Role`` where its side
 differs from a co-located scheduler, so the same scheduler loop runs every role and only the
 places a request waits at differ. A request of a split deployment has one copy on a prefill

@@ -1,7 +1,7 @@
 """The offline engine: ``Engine(runner, config).generate(requests)`` runs exactly the scheduler
 loop the simulator and the HTTP server run, on whatever ``ModelRunner`` it is given.
 
-Its scheduler is built by ``radixsched.fast.build_scheduler``, as the simulator's and the
+Its scheduler is built by ``radixsched.native.build.build_scheduler``, as the simulator's and the
 server's are: the native core where the extension is on, the reference otherwise
 (``RADIXSCHED_NATIVE=0``, no build, or ``accelerate=False``); chosen once, never rewired. A
 runner without ``supports_multi_step`` (a real model) decodes one step at a time on either.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from radixsched.clock import Clock, WallClock
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
+from radixsched.native.build import build_scheduler
 from radixsched.request import FinishState, Req
 from radixsched.roles import CoLocated
 from radixsched.runner import ModelRunner

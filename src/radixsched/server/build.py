@@ -2,7 +2,7 @@
 ``EngineLoop``, and the ``ServedModel`` the HTTP layer reports. No FastAPI here: the engine's
 child process builds its loop with ``engine_for_runner``.
 
-The scheduler is ``radixsched.fast.build_scheduler``'s, as the simulator's and the offline
+The scheduler is ``radixsched.native.build.build_scheduler``'s, as the simulator's and the offline
 engine's: the native core where the extension is on, else the reference (one notice); chosen
 when built, never rewired. The server is co-located: a split prefill/decode role is refused."""
 
@@ -97,7 +97,7 @@ def engine_for_runner(
     ``EngineLoop`` whose posts go to ``sink`` (default: the event loops of the requests'
     handles)."""
     from radixsched.clock import WallClock
-    from radixsched.fast import build_scheduler
+    from radixsched.native.build import build_scheduler
     from radixsched.roles import CoLocated
 
     clock = clock if clock is not None else WallClock()

@@ -36,7 +36,7 @@ def simulate(
 ) -> SimRun:
     """Replay ``workload`` (a ``sim.workloads.load.Workload``) under one scheduler configuration.
 
-    ``accelerate``: run the scheduler with its accelerators (``radixsched.fast``); they change
+    ``accelerate``: run the scheduler with its accelerators (``radixsched.native``); they change
     no result, only speed. Off, every round runs the reference core's full work.
     ``runner_factory`` replaces each replica's ``CostModelRunner`` (a lockstep rank still
     wraps it in ``SingleStepRunner``). ``sim_cfg.max_concurrency`` runs closed-loop clients and

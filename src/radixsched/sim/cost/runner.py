@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from radixsched.fast.runner import MultiDecodeResult, MultiStepRunner
 from radixsched.native import core
+from radixsched.native.runner import MultiDecodeResult, MultiStepRunner
 from radixsched.request import Req, SlotArray
 from radixsched.runner import Batch, StepResult
 from radixsched.sim.cost.roofline import (

@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from radixsched.fast.arrive import LeanReads, lean_reads
 from radixsched.native import core
+from radixsched.native.arrive import LeanReads, lean_reads
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 from radixsched.scheduler import StepOutcome
@@ -130,7 +130,7 @@ def _run_lean(
     lean: LeanReads,
 ) -> None:
     """``_run_one_replica`` reading the scheduler's state straight from ``lean`` (the same
-    values as its properties: ``fast.arrive.lean_reads``), the arrival times from one list
+    values as its properties: ``native.arrive.lean_reads``), the arrival times from one list
     read before the loop (iterating ``reqs`` builds no deferred prompt; delivering indexes
     it), and sampling the series without its per-sample time check (the replica's clock
     never goes back; ``TimeSeries.checked`` checks them all after). Between two arrivals the

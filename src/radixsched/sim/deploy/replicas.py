@@ -11,8 +11,8 @@ from typing import Any
 
 from radixsched.clock import VirtualClock
 from radixsched.config import SchedulerConfig
-from radixsched.fast import build_scheduler
-from radixsched.fast.arrive import arrivals
+from radixsched.native.arrive import arrivals
+from radixsched.native.build import build_scheduler
 from radixsched.request import Req
 from radixsched.results.series import TimeSeries
 from radixsched.scheduler import Scheduler, StepOutcome
@@ -29,7 +29,7 @@ class Replica:
         self.reqs: list[Req] = []
         # No step of this replica takes less (0.0: no floor known): see ``earliest_finish``.
         self.min_step_s = min_step_s
-        # ``fast.arrive.add_arrivals`` bound to ``sched`` (``deliver_batch``; None until then).
+        # ``native.arrive.add_arrivals`` bound to ``sched`` (``deliver_batch``; None until then).
         self.arrive: Callable[[Sequence[Req]], None] | None = None
 
     @property
@@ -110,7 +110,7 @@ def deliver(req: Req, replicas: Sequence[Replica], router: Any, t: float) -> Rep
 
 def deliver_batch(reqs: Sequence[Req], rep: Replica) -> None:
     """``deliver(r, (rep,), None, r.arrival_time)`` for each of ``reqs`` in order, no step
-    between (``fast.arrive.add_arrivals``: their matching in one native call)."""
+    between (``native.arrive.add_arrivals``: their matching in one native call)."""
     rep.reqs.extend(reqs)
     arrive = rep.arrive
     if arrive is None:  # bound on first use (the scheduler's setup is fixed for the run)

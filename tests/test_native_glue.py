@@ -10,23 +10,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
-from radixsched.fast import arrive
-from radixsched.fast.queue import FastWaitingQueue
-from radixsched.native import core
+from radixsched.native import arrive, core
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache
 from radixsched.queue import REFRESH_INTERVAL, WaitingQueue
 from radixsched.request import Req, SamplingParams
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built, or is off")
 
 
-def _queue(policy: str, **cfg: Any) -> FastWaitingQueue:
+def _queue(policy: str, **cfg: Any) -> NativeWaitingQueue:
     config = SchedulerConfig(schedule_policy=policy, **cfg)
-    return FastWaitingQueue(config, NativeRadixCache(None))
+    return NativeWaitingQueue(config, NativeRadixCache(None))
 
 
-def _fill(q: FastWaitingQueue, n: int) -> None:
+def _fill(q: NativeWaitingQueue, n: int) -> None:
     for i in range(n):
         toks = np.asarray([i % 3, i % 5, i, i + 1], dtype=np.int32)
         q.add(Req(f"r{i}", toks, arrival_time=float(i)))
@@ -60,17 +59,17 @@ def test_a_requeue_asks_the_arrival_order_once_and_forgets_it() -> None:
     q.reqs.reverse()  # out of arrival order: the requeued request is appended
     q._arrival_known = False
     seen: list[bool] = []
-    real = FastWaitingQueue._in_arrival_order
+    real = NativeWaitingQueue._in_arrival_order
 
-    def counting(self: FastWaitingQueue) -> bool:
+    def counting(self: NativeWaitingQueue) -> bool:
         seen.append(self._arrival_settled)
         return real(self)
 
-    FastWaitingQueue._in_arrival_order = counting  # type: ignore[method-assign]
+    NativeWaitingQueue._in_arrival_order = counting  # type: ignore[method-assign]
     try:
         q.requeue(taken, 10.0, 0)
     finally:
-        FastWaitingQueue._in_arrival_order = real  # type: ignore[method-assign]
+        NativeWaitingQueue._in_arrival_order = real  # type: ignore[method-assign]
     assert seen == [False, True]  # the reference's requeue got the known answer
     assert q.reqs[-1] is taken[0] and not q._arrival_settled
 
@@ -143,7 +142,7 @@ def test_the_native_admission_preempts_only_where_configured(
     import copy
 
     import golden
-    from radixsched.fast import admit as admission
+    from radixsched.native import admit as admission
     from radixsched.sim.simulate import SimConfig, simulate
     from radixsched.sim.workloads.load import load_workload
 
@@ -170,7 +169,7 @@ def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> 
     at ``fill_len - 1`` and cut to whole pages, each in its own namespace."""
     from radixsched.cache import CacheKey
 
-    def fill(q: FastWaitingQueue) -> list[Req]:
+    def fill(q: NativeWaitingQueue) -> list[Req]:
         cached = np.arange(16, dtype=np.int32)
         q.cache.insert(CacheKey(cached), np.arange(1, 17, dtype=np.int64))
         return [
@@ -182,7 +181,7 @@ def test_arrivals_without_a_matcher_match_at_the_door_as_add_does(page: int) -> 
         ]
 
     config = SchedulerConfig(schedule_policy="fcfs", page_size=page)
-    one, many = (FastWaitingQueue(config, NativeRadixCache(None, page)) for _ in range(2))
+    one, many = (NativeWaitingQueue(config, NativeRadixCache(None, page)) for _ in range(2))
     assert one.matcher is None and many.matcher is None
     a, b = fill(one), fill(many)
     for r in a:
@@ -203,8 +202,8 @@ def test_the_continuation_checkpoints_first_as_continue_chunked_does(
     native plan then says (here: a round ``covers`` leaves to Python, None)."""
     from types import SimpleNamespace
 
-    from radixsched.fast import admit as admission
-    from radixsched.fast import step as steps
+    from radixsched.native import admit as admission
+    from radixsched.native import step as steps
 
     checkpoints: list[tuple[str, int]] = []
     monkeypatch.setattr(admission, "covers", lambda s, adder: False)
@@ -233,7 +232,7 @@ def test_the_limited_continuation_checkpoints_first_as_prefill_round_does(
     it orders the queue (stopped there)."""
     from types import SimpleNamespace
 
-    from radixsched.fast import step as steps
+    from radixsched.native import step as steps
 
     class Ordered(Exception):
         pass
@@ -264,8 +263,8 @@ def test_the_limited_continuation_checkpoints_first_as_prefill_round_does(
 def test_the_limited_rounds_budgets_are_new_adders(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunk-limit policy's continued round admits on budgets as ``new_adder`` starts them:
     exclusive chunking (no second chunked request beside a capped one)."""
-    from radixsched.fast import build_scheduler
-    from radixsched.fast import step as steps
+    from radixsched.native import step as steps
+    from radixsched.native.build import build_scheduler
     from radixsched.sim.cost.build import load_cost_model
     from radixsched.sim.cost.runner import CostModelRunner
 
@@ -339,7 +338,7 @@ def test_take_reads_its_fixed_arguments_once() -> None:
 def test_the_decode_run_evicts_through_the_trees_call_unless_evict_is_someone_elses() -> None:
     import functools
 
-    from radixsched.fast.scheduler import _evictor
+    from radixsched.native.scheduler import _evictor
     from radixsched.sim.cost.build import build_cost_model
     from radixsched.sim.deploy.replicas import _build_replica
     from radixsched.sim.simulate import SimConfig

@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.native import required
+from radixsched.native.radix import NativeRadixCache
 from radixsched.policies import Key, Policy, Round, lpm, priority_term, shortest_prefill_first
 from radixsched.request import Req
 

@@ -8,7 +8,7 @@ it ends inside, a reset). The tree tells the matcher of every change directly, w
 into Python; the queue reads it through ``track``, ``untrack``, ``round`` (a round's
 re-matching, matched lengths, dedup and, for lpm, its kept order's advance, in one call:
 ``_native/round.cpp``), ``memo[id(r)]`` and ``dirty``. Every memo equals what ``match_end`` of the request's fill returns on the
-Python reference tree (tests/test_native_radix.py, tests/test_fast_parts.py).
+Python reference tree (tests/test_native_radix.py, tests/test_native_parts.py).
 
 The C++ side borrows each tracked request's fill tokens: ``_fills`` keeps them alive until the
 request is untracked or tracked again.
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from radixsched.cache.native_radix import NativeRadixCache, as_tokens
 from radixsched.native import namespace_id, required
+from radixsched.native.radix import NativeRadixCache, as_tokens
 from radixsched.request import Req, TokenArray
 
 

@@ -1,4 +1,4 @@
-"""The runner contract of the decode jump: what a runner offers so that ``FastScheduler`` can
+"""The runner contract of the decode jump: what a runner offers so that ``NativeScheduler`` can
 run several decode steps of an unchanged batch at once (``supports_multi_step``).
 
 A multi-step runner's tokens depend only on the request and the position, never on how steps

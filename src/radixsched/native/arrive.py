@@ -2,22 +2,22 @@
 
 - ``add_arrivals`` (``arrivals``: bound to a scheduler once):
   ``Scheduler.add_request(r, now=r.arrival_time)`` of several requests in a row (arrivals the loop delivers back to back, no step between), their matching in one
-  native call (``FastWaitingQueue.add_many``). Nothing an arrival does reads what a later
+  native call (``NativeWaitingQueue.add_many``). Nothing an arrival does reads what a later
   arrival's door check writes (the rid table aside, updated in order), and no door check reads
   the queue, so the door checks first, then the queue's adds, give what one request after the
   other gives.
 - ``lean_reads``: the lists and counters behind ``is_idle``, ``len(waiting)``,
   ``num_running()`` and ``kv_usage()``, for a scheduler whose properties are the reference's
-  over the fast core's (the same values, read without a method call each)."""
+  over the native core's (the same values, read without a method call each)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from radixsched.fast.queue import FastWaitingQueue
-from radixsched.fast.scheduler import FastScheduler
 from radixsched.native import core
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.scheduler import NativeScheduler
 from radixsched.request import Req
 from radixsched.roles import Role
 from radixsched.scheduler import Scheduler
@@ -39,10 +39,10 @@ class LeanReads(NamedTuple):
 
 
 def lean_reads(sched: Scheduler) -> LeanReads | None:
-    """The reads behind ``sched``'s properties where they are the reference's over the fast
+    """The reads behind ``sched``'s properties where they are the reference's over the native
     core's counters (None otherwise: read the properties)."""
     cls = type(sched)
-    if not isinstance(sched, FastScheduler) or cls._room is not FastScheduler._room:
+    if not isinstance(sched, NativeScheduler) or cls._room is not NativeScheduler._room:
         return None
     if any(getattr(cls, a) is not getattr(Scheduler, a) for a in _READS):
         return None
@@ -55,7 +55,7 @@ def lean_reads(sched: Scheduler) -> LeanReads | None:
 
 def add_arrivals(sched: Scheduler, reqs: Sequence[Req]) -> None:
     """``sched.add_request(r, now=r.arrival_time)`` for each of ``reqs``, in order; their
-    matching in one native call where the role queues arrivals in the fast queue without a
+    matching in one native call where the role queues arrivals in the native queue without a
     limit (``arrivals``)."""
     arrivals(sched)(reqs)
 
@@ -68,8 +68,8 @@ def arrivals(sched: Scheduler) -> Callable[[Sequence[Req]], None]:
         type(sched).add_request is not Scheduler.add_request
         or type(sched.role).enqueue is not Role.enqueue
         or sched.role.queue_limit is not None
-        or not isinstance(queue, FastWaitingQueue)
-        or type(queue).add is not FastWaitingQueue.add
+        or not isinstance(queue, NativeWaitingQueue)
+        or type(queue).add is not NativeWaitingQueue.add
     ):
 
         def one_by_one(reqs: Sequence[Req]) -> None:
@@ -82,7 +82,7 @@ def arrivals(sched: Scheduler) -> Callable[[Sequence[Req]], None]:
     by_rid, add_many = sched._by_rid, queue.add_many
     p, capacity, max_req_len = _door_constants(sched)
     native = core()
-    assert native is not None, "the fast queue runs over the native core"
+    assert native is not None, "the native queue runs over the native core"
     door_pass = native.door_pass
 
     def one(r: Req, processed: int, accepted: list[Req]) -> None:

@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixsched.cache import CacheKey, RadixCache, TokenAllocator
-from radixsched.cache.native_radix import NativeRadixCache, make_pool
 from radixsched.config import SchedulerConfig
-from radixsched.fast.kv import FastKVManager
-from radixsched.fast.native_matching import NativeMatcher
-from radixsched.fast.orders import stable_order
-from radixsched.fast.queue import FastWaitingQueue
 from radixsched.kv import KVManager
 from radixsched.native import core
+from radixsched.native.kv import NativeKVManager
+from radixsched.native.matching import NativeMatcher
+from radixsched.native.orders import stable_order
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.radix import NativeRadixCache, make_pool
 from radixsched.policies import Round, policy_names
 from radixsched.queue import WaitingQueue
 from radixsched.request import Req, SamplingParams
@@ -368,7 +368,7 @@ def test_native_dedup_follows_a_requeue_with_new_output() -> None:
 @native
 def test_native_dedup_is_off_when_the_check_is_negative() -> None:
     cfg = SchedulerConfig(schedule_policy="lpm", in_batch_prefix_check_threshold=-1)
-    q = FastWaitingQueue(cfg, NativeRadixCache(None, page_size=1))
+    q = NativeWaitingQueue(cfg, NativeRadixCache(None, page_size=1))
     assert q.matcher is not None and not q.native_dedup
     for i in range(3):
         q.add(_req(i, [1, 2, 3]))
@@ -632,13 +632,13 @@ def test_fast_queue_order_equals_the_reference_with_requeues_into_an_arrival_ord
             out.append((taken[0], taken[1]))
 
 
-def _twins(policy: str, page: int = 1) -> tuple[list[Any], WaitingQueue, FastWaitingQueue]:
+def _twins(policy: str, page: int = 1) -> tuple[list[Any], WaitingQueue, NativeWaitingQueue]:
     """The reference queue over the Python tree, the fast one over the native tree."""
     if core() is None:
         pytest.skip("the accelerated queue runs over the native core, which is not built or off")
     caches = [RadixCache(None, page_size=page), NativeRadixCache(None, page_size=page)]
     cfg = SchedulerConfig(schedule_policy=policy, page_size=page)
-    return caches, WaitingQueue(cfg, caches[0]), FastWaitingQueue(cfg, caches[1])
+    return caches, WaitingQueue(cfg, caches[0]), NativeWaitingQueue(cfg, caches[1])
 
 
 def _both(make: Any) -> tuple[Req, Req]:
@@ -754,7 +754,7 @@ def _kv_twins(page: int, size: int) -> list[KVManager]:
     ref_alloc, pool = TokenAllocator(size, page), make_pool(size, page)
     return [
         KVManager(RadixCache(ref_alloc, page_size=page), ref_alloc),
-        FastKVManager(NativeRadixCache(pool, page_size=page), pool),
+        NativeKVManager(NativeRadixCache(pool, page_size=page), pool),
     ]
 
 
@@ -950,7 +950,7 @@ def test_fast_extend_batch_equals_the_reference_extends(page: int) -> None:
         adm = [Admission(r, r.prefix_len, r.extend_end - r.prefix_len, False) for r in reqs]
         adm.insert(1, Admission(reqs[0], 0, 0, False))
         clock = iter([1.0, 2.0, 3.0])
-        if isinstance(kv, FastKVManager):
+        if isinstance(kv, NativeKVManager):
             entries, *sums = kv.native.extend_batch(adm, clock.__next__)
         else:
             sums, entries = [0, 0, 0], []

@@ -1,16 +1,18 @@
-"""The native core's Python face: whether the compiled core (``radixsched._native._core``, built
-from C++ by the package's build) is used, decided when a scheduler's parts are built.
+"""The native core: the C++ extension (``radixsched._native._core``, built from
+``_native/*.cpp`` by the package's build) and the Python that drives it, in this package.
 
-``core()`` is the extension module, or None when ``RADIXSCHED_NATIVE=0`` or the extension is
-missing (a source checkout on ``PYTHONPATH`` without a build): then every scheduler is built on
-the Python reference core, and one line on stderr says so, once per process and reason. What
-is native today: the radix tree, the waiting queue's incremental matcher and in-batch dedup,
-the kept orders (a stable order kept across rounds; hrrn's columns), the KV slot pool, the KV
-accounting around the tree (an allocation that evicts, a request's checkpoint), the prefill
-admission loop (``radixsched.fast.admit``) and the running batch's decode columns, jump
-arithmetic and settling; beside the scheduler, the simulator's open loop between two arrivals,
-the workloads' hashed prompts and the optimal bound's trie. The rest of the accelerated core is still
-``radixsched.fast``, which runs only over the native parts.
+Two implementations of the scheduling core exist: the readable Python reference
+(``radixsched.scheduler``, ``queue``, ``adder``, ``kv``, ``cache.radix``) and this one, chosen
+when a scheduler is built (``native.build.build_scheduler``). The modules here run only over
+the extension: the radix tree's face (``radix``), the matcher's (``matching``), the kept
+orders (``orders``), the queue, the KV manager, the admission (``admit``), the fused prefill
+step (``step``), retirement, arrivals and the multi-step runner's interface, and the scheduler
+that puts them together. This module is only the loader: ``core()`` is the extension module,
+or None when ``RADIXSCHED_NATIVE=0`` or the extension is missing (a source checkout on
+``PYTHONPATH`` without a build): then every scheduler is built on the reference, and one line
+on stderr says so, once per process and reason. Beside the scheduler the extension also serves
+the simulator's open loop between two arrivals, the workloads' hashed prompts, the trace
+reader and the optimal bound's trie.
 ``RADIXSCHED_NATIVE_LIB=PATH`` loads the extension from a file instead (the sanitizer and debug
 builds of ``make sanitize``).
 

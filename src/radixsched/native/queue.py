@@ -1,4 +1,4 @@
-"""``FastWaitingQueue``: the reference ``WaitingQueue`` with its round's work made incremental.
+"""``NativeWaitingQueue``: the reference ``WaitingQueue`` with its round's work made incremental.
 
 Same list, same order, same fields on every request as the reference round leaves them (the
 equivalence suite checks it bit for bit); a round costs what changed since the last one, and
@@ -43,10 +43,10 @@ from random import Random
 from typing import Any, cast
 
 from radixsched.cache.base import CacheKey
-from radixsched.cache.native_radix import NativeRadixCache, as_tokens
 from radixsched.config import SchedulerConfig
-from radixsched.fast.native_matching import NativeMatcher
-from radixsched.fast.orders import (
+from radixsched.native import core, namespace_id, namespace_of
+from radixsched.native.matching import NativeMatcher
+from radixsched.native.orders import (
     DfsWeightEngine,
     Engine,
     FairEngine,
@@ -55,7 +55,7 @@ from radixsched.fast.orders import (
     RoutingKeyEngine,
     StableEngine,
 )
-from radixsched.native import core, namespace_id, namespace_of
+from radixsched.native.radix import NativeRadixCache, as_tokens
 from radixsched.policies import (
     FCFS,
     Policy,
@@ -110,7 +110,7 @@ def _compat_is_plain(pol: Policy) -> bool:
     return pol.sglang is None and not (pol.cache_aware or pol.capped or reads_dedup)
 
 
-class FastWaitingQueue(WaitingQueue):
+class NativeWaitingQueue(WaitingQueue):
     def __init__(self, config: SchedulerConfig, cache: Any) -> None:
         super().__init__(config, cache)
         # Accelerated over the native tree only (any other cache: the reference's rounds).
@@ -121,7 +121,7 @@ class FastWaitingQueue(WaitingQueue):
         # whole list natively, unless a subclass overrides the cache's match (then: its loop).
         self.native_nodes = native and type(cache).match_node is NativeRadixCache.match_node
         self.native_touch = native and type(cache).touch_at is NativeRadixCache.touch_at
-        # (the native admission's in-flight guard matches natively: fast.admit.covers)
+        # (the native admission's in-flight guard matches natively: native.admit.covers)
         self.native_lens = native and type(cache).match_len is NativeRadixCache.match_len
         # SGLang's compat round in one native call (compat_round's order; None: not native).
         self.compat_kind = self._compat_kind(self.policy)

@@ -1,8 +1,8 @@
 """The requests a decode round finished leave the running batch in one native call
 (``DecodeBatch.retire``, ``radixsched/_native/decode.cpp``), where that call does exactly what
-``FastScheduler._retire_finished``'s Python does: settle the rows that may have finished, mark
+``NativeScheduler._retire_finished``'s Python does: settle the rows that may have finished, mark
 each finished one as ``Scheduler.check_finish`` does, remove their rows from the batch and its
-columns, release their KV (``FastKVManager.release``, caching it) and forget them
+columns, release their KV (``NativeKVManager.release``, caching it) and forget them
 (``Scheduler._forget``), in that order.
 
 The call covers a row only when it cannot stop early (no stop ids, no EOS it heeds: its
@@ -14,17 +14,17 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from radixsched.clock import Clock
-from radixsched.fast.kv import FastKVManager
+from radixsched.native.kv import NativeKVManager
 from radixsched.queue import WaitingQueue
 from radixsched.request import FINISHED_BY_LENGTH, Req
 from radixsched.scheduler import Scheduler, StepOutcome
 
 
 class Retiring(Protocol):
-    """What of the accelerated scheduler (``fast.scheduler.FastScheduler``) the call reads and
+    """What of the accelerated scheduler (``native.scheduler.NativeScheduler``) the call reads and
     sets (spelled out here: that module imports this one)."""
 
-    batch: Any  # FastRunningBatch: ``cols`` and ``reqs``
+    batch: Any  # NativeRunningBatch: ``cols`` and ``reqs``
     unsettled: bool
     runner: Any
     allocator: Any
@@ -33,7 +33,7 @@ class Retiring(Protocol):
     batch_is_full: bool
 
     @property
-    def kv(self) -> FastKVManager: ...
+    def kv(self) -> NativeKVManager: ...
 
     @property
     def queue(self) -> WaitingQueue: ...
@@ -52,7 +52,7 @@ def reference_hooks(sched: Retiring) -> bool:
         got = _covers[key] = (
             all(getattr(key[0], h) is getattr(Scheduler, h) for h in _HOOKS)
             and key[1].forget is WaitingQueue.forget
-            and key[2] is FastKVManager
+            and key[2] is NativeKVManager
         )
     return got
 

@@ -1,4 +1,4 @@
-"""``FastKVManager``: the reference KV ownership (``radixsched.kv``) over the native tree and
+"""``NativeKVManager``: the reference KV ownership (``radixsched.kv``) over the native tree and
 the native slot pool, each hot move one native call on the request itself
 (``_core.KV``, ``radixsched/_native/kv.cpp``), the same slots in the same places.
 
@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from radixsched.cache.native_radix import NativeRadixCache
 from radixsched.config import SchedulerConfig
 from radixsched.kv import KVManager
 from radixsched.native import core, namespace_of
+from radixsched.native.radix import NativeRadixCache
 from radixsched.request import EMPTY_SLOTS, Req
 
 
-class FastKVManager(KVManager):
+class NativeKVManager(KVManager):
     cache: NativeRadixCache
     # the native core's rows (``_native/kv.cpp``), as its pool's slots
     row_dtype: type[np.integer] = np.int32
@@ -41,7 +41,7 @@ class FastKVManager(KVManager):
     ) -> None:
         super().__init__(cache, allocator, config, host_tier=host_tier)
         native = core()
-        assert native is not None, "the fast KV manager runs over the native core"
+        assert native is not None, "the native KV manager runs over the native core"
         kv = native.KV(
             cache.tree, allocator, self.priority_sign, self.compat, namespace_of, EMPTY_SLOTS
         )

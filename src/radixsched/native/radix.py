@@ -367,7 +367,7 @@ def make_cache(
     *,
     on_evict: Callable[[CacheKey, int], None] | None = None,
 ) -> NativeRadixCache:
-    """The accelerated core's cache: the native radix tree (``radixsched.fast.build_scheduler``
+    """The accelerated core's cache: the native radix tree (``radixsched.native.build.build_scheduler``
     builds the accelerated core only where the extension is on and the eviction policy is a
     built-in one; anywhere else this raises)."""
     return NativeRadixCache(

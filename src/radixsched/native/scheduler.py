@@ -1,9 +1,9 @@
-"""``FastScheduler``: the reference ``Scheduler`` with accelerators, for the simulator.
+"""``NativeScheduler``: the reference ``Scheduler`` with accelerators, for the simulator.
 
-Chosen when the scheduler is built (``radixsched.fast.build_scheduler``), never rewired. Each
+Chosen when the scheduler is built (``radixsched.native.build.build_scheduler``), never rewired. Each
 override gives exactly the reference's schedule (tests/test_equivalence.py, bit for bit):
 
-- the waiting queue is a ``FastWaitingQueue`` (incremental matching, dedup and kept orders);
+- the waiting queue is a ``NativeWaitingQueue`` (incremental matching, dedup and kept orders);
 - decode runs on the running batch's native columns (``_core.DecodeBatch``,
   ``radixsched/_native/decode.cpp``) and jumps over the steps in which nothing but lengths can
   change (no admission possible, no stop token, enough memory, before the next external
@@ -16,7 +16,7 @@ override gives exactly the reference's schedule (tests/test_equivalence.py, bit 
   its time on the dense roofline, the statistics, the clock, the stand-in tokens, the
   checkpoints) where the runner offers native prefill times and tokens and nothing in the
   batch needs Python (stop ids, scripts, host loads, tenant charges); decided per step;
-- where the run's setup allows it (``_direct``), a prefill step goes through ``fast/step.py``:
+- where the run's setup allows it (``_direct``), a prefill step goes through ``native/step.py``:
   no ``PrefillAdder`` for a fresh round, the chunked request's continuation planned in one
   native call (``PrefillRun.continuation``), the admission in one (``Adder.round``), and the
   admitted requests' slots with the step in one (``PrefillRun.extend_run``, no entries built);
@@ -44,16 +44,17 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from radixsched.adder import AddReqResult, Admission, PrefillAdder
-from radixsched.cache import TokenAllocator, native_radix
+from radixsched.cache import TokenAllocator
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
-from radixsched.fast import admit as admission
-from radixsched.fast import step as steps
-from radixsched.fast.kv import FastKVManager
-from radixsched.fast.queue import FastWaitingQueue
-from radixsched.fast.retire import reference_hooks, retire
-from radixsched.fast.runner import MultiStepRunner
+from radixsched.native import admit as admission
 from radixsched.native import core
+from radixsched.native import radix as native_radix
+from radixsched.native import step as steps
+from radixsched.native.kv import NativeKVManager
+from radixsched.native.queue import NativeWaitingQueue
+from radixsched.native.retire import reference_hooks, retire
+from radixsched.native.runner import MultiStepRunner
 from radixsched.queue import RoundOrder
 from radixsched.ratio import NewTokenRatioTracker
 from radixsched.request import FINISHED_BY_LENGTH, Req
@@ -63,7 +64,7 @@ from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
 
 _TENANT = operator.attrgetter("tenant_key")
-# ``fast/retire.py``'s ``retire`` as imported: a jump retires natively while the module's
+# ``native/retire.py``'s ``retire`` as imported: a jump retires natively while the module's
 # ``retire`` is still it (``DecodeRun``; a test may replace it to count its calls).
 _NATIVE_RETIRE = retire
 
@@ -142,14 +143,14 @@ def decode_batch(reqs: list[Req], has_eos: bool) -> Any:
     return cols
 
 
-class FastRunningBatch(RunningBatch):
+class NativeRunningBatch(RunningBatch):
     """The running batch with its native columns (``cols``, None until a decode step builds
     them). Invariant: ``cols`` is None or lists exactly ``reqs``, in order, with their lengths
     as the requests will have them once settled."""
 
     def __init__(self, has_eos: bool, settle: Callable[[list[int]], None]) -> None:
         """``has_eos``: the model has EOS tokens; ``settle(rows)`` writes those rows' deferred
-        decode state into their requests (``FastScheduler.settle``)."""
+        decode state into their requests (``NativeScheduler.settle``)."""
         super().__init__()
         self.has_eos, self.settle = has_eos, settle
         self.cols: Any = None
@@ -208,13 +209,13 @@ class FastRunningBatch(RunningBatch):
         return cast(list[int], self.columns().need(1, page)) if self.reqs else []
 
 
-class FastScheduler(Scheduler):
+class NativeScheduler(Scheduler):
     cache_factory = staticmethod(native_radix.make_cache)
-    kv_class = FastKVManager
-    queue_class = FastWaitingQueue
-    queue: FastWaitingQueue
-    batch: FastRunningBatch
-    kv: FastKVManager
+    kv_class = NativeKVManager
+    queue_class = NativeWaitingQueue
+    queue: NativeWaitingQueue
+    batch: NativeRunningBatch
+    kv: NativeKVManager
 
     @property
     def allocator(self) -> Any:
@@ -287,22 +288,22 @@ class FastScheduler(Scheduler):
             self.defers,
             cfg.enable_priority_preemption,
             self._charges,
-            cls._may_jump is FastScheduler._may_jump,
-            cls._decay is FastScheduler._decay,
-            cls._retire_finished is FastScheduler._retire_finished and reference_hooks(self),
+            cls._may_jump is NativeScheduler._may_jump,
+            cls._decay is NativeScheduler._decay,
+            cls._retire_finished is NativeScheduler._retire_finished and reference_hooks(self),
         )
         self._native_steps = (
             self.kv.host_tier is None
             and type(self.clock) is VirtualClock
             and self.runner.supports_multi_step
         )
-        # A prefill step in few calls (``fast/step.py``), where the run's setup allows it: a
+        # A prefill step in few calls (``native/step.py``), where the run's setup allows it: a
         # fresh one (no chunked request: a chunk limit reads none) and a continued one.
         self._fresh_direct = fresh and self._steps_direct()
         self._direct = self._fusion and self._fresh_direct
 
     def _steps_direct(self) -> bool:
-        """Whether ``fast.step`` may run this scheduler's prefill steps: the reference's step
+        """Whether ``native.step`` may run this scheduler's prefill steps: the reference's step
         pieces as defined here (a subclass or role that overrides one keeps them), and the
         native admission's setup (``admission.covers_run``)."""
         cls = type(self)
@@ -312,12 +313,12 @@ class FastScheduler(Scheduler):
         )
         return (
             type(self.role).step is Role.step
-            and all(getattr(cls, p) is getattr(FastScheduler, p) for p in pieces)
+            and all(getattr(cls, p) is getattr(NativeScheduler, p) for p in pieces)
             and admission.covers_run(self)
         )
 
-    def _make_running(self) -> FastRunningBatch:
-        return FastRunningBatch(bool(self.eos_ids), self.settle)
+    def _make_running(self) -> NativeRunningBatch:
+        return NativeRunningBatch(bool(self.eos_ids), self.settle)
 
     @property
     def jumper(self) -> MultiStepRunner:
@@ -378,8 +379,8 @@ class FastScheduler(Scheduler):
     def _admit(
         self, adder: PrefillAdder | admission.Budgets, order: RoundOrder, slots: int
     ) -> list[int]:
-        """The admission loop in C++ where it covers the round (``fast/admit.py``; a round of
-        ``Budgets`` only, ``fast/step.py``)."""
+        """The admission loop in C++ where it covers the round (``native/admit.py``; a round of
+        ``Budgets`` only, ``native/step.py``)."""
         if admission.covers(self, adder):
             return admission.admit(self, adder, order, slots)
         assert isinstance(adder, PrefillAdder), "the reference loop runs on a PrefillAdder"
@@ -456,7 +457,7 @@ class FastScheduler(Scheduler):
 
     # ---- middle chunks --------------------------------------------------------------------------
     def _fresh_ok(self) -> bool:
-        """Whether a step's round may run on ``fast.step``'s budgets (and one that continues a
+        """Whether a step's round may run on ``native.step``'s budgets (and one that continues a
         chunked request fuse its middle chunks, where no chunk limit applies): fixed for the
         run (the config is frozen, the runner and the gate are set once), so ``__init__`` asks
         it once (``_fresh_direct``, ``_fusion``)."""
@@ -669,11 +670,11 @@ class FastScheduler(Scheduler):
         reserved, the log and the columns advanced (``DecodeBatch.jump``), then the clock, the
         ratio (``_decay``), the statistics, the outcome, the tenants' charge
         (``_charge_decode``) and the finished rows retired (``_retire_finished``'s, natively
-        where ``fast/retire.py`` covers them), each as this class's Python did it, in its
+        where ``native/retire.py`` covers them), each as this class's Python did it, in its
         order. None, nothing changed, where the scheduler does not defer or a row can stop
         (``decode_round`` decides) or one step does not fit (room must be made first);
         ``_alloc_failed`` raised when the reservation fails. ``free``: ``_may_jump()``'s
-        answer; None: asked in the call (natively where this class's is FastScheduler's)."""
+        answer; None: asked in the call (natively where this class's is NativeScheduler's)."""
         got: JumpOutcome | None = cols.jump_round(self._decode_run, self, free, horizon)
         return got
 
@@ -767,7 +768,7 @@ class FastScheduler(Scheduler):
 
     def _retire_finished(self, maybe: list[int], out: StepOutcome) -> None:
         """Only the rows that can have finished (``maybe``) are checked (a jump never spans a
-        stop): in one native call where no row can stop early (``fast/retire.py``)."""
+        stop): in one native call where no row can stop early (``native/retire.py``)."""
         if retire(self, maybe, out):
             return
         if self.unsettled:

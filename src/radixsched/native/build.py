@@ -1,25 +1,26 @@
-"""Accelerators for the scheduling core, chosen when a scheduler is built, never rewired.
+"""Which core a scheduler runs on, chosen when it is built, never rewired.
 
-``build_scheduler(..., accelerate=True)`` gives a ``FastScheduler``: the reference
-``Scheduler`` whose rounds do only the work that changed (incremental matching, kept orders,
-an incremental dedup), whose decode runs on columns and jumps over steps in which only lengths
-change, and whose middle chunks run back to back. Every one gives the reference's schedule
-bit for bit (tests/test_equivalence.py). The simulator, the offline engine and the server all
-build their schedulers here (a real model's runner has no ``supports_multi_step``: its decode
-runs one step at a time, on the requests). It runs only over the native core
-(``radixsched.native``): without it (``RADIXSCHED_NATIVE=0``, or no build) every scheduler is
-the reference, with one notice.
+``build_scheduler(..., accelerate=True)`` gives a ``NativeScheduler`` (``native/scheduler.py``):
+the reference ``Scheduler`` run by the native core, whose rounds do only the work that changed
+(incremental matching, kept orders, an incremental dedup, all in C++), whose decode runs on
+columns and jumps over steps in which only lengths change, and whose middle chunks run back to
+back. It gives the reference's schedule bit for bit (tests/test_equivalence.py). The simulator,
+the offline engine and the server all build their schedulers here (a real model's runner has
+no ``supports_multi_step``: its decode runs one step at a time, on the requests). Without the
+extension (``RADIXSCHED_NATIVE=0``, or no build), with a policy or an eviction strategy
+registered from outside the package, or with ``accelerate=False``, the scheduler is the
+reference, with one notice saying why.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from radixsched.cache.native_radix import NATIVE_EVICTION
 from radixsched.cluster.disagg import ROLES
 from radixsched.config import SchedulerConfig
-from radixsched.fast.scheduler import FastScheduler
 from radixsched.native import core, notice
+from radixsched.native.radix import NATIVE_EVICTION
+from radixsched.native.scheduler import NativeScheduler
 from radixsched.policies import POLICIES
 from radixsched.runner import ModelRunner
 from radixsched.scheduler import Scheduler
@@ -31,7 +32,7 @@ def build_scheduler(
     """A scheduler for ``runner``: the accelerated one, or the reference (``accelerate=False``;
     the native core off or not built; a policy or an eviction strategy registered from outside
     the package: each says so once on stderr), in the role its ``disaggregation_mode`` names."""
-    cls = FastScheduler if accelerate and _accelerates(config) else Scheduler
+    cls = NativeScheduler if accelerate and _accelerates(config) else Scheduler
     kw.setdefault("role", ROLES[config.disaggregation_mode])
     return cls(config, runner, **kw)
 
@@ -63,4 +64,4 @@ def built_in(policy_name: str) -> bool:
     return getattr(fn, "__module__", "").startswith("radixsched.")
 
 
-__all__ = ["FastScheduler", "build_scheduler", "built_in"]
+__all__ = ["NativeScheduler", "build_scheduler", "built_in"]

@@ -23,23 +23,23 @@ from typing import Any, Protocol
 
 from radixsched.adder import Admission, PrefillAdder
 from radixsched.config import SchedulerConfig
-from radixsched.fast.kv import FastKVManager
 from radixsched.native import core, namespace_of
+from radixsched.native.kv import NativeKVManager
 from radixsched.queue import RoundOrder
 from radixsched.request import EMPTY_SLOTS, Req
 
 
 class Admitting(Protocol):
-    """What of the accelerated scheduler (``fast.scheduler.FastScheduler``) the loop reads and
+    """What of the accelerated scheduler (``native.scheduler.NativeScheduler``) the loop reads and
     sets (spelled out here: that module imports this one)."""
 
     config: SchedulerConfig
     page_size: int
     cache: Any
-    kv: FastKVManager
+    kv: NativeKVManager
     allocator: Any
     _pool: Any  # ``allocator`` (a property there), read without its call
-    queue: Any  # its FastWaitingQueue
+    queue: Any  # its NativeWaitingQueue
     chunked_req: Req | None
     batch_is_full: bool
     native_adder: Any
@@ -128,7 +128,7 @@ class RoundBudgets(Protocol):
 @dataclass(slots=True)
 class Budgets:
     """A round's budgets as ``Scheduler.new_adder`` starts a ``PrefillAdder`` with nothing mixed
-    and no gate (``fast/step.py``: the adder itself is not built), for ``admit``."""
+    and no gate (``native/step.py``: the adder itself is not built), for ``admit``."""
 
     new_token_ratio: float
     total_offset: float  # the running batch's decode reservations
@@ -151,8 +151,8 @@ def admit(s: Admitting, adder: RoundBudgets, order: RoundOrder, slots: int) -> l
     and appends them to ``adder.can_run_list`` as the reference's would. Priority preemption
     needs a ``PrefillAdder``."""
     a = s.native_adder
-    # ``a.preempt`` is unset or None outside a round that preempts (a fast step's budgets
-    # never do: ``fast/step.py`` runs without priority preemption).
+    # ``a.preempt`` is unset or None outside a round that preempts (a native step's budgets
+    # never do: ``native/step.py`` runs without priority preemption).
     preempts = type(adder) is not Budgets and s.config.enable_priority_preemption
     if preempts:
         assert isinstance(adder, PrefillAdder), "preemption runs through the Python adder"

@@ -1,4 +1,4 @@
-"""``FastScheduler``'s prefill step in few calls: where the run's setup allows it (``direct``),
+"""``NativeScheduler``'s prefill step in few calls: where the run's setup allows it (``direct``),
 a step does what ``Role.step``, ``prefill_round``, ``_build_prefill``, ``new_adder``,
 ``fill_round``, ``_admit``, ``_prefill_batch``, ``_extend_entries`` and ``run`` do, in that
 order. After the queue's round, one native call (``PrefillRun.step``) admits from the
@@ -11,7 +11,7 @@ the calls hand back, or a setup they do not cover, runs the reference's pieces.
 The setup is fixed for the run: a plain co-located role, no prefill gate, no mixed chunks, no
 priority preemption (no preempted request to requeue: the adder's preempt list stays empty),
 no SGLang compat, a multi-step runner and the native admission's setup
-(``fast.admit.covers_run``); a policy's chunk limit (spf's) reads only a continued chunk, which
+(``native.admit.covers_run``); a policy's chunk limit (spf's) reads only a continued chunk, which
 ``limited`` plans as ``_plan_round`` does (the queue ordered first). Bit for bit the
 reference's schedule (tests/test_equivalence.py).
 """
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from radixsched.adder import Admission, PrefillAdder
 from radixsched.clock import Clock
-from radixsched.fast import admit as admission
+from radixsched.native import admit as admission
 from radixsched.queue import RoundOrder
 from radixsched.request import Req
 from radixsched.runner import Batch, StepOutcome
@@ -32,7 +32,7 @@ _FRESH = admission.Budgets(0.0, 0.0, 0, None)
 
 
 class Stepping(admission.Admitting, Protocol):
-    """What of the accelerated scheduler (``fast.scheduler.FastScheduler``) a step reads,
+    """What of the accelerated scheduler (``native.scheduler.NativeScheduler``) a step reads,
     sets and calls beyond the admission's (spelled out here: that module imports this one)."""
 
     clock: Clock
@@ -91,7 +91,7 @@ def fresh(s: Stepping, horizon: float | None) -> StepOutcome | None:
         )  # fmt: skip
         return _outcome(s, got, horizon, charges)
     budgets = admission.Budgets(ratio, total, cfg.max_prefill_tokens, s._chunk)  # chunk_size
-    if not admission.covers(s, budgets):  # FastScheduler._admit's test, as each round asks it
+    if not admission.covers(s, budgets):  # NativeScheduler._admit's test, as each round asks it
         batch = s.fill_round(s.new_adder(), order, False, False)
         return s.run(batch) if batch is not None else s.decode_round(horizon)
     positions = admission.admit(s, budgets, order, slots)
@@ -206,7 +206,7 @@ def continued(
     """The rest of a step that continued the chunked request into ``adder``: ``fill_round``
     (not mixed, had a chunked request) and what runs. ``covered``: ``covers`` said yes to
     ``adder`` (``continuation``'s budgets: it reads only the setup and the budgets' gate and
-    compat, which nothing changes), so ``_admit`` (``FastScheduler``'s: ``direct``) is the
+    compat, which nothing changes), so ``_admit`` (``NativeScheduler``'s: ``direct``) is the
     native loop without asking again. Where the native loop covers the round, nothing new is
     chunked yet (``adder.new_chunked_req``: ``_batch`` would set it) and there are no EOS
     ids, the admission and ``_batch`` up to the run are one native call

@@ -1,4 +1,4 @@
-"""``FastScheduler``'s prefill step in few calls (``radixsched/fast/step.py``): a fresh round's
+"""``NativeScheduler``'s prefill step in few calls (``radixsched/native/step.py``): a fresh round's
 admission without a ``PrefillAdder`` (``Adder.round``), the admitted requests' slots and the
 step in one native call (``PrefillRun.extend_run``); where it applies, and that the schedule
 is the reference's wherever it runs or stands aside."""
@@ -18,11 +18,11 @@ import golden
 from fakes import continued_chunk
 from radixsched.adder import AddReqResult
 from radixsched.config import SchedulerConfig
-from radixsched.fast import admit as admission
-from radixsched.fast import build_scheduler
-from radixsched.fast import step as steps
-from radixsched.fast.scheduler import FastScheduler
+from radixsched.native import admit as admission
 from radixsched.native import core
+from radixsched.native import step as steps
+from radixsched.native.build import build_scheduler
+from radixsched.native.scheduler import NativeScheduler
 from radixsched.request import Req, SamplingParams
 from radixsched.sim.cost.build import load_cost_model
 from radixsched.sim.cost.runner import CostModelRunner, _native_prefill_cost
@@ -71,7 +71,7 @@ def test_a_round_covers_refuses_runs_the_reference_loop(monkeypatch: pytest.Monk
 
 def test_stop_ids_run_the_step_on_built_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request with stop ids: ``extend_run`` declines and the entries are built."""
-    built = golden.count_calls(monkeypatch, FastScheduler, "_extend_entries")
+    built = golden.count_calls(monkeypatch, NativeScheduler, "_extend_entries")
     w = load_workload(_SHARED, request_rate=50.0)
     reqs = [
         Req(r.rid, r.prompt_ids, SamplingParams(max_new_tokens=8, stop_token_ids=(3,)))
@@ -93,7 +93,7 @@ def test_the_few_call_step_only_where_the_setup_allows() -> None:
     assert not _sched(SchedulerConfig(enable_mixed_chunk=True))._direct
     assert not _sched(SchedulerConfig(cache_block_size=16))._direct  # hits in blocks
 
-    class Admits(FastScheduler):
+    class Admits(NativeScheduler):
         def _admit(self, adder: Any, order: Any, slots: int) -> list[int]:
             return super()._admit(adder, order, slots)
 
