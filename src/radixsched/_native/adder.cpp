@@ -1,7 +1,7 @@
 // See adder.hpp. The admission loop here is Scheduler._admit / _try_admit /
-// _recomputes_in_flight with FastScheduler.match_for_admission and PrefillAdder.add_one_req
-// (radixsched/scheduler.py, fast/scheduler.py, adder.py) for the common case the caller checked
-// (fast/admit.py's covers): no prefill gate, an enabled cache, no host tier, hits in whole
+// _recomputes_in_flight with NativeScheduler.match_for_admission and PrefillAdder.add_one_req
+// (radixsched/scheduler.py, native/scheduler.py, adder.py) for the common case the caller checked
+// (native/admit.py's covers): no prefill gate, an enabled cache, no host tier, hits in whole
 // pages; SGLang compat's rounds too (its budgets, `cfg.compat`, and no in-flight guard: the
 // caller clears `guard`), and priority preemption (`preempt`: PrefillAdder.preempt_to_schedule,
 // called back where the batch is full). It makes the same tree calls in the same order (touch,
@@ -318,8 +318,8 @@ bool NativeAdder::recomputes(Tree& tree, Seen& s) {
     return false;
 }
 
-// FastScheduler.match_for_admission + KVManager.borrow: the admission's match, from the matcher's
-// memo when it is current (FastWaitingQueue.admission_end), else a walk (match_node).
+// NativeScheduler.match_for_admission + KVManager.borrow: the admission's match, from the matcher's
+// memo when it is current (NativeWaitingQueue.admission_end), else a walk (match_node).
 NodePtr NativeAdder::borrow(Tree& tree, Matcher* matcher, Seen& s, int64_t fill_len) {
     const int64_t cap_key = std::max<int64_t>(fill_len - 1, 0);
     const auto k = static_cast<int64_t>(reinterpret_cast<intptr_t>(s.req.ptr()));  // id(req)
@@ -603,7 +603,7 @@ void bind_adder(nb::module_& m, TreeOf tree_of) {
              })
         .def("admit", &NativeAdder::admit, "tree"_a, "pool"_a, "order"_a, "waiting"_a,
              "deferred"_a, "can_run"_a)
-        // A round begun and admitted in one call (fast/step.py): begin(ratio, total_offset,
+        // A round begun and admitted in one call (native/step.py): begin(ratio, total_offset,
         // current_offset, rem_input, rem_chunk, len(can_run), has_new_chunked, exclusive,
         // slots, running, has_chunked_req, batch_is_full), each of `can_run`'s admissions so
         // far (the continued chunk) added as a member, then admit(...); returns admit's

@@ -1,7 +1,7 @@
 // See arrive.hpp. Two loops of the arrivals' Python, request by request, with the same reads,
-// tests and writes in the same order: `door_pass` (fast/arrive.py's `arrive`: the plain door,
+// tests and writes in the same order: `door_pass` (native/arrive.py's `arrive`: the plain door,
 // which accepts a request without touching it, and the accepted request's stamps) and
-// `queue_pass` (fast/queue.py's `add_many` after the matching: arrival numbers, the door's
+// `queue_pass` (native/queue.py's `add_many` after the matching: arrival numbers, the door's
 // match, the entry-order test). Whatever the door must decide goes back to Python.
 #include "arrive.hpp"
 

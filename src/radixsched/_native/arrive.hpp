@@ -1,5 +1,5 @@
 // The simulator's arrivals past the scheduler's plain door and into the fast queue
-// (radixsched/fast/arrive.py's `arrive`, fast/queue.py's `add_many`), natively: see arrive.cpp.
+// (radixsched/native/arrive.py's `arrive`, native/queue.py's `add_many`), natively: see arrive.cpp.
 #pragma once
 
 namespace nanobind {

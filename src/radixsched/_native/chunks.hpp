@@ -1,5 +1,5 @@
 // The chunked request's continuation as the accelerated scheduler plans it between fused middle
-// chunks (radixsched/fast/scheduler.py: FastScheduler._plan_continuation and ChunkPlan.is_middle):
+// chunks (radixsched/native/scheduler.py: NativeScheduler._plan_continuation and ChunkPlan.is_middle):
 // a fresh PrefillAdder with no mixed decode tokens, no gate and no chunk limit (adder.py's
 // __init__), its add_chunked_req, then its budget_state. prefill.cpp's PrefillRun.chunks runs
 // the chunks this plans.
@@ -48,7 +48,7 @@ struct ChunkStep {
 ChunkStep plan_chunk(const ChunkBudget& b, int64_t room, int64_t prefix_len, int64_t fill_len);
 
 // The whole continuation as PrefillAdder.add_chunked_req gives it on a fresh adder (no gate),
-// then its budget_state(): what fast/step.py's continuation needs, with the
+// then its budget_state(): what native/step.py's continuation needs, with the
 // last chunk's decode `reservation` (admission_reservation, not compat).
 struct Continuation {
     ChunkKind kind = ChunkKind::Other;  // Python: a value Python would raise on, or no

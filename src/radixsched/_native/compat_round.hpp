@@ -22,7 +22,7 @@ namespace radixsched {
 //    `keys` (a CompatKeys, or None): for each tracked request, what its fill gave when it was
 //    put (fill_len, Req.namespace, the first `width` tokens; width = `threshold`), read
 //    instead of the request's own fields (put again whenever its fill changes: the
-//    matcher's contract, fast/native_matching.py);
+//    matcher's contract, native/matching.py);
 // 2. with `dedup`, the compat dedup over those matches (as compat_dedup: the candidates, a
 //    device match at most `check`; `threshold` <= 0: all of them, else every member of a
 //    (namespace, first `threshold` fill tokens) group but its first): `deferred`, a frozenset

@@ -1,5 +1,5 @@
 // See decode.hpp. The binding, `DecodeBatch`, is those columns with the requests of their rows:
-// radixsched.fast.scheduler's FastRunningBatch keeps one in step with the running batch.
+// radixsched.native.scheduler's NativeRunningBatch keeps one in step with the running batch.
 #include "decode.hpp"
 
 #include <nanobind/nanobind.h>
@@ -686,7 +686,7 @@ struct DecodeBatch {
                cols.ignore_eos() == o.cols.ignore_eos() && cols.stops() == o.cols.stops();
     }
 
-    // FastScheduler._retire_finished in one call where no row of `rows` (ascending) can stop
+    // NativeScheduler._retire_finished in one call where no row of `rows` (ascending) can stop
     // early (`stops` unset: no stop ids, no EOS it heeds), so Scheduler.check_finish is the
     // length test. In the Python path's order: `rows` settled when `unsettled` (settle's
     // arguments); each row's request checked as check_finish does (finished: output_len >=
@@ -806,7 +806,7 @@ struct DecodeBatch {
     }
 };
 
-// fair's charge of one tenant's n requests for k decode tokens, as FastScheduler._charge_decode
+// fair's charge of one tenant's n requests for k decode tokens, as NativeScheduler._charge_decode
 // makes it in Python: c = c + none + inc, n times, each a float addition in that order (IEEE
 // doubles, round to nearest: Python's float addition; no contraction, no reassociation).
 double repeat_add(double c, double none, double inc, int64_t n) {
@@ -826,7 +826,7 @@ double decay_ratio(double cur, double dec, double lo, int64_t n) {
     return cur;
 }
 
-// The attribute names FastScheduler's decode round reads and writes (jump_round), interned once.
+// The attribute names NativeScheduler's decode round reads and writes (jump_round), interned once.
 struct RoundNames {
     PyObject *clock, *t, *now, *runner, *native_decode_cost, *stats, *busy_s, *running_x_s,
         *advance_to, *ratio, *current, *decay, *min, *decay_steps, *decay_m, *decode_steps,
@@ -874,16 +874,16 @@ nb::object steal_or_throw(PyObject* v) {
     return nb::steal(v);
 }
 
-// What FastScheduler's decode round (jump_round) holds for the scheduler's life, built once in
+// What NativeScheduler's decode round (jump_round) holds for the scheduler's life, built once in
 // its __init__: the slot pool, the tree's evictable count (bound), the cache's evict, the KV
 // capacity (> 0) and page, the classes it compares or builds (VirtualClock,
 // NewTokenRatioTracker, JumpOutcome: `plain_outcome` where its instances are their nine slots,
-// fast/scheduler.py's _plain_outcome), the shared FINISHED_BY_LENGTH, what its setup fixes
-// (`defers`: FastScheduler.defers; `preempts`: the config's enable_priority_preemption), and
+// native/scheduler.py's _plain_outcome), the shared FINISHED_BY_LENGTH, what its setup fixes
+// (`defers`: NativeScheduler.defers; `preempts`: the config's enable_priority_preemption), and
 // what its class and policy leave to Python: `charges` (fair's decode charge, its
 // _charge_decode), `may_jump_here` and `decay_here` (its _may_jump, its _decay are
-// FastScheduler's), `retire_here` (its _retire_finished is FastScheduler's and its finish
-// hooks the reference's: fast/retire.py's reference_hooks).
+// NativeScheduler's), `retire_here` (its _retire_finished is NativeScheduler's and its finish
+// hooks the reference's: native/retire.py's reference_hooks).
 struct DecodeRun {
     DecodeRun(nb::object pool, nb::object evictable, nb::object evict, int64_t capacity,
               int64_t page, nb::object vclock, nb::object tracker, nb::object outcome,
@@ -907,7 +907,7 @@ struct DecodeRun {
     nb::object evictable, evict;
     int64_t capacity, page;
     nb::object vclock, tracker, outcome, by_length;
-    nb::dict globals;  // fast/scheduler.py's: its `retire` is looked up as _retire_finished does
+    nb::dict globals;  // native/scheduler.py's: its `retire` is looked up as _retire_finished does
     nb::object retire_fn;
     bool plain_outcome, defers, preempts, charges, may_jump_here, decay_here, retire_here;
 
@@ -932,7 +932,7 @@ struct DecodeRun {
         return o;
     }
 
-    int64_t room() const {  // FastScheduler._room: free + evictable
+    int64_t room() const {  // NativeScheduler._room: free + evictable
         return pool->available_size() + nb::cast<int64_t>(evictable());
     }
 
@@ -947,7 +947,7 @@ struct DecodeRun {
     }
 };
 
-// FastScheduler._decay(k) where its class's is the reference's (`decay_here`): the tracker's
+// NativeScheduler._decay(k) where its class's is the reference's (`decay_here`): the tracker's
 // three values read, then natively (decay_ratio) where it is a NewTokenRatioTracker of floats,
 // else its decay_steps(k).
 void decay_of(const DecodeRun& run, nb::handle sched, int64_t k) {
@@ -969,17 +969,17 @@ void decay_of(const DecodeRun& run, nb::handle sched, int64_t k) {
     }
 }
 
-// Whether fast/scheduler.py's global `retire` (what _retire_finished calls) is still
-// fast/retire.py's (`retire_fn`): not replaced (a test counting its calls).
+// Whether native/scheduler.py's global `retire` (what _retire_finished calls) is still
+// native/retire.py's (`retire_fn`): not replaced (a test counting its calls).
 bool retire_is_native(const DecodeRun& run) {
     PyObject* got = PyDict_GetItemWithError(run.globals.ptr(), round_names().retire);  // borrowed
     if (got == nullptr && PyErr_Occurred()) throw nb::python_error();
     return got == run.retire_fn.ptr();
 }
 
-// FastScheduler._retire_finished(maybe, out) after a jump (the batch unsettled): natively
-// (DecodeBatch.retire with fast/retire.py's arguments) where `retire_here`, the module's
-// `retire` is fast/retire.py's and the call does not decline; else the scheduler's method.
+// NativeScheduler._retire_finished(maybe, out) after a jump (the batch unsettled): natively
+// (DecodeBatch.retire with native/retire.py's arguments) where `retire_here`, the module's
+// `retire` is native/retire.py's and the call does not decline; else the scheduler's method.
 void retire_after_jump(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
                        const std::vector<int64_t>& maybe, nb::handle out, nb::handle clock) {
     const RoundNames& n = round_names();
@@ -1000,7 +1000,7 @@ void retire_after_jump(DecodeBatch& b, const DecodeRun& run, nb::handle sched,
     nb::handle(sched).attr(n.retire_finished)(nb::cast(maybe), out);
 }
 
-// FastScheduler._may_jump() where its class's is FastScheduler's (`may_jump_here`): no chunked
+// NativeScheduler._may_jump() where its class's is NativeScheduler's (`may_jump_here`): no chunked
 // request, and an empty queue or a full batch without preemption; else the scheduler's method.
 bool may_jump(const DecodeRun& run, nb::handle sched) {
     const RoundNames& n = round_names();
@@ -1010,7 +1010,7 @@ bool may_jump(const DecodeRun& run, nb::handle sched) {
     return truthy(py::get(sched, n.batch_is_full)) && !run.preempts;
 }
 
-// FastScheduler._jump(cols, free, horizon) in one call: DecodeBatch.jump over the scheduler's
+// NativeScheduler._jump(cols, free, horizon) in one call: DecodeBatch.jump over the scheduler's
 // state (the clock's now, the runner's step timer, the room, the stats' sums), then what
 // _jump's Python did after it, in its order: the clock at the end (a VirtualClock's _t as
 // its jump_to sets it, max(_t, end); another clock through _advance_to), the ratio decayed

@@ -1,4 +1,4 @@
-// The running batch's decode columns (what radixsched.fast.scheduler's decode jump reads), in
+// The running batch's decode columns (what radixsched.native.scheduler's decode jump reads), in
 // C++: one row per running request, in batch order, with its lengths. A decode jump over k
 // steps is a few passes over these columns: how many slots the steps need, how many steps fit
 // in the free memory, which rows can have finished, and the advance itself.

@@ -1,6 +1,6 @@
 // The Python face of the native dedup (dedup.hpp), bound on the native tree's class beside its
 // matcher (module.cpp): the representative inputs come with each track, and a round's verdict
-// is one call (fast/native_matching.py).
+// is one call (native/matching.py).
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -1,4 +1,4 @@
-// See dfs_order.hpp. Bit for bit what fast/orders.py's former Python DfsWeightEngine did: the
+// See dfs_order.hpp. Bit for bit what native/orders.py's former Python DfsWeightEngine did: the
 // same base (the deepest node on every member's path, the root when that path is the root
 // alone), the same segments (Tree::dfs_weight_order_at over a child's members, the old ones
 // in list order, then the arrivals), the same keys (ints, compared as Python compares them)

@@ -1,4 +1,4 @@
-// dfs-weight's order kept across rounds (fast/orders.py's DfsWeightEngine wraps it), reading
+// dfs-weight's order kept across rounds (native/orders.py's DfsWeightEngine wraps it), reading
 // the native tree and the matcher's memos directly: no Python call per request but for the
 // deferred test.
 //

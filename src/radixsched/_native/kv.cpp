@@ -95,7 +95,7 @@ template NodePtr checkpoint<int64_t>(Tree&, Pool&, const CheckpointOf<int64_t>&)
 
 }  // namespace radixsched
 
-// ---- FastKVManager's moves on request objects (the binding) --------------------------------
+// ---- NativeKVManager's moves on request objects (the binding) --------------------------------
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 
@@ -444,7 +444,7 @@ TreeOf g_tree_of = nullptr;
 const char* const kExtendFields[] = {"req",       "prefix_len",     "new_token_ids", "prefix_slots",
                                      "new_slots", "produces_token", "host_load_len"};
 
-// FastKVManager's native half: the tree and pool it moves slots between, and its config.
+// NativeKVManager's native half: the tree and pool it moves slots between, and its config.
 class NativeKV {
 public:
     NativeKV(nb::object tree, nb::object pool, int64_t priority_sign, bool compat,
@@ -541,7 +541,7 @@ public:
     // free + evictable slots (allocator.available_size() + cache.evictable_size()).
     int64_t room() const { return pool_->available_size() + tree_->evictable_size(); }
 
-    // FastKVManager.checkpoint (KVManager.checkpoint): insert the request's computed KV
+    // NativeKVManager.checkpoint (KVManager.checkpoint): insert the request's computed KV
     // [0, up_to) (whole pages) from its locked node, point its row at the cache's copies of
     // what was cached already, move its lock to the new deepest node.
     void checkpoint(nb::handle req, int64_t up_to) {

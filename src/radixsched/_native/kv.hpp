@@ -1,4 +1,4 @@
-// KV accounting around the native tree (FastKVManager's hot calls, one native call each): an
+// KV accounting around the native tree (NativeKVManager's hot calls, one native call each): an
 // allocation that evicts cache leaves when the pool is short, and a request's checkpoint
 // (insert its computed KV, free the copies the cache already held, move its lock). Each does
 // what radixsched/kv.py's KVManager does, with the same slots in the same places.
@@ -52,7 +52,7 @@ using Checkpoint = CheckpointOf<int64_t>;  // the Python API's (module.cpp)
 }  // namespace radixsched
 
 // ---- the binding (kv.cpp) ------------------------------------------------------------------
-// radixsched._core.KV: FastKVManager's per-request moves on a request object, one native call
+// radixsched._core.KV: NativeKVManager's per-request moves on a request object, one native call
 // each (checkpoint, grow, extend_entry, take_prefix, alloc), reading and writing the request's
 // fields as radixsched/kv.py's KVManager does, the row written in place into its buffer.
 #include <nanobind/nanobind.h>
@@ -92,13 +92,13 @@ void bind_kv(nanobind::module_& m, TreeOf tree_of);
 // a _core.KV (the cast raises otherwise).
 // Free + evictable slots: allocator.available_size() + cache.evictable_size().
 int64_t kv_room(nanobind::handle kv);
-// FastKVManager.checkpoint(req, up_to).
+// NativeKVManager.checkpoint(req, up_to).
 void kv_checkpoint(nanobind::handle kv, nanobind::handle req, int64_t up_to);
-// What FastKVManager.extend_entry(req, prefix_len, end) changes for a request with no host hits
+// What NativeKVManager.extend_entry(req, prefix_len, end) changes for a request with no host hits
 // to load (host_hit_len 0, else this raises): its row's slots up to `end` and its kv_len; the
 // entry itself is not built.
 void kv_extend_slots(nanobind::handle kv, nanobind::handle req, int64_t end);
-// FastKVManager.release(req, cache_kv=cache_kv) (decode.cpp's retire of finished rows).
+// NativeKVManager.release(req, cache_kv=cache_kv) (decode.cpp's retire of finished rows).
 void kv_release(nanobind::handle kv, nanobind::handle req, bool cache_kv);
 // `n` slots claimed from `pool`'s reservation (Pool::claim) straight into req.kv_buf past
 // req.kv_row (its head), and kv_row grown over them; the buffer moved first to a new int32

@@ -1,4 +1,4 @@
-// The incremental matcher of the waiting queue (its Python face: fast/native_matching.py), fed
+// The incremental matcher of the waiting queue (its Python face: native/matching.py), fed
 // by the native tree's events directly (no call into Python per tree change): a waiting request
 // is re-matched only when the tree changed at its edge (native_matching.py's docstring states
 // the invariant); every memo equals a fresh match_end on the Python reference tree.

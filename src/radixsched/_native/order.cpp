@@ -1,4 +1,4 @@
-// Kept orders (order.hpp). Every result equals what radixsched.fast's former Python kept
+// Kept orders (order.hpp). Every result equals what the former Python kept
 // orders gave: the same comparisons (Python's, exactly), the same tie numbers, the same
 // floating-point operations in the same order for hrrn's ratios.
 #include "order.hpp"

@@ -1,4 +1,4 @@
-// Kept orders (radixsched.fast.orders' engines call these once per round): a stable sort of
+// Kept orders (radixsched.native.orders' engines call these once per round): a stable sort of
 // the waiting list by a per-request key, maintained across rounds, and hrrn's per-request
 // columns with its lazily sorted round order. Keys are Python tuples compared here exactly as
 // Python compares them; the request objects stay Python objects, held by a Python list that
@@ -40,7 +40,7 @@ int compare(const Atom* a, size_t na, const Atom* b, size_t nb);
 
 // Whether re-keying `moving` of a kept order's `total` requests costs more than one stable
 // sort of the list: more than 32 of them and more than a quarter of the list (the Python
-// round's fast/orders.py _worth_rebuilding; a native round then declines, Python rebuilds).
+// round's native/orders.py _worth_rebuilding; a native round then declines, Python rebuilds).
 inline bool worth_rebuilding(size_t moving, size_t total) {
     constexpr size_t kMin = 32, kShare = 4;
     return moving > kMin && kShare * moving > total;

@@ -236,7 +236,7 @@ public:
         return nb::make_tuple(nb::float_(d), shape.tokens, tokens, finished, joined);
     }
 
-    // _extend_entries (FastScheduler's: KV.extend_batch) over the round's admissions and run()
+    // _extend_entries (NativeScheduler's: KV.extend_batch) over the round's admissions and run()
     // of the extend-only batch that makes, in one call and without building the entries: each
     // extending request first scheduled at `t0` (the clock's now: its prompt statistics), its
     // slots up to extend_end through `kv` (the scheduler's _core.KV), in admission order, the
@@ -244,7 +244,7 @@ public:
     // tokens, finished, joined, entries), or None before anything changes: a request has host
     // hits to load, or run() would decline (Python builds the entries then). `charges` (a
     // list, or None): each extending request and the tokens it computed appended in batch
-    // order, what a charging policy's tenants pay (FastScheduler._charge_prefill).
+    // order, what a charging policy's tenants pay (NativeScheduler._charge_prefill).
     nb::object extend_run(nb::handle kv, nb::handle admissions, const PrefillCost& cost,
                           nb::handle hashes, uint64_t vocab, nb::handle sched, double t0,
                           nb::handle charges = nb::none()) {
@@ -281,13 +281,13 @@ public:
                               int64_t(items.size()));
     }
 
-    // fast/step.py's admission and _batch in one call, for a step with no EOS ids (the
+    // native/step.py's admission and _batch in one call, for a step with no EOS ids (the
     // caller checks, and that admission.covers holds):
     // with `order` (else no admission: the continued chunk spent the round), the round on the
     // native adder `adder` (admit: Adder.round from these budgets, nothing new chunked yet,
     // its admissions appended to `can_run`), the failed request noted (queue.note_tried) and
     // sched.batch_is_full set; then, where an admission extends, the queue's take of the
-    // admitted positions (FastWaitingQueue.take: its native call, queue_take, made here where
+    // admitted positions (NativeWaitingQueue.take: its native call, queue_take, made here where
     // `take_fixed` and `native_take` are both set, else the queue's own take), the new
     // chunked request set (asserting none is), sched._native_step() and, where that offers
     // one, extend_run over `can_run` at the clock's now. The scheduler's and the queue's
@@ -355,7 +355,7 @@ public:
         return res.is_none() ? nb::object(std::move(can_run)) : res;
     }
 
-    // FastScheduler.step's run of middle chunks (fast/scheduler.py's _plan_continuation,
+    // NativeScheduler.step's run of middle chunks (native/scheduler.py's _plan_continuation,
     // ChunkPlan.is_middle and _run_chunk; chunks.hpp plans each): the chunked request `req`'s
     // previous chunk checkpointed (`kv`: the scheduler's _core.KV), its continuation planned
     // over the budgets (page, max_prefill_tokens, chunk_size; the running batch's decode
@@ -412,7 +412,7 @@ public:
         }
     }
 
-    // FastScheduler's continuation of the chunked request `req` (fast/step.py, after its
+    // NativeScheduler's continuation of the chunked request `req` (native/step.py, after its
     // checkpoint): what _plan_continuation's fresh adder (the budgets as _native_chunks gives
     // them, clip the clip_max_new_tokens, `limit` its chunked_req_limit) and its
     // add_chunked_req do, and budget_state() after.
@@ -443,7 +443,7 @@ public:
                               a.rem_input_tokens, a.rem_chunk_tokens, c.other);
     }
 
-    // fast/step.py's continuation in one call: the chunked request `req`'s last chunk
+    // native/step.py's continuation in one call: the chunked request `req`'s last chunk
     // checkpointed (where extend_end > prefix_len), then continuation() (no limit) and, where
     // it plans the chunk, its admission built as `admission(req, prefix_len, tokens,
     // truncated)` where it extends (else None: a stall). None where continuation() declines
@@ -556,7 +556,7 @@ private:
     Pool* pool_;
     nb::object evictable_;  // the tree's evictable_size
     int64_t capacity_;
-    nb::object checkpoint_;  // FastKVManager.checkpoint (kv.cpp)
+    nb::object checkpoint_;  // NativeKVManager.checkpoint (kv.cpp)
 };
 
 }  // namespace

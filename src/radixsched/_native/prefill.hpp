@@ -1,4 +1,4 @@
-// A prefill step run natively (radixsched.fast.scheduler's FastScheduler.run): the step's time
+// A prefill step run natively (radixsched.native.scheduler's NativeScheduler.run): the step's time
 // on the dense roofline (_core.PrefillCost: CostModel._dense_step_s over the extends' sums,
 // sim/cost/roofline.py) and, in one call, what the reference Scheduler.run does with an
 // extend-only batch (_core.PrefillRun: the statistics, the clock, each producing request's

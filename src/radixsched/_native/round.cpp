@@ -1,4 +1,4 @@
-// See round.hpp. Bit for bit what fast/queue.py's Python round did: the same fields set to the
+// See round.hpp. Bit for bit what native/queue.py's Python round did: the same fields set to the
 // same values, the same frozenset operations for the deferred rids, the same keys (Python
 // tuples, built as policies.lpm builds them) handed to the same StableOrder update.
 #include "round.hpp"
@@ -292,7 +292,7 @@ Atoms fair_key(PyObject* r, nb::handle /*deferred*/, nb::handle /*plain*/) {
     return key;
 }
 
-// queue_round's `key` (fast/queue.py: KEPT_KEYS, FAIR_KEY).
+// queue_round's `key` (native/queue.py: KEPT_KEYS, FAIR_KEY).
 constexpr int kLpmKey = 0, kSpfKey = 1, kFairKey = 2;
 
 using KeyOf = Atoms (*)(PyObject*, nb::handle, nb::handle);
@@ -461,7 +461,7 @@ void touch_fills(nb::handle tree, nb::handle ahead, nb::handle head, nb::handle 
     }
 }
 
-// into.update(r.tenant_key for r in seq[start:]) (fast/orders.py FairEngine's observation):
+// into.update(r.tenant_key for r in seq[start:]) (native/orders.py FairEngine's observation):
 // each tenant added in order, as set.update adds them; one that is the object added just before
 // (in the set already: adding it again changes nothing) is skipped.
 void add_tenants(nb::handle into, nb::handle seq, Py_ssize_t start) {
@@ -509,7 +509,7 @@ void pop_key(nb::handle dict, PyObject* key) {
 }  // namespace
 
 // queue_take(queue, positions, tree, fills, reqs_of, moved, tried, added, order, remove):
-// FastWaitingQueue.take in one call, its effects in its order. First WaitingQueue.take: the
+// NativeWaitingQueue.take in one call, its effects in its order. First WaitingQueue.take: the
 // requests at `positions` (list indexing: IndexError as there), then each position deleted,
 // highest first. Then per taken request, in taken order, _untrack: (`tree`, not None: the
 // queue's matcher, whose compat keys are off) the matcher's untrack and its `fills` and

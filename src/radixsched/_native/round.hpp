@@ -1,4 +1,4 @@
-// The waiting queue's round in one native call (fast/queue.py's begin_round, its common case):
+// The waiting queue's round in one native call (native/queue.py's begin_round, its common case):
 // the matcher's refresh, the matched lengths, the in-batch dedup's verdict and, for lpm's kept
 // order in sync with the list, the order's advance. Everything else (another engine, an order
 // out of sync, a re-key worth a rebuild) is left to the Python round, which then finds the
@@ -14,7 +14,7 @@ namespace radixsched {
 // On the tree class: queue_round(...) and dedup_verdict(...) (round.cpp documents them).
 void bind_round(nanobind::module_& m, TreeOf tree_of);
 
-// _core.queue_take (round.cpp documents it): FastWaitingQueue.take in one call.
+// _core.queue_take (round.cpp documents it): NativeWaitingQueue.take in one call.
 nanobind::list queue_take(nanobind::list queue, nanobind::handle positions,
                           nanobind::handle tree, nanobind::handle fills,
                           nanobind::handle reqs_of, nanobind::dict moved, nanobind::dict tried,
