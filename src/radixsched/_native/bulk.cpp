@@ -196,6 +196,54 @@ const Names& names() {
     return n;
 }
 
+// `tt` as an array('d') of the same doubles: made as `proto * len` and written in place from
+// an exact list of exact floats (pack_times' copy), else array('d', tt) (proto's type called).
+PyObject* packed_one(PyObject* tt, nb::handle proto) {
+    if (PyList_CheckExact(tt)) {
+        const Py_ssize_t k = PyList_GET_SIZE(tt);
+        bool floats = true;
+        for (Py_ssize_t j = 0; j < k && floats; ++j) floats = PyFloat_CheckExact(PyList_GET_ITEM(tt, j));
+        if (floats) {
+            nb::object packed = nb::steal(PySequence_Repeat(proto.ptr(), k));  // k zeros
+            if (!packed.is_valid()) throw nb::python_error();
+            const Buffer buf(packed.ptr(), PyBUF_WRITABLE);
+            if (buf.view().len != k * static_cast<Py_ssize_t>(sizeof(double)))
+                throw std::invalid_argument("compact_requests: proto * k, k float64");
+            auto* dst = static_cast<double*>(buf.view().buf);
+            for (Py_ssize_t j = 0; j < k; ++j) dst[j] = PyFloat_AS_DOUBLE(PyList_GET_ITEM(tt, j));
+            return packed.release().ptr();
+        }
+    }
+    PyObject* v = PyObject_CallFunction(reinterpret_cast<PyObject*>(Py_TYPE(proto.ptr())), "sO",
+                                        "d", tt);
+    if (v == nullptr) throw nb::python_error();
+    return v;
+}
+
+// shared[n], made by make(n) where absent (deferred.py's shared_stand_in, which adds it).
+nb::object stand_in_of(nb::dict shared, nb::handle make, Py_ssize_t n) {
+    const nb::object key = nb::steal(PyLong_FromSsize_t(n));
+    if (!key.is_valid()) throw nb::python_error();
+    if (PyObject* s = PyDict_GetItemWithError(shared.ptr(), key.ptr())) return nb::borrow(s);
+    if (PyErr_Occurred()) throw nb::python_error();
+    return make(key);
+}
+
+// deferred.py's compact, request by request: the token times packed (packed_one), the prompt
+// and output replaced by their lengths' shared stand-ins. Each request's old objects are freed
+// as it is done (the Python loop packs every request's times first: the same values after).
+void compact_requests(nb::list reqs, nb::dict shared, nb::handle make, nb::handle proto) {
+    const Names& k = names();
+    for (nb::handle r : reqs) {
+        const nb::object times = py::get(r, k.times);
+        const nb::object packed =
+            nb::steal(packed_one(py::get(times, k.token_times).ptr(), proto));
+        py::set(r, k.prompt_ids, stand_in_of(shared, make, py::len_of(py::get(r, k.prompt_ids))));
+        py::set(r, k.output_ids, stand_in_of(shared, make, py::len_of(py::get(r, k.output_ids))));
+        py::set(times, k.token_times, packed);
+    }
+}
+
 // A time as RequestArrays.of reads it: its double, or NaN for None (`present` false); false
 // where it is neither a float nor None.
 bool read_time(nb::handle v, double& out, bool& present) {
@@ -404,6 +452,9 @@ void bind_bulk(nb::module_& m) {
           "copies of `like` (a __slots__ object), one a row of `columns` (name -> list) set "
           "in each, each of `fresh_lists` a new empty list; None where `like` is not such an "
           "object or a name not its slot (bulk.hpp)");
+    m.def("compact_requests", &compact_requests, "reqs"_a, "shared"_a, "make"_a, "proto"_a,
+          "deferred.py's compact of `reqs`: token times packed as array('d'), prompt and "
+          "output replaced by shared[len], made by make(len) where absent (bulk.hpp)");
     m.def("pack_times", &pack_times, "seqs"_a, "proto"_a,
           "each float list of `seqs` as an array('d') (`proto * len`, written in place); "
           "None where one is not exactly a list of floats (bulk.hpp)");
