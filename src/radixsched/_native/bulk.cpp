@@ -240,6 +240,7 @@ nb::object stand_in_of(nb::dict shared, nb::handle make, Py_ssize_t n) {
 void release_items(PyObject* list, std::vector<PyObject*>& items) {
     if (!PyList_CheckExact(list) || Py_REFCNT(list) != 1) return;
     const Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n == 0) return;  // (an empty list may have no item buffer)
     items.resize(size_t(n));
     std::memcpy(items.data(), reinterpret_cast<PyListObject*>(list)->ob_item,
                 size_t(n) * sizeof(PyObject*));
