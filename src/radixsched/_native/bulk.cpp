@@ -257,20 +257,25 @@ void release_items(PyObject* list, std::vector<PyObject*>& items) {
     }
 }
 
-// deferred.py's compact, request by request: the token times packed (packed_one), the prompt
-// and output replaced by their lengths' shared stand-ins. Each request's old objects are freed
-// as it is done (the Python loop packs every request's times first: the same values after).
+// deferred.py's compact: every request's token times packed first (packed_one), as the Python
+// loop does (the packed arrays, which last the run, allocated before any prompt is freed: they
+// do not fill the holes the prompts leave, which the next prompts reuse), then each request's
+// prompt and output replaced by their lengths' shared stand-ins, its lists released in turn.
 void compact_requests(nb::list reqs, nb::dict shared, nb::handle make, nb::handle proto) {
     const Names& k = names();
+    std::vector<nb::object> packed;
+    packed.reserve(reqs.size());
+    for (nb::handle r : reqs)
+        packed.push_back(packed_one(py::get(py::get(r, k.times), k.token_times).ptr(), proto));
     std::vector<PyObject*> scratch;
+    size_t i = 0;
     for (nb::handle r : reqs) {
         const nb::object times = py::get(r, k.times);
         const nb::object tt = py::get(times, k.token_times);
-        const nb::object packed = packed_one(tt.ptr(), proto);
         py::set(r, k.prompt_ids, stand_in_of(shared, make, py::len_of(py::get(r, k.prompt_ids))));
         const nb::object out = py::get(r, k.output_ids);
         py::set(r, k.output_ids, stand_in_of(shared, make, py::len_of(out)));
-        py::set(times, k.token_times, packed);
+        py::set(times, k.token_times, packed.at(i++));
         release_items(out.ptr(), scratch);  // (each list now held here only, where ever)
         release_items(tt.ptr(), scratch);
     }
