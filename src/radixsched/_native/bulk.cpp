@@ -196,6 +196,91 @@ const Names& names() {
     return n;
 }
 
+// `tt` as an array('d') of the same doubles: made as `proto * len` and written in place from
+// an exact list of exact floats (pack_times' copy), else array('d', tt) (proto's type called).
+nb::object packed_one(PyObject* tt, nb::handle proto) {
+    if (PyList_CheckExact(tt)) {
+        const Py_ssize_t k = PyList_GET_SIZE(tt);
+        bool floats = true;
+        for (Py_ssize_t j = 0; j < k && floats; ++j) {  // (the floats read in next)
+            if (j + 8 < k) __builtin_prefetch(PyList_GET_ITEM(tt, j + 8));
+            floats = PyFloat_CheckExact(PyList_GET_ITEM(tt, j));
+        }
+        if (floats) {
+            nb::object packed = nb::steal(PySequence_Repeat(proto.ptr(), k));  // k zeros
+            if (!packed.is_valid()) throw nb::python_error();
+            const Buffer buf(packed.ptr(), PyBUF_WRITABLE);
+            if (buf.view().len != k * static_cast<Py_ssize_t>(sizeof(double)))
+                throw std::invalid_argument("compact_requests: proto * k, k float64");
+            auto* dst = static_cast<double*>(buf.view().buf);
+            for (Py_ssize_t j = 0; j < k; ++j) dst[j] = PyFloat_AS_DOUBLE(PyList_GET_ITEM(tt, j));
+            return packed;
+        }
+    }
+    nb::object v = nb::steal(PyObject_CallFunction(
+        reinterpret_cast<PyObject*>(Py_TYPE(proto.ptr())), "sO", "d", tt));
+    if (!v.is_valid()) throw nb::python_error();
+    return v;
+}
+
+// shared[n], made by make(n) where absent (deferred.py's shared_stand_in, which adds it).
+nb::object stand_in_of(nb::dict shared, nb::handle make, Py_ssize_t n) {
+    const nb::object key = nb::steal(PyLong_FromSsize_t(n));
+    if (!key.is_valid()) throw nb::python_error();
+    if (PyObject* s = PyDict_GetItemWithError(shared.ptr(), key.ptr())) return nb::borrow(s);
+    if (PyErr_Occurred()) throw nb::python_error();
+    return make(key);
+}
+
+// Empties `list` (an exact list only this caller holds: else nothing is done), its items
+// released in order with the next ones' objects prefetched: a finished request's output ids
+// and token times, objects made one decode step at a time and scattered through the heap,
+// whose releases otherwise wait on a cache miss each.
+// `items`: scratch, reused from call to call.
+void release_items(PyObject* list, std::vector<PyObject*>& items) {
+    if (!PyList_CheckExact(list) || Py_REFCNT(list) != 1) return;
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n == 0) return;  // (an empty list may have no item buffer)
+    items.resize(size_t(n));
+    std::memcpy(items.data(), reinterpret_cast<PyListObject*>(list)->ob_item,
+                size_t(n) * sizeof(PyObject*));
+    Py_SET_SIZE(list, 0);  // the list lets go of them (its buffer is freed with it)
+    constexpr Py_ssize_t kAhead = 16;
+    constexpr uintptr_t kPool = 4096;  // pymalloc's pool: the header a small object's free reads
+    for (Py_ssize_t j = 0; j < n; ++j) {
+        if (j + kAhead < n) {
+            PyObject* next = items[size_t(j + kAhead)];
+            __builtin_prefetch(next, 1);
+            __builtin_prefetch(reinterpret_cast<void*>(uintptr_t(next) & ~(kPool - 1)), 1);
+        }
+        Py_DECREF(items[size_t(j)]);
+    }
+}
+
+// deferred.py's compact: every request's token times packed first (packed_one), as the Python
+// loop does (the packed arrays, which last the run, allocated before any prompt is freed: they
+// do not fill the holes the prompts leave, which the next prompts reuse), then each request's
+// prompt and output replaced by their lengths' shared stand-ins, its lists released in turn.
+void compact_requests(nb::list reqs, nb::dict shared, nb::handle make, nb::handle proto) {
+    const Names& k = names();
+    std::vector<nb::object> packed;
+    packed.reserve(reqs.size());
+    for (nb::handle r : reqs)
+        packed.push_back(packed_one(py::get(py::get(r, k.times), k.token_times).ptr(), proto));
+    std::vector<PyObject*> scratch;
+    size_t i = 0;
+    for (nb::handle r : reqs) {
+        const nb::object times = py::get(r, k.times);
+        const nb::object tt = py::get(times, k.token_times);
+        py::set(r, k.prompt_ids, stand_in_of(shared, make, py::len_of(py::get(r, k.prompt_ids))));
+        const nb::object out = py::get(r, k.output_ids);
+        py::set(r, k.output_ids, stand_in_of(shared, make, py::len_of(out)));
+        py::set(times, k.token_times, packed.at(i++));
+        release_items(out.ptr(), scratch);  // (each list now held here only, where ever)
+        release_items(tt.ptr(), scratch);
+    }
+}
+
 // A time as RequestArrays.of reads it: its double, or NaN for None (`present` false); false
 // where it is neither a float nor None.
 bool read_time(nb::handle v, double& out, bool& present) {
@@ -404,6 +489,9 @@ void bind_bulk(nb::module_& m) {
           "copies of `like` (a __slots__ object), one a row of `columns` (name -> list) set "
           "in each, each of `fresh_lists` a new empty list; None where `like` is not such an "
           "object or a name not its slot (bulk.hpp)");
+    m.def("compact_requests", &compact_requests, "reqs"_a, "shared"_a, "make"_a, "proto"_a,
+          "deferred.py's compact of `reqs`: token times packed as array('d'), prompt and "
+          "output replaced by shared[len], made by make(len) where absent (bulk.hpp)");
     m.def("pack_times", &pack_times, "seqs"_a, "proto"_a,
           "each float list of `seqs` as an array('d') (`proto * len`, written in place); "
           "None where one is not exactly a list of floats (bulk.hpp)");

@@ -15,6 +15,10 @@
 //   token), each array made as `proto * len(seq)` (proto: array('d', [0.0])) and written
 //   through its buffer; None, and nothing kept, where a sequence is not exactly a list or an
 //   item not exactly a float (the caller converts them as `array('d', seq)` does).
+// - compact_requests(reqs, shared, make, proto): sim/workloads/deferred.py's compact in one
+//   pass, request by request: its token times as pack_times packs a list of floats (any other
+//   sequence as array('d', seq) makes it: proto's type called), its prompt_ids and output_ids
+//   each the stand-in `shared` holds for its length, made by make(length) where absent.
 // - request_columns(reqs, abort, ...): results/reqarrays.py's RequestArrays.of, its columns
 //   read in one pass over the requests (the same values, bit for bit: a float is its double, an
 //   int its int64, a missing time NaN with its mask False); False, with the columns partly
