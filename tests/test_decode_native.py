@@ -284,7 +284,7 @@ class _Overriding(dict[str, int]):
 def test_settle_reads_the_rid_memo_as_its_subscript_does(kind: str) -> None:
     """The plain rows' rid hashes are ``memo[rid]``: a dict's entry, a subclass's own
     ``__getitem__``, or the runner's memo's ``__missing__`` (which fills it) on a miss."""
-    from radixsched.cache import native_radix
+    from radixsched.native import radix as native_radix
     from radixsched.sim.cost.build import build_cost_model
     from radixsched.sim.cost.runner import CostModelRunner, _RidHashes, _stand_ins
 
