@@ -211,7 +211,7 @@ class Lockstep:
                 break
             h = self.horizon(self.fast.clock.now())
             self.chunking.append(self.fast.chunked_req is not None)
-            out = self.native.step(h)
+            out = self.fast.step(h)
             self.outs.append(out)
             self.fast.check_integrity()
             n = max(1, out.num_steps) if out is not None else 1

@@ -1627,7 +1627,7 @@ class Twin:
         self.now += 0.5
         if skip:
             self.ref.queue.begin_round(self.ref.running, self.processed, self.now)
-            fast = self.native.queue
+            fast = self.fast.queue
             fast.begin_round(self.fast.running, self.processed, self.now)
             self.loose = hands_out_lazily(fast)
             self.check(full=False)
@@ -1637,7 +1637,7 @@ class Twin:
             q = s.queue
             s.order = q.begin_round(s.running, self.processed, self.now).head(len(q))
             assert {id(r) for r in s.order} == {id(r) for r in q.reqs}
-        self.loose = hands_out_lazily(self.native.queue)
+        self.loose = hands_out_lazily(self.fast.queue)
         self.check(full=True)
         for s in self.sides:
             eligible = [r for r in s.order if r.rid not in s.queue.deferred]
@@ -1707,7 +1707,7 @@ class Twin:
         self.check(full=False)
 
     def check(self, full: bool) -> None:
-        ref, fast = self.ref.queue, self.native.queue
+        ref, fast = self.ref.queue, self.fast.queue
         if full:
             assert rids(self.ref.order) == rids(self.fast.order)
             assert ref.deferred == fast.deferred and ref.deprioritized == fast.deprioritized
