@@ -38,7 +38,7 @@ def build_scheduler(
 
 
 def _accelerates(config: SchedulerConfig) -> bool:
-    """Whether the accelerated core can run ``config`` (else a notice says why not, once)."""
+    """Whether the native core can run ``config`` (else a notice says why not, once)."""
     if core() is None:  # core() gave the notice
         return False
     if not built_in(config.schedule_policy):

@@ -1,5 +1,5 @@
 """``NativeRadixCache``: the radix cache of ``radixsched.cache.radix`` with its tree in C++
-(``radixsched/_native/radix.cpp``), for the accelerated core.
+(``radixsched/_native/radix.cpp``), for the native core.
 
 Same contract, same results: the same matches, the same splits, the same logical clock and the
 same evictions in the same order (tests/test_native_radix.py drives both side by side), and the
@@ -367,9 +367,9 @@ def make_cache(
     *,
     on_evict: Callable[[CacheKey, int], None] | None = None,
 ) -> NativeRadixCache:
-    """The accelerated core's cache: the native radix tree (``radixsched.native.build.build_scheduler``
-    builds the accelerated core only where the extension is on and the eviction policy is a
-    built-in one; anywhere else this raises)."""
+    """The native core's cache: the native radix tree (``build.build_scheduler`` builds the
+    native core only where the extension is on and the eviction policy is a built-in one;
+    anywhere else this raises)."""
     return NativeRadixCache(
         allocator,
         page_size=config.page_size,
