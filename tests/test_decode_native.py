@@ -562,7 +562,13 @@ def _charged(prefill_weight: float, decode_weight: float, start: dict[str, Any])
     from radixsched.policies import VirtualTokenCounter
 
     fair = VirtualTokenCounter(prefill_weight, decode_weight, dict(start))
-    s = SimpleNamespace(queue=SimpleNamespace(fair=fair), _repeat_add=core().repeat_add)
+    mod = core()
+    assert mod is not None
+    s = SimpleNamespace(
+        queue=SimpleNamespace(fair=fair),
+        _repeat_add=mod.repeat_add,
+        _tenant_counts=mod.tenant_counts,
+    )
     reqs = [SimpleNamespace(tenant_key=t) for t in "aaba"]
     NativeScheduler._charge_decode(s, reqs, 5)  # type: ignore[arg-type]
     return fair.counters

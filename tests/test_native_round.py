@@ -5,6 +5,7 @@ loop's."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -220,6 +221,21 @@ def test_add_tenants_is_set_update_from_an_index_on() -> None:
         add(set(), [_T([1])], 0)
     with pytest.raises(AttributeError):
         add(set(), [object()], 0)
+
+
+def test_tenant_counts_is_a_counter_of_tenants() -> None:
+    """The decode charge's tenants (``tenant_counts``): the counts ``Counter`` gives, in the
+    order it gives them; equal tenants that are other objects counted together, runs of one
+    object and tenants that come back included."""
+    count = core().tenant_counts  # type: ignore[union-attr]
+    keys = ["a", "a", "b", "a", "", "c", "b", "".join(["c"])] + [f"t{i % 5}" for i in range(12)]
+    for seq in (keys, [], ["x"], keys[::-1], keys[3:]):
+        got, want = count([_T(k) for k in seq]), Counter(seq)
+        assert got == want and list(got) == list(want) and type(got) is dict
+    with pytest.raises(TypeError):  # an unhashable tenant, as Counter raises
+        count([_T("a"), _T([1])])
+    with pytest.raises(AttributeError):
+        count([object()])
 
 
 class _Long(Req):

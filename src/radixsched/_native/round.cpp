@@ -481,6 +481,40 @@ void add_tenants(nb::handle into, nb::handle seq, Py_ssize_t start) {
     }
 }
 
+// dict(Counter(r.tenant_key for r in seq)) (the native scheduler's decode charge): each
+// tenant's number of requests, the tenants in order of first appearance, as Counter counts
+// them. A run of requests holding the same tenant object is counted as one dict update.
+nb::dict tenant_counts(nb::handle seq) {
+    static compat::Attr tenant{"tenant_key"};  // (held for the life of the process)
+    nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "tenant_counts: a sequence"));
+    if (!items.is_valid()) throw nb::python_error();
+    nb::dict counts;
+    nb::object last;  // the tenant of the current run (held: compared by identity)
+    Py_ssize_t run = 0;
+    auto flush = [&] {  // counts[last] = counts.get(last, 0) + run
+        if (run == 0) return;
+        PyObject* had = PyDict_GetItemWithError(counts.ptr(), last.ptr());  // borrowed
+        if (had == nullptr && PyErr_Occurred()) throw nb::python_error();
+        const Py_ssize_t before = had == nullptr ? 0 : PyLong_AsSsize_t(had);
+        nb::object total = nb::steal(PyLong_FromSsize_t(before + run));
+        check(PyDict_SetItem(counts.ptr(), last.ptr(), total.ptr()));
+    };
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items.ptr()); ++i) {
+        PyObject* r = PySequence_Fast_GET_ITEM(items.ptr(), i);
+        PyObject* member = tenant.peek(r);  // a plain member's object, read in place
+        nb::object t = member != nullptr ? nb::borrow(member) : tenant.get(r);  // (else getattr)
+        if (t.ptr() == last.ptr()) {
+            ++run;
+            continue;
+        }
+        flush();
+        last = std::move(t);
+        run = 1;
+    }
+    flush();
+    return counts;
+}
+
 // del list[i]: in range of an exact list, the items after it moved down in one memmove; else
 // (a negative index, past the end, a subclass) as Python's del does it.
 void list_del(PyObject* list, Py_ssize_t i) {
@@ -586,6 +620,7 @@ void bind_round(nb::module_& m, TreeOf tree_of) {
     m.def("touch_memos", &touch_memos, "tree"_a, "reqs"_a);
     m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
     m.def("add_tenants", &add_tenants, "into"_a, "seq"_a, "start"_a = 0);
+    m.def("tenant_counts", &tenant_counts, "seq"_a);
     m.def("touch_fills", &touch_fills, "tree"_a, "ahead"_a, "head"_a, "ns_of"_a,
           "plain"_a = nb::none());
     m.def("queue_take", &queue_take, "queue"_a, "positions"_a, "tree"_a.none(), "fills"_a.none(),

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
@@ -63,7 +61,6 @@ from radixsched.runner import Batch, ExtendEntry
 from radixsched.running import RunningBatch, retraction_order
 from radixsched.scheduler import Scheduler, StepOutcome
 
-_TENANT = operator.attrgetter("tenant_key")
 # ``native/retire.py``'s ``retire`` as imported: a jump retires natively while the module's
 # ``retire`` is still it (``DecodeRun``; a test may replace it to count its calls).
 _NATIVE_RETIRE = retire
@@ -265,6 +262,7 @@ class NativeScheduler(Scheduler):
         # (``_charge_prefill``); its runs of middle chunks do not (each chunk charges).
         self._charges = self.policy.charges_service  # the policy is frozen
         self._repeat_add = cast(Any, core()).repeat_add  # ``_charge_decode``'s sums
+        self._tenant_counts = cast(Any, core()).tenant_counts  # its Counter of tenants
         self._decay_ratio = cast(Any, core()).decay_ratio  # ``_decay``'s steps
         # ``_jump``'s native round: what it holds for the run (the pool, the tree's and the
         # cache's bound methods, the capacity and page, the classes it builds or compares, the
@@ -757,7 +755,7 @@ class NativeScheduler(Scheduler):
         counters = fair.counters
         none, inc = fair.prefill_weight * 0, fair.decode_weight * k
         floats = type(none) is float and type(inc) is float  # (ints add exactly, unbounded)
-        for tenant, n in Counter(map(_TENANT, reqs)).items():
+        for tenant, n in self._tenant_counts(reqs).items():
             c = counters.get(tenant, 0.0)
             if floats and type(c) is float:  # natively: C doubles add as Python floats do
                 counters[tenant] = self._repeat_add(c, none, inc, n)
