@@ -5,6 +5,8 @@ loop's."""
 
 from __future__ import annotations
 
+import operator
+import random
 from collections import Counter
 from typing import Any
 
@@ -236,6 +238,62 @@ def test_tenant_counts_is_a_counter_of_tenants() -> None:
         count([_T("a"), _T([1])])
     with pytest.raises(AttributeError):
         count([object()])
+
+
+class _S:
+    """A request's sampling parameters as ``sort_lof`` reads them (an exact class)."""
+
+    def __init__(self, max_new: Any) -> None:
+        self.max_new_tokens = max_new
+
+
+class _N:
+    """A request (all ``sort_lof`` reads: its ``sampling``, in a plain member)."""
+
+    __slots__ = ("sampling", "i")
+
+    def __init__(self, max_new: Any, i: int, params: type = _S) -> None:
+        self.sampling, self.i = params(max_new), i
+
+
+class _Prop(_S):
+    """Parameters whose budget is a property: a read could run code, so Python sorts."""
+
+    @property  # type: ignore[override]
+    def max_new_tokens(self) -> int:
+        return 1
+
+    @max_new_tokens.setter
+    def max_new_tokens(self, v: int) -> None:
+        pass
+
+
+def test_sort_lof_is_the_stable_descending_sort() -> None:
+    """SGLang compat's lof round (``sort_lof``): ``list.sort(key=sampling.max_new_tokens,
+    reverse=True)``'s order (equal keys keep theirs) for sorted heads with arrivals behind
+    them, whole shuffles and lists sorted already; False, the list untouched, where a key is
+    not an int within int64 read from parameters of exactly the class given, or the queue is
+    not a list."""
+    sort = core().sort_lof  # type: ignore[union-attr]
+    rng = random.Random(7)
+    key = operator.attrgetter("sampling.max_new_tokens")
+    for trial in range(300):
+        n = rng.randrange(0, 60)
+        keys = [rng.randrange(-3, 6) * (2**60 if trial % 7 == 0 else 1) for _ in range(n)]
+        if trial % 3 == 0:  # a sorted head, arrivals behind it
+            head = rng.randrange(0, n + 1)
+            keys[:head] = sorted(keys[:head], reverse=True)
+        got = [_N(k, i) for i, k in enumerate(keys)]
+        want = list(got)
+        want.sort(key=key, reverse=True)
+        assert sort(got, _S) is True and got == want
+    for odd in (1.5, True, 2**63, None):
+        reqs = [_N(3, 0), _N(odd, 1), _N(5, 2)]
+        before = list(reqs)
+        assert sort(reqs, _S) is False and reqs == before
+    assert sort([_N(1, 0), _N(2, 1, _Prop)], _S) is False
+    assert sort([_N(1, 0), _N(2, 1)], _Prop) is False
+    assert sort((_N(1, 0), _N(2, 1)), _S) is False
 
 
 class _Long(Req):

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <climits>
 #include <cstring>
+#include <iterator>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <tuple>
@@ -515,6 +517,55 @@ nb::dict tenant_counts(nb::handle seq) {
     return counts;
 }
 
+// queue.sort(key=attrgetter("sampling.max_new_tokens"), reverse=True) (SGLang compat's lof
+// round): the stable sort by descending max_new_tokens (equal keys keep their order), done here
+// where `queue` is a list and each request holds, in its plain `sampling` member, an instance
+// of exactly `params` (SamplingParams: generic attribute reads, no property of that name, so a
+// read runs no Python code) whose max_new_tokens is an exact int within int64 (compared as
+// Python compares ints). False, the list untouched, otherwise: the caller sorts. A round's list
+// is the last round's order with the arrivals behind it, so its sorted head is found, the rest
+// stably sorted and merged behind it (std::merge takes the head's element first among equal
+// keys: the stable order).
+bool sort_lof(nb::handle queue, nb::handle params) {
+    static compat::Attr sampling{"sampling"};  // (held for the life of the process)
+    static PyObject* const max_new = PyUnicode_InternFromString("max_new_tokens");
+    PyObject* list = queue.ptr();
+    if (!PyList_CheckExact(list) || !PyType_Check(params.ptr())) return false;
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    std::vector<int64_t> keys(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* s = sampling.peek(PyList_GET_ITEM(list, i));
+        if (s == nullptr || Py_TYPE(s) != reinterpret_cast<PyTypeObject*>(params.ptr()))
+            return false;
+        nb::object v = nb::steal(PyObject_GetAttr(s, max_new));
+        if (!v.is_valid()) throw nb::python_error();
+        if (!PyLong_CheckExact(v.ptr())) return false;
+        int overflow = 0;
+        const long long k = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+        if (overflow != 0) return false;
+        if (k == -1 && PyErr_Occurred()) throw nb::python_error();
+        keys[static_cast<size_t>(i)] = k;
+    }
+    size_t head = 1;
+    while (head < keys.size() && keys[head - 1] >= keys[head]) ++head;
+    if (head >= keys.size()) return true;  // sorted already
+    std::vector<size_t> at(keys.size());
+    std::iota(at.begin(), at.end(), size_t{0});
+    const auto later = [&](size_t a, size_t b) { return keys[a] > keys[b]; };
+    const auto mid = at.begin() + static_cast<std::ptrdiff_t>(head);
+    std::stable_sort(mid, at.end(), later);
+    std::vector<size_t> order;
+    order.reserve(keys.size());
+    std::merge(at.begin(), mid, mid, at.end(), std::back_inserter(order), later);
+    std::vector<PyObject*> items(keys.size());
+    for (size_t i = 0; i < items.size(); ++i)
+        items[i] = PyList_GET_ITEM(list, static_cast<Py_ssize_t>(order[i]));
+    // The same objects in their new places: no reference changes hands.
+    for (size_t i = 0; i < items.size(); ++i)
+        PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), items[i]);
+    return true;
+}
+
 // del list[i]: in range of an exact list, the items after it moved down in one memmove; else
 // (a negative index, past the end, a subclass) as Python's del does it.
 void list_del(PyObject* list, Py_ssize_t i) {
@@ -621,6 +672,7 @@ void bind_round(nb::module_& m, TreeOf tree_of) {
     m.def("in_sync", &in_sync, "queue"_a, "members"_a, "added"_a);
     m.def("add_tenants", &add_tenants, "into"_a, "seq"_a, "start"_a = 0);
     m.def("tenant_counts", &tenant_counts, "seq"_a);
+    m.def("sort_lof", &sort_lof, "queue"_a, "params"_a);
     m.def("touch_fills", &touch_fills, "tree"_a, "ahead"_a, "head"_a, "ns_of"_a,
           "plain"_a = nb::none());
     m.def("queue_take", &queue_take, "queue"_a, "positions"_a, "tree"_a.none(), "fills"_a.none(),

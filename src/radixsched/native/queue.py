@@ -71,7 +71,7 @@ from radixsched.policies import (
     spf_sglang,
 )
 from radixsched.queue import REFRESH_INTERVAL, REFRESH_SPAN, RoundOrder, WaitingQueue, door_match
-from radixsched.request import Req
+from radixsched.request import Req, SamplingParams
 
 # Engines of the policies whose order reads more than the request, its match and its dedup
 # status (any other key policy is kept by ``KeyedEngine``).
@@ -156,6 +156,8 @@ class NativeWaitingQueue(WaitingQueue):
         self._core: Any = core() if self.fast else None
         # ``take`` in one native call (a native tree means the core is loaded).
         self._native_take = cast(Any, core()).queue_take if native else None
+        # SGLang compat's lof sort natively (``sort_lof``; it declines what Python must sort).
+        self._sort_lof = cast(Any, core()).sort_lof if native else None
         # The reference refresh's touches in one native call, over the native tree's own
         # touch_prefixes (a subclass's is called as the reference calls it); a ``Req``'s fill
         # read there (a subclass's fill_ids called).
@@ -652,7 +654,8 @@ class NativeWaitingQueue(WaitingQueue):
         """The reference's order with SGLang's plain rounds (the compat rounds) cheaper: fcfs
         without priorities sorts by an empty key (the stable sort moves nothing: the list
         stands); lof's stable sort by ``-max_new_tokens`` is the stable descending sort by
-        ``max_new_tokens`` (``reverse`` keeps ties in their order), keyed in C; random's
+        ``max_new_tokens`` (``reverse`` keeps ties in their order), natively (``sort_lof``:
+        the sorted head kept, the arrivals merged behind it) or keyed in C; random's
         ``rng.shuffle`` runs natively from and back to the generator's state. The plain random
         order's positions come from the native ``LazyShuffle``: the reference generator's
         swaps and draws, made on the generator's own state as each position is read."""
@@ -660,7 +663,8 @@ class NativeWaitingQueue(WaitingQueue):
         if pol.key is fcfs_sglang and not priorities:
             return iter(range(len(reqs)))
         if pol.key is lof_sglang and not priorities:
-            reqs.sort(key=_MAX_NEW, reverse=True)
+            if self._sort_lof is None or not self._sort_lof(reqs, SamplingParams):
+                reqs.sort(key=_MAX_NEW, reverse=True)
             return iter(range(len(reqs)))
         rng = self.rng  # Python's own generator (a subclass of it may draw otherwise)
         if pol.order is random_sglang and self._shuffle is not None and type(rng) is Random:
