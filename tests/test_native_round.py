@@ -250,7 +250,7 @@ class _S:
 class _N:
     """A request (all ``sort_lof`` reads: its ``sampling``, in a plain member)."""
 
-    __slots__ = ("sampling", "i")
+    __slots__ = ("i", "sampling")
 
     def __init__(self, max_new: Any, i: int, params: type = _S) -> None:
         self.sampling, self.i = params(max_new), i
