@@ -50,6 +50,37 @@ def test_the_shuffle_is_pythons(seed: int, draws: int, n: int) -> None:
     assert ours.random() == theirs.random()
 
 
+def _in_place_shuffle(rng: random.Random, items: list[Any]) -> None:
+    mod = core()
+    assert mod is not None
+    mod.shuffle_in_place(items, rng)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**64), draws=st.integers(0, 700), n=st.integers(0, 3000))
+def test_the_in_place_shuffle_is_pythons(seed: int, draws: int, n: int) -> None:
+    """``shuffle_in_place`` (the queue's way where the generator's layout is CPython 3.11's):
+    the same permutation and state as Python's shuffle, drawn on the generator itself."""
+    ours, theirs = random.Random(seed), random.Random(seed)
+    for _ in range(draws):
+        ours.getrandbits(32)
+        theirs.getrandbits(32)
+    a, b = list(range(n)), list(range(n))
+    theirs.shuffle(a)
+    _in_place_shuffle(ours, b)
+    assert b == a
+    assert ours.getstate() == theirs.getstate()
+    assert ours.random() == theirs.random()
+
+
+def test_the_in_place_shuffle_takes_only_pythons_generator() -> None:
+    class Own(random.Random):
+        pass
+
+    with pytest.raises(TypeError):
+        _in_place_shuffle(Own(1), [1, 2, 3])
+
+
 @pytest.mark.parametrize("n", [0, 1])
 def test_a_list_too_short_to_shuffle_draws_nothing(n: int) -> None:
     rng = random.Random(3)

@@ -145,6 +145,31 @@ private:
     int64_t i_ = 0;   // the next position
 };
 
+// random.Random.shuffle(queue) (Lib/random.py: for i = n-1 down to 1, j = _randbelow(i + 1),
+// then queue[i] and queue[j] swap), SGLang compat's random round, drawing on `rng`'s own state
+// in place as LazyShuffle does (shuffle.cpp's `shuffle` moves the state through getstate()
+// instead: 625 ints each way a round).
+void shuffle_in_place(nb::list queue, nb::handle rng) {
+    PyTypeObject* type = random_type();
+    if (type == nullptr)
+        throw std::runtime_error("shuffle_in_place: _random.Random's layout is not CPython 3.11's");
+    if (Py_TYPE(rng.ptr()) != type)  // exactly: a subclass may draw otherwise
+        throw nb::type_error("shuffle_in_place: the generator must be exactly a random.Random");
+    PyObject* list = queue.ptr();
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n > (Py_ssize_t{1} << 32)) throw std::overflow_error("shuffle_in_place: 2^32 items or more");
+    auto* r = reinterpret_cast<RandomObject*>(rng.ptr());
+    if (r->index < 0 || r->index > static_cast<int>(mt::kWords))
+        throw std::logic_error("shuffle_in_place: the generator's index is past its block");
+    for (Py_ssize_t i = n; i-- > 1;) {
+        const auto j =
+            static_cast<Py_ssize_t>(mt::below(r->state, r->index, static_cast<uint32_t>(i + 1)));
+        PyObject* a = PyList_GET_ITEM(list, i);
+        PyList_SET_ITEM(list, i, PyList_GET_ITEM(list, j));  // a swap: no reference changes
+        PyList_SET_ITEM(list, j, a);
+    }
+}
+
 }  // namespace
 
 void bind_lazy_shuffle(nb::module_& m) {
@@ -155,6 +180,8 @@ void bind_lazy_shuffle(nb::module_& m) {
         .def("__iter__", [](nb::handle self) { return nb::borrow(self); })
         .def("__next__", &LazyShuffle::next)
         .def("head", &LazyShuffle::head, "queue"_a, "seen"_a, "k"_a);
+    m.def("shuffle_in_place", &shuffle_in_place, "queue"_a, "rng"_a,
+          "random.Random.shuffle(queue) drawing on rng's own state (exactly a random.Random)");
 }
 
 }  // namespace radixsched

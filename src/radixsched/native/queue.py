@@ -217,6 +217,10 @@ class NativeWaitingQueue(WaitingQueue):
         plain_random = self.policy.variant(config).order is _RANDOM_ORDER
         lazy = native and plain_random and cast(Any, core()).random_layout_ok()
         self._lazy_shuffle = cast(Any, core()).LazyShuffle if lazy else None
+        # SGLang's random round on ``self.rng``'s own state in place (no state through Python).
+        in_place = native and self.policy.variant(config).order is random_sglang
+        in_place = in_place and cast(Any, core()).random_layout_ok()
+        self._shuffle_in_place = cast(Any, core()).shuffle_in_place if in_place else None
 
     def _make_engine(self, reads: Reads) -> Engine | None:
         pol = self.policy
@@ -667,9 +671,14 @@ class NativeWaitingQueue(WaitingQueue):
                 reqs.sort(key=_MAX_NEW, reverse=True)
             return iter(range(len(reqs)))
         rng = self.rng  # Python's own generator (a subclass of it may draw otherwise)
-        if pol.order is random_sglang and self._shuffle is not None and type(rng) is Random:
-            version, state, gauss = rng.getstate()
-            rng.setstate((version, self._shuffle(reqs, state), gauss))
+        if pol.order is random_sglang and type(rng) is Random:
+            if self._shuffle_in_place is not None:  # on the generator's own state
+                self._shuffle_in_place(reqs, rng)
+            elif self._shuffle is not None:
+                version, state, gauss = rng.getstate()
+                rng.setstate((version, self._shuffle(reqs, state), gauss))
+            else:
+                return super().order(pol, rnd)
             return iter(range(len(reqs)))
         if pol.order is _RANDOM_ORDER and self._lazy_shuffle is not None and type(rng) is Random:
             positions: Iterator[int] = self._lazy_shuffle(reqs, rng)
