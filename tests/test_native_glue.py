@@ -355,3 +355,23 @@ def test_the_decode_run_evicts_through_the_trees_call_unless_evict_is_someone_el
     pool, cache.allocator = cache.allocator, object()  # not the native pool: evict's own test
     assert _evictor(cache) == cache.evict
     cache.allocator = pool
+
+
+def test_a_native_scheduler_makes_its_native_pool_without_a_token_allocator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool is the native one of the same slots (the reference's ``TokenAllocator``, a
+    B200's 40 MB of pages, is never built to be replaced)."""
+    from radixsched.cache import allocator
+    from radixsched.native.build import build_scheduler
+    from radixsched.sim.cost.build import load_cost_model
+    from radixsched.sim.cost.runner import CostModelRunner
+
+    def refused(*args: Any) -> None:
+        raise AssertionError("a TokenAllocator was built")
+
+    monkeypatch.setattr(allocator.TokenAllocator, "__init__", refused)
+    runner = CostModelRunner(load_cost_model(model="llama-3.1-8b"), seed=1)
+    s = build_scheduler(SchedulerConfig(page_size=16), runner, kv_slots=4100)
+    assert type(s.allocator) is core().Pool
+    assert s.capacity == s.allocator.total_size == 4096 == s.allocator.available_size()

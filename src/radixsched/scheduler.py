@@ -80,6 +80,7 @@ class Scheduler:
     kv_class: type[KVManager] = KVManager
     queue_class: type[WaitingQueue] = WaitingQueue
     cache_factory = staticmethod(make_cache)  # the accelerated core's: the native tree
+    pool_factory: Callable[[int, int], TokenAllocator] = TokenAllocator  # (size, page size)
 
     def __init__(
         self,
@@ -97,7 +98,7 @@ class Scheduler:
         self.runner = runner
         self.clock: Clock = clock if clock is not None else VirtualClock()
         self.page_size = config.page_size
-        self.allocator = TokenAllocator(kv_slots, config.page_size)
+        self.allocator = self.pool_factory(kv_slots, config.page_size)
         self.host_tier = host_tier
         on_evict = host_tier.on_evict if host_tier is not None else None
         self.cache: BasePrefixCache = self.cache_factory(config, self.allocator, on_evict=on_evict)

@@ -208,6 +208,8 @@ class NativeRunningBatch(RunningBatch):
 
 class NativeScheduler(Scheduler):
     cache_factory = staticmethod(native_radix.make_cache)
+    # The native pool made at once (not a TokenAllocator's pages, 40 MB for a B200's, first).
+    pool_factory = staticmethod(native_radix.make_pool)
     kv_class = NativeKVManager
     queue_class = NativeWaitingQueue
     queue: NativeWaitingQueue
