@@ -42,7 +42,6 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from radixsched.adder import AddReqResult, Admission, PrefillAdder
-from radixsched.cache import TokenAllocator
 from radixsched.cache.base import IntegrityError
 from radixsched.clock import VirtualClock
 from radixsched.native import admit as admission
@@ -223,11 +222,7 @@ class NativeScheduler(Scheduler):
         return self._pool
 
     @allocator.setter
-    def allocator(self, alloc: Any) -> None:
-        # The reference's __init__ builds a TokenAllocator before the cache and the KV manager
-        # take it: they get the native pool of the same size and pages instead.
-        if isinstance(alloc, TokenAllocator):
-            alloc = native_radix.make_pool(alloc.total_size, alloc.page_size)
+    def allocator(self, alloc: Any) -> None:  # (the reference's __init__ sets pool_factory's)
         self._pool = alloc
 
     def __init__(self, *args: Any, **kw: Any) -> None:
