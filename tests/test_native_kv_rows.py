@@ -412,3 +412,32 @@ def test_a_checkpoint_reads_any_prompt_and_its_outputs_as_the_reference(layout: 
         got.append((q.prefix_len, q.kv_row.tolist()))
     assert got[0] == got[2] and got[1] == got[3]
     assert got[3][1][:70] == got[2][0][:70]  # q's 70 tokens were the cache's hit
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        [0, -5, 2**30 - 1, 2**30, 2**31 - 1, -(2**30), -(2**31), 12] * 3,
+        [True, np.int64(7), 3, np.int32(2**30 + 5), False] * 4,
+    ],
+)
+def test_a_checkpoints_output_ids_are_read_as_the_reference_reads_them(outputs: list[Any]) -> None:
+    """Output ids past the prompt enter the key as the reference's: ints of one digit (read in
+    place), of two digits, negative ones, and ints that are not exact ints (read by a cast)."""
+    ref, fast = _twins()
+    got = []
+    for kv in (ref, fast):
+        r = Req("w", np.arange(10, dtype=np.int32), SamplingParams(max_new_tokens=40))
+        r.output_ids = list(outputs)
+        kv.match_for_admission(r)
+        kv.take_prefix(r)
+        kv.grow([r], [r.fill_len])
+        r.kv_len = r.fill_len
+        kv.checkpoint(r, r.fill_len)
+        got.append((r.kv_row.tolist(), r.cache_protected_len, kv.cache.evictable_size()))
+        tail = [int(t) for t in outputs]
+        q = _run(kv, "q", list(range(10)) + tail[:-1] + [tail[-1] + 1, 7])
+        got.append((q.prefix_len, q.kv_row.tolist()))
+    assert got[0] == got[2] and got[1] == got[3]
+    hit = 10 + len(outputs) - 1  # every output id but the last: the cache's slots
+    assert got[3][1][:hit] == got[2][0][:hit]

@@ -425,6 +425,54 @@ int32_t token_of(PyObject* o) {
     return nb::cast<int32_t>(nb::handle(o));
 }
 
+// token_of(o) read in place where `o` is an exact int of at most one digit (CPython 3.11's
+// layout: the sign and digit count in ob_size, digits of at most 30 bits: its value fits
+// int32): true, `*t` set. False otherwise (nothing read: token_of decides).
+bool token_in_place(PyObject* o, int32_t* t) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    if (!PyLong_CheckExact(o)) return false;
+    const Py_ssize_t size = Py_SIZE(o);
+    if (size < -1 || size > 1) return false;
+    const auto digit = static_cast<int32_t>(reinterpret_cast<PyLongObject*>(o)->ob_digit[0]);
+    *t = static_cast<int32_t>(size) * digit;
+    return true;
+#else
+    (void)o;
+    (void)t;
+    return false;
+#endif
+}
+
+// outs[from, stop) appended to `joined` as tokens (checkpoint's key past the prompt). A list is
+// read in place: its ints were made step by step long before (cold, scattered), so each is
+// asked for kAhead reads early, that their misses overlap (cache hints only); token_of, which
+// may run code of the program's (an int subclass's __index__), is followed by a new read of
+// the list's length (the items are read through the list each time).
+void append_tokens(std::vector<int32_t>& joined, nb::handle outs, int64_t from, int64_t stop) {
+    if (!PyList_CheckExact(outs.ptr())) {
+        for (int64_t i = from; i < stop; ++i) joined.push_back(nb::cast<int32_t>(outs[i]));
+        return;
+    }
+    PyObject* const list = outs.ptr();
+    constexpr int64_t kAhead = 16;
+    Py_ssize_t size = PyList_GET_SIZE(list);
+    const int64_t hinted = std::min<int64_t>(stop, size);
+    for (int64_t i = from; i < std::min(from + kAhead, hinted); ++i)
+        __builtin_prefetch(PyList_GET_ITEM(list, i));
+    for (int64_t i = from; i < stop; ++i) {
+        if (i >= size) throw std::runtime_error("checkpoint: output_ids shrank while read");
+        if (i + kAhead < hinted && i + kAhead < size)
+            __builtin_prefetch(PyList_GET_ITEM(list, i + kAhead));
+        PyObject* const item = PyList_GET_ITEM(list, i);
+        int32_t t;
+        if (!token_in_place(item, &t)) {
+            t = token_of(item);
+            size = PyList_GET_SIZE(list);
+        }
+        joined.push_back(t);
+    }
+}
+
 // kv.row_capacity: every position the request can reach, plus a page.
 int64_t row_capacity(nb::handle req) {
     const ReqNames& n = names();
@@ -569,23 +617,8 @@ public:
             joined.reserve(static_cast<size_t>(aligned - start));
             joined.assign(prompt_data + std::min(start, np), prompt_data + np);
             nb::object outs = get(req, n.output_ids);
-            const int64_t stop = std::min(aligned - np, len_of(outs));
-            const bool list = PyList_CheckExact(outs.ptr());  // read in place, no index objects
-            const int64_t from = std::max<int64_t>(start - np, 0);
-            // The ints were made step by step long before (cold, scattered): each is asked
-            // for kAhead reads early, so that their misses overlap (cache hints only).
-            constexpr int64_t kAhead = 16;
-            const int64_t hinted = list ? std::min<int64_t>(stop, PyList_GET_SIZE(outs.ptr())) : 0;
-            for (int64_t i = from; i < std::min(from + kAhead, hinted); ++i)
-                __builtin_prefetch(PyList_GET_ITEM(outs.ptr(), i));
-            for (int64_t i = from; i < stop; ++i) {
-                if (list && i >= PyList_GET_SIZE(outs.ptr()))
-                    throw std::runtime_error("checkpoint: output_ids shrank while read");
-                if (i + kAhead < hinted && i + kAhead < PyList_GET_SIZE(outs.ptr()))
-                    __builtin_prefetch(PyList_GET_ITEM(outs.ptr(), i + kAhead));
-                joined.push_back(list ? token_of(PyList_GET_ITEM(outs.ptr(), i))
-                                      : nb::cast<int32_t>(outs[i]));
-            }
+            append_tokens(joined, outs, std::max<int64_t>(start - np, 0),
+                          std::min(aligned - np, len_of(outs)));
             tokens = joined.data();
         }
         nb::object row_obj = get(req, n.kv_row);
