@@ -66,20 +66,16 @@ class Lazily(Mapping[str, int]):
     where per-request rows are kept; a dict of 1M requests costs 0.1-0.3 s)."""
 
     def __init__(self, make: Callable[[], dict[str, int]]) -> None:
-        self.make = make
-
-    @functools.cached_property
-    def made(self) -> dict[str, int]:
-        return self.make()
+        self.made = functools.cache(make)
 
     def __getitem__(self, key: str) -> int:
-        return self.made[key]
+        return self.made()[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.made)
+        return iter(self.made())
 
     def __len__(self) -> int:
-        return len(self.made)
+        return len(self.made())
 
 
 def client_requests(workload: Any, *, reuse: bool = False) -> list[Req]:
