@@ -12,7 +12,7 @@ import pytest
 from radixsched.cluster.routers import ROUTERS
 from radixsched.config import SchedulerConfig
 from radixsched.request import Req, SamplingParams
-from radixsched.sim.deploy.run import SimRun
+from radixsched.sim.deploy.run import Lazily, SimRun
 from radixsched.sim.simulate import SimConfig, simulate
 from radixsched.sim.workloads.load import Workload, load_workload
 
@@ -60,6 +60,14 @@ def test_dp1_has_no_per_replica_section() -> None:
     run = _run(SHARED, 50.0, dp=1, max_total_tokens=20000)
     assert "replicas" not in run.result.to_json()
     assert len(run.replicas) == 1 and set(run.replica_of.values()) == {0}
+
+
+def test_replica_of_is_made_when_first_read() -> None:
+    made: list[int] = []
+    lazy = Lazily(lambda: made.append(1) or {"a": 0, "b": 1})
+    assert not made
+    assert lazy["b"] == 1 and list(lazy) == ["a", "b"] and len(lazy) == 2 and made == [1]
+    assert lazy == {"a": 0, "b": 1}
 
 
 @pytest.mark.parametrize("router", sorted(ROUTERS))

@@ -83,6 +83,7 @@ class _GapStream:
         self.join = getattr(core(), "join_gaps", None)
         self.listed = seqs if type(seqs) is list else list(seqs)
         self._loose: np.ndarray | None = None
+        self._out = np.empty(0, dtype=np.float64)  # join's output, reused (``batches``)
 
     @property
     def loose(self) -> np.ndarray:
@@ -103,7 +104,9 @@ class _GapStream:
         last = int(np.searchsorted(self.ends, b - 1, side="right")) + 1
         start = int(self.ends[first - 1]) if first else 0
         if self.join is not None:
-            out = np.empty(int(self.ends[last - 1]) - start, dtype=np.float64)
+            if self._out.size < (m := int(self.ends[last - 1]) - start):
+                self._out = np.empty(m, dtype=np.float64)
+            out = self._out[:m]
             if self.join(self.listed, first, last, out):
                 return out[a - start : b - start]
         if self.loose[last] != self.loose[first]:
@@ -114,7 +117,9 @@ class _GapStream:
         return joined[a - start : b - start]
 
     def batches(self) -> Iterator[tuple[FloatArray, list[int]]]:
-        """Every gap once, in order: (a batch, its leaves' sizes), each batch whole leaves."""
+        """Every gap once, in order: (a batch, its leaves' sizes), each batch whole leaves,
+        valid until the next is asked for (the joined gaps' buffer is reused: fresh pages
+        for each batch cost more than the join)."""
         a, b, sizes = 0, 0, []
         for size in _leaves(self.total):
             sizes.append(size)

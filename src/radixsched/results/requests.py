@@ -283,15 +283,12 @@ def failure_reasons(reqs: Iterable[Req]) -> list[tuple[str, int]]:
 
 def failure_summary(reqs: Sequence[Req]) -> str:
     """One line: how many requests failed and why (the most frequent reason, an example)."""
-    reasons = failure_reasons(reqs)
+    abort = FinishReason.ABORT  # the aborted ones in one pass (a few among a million)
+    aborted = [r for r in reqs if r.finish is not None and r.finish.reason is abort]
+    reasons = failure_reasons(aborted)
     if not reasons:
         return ""
-    abort = FinishReason.ABORT
-    rejected = sum(
-        1
-        for r in reqs
-        if r.finish is not None and r.finish.reason is abort and r.times.first_scheduled is None
-    )
+    rejected = sum(1 for r in aborted if r.times.first_scheduled is None)
     failed = sum(n for _, n in reasons)
     how = (
         "rejected at admission"

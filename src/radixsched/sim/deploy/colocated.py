@@ -18,7 +18,7 @@ from radixsched.sim.cost.build import build_cost_model
 from radixsched.sim.deploy.closed_loop import run_closed_loop, shift_to_scheduler
 from radixsched.sim.deploy.open_loop import run_open_loop
 from radixsched.sim.deploy.replicas import Replica, RunnerFactory, _build_replica
-from radixsched.sim.deploy.run import SimRun, assemble, end_run, replica_summary
+from radixsched.sim.deploy.run import Lazily, SimRun, assemble, end_run, replica_summary
 from radixsched.sim.heap import frozen_heap
 from radixsched.sim.settings.simconfig import SimConfig
 
@@ -116,6 +116,7 @@ def run_colocated(
         else:
             run_open_loop(replicas, reqs, router, series, on_progress, check_integrity)
     end_run(replicas, reqs, sends)
+    routed = [(rep.idx, rep.reqs) for rep in replicas]  # (not the replicas: kept with the run)
     extra: dict[str, Any] = {}
     if sim_cfg.dp > 1:
         extra["replicas"] = [replica_summary(rep).to_json() for rep in replicas]
@@ -125,7 +126,7 @@ def run_colocated(
         sched_cfg.schedule_policy, reqs, replicas, series, sim_cfg,
         optimal_hit_rate=optimal_hit_rate, started=started,
         capacity=int(cost.kv_capacity_tokens()), extra=extra,
-        replica_of={r.rid: rep.idx for rep in replicas for r in rep.reqs},
+        replica_of=Lazily(lambda: {r.rid: i for i, reqs in routed for r in reqs}),
         cost_model=described, lockstep=lockstep,
     )  # fmt: skip
     if len(replicas) == 1:
