@@ -253,8 +253,7 @@ class Scheduler:
         return len(self.running) + (1 if self.chunked_req is not None else 0)
 
     def sync_running(self, final: bool = False) -> None:
-        """Bring every running request's fields up to date (the reference is always);
-        ``final``: the scheduler steps no more (what it holds for later steps may stay)."""
+        """Every running request's fields up to date (the reference's are); ``final``: no more steps."""
 
     def decode_tokens_to_go(self) -> list[int]:
         """Tokens each running request may still generate (in no particular order)."""
