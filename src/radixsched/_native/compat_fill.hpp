@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <structmember.h>  // PyMemberDef, T_OBJECT_EX
 
 #include <cstdint>
 #include <vector>
@@ -26,12 +27,49 @@ public:
     void set(nanobind::handle o, nanobind::handle v);
     // set(o, int(v)), unless the member holds an exact int equal to v already (the value set
     // would be the same; only an int's identity could differ, which nothing reads).
-    void set_int(nanobind::handle o, int64_t v);
+    void set_int(nanobind::handle o, int64_t v) {
+        PyObject* cur = peek(o);
+        if (cur != nullptr && PyLong_CheckExact(cur) && int_is(cur, v)) return;
+        set(o, nanobind::int_(v));
+    }
     // The object a plain object member holds (borrowed; null: unset, or not such a member).
-    PyObject* peek(nanobind::handle o);
+    PyObject* peek(nanobind::handle o) {
+        PyMemberDef* def = member(Py_TYPE(o.ptr()));
+        if (def == nullptr || (def->type != T_OBJECT_EX && def->type != T_OBJECT)) return nullptr;
+        return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o.ptr()) + def->offset);
+    }
 
 private:
-    PyMemberDef* member(PyTypeObject* t);
+    // The member `t` resolves the name to (null: none usable): the one resolved last while t
+    // is that type, unchanged since (inline: the common case), else resolve(t).
+    PyMemberDef* member(PyTypeObject* t) {
+        if (t == type_ && tag_ != 0 && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
+            t->tp_version_tag == tag_)
+            return def_;
+        return resolve(t);
+    }
+    PyMemberDef* resolve(PyTypeObject* t);
+    // Whether the exact int `o` equals v. Where an int is a signed count of 30-bit digits
+    // (ob_size) and its digits (CPython before 3.12; normalized: one value, one form), one or
+    // two digits are read in place; else PyLong_AsLongLongAndOverflow answers.
+    static bool int_is(PyObject* o, int64_t v) {
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+        const digit* d = reinterpret_cast<PyLongObject*>(o)->ob_digit;
+        const auto low = static_cast<int64_t>(d[0]);
+        switch (Py_SIZE(o)) {
+            case 0: return v == 0;
+            case 1: return v == low;
+            case -1: return v == -low;
+            case 2: return v == (static_cast<int64_t>(d[1]) << PyLong_SHIFT | low);
+            case -2: return v == -(static_cast<int64_t>(d[1]) << PyLong_SHIFT | low);
+            default: break;
+        }
+#endif
+        int overflow = 0;
+        const long long c = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (c == -1 && PyErr_Occurred()) throw nanobind::python_error();
+        return overflow == 0 && c == v;
+    }
 
     PyObject* name_;
     PyTypeObject* type_ = nullptr;

@@ -4,7 +4,7 @@
 #include "compat_match.hpp"
 
 #include <nanobind/stl/shared_ptr.h>
-#include <structmember.h>  // PyMemberDef, PyMember_GetOne, PyMember_SetOne
+#include <structmember.h>  // PyMember_GetOne, PyMember_SetOne
 
 #include <algorithm>
 #include <cstdint>
@@ -29,10 +29,7 @@ Names& names() {
     return n;
 }
 
-PyMemberDef* Attr::member(PyTypeObject* t) {
-    if (t == type_ && tag_ != 0 && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
-        t->tp_version_tag == tag_)
-        return def_;
+PyMemberDef* Attr::resolve(PyTypeObject* t) {
     Py_INCREF(t);  // held: a freed type's address must not pass for it
     Py_XDECREF(type_);
     type_ = t;
@@ -62,23 +59,6 @@ void Attr::set(nb::handle o, nb::handle v) {
     if (def == nullptr) return py::set(o, name_, v);
     if (PyMember_SetOne(reinterpret_cast<char*>(o.ptr()), def, v.ptr()) != 0)
         throw nb::python_error();
-}
-
-PyObject* Attr::peek(nb::handle o) {
-    PyMemberDef* def = member(Py_TYPE(o.ptr()));
-    if (def == nullptr || (def->type != T_OBJECT_EX && def->type != T_OBJECT)) return nullptr;
-    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o.ptr()) + def->offset);
-}
-
-void Attr::set_int(nb::handle o, int64_t v) {
-    PyObject* cur = peek(o);
-    if (cur != nullptr && PyLong_CheckExact(cur)) {
-        int overflow = 0;
-        const long long c = PyLong_AsLongLongAndOverflow(cur, &overflow);
-        if (c == -1 && PyErr_Occurred()) throw nb::python_error();
-        if (overflow == 0 && c == v) return;
-    }
-    set(o, nb::int_(v));
 }
 
 Fill fill_of(const TokenView& prompt, nb::handle req, std::vector<int32_t>& joined) {
