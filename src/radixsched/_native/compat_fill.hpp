@@ -112,6 +112,10 @@ struct NodeMatch {
 NodeMatch match_node(Tree& tree, nanobind::handle req, const Fill& f, bool disabled,
                      nanobind::handle namespace_id);
 
+// The hash of a group key's first `width` tokens (up to 4 from each end; equal keys hash alike;
+// the groups' table compares whole keys).
+uint64_t head_hash(const int32_t* tokens, int64_t width);
+
 // The compat dedup's groups (WaitingQueue.dedup under SGLang compat, threshold > 0): a
 // candidate whose fill has `width` tokens belongs to the group (its namespace, its first
 // `width` fill tokens); `duplicate` says whether that group had a member already (then it is
@@ -121,11 +125,12 @@ public:
     explicit DedupGroups(int64_t width) : width_(width) {}
     bool duplicate(nanobind::handle req, const Fill& f);
     // The same for a candidate of namespace `ns` (Req.namespace) whose fill has at least
-    // `width` tokens, `head` its first ones.
-    bool duplicate_at(nanobind::handle ns, const int32_t* head);
+    // `width` tokens, `head` its first ones, `hash` head_hash(head, width).
+    bool duplicate_at(nanobind::handle ns, const int32_t* head, uint64_t hash);
+    void reserve(size_t n);  // room for n groups
 
 private:
-    bool add(int64_t ns, const int32_t* tokens);  // true: a new group
+    bool add(int64_t ns, const int32_t* tokens, uint64_t hash);  // true: a new group
     void grow();
 
     int64_t width_;

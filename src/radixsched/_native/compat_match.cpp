@@ -110,10 +110,10 @@ NodeMatch match_node(Tree& tree, nb::handle req, const Fill& f, bool disabled,
 
 bool DedupGroups::duplicate(nb::handle req, const Fill& f) {
     if (f.n < width_) return false;  // not grouped
-    return duplicate_at(namespace_of(req), f.data);
+    return duplicate_at(namespace_of(req), f.data, head_hash(f.data, width_));
 }
 
-bool DedupGroups::duplicate_at(nb::handle ns, const int32_t* head) {
+bool DedupGroups::duplicate_at(nb::handle ns, const int32_t* head, uint64_t hash) {
     int64_t number = -1;  // the default namespace (None)
     if (!ns.is_none()) {  // (extra_key, cache_salt): numbered here by tuple equality
         nb::object next = nb::int_(nb::len(ns_index_));
@@ -121,13 +121,11 @@ bool DedupGroups::duplicate_at(nb::handle ns, const int32_t* head) {
         if (idx == nullptr) throw nb::python_error();
         number = PyLong_AsLongLong(idx);
     }
-    return !add(number, head);
+    return !add(number, head, hash);
 }
 
-// A group key's hash: its namespace and up to 4 tokens from each end (equal keys hash alike;
-// the table compares whole keys).
-uint64_t key_hash(int64_t ns, const int32_t* tokens, int64_t width) {
-    uint64_t h = static_cast<uint64_t>(ns) * 0x9E3779B97F4A7C15ULL;
+uint64_t head_hash(const int32_t* tokens, int64_t width) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
     const int64_t head = std::min<int64_t>(width, 4);
     const int64_t tail = std::max<int64_t>(head, width - 4);
     auto mix = [&h](int32_t t) {
@@ -140,9 +138,16 @@ uint64_t key_hash(int64_t ns, const int32_t* tokens, int64_t width) {
     return h;
 }
 
-bool DedupGroups::add(int64_t ns, const int32_t* tokens) {
-    const size_t bytes = static_cast<size_t>(width_) * sizeof(int32_t);
-    const uint64_t h = key_hash(ns, tokens, width_);
+void DedupGroups::reserve(size_t n) {
+    ns_.reserve(n);
+    hash_.reserve(n);
+    tokens_.reserve(n * static_cast<size_t>(std::max<int64_t>(width_, 0)));
+}
+
+// A group key's hash: its namespace's number mixed into its tokens' head_hash.
+bool DedupGroups::add(int64_t ns, const int32_t* tokens, uint64_t hash) {
+    const size_t width = static_cast<size_t>(width_);
+    const uint64_t h = hash ^ (static_cast<uint64_t>(ns) * 0xC2B2AE3D27D4EB4FULL);
     if (2 * (ns_.size() + 1) > table_.size()) grow();
     const size_t mask = table_.size() - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
@@ -151,12 +156,14 @@ bool DedupGroups::add(int64_t ns, const int32_t* tokens) {
             table_.at(i) = static_cast<uint32_t>(ns_.size() + 1);
             ns_.push_back(ns);
             hash_.push_back(h);
-            tokens_.insert(tokens_.end(), tokens, tokens + width_);
+            const size_t at = tokens_.size();
+            tokens_.resize(at + width);
+            std::memcpy(tokens_.data() + at, tokens, width * sizeof(int32_t));
             return true;
         }
         const size_t g = slot - 1;
         if (hash_.at(g) == h && ns_.at(g) == ns &&
-            std::memcmp(tokens_.data() + g * static_cast<size_t>(width_), tokens, bytes) == 0)
+            std::memcmp(tokens_.data() + g * width, tokens, width * sizeof(int32_t)) == 0)
             return false;
     }
 }

@@ -51,6 +51,7 @@ public:
         int64_t fill_len = 0;
         nb::object ns;  // Req.namespace: None or (extra_key, cache_salt)
         std::vector<int32_t> head;  // the fill's first min(width, fill_len) tokens
+        uint64_t hash = 0;  // compat::head_hash(head, width) where the fill has width tokens
     };
     explicit CompatKeys(int64_t width) : width_(std::max<int64_t>(width, 0)) {}
     void put(int64_t k, nb::handle fill, nb::object ns) {
@@ -59,6 +60,7 @@ public:
         r.fill_len = t.size();
         r.ns = std::move(ns);
         r.head.assign(t.data(), t.data() + std::min(width_, t.size()));
+        r.hash = r.fill_len >= width_ ? compat::head_hash(r.head.data(), width_) : 0;
     }
     void drop(int64_t k) { recs_.erase(k); }
     const Rec* find(int64_t k) const { return recs_.find(k); }
@@ -146,7 +148,8 @@ Entry match_one(Matching& s, nb::object req) {
         bool dup = s.threshold <= 0;
         const CompatKeys::Rec* rec = dup || !kept ? nullptr : s.keys->find(key);
         if (!dup && rec != nullptr) {
-            dup = rec->fill_len >= s.threshold && s.groups.duplicate_at(rec->ns, rec->head.data());
+            dup = rec->fill_len >= s.threshold &&
+                  s.groups.duplicate_at(rec->ns, rec->head.data(), rec->hash);
         } else if (!dup) {
             if (!prompt) {
                 prompt.emplace(k.prompt_ids.get(req));
@@ -167,6 +170,7 @@ std::vector<Entry> match_and_dedup(Matching& s, nb::list reqs) {
     if (s.matcher != nullptr && s.matcher->any_dirty()) s.matcher->refresh();
     std::vector<Entry> out;
     out.reserve(nb::len(reqs));
+    if (s.dedup && s.threshold > 0) s.groups.reserve(nb::len(reqs));
     for (size_t i = 0; i < nb::len(reqs); ++i)  // as `for r in reqs` reads a list
         out.push_back(match_one(s, reqs[i]));
     return out;
