@@ -23,7 +23,17 @@ namespace radixsched::compat {
 class Attr {
 public:
     explicit Attr(const char* name) : name_(PyUnicode_InternFromString(name)) {}
-    nanobind::object get(nanobind::handle o);
+    // getattr(o, name): a plain member's object read in place where it is set (as
+    // PyMember_GetOne reads a T_OBJECT_EX member without flags), else get_slow.
+    nanobind::object get(nanobind::handle o) {
+        PyMemberDef* def = member(Py_TYPE(o.ptr()));
+        if (def != nullptr && def->type == T_OBJECT_EX) {
+            char* at = reinterpret_cast<char*>(o.ptr()) + def->offset;
+            PyObject* v = *reinterpret_cast<PyObject**>(at);
+            if (v != nullptr) return nanobind::borrow(v);
+        }
+        return get_slow(o, def);
+    }
     void set(nanobind::handle o, nanobind::handle v);
     // set(o, int(v)), unless the member holds an exact int equal to v already (the value set
     // would be the same; only an int's identity could differ, which nothing reads).
@@ -49,6 +59,7 @@ private:
         return resolve(t);
     }
     PyMemberDef* resolve(PyTypeObject* t);
+    nanobind::object get_slow(nanobind::handle o, PyMemberDef* def);  // def: member()'s
     // Whether the exact int `o` equals v. Where an int is a signed count of 30-bit digits
     // (ob_size) and its digits (CPython before 3.12; normalized: one value, one form), one or
     // two digits are read in place; else PyLong_AsLongLongAndOverflow answers.

@@ -46,8 +46,7 @@ PyMemberDef* Attr::resolve(PyTypeObject* t) {
     return def_;
 }
 
-nb::object Attr::get(nb::handle o) {
-    PyMemberDef* def = member(Py_TYPE(o.ptr()));
+nb::object Attr::get_slow(nb::handle o, PyMemberDef* def) {
     if (def == nullptr) return py::get(o, name_);
     PyObject* v = PyMember_GetOne(reinterpret_cast<const char*>(o.ptr()), def);
     if (v == nullptr) throw nb::python_error();
