@@ -210,6 +210,26 @@ def test_dfs_weight_orders_by_the_tree_as_each_walk_left_it(page: int) -> None:
     assert sorted(got[0][0]) == sorted(f"r{i}" for i in range(6))
 
 
+@pytest.mark.parametrize("policy", ["shortest-prefill-first", "dfs-weight"])
+def test_a_tracked_request_s_int_fields_are_set_whatever_int_they_held(policy: str) -> None:
+    """A tracked request's round sets its int fields unless they hold that int already (read
+    in place from an int's digits where it has one or two): every other int is replaced."""
+    from radixsched.native.queue import NativeWaitingQueue
+    from radixsched.native.radix import NativeRadixCache
+
+    cfg = SchedulerConfig(schedule_policy=policy, compat="sglang")
+    queue = NativeWaitingQueue(cfg, NativeRadixCache(None, compat_sglang=True))
+    tokens = list(range(1, 2**5))  # 3 of them cached: prefix_len 3, matched 3
+    queue.cache.insert(CacheKey(np.asarray(tokens[:3], dtype=np.int32)), np.arange(1, 4))
+    r = _req(0, (tokens, [], None, None, 0.0))
+    queue.add(r)
+    for held in [3 + 2**30, 3 - 2**30, -3, 3 + 2**60, 3 - 2**60, 3 + 2**64, 0, 2**30, 2**31]:
+        r.prefix_len = r.num_matched_prefix_tokens = held
+        r.host_hit_len = held + 1
+        queue.begin_round([], 0, 0.0)
+        assert (r.prefix_len, r.num_matched_prefix_tokens, r.host_hit_len) == (3, 3, 0)
+
+
 def test_an_empty_queue_and_the_policies_the_call_does_not_order() -> None:
     _check("shortest-prefill-first", CACHED, [])
     _check("dfs-weight", CACHED, [])

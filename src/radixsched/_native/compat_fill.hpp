@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <structmember.h>  // PyMemberDef, T_OBJECT_EX
 
 #include <cstdint>
 #include <vector>
@@ -22,16 +23,64 @@ namespace radixsched::compat {
 class Attr {
 public:
     explicit Attr(const char* name) : name_(PyUnicode_InternFromString(name)) {}
-    nanobind::object get(nanobind::handle o);
+    // getattr(o, name): a plain member's object read in place where it is set (as
+    // PyMember_GetOne reads a T_OBJECT_EX member without flags), else get_slow.
+    nanobind::object get(nanobind::handle o) {
+        PyMemberDef* def = member(Py_TYPE(o.ptr()));
+        if (def != nullptr && def->type == T_OBJECT_EX) {
+            char* at = reinterpret_cast<char*>(o.ptr()) + def->offset;
+            PyObject* v = *reinterpret_cast<PyObject**>(at);
+            if (v != nullptr) return nanobind::borrow(v);
+        }
+        return get_slow(o, def);
+    }
     void set(nanobind::handle o, nanobind::handle v);
     // set(o, int(v)), unless the member holds an exact int equal to v already (the value set
     // would be the same; only an int's identity could differ, which nothing reads).
-    void set_int(nanobind::handle o, int64_t v);
+    void set_int(nanobind::handle o, int64_t v) {
+        PyObject* cur = peek(o);
+        if (cur != nullptr && PyLong_CheckExact(cur) && int_is(cur, v)) return;
+        set(o, nanobind::int_(v));
+    }
     // The object a plain object member holds (borrowed; null: unset, or not such a member).
-    PyObject* peek(nanobind::handle o);
+    PyObject* peek(nanobind::handle o) {
+        PyMemberDef* def = member(Py_TYPE(o.ptr()));
+        if (def == nullptr || (def->type != T_OBJECT_EX && def->type != T_OBJECT)) return nullptr;
+        return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o.ptr()) + def->offset);
+    }
 
 private:
-    PyMemberDef* member(PyTypeObject* t);
+    // The member `t` resolves the name to (null: none usable): the one resolved last while t
+    // is that type, unchanged since (inline: the common case), else resolve(t).
+    PyMemberDef* member(PyTypeObject* t) {
+        if (t == type_ && tag_ != 0 && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
+            t->tp_version_tag == tag_)
+            return def_;
+        return resolve(t);
+    }
+    PyMemberDef* resolve(PyTypeObject* t);
+    nanobind::object get_slow(nanobind::handle o, PyMemberDef* def);  // def: member()'s
+    // Whether the exact int `o` equals v. Where an int is a signed count of 30-bit digits
+    // (ob_size) and its digits (CPython before 3.12; normalized: one value, one form), one or
+    // two digits are read in place; else PyLong_AsLongLongAndOverflow answers.
+    static bool int_is(PyObject* o, int64_t v) {
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+        const digit* d = reinterpret_cast<PyLongObject*>(o)->ob_digit;
+        const auto low = static_cast<int64_t>(d[0]);
+        switch (Py_SIZE(o)) {
+            case 0: return v == 0;
+            case 1: return v == low;
+            case -1: return v == -low;
+            case 2: return v == (static_cast<int64_t>(d[1]) << PyLong_SHIFT | low);
+            case -2: return v == -(static_cast<int64_t>(d[1]) << PyLong_SHIFT | low);
+            default: break;
+        }
+#endif
+        int overflow = 0;
+        const long long c = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (c == -1 && PyErr_Occurred()) throw nanobind::python_error();
+        return overflow == 0 && c == v;
+    }
 
     PyObject* name_;
     PyTypeObject* type_ = nullptr;
@@ -74,6 +123,10 @@ struct NodeMatch {
 NodeMatch match_node(Tree& tree, nanobind::handle req, const Fill& f, bool disabled,
                      nanobind::handle namespace_id);
 
+// The hash of a group key's first `width` tokens (up to 4 from each end; equal keys hash alike;
+// the groups' table compares whole keys).
+uint64_t head_hash(const int32_t* tokens, int64_t width);
+
 // The compat dedup's groups (WaitingQueue.dedup under SGLang compat, threshold > 0): a
 // candidate whose fill has `width` tokens belongs to the group (its namespace, its first
 // `width` fill tokens); `duplicate` says whether that group had a member already (then it is
@@ -83,11 +136,12 @@ public:
     explicit DedupGroups(int64_t width) : width_(width) {}
     bool duplicate(nanobind::handle req, const Fill& f);
     // The same for a candidate of namespace `ns` (Req.namespace) whose fill has at least
-    // `width` tokens, `head` its first ones.
-    bool duplicate_at(nanobind::handle ns, const int32_t* head);
+    // `width` tokens, `head` its first ones, `hash` head_hash(head, width).
+    bool duplicate_at(nanobind::handle ns, const int32_t* head, uint64_t hash);
+    void reserve(size_t n);  // room for n groups
 
 private:
-    bool add(int64_t ns, const int32_t* tokens);  // true: a new group
+    bool add(int64_t ns, const int32_t* tokens, uint64_t hash);  // true: a new group
     void grow();
 
     int64_t width_;

@@ -4,7 +4,7 @@
 #include "compat_match.hpp"
 
 #include <nanobind/stl/shared_ptr.h>
-#include <structmember.h>  // PyMemberDef, PyMember_GetOne, PyMember_SetOne
+#include <structmember.h>  // PyMember_GetOne, PyMember_SetOne
 
 #include <algorithm>
 #include <cstdint>
@@ -29,10 +29,7 @@ Names& names() {
     return n;
 }
 
-PyMemberDef* Attr::member(PyTypeObject* t) {
-    if (t == type_ && tag_ != 0 && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
-        t->tp_version_tag == tag_)
-        return def_;
+PyMemberDef* Attr::resolve(PyTypeObject* t) {
     Py_INCREF(t);  // held: a freed type's address must not pass for it
     Py_XDECREF(type_);
     type_ = t;
@@ -49,8 +46,7 @@ PyMemberDef* Attr::member(PyTypeObject* t) {
     return def_;
 }
 
-nb::object Attr::get(nb::handle o) {
-    PyMemberDef* def = member(Py_TYPE(o.ptr()));
+nb::object Attr::get_slow(nb::handle o, PyMemberDef* def) {
     if (def == nullptr) return py::get(o, name_);
     PyObject* v = PyMember_GetOne(reinterpret_cast<const char*>(o.ptr()), def);
     if (v == nullptr) throw nb::python_error();
@@ -62,23 +58,6 @@ void Attr::set(nb::handle o, nb::handle v) {
     if (def == nullptr) return py::set(o, name_, v);
     if (PyMember_SetOne(reinterpret_cast<char*>(o.ptr()), def, v.ptr()) != 0)
         throw nb::python_error();
-}
-
-PyObject* Attr::peek(nb::handle o) {
-    PyMemberDef* def = member(Py_TYPE(o.ptr()));
-    if (def == nullptr || (def->type != T_OBJECT_EX && def->type != T_OBJECT)) return nullptr;
-    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o.ptr()) + def->offset);
-}
-
-void Attr::set_int(nb::handle o, int64_t v) {
-    PyObject* cur = peek(o);
-    if (cur != nullptr && PyLong_CheckExact(cur)) {
-        int overflow = 0;
-        const long long c = PyLong_AsLongLongAndOverflow(cur, &overflow);
-        if (c == -1 && PyErr_Occurred()) throw nb::python_error();
-        if (overflow == 0 && c == v) return;
-    }
-    set(o, nb::int_(v));
 }
 
 Fill fill_of(const TokenView& prompt, nb::handle req, std::vector<int32_t>& joined) {
@@ -130,10 +109,10 @@ NodeMatch match_node(Tree& tree, nb::handle req, const Fill& f, bool disabled,
 
 bool DedupGroups::duplicate(nb::handle req, const Fill& f) {
     if (f.n < width_) return false;  // not grouped
-    return duplicate_at(namespace_of(req), f.data);
+    return duplicate_at(namespace_of(req), f.data, head_hash(f.data, width_));
 }
 
-bool DedupGroups::duplicate_at(nb::handle ns, const int32_t* head) {
+bool DedupGroups::duplicate_at(nb::handle ns, const int32_t* head, uint64_t hash) {
     int64_t number = -1;  // the default namespace (None)
     if (!ns.is_none()) {  // (extra_key, cache_salt): numbered here by tuple equality
         nb::object next = nb::int_(nb::len(ns_index_));
@@ -141,13 +120,11 @@ bool DedupGroups::duplicate_at(nb::handle ns, const int32_t* head) {
         if (idx == nullptr) throw nb::python_error();
         number = PyLong_AsLongLong(idx);
     }
-    return !add(number, head);
+    return !add(number, head, hash);
 }
 
-// A group key's hash: its namespace and up to 4 tokens from each end (equal keys hash alike;
-// the table compares whole keys).
-uint64_t key_hash(int64_t ns, const int32_t* tokens, int64_t width) {
-    uint64_t h = static_cast<uint64_t>(ns) * 0x9E3779B97F4A7C15ULL;
+uint64_t head_hash(const int32_t* tokens, int64_t width) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
     const int64_t head = std::min<int64_t>(width, 4);
     const int64_t tail = std::max<int64_t>(head, width - 4);
     auto mix = [&h](int32_t t) {
@@ -160,9 +137,16 @@ uint64_t key_hash(int64_t ns, const int32_t* tokens, int64_t width) {
     return h;
 }
 
-bool DedupGroups::add(int64_t ns, const int32_t* tokens) {
-    const size_t bytes = static_cast<size_t>(width_) * sizeof(int32_t);
-    const uint64_t h = key_hash(ns, tokens, width_);
+void DedupGroups::reserve(size_t n) {
+    ns_.reserve(n);
+    hash_.reserve(n);
+    tokens_.reserve(n * static_cast<size_t>(std::max<int64_t>(width_, 0)));
+}
+
+// A group key's hash: its namespace's number mixed into its tokens' head_hash.
+bool DedupGroups::add(int64_t ns, const int32_t* tokens, uint64_t hash) {
+    const size_t width = static_cast<size_t>(width_);
+    const uint64_t h = hash ^ (static_cast<uint64_t>(ns) * 0xC2B2AE3D27D4EB4FULL);
     if (2 * (ns_.size() + 1) > table_.size()) grow();
     const size_t mask = table_.size() - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
@@ -171,12 +155,14 @@ bool DedupGroups::add(int64_t ns, const int32_t* tokens) {
             table_.at(i) = static_cast<uint32_t>(ns_.size() + 1);
             ns_.push_back(ns);
             hash_.push_back(h);
-            tokens_.insert(tokens_.end(), tokens, tokens + width_);
+            const size_t at = tokens_.size();
+            tokens_.resize(at + width);
+            std::memcpy(tokens_.data() + at, tokens, width * sizeof(int32_t));
             return true;
         }
         const size_t g = slot - 1;
         if (hash_.at(g) == h && ns_.at(g) == ns &&
-            std::memcmp(tokens_.data() + g * static_cast<size_t>(width_), tokens, bytes) == 0)
+            std::memcmp(tokens_.data() + g * width, tokens, width * sizeof(int32_t)) == 0)
             return false;
     }
 }

@@ -17,11 +17,11 @@
 #include <numeric>
 #include <optional>
 #include <stdexcept>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "compat_fill.hpp"
+#include "id_map.hpp"
 #include "matcher.hpp"
 #include "py_attr.hpp"
 #include "radix.hpp"
@@ -51,26 +51,25 @@ public:
         int64_t fill_len = 0;
         nb::object ns;  // Req.namespace: None or (extra_key, cache_salt)
         std::vector<int32_t> head;  // the fill's first min(width, fill_len) tokens
+        uint64_t hash = 0;  // compat::head_hash(head, width) where the fill has width tokens
     };
     explicit CompatKeys(int64_t width) : width_(std::max<int64_t>(width, 0)) {}
     void put(int64_t k, nb::handle fill, nb::object ns) {
         const TokenView t(fill);
-        Rec& r = recs_[k];
+        Rec& r = recs_.try_emplace(k);
         r.fill_len = t.size();
         r.ns = std::move(ns);
         r.head.assign(t.data(), t.data() + std::min(width_, t.size()));
+        r.hash = r.fill_len >= width_ ? compat::head_hash(r.head.data(), width_) : 0;
     }
     void drop(int64_t k) { recs_.erase(k); }
-    const Rec* find(int64_t k) const {
-        auto it = recs_.find(k);
-        return it == recs_.end() ? nullptr : &it->second;
-    }
+    const Rec* find(int64_t k) const { return recs_.find(k); }
     int64_t width() const { return width_; }
     size_t size() const { return recs_.size(); }
 
 private:
     int64_t width_;
-    std::unordered_map<int64_t, Rec> recs_;
+    IdMap<Rec> recs_;
 };
 
 int64_t id_of(nb::handle r) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(r.ptr())); }
@@ -82,8 +81,8 @@ int64_t id_of(nb::handle r) { return static_cast<int64_t>(reinterpret_cast<intpt
 // it holds that value already (a request waiting round after round mostly keeps its match).
 // `matched`: min(memo.n, fill_len - 1). The match's node and length are given as its walk's
 // (its Python objects, not read by the round, are not made).
-compat::NodeMatch match_memo(Tree& tree, const Memo& memo, nb::handle req, int64_t matched) {
-    compat::Names& k = compat::names();
+compat::NodeMatch match_memo(compat::Names& k, Tree& tree, const Memo& memo, nb::handle req,
+                             int64_t matched) {
     const int64_t n = memo.n;  // read before the touch: its split re-points the memo
     compat::NodeMatch m{WalkResult{nullptr, n}, nb::object(), nb::object(), matched};
     m.walk.node = tree.touch_at(*memo.node, memo.full ? memo.node->size() : memo.offset);
@@ -119,31 +118,27 @@ struct Matching {
 // with the dedup on, judged.
 Entry match_one(Matching& s, nb::object req) {
     compat::Names& k = compat::names();
-    const Memo* memo = nullptr;
-    const CompatKeys::Rec* rec = nullptr;
+    Matcher::Tracked t;  // (memo null: not tracked, or no matcher reads it)
+    const int64_t key = id_of(req);
     if (s.matcher != nullptr && !s.disabled) {
-        const int64_t key = id_of(req);
         if (s.matcher->any_dirty()) s.matcher->refresh();  // (a touch's split re-points memos)
-        memo = s.matcher->memo(key);
-        if (memo != nullptr && s.keys != nullptr) rec = s.keys->find(key);
+        t = s.matcher->tracked(key);
     }
+    const Memo* memo = t.memo;
+    // Kept keys, when on, hold a record of every tracked request, made from the fill it was
+    // tracked with (NativeMatcher.track puts both): its fill_len is the matcher's.
+    const bool kept = memo != nullptr && s.keys != nullptr;
     std::optional<TokenView> prompt;
     compat::Fill f;
     compat::NodeMatch m;
     if (memo != nullptr) {
-        int64_t matched = 0;
-        if (rec != nullptr) {
-            f.n = rec->fill_len;
-            matched = std::min(memo->n, f.n - 1);
-        } else if (s.order == kSpf) {  // its key reads fill_len
+        if (kept || s.order != kSpf) {  // the fill it was tracked with (unchanged since)
+            f.n = t.fill_len;
+        } else {  // spf's key reads fill_len
             nb::object outs = k.output_ids.get(req);
             f.n = py::len_of(k.prompt_ids.get(req)) + py::len_of(outs);
-            matched = std::min(memo->n, f.n - 1);
-        } else {  // the matcher's capped match (the fill it was tracked with)
-            matched = s.matcher->prefill_match(id_of(req));
-            f.n = matched + 1;  // (not read: no key reads it)
         }
-        m = match_memo(s.tree, *memo, req, matched);
+        m = match_memo(k, s.tree, *memo, req, std::min(memo->n, f.n - 1));
     } else {
         prompt.emplace(k.prompt_ids.get(req));  // its buffer holds the array
         f = compat::fill_of(*prompt, req, s.joined);
@@ -151,8 +146,10 @@ Entry match_one(Matching& s, nb::object req) {
     }
     if (s.dedup && m.walk.length <= s.check) {  // a candidate
         bool dup = s.threshold <= 0;
+        const CompatKeys::Rec* rec = dup || !kept ? nullptr : s.keys->find(key);
         if (!dup && rec != nullptr) {
-            dup = rec->fill_len >= s.threshold && s.groups.duplicate_at(rec->ns, rec->head.data());
+            dup = rec->fill_len >= s.threshold &&
+                  s.groups.duplicate_at(rec->ns, rec->head.data(), rec->hash);
         } else if (!dup) {
             if (!prompt) {
                 prompt.emplace(k.prompt_ids.get(req));
@@ -173,6 +170,7 @@ std::vector<Entry> match_and_dedup(Matching& s, nb::list reqs) {
     if (s.matcher != nullptr && s.matcher->any_dirty()) s.matcher->refresh();
     std::vector<Entry> out;
     out.reserve(nb::len(reqs));
+    if (s.dedup && s.threshold > 0) s.groups.reserve(nb::len(reqs));
     for (size_t i = 0; i < nb::len(reqs); ++i)  // as `for r in reqs` reads a list
         out.push_back(match_one(s, reqs[i]));
     return out;
@@ -228,14 +226,16 @@ bool spf_order(const std::vector<Entry>& entries, nb::handle deferred,
     return true;
 }
 
-// `reqs[:] = [entries[i].req for i in perm]` (the list is the one the round read).
+// `reqs[:] = [entries[i].req for i in perm]` (the list is the one the round read): an item
+// already in its place (the same object) is left there, the others set.
 void reorder(nb::list reqs, const std::vector<Entry>& entries, const std::vector<int64_t>& perm) {
     const auto n = static_cast<size_t>(PyList_GET_SIZE(reqs.ptr()));
     if (n != entries.size() || perm.size() != n)
         throw std::runtime_error("compat_round: the waiting list changed during its round");
     for (size_t i = 0; i < n; ++i) {
-        nb::object r = entries.at(static_cast<size_t>(perm[i])).req;
-        PyList_SetItem(reqs.ptr(), static_cast<Py_ssize_t>(i), r.release().ptr());  // steals
+        const nb::object& r = entries.at(static_cast<size_t>(perm[i])).req;
+        if (PyList_GET_ITEM(reqs.ptr(), static_cast<Py_ssize_t>(i)) == r.ptr()) continue;
+        PyList_SetItem(reqs.ptr(), static_cast<Py_ssize_t>(i), nb::object(r).release().ptr());
     }
 }
 

@@ -27,7 +27,7 @@ const Memo& Matcher::track(int64_t k, const int32_t* tokens, int64_t fill_len, i
     untrack(k);
     Memo unmatched;
     unmatched.n = -1;  // so that match() tells the dedup its first length
-    Entry& e = entries_.emplace(k, Entry{tokens, fill_len, ns, std::move(unmatched), k}).first->second;
+    Entry& e = entries_.try_emplace(k, Entry{tokens, fill_len, ns, std::move(unmatched), k});
     tracked_.push(e);
     if (dedup_) dedup_->put(k, tokens, fill_len, ns, std::move(rep));
     match(k, e);
@@ -45,14 +45,14 @@ Dedup& Matcher::dedup() {
 }
 
 void Matcher::untrack(int64_t k) {
-    auto it = entries_.find(k);
+    Entry* e = entries_.find(k);
     hints_.erase(k);
     if (dedup_) dedup_->drop(k);
-    if (it == entries_.end()) return;
-    dirty_.drop(it->second);
-    tracked_.drop(it->second);
-    unreg(k, it->second.memo);
-    entries_.erase(it);
+    if (e == nullptr) return;
+    dirty_.drop(*e);
+    tracked_.drop(*e);
+    unreg(k, e->memo);
+    entries_.erase(k);
 }
 
 std::vector<int64_t> Matcher::refresh() {
@@ -68,8 +68,7 @@ std::vector<int64_t> Matcher::refresh() {
     walks.clear();
     walks.reserve(dirty.size());
     for (Entry* e : dirty) {
-        auto h = hints_.empty() ? hints_.end() : hints_.find(e->k);
-        walks.push_back(walk_of(*e, h == hints_.end() ? nullptr : &h->second));
+        walks.push_back(walk_of(*e, hints_.find(e->k)));
     }
     walk_all(*tree_, walks, walk_scratch_);
     hints_.clear();
@@ -80,8 +79,8 @@ std::vector<int64_t> Matcher::refresh() {
 }
 
 bool Matcher::is_dirty(int64_t k) const {
-    auto it = entries_.find(k);
-    return it != entries_.end() && dirty_.has(it->second);
+    const Entry* e = entries_.find(k);
+    return e != nullptr && dirty_.has(*e);
 }
 
 std::vector<int64_t> Matcher::dirty_keys() const {
@@ -92,8 +91,13 @@ std::vector<int64_t> Matcher::dirty_keys() const {
 }
 
 const Memo* Matcher::memo(int64_t k) const {
-    auto it = entries_.find(k);
-    return it == entries_.end() ? nullptr : &it->second.memo;
+    const Entry* e = entries_.find(k);
+    return e == nullptr ? nullptr : &e->memo;
+}
+
+Matcher::Tracked Matcher::tracked(int64_t k) const {
+    const Entry* e = entries_.find(k);
+    return e == nullptr ? Tracked{} : Tracked{&e->memo, e->fill_len};
 }
 
 int64_t Matcher::prefill_match(int64_t k) const {
@@ -216,11 +220,11 @@ void Matcher::unreg(int64_t k, Memo& m) {
 
 void Matcher::mark(int64_t k, Entry& e, Node& node, int64_t depth) {
     dirty_.push(e);
-    auto it = hints_.find(k);
-    if (it == hints_.end()) {
-        hints_.emplace(k, Hint{node.shared_from_this(), depth, node.size()});
-    } else if (depth < it->second.depth) {
-        it->second = Hint{node.shared_from_this(), depth, node.size()};
+    Hint* h = hints_.find(k);
+    if (h == nullptr) {
+        hints_.try_emplace(k, Hint{node.shared_from_this(), depth, node.size()});
+    } else if (depth < h->depth) {
+        *h = Hint{node.shared_from_this(), depth, node.size()};
     }
 }
 

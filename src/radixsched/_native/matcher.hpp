@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dedup.hpp"
+#include "id_map.hpp"
 #include "matcher_walk.hpp"
 #include "radix.hpp"
 
@@ -153,6 +154,13 @@ public:
     void untrack(int64_t k);
     std::vector<int64_t> refresh();  // the requests whose match moved, in dirty order
     const Memo* memo(int64_t k) const;
+    // k's memo and the length of the fill it was tracked with, in one lookup (memo null: k is
+    // not tracked).
+    struct Tracked {
+        const Memo* memo = nullptr;
+        int64_t fill_len = 0;
+    };
+    Tracked tracked(int64_t k) const;
     // min(memo n, fill_len - 1): the matched length a prefill reads (k must be tracked).
     int64_t prefill_match(int64_t k) const;
     bool is_dirty(int64_t k) const;
@@ -199,12 +207,12 @@ private:
     void on_evict(Node& leaf, int64_t keep);
 
     Tree* tree_;
-    std::unordered_map<int64_t, Entry> entries_;  // node-based: entries keep their addresses
+    IdMap<Entry> entries_;  // entries keep their addresses (SlotList points at them)
     SlotList<Entry, &Entry::tracked_at> tracked_;  // in tracking order
     std::unordered_map<Node*, EdgeKeys> edges_;  // node-based: items keep their addresses
     SlotList<Entry, &Entry::dirty_at> dirty_;  // in the order they became dirty
     std::string key_buf_;  // a page key being compared
-    std::unordered_map<int64_t, Hint> hints_;
+    IdMap<Hint> hints_;
     std::unique_ptr<Dedup> dedup_;  // null: off
     // refresh()'s buffers, kept across rounds (no allocation per round once grown).
     std::vector<Entry*> refresh_dirty_;
