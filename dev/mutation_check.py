@@ -760,9 +760,9 @@ MUTANTS = (
     ),
     Mutant(
         "compat-int-field-kept-when-changed",
-        "_native/compat_match.cpp",
-        "        if (overflow == 0 && c == v) return;",
-        "        if (overflow == 0) return;",
+        "_native/compat_fill.hpp",
+        "            case 1: return v == low;",
+        "            case 1: return true;",
     ),
     Mutant(
         "compat-last-node-kept-when-changed",
@@ -1383,26 +1383,44 @@ MUTANTS = (
     Mutant(
         "compat-round-kept-keys-ignore-namespaces",
         "_native/compat_round.cpp",
-        "s.groups.duplicate_at(rec->ns, rec->head.data())",
-        "s.groups.duplicate_at(nb::none(), rec->head.data())",
+        "s.groups.duplicate_at(rec->ns, rec->head.data(), rec->hash)",
+        "s.groups.duplicate_at(nb::none(), rec->head.data(), rec->hash)",
     ),
     Mutant(
         "compat-round-matcher-cap-ignored",
         "_native/compat_round.cpp",
-        "            matched = s.matcher->prefill_match(id_of(req));\n",
-        "            matched = memo->n;\n",
+        "m = match_memo(k, s.tree, *memo, req, std::min(memo->n, f.n - 1));",
+        "m = match_memo(k, s.tree, *memo, req, memo->n);",
     ),
     Mutant(
         "compat-round-kept-fill-len-ignored",
         "_native/compat_round.cpp",
-        "            f.n = rec->fill_len;\n",
-        "            f.n = rec->fill_len + 1;\n",
+        "            f.n = t.fill_len;\n",
+        "            f.n = t.fill_len + 1;\n",
     ),
     Mutant(
         "touch-keys-walks-empty-keys",
         "_native/radix_match.cpp",
         "        if (kp.len == 0) continue;\n",
         "        if (kp.len < 0) continue;\n",
+    ),
+    Mutant(
+        "sort-lof-arrivals-first-among-equals",
+        "_native/round.cpp",
+        "    std::merge(at.begin(), mid, mid, at.end(), std::back_inserter(order), later);",
+        "    std::merge(mid, at.end(), at.begin(), mid, std::back_inserter(order), later);",
+    ),
+    Mutant(
+        "tenant-counts-run-counted-once",
+        "_native/round.cpp",
+        "        if (t.ptr() == last.ptr()) {\n            ++run;",
+        "        if (t.ptr() == last.ptr()) {\n            run = 1;",
+    ),
+    Mutant(
+        "shuffle-in-place-skips-the-second-item",
+        "_native/lazy_shuffle.cpp",
+        "    for (Py_ssize_t i = n; i-- > 1;) {\n        const auto j =",
+        "    for (Py_ssize_t i = n; i-- > 2;) {\n        const auto j =",
     ),
     Mutant(
         "fair-decode-charged-once-per-tenant",

@@ -386,6 +386,19 @@ def test_rows_and_an_entrys_views_are_numpys_slices_of_their_arrays() -> None:
     assert got[1][1] is _Buf and got[1][3] is not None
 
 
+def _checkpointed(kv: Any, prompt: Any, outputs: list[Any]) -> tuple[Any, ...]:
+    """A request of ``prompt`` with ``outputs`` past it checkpointed whole by ``kv``: its row,
+    protected length and the cache's evictable size."""
+    r = Req("w", prompt, SamplingParams(max_new_tokens=40))
+    r.output_ids = list(outputs)
+    kv.match_for_admission(r)
+    kv.take_prefix(r)
+    kv.grow([r], [r.fill_len])
+    r.kv_len = r.fill_len
+    kv.checkpoint(r, r.fill_len)
+    return (r.kv_row.tolist(), r.cache_protected_len, kv.cache.evictable_size())
+
+
 @pytest.mark.parametrize("layout", ["int32", "int64", "strided", "swapped"])
 def test_a_checkpoint_reads_any_prompt_and_its_outputs_as_the_reference(layout: str) -> None:
     """The prompt is read in place where it is a plain int32 array, else as nanobind casts it;
@@ -400,14 +413,7 @@ def test_a_checkpoint_reads_any_prompt_and_its_outputs_as_the_reference(layout: 
             "strided": base[::2],
             "swapped": base[:30].astype(">i4"),
         }[layout]
-        r = Req("w", prompt, SamplingParams(max_new_tokens=40))
-        r.output_ids = list(range(1000, 1040))
-        kv.match_for_admission(r)
-        kv.take_prefix(r)
-        kv.grow([r], [r.fill_len])
-        r.kv_len = r.fill_len
-        kv.checkpoint(r, r.fill_len)
-        got.append((r.kv_row.tolist(), r.cache_protected_len, kv.cache.evictable_size()))
+        got.append(_checkpointed(kv, prompt, list(range(1000, 1040))))
         q = _run(kv, "q", np.asarray(prompt).tolist() + list(range(1000, 1040)) + [7])
         got.append((q.prefix_len, q.kv_row.tolist()))
     assert got[0] == got[2] and got[1] == got[3]
@@ -427,14 +433,7 @@ def test_a_checkpoints_output_ids_are_read_as_the_reference_reads_them(outputs: 
     ref, fast = _twins()
     got = []
     for kv in (ref, fast):
-        r = Req("w", np.arange(10, dtype=np.int32), SamplingParams(max_new_tokens=40))
-        r.output_ids = list(outputs)
-        kv.match_for_admission(r)
-        kv.take_prefix(r)
-        kv.grow([r], [r.fill_len])
-        r.kv_len = r.fill_len
-        kv.checkpoint(r, r.fill_len)
-        got.append((r.kv_row.tolist(), r.cache_protected_len, kv.cache.evictable_size()))
+        got.append(_checkpointed(kv, np.arange(10, dtype=np.int32), outputs))
         tail = [int(t) for t in outputs]
         q = _run(kv, "q", list(range(10)) + tail[:-1] + [tail[-1] + 1, 7])
         got.append((q.prefix_len, q.kv_row.tolist()))

@@ -33,41 +33,27 @@ def _native_shuffle(rng: random.Random, items: list[Any]) -> None:
     rng.setstate((version, mod.shuffle(items, state), gauss))
 
 
-@settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**64), draws=st.integers(0, 700), n=st.integers(0, 3000))
-def test_the_shuffle_is_pythons(seed: int, draws: int, n: int) -> None:
-    """``draws`` earlier draws move the state's index anywhere in its block (624 words), so
-    the shuffle also regenerates the block part-way."""
-    ours, theirs = random.Random(seed), random.Random(seed)
-    for _ in range(draws):
-        ours.getrandbits(32)
-        theirs.getrandbits(32)
-    a, b = list(range(n)), list(range(n))
-    theirs.shuffle(a)
-    _native_shuffle(ours, b)
-    assert b == a
-    assert ours.getstate() == theirs.getstate()
-    assert ours.random() == theirs.random()
-
-
 def _in_place_shuffle(rng: random.Random, items: list[Any]) -> None:
     mod = core()
     assert mod is not None
     mod.shuffle_in_place(items, rng)
 
 
+@pytest.mark.parametrize("shuffle", [_native_shuffle, _in_place_shuffle])
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**64), draws=st.integers(0, 700), n=st.integers(0, 3000))
-def test_the_in_place_shuffle_is_pythons(seed: int, draws: int, n: int) -> None:
-    """``shuffle_in_place`` (the queue's way where the generator's layout is CPython 3.11's):
-    the same permutation and state as Python's shuffle, drawn on the generator itself."""
+def test_the_shuffle_is_pythons(shuffle: Any, seed: int, draws: int, n: int) -> None:
+    """``draws`` earlier draws move the state's index anywhere in its block (624 words), so
+    the shuffle also regenerates the block part-way. Both ways: from and back to the state
+    ``getstate()`` gives, and on the generator's own state in place (``shuffle_in_place``, the
+    queue's way where the generator's layout is CPython 3.11's)."""
     ours, theirs = random.Random(seed), random.Random(seed)
     for _ in range(draws):
         ours.getrandbits(32)
         theirs.getrandbits(32)
     a, b = list(range(n)), list(range(n))
     theirs.shuffle(a)
-    _in_place_shuffle(ours, b)
+    shuffle(ours, b)
     assert b == a
     assert ours.getstate() == theirs.getstate()
     assert ours.random() == theirs.random()
