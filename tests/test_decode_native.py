@@ -222,21 +222,6 @@ def test_a_deferred_jump_passes_the_check_and_settles_to_the_columns() -> None:
     sched.check_integrity()
 
 
-def test_a_final_sync_settles_the_same_and_leaves_the_log() -> None:
-    """``sync_running(final=True)`` (a run's end): the same requests' fields, the step log
-    left to be freed with the scheduler."""
-    settled = []
-    for final in (False, True):
-        sched = _scheduler()
-        sched.step()
-        cols = sched.batch.cols
-        sched.sync_running(final=final)
-        assert not sched.unsettled and (cols.log_len > 0) == final
-        sched.check_integrity()
-        settled.append([(list(r.output_ids), list(r.times.token_times)) for r in sched.running])
-    assert settled[0] == settled[1] and settled[0][0][0]
-
-
 def test_integrity_catches_inconsistent_deferred_state() -> None:
     sched = _scheduler()
     sched.step()

@@ -252,8 +252,8 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running) + (1 if self.chunked_req is not None else 0)
 
-    def sync_running(self, final: bool = False) -> None:
-        """Every running request's fields up to date (the reference's are); ``final``: no more steps."""
+    def sync_running(self) -> None:
+        """Bring every running request's fields up to date (the reference is always)."""
 
     def decode_tokens_to_go(self) -> list[int]:
         """Tokens each running request may still generate (in no particular order)."""

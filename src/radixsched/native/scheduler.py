@@ -333,12 +333,11 @@ class NativeScheduler(Scheduler):
             runner = self.jumper
             cols.settle(rows, runner.tokens_at, runner.native_tokens(), self.allocator)
 
-    def sync_running(self, final: bool = False) -> None:
+    def sync_running(self) -> None:
         if self.unsettled:
             cols = self.batch.columns()
             self.settle(list(range(len(cols))))
-            if not final:  # (a run's end: its log of every step's float, freed with it or never)
-                cols.clear_log()  # nothing is owed any more
+            cols.clear_log()  # nothing is owed any more
             self.unsettled = False
 
     def _running_changed(self) -> None:

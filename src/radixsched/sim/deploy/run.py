@@ -118,7 +118,7 @@ def end_run(replicas: Sequence[Replica], reqs: Sequence[Req], sends: list[float]
     """Close a run: running requests' deferred fields are read back, and times become the
     client's (a request's TTFT and E2E include its latency to the scheduler)."""
     for rep in replicas:
-        rep.sched.sync_running(final=True)
+        rep.sched.sync_running()
     restore_send_times(reqs, sends)
 
 
