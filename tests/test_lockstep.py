@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from functools import cache
 from typing import Any
@@ -24,7 +25,6 @@ from radixsched.sim.deploy.lockstep import (
     _GateRecorder,
     delayer_config,
     lockstep_gates,
-    max_request_delay,
     run_lockstep,
 )
 from radixsched.sim.deploy.replicas import _build_replica
@@ -216,6 +216,32 @@ def test_delayer_raises_utilisation_within_the_max_delay(compat: str, sim: dict[
         longest_pass = max(e - s for s, e in zip(on.log.start, on.log.end, strict=True))
         assert worst[1] <= cap_ms / 1000.0 + longest_pass
         assert max(on.delay_streak_s) <= cap_ms / 1000.0 + longest_pass
+
+
+def max_request_delay(stats: LockstepStats, req: Req) -> tuple[int, float]:
+    """The longest run of consecutive vetoed passes that started while ``req`` waited for
+    its first prefill (arrival <= pass start < first scheduled), as (passes, seconds from
+    the first vetoed pass's start to the run's last pass end)."""
+    first = req.times.first_scheduled
+    if first is None or req.times.arrival is None:
+        return 0, 0.0
+    log = stats.log
+    best, best_s = 0, 0.0
+    run, run_start = 0, 0.0
+    lo = bisect.bisect_left(log.start, req.times.arrival)
+    for j in range(lo, len(log.start)):
+        s = log.start[j]
+        if s >= first:
+            break
+        if log.delayed[j]:
+            if run == 0:
+                run_start = s
+            run += 1
+            if run > best or (run == best and log.end[j] - run_start > best_s):
+                best, best_s = run, log.end[j] - run_start
+        else:
+            run = 0
+    return best, best_s
 
 
 def test_max_request_delay_counts_runs_while_waiting() -> None:

@@ -22,7 +22,6 @@ from radixsched.results.reqarrays import RequestArrays
 from radixsched.results.requests import (
     SloTargets,
     _completed,
-    _e2e,
     _queue_wait,
     _tpot,
     _ttft,
@@ -96,6 +95,13 @@ def _naive_load(reqs: list[Req]) -> tuple[float, float, int, float]:
         if t.finish is not None and t.first_scheduled is not None
     ]
     return last, last - min(arrivals), backlog, float(np.median(service)) if service else 0.0
+
+
+def _e2e(done: list[Req]) -> np.ndarray:
+    return np.array(
+        [r.times.finish - r.times.arrival for r in done if r.times.finish is not None],
+        dtype=np.float64,
+    )
 
 
 def check_against_naive(reqs: list[Req]) -> None:

@@ -23,9 +23,11 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from radixsched.config import SchedulerConfig  # noqa: E402
+from radixsched.engine.build import tokenizer_dir  # noqa: E402
+from radixsched.engine.loader import load_model  # noqa: E402
 from radixsched.engine.smollm2 import find_smollm2_gguf  # noqa: E402
 from radixsched.server.app import ServerThread, create_app  # noqa: E402
-from radixsched.server.build import build_engine  # noqa: E402
+from radixsched.server.build import engine_for_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +39,14 @@ MODEL = "smollm2-135m"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
-    engine, served = build_engine(MODEL, SchedulerConfig(), kv_slots=4096, context_len=2048)
+    loaded = load_model(MODEL)
+    engine, served = engine_for_model(
+        loaded,
+        SchedulerConfig(),
+        kv_slots=4096,
+        context_len=2048,
+        tokenizer_path=tokenizer_dir(MODEL, loaded.tokenizer),
+    )
     st = ServerThread(create_app(engine, served)).start()
     yield st
     st.stop()

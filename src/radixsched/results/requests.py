@@ -119,13 +119,6 @@ def _joined(seqs: Sequence[Sequence[float]], total: int) -> FloatArray:
     return np.concatenate([np.asarray(s, dtype=np.float64) for s in seqs])
 
 
-def _e2e(done: Sequence[Req]) -> FloatArray:
-    return np.array(
-        [r.times.finish - r.times.arrival for r in done if r.times.finish is not None],
-        dtype=np.float64,
-    )
-
-
 def _queue_wait(done: Sequence[Req]) -> FloatArray:
     return np.array(
         [

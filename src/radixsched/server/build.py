@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from radixsched.engine.build import default_kv_slots, tokenizer_dir, torch_runner
+from radixsched.engine.build import default_kv_slots, torch_runner
 from radixsched.server.loop import BatchRecorder, EngineLoop, Sink, post_to_event_loops
 from radixsched.server.metrics import ServerMetrics
 from radixsched.server.model import ServedModel, served_model
@@ -21,35 +21,6 @@ if TYPE_CHECKING:
     from radixsched.config import SchedulerConfig
     from radixsched.engine.loader import LoadedModel
     from radixsched.runner import ModelRunner
-
-
-def build_engine(
-    model_name: str,
-    config: SchedulerConfig,
-    *,
-    kv_slots: int | None = None,
-    kv_cache_mb: float = 256.0,
-    context_len: int | None = None,
-    device: str = "cpu",
-    dtype: str | None = None,
-    seed: int = 0,
-    served_model_name: str | None = None,
-) -> tuple[EngineLoop, ServedModel]:
-    """Load a model (``radixsched.engine.loader.load_model`` names or paths) and put it under
-    an (unstarted) engine loop; see ``engine_for_model``."""
-    from radixsched.engine.loader import load_model
-
-    loaded = load_model(model_name, device=device, dtype=dtype, seed=seed)
-    return engine_for_model(
-        loaded,
-        config,
-        kv_slots=kv_slots,
-        kv_cache_mb=kv_cache_mb,
-        context_len=context_len,
-        seed=seed,
-        served_model_name=served_model_name,
-        tokenizer_path=tokenizer_dir(model_name, loaded.tokenizer),
-    )
 
 
 def engine_for_model(

@@ -137,18 +137,6 @@ class ModelSpec:
         """Parameters every token uses (attention, norms, embeddings, router)."""
         return self.active_params - self.experts_per_token * self.expert_params
 
-    def architecture_params(self) -> int:
-        """Parameter count implied by the shapes (no biases, standard attention), for
-        cross-checking presets."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
-        mlp = 3 * h * self.intermediate_size * self.num_experts
-        router = h * self.num_experts if self.is_moe else 0
-        norms = 2 * h
-        # Input and output embeddings (one matrix when tied), final norm.
-        embeddings = (1 if self.tied_embeddings else 2) * self.vocab_size * h + h
-        return self.num_layers * (attn + mlp + router + norms) + embeddings
-
 
 # Prefill efficiency by GPU: (mfu, prefill_eff_tokens), from public kernel measurements.
 #

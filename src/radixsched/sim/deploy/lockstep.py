@@ -30,7 +30,6 @@ passes where some rank prefilled while this one only decoded (or idled with runn
 
 from __future__ import annotations
 
-import bisect
 from array import array
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -389,29 +388,3 @@ def _account(
             stats.decode_rank_passes += 1
         if any_prefill and not pre and w:
             stats.stalled_rank_s += max(pass_s - own, 0.0)
-
-
-def max_request_delay(stats: LockstepStats, req: Req) -> tuple[int, float]:
-    """The longest run of consecutive vetoed passes that started while ``req`` waited for
-    its first prefill (arrival <= pass start < first scheduled), as (passes, seconds from
-    the first vetoed pass's start to the run's last pass end)."""
-    first = req.times.first_scheduled
-    if first is None or req.times.arrival is None:
-        return 0, 0.0
-    log = stats.log
-    best, best_s = 0, 0.0
-    run, run_start = 0, 0.0
-    lo = bisect.bisect_left(log.start, req.times.arrival)
-    for j in range(lo, len(log.start)):
-        s = log.start[j]
-        if s >= first:
-            break
-        if log.delayed[j]:
-            if run == 0:
-                run_start = s
-            run += 1
-            if run > best or (run == best and log.end[j] - run_start > best_s):
-                best, best_s = run, log.end[j] - run_start
-        else:
-            run = 0
-    return best, best_s
