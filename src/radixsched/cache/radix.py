@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import operator
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -398,27 +398,7 @@ class RadixCache(BasePrefixCache):
 
     def match_len(self, key: CacheKey) -> int:
         """Matched length only: no split, no indices, no recency update."""
-        if self.disabled:
-            return 0
-        tokens, ns = self._query(key)
-        n = len(tokens)
-        if n == 0:
-            return 0
-        p = self.page_size
-        first = tokens[:p].tobytes()
-        child = self._root.children.get(first if ns is None else (ns, first))
-        pos = 0
-        while child is not None:
-            klen = len(child.key)
-            seg = tokens[pos : pos + klen + p].tobytes()  # span + next page, as in _walk
-            if seg.startswith(child.key):  # type: ignore[arg-type]
-                pos += klen
-                if pos == n:
-                    return pos
-                child = child.children.get(seg[klen * _TOKEN_BYTES :])
-            else:
-                return pos + self._mismatch(tokens, pos, child)
-        return pos
+        return self.match_end(key).length
 
     def match_end(self, key: CacheKey, start: tuple[TreeNode, int] | None = None) -> MatchEnd:
         """Where the match ends, read-only like ``match_len``: the node holding the match's last
@@ -471,30 +451,6 @@ class RadixCache(BasePrefixCache):
             return
         self._walk(self._query(key), collect=False)
 
-    def touch_prefixes(self, keys: Iterable[CacheKey]) -> None:
-        """``touch_prefix`` of each key, in order. A key whose first page is not cached only
-        ticks the clock (all its walk would do), without preparing the query."""
-        if self.disabled:
-            return
-        root = self._root
-        children = root.children
-        p = self.page_size
-        for key in keys:
-            tokens = key.tokens
-            if len(tokens) >= p:
-                head = tokens[:p]
-                if head.dtype != np.int32:
-                    head = head.astype(np.int32)
-                first = head.tobytes()
-                ns = key.namespace
-                if (first if ns is None else (_normalise_namespace(ns), first)) in children:
-                    self._walk(self._query(key), collect=False)
-                    continue
-            elif not len(tokens):
-                continue
-            self._clock += 1
-            root.last_access_time = self._clock
-
     def insert(
         self,
         key: CacheKey,
@@ -528,13 +484,10 @@ class RadixCache(BasePrefixCache):
         rewritten)."""
         if self.disabled:
             return InsertResult(0, self._root)
-        if from_start:
-            if start is None or start[0] is self._root:
-                raise ValueError("insert(from_start=True) needs a start node below the root")
-            return self._insert(
-                self._query(key), values, priority, inserted_len, start, start[1], adopt
-            )
-        return self._insert(self._query(key), values, priority, inserted_len, start, 0, adopt)
+        if from_start and (start is None or start[0] is self._root):
+            raise ValueError("insert(from_start=True) needs a start node below the root")
+        base = start[1] if from_start else 0
+        return self._insert(self._query(key), values, priority, inserted_len, start, base, adopt)
 
     def _insert(
         self,
@@ -677,9 +630,7 @@ class RadixCache(BasePrefixCache):
         of its latest checkpoint) only the nodes in between change, and the path above ``old``
         is not walked twice."""
         if old is None or old is new or self.disabled:
-            self.inc_lock_ref(new)
-            if old is not None:
-                self.dec_lock_ref(old)
+            super().move_lock(old, new)
             return
         self._check_attached(new)
         root = self._root
@@ -687,8 +638,7 @@ class RadixCache(BasePrefixCache):
         node = new
         while node is not old:
             if node is root:  # not below old: lock the new path, then release the old one
-                self.inc_lock_ref(new)
-                self.dec_lock_ref(old)
+                super().move_lock(old, new)
                 return
             between.append(node)
             node = node.parent  # type: ignore[assignment]  # attached => reaches the root
@@ -742,7 +692,7 @@ class RadixCache(BasePrefixCache):
     def evict(self, num_tokens: int) -> int:
         """Free at least ``min(num_tokens, evictable_size())`` tokens from unlocked leaves in
         strategy order; returns the number freed (see the module note for the overshoot)."""
-        freed = self._evict(num_tokens)
+        freed = self.evict_reclaim(num_tokens)
         if not freed:
             return 0
         out = freed[0] if len(freed) == 1 else np.concatenate(freed)
@@ -752,9 +702,6 @@ class RadixCache(BasePrefixCache):
         return len(out)
 
     def evict_reclaim(self, num_tokens: int) -> list[SlotArray]:
-        return self._evict(num_tokens)
-
-    def _evict(self, num_tokens: int) -> list[SlotArray]:
         """The eviction of ``evict``; returns the evicted nodes' slots (segments, in eviction
         order) without freeing them."""
         if self.disabled or num_tokens <= 0 or not self._evictable_leaves:
