@@ -67,8 +67,9 @@ COMPAT_NOTES: dict[str, str] = {
 }
 
 
-def _meta(help_: str, **kw: Any) -> dict[str, Any]:
-    return {"help": help_, **kw}
+def _opt(default: Any, help_: str, **meta: Any) -> Any:
+    """A field with its flag's help (and argparse extras such as ``choices``)."""
+    return field(default=default, metadata={"help": help_, **meta})
 
 
 @dataclass(frozen=True)
@@ -78,129 +79,99 @@ class SchedulerConfig:
     CLI_TITLE: ClassVar[str] = "scheduler (SGLang's flag names)"
 
     # ---- policy ---------------------------------------------------------------------
-    schedule_policy: str = field(default="fcfs", metadata=_meta("waiting-queue policy"))
-    seed: int = field(default=0, metadata=_meta("seed for the random policy"))
-    enable_priority_scheduling: bool = field(
-        default=False, metadata=_meta("sort by request priority (fcfs and lof only)")
+    schedule_policy: str = _opt("fcfs", "waiting-queue policy")
+    seed: int = _opt(0, "seed for the random policy")
+    enable_priority_scheduling: bool = _opt(False, "sort by request priority (fcfs and lof only)")
+    schedule_low_priority_values_first: bool = _opt(
+        False, "smaller priority values are more important"
     )
-    schedule_low_priority_values_first: bool = field(
-        default=False, metadata=_meta("smaller priority values are more important")
+    abort_on_priority_when_disabled: bool = _opt(
+        False, "reject requests that set a priority while priority scheduling is off"
     )
-    abort_on_priority_when_disabled: bool = field(
-        default=False,
-        metadata=_meta("reject requests that set a priority while priority scheduling is off"),
+    default_priority_value: int | None = _opt(
+        None, "priority given to requests without one (scheduling on)"
     )
-    default_priority_value: int | None = field(
-        default=None, metadata=_meta("priority given to requests without one (scheduling on)")
+    priority_scheduling_preemption_threshold: int = _opt(
+        10, "preempt only when the priority difference exceeds this"
     )
-    priority_scheduling_preemption_threshold: int = field(
-        default=10, metadata=_meta("preempt only when the priority difference exceeds this")
+    disable_priority_preemption: bool = _opt(False, "never preempt running requests for priority")
+    max_prefix_match_queue: int | None = _opt(
+        None, "lpm/hrrn fall back to fcfs above this queue length (default: never)"
     )
-    disable_priority_preemption: bool = field(
-        default=False, metadata=_meta("never preempt running requests for priority")
+    in_batch_prefix_check_threshold: int = _opt(
+        32, "in-batch dedup: only requests with a cache match <= this"
     )
-    max_prefix_match_queue: int | None = field(
-        default=None,
-        metadata=_meta("lpm/hrrn fall back to fcfs above this queue length (default: never)"),
+    in_batch_prefix_deprioritize_threshold: int = _opt(
+        32, "in-batch dedup: shared tokens that make a duplicate"
     )
-    in_batch_prefix_check_threshold: int = field(
-        default=32, metadata=_meta("in-batch dedup: only requests with a cache match <= this")
+    lpm_max_wait_s: float | None = _opt(
+        None, "lpm starvation bound: serve in arrival order after this wait"
     )
-    in_batch_prefix_deprioritize_threshold: int = field(
-        default=32, metadata=_meta("in-batch dedup: shared tokens that make a duplicate")
+    lpm_max_wait_tokens: int | None = _opt(
+        None, "lpm starvation bound in processed prefill tokens since queue entry"
     )
-    lpm_max_wait_s: float | None = field(
-        default=None, metadata=_meta("lpm starvation bound: serve in arrival order after this wait")
-    )
-    lpm_max_wait_tokens: int | None = field(
-        default=None,
-        metadata=_meta("lpm starvation bound in processed prefill tokens since queue entry"),
-    )
-    enable_waiting_prefix_refresh: bool = field(
-        default=True, metadata=_meta("touch queued prefixes every 32 rounds (cache-agnostic, lru)")
+    enable_waiting_prefix_refresh: bool = _opt(
+        True, "touch queued prefixes every 32 rounds (cache-agnostic, lru)"
     )
     # ---- adder / budgets ------------------------------------------------------------
-    chunked_prefill_size: int | None = field(
-        default=8192, metadata=_meta("chunk budget per prefill batch; <= 0 disables chunking")
+    chunked_prefill_size: int | None = _opt(
+        8192, "chunk budget per prefill batch; <= 0 disables chunking"
     )
-    max_prefill_tokens: int = field(default=16384, metadata=_meta("input tokens per prefill batch"))
-    prefill_max_requests: int | None = field(
-        default=None, metadata=_meta("requests per prefill batch")
+    max_prefill_tokens: int = _opt(16384, "input tokens per prefill batch")
+    prefill_max_requests: int | None = _opt(None, "requests per prefill batch")
+    max_running_requests: int | None = _opt(
+        None, "running-request slots (default: from KV capacity)"
     )
-    max_running_requests: int | None = field(
-        default=None, metadata=_meta("running-request slots (default: from KV capacity)")
+    max_queued_requests: int | None = _opt(
+        None, "waiting-queue limit; arrivals beyond it are rejected"
     )
-    max_queued_requests: int | None = field(
-        default=None, metadata=_meta("waiting-queue limit; arrivals beyond it are rejected")
+    schedule_conservativeness: float = _opt(1.0, "scales the initial new-token ratio")
+    enable_mixed_chunk: bool = _opt(False, "run decode tokens inside prefill batches")
+    clip_max_new_tokens: int = _opt(4096, "cap on a request's decode reservation (tokens)")
+    init_new_token_ratio: float = _opt(0.7, "initial new-token ratio")
+    min_new_token_ratio_factor: float = _opt(0.14, "min ratio = init x this")
+    new_token_ratio_decay_steps: int = _opt(
+        600, "decode steps for the ratio to decay from init to min"
     )
-    schedule_conservativeness: float = field(
-        default=1.0, metadata=_meta("scales the initial new-token ratio")
-    )
-    enable_mixed_chunk: bool = field(
-        default=False, metadata=_meta("run decode tokens inside prefill batches")
-    )
-    clip_max_new_tokens: int = field(
-        default=4096, metadata=_meta("cap on a request's decode reservation (tokens)")
-    )
-    init_new_token_ratio: float = field(default=0.7, metadata=_meta("initial new-token ratio"))
-    min_new_token_ratio_factor: float = field(
-        default=0.14, metadata=_meta("min ratio = init x this")
-    )
-    new_token_ratio_decay_steps: int = field(
-        default=600, metadata=_meta("decode steps for the ratio to decay from init to min")
-    )
-    retract_decode_steps: int = field(
-        default=20, metadata=_meta("decode steps kept free for survivors after a retraction")
-    )
-    retraction_policy: str = field(
-        default="length",
-        metadata=_meta(
-            "retraction victim order (newest: vLLM's recompute preemption)",
-            choices=["length", "priority", "newest"],
-        ),
+    retract_decode_steps: int = _opt(20, "decode steps kept free for survivors after a retraction")
+    retraction_policy: str = _opt(
+        "length",
+        "retraction victim order (newest: vLLM's recompute preemption)",
+        choices=["length", "priority", "newest"],
     )
     # ---- cache ------------------------------------------------------------------------
-    page_size: int = field(default=1, metadata=_meta("tokens per KV page"))
-    cache_block_size: int = field(
-        default=1,
-        metadata=_meta(
-            "a prefix-cache hit counts whole blocks of this many tokens (1 or a multiple of the "
-            "page size; --engine-mode vllm: 16, vLLM's block size); KV stays in pages"
-        ),
+    page_size: int = _opt(1, "tokens per KV page")
+    cache_block_size: int = _opt(
+        1,
+        "a prefix-cache hit counts whole blocks of this many tokens (1 or a multiple of the "
+        "page size; --engine-mode vllm: 16, vLLM's block size); KV stays in pages",
     )
-    disable_radix_cache: bool = field(default=False, metadata=_meta("no prefix reuse"))
-    radix_eviction_policy: str = field(
-        default="lru", metadata=_meta("eviction strategy (lru, lfu, fifo, filo, mru, priority)")
+    disable_radix_cache: bool = _opt(False, "no prefix reuse")
+    radix_eviction_policy: str = _opt(
+        "lru", "eviction strategy (lru, lfu, fifo, filo, mru, priority)"
     )
     # ---- prefill/decode disaggregation (radixsched.cluster.disagg) ---------------------------
-    disaggregation_mode: DisaggregationModeName = field(
-        default="null",
-        metadata=_meta(
-            "'prefill': requests wait for the decode side's handshake and leave after their "
-            "first token, their KV held until transferred; 'decode': requests arrive with "
-            "their KV and never prefill ('null': co-located); set per role by "
-            "simulate --disaggregation, never a flag",
-            flag=False,
-        ),
+    disaggregation_mode: DisaggregationModeName = _opt(  # noqa: RUF009 (a Field)
+        "null",
+        "'prefill': requests wait for the decode side's handshake and leave after their "
+        "first token, their KV held until transferred; 'decode': requests arrive with "
+        "their KV and never prefill ('null': co-located); set per role by "
+        "simulate --disaggregation, never a flag",
+        flag=False,
     )
-    num_reserved_decode_tokens: int = field(
-        default=512,
-        metadata=_meta("decode role: KV tokens kept free per active request at preallocation"),
+    num_reserved_decode_tokens: int = _opt(
+        512, "decode role: KV tokens kept free per active request at preallocation"
     )
-    waiting_prefix_refresh_bootstrap_max: int = field(
-        default=128,
-        metadata=_meta(
-            "prefill role: bootstrapping requests whose prefixes the waiting-prefix refresh "
-            "touches ahead of the waiting queue"
-        ),
+    waiting_prefix_refresh_bootstrap_max: int = _opt(
+        128,
+        "prefill role: bootstrapping requests whose prefixes the waiting-prefix refresh "
+        "touches ahead of the waiting queue",
     )
     # ---- behaviour ----------------------------------------------------------------------
-    compat: Compat = field(
-        default="radixsched",
-        metadata=_meta(
-            "'sglang' reproduces SGLang 0.5.23's choices where radixsched fixes them",
-            choices=["radixsched", "sglang"],
-        ),
+    compat: Compat = _opt(  # noqa: RUF009 (a Field)
+        "radixsched",
+        "'sglang' reproduces SGLang 0.5.23's choices where radixsched fixes them",
+        choices=["radixsched", "sglang"],
     )
 
     def __post_init__(self) -> None:
