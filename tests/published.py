@@ -82,10 +82,10 @@ def _workload(row: dict[str, Any]) -> Any:
 def predict(row: dict[str, Any]) -> dict[str, float]:
     """The metrics ``row`` publishes, as the simulator predicts them for its setup."""
     from radixsched.config import SchedulerConfig
-    from radixsched.results.requests import tpot_samples, ttft_samples
     from radixsched.sim.settings.engine_modes import scheduler_defaults
     from radixsched.sim.settings.simconfig import SimConfig
     from radixsched.sim.simulate import simulate
+    from samples import tpot_samples, ttft_samples
 
     mode = row["engine"]
     sim = SimConfig(

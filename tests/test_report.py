@@ -21,7 +21,7 @@ from rich.console import Console
 from radixsched.policies import POLICIES
 from radixsched.request import FinishReason, FinishState, Req
 from radixsched.results.charts import plotly_js
-from radixsched.results.columns import COLUMNS, WALL_COLUMN, Column, best_rows
+from radixsched.results.columns import COLUMNS, DISAGG_COLUMNS, Column, best_rows
 from radixsched.results.format import PALETTE, Better, fmt_rate, fmt_seconds
 from radixsched.results.metrics import (
     ADDITIONAL_KEYS,
@@ -32,12 +32,12 @@ from radixsched.results.metrics import (
 )
 from radixsched.results.recommend import dominates, load_warnings, recommend
 from radixsched.results.report import cdf_points, identical_groups, render_report, write_report
-from radixsched.results.requests import ttft_samples
 from radixsched.results.series import TimeSeries
 from radixsched.results.service import TenantResult
 from radixsched.results.stats import Stats
 from radixsched.results.table import render_comparison
 from radixsched.results.writers import write_csv, write_json
+from samples import ttft_samples
 
 
 def result(policy: str, hit: float, p99: float, tput: float, **kw: object) -> PolicyResult:
@@ -71,10 +71,10 @@ def test_recommend_and_pareto() -> None:
     b = result("b", hit=0.6, p99=2.0, tput=100.0)  # better hit, worse TTFT than a: both Pareto
     c = result("c", hit=0.4, p99=3.0, tput=90.0)  # a beats it on all three
     rec = recommend([a, b, c])
-    assert rec.best_hit_rate == "b"
-    assert rec.best_p99_ttft == "a"
+    assert rec.hit_rate is not None and rec.hit_rate.policy == "b"
+    assert rec.p99_ttft is not None and rec.p99_ttft.policy == "a"
     # a and b tie on throughput; the tie breaks on hit rate (the next objective).
-    assert rec.best_throughput == "b"
+    assert rec.throughput is not None and rec.throughput.policy == "b"
     assert rec.pareto == ("a", "b")
     assert rec.throughput is not None and rec.throughput.tied_with == ("a",)
     assert rec.hit_rate is not None and rec.hit_rate.value == 0.6 and rec.hit_rate.tied_with == ()
@@ -98,7 +98,8 @@ def test_pareto_single_winner_and_identical_results() -> None:
     assert recommend([a, b]).pareto == ("a",)
     twin = result("twin", hit=0.7, p99=1.0, tput=200.0)  # identical: neither dominates
     assert recommend([a, twin]).pareto == ("a", "twin")
-    assert recommend([a, twin]).best_hit_rate == "a"  # full tie: first in input order
+    tie = recommend([a, twin]).hit_rate  # full tie: first in input order
+    assert tie is not None and tie.policy == "a"
     assert "Pareto set: a" in "\n".join(recommend([a, b]).lines())
     same = recommend([a, twin]).lines()
     assert len(same) == 1 and same[0].startswith("All 2 policies perform alike here")
@@ -143,7 +144,7 @@ def test_pareto_set_properties(values: list[tuple[float, float, float]]) -> None
 
 def test_recommend_empty() -> None:
     rec = recommend([])
-    assert (rec.best_hit_rate, rec.best_p99_ttft, rec.best_throughput, rec.pareto) == (
+    assert (rec.hit_rate, rec.p99_ttft, rec.throughput, rec.pareto) == (
         None,
         None,
         None,
@@ -209,7 +210,8 @@ def test_best_rows_directions_and_ties() -> None:
     assert best_rows(rs, column("hit_rate")) == {1, 2}  # higher is better, tie highlighted twice
     assert best_rows(rs, column("ttft_p99")) == {0}  # lower is better
     assert best_rows(rs, column("retractions")) == set()  # all equal: nothing to highlight
-    assert best_rows(rs, WALL_COLUMN) == set()  # informational column
+    wall = Column("wall_s", "wall s", lambda r: r.wall_s, Better.NONE, str)
+    assert best_rows(rs, wall) == set()  # informational column
     assert best_rows(rs[:1], column("hit_rate")) == set()  # a single row is not a comparison
     # Values that print the same are a tie even if the floats differ.
     close = [
@@ -218,7 +220,7 @@ def test_best_rows_directions_and_ties() -> None:
         result("z", 0.5, 1.0, 1.0),
     ]
     assert best_rows(close, column("ttft_p99")) == {0, 1}
-    assert {c.better for c in (*COLUMNS, WALL_COLUMN)} == set(Better)
+    assert {c.better for c in (*COLUMNS, *DISAGG_COLUMNS)} == set(Better)
 
 
 def test_render_comparison_prints_table_and_recommendation() -> None:

@@ -23,14 +23,13 @@ from radixsched.results.requests import (
     SloTargets,
     _completed,
     _queue_wait,
-    _tpot,
     _ttft,
     hit_rates,
-    itl_samples,
     request_rows,
     token_gaps,
 )
 from radixsched.results.service import fairness_horizon, load_check, load_check_of
+from samples import _tpot, itl_samples
 
 
 def _req(

@@ -52,6 +52,14 @@ def figure_html(fig: go.Figure, div_id: str) -> str:
     )
 
 
+def no_data(fig: go.Figure, has_data: bool) -> None:
+    """Say "no data" across an empty chart."""
+    if not has_data:
+        fig.add_annotation(
+            text="no data", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5
+        )
+
+
 def base_layout(title: str, x_title: str, y_title: str, **kw: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
         "title": {"text": title, "font": {"size": 14}},

@@ -121,11 +121,6 @@ DISAGG_COLUMNS: tuple[Column, ...] = (
            "mean share of the makespan the decode instances spent running batches", 3),
 )  # fmt: skip
 
-WALL_COLUMN = Column(
-    "wall_s", "wall s", lambda r: r.wall_s, Better.NONE, lambda x: f"{x:.2f}",
-    "real seconds the simulator took (not a simulated metric)",
-)  # fmt: skip
-
 
 def columns_for(results: Sequence[PolicyResult]) -> tuple[Column, ...]:
     """Every column the results fill: fairness only when some run had more than one tenant,

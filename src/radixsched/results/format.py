@@ -59,8 +59,7 @@ def _sig3(x: float) -> str:
     """``x`` (non-zero) with three significant digits, trailing zeros kept (``28.0``, ``655``,
     ``0.0500``); from 1,000 up, whole numbers with a thousands separator; scientific notation
     below 0.001 and from 1e9 up."""
-    extreme = _extreme(x)
-    if extreme is not None:
+    if (extreme := _extreme(x)) is not None:
         return extreme
     decimals = max(0, 2 - math.floor(math.log10(abs(x))))
     text = f"{x:.{decimals}f}"
@@ -86,14 +85,7 @@ def fmt_seconds(x: float) -> str:
 
 
 def fmt_rate(x: float) -> str:
-    if x == 0:
-        return "0"
-    extreme = _extreme(x)
-    if extreme is not None:
-        return extreme
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return _sig3(x)
+    return "0" if x == 0 else _sig3(x)
 
 
 def fmt_percent(x: float) -> str:

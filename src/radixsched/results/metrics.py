@@ -93,8 +93,7 @@ class PolicyResult:
     extra: Mapping[str, JSONValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        clash = set(self.extra) & (set(REQUIRED_KEYS) | set(ADDITIONAL_KEYS))
-        if clash:
+        if clash := set(self.extra) & (set(REQUIRED_KEYS) | set(ADDITIONAL_KEYS)):
             raise ValueError(f"extra keys shadow result keys: {sorted(clash)}")
 
     @property

@@ -72,18 +72,6 @@ class Recommendation:
     text: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
 
-    @property
-    def best_hit_rate(self) -> str | None:
-        return self.hit_rate.policy if self.hit_rate else None
-
-    @property
-    def best_p99_ttft(self) -> str | None:
-        return self.p99_ttft.policy if self.p99_ttft else None
-
-    @property
-    def best_throughput(self) -> str | None:
-        return self.throughput.policy if self.throughput else None
-
     def lines(self) -> list[str]:
         """The written recommendation, then the best policy per objective and the Pareto set."""
         if self.num_policies == 0:

@@ -21,6 +21,7 @@ from radixsched.results.charts import (
     base_layout,
     figure_html,
     html_table,
+    no_data,
     plotly_js,
     policy_dash,
     policy_swatch,
@@ -121,15 +122,8 @@ def ttft_figure(names: Sequence[str], ttft: Mapping[str, npt.ArrayLike]) -> go.F
             yaxis={"tickformat": ".0%", "range": [0, 1.02]},
         )
     )
-    _no_data(fig, bool(cdfs) and any(x.size for x, _ in cdfs.values()))
+    no_data(fig, bool(cdfs) and any(x.size for x, _ in cdfs.values()))
     return fig
-
-
-def _no_data(fig: go.Figure, has_data: bool) -> None:
-    if not has_data:
-        fig.add_annotation(
-            text="no data", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5
-        )
 
 
 def time_figure(
@@ -178,7 +172,7 @@ def time_figure(
             annotation_text=reference_label,
             annotation_position="top left",
         )
-    _no_data(fig, any(sampled[n].t.size for n in sampled))
+    no_data(fig, any(sampled[n].t.size for n in sampled))
     return fig
 
 
@@ -225,7 +219,7 @@ def kv_figure(names: Sequence[str], sampled: Mapping[str, Any]) -> go.Figure:
     )
     fig.update_xaxes(title_text="simulated time (s)", exponentformat="SI", row=rows, col=1)
     fig.update_annotations(font_size=11)
-    _no_data(fig, bool(shown))
+    no_data(fig, bool(shown))
     return fig
 
 

@@ -45,31 +45,12 @@ def meets_slo(
     )
 
 
-# The ``_x(done)`` helpers take an already-filtered list (``_completed``), so that summarize
-# filters once; the public ``x_samples(reqs)`` wrappers filter themselves.
-
-
 def _ttft(done: Sequence[Req]) -> FloatArray:
+    """TTFT of each of ``done`` (``_completed`` requests) that produced a token."""
     return np.array(
         [r.times.first_token - r.times.arrival for r in done if r.times.first_token is not None],
         dtype=np.float64,
     )
-
-
-def _tpot(done: Sequence[Req]) -> FloatArray:
-    return np.array(
-        [
-            (r.times.finish - r.times.first_token) / (r.output_len - 1)
-            for r in done
-            if r.output_len > 1 and r.times.first_token is not None and r.times.finish is not None
-        ],
-        dtype=np.float64,
-    )
-
-
-def _itl(done: Sequence[Req]) -> FloatArray:
-    """Every gap between consecutive tokens of one request, request by request."""
-    return token_gaps([r.times.token_times for r in done])
 
 
 # Tokens joined into one array at a time: a long trace has hundreds of millions of token times,
@@ -128,25 +109,6 @@ def _queue_wait(done: Sequence[Req]) -> FloatArray:
         ],
         dtype=np.float64,
     )
-
-
-def ttft_samples(reqs: Iterable[Req]) -> FloatArray:
-    """TTFT of every completed request that produced a token (for CDFs)."""
-    return _ttft(_completed(reqs))
-
-
-def tpot_samples(reqs: Iterable[Req]) -> FloatArray:
-    """TPOT of every completed request with more than one output token."""
-    return _tpot(_completed(reqs))
-
-
-def itl_samples(reqs: Iterable[Req]) -> FloatArray:
-    """All gaps between consecutive token times within each completed request, pooled."""
-    return _itl(_completed(reqs))
-
-
-def queue_wait_samples(reqs: Iterable[Req]) -> FloatArray:
-    return _queue_wait(_completed(reqs))
 
 
 # Columns of the per-request output (``--requests-csv``), in order: one row per request and

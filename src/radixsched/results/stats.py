@@ -4,7 +4,6 @@ fairness index."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
@@ -69,11 +68,6 @@ class Stats(NamedTuple):
 
     def to_json(self) -> dict[str, JSONValue]:
         return {k: getattr(self, k) for k in STATS_KEYS}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], n: int = 0) -> Stats:
-        values = {k: float(data[k]) for k in STATS_KEYS}
-        return cls(**values, n=n)
 
 
 # ---- Spread as numpy computes it, without its full-size temporary ------------------------------

@@ -207,8 +207,7 @@ SETTING_LABELS = {
     "slo_tpot_ms": "TPOT SLO (ms)",
 }
 
-_STAT_NAMES = {"p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99", "mean": "mean",
-               "max": "max", "std": "std"}  # fmt: skip
+_STAT_NAMES = ("p50", "p90", "p95", "p99", "mean", "max", "std")
 
 _LATENCY_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "itl_s": "ITL", "e2e_s": "E2E latency",
                   "queue_wait_s": "queue wait"}  # fmt: skip
@@ -241,7 +240,7 @@ def _chart(
     categorical (in the order given)."""
     import plotly.graph_objects as go
 
-    from radixsched.results.charts import base_layout, policy_dash
+    from radixsched.results.charts import base_layout, no_data, policy_dash
     from radixsched.results.format import policy_color
 
     numeric = all(_is_number(v) for v in x_values) and len(set(x_values)) > 1
@@ -277,10 +276,7 @@ def _chart(
             yaxis={"tickformat": ".0%" if unit == "%" else "~s", "rangemode": "tozero"},
         )
     )
-    if not any(y is not None for _, ys in series for y in ys):
-        fig.add_annotation(
-            text="no data", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5
-        )
+    no_data(fig, any(y is not None for _, ys in series for y in ys))
     return fig
 
 
@@ -365,8 +361,7 @@ def render_sweep_report(result: SweepResult, meta: Mapping[str, Any] | None = No
     ]
     if missing:
         parts.append(f"<p>No numeric values for: {escape(', '.join(missing))}.</p>")
-    best_text = result.best_text()
-    if best_text:
+    if best_text := result.best_text():
         parts.append(f'<p class="best">{escape(best_text[0].upper() + best_text[1:])}.</p>')
     best = result.best_run(rows)
     n = 0
