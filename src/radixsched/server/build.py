@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from radixsched.engine.build import default_kv_slots, torch_runner
+from radixsched.engine.build import torch_runner
 from radixsched.server.loop import BatchRecorder, EngineLoop, Sink, post_to_event_loops
 from radixsched.server.metrics import ServerMetrics
 from radixsched.server.model import ServedModel, served_model
@@ -27,21 +27,15 @@ def engine_for_model(
     loaded: LoadedModel,
     config: SchedulerConfig,
     *,
-    kv_slots: int | None = None,
-    kv_cache_mb: float = 256.0,
+    kv_slots: int,
     context_len: int | None = None,
-    seed: int = 0,
     served_model_name: str | None = None,
     tokenizer_path: str | None = None,
 ) -> tuple[EngineLoop, ServedModel]:
-    """A ``TorchRunner`` over a fresh KV pool under a wall-clock scheduler, in an
-    (unstarted) loop. Several engines may share one loaded model (the weights are read-only).
-
-    KV pool: ``kv_slots`` tokens, else as many as fit in ``kv_cache_mb`` (at most
-    ``MAX_DEFAULT_KV_SLOTS``)."""
-    if kv_slots is None:
-        kv_slots = default_kv_slots(loaded, kv_cache_mb)
-    runner = torch_runner(loaded, config, kv_slots, context_len=context_len, seed=seed)
+    """A ``TorchRunner`` over a fresh pool of ``kv_slots`` KV slots under a wall-clock
+    scheduler, in an (unstarted) loop. Several engines may share one loaded model (the weights
+    are read-only)."""
+    runner = torch_runner(loaded, config, kv_slots, context_len=context_len, seed=0)
     engine = engine_for_runner(
         runner, config, kv_slots=kv_slots, context_len=runner.max_context_len
     )

@@ -217,8 +217,7 @@ def wait_until(cluster: Cluster, check: Callable[[], bool], what: str) -> None:
     ``ClusterError`` naming ``what``."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not check():
-        gone = cluster.first_exited()
-        if gone is not None:
+        if (gone := cluster.first_exited()) is not None:
             raise ClusterError(f"{cluster.name_of(gone)} exited with {gone.returncode}")
         if cluster.stopping:
             raise ClusterError("stopped before it was ready")

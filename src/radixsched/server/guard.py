@@ -330,11 +330,7 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in self.exempt:
             await self.app(scope, receive, send)
             return
-        auth = b""
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                auth = bytes(value)
-                break
+        auth = (header(scope, b"authorization") or "").encode("latin-1")
         if hmac.compare_digest(auth, self.expected):
             await self.app(scope, receive, send)
             return

@@ -11,6 +11,7 @@ request is first scheduled, exactly as ``SchedulerStats`` counts them.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -36,59 +37,51 @@ _ITL_BUCKETS = (
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        counter = functools.partial(Counter, registry=r)
+        gauge = functools.partial(Gauge, registry=r)
+        histogram = functools.partial(Histogram, registry=r)
         # prometheus-client appends "_total" to counter names itself.
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = counter(
             PROMPT_TOKENS.removesuffix("_total"),
             "Prompt tokens of requests that were scheduled (hit-rate denominator)",
-            registry=r,
         )
-        self.cached_prompt_tokens = Counter(
+        self.cached_prompt_tokens = counter(
             CACHED_PROMPT_TOKENS.removesuffix("_total"),
             "Prompt tokens served from the prefix cache (hit-rate numerator)",
-            registry=r,
         )
-        self.generation_tokens = Counter(
-            f"{PREFIX}_generation_tokens", "Tokens generated", registry=r
-        )
-        self.requests_finished = Counter(
+        self.generation_tokens = counter(f"{PREFIX}_generation_tokens", "Tokens generated")
+        self.requests_finished = counter(
             f"{PREFIX}_requests_finished",
             "Finished requests by finish reason (stop, length, abort)",
             ["finish_reason"],
-            registry=r,
         )
-        self.requests_rejected = Counter(
+        self.requests_rejected = counter(
             f"{PREFIX}_requests_rejected",
             "Requests refused at admission, by HTTP status",
             ["status"],
-            registry=r,
         )
-        self.num_waiting = Gauge(f"{PREFIX}_num_waiting_requests", "Queued requests", registry=r)
-        self.num_running = Gauge(
-            f"{PREFIX}_num_running_requests", "Running requests (incl. a chunked one)", registry=r
+        self.num_waiting = gauge(f"{PREFIX}_num_waiting_requests", "Queued requests")
+        self.num_running = gauge(
+            f"{PREFIX}_num_running_requests", "Running requests (incl. a chunked one)"
         )
-        self.kv_usage = Gauge(
-            f"{PREFIX}_kv_usage", "Share of KV slots used by requests or locked", registry=r
+        self.kv_usage = gauge(f"{PREFIX}_kv_usage", "Share of KV slots used by requests or locked")
+        self.cached_tokens = gauge(
+            f"{PREFIX}_radix_cache_tokens", "Tokens held by the prefix cache"
         )
-        self.cached_tokens = Gauge(
-            f"{PREFIX}_radix_cache_tokens", "Tokens held by the prefix cache", registry=r
-        )
-        self.ttft = Histogram(
+        self.ttft = histogram(
             f"{PREFIX}_time_to_first_token_seconds",
             "Arrival to first token",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.itl = Histogram(
+        self.itl = histogram(
             f"{PREFIX}_inter_token_latency_seconds",
             "Gap between consecutive tokens of a request",
             buckets=_ITL_BUCKETS,
-            registry=r,
         )
-        self.e2e = Histogram(
+        self.e2e = histogram(
             f"{PREFIX}_e2e_request_latency_seconds",
             "Arrival to finish of completed requests",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
         self._seen_prompt = 0
         self._seen_cached = 0

@@ -21,11 +21,8 @@ logger = logging.getLogger(__name__)
 
 
 def openai_finish(fin: FinishInfo, detok: IncrementalDetokenizer) -> str:
-    if detok.stopped or fin.reason is FinishReason.STOP:
-        return "stop"
-    if fin.reason is FinishReason.LENGTH:
-        return "length"
-    return "stop"  # only a stop-string abort gets here (others are errors)
+    # A stop-string abort is a "stop" too (other aborts are errors, never a finish reason).
+    return "length" if fin.reason is FinishReason.LENGTH and not detok.stopped else "stop"
 
 
 def matched_stop(fin: FinishInfo, detok: IncrementalDetokenizer) -> int | str | None:
