@@ -20,6 +20,11 @@ from radixsched.sim.settings.simconfig import SimConfig
 KV_BYTES_PER_PAGE = 24
 
 
+def _unknown(what: str, name: str, valid: list[str]) -> str:
+    """The line for a name that is not one of ``valid`` (a close one suggested)."""
+    return f"unknown {what} {name!r}{suggest(name, valid)}; valid: {', '.join(valid)}"
+
+
 def check(
     rs: RunSettings, policies: Sequence[str] | None = None, *, default_workload: str | None = None
 ) -> list[str]:
@@ -44,35 +49,21 @@ def check(
         errors.append(str(e))
         sim = None
     names = list(policies) if policies else [str(rs.sched.get("schedule_policy", "fcfs"))]
-    for name in names:
-        if name not in POLICIES:
-            errors.append(
-                f"unknown policy {name!r}{suggest(name, list(POLICIES))}; valid: "
-                + ", ".join(POLICIES)
-            )
+    errors += [_unknown("policy", name, list(POLICIES)) for name in names if name not in POLICIES]
     retraction = str(rs.sched.get("retraction_policy", "length"))
     retractions = list(_fields(SchedulerConfig)["retraction_policy"].metadata["choices"])
     if retraction not in retractions:
-        errors.append(
-            f"unknown retraction_policy {retraction!r}{suggest(retraction, retractions)}; "
-            f"valid: {', '.join(retractions)}"
-        )
+        errors.append(_unknown("retraction_policy", retraction, retractions))
     eviction = str(rs.sched.get("radix_eviction_policy", "lru"))
     if eviction.lower() not in EVICTION_STRATEGIES:
-        errors.append(
-            f"unknown radix_eviction_policy {eviction!r}{suggest(eviction, list(EVICTION_STRATEGIES))}"
-            f"; valid: {', '.join(EVICTION_STRATEGIES)}"
-        )
+        errors.append(_unknown("radix_eviction_policy", eviction, list(EVICTION_STRATEGIES)))
     if sim is not None:
         if sim.dp < 1:
             errors.append(f"dp must be >= 1, got {sim.dp}")
         if sim.tp < 1:
             errors.append(f"tp must be >= 1, got {sim.tp}")
         if sim.router is not None and sim.router not in ROUTERS:
-            errors.append(
-                f"unknown router {sim.router!r}{suggest(sim.router, list(ROUTERS))}; valid: "
-                + ", ".join(ROUTERS)
-            )
+            errors.append(_unknown("router", sim.router, list(ROUTERS)))
         if sim.tp >= 1:
             errors.extend(_check_cost_model(sim))
         errors.extend(_check_sim_modes(sim, sched))
@@ -86,8 +77,7 @@ def check(
         errors.extend(_check_memory(sim, sched.page_size))
     if sched is not None and sim is not None and not errors:
         errors.extend(_check_schedulers(sched, sim, names))
-    spec = rs.workload.spec or default_workload
-    if spec is not None:
+    if (spec := rs.workload.spec or default_workload) is not None:
         try:
             check_workload_spec(spec)
         except WorkloadError as e:
@@ -102,8 +92,7 @@ def input_files(rs: RunSettings, default_workload: str) -> list[tuple[str, str, 
     from radixsched.sim.cost.hfconfig import config_path
 
     files = []
-    trace = trace_path(rs.workload.spec or default_workload)
-    if trace is not None:
+    if (trace := trace_path(rs.workload.spec or default_workload)) is not None:
         files.append(("workload", "trace", trace))
     model = config_path(str(rs.sim["model"])) if rs.sim.get("model") else None
     if model is not None:
@@ -139,10 +128,7 @@ def _check_sim_modes(sim: SimConfig, sched: SchedulerConfig | None) -> list[str]
 
     errors = []
     if sim.engine_mode not in ENGINE_MODES:
-        errors.append(
-            f"unknown engine_mode {sim.engine_mode!r}{suggest(sim.engine_mode, list(ENGINE_MODES))}"
-            f"; valid: {', '.join(ENGINE_MODES)}"
-        )
+        errors.append(_unknown("engine_mode", sim.engine_mode, list(ENGINE_MODES)))
     alignments = sorted(set(CHUNK_ALIGNMENT.values()))
     if sim.chunk_alignment is not None and sim.chunk_alignment not in alignments:
         errors.append(

@@ -247,10 +247,9 @@ def _dense(
     ctx: int,
     *,
     tied: bool = False,
-    dtype_bytes: int = 2,
 ) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, inter, vocab, dtype_bytes,
-                     params, params, ctx, tied_embeddings=tied)  # fmt: skip
+    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, inter, vocab, 2, params,
+                     params, ctx, tied_embeddings=tied)  # fmt: skip
 
 
 MODELS: dict[str, ModelSpec] = {

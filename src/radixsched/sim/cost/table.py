@@ -76,8 +76,7 @@ def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
         reader = csv.DictReader(text.splitlines())
-        missing = [c for c in _COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
+        if missing := [c for c in _COLUMNS if c not in (reader.fieldnames or [])]:
             raise CalibrationError(f"{name}:1: missing column(s) {', '.join(missing)}")
         # ``line_num`` counts physical lines read so far, i.e. this row's 1-based line.
         return [(f"{name}:{reader.line_num}", dict(row)) for row in reader]

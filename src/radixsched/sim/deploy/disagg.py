@@ -295,8 +295,7 @@ def run_disaggregated(
     from radixsched.sim.deploy.closed_loop import shift_to_scheduler
     from radixsched.sim.deploy.disagg_loop import Cluster
 
-    errors = check_disaggregation(sim_cfg)
-    if errors:
+    if errors := check_disaggregation(sim_cfg):
         raise ValueError("; ".join(errors))
     instances, pre_cost, dec_cost = _build(sched_cfg, sim_cfg, accelerate, runner_factory)
     link = LinkModel.between(sim_cfg, pre_cost, dec_cost)

@@ -201,8 +201,7 @@ class Planner:
             return
         key = f.candidate.group_key()
         self.busy.discard(key)
-        rest = self.groups.get(key, [])
-        if rest:
+        if rest := self.groups.get(key, []):
             self._stop_group(rest[0], rest[1:], f"dp {f.candidate.dp} already sustains the target")
         self.best = f.cost_per_hour if self.best is None else min(self.best, f.cost_per_hour)
 

@@ -61,11 +61,7 @@ def price_table(overrides: Mapping[str, float]) -> dict[str, float]:
 
 def missing_prices(gpus: Iterable[str], table: Mapping[str, float]) -> list[str]:
     """Preset names among ``gpus`` without a price, each once, in order."""
-    out: list[str] = []
-    for gpu in gpus:
-        if gpu not in table and gpu not in out:
-            out.append(gpu)
-    return out
+    return list(dict.fromkeys(gpu for gpu in gpus if gpu not in table))
 
 
 def cost_per_million_tokens(cost_per_hour: float, tokens_per_s: float) -> float | None:

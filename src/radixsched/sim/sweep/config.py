@@ -55,8 +55,7 @@ class SweepConfig:
     def from_mapping(cls, data: Mapping[str, Any], default_name: str = "sweep") -> SweepConfig:
         if not isinstance(data, Mapping):
             raise SweepError("a sweep config is a mapping with 'base' and 'vary'")
-        unknown = set(data) - {"name", "base", "vary", "metrics", "best"}
-        if unknown:
+        if unknown := set(data) - {"name", "base", "vary", "metrics", "best"}:
             raise SweepError(f"unknown top-level keys {sorted(unknown)}")
         base = data.get("base") or {}
         vary = data.get("vary") or {}
@@ -391,8 +390,7 @@ class Best:
             return cls(value, "min" if _lower_is_better(value) else "max")
         if not isinstance(value, Mapping) or "metric" not in value:
             raise SweepError("'best' is a metric name or {metric: NAME, goal: max|min}")
-        unknown = set(value) - {"metric", "goal"}
-        if unknown:
+        if unknown := set(value) - {"metric", "goal"}:
             raise SweepError(f"unknown keys in 'best': {sorted(unknown)}")
         if not isinstance(value["metric"], str) or not value["metric"]:
             raise SweepError(f"best.metric must be a metric name, got {value['metric']!r}")

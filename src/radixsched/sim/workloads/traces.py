@@ -71,8 +71,7 @@ def _build_mooncake(p: dict[str, Any], seed: int) -> list[_Draft]:
         inputs = [r.input_length for r in records]
         ids = [r.hash_ids for r in records]
     columns = (stamps, outputs, inputs, ids)
-    cloned = _cloned_drafts(columns, t0, fill)
-    if cloned is not None:
+    if (cloned := _cloned_drafts(columns, t0, fill)) is not None:
         return cloned
     # Positionally (keywords cost a third of a draft's construction), in ``DRAFT_FIELDS``'
     # order: prompt, output_len, session, offset_s, timestamp_s, scripted, priority,
@@ -236,8 +235,7 @@ _JSONL_FIELDS = (
 
 
 def _jsonl_draft(where: str, obj: dict[str, Any], index: int, vocab: int) -> _Draft:
-    unknown = sorted(set(obj) - set(_JSONL_FIELDS))
-    if unknown:
+    if unknown := sorted(set(obj) - set(_JSONL_FIELDS)):
         raise WorkloadError(
             f"{where}: unknown field {unknown[0]!r}; valid: {', '.join(_JSONL_FIELDS)}"
         )

@@ -200,12 +200,10 @@ def _request_v4(r: Mapping[str, Any], at: str) -> tuple[float, MeasuredRequest] 
         return None
     timings = _object(_object(r, "info", at), "timings", f"{at}: info")
     tat = f"{at}: info: timings"
-    end_key = "last_token_iteration" if timings.get("last_token_iteration") is not None else None
-    end = (
-        _number(timings.get(end_key), tat, end_key)
-        if end_key
-        else _number(r.get("request_end_time"), at, "request_end_time")
-    )
+    if timings.get("last_token_iteration") is not None:
+        end = _number(timings["last_token_iteration"], tat, "last_token_iteration")
+    else:
+        end = _number(r.get("request_end_time"), at, "request_end_time")
     cached = r.get("cached_tokens")
     m = _request(
         at,
