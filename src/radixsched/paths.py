@@ -20,8 +20,7 @@ def cache_root() -> Path:
     ``$RADIXSCHED_CACHE_DIR``, else ``$XDG_CACHE_HOME/radixsched``, else
     ``~/.cache/radixsched``. Everything in it can be deleted at any time; it is built again
     when next needed."""
-    env = os.environ.get("RADIXSCHED_CACHE_DIR")
-    if env:
+    if env := os.environ.get("RADIXSCHED_CACHE_DIR"):
         return Path(env).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "radixsched"

@@ -135,8 +135,7 @@ class Scheduler:
         """Validate and enqueue. Rejections happen here, at the door, never after enqueueing."""
         cfg = self.config
         t = self.clock.now() if now is None else now
-        err = self._door_check(req)
-        if err is not None:
+        if (err := self._door_check(req)) is not None:
             return self._reject(req, *err)
         if cfg.enable_priority_scheduling and req.priority is None:
             req.priority = cfg.default_priority_value
@@ -161,8 +160,7 @@ class Scheduler:
             return 400, f"duplicate request id {req.rid!r}"
         if req.sampling.max_new_tokens < 1:
             return 400, "max_new_tokens must be >= 1"
-        err = validate_priority(req.priority, self.config)
-        if err is not None:
+        if (err := validate_priority(req.priority, self.config)) is not None:
             return 503, err
         # The prompt plus one decode token must fit in KV memory and in the context window.
         p, n = self.page_size, req.fill_len

@@ -173,8 +173,7 @@ def _config(args: argparse.Namespace) -> Any:
     from radixsched.sim.workloads.tokens import WorkloadError
 
     errors = []
-    url_error = url_problem(args.url)
-    if url_error:
+    if url_error := url_problem(args.url):
         errors.append(url_error)
     try:
         rate = parse_rate(args.request_rate, "--request-rate")

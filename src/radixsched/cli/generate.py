@@ -172,16 +172,13 @@ def _check_args(args: argparse.Namespace) -> None:
         err = _text_error(f"--prompt #{i + 1}" if len(args.prompt) > 1 else "--prompt", prompt)
         if err:
             errors.append(err)
-    if args.system is not None:
-        err = _text_error("--system", args.system)
-        if err:
-            errors.append(err)
+    if args.system is not None and (err := _text_error("--system", args.system)):
+        errors.append(err)
     if not 0 <= args.seed <= MAX_SEED:
         errors.append(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     if args.context_len is not None and args.context_len < 1:
         errors.append(f"--context-len must be >= 1, got {args.context_len}")
-    err = threads_error(args.threads)
-    if err:
+    if err := threads_error(args.threads):
         errors.append(err)
     if args.json_path is not None and args.json_path != "-":
         err = check_output_path("--json", args.json_path)
@@ -276,8 +273,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts: list[str] = args.prompt
     chat = uses_chat_template(loaded, args)
     encoded = [_encode(loaded, p, chat=chat, system=args.system) for p in prompts]
-    empty = [i for i, ids in enumerate(encoded) if not ids]
-    if empty:
+    if empty := [i for i, ids in enumerate(encoded) if not ids]:
         raise CliError(f"prompt {empty[0]} encodes to no tokens")
     page = config.page_size
     kv_slots = args.kv_slots

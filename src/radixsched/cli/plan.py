@@ -236,8 +236,7 @@ def _inputs(args: argparse.Namespace) -> PlanInputs:
         target_rate=target,
         prices=prices,
     )
-    errors = _preflight(candidates, spec, own, args.config)
-    if errors:
+    if errors := _preflight(candidates, spec, own, args.config):
         raise CliError("\n".join(dict.fromkeys(errors)))
     return PlanInputs(spec, candidates, own, rs.sim.get("calibration"))
 

@@ -315,8 +315,7 @@ def check_args(args: argparse.Namespace) -> tuple[SchedulerConfig, tuple[int, ..
         errors.append(f"--kv-cache-mb must be a finite number > 0, got {args.kv_cache_mb}")
     if args.context_len is not None and args.context_len < 1:
         errors.append(f"--context-len must be >= 1, got {args.context_len}")
-    err = threads_error(args.threads)
-    if err:
+    if err := threads_error(args.threads):
         errors.append(err)
     try:
         cpus = engine_cpus(args.engine_cpus, single_process=args.single_process)

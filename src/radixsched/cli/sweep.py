@@ -173,8 +173,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _error("\n".join(f"{where}: {line}" for line in str(e).splitlines()))
     out_dir = Path(args.out or f"sweep-{config.name}")
     inputs = [("the sweep config", str(args.config)), *input_files(points, labels)]
-    problem = check_out_dir(out_dir, config, inputs, args.overwrite)
-    if problem:
+    if problem := check_out_dir(out_dir, config, inputs, args.overwrite):
         return _error(problem)
     executor: SweepExecutor
     if args.ray is not None:
@@ -204,8 +203,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     meta = run_metadata(getattr(args, "_argv", None))
     result = run_sweep(config, executor=executor, on_result=progress)
     paths = result.write(out_dir, meta)
-    best = result.best_text()
-    if best:
+    if best := result.best_text():
         print(best)
     for kind, path in paths.items():
         print(f"{kind}: {path}")

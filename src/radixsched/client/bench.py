@@ -427,8 +427,7 @@ def _payload(req: Req, temperature: float) -> dict[str, Any]:
         "stream": True,
     }
     for key in ("priority", "routing_key", "extra_key", "cache_salt"):
-        value = getattr(req, key)
-        if value is not None:
+        if (value := getattr(req, key)) is not None:
             body[key] = value
     return body
 

@@ -106,8 +106,7 @@ def load_model(
 def load_tokenizer(name_or_path: str) -> LoadedTokenizer:
     """``load_model``'s tokenizer, chat template and config for the same name, without the
     weights (a server's HTTP process; the engine process loads the model)."""
-    random_config = random_preset_config(name_or_path)
-    if random_config is not None:
+    if (random_config := random_preset_config(name_or_path)) is not None:
         return LoadedTokenizer(ByteTokenizer(), random_config, ChatTemplate(None), name_or_path)
     if name_or_path in SMOLLM2_NAMES:
         return _dir_tokenizer(converted_dir(), name=SMOLLM2_NAMES[0])

@@ -28,8 +28,7 @@ def find_smollm2_gguf() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        found = sorted(Path(location).glob("*.gguf"))
-        if found:
+        if found := sorted(Path(location).glob("*.gguf")):
             return found[0]
     return None
 
