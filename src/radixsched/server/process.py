@@ -37,7 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -104,27 +104,15 @@ class NewRequest:
 
     @classmethod
     def of(cls, req: Req, arrival: float | None) -> NewRequest:
-        return cls(
-            req.rid,
-            req.prompt_ids,
-            req.sampling,
-            req.priority,
-            req.routing_key,
-            req.extra_key,
-            req.cache_salt,
-            arrival,
-        )
+        return cls(**_req_fields(req), arrival=arrival)
 
     def build(self) -> Req:
-        return Req(
-            rid=self.rid,
-            prompt_ids=self.prompt_ids,
-            sampling=self.sampling,
-            priority=self.priority,
-            routing_key=self.routing_key,
-            extra_key=self.extra_key,
-            cache_salt=self.cache_salt,
-        )
+        return Req(**_req_fields(self))
+
+
+def _req_fields(obj: Any) -> dict[str, Any]:
+    """``obj``'s values of ``NewRequest``'s fields but ``arrival``: ``Req``'s constructor's."""
+    return {f.name: getattr(obj, f.name) for f in fields(NewRequest) if f.name != "arrival"}
 
 
 @dataclass(frozen=True)
