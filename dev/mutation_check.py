@@ -1801,8 +1801,8 @@ MUTANTS = (
     Mutant(
         "program-imports-with-the-collector-on",
         "cli/__main__.py",
-        "\ngc.disable()\n",
-        "\n",
+        "    gc.disable()\n",
+        "",
     ),
     Mutant(
         "start-imports-what-a-run-does-without",

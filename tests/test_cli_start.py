@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -280,17 +281,27 @@ def test_the_run_s_modules_are_ones_a_run_imports_anyway(tmp_path: Path) -> None
     assert _simulate_sample(patch, tmp_path)[-len(RUN_MODULES) :] == ["True"] * len(RUN_MODULES)
 
 
-def test_the_program_s_imports_run_with_the_collector_paused() -> None:
-    # ``python -m radixsched``: no pass walks the start's imports, the CLI's and what it
-    # imports (the collector runs again once the arguments are parsed). A pass before them
-    # (the interpreter's own start, the package's ``__init__``, an editable install's import
-    # hook) is the environment's, not the start's.
+def _script_start() -> str:
+    """The ``radixsched`` script's start as pip writes it: its entry point imported, called."""
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    module, func = re.findall(r'^radixsched = "([\w.]+):(\w+)"$', text, re.MULTILINE)[0]
+    return f"from {module} import {func} as run\n    sys.exit(run())"
+
+
+@pytest.mark.parametrize(
+    "start",
+    ["runpy.run_module('radixsched', run_name='__main__')", _script_start()],
+    ids=["python -m radixsched", "radixsched"],
+)
+def test_the_program_s_imports_run_with_the_collector_paused(start: str) -> None:
+    # No pass walks the start's imports, the CLI's and what it imports (the collector runs
+    # again once the arguments are parsed). A pass before them (the interpreter's own start,
+    # the package's ``__init__``, an editable install's import hook) is the environment's.
     code = (
         "import gc, runpy, sys\npasses = []\n"
         "gc.callbacks.append(lambda phase, info: phase == 'start'\n"
         "                    and 'radixsched.cli' in sys.modules and passes.append(info))\n"
-        "sys.argv = ['radixsched', '--version']\n"
-        "try:\n    runpy.run_module('radixsched', run_name='__main__')\n"
+        f"sys.argv = ['radixsched', '--version']\ntry:\n    {start}\n"
         "except SystemExit:\n    pass\nprint(len(passes), gc.isenabled())\n"
     )
     assert _run(code)[-2:] == ["0", "True"]
