@@ -28,7 +28,8 @@ EQUIV_TESTS := tests/test_native_radix.py tests/test_allocator.py tests/test_rad
 	tests/test_native_key_views.py tests/test_native_leaf_index.py tests/test_native_vclock.py \
 	tests/test_native_attr_values.py \
 	tests/test_native_shuffle.py tests/test_native_optimal.py tests/test_native_random_order.py \
-	tests/test_native_loop.py tests/test_native_jump_bookkeeping.py tests/test_native_compact.py
+	tests/test_native_loop.py tests/test_native_jump_bookkeeping.py tests/test_native_compact.py \
+	tests/test_native_counting.py
 GCC ?= gcc
 
 .PHONY: run test lint typecheck unit docs docs-commands bench clean native sanitize native-debug

@@ -100,6 +100,7 @@ class ModelRunner(ABC):
     """See the module docstring for the contract."""
 
     supports_multi_step: bool = False  # a MultiStepRunner (radixsched.native.runner) says True
+    reads_kv_slots: bool = True  # False: the native core then counts slots (_native/pool.hpp)
 
     @abstractmethod
     def forward(self, batch: Batch) -> StepResult: ...

@@ -10,11 +10,23 @@
 
 namespace radixsched {
 
+void require_same_mode(const Tree& tree, const Pool& pool) {
+    if (tree.counting() != pool.counting())
+        throw std::invalid_argument(std::string("a ") +
+                                    (tree.counting() ? "counting" : "slotted") + " tree with a " +
+                                    (pool.counting() ? "counting" : "slotted") + " pool");
+}
+
 template <class S>
 bool alloc_evicting(Tree& tree, Pool& pool, S* out, int64_t n) {
+    require_same_mode(tree, pool);
     if constexpr (sizeof(S) == sizeof(int32_t)) pool.require_int32();  // before any eviction
     const int64_t short_by = n - pool.available_size();
     if (short_by <= 0) return pool.alloc_into(out, n);
+    if (pool.counting()) {  // evicted and freed by number, then allocated: recycle's counts
+        pool.free_count(tree.evict_count(short_by));
+        return pool.alloc_into(out, n);
+    }
     // A bad `n`, or a cache too small to cover it: through segments, as the Python does
     // (`out` stays untouched when it fails).
     if (n % pool.page_size() != 0 || tree.evictable_size() < short_by)
@@ -28,6 +40,12 @@ bool alloc_evicting(Tree& tree, Pool& pool, S* out, int64_t n) {
 }
 
 int64_t evict_free(Tree& tree, Pool& pool, int64_t num_tokens) {
+    require_same_mode(tree, pool);
+    if (pool.counting()) {
+        const int64_t n = tree.evict_count(num_tokens);
+        pool.free_count(n);
+        return n;
+    }
     // One buffer reused across calls (moved out while in use: an event hook may call back).
     static std::vector<int32_t> spare;
     std::vector<int32_t> freed = std::move(spare);
@@ -40,6 +58,7 @@ int64_t evict_free(Tree& tree, Pool& pool, int64_t num_tokens) {
 
 template <class S>
 NodePtr checkpoint(Tree& tree, Pool& pool, const CheckpointOf<S>& c) {
+    require_same_mode(tree, pool);
     const bool from_lock = c.lock != nullptr && c.lock != tree.root().get();
     const int64_t start = from_lock ? c.lo : 0;
     if (c.start != start || c.n_tokens != c.aligned - start || c.lo < 0 || c.aligned <= c.lo ||
@@ -506,6 +525,7 @@ public:
           negate_(!compat && priority_sign >= 0),
           ns_of_(std::move(ns_of)),
           empty_(std::move(empty)) {
+        require_same_mode(*tree_, *pool_);
         names();
     }
 

@@ -1,7 +1,9 @@
 // KV accounting around the native tree (NativeKVManager's hot calls, one native call each): an
 // allocation that evicts cache leaves when the pool is short, and a request's checkpoint
 // (insert its computed KV, free the copies the cache already held, move its lock). Each does
-// what radixsched/kv.py's KVManager does, with the same slots in the same places.
+// what radixsched/kv.py's KVManager does, with the same slots in the same places; over a
+// counting tree and pool, the same counts (no slot is written: a row's contents are then
+// unspecified, only its length counts).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,10 @@
 #include "radix.hpp"
 
 namespace radixsched {
+
+// std::invalid_argument unless both count (pool.hpp, radix.hpp) or both name slots: every
+// call below that takes both checks it first.
+void require_same_mode(const Tree& tree, const Pool& pool);
 
 // Slots typed S below: int32_t (the native core's request rows, copied to and from the tree
 // and the pool as they are) or int64_t (the Python API's arrays).

@@ -417,11 +417,29 @@ std::vector<std::vector<int64_t>> segments_of(nb::handle freed) {
     return segs;
 }
 
+// check_conservation's count, all a counting pool can check: free + cache + requests == total
+// (IntegrityFailure otherwise). `request_slots`: one array, or a sequence of them.
+void pool_conserved(const Pool& p, nb::handle cache_slots, nb::handle request_slots) {
+    const int64_t cache = cache_slots.is_none() ? 0 : static_cast<int64_t>(nb::len(cache_slots));
+    int64_t req = 0;
+    if (nb::hasattr(request_slots, "dtype"))
+        req = static_cast<int64_t>(nb::len(request_slots));
+    else
+        for (nb::handle r : request_slots) req += static_cast<int64_t>(nb::len(r));
+    const int64_t free = p.available_size() + p.reserved_size();
+    if (free + cache + req != p.total_size())
+        throw radixsched::IntegrityFailure(
+            "KV slot conservation violated: free " + std::to_string(free) + " + cache " +
+            std::to_string(cache) + " + requests " + std::to_string(req) + " != total " +
+            std::to_string(p.total_size()));
+}
+
 // The KV slot pool (pool.hpp), with TokenAllocator's Python face.
 void bind_pool(nb::module_& m) {
     nb::class_<Pool>(m, "Pool")
-        .def(nb::init<int64_t, int64_t>(), "size"_a, "page_size"_a = 1)
+        .def(nb::init<int64_t, int64_t, bool>(), "size"_a, "page_size"_a = 1, "counting"_a = false)
         .def_prop_ro("page_size", &Pool::page_size)
+        .def_prop_ro("counting", &Pool::counting)
         .def_prop_ro("num_pages", &Pool::num_pages)
         .def_prop_ro("total_size", &Pool::total_size)
         .def_prop_ro("pool_size", &Pool::pool_size)
@@ -474,6 +492,10 @@ void bind_pool(nb::module_& m) {
             "check_integrity",
             [](const Pool& p, nb::object cache_slots, nb::object request_slots) {
                 p.check_free_list();
+                if (p.counting()) {  // no slots to tell apart: free + cache + requests == total
+                    pool_conserved(p, cache_slots, request_slots);
+                    return;
+                }
                 nb::module_::import_("radixsched.cache.allocator")
                     .attr("check_conservation")(to_numpy(p.free_slots()), cache_slots,
                                                 request_slots, p.page_size(), p.pool_size(),
@@ -494,12 +516,14 @@ void bind_tree(nb::module_& m) {
     tree.def(
             "__init__",
             [](PyTree* t, int64_t page, const std::string& policy, int64_t slru, bool disabled,
-               bool compat) {
+               bool compat, bool counting) {
                 new (t) PyTree(page, radixsched::strategy_from_name(policy), slru, disabled,
-                             compat);
+                             compat, counting);
             },
-            "page_size"_a, "policy"_a, "slru_threshold"_a, "disabled"_a, "compat_sglang"_a)
+            "page_size"_a, "policy"_a, "slru_threshold"_a, "disabled"_a, "compat_sglang"_a,
+            "counting"_a = false)
         .def_prop_ro("root", [](PyTree& t) { return t.root(); })
+        .def_prop_ro("counting", &Tree::counting)
         .def_prop_ro("clock", &Tree::clock)
         .def_rw("heap_persistent", &Tree::heap_persistent)
         .def("set_listener", &set_listener, "listener"_a.none())

@@ -14,7 +14,7 @@ namespace {
 int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 }  // namespace
 
-Pool::Pool(int64_t size, int64_t page_size) : page_(page_size) {
+Pool::Pool(int64_t size, int64_t page_size, bool counting) : page_(page_size), counting_(counting) {
     if (page_size < 1)
         throw std::invalid_argument("page_size must be >= 1, got " + std::to_string(page_size));
     if (size < 0) throw std::invalid_argument("size must be >= 0, got " + std::to_string(size));
@@ -27,6 +27,9 @@ Pool::Pool(int64_t size, int64_t page_size) : page_(page_size) {
 }
 
 void Pool::reset() {
+    first_free_ = 0;
+    reserved_ = 0;
+    if (counting_) return;  // no stack: every page is free
     const auto n = static_cast<int32_t>(num_pages_);  // at most kMaxPages
     stack_.resize(static_cast<size_t>(n));
     stack_pos_.resize(static_cast<size_t>(n) + 2);  // every entry written below
@@ -35,8 +38,6 @@ void Pool::reset() {
         stack_pos_[i + 1] = i + 1;
     }
     stack_pos_[0] = stack_pos_[n + 1] = -1;
-    first_free_ = 0;
-    reserved_ = 0;
 }
 
 int64_t Pool::pages_for(int64_t n, const char* what) const {
@@ -71,6 +72,10 @@ bool Pool::alloc_into(S* out, int64_t n) {
     if (k > num_pages_ - lo - reserved_) return false;
     if (k == 0) return true;
     if constexpr (sizeof(S) == sizeof(int32_t)) require_int32();  // nothing moved yet
+    if (counting_) {  // counted, `out` not written
+        first_free_ = lo + k;
+        return true;
+    }
     const int32_t* pages = stack_.data() + lo;
     first_free_ = lo + k;
     // The stack holds pages 1..num_pages only (check_free_list): in range of stack_pos_.
@@ -97,6 +102,10 @@ void Pool::reject(const std::vector<int64_t>& pages) const {
 
 template <class S>
 void Pool::free(const S* slots, int64_t n, bool checked) {
+    if (counting_) {  // `slots` not read
+        free_count(n);
+        return;
+    }
     if (n == 0) return;
     const int64_t p = page_;
     if (n % p != 0)
@@ -183,6 +192,10 @@ bool Pool::recycle_into(const std::vector<std::vector<int64_t>>& segs, S* out, i
                                         std::to_string(page_) + ")");
         g += len;
     }
+    if (counting_) {  // free everything, then allocate: recycle's counts either way
+        free_count(g);
+        return alloc_into(out, n);
+    }
     auto free_all = [&](size_t from_seg, int64_t from_pos) {
         std::vector<int64_t> rest;
         for (size_t i = from_seg; i < segs.size(); ++i)
@@ -224,6 +237,10 @@ bool Pool::recycle_placed(S* out, int64_t n, int64_t got, const std::vector<int6
         throw std::invalid_argument("free: " + std::to_string(g) +
                                     " slots is not a whole number of pages (p=" +
                                     std::to_string(page_) + ")");
+    if (counting_) {  // free everything, then allocate: recycle's counts either way
+        free_count(g);
+        return alloc_into(out, n);
+    }
     if (n > g && (n - g) / page_ > num_pages_ - first_free_ - reserved_) {
         free(out, g, false);  // all of it sits in out (g < n)
         return false;
@@ -269,7 +286,20 @@ void Pool::claim_into(S* out, int64_t n) {
     if (!alloc_into(out, n)) throw IntegrityFailure("claim: reserved pages left the stack");
 }
 
+void Pool::free_count(int64_t n) {
+    if (n % page_ != 0 || n < 0)
+        throw std::invalid_argument("free: " + std::to_string(n) +
+                                    " slots is not a whole number of pages (p=" +
+                                    std::to_string(page_) + ")");
+    const int64_t k = n / page_;
+    if (k > first_free_)  // the one misuse a count still sees
+        throw std::invalid_argument("free: " + std::to_string(k) + " page(s) freed with " +
+                                    std::to_string(first_free_) + " allocated");
+    first_free_ -= k;
+}
+
 std::vector<int64_t> Pool::free_slots() const {
+    if (counting_) throw std::invalid_argument("free_slots: a counting pool names no slots");
     std::vector<int32_t> pages(stack_.rbegin(), stack_.rend() - first_free_);
     std::vector<int64_t> out(pages.size() * static_cast<size_t>(page_));
     write_pages(pages.data(), static_cast<int64_t>(pages.size()), out.data());
@@ -277,6 +307,14 @@ std::vector<int64_t> Pool::free_slots() const {
 }
 
 void Pool::check_free_list() const {
+    if (counting_) {
+        if (first_free_ < 0 || reserved_ < 0 || first_free_ + reserved_ > num_pages_ ||
+            !stack_.empty())
+            throw IntegrityFailure("counting pool off: " + std::to_string(first_free_) +
+                                   " pages allocated, " + std::to_string(reserved_) +
+                                   " reserved of " + std::to_string(num_pages_));
+        return;
+    }
     const int64_t lo = first_free_, n_stack = num_pages_ - first_free_;
     int64_t n_marked = 0;
     for (int64_t i = 1; i <= num_pages_; ++i) n_marked += stack_pos_[i] > 0;

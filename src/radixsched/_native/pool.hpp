@@ -14,6 +14,16 @@
 // Int32 slots need every slot of the pool to fit int32 (slots_fit_int32: at most 2^31 slots,
 // the padding page included); the int32 paths of a pool past that refuse before anything
 // changes (std::invalid_argument), and the native core's rows are then int64 (kv.cpp).
+//
+// A counting pool (counting(), chosen when it is made, for a simulator whose runner never reads
+// a slot id) names no slots: it keeps no stack (first_free_ counts the allocated pages), its
+// allocations write nothing to `out` (a row's contents are then unspecified: only its length
+// counts) and its frees read nothing from `slots`, so that each is O(1). Every count is what
+// the slotted pool's would be (the same sequence of calls frees and allocates the same number
+// of pages), so nothing that reads only sizes can tell them apart. What it cannot check: which
+// pages a free names (a double free, the padding page, a page out of range or not
+// page-aligned slots are not seen), only that a free never returns more pages than are
+// allocated and that a count never leaves [0, num_pages]. free_slots() refuses.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +35,7 @@ class Pool {
 public:
     static constexpr int64_t kMaxPages = INT32_MAX - 2;  // positions up to num_pages + 1
 
-    Pool(int64_t size, int64_t page_size);
+    Pool(int64_t size, int64_t page_size, bool counting = false);
 
     int64_t page_size() const { return page_; }
     int64_t num_pages() const { return num_pages_; }
@@ -33,6 +43,7 @@ public:
     int64_t pool_size() const { return (num_pages_ + 1) * page_; }
     int64_t available_size() const { return (num_pages_ - first_free_ - reserved_) * page_; }
     int64_t reserved_size() const { return reserved_ * page_; }
+    bool counting() const { return counting_; }
     bool slots_fit_int32() const { return pool_size() - 1 <= INT32_MAX; }
     // std::invalid_argument unless slots_fit_int32() (an int32 row's allocation, before it).
     void require_int32() const;
@@ -60,6 +71,8 @@ public:
     void claim_into(S* out, int64_t n);
     std::vector<int64_t> free_slots() const;  // every free slot, bottom of the stack first
     void check_free_list() const;             // IntegrityFailure when the invariant is off
+    // `n` slots (whole pages) back, by their number only: free() of a counting pool.
+    void free_count(int64_t n);
 
 private:
     int64_t pages_for(int64_t n, const char* what) const;
@@ -78,8 +91,9 @@ private:
     std::vector<int32_t> stack_;
     std::vector<int32_t> stack_pos_;
     std::vector<int64_t> pages_;  // free()'s scratch: the pages of its slots (reused, no state)
-    int64_t first_free_ = 0;
+    int64_t first_free_ = 0;  // counting: the pages allocated
     int64_t reserved_ = 0;
+    bool counting_ = false;
 };
 
 }  // namespace radixsched

@@ -250,13 +250,14 @@ void ChildIndex::remove(const Node& child) {
 }
 
 Tree::Tree(int64_t page_size, Strategy strategy, int64_t slru_threshold, bool disabled,
-           bool compat_sglang)
+           bool compat_sglang, bool counting)
     : heap_persistent(strategy_monotone(strategy)),
       page_(page_size),
       strategy_(strategy),
       slru_threshold_(slru_threshold),
       disabled_(disabled),
-      compat_(compat_sglang) {
+      compat_(compat_sglang),
+      counting_(counting) {
     if (page_size < 1) throw std::invalid_argument("page_size must be >= 1");
     root_ = new_root();
 }
@@ -398,8 +399,9 @@ public:
                 const int64_t n = child_->size();
                 for (int64_t j = 0; j < std::min<int64_t>(n, 64); j += 16)
                     __builtin_prefetch(child_->key.data() + j);
-                for (int64_t j = 0; j < std::min<int64_t>(n, 64); j += 16)
-                    __builtin_prefetch(child_->value.data() + j);
+                if (child_->value.data() != nullptr)  // (a counting tree's is empty)
+                    for (int64_t j = 0; j < std::min<int64_t>(n, 64); j += 16)
+                        __builtin_prefetch(child_->value.data() + j);
                 return;
             }
             default: return;
@@ -494,9 +496,11 @@ NodePtr Tree::split(Node& child, int64_t m, int64_t now) {
     NodePtr up = make_node(std::move(child.key), std::move(child.value), parent, child.ns, now,
                            child.priority);
     child.key.assign_tail(up->key, static_cast<size_t>(m));
-    child.value.assign_tail(up->value, static_cast<size_t>(m));
     up->key.resize(static_cast<size_t>(m));
-    up->value.resize(static_cast<size_t>(m));
+    if (!counting_) {
+        child.value.assign_tail(up->value, static_cast<size_t>(m));
+        up->value.resize(static_cast<size_t>(m));
+    }
     up->lock_ref = child.lock_ref;
     up->hit_count = child.hit_count;
     up->slot = child.slot;
@@ -532,6 +536,11 @@ WalkResult Tree::walk_into(const int32_t* tokens, int64_t n, int32_t ns, int64_t
     const int64_t now = ++clock_;
     root_->last_access_time = now;
     if (n == 0) return {root_, 0};
+    if (counting_ && out != nullptr) {  // no slots to copy: the matched length's worth of zeros
+        const WalkResult r = descend(root_.get(), 0, tokens, n, ns, now, nullptr);
+        std::fill(out, out + r.length, int64_t{0});
+        return r;
+    }
     return descend(root_.get(), 0, tokens, n, ns, now, out);
 }
 
@@ -644,6 +653,7 @@ void Tree::prefix_slots(Node& node, int64_t length, S* out) {
     if (held != length)
         throw IntegrityFailure("prefix of " + std::to_string(length) +
                                " tokens but its path holds " + std::to_string(held));
+    if (counting_) return;  // no slots: `out` is left as it is
     int64_t end = length;
     for (Node* cur = &node; cur != root_.get(); cur = cur->parent) {
         end -= cur->size();
@@ -661,7 +671,7 @@ void Tree::path_slots(const Node& node, int64_t length, int64_t from, int64_t to
                                    std::to_string(length) + " tokens");
         const int64_t begin = end - cur->size();
         const int64_t a = std::max(begin, from), b = std::min(end, to);
-        if (a < b)
+        if (a < b && !counting_)  // (a counting tree has no slots: `out` is left as it is)
             cur->value.copy_to(static_cast<size_t>(a - begin), static_cast<size_t>(b - begin),
                                out + (a - from));
         end = begin;
@@ -732,14 +742,16 @@ WalkResult Tree::insert(const int32_t* tokens, int64_t n_tokens, int32_t ns, con
     }
     const int64_t rel = pos - base;
     const bool top = node == root_.get();
-    SlotVec slots;
-    if constexpr (std::is_same_v<S, int32_t>) {
-        if (share != nullptr)
-            slots = SlotVec(values + rel, values + n_tokens, *share);  // a view where long enough
-        else
+    SlotVec slots;  // (none in a counting tree)
+    if (!counting_) {
+        if constexpr (std::is_same_v<S, int32_t>) {
+            if (share != nullptr)
+                slots = SlotVec(values + rel, values + n_tokens, *share);  // a view where long enough
+            else
+                slots.assign(values + rel, values + n_tokens);
+        } else {
             slots.assign(values + rel, values + n_tokens);
-    } else {
-        slots.assign(values + rel, values + n_tokens);
+        }
     }
     SlotVec key;
     if (key_share != nullptr)
@@ -833,34 +845,36 @@ std::vector<int32_t> Tree::path_key(const Node& node) const {
     return out;
 }
 
-void Tree::Freed::take(SlotVec&& v) {
-    copy(v.data(), v.data() + v.size());
-    v.free_all();  // emptied and given back, as a move leaves it
-}
-
-void Tree::Freed::copy(const int32_t* begin, const int32_t* end) {
+void Tree::Freed::copy(const int32_t* begin, int64_t n) {
+    total += n;
     if (segments) {
-        segments->emplace_back(end - begin);
-        widen_slots(begin, end - begin, segments->back().data());
+        segments->emplace_back(n);  // (zeros)
+        if (begin != nullptr) widen_slots(begin, n, segments->back().data());
         return;
     }
     if (out != nullptr || out32 != nullptr) {
-        const int64_t k = std::min<int64_t>(cap - pos, end - begin);
-        if (out32 != nullptr)
-            copy_slots(begin, k, out32 + pos);
-        else
-            copy_slots(begin, k, out + pos);
+        const int64_t k = std::min<int64_t>(cap - pos, n);
+        if (begin != nullptr) {
+            if (out32 != nullptr)
+                copy_slots(begin, k, out32 + pos);
+            else
+                copy_slots(begin, k, out + pos);
+            begin += k;
+        }
         pos += k;
-        begin += k;
+        n -= k;
     }
     if (flat32 != nullptr) {
-        flat32->insert(flat32->end(), begin, end);
+        if (begin != nullptr)
+            flat32->insert(flat32->end(), begin, begin + n);
+        else
+            flat32->resize(flat32->size() + static_cast<size_t>(n));  // (zeros)
         return;
     }
-    if (begin != end) {
+    if (flat != nullptr && n != 0) {
         const size_t at = flat->size();
-        flat->resize(at + static_cast<size_t>(end - begin));
-        widen_slots(begin, end - begin, flat->data() + at);
+        flat->resize(at + static_cast<size_t>(n));  // (zeros)
+        if (begin != nullptr) widen_slots(begin, n, flat->data() + at);
     }
 }
 
@@ -871,8 +885,8 @@ void Tree::evict_whole(Node& leaf, Freed& freed) {
     if (events.on_evict) events.on_evict(leaf, 0);
     // The slots move out: a detached node keeps its key (handles may still ask its length),
     // not its slots, which the caller now owns.
-    freed.take(std::move(leaf.value));
-    leaf.value.clear();
+    freed.copy(counting_ ? nullptr : leaf.value.data(), length);
+    leaf.value.free_all();
     Node* parent = leaf.parent;
     const NodePtr hold = disown_child(*parent, leaf);  // alive until this returns
     parent->index.remove(leaf);
@@ -904,6 +918,12 @@ void Tree::evict_flat32(int64_t num_tokens, std::vector<int32_t>& out) {
     Freed freed;
     freed.flat32 = &out;
     evict_into(num_tokens, freed);
+}
+
+int64_t Tree::evict_count(int64_t num_tokens) {
+    Freed freed;  // no sinks: counted only
+    evict_into(num_tokens, freed);
+    return freed.total;
 }
 
 template <class S>
@@ -949,9 +969,9 @@ void Tree::evict_into(int64_t num_tokens, Freed& freed) {
                 if (events.host_evict) events.host_evict(path_key(leaf), leaf.ns, cut);
                 const int64_t keep = length - cut;
                 if (events.on_evict) events.on_evict(leaf, keep);
-                freed.copy(leaf.value.data() + keep, leaf.value.data() + leaf.value.size());
+                freed.copy(counting_ ? nullptr : leaf.value.data() + keep, cut);
                 leaf.key.resize(keep);
-                leaf.value.resize(keep);
+                if (!counting_) leaf.value.resize(keep);
                 evictable_ -= cut;
                 evicted += cut;
                 push(leaf);
@@ -1005,6 +1025,10 @@ std::vector<int64_t> Tree::all_values() const {
     std::vector<int64_t> out;
     for (const NodePtr& n : nodes()) {
         const size_t at = out.size();
+        if (counting_) {  // no slots: as many zeros
+            out.resize(at + static_cast<size_t>(n->size()));
+            continue;
+        }
         out.resize(at + n->value.size());
         n->value.copy_to(0, n->value.size(), out.data() + at);
     }
@@ -1106,7 +1130,7 @@ void Tree::check_integrity() const {
         if (klen == 0 || klen % page_)
             throw IntegrityFailure(d + ": key length " + std::to_string(klen) +
                                    " not a positive multiple of " + std::to_string(page_));
-        if (static_cast<int64_t>(node.value.size()) != klen)
+        if (counting_ ? !node.value.empty() : static_cast<int64_t>(node.value.size()) != klen)
             throw IntegrityFailure(d + ": " + std::to_string(node.value.size()) +
                                    " values for " + std::to_string(klen) + " tokens");
         const std::string ck = page_key(node.key.data(), const_cast<Node*>(parent), node.ns);
@@ -1162,6 +1186,7 @@ void Tree::check_integrity() const {
                                ", set " + std::to_string(leaves_.size()) + ", missing " +
                                std::to_string(missing) + ", extra " + std::to_string(extra));
     }
+    if (counting_) return;  // no slots to tell apart
     std::vector<int64_t> values = all_values();
     std::sort(values.begin(), values.end());
     const int64_t n_unique = std::unique(values.begin(), values.end()) - values.begin();

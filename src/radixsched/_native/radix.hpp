@@ -199,7 +199,7 @@ struct Node : std::enable_shared_from_this<Node> {
     // it was inserted from (Tree::insert's `key_share`: a prompt is never written once made),
     // kept only while it holds at least 1/kShareFraction of that prompt.
     SlotVec key;
-    SlotVec value;  // one KV slot per token of `key`
+    SlotVec value;  // one KV slot per token of `key` (empty in a counting tree)
     Node* parent = nullptr;
     // Its children, owned, in no particular order (a child's place is its `child_at`; a
     // removal moves the last into the hole): the lookups by key go through `index`, and
@@ -247,10 +247,16 @@ struct Events {
     std::function<void(const std::vector<int32_t>& path, int32_t ns, int64_t n)> host_evict;
 };
 
+// A counting tree (counting(), chosen when it is made, to pair with a counting pool: pool.hpp)
+// keeps no slots: every node's value stays empty (its length is its key's), so that insert,
+// split and eviction never touch slots. Its structure, clock, locks and eviction order are
+// the slotted tree's; whatever hands slots out (walks, prefix_slots, path_slots, evict's
+// segments, all_values) gives the right number of them, their values unspecified (zeros where
+// it makes the array, unwritten where it writes the caller's).
 class Tree {
 public:
     Tree(int64_t page_size, Strategy strategy, int64_t slru_threshold, bool disabled,
-         bool compat_sglang);
+         bool compat_sglang, bool counting = false);
     ~Tree();
     Tree(const Tree&) = delete;
     Tree& operator=(const Tree&) = delete;
@@ -261,6 +267,7 @@ public:
     const NodePtr& root() const { return root_; }
     int64_t page_size() const { return page_; }
     bool disabled() const { return disabled_; }
+    bool counting() const { return counting_; }
     int64_t clock() const { return clock_; }
 
     // The Python methods of the same names; token spans are already page-trimmed by nothing:
@@ -310,6 +317,8 @@ public:
     // The same eviction, its concatenation (as the nodes hold it: int32) replacing `out`'s
     // contents (a buffer the caller reuses: no allocation once it is large enough).
     void evict_flat32(int64_t num_tokens, std::vector<int32_t>& out);
+    // The same eviction, counted only: how many slots it frees (a counting tree's evict_free).
+    int64_t evict_count(int64_t num_tokens);
     std::vector<int64_t> reset();  // the slots the tree held
 
     int64_t evictable_size() const { return evictable_; }
@@ -387,8 +396,10 @@ private:
         int32_t* out32 = nullptr;
         int64_t cap = 0;
         int64_t pos = 0;  // slots written to out
-        void take(SlotVec&& v);
-        void copy(const int32_t* begin, const int32_t* end);
+        int64_t total = 0;  // slots freed, wherever they went
+        // `n` slots from `begin`; null `begin` (a counting tree's): `n` slots whose values are
+        // not kept (segments and flat arrays get zeros, `out` is not written).
+        void copy(const int32_t* begin, int64_t n);
     };
     void evict_into(int64_t num_tokens, Freed& freed);
     void evict_whole(Node& leaf, Freed& freed);
@@ -399,6 +410,7 @@ private:
     int64_t slru_threshold_;
     bool disabled_;
     bool compat_;
+    bool counting_;
     int64_t next_id_ = 0;
     int64_t clock_ = 0;
     NodePtr root_;

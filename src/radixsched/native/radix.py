@@ -94,7 +94,8 @@ class NativeRadixCache(BasePrefixCache):
         if self.eviction_policy not in NATIVE_EVICTION:
             raise ValueError(f"eviction policy {self.eviction_policy!r} has no native version")
         slru = int(getattr(self.strategy, "protected_threshold", 2))
-        self.tree: Any = mod.Tree(page_size, self.eviction_policy, slru, disable, compat_sglang)
+        counts = bool(getattr(allocator, "counting", False))  # a counting pool's tree counts
+        self.tree = mod.Tree(page_size, self.eviction_policy, slru, disable, compat_sglang, counts)
         mod.set_match_types(MatchResult, EMPTY_SLOTS, namespace_id)
         self._match: Callable[[CacheKey], MatchResult] = self.tree.match_key
         if type(self).match_prefix is NativeRadixCache.match_prefix:
@@ -354,11 +355,12 @@ class NativeRadixCache(BasePrefixCache):
         )
 
 
-def make_pool(size: int, page_size: int = 1) -> Any:
+def make_pool(size: int, page_size: int = 1, counting: bool = False) -> Any:
     """The native KV slot pool (``_native/pool.cpp``): ``TokenAllocator``'s free list, the same
     slots in the same order, in C++, which the native tree's ``alloc_into`` and ``checkpoint``
-    allocate from and free to without a call into Python."""
-    return required("the native slot pool").Pool(size, page_size)
+    allocate from and free to without a call into Python; ``counting``: the same counts, no
+    slot ids (for a runner that reads none; a cache over it counts too)."""
+    return required("the native slot pool").Pool(size, page_size, counting)
 
 
 def make_cache(

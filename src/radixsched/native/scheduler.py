@@ -207,13 +207,16 @@ class NativeRunningBatch(RunningBatch):
 
 class NativeScheduler(Scheduler):
     cache_factory = staticmethod(native_radix.make_cache)
-    # The native pool made at once (not a TokenAllocator's pages, 40 MB for a B200's, first).
-    pool_factory = staticmethod(native_radix.make_pool)
     kv_class = NativeKVManager
     queue_class = NativeWaitingQueue
     queue: NativeWaitingQueue
     batch: NativeRunningBatch
     kv: NativeKVManager
+
+    def pool_factory(self, size: int, page: int) -> Any:
+        """The native pool made at once (not a TokenAllocator's pages, 40 MB for a B200's,
+        first); counting, with no slot ids, where the runner reads none."""
+        return native_radix.make_pool(size, page, not getattr(self.runner, "reads_kv_slots", True))
 
     @property
     def allocator(self) -> Any:

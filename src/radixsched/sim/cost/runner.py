@@ -147,6 +147,7 @@ class CostModelRunner(MultiStepRunner):
     Python ints: the same values as the array paths, bit for bit."""
 
     supports_multi_step = True
+    reads_kv_slots = False  # modelled KV has no content
 
     def __init__(
         self, cost: StepCostModel, *, seed: int = 0, vocab_size: int | None = None
