@@ -160,7 +160,7 @@ bool shares_at_least(const int32_t* a, int64_t na, const int32_t* b, int64_t nb_
     if (k <= 0) return true;
     if (k > std::min(na, nb_)) return false;
     from = std::clamp<int64_t>(from, 0, k);
-    return std::memcmp(a + from, b + from, size_t(k - from) * sizeof(int32_t)) == 0;
+    return same_tokens(a + from, b + from, k - from);  // (its tail first: see there)
 }
 
 // RoundOrder.position(i) (radixsched/queue.py): read in place when the order is exactly a
