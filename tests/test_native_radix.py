@@ -326,8 +326,8 @@ def test_native_matcher_memos_equal_the_python_trees_fresh_match(
 
 @pytest.mark.parametrize("at", [0, 1, 100, 183, 184, 199, None])
 def test_a_long_key_is_matched_to_the_first_difference_wherever_it_lies(at: int | None) -> None:
-    """Keys are compared tail first (``same_tokens``): a query that parts from a 200-token key
-    in its head, in its last 16 tokens, or not at all, matches (match_len, match_end, the
+    """A query that parts from a 200-token key in its head, in its last 16 tokens (what a
+    tail-first compare reads first), or not at all, matches (match_len, match_end, the
     matcher's walk, match_prefix's split) exactly as far as on the Python tree."""
     from radixsched.native.matching import NativeMatcher
     from radixsched.native.radix import NativeRadixCache

@@ -22,7 +22,7 @@ namespace {
 
 bool covers(const int32_t* tokens, int64_t avail, const Node& node) {
     const int64_t k = node.size();
-    return avail >= k && same_tokens(tokens, node.key.data(), k);  // (a miss: told by its tail)
+    return avail >= k && std::memcmp(tokens, node.key.data(), k * sizeof(int32_t)) == 0;
 }
 
 int64_t mismatch(const int32_t* tokens, int64_t avail, const Node& node, int64_t page) {

@@ -363,7 +363,7 @@ Node* Tree::find_child_ptr(Node& node, const int32_t* page, int32_t ns) const {
 
 bool Tree::covers(const int32_t* tokens, int64_t avail, const Node& node) const {
     const int64_t k = node.size();
-    return avail >= k && same_tokens(tokens, node.key.data(), k);
+    return avail >= k && std::memcmp(tokens, node.key.data(), k * sizeof(int32_t)) == 0;
 }
 
 namespace {

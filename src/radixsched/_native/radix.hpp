@@ -26,19 +26,6 @@ struct IntegrityFailure : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// Whether a[0, n) and b[0, n) hold the same tokens: their last few compared first (token
-// sequences that part somewhere differ all along past that point, so a pair that parts inside
-// the span, two prompts behind one shared first block as a rule, is told at once), then the
-// rest. The same answer as one memcmp of the span.
-inline bool same_tokens(const int32_t* a, const int32_t* b, int64_t n) {
-    constexpr int64_t kTail = 16;
-    const int64_t tail = n < kTail ? n : kTail;
-    if (tail <= 0) return true;
-    if (std::memcmp(a + n - tail, b + n - tail, static_cast<size_t>(tail) * sizeof(int32_t)) != 0)
-        return false;
-    return std::memcmp(a, b, static_cast<size_t>(n - tail) * sizeof(int32_t)) == 0;
-}
-
 // Built-in eviction strategies (radixsched.cache.evict), by their sort keys.
 enum class Strategy { Lru, Mru, Fifo, Filo, Lfu, Priority, Slru };
 
