@@ -322,3 +322,30 @@ def test_native_matcher_memos_equal_the_python_trees_fresh_match(
             got_offset = len(m.node) if m.full else m.offset
             assert (m.n, m.node.id, got_offset) == (want.length, want.node.id, want.offset), op
         assert _snapshot(ref) == _snapshot(cache), op
+
+
+@pytest.mark.parametrize("at", [0, 1, 100, 183, 184, 199, None])
+def test_a_long_key_is_matched_to_the_first_difference_wherever_it_lies(at: int | None) -> None:
+    """A query that parts from a 200-token key in its head, in its last 16 tokens (what a
+    tail-first compare reads first), or not at all, matches (match_len, match_end, the
+    matcher's walk, match_prefix's split) exactly as far as on the Python tree."""
+    from radixsched.native.matching import NativeMatcher
+    from radixsched.native.radix import NativeRadixCache
+    from radixsched.request import Req
+
+    key = np.arange(200, dtype=np.int32)
+    query = np.concatenate([key, [7, 8]]).astype(np.int32)
+    if at is not None:
+        query[at] = -1
+    ref, cache = RadixCache(TokenAllocator(1024, 1)), NativeRadixCache(TokenAllocator(1024, 1))
+    for c in (ref, cache):
+        c.insert(CacheKey(key), np.arange(200))
+    matcher = NativeMatcher(cache)
+    r = Req("q", query)
+    matcher.track(r)
+    want = ref.match_end(CacheKey(query))
+    assert (matcher.memo[id(r)].n, cache.match_len(CacheKey(query))) == (want.length,) * 2
+    assert cache.match_end(CacheKey(query)).length == want.length
+    got = [c.match_prefix(CacheKey(query)) for c in (ref, cache)]
+    assert [g.device_len for g in got] == [want.length] * 2
+    assert _snapshot(ref) == _snapshot(cache)

@@ -50,11 +50,7 @@ struct Names {
     PyObject* difference = intern("difference");
     PyObject* union_ = intern("union");
     PyObject* fill_ids = intern("fill_ids");
-    PyObject* extra_key = intern("extra_key");
-    PyObject* cache_salt = intern("cache_salt");
     PyObject* fill_len = intern("fill_len");
-    PyObject* output_ids = intern("output_ids");
-    PyObject* prompt_ids = intern("prompt_ids");
 };
 
 const Names& names() {
@@ -393,7 +389,8 @@ void touch_memos(nb::handle tree, nb::list reqs) {
 bool read_fill(PyObject* r, nb::handle plain, nb::object& held, std::optional<TokenView>& prompt,
                std::vector<int32_t>& joined, const int32_t*& data, int64_t& len) {
     if (plain.is_none() || reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr()) return false;
-    nb::object outs = attr(r, names().output_ids);
+    compat::Names& a = compat::names();  // (getattr's reads: a __slots__ member in place)
+    nb::object outs = a.output_ids.get(r);
     if (!PyList_CheckExact(outs.ptr())) return false;
     const Py_ssize_t no = PyList_GET_SIZE(outs.ptr());
     for (Py_ssize_t i = 0; i < no; ++i) {  // (checked before the prompt is read)
@@ -402,7 +399,7 @@ bool read_fill(PyObject* r, nb::handle plain, nb::object& held, std::optional<To
         const long long x = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : 0;
         if (!PyLong_CheckExact(v) || overflow != 0 || x < INT32_MIN || x > INT32_MAX) return false;
     }
-    held = attr(r, names().prompt_ids);  // (read in place while held)
+    held = a.prompt_ids.get(r);  // (read in place while held)
     prompt.emplace(held);
     data = prompt->data();
     len = prompt->size();
@@ -441,9 +438,33 @@ void touch_fill(Tree& t, PyObject* r, nb::handle ns_of, nb::handle plain,
     }
     if (len == 0) return;
     int32_t ns = 0;
-    if (!attr(r, names().extra_key).is_none() || !attr(r, names().cache_salt).is_none())
+    compat::Names& a = compat::names();
+    if (!a.extra_key.get(r).is_none() || !a.cache_salt.get(r).is_none())
         ns = nb::cast<int32_t>(ns_of(nb::handle(r)));
     t.walk_into(data, len, ns, nullptr);
+}
+
+// Cache hints for touch_fill's reads of `r`, a few requests ahead, in two steps (each some
+// requests' work before the reads it prepares): `stage` 0 asks for the lines of an instance
+// of `plain` (a type) at r, reading nothing (not even r's type); 1 (those lines in cache by
+// then) for its prompt array's and its outputs list's, where r is one (another request's fill
+// may be a call). (The prompt's tokens are asked for where they are read: TokenView,
+// covers_copy.)
+void prefetch_fill(PyObject* r, nb::handle plain, int stage) {
+    if (stage == 0) {
+        const char* at = reinterpret_cast<const char*>(r);
+        const Py_ssize_t size = reinterpret_cast<PyTypeObject*>(plain.ptr())->tp_basicsize;
+        for (Py_ssize_t i = 0; i < size; i += 64) __builtin_prefetch(at + i);
+        __builtin_prefetch(at + size - 1);
+        return;
+    }
+    if (reinterpret_cast<PyObject*>(Py_TYPE(r)) != plain.ptr()) return;
+    compat::Names& a = compat::names();
+    if (PyObject* prompt = a.prompt_ids.peek(r)) {
+        __builtin_prefetch(prompt);
+        __builtin_prefetch(reinterpret_cast<const char*>(prompt) + 64);
+    }
+    if (PyObject* outs = a.output_ids.peek(r)) __builtin_prefetch(outs);
 }
 
 // tree.touch_fills(ahead, head, ns_of, plain): the reference refresh's touches, last to first
@@ -455,11 +476,19 @@ void touch_fills(nb::handle tree, nb::handle ahead, nb::handle head, nb::handle 
     Tree& t = *g_tree_of(tree).first;
     if (t.disabled()) return;
     std::vector<int32_t> joined;
+    const bool hints = !plain.is_none() && PyType_Check(plain.ptr());  // (prefetch_fill's)
     for (nb::handle seq : {ahead, head}) {
         nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "touch_fills: a sequence"));
         if (!items.is_valid()) throw nb::python_error();
-        for (Py_ssize_t i = PySequence_Fast_GET_SIZE(items.ptr()) - 1; i >= 0; --i)
+        constexpr Py_ssize_t kAhead[2] = {6, 4};  // each stage's distance (prefetch_fill)
+        for (Py_ssize_t i = PySequence_Fast_GET_SIZE(items.ptr()) - 1; i >= 0; --i) {
+            for (int stage = 0; stage < 2 && hints; ++stage) {
+                if (i >= kAhead[stage])
+                    prefetch_fill(PySequence_Fast_GET_ITEM(items.ptr(), i - kAhead[stage]),
+                                  plain, stage);
+            }
             touch_fill(t, PySequence_Fast_GET_ITEM(items.ptr(), i), ns_of, plain, joined);
+        }
     }
 }
 
