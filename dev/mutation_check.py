@@ -98,6 +98,7 @@ TESTS = (
     "tests/test_workloads.py",
     "tests/test_policy_runs.py",
     "tests/test_metrics.py",
+    "tests/test_native_counting.py",
 )
 
 
@@ -478,6 +479,36 @@ MUTANTS = (
         "_native/kv.cpp",
         "    if (PyArray_CheckExact(obj.ptr())) {\n        auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());\n        if (PyArray_NDIM(a) == 1 && 0 <= lo",
         "    if (PyArray_Check(obj.ptr())) {\n        auto* a = reinterpret_cast<PyArrayObject*>(obj.ptr());\n        if (PyArray_NDIM(a) == 1 && 0 <= lo",
+    ),
+    Mutant(
+        "counting-pool-keeps-a-freed-page",
+        "_native/pool.cpp",
+        "    first_free_ -= k;\n",
+        "    first_free_ -= k - (k > 1);\n",
+    ),
+    Mutant(
+        "counting-recycle-frees-nothing",
+        "_native/pool.cpp",
+        "        free_count(g);\n        return alloc_into(out, n);\n    }\n    auto free_all",
+        "        return alloc_into(out, n);\n    }\n    auto free_all",
+    ),
+    Mutant(
+        "counting-cut-leaf-counts-what-it-keeps",
+        "_native/radix.cpp",
+        "freed.copy(counting_ ? nullptr : leaf.value.data() + keep, cut);",
+        "freed.copy(counting_ ? nullptr : leaf.value.data() + keep, cut + keep);",
+    ),
+    Mutant(
+        "simulator-names-its-slots",
+        "sim/cost/runner.py",
+        "    reads_kv_slots = False",
+        "    reads_kv_slots = True",
+    ),
+    Mutant(
+        "in-batch-check-trusts-the-tail",
+        "_native/adder.cpp",
+        "    return std::memcmp(a, b, static_cast<size_t>(n - tail) * sizeof(int32_t)) == 0;",
+        "    return true;",
     ),
     Mutant(
         "pool-frees-a-group-reversed",
@@ -1124,8 +1155,8 @@ MUTANTS = (
     Mutant(
         "guard-shares-compares-one-short",
         "_native/adder.cpp",
-        "    return std::memcmp(a + from, b + from, size_t(k - from) * sizeof(int32_t)) == 0;",
-        "    return std::memcmp(a + from, b + from, size_t(k - from - 1) * sizeof(int32_t)) == 0;",
+        "    return same_tokens(a + from, b + from, k - from);",
+        "    return same_tokens(a + from, b + from, k - from - 1);",
     ),
     Mutant(
         "guard-ignores-what-the-cache-holds",

@@ -152,8 +152,9 @@ def test_the_tight_runs_retract_and_load_from_the_host_tier() -> None:
 
 def _ops(seed: int, page: int) -> Iterator[tuple[str, int]]:
     rng = np.random.default_rng(seed)
+    ops = ["alloc", "free", "recycle", "reserve", "claim"]
     for _ in range(400):
-        yield str(rng.choice(["alloc", "free", "reserve", "claim"])), int(rng.integers(0, 6)) * page
+        yield str(rng.choice(ops)), int(rng.integers(0, 6)) * page
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])
@@ -172,6 +173,12 @@ def test_counting_pool_counts_as_the_slotted_pool(page: int) -> None:
             slots = held.pop(n % len(held))
             slotted.free(slots)
             counting.free(slots)
+        elif op == "recycle" and held:  # free a held array, then allocate n
+            slots = held.pop(n % len(held))
+            got = slotted.recycle(slots, n)
+            assert (got is None) == (counting.recycle(slots, n) is None)
+            if got is not None:
+                held.append(got)
         elif op == "reserve":
             assert slotted.reserve(n) == counting.reserve(n)
         elif op == "claim" and n <= slotted.reserved_size():
